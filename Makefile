@@ -1,0 +1,28 @@
+# Two entry points on a fresh machine (see README):  make demo   |   make test
+# TORCH_SPEC picks the torch build; torch==2.13.0 is the CPU wheel on this project's machines.
+# Elsewhere on a CPU-only Linux box add PyTorch's CPU index, e.g.
+#   make demo TORCH_SPEC="torch==2.13.0 --index-url <pytorch-cpu-index>"
+# GPU users: install the CUDA torch build for their driver first, then `make demo`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN = $(VENV)/bin
+
+.PHONY: install demo test lint bench
+
+$(BIN)/rlhf: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(BIN)/rlhf
+
+demo: install
+	$(BIN)/rlhf run
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .

@@ -1,0 +1,45 @@
+"""Typed configs for the data gate: where the data comes from and what it must satisfy."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class DataSource(_Frozen):
+    path: str = Field(description="Local .jsonl/.json/.csv/.parquet file, folder, or dataset id.")
+    format: Literal["auto", "jsonl", "csv", "parquet", "hf"] = Field(
+        "auto", description="auto: by file extension; hf: datasets.load_dataset / load_from_disk."
+    )
+    split: str = Field("train", description="Split for format 'hf'.")
+    column_map: dict[str, str] = Field(
+        default_factory=dict, description="Source column -> prompt/response/chosen/rejected."
+    )
+    limit: int | None = Field(None, ge=1, description="Read at most N rows.")
+
+
+class DataConfig(_Frozen):
+    sft: DataSource = Field(description="Demonstrations: prompt, response.")
+    preference: DataSource = Field(description="Pairs: prompt, chosen, rejected.")
+    prompts: DataSource = Field(description="PPO prompts: prompt.")
+    eval_prompts: DataSource | None = Field(None, description="Held-out prompts.")
+    preference_eval: DataSource | None = Field(None, description="Held-out pairs.")
+
+
+class ValidationConfig(_Frozen):
+    max_prompt_tokens: int = Field(48, ge=1, description="Prompt token budget.")
+    max_response_tokens: int = Field(32, ge=2, description="Response budget, EOS included.")
+    long_response_policy: Literal["drop", "truncate"] = Field(
+        "drop", description="What to do with responses over budget."
+    )
+    max_truncated_fraction: float = Field(0.2, ge=0, le=1, description="Allowed truncated share.")
+    max_dropped_fraction: float = Field(0.1, ge=0, le=1, description="Allowed dropped share.")
+    length_mismatch_warn_ratio: float = Field(
+        1.5, ge=1, description="Warn when SFT/preference median response lengths differ more."
+    )
+    example_rows: int = Field(3, ge=1, description="Example rows shown per failure.")

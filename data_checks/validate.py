@@ -1,0 +1,247 @@
+"""The data gate: length budgets, great-expectations suites, a report, cleaned JSONL files.
+
+GX 1.x pitfalls handled here: ``UnexpectedRowsExpectation`` does not run on pandas, and under
+pandas 3 text columns have dtype ``str``; so row-level facts (chosen == rejected, token
+lengths) are derived columns checked with plain column expectations.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from data_checks.config import DataConfig, ValidationConfig
+from data_checks.loading import COLUMNS, load_table
+from data_checks.tokenizer_checks import count_tokens
+
+TEXT_FIELDS = {"sft": ["response"], "preference": ["chosen", "rejected"], "prompts": []}
+
+
+class ValidationFailed(Exception):
+    """A failed expectation; the message lists every failure with example rows."""
+
+
+@dataclass
+class ValidationReport:
+    passed: bool = True
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
+    results_json: dict = field(default_factory=dict)
+
+    def summary_markdown(self) -> str:
+        lines = [f"# Data validation: {'PASSED' if self.passed else 'FAILED'}", ""]
+        lines += [f"- FAILED: {f}" for f in self.failures]
+        lines += [f"- warning: {w}" for w in self.warnings]
+        lines += ["", "| figure | value |", "|---|---|"]
+        lines += [f"| {k} | {v:g} |" for k, v in sorted(self.stats.items())]
+        return "\n".join(lines)
+
+
+def truncate_prompt(prompt: str, tokenizer, max_tokens: int) -> str | None:
+    """Cut at the last newline boundary whose head fits the budget (TL;DR recipe), else None."""
+    if count_tokens(tokenizer, [prompt])[0] <= max_tokens:
+        return prompt
+    cut = prompt.rfind("\n")
+    while cut > 0:
+        head = prompt[:cut]
+        if count_tokens(tokenizer, [head])[0] <= max_tokens:
+            return head
+        cut = prompt.rfind("\n", 0, cut)
+    return None
+
+
+def apply_length_budget(df: pd.DataFrame, kind: str, tokenizer, cfg: ValidationConfig):
+    """-> (kept rows, counts). Prompts cut at paragraph boundaries; long responses dropped or
+    truncated (the +1 is the EOS every response gets)."""
+    n_in = len(df)
+    truncated = 0
+    prompts = []
+    for p in df["prompt"]:
+        cut = truncate_prompt(p, tokenizer, cfg.max_prompt_tokens) if isinstance(p, str) else p
+        truncated += int(isinstance(p, str) and cut is not None and cut != p)
+        prompts.append(cut)
+    df = df.assign(prompt=prompts)
+    keep = df["prompt"].map(lambda v: v is not None) | df["prompt"].isna()
+    for col in TEXT_FIELDS[kind]:
+        texts = df[col].fillna("")
+        over = pd.Series(count_tokens(tokenizer, texts), index=df.index) + 1 \
+            > cfg.max_response_tokens
+        if cfg.long_response_policy == "drop":
+            keep &= ~over
+        else:
+            budget = cfg.max_response_tokens - 1
+            df[col] = [tokenizer.decode(tokenizer(t, add_special_tokens=False)["input_ids"]
+                                        [:budget]) if o else t for t, o in zip(texts, over)]
+            truncated += int(over.sum())
+    kept = df[keep].reset_index(drop=True)
+    n_dropped = n_in - len(kept)
+    return kept, {"n_in": n_in, "n_truncated": truncated, "n_dropped": n_dropped,
+                  "truncated_fraction": truncated / max(n_in, 1),
+                  "dropped_fraction": n_dropped / max(n_in, 1)}
+
+
+def _with_checks(df: pd.DataFrame, kind: str, tokenizer) -> pd.DataFrame:
+    """Derived columns the suites check: token lengths, chosen == rejected."""
+    out = df.copy()
+    out["prompt_tokens"] = count_tokens(tokenizer, out["prompt"].fillna(""))
+    for col in TEXT_FIELDS[kind]:
+        out[f"{col}_tokens"] = [n + 1 for n in count_tokens(tokenizer, out[col].fillna(""))]
+    if kind == "preference":
+        out["chosen_equals_rejected"] = out["chosen"] == out["rejected"]
+    return out
+
+
+def build_suite(kind: str, cfg: ValidationConfig):
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    suite = gx.ExpectationSuite(name=f"rlhf_{kind}")
+    for col in COLUMNS[kind]:
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
+        suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col, min_value=1))
+    suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
+        column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
+    for col in TEXT_FIELDS[kind]:
+        suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
+            column=f"{col}_tokens", min_value=1, max_value=cfg.max_response_tokens))
+    if kind == "preference":
+        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(
+            column="chosen_equals_rejected", value_set=[False]))
+        suite.add_expectation(gxe.ExpectCompoundColumnsToBeUnique(
+            column_list=["prompt", "chosen", "rejected"]))
+    return suite
+
+
+def _gx_context():
+    import great_expectations as gx
+
+    context = gx.get_context(mode="ephemeral")
+    try:
+        from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+    return context
+
+
+def _failure_line(name: str, result, df: pd.DataFrame, n_examples: int) -> str:
+    cfg = result.expectation_config
+    kwargs = {k: v for k, v in cfg.kwargs.items() if k != "batch_id"}
+    idx = (result.result.get("unexpected_index_list") or [])[:n_examples]
+    examples = "; ".join(f"row {i + 1}: " + json.dumps(
+        {c: df.at[i, c] for c in df.columns if c in COLUMNS_ALL}, default=str)[:200]
+        for i in idx if isinstance(i, int) and i in df.index)
+    count = result.result.get("unexpected_count", "?")
+    return f"{name}: {cfg.type} {kwargs} failed ({count} rows)" + \
+        (f"; examples: {examples}" if examples else "")
+
+
+COLUMNS_ALL = {"prompt", "response", "chosen", "rejected"}
+
+
+def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
+               report: ValidationReport) -> None:
+    context = _gx_context()
+    source = context.data_sources.add_pandas("rlhf")
+    for name, df in frames.items():
+        kind = "preference" if name.startswith("preference") else \
+            "sft" if name == "sft" else "prompts"
+        checked = _with_checks(df, kind, tokenizer)
+        batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
+        suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
+            [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
+        batch = batch_def.get_batch(batch_parameters={"dataframe": checked})
+        result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
+        report.results_json[name] = result.to_json_dict()
+        for r in result.results:
+            if not r.success:
+                report.failures.append(_failure_line(name, r, checked, cfg.example_rows))
+        report.stats[f"{name}/n_rows"] = float(len(df))
+
+
+def _median_response_length(df: pd.DataFrame, col: str, tokenizer) -> float:
+    return float(pd.Series(count_tokens(tokenizer, df[col].fillna(""))).median())
+
+
+def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig):
+    """Budgets, then the GX suites, then fraction and length-mismatch checks.
+
+    Args: frames keyed sft / preference / prompts (/ eval_prompts / preference_eval).
+    Returns: (report, cleaned frames).
+    """
+    report = ValidationReport()
+    cleaned = {}
+    for name, df in frames.items():
+        kind = "preference" if name.startswith("preference") else \
+            "sft" if name == "sft" else "prompts"
+        kept, counts = apply_length_budget(df, kind, tokenizer, cfg)
+        cleaned[name] = kept
+        report.stats.update({f"{name}/{k}": float(v) for k, v in counts.items()})
+        if counts["truncated_fraction"] > cfg.max_truncated_fraction:
+            report.failures.append(f"{name}: truncated fraction {counts['truncated_fraction']:.3f}"
+                                   f" > max_truncated_fraction {cfg.max_truncated_fraction}")
+        if counts["dropped_fraction"] > cfg.max_dropped_fraction:
+            report.failures.append(f"{name}: dropped fraction {counts['dropped_fraction']:.3f} > "
+                                   f"max_dropped_fraction {cfg.max_dropped_fraction} (over the "
+                                   f"token budget)")
+    run_suites(cleaned, tokenizer, cfg, report)
+    if len(cleaned["sft"]) and len(cleaned["preference"]):
+        sft_len = _median_response_length(cleaned["sft"], "response", tokenizer)
+        pref_len = _median_response_length(cleaned["preference"], "chosen", tokenizer)
+        ratio = max(sft_len, pref_len) / max(min(sft_len, pref_len), 1.0)
+        report.stats["length_mismatch_ratio"] = ratio
+        if ratio > cfg.length_mismatch_warn_ratio:
+            report.warnings.append(f"median response length: SFT {sft_len:g} vs preference "
+                                   f"(chosen) {pref_len:g} tokens, ratio {ratio:.2f}")
+    report.passed = not report.failures
+    return report, cleaned
+
+
+def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir) -> ValidationReport:
+    """Load every source, validate, write cleaned JSONL files into ``out_dir``.
+
+    Raises DataError for malformed files; failed expectations come back in the report.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sources = {"sft": (data.sft, "sft"), "preference": (data.preference, "preference"),
+               "prompts": (data.prompts, "prompts"),
+               "eval_prompts": (data.eval_prompts, "prompts"),
+               "preference_eval": (data.preference_eval, "preference")}
+    frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
+    report, cleaned = validate_datasets(frames, tokenizer, cfg)
+    if report.passed:
+        for name, df in cleaned.items():
+            df.to_json(out / f"{name}.jsonl", orient="records", lines=True, force_ascii=False)
+    return report
+
+
+def write_data_docs(report: ValidationReport, out_dir) -> Path:
+    """results.json plus a self-contained HTML page of every expectation and its outcome."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report.results_json, indent=1, default=str))
+    rows = []
+    for name, res in report.results_json.items():
+        for r in res.get("results", []):
+            cfg = r["expectation_config"]
+            kwargs = {k: v for k, v in cfg["kwargs"].items() if k != "batch_id"}
+            ok = "pass" if r["success"] else "FAIL"
+            rows.append(f"<tr class='{ok}'><td>{html.escape(name)}</td><td>{cfg['type']}</td>"
+                        f"<td>{html.escape(json.dumps(kwargs))}</td><td>{ok}</td>"
+                        f"<td>{r['result'].get('unexpected_count', '')}</td></tr>")
+    page = ("<html><head><meta charset='utf-8'><title>Data validation</title><style>"
+            "td{padding:2px 8px}.FAIL{background:#fdd}.pass{background:#dfd}</style></head>"
+            f"<body><h1>Data validation: {'PASSED' if report.passed else 'FAILED'}</h1>"
+            + "".join(f"<p>FAILED: {html.escape(f)}</p>" for f in report.failures)
+            + "".join(f"<p>warning: {html.escape(w)}</p>" for w in report.warnings)
+            + "<table><tr><th>data</th><th>expectation</th><th>arguments</th><th>result</th>"
+            "<th>unexpected</th></tr>" + "".join(rows) + "</table></body></html>")
+    (out / "index.html").write_text(page)
+    return out

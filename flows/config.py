@@ -1,0 +1,74 @@
+"""The pipeline config: every stage's frozen config composed into one, validated once here.
+
+Sources, in order: the built-in demo defaults, a YAML/JSON file (``--config``), then
+``--set dotted.key=value`` overrides. The resolved config is logged flattened as MLflow params
+and its hash as a tag.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tasks.config import PipelineConfig, flatten  # noqa: F401  (re-exported)
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message names each field."""
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: '{key}' is not a section")
+    node[keys[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'ppo.kl_coef=0.1' -> ('ppo.kl_coef', 0.1); the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (),
+                base: dict[str, Any] | None = None) -> PipelineConfig:
+    """Defaults (``base``) <- file <- overrides, validated; ConfigError names bad fields."""
+    tree: dict[str, Any] = dict(base or {})
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p}: config file not found")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{p}: not valid YAML/JSON ({err})") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: expected a mapping at the top level")
+        tree = _merge(tree, loaded)
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+    try:
+        return PipelineConfig.model_validate(tree)
+    except ValidationError as err:
+        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in err.errors()]
+        where = f" in {path}" if path else ""
+        raise ConfigError(f"invalid config{where}:\n" + "\n".join(lines)) from None

@@ -1,0 +1,120 @@
+"""Typed, frozen configs for the training stages (SPEC stages 2-7).
+
+One config per stage; the pipeline config (flows/config.py) composes them and validates the
+whole at the CLI edge. Derived sizes are properties, never written back. Every field carries a
+one-line description that becomes the CLI's ``--help`` text and the MLflow param docs.
+
+Defaults follow Huang et al. 2024 ("The N+ Implementation Details of RLHF with PPO") and TRL's
+last PPO trainer (trl 1.12 ``trl.experimental.ppo``); the demo config overrides the sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelConfig(_Frozen):
+    base_model: str = Field("", description="Hub id or local folder of the base causal LM.")
+    tokenizer: str | None = Field(None, description="Tokenizer id/folder; default: base_model.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype when loading the base model."
+    )
+    trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
+    torch_threads: int | None = Field(None, description="torch.set_num_threads on CPU.")
+
+
+class OptimConfig(_Frozen):
+    lr: float = Field(1e-5, description="Peak learning rate.")
+    adam_eps: float = Field(1e-5, description="AdamW epsilon (1e-5 as in OpenAI's RLHF code).")
+    weight_decay: float = Field(0.0, description="AdamW weight decay.")
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of steps warming up.")
+    schedule: Literal["linear", "cosine", "constant"] = Field(
+        "linear", description="Decay after warm-up."
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
+
+
+class SFTConfig(_Frozen):
+    epochs: float = Field(1.0, gt=0, description="Passes over the SFT data.")
+    batch_size: int = Field(16, ge=1, description="Sequences per optimizer step.")
+    optim: OptimConfig = Field(OptimConfig(lr=2e-5, warmup_ratio=0.03))
+    loss_on: Literal["response", "all"] = Field(
+        "response", description="Supervise response tokens only, or prompt too."
+    )
+    log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
+    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: end only).")
+
+
+class RewardConfig(_Frozen):
+    epochs: float = Field(1.0, gt=0, description="Passes over the preference pairs.")
+    batch_size: int = Field(16, ge=1, description="Pairs per optimizer step.")
+    optim: OptimConfig = Field(OptimConfig(lr=1e-5))
+    use_margin: bool = Field(False, description="Subtract a per-pair 'margin' column in the loss.")
+    eval_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="Held-out split when no preference_eval data is given."
+    )
+    log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
+    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: end only).")
+
+
+class RewardNormConfig(_Frozen):
+    divide_by_std: bool = Field(False, description="PPO uses (r - mean) / std, not r - mean.")
+    max_samples: int | None = Field(None, description="Score at most N SFT rows.")
+    batch_size: int = Field(64, ge=1, description="Sequences per scoring batch.")
+
+
+class PPOConfig(_Frozen):
+    iterations: int = Field(100, ge=1, description="PPO iterations (rollout + update).")
+    rollout_batch_size: int = Field(64, ge=1, description="Prompts sampled per iteration.")
+    num_minibatches: int = Field(2, ge=1, description="Minibatches per PPO epoch.")
+    ppo_epochs: int = Field(4, ge=1, description="Passes over each rollout batch (K).")
+    optim: OptimConfig = Field(OptimConfig(lr=3e-6, schedule="linear"))
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature T.")
+    max_new_tokens: int = Field(53, ge=1, description="Response budget L.")
+    kl_coef: float = Field(0.05, ge=0, description="Initial beta of the per-token KL penalty.")
+    kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator.")
+    adaptive_kl: bool = Field(False, description="Adapt beta toward target_kl (Ziegler 2019).")
+    target_kl: float = Field(6.0, gt=0, description="Adaptive controller's target KL (nats).")
+    kl_horizon: int = Field(10000, ge=1, description="Adaptive controller's horizon.")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip_eps: float = Field(0.2, gt=0, description="Policy ratio clip.")
+    clip_eps_value: float = Field(0.2, gt=0, description="Value clip.")
+    vf_coef: float = Field(0.1, ge=0, description="Value-loss coefficient.")
+    ent_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    whiten_rewards: bool = Field(False, description="Whiten per-token rewards before GAE.")
+    missing_eos_penalty: float | None = Field(
+        -1.0, description="Score given to a response without EOS (None: no EOS trick)."
+    )
+    sample_every: int = Field(10, ge=1, description="Log a sample table every N iterations.")
+    num_samples: int = Field(8, ge=1, description="Rows per sample table.")
+    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N iterations (0: end).")
+
+    @model_validator(mode="after")
+    def _divisible(self) -> PPOConfig:
+        if self.rollout_batch_size % self.num_minibatches:
+            raise ValueError(
+                f"ppo.rollout_batch_size ({self.rollout_batch_size}) must be divisible by "
+                f"ppo.num_minibatches ({self.num_minibatches})"
+            )
+        return self
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.rollout_batch_size // self.num_minibatches
+
+
+class EvalConfig(_Frozen):
+    num_prompts: int = Field(256, ge=1, description="Held-out prompts to evaluate on.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature for both policies.")
+    max_new_tokens: int = Field(53, ge=1, description="Response budget.")
+    batch_size: int = Field(64, ge=1, description="Prompts per generation batch.")
+    judge: Literal["none", "demo"] = Field("none", description="Gold judge, if the data has one.")
+    num_side_by_side: int = Field(16, ge=0, description="Side-by-side samples to log.")

@@ -1,0 +1,73 @@
+"""Token-level data handling: prompt + response + EOS, padding and batching.
+
+Prompt and response are tokenised separately and concatenated, so the prompt/response
+boundary is exact (TL;DR recipe); every response gets the EOS id appended (an EOS that is
+never in the data is never learned). PAD must differ from EOS: padding is masked out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` without any special token added."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_sft(tokenizer, prompt: str, response: str, loss_on: str = "response"):
+    """-> (input_ids, labels): prompt + response + EOS; prompt labels ignored unless 'all'."""
+    p, r = encode(tokenizer, prompt), encode(tokenizer, response) + [tokenizer.eos_token_id]
+    labels = (p if loss_on == "all" else [IGNORE_INDEX] * len(p)) + r
+    return p + r, labels
+
+
+def encode_pair(tokenizer, prompt: str, chosen: str, rejected: str):
+    """-> (chosen_ids, rejected_ids), each prompt + completion + EOS."""
+    p = encode(tokenizer, prompt)
+    eos = [tokenizer.eos_token_id]
+    return p + encode(tokenizer, chosen) + eos, p + encode(tokenizer, rejected) + eos
+
+
+def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """List of id lists -> [B, max_len] long, padded on the right."""
+    if not seqs:
+        raise ValueError("right_pad: empty batch")
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """List of id lists -> [B, max_len] long, padded on the left (for generation)."""
+    if not seqs:
+        raise ValueError("left_pad: empty batch")
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            out[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def last_real_index(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """[B, T] right-padded ids -> [B] index of the last non-pad token (the appended EOS)."""
+    lengths = (input_ids != pad_id).long().sum(dim=1)
+    if (lengths == 0).any():
+        raise ValueError("last_real_index: a sequence is all padding")
+    return lengths - 1
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator,
+            drop_last: bool = False) -> Iterator[torch.Tensor]:
+    """Shuffled index batches over range(n), drawn from ``generator`` (reproducible)."""
+    order = torch.randperm(n, generator=generator)
+    stop = n - (n % batch_size) if drop_last else n
+    for start in range(0, stop, batch_size):
+        yield order[start: start + batch_size]

@@ -1,0 +1,240 @@
+"""The embedded demo task: a tiny synthetic "assistant" language with a hidden gold judge.
+
+Prompts are user requests ("user : please describe cats briefly assistant :"). Replies are
+short word sequences built from independent quality knobs: a polite or rude opener, one or
+two "<subject> are <adjective>" sentences whose subject may be the requested topic or an
+off-topic one, filler words, a polite or rude closer, and a final full stop or none.
+
+The gold judge scores a reply on relevance (the requested topic mentioned, others not), tone
+(polite words good, rude words bad), concision (fillers and excess length cost) and a proper
+ending (full stop; a missing EOS costs most). It is used only to label preference pairs (with
+Bradley-Terry noise, like human raters) and to evaluate; never as a training reward.
+Demonstrations mix all qualities, so SFT imitates the average and RL has room to improve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+TOPICS = ("cats dogs rain snow coffee tea music books trees rivers stars bread cheese apples "
+          "boats trains bikes birds fish flowers mountains oceans clouds gardens").split()
+VERBS = ("tell me about", "describe", "write about", "talk about", "explain", "say something on")
+STYLES = ("", "briefly", "in short")
+ADJECTIVES = "nice lovely great fun calm bright warm useful".split()
+FILLERS = ("um", "like", "basically")
+POLITE = ("sure", "hope", "this", "helps")
+RUDE = ("ugh", "whatever")
+SEPARATOR = "assistant :"
+EOS, PAD, UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
+BT_TEMPERATURE = 1.0  # Bradley-Terry label noise: ~83% agreement with the judge's ordering
+
+
+@dataclass(frozen=True)
+class DemoSizes:
+    n_sft: int = 2000
+    n_pref: int = 2000
+    n_prompts: int = 1024
+    n_eval: int = 256
+    n_pref_eval: int = 500
+
+
+def _prompt_text(verb: str, topic: str, please: bool, style: str) -> str:
+    words = ["user", ":"] + (["please"] if please else []) + verb.split() + [topic]
+    return " ".join(words + style.split() + SEPARATOR.split())
+
+
+@lru_cache(maxsize=1)
+def all_prompts() -> tuple[str, ...]:
+    return tuple(_prompt_text(v, t, p, s) for v in VERBS for t in TOPICS for p in (False, True)
+            for s in STYLES)
+
+
+def _is_held_out(prompt: str) -> bool:
+    """A fixed third of the (verb, topic, please, style) combinations is held out."""
+    return sum(map(ord, prompt)) % 3 == 0
+
+
+def prompt_topic(prompt: str) -> str | None:
+    words = prompt.split()
+    return next((w for w in words if w in TOPICS), None)
+
+
+@lru_cache(maxsize=2)
+def _pool(held_out: bool) -> tuple[str, ...]:
+    return tuple(p for p in all_prompts() if _is_held_out(p) == held_out)
+
+
+def sample_prompt(rng: random.Random, held_out: bool = False) -> str:
+    return rng.choice(_pool(held_out))
+
+
+def judge_score(prompt: str, response: str, has_eos: bool = True) -> float:
+    """The hidden gold judge (see the module docstring)."""
+    topic = prompt_topic(prompt)
+    words = response.split()
+    score = 2.0 if topic in words else 0.0
+    score -= 1.0 * len({w for w in words if w in TOPICS and w != topic})
+    score += 1.0 if " ".join(words[-4:-1] if words[-1:] == ["."] else words[-3:]) \
+        == "hope this helps" else 0.0
+    score += 0.5 if words[:1] == ["sure"] else 0.0
+    score -= 1.5 * sum(w in RUDE for w in words)
+    score -= 0.5 * sum(w in FILLERS for w in words)
+    score -= 0.15 * max(0, len(words) - 12)
+    score += 0.5 if words[-1:] == ["."] else 0.0
+    return score - (3.0 if not has_eos else 0.0)
+
+
+def sample_response(prompt: str, rng: random.Random) -> str:
+    """A mixed-quality demonstration: each knob drawn independently."""
+    topic = prompt_topic(prompt) or rng.choice(TOPICS)
+    others = [t for t in TOPICS if t != topic]
+    words: list[str] = []
+    r = rng.random()
+    words += ["sure", ","] if r < 0.4 else ["ugh", ","] if r < 0.6 else []
+    on_topic = rng.random() < 0.55
+    for i in range(rng.choice((1, 1, 2))):
+        use_topic = on_topic if i == 0 else rng.random() < 0.5
+        sentence = [topic if use_topic else rng.choice(others), "are", rng.choice(ADJECTIVES)]
+        for _ in range(2):
+            if rng.random() < 0.25:
+                sentence.insert(rng.randrange(len(sentence) + 1), rng.choice(FILLERS))
+        words += sentence + ([","] if i == 0 else [])
+    words = words[:-1] if words[-1] == "," else words
+    r = rng.random()
+    words += [".", "hope", "this", "helps"] if r < 0.35 else [".", "whatever"] if r < 0.5 else []
+    if rng.random() < 0.7:
+        words.append(".")
+    return " ".join(words)
+
+
+def best_response(prompt: str) -> str:
+    topic = prompt_topic(prompt) or TOPICS[0]
+    return f"sure , {topic} are nice . hope this helps ."
+
+
+def bt_label(prompt: str, a: str, b: str, rng: random.Random) -> tuple[str, str]:
+    """(chosen, rejected) drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature)."""
+    diff = (judge_score(prompt, a) - judge_score(prompt, b)) / BT_TEMPERATURE
+    p_a = 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0)))
+    return (a, b) if rng.random() < p_a else (b, a)
+
+
+def _pairs(n: int, rng: random.Random, held_out: bool) -> list[dict]:
+    rows = []
+    while len(rows) < n:
+        prompt = sample_prompt(rng, held_out)
+        a, b = sample_response(prompt, rng), sample_response(prompt, rng)
+        if a != b:
+            chosen, rejected = bt_label(prompt, a, b, rng)
+            rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return rows
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    return path
+
+
+def generate_demo_data(out_dir: str | Path, seed: int = 0,
+                       sizes: DemoSizes = DemoSizes()) -> dict[str, Path]:
+    """Write sft / preference / prompts / eval_prompts / preference_eval JSONL files."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    sft = []
+    for _ in range(sizes.n_sft):
+        prompt = sample_prompt(rng)
+        sft.append({"prompt": prompt, "response": sample_response(prompt, rng)})
+    held = list(_pool(True))
+    rng.shuffle(held)
+    eval_prompts = [held[i % len(held)] for i in range(sizes.n_eval)]
+    return {
+        "sft": _write_jsonl(out / "sft.jsonl", sft),
+        "preference": _write_jsonl(out / "preference.jsonl", _pairs(sizes.n_pref, rng, False)),
+        "prompts": _write_jsonl(out / "prompts.jsonl",
+                                [{"prompt": sample_prompt(rng)} for _ in range(sizes.n_prompts)]),
+        "eval_prompts": _write_jsonl(out / "eval_prompts.jsonl",
+                                     [{"prompt": p} for p in eval_prompts]),
+        "preference_eval": _write_jsonl(out / "preference_eval.jsonl",
+                                        _pairs(sizes.n_pref_eval, rng, True)),
+    }
+
+
+def label_agreement(rows: list[dict]) -> float:
+    """Fraction of (non-tied) pairs whose label agrees with the noiseless judge."""
+    judged = [(judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"]))
+              for r in rows]
+    judged = [(a, b) for a, b in judged if a != b]
+    return sum(a > b for a, b in judged) / len(judged) if judged else float("nan")
+
+
+def gold_preference_accuracy(rows: list[dict], score_fn: Callable[[str, str], float]) -> float:
+    """Fraction of pairs where score_fn orders the replies as the judge does (ties skipped)."""
+    hits, n = 0, 0
+    for r in rows:
+        a, b = judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"])
+        if a == b:
+            continue
+        n += 1
+        hits += (score_fn(r["prompt"], r["chosen"]) > score_fn(r["prompt"], r["rejected"])) \
+            == (a > b)
+    return hits / n if n else float("nan")
+
+
+def vocabulary() -> list[str]:
+    words = {w for p in all_prompts() for w in p.split()}
+    words |= set(TOPICS) | set(ADJECTIVES) | set(FILLERS) | set(POLITE) | set(RUDE)
+    return sorted(words | {"are", ",", ".", "?"})
+
+
+def build_demo_tokenizer(texts: Iterable[str], out_dir: str | Path):
+    """Word-level tokenizer trained locally; EOS and PAD distinct; no automatic specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel(unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # join words with spaces
+    trainer = trainers.WordLevelTrainer(special_tokens=[EOS, PAD, UNK], min_frequency=1)
+    core.train_from_iterator([*texts, " ".join(vocabulary())], trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, pad_token=PAD,
+                                  unk_token=UNK, clean_up_tokenization_spaces=False)
+    tok.save_pretrained(str(out_dir))
+    return tok
+
+
+def build_demo_model(tokenizer, out_dir: str | Path, n_layer: int = 2, n_embd: int = 64,
+                     n_head: int = 4, n_positions: int = 64, seed: int = 0) -> Path:
+    """A randomly initialised GPT-2 from a config, saved with its tokenizer."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=n_embd,
+                     n_layer=n_layer, n_head=n_head, bos_token_id=tokenizer.eos_token_id,
+                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = GPT2LMHeadModel(cfg)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_demo_assets(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
+                      **model_kwargs) -> dict[str, Path]:
+    """Data under out_dir/data, tokenizer + tiny GPT-2 under out_dir/base_model."""
+    root = Path(out_dir)
+    paths = generate_demo_data(root / "data", seed, sizes)
+    texts = [value for p in paths.values() for line in p.read_text().splitlines()
+             for value in json.loads(line).values()]
+    tok = build_demo_tokenizer(texts, root / "base_model")
+    paths["base_model"] = build_demo_model(tok, root / "base_model", seed=seed, **model_kwargs)
+    return paths

@@ -1,0 +1,134 @@
+"""Loading and saving the four models of RLHF: policy, reference, reward and value.
+
+Any Hugging Face causal LM (hub id or local folder) loads through ``from_pretrained``. The
+reward and value models share one architecture: the base model's trunk plus a scalar head
+(Stiennon et al. 2020; init std 1/sqrt(hidden+1), bias 0, as in OpenAI's lm-human-preferences).
+Weights are written as safetensors; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Set every dropout probability to 0 (Huang et al. 2024, detail: dropout off in PPO)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key, value in config.to_dict().items():
+            if isinstance(value, float) and ("dropout" in key or "pdrop" in key):
+                setattr(config, key, 0.0)
+    return model
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """AutoTokenizer.from_pretrained with right padding (left padding is done by hand)."""
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def load_causal_lm(
+    name_or_path: str | Path, dtype: str = "float32", trust_remote_code: bool = False
+) -> PreTrainedModel:
+    """Load any causal LM (hub id or folder), dropout off."""
+    model = AutoModelForCausalLM.from_pretrained(
+        str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
+    )
+    return disable_dropout(model)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: [B, T] -> [B, T] (0 at the first real token)."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+class ScalarHeadModel(nn.Module):
+    """A transformer trunk with a scalar head: per-token scores [B, T].
+
+    Used as the reward model (score read at the EOS token) and as the value model (one value
+    per state). The trunk is ``AutoModel`` of the same checkpoint, so any causal LM works.
+    """
+
+    def __init__(self, backbone: PreTrainedModel, head: nn.Linear | None = None):
+        super().__init__()
+        self.backbone = backbone
+        hidden = backbone.config.hidden_size
+        if head is None:
+            head = nn.Linear(hidden, 1)
+            nn.init.normal_(head.weight, std=1.0 / math.sqrt(hidden + 1))
+            nn.init.zeros_(head.bias)
+        self.head = head.to(next(backbone.parameters()).dtype)
+
+    @classmethod
+    def from_causal_lm(cls, name_or_path: str | Path, dtype: str = "float32",
+                       trust_remote_code: bool = False) -> ScalarHeadModel:
+        """A fresh head on the trunk of a (causal-LM) checkpoint, e.g. the SFT policy."""
+        backbone = AutoModel.from_pretrained(
+            str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
+        )
+        return cls(disable_dropout(backbone))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """input_ids, attention_mask [B, T] -> scores [B, T]."""
+        out = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state  # [B, T, H]
+        return self.head(hidden).squeeze(-1)  # [B, T]
+
+    def save(self, out_dir: str | Path) -> Path:
+        """backbone/ (save_pretrained, safetensors) + head.safetensors + scalar_head.json."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(out / "backbone")
+        head = {k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}
+        save_file(head, str(out / "head.safetensors"))
+        meta = {"hidden_size": self.backbone.config.hidden_size, "kind": "scalar_head"}
+        (out / "scalar_head.json").write_text(json.dumps(meta))
+        return out
+
+    @classmethod
+    def load(cls, model_dir: str | Path, dtype: str = "float32") -> ScalarHeadModel:
+        """Inverse of :meth:`save`; raises FileNotFoundError naming the missing file."""
+        root = Path(model_dir)
+        for name in ("backbone", "head.safetensors", "scalar_head.json"):
+            if not (root / name).exists():
+                raise FileNotFoundError(f"{root}: not a scalar-head model (missing {name})")
+        backbone = AutoModel.from_pretrained(str(root / "backbone"), dtype=_DTYPES[dtype])
+        head = nn.Linear(backbone.config.hidden_size, 1)
+        head.load_state_dict(load_file(str(root / "head.safetensors")))
+        return cls(disable_dropout(backbone), head)
+
+
+def resize_for_tokenizer(model: PreTrainedModel, tokenizer) -> None:
+    """Grow the embeddings when the tokenizer gained tokens (e.g. a dedicated PAD)."""
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id = tokenizer.eos_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -1,0 +1,133 @@
+"""Stages 3-4: reward-model training and reward normalisation.
+
+The reward is read at the EOS token (the last real token) of prompt + completion + EOS;
+loss -log sigmoid(r_chosen - r_rejected) (Stiennon et al. 2020). Normalisation statistics are
+an explicit artifact ``{mean, std, n}`` from scoring the SFT set, applied by a pure function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from rlhf_core.config import RewardConfig
+from rlhf_core.data import batches, encode_pair, last_real_index, right_pad
+from rlhf_core.losses import bradley_terry_loss
+from rlhf_core.models import ScalarHeadModel
+from rlhf_core.optim import LogFn, build_optimizer, check_finite
+
+
+def gather_at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values [B, T], index [B] -> [B]: values[b, index[b]] (the reward at EOS)."""
+    return values.gather(1, index.unsqueeze(1)).squeeze(1)
+
+
+def score_padded(model: ScalarHeadModel, ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Right-padded [B, T] sequences ending in EOS -> [B] reward read at the EOS token."""
+    mask = ids != pad_id
+    return gather_at(model(ids, mask), last_real_index(ids, pad_id))
+
+
+def _pair_scores(model, pairs, idx, pad_id, device, margins=None):
+    chosen = [pairs[i][0] for i in idx]
+    rejected = [pairs[i][1] for i in idx]
+    ids = right_pad(chosen + rejected, pad_id).to(device)  # [2B, T]: one forward for both
+    scores = score_padded(model, ids, pad_id)
+    n = len(chosen)
+    margin = None if margins is None else margins[idx].to(device)
+    return scores[:n], scores[n:], margin
+
+
+def encode_pairs(tokenizer, rows: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
+    return [encode_pair(tokenizer, r["prompt"], r["chosen"], r["rejected"]) for r in rows]
+
+
+def train_reward_model(
+    model: ScalarHeadModel, tokenizer, rows: Sequence[dict], cfg: RewardConfig,
+    device: torch.device, generator: torch.Generator, on_log: LogFn | None = None,
+    progress: bool = True,
+) -> dict[str, float]:
+    """Train ``model`` in place on preference rows {prompt, chosen, rejected[, margin]}."""
+    pairs = encode_pairs(tokenizer, rows)
+    margins = (torch.tensor([float(r.get("margin", 0.0)) for r in rows])
+               if cfg.use_margin else None)
+    total = max(1, math.ceil(cfg.epochs * math.ceil(len(pairs) / cfg.batch_size)))
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total)
+    model.to(device).train()
+    step, last = 0, {}
+    bar = tqdm(total=total, desc="reward_model", disable=not progress, leave=False)
+    while step < total:
+        for idx in batches(len(pairs), cfg.batch_size, generator):
+            rc, rr, margin = _pair_scores(model, pairs, idx, tokenizer.pad_token_id, device,
+                                          margins)
+            loss, stats = bradley_terry_loss(rc, rr, margin)
+            check_finite("reward-model loss", loss, step)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            bar.update(1)
+            last = {"train/loss": float(loss), "train/lr": scheduler.get_last_lr()[0]}
+            last.update({f"train/{k}": float(v) for k, v in stats.items()})
+            if on_log and (step % cfg.log_every == 0 or step == total):
+                on_log(step, last)
+            if step >= total:
+                break
+    bar.close()
+    return last
+
+
+@torch.inference_mode()
+def evaluate_reward_model(model: ScalarHeadModel, tokenizer, rows: Sequence[dict],
+                          device: torch.device, batch_size: int = 64) -> dict[str, float]:
+    """Held-out accuracy, loss and mean margin on preference rows."""
+    model.eval()
+    pairs = encode_pairs(tokenizer, rows)
+    chosen, rejected = [], []
+    for start in range(0, len(pairs), batch_size):
+        idx = list(range(start, min(start + batch_size, len(pairs))))
+        rc, rr, _ = _pair_scores(model, pairs, idx, tokenizer.pad_token_id, device)
+        chosen.append(rc.float().cpu())
+        rejected.append(rr.float().cpu())
+    model.train()
+    loss, stats = bradley_terry_loss(torch.cat(chosen), torch.cat(rejected))
+    return {"eval/loss": float(loss), **{f"eval/{k}": float(v) for k, v in stats.items()}}
+
+
+@torch.inference_mode()
+def score_texts(model: ScalarHeadModel, tokenizer, prompts: Sequence[str],
+                responses: Sequence[str], device: torch.device,
+                batch_size: int = 64) -> torch.Tensor:
+    """RM score of prompt + response + EOS for each pair -> [N] float32 on CPU."""
+    from rlhf_core.data import encode
+
+    model.eval()
+    eos = [tokenizer.eos_token_id]
+    seqs = [encode(tokenizer, p) + encode(tokenizer, r) + eos for p, r in zip(prompts, responses)]
+    out = []
+    for start in range(0, len(seqs), batch_size):
+        ids = right_pad(seqs[start: start + batch_size], tokenizer.pad_token_id).to(device)
+        out.append(score_padded(model, ids, tokenizer.pad_token_id).float().cpu())
+    return torch.cat(out) if out else torch.empty(0)
+
+
+def reward_norm_stats(scores: torch.Tensor) -> dict[str, float]:
+    """{mean, std, n} of RM scores on the SFT set (the normalisation artifact)."""
+    if scores.numel() < 2:
+        raise ValueError(f"reward_norm_stats needs at least 2 scores, got {scores.numel()}")
+    scores = scores.double()
+    return {"mean": float(scores.mean()), "std": float(scores.std()), "n": int(scores.numel())}
+
+
+def normalise_scores(scores: torch.Tensor, stats: dict[str, float],
+                     divide_by_std: bool = False) -> torch.Tensor:
+    """r - mean, or (r - mean) / std: the pure function PPO applies to every RM score."""
+    out = scores - stats["mean"]
+    if divide_by_std:
+        out = out / max(stats["std"], 1e-8)
+    return out

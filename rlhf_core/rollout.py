@@ -1,0 +1,155 @@
+"""PPO rollout: generate, score, and turn scores into per-token advantages.
+
+Layout of a rollout batch: ``query_responses [B, P + R]`` = left-padded prompt (P tokens)
+followed by the response (R tokens, pad after the first EOS). Every forward pass gets the
+attention mask and position ids that skip the left padding, so a padded row computes what
+the unpadded one would. Rollout passes run under ``torch.inference_mode``; the old log-probs
+come from the generation logits, so no forward is run twice (SPEC, "Where PPO time goes").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from rlhf_core.masked import masked_whiten
+from rlhf_core.models import ScalarHeadModel, position_ids_from_mask
+from rlhf_core.ppo_math import (
+    apply_eos_penalty,
+    compute_gae,
+    kl_estimate,
+    last_token_index,
+    logprobs_from_logits,
+    per_token_rewards,
+    truncate_after_eos,
+)
+from rlhf_core.reward import gather_at, normalise_scores
+
+
+@dataclass
+class Experience:
+    """One rollout batch; every [B, R] tensor is 0 outside ``response_mask``."""
+
+    query_responses: torch.Tensor  # (B, P+R) prompt | response, long
+    context_length: int  # P
+    responses: torch.Tensor  # (B, R) long, pad after the first EOS
+    response_mask: torch.Tensor  # (B, R) bool, True up to and including EOS
+    has_eos: torch.Tensor  # (B,) bool
+    logprobs: torch.Tensor  # (B, R) log pi_old(a_t | s_t) at temperature T
+    ref_logprobs: torch.Tensor  # (B, R) log pi_ref(a_t | s_t) at temperature T
+    values: torch.Tensor  # (B, R) V_old(s_t)
+    raw_scores: torch.Tensor  # (B,) RM score read at EOS
+    scores: torch.Tensor  # (B,) normalised score after the EOS trick
+    kl: torch.Tensor  # (B, R) per-token KL estimate
+    non_score_rewards: torch.Tensor  # (B, R) -beta * KL
+    rewards: torch.Tensor  # (B, R) non-score rewards + score at the last real token
+    advantages: torch.Tensor  # (B, R) whitened GAE advantages
+    returns: torch.Tensor  # (B, R) advantages (before whitening) + values
+
+
+def sampling_config(tokenizer, temperature: float, max_new_tokens: int) -> GenerationConfig:
+    """Pure sampling at temperature T: top_k 0, top_p 1 (no other logits processors)."""
+    return GenerationConfig(
+        do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+        max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        return_dict_in_generate=True, output_logits=True,
+    )
+
+
+@torch.inference_mode()
+def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad_id: int):
+    """Left-padded prompts [B, P] -> (responses [B, R], raw logits [B, R, V])."""
+    mask = prompt_ids != pad_id
+    out = policy.generate(input_ids=prompt_ids, attention_mask=mask,
+                          generation_config=gen_config)
+    responses = out.sequences[:, prompt_ids.shape[1]:]  # (B, R)
+    logits = torch.stack(out.logits, dim=1)  # (B, R, V), before temperature
+    return responses, logits
+
+
+def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
+                    context_length: int) -> torch.Tensor:
+    """Logits that predict each response token: [B, P+R] -> [B, R, V].
+
+    Only R + 1 positions go through the LM head (``logits_to_keep``): no logits at prompt
+    positions.
+    """
+    mask = query_responses != pad_id
+    length = query_responses.shape[1] - context_length
+    out = policy(input_ids=query_responses, attention_mask=mask,
+                 position_ids=position_ids_from_mask(mask), logits_to_keep=length + 1,
+                 use_cache=False)
+    return out.logits[:, :-1]  # (B, R, V): position P-1+t predicts response token t
+
+
+def response_values(value_model: ScalarHeadModel, query_responses: torch.Tensor, pad_id: int,
+                    context_length: int) -> torch.Tensor:
+    """V(s_t) for each response step: [B, P+R] -> [B, R] (state = prompt + response[:t])."""
+    values = value_model(query_responses, query_responses != pad_id)  # (B, P+R)
+    return values[:, context_length - 1: -1]
+
+
+@torch.inference_mode()
+def score_responses(reward_model: ScalarHeadModel, query_responses: torch.Tensor, pad_id: int,
+                    context_length: int, response_mask: torch.Tensor) -> torch.Tensor:
+    """RM score read at the last real response token (the EOS when present) -> [B]."""
+    scores = reward_model(query_responses, query_responses != pad_id)  # (B, P+R)
+    return gather_at(scores, context_length + last_token_index(response_mask))
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    temperature: float
+    kl_estimator: str
+    gamma: float
+    lam: float
+    whiten_rewards: bool
+    missing_eos_penalty: float | None
+    divide_by_std: bool
+
+
+@torch.inference_mode()
+def make_experience(
+    policy, ref_policy, value_model: ScalarHeadModel, reward_model: ScalarHeadModel,
+    prompt_ids: torch.Tensor, tokenizer, gen_config: GenerationConfig, kl_coef: float,
+    norm_stats: dict[str, float], s: RolloutSettings,
+) -> Experience:
+    """Generate for left-padded ``prompt_ids`` [B, P] and compute everything PPO needs."""
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    P = prompt_ids.shape[1]
+    raw_responses, gen_logits = generate(policy, prompt_ids, gen_config, pad_id)
+    responses, mask, has_eos = truncate_after_eos(raw_responses, eos_id, pad_id)
+    query_responses = torch.cat([prompt_ids, responses], dim=1)  # (B, P+R)
+
+    logprobs = logprobs_from_logits(gen_logits, responses, s.temperature) * mask
+    ref_logits = response_logits(ref_policy, query_responses, pad_id, P)
+    ref_logprobs = logprobs_from_logits(ref_logits, responses, s.temperature) * mask
+    del ref_logits
+    values = response_values(value_model, query_responses, pad_id, P) * mask
+    raw_scores = score_responses(reward_model, query_responses, pad_id, P, mask).float()
+
+    scores = normalise_scores(raw_scores, norm_stats, s.divide_by_std)
+    if s.missing_eos_penalty is not None:
+        scores = apply_eos_penalty(scores, has_eos, s.missing_eos_penalty)
+    kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator) * mask
+    rewards, non_score = per_token_rewards(scores, kl, mask, kl_coef)
+    if s.whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
+    advantages = masked_whiten(advantages, mask) * mask
+    return Experience(
+        query_responses=query_responses, context_length=P, responses=responses,
+        response_mask=mask, has_eos=has_eos, logprobs=logprobs, ref_logprobs=ref_logprobs,
+        values=values, raw_scores=raw_scores, scores=scores, kl=kl,
+        non_score_rewards=non_score, rewards=rewards, advantages=advantages, returns=returns,
+    )
+
+
+def to_autograd_tensors(exp: Experience) -> Experience:
+    """Clone inference-mode tensors into ordinary ones (call outside inference_mode) so the
+    update's autograd graph may save them for backward."""
+    fields = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(exp).items()}
+    return Experience(**fields)

@@ -1,0 +1,90 @@
+"""Helpers shared by the stage tasks: the skip-or-run wrapper, JSONL I/O, model loading."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from prefect.artifacts import create_markdown_artifact
+from prefect.context import get_run_context
+
+from rlhf_core.config import ModelConfig
+from rlhf_core.models import resolve_device
+from tasks.tracking import (
+    RunContext,
+    completed_output,
+    log_metrics,
+    record_output,
+    run_url,
+    stage_run,
+)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def write_json(path: str | Path, obj) -> Path:
+    """Write JSON atomically (temp file + rename)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def setup_torch(model_cfg: ModelConfig) -> torch.device:
+    if model_cfg.torch_threads:
+        torch.set_num_threads(model_cfg.torch_threads)
+    return resolve_device(model_cfg.device)
+
+
+def _in_prefect_run() -> bool:
+    try:
+        get_run_context()
+        return True
+    except Exception:  # noqa: BLE001 - prefect raises different errors outside a run
+        return False
+
+
+def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> None:
+    """A Prefect markdown artifact with the stage's key figures and its MLflow link."""
+    if not _in_prefect_run():
+        return
+    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                     for k, v in figures.items())
+    md = f"## {stage}\n\nMLflow: {run_url(ctx, run_id)}\n\n| figure | value |\n|---|---|\n{rows}\n"
+    create_markdown_artifact(key=f"rlhf-{stage.replace('_', '-')}", markdown=md,
+                             description=f"{stage} summary")
+
+
+def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict]) -> dict:
+    """Skip ``stage`` when a finished child run recorded its output; else run ``body(run_id)``
+    inside the child run, record its output reference and wall time, and return it."""
+    done = completed_output(ctx, stage)
+    if done is not None:
+        done["skipped"] = True
+        return done
+    start = time.perf_counter()
+    with stage_run(ctx, stage) as run_id:
+        out = body(run_id)
+        out["run_id"] = run_id
+        out["wall_s"] = round(time.perf_counter() - start, 2)
+        log_metrics(ctx.client(), run_id, {"time/stage_s": out["wall_s"]}, step=0)
+        record_output(ctx, run_id, out)
+    stage_markdown(ctx, stage, run_id, {"wall_s": out["wall_s"], **out.get("metrics", {})})
+    return out
+
+
+def metric_logger(ctx: RunContext, run_id: str):
+    """on_log(step, metrics) callback for the core training loops."""
+    client = ctx.client()
+
+    def on_log(step: int, metrics: dict[str, float]) -> None:
+        log_metrics(client, run_id, metrics, step)
+
+    return on_log

@@ -1,0 +1,86 @@
+"""The pipeline config: every stage's frozen config composed into one (SPEC defaults).
+
+Validated once at the CLI edge (flows/config.py loads and overrides it); tasks read their own
+section and never write back. Derived values are methods, not fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from data_checks.config import DataConfig, ValidationConfig
+from rlhf_core.config import (
+    EvalConfig,
+    ModelConfig,
+    PPOConfig,
+    RewardConfig,
+    RewardNormConfig,
+    SFTConfig,
+)
+
+
+class DemoConfig(BaseModel):
+    """The embedded demo: synthetic assistant language, gold judge, tiny GPT-2."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    enabled: bool = Field(False, description="Generate demo data and a tiny base model.")
+    n_sft: int = Field(2000, ge=1, description="SFT demonstrations.")
+    n_pref: int = Field(2000, ge=1, description="Preference pairs.")
+    n_prompts: int = Field(1024, ge=1, description="PPO training prompts.")
+    n_eval: int = Field(256, ge=1, description="Held-out evaluation prompts.")
+    n_pref_eval: int = Field(500, ge=1, description="Held-out preference pairs.")
+    n_layer: int = Field(2, ge=1, description="Tiny GPT-2 layers.")
+    n_embd: int = Field(64, ge=8, description="Tiny GPT-2 width.")
+    n_head: int = Field(4, ge=1, description="Tiny GPT-2 heads.")
+
+
+class TrackingConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    experiment: str = Field("rlhf", description="MLflow experiment name.")
+    tracking_uri: str | None = Field(
+        None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db."
+    )
+    run_name: str | None = Field(None, description="Pipeline run name (same name resumes).")
+    workdir: str = Field("rlhf_runs", description="Folder for checkpoints and prepared data.")
+    registered_policy: str = Field("rlhf-policy", description="Registry name of the policy.")
+    registered_reward_model: str = Field("rlhf-reward-model", description="Registry name, RM.")
+    register: bool = Field(True, description="Register the final models in the registry.")
+    progress: bool = Field(True, description="Show progress bars.")
+
+
+class PipelineConfig(BaseModel):
+    """Everything one pipeline run needs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    seed: int = Field(0, description="Seed for every stage (data order, init, sampling).")
+    demo: DemoConfig = Field(DemoConfig())
+    data: DataConfig | None = Field(None, description="Data sources (None: demo data).")
+    model: ModelConfig = Field(ModelConfig())
+    validation: ValidationConfig = Field(ValidationConfig())
+    sft: SFTConfig = Field(SFTConfig())
+    reward: RewardConfig = Field(RewardConfig())
+    reward_norm: RewardNormConfig = Field(RewardNormConfig())
+    ppo: PPOConfig = Field(PPOConfig())
+    eval: EvalConfig = Field(EvalConfig())
+    tracking: TrackingConfig = Field(TrackingConfig())
+
+    def config_hash(self) -> str:
+        """Short, stable hash of the resolved config (tag ``rlhf.config_hash``)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'ppo': {'lr': 1}} -> {'ppo.lr': 1} (MLflow params)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,123 @@
+"""Stage tasks 7-8: evaluate SFT vs PPO on held-out prompts; register the models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+
+from rlhf_core.evaluate import compare_policies, sample_policy
+from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.optim import seed_everything
+from tasks.common import read_jsonl, run_stage, setup_torch
+from tasks.config import PipelineConfig
+from tasks.tracking import RunContext, log_metrics
+
+
+def _judge(name: str):
+    if name == "demo":
+        from rlhf_core.demo import judge_score
+
+        return judge_score
+    return None
+
+
+def _table_artifact(rows: list[dict]) -> None:
+    try:
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(key="rlhf-eval-samples", table=rows,
+                              description="SFT vs PPO, side by side")
+    except Exception:  # noqa: BLE001 - outside a Prefect run there is no artifact store
+        pass
+
+
+@task(name="evaluate")
+def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: dict,
+             rm_out: dict, ppo_out: dict) -> dict:
+    """Sample both policies on held-out prompts; RM score, KL, EOS rate, judge win rate."""
+
+    def body(run_id: str) -> dict:
+        device = setup_torch(cfg.model)
+        seed_everything(ctx.seed + 3)
+        tokenizer = load_tokenizer(data["tokenizer"])
+        ref = load_causal_lm(sft_out["model_dir"]).to(device)
+        policy = load_causal_lm(ppo_out["policy_dir"]).to(device)
+        rm = ScalarHeadModel.load(rm_out["model_dir"]).to(device)
+        path = Path(data["data_dir"]) / "eval_prompts.jsonl"
+        if not path.exists():
+            path = Path(data["data_dir"]) / "prompts.jsonl"
+        prompts = [r["prompt"] for r in read_jsonl(path)][: cfg.eval.num_prompts]
+        e = cfg.eval
+        sft_samples = sample_policy(ref, ref, rm, tokenizer, prompts, e.temperature,
+                                    e.max_new_tokens, device, e.batch_size)
+        pol_samples = sample_policy(policy, ref, rm, tokenizer, prompts, e.temperature,
+                                    e.max_new_tokens, device, e.batch_size)
+        judge_name = e.judge if e.judge != "none" else prep["judge"]
+        metrics, rows = compare_policies(sft_samples, pol_samples, prompts, _judge(judge_name))
+        client = ctx.client()
+        log_metrics(client, run_id, metrics, step=0)
+        log_metrics(client, ctx.parent_run_id, metrics, step=0)
+        table = pd.DataFrame(rows)
+        client.log_table(run_id, data=table, artifact_file="eval/side_by_side.json")
+        _table_artifact(rows[: e.num_side_by_side])
+        return {"metrics": metrics}
+
+    return run_stage(ctx, "evaluate", body)
+
+
+def _score_key(metrics: dict) -> str:
+    return "eval/judge_score_policy" if "eval/judge_score_policy" in metrics \
+        else "eval/rm_score_policy"
+
+
+def _champion_score(client, name: str, key: str) -> float | None:
+    """The evaluation score of the current champion version, if there is one."""
+    try:
+        version = client.get_model_version_by_alias(name, "champion")
+    except Exception:  # noqa: BLE001 - MlflowException when the alias or model is absent
+        return None
+    run = client.get_run(version.run_id)
+    parent = run.data.tags.get("mlflow.parentRunId", version.run_id)
+    return client.get_run(parent).data.metrics.get(key)
+
+
+def log_policy_model(policy_dir: str, run_id: str, name: str, tracking_uri: str):
+    """Log the policy as an MLflow transformers model and register it; -> model version."""
+    import mlflow
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    mlflow.set_tracking_uri(tracking_uri)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir)
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.transformers.log_model(
+            transformers_model={"model": model, "tokenizer": tokenizer},
+            name="policy", task="text-generation", registered_model_name=name,
+            pip_requirements=["torch", "transformers"],
+        )
+    return info.registered_model_version
+
+
+@task(name="register")
+def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict) -> dict:
+    """Register the policy (alias challenger); promote to champion when it beats the champion."""
+
+    def body(run_id: str) -> dict:
+        if not cfg.tracking.register:
+            return {"registered": False, "metrics": {}}
+        client = ctx.client()
+        name = cfg.tracking.registered_policy
+        key = _score_key(eval_out["metrics"])
+        current = _champion_score(client, name, key)
+        version = log_policy_model(ppo_out["policy_dir"], run_id, name, ctx.tracking_uri)
+        client.set_registered_model_alias(name, "challenger", str(version))
+        score = eval_out["metrics"][key]
+        promoted = current is None or score > current
+        if promoted:
+            client.set_registered_model_alias(name, "champion", str(version))
+        return {"registered": True, "model_name": name, "version": int(version),
+                "promoted": promoted, "metrics": {key: score}}
+
+    return run_stage(ctx, "register", body)

@@ -1,0 +1,95 @@
+"""Stage task 6: PPO from the SFT policy, against the RM, with the warm-started critic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+
+from rlhf_core.checkpoint import save_policy, save_scalar_model
+from rlhf_core.data import encode
+from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.optim import seed_everything
+from rlhf_core.ppo import PPOTrainer
+from tasks.common import read_jsonl, run_stage, setup_torch
+from tasks.config import PipelineConfig
+from tasks.tracking import RunContext, log_metrics
+
+
+def _progress_artifact(iteration: int, total: int, artifact_id):
+    """A Prefect progress artifact (0-100%), created once then updated."""
+    try:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        pct = 100.0 * iteration / total
+        if artifact_id is None:
+            return create_progress_artifact(progress=pct, key="rlhf-ppo-progress",
+                                            description="PPO iterations")
+        update_progress_artifact(artifact_id=artifact_id, progress=pct)
+    except Exception:  # noqa: BLE001 - outside a Prefect run there is no artifact store
+        return artifact_id
+    return artifact_id
+
+
+def judge_monitor(judge_name: str):
+    """Mean gold-judge score of each iteration's rollouts (logged as judge/score), demo only."""
+    if judge_name != "demo":
+        return None
+    from rlhf_core.demo import judge_score
+
+    def monitor(prompts: list[str], responses: list[str], has_eos: list[bool]) -> dict:
+        scores = [judge_score(p, r, e) for p, r, e in zip(prompts, responses, has_eos)]
+        return {"judge/score": sum(scores) / len(scores)}
+
+    return monitor
+
+
+@task(name="ppo")
+def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: dict,
+        rm_out: dict, norm_out: dict, critic_out: dict) -> dict:
+    """PPO iterations; metrics per iteration (TRL names), sample tables, checkpoints."""
+
+    def body(run_id: str) -> dict:
+        device = setup_torch(cfg.model)
+        generator = seed_everything(ctx.seed + 2)
+        client = ctx.client()
+        tokenizer = load_tokenizer(data["tokenizer"])
+        policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
+        ref_policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
+        value_model = ScalarHeadModel.load(critic_out["model_dir"])  # explicit critic source
+        reward_model = ScalarHeadModel.load(rm_out["model_dir"])
+        norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
+        prompts = [encode(tokenizer, r["prompt"])
+                   for r in read_jsonl(Path(data["data_dir"]) / "prompts.jsonl")]
+        trainer = PPOTrainer(policy, ref_policy, value_model, reward_model, tokenizer, prompts,
+                             cfg.ppo, norm_stats, device, generator,
+                             divide_by_std=cfg.reward_norm.divide_by_std)
+        out_root = ctx.stage_dir("ppo")
+        samples: list[dict] = []
+        state = {"artifact": None}
+
+        def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
+            log_metrics(client, run_id, metrics, step=iteration)
+            if rows:
+                samples.extend(rows)
+                client.log_table(run_id, data=pd.DataFrame(rows),
+                                 artifact_file=f"samples/iter_{iteration:05d}.json")
+            every = cfg.ppo.checkpoint_every
+            if every and iteration % every == 0 and iteration < cfg.ppo.iterations:
+                save_policy(trainer.policy, tokenizer, out_root / "checkpoint" / "policy")
+            state["artifact"] = _progress_artifact(iteration, cfg.ppo.iterations,
+                                                   state["artifact"])
+
+        last = trainer.train(on_iteration, progress=ctx.progress,
+                             monitor=judge_monitor(prep["judge"]))
+        policy_dir = save_policy(trainer.policy, tokenizer, out_root / "policy")
+        value_dir = save_scalar_model(trainer.value_model, out_root / "value_model")
+        client.log_artifacts(run_id, str(policy_dir), "checkpoint/policy")
+        client.log_table(run_id, data=pd.DataFrame(samples), artifact_file="samples/all.json")
+        keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
+        return {"policy_dir": str(policy_dir), "value_dir": str(value_dir),
+                "metrics": {k: last[k] for k in keys if k in last}}
+
+    return run_stage(ctx, "ppo", body)

@@ -1,0 +1,134 @@
+"""Pipeline set-up: the MLflow parent run (new or resumed), params and tags, demo assets."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import subprocess
+import time
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+from prefect import task
+
+from data_checks.config import DataConfig, DataSource
+from tasks.config import PipelineConfig, flatten
+from tasks.tracking import RunContext, default_tracking_uri, log_params, set_tags
+
+PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[f"rlhf.version.{name}"] = md.version(name)
+        except md.PackageNotFoundError:
+            out[f"rlhf.version.{name}"] = "absent"
+    return out
+
+
+def git_commit() -> str | None:
+    """HEAD of the git checkout the code runs from, when there is one."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def default_run_name(cfg: PipelineConfig) -> str:
+    model = "demo-gpt2" if cfg.demo.enabled else Path(cfg.model.base_model).name or "model"
+    return f"{model}-{cfg.config_hash()[:6]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _experiment_id(client: MlflowClient, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp else client.create_experiment(name)
+
+
+def _find_parent(client, experiment_id, run_name: str, config_hash: str) -> str | None:
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`rlhf.run_name` = '{run_name}' and "
+                      f"tags.`rlhf.config_hash` = '{config_hash}'",
+        max_results=5,
+    )
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    return parents[0].info.run_id if parents else None
+
+
+def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContext:
+    """Create the parent run, or reopen it (``resume_run_id``, or same run name + config)."""
+    uri = default_tracking_uri(cfg.tracking.tracking_uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = _experiment_id(client, cfg.tracking.experiment)
+    run_name = cfg.tracking.run_name or default_run_name(cfg)
+    run_id = resume_run_id or (
+        _find_parent(client, exp_id, run_name, cfg.config_hash())
+        if cfg.tracking.run_name else None)
+    if run_id is not None:
+        run = client.get_run(run_id)  # raises a clear MlflowException for a wrong id
+        exp_id = run.info.experiment_id
+        client.update_run(run_id, status="RUNNING")
+    else:
+        run_id = client.create_run(exp_id, run_name=run_name).info.run_id
+        log_params(client, run_id, flatten(cfg.model_dump(mode="json")))
+        tags = {"rlhf.run_name": run_name, "rlhf.config_hash": cfg.config_hash(),
+                "rlhf.seed": str(cfg.seed), **package_versions()}
+        commit = git_commit()
+        if commit:
+            tags["rlhf.git_commit"] = commit
+        set_tags(client, run_id, tags)
+        client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
+    workdir = Path(cfg.tracking.workdir).resolve() / run_id
+    workdir.mkdir(parents=True, exist_ok=True)
+    return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
+                      workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress)
+
+
+def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
+    """Generate (once) the demo data, tokenizer and tiny base model under workdir/demo."""
+    from rlhf_core.demo import DemoSizes, build_demo_assets
+
+    root = workdir / "demo"
+    marker = root / "assets.json"
+    if marker.exists():
+        import json
+
+        return json.loads(marker.read_text())
+    d = cfg.demo
+    sizes = DemoSizes(n_sft=d.n_sft, n_pref=d.n_pref, n_prompts=d.n_prompts, n_eval=d.n_eval,
+                      n_pref_eval=d.n_pref_eval)
+    paths = build_demo_assets(root, seed=cfg.seed, sizes=sizes, n_layer=d.n_layer,
+                              n_embd=d.n_embd, n_head=d.n_head)
+    out = {k: str(v) for k, v in paths.items()}
+    from tasks.common import write_json
+
+    write_json(marker, out)
+    return out
+
+
+@task(name="prepare")
+def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
+    """Open the parent run; resolve data sources and the base model (demo when asked)."""
+    ctx = open_parent_run(cfg, resume_run_id)
+    data, base_model, judge = cfg.data, cfg.model.base_model, "none"
+    if cfg.demo.enabled:
+        assets = demo_assets(cfg, Path(ctx.workdir))
+        base_model = base_model or assets["base_model"]
+        judge = "demo"
+        if data is None:
+            data = DataConfig(
+                sft=DataSource(path=assets["sft"]),
+                preference=DataSource(path=assets["preference"]),
+                prompts=DataSource(path=assets["prompts"]),
+                eval_prompts=DataSource(path=assets["eval_prompts"]),
+                preference_eval=DataSource(path=assets["preference_eval"]),
+            )
+    if data is None:
+        raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
+    if not base_model:
+        raise ValueError("no base model: set model.base_model (or demo.enabled: true)")
+    return {"ctx": ctx.model_dump(), "data": data.model_dump(), "base_model": base_model,
+            "tokenizer": cfg.model.tokenizer or base_model, "judge": judge}

@@ -1,0 +1,121 @@
+"""MLflow bookkeeping, with explicit run ids everywhere (MLflow's active run is per thread).
+
+One parent run per pipeline run, one child run per stage tagged ``rlhf.stage``. A stage whose
+child run finished with its output recorded (tag ``rlhf.output``) is skipped on a re-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from pydantic import BaseModel, ConfigDict
+
+STAGE_TAG = "rlhf.stage"
+OUTPUT_TAG = "rlhf.output"
+PARENT_TAG = "mlflow.parentRunId"
+
+
+class RunContext(BaseModel):
+    """What every stage task needs to know about the pipeline run (small, serialisable)."""
+
+    model_config = ConfigDict(frozen=True)
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    workdir: str
+    seed: int
+    progress: bool = True
+
+    def client(self) -> MlflowClient:
+        return MlflowClient(tracking_uri=self.tracking_uri)
+
+    def stage_dir(self, stage: str) -> Path:
+        path = Path(self.workdir) / stage
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def default_tracking_uri(configured: str | None) -> str:
+    """Config value, else $MLFLOW_TRACKING_URI, else a SQLite file in the working folder."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+
+
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
+                step: int) -> None:
+    """One batch call for a whole metrics dict at ``step``."""
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v == v]  # drop NaN
+    for start in range(0, len(batch), 900):
+        client.log_batch(run_id, metrics=batch[start: start + 900])
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    for start in range(0, len(items), 90):
+        client.log_batch(run_id, params=items[start: start + 90])
+
+
+def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
+    client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def find_stage_run(ctx: RunContext, stage: str):
+    """The child run of ``stage`` under the parent, or None."""
+    runs = ctx.client().search_runs(
+        [ctx.experiment_id],
+        filter_string=f"tags.`{PARENT_TAG}` = '{ctx.parent_run_id}' "
+                      f"and tags.`{STAGE_TAG}` = '{stage}'",
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def completed_output(ctx: RunContext, stage: str) -> dict | None:
+    """The recorded output of a finished stage (to skip it on a re-run), else None."""
+    run = find_stage_run(ctx, stage)
+    if run is None or run.info.status != "FINISHED" or OUTPUT_TAG not in run.data.tags:
+        return None
+    return json.loads(run.data.tags[OUTPUT_TAG])
+
+
+@contextmanager
+def stage_run(ctx: RunContext, stage: str) -> Iterator[str]:
+    """Open (or reopen) the child run of ``stage``; FINISHED on success, FAILED on error."""
+    client = ctx.client()
+    existing = find_stage_run(ctx, stage)
+    if existing is not None:
+        run_id = existing.info.run_id
+        client.update_run(run_id, status="RUNNING")
+    else:
+        run = client.create_run(ctx.experiment_id, run_name=stage,
+                                tags={PARENT_TAG: ctx.parent_run_id, STAGE_TAG: stage})
+        run_id = run.info.run_id
+    try:
+        yield run_id
+    except BaseException:
+        client.set_terminated(run_id, status="FAILED")
+        raise
+    client.set_terminated(run_id, status="FINISHED")
+
+
+def record_output(ctx: RunContext, run_id: str, output: dict) -> dict:
+    """Store the stage's small output reference on its run (read back by a re-run)."""
+    ctx.client().set_tag(run_id, OUTPUT_TAG, json.dumps(output, sort_keys=True))
+    return output
+
+
+def run_url(ctx: RunContext, run_id: str) -> str:
+    """A link to the run in the MLflow UI (server URIs), else a tracking-URI reference."""
+    base = ctx.tracking_uri
+    if base.startswith("http"):
+        return f"{base.rstrip('/')}/#/experiments/{ctx.experiment_id}/runs/{run_id}"
+    return f"{base} experiment {ctx.experiment_id} run {run_id} (open with `mlflow ui "\
+           f"--backend-store-uri {base}`)"

@@ -1,0 +1,140 @@
+"""Stage tasks 2-5: SFT, reward model, reward normalisation, critic warm-start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from rlhf_core.checkpoint import save_policy, save_scalar_model
+from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer, resize_for_tokenizer
+from rlhf_core.optim import seed_everything
+from rlhf_core.reward import (
+    evaluate_reward_model,
+    normalise_scores,
+    reward_norm_stats,
+    score_texts,
+    train_reward_model,
+)
+from rlhf_core.sft import sft_eval_loss, train_sft
+from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch, write_json
+from tasks.config import PipelineConfig
+from tasks.tracking import RunContext, log_metrics
+
+
+def _gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | None:
+    """RM accuracy against the gold judge's ordering (demo data), ties skipped."""
+    if judge_name != "demo" or not rows:
+        return None
+    from rlhf_core.demo import judge_score
+
+    chosen = score_texts(model, tokenizer, [r["prompt"] for r in rows],
+                         [r["chosen"] for r in rows], device)
+    rejected = score_texts(model, tokenizer, [r["prompt"] for r in rows],
+                           [r["rejected"] for r in rows], device)
+    hits, n = 0, 0
+    for i, r in enumerate(rows):
+        a, b = judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"])
+        if a == b:
+            continue
+        n += 1
+        hits += int((chosen[i] > rejected[i]) == (a > b))
+    return hits / n if n else None
+
+
+@task(name="sft")
+def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
+    """Fine-tune the base model on the demonstrations; save it as the SFT policy."""
+
+    def body(run_id: str) -> dict:
+        device = setup_torch(cfg.model)
+        generator = seed_everything(ctx.seed)
+        tokenizer = load_tokenizer(data["tokenizer"])
+        model = load_causal_lm(prep["base_model"], cfg.model.dtype, cfg.model.trust_remote_code)
+        resize_for_tokenizer(model, tokenizer)
+        rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
+        last = train_sft(model, tokenizer, rows, cfg.sft, device, generator,
+                         metric_logger(ctx, run_id), ctx.progress)
+        out_dir = save_policy(model, tokenizer, ctx.stage_dir("sft") / "model")
+        ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
+        held_out = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")[: min(256, len(rows))]
+        metrics = {"train/loss": last.get("train/loss", float("nan")),
+                   "sft/response_loss": sft_eval_loss(model, tokenizer, held_out, device)}
+        log_metrics(ctx.client(), run_id, metrics, step=0)
+        return {"model_dir": str(out_dir), "metrics": metrics}
+
+    return run_stage(ctx, "sft", body)
+
+
+@task(name="reward_model")
+def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
+                 sft_out: dict) -> dict:
+    """Train a scalar-head RM initialised from the SFT checkpoint on preference pairs."""
+
+    def body(run_id: str) -> dict:
+        device = setup_torch(cfg.model)
+        generator = seed_everything(ctx.seed + 1)
+        tokenizer = load_tokenizer(data["tokenizer"])
+        model = ScalarHeadModel.from_causal_lm(sft_out["model_dir"], cfg.model.dtype)
+        rows = read_jsonl(Path(data["data_dir"]) / "preference.jsonl")
+        eval_path = Path(data["data_dir"]) / "preference_eval.jsonl"
+        if eval_path.exists():
+            held_out = read_jsonl(eval_path)
+        else:
+            n_eval = max(1, int(len(rows) * cfg.reward.eval_fraction))
+            rows, held_out = rows[n_eval:], rows[:n_eval]
+        train_reward_model(model, tokenizer, rows, cfg.reward, device, generator,
+                           metric_logger(ctx, run_id), ctx.progress)
+        metrics = evaluate_reward_model(model, tokenizer, held_out, device)
+        gold = _gold_accuracy(model, tokenizer, held_out, prep["judge"], device)
+        metrics["eval/rm_accuracy"] = gold if gold is not None else metrics["eval/accuracy"]
+        log_metrics(ctx.client(), run_id, metrics, step=0)
+        log_metrics(ctx.client(), ctx.parent_run_id,
+                    {"eval/rm_accuracy": metrics["eval/rm_accuracy"]}, step=0)
+        out_dir = save_scalar_model(model, ctx.stage_dir("reward_model") / "model")
+        ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
+        return {"model_dir": str(out_dir), "metrics": metrics}
+
+    return run_stage(ctx, "reward_model", body)
+
+
+@task(name="reward_norm")
+def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: dict, rm_out: dict) -> dict:
+    """Score the SFT set (prompt + reference response); store {mean, std, n} as an artifact."""
+
+    def body(run_id: str) -> dict:
+        device = setup_torch(cfg.model)
+        tokenizer = load_tokenizer(data["tokenizer"])
+        model = ScalarHeadModel.load(rm_out["model_dir"]).to(device)
+        rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
+        rows = rows[: cfg.reward_norm.max_samples] if cfg.reward_norm.max_samples else rows
+        scores = score_texts(model, tokenizer, [r["prompt"] for r in rows],
+                             [r["response"] for r in rows], device, cfg.reward_norm.batch_size)
+        stats = reward_norm_stats(scores)
+        normalised = normalise_scores(scores, stats, cfg.reward_norm.divide_by_std)
+        check = float(normalised.mean())
+        if abs(check) > 1e-3 * max(1.0, stats["std"]):
+            raise RuntimeError(f"reward normalisation check failed: mean after = {check}")
+        path = write_json(ctx.stage_dir("reward_norm") / "reward_norm.json", stats)
+        ctx.client().log_artifact(run_id, str(path))
+        metrics = {"reward/mean": stats["mean"], "reward/std": stats["std"],
+                   "reward/n": float(stats["n"]), "reward/normalised_mean": check}
+        log_metrics(ctx.client(), run_id, metrics, step=0)
+        return {"stats_path": str(path), "stats": stats, "metrics": metrics}
+
+    return run_stage(ctx, "reward_norm", body)
+
+
+@task(name="critic_init")
+def critic_init(ctx: RunContext, cfg: PipelineConfig, rm_out: dict) -> dict:
+    """The value model starts as a copy of the reward model, named explicitly."""
+
+    def body(run_id: str) -> dict:
+        model = ScalarHeadModel.load(rm_out["model_dir"])
+        out_dir = save_scalar_model(model, ctx.stage_dir("critic_init") / "model")
+        ctx.client().set_tag(run_id, "rlhf.critic_source", rm_out["model_dir"])
+        n_params = sum(p.numel() for p in model.parameters())
+        return {"model_dir": str(out_dir), "source": rm_out["model_dir"],
+                "metrics": {"critic/num_params": float(n_params)}}
+
+    return run_stage(ctx, "critic_init", body)

@@ -1,0 +1,40 @@
+"""Stage 1 task: the data gate. Nothing trains unless every expectation passes."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from data_checks.config import DataConfig
+from data_checks.tokenizer_checks import ensure_special_tokens
+from data_checks.validate import ValidationFailed, run_validation, write_data_docs
+from rlhf_core.models import load_tokenizer
+from tasks.common import run_stage
+from tasks.config import PipelineConfig
+from tasks.tracking import RunContext, log_metrics, set_tags
+
+
+@task(name="validate")
+def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
+    """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
+
+    def body(run_id: str) -> dict:
+        client = ctx.client()
+        tokenizer = load_tokenizer(prep["tokenizer"], cfg.model.trust_remote_code)
+        record = ensure_special_tokens(tokenizer)
+        out_dir = ctx.stage_dir("validate")
+        tokenizer.save_pretrained(out_dir / "tokenizer")
+        set_tags(client, run_id, {f"rlhf.tokenizer.{k}": str(v) for k, v in record.items()})
+        report = run_validation(DataConfig.model_validate(prep["data"]), tokenizer,
+                                cfg.validation, out_dir)
+        docs = write_data_docs(report, out_dir / "data_docs")
+        client.log_artifacts(run_id, str(docs), "data_docs")
+        client.log_text(run_id, report.summary_markdown(), "validation_summary.md")
+        log_metrics(client, run_id, report.stats, step=0)
+        if not report.passed:
+            raise ValidationFailed("data validation failed:\n" + "\n".join(report.failures))
+        return {"data_dir": str(out_dir), "tokenizer": str(out_dir / "tokenizer"),
+                "pad_added": bool(record.get("pad_added", False)),
+                "warnings": report.warnings,
+                "metrics": {k: v for k, v in report.stats.items() if k.endswith("n_rows")}}
+
+    return run_stage(ctx, "validate", body)

@@ -1,0 +1,43 @@
+"""Shared fixtures: a tiny word-level tokenizer and GPT-2 built and saved locally."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+WORDS = ("hello world tell me about cats dogs rain sun please thanks sure the is are nice "
+         "good bad . ! ? : assistant user").split()
+
+
+def make_tokenizer(pad: bool = True):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|unk|>"] + (["<|pad|>"] if pad else [])
+    vocab = {tok: i for i, tok in enumerate(specials + WORDS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    kwargs = {"pad_token": "<|pad|>"} if pad else {}
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>",
+                                   unk_token="<|unk|>", **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny GPT-2 + tokenizer folder (loads with Auto* classes)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = make_tokenizer()
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                     bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.pad_token_id)
+    model = GPT2LMHeadModel(cfg)
+    out = tmp_path_factory.mktemp("tiny_model")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

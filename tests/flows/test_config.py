@@ -1,0 +1,35 @@
+import pytest
+
+from flows.cli import DEMO_CONFIG
+from flows.config import ConfigError, load_config
+from tasks.config import flatten
+
+
+def test_demo_config_loads_and_overrides_apply():
+    cfg = load_config(DEMO_CONFIG, ["ppo.kl_coef=0.2", "ppo.adaptive_kl=true", "seed=7"])
+    assert cfg.demo.enabled and cfg.ppo.kl_coef == 0.2 and cfg.ppo.adaptive_kl and cfg.seed == 7
+    assert load_config(DEMO_CONFIG).config_hash() != cfg.config_hash()
+    assert load_config(DEMO_CONFIG).config_hash() == load_config(DEMO_CONFIG).config_hash()
+
+
+def test_bad_override_names_the_field():
+    with pytest.raises(ConfigError, match="ppo.kl_coef"):
+        load_config(DEMO_CONFIG, ["ppo.kl_coef=-1"])
+    with pytest.raises(ConfigError, match="ppo.nonsense"):
+        load_config(DEMO_CONFIG, ["ppo.nonsense=1"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(DEMO_CONFIG, ["ppo.kl_coef"])
+
+
+def test_bad_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ppo: [unclosed")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_config(bad)
+
+
+def test_flatten_gives_dotted_params():
+    flat = flatten(load_config(DEMO_CONFIG).model_dump(mode="json"))
+    assert flat["ppo.optim.lr"] == 5e-4 and flat["ppo.gamma"] == 1.0

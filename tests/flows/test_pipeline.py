@@ -1,0 +1,80 @@
+"""End to end: the whole flow on a tiny demo config under prefect_test_harness."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+
+from flows.config import load_config
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
+STAGES = ["validate", "sft", "reward_model", "reward_norm", "critic_init", "ppo", "evaluate",
+          "register"]
+PPO_METRICS = ["objective/kl", "objective/entropy", "objective/non_score_reward",
+               "objective/rlhf_reward", "objective/scores", "policy/approxkl_avg",
+               "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
+               "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
+               "episode", "val/explained_variance", "objective/kl_coef",
+               "response/length_mean", "response/eos_rate", "time/rollout_s", "time/update_s",
+               "throughput/tokens_per_s"]
+
+
+@pytest.fixture(scope="module")
+def pipeline_result(tmp_path_factory):
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import rlhf_pipeline
+
+    tmp = tmp_path_factory.mktemp("e2e")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    cfg = load_config(CONFIG, [f"tracking.tracking_uri={uri}", f"tracking.workdir={tmp}/runs"])
+    with prefect_test_harness(server_startup_timeout=120):
+        result = rlhf_pipeline(config=cfg)
+    return result, MlflowClient(uri), cfg
+
+
+def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
+    result, client, _ = pipeline_result
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    by_stage = {r.data.tags["rlhf.stage"]: r for r in children}
+    assert sorted(by_stage) == sorted(STAGES)
+    for stage, run in by_stage.items():
+        assert run.info.status == "FINISHED", stage
+        assert run.data.metrics, f"{stage} logged no metric"
+    for name in PPO_METRICS:
+        history = client.get_metric_history(by_stage["ppo"].info.run_id, name)
+        assert [m.step for m in history] == [1, 2, 3], name
+    for key in ("eval/rm_accuracy", "eval/rm_score_sft", "eval/rm_score_policy",
+                "eval/kl_to_ref", "eval/judge_win_rate"):
+        assert key in parent.data.metrics, key
+
+
+def test_policy_weights_changed_and_model_registered(pipeline_result):
+    result, client, cfg = pipeline_result
+    workdir = Path(result["workdir"])
+    sft_w = load_file(str(workdir / "sft" / "model" / "model.safetensors"))
+    ppo_w = load_file(str(workdir / "ppo" / "policy" / "model.safetensors"))
+    assert sft_w.keys() == ppo_w.keys()
+    assert any(not torch.equal(sft_w[k], ppo_w[k]) for k in sft_w)
+    version = client.get_model_version_by_alias(cfg.tracking.registered_policy, "challenger")
+    assert version.run_id == result["stages"]["register"]["run_id"]
+
+
+def test_rerun_with_same_id_skips_completed_stages(pipeline_result):
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import rlhf_pipeline
+
+    result, client, cfg = pipeline_result
+    with prefect_test_harness(server_startup_timeout=120):
+        again = rlhf_pipeline(config=cfg, resume_run_id=result["parent_run_id"])
+    assert all(stage["skipped"] for stage in again["stages"].values())
+    ppo_run = result["stages"]["ppo"]["run_id"]
+    steps = [m.step for m in client.get_metric_history(ppo_run, "objective/kl")]
+    assert steps == [1, 2, 3]

@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from rlhf_core.data import (
+    IGNORE_INDEX,
+    batches,
+    encode_pair,
+    encode_sft,
+    last_real_index,
+    left_pad,
+    right_pad,
+)
+from tests.conftest import make_tokenizer
+
+
+def test_encode_sft_appends_eos_and_masks_prompt():
+    tok = make_tokenizer()
+    ids, labels = encode_sft(tok, "tell me about cats :", "cats are nice .")
+    n_prompt = 5
+    assert ids[-1] == tok.eos_token_id
+    assert labels[:n_prompt] == [IGNORE_INDEX] * n_prompt
+    assert labels[n_prompt:] == ids[n_prompt:]
+    _, labels_all = encode_sft(tok, "tell me about cats :", "cats are nice .", loss_on="all")
+    assert labels_all == ids
+
+
+def test_encode_pair_shares_prompt_and_ends_with_eos():
+    tok = make_tokenizer()
+    c, r = encode_pair(tok, "hello :", "good", "bad bad")
+    assert c[0] == r[0] and c[-1] == r[-1] == tok.eos_token_id and len(r) == len(c) + 1
+
+
+def test_padding_sides():
+    assert left_pad([[1, 2], [3]], 0).tolist() == [[1, 2], [0, 3]]
+    assert right_pad([[1, 2], [3]], 0).tolist() == [[1, 2], [3, 0]]
+    with pytest.raises(ValueError):
+        left_pad([], 0)
+
+
+def test_last_real_index_and_all_padding_error():
+    ids = torch.tensor([[4, 5, 9, 0], [4, 9, 0, 0]])
+    assert last_real_index(ids, 0).tolist() == [2, 1]
+    with pytest.raises(ValueError, match="all padding"):
+        last_real_index(torch.zeros(1, 3, dtype=torch.long), 0)
+
+
+def test_batches_cover_every_index_once_and_reproduce():
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a = [b.tolist() for b in batches(10, 4, g1)]
+    b = [b.tolist() for b in batches(10, 4, g2)]
+    assert a == b and sorted(sum(a, [])) == list(range(10)) and [len(x) for x in a] == [4, 4, 2]

@@ -1,0 +1,65 @@
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlhf_core.data import left_pad
+from rlhf_core.models import (
+    ScalarHeadModel,
+    disable_dropout,
+    load_causal_lm,
+    load_tokenizer,
+    position_ids_from_mask,
+)
+
+
+def test_load_causal_lm_from_local_folder_turns_dropout_off(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir)
+    probs = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert probs and all(p == 0.0 for p in probs)
+    assert model.config.resid_pdrop == 0.0 and model.config.attn_pdrop == 0.0
+    tok = load_tokenizer(str(tiny_model_dir))
+    assert tok.pad_token_id != tok.eos_token_id
+
+
+def test_disable_dropout_makes_train_mode_deterministic(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, resid_pdrop=0.5)
+    model.train()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert not torch.equal(model(ids).logits, model(ids).logits)  # dropout active
+    disable_dropout(model)
+    assert torch.equal(model(ids).logits, model(ids).logits)
+
+
+def test_position_ids_skip_left_padding():
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_scalar_head_init_and_left_padding_invariance(tiny_model_dir):
+    model = ScalarHeadModel.from_causal_lm(tiny_model_dir).eval()
+    hidden = model.backbone.config.hidden_size
+    assert torch.all(model.head.bias == 0)
+    assert abs(model.head.weight.std().item() - (hidden + 1) ** -0.5) < 0.5 * (hidden + 1) ** -0.5
+    pad = 2
+    seqs = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    padded = left_pad(seqs, pad)
+    scores = model(padded, padded != pad)
+    alone = model(torch.tensor([seqs[0]]), torch.ones(1, 3, dtype=torch.bool))
+    torch.testing.assert_close(scores[0, -1], alone[0, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_scalar_head_save_load_round_trip(tiny_model_dir, tmp_path):
+    model = ScalarHeadModel.from_causal_lm(tiny_model_dir).eval()
+    torch.nn.init.normal_(model.head.weight)
+    model.save(tmp_path / "rm")
+    assert (tmp_path / "rm" / "head.safetensors").exists()
+    loaded = ScalarHeadModel.load(tmp_path / "rm").eval()
+    ids = torch.tensor([[5, 6, 7, 0]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    torch.testing.assert_close(model(ids, mask), loaded(ids, mask))
+
+
+def test_scalar_head_load_names_missing_file(tmp_path):
+    import pytest
+
+    with pytest.raises(FileNotFoundError, match="head.safetensors|backbone"):
+        ScalarHeadModel.load(tmp_path)
