@@ -31,14 +31,13 @@ def _fmt(value) -> str:
 
 def summary_text(result: dict, wall_s: float) -> str:
     """One screen: each stage, its wall time and key metrics, and the parent run."""
-    lines = ["", "RLHF pipeline finished", "=" * 72,
-             f"{'stage':<13}{'wall s':>8}  key metrics", "-" * 72]
+    lines = ["", "RLHF pipeline finished", "=" * 100,
+             f"{'stage':<13}{'wall s':>8}  key metrics", "-" * 100]
     for name, stage in result["stages"].items():
-        shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}"
-                          for k, v in list(stage["metrics"].items())[:5])
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in list(stage["metrics"].items())[:4])
         wall = "skipped" if stage["skipped"] else f"{stage['wall_s']:.1f}"
         lines.append(f"{name:<13}{wall:>8}  {shown}")
-    lines += ["-" * 72, f"total wall time: {wall_s:.1f} s",
+    lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
               f"MLflow parent run: {result['parent_run_id']} "
               f"(experiment {result['experiment_id']}, {result['tracking_uri']})",
               f"  view: mlflow ui --backend-store-uri {result['tracking_uri']}",

@@ -72,7 +72,7 @@ def train_reward_model(
             scheduler.step()
             step += 1
             bar.update(1)
-            last = {"train/loss": float(loss), "train/lr": scheduler.get_last_lr()[0]}
+            last = {"train/loss": loss.item(), "train/lr": scheduler.get_last_lr()[0]}
             last.update({f"train/{k}": float(v) for k, v in stats.items()})
             if on_log and (step % cfg.log_every == 0 or step == total):
                 on_log(step, last)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from prefect.artifacts import create_markdown_artifact
 from prefect.context import get_run_context
+from transformers.utils import logging as hf_logging
 
 from rlhf_core.config import ModelConfig
 from rlhf_core.models import resolve_device
@@ -21,6 +22,8 @@ from tasks.tracking import (
     run_url,
     stage_run,
 )
+
+hf_logging.disable_progress_bar()  # per-file load/save bars drown the stage progress bars
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -62,7 +62,10 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
         table = pd.DataFrame(rows)
         client.log_table(run_id, data=table, artifact_file="eval/side_by_side.json")
         _table_artifact(rows[: e.num_side_by_side])
-        return {"metrics": metrics}
+        first = ("eval/judge_win_rate", "eval/judge_score_policy", "eval/judge_score_sft",
+                 "eval/kl_to_ref", "eval/eos_rate_policy")
+        ordered = {k: metrics[k] for k in first if k in metrics}
+        return {"metrics": {**ordered, **metrics}}
 
     return run_stage(ctx, "evaluate", body)
 

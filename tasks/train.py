@@ -57,9 +57,8 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
                          metric_logger(ctx, run_id), ctx.progress)
         out_dir = save_policy(model, tokenizer, ctx.stage_dir("sft") / "model")
         ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
-        held_out = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")[: min(256, len(rows))]
         metrics = {"train/loss": last.get("train/loss", float("nan")),
-                   "sft/response_loss": sft_eval_loss(model, tokenizer, held_out, device)}
+                   "sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
         log_metrics(ctx.client(), run_id, metrics, step=0)
         return {"model_dir": str(out_dir), "metrics": metrics}
 
@@ -93,7 +92,8 @@ def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
                     {"eval/rm_accuracy": metrics["eval/rm_accuracy"]}, step=0)
         out_dir = save_scalar_model(model, ctx.stage_dir("reward_model") / "model")
         ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
-        return {"model_dir": str(out_dir), "metrics": metrics}
+        first = {"eval/rm_accuracy": metrics["eval/rm_accuracy"]}
+        return {"model_dir": str(out_dir), "metrics": {**first, **metrics}}
 
     return run_stage(ctx, "reward_model", body)
 

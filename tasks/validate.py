@@ -37,4 +37,5 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
                 "warnings": report.warnings,
                 "metrics": {k: v for k, v in report.stats.items() if k.endswith("n_rows")}}
 
+
     return run_stage(ctx, "validate", body)

@@ -1,0 +1,108 @@
+"""The data gate: good data passes; each bad input fails with its own message."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from data_checks.config import DataConfig, DataSource, ValidationConfig
+from data_checks.loading import DataError, load_table
+from data_checks.tokenizer_checks import ensure_special_tokens
+from data_checks.validate import run_validation, truncate_prompt, write_data_docs
+from tests.conftest import make_tokenizer
+
+CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8)
+SFT = [{"prompt": "tell me about cats :", "response": "cats are nice ."},
+       {"prompt": "tell me about dogs :", "response": "dogs are good !"}]
+PREF = [{"prompt": "tell me about cats :", "chosen": "cats are nice .", "rejected": "bad"},
+        {"prompt": "tell me about rain :", "chosen": "rain is good .", "rejected": "sun"}]
+PROMPTS = [{"prompt": "tell me about sun :"}, {"prompt": "hello :"}]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def data_config(tmp_path, sft=SFT, pref=PREF, prompts=PROMPTS):
+    return DataConfig(sft=DataSource(path=str(write_jsonl(tmp_path / "sft.jsonl", sft))),
+                      preference=DataSource(path=str(write_jsonl(tmp_path / "p.jsonl", pref))),
+                      prompts=DataSource(path=str(write_jsonl(tmp_path / "q.jsonl", prompts))))
+
+
+def test_good_data_passes_and_writes_clean_files(tmp_path):
+    report = run_validation(data_config(tmp_path), make_tokenizer(), CFG, tmp_path / "out")
+    assert report.passed, report.failures
+    assert (tmp_path / "out" / "preference.jsonl").exists()
+    docs = write_data_docs(report, tmp_path / "docs")
+    assert "PASSED" in (docs / "index.html").read_text()
+    assert json.loads((docs / "results.json").read_text())["preference"]["success"]
+
+
+@pytest.mark.parametrize("pref, needle", [
+    ([{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]], "chosen_equals_rejected"),
+    ([PREF[0], PREF[0], PREF[1]], "expect_compound_columns_to_be_unique"),
+    ([{**PREF[0], "prompt": None}, PREF[1]], "expect_column_values_to_not_be_null"),
+    ([{**PREF[0], "chosen": ""}, PREF[1]], "expect_column_value_lengths_to_be_between"),
+    ([{**PREF[0], "chosen": "cats " * 20}, PREF[1]], "dropped fraction"),
+])
+def test_bad_preference_rows_fail_with_a_named_expectation(tmp_path, pref, needle):
+    report = run_validation(data_config(tmp_path, pref=pref), make_tokenizer(), CFG,
+                            tmp_path / "out")
+    assert not report.passed
+    assert any(needle in f for f in report.failures), report.failures
+    assert not (tmp_path / "out" / "preference.jsonl").exists()  # nothing for training
+
+
+def test_failure_names_example_rows(tmp_path):
+    pref = [{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]]
+    report = run_validation(data_config(tmp_path, pref=pref), make_tokenizer(), CFG,
+                            tmp_path / "out")
+    assert any("row 1" in f and "preference" in f for f in report.failures)
+
+
+@pytest.mark.parametrize("content, suffix, needle", [
+    ('{"prompt": "a", "response": "b"}\n{"prompt": "a",\n', ".jsonl", "line 2: invalid JSON"),
+    ("", ".jsonl", "file is empty"),
+    ('{"prompt": "a"}\n', ".jsonl", "missing column 'response'"),
+    ('{"prompt": 3, "response": "b"}\n', ".jsonl", "field 'prompt' must be a string"),
+    (b"prompt,response\n\xff\xfe,x\n", ".csv", "not valid UTF-8"),
+])
+def test_malformed_files_name_file_and_place(tmp_path, content, suffix, needle):
+    path = tmp_path / f"bad{suffix}"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(DataError, match=needle) as err:
+        load_table(DataSource(path=str(path)), "sft")
+    assert str(path) in str(err.value)
+
+
+def test_csv_parquet_and_column_map(tmp_path):
+    df = pd.DataFrame({"question": ["a b", "c"], "answer": ["x", "y"]})
+    df.to_csv(tmp_path / "d.csv", index=False)
+    df.to_parquet(tmp_path / "d.parquet")
+    for name in ("d.csv", "d.parquet"):
+        src = DataSource(path=str(tmp_path / name),
+                         column_map={"question": "prompt", "answer": "response"})
+        assert load_table(src, "sft")["response"].tolist() == ["x", "y"]
+
+
+def test_saved_hf_dataset_loads(tmp_path):
+    from datasets import Dataset
+
+    Dataset.from_list(SFT).save_to_disk(str(tmp_path / "ds"))
+    df = load_table(DataSource(path=str(tmp_path / "ds"), format="hf"), "sft")
+    assert df["prompt"].tolist() == [r["prompt"] for r in SFT]
+
+
+def test_prompt_cut_at_last_paragraph_that_fits():
+    tok = make_tokenizer()
+    prompt = "tell me about cats\nthe sun is nice\nthe rain is bad and good"
+    assert truncate_prompt(prompt, tok, 8) == "tell me about cats\nthe sun is nice"
+    assert truncate_prompt("tell me about cats the sun is nice", tok, 3) is None
+
+
+def test_missing_or_eos_pad_gets_a_dedicated_pad_token():
+    tok = make_tokenizer(pad=False)
+    record = ensure_special_tokens(tok)
+    assert record["pad_added"] and tok.pad_token_id != tok.eos_token_id
+    assert not ensure_special_tokens(make_tokenizer())["pad_added"]
