@@ -154,7 +154,7 @@ class PPOTrainer:
                                    ("val/clipfrac_avg", vf_stats["clipfrac"]),
                                    ("val/ratio", pg_stats["ratio"]),
                                    ("val/ratio_var", pg_stats["ratio_var"])):
-                    sums[key] += float(value)
+                    sums[key] += float(value.detach())
         return {k: v / n_updates for k, v in sums.items()}
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,

@@ -49,10 +49,21 @@ class Experience:
     returns: torch.Tensor  # (B, R) advantages (before whitening) + values
 
 
+FORBIDDEN_LOGIT = -1e9  # finite, so entropy stays NaN-free (0 * log 0 -> 0)
+
+
+def forbid_pad(logits: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """PAD is never a response token: a sampled PAD would be masked as padding in later
+    forwards and desynchronise old and new log-probs. [..., V] -> [..., V]."""
+    vocab = torch.arange(logits.shape[-1], device=logits.device)
+    return logits.masked_fill(vocab == pad_id, FORBIDDEN_LOGIT)
+
+
 def sampling_config(tokenizer, temperature: float, max_new_tokens: int) -> GenerationConfig:
-    """Pure sampling at temperature T: top_k 0, top_p 1 (no other logits processors)."""
+    """Pure sampling at temperature T: top_k 0, top_p 1, PAD suppressed (nothing else)."""
     return GenerationConfig(
         do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+        suppress_tokens=[tokenizer.pad_token_id],
         max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
         return_dict_in_generate=True, output_logits=True,
@@ -67,7 +78,7 @@ def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad
                           generation_config=gen_config)
     responses = out.sequences[:, prompt_ids.shape[1]:]  # (B, R)
     logits = torch.stack(out.logits, dim=1)  # (B, R, V), before temperature
-    return responses, logits
+    return responses, forbid_pad(logits, pad_id)
 
 
 def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
@@ -82,7 +93,7 @@ def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
     out = policy(input_ids=query_responses, attention_mask=mask,
                  position_ids=position_ids_from_mask(mask), logits_to_keep=length + 1,
                  use_cache=False)
-    return out.logits[:, :-1]  # (B, R, V): position P-1+t predicts response token t
+    return forbid_pad(out.logits[:, :-1], pad_id)  # (B, R, V): P-1+t predicts token t
 
 
 def response_values(value_model: ScalarHeadModel, query_responses: torch.Tensor, pad_id: int,
