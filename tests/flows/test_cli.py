@@ -1,0 +1,20 @@
+from flows.cli import main, summary_text
+
+
+def test_bad_override_exits_2_naming_the_field(capsys):
+    assert main(["run", "--set", "ppo.clip_eps=-3"]) == 2
+    assert "ppo.clip_eps" in capsys.readouterr().err
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    assert main(["run", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_summary_lists_every_stage_and_the_parent_run():
+    result = {"parent_run_id": "abc123", "experiment_id": "1", "tracking_uri": "sqlite:///x.db",
+              "workdir": "/tmp/w",
+              "stages": {"sft": {"wall_s": 1.5, "skipped": False, "metrics": {"train/loss": 0.5}},
+                         "ppo": {"wall_s": 0.0, "skipped": True, "metrics": {}}}}
+    text = summary_text(result, 12.0)
+    assert "abc123" in text and "train/loss=0.500" in text and "skipped" in text
