@@ -1,22 +1,44 @@
-"""Atomic checkpoint folders: write into a temporary sibling, then rename into place.
+"""Atomic checkpoints: write into a temporary sibling, then rename into place.
 
-A crash while saving leaves the previous folder intact (rename is atomic on POSIX within one
-filesystem). Weights go through ``save_pretrained`` / safetensors; JSON for small state.
+A crash while saving leaves the previous checkpoint intact (rename is atomic on POSIX within
+one filesystem). Weights are safetensors; optimizer, scheduler and RNG state go through
+``torch.save`` of plain tensors and numbers and are read back with ``weights_only=True``
+(nothing is unpickled). :class:`Checkpointer` keeps the last N training-state checkpoints of
+a stage, so an interrupted stage continues bit for bit where it stopped.
 """
 
 from __future__ import annotations
 
+import json
+import random
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from rlhf_core.faults import crash_point
+
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+
+
+def _heal(target: Path) -> None:
+    """A crash between the two renames of :func:`atomic_dir` leaves only ``.name.old``."""
+    old = target.with_name(f".{target.name}.old")
+    if not target.exists() and old.exists():
+        old.rename(target)
+
 
 @contextmanager
-def atomic_dir(target: str | Path) -> Iterator[Path]:
+def atomic_dir(target: str | Path, crash_label: str | None = None) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces ``target`` in one rename."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _heal(target)
     tmp = target.with_name(f".{target.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -26,6 +48,8 @@ def atomic_dir(target: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if crash_label:
+        crash_point(f"checkpoint:{crash_label}")
     old = target.with_name(f".{target.name}.old")
     if old.exists():
         shutil.rmtree(old)
@@ -48,3 +72,104 @@ def save_scalar_model(model, target: str | Path) -> Path:
     with atomic_dir(target) as tmp:
         model.save(tmp)
     return Path(target)
+
+
+# -- RNG state as plain tensors and numbers (loadable with weights_only=True) ----------------
+def capture_rng(generator: torch.Generator | None = None) -> dict:
+    """torch (CPU and CUDA), numpy, python and the data-order generator's states."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def restore_rng(state: dict, generator: torch.Generator | None = None) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if generator is not None and "generator" in state:
+        generator.set_state(state["generator"])
+
+
+class Checkpointer:
+    """Training-state checkpoints of one stage under ``root/step_XXXXXXXX``.
+
+    Each holds the models' weights (``<name>.safetensors``), ``state.pt`` (optimizer,
+    scheduler, RNG states; plain tensors only) and ``meta.json`` (step and the loop's own
+    JSON state: data position, KL coefficient, last metrics...). ``every`` = 0 disables it.
+    """
+
+    def __init__(self, root: str | Path, models: dict[str, torch.nn.Module], every: int,
+                 keep_last: int = 2, label: str = "stage"):
+        if keep_last < 1:
+            raise ValueError("keep_last must be >= 1")
+        self.root, self.models, self.every = Path(root), models, every
+        self.keep_last, self.label = keep_last, label
+
+    def due(self, step: int, total: int) -> bool:
+        """Save after this step? (Never after the last one: the stage's output follows.)"""
+        return self.every > 0 and step % self.every == 0 and step < total
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (temporary folders are ignored)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.glob("step_*") if (p / META_FILE).exists())
+
+    def latest(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def save(self, step: int, optimizer, scheduler, generator: torch.Generator | None,
+             extra: dict) -> Path:
+        target = self.root / f"step_{step:08d}"
+        with atomic_dir(target, crash_label=f"{self.label}:{step}") as tmp:
+            for name, model in self.models.items():
+                save_model(model, str(tmp / f"{name}.safetensors"))
+            torch.save({"optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "rng": capture_rng(generator)}, tmp / STATE_FILE)
+            (tmp / META_FILE).write_text(json.dumps({"step": step, "extra": extra}))
+        for stale in self.checkpoints()[: -self.keep_last]:
+            shutil.rmtree(stale, ignore_errors=True)
+        return target
+
+    def restore(self, optimizer, scheduler, generator: torch.Generator | None,
+                lr: float | None = None) -> tuple[int, dict] | None:
+        """Load the latest checkpoint in place -> (step, extra), or None when there is none.
+
+        ``lr``: the configured learning rate; when it differs from the saved one (a resume
+        after a config change, e.g. lowering the LR after a non-finite loss) it wins.
+        """
+        path = self.latest()
+        if path is None:
+            return None
+        for name, model in self.models.items():
+            load_model(model, str(path / f"{name}.safetensors"))
+        state = torch.load(path / STATE_FILE, weights_only=True)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if lr is not None and any(lr != b for b in scheduler.base_lrs):
+            scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
+            for group, factor in zip(optimizer.param_groups, _lr_factors(scheduler)):
+                group["initial_lr"], group["lr"] = lr, lr * factor
+        restore_rng(state["rng"], generator)
+        meta = json.loads((path / META_FILE).read_text())
+        return meta["step"], meta["extra"]
+
+
+def _lr_factors(scheduler) -> list[float]:
+    return [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]

@@ -7,7 +7,7 @@ never in the data is never learned). PAD must differ from EOS: padding is masked
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -64,10 +64,27 @@ def last_real_index(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     return lengths - 1
 
 
-def batches(n: int, batch_size: int, generator: torch.Generator,
-            drop_last: bool = False) -> Iterator[torch.Tensor]:
-    """Shuffled index batches over range(n), drawn from ``generator`` (reproducible)."""
-    order = torch.randperm(n, generator=generator)
-    stop = n - (n % batch_size) if drop_last else n
-    for start in range(0, stop, batch_size):
-        yield order[start: start + batch_size]
+class ShuffledBatches:
+    """Endless shuffled index batches over range(n), reshuffled from ``generator`` at every
+    pass (the last batch of a pass may be short). Its position is saveable, so a resumed run
+    sees exactly the batches an uninterrupted one would."""
+
+    def __init__(self, n: int, batch_size: int, generator: torch.Generator):
+        if n < 1:
+            raise ValueError("ShuffledBatches: no examples")
+        self.n, self.batch_size, self.generator = n, batch_size, generator
+        self.order, self.cursor = torch.empty(0, dtype=torch.long), 0
+
+    def next(self) -> torch.Tensor:
+        if self.cursor >= len(self.order):
+            self.order, self.cursor = torch.randperm(self.n, generator=self.generator), 0
+        batch = self.order[self.cursor: self.cursor + self.batch_size]
+        self.cursor += len(batch)
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"order": self.order.tolist(), "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order = torch.tensor(state["order"], dtype=torch.long)
+        self.cursor = int(state["cursor"])

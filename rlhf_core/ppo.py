@@ -14,8 +14,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import PPOConfig
 from rlhf_core.data import left_pad
+from rlhf_core.faults import crash_point
 from rlhf_core.masked import masked_mean
 from rlhf_core.models import ScalarHeadModel
 from rlhf_core.optim import build_optimizer, check_finite
@@ -107,6 +109,8 @@ class PPOTrainer:
             self.tokenizer, self.gen_config, self.kl_ctl.value, self.norm_stats, self.settings,
         )
         exp = to_autograd_tensors(exp)
+        check_finite("reward-model score", exp.raw_scores, self.iteration + 1)
+        crash_point(f"ppo:rollout:{self.iteration + 1}")
         t1 = time.perf_counter()
         stats = self.update(exp)
         t2 = time.perf_counter()
@@ -140,10 +144,11 @@ class PPOTrainer:
                 entropy = masked_mean(entropy_from_logits(logits.detach() if cfg.ent_coef == 0
                                                           else logits), mask)
                 loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
-                check_finite("ppo loss", loss, self.iteration)
+                check_finite("ppo loss", loss, self.iteration + 1)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm)
+                check_finite("ppo gradient norm", grad_norm, self.iteration + 1)
                 self.optimizer.step()
                 self.scheduler.step()
                 n_updates += 1
@@ -212,16 +217,43 @@ class PPOTrainer:
             })
         return rows
 
+    # -- checkpoints ------------------------------------------------------------------------
+    def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:
+        """Policy + value weights, optimizer, scheduler, RNG, prompt-stream position, KL
+        coefficient and iteration counter, every cfg.checkpoint_every iterations."""
+        return Checkpointer(root, {"policy": self.policy, "value": self.value_model},
+                            self.cfg.checkpoint_every, keep_last, label="ppo")
+
+    def _loop_state(self, last: dict) -> dict:
+        return {"iteration": self.iteration, "episode": self.episode,
+                "kl_coef": self.kl_ctl.value, "order": self._order.tolist(),
+                "cursor": self._cursor, "last": last}
+
+    def _load_loop_state(self, state: dict) -> dict:
+        self.iteration, self.episode = state["iteration"], state["episode"]
+        self.kl_ctl.value = state["kl_coef"]
+        self._order = torch.tensor(state["order"], dtype=torch.long)
+        self._cursor = state["cursor"]
+        return state["last"]
+
     def train(self, on_iteration: IterationFn | None = None, progress: bool = True,
-              monitor: MonitorFn | None = None) -> dict:
+              monitor: MonitorFn | None = None,
+              checkpointer: Checkpointer | None = None) -> dict:
         """Run the remaining iterations; on_iteration(iteration, metrics, samples|None).
 
         ``monitor(prompts, responses, has_eos)`` adds metrics computed on the decoded rollouts
         (e.g. a gold judge's score, for evaluation only: it never enters the reward).
+        ``checkpointer`` (see :meth:`checkpointer`): resume from its latest checkpoint, save
+        every N iterations.
         """
         from tqdm.auto import tqdm
 
         last: dict[str, float] = {}
+        if checkpointer is not None:
+            restored = checkpointer.restore(self.optimizer, self.scheduler, self.generator,
+                                            self.cfg.optim.lr)
+            if restored is not None:
+                last = self._load_loop_state(restored[1])
         bar = tqdm(total=self.cfg.iterations, initial=self.iteration, desc="ppo",
                    disable=not progress, leave=False)
         while self.iteration < self.cfg.iterations:
@@ -234,6 +266,10 @@ class PPOTrainer:
                 samples = self.sample_rows(exp, self.cfg.num_samples)
             if on_iteration:
                 on_iteration(self.iteration, last, samples)
+            if checkpointer is not None and checkpointer.due(self.iteration,
+                                                             self.cfg.iterations):
+                checkpointer.save(self.iteration, self.optimizer, self.scheduler,
+                                  self.generator, self._loop_state(last))
             bar.update(1)
             bar.set_postfix(score=f"{last['objective/scores']:.2f}",
                             kl=f"{last['objective/kl']:.2f}")

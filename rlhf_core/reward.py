@@ -7,17 +7,17 @@ an explicit artifact ``{mean, std, n}`` from scoring the SFT set, applied by a p
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
-from tqdm.auto import tqdm
 
+from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import RewardConfig
-from rlhf_core.data import batches, encode_pair, last_real_index, right_pad
+from rlhf_core.data import encode_pair, last_real_index, right_pad
+from rlhf_core.loop import train_steps
 from rlhf_core.losses import bradley_terry_loss
 from rlhf_core.models import ScalarHeadModel
-from rlhf_core.optim import LogFn, build_optimizer, check_finite
+from rlhf_core.optim import LogFn
 
 
 def gather_at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -48,38 +48,23 @@ def encode_pairs(tokenizer, rows: Sequence[dict]) -> list[tuple[list[int], list[
 def train_reward_model(
     model: ScalarHeadModel, tokenizer, rows: Sequence[dict], cfg: RewardConfig,
     device: torch.device, generator: torch.Generator, on_log: LogFn | None = None,
-    progress: bool = True,
+    progress: bool = True, checkpointer: Checkpointer | None = None,
 ) -> dict[str, float]:
     """Train ``model`` in place on preference rows {prompt, chosen, rejected[, margin]}."""
     pairs = encode_pairs(tokenizer, rows)
     margins = (torch.tensor([float(r.get("margin", 0.0)) for r in rows])
                if cfg.use_margin else None)
-    total = max(1, math.ceil(cfg.epochs * math.ceil(len(pairs) / cfg.batch_size)))
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total)
-    model.to(device).train()
-    step, last = 0, {}
-    bar = tqdm(total=total, desc="reward_model", disable=not progress, leave=False)
-    while step < total:
-        for idx in batches(len(pairs), cfg.batch_size, generator):
-            rc, rr, margin = _pair_scores(model, pairs, idx, tokenizer.pad_token_id, device,
-                                          margins)
-            loss, stats = bradley_terry_loss(rc, rr, margin)
-            check_finite("reward-model loss", loss, step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            bar.update(1)
-            last = {"train/loss": loss.item(), "train/lr": scheduler.get_last_lr()[0]}
-            last.update({f"train/{k}": float(v) for k, v in stats.items()})
-            if on_log and (step % cfg.log_every == 0 or step == total):
-                on_log(step, last)
-            if step >= total:
-                break
-    bar.close()
-    return last
+    model.to(device)
+
+    def loss_fn(idx: torch.Tensor):
+        rc, rr, margin = _pair_scores(model, pairs, idx, tokenizer.pad_token_id, device,
+                                      margins)
+        loss, stats = bradley_terry_loss(rc, rr, margin)
+        return loss, {f"train/{k}": float(v) for k, v in stats.items()}
+
+    return train_steps(model, loss_fn, len(pairs), cfg.batch_size, cfg.epochs, cfg.optim,
+                       generator, name="reward_model", log_every=cfg.log_every, on_log=on_log,
+                       checkpointer=checkpointer, progress=progress)
 
 
 @torch.inference_mode()

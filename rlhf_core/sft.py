@@ -6,16 +6,16 @@ warm-up then decay, dropout off (Huang et al. 2024).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
-from tqdm.auto import tqdm
 
+from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import SFTConfig
-from rlhf_core.data import IGNORE_INDEX, batches, encode_sft, right_pad
+from rlhf_core.data import IGNORE_INDEX, encode_sft, right_pad
+from rlhf_core.loop import train_steps
 from rlhf_core.losses import sft_loss
-from rlhf_core.optim import LogFn, build_optimizer, check_finite
+from rlhf_core.optim import LogFn
 
 
 def encode_sft_rows(tokenizer, rows: Sequence[dict], loss_on: str):
@@ -33,6 +33,7 @@ def sft_batch(examples, pad_id: int, device: torch.device):
 def train_sft(
     model, tokenizer, rows: Sequence[dict], cfg: SFTConfig, device: torch.device,
     generator: torch.Generator, on_log: LogFn | None = None, progress: bool = True,
+    checkpointer: Checkpointer | None = None,
 ) -> dict[str, float]:
     """Fine-tune ``model`` in place on ``rows``; returns the final metrics.
 
@@ -40,37 +41,21 @@ def train_sft(
         rows: dicts with 'prompt' and 'response' (text; EOS appended here).
         generator: CPU generator for the data order (reproducible).
         on_log: called as on_log(step, metrics) every cfg.log_every steps.
+        checkpointer: periodic training-state checkpoints; resumes from the latest one.
     """
     examples = encode_sft_rows(tokenizer, rows, cfg.loss_on)
-    steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
-    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total)
-    model.to(device).train()
+    model.to(device)
     pad_id = tokenizer.pad_token_id
-    step, last = 0, {}
-    bar = tqdm(total=total, desc="sft", disable=not progress, leave=False)
-    while step < total:
-        for idx in batches(len(examples), cfg.batch_size, generator):
-            ids, mask, labels = sft_batch([examples[i] for i in idx], pad_id, device)
-            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-            loss, stats = sft_loss(logits, labels)
-            check_finite("sft loss", loss, step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            bar.update(1)
-            last = {"train/loss": float(loss), "train/grad_norm": float(grad_norm),
-                    "train/lr": scheduler.get_last_lr()[0],
-                    "train/tokens": float(stats["num_tokens"])}
-            if on_log and (step % cfg.log_every == 0 or step == total):
-                on_log(step, last)
-            if step >= total:
-                break
-    bar.close()
-    return last
+
+    def loss_fn(idx: torch.Tensor):
+        ids, mask, labels = sft_batch([examples[i] for i in idx], pad_id, device)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        loss, stats = sft_loss(logits, labels)
+        return loss, {"train/tokens": float(stats["num_tokens"])}
+
+    return train_steps(model, loss_fn, len(examples), cfg.batch_size, cfg.epochs, cfg.optim,
+                       generator, name="sft", log_every=cfg.log_every, on_log=on_log,
+                       checkpointer=checkpointer, progress=progress)
 
 
 @torch.inference_mode()

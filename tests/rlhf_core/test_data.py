@@ -3,7 +3,7 @@ import torch
 
 from rlhf_core.data import (
     IGNORE_INDEX,
-    batches,
+    ShuffledBatches,
     encode_pair,
     encode_sft,
     last_real_index,
@@ -44,8 +44,32 @@ def test_last_real_index_and_all_padding_error():
         last_real_index(torch.zeros(1, 3, dtype=torch.long), 0)
 
 
-def test_batches_cover_every_index_once_and_reproduce():
-    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a = [b.tolist() for b in batches(10, 4, g1)]
-    b = [b.tolist() for b in batches(10, 4, g2)]
-    assert a == b and sorted(sum(a, [])) == list(range(10)) and [len(x) for x in a] == [4, 4, 2]
+def _take(sampler, n):
+    return [sampler.next().tolist() for _ in range(n)]
+
+
+def test_shuffled_batches_cover_every_index_once_per_pass_and_reproduce():
+    a = _take(ShuffledBatches(10, 4, torch.Generator().manual_seed(3)), 6)
+    b = _take(ShuffledBatches(10, 4, torch.Generator().manual_seed(3)), 6)
+    assert a == b and [len(x) for x in a] == [4, 4, 2, 4, 4, 2]
+    assert sorted(sum(a[:3], [])) == list(range(10)) == sorted(sum(a[3:], []))
+    assert a[:3] != a[3:]  # reshuffled every pass
+
+
+def test_shuffled_batches_resume_from_state_mid_pass():
+    gen = torch.Generator().manual_seed(5)
+    ref = _take(ShuffledBatches(10, 4, gen), 7)
+    gen = torch.Generator().manual_seed(5)
+    first = ShuffledBatches(10, 4, gen)
+    head = _take(first, 2)
+    state, gen_state = first.state_dict(), gen.get_state()
+    gen2 = torch.Generator()
+    gen2.set_state(gen_state)
+    second = ShuffledBatches(10, 4, gen2)
+    second.load_state_dict(state)
+    assert head + _take(second, 5) == ref
+
+
+def test_shuffled_batches_rejects_empty():
+    with pytest.raises(ValueError, match="no examples"):
+        ShuffledBatches(0, 4, torch.Generator())
