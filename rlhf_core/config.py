@@ -49,7 +49,7 @@ class SFTConfig(_Frozen):
         "response", description="Supervise response tokens only, or prompt too."
     )
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
-    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: end only).")
+    checkpoint_every: int = Field(50, ge=0, description="Checkpoint every N steps (0: off).")
 
 
 class RewardConfig(_Frozen):
@@ -61,7 +61,7 @@ class RewardConfig(_Frozen):
         0.1, ge=0.0, lt=1.0, description="Held-out split when no preference_eval data is given."
     )
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
-    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: end only).")
+    checkpoint_every: int = Field(50, ge=0, description="Checkpoint every N steps (0: off).")
 
 
 class RewardNormConfig(_Frozen):
@@ -95,7 +95,7 @@ class PPOConfig(_Frozen):
     )
     sample_every: int = Field(10, ge=1, description="Log a sample table every N iterations.")
     num_samples: int = Field(8, ge=1, description="Rows per sample table.")
-    checkpoint_every: int = Field(0, ge=0, description="Checkpoint every N iterations (0: end).")
+    checkpoint_every: int = Field(10, ge=0, description="Checkpoint every N iterations (0: off).")
 
     @model_validator(mode="after")
     def _divisible(self) -> PPOConfig:

@@ -12,12 +12,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import get_run_context
 from transformers.utils import logging as hf_logging
 
+from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import ModelConfig
+from rlhf_core.faults import crash_point
 from rlhf_core.models import resolve_device
 from tasks.tracking import (
     RunContext,
+    StepLogger,
     completed_output,
-    log_metrics,
     record_output,
     run_url,
     stage_run,
@@ -29,6 +31,10 @@ hf_logging.disable_progress_bar()  # per-file load/save bars drown the stage pro
 def read_jsonl(path: str | Path) -> list[dict]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def read_json(path: str | Path):
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def write_json(path: str | Path, obj) -> Path:
@@ -77,17 +83,19 @@ def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict]) -> dict:
         out = body(run_id)
         out["run_id"] = run_id
         out["wall_s"] = round(time.perf_counter() - start, 2)
-        log_metrics(ctx.client(), run_id, {"time/stage_s": out["wall_s"]}, step=0)
+        metric_logger(ctx, run_id)(0, {"time/stage_s": out["wall_s"]})
         record_output(ctx, run_id, out)
+    crash_point(f"after:{stage}")
     stage_markdown(ctx, stage, run_id, {"wall_s": out["wall_s"], **out.get("metrics", {})})
     return out
 
 
-def metric_logger(ctx: RunContext, run_id: str):
-    """on_log(step, metrics) callback for the core training loops."""
-    client = ctx.client()
+def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
+    """on_log(step, metrics) for a stage's run; steps already logged (a resumed stage) are
+    skipped, so no metric step is logged twice."""
+    return StepLogger(ctx.client(), run_id)
 
-    def on_log(step: int, metrics: dict[str, float]) -> None:
-        log_metrics(client, run_id, metrics, step)
 
-    return on_log
+def checkpointer(ctx: RunContext, keep: int, stage: str, models: dict, every: int):
+    """Mid-stage training-state checkpoints under <workdir>/<stage>/checkpoints."""
+    return Checkpointer(ctx.stage_dir(stage) / "checkpoints", models, every, keep, label=stage)

@@ -50,6 +50,7 @@ class TrackingConfig(BaseModel):
     registered_reward_model: str = Field("rlhf-reward-model", description="Registry name, RM.")
     register: bool = Field(True, description="Register the final models in the registry.")
     progress: bool = Field(True, description="Show progress bars.")
+    keep_checkpoints: int = Field(2, ge=1, description="Mid-stage checkpoints kept per stage.")
 
 
 class PipelineConfig(BaseModel):

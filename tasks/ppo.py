@@ -13,9 +13,9 @@ from rlhf_core.data import encode
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
-from tasks.common import read_jsonl, run_stage, setup_torch
+from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_torch, write_json
 from tasks.config import PipelineConfig
-from tasks.tracking import RunContext, log_metrics
+from tasks.tracking import RunContext
 
 
 def _progress_artifact(iteration: int, total: int, artifact_id):
@@ -67,23 +67,24 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
                              cfg.ppo, norm_stats, device, generator,
                              divide_by_std=cfg.reward_norm.divide_by_std)
         out_root = ctx.stage_dir("ppo")
-        samples: list[dict] = []
+        samples_path = out_root / "samples.json"  # survives a crash: rows up to the last save
+        samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
+        log = metric_logger(ctx, run_id)
         state = {"artifact": None}
 
         def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
-            log_metrics(client, run_id, metrics, step=iteration)
+            log(iteration, metrics)
             if rows:
-                samples.extend(rows)
+                samples[:] = [r for r in samples if r["iteration"] < iteration] + rows
+                write_json(samples_path, samples)
                 client.log_table(run_id, data=pd.DataFrame(rows),
                                  artifact_file=f"samples/iter_{iteration:05d}.json")
-            every = cfg.ppo.checkpoint_every
-            if every and iteration % every == 0 and iteration < cfg.ppo.iterations:
-                save_policy(trainer.policy, tokenizer, out_root / "checkpoint" / "policy")
             state["artifact"] = _progress_artifact(iteration, cfg.ppo.iterations,
                                                    state["artifact"])
 
+        ck = trainer.checkpointer(out_root / "checkpoints", cfg.tracking.keep_checkpoints)
         last = trainer.train(on_iteration, progress=ctx.progress,
-                             monitor=judge_monitor(prep["judge"]))
+                             monitor=judge_monitor(prep["judge"]), checkpointer=ck)
         policy_dir = save_policy(trainer.policy, tokenizer, out_root / "policy")
         value_dir = save_scalar_model(trainer.value_model, out_root / "value_model")
         client.log_artifacts(run_id, str(policy_dir), "checkpoint/policy")

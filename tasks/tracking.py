@@ -57,6 +57,26 @@ def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
         client.log_batch(run_id, metrics=batch[start: start + 900])
 
 
+class StepLogger:
+    """Log metrics to one run, skipping (key, step) pairs the run already holds.
+
+    A stage resumed from its last checkpoint recomputes the steps after it; they were logged
+    before the crash (with the same values, as the run is deterministic) and are not logged
+    twice, so every metric history keeps one value per step.
+    """
+
+    def __init__(self, client: MlflowClient, run_id: str):
+        self.client, self.run_id = client, run_id
+        self.last_step = {key: max(m.step for m in client.get_metric_history(run_id, key))
+                          for key in client.get_run(run_id).data.metrics}
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        fresh = {k: v for k, v in metrics.items() if step > self.last_step.get(k, -1)}
+        if fresh:
+            log_metrics(self.client, self.run_id, fresh, step)
+            self.last_step.update(dict.fromkeys(fresh, step))
+
+
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
     items = [Param(k, str(v)[:6000]) for k, v in params.items()]
     for start in range(0, len(items), 90):

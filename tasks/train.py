@@ -17,9 +17,16 @@ from rlhf_core.reward import (
     train_reward_model,
 )
 from rlhf_core.sft import sft_eval_loss, train_sft
-from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch, write_json
+from tasks.common import (
+    checkpointer,
+    metric_logger,
+    read_jsonl,
+    run_stage,
+    setup_torch,
+    write_json,
+)
 from tasks.config import PipelineConfig
-from tasks.tracking import RunContext, log_metrics
+from tasks.tracking import RunContext
 
 
 def _gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | None:
@@ -53,14 +60,17 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
         model = load_causal_lm(prep["base_model"], cfg.model.dtype, cfg.model.trust_remote_code)
         resize_for_tokenizer(model, tokenizer)
         rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
-        last = train_sft(model, tokenizer, rows, cfg.sft, device, generator,
-                         metric_logger(ctx, run_id), ctx.progress)
+        log = metric_logger(ctx, run_id)
+        ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model},
+                          cfg.sft.checkpoint_every)
+        last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, log,
+                         ctx.progress, ck)
         out_dir = save_policy(model, tokenizer, ctx.stage_dir("sft") / "model")
         ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
-        metrics = {"train/loss": last.get("train/loss", float("nan")),
-                   "sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
-        log_metrics(ctx.client(), run_id, metrics, step=0)
-        return {"model_dir": str(out_dir), "metrics": metrics}
+        metrics = {"sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
+        log(0, metrics)
+        return {"model_dir": str(out_dir),
+                "metrics": {"train/loss": last.get("train/loss", float("nan")), **metrics}}
 
     return run_stage(ctx, "sft", body)
 
@@ -82,14 +92,16 @@ def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
         else:
             n_eval = max(1, int(len(rows) * cfg.reward.eval_fraction))
             rows, held_out = rows[n_eval:], rows[:n_eval]
-        train_reward_model(model, tokenizer, rows, cfg.reward, device, generator,
-                           metric_logger(ctx, run_id), ctx.progress)
+        log = metric_logger(ctx, run_id)
+        ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "reward_model", {"model": model},
+                          cfg.reward.checkpoint_every)
+        train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, log,
+                           ctx.progress, ck)
         metrics = evaluate_reward_model(model, tokenizer, held_out, device)
         gold = _gold_accuracy(model, tokenizer, held_out, prep["judge"], device)
         metrics["eval/rm_accuracy"] = gold if gold is not None else metrics["eval/accuracy"]
-        log_metrics(ctx.client(), run_id, metrics, step=0)
-        log_metrics(ctx.client(), ctx.parent_run_id,
-                    {"eval/rm_accuracy": metrics["eval/rm_accuracy"]}, step=0)
+        log(0, metrics)
+        metric_logger(ctx, ctx.parent_run_id)(0, {"eval/rm_accuracy": metrics["eval/rm_accuracy"]})
         out_dir = save_scalar_model(model, ctx.stage_dir("reward_model") / "model")
         ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
         first = {"eval/rm_accuracy": metrics["eval/rm_accuracy"]}
@@ -119,7 +131,7 @@ def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: dict, rm_out: dict) 
         ctx.client().log_artifact(run_id, str(path))
         metrics = {"reward/mean": stats["mean"], "reward/std": stats["std"],
                    "reward/n": float(stats["n"]), "reward/normalised_mean": check}
-        log_metrics(ctx.client(), run_id, metrics, step=0)
+        metric_logger(ctx, run_id)(0, metrics)
         return {"stats_path": str(path), "stats": stats, "metrics": metrics}
 
     return run_stage(ctx, "reward_norm", body)
