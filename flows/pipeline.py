@@ -9,7 +9,7 @@ from tasks.evaluate import evaluate, register
 from tasks.finish import fail_parent, finish
 from tasks.ppo import ppo
 from tasks.prepare import prepare
-from tasks.tracking import RunContext
+from tasks.tracking import RunContext, system_metrics
 from tasks.train import critic_init, reward_model, reward_norm, sft
 from tasks.validate import validate
 
@@ -19,8 +19,7 @@ def _flow_run_name() -> str:
 
     cfg = flow_run.parameters.get("config")
     if isinstance(cfg, PipelineConfig):
-        model = "demo" if cfg.demo.enabled else cfg.model.base_model.rsplit("/", 1)[-1]
-        return f"rlhf-{model}-{cfg.config_hash()[:6]}"
+        return f"rlhf-{cfg.short_name()}"
     return "rlhf"
 
 
@@ -30,15 +29,17 @@ def rlhf_pipeline(config: PipelineConfig, resume_run_id: str | None = None) -> d
     register, tracked in MLflow (one parent run, one child run per stage)."""
     prep = prepare(config, resume_run_id)
     ctx = RunContext.model_validate(prep["ctx"])
+    tracking = config.tracking
     try:
-        data = validate(ctx, config, prep)
-        sft_out = sft(ctx, config, prep, data)
-        rm_out = reward_model(ctx, config, prep, data, sft_out)
-        norm_out = reward_norm(ctx, config, data, rm_out)
-        critic_out = critic_init(ctx, config, rm_out)
-        ppo_out = ppo(ctx, config, prep, data, sft_out, rm_out, norm_out, critic_out)
-        eval_out = evaluate(ctx, config, prep, data, sft_out, rm_out, ppo_out)
-        reg_out = register(ctx, config, ppo_out, eval_out)
+        with system_metrics(ctx, tracking.system_metrics, tracking.system_metrics_interval_s):
+            data = validate(ctx, config, prep)
+            sft_out = sft(ctx, config, prep, data)
+            rm_out = reward_model(ctx, config, prep, data, sft_out)
+            norm_out = reward_norm(ctx, config, data, rm_out)
+            critic_out = critic_init(ctx, config, rm_out)
+            ppo_out = ppo(ctx, config, prep, data, sft_out, rm_out, norm_out, critic_out)
+            eval_out = evaluate(ctx, config, prep, data, sft_out, rm_out, ppo_out)
+            reg_out = register(ctx, config, ppo_out, eval_out, rm_out, data)
     except BaseException:
         fail_parent(ctx)
         raise

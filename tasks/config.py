@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,6 +52,8 @@ class TrackingConfig(BaseModel):
     register: bool = Field(True, description="Register the final models in the registry.")
     progress: bool = Field(True, description="Show progress bars.")
     keep_checkpoints: int = Field(2, ge=1, description="Mid-stage checkpoints kept per stage.")
+    system_metrics: bool = Field(True, description="Log CPU/memory/GPU use on the parent run.")
+    system_metrics_interval_s: float = Field(5.0, gt=0, description="Sampling interval.")
 
 
 class PipelineConfig(BaseModel):
@@ -68,6 +71,15 @@ class PipelineConfig(BaseModel):
     ppo: PPOConfig = Field(PPOConfig())
     eval: EvalConfig = Field(EvalConfig())
     tracking: TrackingConfig = Field(TrackingConfig())
+
+    def short_name(self) -> str:
+        """model + data + short config hash, e.g. ``pythia-160m-hh-3fa2c1`` (run names)."""
+        if self.demo.enabled and not self.model.base_model:
+            model = "demo-gpt2"
+        else:
+            model = Path(self.model.base_model.rstrip("/")).name or "model"
+        data = "demo-data" if self.data is None else Path(self.data.preference.path).stem
+        return f"{model}-{data}-{self.config_hash()[:6]}"
 
     def config_hash(self) -> str:
         """Short, stable hash of the resolved config (tag ``rlhf.config_hash``)."""

@@ -10,9 +10,9 @@ from prefect import task
 from rlhf_core.evaluate import compare_policies, sample_policy
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.optim import seed_everything
-from tasks.common import read_jsonl, run_stage, setup_torch
+from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch
 from tasks.config import PipelineConfig
-from tasks.tracking import RunContext, log_metrics
+from tasks.tracking import RunContext
 
 
 def _judge(name: str):
@@ -57,8 +57,8 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
         judge_name = e.judge if e.judge != "none" else prep["judge"]
         metrics, rows = compare_policies(sft_samples, pol_samples, prompts, _judge(judge_name))
         client = ctx.client()
-        log_metrics(client, run_id, metrics, step=0)
-        log_metrics(client, ctx.parent_run_id, metrics, step=0)
+        metric_logger(ctx, run_id)(0, metrics)
+        metric_logger(ctx, ctx.parent_run_id)(0, metrics)
         table = pd.DataFrame(rows)
         client.log_table(run_id, data=table, artifact_file="eval/side_by_side.json")
         _table_artifact(rows[: e.num_side_by_side])
@@ -86,10 +86,14 @@ def _champion_score(client, name: str, key: str) -> float | None:
     return client.get_run(parent).data.metrics.get(key)
 
 
-def log_policy_model(policy_dir: str, run_id: str, name: str, tracking_uri: str):
-    """Log the policy as an MLflow transformers model and register it; -> model version."""
+def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str,
+               rm_dir: str, tokenizer_dir: str, rm_name: str) -> tuple[str, str]:
+    """Log and register the policy (transformers flavour, text-generation) and the reward
+    model (pyfunc scoring prompt/response) in the register run -> their versions."""
     import mlflow
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.mlflow_models import log_reward_model
 
     mlflow.set_tracking_uri(tracking_uri)
     model = AutoModelForCausalLM.from_pretrained(policy_dir)
@@ -97,15 +101,18 @@ def log_policy_model(policy_dir: str, run_id: str, name: str, tracking_uri: str)
     with mlflow.start_run(run_id=run_id):
         info = mlflow.transformers.log_model(
             transformers_model={"model": model, "tokenizer": tokenizer},
-            name="policy", task="text-generation", registered_model_name=name,
+            name="policy", task="text-generation", registered_model_name=policy_name,
             pip_requirements=["torch", "transformers"],
         )
-    return info.registered_model_version
+        rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name)
+    return info.registered_model_version, rm_version
 
 
 @task(name="register")
-def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict) -> dict:
-    """Register the policy (alias challenger); promote to champion when it beats the champion."""
+def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict,
+             rm_out: dict, data: dict) -> dict:
+    """Register the policy and the reward model (alias challenger); promote the policy to
+    champion when it beats the current champion."""
 
     def body(run_id: str) -> dict:
         if not cfg.tracking.register:
@@ -114,13 +121,17 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         name = cfg.tracking.registered_policy
         key = _score_key(eval_out["metrics"])
         current = _champion_score(client, name, key)
-        version = log_policy_model(ppo_out["policy_dir"], run_id, name, ctx.tracking_uri)
+        rm_name = cfg.tracking.registered_reward_model
+        version, rm_version = log_models(run_id, ctx.tracking_uri, ppo_out["policy_dir"], name,
+                                         rm_out["model_dir"], data["tokenizer"], rm_name)
         client.set_registered_model_alias(name, "challenger", str(version))
+        client.set_registered_model_alias(rm_name, "challenger", str(rm_version))
         score = eval_out["metrics"][key]
         promoted = current is None or score > current
         if promoted:
             client.set_registered_model_alias(name, "champion", str(version))
         return {"registered": True, "model_name": name, "version": int(version),
+                "reward_model_name": rm_name, "reward_model_version": int(rm_version),
                 "promoted": promoted, "metrics": {key: score}}
 
     return run_stage(ctx, "register", body)

@@ -38,8 +38,16 @@ def git_commit() -> str | None:
 
 
 def default_run_name(cfg: PipelineConfig) -> str:
-    model = "demo-gpt2" if cfg.demo.enabled else Path(cfg.model.base_model).name or "model"
-    return f"{model}-{cfg.config_hash()[:6]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return f"{cfg.short_name()}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _prefect_flow_run_id() -> str | None:
+    try:
+        from prefect.runtime import flow_run
+
+        return flow_run.id
+    except Exception:  # noqa: BLE001 - not inside a flow run
+        return None
 
 
 def _experiment_id(client: MlflowClient, name: str) -> str:
@@ -47,15 +55,23 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
     return exp.experiment_id if exp else client.create_experiment(name)
 
 
-def _find_parent(client, experiment_id, run_name: str, config_hash: str) -> str | None:
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`rlhf.run_name` = '{run_name}' and "
-                      f"tags.`rlhf.config_hash` = '{config_hash}'",
-        max_results=5,
-    )
+def _find_parent(client, experiment_id, filter_string: str) -> str | None:
+    runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=5)
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     return parents[0].info.run_id if parents else None
+
+
+def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None):
+    """The parent run to continue: same Prefect flow run (`prefect flow-run retry`), else
+    same run name + config hash (when a run name is set)."""
+    found = None
+    if flow_run_id:
+        found = _find_parent(client, exp_id, f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
+    if found is None and cfg.tracking.run_name:
+        found = _find_parent(client, exp_id,
+                             f"tags.`rlhf.run_name` = '{cfg.tracking.run_name}' and "
+                             f"tags.`rlhf.config_hash` = '{cfg.config_hash()}'")
+    return found
 
 
 def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContext:
@@ -64,13 +80,18 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
     client = MlflowClient(tracking_uri=uri)
     exp_id = _experiment_id(client, cfg.tracking.experiment)
     run_name = cfg.tracking.run_name or default_run_name(cfg)
-    run_id = resume_run_id or (
-        _find_parent(client, exp_id, run_name, cfg.config_hash())
-        if cfg.tracking.run_name else None)
+    flow_run_id = _prefect_flow_run_id()
+    run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id)
     if run_id is not None:
         run = client.get_run(run_id)  # raises a clear MlflowException for a wrong id
         exp_id = run.info.experiment_id
         client.update_run(run_id, status="RUNNING")
+        if run.data.tags.get("rlhf.config_hash") != cfg.config_hash():
+            # resumed with changed settings (e.g. a lower LR after a non-finite loss): keep
+            # the record of what the continuation ran with
+            client.log_dict(run_id, cfg.model_dump(mode="json"),
+                            f"config/resumed_config_{cfg.config_hash()}.json")
+            set_tags(client, run_id, {"rlhf.resumed_config_hash": cfg.config_hash()})
     else:
         run_id = client.create_run(exp_id, run_name=run_name).info.run_id
         log_params(client, run_id, flatten(cfg.model_dump(mode="json")))
@@ -79,6 +100,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         commit = git_commit()
         if commit:
             tags["rlhf.git_commit"] = commit
+        if flow_run_id:
+            tags["rlhf.prefect_flow_run_id"] = str(flow_run_id)
         set_tags(client, run_id, tags)
         client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
     workdir = Path(cfg.tracking.workdir).resolve() / run_id

@@ -139,3 +139,42 @@ def run_url(ctx: RunContext, run_id: str) -> str:
         return f"{base.rstrip('/')}/#/experiments/{ctx.experiment_id}/runs/{run_id}"
     return f"{base} experiment {ctx.experiment_id} run {run_id} (open with `mlflow ui "\
            f"--backend-store-uri {base}`)"
+
+
+def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path],
+                 context: str) -> dict[str, str]:
+    """Record each (cleaned) data file as an MLflow dataset input of every run in ``run_ids``
+    (name, source path, schema, digest; shown in the run's "Datasets" panel) -> digests."""
+    import mlflow.data
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    inputs, digests = [], {}
+    for name, path in files.items():
+        dataset = mlflow.data.from_pandas(pd.read_json(path, lines=True, dtype=False),
+                                          source=str(path), name=name)
+        digests[name] = dataset.digest
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(),
+                                   tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+    for run_id in run_ids:
+        client.log_inputs(run_id, datasets=inputs)
+    return digests
+
+
+@contextmanager
+def system_metrics(ctx: RunContext, enabled: bool, interval_s: float) -> Iterator[None]:
+    """CPU, memory, disk, network (and GPU with nvidia-ml-py) as ``system/*`` metrics on the
+    parent run while the stages run; a resumed run continues the step count."""
+    if not enabled:
+        yield
+        return
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(ctx.parent_run_id, sampling_interval=interval_s,
+                                   resume_logging=True, tracking_uri=ctx.tracking_uri)
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()

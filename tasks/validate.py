@@ -10,7 +10,7 @@ from data_checks.validate import ValidationFailed, run_validation, write_data_do
 from rlhf_core.models import load_tokenizer
 from tasks.common import run_stage
 from tasks.config import PipelineConfig
-from tasks.tracking import RunContext, log_metrics, set_tags
+from tasks.tracking import RunContext, log_datasets, log_metrics, set_tags
 
 
 @task(name="validate")
@@ -32,6 +32,14 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
         log_metrics(client, run_id, report.stats, step=0)
         if not report.passed:
             raise ValidationFailed("data validation failed:\n" + "\n".join(report.failures))
+        digests = {}
+        for context, names in (("training", ("sft", "preference", "prompts")),
+                               ("evaluation", ("eval_prompts", "preference_eval"))):
+            files = {n: out_dir / f"{n}.jsonl" for n in names
+                     if (out_dir / f"{n}.jsonl").exists()}
+            digests.update(log_datasets(client, [run_id, ctx.parent_run_id], files, context))
+        set_tags(client, ctx.parent_run_id,
+                 {f"rlhf.data_digest.{k}": v for k, v in digests.items()})
         return {"data_dir": str(out_dir), "tokenizer": str(out_dir / "tokenizer"),
                 "pad_added": bool(record.get("pad_added", False)),
                 "warnings": report.warnings,
