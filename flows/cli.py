@@ -1,6 +1,7 @@
 """`rlhf` command line: run the pipeline (the demo by default) and print a summary.
 
     rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID]
+    rlhf runs [--experiment NAME] [--limit N]
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
@@ -55,6 +56,42 @@ def cmd_run(args) -> int:
     return 0
 
 
+RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
+               ("eval/kl_to_ref", "kl"), ("eval/eos_rate_policy", "eos"))
+
+
+def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> str:
+    """Recent pipeline (parent) runs of ``experiment`` with their key metrics, newest first."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tracking import default_tracking_uri
+
+    uri = default_tracking_uri(tracking_uri)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ConfigError(f"no MLflow experiment '{experiment}' at {uri}")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`rlhf.config_hash` != ''",
+                              order_by=["attributes.start_time DESC"], max_results=limit)
+    head = f"{'run id':<34}{'name':<40}{'status':<10}{'started':<18}" + \
+        "".join(f"{label:>8}" for _, label in RUN_COLUMNS)
+    lines = [f"experiment '{experiment}' ({uri})", head, "-" * len(head)]
+    for run in runs:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.info.start_time / 1000))
+        values = "".join(f"{run.data.metrics[k]:>8.3f}" if k in run.data.metrics else f"{'-':>8}"
+                         for k, _ in RUN_COLUMNS)
+        lines.append(f"{run.info.run_id:<34}{(run.info.run_name or '')[:38]:<40}"
+                     f"{run.info.status:<10}{started:<18}{values}")
+    if not runs:
+        lines.append("(no pipeline runs yet: `rlhf run`)")
+    return "\n".join(lines)
+
+
+def cmd_runs(args) -> int:
+    print(runs_table(args.experiment, args.limit))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description="RLHF with PPO on Prefect + MLflow")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config field, e.g. --set ppo.kl_coef=0.1 (repeatable)")
     run.add_argument("--resume", metavar="RUN_ID", help="continue this MLflow parent run")
     run.set_defaults(func=cmd_run)
+    runs = sub.add_parser("runs", help="list recent pipeline runs and their key metrics")
+    runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
+    runs.add_argument("--limit", type=int, default=10, help="how many runs (newest first)")
+    runs.set_defaults(func=cmd_runs)
     return parser
 
 

@@ -49,7 +49,7 @@ class TrackingConfig(BaseModel):
     workdir: str = Field("rlhf_runs", description="Folder for checkpoints and prepared data.")
     registered_policy: str = Field("rlhf-policy", description="Registry name of the policy.")
     registered_reward_model: str = Field("rlhf-reward-model", description="Registry name, RM.")
-    register: bool = Field(True, description="Register the final models in the registry.")
+    register_models: bool = Field(True, description="Register the final models.")
     progress: bool = Field(True, description="Show progress bars.")
     keep_checkpoints: int = Field(2, ge=1, description="Mid-stage checkpoints kept per stage.")
     system_metrics: bool = Field(True, description="Log CPU/memory/GPU use on the parent run.")

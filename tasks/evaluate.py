@@ -115,7 +115,7 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
     champion when it beats the current champion."""
 
     def body(run_id: str) -> dict:
-        if not cfg.tracking.register:
+        if not cfg.tracking.register_models:
             return {"registered": False, "metrics": {}}
         client = ctx.client()
         name = cfg.tracking.registered_policy

@@ -22,16 +22,13 @@ PPO_METRICS = ["objective/kl", "objective/entropy", "objective/non_score_reward"
 
 
 @pytest.fixture(scope="module")
-def pipeline_result(tmp_path_factory):
-    from prefect.testing.utilities import prefect_test_harness
-
+def pipeline_result(tmp_path_factory, prefect_api):
     from flows.pipeline import rlhf_pipeline
 
     tmp = tmp_path_factory.mktemp("e2e")
     uri = f"sqlite:///{tmp}/mlflow.db"
     cfg = load_config(CONFIG, [f"tracking.tracking_uri={uri}", f"tracking.workdir={tmp}/runs"])
-    with prefect_test_harness(server_startup_timeout=120):
-        result = rlhf_pipeline(config=cfg)
+    result = rlhf_pipeline(config=cfg)
     return result, MlflowClient(uri), cfg
 
 
@@ -67,13 +64,10 @@ def test_policy_weights_changed_and_model_registered(pipeline_result):
 
 
 def test_rerun_with_same_id_skips_completed_stages(pipeline_result):
-    from prefect.testing.utilities import prefect_test_harness
-
     from flows.pipeline import rlhf_pipeline
 
     result, client, cfg = pipeline_result
-    with prefect_test_harness(server_startup_timeout=120):
-        again = rlhf_pipeline(config=cfg, resume_run_id=result["parent_run_id"])
+    again = rlhf_pipeline(config=cfg, resume_run_id=result["parent_run_id"])
     assert all(stage["skipped"] for stage in again["stages"].values())
     ppo_run = result["stages"]["ppo"]["run_id"]
     steps = [m.step for m in client.get_metric_history(ppo_run, "objective/kl")]

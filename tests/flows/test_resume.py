@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
@@ -20,7 +19,7 @@ CONFIG = ROOT / "configs" / "test.yaml"
 # 4 SFT steps and 4 RM steps (checkpoints at step 2), 3 PPO iterations (checkpoints at 1, 2)
 OVERRIDES = ["model.torch_threads=2", "sft.log_every=1", "sft.checkpoint_every=2",
              "reward.log_every=1", "reward.checkpoint_every=2", "ppo.checkpoint_every=1",
-             "tracking.register=false"]
+             "tracking.register_models=false"]
 KILL_POINTS = ["sft:step:3", "reward_model:step:3", "after:reward_norm", "checkpoint:ppo:2",
                "ppo:rollout:3"]
 
@@ -40,15 +39,6 @@ def stage_outputs(workdir: Path) -> dict[str, int]:
             for p in (workdir / stage / "model").rglob("*") if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield PREFECT_API_URL.value()
-
-
 def run_in_process(tmp: Path, name: str):
     from flows.pipeline import rlhf_pipeline
 
@@ -65,7 +55,7 @@ def rlhf_cli(args: list[str], env: dict, crash_at: str | None) -> subprocess.Com
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_rerun_from_the_recorded_config_gives_identical_weights(harness, tmp_path):
+def test_rerun_from_the_recorded_config_gives_identical_weights(prefect_api, tmp_path):
     """Two uninterrupted runs, the second from the config recorded on the first's parent run
     (`rlhf run --config <recorded config>`): same final weights, bit for bit."""
     from flows.pipeline import rlhf_pipeline
@@ -82,10 +72,10 @@ def test_rerun_from_the_recorded_config_gives_identical_weights(harness, tmp_pat
     assert policy_hash(Path(second["workdir"])) == policy_hash(Path(first["workdir"]))
 
 
-def test_sigkill_at_five_points_then_resume_equals_uninterrupted(harness, tmp_path):
+def test_sigkill_at_five_points_then_resume_equals_uninterrupted(prefect_api, tmp_path):
     reference = policy_hash(Path(run_in_process(tmp_path, "reference")["workdir"]))
     uri = f"sqlite:///{tmp_path}/killed.db"
-    env = {**os.environ, "PREFECT_API_URL": harness, "MLFLOW_TRACKING_URI": uri,
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
            "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     base = ["--set", f"tracking.workdir={tmp_path}/killed", "--set", "tracking.run_name=kill"]
     client = MlflowClient(uri)

@@ -1,0 +1,158 @@
+"""The tiny pipeline against a real `mlflow server` (SQLite backend, served artifacts) on
+localhost, checked through the client/REST API like a user's MLflow UI would show it."""
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.cli import runs_table
+from flows.config import load_config
+from tests.flows.test_pipeline import CONFIG, PPO_METRICS, STAGES
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("server")
+    port = _free_port()
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    proc = subprocess.Popen(
+        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp}/server.db",
+         "--artifacts-destination", str(tmp / "artifacts"), "--workers", "1"],
+        stdout=open(tmp / "server.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("mlflow server did not start:\n"
+                                   + (tmp / "server.log").read_text()[-3000:])
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def served_run(mlflow_server, prefect_api, tmp_path_factory):
+    from flows.pipeline import rlhf_pipeline
+
+    tmp = tmp_path_factory.mktemp("served")
+    cfg = load_config(CONFIG, [f"tracking.tracking_uri={mlflow_server}",
+                               f"tracking.workdir={tmp}/runs",
+                               "tracking.system_metrics_interval_s=1"])
+    result = rlhf_pipeline(config=cfg)
+    return result, MlflowClient(mlflow_server), cfg, tmp
+
+
+def _children(client, parent):
+    return {r.data.tags["rlhf.stage"]: r for r in client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
+
+
+def _artifacts(client, run_id, path="") -> list[str]:
+    out = []
+    for item in client.list_artifacts(run_id, path):
+        out += _artifacts(client, run_id, item.path) if item.is_dir else [item.path]
+    return out
+
+
+def test_run_tree_metrics_and_histories(served_run):
+    result, client, cfg, _ = served_run
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    by_stage = _children(client, parent)
+    assert sorted(by_stage) == sorted(STAGES)
+    assert all(r.info.status == "FINISHED" for r in by_stage.values())
+    ppo_id = by_stage["ppo"].info.run_id
+    for name in PPO_METRICS + ["judge/score"]:
+        assert [m.step for m in client.get_metric_history(ppo_id, name)] == [1, 2, 3], name
+    sft_steps = [m.step for m in client.get_metric_history(by_stage["sft"].info.run_id,
+                                                           "train/loss")]
+    assert sft_steps and len(sft_steps) == len(set(sft_steps))
+    for key in ("eval/accuracy", "eval/rm_accuracy", "train/loss"):
+        assert key in by_stage["reward_model"].data.metrics, key
+    for key in ("reward/mean", "reward/std"):
+        assert key in by_stage["reward_norm"].data.metrics, key
+    for key in ("eval/rm_accuracy", "eval/judge_win_rate", "eval/kl_to_ref",
+                "eval/rm_score_policy", "eval/eos_rate_policy"):
+        assert key in parent.data.metrics, key
+    assert any(k.startswith("system/cpu") for k in parent.data.metrics)
+    assert any(k.startswith("system/system_memory") for k in parent.data.metrics)
+    # params, tags and data digests on the parent
+    assert parent.data.params["ppo.kl_coef"] == str(cfg.ppo.kl_coef)
+    for tag in ("rlhf.config_hash", "rlhf.seed", "rlhf.version.torch", "rlhf.version.mlflow"):
+        assert tag in parent.data.tags, tag
+    datasets = {d.dataset.name: d for d in parent.inputs.dataset_inputs}
+    assert {"sft", "preference", "prompts", "eval_prompts"} <= set(datasets)
+    assert parent.data.tags["rlhf.data_digest.sft"] == datasets["sft"].dataset.digest
+
+
+def test_artifacts_tables_plots_and_checkpoints(served_run, tmp_path):
+    result, client, _, _ = served_run
+    parent = client.get_run(result["parent_run_id"])
+    by_stage = _children(client, parent)
+    plot = client.download_artifacts(parent.info.run_id, "plots/ppo_curves.png", str(tmp_path))
+    assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ppo_files = _artifacts(client, by_stage["ppo"].info.run_id)
+    assert {"samples/iter_00001.json", "samples/iter_00002.json", "samples/all.json",
+            "checkpoint/policy/model.safetensors"} <= set(ppo_files)
+    assert "checkpoint/model.safetensors" in _artifacts(client, by_stage["sft"].info.run_id)
+    assert any(p.endswith("head.safetensors")
+               for p in _artifacts(client, by_stage["reward_model"].info.run_id))
+    table = client.load_table(parent.info.experiment_id, "samples/all.json",
+                              run_ids=[by_stage["ppo"].info.run_id])
+    assert {"iteration", "prompt", "response", "score", "kl"} <= set(table.columns)
+    assert sorted(table["iteration"].unique()) == [1, 2]
+    side = client.load_table(parent.info.experiment_id, "eval/side_by_side.json",
+                             run_ids=[by_stage["evaluate"].info.run_id])
+    assert len(side) == 16 and side["prompt"].str.len().gt(0).all()
+    files = _artifacts(client, by_stage["validate"].info.run_id)
+    assert any(p.startswith("data_docs/") and p.endswith(".html") for p in files)
+
+
+def test_registered_models_load_by_alias_and_work(served_run):
+    import mlflow
+
+    result, client, cfg, _ = served_run
+    register_run = result["stages"]["register"]["run_id"]
+    policy = client.get_model_version_by_alias(cfg.tracking.registered_policy, "challenger")
+    rm = client.get_model_version_by_alias(cfg.tracking.registered_reward_model, "challenger")
+    assert policy.run_id == rm.run_id == register_run
+    mlflow.set_tracking_uri(client.tracking_uri)
+    generator = mlflow.transformers.load_model(
+        f"models:/{cfg.tracking.registered_policy}@challenger")
+    out = generator("hello , tell me about the weather .", max_new_tokens=6, do_sample=False)
+    assert isinstance(out[0]["generated_text"], str) and out[0]["generated_text"]
+    scorer = mlflow.pyfunc.load_model(f"models:/{cfg.tracking.registered_reward_model}@challenger")
+    scores = scorer.predict(pd.DataFrame({"prompt": ["hello", "hi"], "response": ["a", "b"]}))
+    assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
+
+
+def test_rlhf_runs_lists_the_run_with_its_metrics(served_run):
+    result, client, _, _ = served_run
+    text = runs_table("rlhf-test", 5, client.tracking_uri)
+    line = next(ln for ln in text.splitlines() if ln.startswith(result["parent_run_id"]))
+    win = client.get_run(result["parent_run_id"]).data.metrics["eval/judge_win_rate"]
+    assert "FINISHED" in line and f"{win:.3f}" in line
