@@ -17,6 +17,12 @@ class DataSource(_Frozen):
         "auto", description="auto: by file extension; hf: datasets.load_dataset / load_from_disk."
     )
     split: str = Field("train", description="Split for format 'hf'.")
+    style: Literal["plain", "hh", "tldr"] = Field(
+        "plain", description="plain: prompt/response/chosen/rejected columns (after column_map);"
+        " hh: Anthropic-HH transcripts in chosen/rejected (prompt = shared dialogue up to the"
+        " last Assistant turn); tldr: summarize-from-feedback rows (info/summaries/choice, or"
+        " subreddit/title/post/summary for SFT)."
+    )
     column_map: dict[str, str] = Field(
         default_factory=dict, description="Source column -> prompt/response/chosen/rejected."
     )

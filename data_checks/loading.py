@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from data_checks.adapters import AdapterError, adapt
 from data_checks.config import DataSource
 
 COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "rejected"],
@@ -66,7 +67,8 @@ def _read_hf(source: DataSource) -> pd.DataFrame:
 
     path = Path(source.path)
     try:
-        if path.is_dir() and (path / "dataset_info.json").exists():
+        if path.is_dir() and any((path / f).exists()
+                                 for f in ("dataset_info.json", "dataset_dict.json")):
             ds = datasets.load_from_disk(str(path))
         else:
             ds = datasets.load_dataset(source.path, split=source.split)
@@ -88,6 +90,11 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
     df = _read_file(source, path).rename(columns=source.column_map)
     if df.empty:
         raise DataError(f"{path}: no rows")
+    if source.style != "plain":
+        try:
+            df = adapt(df, source.style, kind, path)
+        except AdapterError as err:
+            raise DataError(str(err)) from None
     missing = [c for c in COLUMNS[kind] if c not in df.columns]
     if missing:
         raise DataError(f"{path}: missing column '{missing[0]}' "

@@ -60,13 +60,14 @@ def apply_length_budget(df: pd.DataFrame, kind: str, tokenizer, cfg: ValidationC
     truncated (the +1 is the EOS every response gets)."""
     n_in = len(df)
     truncated = 0
-    prompts = []
+    prompts, fits = [], []
     for p in df["prompt"]:
         cut = truncate_prompt(p, tokenizer, cfg.max_prompt_tokens) if isinstance(p, str) else p
         truncated += int(isinstance(p, str) and cut is not None and cut != p)
-        prompts.append(cut)
+        fits.append(not (isinstance(p, str) and cut is None))  # nulls go on to the suites
+        prompts.append(p if cut is None else cut)
     df = df.assign(prompt=prompts)
-    keep = df["prompt"].map(lambda v: v is not None) | df["prompt"].isna()
+    keep = pd.Series(fits, index=df.index)
     for col in TEXT_FIELDS[kind]:
         texts = df[col].fillna("")
         over = pd.Series(count_tokens(tokenizer, texts), index=df.index) + 1 \
@@ -104,6 +105,8 @@ def build_suite(kind: str, cfg: ValidationConfig):
     for col in COLUMNS[kind]:
         suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
         suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col, min_value=1))
+        suite.add_expectation(gxe.ExpectColumnValuesToNotMatchRegex(column=col,
+                                                                   regex=r"^\s*$"))
     suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
         column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
     for col in TEXT_FIELDS[kind]:

@@ -1,0 +1,101 @@
+"""Adapters from well-known preference formats to the internal schema.
+
+- Anthropic-HH style: ``chosen`` and ``rejected`` are whole transcripts
+  (``\\n\\nHuman: ...\\n\\nAssistant: ...``) sharing the dialogue so far; the prompt is the
+  shared text up to and including the last ``\\n\\nAssistant:`` they have in common, the
+  completions are what follows.
+- TL;DR style (summarize-from-feedback comparisons): ``info`` {subreddit, title, post},
+  ``summaries`` [{text}, {text}] and ``choice``; SFT rows carry subreddit/title/post/summary.
+  The prompt uses the recipe's template ending in ``TL;DR:``.
+Errors name the file, the row (1-based) and the field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+ASSISTANT = "\n\nAssistant:"
+TLDR_TEMPLATE = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
+
+
+class AdapterError(ValueError):
+    """A row that does not fit the declared style (message without the file name)."""
+
+
+def split_hh(chosen: str, rejected: str) -> tuple[str, str, str]:
+    """Two transcripts -> (shared prompt ending in 'Assistant:', chosen reply, rejected reply)."""
+    common = os.path.commonprefix([chosen, rejected])
+    cut = common.rfind(ASSISTANT)
+    if cut < 0:
+        if ASSISTANT not in chosen or ASSISTANT not in rejected:
+            raise AdapterError("transcript has no '\\n\\nAssistant:' turn")
+        raise AdapterError("chosen and rejected share no dialogue up to an Assistant turn")
+    end = cut + len(ASSISTANT)
+    return chosen[:end], chosen[end:], rejected[end:]
+
+
+def split_transcript(text: str) -> tuple[str, str]:
+    """One transcript -> (dialogue up to the last 'Assistant:', the last reply)."""
+    cut = text.rfind(ASSISTANT) if isinstance(text, str) else -1
+    if cut < 0:
+        raise AdapterError("transcript has no '\\n\\nAssistant:' turn")
+    end = cut + len(ASSISTANT)
+    return text[:end], text[end:]
+
+
+def _field(row: dict, name: str, where: str = "") -> str:
+    value = row.get(name) if isinstance(row, dict) else None
+    if not isinstance(value, str):
+        raise AdapterError(f"field '{where}{name}' missing or not a string")
+    return value
+
+
+def tldr_prompt(info: dict, where: str = "") -> str:
+    return TLDR_TEMPLATE.format(subreddit=_field(info, "subreddit", where),
+                                title=_field(info, "title", where),
+                                post=_field(info, "post", where))
+
+
+def _tldr_row(row: dict, kind: str) -> dict:
+    if kind != "preference":
+        info = row["info"] if isinstance(row.get("info"), dict) else row
+        out = {"prompt": tldr_prompt(info, "info." if info is not row else "")}
+        if kind == "sft":
+            out["response"] = _field(row, "summary")
+        return out
+    if not isinstance(row.get("info"), dict):
+        raise AdapterError("field 'info' missing or not an object")
+    summaries = row.get("summaries")
+    if hasattr(summaries, "tolist"):  # parquet / datasets give lists as numpy arrays
+        summaries = summaries.tolist()
+    if not isinstance(summaries, (list, tuple)) or len(summaries) != 2 or \
+            not all(isinstance(s, dict) and isinstance(s.get("text"), str) for s in summaries):
+        raise AdapterError("field 'summaries' must hold two summaries with a 'text'")
+    choice = row.get("choice")
+    if choice not in (0, 1) or isinstance(choice, bool):
+        raise AdapterError(f"field 'choice' must be 0 or 1, got {choice!r}")
+    return {"prompt": tldr_prompt(row["info"], "info."),
+            "chosen": summaries[choice]["text"], "rejected": summaries[1 - choice]["text"]}
+
+
+def _hh_row(row: dict, kind: str) -> dict:
+    if kind == "preference":
+        prompt, chosen, rejected = split_hh(_field(row, "chosen"), _field(row, "rejected"))
+        return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+    prompt, reply = split_transcript(_field(row, "chosen" if "chosen" in row else "text"))
+    return {"prompt": prompt, "response": reply} if kind == "sft" else {"prompt": prompt}
+
+
+def adapt(df: pd.DataFrame, style: str, kind: str, path: Path) -> pd.DataFrame:
+    """Rows of ``style`` -> internal columns of ``kind``; DataError-ready messages."""
+    convert = {"hh": _hh_row, "tldr": _tldr_row}[style]
+    rows = []
+    for number, row in enumerate(df.to_dict(orient="records"), start=1):
+        try:
+            rows.append(convert(row, kind))
+        except AdapterError as err:
+            raise AdapterError(f"{path} row {number} ({style} style): {err}") from None
+    return pd.DataFrame(rows)

@@ -1,0 +1,186 @@
+"""A corpus of distinct bad inputs: each stops the data gate with its own message (naming the
+file and the line/row/field, or the failed expectation), and nothing is written for training."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from data_checks.config import DataConfig, DataSource, ValidationConfig
+from data_checks.loading import DataError
+from data_checks.validate import run_validation
+from tests.conftest import make_tokenizer
+from tests.data_checks.test_validate import PREF, PROMPTS, SFT, write_jsonl
+
+CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8)
+LONG = "cats " * 20
+HH_OK = "\n\nHuman: tell me about cats\n\nAssistant:"
+TLDR_INFO = {"subreddit": "cats", "title": "my cat", "post": "the cat is nice"}
+
+
+def text(content: str | bytes, suffix: str):
+    def write(tmp):
+        path = tmp / f"bad{suffix}"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return DataSource(path=str(path))
+    return write
+
+
+def rows(data: list, **source):
+    def write(tmp):
+        return DataSource(path=str(write_jsonl(tmp / "bad.jsonl", data)), **source)
+    return write
+
+
+def frame(df: pd.DataFrame, suffix: str, **source):
+    def write(tmp):
+        path = tmp / f"bad{suffix}"
+        df.to_csv(path, index=False) if suffix == ".csv" else df.to_parquet(path)
+        return DataSource(path=str(path), **source)
+    return write
+
+
+def hf_dict(tmp):
+    from datasets import Dataset, DatasetDict
+
+    DatasetDict({"train": Dataset.from_list(SFT)}).save_to_disk(str(tmp / "ds"))
+    return DataSource(path=str(tmp / "ds"), format="hf", split="test")
+
+
+# (case id, which source it replaces, writer, expected message)
+CASES = [
+    # malformed files: DataError naming the file and the line / row / column
+    ("jsonl_broken_line", "sft", text('{"prompt": "a", "response": "b"}\n{"prompt": "a",\n',
+                                      ".jsonl"), "line 2: invalid JSON"),
+    ("jsonl_line_not_object", "sft", text('[1, 2]\n', ".jsonl"), "line 1: expected a JSON object"),
+    ("empty_file", "sft", text("", ".jsonl"), "file is empty"),
+    ("blank_lines_only", "prompts", text("\n\n  \n", ".jsonl"), "no rows"),
+    ("missing_column", "sft", rows([{"prompt": "a"}]), "missing column 'response'"),
+    ("int_field", "sft", rows([{"prompt": 3, "response": "b"}]),
+     "row 1: field 'prompt' must be a string, got int"),
+    ("object_field", "preference", rows([{**PREF[0], "chosen": {"text": "a"}}]),
+     "field 'chosen' must be a string, got dict"),
+    ("bool_field_row_2", "sft", rows([SFT[0], {"prompt": "a", "response": True}]),
+     "row 2: field 'response' must be a string, got bool"),
+    ("latin1_jsonl", "sft", text(b'{"prompt": "caf\xe9", "response": "b"}\n', ".jsonl"),
+     "not valid UTF-8 (byte 0xe9"),
+    ("bad_utf8_csv", "sft", text(b"prompt,response\n\xff\xfe,x\n", ".csv"),
+     "not valid UTF-8 (invalid start byte"),
+    ("ragged_csv", "sft", text("prompt,response\na,b\nc,d,e,f\n", ".csv"),
+     "cannot read as csv"),
+    ("corrupt_parquet", "sft", text(b"PAR1 this is not parquet", ".parquet"),
+     "cannot read as parquet"),
+    ("parquet_int_column", "prompts", frame(pd.DataFrame({"prompt": [1, 2]}), ".parquet"),
+     "row 1: field 'prompt' must be a string, got int64"),
+    ("missing_file", "sft", lambda tmp: DataSource(path=str(tmp / "nope.jsonl")),
+     "file not found"),
+    ("column_map_to_absent_column", "sft",
+     frame(pd.DataFrame({"question": ["a"], "answer": ["b"]}), ".csv",
+           column_map={"q": "prompt", "answer": "response"}),
+     "missing column 'prompt' (found: question, response)"),
+    ("hf_unknown_split", "sft", hf_dict, "no split 'test' (found: ['train'])"),
+    ("hf_missing_dataset", "sft",
+     lambda tmp: DataSource(path=str(tmp / "no_such_dataset"), format="hf"),
+     "cannot load dataset"),
+    ("hh_without_assistant_turn", "preference",
+     rows([{"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: hello"}], style="hh"),
+     "row 1 (hh style): transcript has no"),
+    ("hh_no_shared_dialogue", "preference",
+     rows([{"chosen": "\n\nHuman: a\n\nAssistant: x", "rejected": "\n\nHuman: b\n\nAssistant: y"}],
+          style="hh"), "chosen and rejected share no dialogue"),
+    ("tldr_choice_out_of_range", "preference",
+     rows([{"info": TLDR_INFO, "summaries": [{"text": "a"}, {"text": "b"}], "choice": 2}],
+          style="tldr"), "row 1 (tldr style): field 'choice' must be 0 or 1, got 2"),
+    ("tldr_one_summary", "preference",
+     rows([{"info": TLDR_INFO, "summaries": [{"text": "a"}], "choice": 0}], style="tldr"),
+     "field 'summaries' must hold two summaries"),
+    ("tldr_post_missing", "preference",
+     rows([{"info": {"subreddit": "a", "title": "b"}, "summaries": [{"text": "a"}, {"text": "b"}],
+            "choice": 0}], style="tldr"), "field 'info.post' missing"),
+    # well-formed files whose content fails an expectation (named, with example rows)
+    ("chosen_equals_rejected", "preference",
+     rows([{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]]),
+     "preference: expect_column_values_to_be_in_set {'column': 'chosen_equals_rejected'"),
+    ("duplicate_pairs", "preference", rows([PREF[0], PREF[0], PREF[1]]),
+     "preference: expect_compound_columns_to_be_unique"),
+    ("null_prompt", "preference", rows([{**PREF[0], "prompt": None}, PREF[1]]),
+     "preference: expect_column_values_to_not_be_null {'column': 'prompt'}"),
+    ("empty_chosen", "preference", rows([{**PREF[0], "chosen": ""}, PREF[1]]),
+     "preference: expect_column_value_lengths_to_be_between {'column': 'chosen'"),
+    ("whitespace_only_response", "sft", rows([SFT[0], {**SFT[1], "response": "   "}]),
+     "sft: expect_column_values_to_not_match_regex {'column': 'response'"),
+    ("empty_csv_cell", "sft",
+     frame(pd.DataFrame({"prompt": ["hello :", "tell me :"], "response": ["nice .", None]}),
+           ".csv"), "sft: expect_column_values_to_not_be_null {'column': 'response'}"),
+    ("long_chosen_dropped", "preference", rows([{**PREF[0], "chosen": LONG}, PREF[1]]),
+     "preference: dropped fraction 0.500 > max_dropped_fraction"),
+    ("long_sft_response_dropped", "sft", rows([{**SFT[0], "response": LONG}, SFT[1]]),
+     "sft: dropped fraction 0.500"),
+    ("long_prompt_without_paragraphs", "prompts", rows([{"prompt": LONG}, PROMPTS[1]]),
+     "prompts: dropped fraction 0.500"),
+    ("prompts_mostly_truncated", "prompts",
+     rows([{"prompt": "tell me :\n" + LONG}, {"prompt": "hello :\n" + LONG}]),
+     "prompts: truncated fraction 1.000 > max_truncated_fraction"),
+]
+
+
+def good_sources(tmp):
+    return {"sft": DataSource(path=str(write_jsonl(tmp / "sft.jsonl", SFT))),
+            "preference": DataSource(path=str(write_jsonl(tmp / "p.jsonl", PREF))),
+            "prompts": DataSource(path=str(write_jsonl(tmp / "q.jsonl", PROMPTS)))}
+
+
+def gate_message(tmp, sources: dict) -> str:
+    """The data gate's verdict: a DataError's message, the failures, or 'PASSED'."""
+    try:
+        report = run_validation(DataConfig(**sources), make_tokenizer(), CFG, tmp / "out")
+    except DataError as err:
+        return f"DataError: {err}"
+    return "PASSED" if report.passed else "\n".join(report.failures)
+
+
+def test_the_corpus_has_at_least_25_distinct_cases():
+    assert len(CASES) >= 25
+    assert len({c[0] for c in CASES}) == len({c[3] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case, kind, write, needle", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_stopped_with_its_own_message(tmp_path, case, kind, write, needle):
+    sources = good_sources(tmp_path)
+    (tmp_path / "bad").mkdir()
+    sources[kind] = write(tmp_path / "bad")
+    message = gate_message(tmp_path, sources)
+    assert needle in message, message
+    if message.startswith("DataError"):
+        assert str(tmp_path / "bad") in message  # names the file
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_good_files_pass(tmp_path):
+    assert gate_message(tmp_path, good_sources(tmp_path)) == "PASSED"
+
+
+def test_expectation_failures_show_example_rows(tmp_path):
+    sources = good_sources(tmp_path)
+    sources["preference"] = DataSource(path=str(write_jsonl(
+        tmp_path / "dup.jsonl", [PREF[1], {**PREF[0], "rejected": PREF[0]["chosen"]}])))
+    message = gate_message(tmp_path, sources)
+    assert 'row 2: {"prompt": "tell me about cats :"' in message, message
+
+
+def test_every_failure_is_reported_not_just_the_first(tmp_path):
+    sources = good_sources(tmp_path)
+    bad = [{**PREF[0], "rejected": PREF[0]["chosen"]}, {**PREF[1], "chosen": ""}]
+    sources["preference"] = DataSource(path=str(write_jsonl(tmp_path / "b.jsonl", bad)))
+    message = gate_message(tmp_path, sources)
+    assert "chosen_equals_rejected" in message and "lengths_to_be_between" in message
+
+
+def test_json_results_record_every_expectation(tmp_path):
+    report = run_validation(DataConfig(**good_sources(tmp_path)), make_tokenizer(), CFG,
+                            tmp_path / "out")
+    types = {r["expectation_config"]["type"]
+             for r in report.results_json["preference"]["results"]}
+    assert {"expect_column_values_to_not_be_null", "expect_compound_columns_to_be_unique",
+            "expect_column_values_to_not_match_regex"} <= types
+    json.dumps(report.results_json)  # serialisable for the MLflow artifact
