@@ -1,0 +1,71 @@
+"""The reward model as an MLflow model: registered, loadable by alias, scoring like the core,
+and self-contained (loads where this repository's ``tasks`` package is not importable)."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+from rlhf_core.models import ScalarHeadModel, load_tokenizer
+from rlhf_core.reward import score_texts
+
+PAIRS = pd.DataFrame({"prompt": ["hello world", "tell me about cats"],
+                      "response": ["sure . thanks", "cats are nice !"]})
+
+# Loads the model in a fresh interpreter with the editable install of this project hidden.
+OUTSIDE = """
+import json, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path[:] = [p for p in sys.path if "site-packages" in p or not p.startswith({root!r})]
+import importlib.util
+assert importlib.util.find_spec("tasks") is None, "tasks still importable"
+import mlflow, pandas as pd
+mlflow.set_tracking_uri({uri!r})
+model = mlflow.pyfunc.load_model("models:/rm@challenger")
+print(json.dumps(model.predict(pd.DataFrame({pairs}))))
+"""
+
+
+@pytest.fixture
+def registered_rm(tmp_path, tiny_model_dir):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from tasks.mlflow_models import log_reward_model
+
+    torch.manual_seed(0)
+    rm_dir = ScalarHeadModel.from_causal_lm(tiny_model_dir).save(tmp_path / "rm")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.create_experiment("rm", artifact_location=(tmp_path / "art").as_uri())
+    with mlflow.start_run(experiment_id=exp):
+        version = log_reward_model(str(rm_dir), str(tiny_model_dir), "rm")
+    MlflowClient(uri).set_registered_model_alias("rm", "challenger", version)
+    expected = score_texts(ScalarHeadModel.load(rm_dir), load_tokenizer(str(tiny_model_dir)),
+                           list(PAIRS["prompt"]), list(PAIRS["response"]), torch.device("cpu"))
+    return uri, expected.tolist()
+
+
+def test_registered_reward_model_scores_like_the_core(registered_rm):
+    import mlflow
+
+    uri, expected = registered_rm
+    mlflow.set_tracking_uri(uri)
+    scores = mlflow.pyfunc.load_model("models:/rm@challenger").predict(PAIRS)
+    assert scores == pytest.approx(expected, abs=1e-5)
+    assert scores[0] != pytest.approx(scores[1])
+
+
+def test_reward_model_loads_without_this_repository(registered_rm, tmp_path):
+    from pathlib import Path
+
+    uri, expected = registered_rm
+    root = str(Path(__file__).resolve().parents[2])
+    code = OUTSIDE.format(root=root, uri=uri, pairs=PAIRS.to_dict(orient="list"))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == pytest.approx(expected, abs=1e-5)
