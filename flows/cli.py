@@ -1,6 +1,7 @@
 """`rlhf` command line: run the pipeline (the demo by default) and print a summary.
 
     rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID]
+    rlhf validate [--config FILE] [--set key=value ...]
     rlhf runs [--experiment NAME] [--limit N]
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
@@ -15,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from data_checks.loading import DataError
+from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
@@ -49,10 +52,28 @@ def summary_text(result: dict, wall_s: float) -> str:
 def cmd_run(args) -> int:
     cfg = _config_for(args)
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
+    from flows.validate import preflight
 
+    preflight(cfg.data)
     start = time.perf_counter()
     result = rlhf_pipeline(config=cfg, resume_run_id=args.resume)
     print(summary_text(result, time.perf_counter() - start))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    cfg = _config_for(args)
+    from flows.validate import preflight, rlhf_validate
+
+    preflight(cfg.data)
+    out = rlhf_validate(config=cfg)
+    counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out["metrics"].items())
+    lines = ["", "data validation PASSED", f"rows kept: {counts}"]
+    lines += [f"warning: {w}" for w in out["warnings"]]
+    lines += [f"cleaned data: {out['data_dir']}",
+              f"Data Docs: {out['data_dir']}/data_docs/index.html",
+              f"MLflow parent run: {out['parent_run_id']} ({out['tracking_uri']})", ""]
+    print("\n".join(lines))
     return 0
 
 
@@ -101,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config field, e.g. --set ppo.kl_coef=0.1 (repeatable)")
     run.add_argument("--resume", metavar="RUN_ID", help="continue this MLflow parent run")
     run.set_defaults(func=cmd_run)
+    val = sub.add_parser("validate", help="run the data gate alone (exit 1 if it fails)")
+    val.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
+    val.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    val.set_defaults(func=cmd_validate)
     runs = sub.add_parser("runs", help="list recent pipeline runs and their key metrics")
     runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
     runs.add_argument("--limit", type=int, default=10, help="how many runs (newest first)")
@@ -116,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as err:
+    except (ConfigError, DataError) as err:
         print(f"rlhf: {err}", file=sys.stderr)
         return 2
+    except ValidationFailed as err:
+        print(f"rlhf: {err}\nnothing was trained; see the validate run's data_docs/ in MLflow",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,44 @@
+"""`rlhf validate`: the data gate alone, tracked like a pipeline run (parent run + validate
+child run with the GX results and Data Docs), nothing trained."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from data_checks.config import DataConfig
+from data_checks.loading import load_table
+from tasks.config import PipelineConfig
+from tasks.finish import fail_parent
+from tasks.prepare import prepare
+from tasks.tracking import RunContext, set_tags
+from tasks.validate import validate
+
+KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
+         "eval_prompts": "prompts", "preference_eval": "preference"}
+
+
+def preflight(data: DataConfig | None) -> None:
+    """Read every configured source once so a malformed file fails here, before Prefect or
+    MLflow start, with the DataError naming the file and line (demo data is generated)."""
+    if data is None:
+        return
+    for name, kind in KINDS.items():
+        source = getattr(data, name)
+        if source is not None:
+            load_table(source, kind)
+
+
+@flow(name="rlhf_validate", flow_run_name=lambda: "rlhf-validate", log_prints=True)
+def rlhf_validate(config: PipelineConfig) -> dict:
+    prep = prepare(config)
+    ctx = RunContext.model_validate(prep["ctx"])
+    client = ctx.client()
+    set_tags(client, ctx.parent_run_id, {"rlhf.validate_only": "true"})
+    try:
+        out = validate(ctx, config, prep)
+    except BaseException:
+        fail_parent(ctx)
+        raise
+    client.set_terminated(ctx.parent_run_id, status="FINISHED")
+    return {"parent_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri,
+            "workdir": ctx.workdir, **out}
