@@ -73,7 +73,8 @@ def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> N
 
 def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict]) -> dict:
     """Skip ``stage`` when a finished child run recorded its output; else run ``body(run_id)``
-    inside the child run, record its output reference and wall time, and return it."""
+    inside the child run, record its output reference and wall time, and return it. The
+    Prefect summary shows its ``metrics`` and any non-metric ``figures`` (names, versions)."""
     done = completed_output(ctx, stage)
     if done is not None:
         done["skipped"] = True
@@ -86,7 +87,8 @@ def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict]) -> dict:
         metric_logger(ctx, run_id)(0, {"time/stage_s": out["wall_s"]})
         record_output(ctx, run_id, out)
     crash_point(f"after:{stage}")
-    stage_markdown(ctx, stage, run_id, {"wall_s": out["wall_s"], **out.get("metrics", {})})
+    figures = {"wall_s": out["wall_s"], **out.get("metrics", {}), **out.get("figures", {})}
+    stage_markdown(ctx, stage, run_id, figures)
     return out
 
 

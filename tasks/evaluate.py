@@ -130,8 +130,12 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         promoted = current is None or score > current
         if promoted:
             client.set_registered_model_alias(name, "champion", str(version))
+        aliases = "challenger, champion" if promoted else "challenger"
+        figures = {"policy": f"models:/{name}/{version} ({aliases})",
+                   "reward model": f"models:/{rm_name}/{rm_version} (challenger)",
+                   "champion score before": "none" if current is None else f"{current:.4g}"}
         return {"registered": True, "model_name": name, "version": int(version),
                 "reward_model_name": rm_name, "reward_model_version": int(rm_version),
-                "promoted": promoted, "metrics": {key: score}}
+                "promoted": promoted, "metrics": {key: score}, "figures": figures}
 
     return run_stage(ctx, "register", body)

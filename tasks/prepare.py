@@ -50,9 +50,20 @@ def _prefect_flow_run_id() -> str | None:
         return None
 
 
-def _experiment_id(client: MlflowClient, name: str) -> str:
+def artifact_location(tracking_uri: str) -> str | None:
+    """``<db folder>/mlruns`` for a local SQLite store, so artifacts live beside their runs
+    whatever the working folder (MLflow's default is ``./mlruns`` of the current one)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None  # a server decides (served artifacts), or MLflow's own default
+    db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
+    return (db.parent / "mlruns").as_uri()
+
+
+def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp else client.create_experiment(name)
+    if exp:
+        return exp.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location(uri))
 
 
 def _find_parent(client, experiment_id, filter_string: str) -> str | None:
@@ -78,7 +89,7 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
     """Create the parent run, or reopen it (``resume_run_id``, or same run name + config)."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     client = MlflowClient(tracking_uri=uri)
-    exp_id = _experiment_id(client, cfg.tracking.experiment)
+    exp_id = _experiment_id(client, cfg.tracking.experiment, uri)
     run_name = cfg.tracking.run_name or default_run_name(cfg)
     flow_run_id = _prefect_flow_run_id()
     run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id)

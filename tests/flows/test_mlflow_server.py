@@ -1,6 +1,7 @@
 """The tiny pipeline against a real `mlflow server` (SQLite backend, served artifacts) on
 localhost, checked through the client/REST API like a user's MLflow UI would show it."""
 
+import json
 import socket
 import subprocess
 import sys
@@ -156,3 +157,32 @@ def test_rlhf_runs_lists_the_run_with_its_metrics(served_run):
     line = next(ln for ln in text.splitlines() if ln.startswith(result["parent_run_id"]))
     win = client.get_run(result["parent_run_id"]).data.metrics["eval/judge_win_rate"]
     assert "FINISHED" in line and f"{win:.3f}" in line
+
+
+def test_prefect_flow_run_name_and_stage_artifacts(served_run):
+    """The Prefect UI side: a flow-run name saying what ran, one markdown summary per stage
+    linking its MLflow run, the side-by-side evaluation samples as a table artifact."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    result, client, cfg, _ = served_run
+    parent = client.get_run(result["parent_run_id"])
+    flow_run_id = parent.data.tags["rlhf.prefect_flow_run_id"]
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.read_flow_run(flow_run_id)
+        artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    assert flow_run.name == f"rlhf-demo-gpt2-demo-data-{cfg.config_hash()[:6]}"
+    by_key = {a.key: a for a in artifacts}
+    for stage in STAGES:
+        md = by_key[f"rlhf-{stage.replace('_', '-')}"]
+        assert md.type == "markdown", stage
+        run_id = result["stages"][stage]["run_id"]
+        link = f"{client.tracking_uri}/#/experiments/{parent.info.experiment_id}/runs/{run_id}"
+        assert link in md.data and "| wall_s |" in md.data, stage
+    assert "| eval/judge_win_rate |" in by_key["rlhf-evaluate"].data
+    assert f"models:/{cfg.tracking.registered_policy}/" in by_key["rlhf-register"].data
+    table = by_key["rlhf-eval-samples"]
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert table.type == "table" and len(rows) == cfg.eval.num_side_by_side
+    assert {"prompt", "sft_response", "policy_response"} <= set(rows[0])
