@@ -94,14 +94,15 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> 
         raise ConfigError(f"no MLflow experiment '{experiment}' at {uri}")
     runs = client.search_runs([exp.experiment_id], filter_string="tags.`rlhf.config_hash` != ''",
                               order_by=["attributes.start_time DESC"], max_results=limit)
-    head = f"{'run id':<34}{'name':<40}{'status':<10}{'started':<18}" + \
+    width = max([len(r.info.run_name or "") for r in runs] + [4]) + 2  # names stay whole
+    head = f"{'run id':<34}{'name':<{width}}{'status':<10}{'started':<18}" + \
         "".join(f"{label:>8}" for _, label in RUN_COLUMNS)
     lines = [f"experiment '{experiment}' ({uri})", head, "-" * len(head)]
     for run in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.info.start_time / 1000))
         values = "".join(f"{run.data.metrics[k]:>8.3f}" if k in run.data.metrics else f"{'-':>8}"
                          for k, _ in RUN_COLUMNS)
-        lines.append(f"{run.info.run_id:<34}{(run.info.run_name or '')[:38]:<40}"
+        lines.append(f"{run.info.run_id:<34}{run.info.run_name or '':<{width}}"
                      f"{run.info.status:<10}{started:<18}{values}")
     if not runs:
         lines.append("(no pipeline runs yet: `rlhf run`)")

@@ -155,8 +155,9 @@ def test_rlhf_runs_lists_the_run_with_its_metrics(served_run):
     result, client, _, _ = served_run
     text = runs_table("rlhf-test", 5, client.tracking_uri)
     line = next(ln for ln in text.splitlines() if ln.startswith(result["parent_run_id"]))
-    win = client.get_run(result["parent_run_id"]).data.metrics["eval/judge_win_rate"]
-    assert "FINISHED" in line and f"{win:.3f}" in line
+    parent = client.get_run(result["parent_run_id"])
+    win = parent.data.metrics["eval/judge_win_rate"]
+    assert "FINISHED" in line and f"{win:.3f}" in line and f" {parent.info.run_name} " in line
 
 
 def test_prefect_flow_run_name_and_stage_artifacts(served_run):
