@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.data import encode
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
+    hf_logging.disable_progress_bar()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         assets = build_demo_assets(Path(tmp), sizes=DemoSizes(n_sft=64, n_pref=64, n_prompts=256,
