@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class ValidationReport:
     warnings: list[str] = field(default_factory=list)
     stats: dict[str, float] = field(default_factory=dict)
     results_json: dict = field(default_factory=dict)
+    gx_site: str | None = None  # great-expectations' own Data Docs site (HTML), if built
 
     def summary_markdown(self) -> str:
         lines = [f"# Data validation: {'PASSED' if self.passed else 'FAILED'}", ""]
@@ -149,7 +151,12 @@ COLUMNS_ALL = {"prompt", "response", "chosen", "rejected"}
 
 
 def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
-               report: ValidationReport) -> None:
+               report: ValidationReport, docs_dir: Path | None = None) -> None:
+    """One GX checkpoint per dataset (suite + validation definition + Data Docs update);
+    the Data Docs site is copied to ``docs_dir`` when given."""
+    import great_expectations as gx
+    from great_expectations.checkpoint import UpdateDataDocsAction
+
     context = _gx_context()
     source = context.data_sources.add_pandas("rlhf")
     for name, df in frames.items():
@@ -159,20 +166,38 @@ def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig
         batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
         suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
             [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
-        batch = batch_def.get_batch(batch_parameters={"dataframe": checked})
-        result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
+        checkpoint = context.checkpoints.add(gx.Checkpoint(
+            name=f"rlhf_{name}", validation_definitions=[definition],
+            actions=[UpdateDataDocsAction(name="data_docs")],
+            result_format={"result_format": "COMPLETE"}))
+        run = checkpoint.run(batch_parameters={"dataframe": checked})
+        result = next(iter(run.run_results.values()))
         report.results_json[name] = result.to_json_dict()
         for r in result.results:
             if not r.success:
                 report.failures.append(_failure_line(name, r, checked, cfg.example_rows))
         report.stats[f"{name}/n_rows"] = float(len(df))
+    sites = context.get_docs_sites_urls()
+    if not sites or not sites[0].get("site_url", "").startswith("file://"):
+        return
+    site = Path(sites[0]["site_url"][len("file://"):]).parent  # the ephemeral context's tmp
+    if docs_dir is not None:
+        if docs_dir.exists():
+            shutil.rmtree(docs_dir)
+        # the site's stock GIFs and fonts are 4 MB of decoration: keep pages and styles
+        shutil.copytree(site, docs_dir, ignore=shutil.ignore_patterns("*.gif", "*.otf"))
+        report.gx_site = str(docs_dir)
+    shutil.rmtree(site, ignore_errors=True)
 
 
 def _median_response_length(df: pd.DataFrame, col: str, tokenizer) -> float:
     return float(pd.Series(count_tokens(tokenizer, df[col].fillna(""))).median())
 
 
-def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig):
+def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
+                      docs_dir: Path | None = None):
     """Budgets, then the GX suites, then fraction and length-mismatch checks.
 
     Args: frames keyed sft / preference / prompts (/ eval_prompts / preference_eval).
@@ -193,7 +218,7 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
             report.failures.append(f"{name}: dropped fraction {counts['dropped_fraction']:.3f} > "
                                    f"max_dropped_fraction {cfg.max_dropped_fraction} (over the "
                                    f"token budget)")
-    run_suites(cleaned, tokenizer, cfg, report)
+    run_suites(cleaned, tokenizer, cfg, report, docs_dir)
     if len(cleaned["sft"]) and len(cleaned["preference"]):
         sft_len = _median_response_length(cleaned["sft"], "response", tokenizer)
         pref_len = _median_response_length(cleaned["preference"], "chosen", tokenizer)
@@ -218,7 +243,7 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir) 
                "eval_prompts": (data.eval_prompts, "prompts"),
                "preference_eval": (data.preference_eval, "preference")}
     frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
-    report, cleaned = validate_datasets(frames, tokenizer, cfg)
+    report, cleaned = validate_datasets(frames, tokenizer, cfg, out / "gx_site")
     if report.passed:
         for name, df in cleaned.items():
             df.to_json(out / f"{name}.jsonl", orient="records", lines=True, force_ascii=False)
@@ -230,6 +255,12 @@ def write_data_docs(report: ValidationReport, out_dir) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report.results_json, indent=1, default=str))
+    gx_link = ""
+    if report.gx_site and Path(report.gx_site).is_dir():
+        if (out / "gx").exists():
+            shutil.rmtree(out / "gx")
+        shutil.copytree(report.gx_site, out / "gx")
+        gx_link = "<p><a href='gx/index.html'>great-expectations Data Docs</a></p>"
     rows = []
     for name, res in report.results_json.items():
         for r in res.get("results", []):
@@ -243,7 +274,7 @@ def write_data_docs(report: ValidationReport, out_dir) -> Path:
             "td{padding:2px 8px}.FAIL{background:#fdd}.pass{background:#dfd}</style></head>"
             f"<body><h1>Data validation: {'PASSED' if report.passed else 'FAILED'}</h1>"
             + "".join(f"<p>FAILED: {html.escape(f)}</p>" for f in report.failures)
-            + "".join(f"<p>warning: {html.escape(w)}</p>" for w in report.warnings)
+            + "".join(f"<p>warning: {html.escape(w)}</p>" for w in report.warnings) + gx_link
             + "<table><tr><th>data</th><th>expectation</th><th>arguments</th><th>result</th>"
             "<th>unexpected</th></tr>" + "".join(rows) + "</table></body></html>")
     (out / "index.html").write_text(page)

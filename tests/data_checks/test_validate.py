@@ -36,6 +36,10 @@ def test_good_data_passes_and_writes_clean_files(tmp_path):
     assert (tmp_path / "out" / "preference.jsonl").exists()
     docs = write_data_docs(report, tmp_path / "docs")
     assert "PASSED" in (docs / "index.html").read_text()
+    # great-expectations' own Data Docs: an index and one validation page per dataset
+    gx_index = (docs / "gx" / "index.html").read_text()
+    assert "rlhf_preference" in gx_index and "rlhf_sft" in gx_index
+    assert len(list((docs / "gx" / "validations").rglob("*.html"))) == 3
     assert json.loads((docs / "results.json").read_text())["preference"]["success"]
 
 
