@@ -2,7 +2,9 @@
 
 GX 1.x pitfalls handled here: ``UnexpectedRowsExpectation`` does not run on pandas, and under
 pandas 3 text columns have dtype ``str``; so row-level facts (chosen == rejected, token
-lengths) are derived columns checked with plain column expectations.
+lengths) are derived columns checked with plain column expectations. Each data set runs as a
+GX ``ValidationDefinition`` in an ephemeral context, whose results store then feeds GX's own
+Data Docs, built once, when ``write_data_docs`` asks for them.
 """
 
 from __future__ import annotations
@@ -33,12 +35,21 @@ class ValidationReport:
     warnings: list[str] = field(default_factory=list)
     stats: dict[str, float] = field(default_factory=dict)
     results_json: dict = field(default_factory=dict)
-    gx_site: str | None = None  # great-expectations' own Data Docs site (HTML), if built
+    gx_context: object = field(default=None, repr=False)  # holds the results for Data Docs
+
+    def expectation_counts(self) -> dict[str, tuple[int, int]]:
+        """data set -> (expectations passed, expectations evaluated)."""
+        return {name: (res["statistics"]["successful_expectations"],
+                       res["statistics"]["evaluated_expectations"])
+                for name, res in self.results_json.items()}
 
     def summary_markdown(self) -> str:
         lines = [f"# Data validation: {'PASSED' if self.passed else 'FAILED'}", ""]
         lines += [f"- FAILED: {f}" for f in self.failures]
         lines += [f"- warning: {w}" for w in self.warnings]
+        lines += ["", "| data | expectations passed | rows kept |", "|---|---|---|"]
+        lines += [f"| {name} | {ok}/{n} | {self.stats.get(f'{name}/n_rows', 0):g} |"
+                  for name, (ok, n) in self.expectation_counts().items()]
         lines += ["", "| figure | value |", "|---|---|"]
         lines += [f"| {k} | {v:g} |" for k, v in sorted(self.stats.items())]
         return "\n".join(lines)
@@ -150,54 +161,44 @@ def _failure_line(name: str, result, df: pd.DataFrame, n_examples: int) -> str:
 COLUMNS_ALL = {"prompt", "response", "chosen", "rejected"}
 
 
+def _kind(name: str) -> str:
+    """Frame name (sft, preference, prompts, eval_prompts, preference_eval) -> its schema."""
+    return "preference" if name.startswith("preference") else \
+        "sft" if name == "sft" else "prompts"
+
+
 def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
-               report: ValidationReport, docs_dir: Path | None = None) -> None:
-    """One GX checkpoint per dataset (suite + validation definition + Data Docs update);
-    the Data Docs site is copied to ``docs_dir`` when given."""
+               report: ValidationReport) -> None:
+    """One GX validation definition per data set; results kept in the context's store."""
     import great_expectations as gx
-    from great_expectations.checkpoint import UpdateDataDocsAction
+    from great_expectations.core.run_identifier import RunIdentifier
 
     context = _gx_context()
     source = context.data_sources.add_pandas("rlhf")
+    run_id = RunIdentifier(run_name="rlhf-validate")  # one run id for every data set
     for name, df in frames.items():
-        kind = "preference" if name.startswith("preference") else \
-            "sft" if name == "sft" else "prompts"
+        kind = _kind(name)
         checked = _with_checks(df, kind, tokenizer)
         batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
         suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
             [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
         definition = context.validation_definitions.add(
             gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
-        checkpoint = context.checkpoints.add(gx.Checkpoint(
-            name=f"rlhf_{name}", validation_definitions=[definition],
-            actions=[UpdateDataDocsAction(name="data_docs")],
-            result_format={"result_format": "COMPLETE"}))
-        run = checkpoint.run(batch_parameters={"dataframe": checked})
-        result = next(iter(run.run_results.values()))
+        result = definition.run(batch_parameters={"dataframe": checked}, run_id=run_id,
+                                result_format={"result_format": "COMPLETE"})
         report.results_json[name] = result.to_json_dict()
         for r in result.results:
             if not r.success:
                 report.failures.append(_failure_line(name, r, checked, cfg.example_rows))
         report.stats[f"{name}/n_rows"] = float(len(df))
-    sites = context.get_docs_sites_urls()
-    if not sites or not sites[0].get("site_url", "").startswith("file://"):
-        return
-    site = Path(sites[0]["site_url"][len("file://"):]).parent  # the ephemeral context's tmp
-    if docs_dir is not None:
-        if docs_dir.exists():
-            shutil.rmtree(docs_dir)
-        # the site's stock GIFs and fonts are 4 MB of decoration: keep pages and styles
-        shutil.copytree(site, docs_dir, ignore=shutil.ignore_patterns("*.gif", "*.otf"))
-        report.gx_site = str(docs_dir)
-    shutil.rmtree(site, ignore_errors=True)
+    report.gx_context = context
 
 
 def _median_response_length(df: pd.DataFrame, col: str, tokenizer) -> float:
     return float(pd.Series(count_tokens(tokenizer, df[col].fillna(""))).median())
 
 
-def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
-                      docs_dir: Path | None = None):
+def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig):
     """Budgets, then the GX suites, then fraction and length-mismatch checks.
 
     Args: frames keyed sft / preference / prompts (/ eval_prompts / preference_eval).
@@ -206,9 +207,7 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
     report = ValidationReport()
     cleaned = {}
     for name, df in frames.items():
-        kind = "preference" if name.startswith("preference") else \
-            "sft" if name == "sft" else "prompts"
-        kept, counts = apply_length_budget(df, kind, tokenizer, cfg)
+        kept, counts = apply_length_budget(df, _kind(name), tokenizer, cfg)
         cleaned[name] = kept
         report.stats.update({f"{name}/{k}": float(v) for k, v in counts.items()})
         if counts["truncated_fraction"] > cfg.max_truncated_fraction:
@@ -218,7 +217,7 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
             report.failures.append(f"{name}: dropped fraction {counts['dropped_fraction']:.3f} > "
                                    f"max_dropped_fraction {cfg.max_dropped_fraction} (over the "
                                    f"token budget)")
-    run_suites(cleaned, tokenizer, cfg, report, docs_dir)
+    run_suites(cleaned, tokenizer, cfg, report)
     if len(cleaned["sft"]) and len(cleaned["preference"]):
         sft_len = _median_response_length(cleaned["sft"], "response", tokenizer)
         pref_len = _median_response_length(cleaned["preference"], "chosen", tokenizer)
@@ -243,23 +242,42 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir) 
                "eval_prompts": (data.eval_prompts, "prompts"),
                "preference_eval": (data.preference_eval, "preference")}
     frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
-    report, cleaned = validate_datasets(frames, tokenizer, cfg, out / "gx_site")
+    report, cleaned = validate_datasets(frames, tokenizer, cfg)
     if report.passed:
         for name, df in cleaned.items():
             df.to_json(out / f"{name}.jsonl", orient="records", lines=True, force_ascii=False)
     return report
 
 
+def build_gx_docs(context, site_dir: Path) -> Path:
+    """GX's own Data Docs site (index, one page per suite and per validation) in ``site_dir``,
+    rendered from the validation results ``context`` stores."""
+    if site_dir.exists():
+        shutil.rmtree(site_dir)
+    site = {"class_name": "SiteBuilder", "show_how_to_buttons": False,
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
+                              "base_directory": str(site_dir.resolve())},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
+    if "rlhf" in context.get_site_names():
+        context.update_data_docs_site("rlhf", site)
+    else:
+        context.add_data_docs_site("rlhf", site)
+    context.build_data_docs(site_names=["rlhf"])
+    for decoration in (site_dir / "static").rglob("*"):  # 4 MB of stock GIFs and fonts
+        if decoration.suffix in (".gif", ".otf"):
+            decoration.unlink()
+    return site_dir / "index.html"
+
+
 def write_data_docs(report: ValidationReport, out_dir) -> Path:
-    """results.json plus a self-contained HTML page of every expectation and its outcome."""
+    """``results.json``, GX's Data Docs under ``gx/`` and a one-page summary ``index.html``
+    (every expectation and its outcome, plus the budget failures GX does not see)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report.results_json, indent=1, default=str))
     gx_link = ""
-    if report.gx_site and Path(report.gx_site).is_dir():
-        if (out / "gx").exists():
-            shutil.rmtree(out / "gx")
-        shutil.copytree(report.gx_site, out / "gx")
+    if report.gx_context is not None:
+        build_gx_docs(report.gx_context, out / "gx")
         gx_link = "<p><a href='gx/index.html'>great-expectations Data Docs</a></p>"
     rows = []
     for name, res in report.results_json.items():

@@ -58,6 +58,20 @@ def test_bad_preference_rows_fail_with_a_named_expectation(tmp_path, pref, needl
     assert not (tmp_path / "out" / "preference.jsonl").exists()  # nothing for training
 
 
+def test_gx_data_docs_of_a_failed_gate_show_the_failed_expectation(tmp_path):
+    pref = [{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]]
+    report = run_validation(data_config(tmp_path, pref=pref), make_tokenizer(), CFG,
+                            tmp_path / "out")
+    assert not list((tmp_path / "out").iterdir())  # no docs, no data until asked for docs
+    docs = write_data_docs(report, tmp_path / "docs")
+    index = (docs / "gx" / "index.html").read_text()
+    assert index.count("'_validation_success_text': 'Failed'") == 1  # preference only
+    (page,) = (docs / "gx" / "validations" / "rlhf_preference").rglob("*.html")
+    assert "chosen_equals_rejected" in page.read_text()
+    assert report.expectation_counts()["preference"] == (13, 14)
+    assert "| preference | 13/14 | 2 |" in report.summary_markdown()
+
+
 def test_failure_names_example_rows(tmp_path):
     pref = [{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]]
     report = run_validation(data_config(tmp_path, pref=pref), make_tokenizer(), CFG,
