@@ -52,7 +52,7 @@ def setup_torch(model_cfg: ModelConfig) -> torch.device:
     return resolve_device(model_cfg.device)
 
 
-def _in_prefect_run() -> bool:
+def in_prefect_run() -> bool:
     try:
         get_run_context()
         return True
@@ -62,7 +62,7 @@ def _in_prefect_run() -> bool:
 
 def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> None:
     """A Prefect markdown artifact with the stage's key figures and its MLflow link."""
-    if not _in_prefect_run():
+    if not in_prefect_run():
         return
     rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                      for k, v in figures.items())

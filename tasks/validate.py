@@ -8,9 +8,23 @@ from data_checks.config import DataConfig
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
 from rlhf_core.models import load_tokenizer
-from tasks.common import run_stage
+from tasks.common import in_prefect_run, run_stage
 from tasks.config import PipelineConfig
-from tasks.tracking import RunContext, log_datasets, log_metrics, set_tags
+from tasks.tracking import RunContext, log_datasets, log_metrics, run_url, set_tags
+
+
+def report_artifact(ctx: RunContext, run_id: str, report) -> None:
+    """The gate's verdict in the Prefect UI, pass or fail: every failed expectation with
+    example rows, warnings, row counts, and where the Data Docs are in MLflow."""
+    if not in_prefect_run():
+        return
+    from prefect.artifacts import create_markdown_artifact
+
+    where = (f"\n\nMLflow: {run_url(ctx, run_id)}; Data Docs: artifacts `data_docs/index.html`"
+             " and `data_docs/gx/index.html`, results: `data_docs/results.json`\n")
+    create_markdown_artifact(key="rlhf-data-validation",
+                             markdown=report.summary_markdown() + where,
+                             description="data gate: expectations, failures, row counts")
 
 
 @task(name="validate")
@@ -30,6 +44,7 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
         client.log_artifacts(run_id, str(docs), "data_docs")
         client.log_text(run_id, report.summary_markdown(), "validation_summary.md")
         log_metrics(client, run_id, report.stats, step=0)
+        report_artifact(ctx, run_id, report)
         if not report.passed:
             raise ValidationFailed("data validation failed:\n" + "\n".join(report.failures))
         digests = {}
@@ -44,6 +59,5 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
                 "pad_added": bool(record.get("pad_added", False)),
                 "warnings": report.warnings,
                 "metrics": {k: v for k, v in report.stats.items() if k.endswith("n_rows")}}
-
 
     return run_stage(ctx, "validate", body)

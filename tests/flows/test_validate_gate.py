@@ -86,6 +86,21 @@ def test_validate_fails_with_exit_1_naming_every_failed_expectation(tmp_path, ti
     docs = client.download_artifacts(child.info.run_id, "data_docs/results.json",
                                      str(tmp_path / "dl"))
     assert json.loads(open(docs).read())["preference"]["success"] is False
+    # the Prefect UI shows the verdict too, failures and all
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+
+    flow_run_id = parents[0].data.tags["rlhf.prefect_flow_run_id"]
+    with get_client(sync_client=True) as prefect:
+        (artifact,) = prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["rlhf-data-validation"]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    assert artifact.type == "markdown" and "FAILED" in artifact.data
+    assert "chosen_equals_rejected" in artifact.data and child.info.run_id in artifact.data
 
 
 def test_pipeline_stops_at_the_gate_without_checkpoints_or_registry(tmp_path, tiny_model_dir,
