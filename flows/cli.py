@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     # the local ephemeral server's anonymous telemetry fails loudly offline; opt back in by
     # setting the variable
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # the first start of the local ephemeral API migrates its database: on a busy 2-core
+    # machine that can pass Prefect's 20 s default
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
