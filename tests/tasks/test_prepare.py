@@ -24,3 +24,39 @@ def test_sqlite_artifacts_live_beside_the_database_not_in_the_working_folder(
 def test_servers_and_other_stores_keep_their_own_artifact_root():
     assert artifact_location("http://127.0.0.1:5000") is None
     assert artifact_location("sqlite:///mlflow.db").endswith("/mlruns")
+
+
+def _cfg(tmp_path, *overrides):
+    from flows.config import load_config
+    from tests.flows.test_pipeline import CONFIG
+
+    return load_config(CONFIG, [f"tracking.tracking_uri=sqlite:///{tmp_path}/m.db",
+                                f"tracking.workdir={tmp_path}/runs", *overrides])
+
+
+def test_same_prefect_flow_run_reopens_its_parent_run(tmp_path, monkeypatch):
+    """`prefect flow-run retry` keeps the flow-run id: the retry continues the same MLflow run;
+    another flow run with the same config (and no run name) starts a new one."""
+    import tasks.prepare as prepare
+
+    monkeypatch.setattr(prepare, "_prefect_flow_run_id", lambda: "flow-run-1")
+    first = prepare.open_parent_run(_cfg(tmp_path), None)
+    again = prepare.open_parent_run(_cfg(tmp_path), None)
+    assert again.parent_run_id == first.parent_run_id and again.workdir == first.workdir
+    monkeypatch.setattr(prepare, "_prefect_flow_run_id", lambda: "flow-run-2")
+    assert prepare.open_parent_run(_cfg(tmp_path), None).parent_run_id != first.parent_run_id
+
+
+def test_resume_with_changed_settings_records_the_new_config(tmp_path, monkeypatch):
+    import tasks.prepare as prepare
+
+    monkeypatch.setattr(prepare, "_prefect_flow_run_id", lambda: None)
+    first = prepare.open_parent_run(_cfg(tmp_path), None)
+    changed = _cfg(tmp_path, "sft.optim.lr=0.0001")
+    resumed = prepare.open_parent_run(changed, first.parent_run_id)
+    assert resumed.parent_run_id == first.parent_run_id
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    run = client.get_run(first.parent_run_id)
+    assert run.data.tags["rlhf.resumed_config_hash"] == changed.config_hash()
+    files = {a.path for a in client.list_artifacts(first.parent_run_id, "config")}
+    assert f"config/resumed_config_{changed.config_hash()}.json" in files
