@@ -20,4 +20,7 @@ def ensure_special_tokens(tokenizer) -> dict:
 
 
 def count_tokens(tokenizer, texts) -> list[int]:
-    return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+    texts = list(texts)
+    if not texts:  # fast tokenizers raise IndexError on an empty batch (every row dropped)
+        return []
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]

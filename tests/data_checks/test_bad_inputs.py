@@ -114,6 +114,9 @@ CASES = [
            ".csv"), "sft: expect_column_values_to_not_be_null {'column': 'response'}"),
     ("long_chosen_dropped", "preference", rows([{**PREF[0], "chosen": LONG}, PREF[1]]),
      "preference: dropped fraction 0.500 > max_dropped_fraction"),
+    ("every_pair_over_budget", "preference",
+     rows([{**PREF[0], "chosen": LONG}, {**PREF[1], "rejected": LONG}]),
+     "preference: dropped fraction 1.000"),  # an empty frame still goes through the suites
     ("long_sft_response_dropped", "sft", rows([{**SFT[0], "response": LONG}, SFT[1]]),
      "sft: dropped fraction 0.500"),
     ("long_prompt_without_paragraphs", "prompts", rows([{"prompt": LONG}, PROMPTS[1]]),
