@@ -68,10 +68,12 @@ def cmd_validate(args) -> int:
     preflight(cfg.data)
     out = rlhf_validate(config=cfg)
     counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out["metrics"].items())
-    lines = ["", "data validation PASSED", f"rows kept: {counts}"]
+    passed = ", ".join(f"{k.split('/')[0]} {v}" for k, v in out.get("figures", {}).items())
+    lines = ["", "data validation PASSED", f"expectations passed: {passed}",
+             f"rows kept: {counts}"]
     lines += [f"warning: {w}" for w in out["warnings"]]
     lines += [f"cleaned data: {out['data_dir']}",
-              f"Data Docs: {out['data_dir']}/data_docs/index.html",
+              f"Data Docs: {out['data_dir']}/data_docs/index.html (GX: data_docs/gx/index.html)",
               f"MLflow parent run: {out['parent_run_id']} ({out['tracking_uri']})", ""]
     print("\n".join(lines))
     return 0

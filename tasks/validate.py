@@ -58,6 +58,8 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
         return {"data_dir": str(out_dir), "tokenizer": str(out_dir / "tokenizer"),
                 "pad_added": bool(record.get("pad_added", False)),
                 "warnings": report.warnings,
-                "metrics": {k: v for k, v in report.stats.items() if k.endswith("n_rows")}}
+                "metrics": {k: v for k, v in report.stats.items() if k.endswith("n_rows")},
+                "figures": {f"{name}/expectations_passed": f"{ok}/{n}"
+                            for name, (ok, n) in report.expectation_counts().items()}}
 
     return run_stage(ctx, "validate", body)
