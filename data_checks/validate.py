@@ -74,8 +74,10 @@ def apply_length_budget(df: pd.DataFrame, kind: str, tokenizer, cfg: ValidationC
     n_in = len(df)
     truncated = 0
     prompts, fits = [], []
-    for p in df["prompt"]:
-        cut = truncate_prompt(p, tokenizer, cfg.max_prompt_tokens) if isinstance(p, str) else p
+    lengths = count_tokens(tokenizer, df["prompt"].fillna(""))  # one batch; cut only the long
+    for p, n in zip(df["prompt"], lengths):
+        long = isinstance(p, str) and n > cfg.max_prompt_tokens
+        cut = truncate_prompt(p, tokenizer, cfg.max_prompt_tokens) if long else p
         truncated += int(isinstance(p, str) and cut is not None and cut != p)
         fits.append(not (isinstance(p, str) and cut is None))  # nulls go on to the suites
         prompts.append(p if cut is None else cut)

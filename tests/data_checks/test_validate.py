@@ -1,6 +1,7 @@
 """The data gate: good data passes; each bad input fails with its own message."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -124,3 +125,18 @@ def test_missing_or_eos_pad_gets_a_dedicated_pad_token():
     record = ensure_special_tokens(tok)
     assert record["pad_added"] and tok.pad_token_id != tok.eos_token_id
     assert not ensure_special_tokens(make_tokenizer())["pad_added"]
+
+
+def test_the_demo_data_passes_the_gate_with_the_demo_settings(tmp_path):
+    import yaml
+
+    from rlhf_core.demo import build_demo_tokenizer, generate_demo_data
+
+    paths = generate_demo_data(tmp_path / "data", seed=0)  # the default (demo) sizes
+    tok = build_demo_tokenizer([v for p in paths.values() for line in p.read_text().splitlines()
+                                for v in json.loads(line).values()], tmp_path / "tok")
+    demo = yaml.safe_load((Path(__file__).parents[2] / "configs" / "demo.yaml").read_text())
+    data = DataConfig(**{name: DataSource(path=str(p)) for name, p in paths.items()})
+    report = run_validation(data, tok, ValidationConfig(**demo["validation"]), tmp_path / "out")
+    assert report.passed, report.failures
+    assert report.stats["preference/n_rows"] == 2000 and report.stats["sft/n_dropped"] == 0
