@@ -136,16 +136,17 @@ def build_suite(kind: str, cfg: ValidationConfig):
 
 
 def _gx_context():
+    """In-memory GX context: no default docs site, no "Calculating Metrics" progress bars."""
     import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
 
-    context = gx.get_context(mode="ephemeral")
-    try:
-        from great_expectations.data_context.types.base import ProgressBarsConfig
-
-        context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    except Exception:  # noqa: BLE001 - cosmetic only
-        pass
-    return context
+    return gx.get_context(mode="ephemeral", project_config=DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(),
+        progress_bars=ProgressBarsConfig(globally=False)))
 
 
 def _failure_line(name: str, result, df: pd.DataFrame, n_examples: int) -> str:

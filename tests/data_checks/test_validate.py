@@ -31,9 +31,10 @@ def data_config(tmp_path, sft=SFT, pref=PREF, prompts=PROMPTS):
                       prompts=DataSource(path=str(write_jsonl(tmp_path / "q.jsonl", prompts))))
 
 
-def test_good_data_passes_and_writes_clean_files(tmp_path):
+def test_good_data_passes_and_writes_clean_files(tmp_path, capfd):
     report = run_validation(data_config(tmp_path), make_tokenizer(), CFG, tmp_path / "out")
     assert report.passed, report.failures
+    assert "Calculating Metrics" not in capfd.readouterr().err  # GX's tqdm bars are off
     assert (tmp_path / "out" / "preference.jsonl").exists()
     docs = write_data_docs(report, tmp_path / "docs")
     assert "PASSED" in (docs / "index.html").read_text()
