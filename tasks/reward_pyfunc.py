@@ -4,6 +4,7 @@ loading it unpickles nothing and needs neither this repository nor its ``tasks``
 Imported only by MLflow, at log and load time; ``tasks/mlflow_models.py`` logs it."""
 
 import mlflow.pyfunc
+import pandas as pd
 from mlflow.models import set_model
 
 
@@ -16,7 +17,7 @@ class RewardModelPyfunc(mlflow.pyfunc.PythonModel):
         self.model = ScalarHeadModel.load(context.artifacts["reward_model"]).eval()
         self.tokenizer = load_tokenizer(context.artifacts["tokenizer"])
 
-    def predict(self, context, model_input, params=None) -> list[float]:
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> list[float]:
         import torch
 
         from rlhf_core.reward import score_texts

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -152,8 +153,11 @@ def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path
 
     inputs, digests = [], {}
     for name, path in files.items():
-        dataset = mlflow.data.from_pandas(pd.read_json(path, lines=True, dtype=False),
-                                          source=str(path), name=name)
+        with warnings.catch_warnings():  # MLflow registers its local source class twice and
+            warnings.filterwarnings(     # warns that a plain path is ambiguous between them
+                "ignore", message="The specified dataset source can be interpreted")
+            dataset = mlflow.data.from_pandas(pd.read_json(path, lines=True, dtype=False),
+                                              source=str(path), name=name)
         digests[name] = dataset.digest
         inputs.append(DatasetInput(dataset._to_mlflow_entity(),
                                    tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
