@@ -86,11 +86,23 @@ def _champion_score(client, name: str, key: str) -> float | None:
     return client.get_run(parent).data.metrics.get(key)
 
 
+def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
+    """Model card text (YAML front matter + markdown) stored with the logged policy, so MLflow
+    does not try to fetch one from the hub for a local folder."""
+    base = cfg.model.base_model if not cfg.demo.enabled else "demo GPT-2 (built from a config)"
+    lines = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(metrics.items()))
+    return (f"---\ntags: [rlhf, ppo]\n---\n# RLHF policy\n\nPPO policy trained from `{base}` "
+            f"by the RLHF pipeline, MLflow parent run `{parent_run_id}`. Check the base model's "
+            f"license before use.\n\n| evaluation | value |\n|---|---|\n{lines}\n")
+
+
 def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str,
-               rm_dir: str, tokenizer_dir: str, rm_name: str) -> tuple[str, str]:
+               rm_dir: str, tokenizer_dir: str, rm_name: str,
+               card: str | None = None) -> tuple[str, str]:
     """Log and register the policy (transformers flavour, text-generation) and the reward
     model (pyfunc scoring prompt/response) in the register run -> their versions."""
     import mlflow
+    from huggingface_hub import ModelCard
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tasks.mlflow_models import log_reward_model
@@ -103,6 +115,7 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
             transformers_model={"model": model, "tokenizer": tokenizer},
             name="policy", task="text-generation", registered_model_name=policy_name,
             pip_requirements=["torch", "transformers"],
+            model_card=ModelCard(card) if card else None,
         )
         rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name)
     return info.registered_model_version, rm_version
@@ -122,8 +135,9 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         key = _score_key(eval_out["metrics"])
         current = _champion_score(client, name, key)
         rm_name = cfg.tracking.registered_reward_model
+        card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
         version, rm_version = log_models(run_id, ctx.tracking_uri, ppo_out["policy_dir"], name,
-                                         rm_out["model_dir"], data["tokenizer"], rm_name)
+                                         rm_out["model_dir"], data["tokenizer"], rm_name, card)
         client.set_registered_model_alias(name, "challenger", str(version))
         client.set_registered_model_alias(rm_name, "challenger", str(rm_version))
         score = eval_out["metrics"][key]

@@ -2,6 +2,9 @@
 no PAD, or uses EOS as PAD (as GPT-2 on the hub does), gets a dedicated pad token, resized
 embeddings and a record of both in the run; every stage runs; no judge, so no judge metrics."""
 
+from pathlib import Path
+
+import mlflow
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -56,3 +59,7 @@ def test_own_model_without_a_distinct_pad_runs_end_to_end(tmp_path, prefect_api,
     assert not [k for k in metrics if k.startswith("eval/judge")]
     version = client.get_model_version_by_alias("rlhf-policy", "challenger")
     assert version.run_id == by_stage["register"].info.run_id
+    mlflow.set_tracking_uri(client.tracking_uri)
+    model_dir = Path(mlflow.artifacts.download_artifacts(version.source, dst_path=tmp_path / "m"))
+    card = (model_dir / "model_card.md").read_text()  # ours, not a failed hub lookup
+    assert str(tmp_path / "base") in card and parent.info.run_id in card
