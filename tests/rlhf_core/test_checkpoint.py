@@ -253,3 +253,32 @@ def test_non_finite_reward_stops_ppo_naming_the_iteration(tiny_model_dir):
         trainer.reward_model.head.bias.fill_(float("inf"))
     with pytest.raises(FloatingPointError, match="non-finite reward-model score at step 1"):
         trainer.train(progress=False)
+
+
+def _poison_gradients(model, from_forward: int) -> None:
+    """Every gradient NaN once the model has run ``from_forward`` forward passes (the loss
+    itself stays finite)."""
+    calls = {"n": 0}
+    model.register_forward_pre_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
+    for p in model.parameters():
+        p.register_hook(lambda g: g * float("nan") if calls["n"] >= from_forward else g)
+
+
+def test_non_finite_gradient_names_the_step_before_any_weight_changes(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_causal_lm(tiny_model_dir)
+    cfg = SFTConfig(epochs=2, batch_size=3, optim=OptimConfig(lr=1e-2))
+    _poison_gradients(model, from_forward=3)
+    with pytest.raises(FloatingPointError, match="non-finite sft gradient norm at step 3"):
+        train_sft(model, tok, SFT_ROWS, cfg, CPU, torch.Generator().manual_seed(0),
+                  progress=False)
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # not applied
+
+
+def test_non_finite_gradient_stops_ppo_naming_the_iteration(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    trainer = _ppo_trainer(tiny_model_dir, tok, adaptive=False)
+    _poison_gradients(trainer.policy, from_forward=1)
+    with pytest.raises(FloatingPointError, match="non-finite ppo gradient norm at step 1"):
+        trainer.train(progress=False)
+    assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())
