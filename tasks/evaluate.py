@@ -97,8 +97,7 @@ def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
 
 
 def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str,
-               rm_dir: str, tokenizer_dir: str, rm_name: str,
-               card: str | None = None) -> tuple[str, str]:
+               rm_dir: str, tokenizer_dir: str, rm_name: str, card: str) -> tuple[str, str]:
     """Log and register the policy (transformers flavour, text-generation) and the reward
     model (pyfunc scoring prompt/response) in the register run -> their versions."""
     import mlflow
@@ -115,7 +114,7 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
             transformers_model={"model": model, "tokenizer": tokenizer},
             name="policy", task="text-generation", registered_model_name=policy_name,
             pip_requirements=["torch", "transformers"],
-            model_card=ModelCard(card) if card else None,
+            model_card=ModelCard(card),
         )
         rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name)
     return info.registered_model_version, rm_version

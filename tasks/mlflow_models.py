@@ -15,23 +15,19 @@ PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
 
 def log_reward_model(model_dir: str, tokenizer_dir: str, name: str) -> str:
     """Log (in the active run) and register the reward model -> registered version."""
+    import mlflow.pyfunc
+    from mlflow.models import infer_signature
+
     example = pd.DataFrame({"prompt": ["a request"], "response": ["a reply"]})
     with warnings.catch_warnings():
         # the signature is given explicitly; an input example would load and run the reward
         # model once more at log time
         warnings.filterwarnings("ignore", message=".*input example was not provided")
-        info = _log(example, model_dir, tokenizer_dir, name)
+        info = mlflow.pyfunc.log_model(
+            name="reward_model", python_model=str(PYFUNC_SCRIPT),
+            artifacts={"reward_model": model_dir, "tokenizer": tokenizer_dir},
+            code_paths=[str(Path(rlhf_core.__file__).parent)],
+            signature=infer_signature(example, [0.0]), registered_model_name=name,
+            pip_requirements=["torch", "transformers", "safetensors", "pandas"],
+        )
     return info.registered_model_version
-
-
-def _log(example: pd.DataFrame, model_dir: str, tokenizer_dir: str, name: str):
-    import mlflow.pyfunc
-    from mlflow.models import infer_signature
-
-    return mlflow.pyfunc.log_model(
-        name="reward_model", python_model=str(PYFUNC_SCRIPT),
-        artifacts={"reward_model": model_dir, "tokenizer": tokenizer_dir},
-        code_paths=[str(Path(rlhf_core.__file__).parent)],
-        signature=infer_signature(example, [0.0]), registered_model_name=name,
-        pip_requirements=["torch", "transformers", "safetensors", "pandas"],
-    )
