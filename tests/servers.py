@@ -66,7 +66,9 @@ def mlflow_server(backend_store_uri: str, folder: Path, workers: int = 1) -> Ite
         [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", backend_store_uri, "--serve-artifacts",
          "--artifacts-destination", str(folder / "artifacts"), "--workers", str(workers)],
-        stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        # no background job runner (MLflow's async jobs): the pipeline uses none
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: _http_ok(f"{url}/health"), proc, log, "mlflow server")

@@ -64,6 +64,7 @@ def two_runs(pg_mlflow, prefect_api, tmp_path_factory):
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"run {name} failed:\n{out[-4000:]}"
         parents[name] = re.search(r"MLflow parent run: (\w+) ", out).group(1)
+        print(f"run {name}: " + re.search(r"total wall time: .*", out).group(0))
     print(f"two concurrent pipeline runs: {time.perf_counter() - start:.1f} s")
     return parents, MlflowClient(pg_mlflow)
 
