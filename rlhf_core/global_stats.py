@@ -7,7 +7,9 @@ implementation details all whiten over the full batch). Each function here takes
 ``torch.distributed`` process group: with none initialised (or a world of one) it is exactly
 the single-process function of ``rlhf_core.masked`` / ``rlhf_core.reward``; otherwise the
 sums are all-reduced in float64 and every rank gets the same statistics. Shards may differ in
-size and a shard may have an empty mask, as long as the global mask is not empty.
+size and a shard may have an empty mask, as long as the global mask is not empty. Logged
+metrics are made global the same way (``global_weighted_means``), so rank 0 logs the
+metrics of the whole batch, not of its shard.
 
 Variance is two-pass (global mean first, then the all-reduced sum of squared deviations), the
 same formula as the single-process ``masked_var``, so the results agree to float rounding.
@@ -109,3 +111,28 @@ def global_reward_norm_stats(scores: torch.Tensor, group: dist.ProcessGroup | No
                                              group)
     std = torch.sqrt(var * count / (count - 1))
     return {"mean": float(mean), "std": float(std), "n": int(count)}
+
+
+def global_weighted_means(metrics: dict[str, float], weight: float,
+                          group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    """Per-rank metrics -> their weighted mean over ranks, the same dict on every rank.
+
+    ``weight`` is what each rank's values are means over (e.g. its response tokens for a
+    per-token mean, its sequences for a per-sequence one), so a rank's metrics count as
+    much as its share of the global batch: the result is the metric of the whole batch.
+    Every rank must pass the same keys; otherwise every rank raises, naming them.
+    """
+    if world_size(group) == 1:
+        return dict(metrics)
+    keys = sorted(metrics)
+    every = [None] * world_size(group)
+    dist.all_gather_object(every, keys, group=group)
+    if any(k != keys for k in every):
+        differ = sorted(set().union(*every) - set.intersection(*map(set, every)))
+        raise ValueError(f"ranks logged different metrics: {differ}")
+    values = torch.tensor([weight] + [weight * float(metrics[k]) for k in keys],
+                          dtype=torch.float64)
+    total = all_reduce_sum(values, group)
+    if total[0] <= 0:
+        raise ValueError(f"global_weighted_means: total weight {float(total[0])} is not > 0")
+    return {k: float(v) for k, v in zip(keys, total[1:] / total[0])}

@@ -1,6 +1,7 @@
-"""Global (all-reduced) whitening and reward-normalisation statistics: 2 CPU processes on the
-gloo backend, each holding an unequal shard of one batch, get what one process gets on the
-whole batch; without a process group the functions are the single-process ones, bit for bit."""
+"""Global (all-reduced) whitening, reward-normalisation statistics and logged means: 2 CPU
+processes on the gloo backend, each holding an unequal shard of one batch, get what one
+process gets on the whole batch; without a process group the functions are the
+single-process ones, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from rlhf_core.global_stats import (
     global_masked_var,
     global_masked_whiten,
     global_reward_norm_stats,
+    global_weighted_means,
     world_size,
 )
-from rlhf_core.masked import masked_var, masked_whiten
+from rlhf_core.masked import masked_mean, masked_var, masked_whiten
 from rlhf_core.reward import reward_norm_stats
 
 ROWS = (3, 5)  # rank 0 holds rows 0-2, rank 1 rows 3-7 of an [8, 6] batch
@@ -40,6 +42,15 @@ def _shard(t: torch.Tensor, sizes: tuple[int, ...], rank: int) -> torch.Tensor:
     return t.split(list(sizes))[rank]
 
 
+def _error(call) -> str | None:
+    """The ValueError ``call`` raises (None if none): every rank must raise, none wait."""
+    try:
+        call()
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -57,11 +68,12 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             "empty_shard": global_masked_whiten(ev, em),
             "stats": global_reward_norm_stats(_shard(_scores(), N_SCORES, rank)),
         }
-        try:  # an empty global mask: every rank raises, none waits forever
-            global_masked_whiten(v, torch.zeros_like(m))
-            out["empty_error"] = None
-        except ValueError as err:
-            out["empty_error"] = str(err)
+        # per-token means of this shard, weighted by its token count
+        out["means"] = global_weighted_means(
+            {"mean": float(masked_mean(v, m)), "mean_sq": float(masked_mean(v * v, m))},
+            weight=float(m.sum()))
+        out["empty_error"] = _error(lambda: global_masked_whiten(v, torch.zeros_like(m)))
+        out["keys_error"] = _error(lambda: global_weighted_means({f"only_rank{rank}": 1.0}, 1.0))
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -99,6 +111,23 @@ def test_an_empty_global_mask_raises_on_every_rank(two_ranks):
     assert all("empty mask" in (out["empty_error"] or "") for out in two_ranks)
 
 
+def test_logged_means_of_shards_are_the_global_batch_means(two_ranks):
+    values, mask = _batch()
+    for out in two_ranks:
+        assert out["means"]["mean"] == pytest.approx(float(masked_mean(values, mask)), rel=1e-6)
+        assert out["means"]["mean_sq"] == pytest.approx(
+            float(masked_mean(values * values, mask)), rel=1e-6)
+    # the unweighted mean of the two shard means is another number
+    shard_means = [float(masked_mean(_shard(values, ROWS, r), _shard(mask, ROWS, r)))
+                   for r in range(2)]
+    assert abs(sum(shard_means) / 2 - two_ranks[0]["means"]["mean"]) > 1e-3
+
+
+def test_ranks_logging_different_metrics_all_raise(two_ranks):
+    for out in two_ranks:
+        assert "only_rank0" in out["keys_error"] and "only_rank1" in out["keys_error"]
+
+
 def test_reward_norm_stats_of_shards_equal_the_whole_sets(two_ranks):
     expected = reward_norm_stats(_scores())
     for out in two_ranks:
@@ -115,5 +144,6 @@ def test_without_a_process_group_they_are_the_single_process_functions():
                        masked_whiten(values, mask, shift_mean=False))
     assert torch.equal(global_masked_var(values, mask), masked_var(values, mask))
     assert global_reward_norm_stats(_scores()) == reward_norm_stats(_scores())
+    assert global_weighted_means({"a": 1.5}, weight=3.0) == {"a": 1.5}
     with pytest.raises(ValueError, match="empty mask"):
         global_masked_whiten(values, torch.zeros_like(mask))
