@@ -10,10 +10,10 @@ from prefect import task
 
 from rlhf_core.checkpoint import save_policy, save_scalar_model
 from rlhf_core.data import encode
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
-from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_torch, write_json
+from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_models, write_json
 from tasks.config import PipelineConfig
 from tasks.tracking import RunContext
 
@@ -52,20 +52,21 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
     """PPO iterations; metrics per iteration (TRL names), sample tables, checkpoints."""
 
     def body(run_id: str) -> dict:
-        device = setup_torch(cfg.model)
+        device, spec = setup_models(cfg.model)
         generator = seed_everything(ctx.seed + 2)
         client = ctx.client()
-        tokenizer = load_tokenizer(data["tokenizer"])
-        policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
-        ref_policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
-        value_model = ScalarHeadModel.load(critic_out["model_dir"])  # explicit critic source
-        reward_model = ScalarHeadModel.load(rm_out["model_dir"])
+        tokenizer = load_tokenizer(data["tokenizer"], spec)
+        policy = load_policy(sft_out["model_dir"], spec)
+        ref_policy = load_policy(sft_out["model_dir"], spec, trainable=False)
+        value_model = load_scalar_model(critic_out["model_dir"], spec)  # explicit critic source
+        reward_model = load_scalar_model(rm_out["model_dir"], spec, trainable=False)
         norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
         prompts = [encode(tokenizer, r["prompt"])
                    for r in read_jsonl(Path(data["data_dir"]) / "prompts.jsonl")]
         trainer = PPOTrainer(policy, ref_policy, value_model, reward_model, tokenizer, prompts,
                              cfg.ppo, norm_stats, device, generator,
-                             divide_by_std=cfg.reward_norm.divide_by_std)
+                             divide_by_std=cfg.reward_norm.divide_by_std,
+                             precision=spec.precision)
         out_root = ctx.stage_dir("ppo")
         samples_path = out_root / "samples.json"  # survives a crash: rows up to the last save
         samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
