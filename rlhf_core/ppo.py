@@ -120,12 +120,18 @@ class PPOTrainer:
         """Rollout + update; returns (metrics, experience)."""
         t0 = time.perf_counter()
         prompts = self.next_prompts().to(self.device)
+        # eval mode in the rollout (dropout is off either way): no activation checkpointing,
+        # so generate keeps its KV cache
+        self.policy.eval()
+        self.value_model.eval()
         with self.train_step.autocast():
             exp = make_experience(
                 self.policy, self.ref_policy, self.value_model, self.reward_model, prompts,
                 self.tokenizer, self.gen_config, self.kl_ctl.value, self.norm_stats,
                 self.settings,
             )
+        self.policy.train()
+        self.value_model.train()
         exp = to_autograd_tensors(exp)
         check_finite("reward-model score", exp.raw_scores, self.iteration + 1)
         crash_point(f"ppo:rollout:{self.iteration + 1}")

@@ -10,7 +10,8 @@ from prefect import task
 
 from rlhf_core.checkpoint import save_policy, save_scalar_model
 from rlhf_core.data import encode
-from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.loader import load_tokenizer
+from rlhf_core.lora import merged, ppo_models
 from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
 from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_models, write_json
@@ -56,10 +57,10 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         generator = seed_everything(ctx.seed + 2)
         client = ctx.client()
         tokenizer = load_tokenizer(data["tokenizer"], spec)
-        policy = load_policy(sft_out["model_dir"], spec)
-        ref_policy = load_policy(sft_out["model_dir"], spec, trainable=False)
-        value_model = load_scalar_model(critic_out["model_dir"], spec)  # explicit critic source
-        reward_model = load_scalar_model(rm_out["model_dir"], spec, trainable=False)
+        # explicit critic source; with model.lora: adapters over the SFT and RM trunks
+        policy, ref_policy, value_model, reward_model = ppo_models(
+            sft_out["model_dir"], sft_out["model_dir"], critic_out["model_dir"],
+            rm_out["model_dir"], spec)
         norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
         prompts = [encode(tokenizer, r["prompt"])
                    for r in read_jsonl(Path(data["data_dir"]) / "prompts.jsonl")]
@@ -86,8 +87,9 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         ck = trainer.checkpointer(out_root / "checkpoints", cfg.tracking.keep_checkpoints)
         last = trainer.train(on_iteration, progress=ctx.progress,
                              monitor=judge_monitor(prep["judge"]), checkpointer=ck)
-        policy_dir = save_policy(trainer.policy, tokenizer, out_root / "policy")
-        value_dir = save_scalar_model(trainer.value_model, out_root / "value_model")
+        final_policy, final_value = merged(trainer.policy, trainer.value_model)
+        policy_dir = save_policy(final_policy, tokenizer, out_root / "policy")
+        value_dir = save_scalar_model(final_value, out_root / "value_model")
         client.log_artifacts(run_id, str(policy_dir), "checkpoint/policy")
         client.log_table(run_id, data=pd.DataFrame(samples), artifact_file="samples/all.json")
         keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
