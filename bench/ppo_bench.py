@@ -49,6 +49,7 @@ def parse_args(argv=None):
     parser.add_argument("--forward-batch-size", type=int, default=None)
     parser.add_argument("--generation-batch-size", type=int, default=None)
     parser.add_argument("--static-cache", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the update")
     parser.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: full training)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     return parser.parse_args(argv)
@@ -72,7 +73,7 @@ def build_trainer(args, tmp: Path):
                     micro_batch_size=args.micro_batch_size,
                     forward_batch_size=args.forward_batch_size,
                     generation_batch_size=args.generation_batch_size,
-                    static_cache=args.static_cache, checkpoint_every=0)
+                    static_cache=args.static_cache, compile=args.compile, checkpoint_every=0)
     trainer = PPOTrainer(policy, ref, value, reward, tok, prompts, cfg,
                          {"mean": 0.0, "std": 1.0, "n": 1}, device,
                          torch.Generator().manual_seed(args.seed), precision=spec.precision)
@@ -119,7 +120,7 @@ def main(argv=None) -> dict:
         "minibatches": args.num_minibatches, "epochs": args.epochs,
         "gradient_checkpointing": args.gradient_checkpointing,
         "micro_batch_size": args.micro_batch_size, "lora_r": args.lora_r,
-        "static_cache": args.static_cache,
+        "static_cache": args.static_cache, "compile": args.compile,
         "seconds_per_iteration": total, "all_iterations_s": [r[0] + r[1] for r in rows],
         "rollout_s": rollout, "update_s": update, "rollout_fraction": rollout / total,
         "achieved_tflops": (r_flops + u_flops) / total / 1e12,

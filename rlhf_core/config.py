@@ -136,6 +136,10 @@ class PPOConfig(_Frozen):
         False, description="Generate with a static KV cache and a compiled decode step "
         "(CUDA; transformers' cache_implementation='static')."
     )
+    compile: bool = Field(
+        False, description="torch.compile the update's policy+value forward and backward "
+        "(CUDA; the first iterations pay the compile time)."
+    )
 
     @model_validator(mode="after")
     def _divisible(self) -> PPOConfig:

@@ -18,7 +18,7 @@ from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import PPOConfig
 from rlhf_core.data import left_pad
 from rlhf_core.faults import crash_point
-from rlhf_core.masked import masked_mean
+from rlhf_core.masked import masked_mean, trusted_masks
 from rlhf_core.models import ScalarHeadModel
 from rlhf_core.optim import build_optimizer, check_finite
 from rlhf_core.ppo_math import (
@@ -52,6 +52,27 @@ def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> fl
     for (weight, _), value in zip(pairs, values):
         total += value if weight == 1.0 else weight * value
     return total / n_updates
+
+
+def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantages, old_values,
+               returns, *, pad_id: int, P: int, temperature: float, clip_eps: float,
+               clip_eps_value: float, vf_coef: float, ent_coef: float):
+    """The update's forward: policy and value on prompt | response [b, P+R] -> (loss, stats).
+    A pure function of tensors, so ``ppo.compile`` can hand it to torch.compile whole."""
+    logits = response_logits(policy, qr, pad_id, P)  # (b, R, V)
+    logprobs = logprobs_from_logits(logits, responses, temperature)
+    vpred = response_values(value_model, qr, pad_id, P)  # (b, R)
+    pg_loss, pg_stats = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
+    vf_loss, vf_stats = clipped_value_loss(vpred, old_values, returns, mask, clip_eps_value)
+    entropy = masked_mean(entropy_from_logits(logits.detach() if ent_coef == 0 else logits),
+                          mask)
+    loss = pg_loss + vf_coef * vf_loss - ent_coef * entropy
+    stats = {"loss/policy_avg": pg_loss, "loss/value_avg": vf_loss,
+             "policy/entropy_avg": entropy, "policy/approxkl_avg": pg_stats["approxkl"],
+             "policy/clipfrac_avg": pg_stats["clipfrac"],
+             "val/clipfrac_avg": vf_stats["clipfrac"], "val/ratio": pg_stats["ratio"],
+             "val/ratio_var": pg_stats["ratio_var"]}
+    return loss, stats
 
 
 def make_kl_controller(cfg: PPOConfig):
@@ -99,6 +120,7 @@ class PPOTrainer:
         self.train_step = TrainStep(params, self.optimizer, self.scheduler,
                                     cfg.optim.max_grad_norm, precision, device, name="ppo")
         self.params = self.train_step.params
+        self._losses = torch.compile(ppo_losses, dynamic=True) if cfg.compile else ppo_losses
         self.kl_ctl = make_kl_controller(cfg)
         self.iteration, self.episode = 0, 0
         self._order, self._cursor = torch.empty(0, dtype=torch.long), 0
@@ -148,56 +170,47 @@ class PPOTrainer:
         """K epochs x M minibatches of clipped PPO updates; returns averaged stats. Each
         minibatch is one optimizer step over micro-batches of ``cfg.micro_batch_size`` rows,
         weighted by their share of the minibatch's response tokens (= the minibatch's masked
-        means)."""
+        means). Response lengths are read once, so the loop syncs the device once per step."""
         cfg = self.cfg
+        lengths = exp.response_mask.sum(dim=1).cpu()  # (B,)
+        if (lengths == 0).any():
+            raise ValueError("PPO update: a response has no real token")
         recorded: dict[str, list[tuple[float, torch.Tensor]]] = defaultdict(list)
         n_updates = 0
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(exp.responses.shape[0], generator=self.generator)
-            for start in range(0, len(order), cfg.minibatch_size):
-                idx = order[start: start + cfg.minibatch_size].to(self.device)
-                micro = cfg.micro_batch_size or len(idx)
-                parts = [idx[i: i + micro] for i in range(0, len(idx), micro)]
-                n_tokens = exp.response_mask[idx].sum()
 
-                def micro_batch(rows, whole: bool, n_tokens=n_tokens):
-                    weight = 1.0 if whole else float(exp.response_mask[rows].sum() / n_tokens)
-                    loss, values = self.minibatch_loss(exp, rows)
-                    for key, value in values.items():
-                        recorded[key].append((weight, value.detach()))
-                    return loss, weight
+        def micro_batch(rows: torch.Tensor, n_tokens: int):
+            weight = 1.0 if int(lengths[rows].sum()) == n_tokens \
+                else int(lengths[rows].sum()) / n_tokens
+            loss, values = self.minibatch_loss(exp, rows, int(lengths[rows].max()))
+            for key, value in values.items():
+                recorded[key].append((weight, value.detach()))
+            return loss, weight
 
-                whole = len(parts) == 1
-                self.train_step.run([lambda rows=rows, whole=whole: micro_batch(rows, whole)
-                                     for rows in parts], self.iteration + 1)
-                n_updates += 1
+        with trusted_masks():
+            for _ in range(cfg.ppo_epochs):
+                order = torch.randperm(exp.responses.shape[0], generator=self.generator)
+                for start in range(0, len(order), cfg.minibatch_size):
+                    idx = order[start: start + cfg.minibatch_size]
+                    micro = cfg.micro_batch_size or len(idx)
+                    n_tokens = int(lengths[idx].sum())
+                    self.train_step.run(
+                        [lambda rows=idx[i: i + micro], n=n_tokens: micro_batch(rows, n)
+                         for i in range(0, len(idx), micro)], self.iteration + 1)
+                    n_updates += 1
         return {key: _weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
 
-    def minibatch_loss(self, exp: Experience, idx: torch.Tensor):
-        """Clipped policy + value loss (minus entropy bonus) on rows ``idx``, trimmed to their
-        longest response -> (loss, stats)."""
+    def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
+        """Clipped policy + value loss (minus entropy bonus) on ``rows`` (CPU indices),
+        trimmed to their longest response ``R`` -> (loss, stats)."""
         cfg, P = self.cfg, exp.context_length
-        pad_id = self.tokenizer.pad_token_id
-        mask = exp.response_mask[idx]
-        R = int(mask.sum(dim=1).max())  # trim to the longest response in the minibatch
-        mask = mask[:, :R]
-        qr = exp.query_responses[idx, : P + R]
-        logits = response_logits(self.policy, qr, pad_id, P)  # (b, R, V)
-        logprobs = logprobs_from_logits(logits, exp.responses[idx, :R], cfg.temperature)
-        vpred = response_values(self.value_model, qr, pad_id, P)  # (b, R)
-        pg_loss, pg_stats = clipped_policy_loss(
-            logprobs, exp.logprobs[idx, :R], exp.advantages[idx, :R], mask, cfg.clip_eps)
-        vf_loss, vf_stats = clipped_value_loss(
-            vpred, exp.values[idx, :R], exp.returns[idx, :R], mask, cfg.clip_eps_value)
-        entropy = masked_mean(entropy_from_logits(logits.detach() if cfg.ent_coef == 0
-                                                  else logits), mask)
-        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
-        stats = {"loss/policy_avg": pg_loss, "loss/value_avg": vf_loss,
-                 "policy/entropy_avg": entropy, "policy/approxkl_avg": pg_stats["approxkl"],
-                 "policy/clipfrac_avg": pg_stats["clipfrac"],
-                 "val/clipfrac_avg": vf_stats["clipfrac"], "val/ratio": pg_stats["ratio"],
-                 "val/ratio_var": pg_stats["ratio_var"]}
-        return loss, stats
+        idx = rows.to(self.device)
+        return self._losses(
+            self.policy, self.value_model, exp.query_responses[idx, : P + R],
+            exp.responses[idx, :R], exp.response_mask[idx, :R], exp.logprobs[idx, :R],
+            exp.advantages[idx, :R], exp.values[idx, :R], exp.returns[idx, :R],
+            pad_id=self.tokenizer.pad_token_id, P=P, temperature=cfg.temperature,
+            clip_eps=cfg.clip_eps, clip_eps_value=cfg.clip_eps_value, vf_coef=cfg.vf_coef,
+            ent_coef=cfg.ent_coef)
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:

@@ -35,6 +35,7 @@ class TrainStep:
         self.device, self.name = torch.device(device), name
         self.scaler = (torch.amp.GradScaler(self.device.type) if precision == "fp16" else None)
         self.skipped = 0  # fp16 steps skipped for an overflowing gradient
+        self._losses: list[torch.Tensor] = []
 
     def autocast(self):
         """The forward context of this precision (nothing in fp32)."""
@@ -42,10 +43,12 @@ class TrainStep:
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        self._losses = []
 
     def backward(self, loss: torch.Tensor, step: int, weight: float = 1.0) -> None:
-        """Check ``loss`` is finite (naming the step), then accumulate weight * d loss."""
-        check_finite(f"{self.name} loss", loss, step)
+        """Accumulate weight * d loss; the loss is checked finite in :meth:`apply`, before the
+        optimizer step and with the gradient norm (one device sync per step, not two)."""
+        self._losses.append(loss.detach())
         scaled = loss if weight == 1.0 else loss * weight
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
@@ -56,9 +59,14 @@ class TrainStep:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        if self.scaler is not None and not torch.isfinite(grad_norm):
+        losses = torch.stack([loss.float() for loss in self._losses])
+        finite = torch.stack([torch.isfinite(losses).all(), torch.isfinite(grad_norm)]).tolist()
+        if not finite[0]:
+            bad = next(loss for loss in self._losses if not torch.isfinite(loss).all())
+            check_finite(f"{self.name} loss", bad, step)
+        if self.scaler is not None and not finite[1]:
             self.skipped += 1  # fp16 overflow: the scaler skips this step and lowers its scale
-        else:
+        elif not finite[1]:
             check_finite(f"{self.name} gradient norm", grad_norm, step)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
