@@ -75,6 +75,17 @@ def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantage
     return loss, stats
 
 
+def compiled(fn):
+    """torch.compile with dynamic shapes (minibatches are trimmed to their longest response).
+    Inductor's coalescing analysis is off: on torch 2.11 it asserted on this graph with
+    dynamic shapes (H100, 2026-11-23)."""
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
+        inductor_config.triton.coalesce_tiling_analysis = False
+    return torch.compile(fn, dynamic=True)
+
+
 def make_kl_controller(cfg: PPOConfig):
     if cfg.adaptive_kl:
         return AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
@@ -120,7 +131,7 @@ class PPOTrainer:
         self.train_step = TrainStep(params, self.optimizer, self.scheduler,
                                     cfg.optim.max_grad_norm, precision, device, name="ppo")
         self.params = self.train_step.params
-        self._losses = torch.compile(ppo_losses, dynamic=True) if cfg.compile else ppo_losses
+        self._losses = compiled(ppo_losses) if cfg.compile else ppo_losses
         self.kl_ctl = make_kl_controller(cfg)
         self.iteration, self.episode = 0, 0
         self._order, self._cursor = torch.empty(0, dtype=torch.long), 0
