@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The issue-11 measurements on one GPU, JSON per run under ${OUT:-bench_out}; ours and TRL
-# run back to back. Usage: bench/gpu_suite.sh trl|ours|big [limit_s per run]
+# run back to back. Usage: bench/gpu_suite.sh table|trl|ours|big [limit_s per run]
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"; LIMIT=${2:-240}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -12,6 +12,13 @@ S24="--n-layer 24 --n-embd 1024 --batch 64 --max-new-tokens 128 --num-minibatche
 S4="--n-layer 4 --n-embd 256 --batch 32 --max-new-tokens 48 --num-minibatches 2"
 B14="--n-layer 24 --n-embd 2048 --batch 64 --max-new-tokens 128 --num-minibatches 4"
 case "$1" in
+table)  # the issue's table, ours and TRL alternated back to back
+  run ours12 ours $S12 --static-cache --warmup 2 --iterations 3
+  run trl12 trl $S12 --iterations 3
+  run ours24 ours $S24 --static-cache --warmup 2 --iterations 3
+  run trl24 trl $S24 --iterations 3
+  run ours4 ours $S4 --static-cache --warmup 2 --iterations 3
+  run trl4 trl $S4 --iterations 3 ;;
 trl)
   run trl12 trl $S12 --iterations 3; run trl24 trl $S24 --iterations 3
   run trl4 trl $S4 --iterations 3 ;;
