@@ -146,7 +146,12 @@ class PPOTrainer:
                 self._cursor = 0
             chosen.append(int(self._order[self._cursor]))
             self._cursor += 1
-        return left_pad([self.prompt_ids[i] for i in chosen], self.tokenizer.pad_token_id)
+        prompts = left_pad([self.prompt_ids[i] for i in chosen], self.tokenizer.pad_token_id)
+        if self.cfg.static_cache:  # one prompt width per 16 tokens: few static-cache shapes,
+            extra = -prompts.shape[1] % 16  # so the compiled decode step is rarely rebuilt
+            prompts = torch.nn.functional.pad(prompts, (extra, 0),
+                                              value=self.tokenizer.pad_token_id)
+        return prompts
 
     # -- one iteration ----------------------------------------------------------------------
     def step(self) -> tuple[dict[str, float], Experience]:
