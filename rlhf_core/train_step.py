@@ -1,9 +1,11 @@
 """The one training-step seam shared by SFT, reward-model training and PPO.
 
-An optimizer step is: zero the gradients, run each micro-batch's loss under autocast, check it
-is finite (naming the step), backward it with its weight (gradient accumulation), unscale (fp16),
-clip the global gradient norm, check the norm is finite (naming the step), step the optimizer
-and the schedule. Everything that differs between devices and precisions lives here, so a
+An optimizer step is: zero the gradients, run each micro-batch's loss under autocast and
+backward it with its weight (gradient accumulation), unscale (fp16), clip the global gradient
+norm, check the losses and the norm are finite (one device sync; the error names the step),
+step the optimizer and the schedule. A non-finite value stops training before the optimizer
+applies anything. The fp16 loss scaler's state is not checkpointed (a resumed fp16 run starts
+from the initial scale). Everything that differs between devices and precisions lives here, so a
 multi-rank wrapper (DDP/FSDP) has one place to hook in.
 
 In fp32 the arithmetic is exactly the earlier hand-written loop's (same order of operations),
@@ -85,11 +87,3 @@ class TrainStep:
                 loss, weight = micro()
             self.backward(loss, step, weight)
         return self.apply(step)
-
-    # checkpoints: the loss scaler's state travels with the optimizer's
-    def state_dict(self) -> dict:
-        return {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
