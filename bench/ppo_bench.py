@@ -1,10 +1,14 @@
-"""PPO speed benchmark (SPEC "Where PPO time goes"): seconds per iteration, rollout/update
-split, tokens/s, peak RSS and achieved FLOP/s against a matmul peak measured in the same run.
+"""PPO speed benchmark (SPEC "Where PPO time goes", issue 11): seconds per iteration (median
+after warm-up), the rollout/update split, achieved TFLOP/s and the update's MFU against a
+matmul peak measured in the same run (bf16 on CUDA, fp32 on CPU), and peak memory.
 
-    python bench/ppo_bench.py [--iterations 5] [--n-embd 64] [--n-layer 2] [--batch 32]
+    python bench/ppo_bench.py --device cuda --precision bf16 --n-layer 24 --n-embd 1024 \\
+        --batch 64 --max-new-tokens 128 --num-minibatches 4
+    python bench/ppo_bench.py --threads 2          # 4 x 256, 32 x 48, CPU fp32
 
-Models are the demo's tiny GPT-2 built in a temporary folder (no training beforehand, so
-responses run to the token budget: the worst case for the update).
+Models: one random GPT-2-shaped init (vocab 2048, head size 64) for policy and reference; a
+fresh scalar head on it for reward model and critic. Untrained, so responses run to the token
+budget (the update's worst case). Loaded through rlhf_core.loader like the pipeline.
 """
 
 from __future__ import annotations
@@ -12,79 +16,124 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from transformers.utils import logging as hf_logging
 
-from rlhf_core.config import OptimConfig, PPOConfig
-from rlhf_core.data import encode
-from rlhf_core.demo import DemoSizes, build_demo_assets
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
-from rlhf_core.ppo import PPOTrainer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.shapes import (  # noqa: E402
+    add_shape_args,
+    build_shape,
+    forward_flops,
+    matmul_peak,
+    median,
+    peak_memory_gb,
+)
+from rlhf_core.config import LoraSettings, ModelConfig, OptimConfig, PPOConfig  # noqa: E402
+from rlhf_core.loader import LoadSpec, load_tokenizer, new_scalar_model  # noqa: E402
+from rlhf_core.lora import ppo_models  # noqa: E402
+from rlhf_core.ppo import PPOTrainer  # noqa: E402
 
 
-def matmul_peak_flops(n: int = 512, repeat: int = 20) -> float:
-    """FLOP/s of a float32 n x n matmul on this machine, now."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(3):
-        a @ b
-    start = time.perf_counter()
-    for _ in range(repeat):
-        a @ b
-    return 2 * n**3 * repeat / (time.perf_counter() - start)
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_args(parser)
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    parser.add_argument("--attn", default="sdpa", choices=["auto", "eager", "sdpa"])
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--forward-batch-size", type=int, default=None)
+    parser.add_argument("--generation-batch-size", type=int, default=None)
+    parser.add_argument("--static-cache", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the update")
+    parser.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: full training)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--iterations", type=int, default=5)
-    parser.add_argument("--n-embd", type=int, default=64)
-    parser.add_argument("--n-layer", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    args = parser.parse_args()
+def build_trainer(args, tmp: Path):
+    folder, prompts = build_shape(tmp, args.n_layer, args.n_embd, args.vocab,
+                                  n_positions=64 + args.max_new_tokens, seed=args.seed)
+    lora = LoraSettings(r=args.lora_r, alpha=2.0 * args.lora_r) if args.lora_r else None
+    model_cfg = ModelConfig(device=args.device, precision=args.precision,
+                            attn_implementation=args.attn,
+                            gradient_checkpointing=args.gradient_checkpointing, lora=lora)
+    device = torch.device(args.device)
+    spec = LoadSpec.from_config(model_cfg, device)
+    tok = load_tokenizer(folder, spec)
+    new_scalar_model(folder, LoadSpec()).save(tmp / "rm")  # reward model = critic init
+    policy, ref, value, reward = ppo_models(folder, folder, tmp / "rm", tmp / "rm", spec)
+    cfg = PPOConfig(iterations=args.warmup + args.iterations, rollout_batch_size=args.batch,
+                    num_minibatches=args.num_minibatches, ppo_epochs=args.epochs,
+                    max_new_tokens=args.max_new_tokens, optim=OptimConfig(lr=1e-6),
+                    micro_batch_size=args.micro_batch_size,
+                    forward_batch_size=args.forward_batch_size,
+                    generation_batch_size=args.generation_batch_size,
+                    static_cache=args.static_cache, compile=args.compile, checkpoint_every=0)
+    trainer = PPOTrainer(policy, ref, value, reward, tok, prompts, cfg,
+                         {"mean": 0.0, "std": 1.0, "n": 1}, device,
+                         torch.Generator().manual_seed(args.seed), precision=spec.precision)
+    return trainer, spec
+
+
+def iteration_flops(args, exp, recompute: bool) -> tuple[float, float]:
+    """(rollout, update) model FLOPs of one iteration from its experience's shape."""
+    B, T = exp.query_responses.shape
+    R = exp.responses.shape[1]
+    L, d, V = args.n_layer, args.n_embd, args.vocab
+    policy_fwd = forward_flops(L, d, V, B, T, R + 1)
+    scalar_fwd = forward_flops(L, d, 0, B, T, 0)
+    # generate ~ one policy forward; + reference, value, reward (+ policy when recomputed)
+    rollout = policy_fwd * (3 if recompute else 2) + 2 * scalar_fwd
+    update = args.epochs * 3 * (policy_fwd + scalar_fwd)  # forward + backward (2x)
+    return rollout, update
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     hf_logging.disable_progress_bar()
-    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory() as tmp:
-        assets = build_demo_assets(Path(tmp), sizes=DemoSizes(n_sft=64, n_pref=64, n_prompts=256,
-                                                               n_eval=16, n_pref_eval=16),
-                                   n_layer=args.n_layer, n_embd=args.n_embd,
-                                   n_head=max(1, args.n_embd // 16))
-        tok = load_tokenizer(str(assets["base_model"]))
-        policy, ref = (load_causal_lm(assets["base_model"]) for _ in range(2))
-        value, reward = (ScalarHeadModel.from_causal_lm(assets["base_model"]) for _ in range(2))
-        prompts = [encode(tok, json.loads(line)["prompt"])
-                   for line in Path(assets["prompts"]).read_text().splitlines()]
-        cfg = PPOConfig(iterations=args.iterations, rollout_batch_size=args.batch,
-                        num_minibatches=2, ppo_epochs=4, max_new_tokens=args.max_new_tokens,
-                        optim=OptimConfig(lr=1e-4))
-        trainer = PPOTrainer(policy, ref, value, reward, tok, prompts, cfg,
-                             {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cpu"),
-                             torch.Generator().manual_seed(0))
-        n_params = sum(p.numel() for p in policy.parameters())
+        trainer, spec = build_trainer(args, Path(tmp))
+        n_params = sum(p.numel() for p in trainer.policy.parameters())
         rows = []
-        for _ in range(args.iterations):
+        for i in range(args.warmup + args.iterations):
             metrics, exp = trainer.step()
-            tokens = float(exp.query_responses.numel())
-            # forward ~2N FLOPs/token, backward ~4N: rollout = 3 forwards of ~N-sized models
-            # (ref, value, reward; generation counted once), update = K*(policy+value) fwd+bwd
-            flops = 2 * n_params * tokens * 4 + 6 * n_params * tokens * cfg.ppo_epochs * 2
-            rows.append((metrics["time/rollout_s"], metrics["time/update_s"],
-                         metrics["throughput/tokens_per_s"], flops))
-    peak = matmul_peak_flops()
-    rollout = sum(r[0] for r in rows) / len(rows)
-    update = sum(r[1] for r in rows) / len(rows)
-    flops = sum(r[3] for r in rows) / len(rows)
-    print(json.dumps({
-        "params": n_params, "seconds_per_iteration": rollout + update,
-        "rollout_s": rollout, "update_s": update,
-        "rollout_fraction": rollout / (rollout + update),
-        "tokens_per_s": sum(r[2] for r in rows) / len(rows),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "achieved_flops": flops / (rollout + update), "matmul_peak_flops": peak,
-    }, indent=2))
+            if i >= args.warmup:
+                flops = iteration_flops(args, exp, trainer.settings.recompute_logprobs)
+                rows.append((metrics["time/rollout_s"], metrics["time/update_s"], *flops))
+    peak = matmul_peak(args.device)
+    rollout, update = median([r[0] for r in rows]), median([r[1] for r in rows])
+    total = median([r[0] + r[1] for r in rows])
+    r_flops, u_flops = rows[-1][2], rows[-1][3]
+    result = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "shape": f"{args.n_layer}x{args.n_embd}", "params": n_params,
+        "precision": spec.precision, "batch": args.batch, "new_tokens": args.max_new_tokens,
+        "minibatches": args.num_minibatches, "epochs": args.epochs,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "micro_batch_size": args.micro_batch_size, "lora_r": args.lora_r,
+        "static_cache": args.static_cache, "compile": args.compile,
+        "seconds_per_iteration": total, "all_iterations_s": [r[0] + r[1] for r in rows],
+        "rollout_s": rollout, "update_s": update, "rollout_fraction": rollout / total,
+        "achieved_tflops": (r_flops + u_flops) / total / 1e12,
+        "update_tflops": u_flops / update / 1e12,
+        "matmul_peak_tflops": peak / 1e12,
+        "update_mfu": u_flops / update / peak, "iteration_mfu": (r_flops + u_flops) / total / peak,
+        "peak_gpu_memory_gb": peak_memory_gb(args.device),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -19,6 +19,15 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class LoraSettings(_Frozen):
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="Modules that get adapters (peft's target_modules)."
+    )
+
+
 class ModelConfig(_Frozen):
     base_model: str = Field("", description="Hub id or local folder of the base causal LM.")
     tokenizer: str | None = Field(None, description="Tokenizer id/folder; default: base_model.")
@@ -28,6 +37,21 @@ class ModelConfig(_Frozen):
     )
     trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
     torch_threads: int | None = Field(None, description="torch.set_num_threads on CPU.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="Compute precision: autocast over fp32 master weights and fp32 "
+        "optimizer state (fp16 adds a loss scaler); auto = bf16 on CUDA, fp32 on CPU."
+    )
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = Field(
+        "auto", description="Attention kernel passed to from_pretrained (auto: transformers' "
+        "default, SDPA where the model supports it)."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward (trained models; saves memory)."
+    )
+    lora: LoraSettings | None = Field(
+        None, description="Train LoRA adapters (needs peft) instead of full weights; PPO's "
+        "reference and reward are the frozen bases with adapters off."
+    )
 
 
 class OptimConfig(_Frozen):
@@ -96,6 +120,26 @@ class PPOConfig(_Frozen):
     sample_every: int = Field(10, ge=1, description="Log a sample table every N iterations.")
     num_samples: int = Field(8, ge=1, description="Rows per sample table.")
     checkpoint_every: int = Field(10, ge=0, description="Checkpoint every N iterations (0: off).")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Rows per forward/backward inside a minibatch (gradient "
+        "accumulation); None: the whole minibatch at once."
+    )
+    forward_batch_size: int | None = Field(
+        None, ge=1, description="Rows per reference/value/reward forward in the rollout "
+        "(None: the whole batch)."
+    )
+    generation_batch_size: int | None = Field(
+        None, ge=1, description="Prompts per generate call, grouped by prompt length "
+        "(None: the whole batch)."
+    )
+    static_cache: bool = Field(
+        False, description="Generate with a static KV cache and a compiled decode step "
+        "(CUDA; transformers' cache_implementation='static')."
+    )
+    compile: bool = Field(
+        False, description="torch.compile the update's policy+value forward and backward "
+        "(CUDA; the first iterations pay the compile time)."
+    )
 
     @model_validator(mode="after")
     def _divisible(self) -> PPOConfig:

@@ -15,6 +15,7 @@ import torch
 from rlhf_core.data import encode, left_pad
 from rlhf_core.models import ScalarHeadModel
 from rlhf_core.ppo_math import logprobs_from_logits, truncate_after_eos
+from rlhf_core.precision import autocast
 from rlhf_core.rollout import generate, response_logits, sampling_config, score_responses
 
 Judge = Callable[[str, str, bool], float]
@@ -23,8 +24,16 @@ Judge = Callable[[str, str, bool], float]
 @torch.inference_mode()
 def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
                   prompts: Sequence[str], temperature: float, max_new_tokens: int,
-                  device: torch.device, batch_size: int = 64) -> dict[str, list]:
+                  device: torch.device, batch_size: int = 64,
+                  precision: str = "fp32") -> dict[str, list]:
     """Sample one response per prompt -> lists: response text, has_eos, length, score, kl."""
+    with autocast(precision, device):
+        return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
+                              max_new_tokens, device, batch_size)
+
+
+def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
+                   max_new_tokens, device, batch_size) -> dict[str, list]:
     gen_config = sampling_config(tokenizer, temperature, max_new_tokens)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     out: dict[str, list] = {"response": [], "has_eos": [], "length": [], "score": [], "kl": []}

@@ -18,7 +18,8 @@ from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import OptimConfig
 from rlhf_core.data import ShuffledBatches
 from rlhf_core.faults import crash_point
-from rlhf_core.optim import LogFn, build_optimizer, check_finite
+from rlhf_core.optim import LogFn, build_optimizer
+from rlhf_core.train_step import TrainStep
 
 LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 
@@ -31,15 +32,18 @@ def train_steps(
     model: torch.nn.Module, loss_fn: LossFn, n_examples: int, batch_size: int, epochs: float,
     optim: OptimConfig, generator: torch.Generator, *, name: str, log_every: int,
     on_log: LogFn | None = None, checkpointer: Checkpointer | None = None,
-    progress: bool = True,
+    progress: bool = True, precision: str = "fp32", device: torch.device | str = "cpu",
 ) -> dict[str, float]:
-    """Train ``model`` in place; ``loss_fn(indices) -> (loss, extra metrics)``.
+    """Train ``model`` in place; ``loss_fn(indices) -> (loss, extra metrics)``, run under the
+    precision's autocast through the shared :class:`TrainStep`.
 
     Returns the last step's metrics (train/loss, train/grad_norm, train/lr + extras).
     """
     total = total_steps(n_examples, batch_size, epochs)
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), optim, total)
+    trainer = TrainStep(model.parameters(), optimizer, scheduler, optim.max_grad_norm,
+                        precision, device, name)
     sampler = ShuffledBatches(n_examples, batch_size, generator)
     step, last = 0, {}
     restored = checkpointer.restore(optimizer, scheduler, generator, optim.lr) \
@@ -50,14 +54,14 @@ def train_steps(
         last = extra["last"]
     bar = tqdm(total=total, initial=step, desc=name, disable=not progress, leave=False)
     while step < total:
-        loss, extras = loss_fn(sampler.next())
-        check_finite(f"{name} loss", loss, step + 1)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
-        check_finite(f"{name} gradient norm", grad_norm, step + 1)
-        optimizer.step()
-        scheduler.step()
+        idx, out = sampler.next(), {}
+
+        def micro(idx=idx, out=out):
+            out["loss"], out["extras"] = loss_fn(idx)
+            return out["loss"], 1.0
+
+        grad_norm = trainer.run([micro], step + 1)
+        loss, extras = out["loss"], out["extras"]
         step += 1
         bar.update(1)
         last = {"train/loss": loss.item(), "train/grad_norm": float(grad_norm),

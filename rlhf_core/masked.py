@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+
+_CHECKED = [True]
+
+
+@contextlib.contextmanager
+def trusted_masks():
+    """Skip the empty-mask checks inside (each is a device sync): for hot loops whose masks
+    were validated once beforehand, e.g. the PPO update (every response has a real token)."""
+    _CHECKED[0] = False
+    try:
+        yield
+    finally:
+        _CHECKED[0] = True
 
 
 def _check(mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     m = mask.to(torch.bool)
+    if not _CHECKED[0]:
+        return m
     if dim is None and not m.any():
         raise ValueError("masked reduction over an empty mask (no True entry)")
     if dim is not None and not m.any(dim=dim).all():

@@ -48,11 +48,14 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
 
 
 def load_causal_lm(
-    name_or_path: str | Path, dtype: str = "float32", trust_remote_code: bool = False
+    name_or_path: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
+    **hf_kwargs,
 ) -> PreTrainedModel:
-    """Load any causal LM (hub id or folder), dropout off."""
+    """Load any causal LM (hub id or folder), dropout off. Pipeline code loads through
+    :mod:`rlhf_core.loader`, which builds every argument from the model config."""
     model = AutoModelForCausalLM.from_pretrained(
-        str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
+        str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code,
+        **hf_kwargs,
     )
     return disable_dropout(model)
 
@@ -81,10 +84,11 @@ class ScalarHeadModel(nn.Module):
 
     @classmethod
     def from_causal_lm(cls, name_or_path: str | Path, dtype: str = "float32",
-                       trust_remote_code: bool = False) -> ScalarHeadModel:
+                       trust_remote_code: bool = False, **hf_kwargs) -> ScalarHeadModel:
         """A fresh head on the trunk of a (causal-LM) checkpoint, e.g. the SFT policy."""
         backbone = AutoModel.from_pretrained(
-            str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
+            str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code,
+            **hf_kwargs,
         )
         return cls(disable_dropout(backbone))
 
@@ -97,7 +101,7 @@ class ScalarHeadModel(nn.Module):
             use_cache=False,
         )
         hidden = out.last_hidden_state  # [B, T, H]
-        return self.head(hidden).squeeze(-1)  # [B, T]
+        return self.head(hidden).squeeze(-1).float()  # [B, T], float32 under autocast too
 
     def save(self, out_dir: str | Path) -> Path:
         """backbone/ (save_pretrained, safetensors) + head.safetensors + scalar_head.json."""
@@ -111,13 +115,15 @@ class ScalarHeadModel(nn.Module):
         return out
 
     @classmethod
-    def load(cls, model_dir: str | Path, dtype: str = "float32") -> ScalarHeadModel:
+    def load(cls, model_dir: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
+             **hf_kwargs) -> ScalarHeadModel:
         """Inverse of :meth:`save`; raises FileNotFoundError naming the missing file."""
         root = Path(model_dir)
         for name in ("backbone", "head.safetensors", "scalar_head.json"):
             if not (root / name).exists():
                 raise FileNotFoundError(f"{root}: not a scalar-head model (missing {name})")
-        backbone = AutoModel.from_pretrained(str(root / "backbone"), dtype=_DTYPES[dtype])
+        backbone = AutoModel.from_pretrained(str(root / "backbone"), dtype=_DTYPES[dtype],
+                                             trust_remote_code=trust_remote_code, **hf_kwargs)
         head = nn.Linear(backbone.config.hidden_size, 1)
         head.load_state_dict(load_file(str(root / "head.safetensors")))
         return cls(disable_dropout(backbone), head)

@@ -18,7 +18,7 @@ from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import PPOConfig
 from rlhf_core.data import left_pad
 from rlhf_core.faults import crash_point
-from rlhf_core.masked import masked_mean
+from rlhf_core.masked import masked_mean, trusted_masks
 from rlhf_core.models import ScalarHeadModel
 from rlhf_core.optim import build_optimizer, check_finite
 from rlhf_core.ppo_math import (
@@ -39,9 +39,51 @@ from rlhf_core.rollout import (
     sampling_config,
     to_autograd_tensors,
 )
+from rlhf_core.train_step import TrainStep
 
 IterationFn = Callable[[int, dict[str, float], list[dict] | None], None]
 MonitorFn = Callable[[list[str], list[str], list[bool]], dict[str, float]]
+
+
+def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> float:
+    """sum(weight * value) / n_updates with one device sync (values are 0-d tensors)."""
+    values = torch.stack([v.float() for _, v in pairs]).cpu().tolist()
+    total = 0.0
+    for (weight, _), value in zip(pairs, values):
+        total += value if weight == 1.0 else weight * value
+    return total / n_updates
+
+
+def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantages, old_values,
+               returns, *, pad_id: int, P: int, temperature: float, clip_eps: float,
+               clip_eps_value: float, vf_coef: float, ent_coef: float):
+    """The update's forward: policy and value on prompt | response [b, P+R] -> (loss, stats).
+    A pure function of tensors, so ``ppo.compile`` can hand it to torch.compile whole."""
+    logits = response_logits(policy, qr, pad_id, P)  # (b, R, V)
+    logprobs = logprobs_from_logits(logits, responses, temperature)
+    vpred = response_values(value_model, qr, pad_id, P)  # (b, R)
+    pg_loss, pg_stats = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
+    vf_loss, vf_stats = clipped_value_loss(vpred, old_values, returns, mask, clip_eps_value)
+    entropy = masked_mean(entropy_from_logits(logits.detach() if ent_coef == 0 else logits),
+                          mask)
+    loss = pg_loss + vf_coef * vf_loss - ent_coef * entropy
+    stats = {"loss/policy_avg": pg_loss, "loss/value_avg": vf_loss,
+             "policy/entropy_avg": entropy, "policy/approxkl_avg": pg_stats["approxkl"],
+             "policy/clipfrac_avg": pg_stats["clipfrac"],
+             "val/clipfrac_avg": vf_stats["clipfrac"], "val/ratio": pg_stats["ratio"],
+             "val/ratio_var": pg_stats["ratio_var"]}
+    return loss, stats
+
+
+def compiled(fn):
+    """torch.compile with dynamic shapes (minibatches are trimmed to their longest response).
+    Inductor's coalescing analysis is off: on torch 2.11 it asserted on this graph with
+    dynamic shapes (H100, 2026-11-23)."""
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
+        inductor_config.triton.coalesce_tiling_analysis = False
+    return torch.compile(fn, dynamic=True)
 
 
 def make_kl_controller(cfg: PPOConfig):
@@ -61,7 +103,7 @@ class PPOTrainer:
         self, policy, ref_policy, value_model: ScalarHeadModel, reward_model: ScalarHeadModel,
         tokenizer, prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig,
         norm_stats: dict[str, float], device: torch.device, generator: torch.Generator,
-        divide_by_std: bool = False,
+        divide_by_std: bool = False, precision: str = "fp32",
     ):
         if len(prompt_ids) == 0:
             raise ValueError("PPO needs at least one prompt")
@@ -77,12 +119,19 @@ class PPOTrainer:
             temperature=cfg.temperature, kl_estimator=cfg.kl_estimator, gamma=cfg.gamma,
             lam=cfg.lam, whiten_rewards=cfg.whiten_rewards,
             missing_eos_penalty=cfg.missing_eos_penalty, divide_by_std=divide_by_std,
+            forward_batch_size=cfg.forward_batch_size,
+            generation_batch_size=cfg.generation_batch_size,
+            recompute_logprobs=precision != "fp32" or cfg.static_cache,
         )
-        self.gen_config = sampling_config(tokenizer, cfg.temperature, cfg.max_new_tokens)
+        self.gen_config = sampling_config(tokenizer, cfg.temperature, cfg.max_new_tokens,
+                                          cfg.static_cache)
         params = list(self.policy.parameters()) + list(self.value_model.parameters())
         total = cfg.iterations * cfg.ppo_epochs * cfg.num_minibatches
         self.optimizer, self.scheduler = build_optimizer(params, cfg.optim, total)
-        self.params = [p for p in params if p.requires_grad]
+        self.train_step = TrainStep(params, self.optimizer, self.scheduler,
+                                    cfg.optim.max_grad_norm, precision, device, name="ppo")
+        self.params = self.train_step.params
+        self._losses = compiled(ppo_losses) if cfg.compile else ppo_losses
         self.kl_ctl = make_kl_controller(cfg)
         self.iteration, self.episode = 0, 0
         self._order, self._cursor = torch.empty(0, dtype=torch.long), 0
@@ -97,17 +146,30 @@ class PPOTrainer:
                 self._cursor = 0
             chosen.append(int(self._order[self._cursor]))
             self._cursor += 1
-        return left_pad([self.prompt_ids[i] for i in chosen], self.tokenizer.pad_token_id)
+        prompts = left_pad([self.prompt_ids[i] for i in chosen], self.tokenizer.pad_token_id)
+        if self.cfg.static_cache:  # one prompt width per 16 tokens: few static-cache shapes,
+            extra = -prompts.shape[1] % 16  # so the compiled decode step is rarely rebuilt
+            prompts = torch.nn.functional.pad(prompts, (extra, 0),
+                                              value=self.tokenizer.pad_token_id)
+        return prompts
 
     # -- one iteration ----------------------------------------------------------------------
     def step(self) -> tuple[dict[str, float], Experience]:
         """Rollout + update; returns (metrics, experience)."""
         t0 = time.perf_counter()
         prompts = self.next_prompts().to(self.device)
-        exp = make_experience(
-            self.policy, self.ref_policy, self.value_model, self.reward_model, prompts,
-            self.tokenizer, self.gen_config, self.kl_ctl.value, self.norm_stats, self.settings,
-        )
+        # eval mode in the rollout (dropout is off either way): no activation checkpointing,
+        # so generate keeps its KV cache
+        self.policy.eval()
+        self.value_model.eval()
+        with self.train_step.autocast():
+            exp = make_experience(
+                self.policy, self.ref_policy, self.value_model, self.reward_model, prompts,
+                self.tokenizer, self.gen_config, self.kl_ctl.value, self.norm_stats,
+                self.settings,
+            )
+        self.policy.train()
+        self.value_model.train()
         exp = to_autograd_tensors(exp)
         check_finite("reward-model score", exp.raw_scores, self.iteration + 1)
         crash_point(f"ppo:rollout:{self.iteration + 1}")
@@ -121,46 +183,50 @@ class PPOTrainer:
         return metrics, exp
 
     def update(self, exp: Experience) -> dict[str, float]:
-        """K epochs x M minibatches of clipped PPO updates; returns averaged stats."""
-        cfg, P = self.cfg, exp.context_length
-        pad_id = self.tokenizer.pad_token_id
-        sums: dict[str, float] = defaultdict(float)
+        """K epochs x M minibatches of clipped PPO updates; returns averaged stats. Each
+        minibatch is one optimizer step over micro-batches of ``cfg.micro_batch_size`` rows,
+        weighted by their share of the minibatch's response tokens (= the minibatch's masked
+        means). Response lengths are read once, so the loop syncs the device once per step."""
+        cfg = self.cfg
+        lengths = exp.response_mask.sum(dim=1).cpu()  # (B,)
+        if (lengths == 0).any():
+            raise ValueError("PPO update: a response has no real token")
+        recorded: dict[str, list[tuple[float, torch.Tensor]]] = defaultdict(list)
         n_updates = 0
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(exp.responses.shape[0], generator=self.generator)
-            for start in range(0, len(order), cfg.minibatch_size):
-                idx = order[start: start + cfg.minibatch_size].to(self.device)
-                mask = exp.response_mask[idx]
-                R = int(mask.sum(dim=1).max())  # trim to the longest response in the minibatch
-                mask = mask[:, :R]
-                qr = exp.query_responses[idx, : P + R]
-                logits = response_logits(self.policy, qr, pad_id, P)  # (b, R, V)
-                logprobs = logprobs_from_logits(logits, exp.responses[idx, :R], cfg.temperature)
-                vpred = response_values(self.value_model, qr, pad_id, P)  # (b, R)
-                pg_loss, pg_stats = clipped_policy_loss(
-                    logprobs, exp.logprobs[idx, :R], exp.advantages[idx, :R], mask, cfg.clip_eps)
-                vf_loss, vf_stats = clipped_value_loss(
-                    vpred, exp.values[idx, :R], exp.returns[idx, :R], mask, cfg.clip_eps_value)
-                entropy = masked_mean(entropy_from_logits(logits.detach() if cfg.ent_coef == 0
-                                                          else logits), mask)
-                loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
-                check_finite("ppo loss", loss, self.iteration + 1)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.optim.max_grad_norm)
-                check_finite("ppo gradient norm", grad_norm, self.iteration + 1)
-                self.optimizer.step()
-                self.scheduler.step()
-                n_updates += 1
-                for key, value in (("loss/policy_avg", pg_loss), ("loss/value_avg", vf_loss),
-                                   ("policy/entropy_avg", entropy),
-                                   ("policy/approxkl_avg", pg_stats["approxkl"]),
-                                   ("policy/clipfrac_avg", pg_stats["clipfrac"]),
-                                   ("val/clipfrac_avg", vf_stats["clipfrac"]),
-                                   ("val/ratio", pg_stats["ratio"]),
-                                   ("val/ratio_var", pg_stats["ratio_var"])):
-                    sums[key] += float(value.detach())
-        return {k: v / n_updates for k, v in sums.items()}
+
+        def micro_batch(rows: torch.Tensor, n_tokens: int):
+            weight = 1.0 if int(lengths[rows].sum()) == n_tokens \
+                else int(lengths[rows].sum()) / n_tokens
+            loss, values = self.minibatch_loss(exp, rows, int(lengths[rows].max()))
+            for key, value in values.items():
+                recorded[key].append((weight, value.detach()))
+            return loss, weight
+
+        with trusted_masks():
+            for _ in range(cfg.ppo_epochs):
+                order = torch.randperm(exp.responses.shape[0], generator=self.generator)
+                for start in range(0, len(order), cfg.minibatch_size):
+                    idx = order[start: start + cfg.minibatch_size]
+                    micro = cfg.micro_batch_size or len(idx)
+                    n_tokens = int(lengths[idx].sum())
+                    self.train_step.run(
+                        [lambda rows=idx[i: i + micro], n=n_tokens: micro_batch(rows, n)
+                         for i in range(0, len(idx), micro)], self.iteration + 1)
+                    n_updates += 1
+        return {key: _weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
+
+    def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
+        """Clipped policy + value loss (minus entropy bonus) on ``rows`` (CPU indices),
+        trimmed to their longest response ``R`` -> (loss, stats)."""
+        cfg, P = self.cfg, exp.context_length
+        idx = rows.to(self.device)
+        return self._losses(
+            self.policy, self.value_model, exp.query_responses[idx, : P + R],
+            exp.responses[idx, :R], exp.response_mask[idx, :R], exp.logprobs[idx, :R],
+            exp.advantages[idx, :R], exp.values[idx, :R], exp.returns[idx, :R],
+            pad_id=self.tokenizer.pad_token_id, P=P, temperature=cfg.temperature,
+            clip_eps=cfg.clip_eps, clip_eps_value=cfg.clip_eps_value, vf_coef=cfg.vf_coef,
+            ent_coef=cfg.ent_coef)
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:

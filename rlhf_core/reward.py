@@ -48,7 +48,7 @@ def encode_pairs(tokenizer, rows: Sequence[dict]) -> list[tuple[list[int], list[
 def train_reward_model(
     model: ScalarHeadModel, tokenizer, rows: Sequence[dict], cfg: RewardConfig,
     device: torch.device, generator: torch.Generator, on_log: LogFn | None = None,
-    progress: bool = True, checkpointer: Checkpointer | None = None,
+    progress: bool = True, checkpointer: Checkpointer | None = None, precision: str = "fp32",
 ) -> dict[str, float]:
     """Train ``model`` in place on preference rows {prompt, chosen, rejected[, margin]}."""
     pairs = encode_pairs(tokenizer, rows)
@@ -64,7 +64,8 @@ def train_reward_model(
 
     return train_steps(model, loss_fn, len(pairs), cfg.batch_size, cfg.epochs, cfg.optim,
                        generator, name="reward_model", log_every=cfg.log_every, on_log=on_log,
-                       checkpointer=checkpointer, progress=progress)
+                       checkpointer=checkpointer, progress=progress, precision=precision,
+                       device=device)
 
 
 @torch.inference_mode()

@@ -3,8 +3,12 @@
 Layout of a rollout batch: ``query_responses [B, P + R]`` = left-padded prompt (P tokens)
 followed by the response (R tokens, pad after the first EOS). Every forward pass gets the
 attention mask and position ids that skip the left padding, so a padded row computes what
-the unpadded one would. Rollout passes run under ``torch.inference_mode``; the old log-probs
-come from the generation logits, so no forward is run twice (SPEC, "Where PPO time goes").
+the unpadded one would. Rollout passes run under ``torch.inference_mode``. In fp32 the old
+log-probs come from the generation logits, so no forward is run twice (SPEC, "Where PPO time
+goes"); under autocast (bf16/fp16) or a compiled static-cache decode they are recomputed by the
+same forward the update runs (``recompute_logprobs``), so the ratio before any update is 1.
+Generation runs in chunks of prompts grouped by length; the reference, value and reward
+forwards run in chunks of ``forward_batch_size`` rows.
 """
 
 from __future__ import annotations
@@ -59,9 +63,12 @@ def forbid_pad(logits: torch.Tensor, pad_id: int) -> torch.Tensor:
     return logits.masked_fill(vocab == pad_id, FORBIDDEN_LOGIT)
 
 
-def sampling_config(tokenizer, temperature: float, max_new_tokens: int) -> GenerationConfig:
-    """Pure sampling at temperature T: top_k 0, top_p 1, PAD suppressed (nothing else)."""
-    return GenerationConfig(
+def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
+                    static_cache: bool = False) -> GenerationConfig:
+    """Pure sampling at temperature T: top_k 0, top_p 1, PAD suppressed (nothing else).
+    ``static_cache``: a fixed-size KV cache, which lets transformers compile the decode step."""
+    extra = {"cache_implementation": "static"} if static_cache else {}
+    return GenerationConfig(**extra,
         do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
         suppress_tokens=[tokenizer.pad_token_id],
         max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
@@ -79,6 +86,47 @@ def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad
     responses = out.sequences[:, prompt_ids.shape[1]:]  # (B, R)
     logits = torch.stack(out.logits, dim=1)  # (B, R, V), before temperature
     return responses, forbid_pad(logits, pad_id)
+
+
+def _chunks(n: int, size: int | None) -> list[slice]:
+    size = n if not size else size
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def _pad_to(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
+    """Right-pad dim 1 of [B, R, ...] to ``length``."""
+    if t.shape[1] == length:
+        return t
+    shape = (t.shape[0], length - t.shape[1], *t.shape[2:])
+    return torch.cat([t, t.new_full(shape, value)], dim=1)
+
+
+def generate_by_length(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig,
+                       pad_id: int, chunk: int | None):
+    """``generate`` over chunks of at most ``chunk`` prompts grouped by prompt length (each
+    chunk trimmed to its own longest prompt and stopping when all its rows ended), reassembled
+    in the original order: [B, P] -> (responses [B, R], logits [B, R, V])."""
+    if not chunk or chunk >= prompt_ids.shape[0]:
+        return generate(policy, prompt_ids, gen_config, pad_id)
+    lengths = (prompt_ids != pad_id).sum(1)
+    order = torch.argsort(lengths, stable=True)
+    parts = []
+    for sl in _chunks(len(order), chunk):
+        rows = order[sl]
+        width = int(lengths[rows].max())
+        parts.append(generate(policy, prompt_ids[rows, prompt_ids.shape[1] - width:],
+                              gen_config, pad_id))
+    R = max(r.shape[1] for r, _ in parts)
+    responses = torch.cat([_pad_to(r, R, pad_id) for r, _ in parts])
+    logits = torch.cat([_pad_to(g, R, 0.0) for _, g in parts])
+    inverse = torch.argsort(order)
+    return responses[inverse], logits[inverse]
+
+
+def batched(fn, query_responses: torch.Tensor, chunk: int | None) -> torch.Tensor:
+    """fn over row chunks of [B, ...] concatenated (bounded memory for big batches)."""
+    return torch.cat([fn(query_responses[sl]) for sl in _chunks(query_responses.shape[0],
+                                                                 chunk)])
 
 
 def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
@@ -120,6 +168,9 @@ class RolloutSettings:
     whiten_rewards: bool
     missing_eos_penalty: float | None
     divide_by_std: bool
+    forward_batch_size: int | None = None  # rows per ref/value/reward forward
+    generation_batch_size: int | None = None  # prompts per generate call, grouped by length
+    recompute_logprobs: bool = False  # old log-probs from the update's forward, not generate
 
 
 @torch.inference_mode()
@@ -131,16 +182,30 @@ def make_experience(
     """Generate for left-padded ``prompt_ids`` [B, P] and compute everything PPO needs."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     P = prompt_ids.shape[1]
-    raw_responses, gen_logits = generate(policy, prompt_ids, gen_config, pad_id)
+    raw_responses, gen_logits = generate_by_length(policy, prompt_ids, gen_config, pad_id,
+                                                   s.generation_batch_size)
     responses, mask, has_eos = truncate_after_eos(raw_responses, eos_id, pad_id)
     query_responses = torch.cat([prompt_ids, responses], dim=1)  # (B, P+R)
+    chunk = s.forward_batch_size
 
-    logprobs = logprobs_from_logits(gen_logits, responses, s.temperature) * mask
-    ref_logits = response_logits(ref_policy, query_responses, pad_id, P)
-    ref_logprobs = logprobs_from_logits(ref_logits, responses, s.temperature) * mask
-    del ref_logits
-    values = response_values(value_model, query_responses, pad_id, P) * mask
-    raw_scores = score_responses(reward_model, query_responses, pad_id, P, mask).float()
+    def policy_logprobs(model):
+        def fn(qr: torch.Tensor) -> torch.Tensor:
+            logits = response_logits(model, qr, pad_id, P)
+            return logprobs_from_logits(logits, qr[:, P:], s.temperature)
+        return batched(fn, query_responses, chunk) * mask
+
+    if s.recompute_logprobs:
+        del gen_logits
+        logprobs = policy_logprobs(policy)
+    else:
+        logprobs = logprobs_from_logits(gen_logits, responses, s.temperature) * mask
+        del gen_logits
+    ref_logprobs = policy_logprobs(ref_policy)
+    values = batched(lambda qr: response_values(value_model, qr, pad_id, P),
+                     query_responses, chunk) * mask
+    raw_scores = torch.cat([
+        score_responses(reward_model, query_responses[sl], pad_id, P, mask[sl])
+        for sl in _chunks(query_responses.shape[0], chunk)]).float()
 
     scores = normalise_scores(raw_scores, norm_stats, s.divide_by_std)
     if s.missing_eos_penalty is not None:

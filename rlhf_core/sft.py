@@ -33,7 +33,7 @@ def sft_batch(examples, pad_id: int, device: torch.device):
 def train_sft(
     model, tokenizer, rows: Sequence[dict], cfg: SFTConfig, device: torch.device,
     generator: torch.Generator, on_log: LogFn | None = None, progress: bool = True,
-    checkpointer: Checkpointer | None = None,
+    checkpointer: Checkpointer | None = None, precision: str = "fp32",
 ) -> dict[str, float]:
     """Fine-tune ``model`` in place on ``rows``; returns the final metrics.
 
@@ -42,6 +42,7 @@ def train_sft(
         generator: CPU generator for the data order (reproducible).
         on_log: called as on_log(step, metrics) every cfg.log_every steps.
         checkpointer: periodic training-state checkpoints; resumes from the latest one.
+        precision: fp32 | bf16 | fp16 (resolved; see rlhf_core.precision).
     """
     examples = encode_sft_rows(tokenizer, rows, cfg.loss_on)
     model.to(device)
@@ -55,7 +56,8 @@ def train_sft(
 
     return train_steps(model, loss_fn, len(examples), cfg.batch_size, cfg.epochs, cfg.optim,
                        generator, name="sft", log_every=cfg.log_every, on_log=on_log,
-                       checkpointer=checkpointer, progress=progress)
+                       checkpointer=checkpointer, progress=progress, precision=precision,
+                       device=device)
 
 
 @torch.inference_mode()

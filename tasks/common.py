@@ -15,6 +15,7 @@ from transformers.utils import logging as hf_logging
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import ModelConfig
 from rlhf_core.faults import crash_point
+from rlhf_core.loader import LoadSpec
 from rlhf_core.models import resolve_device
 from tasks.tracking import (
     RunContext,
@@ -50,6 +51,13 @@ def setup_torch(model_cfg: ModelConfig) -> torch.device:
     if model_cfg.torch_threads:
         torch.set_num_threads(model_cfg.torch_threads)
     return resolve_device(model_cfg.device)
+
+
+def setup_models(model_cfg: ModelConfig) -> tuple[torch.device, LoadSpec]:
+    """The device and the one load spec (dtype, precision, attention, trust_remote_code,
+    gradient checkpointing, LoRA) that every model and tokenizer load of a stage uses."""
+    device = setup_torch(model_cfg)
+    return device, LoadSpec.from_config(model_cfg, device)
 
 
 def in_prefect_run() -> bool:

@@ -8,9 +8,9 @@ import pandas as pd
 from prefect import task
 
 from rlhf_core.evaluate import compare_policies, sample_policy
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
-from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch
+from tasks.common import metric_logger, read_jsonl, run_stage, setup_models
 from tasks.config import PipelineConfig
 from tasks.tracking import RunContext
 
@@ -39,21 +39,21 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
     """Sample both policies on held-out prompts; RM score, KL, EOS rate, judge win rate."""
 
     def body(run_id: str) -> dict:
-        device = setup_torch(cfg.model)
+        device, spec = setup_models(cfg.model)
         seed_everything(ctx.seed + 3)
-        tokenizer = load_tokenizer(data["tokenizer"])
-        ref = load_causal_lm(sft_out["model_dir"]).to(device)
-        policy = load_causal_lm(ppo_out["policy_dir"]).to(device)
-        rm = ScalarHeadModel.load(rm_out["model_dir"]).to(device)
+        tokenizer = load_tokenizer(data["tokenizer"], spec)
+        ref = load_policy(sft_out["model_dir"], spec, trainable=False).to(device)
+        policy = load_policy(ppo_out["policy_dir"], spec, trainable=False).to(device)
+        rm = load_scalar_model(rm_out["model_dir"], spec, trainable=False).to(device)
         path = Path(data["data_dir"]) / "eval_prompts.jsonl"
         if not path.exists():
             path = Path(data["data_dir"]) / "prompts.jsonl"
         prompts = [r["prompt"] for r in read_jsonl(path)][: cfg.eval.num_prompts]
         e = cfg.eval
         sft_samples = sample_policy(ref, ref, rm, tokenizer, prompts, e.temperature,
-                                    e.max_new_tokens, device, e.batch_size)
+                                    e.max_new_tokens, device, e.batch_size, spec.precision)
         pol_samples = sample_policy(policy, ref, rm, tokenizer, prompts, e.temperature,
-                                    e.max_new_tokens, device, e.batch_size)
+                                    e.max_new_tokens, device, e.batch_size, spec.precision)
         judge_name = e.judge if e.judge != "none" else prep["judge"]
         metrics, rows = compare_policies(sft_samples, pol_samples, prompts, _judge(judge_name))
         client = ctx.client()
@@ -97,18 +97,19 @@ def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
 
 
 def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str,
-               rm_dir: str, tokenizer_dir: str, rm_name: str, card: str) -> tuple[str, str]:
+               rm_dir: str, tokenizer_dir: str, rm_name: str, card: str,
+               spec: LoadSpec) -> tuple[str, str]:
     """Log and register the policy (transformers flavour, text-generation) and the reward
     model (pyfunc scoring prompt/response) in the register run -> their versions."""
     import mlflow
     from huggingface_hub import ModelCard
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tasks.mlflow_models import log_reward_model
 
     mlflow.set_tracking_uri(tracking_uri)
-    model = AutoModelForCausalLM.from_pretrained(policy_dir)
-    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    export = LoadSpec(trust_remote_code=spec.trust_remote_code)  # float32, as saved
+    model = load_policy(policy_dir, export, trainable=False)
+    tokenizer = load_tokenizer(policy_dir, export)
     with mlflow.start_run(run_id=run_id):
         info = mlflow.transformers.log_model(
             transformers_model={"model": model, "tokenizer": tokenizer},
@@ -116,7 +117,7 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
             pip_requirements=["torch", "transformers"],
             model_card=ModelCard(card),
         )
-        rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name)
+        rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name, spec.trust_remote_code)
     return info.registered_model_version, rm_version
 
 
@@ -136,7 +137,8 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         rm_name = cfg.tracking.registered_reward_model
         card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
         version, rm_version = log_models(run_id, ctx.tracking_uri, ppo_out["policy_dir"], name,
-                                         rm_out["model_dir"], data["tokenizer"], rm_name, card)
+                                         rm_out["model_dir"], data["tokenizer"], rm_name, card,
+                                         setup_models(cfg.model)[1])
         client.set_registered_model_alias(name, "challenger", str(version))
         client.set_registered_model_alias(rm_name, "challenger", str(rm_version))
         score = eval_out["metrics"][key]

@@ -13,7 +13,8 @@ import rlhf_core
 PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
 
 
-def log_reward_model(model_dir: str, tokenizer_dir: str, name: str) -> str:
+def log_reward_model(model_dir: str, tokenizer_dir: str, name: str,
+                     trust_remote_code: bool = False) -> str:
     """Log (in the active run) and register the reward model -> registered version."""
     import mlflow.pyfunc
     from mlflow.models import infer_signature
@@ -28,6 +29,7 @@ def log_reward_model(model_dir: str, tokenizer_dir: str, name: str) -> str:
             artifacts={"reward_model": model_dir, "tokenizer": tokenizer_dir},
             code_paths=[str(Path(rlhf_core.__file__).parent)],
             signature=infer_signature(example, [0.0]), registered_model_name=name,
+            model_config={"trust_remote_code": trust_remote_code},
             pip_requirements=["torch", "transformers", "safetensors", "pandas"],
         )
     return info.registered_model_version

@@ -10,10 +10,11 @@ from prefect import task
 
 from rlhf_core.checkpoint import save_policy, save_scalar_model
 from rlhf_core.data import encode
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.loader import load_tokenizer
+from rlhf_core.lora import merged, ppo_models
 from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
-from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_torch, write_json
+from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_models, write_json
 from tasks.config import PipelineConfig
 from tasks.tracking import RunContext
 
@@ -52,20 +53,21 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
     """PPO iterations; metrics per iteration (TRL names), sample tables, checkpoints."""
 
     def body(run_id: str) -> dict:
-        device = setup_torch(cfg.model)
+        device, spec = setup_models(cfg.model)
         generator = seed_everything(ctx.seed + 2)
         client = ctx.client()
-        tokenizer = load_tokenizer(data["tokenizer"])
-        policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
-        ref_policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
-        value_model = ScalarHeadModel.load(critic_out["model_dir"])  # explicit critic source
-        reward_model = ScalarHeadModel.load(rm_out["model_dir"])
+        tokenizer = load_tokenizer(data["tokenizer"], spec)
+        # explicit critic source; with model.lora: adapters over the SFT and RM trunks
+        policy, ref_policy, value_model, reward_model = ppo_models(
+            sft_out["model_dir"], sft_out["model_dir"], critic_out["model_dir"],
+            rm_out["model_dir"], spec)
         norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
         prompts = [encode(tokenizer, r["prompt"])
                    for r in read_jsonl(Path(data["data_dir"]) / "prompts.jsonl")]
         trainer = PPOTrainer(policy, ref_policy, value_model, reward_model, tokenizer, prompts,
                              cfg.ppo, norm_stats, device, generator,
-                             divide_by_std=cfg.reward_norm.divide_by_std)
+                             divide_by_std=cfg.reward_norm.divide_by_std,
+                             precision=spec.precision)
         out_root = ctx.stage_dir("ppo")
         samples_path = out_root / "samples.json"  # survives a crash: rows up to the last save
         samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
@@ -85,8 +87,9 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         ck = trainer.checkpointer(out_root / "checkpoints", cfg.tracking.keep_checkpoints)
         last = trainer.train(on_iteration, progress=ctx.progress,
                              monitor=judge_monitor(prep["judge"]), checkpointer=ck)
-        policy_dir = save_policy(trainer.policy, tokenizer, out_root / "policy")
-        value_dir = save_scalar_model(trainer.value_model, out_root / "value_model")
+        final_policy, final_value = merged(trainer.policy, trainer.value_model)
+        policy_dir = save_policy(final_policy, tokenizer, out_root / "policy")
+        value_dir = save_scalar_model(final_value, out_root / "value_model")
         client.log_artifacts(run_id, str(policy_dir), "checkpoint/policy")
         client.log_table(run_id, data=pd.DataFrame(samples), artifact_file="samples/all.json")
         keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")

@@ -12,10 +12,12 @@ class RewardModelPyfunc(mlflow.pyfunc.PythonModel):
     """predict(DataFrame[prompt, response]) -> RM score of prompt + response + EOS."""
 
     def load_context(self, context) -> None:
-        from rlhf_core.models import ScalarHeadModel, load_tokenizer
+        from rlhf_core.loader import LoadSpec, load_scalar_model, load_tokenizer
 
-        self.model = ScalarHeadModel.load(context.artifacts["reward_model"]).eval()
-        self.tokenizer = load_tokenizer(context.artifacts["tokenizer"])
+        trust = bool((context.model_config or {}).get("trust_remote_code", False))
+        spec = LoadSpec(trust_remote_code=trust)  # float32 on CPU, as served
+        self.model = load_scalar_model(context.artifacts["reward_model"], spec, trainable=False)
+        self.tokenizer = load_tokenizer(context.artifacts["tokenizer"], spec)
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> list[float]:
         import torch

@@ -7,7 +7,8 @@ from pathlib import Path
 from prefect import task
 
 from rlhf_core.checkpoint import save_policy, save_scalar_model
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer, resize_for_tokenizer
+from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer, new_scalar_model
+from rlhf_core.models import resize_for_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.reward import (
     evaluate_reward_model,
@@ -22,7 +23,7 @@ from tasks.common import (
     metric_logger,
     read_jsonl,
     run_stage,
-    setup_torch,
+    setup_models,
     write_json,
 )
 from tasks.config import PipelineConfig
@@ -54,17 +55,17 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
     """Fine-tune the base model on the demonstrations; save it as the SFT policy."""
 
     def body(run_id: str) -> dict:
-        device = setup_torch(cfg.model)
+        device, spec = setup_models(cfg.model)
         generator = seed_everything(ctx.seed)
-        tokenizer = load_tokenizer(data["tokenizer"])
-        model = load_causal_lm(prep["base_model"], cfg.model.dtype, cfg.model.trust_remote_code)
+        tokenizer = load_tokenizer(data["tokenizer"], spec)
+        model = load_policy(prep["base_model"], spec)
         resize_for_tokenizer(model, tokenizer)
         rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
         log = metric_logger(ctx, run_id)
         ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model},
                           cfg.sft.checkpoint_every)
         last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, log,
-                         ctx.progress, ck)
+                         ctx.progress, ck, precision=spec.precision)
         out_dir = save_policy(model, tokenizer, ctx.stage_dir("sft") / "model")
         ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
         metrics = {"sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
@@ -81,10 +82,10 @@ def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
     """Train a scalar-head RM initialised from the SFT checkpoint on preference pairs."""
 
     def body(run_id: str) -> dict:
-        device = setup_torch(cfg.model)
+        device, spec = setup_models(cfg.model)
         generator = seed_everything(ctx.seed + 1)
-        tokenizer = load_tokenizer(data["tokenizer"])
-        model = ScalarHeadModel.from_causal_lm(sft_out["model_dir"], cfg.model.dtype)
+        tokenizer = load_tokenizer(data["tokenizer"], spec)
+        model = new_scalar_model(sft_out["model_dir"], spec)
         rows = read_jsonl(Path(data["data_dir"]) / "preference.jsonl")
         eval_path = Path(data["data_dir"]) / "preference_eval.jsonl"
         if eval_path.exists():
@@ -96,7 +97,7 @@ def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
         ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "reward_model", {"model": model},
                           cfg.reward.checkpoint_every)
         train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, log,
-                           ctx.progress, ck)
+                           ctx.progress, ck, precision=spec.precision)
         metrics = evaluate_reward_model(model, tokenizer, held_out, device)
         gold = _gold_accuracy(model, tokenizer, held_out, prep["judge"], device)
         metrics["eval/rm_accuracy"] = gold if gold is not None else metrics["eval/accuracy"]
@@ -115,9 +116,9 @@ def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: dict, rm_out: dict) 
     """Score the SFT set (prompt + reference response); store {mean, std, n} as an artifact."""
 
     def body(run_id: str) -> dict:
-        device = setup_torch(cfg.model)
-        tokenizer = load_tokenizer(data["tokenizer"])
-        model = ScalarHeadModel.load(rm_out["model_dir"]).to(device)
+        device, spec = setup_models(cfg.model)
+        tokenizer = load_tokenizer(data["tokenizer"], spec)
+        model = load_scalar_model(rm_out["model_dir"], spec, trainable=False).to(device)
         rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
         rows = rows[: cfg.reward_norm.max_samples] if cfg.reward_norm.max_samples else rows
         scores = score_texts(model, tokenizer, [r["prompt"] for r in rows],
@@ -142,7 +143,8 @@ def critic_init(ctx: RunContext, cfg: PipelineConfig, rm_out: dict) -> dict:
     """The value model starts as a copy of the reward model, named explicitly."""
 
     def body(run_id: str) -> dict:
-        model = ScalarHeadModel.load(rm_out["model_dir"])
+        _, spec = setup_models(cfg.model)
+        model = load_scalar_model(rm_out["model_dir"], spec)  # float32: an exact copy
         out_dir = save_scalar_model(model, ctx.stage_dir("critic_init") / "model")
         ctx.client().set_tag(run_id, "rlhf.critic_source", rm_out["model_dir"])
         n_params = sum(p.numel() for p in model.parameters())

@@ -7,8 +7,8 @@ from prefect import task
 from data_checks.config import DataConfig
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
-from rlhf_core.models import load_tokenizer
-from tasks.common import in_prefect_run, run_stage
+from rlhf_core.loader import load_tokenizer
+from tasks.common import in_prefect_run, run_stage, setup_models
 from tasks.config import PipelineConfig
 from tasks.tracking import RunContext, log_datasets, log_metrics, run_url, set_tags
 
@@ -33,7 +33,7 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
 
     def body(run_id: str) -> dict:
         client = ctx.client()
-        tokenizer = load_tokenizer(prep["tokenizer"], cfg.model.trust_remote_code)
+        tokenizer = load_tokenizer(prep["tokenizer"], setup_models(cfg.model)[1])
         record = ensure_special_tokens(tokenizer)
         out_dir = ctx.stage_dir("validate")
         tokenizer.save_pretrained(out_dir / "tokenizer")

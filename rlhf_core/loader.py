@@ -1,0 +1,120 @@
+"""The one model loader: every model and tokenizer of the pipeline loads through here.
+
+A :class:`LoadSpec` is built once from the model config (``model.*``) and the device, and
+carries everything a ``from_pretrained`` call needs: parameter dtype, attention kernel,
+``trust_remote_code``, gradient checkpointing and the compute precision. Trained models keep
+float32 master weights (``model.dtype``, float32 by default) and run under autocast; frozen
+models (reference, reward model, evaluation) load directly in the compute dtype, as nothing
+updates them. LoRA adapters (``model.lora``, needs ``peft``) are applied by :func:`add_lora`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlhf_core.config import LoraSettings, ModelConfig
+from rlhf_core.models import (
+    ScalarHeadModel,
+    load_causal_lm,
+)
+from rlhf_core.models import (
+    load_tokenizer as _load_tokenizer,
+)
+from rlhf_core.precision import enable_tf32, resolve_precision
+
+_COMPUTE_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """How to load a model: built by :meth:`from_config`, passed to every load below."""
+
+    dtype: str = "float32"
+    precision: str = "fp32"
+    attn_implementation: str = "auto"
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    lora: LoraSettings | None = None
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, device: torch.device | str) -> LoadSpec:
+        """Resolve ``precision: auto`` for the device; turn TF32 on for CUDA."""
+        enable_tf32(device)
+        return cls(dtype=cfg.dtype, precision=resolve_precision(cfg.precision, device),
+                   attn_implementation=cfg.attn_implementation,
+                   trust_remote_code=cfg.trust_remote_code,
+                   gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora)
+
+    def param_dtype(self, trainable: bool) -> str:
+        """Trained: ``dtype`` (fp32 master weights); frozen: the compute dtype."""
+        if trainable or self.dtype != "float32":
+            return self.dtype
+        return _COMPUTE_DTYPE_NAMES.get(self.precision, "float32")
+
+    def hf_kwargs(self) -> dict:
+        """Extra ``from_pretrained`` arguments (the attention kernel, unless 'auto')."""
+        if self.attn_implementation == "auto":
+            return {}
+        return {"attn_implementation": self.attn_implementation}
+
+
+def load_tokenizer(name_or_path: str | Path, spec: LoadSpec):
+    return _load_tokenizer(str(name_or_path), trust_remote_code=spec.trust_remote_code)
+
+
+def enable_checkpointing(model) -> None:
+    """Activation (gradient) checkpointing, non-reentrant, under either transformers name."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+
+
+def is_checkpointing(model) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+def _finish(model, spec: LoadSpec, trainable: bool):
+    if trainable and spec.gradient_checkpointing:
+        backbone = model.backbone if isinstance(model, ScalarHeadModel) else model
+        enable_checkpointing(backbone)
+    if not trainable:
+        model.eval().requires_grad_(False)
+    return model
+
+
+def load_policy(name_or_path: str | Path, spec: LoadSpec, trainable: bool = True):
+    """A causal LM (policy to train, or a frozen reference / evaluation policy)."""
+    model = load_causal_lm(name_or_path, spec.param_dtype(trainable), spec.trust_remote_code,
+                           **spec.hf_kwargs())
+    return _finish(model, spec, trainable)
+
+
+def load_scalar_model(model_dir: str | Path, spec: LoadSpec,
+                      trainable: bool = True) -> ScalarHeadModel:
+    """A saved scalar-head model (reward model, critic)."""
+    model = ScalarHeadModel.load(model_dir, spec.param_dtype(trainable), spec.trust_remote_code,
+                                 **spec.hf_kwargs())
+    return _finish(model, spec, trainable)
+
+
+def new_scalar_model(name_or_path: str | Path, spec: LoadSpec) -> ScalarHeadModel:
+    """A fresh scalar head on a causal LM's trunk (the reward model before training)."""
+    model = ScalarHeadModel.from_causal_lm(name_or_path, spec.param_dtype(True),
+                                           spec.trust_remote_code, **spec.hf_kwargs())
+    return _finish(model, spec, True)
+
+
+def add_lora(model, settings: LoraSettings):
+    """Wrap a transformers model in peft LoRA adapters (base frozen) -> PeftModel."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:  # pragma: no cover - depends on the optional extra
+        raise ImportError("model.lora needs peft: pip install 'rlhf-ppo-pipeline[lora]'") \
+            from err
+    cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                     target_modules=settings.target_modules, bias="none")
+    return get_peft_model(model, cfg)

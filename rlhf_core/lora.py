@@ -1,0 +1,80 @@
+"""PPO's four models, full or as LoRA adapters over frozen bases (``model.lora``, needs peft).
+
+Full: policy and critic are trained copies (fp32 master weights), reference and reward model
+frozen copies in the compute dtype. LoRA: the policy is adapters over the frozen SFT model and
+the reference is that same model with the adapters switched off; the critic is adapters (and a
+trained copy of the head) over the frozen reward-model trunk and the reward model is that same
+trunk with the adapters off and its own head. Two frozen trunks instead of four models; the
+critic keeps its warm start from the reward model (SPEC stage 5), which is why it does not
+share the policy's base.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from torch import nn
+
+from rlhf_core.loader import (
+    LoadSpec,
+    add_lora,
+    enable_checkpointing,
+    load_policy,
+    load_scalar_model,
+)
+from rlhf_core.models import ScalarHeadModel
+
+
+class AdaptersOff(nn.Module):
+    """A peft model's frozen base, run with its adapters disabled (no second copy).
+
+    The peft model is held in a list, not as a submodule: ``requires_grad_``, ``train`` and
+    ``.to`` on this view leave the shared weights (and the adapters) to their owner.
+    """
+
+    def __init__(self, peft_model):
+        super().__init__()
+        self._owner = [peft_model]
+        self.config = peft_model.config
+
+    def forward(self, *args, **kwargs):
+        owner = self._owner[0]
+        with owner.disable_adapter():
+            return owner(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True):
+        return self._owner[0].parameters(recurse)
+
+    def requires_grad_(self, requires_grad: bool = True):
+        return self
+
+
+def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Path,
+               reward_dir: str | Path, spec: LoadSpec):
+    """-> (policy, reference, value model, reward model) as the spec says (full or LoRA)."""
+    if spec.lora is None:
+        return (load_policy(policy_dir, spec), load_policy(ref_dir, spec, trainable=False),
+                load_scalar_model(critic_dir, spec),
+                load_scalar_model(reward_dir, spec, trainable=False))
+    base = load_policy(policy_dir, spec, trainable=False)
+    trunk = load_scalar_model(reward_dir, spec, trainable=False)
+    if spec.gradient_checkpointing:
+        enable_checkpointing(base)
+        enable_checkpointing(trunk.backbone)
+    policy = add_lora(base, spec.lora)
+    value_backbone = add_lora(trunk.backbone, spec.lora)
+    value_head = copy.deepcopy(trunk.head).float().requires_grad_(True)
+    value = ScalarHeadModel(value_backbone, value_head)
+    value.head.float()  # trained: fp32 master weights
+    reward = ScalarHeadModel(AdaptersOff(value_backbone), trunk.head)
+    return policy, AdaptersOff(policy), value, reward
+
+
+def merged(policy, value: ScalarHeadModel):
+    """The models to save: LoRA adapters merged into their bases (no-op for full models)."""
+    if hasattr(policy, "merge_and_unload"):
+        policy = policy.merge_and_unload()
+    if hasattr(value.backbone, "merge_and_unload"):
+        value = ScalarHeadModel(value.backbone.merge_and_unload(), value.head)
+    return policy, value

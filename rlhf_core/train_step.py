@@ -1,0 +1,89 @@
+"""The one training-step seam shared by SFT, reward-model training and PPO.
+
+An optimizer step is: zero the gradients, run each micro-batch's loss under autocast and
+backward it with its weight (gradient accumulation), unscale (fp16), clip the global gradient
+norm, check the losses and the norm are finite (one device sync; the error names the step),
+step the optimizer and the schedule. A non-finite value stops training before the optimizer
+applies anything. The fp16 loss scaler's state is not checkpointed (a resumed fp16 run starts
+from the initial scale). Everything that differs between devices and precisions lives here, so a
+multi-rank wrapper (DDP/FSDP) has one place to hook in.
+
+In fp32 the arithmetic is exactly the earlier hand-written loop's (same order of operations),
+so CPU results stay bit-identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from rlhf_core.optim import check_finite
+from rlhf_core.precision import autocast
+
+# A micro-batch: () -> (loss, weight); the step's loss is sum(weight * loss).
+MicroBatch = Callable[[], tuple[torch.Tensor, float]]
+
+
+class TrainStep:
+    """Autocast, backward, clip, finite checks and the optimizer step for one set of params."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                 scheduler, max_grad_norm: float, precision: str = "fp32",
+                 device: torch.device | str = "cpu", name: str = "train"):
+        self.params = [p for p in params if p.requires_grad]
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.max_grad_norm, self.precision = max_grad_norm, precision
+        self.device, self.name = torch.device(device), name
+        self.scaler = (torch.amp.GradScaler(self.device.type) if precision == "fp16" else None)
+        self.skipped = 0  # fp16 steps skipped for an overflowing gradient
+        self._losses: list[torch.Tensor] = []
+
+    def autocast(self):
+        """The forward context of this precision (nothing in fp32)."""
+        return autocast(self.precision, self.device)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._losses = []
+
+    def backward(self, loss: torch.Tensor, step: int, weight: float = 1.0) -> None:
+        """Accumulate weight * d loss; the loss is checked finite in :meth:`apply`, before the
+        optimizer step and with the gradient norm (one device sync per step, not two)."""
+        self._losses.append(loss.detach())
+        scaled = loss if weight == 1.0 else loss * weight
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+
+    def apply(self, step: int) -> torch.Tensor:
+        """Unscale, clip, check the gradient norm, step optimizer and schedule -> grad norm."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        losses = torch.stack([loss.float() for loss in self._losses])
+        finite = torch.stack([torch.isfinite(losses).all(), torch.isfinite(grad_norm)]).tolist()
+        if not finite[0]:
+            bad = next(loss for loss in self._losses if not torch.isfinite(loss).all())
+            check_finite(f"{self.name} loss", bad, step)
+        if self.scaler is not None and not finite[1]:
+            self.skipped += 1  # fp16 overflow: the scaler skips this step and lowers its scale
+        elif not finite[1]:
+            check_finite(f"{self.name} gradient norm", grad_norm, step)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        return grad_norm
+
+    def run(self, micro_batches: Iterable[MicroBatch], step: int) -> torch.Tensor:
+        """One optimizer step over the micro-batches (their losses computed under autocast)
+        -> the pre-clip gradient norm."""
+        self.zero_grad()
+        for micro in micro_batches:
+            with self.autocast():
+                loss, weight = micro()
+            self.backward(loss, step, weight)
+        return self.apply(step)

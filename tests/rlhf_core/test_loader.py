@@ -1,0 +1,105 @@
+"""The one model loader: model.dtype, precision, attention and trust_remote_code reach every
+from_pretrained call, and no task or core module loads a model any other way."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from rlhf_core.config import ModelConfig
+from rlhf_core.loader import (
+    LoadSpec,
+    is_checkpointing,
+    load_policy,
+    load_scalar_model,
+    load_tokenizer,
+    new_scalar_model,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+LOADERS = {"load_policy", "load_scalar_model", "new_scalar_model", "load_tokenizer",
+           "ppo_models"}
+# the only modules allowed to call from_pretrained: the loader's two layers
+ALLOWED = {ROOT / "rlhf_core" / "models.py", ROOT / "rlhf_core" / "loader.py",
+           ROOT / "rlhf_core" / "lora.py"}
+
+
+def _calls(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            yield name, node
+
+
+def test_every_load_site_goes_through_the_loader_with_a_spec():
+    sites = 0
+    for path in sorted([*(ROOT / "tasks").glob("*.py"), *(ROOT / "rlhf_core").glob("*.py")]):
+        for name, node in _calls(path):
+            if name == "from_pretrained":
+                assert path in ALLOWED, f"{path.name}:{node.lineno} calls from_pretrained"
+            if name in {"load_causal_lm", "from_causal_lm", "load"} and path.parent.name == "tasks":
+                # ScalarHeadModel.load / load_causal_lm bypass the spec
+                assert name == "load" and isinstance(node.func, ast.Attribute) and \
+                    getattr(node.func.value, "id", "") not in {"ScalarHeadModel"}, \
+                    f"{path.name}:{node.lineno} loads a model without the loader"
+            if name in LOADERS and path not in ALLOWED:
+                sites += 1
+                assert len(node.args) >= 2, f"{path.name}:{node.lineno}: {name} without a spec"
+    assert sites >= 12  # sft, reward model, norm, critic, ppo (2), evaluate (4+2), validate
+
+
+@pytest.fixture()
+def recorded(monkeypatch):
+    """Every from_pretrained call's keyword arguments, by class."""
+    calls = []
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoModel,
+                transformers.AutoTokenizer):
+        original = cls.from_pretrained.__func__
+
+        def wrapper(klass, *args, _orig=original, _name=cls.__name__, **kwargs):
+            calls.append((_name, kwargs))
+            return _orig(klass, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(wrapper))
+    return calls
+
+
+def test_spec_reaches_every_from_pretrained(tiny_model_dir, tmp_path, recorded):
+    cfg = ModelConfig(dtype="float32", precision="bf16", attn_implementation="eager",
+                      trust_remote_code=True, gradient_checkpointing=True)
+    spec = LoadSpec.from_config(cfg, "cpu")
+    load_tokenizer(tiny_model_dir, spec)
+    policy = load_policy(tiny_model_dir, spec)
+    ref = load_policy(tiny_model_dir, spec, trainable=False)
+    rm = new_scalar_model(tiny_model_dir, spec)
+    rm.save(tmp_path / "rm")
+    value = load_scalar_model(tmp_path / "rm", spec)
+    frozen_rm = load_scalar_model(tmp_path / "rm", spec, trainable=False)
+    assert len(recorded) == 6
+    for name, kwargs in recorded:
+        assert kwargs["trust_remote_code"] is True, name
+        if name != "AutoTokenizer":
+            assert kwargs["attn_implementation"] == "eager", name
+    # trained models keep fp32 master weights; frozen ones load in the compute dtype
+    for model in (policy, rm, value):
+        assert next(model.parameters()).dtype == torch.float32
+        assert any(p.requires_grad for p in model.parameters())
+    for model in (ref, frozen_rm):
+        assert next(model.parameters()).dtype == torch.bfloat16
+        assert not any(p.requires_grad for p in model.parameters())
+    assert is_checkpointing(policy) and is_checkpointing(value)
+    assert not is_checkpointing(ref)
+
+
+def test_model_dtype_is_the_trained_parameter_dtype(tiny_model_dir):
+    spec = LoadSpec.from_config(ModelConfig(dtype="bfloat16", precision="fp32"), "cpu")
+    assert next(load_policy(tiny_model_dir, spec).parameters()).dtype == torch.bfloat16
+
+
+def test_precision_auto_is_fp32_on_cpu_and_fp16_on_cpu_is_refused():
+    assert LoadSpec.from_config(ModelConfig(), "cpu").precision == "fp32"
+    with pytest.raises(ValueError, match="fp16 needs CUDA"):
+        LoadSpec.from_config(ModelConfig(precision="fp16"), "cpu")

@@ -1,0 +1,50 @@
+"""LoRA option: policy and critic are adapters over frozen trunks; the reference and the reward
+model are those trunks with the adapters off, so an update moves neither of them."""
+
+import pytest
+import torch
+
+from rlhf_core.config import LoraSettings, ModelConfig, OptimConfig, PPOConfig
+from rlhf_core.data import encode
+from rlhf_core.loader import LoadSpec, load_tokenizer, new_scalar_model
+from rlhf_core.lora import merged, ppo_models
+from rlhf_core.ppo import PPOTrainer
+
+pytest.importorskip("peft")
+
+PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :",
+           "the dogs are nice :"]
+
+
+def test_lora_ppo_trains_adapters_and_leaves_reference_and_reward_alone(tiny_model_dir,
+                                                                        tmp_path):
+    spec = LoadSpec.from_config(ModelConfig(lora=LoraSettings(r=4, alpha=8)), "cpu")
+    torch.manual_seed(0)
+    new_scalar_model(tiny_model_dir, spec).save(tmp_path / "rm")
+    policy, ref, value, reward = ppo_models(tiny_model_dir, tiny_model_dir, tmp_path / "rm",
+                                            tmp_path / "rm", spec)
+    tok = load_tokenizer(tiny_model_dir, spec)
+    ids = torch.tensor([encode(tok, PROMPTS[2])])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        ref_before, reward_before = ref(input_ids=ids).logits, reward(ids, mask)
+        assert torch.equal(policy(input_ids=ids).logits, ref_before)  # LoRA B starts at 0
+        assert torch.equal(value(ids, mask), reward_before)  # critic = RM at the start
+    cfg = PPOConfig(iterations=2, rollout_batch_size=4, num_minibatches=1, ppo_epochs=2,
+                    max_new_tokens=6, optim=OptimConfig(lr=1e-2))
+    tr = PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS], cfg,
+                    {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cpu"),
+                    torch.Generator().manual_seed(0))
+    trained = {n for n, p in list(policy.named_parameters()) + list(value.named_parameters())
+               if p.requires_grad}
+    assert trained and all("lora_" in n or n.startswith("head.") for n in trained)
+    tr.step()
+    with torch.no_grad():
+        assert torch.equal(ref(input_ids=ids).logits, ref_before)
+        assert torch.equal(reward(ids, mask), reward_before)
+        assert not torch.equal(policy(input_ids=ids).logits, ref_before)
+        after = policy(input_ids=ids).logits
+        final_policy, final_value = merged(policy, value)
+        torch.testing.assert_close(final_policy(input_ids=ids).logits, after, atol=1e-5,
+                                   rtol=1e-5)
+    assert not hasattr(final_policy, "peft_config")

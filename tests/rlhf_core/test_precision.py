@@ -1,0 +1,95 @@
+"""Mixed precision and the shared training step: bf16 autocast over fp32 master weights gives
+a policy ratio of 1 before any update (old and new log-probs from one numeric path), and
+micro-batch gradient accumulation equals the whole minibatch."""
+
+import copy
+
+import pytest
+import torch
+
+from rlhf_core.config import OptimConfig, PPOConfig
+from rlhf_core.data import encode
+from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.ppo import PPOTrainer
+from rlhf_core.ppo_math import logprobs_from_logits
+from rlhf_core.rollout import response_logits, to_autograd_tensors
+from rlhf_core.train_step import TrainStep
+
+PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :",
+           "the dogs are nice :", "tell me about the sun :", "hello world :"]
+RATIO_TOL = 1e-3  # |ratio - 1| per token before any update, bf16 autocast (0.0 seen on CPU)
+
+
+def trainer(tiny_model_dir, precision="fp32", **ppo):
+    torch.manual_seed(0)
+    tok = load_tokenizer(str(tiny_model_dir))
+    policy, ref = load_causal_lm(tiny_model_dir), load_causal_lm(tiny_model_dir)
+    value = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    reward = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    cfg = PPOConfig(iterations=2, rollout_batch_size=6, num_minibatches=1, ppo_epochs=1,
+                    max_new_tokens=10, optim=OptimConfig(lr=1e-3), **ppo)
+    return PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS], cfg,
+                      {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cpu"),
+                      torch.Generator().manual_seed(0), precision=precision)
+
+
+def rollout(tr):
+    with tr.train_step.autocast():
+        from rlhf_core.rollout import make_experience
+
+        exp = make_experience(tr.policy, tr.ref_policy, tr.value_model, tr.reward_model,
+                              tr.next_prompts(), tr.tokenizer, tr.gen_config, tr.kl_ctl.value,
+                              tr.norm_stats, tr.settings)
+    return to_autograd_tensors(exp)
+
+
+def test_bf16_old_and_new_logprobs_agree_before_any_update(tiny_model_dir):
+    tr = trainer(tiny_model_dir, precision="bf16")
+    assert tr.settings.recompute_logprobs
+    exp = rollout(tr)
+    idx = torch.tensor([4, 1, 3])  # a minibatch as the update forms it: subset, trimmed
+    R = int(exp.response_mask[idx].sum(1).max())
+    with tr.train_step.autocast(), torch.no_grad():
+        logits = response_logits(tr.policy, exp.query_responses[idx, : exp.context_length + R],
+                                 tr.tokenizer.pad_token_id, exp.context_length)
+        new = logprobs_from_logits(logits, exp.responses[idx, :R], 0.7)
+    mask = exp.response_mask[idx, :R]
+    ratio = torch.exp(new - exp.logprobs[idx, :R])[mask]
+    assert (ratio - 1).abs().max() < RATIO_TOL
+    # and bf16 is really in use: the fp32 forward differs by more than rounding of fp32
+    with torch.no_grad():
+        fp32 = logprobs_from_logits(response_logits(
+            tr.policy, exp.query_responses[idx, : exp.context_length + R],
+            tr.tokenizer.pad_token_id, exp.context_length), exp.responses[idx, :R], 0.7)
+    assert (fp32 - new)[mask].abs().max() > 1e-5
+    # master weights and optimizer state stay float32 after a bf16 update
+    tr.update(exp)
+    assert all(p.dtype == torch.float32 for p in tr.policy.parameters())
+    state = next(iter(tr.optimizer.state.values()))
+    assert state["exp_avg"].dtype == torch.float32
+
+
+def test_micro_batches_accumulate_to_the_whole_minibatch(tiny_model_dir):
+    whole = trainer(tiny_model_dir)
+    micro = trainer(tiny_model_dir, micro_batch_size=2)
+    exp = rollout(whole)
+    micro.policy.load_state_dict(whole.policy.state_dict())
+    stats_whole = whole.update(copy.deepcopy(exp))
+    stats_micro = micro.update(copy.deepcopy(exp))
+    for a, b in zip(whole.policy.parameters(), micro.policy.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+    for a, b in zip(whole.value_model.parameters(), micro.value_model.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+    for key in ("loss/policy_avg", "loss/value_avg", "val/ratio"):
+        assert stats_whole[key] == pytest.approx(stats_micro[key], rel=1e-5, abs=1e-7)
+
+
+def test_train_step_names_the_step_of_a_non_finite_loss():
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    step = TrainStep(model.parameters(), opt, sched, 1.0, name="sft")
+    before = model.weight.detach().clone()
+    with pytest.raises(FloatingPointError, match="non-finite sft loss at step 7"):
+        step.run([lambda: (model(torch.ones(1, 2)).sum() * float("nan"), 1.0)], 7)
+    assert torch.equal(model.weight, before)
