@@ -101,6 +101,9 @@ def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: t
             kind: str = "k3"):
     """GRPO's KL term: masked mean of the per-token KL(pi || ref) estimate under the current
     policy (k3 is unbiased and non-negative). All [B, T]; returns (loss, stats)."""
-    per_token = kl_estimate(logprobs, ref_logprobs, kind)
-    loss = masked_mean(per_token, response_mask)
+    # off the mask (padding) log-probs can be ~-1e9: exp() of that would give inf * 0 = NaN
+    # gradients through a plain where(), so those entries are made equal (KL 0) first
+    m = response_mask.bool()
+    per_token = kl_estimate(torch.where(m, logprobs, ref_logprobs.detach()), ref_logprobs, kind)
+    loss = masked_mean(per_token, m)
     return loss, {"kl_loss": loss.detach()}

@@ -1,9 +1,12 @@
 """Stage 6, PPO (Schulman et al. 2017) for language models, InstructGPT recipe.
 
 Readable top to bottom: ``PPOTrainer.step`` = sample prompts -> ``make_experience`` (rollout,
-scores, KL-shaped rewards, GAE) -> K epochs over M minibatches of clipped policy and value
-losses -> metrics with TRL's names. Each minibatch is trimmed to its longest response, so the
-update computes over real tokens only.
+scores, rewards and advantages from the algorithm) -> K epochs over M minibatches of clipped
+policy (and, with a critic, value) losses -> metrics with TRL's names. Each minibatch is
+trimmed to its longest response, so the update computes over real tokens only.
+
+This file is the RL loop; what it optimises (GAE with a critic, or a critic-free estimator:
+RLOO, GRPO, REINFORCE with a baseline) is the algorithm in rlhf_core/algorithms.py.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rlhf_core.algorithms import make_algorithm
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import PPOConfig
 from rlhf_core.data import left_pad
@@ -51,35 +55,43 @@ def make_kl_controller(cfg: PPOConfig):
 
 
 class PPOTrainer:
-    """Holds the four models, the optimizer and the prompt stream; one ``step`` per iteration.
+    """Holds the models, the optimizer and the prompt stream; one ``step`` per iteration.
 
-    The value model is the caller's copy of the reward model (critic warm-start, SPEC stage 5);
-    the reference policy is a frozen copy of the SFT policy.
+    The value model is the caller's copy of the reward model (critic warm-start, SPEC stage 5),
+    or None for a critic-free ``cfg.advantage_estimator``; the reference policy is a frozen
+    copy of the SFT policy.
     """
 
     def __init__(
-        self, policy, ref_policy, value_model: ScalarHeadModel, reward_model: ScalarHeadModel,
+        self, policy, ref_policy, value_model: ScalarHeadModel | None,
+        reward_model: ScalarHeadModel,
         tokenizer, prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig,
         norm_stats: dict[str, float], device: torch.device, generator: torch.Generator,
         divide_by_std: bool = False,
     ):
         if len(prompt_ids) == 0:
             raise ValueError("PPO needs at least one prompt")
+        self.algorithm = make_algorithm(cfg)
+        if self.algorithm.uses_critic != (value_model is not None):
+            raise ValueError(f"ppo.advantage_estimator={cfg.advantage_estimator} "
+                             + ("needs a value model" if self.algorithm.uses_critic
+                                else "has no critic: pass value_model=None"))
         self.policy, self.ref_policy = policy.to(device), ref_policy.to(device)
-        self.value_model, self.reward_model = value_model.to(device), reward_model.to(device)
+        self.value_model = value_model.to(device).train() if value_model is not None else None
+        self.reward_model = reward_model.to(device)
         for frozen in (self.ref_policy, self.reward_model):
             frozen.eval().requires_grad_(False)
         self.policy.train()
-        self.value_model.train()
         self.tokenizer, self.cfg, self.device = tokenizer, cfg, device
         self.prompt_ids, self.norm_stats, self.generator = list(prompt_ids), norm_stats, generator
         self.settings = RolloutSettings(
-            temperature=cfg.temperature, kl_estimator=cfg.kl_estimator, gamma=cfg.gamma,
-            lam=cfg.lam, whiten_rewards=cfg.whiten_rewards,
+            temperature=cfg.temperature, kl_estimator=cfg.kl_estimator,
             missing_eos_penalty=cfg.missing_eos_penalty, divide_by_std=divide_by_std,
         )
         self.gen_config = sampling_config(tokenizer, cfg.temperature, cfg.max_new_tokens)
-        params = list(self.policy.parameters()) + list(self.value_model.parameters())
+        params = list(self.policy.parameters())
+        if self.value_model is not None:
+            params += list(self.value_model.parameters())
         total = cfg.iterations * cfg.ppo_epochs * cfg.num_minibatches
         self.optimizer, self.scheduler = build_optimizer(params, cfg.optim, total)
         self.params = [p for p in params if p.requires_grad]
@@ -89,15 +101,19 @@ class PPOTrainer:
 
     # -- prompt stream ----------------------------------------------------------------------
     def next_prompts(self) -> torch.Tensor:
-        """The next rollout_batch_size prompts, reshuffled each pass -> [B, P] left-padded."""
+        """The next rollout_batch_size / k prompts, reshuffled each pass, each repeated k =
+        samples_per_prompt times in a row (the groups of the critic-free estimators)
+        -> [B, P] left-padded."""
+        k = self.cfg.samples_per_prompt
         chosen = []
-        while len(chosen) < self.cfg.rollout_batch_size:
+        while len(chosen) < self.cfg.rollout_batch_size // k:
             if self._cursor >= len(self._order):
                 self._order = torch.randperm(len(self.prompt_ids), generator=self.generator)
                 self._cursor = 0
             chosen.append(int(self._order[self._cursor]))
             self._cursor += 1
-        return left_pad([self.prompt_ids[i] for i in chosen], self.tokenizer.pad_token_id)
+        return left_pad([self.prompt_ids[i] for i in chosen for _ in range(k)],
+                        self.tokenizer.pad_token_id)
 
     # -- one iteration ----------------------------------------------------------------------
     def step(self) -> tuple[dict[str, float], Experience]:
@@ -107,6 +123,7 @@ class PPOTrainer:
         exp = make_experience(
             self.policy, self.ref_policy, self.value_model, self.reward_model, prompts,
             self.tokenizer, self.gen_config, self.kl_ctl.value, self.norm_stats, self.settings,
+            self.algorithm,
         )
         exp = to_autograd_tensors(exp)
         check_finite("reward-model score", exp.raw_scores, self.iteration + 1)
@@ -121,29 +138,15 @@ class PPOTrainer:
         return metrics, exp
 
     def update(self, exp: Experience) -> dict[str, float]:
-        """K epochs x M minibatches of clipped PPO updates; returns averaged stats."""
-        cfg, P = self.cfg, exp.context_length
-        pad_id = self.tokenizer.pad_token_id
+        """K epochs x M minibatches of clipped updates; returns averaged stats."""
+        cfg = self.cfg
         sums: dict[str, float] = defaultdict(float)
         n_updates = 0
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(exp.responses.shape[0], generator=self.generator)
             for start in range(0, len(order), cfg.minibatch_size):
                 idx = order[start: start + cfg.minibatch_size].to(self.device)
-                mask = exp.response_mask[idx]
-                R = int(mask.sum(dim=1).max())  # trim to the longest response in the minibatch
-                mask = mask[:, :R]
-                qr = exp.query_responses[idx, : P + R]
-                logits = response_logits(self.policy, qr, pad_id, P)  # (b, R, V)
-                logprobs = logprobs_from_logits(logits, exp.responses[idx, :R], cfg.temperature)
-                vpred = response_values(self.value_model, qr, pad_id, P)  # (b, R)
-                pg_loss, pg_stats = clipped_policy_loss(
-                    logprobs, exp.logprobs[idx, :R], exp.advantages[idx, :R], mask, cfg.clip_eps)
-                vf_loss, vf_stats = clipped_value_loss(
-                    vpred, exp.values[idx, :R], exp.returns[idx, :R], mask, cfg.clip_eps_value)
-                entropy = masked_mean(entropy_from_logits(logits.detach() if cfg.ent_coef == 0
-                                                          else logits), mask)
-                loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
+                loss, stats = self.minibatch_loss(exp, idx)
                 check_finite("ppo loss", loss, self.iteration + 1)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -152,15 +155,42 @@ class PPOTrainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 n_updates += 1
-                for key, value in (("loss/policy_avg", pg_loss), ("loss/value_avg", vf_loss),
-                                   ("policy/entropy_avg", entropy),
-                                   ("policy/approxkl_avg", pg_stats["approxkl"]),
-                                   ("policy/clipfrac_avg", pg_stats["clipfrac"]),
-                                   ("val/clipfrac_avg", vf_stats["clipfrac"]),
-                                   ("val/ratio", pg_stats["ratio"]),
-                                   ("val/ratio_var", pg_stats["ratio_var"])):
+                for key, value in stats.items():
                     sums[key] += float(value.detach())
         return {k: v / n_updates for k, v in sums.items()}
+
+    def minibatch_loss(self, exp: Experience, idx: torch.Tensor):
+        """Clipped policy loss (+ value loss with a critic, + the algorithm's extra term,
+        - entropy bonus) on rows ``idx``, trimmed to their longest response -> (loss, stats)."""
+        cfg, P = self.cfg, exp.context_length
+        pad_id = self.tokenizer.pad_token_id
+        mask = exp.response_mask[idx]
+        R = int(mask.sum(dim=1).max())  # trim to the longest response in the minibatch
+        mask = mask[:, :R]
+        qr = exp.query_responses[idx, : P + R]
+        logits = response_logits(self.policy, qr, pad_id, P)  # (b, R, V)
+        logprobs = logprobs_from_logits(logits, exp.responses[idx, :R], cfg.temperature)
+        pg_loss, pg_stats = clipped_policy_loss(
+            logprobs, exp.logprobs[idx, :R], exp.advantages[idx, :R], mask, cfg.clip_eps)
+        entropy = masked_mean(entropy_from_logits(logits.detach() if cfg.ent_coef == 0
+                                                  else logits), mask)
+        loss = pg_loss - cfg.ent_coef * entropy
+        stats = {"loss/policy_avg": pg_loss, "policy/entropy_avg": entropy,
+                 "policy/approxkl_avg": pg_stats["approxkl"],
+                 "policy/clipfrac_avg": pg_stats["clipfrac"],
+                 "val/ratio": pg_stats["ratio"], "val/ratio_var": pg_stats["ratio_var"]}
+        if self.value_model is not None:
+            vpred = response_values(self.value_model, qr, pad_id, P)  # (b, R)
+            vf_loss, vf_stats = clipped_value_loss(
+                vpred, exp.values[idx, :R], exp.returns[idx, :R], mask, cfg.clip_eps_value)
+            loss = loss + cfg.vf_coef * vf_loss
+            stats.update({"loss/value_avg": vf_loss, "val/clipfrac_avg": vf_stats["clipfrac"]})
+        extra, extra_stats = self.algorithm.extra_loss(
+            logprobs, exp.ref_logprobs[idx, :R], mask, self.kl_ctl.value)
+        if extra is not None:
+            loss = loss + extra
+            stats.update({f"loss/{k}_avg": v for k, v in extra_stats.items()})
+        return loss, stats
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:
@@ -177,8 +207,6 @@ class PPOTrainer:
             "objective/raw_scores": float(exp.raw_scores.mean()),
             "objective/kl_coef": float(self.kl_ctl.value),
             "val/num_eos_tokens": float(exp.has_eos.sum()),
-            "val/explained_variance": float(
-                explained_variance(exp.values, exp.returns, mask)),
             "response/length_mean": float(mask.sum(1).float().mean()),
             "response/eos_rate": float(exp.has_eos.float().mean()),
             "lr": self.scheduler.get_last_lr()[0],
@@ -187,6 +215,9 @@ class PPOTrainer:
             "time/update_s": update_s,
             "throughput/tokens_per_s": n_tokens / max(rollout_s + update_s, 1e-9),
         }
+        if self.value_model is not None:
+            metrics["val/explained_variance"] = float(
+                explained_variance(exp.values, exp.returns, mask))
         metrics.update(stats)
         return metrics
 
@@ -221,19 +252,23 @@ class PPOTrainer:
     def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:
         """Policy + value weights, optimizer, scheduler, RNG, prompt-stream position, KL
         coefficient and iteration counter, every cfg.checkpoint_every iterations."""
-        return Checkpointer(root, {"policy": self.policy, "value": self.value_model},
-                            self.cfg.checkpoint_every, keep_last, label="ppo")
+        models = {"policy": self.policy}
+        if self.value_model is not None:
+            models["value"] = self.value_model
+        return Checkpointer(root, models, self.cfg.checkpoint_every, keep_last, label="ppo")
 
     def _loop_state(self, last: dict) -> dict:
         return {"iteration": self.iteration, "episode": self.episode,
                 "kl_coef": self.kl_ctl.value, "order": self._order.tolist(),
-                "cursor": self._cursor, "last": last}
+                "cursor": self._cursor, "last": last,
+                "algorithm": self.algorithm.state_dict()}
 
     def _load_loop_state(self, state: dict) -> dict:
         self.iteration, self.episode = state["iteration"], state["episode"]
         self.kl_ctl.value = state["kl_coef"]
         self._order = torch.tensor(state["order"], dtype=torch.long)
         self._cursor = state["cursor"]
+        self.algorithm.load_state_dict(state.get("algorithm", {}))
         return state["last"]
 
     def train(self, on_iteration: IterationFn | None = None, progress: bool = True,

@@ -58,7 +58,9 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         tokenizer = load_tokenizer(data["tokenizer"])
         policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
         ref_policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
-        value_model = ScalarHeadModel.load(critic_out["model_dir"])  # explicit critic source
+        value_model = None  # critic-free estimators load no value model
+        if cfg.ppo.uses_critic:
+            value_model = ScalarHeadModel.load(critic_out["model_dir"])  # explicit source
         reward_model = ScalarHeadModel.load(rm_out["model_dir"])
         norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
         prompts = [encode(tokenizer, r["prompt"])
@@ -86,11 +88,12 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         last = trainer.train(on_iteration, progress=ctx.progress,
                              monitor=judge_monitor(prep["judge"]), checkpointer=ck)
         policy_dir = save_policy(trainer.policy, tokenizer, out_root / "policy")
-        value_dir = save_scalar_model(trainer.value_model, out_root / "value_model")
+        value_dir = None if trainer.value_model is None else \
+            str(save_scalar_model(trainer.value_model, out_root / "value_model"))
         client.log_artifacts(run_id, str(policy_dir), "checkpoint/policy")
         client.log_table(run_id, data=pd.DataFrame(samples), artifact_file="samples/all.json")
         keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
-        return {"policy_dir": str(policy_dir), "value_dir": str(value_dir),
+        return {"policy_dir": str(policy_dir), "value_dir": value_dir,
                 "metrics": {k: last[k] for k in keys if k in last}}
 
     return run_stage(ctx, "ppo", body)

@@ -138,3 +138,13 @@ def test_kl_loss_k3_matches_naive_and_is_zero_at_ref():
     assert float(stats["kl_loss"]) == pytest.approx(float(loss))
     zero, _ = kl_loss(logp, logp, mask)
     assert float(zero) == 0.0
+
+
+def test_kl_loss_gradient_is_finite_with_huge_logprobs_off_the_mask():
+    logp = torch.tensor([[-1.0, -1e9], [-0.5, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.2, 0.0], [-0.4, -2.5]])
+    mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
+    loss, _ = kl_loss(logp, ref, mask)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert float(logp.grad[0, 1]) == 0.0
