@@ -15,6 +15,7 @@ from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
 from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_torch, write_json
 from tasks.config import PipelineConfig
+from tasks.memory import peak_memory, state_bytes
 from tasks.tracking import RunContext
 
 
@@ -85,8 +86,12 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
                                                    state["artifact"])
 
         ck = trainer.checkpointer(out_root / "checkpoints", cfg.tracking.keep_checkpoints)
-        last = trainer.train(on_iteration, progress=ctx.progress,
-                             monitor=judge_monitor(prep["judge"]), checkpointer=ck)
+        with peak_memory() as memory:
+            last = trainer.train(on_iteration, progress=ctx.progress,
+                                 monitor=judge_monitor(prep["judge"]), checkpointer=ck)
+        memory["memory/model_state_gb"] = state_bytes(
+            policy, ref_policy, value_model, reward_model, optimizer=trainer.optimizer) / 2**30
+        log(0, memory)
         policy_dir = save_policy(trainer.policy, tokenizer, out_root / "policy")
         value_dir = None if trainer.value_model is None else \
             str(save_scalar_model(trainer.value_model, out_root / "value_model"))
@@ -94,6 +99,6 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         client.log_table(run_id, data=pd.DataFrame(samples), artifact_file="samples/all.json")
         keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
         return {"policy_dir": str(policy_dir), "value_dir": value_dir,
-                "metrics": {k: last[k] for k in keys if k in last}}
+                "metrics": {**{k: last[k] for k in keys if k in last}, **memory}}
 
     return run_stage(ctx, "ppo", body)
