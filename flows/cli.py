@@ -2,6 +2,7 @@
 
     rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID]
     rlhf validate [--config FILE] [--set key=value ...]
+    rlhf sweep [--config FILE] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--max-concurrent N]
     rlhf runs [--experiment NAME] [--limit N]
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
@@ -79,6 +80,29 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    cfg = _config_for(args)
+    from flows.config import grid_points, parse_grid
+
+    grid = parse_grid(args.grid or [])
+    seeds = [cfg.seed + i for i in range(args.seeds)]
+    points = grid_points(cfg, grid, seeds)  # every point validated before anything runs
+    from flows.sweep import rlhf_sweep
+    from flows.validate import preflight
+
+    preflight(cfg.data)
+    start = time.perf_counter()
+    out = rlhf_sweep(config=cfg, grid=grid, seeds=seeds, sweep_id=args.sweep_id,
+                     max_concurrent=args.max_concurrent)
+    print(f"\n{out['markdown']}\n{len(points)} points in {time.perf_counter() - start:.1f} s; "
+          f"sweep {out['sweep_id']}: MLflow run {out['parent_run_id']} ({out['tracking_uri']}), "
+          f"filter runs with tags.`rlhf.sweep_id` = '{out['sweep_id']}'")
+    if out["failed"]:
+        print(f"failed points: {'; '.join(out['failed'])}", file=sys.stderr)
+        return 1
+    return 0
+
+
 RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
                ("eval/kl_to_ref", "kl"), ("eval/eos_rate_policy", "eos"))
 
@@ -129,6 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
     val.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     val.set_defaults(func=cmd_validate)
+    sweep = sub.add_parser("sweep", help="run a grid of RL settings x seeds; shared stages once")
+    sweep.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
+    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2",
+                       help="a ppo.*/eval.* setting and its values, e.g. "
+                            "--grid ppo.advantage_estimator=gae,rloo (repeatable)")
+    sweep.add_argument("--seeds", type=int, default=1, help="seeds per point (seed, seed+1, ...)")
+    sweep.add_argument("--max-concurrent", type=int, default=1,
+                       help="points run side by side (default 1: one after another)")
+    sweep.add_argument("--sweep-id", help="name of the sweep (tag rlhf.sweep_id); default by time")
+    sweep.set_defaults(func=cmd_sweep)
     runs = sub.add_parser("runs", help="list recent pipeline runs and their key metrics")
     runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
     runs.add_argument("--limit", type=int, default=10, help="how many runs (newest first)")

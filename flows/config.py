@@ -7,6 +7,8 @@ and its hash as a tag.
 
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +74,43 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in err.errors()]
         where = f" in {path}" if path else ""
         raise ConfigError(f"invalid config{where}:\n" + "\n".join(lines)) from None
+
+
+SWEEPABLE = ("ppo.", "eval.")
+
+
+def parse_grid(items: list[str] | tuple = ()) -> dict[str, list]:
+    """['ppo.kl_coef=0.02,0.05'] -> {'ppo.kl_coef': [0.02, 0.05]} (each value parsed as YAML)."""
+    grid: dict[str, list] = {}
+    for item in items:
+        key, raw = parse_override(item)
+        values = [yaml.safe_load(v) for v in str(raw).split(",") if v.strip()] \
+            if isinstance(raw, str) else [raw]
+        if not values:
+            raise ConfigError(f"--grid {item!r}: no values")
+        grid[key] = values
+    return grid
+
+
+def grid_points(base: PipelineConfig, grid: dict[str, list], seeds: list[int]
+                ) -> list[tuple[dict[str, Any], PipelineConfig]]:
+    """One (overrides, validated config) per grid point x seed, every one checked before any
+    run starts. Only RL settings (ppo.*, eval.*) and the seed may vary: anything else would
+    change a stage the points share (validate, sft, reward_model, reward_norm)."""
+    for key in grid:
+        if not key.startswith(SWEEPABLE):
+            raise ConfigError(f"--grid {key}: a sweep shares validate, sft, reward_model and "
+                              f"reward_norm between points, so only ppo.* and eval.* may vary")
+    if not seeds:
+        raise ConfigError("--seeds: a sweep needs at least one seed")
+    points = []
+    for combo in itertools.product(*grid.values()):
+        for seed in seeds:
+            overrides = {**dict(zip(grid, combo)), "seed": seed}
+            items = [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+            try:
+                cfg = load_config(None, items, base.model_dump(mode="json"))
+            except ConfigError as err:
+                raise ConfigError(f"sweep point {', '.join(items)}: {err}") from None
+            points.append((overrides, cfg))
+    return points

@@ -140,6 +140,20 @@ class PPOConfig(_Frozen):
         False, description="torch.compile the update's policy+value forward and backward "
         "(CUDA; the first iterations pay the compile time)."
     )
+    advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_baseline"] = Field(
+        "gae", description="gae: PPO with a critic (value model); rloo, grpo, "
+        "reinforce_baseline: critic-free, one advantage per response."
+    )
+    samples_per_prompt: int = Field(
+        1, ge=1, description="Responses sampled per prompt (k); rloo and grpo need k >= 2."
+    )
+    kl_in_loss: bool = Field(
+        False, description="KL as a k3 loss term (GRPO style) instead of a reward penalty."
+    )
+    whiten_advantages: bool = Field(True, description="Whiten advantages over the batch.")
+    baseline_momentum: float = Field(
+        0.9, ge=0, lt=1, description="reinforce_baseline: EMA momentum of the mean reward."
+    )
 
     @model_validator(mode="after")
     def _divisible(self) -> PPOConfig:
@@ -148,7 +162,22 @@ class PPOConfig(_Frozen):
                 f"ppo.rollout_batch_size ({self.rollout_batch_size}) must be divisible by "
                 f"ppo.num_minibatches ({self.num_minibatches})"
             )
+        if self.rollout_batch_size % self.samples_per_prompt:
+            raise ValueError(
+                f"ppo.rollout_batch_size ({self.rollout_batch_size}) must be divisible by "
+                f"ppo.samples_per_prompt ({self.samples_per_prompt})"
+            )
+        if self.advantage_estimator in ("rloo", "grpo") and self.samples_per_prompt < 2:
+            raise ValueError(
+                f"ppo.advantage_estimator={self.advantage_estimator} compares the responses "
+                f"to one prompt: set ppo.samples_per_prompt >= 2 (it is 1)"
+            )
         return self
+
+    @property
+    def uses_critic(self) -> bool:
+        """Only GAE needs a value model (and the critic warm-start stage)."""
+        return self.advantage_estimator == "gae"
 
     @property
     def minibatch_size(self) -> int:

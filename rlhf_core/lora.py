@@ -50,19 +50,23 @@ class AdaptersOff(nn.Module):
         return self
 
 
-def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Path,
+def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Path | None,
                reward_dir: str | Path, spec: LoadSpec):
-    """-> (policy, reference, value model, reward model) as the spec says (full or LoRA)."""
+    """-> (policy, reference, value model, reward model) as the spec says (full or LoRA);
+    ``critic_dir`` None (a critic-free estimator): no value model."""
     if spec.lora is None:
+        value = None if critic_dir is None else load_scalar_model(critic_dir, spec)
         return (load_policy(policy_dir, spec), load_policy(ref_dir, spec, trainable=False),
-                load_scalar_model(critic_dir, spec),
-                load_scalar_model(reward_dir, spec, trainable=False))
+                value, load_scalar_model(reward_dir, spec, trainable=False))
     base = load_policy(policy_dir, spec, trainable=False)
     trunk = load_scalar_model(reward_dir, spec, trainable=False)
     if spec.gradient_checkpointing:
         enable_checkpointing(base)
-        enable_checkpointing(trunk.backbone)
     policy = add_lora(base, spec.lora)
+    if critic_dir is None:
+        return policy, AdaptersOff(policy), None, trunk
+    if spec.gradient_checkpointing:
+        enable_checkpointing(trunk.backbone)
     value_backbone = add_lora(trunk.backbone, spec.lora)
     value_head = copy.deepcopy(trunk.head).float().requires_grad_(True)
     value = ScalarHeadModel(value_backbone, value_head)
@@ -71,10 +75,10 @@ def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Pa
     return policy, AdaptersOff(policy), value, reward
 
 
-def merged(policy, value: ScalarHeadModel):
+def merged(policy, value: ScalarHeadModel | None):
     """The models to save: LoRA adapters merged into their bases (no-op for full models)."""
     if hasattr(policy, "merge_and_unload"):
         policy = policy.merge_and_unload()
-    if hasattr(value.backbone, "merge_and_unload"):
+    if value is not None and hasattr(value.backbone, "merge_and_unload"):
         value = ScalarHeadModel(value.backbone.merge_and_unload(), value.head)
     return policy, value

@@ -1,9 +1,12 @@
 """Stage 6, PPO (Schulman et al. 2017) for language models, InstructGPT recipe.
 
 Readable top to bottom: ``PPOTrainer.step`` = sample prompts -> ``make_experience`` (rollout,
-scores, KL-shaped rewards, GAE) -> K epochs over M minibatches of clipped policy and value
-losses -> metrics with TRL's names. Each minibatch is trimmed to its longest response, so the
-update computes over real tokens only.
+scores, rewards and advantages from the algorithm) -> K epochs over M minibatches of clipped
+policy (and, with a critic, value) losses -> metrics with TRL's names. Each minibatch is
+trimmed to its longest response, so the update computes over real tokens only.
+
+This file is the RL loop; what it optimises (GAE with a critic, or a critic-free estimator:
+RLOO, GRPO, REINFORCE with a baseline) is the algorithm in rlhf_core/algorithms.py.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rlhf_core.algorithms import make_algorithm
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import PPOConfig
 from rlhf_core.data import left_pad
@@ -55,23 +59,33 @@ def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> fl
 
 
 def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantages, old_values,
-               returns, *, pad_id: int, P: int, temperature: float, clip_eps: float,
-               clip_eps_value: float, vf_coef: float, ent_coef: float):
-    """The update's forward: policy and value on prompt | response [b, P+R] -> (loss, stats).
-    A pure function of tensors, so ``ppo.compile`` can hand it to torch.compile whole."""
+               returns, ref_logprobs, *, pad_id: int, P: int, temperature: float,
+               clip_eps: float, clip_eps_value: float, vf_coef: float, ent_coef: float,
+               extra_loss=None, kl_coef: float = 0.0):
+    """The update's forward: policy (and, with a critic, value) on prompt | response
+    [b, P+R] -> (loss, stats). ``extra_loss(logprobs, ref_logprobs, mask, kl_coef)`` is the
+    algorithm's own term (GRPO's KL loss). A pure function of tensors, so ``ppo.compile`` can
+    hand it to torch.compile whole."""
     logits = response_logits(policy, qr, pad_id, P)  # (b, R, V)
     logprobs = logprobs_from_logits(logits, responses, temperature)
-    vpred = response_values(value_model, qr, pad_id, P)  # (b, R)
     pg_loss, pg_stats = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
-    vf_loss, vf_stats = clipped_value_loss(vpred, old_values, returns, mask, clip_eps_value)
     entropy = masked_mean(entropy_from_logits(logits.detach() if ent_coef == 0 else logits),
                           mask)
-    loss = pg_loss + vf_coef * vf_loss - ent_coef * entropy
-    stats = {"loss/policy_avg": pg_loss, "loss/value_avg": vf_loss,
-             "policy/entropy_avg": entropy, "policy/approxkl_avg": pg_stats["approxkl"],
-             "policy/clipfrac_avg": pg_stats["clipfrac"],
-             "val/clipfrac_avg": vf_stats["clipfrac"], "val/ratio": pg_stats["ratio"],
+    loss = pg_loss - ent_coef * entropy
+    stats = {"loss/policy_avg": pg_loss, "policy/entropy_avg": entropy,
+             "policy/approxkl_avg": pg_stats["approxkl"],
+             "policy/clipfrac_avg": pg_stats["clipfrac"], "val/ratio": pg_stats["ratio"],
              "val/ratio_var": pg_stats["ratio_var"]}
+    if value_model is not None:
+        vpred = response_values(value_model, qr, pad_id, P)  # (b, R)
+        vf_loss, vf_stats = clipped_value_loss(vpred, old_values, returns, mask, clip_eps_value)
+        loss = loss + vf_coef * vf_loss
+        stats.update({"loss/value_avg": vf_loss, "val/clipfrac_avg": vf_stats["clipfrac"]})
+    if extra_loss is not None:
+        extra, extra_stats = extra_loss(logprobs, ref_logprobs, mask, kl_coef)
+        if extra is not None:
+            loss = loss + extra
+            stats.update({f"loss/{k}_avg": v for k, v in extra_stats.items()})
     return loss, stats
 
 
@@ -93,31 +107,37 @@ def make_kl_controller(cfg: PPOConfig):
 
 
 class PPOTrainer:
-    """Holds the four models, the optimizer and the prompt stream; one ``step`` per iteration.
+    """Holds the models, the optimizer and the prompt stream; one ``step`` per iteration.
 
-    The value model is the caller's copy of the reward model (critic warm-start, SPEC stage 5);
-    the reference policy is a frozen copy of the SFT policy.
+    The value model is the caller's copy of the reward model (critic warm-start, SPEC stage 5),
+    or None for a critic-free ``cfg.advantage_estimator``; the reference policy is a frozen
+    copy of the SFT policy.
     """
 
     def __init__(
-        self, policy, ref_policy, value_model: ScalarHeadModel, reward_model: ScalarHeadModel,
+        self, policy, ref_policy, value_model: ScalarHeadModel | None,
+        reward_model: ScalarHeadModel,
         tokenizer, prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig,
         norm_stats: dict[str, float], device: torch.device, generator: torch.Generator,
         divide_by_std: bool = False, precision: str = "fp32",
     ):
         if len(prompt_ids) == 0:
             raise ValueError("PPO needs at least one prompt")
+        self.algorithm = make_algorithm(cfg)
+        if self.algorithm.uses_critic != (value_model is not None):
+            raise ValueError(f"ppo.advantage_estimator={cfg.advantage_estimator} "
+                             + ("needs a value model" if self.algorithm.uses_critic
+                                else "has no critic: pass value_model=None"))
         self.policy, self.ref_policy = policy.to(device), ref_policy.to(device)
-        self.value_model, self.reward_model = value_model.to(device), reward_model.to(device)
+        self.value_model = value_model.to(device).train() if value_model is not None else None
+        self.reward_model = reward_model.to(device)
         for frozen in (self.ref_policy, self.reward_model):
             frozen.eval().requires_grad_(False)
         self.policy.train()
-        self.value_model.train()
         self.tokenizer, self.cfg, self.device = tokenizer, cfg, device
         self.prompt_ids, self.norm_stats, self.generator = list(prompt_ids), norm_stats, generator
         self.settings = RolloutSettings(
-            temperature=cfg.temperature, kl_estimator=cfg.kl_estimator, gamma=cfg.gamma,
-            lam=cfg.lam, whiten_rewards=cfg.whiten_rewards,
+            temperature=cfg.temperature, kl_estimator=cfg.kl_estimator,
             missing_eos_penalty=cfg.missing_eos_penalty, divide_by_std=divide_by_std,
             forward_batch_size=cfg.forward_batch_size,
             generation_batch_size=cfg.generation_batch_size,
@@ -125,7 +145,9 @@ class PPOTrainer:
         )
         self.gen_config = sampling_config(tokenizer, cfg.temperature, cfg.max_new_tokens,
                                           cfg.static_cache)
-        params = list(self.policy.parameters()) + list(self.value_model.parameters())
+        params = list(self.policy.parameters())
+        if self.value_model is not None:
+            params += list(self.value_model.parameters())
         total = cfg.iterations * cfg.ppo_epochs * cfg.num_minibatches
         self.optimizer, self.scheduler = build_optimizer(params, cfg.optim, total)
         self.train_step = TrainStep(params, self.optimizer, self.scheduler,
@@ -138,15 +160,19 @@ class PPOTrainer:
 
     # -- prompt stream ----------------------------------------------------------------------
     def next_prompts(self) -> torch.Tensor:
-        """The next rollout_batch_size prompts, reshuffled each pass -> [B, P] left-padded."""
+        """The next rollout_batch_size / k prompts, reshuffled each pass, each repeated k =
+        samples_per_prompt times in a row (the groups of the critic-free estimators)
+        -> [B, P] left-padded."""
+        k = self.cfg.samples_per_prompt
         chosen = []
-        while len(chosen) < self.cfg.rollout_batch_size:
+        while len(chosen) < self.cfg.rollout_batch_size // k:
             if self._cursor >= len(self._order):
                 self._order = torch.randperm(len(self.prompt_ids), generator=self.generator)
                 self._cursor = 0
             chosen.append(int(self._order[self._cursor]))
             self._cursor += 1
-        prompts = left_pad([self.prompt_ids[i] for i in chosen], self.tokenizer.pad_token_id)
+        prompts = left_pad([self.prompt_ids[i] for i in chosen for _ in range(k)],
+                           self.tokenizer.pad_token_id)
         if self.cfg.static_cache:  # one prompt width per 16 tokens: few static-cache shapes,
             extra = -prompts.shape[1] % 16  # so the compiled decode step is rarely rebuilt
             prompts = torch.nn.functional.pad(prompts, (extra, 0),
@@ -160,16 +186,17 @@ class PPOTrainer:
         prompts = self.next_prompts().to(self.device)
         # eval mode in the rollout (dropout is off either way): no activation checkpointing,
         # so generate keeps its KV cache
-        self.policy.eval()
-        self.value_model.eval()
+        trained = [m for m in (self.policy, self.value_model) if m is not None]
+        for model in trained:
+            model.eval()
         with self.train_step.autocast():
             exp = make_experience(
                 self.policy, self.ref_policy, self.value_model, self.reward_model, prompts,
                 self.tokenizer, self.gen_config, self.kl_ctl.value, self.norm_stats,
-                self.settings,
+                self.settings, self.algorithm,
             )
-        self.policy.train()
-        self.value_model.train()
+        for model in trained:
+            model.train()
         exp = to_autograd_tensors(exp)
         check_finite("reward-model score", exp.raw_scores, self.iteration + 1)
         crash_point(f"ppo:rollout:{self.iteration + 1}")
@@ -216,17 +243,19 @@ class PPOTrainer:
         return {key: _weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
 
     def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
-        """Clipped policy + value loss (minus entropy bonus) on ``rows`` (CPU indices),
-        trimmed to their longest response ``R`` -> (loss, stats)."""
+        """Clipped policy loss (+ value loss with a critic, + the algorithm's extra term, minus
+        the entropy bonus) on ``rows`` (CPU indices), trimmed to their longest response ``R``
+        -> (loss, stats)."""
         cfg, P = self.cfg, exp.context_length
         idx = rows.to(self.device)
         return self._losses(
             self.policy, self.value_model, exp.query_responses[idx, : P + R],
             exp.responses[idx, :R], exp.response_mask[idx, :R], exp.logprobs[idx, :R],
             exp.advantages[idx, :R], exp.values[idx, :R], exp.returns[idx, :R],
-            pad_id=self.tokenizer.pad_token_id, P=P, temperature=cfg.temperature,
-            clip_eps=cfg.clip_eps, clip_eps_value=cfg.clip_eps_value, vf_coef=cfg.vf_coef,
-            ent_coef=cfg.ent_coef)
+            exp.ref_logprobs[idx, :R], pad_id=self.tokenizer.pad_token_id, P=P,
+            temperature=cfg.temperature, clip_eps=cfg.clip_eps,
+            clip_eps_value=cfg.clip_eps_value, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+            extra_loss=self.algorithm.extra_loss, kl_coef=self.kl_ctl.value)
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:
@@ -243,8 +272,6 @@ class PPOTrainer:
             "objective/raw_scores": float(exp.raw_scores.mean()),
             "objective/kl_coef": float(self.kl_ctl.value),
             "val/num_eos_tokens": float(exp.has_eos.sum()),
-            "val/explained_variance": float(
-                explained_variance(exp.values, exp.returns, mask)),
             "response/length_mean": float(mask.sum(1).float().mean()),
             "response/eos_rate": float(exp.has_eos.float().mean()),
             "lr": self.scheduler.get_last_lr()[0],
@@ -253,6 +280,9 @@ class PPOTrainer:
             "time/update_s": update_s,
             "throughput/tokens_per_s": n_tokens / max(rollout_s + update_s, 1e-9),
         }
+        if self.value_model is not None:
+            metrics["val/explained_variance"] = float(
+                explained_variance(exp.values, exp.returns, mask))
         metrics.update(stats)
         return metrics
 
@@ -287,19 +317,23 @@ class PPOTrainer:
     def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:
         """Policy + value weights, optimizer, scheduler, RNG, prompt-stream position, KL
         coefficient and iteration counter, every cfg.checkpoint_every iterations."""
-        return Checkpointer(root, {"policy": self.policy, "value": self.value_model},
-                            self.cfg.checkpoint_every, keep_last, label="ppo")
+        models = {"policy": self.policy}
+        if self.value_model is not None:
+            models["value"] = self.value_model
+        return Checkpointer(root, models, self.cfg.checkpoint_every, keep_last, label="ppo")
 
     def _loop_state(self, last: dict) -> dict:
         return {"iteration": self.iteration, "episode": self.episode,
                 "kl_coef": self.kl_ctl.value, "order": self._order.tolist(),
-                "cursor": self._cursor, "last": last}
+                "cursor": self._cursor, "last": last,
+                "algorithm": self.algorithm.state_dict()}
 
     def _load_loop_state(self, state: dict) -> dict:
         self.iteration, self.episode = state["iteration"], state["episode"]
         self.kl_ctl.value = state["kl_coef"]
         self._order = torch.tensor(state["order"], dtype=torch.long)
         self._cursor = state["cursor"]
+        self.algorithm.load_state_dict(state.get("algorithm", {}))
         return state["last"]
 
     def train(self, on_iteration: IterationFn | None = None, progress: bool = True,

@@ -18,15 +18,13 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from rlhf_core.masked import masked_whiten
+from rlhf_core.algorithms import Algorithm
 from rlhf_core.models import ScalarHeadModel, position_ids_from_mask
 from rlhf_core.ppo_math import (
     apply_eos_penalty,
-    compute_gae,
     kl_estimate,
     last_token_index,
     logprobs_from_logits,
-    per_token_rewards,
     truncate_after_eos,
 )
 from rlhf_core.reward import gather_at, normalise_scores
@@ -43,14 +41,14 @@ class Experience:
     has_eos: torch.Tensor  # (B,) bool
     logprobs: torch.Tensor  # (B, R) log pi_old(a_t | s_t) at temperature T
     ref_logprobs: torch.Tensor  # (B, R) log pi_ref(a_t | s_t) at temperature T
-    values: torch.Tensor  # (B, R) V_old(s_t)
+    values: torch.Tensor  # (B, R) V_old(s_t); zeros without a critic
     raw_scores: torch.Tensor  # (B,) RM score read at EOS
     scores: torch.Tensor  # (B,) normalised score after the EOS trick
     kl: torch.Tensor  # (B, R) per-token KL estimate
     non_score_rewards: torch.Tensor  # (B, R) -beta * KL
     rewards: torch.Tensor  # (B, R) non-score rewards + score at the last real token
-    advantages: torch.Tensor  # (B, R) whitened GAE advantages
-    returns: torch.Tensor  # (B, R) advantages (before whitening) + values
+    advantages: torch.Tensor  # (B, R) from the algorithm (GAE, or one per response)
+    returns: torch.Tensor  # (B, R) value targets: GAE advantages + values; zeros w/o critic
 
 
 FORBIDDEN_LOGIT = -1e9  # finite, so entropy stays NaN-free (0 * log 0 -> 0)
@@ -163,9 +161,6 @@ def score_responses(reward_model: ScalarHeadModel, query_responses: torch.Tensor
 class RolloutSettings:
     temperature: float
     kl_estimator: str
-    gamma: float
-    lam: float
-    whiten_rewards: bool
     missing_eos_penalty: float | None
     divide_by_std: bool
     forward_batch_size: int | None = None  # rows per ref/value/reward forward
@@ -175,11 +170,12 @@ class RolloutSettings:
 
 @torch.inference_mode()
 def make_experience(
-    policy, ref_policy, value_model: ScalarHeadModel, reward_model: ScalarHeadModel,
+    policy, ref_policy, value_model: ScalarHeadModel | None, reward_model: ScalarHeadModel,
     prompt_ids: torch.Tensor, tokenizer, gen_config: GenerationConfig, kl_coef: float,
-    norm_stats: dict[str, float], s: RolloutSettings,
+    norm_stats: dict[str, float], s: RolloutSettings, algorithm: Algorithm,
 ) -> Experience:
-    """Generate for left-padded ``prompt_ids`` [B, P] and compute everything PPO needs."""
+    """Generate for left-padded ``prompt_ids`` [B, P] and compute everything the update needs;
+    ``algorithm`` turns scores and KL into rewards and advantages (no value model: no critic)."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     P = prompt_ids.shape[1]
     raw_responses, gen_logits = generate_by_length(policy, prompt_ids, gen_config, pad_id,
@@ -201,8 +197,11 @@ def make_experience(
         logprobs = logprobs_from_logits(gen_logits, responses, s.temperature) * mask
         del gen_logits
     ref_logprobs = policy_logprobs(ref_policy)
-    values = batched(lambda qr: response_values(value_model, qr, pad_id, P),
-                     query_responses, chunk) * mask
+    if value_model is not None:
+        values = batched(lambda qr: response_values(value_model, qr, pad_id, P),
+                         query_responses, chunk) * mask
+    else:  # a critic-free estimator
+        values = torch.zeros_like(logprobs)
     raw_scores = torch.cat([
         score_responses(reward_model, query_responses[sl], pad_id, P, mask[sl])
         for sl in _chunks(query_responses.shape[0], chunk)]).float()
@@ -211,16 +210,13 @@ def make_experience(
     if s.missing_eos_penalty is not None:
         scores = apply_eos_penalty(scores, has_eos, s.missing_eos_penalty)
     kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator) * mask
-    rewards, non_score = per_token_rewards(scores, kl, mask, kl_coef)
-    if s.whiten_rewards:
-        rewards = masked_whiten(rewards, mask, shift_mean=False)
-    advantages, returns = compute_gae(rewards, values, mask, s.gamma, s.lam)
-    advantages = masked_whiten(advantages, mask) * mask
+    shaped = algorithm.shape(scores, kl, values, mask, kl_coef)
     return Experience(
         query_responses=query_responses, context_length=P, responses=responses,
         response_mask=mask, has_eos=has_eos, logprobs=logprobs, ref_logprobs=ref_logprobs,
         values=values, raw_scores=raw_scores, scores=scores, kl=kl,
-        non_score_rewards=non_score, rewards=rewards, advantages=advantages, returns=returns,
+        non_score_rewards=shaped.non_score_rewards, rewards=shaped.rewards,
+        advantages=shaped.advantages, returns=shaped.returns,
     )
 
 

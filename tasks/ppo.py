@@ -16,6 +16,7 @@ from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
 from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_models, write_json
 from tasks.config import PipelineConfig
+from tasks.memory import peak_memory, state_bytes
 from tasks.tracking import RunContext
 
 
@@ -57,10 +58,11 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         generator = seed_everything(ctx.seed + 2)
         client = ctx.client()
         tokenizer = load_tokenizer(data["tokenizer"], spec)
-        # explicit critic source; with model.lora: adapters over the SFT and RM trunks
+        # explicit critic source (none for a critic-free estimator); with model.lora:
+        # adapters over the SFT and RM trunks
+        critic_dir = critic_out["model_dir"] if cfg.ppo.uses_critic else None
         policy, ref_policy, value_model, reward_model = ppo_models(
-            sft_out["model_dir"], sft_out["model_dir"], critic_out["model_dir"],
-            rm_out["model_dir"], spec)
+            sft_out["model_dir"], sft_out["model_dir"], critic_dir, rm_out["model_dir"], spec)
         norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
         prompts = [encode(tokenizer, r["prompt"])
                    for r in read_jsonl(Path(data["data_dir"]) / "prompts.jsonl")]
@@ -85,15 +87,20 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
                                                    state["artifact"])
 
         ck = trainer.checkpointer(out_root / "checkpoints", cfg.tracking.keep_checkpoints)
-        last = trainer.train(on_iteration, progress=ctx.progress,
-                             monitor=judge_monitor(prep["judge"]), checkpointer=ck)
+        with peak_memory() as memory:
+            last = trainer.train(on_iteration, progress=ctx.progress,
+                                 monitor=judge_monitor(prep["judge"]), checkpointer=ck)
+        memory["memory/model_state_gb"] = state_bytes(
+            policy, ref_policy, value_model, reward_model, optimizer=trainer.optimizer) / 2**30
+        log(0, memory)
         final_policy, final_value = merged(trainer.policy, trainer.value_model)
         policy_dir = save_policy(final_policy, tokenizer, out_root / "policy")
-        value_dir = save_scalar_model(final_value, out_root / "value_model")
+        value_dir = None if final_value is None else \
+            str(save_scalar_model(final_value, out_root / "value_model"))
         client.log_artifacts(run_id, str(policy_dir), "checkpoint/policy")
         client.log_table(run_id, data=pd.DataFrame(samples), artifact_file="samples/all.json")
         keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
-        return {"policy_dir": str(policy_dir), "value_dir": str(value_dir),
-                "metrics": {k: last[k] for k in keys if k in last}}
+        return {"policy_dir": str(policy_dir), "value_dir": value_dir,
+                "metrics": {**{k: last[k] for k in keys if k in last}, **memory}}
 
     return run_stage(ctx, "ppo", body)

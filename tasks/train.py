@@ -140,9 +140,15 @@ def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: dict, rm_out: dict) 
 
 @task(name="critic_init")
 def critic_init(ctx: RunContext, cfg: PipelineConfig, rm_out: dict) -> dict:
-    """The value model starts as a copy of the reward model, named explicitly."""
+    """The value model starts as a copy of the reward model, named explicitly; a critic-free
+    estimator has none, and the stage's run says so."""
 
     def body(run_id: str) -> dict:
+        if not cfg.ppo.uses_critic:
+            reason = (f"no critic: ppo.advantage_estimator={cfg.ppo.advantage_estimator} "
+                      "uses no value model")
+            ctx.client().set_tag(run_id, "rlhf.critic_skipped", reason)
+            return {"model_dir": None, "metrics": {}, "figures": {"critic": reason}}
         _, spec = setup_models(cfg.model)
         model = load_scalar_model(rm_out["model_dir"], spec)  # float32: an exact copy
         out_dir = save_scalar_model(model, ctx.stage_dir("critic_init") / "model")

@@ -39,7 +39,7 @@ def rollout(tr):
 
         exp = make_experience(tr.policy, tr.ref_policy, tr.value_model, tr.reward_model,
                               tr.next_prompts(), tr.tokenizer, tr.gen_config, tr.kl_ctl.value,
-                              tr.norm_stats, tr.settings)
+                              tr.norm_stats, tr.settings, tr.algorithm)
     return to_autograd_tensors(exp)
 
 

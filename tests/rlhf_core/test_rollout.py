@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from rlhf_core.algorithms import GAE
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.data import encode, left_pad
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
@@ -24,8 +25,8 @@ def models(tiny_model_dir):
 
 
 def settings(**kw):
-    base = dict(temperature=0.7, kl_estimator="k1", gamma=1.0, lam=0.95, whiten_rewards=False,
-                missing_eos_penalty=-1.0, divide_by_std=False)
+    base = dict(temperature=0.7, kl_estimator="k1", missing_eos_penalty=-1.0,
+                divide_by_std=False)
     return RolloutSettings(**{**base, **kw})
 
 
@@ -34,7 +35,7 @@ def experience(models, max_new_tokens=8):
     prompt_ids = left_pad([encode(tok, p) for p in PROMPTS], tok.pad_token_id)
     return make_experience(policy, ref, value, reward, prompt_ids, tok,
                            sampling_config(tok, 0.7, max_new_tokens), 0.05,
-                           {"mean": 0.0, "std": 1.0, "n": 1}, settings())
+                           {"mean": 0.0, "std": 1.0, "n": 1}, settings(), GAE(PPOConfig()))
 
 
 def test_old_logprobs_from_generation_match_a_forward_pass(models):

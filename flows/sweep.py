@@ -1,0 +1,92 @@
+"""`rlhf sweep`: a grid of RL settings x seeds as child flow runs, one MLflow parent run per
+point (tagged with the sweep id), sharing one run of validate/sft/reward_model/reward_norm.
+
+The sweep's own MLflow run holds the shared stages and the summary (table, 95% CIs across
+seeds, reward/KL frontier plot). A failed point is recorded and the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, task
+
+from flows.config import grid_points
+from flows.stages import rl_stages, shared_stages
+from tasks.config import PipelineConfig
+from tasks.finish import fail_parent, finish
+from tasks.prepare import prepare
+from tasks.sweep import SWEEP_TAG, open_point_run, point_label, point_row, sweep_summary
+from tasks.tracking import RunContext, set_tags
+
+
+def _point_name() -> str:
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    return f"{params.get('sweep_id', 'sweep')}-{point_label(params.get('overrides', {}))}"
+
+
+@flow(name="rlhf_sweep_point", flow_run_name=_point_name, log_prints=True)
+def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
+                shared: dict[str, dict], base_prep: dict) -> dict:
+    """critic_init -> ppo -> evaluate for one point, in its own MLflow parent run."""
+    prep = open_point_run(config, base_prep, sweep_id, overrides)
+    ctx = RunContext.model_validate(prep["ctx"])
+    try:
+        outputs = rl_stages(ctx, config, prep, shared)
+    except BaseException:
+        fail_parent(ctx)
+        raise
+    return finish(ctx, outputs)
+
+
+@task(name="sweep_point")
+def run_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
+              shared: dict[str, dict], base_prep: dict) -> dict:
+    """The point's child flow run, inside a task so points can run side by side."""
+    return sweep_point(config, overrides, sweep_id, shared, base_prep)
+
+
+def _sweep_name() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.parameters.get("sweep_id") or "rlhf-sweep")
+
+
+@flow(name="rlhf_sweep", flow_run_name=_sweep_name, log_prints=True)
+def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[int] | None = None,
+               sweep_id: str | None = None, max_concurrent: int = 1) -> dict:
+    """Shared stages once, then every grid point x seed (``max_concurrent`` at a time), then
+    the summary. ``grid``: {'ppo.kl_coef': [0.02, 0.05], ...}; ``seeds``: default [config.seed].
+    """
+    points = grid_points(config, grid, seeds or [config.seed])
+    sweep_id = sweep_id or f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    shared_cfg = config.model_copy(update={"tracking": config.tracking.model_copy(
+        update={"run_name": f"{sweep_id}-shared"})})
+    base_prep = prepare(shared_cfg)
+    ctx = RunContext.model_validate(base_prep["ctx"])
+    set_tags(ctx.client(), ctx.parent_run_id,
+             {SWEEP_TAG: sweep_id, "rlhf.sweep_role": "shared", "rlhf.sweep_points": len(points)})
+    try:
+        shared = shared_stages(ctx, shared_cfg, base_prep)
+    except BaseException:
+        fail_parent(ctx)
+        raise
+    rows = []
+    for start in range(0, len(points), max(1, max_concurrent)):
+        wave = points[start: start + max(1, max_concurrent)]
+        futures = [run_point.submit(cfg, overrides, sweep_id, shared, base_prep)
+                   for overrides, cfg in wave]
+        for (overrides, _), future in zip(wave, futures):
+            future.wait()
+            state = future.state
+            if state.is_completed():
+                rows.append(point_row(overrides, future.result(), None))
+            else:
+                rows.append(point_row(overrides, None, state.message or state.name))
+    summary = sweep_summary(ctx, rows)
+    ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
+    return {"sweep_id": sweep_id, "parent_run_id": ctx.parent_run_id,
+            "experiment_id": ctx.experiment_id, "tracking_uri": ctx.tracking_uri, **summary}

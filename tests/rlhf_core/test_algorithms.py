@@ -1,0 +1,100 @@
+"""The RL loop with each algorithm: critic-free estimators on a tiny GPT-2, config checks."""
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rlhf_core.algorithms import GAE, RLOO, make_algorithm
+from rlhf_core.config import OptimConfig, PPOConfig
+from rlhf_core.data import encode
+from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.ppo import PPOTrainer
+
+PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :"]
+NORM = {"mean": 0.0, "std": 1.0, "n": 1}
+VALUE_KEYS = ("loss/value_avg", "val/clipfrac_avg", "val/explained_variance")
+
+
+def trainer_for(tiny_model_dir, with_critic: bool, **kw):
+    torch.manual_seed(0)
+    tok = load_tokenizer(str(tiny_model_dir))
+    policy, ref = load_causal_lm(tiny_model_dir), load_causal_lm(tiny_model_dir)
+    value = ScalarHeadModel.from_causal_lm(tiny_model_dir) if with_critic else None
+    reward = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    cfg = PPOConfig(**{"iterations": 2, "rollout_batch_size": 4, "num_minibatches": 2,
+                       "ppo_epochs": 1, "max_new_tokens": 6, "optim": OptimConfig(lr=1e-3),
+                       **kw})
+    return PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS], cfg,
+                      NORM, torch.device("cpu"), torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("estimator,extra", [
+    ("rloo", {"samples_per_prompt": 2}),
+    ("grpo", {"samples_per_prompt": 2, "kl_in_loss": True}),
+    ("reinforce_baseline", {}),
+])
+def test_critic_free_step_moves_policy_without_value_metrics(tiny_model_dir, estimator, extra):
+    trainer = trainer_for(tiny_model_dir, False, advantage_estimator=estimator, **extra)
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    seen = []
+    trainer.train(lambda i, m, s: seen.append(m), progress=False)
+    metrics = seen[-1]
+    assert not any(k in metrics for k in VALUE_KEYS)
+    assert metrics["loss/policy_avg"] == metrics["loss/policy_avg"]
+    assert ("loss/kl_loss_avg" in metrics) == bool(extra.get("kl_in_loss"))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+    assert trainer.value_model is None
+    assert "value" not in trainer.checkpointer("unused").models
+
+
+def test_groups_of_k_share_a_prompt_and_advantages_sum_to_zero(tiny_model_dir):
+    trainer = trainer_for(tiny_model_dir, False, advantage_estimator="rloo",
+                          samples_per_prompt=2, whiten_advantages=False, rollout_batch_size=6)
+    prompts = trainer.next_prompts()
+    assert prompts.shape[0] == 6
+    assert torch.equal(prompts[0::2], prompts[1::2])  # rows 2g and 2g+1 answer prompt g
+    _, exp = trainer.step()
+    first = exp.advantages[:, 0]  # one advantage per response, on every real token
+    assert float(first.view(3, 2).sum(1).abs().max()) < 1e-5
+    assert torch.all(exp.returns == 0) and torch.all(exp.values == 0)
+
+
+def test_gae_is_the_default_and_keeps_its_critic(tiny_model_dir):
+    assert isinstance(make_algorithm(PPOConfig()), GAE)
+    trainer = trainer_for(tiny_model_dir, True)
+    seen = []
+    trainer.train(lambda i, m, s: seen.append(m), progress=False)
+    assert all(k in seen[-1] for k in VALUE_KEYS)
+
+
+def test_value_model_must_match_the_estimator(tiny_model_dir):
+    with pytest.raises(ValueError, match="has no critic"):
+        trainer_for(tiny_model_dir, True, advantage_estimator="reinforce_baseline")
+    with pytest.raises(ValueError, match="needs a value model"):
+        trainer_for(tiny_model_dir, False)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_config_refuses_k1_for_group_estimators(estimator):
+    with pytest.raises(ValidationError, match="samples_per_prompt >= 2"):
+        PPOConfig(advantage_estimator=estimator)
+    with pytest.raises(ValidationError, match="divisible by ppo.samples_per_prompt"):
+        PPOConfig(advantage_estimator=estimator, samples_per_prompt=3, rollout_batch_size=64)
+    assert not PPOConfig(advantage_estimator=estimator, samples_per_prompt=4).uses_critic
+
+
+def test_reward_penalty_moves_to_the_loss_with_kl_in_loss():
+    scores = torch.tensor([1.0, 0.0, 2.0, 1.0])
+    kl = torch.full((4, 3), 0.5)
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    zeros = torch.zeros(4, 3)
+    in_reward = RLOO(PPOConfig(advantage_estimator="rloo", samples_per_prompt=2,
+                               whiten_advantages=False)).shape(scores, kl, zeros, mask, 0.1)
+    in_loss = RLOO(PPOConfig(advantage_estimator="rloo", samples_per_prompt=2,
+                             whiten_advantages=False, kl_in_loss=True)
+                   ).shape(scores, kl, zeros, mask, 0.1)
+    assert torch.allclose(in_reward.non_score_rewards, torch.full((4, 3), -0.05))
+    assert torch.all(in_loss.non_score_rewards == 0)
+    # equal KL in every row: the leave-one-out baseline removes it either way
+    assert torch.allclose(in_reward.advantages, in_loss.advantages)
+    assert in_reward.advantages[:, 0].tolist() == pytest.approx([1.0, -1.0, 1.0, -1.0])
