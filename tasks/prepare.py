@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from prefect import task
 
 from data_checks.config import DataConfig, DataSource
 from tasks.config import PipelineConfig, flatten
+from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
+from tasks.judge import resolve_judge_name
 from tasks.tracking import RunContext, default_tracking_uri, log_params, set_tags
 
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
@@ -66,23 +69,45 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     return client.create_experiment(name, artifact_location=artifact_location(uri))
 
 
-def _find_parent(client, experiment_id, filter_string: str) -> str | None:
-    runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=5)
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    return parents[0].info.run_id if parents else None
+def _find_parents(client, experiment_id, filter_string: str) -> list:
+    runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=20,
+                              order_by=["attributes.start_time DESC"])
+    return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
 
 
-def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None):
+def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None,
+               digests: dict[str, str]):
     """The parent run to continue: same Prefect flow run (`prefect flow-run retry`), else
-    same run name + config hash (when a run name is set)."""
-    found = None
+    same run name + config hash + data digests (when a run name is set). A run of that name
+    made from other inputs is never continued: a new run starts, and the change is said."""
     if flow_run_id:
-        found = _find_parent(client, exp_id, f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
-    if found is None and cfg.tracking.run_name:
-        found = _find_parent(client, exp_id,
-                             f"tags.`rlhf.run_name` = '{cfg.tracking.run_name}' and "
-                             f"tags.`rlhf.config_hash` = '{cfg.config_hash()}'")
-    return found
+        found = _find_parents(client, exp_id, f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
+        if found:
+            return found[0].info.run_id
+    name = cfg.tracking.run_name
+    if not name:
+        return None
+    same_name = _find_parents(client, exp_id, f"tags.`rlhf.run_name` = '{name}'")
+    for run in same_name:
+        if not changed_inputs(run.data.tags, cfg, digests):
+            return run.info.run_id
+    if same_name:
+        changes = changed_inputs(same_name[0].data.tags, cfg, digests)
+        print(f"rlhf: run name '{name}' (run {same_name[0].info.run_id}) was made from other "
+              f"inputs, changed: {'; '.join(changes)}. Starting a new run; its finished "
+              "stages are not reused.", file=sys.stderr)
+    return None
+
+
+def _check_resume(run, cfg: PipelineConfig, digests: dict[str, str]) -> None:
+    """An explicit resume may change settings (recorded below) but never its data."""
+    changes = changed_inputs(run.data.tags, cfg, digests, include_config=False)
+    if changes:
+        raise ResumeRefused(
+            f"cannot resume run {run.info.run_id}: its inputs changed since it began: "
+            f"{'; '.join(changes)}. Its finished stages were made from the old data. Restore "
+            "the data, or start a new run (without --resume, or with another "
+            "tracking.run_name).")
 
 
 def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContext:
@@ -92,9 +117,11 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
     exp_id = _experiment_id(client, cfg.tracking.experiment, uri)
     run_name = cfg.tracking.run_name or default_run_name(cfg)
     flow_run_id = _prefect_flow_run_id()
-    run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id)
+    digests = input_digests(cfg)
+    run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id, digests)
     if run_id is not None:
         run = client.get_run(run_id)  # raises a clear MlflowException for a wrong id
+        _check_resume(run, cfg, digests)
         exp_id = run.info.experiment_id
         client.update_run(run_id, status="RUNNING")
         if run.data.tags.get("rlhf.config_hash") != cfg.config_hash():
@@ -107,7 +134,7 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         run_id = client.create_run(exp_id, run_name=run_name).info.run_id
         log_params(client, run_id, flatten(cfg.model_dump(mode="json")))
         tags = {"rlhf.run_name": run_name, "rlhf.config_hash": cfg.config_hash(),
-                "rlhf.seed": str(cfg.seed), **package_versions()}
+                "rlhf.seed": str(cfg.seed), **package_versions(), **digest_tags(digests)}
         commit = git_commit()
         if commit:
             tags["rlhf.git_commit"] = commit
@@ -147,11 +174,11 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
 def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
     """Open the parent run; resolve data sources and the base model (demo when asked)."""
     ctx = open_parent_run(cfg, resume_run_id)
-    data, base_model, judge = cfg.data, cfg.model.base_model, "none"
+    data, base_model = cfg.data, cfg.model.base_model
+    judge = resolve_judge_name(cfg.eval.judge, uses_demo_data=cfg.demo.enabled and data is None)
     if cfg.demo.enabled:
         assets = demo_assets(cfg, Path(ctx.workdir))
         base_model = base_model or assets["base_model"]
-        judge = "demo"
         if data is None:
             data = DataConfig(
                 sft=DataSource(path=assets["sft"]),
