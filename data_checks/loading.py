@@ -13,6 +13,8 @@ from data_checks.config import DataSource
 
 COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "rejected"],
            "prompts": ["prompt"]}
+# kept when present: a per-pair margin for the reward loss (reward.use_margin)
+OPTIONAL_COLUMNS = {"preference": ["margin"]}
 
 
 class DataError(ValueError):
@@ -99,7 +101,10 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
     if missing:
         raise DataError(f"{path}: missing column '{missing[0]}' "
                         f"(found: {', '.join(map(str, df.columns))})")
-    df = df[COLUMNS[kind]].head(source.limit) if source.limit else df[COLUMNS[kind]]
+    keep = COLUMNS[kind] + [c for c in OPTIONAL_COLUMNS.get(kind, []) if c in df.columns]
+    df = df[keep].head(source.limit) if source.limit else df[keep]
+    if "margin" in df.columns:
+        df["margin"] = finite_numbers(df["margin"], path, "margin")
     for col in COLUMNS[kind]:
         bad = df[col].map(lambda v: v is not None and not isinstance(v, str) and v == v)
         if bad.any():
@@ -107,3 +112,25 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
             raise DataError(f"{path} row {row + 1}: field '{col}' must be a string, got "
                             f"{type(df[col].iloc[row]).__name__}")
     return df.reset_index(drop=True)
+
+
+def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
+    """A column of finite numbers as floats, else a DataError naming the rows that are not."""
+    import math
+
+    def as_float(value) -> float | None:
+        if isinstance(value, bool):
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return None
+        return number if math.isfinite(number) else None
+
+    values = column.map(as_float)
+    bad = [i + 1 for i, v in enumerate(values) if v is None or v != v]  # None may turn NaN
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
+        raise DataError(f"{path}: column '{name}' must hold finite numbers; {len(bad)} rows "
+                        f"do not: rows {shown} (e.g. {column.iloc[bad[0] - 1]!r})")
+    return values.astype(float)

@@ -80,6 +80,7 @@ def cmd_validate(args) -> int:
 
 
 RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
+               ("eval/rm_gold_accuracy", "rm_gold"),
                ("eval/kl_to_ref", "kl"), ("eval/eos_rate_policy", "eos"))
 
 

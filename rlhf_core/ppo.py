@@ -141,8 +141,8 @@ class PPOTrainer:
                     logprobs, exp.logprobs[idx, :R], exp.advantages[idx, :R], mask, cfg.clip_eps)
                 vf_loss, vf_stats = clipped_value_loss(
                     vpred, exp.values[idx, :R], exp.returns[idx, :R], mask, cfg.clip_eps_value)
-                entropy = masked_mean(entropy_from_logits(logits.detach() if cfg.ent_coef == 0
-                                                          else logits), mask)
+                entropy = masked_mean(entropy_from_logits(  # of the sampled distribution
+                    logits.detach() if cfg.ent_coef == 0 else logits, cfg.temperature), mask)
                 loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
                 check_finite("ppo loss", loss, self.iteration + 1)
                 self.optimizer.zero_grad(set_to_none=True)

@@ -97,6 +97,14 @@ CASES = [
     ("tldr_post_missing", "preference",
      rows([{"info": {"subreddit": "a", "title": "b"}, "summaries": [{"text": "a"}, {"text": "b"}],
             "choice": 0}], style="tldr"), "field 'info.post' missing"),
+    ("margin_not_a_number", "preference",
+     rows([{**PREF[0], "margin": "big"}, {**PREF[1], "margin": 1}]),
+     "column 'margin' must hold finite numbers; 1 rows do not: rows 1 (e.g. 'big')"),
+    ("margin_infinite_in_csv", "preference",
+     frame(pd.DataFrame([{**PREF[0], "margin": "1.5"}, {**PREF[1], "margin": "inf"}]), ".csv"),
+     "rows 2 (e.g. 'inf')"),
+    ("margin_nan_and_missing", "preference",
+     rows([{**PREF[0], "margin": float("nan")}, PREF[1]]), "2 rows do not: rows 1, 2"),
     # well-formed files whose content fails an expectation (named, with example rows)
     ("chosen_equals_rejected", "preference",
      rows([{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]]),
@@ -187,3 +195,13 @@ def test_json_results_record_every_expectation(tmp_path):
     assert {"expect_column_values_to_not_be_null", "expect_compound_columns_to_be_unique",
             "expect_column_values_to_not_match_regex"} <= types
     json.dumps(report.results_json)  # serialisable for the MLflow artifact
+
+
+def test_a_numeric_margin_column_is_kept_for_the_reward_loss(tmp_path):
+    sources = good_sources(tmp_path)
+    pairs = [{**PREF[0], "margin": "0.5"}, {**PREF[1], "margin": 2}]
+    sources["preference"] = DataSource(path=str(write_jsonl(tmp_path / "m.jsonl", pairs)))
+    assert gate_message(tmp_path, sources) == "PASSED"
+    cleaned = [json.loads(line) for line in (tmp_path / "out" / "preference.jsonl").open()]
+    assert [r["margin"] for r in cleaned] == [0.5, 2.0]
+    assert "margin" not in (tmp_path / "out" / "sft.jsonl").read_text()
