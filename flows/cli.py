@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from data_checks.loading import DataError
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
+from flows.errors import EXPECTED, exit_code, quiet_expected_failures
+from flows.preflight import check_config
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -51,10 +52,12 @@ def summary_text(result: dict, wall_s: float) -> str:
 
 def cmd_run(args) -> int:
     cfg = _config_for(args)
+    check_config(cfg)
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
     from flows.validate import preflight
 
     preflight(cfg.data)
+    quiet_expected_failures()
     start = time.perf_counter()
     result = rlhf_pipeline(config=cfg, resume_run_id=args.resume)
     print(summary_text(result, time.perf_counter() - start))
@@ -63,9 +66,11 @@ def cmd_run(args) -> int:
 
 def cmd_validate(args) -> int:
     cfg = _config_for(args)
+    check_config(cfg)
     from flows.validate import preflight, rlhf_validate
 
     preflight(cfg.data)
+    quiet_expected_failures()
     out = rlhf_validate(config=cfg)
     counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out["metrics"].items())
     passed = ", ".join(f"{k.split('/')[0]} {v}" for k, v in out.get("figures", {}).items())
@@ -148,13 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError) as err:
-        print(f"rlhf: {err}", file=sys.stderr)
-        return 2
-    except ValidationFailed as err:
-        print(f"rlhf: {err}\nnothing was trained; see the validate run's data_docs/ in MLflow",
-              file=sys.stderr)
-        return 1
+    except EXPECTED as err:
+        hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
+            if isinstance(err, ValidationFailed) else ""
+        print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
+        return exit_code(err)
 
 
 if __name__ == "__main__":

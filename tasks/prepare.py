@@ -143,7 +143,11 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         set_tags(client, run_id, tags)
         client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
     workdir = Path(cfg.tracking.workdir).resolve() / run_id
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        client.set_terminated(run_id, status="FAILED")
+        raise
     return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
                       workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress)
 
@@ -170,10 +174,32 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
     return out
 
 
+def check_inputs_present(cfg: PipelineConfig) -> None:
+    """Checks that need no run, made before the parent run is opened (the CLI makes them even
+    earlier, before Prefect starts)."""
+    if cfg.data is None and not cfg.demo.enabled:
+        raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
+    if not cfg.model.base_model and not cfg.demo.enabled:
+        raise ValueError("no base model: set model.base_model (or demo.enabled: true)")
+    workdir = Path(cfg.tracking.workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"tracking.workdir={workdir} is a file, not a folder")
+
+
 @task(name="prepare")
 def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
-    """Open the parent run; resolve data sources and the base model (demo when asked)."""
+    """Open the parent run; resolve data sources and the base model (demo when asked). Any
+    failure once the parent run exists marks it FAILED."""
+    check_inputs_present(cfg)
     ctx = open_parent_run(cfg, resume_run_id)
+    try:
+        return _resolve_inputs(cfg, ctx)
+    except BaseException:
+        ctx.client().set_terminated(ctx.parent_run_id, status="FAILED")
+        raise
+
+
+def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
     data, base_model = cfg.data, cfg.model.base_model
     judge = resolve_judge_name(cfg.eval.judge, uses_demo_data=cfg.demo.enabled and data is None)
     if cfg.demo.enabled:
@@ -187,9 +213,5 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
                 eval_prompts=DataSource(path=assets["eval_prompts"]),
                 preference_eval=DataSource(path=assets["preference_eval"]),
             )
-    if data is None:
-        raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
-    if not base_model:
-        raise ValueError("no base model: set model.base_model (or demo.enabled: true)")
     return {"ctx": ctx.model_dump(), "data": data.model_dump(), "base_model": base_model,
             "tokenizer": cfg.model.tokenizer or base_model, "judge": judge}

@@ -122,9 +122,20 @@ def stage_run(ctx: RunContext, stage: str) -> Iterator[str]:
     try:
         yield run_id
     except BaseException:
+        _keep_traceback(client, run_id)
         client.set_terminated(run_id, status="FAILED")
         raise
     client.set_terminated(run_id, status="FINISHED")
+
+
+def _keep_traceback(client: MlflowClient, run_id: str) -> None:
+    """The failure's traceback on the stage run (the terminal shows only the message)."""
+    import traceback
+
+    try:
+        client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")
+    except Exception:  # noqa: BLE001 - never hide the original error behind a logging one
+        pass
 
 
 def record_output(ctx: RunContext, run_id: str, output: dict) -> dict:

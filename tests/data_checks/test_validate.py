@@ -46,11 +46,11 @@ def test_good_data_passes_and_writes_clean_files(tmp_path, capfd):
 
 
 @pytest.mark.parametrize("pref, needle", [
-    ([{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]], "chosen_equals_rejected"),
+    ([{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]], "chosen == rejected"),
     ([PREF[0], PREF[0], PREF[1]], "expect_compound_columns_to_be_unique"),
     ([{**PREF[0], "prompt": None}, PREF[1]], "expect_column_values_to_not_be_null"),
     ([{**PREF[0], "chosen": ""}, PREF[1]], "expect_column_value_lengths_to_be_between"),
-    ([{**PREF[0], "chosen": "cats " * 20}, PREF[1]], "dropped fraction"),
+    ([{**PREF[0], "chosen": "cats " * 20}, PREF[1]], "rows were dropped"),
 ])
 def test_bad_preference_rows_fail_with_a_named_expectation(tmp_path, pref, needle):
     report = run_validation(data_config(tmp_path, pref=pref), make_tokenizer(), CFG,

@@ -47,7 +47,7 @@ def test_pipeline_stops_at_the_gate_without_checkpoints_or_registry(tmp_path, ti
                                                                     prefect_api):
     config = write_config(tmp_path, tiny_model_dir,
                           pref=[{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]])
-    with pytest.raises(ValidationFailed, match="chosen_equals_rejected"):
+    with pytest.raises(ValidationFailed, match="chosen == rejected"):
         rlhf_pipeline(config=load_config(config, []))
     client, parents, runs = parent_runs(tmp_path)
     assert parents[0].info.status == "FAILED"
