@@ -20,6 +20,7 @@ import pandas as pd
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.loading import COLUMNS, load_table
 from data_checks.messages import failure_sentence
+from data_checks.text_checks import check_text
 from data_checks.tokenizer_checks import count_tokens
 
 TEXT_FIELDS = {"sft": ["response"], "preference": ["chosen", "rejected"], "prompts": []}
@@ -204,6 +205,7 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
     report = ValidationReport()
     cleaned = {}
     for name, df in frames.items():
+        check_text(_label(name, paths), df, tokenizer, cfg, report)
         kept, counts = apply_length_budget(df, _kind(name), tokenizer, cfg)
         cleaned[name] = kept
         report.stats.update({f"{name}/{k}": float(v) for k, v in counts.items()})

@@ -1,7 +1,11 @@
 """A corpus of distinct bad inputs: each stops the data gate with its own message (naming the
 file and the line/row/field, or the failed expectation), and nothing is written for training."""
 
+import bz2
+import gzip
 import json
+import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,7 +14,7 @@ from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import DataError
 from data_checks.validate import run_validation
 from tests.conftest import make_tokenizer
-from tests.data_checks.test_validate import PREF, PROMPTS, SFT, write_jsonl
+from tests.shared import PREF, PROMPTS, SFT, write_jsonl
 
 CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8)
 LONG = "cats " * 20
@@ -65,7 +69,7 @@ CASES = [
     ("latin1_jsonl", "sft", text(b'{"prompt": "caf\xe9", "response": "b"}\n', ".jsonl"),
      "not valid UTF-8 (byte 0xe9"),
     ("bad_utf8_csv", "sft", text(b"prompt,response\n\xff\xfe,x\n", ".csv"),
-     "not valid UTF-8 (invalid start byte"),
+     "not valid UTF-8 (byte 0xff at offset 16"),
     ("ragged_csv", "sft", text("prompt,response\na,b\nc,d,e,f\n", ".csv"),
      "cannot read as csv"),
     ("corrupt_parquet", "sft", text(b"PAR1 this is not parquet", ".parquet"),
@@ -81,7 +85,7 @@ CASES = [
     ("hf_unknown_split", "sft", hf_dict, "no split 'test' (found: ['train'])"),
     ("hf_missing_dataset", "sft",
      lambda tmp: DataSource(path=str(tmp / "no_such_dataset"), format="hf"),
-     "cannot load dataset"),
+     "no_such_dataset: file not found"),  # a local path is never sent to the hub
     ("hh_without_assistant_turn", "preference",
      rows([{"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: hello"}], style="hh"),
      "row 1 (hh style): transcript has no"),
@@ -105,6 +109,21 @@ CASES = [
      "rows 2 (e.g. 'inf')"),
     ("margin_nan_and_missing", "preference",
      rows([{**PREF[0], "margin": float("nan")}, PREF[1]]), "2 rows do not: rows 1, 2"),
+    ("csv_duplicate_columns", "sft", text("prompt,response,response\na,b,c\n", ".csv"),
+     "duplicate column names in the header: response"),
+    ("column_map_onto_existing_column", "sft",
+     frame(pd.DataFrame({"prompt": ["a"], "question": ["q"], "response": ["b"]}), ".csv",
+           column_map={"question": "prompt"}), "after column_map, more than one column is"),
+    ("unknown_extension", "sft", text("prompt\tresponse\n", ".tsv"),
+     "unknown data file type"),
+    ("gz_not_gzip", "sft", text(b"not gzip at all", ".jsonl.gz"), "cannot decompress as .gz"),
+    ("json_not_an_array_of_objects", "sft", text('[{"prompt": "a", "response": "b"}, 3]', ".json"),
+     "item 2: expected a JSON object"),
+    ("eos_literal_in_response", "sft",
+     rows([SFT[0], {**SFT[1], "response": "dogs <|endoftext|> are good"}]),
+     "1 rows contain the tokenizer's EOS token '<|endoftext|>' literally in response: rows 2"),
+    ("pad_literal_in_prompt", "preference", rows([{**PREF[0], "prompt": "hi <|pad|> :"}, PREF[1]]),
+     "PAD token '<|pad|>' literally in prompt: rows 1"),
     # well-formed files whose content fails an expectation (named, with example rows)
     ("chosen_equals_rejected", "preference",
      rows([{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]]),
@@ -204,3 +223,76 @@ def test_a_numeric_margin_column_is_kept_for_the_reward_loss(tmp_path):
     cleaned = [json.loads(line) for line in (tmp_path / "out" / "preference.jsonl").open()]
     assert [r["margin"] for r in cleaned] == [0.5, 2.0]
     assert "margin" not in (tmp_path / "out" / "sft.jsonl").read_text()
+
+
+def _named(tmp, name: str, content: bytes) -> DataSource:
+    (tmp / name).write_bytes(content)
+    return DataSource(path=str(tmp / name))
+
+
+SFT_JSONL = "".join(json.dumps(r) + "\n" for r in SFT)
+
+
+@pytest.mark.parametrize("name, content", [
+    ("bom.jsonl", b"\xef\xbb\xbf" + SFT_JSONL.encode()),
+    ("sep.jsonl", SFT_JSONL.replace("nice", "nice\u2028").replace("good", "good\u2029")
+     .encode()),  # U+2028/9 written raw inside JSON strings: valid JSON, one row per line
+    ("array.json", json.dumps(SFT).encode()),
+    ("rows.jsonl.gz", gzip.compress(SFT_JSONL.encode())),
+    ("rows.csv.bz2", bz2.compress(b"prompt,response\ntell me about cats :,cats are nice .\n"
+                                  b"tell me about dogs :,dogs are good !\n")),
+], ids=["utf8_bom", "u2028_in_strings", "json_array", "jsonl_gz", "csv_bz2"])
+def test_valid_files_in_other_shapes_are_accepted(tmp_path, name, content):
+    sources = good_sources(tmp_path)
+    sources["sft"] = _named(tmp_path, name, content)
+    assert gate_message(tmp_path, sources) == "PASSED"
+    cleaned = [json.loads(line) for line in (tmp_path / "out" / "sft.jsonl").open()]
+    assert len(cleaned) == 2 and cleaned[0]["prompt"] == "tell me about cats :"
+
+
+def test_a_named_pipe_is_refused_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    sources = good_sources(tmp_path)
+    sources["sft"] = DataSource(path=str(tmp_path / "pipe.jsonl"))
+    assert "not a regular file" in gate_message(tmp_path, sources)
+
+
+def test_a_local_looking_path_is_never_sent_to_a_hub(tmp_path, monkeypatch):
+    import datasets
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError(f"sent to the hub loader: {args}")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    monkeypatch.chdir(tmp_path)
+    sources = good_sources(tmp_path)
+    for path in ("pairs.jsonl.gz", "data/pairs.parquet", "./pairs"):
+        sources["preference"] = DataSource(path=path)
+        assert f"{Path(path)}: file not found" in gate_message(tmp_path, sources)
+
+
+def test_control_characters_warn_by_default_and_refuse_when_asked(tmp_path):
+    sources = good_sources(tmp_path)
+    sources["sft"] = DataSource(path=str(write_jsonl(
+        tmp_path / "nul.jsonl", [SFT[0], {**SFT[1], "response": "dogs\x00 are good"}])))
+    report = run_validation(DataConfig(**sources), make_tokenizer(), CFG, tmp_path / "out")
+    assert report.passed and any("control characters" in w and "rows 2" in w
+                                 for w in report.warnings), report.warnings
+    strict = CFG.model_copy(update={"control_characters": "refuse"})
+    report = run_validation(DataConfig(**sources), make_tokenizer(), strict, tmp_path / "o2")
+    assert not report.passed and "control characters" in report.failures[0]
+
+
+def test_text_the_tokenizer_cannot_read_warns_with_the_share(tmp_path):
+    sources = good_sources(tmp_path)
+    sources["prompts"] = DataSource(path=str(write_jsonl(
+        tmp_path / "greek.jsonl", [{"prompt": "καλημέρα κόσμε :"}, {"prompt": "γεια σου :"}])))
+    report = run_validation(DataConfig(**sources), make_tokenizer(), CFG, tmp_path / "out")
+    assert any("67% of the tokens are the tokenizer's unknown token" in w
+               for w in report.warnings), report.warnings
+    assert not any("unknown token" in w for w in gate_report_warnings(tmp_path))
+
+
+def gate_report_warnings(tmp):
+    return run_validation(DataConfig(**good_sources(tmp)), make_tokenizer(), CFG,
+                          tmp / "o3").warnings

@@ -5,9 +5,10 @@ message, no traceback, nothing started)."""
 import json
 
 from flows.cli import main
-from flows.validate import rlhf_validate  # noqa: F401  imported outside capsys: Prefect binds
-from tests.data_checks.test_validate import PREF  # its log handler to import-time stderr
-from tests.flows.test_validate_gate import parent_runs, write_config
+
+# imported outside capsys: Prefect binds its log handler to import-time stderr
+from flows.validate import rlhf_validate  # noqa: F401
+from tests.shared import PREF, parent_runs, write_config
 
 
 def _markdown_artifact(flow_run_id: str):

@@ -15,7 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from flows.cli import runs_table
 from flows.config import load_config
-from tests.flows.test_pipeline import CONFIG, PPO_METRICS, STAGES
+from tests.shared import PPO_METRICS, STAGES
+from tests.shared import TEST_CONFIG as CONFIG
 
 
 def _free_port() -> int:

@@ -8,17 +8,8 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from flows.config import load_config
-
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
-STAGES = ["validate", "sft", "reward_model", "reward_norm", "critic_init", "ppo", "evaluate",
-          "register"]
-PPO_METRICS = ["objective/kl", "objective/entropy", "objective/non_score_reward",
-               "objective/rlhf_reward", "objective/scores", "policy/approxkl_avg",
-               "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
-               "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
-               "episode", "val/explained_variance", "objective/kl_coef",
-               "response/length_mean", "response/eos_rate", "time/rollout_s", "time/update_s",
-               "throughput/tokens_per_s"]
+from tests.shared import PPO_METRICS, STAGES
+from tests.shared import TEST_CONFIG as CONFIG
 
 
 @pytest.fixture(scope="module")
