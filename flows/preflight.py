@@ -6,17 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from data_checks.files import looks_local
 from flows.config import ConfigError
 from tasks.config import PipelineConfig
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-
-
-def looks_local(value: str) -> bool:
-    """A path on this machine rather than a hub id: absolute, relative with ./ or ../, ~,
-    more than one '/', a backslash, or something that exists here."""
-    return (value.startswith(("/", "./", "../", "~", ".\\")) or value.count("/") > 1
-            or "\\" in value or Path(value).expanduser().exists())
 
 
 def check_model_source(field: str, value: str | None) -> None:

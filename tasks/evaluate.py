@@ -10,7 +10,7 @@ from prefect import task
 from rlhf_core.evaluate import compare_policies, sample_policy
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.optim import seed_everything
-from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch
+from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch, stage_params
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.tracking import RunContext
@@ -60,7 +60,7 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
         ordered = {k: metrics[k] for k in first if k in metrics}
         return {"metrics": {**ordered, **metrics}}
 
-    return run_stage(ctx, "evaluate", body)
+    return run_stage(ctx, "evaluate", body, stage_params(cfg, "eval"))
 
 
 def _score_key(metrics: dict) -> str:

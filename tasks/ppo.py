@@ -14,7 +14,15 @@ from rlhf_core.evaluate import mean_std, rm_judge_gap
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
-from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_torch, write_json
+from tasks.common import (
+    metric_logger,
+    read_json,
+    read_jsonl,
+    run_stage,
+    setup_torch,
+    stage_params,
+    write_json,
+)
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.tracking import RunContext
@@ -119,4 +127,4 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         return {"policy_dir": str(policy_dir), "value_dir": str(value_dir),
                 "metrics": {k: last[k] for k in keys if k in last}}
 
-    return run_stage(ctx, "ppo", body)
+    return run_stage(ctx, "ppo", body, stage_params(cfg, "ppo", "model"))

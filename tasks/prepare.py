@@ -15,7 +15,7 @@ from data_checks.config import DataConfig, DataSource
 from tasks.config import PipelineConfig, flatten
 from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
 from tasks.judge import resolve_judge_name
-from tasks.tracking import RunContext, default_tracking_uri, log_params, set_tags
+from tasks.tracking import RunContext, default_tracking_uri, ensure_store, log_params, set_tags
 
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
 
@@ -41,7 +41,8 @@ def git_commit() -> str | None:
 
 
 def default_run_name(cfg: PipelineConfig) -> str:
-    return f"{cfg.short_name()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """Start time first, so runs differ within the first characters a runs table shows."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.short_name()}"
 
 
 def _prefect_flow_run_id() -> str | None:
@@ -62,11 +63,19 @@ def artifact_location(tracking_uri: str) -> str | None:
     return (db.parent / "mlruns").as_uri()
 
 
+# MLflow 3's UI opens an experiment of this kind on its runs table and metric charts, not on
+# its GenAI (traces) view
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp:
+        if "mlflow.experimentKind" not in exp.tags:
+            client.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return exp.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_location(uri))
+    return client.create_experiment(name, artifact_location=artifact_location(uri),
+                                    tags=EXPERIMENT_KIND)
 
 
 def _find_parents(client, experiment_id, filter_string: str) -> list:
@@ -113,6 +122,7 @@ def _check_resume(run, cfg: PipelineConfig, digests: dict[str, str]) -> None:
 def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContext:
     """Create the parent run, or reopen it (``resume_run_id``, or same run name + config)."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
+    ensure_store(uri)
     client = MlflowClient(tracking_uri=uri)
     exp_id = _experiment_id(client, cfg.tracking.experiment, uri)
     run_name = cfg.tracking.run_name or default_run_name(cfg)

@@ -49,6 +49,24 @@ def default_tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
+def ensure_store(uri: str) -> None:
+    """Create (migrate) a new local SQLite store under a file lock, so two pipelines started
+    at once on a new store do not both run MLflow's schema migration (one would die with
+    'duplicate column name'); other stores are left to their server."""
+    if not uri.startswith("sqlite:///"):
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
                 step: int) -> None:
     """One batch call for a whole metrics dict at ``step``."""
@@ -108,8 +126,10 @@ def completed_output(ctx: RunContext, stage: str) -> dict | None:
 
 
 @contextmanager
-def stage_run(ctx: RunContext, stage: str) -> Iterator[str]:
-    """Open (or reopen) the child run of ``stage``; FINISHED on success, FAILED on error."""
+def stage_run(ctx: RunContext, stage: str,
+              params: dict[str, Any] | None = None) -> Iterator[str]:
+    """Open (or reopen) the child run of ``stage``; FINISHED on success, FAILED on error. A new
+    child run gets ``params`` (its stage's settings), so two runs' stages compare in MLflow."""
     client = ctx.client()
     existing = find_stage_run(ctx, stage)
     if existing is not None:
@@ -119,6 +139,8 @@ def stage_run(ctx: RunContext, stage: str) -> Iterator[str]:
         run = client.create_run(ctx.experiment_id, run_name=stage,
                                 tags={PARENT_TAG: ctx.parent_run_id, STAGE_TAG: stage})
         run_id = run.info.run_id
+        if params:
+            log_params(client, run_id, params)
     try:
         yield run_id
     except BaseException:

@@ -23,6 +23,7 @@ from tasks.common import (
     read_jsonl,
     run_stage,
     setup_torch,
+    stage_params,
     write_json,
 )
 from tasks.config import PipelineConfig
@@ -72,7 +73,7 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
         return {"model_dir": str(out_dir),
                 "metrics": {"train/loss": last.get("train/loss", float("nan")), **metrics}}
 
-    return run_stage(ctx, "sft", body)
+    return run_stage(ctx, "sft", body, stage_params(cfg, "sft", "model"))
 
 
 @task(name="reward_model")
@@ -110,7 +111,7 @@ def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
         ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
         return {"model_dir": str(out_dir), "metrics": {**first, **metrics}}
 
-    return run_stage(ctx, "reward_model", body)
+    return run_stage(ctx, "reward_model", body, stage_params(cfg, "reward", "model"))
 
 
 @task(name="reward_norm")
@@ -137,7 +138,7 @@ def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: dict, rm_out: dict) 
         metric_logger(ctx, run_id)(0, metrics)
         return {"stats_path": str(path), "stats": stats, "metrics": metrics}
 
-    return run_stage(ctx, "reward_norm", body)
+    return run_stage(ctx, "reward_norm", body, stage_params(cfg, "reward_norm"))
 
 
 @task(name="critic_init")

@@ -11,7 +11,7 @@ from data_checks.config import DataConfig
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
 from rlhf_core.models import load_tokenizer
-from tasks.common import in_prefect_run, run_stage
+from tasks.common import in_prefect_run, run_stage, stage_params
 from tasks.config import PipelineConfig
 from tasks.tracking import RunContext, log_datasets, log_metrics, run_url, set_tags
 
@@ -79,4 +79,4 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
                 "figures": {f"{name}/expectations_passed": f"{ok}/{n}"
                             for name, (ok, n) in report.expectation_counts().items()}}
 
-    return run_stage(ctx, "validate", body)
+    return run_stage(ctx, "validate", body, stage_params(cfg, "validation"))

@@ -23,6 +23,12 @@ def pipeline_result(tmp_path_factory, prefect_api):
     return result, MlflowClient(uri), cfg
 
 
+def cfg_value(dotted: str):
+    from flows.config import flatten
+
+    return flatten(load_config(CONFIG).model_dump(mode="json"))[dotted]
+
+
 def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
     result, client, _ = pipeline_result
     parent = client.get_run(result["parent_run_id"])
@@ -35,6 +41,11 @@ def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
     for stage, run in by_stage.items():
         assert run.info.status == "FINISHED", stage
         assert run.data.metrics, f"{stage} logged no metric"
+    # each child run carries its own stage's settings, so two runs' stages compare in MLflow
+    assert by_stage["ppo"].data.params["ppo.kl_coef"] == str(cfg_value("ppo.kl_coef"))
+    assert "sft.epochs" in by_stage["sft"].data.params
+    assert "reward.use_margin" in by_stage["reward_model"].data.params
+    assert "sft.epochs" not in by_stage["ppo"].data.params
     for name in PPO_METRICS:
         history = client.get_metric_history(by_stage["ppo"].info.run_id, name)
         assert [m.step for m in history] == [1, 2, 3], name
