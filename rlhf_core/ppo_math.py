@@ -155,19 +155,13 @@ def explained_variance(values, returns, mask) -> torch.Tensor:
 
 
 class FixedKLController:
-    """Constant beta."""
+    """Constant beta. (A resumed PPO run restores ``value`` from its loop state.)"""
 
     def __init__(self, kl_coef: float):
         self.value = float(kl_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
         pass
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
 
 
 class AdaptiveKLController(FixedKLController):
