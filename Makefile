@@ -25,11 +25,11 @@ test: install
 	$(BIN)/python -m pytest -q
 
 # The fast lane (under 2 minutes): the core math and models, the data gate, the task-level
-# units and the layering rules; no Prefect server, no end-to-end pipeline. `make test` (CI)
-# runs everything, this included.
+# units and the layering rules; no Prefect server, no end-to-end pipeline, no test marked
+# slow (bit-for-bit resume of whole stages). `make test` (CI) runs everything.
 FAST_TESTS = tests/rlhf_core tests/data_checks tests/tasks tests/test_layering.py
 test-fast: install
-	$(BIN)/python -m pytest -q $(FAST_TESTS)
+	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS)
 
 lint: install
 	$(BIN)/ruff check .
