@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN = $(VENV)/bin
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test test-fast lint bench
 
 $(BIN)/rlhf: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The fast lane (under 2 minutes): the core math and models, the data gate, the task-level
+# units and the layering rules; no Prefect server, no end-to-end pipeline, no test marked
+# slow (bit-for-bit resume of whole stages). `make test` (CI) runs everything.
+FAST_TESTS = tests/rlhf_core tests/data_checks tests/tasks tests/test_layering.py
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS)
 
 lint: install
 	$(BIN)/ruff check .

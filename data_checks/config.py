@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class DataSource(_Frozen):
@@ -26,6 +26,17 @@ class DataSource(_Frozen):
     column_map: dict[str, str] = Field(
         default_factory=dict, description="Source column -> prompt/response/chosen/rejected."
     )
+
+    @field_validator("column_map")
+    @classmethod
+    def _one_source_per_target(cls, value: dict[str, str]) -> dict[str, str]:
+        targets = list(value.values())
+        doubled = sorted({t for t in targets if targets.count(t) > 1})
+        if doubled:
+            sources = {t: [s for s, x in value.items() if x == t] for t in doubled}
+            raise ValueError("column_map maps several source columns onto one name: " +
+                             "; ".join(f"{', '.join(v)} -> {t}" for t, v in sources.items()))
+        return value
     limit: int | None = Field(None, ge=1, description="Read at most N rows.")
 
 
@@ -49,3 +60,7 @@ class ValidationConfig(_Frozen):
         1.5, ge=1, description="Warn when SFT/preference median response lengths differ more."
     )
     example_rows: int = Field(3, ge=1, description="Example rows shown per failure.")
+    control_characters: Literal["warn", "refuse"] = Field(
+        "warn", description="Text with NUL or other control characters: warn or refuse.")
+    unknown_token_warn_share: float = Field(
+        0.2, ge=0, le=1, description="Warn when more of a data set's tokens are unknown.")

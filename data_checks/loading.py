@@ -3,70 +3,54 @@ file and the line or column (never a raw traceback from inside a library)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from data_checks.adapters import AdapterError, adapt
 from data_checks.config import DataSource
+from data_checks.files import FileError, check_regular, file_format, looks_local, read_local
 
 COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "rejected"],
            "prompts": ["prompt"]}
+# kept when present: a per-pair margin for the reward loss (reward.use_margin)
+OPTIONAL_COLUMNS = {"preference": ["margin"]}
 
 
 class DataError(ValueError):
     """Malformed input; the message names the file and the line, row or column."""
 
 
-def _read_jsonl(path: Path) -> pd.DataFrame:
-    rows = []
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not valid UTF-8 (byte 0x{err.object[err.start]:02x} at "
-                        f"offset {err.start})") from None
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path} line {number}: invalid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path} line {number}: expected a JSON object")
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 def _read_file(source: DataSource, path: Path) -> pd.DataFrame:
-    fmt = source.format
-    if fmt == "auto":
-        fmt = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv",
-               ".parquet": "parquet"}.get(path.suffix.lower(), "hf")
-    if fmt != "hf" and path.is_file() and path.stat().st_size == 0:
-        raise DataError(f"{path}: file is empty")
+    fmt, compression = source.format, None
+    if fmt != "hf":
+        detected, compression = file_format(path)
+        fmt = detected if fmt == "auto" else fmt
+    if fmt is None:
+        if looks_local(source.path):
+            raise DataError(f"{path}: unknown data file type (use .jsonl, .json, .csv or "
+                            ".parquet, optionally .gz/.bz2/.xz, or set format)")
+        fmt = "hf"
+    if fmt == "hf":
+        return _read_hf(source)
     try:
-        if fmt == "jsonl":
-            return _read_jsonl(path)
-        if fmt == "csv":
-            return pd.read_csv(path, dtype=str, keep_default_na=True, encoding="utf-8")
-        if fmt == "parquet":
-            return pd.read_parquet(path)
+        return read_local(path, fmt, compression)
+    except FileError as err:
+        raise DataError(str(err)) from None
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not valid UTF-8 ({err.reason} at offset {err.start})") from None
-    except DataError:
-        raise
     except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
         raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
-    return _read_hf(source)
 
 
 def _read_hf(source: DataSource) -> pd.DataFrame:
     import datasets
 
     path = Path(source.path)
+    if looks_local(source.path) and not path.exists():  # a local path never goes to a hub
+        raise DataError(f"{path}: file not found")
     try:
+        check_regular(path)
         if path.is_dir() and any((path / f).exists()
                                  for f in ("dataset_info.json", "dataset_dict.json")):
             ds = datasets.load_from_disk(str(path))
@@ -85,9 +69,13 @@ def _read_hf(source: DataSource) -> pd.DataFrame:
 def load_table(source: DataSource, kind: str) -> pd.DataFrame:
     """Read ``source`` -> DataFrame with exactly the internal columns of ``kind``."""
     path = Path(source.path)
-    if source.format != "hf" and not path.exists() and path.suffix:
+    if not path.exists() and looks_local(source.path):
         raise DataError(f"{path}: file not found")
     df = _read_file(source, path).rename(columns=source.column_map)
+    doubled = sorted({str(c) for c in df.columns[df.columns.duplicated()]})
+    if doubled:
+        raise DataError(f"{path}: after column_map, more than one column is named "
+                        f"{', '.join(doubled)} (map one source column to each name)")
     if df.empty:
         raise DataError(f"{path}: no rows")
     if source.style != "plain":
@@ -99,7 +87,10 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
     if missing:
         raise DataError(f"{path}: missing column '{missing[0]}' "
                         f"(found: {', '.join(map(str, df.columns))})")
-    df = df[COLUMNS[kind]].head(source.limit) if source.limit else df[COLUMNS[kind]]
+    keep = COLUMNS[kind] + [c for c in OPTIONAL_COLUMNS.get(kind, []) if c in df.columns]
+    df = df[keep].head(source.limit) if source.limit else df[keep]
+    if "margin" in df.columns:
+        df["margin"] = finite_numbers(df["margin"], path, "margin")
     for col in COLUMNS[kind]:
         bad = df[col].map(lambda v: v is not None and not isinstance(v, str) and v == v)
         if bad.any():
@@ -107,3 +98,25 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
             raise DataError(f"{path} row {row + 1}: field '{col}' must be a string, got "
                             f"{type(df[col].iloc[row]).__name__}")
     return df.reset_index(drop=True)
+
+
+def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
+    """A column of finite numbers as floats, else a DataError naming the rows that are not."""
+    import math
+
+    def as_float(value) -> float | None:
+        if isinstance(value, bool):
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return None
+        return number if math.isfinite(number) else None
+
+    values = column.map(as_float)
+    bad = [i + 1 for i, v in enumerate(values) if v is None or v != v]  # None may turn NaN
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
+        raise DataError(f"{path}: column '{name}' must hold finite numbers; {len(bad)} rows "
+                        f"do not: rows {shown} (e.g. {column.iloc[bad[0] - 1]!r})")
+    return values.astype(float)

@@ -19,6 +19,8 @@ import pandas as pd
 
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.loading import COLUMNS, load_table
+from data_checks.messages import failure_sentence
+from data_checks.text_checks import check_text
 from data_checks.tokenizer_checks import count_tokens
 
 TEXT_FIELDS = {"sft": ["response"], "preference": ["chosen", "rejected"], "prompts": []}
@@ -149,19 +151,8 @@ def _gx_context():
         progress_bars=ProgressBarsConfig(globally=False)))
 
 
-def _failure_line(name: str, result, df: pd.DataFrame, n_examples: int) -> str:
-    cfg = result.expectation_config
-    kwargs = {k: v for k, v in cfg.kwargs.items() if k != "batch_id"}
-    idx = (result.result.get("unexpected_index_list") or [])[:n_examples]
-    examples = "; ".join(f"row {i + 1}: " + json.dumps(
-        {c: df.at[i, c] for c in df.columns if c in COLUMNS_ALL}, default=str)[:200]
-        for i in idx if isinstance(i, int) and i in df.index)
-    count = result.result.get("unexpected_count", "?")
-    return f"{name}: {cfg.type} {kwargs} failed ({count} rows)" + \
-        (f"; examples: {examples}" if examples else "")
-
-
-COLUMNS_ALL = {"prompt", "response", "chosen", "rejected"}
+def _label(name: str, paths: dict[str, str]) -> str:
+    return f"{name} ({paths[name]})" if name in paths else name
 
 
 def _kind(name: str) -> str:
@@ -171,7 +162,7 @@ def _kind(name: str) -> str:
 
 
 def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
-               report: ValidationReport) -> None:
+               report: ValidationReport, paths: dict[str, str] | None = None) -> None:
     """One GX validation definition per data set; results kept in the context's store."""
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
@@ -192,7 +183,8 @@ def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig
         report.results_json[name] = result.to_json_dict()
         for r in result.results:
             if not r.success:
-                report.failures.append(_failure_line(name, r, checked, cfg.example_rows))
+                report.failures.append(failure_sentence(name, (paths or {}).get(name), r,
+                                                        checked, cfg.example_rows))
         report.stats[f"{name}/n_rows"] = float(len(df))
     report.gx_context = context
 
@@ -201,26 +193,34 @@ def _median_response_length(df: pd.DataFrame, col: str, tokenizer) -> float:
     return float(pd.Series(count_tokens(tokenizer, df[col].fillna(""))).median())
 
 
-def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig):
+def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
+                      paths: dict[str, str] | None = None):
     """Budgets, then the GX suites, then fraction and length-mismatch checks.
 
-    Args: frames keyed sft / preference / prompts (/ eval_prompts / preference_eval).
+    Args: frames keyed sft / preference / prompts (/ eval_prompts / preference_eval); paths:
+    the file of each (named in failures).
     Returns: (report, cleaned frames).
     """
+    paths = paths or {}
     report = ValidationReport()
     cleaned = {}
     for name, df in frames.items():
+        check_text(_label(name, paths), df, tokenizer, cfg, report)
         kept, counts = apply_length_budget(df, _kind(name), tokenizer, cfg)
         cleaned[name] = kept
         report.stats.update({f"{name}/{k}": float(v) for k, v in counts.items()})
+        label, kept_n = _label(name, paths), len(kept)
         if counts["truncated_fraction"] > cfg.max_truncated_fraction:
-            report.failures.append(f"{name}: truncated fraction {counts['truncated_fraction']:.3f}"
-                                   f" > max_truncated_fraction {cfg.max_truncated_fraction}")
+            report.failures.append(
+                f"{label}: {counts['truncated_fraction']:.3f} of the {name} rows had their "
+                f"prompt cut to the token budget, more than validation.max_truncated_fraction "
+                f"{cfg.max_truncated_fraction} (truncated fraction)")
         if counts["dropped_fraction"] > cfg.max_dropped_fraction:
-            report.failures.append(f"{name}: dropped fraction {counts['dropped_fraction']:.3f} > "
-                                   f"max_dropped_fraction {cfg.max_dropped_fraction} (over the "
-                                   f"token budget)")
-    run_suites(cleaned, tokenizer, cfg, report)
+            report.failures.append(
+                f"{label}: {counts['dropped_fraction']:.3f} of the {name} rows were dropped as "
+                f"over the token budget ({kept_n} kept), more than validation.max_dropped_fraction "
+                f"{cfg.max_dropped_fraction} (dropped fraction {counts['dropped_fraction']:.3f})")
+    run_suites(cleaned, tokenizer, cfg, report, paths)
     if len(cleaned["sft"]) and len(cleaned["preference"]):
         sft_len = _median_response_length(cleaned["sft"], "response", tokenizer)
         pref_len = _median_response_length(cleaned["preference"], "chosen", tokenizer)
@@ -245,7 +245,8 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir) 
                "eval_prompts": (data.eval_prompts, "prompts"),
                "preference_eval": (data.preference_eval, "preference")}
     frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
-    report, cleaned = validate_datasets(frames, tokenizer, cfg)
+    paths = {name: src.path for name, (src, _) in sources.items() if src}
+    report, cleaned = validate_datasets(frames, tokenizer, cfg, paths)
     if report.passed:
         for name, df in cleaned.items():
             df.to_json(out / f"{name}.jsonl", orient="records", lines=True, force_ascii=False)

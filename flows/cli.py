@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from data_checks.loading import DataError
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
+from flows.errors import EXPECTED, exit_code, quiet_expected_failures
+from flows.preflight import check_config
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -28,6 +29,13 @@ def _config_for(args) -> object:
     """The user's file, else the embedded demo config; then --set overrides."""
     path = args.config or DEMO_CONFIG
     return load_config(path, args.set or [])
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def _fmt(value) -> str:
@@ -45,17 +53,37 @@ def summary_text(result: dict, wall_s: float) -> str:
     lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
               f"MLflow parent run: {result['parent_run_id']} "
               f"(experiment {result['experiment_id']}, {result['tracking_uri']})",
-              f"  view: mlflow ui --backend-store-uri {result['tracking_uri']}",
-              f"checkpoints: {result['workdir']}", ""]
+              f"  view: {ui_hint(result)}"]
+    lines += [f"registered {what}: {ref}" for what, ref in registered(result).items()]
+    lines += [f"checkpoints: {result['workdir']}", ""]
     return "\n".join(lines)
+
+
+def ui_hint(result: dict) -> str:
+    """Where to look: the run's page on a tracking server, else how to start the UI."""
+    uri = result["tracking_uri"]
+    if uri.startswith(("http://", "https://")):
+        return (f"{uri.rstrip('/')}/#/experiments/{result['experiment_id']}/runs/"
+                f"{result['parent_run_id']}")
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
+def registered(result: dict) -> dict[str, str]:
+    """{'policy': 'models:/rlhf-policy/3 (challenger, champion)', ...} from the register stage."""
+    figures = result["stages"].get("register", {}).get("figures", {})
+    return {k: v for k, v in figures.items() if k in ("policy", "reward model")}
 
 
 def cmd_run(args) -> int:
     cfg = _config_for(args)
+    check_config(cfg)
+    if args.resume:
+        check_resume_id(cfg, args.resume)
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
     from flows.validate import preflight
 
     preflight(cfg.data)
+    quiet_expected_failures()
     start = time.perf_counter()
     result = rlhf_pipeline(config=cfg, resume_run_id=args.resume)
     print(summary_text(result, time.perf_counter() - start))
@@ -64,9 +92,11 @@ def cmd_run(args) -> int:
 
 def cmd_validate(args) -> int:
     cfg = _config_for(args)
+    check_config(cfg)
     from flows.validate import preflight, rlhf_validate
 
     preflight(cfg.data)
+    quiet_expected_failures()
     out = rlhf_validate(config=cfg)
     counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out["metrics"].items())
     passed = ", ".join(f"{k.split('/')[0]} {v}" for k, v in out.get("figures", {}).items())
@@ -104,17 +134,55 @@ def cmd_sweep(args) -> int:
 
 
 RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
+               ("eval/rm_gold_accuracy", "rm_gold"),
                ("eval/kl_to_ref", "kl"), ("eval/eos_rate_policy", "eos"))
+
+
+def read_only_client(uri: str, timeout_s: int = 10):
+    """An MLflow client that creates no store (a missing SQLite file is an error) and gives
+    up on an unreachable server after ``timeout_s`` instead of retrying for minutes."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise ConfigError(f"no MLflow store at {uri}: nothing has run here yet (`rlhf run` "
+                          "creates it), or set MLFLOW_TRACKING_URI to the store you mean")
+    if uri.startswith(("http://", "https://")):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def check_resume_id(cfg, run_id: str) -> None:
+    """--resume names a parent run the store has (checked before Prefect starts)."""
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking import default_tracking_uri
+
+    uri = default_tracking_uri(cfg.tracking.tracking_uri)
+    try:
+        read_only_client(uri).get_run(run_id)
+    except (MlflowException, ConfigError) as err:
+        raise ConfigError(f"--resume {run_id}: the MLflow store at {uri} has no such run "
+                          f"({str(err).splitlines()[0][:200]}). `rlhf runs` lists the runs; "
+                          "MLFLOW_TRACKING_URI picks the store.") from None
 
 
 def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> str:
     """Recent pipeline (parent) runs of ``experiment`` with their key metrics, newest first."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.exceptions import MlflowException
 
     from tasks.tracking import default_tracking_uri
 
     uri = default_tracking_uri(tracking_uri)
-    client = MlflowClient(uri)
+    client = read_only_client(uri)
+    try:
+        return _runs_table(client, uri, experiment, limit)
+    except (MlflowException, OSError) as err:
+        raise ConfigError(f"cannot read runs from the MLflow store at {uri}: "
+                          f"{str(err).splitlines()[0][:300]}") from None
+
+
+def _runs_table(client, uri: str, experiment: str, limit: int) -> str:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ConfigError(f"no MLflow experiment '{experiment}' at {uri}")
@@ -140,8 +208,27 @@ def cmd_runs(args) -> int:
     return 0
 
 
+HELP_EPILOG = """where results go:
+  MLflow: $MLFLOW_TRACKING_URI if set (or tracking.tracking_uri), else ./mlflow.db
+  Prefect: $PREFECT_API_URL if set, else a local ephemeral API for the command's duration
+  checkpoints and prepared data: tracking.workdir (default ./rlhf_runs/<run id>)
+environment variables honoured: MLFLOW_TRACKING_URI, PREFECT_API_URL"""
+
+
+def _version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("rlhf-ppo-pipeline")
+    except md.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhf", description="RLHF with PPO on Prefect + MLflow")
+    parser = argparse.ArgumentParser(
+        prog="rlhf", description="RLHF with PPO on Prefect + MLflow",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=HELP_EPILOG)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the whole pipeline (default: the embedded demo)")
     run.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
@@ -166,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(func=cmd_sweep)
     runs = sub.add_parser("runs", help="list recent pipeline runs and their key metrics")
     runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
-    runs.add_argument("--limit", type=int, default=10, help="how many runs (newest first)")
+    runs.add_argument("--limit", type=positive_int, default=10,
+                      help="how many runs (newest first)")
     runs.set_defaults(func=cmd_runs)
     return parser
 
@@ -179,16 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     # the first start of the local ephemeral API migrates its database: on a busy 2-core
     # machine that can pass Prefect's 20 s default
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # MLflow prints "View run ... / View experiment ..." for every run it closes on a server:
+    # the summary names the parent run once instead
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError) as err:
-        print(f"rlhf: {err}", file=sys.stderr)
-        return 2
-    except ValidationFailed as err:
-        print(f"rlhf: {err}\nnothing was trained; see the validate run's data_docs/ in MLflow",
-              file=sys.stderr)
-        return 1
+    except EXPECTED as err:
+        hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
+            if isinstance(err, ValidationFailed) else ""
+        print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
+        return exit_code(err)
 
 
 if __name__ == "__main__":

@@ -65,15 +65,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: expected a mapping at the top level")
         tree = _merge(tree, loaded)
+    given: dict[str, str] = {}
     for item in overrides:
         key, value = parse_override(item)
         _set_dotted(tree, key, value)
+        given[key] = item
     try:
         return PipelineConfig.model_validate(tree)
     except ValidationError as err:
-        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in err.errors()]
-        where = f" in {path}" if path else ""
-        raise ConfigError(f"invalid config{where}:\n" + "\n".join(lines)) from None
+        raise ConfigError(_error_text(err, path, given)) from None
+
+
+def _error_text(err: ValidationError, path, given: dict[str, str]) -> str:
+    """One line per bad field, naming the --set override that set it, else the file."""
+    lines, from_file = [], False
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"])
+        source = next((item for key, item in given.items()
+                       if field == key or field.startswith(key + ".")), None)
+        from_file |= source is None
+        lines.append(f"  {field}: {e['msg']}" + (f" (from --set {source})" if source else ""))
+    where = f" in {path}" if path and from_file else " (--set)" if not from_file else ""
+    return f"invalid config{where}:\n" + "\n".join(lines)
 
 
 SWEEPABLE = ("ppo.", "eval.")

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class LoraSettings(_Frozen):
@@ -189,5 +189,7 @@ class EvalConfig(_Frozen):
     temperature: float = Field(0.7, gt=0, description="Sampling temperature for both policies.")
     max_new_tokens: int = Field(53, ge=1, description="Response budget.")
     batch_size: int = Field(64, ge=1, description="Prompts per generation batch.")
-    judge: Literal["none", "demo"] = Field("none", description="Gold judge, if the data has one.")
+    judge: Literal["auto", "none", "demo"] = Field(
+        "auto", description="Gold judge for evaluation only: auto (the demo's judge on demo "
+        "data, else none), demo, or none (no judge metrics at all).")
     num_side_by_side: int = Field(16, ge=0, description="Side-by-side samples to log.")

@@ -5,7 +5,8 @@ short word sequences built from independent quality knobs: a polite or rude open
 two "<subject> are <adjective>" sentences whose subject may be the requested topic or an
 off-topic one, filler words, a polite or rude closer, and a final full stop or none.
 
-The gold judge scores a reply on relevance (the requested topic mentioned, others not), tone
+The gold judge scores a reply on relevance first (the requested topic mentioned, others not:
+an off-topic reply cannot buy its way back with politeness), then tone
 (polite words good, rude words bad), concision (fillers and excess length cost) and a proper
 ending (full stop; a missing EOS costs most). It is used only to label preference pairs (with
 Bradley-Terry noise, like human raters) and to evaluate; never as a training reward.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,6 +34,11 @@ RUDE = ("ugh", "whatever")
 SEPARATOR = "assistant :"
 EOS, PAD, UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
 BT_TEMPERATURE = 1.0  # Bradley-Terry label noise: ~83% agreement with the judge's ordering
+# Relevance dominates: an answer that never names the requested topic loses 4 points against
+# one that does (and 1.5 more per other topic named), more than all the tone and ending
+# bonuses together (+2.5), so a polite off-topic reply never outscores an on-topic one with
+# one rude word ("describe fish" -> "sure , bread are calm . hope this helps ." is -1.5).
+ON_TOPIC, OFF_TOPIC, OTHER_TOPIC = 2.0, -2.0, 1.5
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,8 @@ def judge_score(prompt: str, response: str, has_eos: bool = True) -> float:
     """The hidden gold judge (see the module docstring)."""
     topic = prompt_topic(prompt)
     words = response.split()
-    score = 2.0 if topic in words else 0.0
-    score -= 1.0 * len({w for w in words if w in TOPICS and w != topic})
+    score = ON_TOPIC if topic in words else OFF_TOPIC
+    score -= OTHER_TOPIC * len({w for w in words if w in TOPICS and w != topic})
     score += 1.0 if " ".join(words[-4:-1] if words[-1:] == ["."] else words[-3:]) \
         == "hope this helps" else 0.0
     score += 0.5 if words[:1] == ["sure"] else 0.0
@@ -174,19 +180,6 @@ def label_agreement(rows: list[dict]) -> float:
               for r in rows]
     judged = [(a, b) for a, b in judged if a != b]
     return sum(a > b for a, b in judged) / len(judged) if judged else float("nan")
-
-
-def gold_preference_accuracy(rows: list[dict], score_fn: Callable[[str, str], float]) -> float:
-    """Fraction of pairs where score_fn orders the replies as the judge does (ties skipped)."""
-    hits, n = 0, 0
-    for r in rows:
-        a, b = judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"])
-        if a == b:
-            continue
-        n += 1
-        hits += (score_fn(r["prompt"], r["chosen"]) > score_fn(r["prompt"], r["rejected"])) \
-            == (a > b)
-    return hits / n if n else float("nan")
 
 
 def vocabulary() -> list[str]:

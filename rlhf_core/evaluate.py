@@ -3,7 +3,9 @@
 Both policies sample at the same temperature on the same prompts. Reported: RM score, KL to
 the reference (k1 summed over the response, on the policy's own samples), EOS rate, mean
 length and, when the data set has a gold judge, the judge's score and PPO's win rate over SFT
-(a tie counts one half).
+(a tie counts one half), and reward over-optimisation: per sample and overall, how much the RM
+credits the policy beyond what the judge does (both as gains over the SFT samples in their
+standard deviations), and the RM-judge correlation.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
                   prompts: Sequence[str], temperature: float, max_new_tokens: int,
                   device: torch.device, batch_size: int = 64,
                   precision: str = "fp32") -> dict[str, list]:
-    """Sample one response per prompt -> lists: response text, has_eos, length, score, kl."""
+    """Sample one response per prompt -> lists: response text, has_eos, length, score, kl.
+
+    ``ref_policy`` None: no KL (the SFT policy sampled against itself would log a KL of 0)."""
     with autocast(precision, device):
         return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
                               max_new_tokens, device, batch_size)
@@ -44,10 +48,11 @@ def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, tempera
         raw, logits = generate(policy, prompt_ids, gen_config, pad_id)
         responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
         qr = torch.cat([prompt_ids, responses], dim=1)
-        logprobs = logprobs_from_logits(logits, responses, temperature)
-        ref_lp = logprobs_from_logits(response_logits(ref_policy, qr, pad_id, P), responses,
-                                      temperature)
-        kl = ((logprobs - ref_lp) * mask).sum(1)
+        if ref_policy is not None:
+            logprobs = logprobs_from_logits(logits, responses, temperature)
+            ref_lp = logprobs_from_logits(response_logits(ref_policy, qr, pad_id, P),
+                                          responses, temperature)
+            out["kl"] += ((logprobs - ref_lp) * mask).sum(1).float().tolist()
         scores = score_responses(reward_model, qr, pad_id, P, mask)
         for i in range(len(chunk)):
             text_ids = responses[i][mask[i] & (responses[i] != eos_id)]
@@ -55,12 +60,42 @@ def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, tempera
         out["has_eos"] += has_eos.tolist()
         out["length"] += mask.sum(1).tolist()
         out["score"] += scores.float().tolist()
-        out["kl"] += kl.float().tolist()
     return out
 
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, population std) of a non-empty sequence; std 0 for a constant one."""
+    mu = _mean(values)
+    return mu, (sum((v - mu) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def z_gain(value: float, base: tuple[float, float]) -> float:
+    """How far ``value`` sits above a baseline (mean, std), in baseline standard deviations
+    (nan when the baseline does not vary)."""
+    mu, sd = base
+    return (value - mu) / sd if sd > 0 else float("nan")
+
+
+def rm_judge_gap(rm_mean: float, judge_mean: float, rm_base: tuple[float, float],
+                 judge_base: tuple[float, float]) -> dict[str, float]:
+    """Reward over-optimisation in one number: the RM's gain over a baseline minus the gold
+    judge's gain over the same baseline, each in that baseline's standard deviations. Near 0
+    the RM and the judge agree on how much the policy improved; a growing positive gap means
+    the policy is exploiting the RM (Gao et al. 2022, "Scaling laws for reward model
+    overoptimization")."""
+    rm_z, judge_z = z_gain(rm_mean, rm_base), z_gain(judge_mean, judge_base)
+    return {"rm_gain_z": rm_z, "judge_gain_z": judge_z, "rm_judge_gap_z": rm_z - judge_z}
+
+
+def _correlation(x: Sequence[float], y: Sequence[float]) -> float:
+    (mx, sx), (my, sy) = mean_std(x), mean_std(y)
+    if sx == 0 or sy == 0:
+        return float("nan")
+    return _mean([(a - mx) * (b - my) for a, b in zip(x, y)]) / (sx * sy)
 
 
 def compare_policies(sft: dict[str, list], policy: dict[str, list], prompts: Sequence[str],
@@ -94,4 +129,19 @@ def compare_policies(sft: dict[str, list], policy: dict[str, list], prompts: Seq
         metrics.update({"eval/judge_score_sft": _mean(judged_sft),
                         "eval/judge_score_policy": _mean(judged_pol),
                         "eval/judge_win_rate": _mean(wins)})
+        metrics.update(_overoptimisation(sft["score"], policy["score"], judged_sft, judged_pol,
+                                         rows))
     return metrics, rows
+
+
+def _overoptimisation(rm_sft, rm_pol, judge_sft, judge_pol, rows: list[dict]) -> dict:
+    """RM vs judge, per sample (z-scores against the SFT samples, in ``rows``) and overall."""
+    rm_base, judge_base = mean_std(rm_sft), mean_std(judge_sft)
+    for row in rows:
+        row["policy_rm_judge_gap_z"] = rm_judge_gap(
+            row["policy_rm_score"], row["policy_judge_score"], rm_base, judge_base
+        )["rm_judge_gap_z"]
+    gap = rm_judge_gap(_mean(rm_pol), _mean(judge_pol), rm_base, judge_base)
+    return {**{f"eval/{k}": v for k, v in gap.items()},
+            "eval/rm_judge_correlation": _correlation([*rm_sft, *rm_pol],
+                                                      [*judge_sft, *judge_pol])}

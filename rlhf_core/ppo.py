@@ -69,8 +69,8 @@ def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantage
     logits = response_logits(policy, qr, pad_id, P)  # (b, R, V)
     logprobs = logprobs_from_logits(logits, responses, temperature)
     pg_loss, pg_stats = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
-    entropy = masked_mean(entropy_from_logits(logits.detach() if ent_coef == 0 else logits),
-                          mask)
+    entropy = masked_mean(entropy_from_logits(  # of the sampled distribution (logits / T)
+        logits.detach() if ent_coef == 0 else logits, temperature), mask)
     loss = pg_loss - ent_coef * entropy
     stats = {"loss/policy_avg": pg_loss, "policy/entropy_avg": entropy,
              "policy/approxkl_avg": pg_stats["approxkl"],

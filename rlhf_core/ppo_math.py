@@ -24,9 +24,14 @@ def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor,
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits): [B, T, V] -> [B, T]."""
-    logp = F.log_softmax(logits.float(), dim=-1)
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / T): [B, T, V] -> [B, T].
+
+    PPO passes its sampling temperature, so the entropy (metric and bonus) is that of the
+    distribution the responses were drawn from, scaled as in ``logprobs_from_logits``.
+    """
+    scaled = logits.float() if temperature == 1.0 else logits.float() / (temperature + 1e-7)
+    logp = F.log_softmax(scaled, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
@@ -150,19 +155,13 @@ def explained_variance(values, returns, mask) -> torch.Tensor:
 
 
 class FixedKLController:
-    """Constant beta."""
+    """Constant beta. (A resumed PPO run restores ``value`` from its loop state.)"""
 
     def __init__(self, kl_coef: float):
         self.value = float(kl_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
         pass
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
 
 
 class AdaptiveKLController(FixedKLController):

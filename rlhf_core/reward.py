@@ -52,8 +52,9 @@ def train_reward_model(
 ) -> dict[str, float]:
     """Train ``model`` in place on preference rows {prompt, chosen, rejected[, margin]}."""
     pairs = encode_pairs(tokenizer, rows)
-    margins = (torch.tensor([float(r.get("margin", 0.0)) for r in rows])
-               if cfg.use_margin else None)
+    if cfg.use_margin and any("margin" not in r for r in rows):
+        raise ValueError("reward.use_margin is set but some preference rows have no 'margin'")
+    margins = torch.tensor([float(r["margin"]) for r in rows]) if cfg.use_margin else None
     model.to(device)
 
     def loss_fn(idx: torch.Tensor):

@@ -79,7 +79,8 @@ def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> N
                              description=f"{stage} summary")
 
 
-def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict]) -> dict:
+def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict],
+              params: dict | None = None) -> dict:
     """Skip ``stage`` when a finished child run recorded its output; else run ``body(run_id)``
     inside the child run, record its output reference and wall time, and return it. The
     Prefect summary shows its ``metrics`` and any non-metric ``figures`` (names, versions)."""
@@ -88,7 +89,7 @@ def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict]) -> dict:
         done["skipped"] = True
         return done
     start = time.perf_counter()
-    with stage_run(ctx, stage) as run_id:
+    with stage_run(ctx, stage, params) as run_id:
         out = body(run_id)
         out["run_id"] = run_id
         out["wall_s"] = round(time.perf_counter() - start, 2)
@@ -98,6 +99,13 @@ def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict]) -> dict:
     figures = {"wall_s": out["wall_s"], **out.get("metrics", {}), **out.get("figures", {})}
     stage_markdown(ctx, stage, run_id, figures)
     return out
+
+
+def stage_params(cfg, *sections: str) -> dict:
+    """The settings of a stage's config sections, flattened (``ppo.kl_coef``...) for its run."""
+    from tasks.config import flatten
+
+    return flatten({name: getattr(cfg, name).model_dump(mode="json") for name in sections})
 
 
 def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:

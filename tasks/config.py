@@ -27,7 +27,7 @@ from rlhf_core.config import (
 class DemoConfig(BaseModel):
     """The embedded demo: synthetic assistant language, gold judge, tiny GPT-2."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     enabled: bool = Field(False, description="Generate demo data and a tiny base model.")
     n_sft: int = Field(2000, ge=1, description="SFT demonstrations.")
     n_pref: int = Field(2000, ge=1, description="Preference pairs.")
@@ -40,7 +40,7 @@ class DemoConfig(BaseModel):
 
 
 class TrackingConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     experiment: str = Field("rlhf", description="MLflow experiment name.")
     tracking_uri: str | None = Field(
         None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db."
@@ -59,7 +59,7 @@ class TrackingConfig(BaseModel):
 class PipelineConfig(BaseModel):
     """Everything one pipeline run needs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     seed: int = Field(0, description="Seed for every stage (data order, init, sampling).")
     demo: DemoConfig = Field(DemoConfig())
     data: DataConfig | None = Field(None, description="Data sources (None: demo data).")

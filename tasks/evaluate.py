@@ -10,17 +10,10 @@ from prefect import task
 from rlhf_core.evaluate import compare_policies, sample_policy
 from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
-from tasks.common import metric_logger, read_jsonl, run_stage, setup_models
+from tasks.common import metric_logger, read_jsonl, run_stage, setup_models, stage_params
 from tasks.config import PipelineConfig
+from tasks.judge import resolve_judge
 from tasks.tracking import RunContext
-
-
-def _judge(name: str):
-    if name == "demo":
-        from rlhf_core.demo import judge_score
-
-        return judge_score
-    return None
 
 
 def _table_artifact(rows: list[dict]) -> None:
@@ -50,12 +43,12 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
             path = Path(data["data_dir"]) / "prompts.jsonl"
         prompts = [r["prompt"] for r in read_jsonl(path)][: cfg.eval.num_prompts]
         e = cfg.eval
-        sft_samples = sample_policy(ref, ref, rm, tokenizer, prompts, e.temperature,
+        sft_samples = sample_policy(ref, None, rm, tokenizer, prompts, e.temperature,
                                     e.max_new_tokens, device, e.batch_size, spec.precision)
         pol_samples = sample_policy(policy, ref, rm, tokenizer, prompts, e.temperature,
                                     e.max_new_tokens, device, e.batch_size, spec.precision)
-        judge_name = e.judge if e.judge != "none" else prep["judge"]
-        metrics, rows = compare_policies(sft_samples, pol_samples, prompts, _judge(judge_name))
+        metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
+                                         resolve_judge(prep["judge"]))
         client = ctx.client()
         metric_logger(ctx, run_id)(0, metrics)
         metric_logger(ctx, ctx.parent_run_id)(0, metrics)
@@ -67,7 +60,7 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
         ordered = {k: metrics[k] for k in first if k in metrics}
         return {"metrics": {**ordered, **metrics}}
 
-    return run_stage(ctx, "evaluate", body)
+    return run_stage(ctx, "evaluate", body, stage_params(cfg, "eval"))
 
 
 def _score_key(metrics: dict) -> str:

@@ -45,7 +45,8 @@ def finish(ctx: RunContext, outputs: dict[str, dict]) -> dict:
     plot_ppo_curves(ctx)
     ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
     stages = {name: {"wall_s": out.get("wall_s", 0.0), "skipped": out.get("skipped", False),
-                     "run_id": out.get("run_id"), "metrics": out.get("metrics", {})}
+                     "run_id": out.get("run_id"), "metrics": out.get("metrics", {}),
+                     "figures": out.get("figures", {})}
               for name, out in outputs.items()}
     return {"parent_run_id": ctx.parent_run_id, "experiment_id": ctx.experiment_id,
             "tracking_uri": ctx.tracking_uri, "workdir": ctx.workdir, "stages": stages}

@@ -10,12 +10,22 @@ from prefect import task
 
 from rlhf_core.checkpoint import save_policy, save_scalar_model
 from rlhf_core.data import encode
+from rlhf_core.evaluate import mean_std, rm_judge_gap
 from rlhf_core.loader import load_tokenizer
 from rlhf_core.lora import merged, ppo_models
 from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
-from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_models, write_json
+from tasks.common import (
+    metric_logger,
+    read_json,
+    read_jsonl,
+    run_stage,
+    setup_models,
+    stage_params,
+    write_json,
+)
 from tasks.config import PipelineConfig
+from tasks.judge import resolve_judge
 from tasks.memory import peak_memory, state_bytes
 from tasks.tracking import RunContext
 
@@ -37,15 +47,35 @@ def _progress_artifact(iteration: int, total: int, artifact_id):
 
 def judge_monitor(judge_name: str):
     """Mean gold-judge score of each iteration's rollouts (logged as judge/score), demo only."""
-    if judge_name != "demo":
+    judge = resolve_judge(judge_name)
+    if judge is None:
         return None
-    from rlhf_core.demo import judge_score
 
     def monitor(prompts: list[str], responses: list[str], has_eos: list[bool]) -> dict:
-        scores = [judge_score(p, r, e) for p, r, e in zip(prompts, responses, has_eos)]
+        scores = [judge(p, r, e) for p, r, e in zip(prompts, responses, has_eos)]
         return {"judge/score": sum(scores) / len(scores)}
 
     return monitor
+
+
+def overoptimisation(judge_name: str, sft_rows: list[dict], norm_stats: dict):
+    """metrics -> the RM-vs-judge gap of an iteration (``judge/rm_judge_gap_z``: the RM's and
+    the judge's mean gains over the SFT demonstrations, in their standard deviations), and
+    rows -> each sample row with its judge score; None without a judge."""
+    judge = resolve_judge(judge_name)
+    if judge is None:
+        return None
+    judge_base = mean_std([judge(r["prompt"], r["response"], True) for r in sft_rows])
+    rm_base = (norm_stats["mean"], norm_stats["std"])
+
+    def add(metrics: dict, rows: list[dict] | None) -> dict:
+        for row in rows or []:
+            row["judge_score"] = judge(row["prompt"], row["response"], row["has_eos"])
+        gap = rm_judge_gap(metrics["objective/raw_scores"], metrics["judge/score"], rm_base,
+                           judge_base)
+        return {**metrics, **{f"judge/{k}": v for k, v in gap.items()}}
+
+    return add
 
 
 @task(name="ppo")
@@ -66,6 +96,7 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
         prompts = [encode(tokenizer, r["prompt"])
                    for r in read_jsonl(Path(data["data_dir"]) / "prompts.jsonl")]
+        sft_rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
         trainer = PPOTrainer(policy, ref_policy, value_model, reward_model, tokenizer, prompts,
                              cfg.ppo, norm_stats, device, generator,
                              divide_by_std=cfg.reward_norm.divide_by_std,
@@ -76,7 +107,10 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         log = metric_logger(ctx, run_id)
         state = {"artifact": None}
 
+        judged = overoptimisation(prep["judge"], sft_rows, norm_stats)
+
         def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
+            metrics = judged(metrics, rows) if judged else metrics
             log(iteration, metrics)
             if rows:
                 samples[:] = [r for r in samples if r["iteration"] < iteration] + rows
@@ -103,4 +137,4 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         return {"policy_dir": str(policy_dir), "value_dir": value_dir,
                 "metrics": {**{k: last[k] for k in keys if k in last}, **memory}}
 
-    return run_stage(ctx, "ppo", body)
+    return run_stage(ctx, "ppo", body, stage_params(cfg, "ppo", "model"))

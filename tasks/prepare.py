@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from prefect import task
 
 from data_checks.config import DataConfig, DataSource
 from tasks.config import PipelineConfig, flatten
-from tasks.tracking import RunContext, default_tracking_uri, log_params, set_tags
+from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
+from tasks.judge import resolve_judge_name
+from tasks.tracking import RunContext, default_tracking_uri, ensure_store, log_params, set_tags
 
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
 
@@ -39,7 +42,8 @@ def git_commit() -> str | None:
 
 
 def default_run_name(cfg: PipelineConfig) -> str:
-    return f"{cfg.short_name()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """Start time first, so runs differ within the first characters a runs table shows."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.short_name()}"
 
 
 def _prefect_flow_run_id() -> str | None:
@@ -60,12 +64,20 @@ def artifact_location(tracking_uri: str) -> str | None:
     return (db.parent / "mlruns").as_uri()
 
 
+# MLflow 3's UI opens an experiment of this kind on its runs table and metric charts, not on
+# its GenAI (traces) view
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp:
+        if "mlflow.experimentKind" not in exp.tags:
+            client.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location(uri))
+        return client.create_experiment(name, artifact_location=artifact_location(uri),
+                                        tags=EXPERIMENT_KIND)
     except MlflowException as err:
         # another pipeline run on the same server created it between our lookup and create
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -73,35 +85,60 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
-def _find_parent(client, experiment_id, filter_string: str) -> str | None:
-    runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=5)
-    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    return parents[0].info.run_id if parents else None
+def _find_parents(client, experiment_id, filter_string: str) -> list:
+    runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=20,
+                              order_by=["attributes.start_time DESC"])
+    return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
 
 
-def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None):
+def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None,
+               digests: dict[str, str]):
     """The parent run to continue: same Prefect flow run (`prefect flow-run retry`), else
-    same run name + config hash (when a run name is set)."""
-    found = None
+    same run name + config hash + data digests (when a run name is set). A run of that name
+    made from other inputs is never continued: a new run starts, and the change is said."""
     if flow_run_id:
-        found = _find_parent(client, exp_id, f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
-    if found is None and cfg.tracking.run_name:
-        found = _find_parent(client, exp_id,
-                             f"tags.`rlhf.run_name` = '{cfg.tracking.run_name}' and "
-                             f"tags.`rlhf.config_hash` = '{cfg.config_hash()}'")
-    return found
+        found = _find_parents(client, exp_id, f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
+        if found:
+            return found[0].info.run_id
+    name = cfg.tracking.run_name
+    if not name:
+        return None
+    same_name = _find_parents(client, exp_id, f"tags.`rlhf.run_name` = '{name}'")
+    for run in same_name:
+        if not changed_inputs(run.data.tags, cfg, digests):
+            return run.info.run_id
+    if same_name:
+        changes = changed_inputs(same_name[0].data.tags, cfg, digests)
+        print(f"rlhf: run name '{name}' (run {same_name[0].info.run_id}) was made from other "
+              f"inputs, changed: {'; '.join(changes)}. Starting a new run; its finished "
+              "stages are not reused.", file=sys.stderr)
+    return None
+
+
+def _check_resume(run, cfg: PipelineConfig, digests: dict[str, str]) -> None:
+    """An explicit resume may change settings (recorded below) but never its data."""
+    changes = changed_inputs(run.data.tags, cfg, digests, include_config=False)
+    if changes:
+        raise ResumeRefused(
+            f"cannot resume run {run.info.run_id}: its inputs changed since it began: "
+            f"{'; '.join(changes)}. Its finished stages were made from the old data. Restore "
+            "the data, or start a new run (without --resume, or with another "
+            "tracking.run_name).")
 
 
 def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContext:
     """Create the parent run, or reopen it (``resume_run_id``, or same run name + config)."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
+    ensure_store(uri)
     client = MlflowClient(tracking_uri=uri)
     exp_id = _experiment_id(client, cfg.tracking.experiment, uri)
     run_name = cfg.tracking.run_name or default_run_name(cfg)
     flow_run_id = _prefect_flow_run_id()
-    run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id)
+    digests = input_digests(cfg)
+    run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id, digests)
     if run_id is not None:
         run = client.get_run(run_id)  # raises a clear MlflowException for a wrong id
+        _check_resume(run, cfg, digests)
         exp_id = run.info.experiment_id
         client.update_run(run_id, status="RUNNING")
         if run.data.tags.get("rlhf.config_hash") != cfg.config_hash():
@@ -114,7 +151,7 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         run_id = client.create_run(exp_id, run_name=run_name).info.run_id
         log_params(client, run_id, flatten(cfg.model_dump(mode="json")))
         tags = {"rlhf.run_name": run_name, "rlhf.config_hash": cfg.config_hash(),
-                "rlhf.seed": str(cfg.seed), **package_versions()}
+                "rlhf.seed": str(cfg.seed), **package_versions(), **digest_tags(digests)}
         commit = git_commit()
         if commit:
             tags["rlhf.git_commit"] = commit
@@ -123,7 +160,11 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         set_tags(client, run_id, tags)
         client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
     workdir = Path(cfg.tracking.workdir).resolve() / run_id
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        client.set_terminated(run_id, status="FAILED")
+        raise
     return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
                       workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress)
 
@@ -150,15 +191,37 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
     return out
 
 
+def check_inputs_present(cfg: PipelineConfig) -> None:
+    """Checks that need no run, made before the parent run is opened (the CLI makes them even
+    earlier, before Prefect starts)."""
+    if cfg.data is None and not cfg.demo.enabled:
+        raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
+    if not cfg.model.base_model and not cfg.demo.enabled:
+        raise ValueError("no base model: set model.base_model (or demo.enabled: true)")
+    workdir = Path(cfg.tracking.workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"tracking.workdir={workdir} is a file, not a folder")
+
+
 @task(name="prepare")
 def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
-    """Open the parent run; resolve data sources and the base model (demo when asked)."""
+    """Open the parent run; resolve data sources and the base model (demo when asked). Any
+    failure once the parent run exists marks it FAILED."""
+    check_inputs_present(cfg)
     ctx = open_parent_run(cfg, resume_run_id)
-    data, base_model, judge = cfg.data, cfg.model.base_model, "none"
+    try:
+        return _resolve_inputs(cfg, ctx)
+    except BaseException:
+        ctx.client().set_terminated(ctx.parent_run_id, status="FAILED")
+        raise
+
+
+def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
+    data, base_model = cfg.data, cfg.model.base_model
+    judge = resolve_judge_name(cfg.eval.judge, uses_demo_data=cfg.demo.enabled and data is None)
     if cfg.demo.enabled:
         assets = demo_assets(cfg, Path(ctx.workdir))
         base_model = base_model or assets["base_model"]
-        judge = "demo"
         if data is None:
             data = DataConfig(
                 sft=DataSource(path=assets["sft"]),
@@ -167,9 +230,5 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
                 eval_prompts=DataSource(path=assets["eval_prompts"]),
                 preference_eval=DataSource(path=assets["preference_eval"]),
             )
-    if data is None:
-        raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
-    if not base_model:
-        raise ValueError("no base model: set model.base_model (or demo.enabled: true)")
     return {"ctx": ctx.model_dump(), "data": data.model_dump(), "base_model": base_model,
             "tokenizer": cfg.model.tokenizer or base_model, "judge": judge}

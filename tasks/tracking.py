@@ -49,6 +49,24 @@ def default_tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
+def ensure_store(uri: str) -> None:
+    """Create (migrate) a new local SQLite store under a file lock, so two pipelines started
+    at once on a new store do not both run MLflow's schema migration (one would die with
+    'duplicate column name'); other stores are left to their server."""
+    if not uri.startswith("sqlite:///"):
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
                 step: int) -> None:
     """One batch call for a whole metrics dict at ``step``."""
@@ -68,11 +86,20 @@ class StepLogger:
 
     def __init__(self, client: MlflowClient, run_id: str):
         self.client, self.run_id = client, run_id
-        self.last_step = {key: max(m.step for m in client.get_metric_history(run_id, key))
-                          for key in client.get_run(run_id).data.metrics}
+        self._held = set(client.get_run(run_id).data.metrics)  # one call: keys already there
+        self.last_step: dict[str, int] = {}
+
+    def _last(self, key: str) -> int:
+        """Last logged step of ``key``, read once and only for keys this logger logs (a parent
+        run holds long system-metric histories that a resume never needs)."""
+        if key not in self.last_step:
+            history = self.client.get_metric_history(self.run_id, key) if key in self._held \
+                else []
+            self.last_step[key] = max((m.step for m in history), default=-1)
+        return self.last_step[key]
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
-        fresh = {k: v for k, v in metrics.items() if step > self.last_step.get(k, -1)}
+        fresh = {k: v for k, v in metrics.items() if step > self._last(k)}
         if fresh:
             log_metrics(self.client, self.run_id, fresh, step)
             self.last_step.update(dict.fromkeys(fresh, step))
@@ -108,8 +135,10 @@ def completed_output(ctx: RunContext, stage: str) -> dict | None:
 
 
 @contextmanager
-def stage_run(ctx: RunContext, stage: str) -> Iterator[str]:
-    """Open (or reopen) the child run of ``stage``; FINISHED on success, FAILED on error."""
+def stage_run(ctx: RunContext, stage: str,
+              params: dict[str, Any] | None = None) -> Iterator[str]:
+    """Open (or reopen) the child run of ``stage``; FINISHED on success, FAILED on error. A new
+    child run gets ``params`` (its stage's settings), so two runs' stages compare in MLflow."""
     client = ctx.client()
     existing = find_stage_run(ctx, stage)
     if existing is not None:
@@ -119,12 +148,25 @@ def stage_run(ctx: RunContext, stage: str) -> Iterator[str]:
         run = client.create_run(ctx.experiment_id, run_name=stage,
                                 tags={PARENT_TAG: ctx.parent_run_id, STAGE_TAG: stage})
         run_id = run.info.run_id
+        if params:
+            log_params(client, run_id, params)
     try:
         yield run_id
     except BaseException:
+        _keep_traceback(client, run_id)
         client.set_terminated(run_id, status="FAILED")
         raise
     client.set_terminated(run_id, status="FINISHED")
+
+
+def _keep_traceback(client: MlflowClient, run_id: str) -> None:
+    """The failure's traceback on the stage run (the terminal shows only the message)."""
+    import traceback
+
+    try:
+        client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")
+    except Exception:  # noqa: BLE001 - never hide the original error behind a logging one
+        pass
 
 
 def record_output(ctx: RunContext, run_id: str, output: dict) -> dict:

@@ -24,25 +24,26 @@ from tasks.common import (
     read_jsonl,
     run_stage,
     setup_models,
+    stage_params,
     write_json,
 )
 from tasks.config import PipelineConfig
+from tasks.judge import resolve_judge
 from tasks.tracking import RunContext
 
 
 def _gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | None:
-    """RM accuracy against the gold judge's ordering (demo data), ties skipped."""
-    if judge_name != "demo" or not rows:
+    """RM accuracy against the gold judge's ordering (where a judge exists), ties skipped."""
+    judge = resolve_judge(judge_name)
+    if judge is None or not rows:
         return None
-    from rlhf_core.demo import judge_score
-
     chosen = score_texts(model, tokenizer, [r["prompt"] for r in rows],
                          [r["chosen"] for r in rows], device)
     rejected = score_texts(model, tokenizer, [r["prompt"] for r in rows],
                            [r["rejected"] for r in rows], device)
     hits, n = 0, 0
     for i, r in enumerate(rows):
-        a, b = judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"])
+        a, b = judge(r["prompt"], r["chosen"], True), judge(r["prompt"], r["rejected"], True)
         if a == b:
             continue
         n += 1
@@ -73,7 +74,7 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
         return {"model_dir": str(out_dir),
                 "metrics": {"train/loss": last.get("train/loss", float("nan")), **metrics}}
 
-    return run_stage(ctx, "sft", body)
+    return run_stage(ctx, "sft", body, stage_params(cfg, "sft", "model"))
 
 
 @task(name="reward_model")
@@ -99,16 +100,19 @@ def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
         train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, log,
                            ctx.progress, ck, precision=spec.precision)
         metrics = evaluate_reward_model(model, tokenizer, held_out, device)
+        # against the held-out labels always; against the gold judge where one exists
+        first = {"eval/rm_accuracy": metrics["eval/accuracy"]}
         gold = _gold_accuracy(model, tokenizer, held_out, prep["judge"], device)
-        metrics["eval/rm_accuracy"] = gold if gold is not None else metrics["eval/accuracy"]
+        if gold is not None:
+            first["eval/rm_gold_accuracy"] = gold
+        metrics.update(first)
         log(0, metrics)
-        metric_logger(ctx, ctx.parent_run_id)(0, {"eval/rm_accuracy": metrics["eval/rm_accuracy"]})
+        metric_logger(ctx, ctx.parent_run_id)(0, first)
         out_dir = save_scalar_model(model, ctx.stage_dir("reward_model") / "model")
         ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
-        first = {"eval/rm_accuracy": metrics["eval/rm_accuracy"]}
         return {"model_dir": str(out_dir), "metrics": {**first, **metrics}}
 
-    return run_stage(ctx, "reward_model", body)
+    return run_stage(ctx, "reward_model", body, stage_params(cfg, "reward", "model"))
 
 
 @task(name="reward_norm")
@@ -135,7 +139,7 @@ def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: dict, rm_out: dict) 
         metric_logger(ctx, run_id)(0, metrics)
         return {"stats_path": str(path), "stats": stats, "metrics": metrics}
 
-    return run_stage(ctx, "reward_norm", body)
+    return run_stage(ctx, "reward_norm", body, stage_params(cfg, "reward_norm"))
 
 
 @task(name="critic_init")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from prefect import task
 
 from data_checks.config import DataConfig
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
 from rlhf_core.loader import load_tokenizer
-from tasks.common import in_prefect_run, run_stage, setup_models
+from tasks.common import in_prefect_run, run_stage, setup_models, stage_params
 from tasks.config import PipelineConfig
 from tasks.tracking import RunContext, log_datasets, log_metrics, run_url, set_tags
 
@@ -27,6 +30,19 @@ def report_artifact(ctx: RunContext, run_id: str, report) -> None:
                              description="data gate: expectations, failures, row counts")
 
 
+def require_margin(report, cfg: PipelineConfig, cleaned_preference: Path) -> None:
+    """reward.use_margin needs a margin column in the (cleaned) preference data."""
+    if not cfg.reward.use_margin or not report.passed:
+        return
+    with open(cleaned_preference, encoding="utf-8") as fh:
+        first = json.loads(fh.readline() or "{}")
+    if "margin" not in first:
+        report.failures.append(
+            "preference: reward.use_margin is set but the preference data has no 'margin' "
+            "column (add one, map one with column_map, or set reward.use_margin: false)")
+        report.passed = False
+
+
 @task(name="validate")
 def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
     """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
@@ -40,6 +56,7 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
         set_tags(client, run_id, {f"rlhf.tokenizer.{k}": str(v) for k, v in record.items()})
         report = run_validation(DataConfig.model_validate(prep["data"]), tokenizer,
                                 cfg.validation, out_dir)
+        require_margin(report, cfg, out_dir / "preference.jsonl")
         docs = write_data_docs(report, out_dir / "data_docs")
         client.log_artifacts(run_id, str(docs), "data_docs")
         client.log_text(run_id, report.summary_markdown(), "validation_summary.md")
@@ -62,4 +79,4 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
                 "figures": {f"{name}/expectations_passed": f"{ok}/{n}"
                             for name, (ok, n) in report.expectation_counts().items()}}
 
-    return run_stage(ctx, "validate", body)
+    return run_stage(ctx, "validate", body, stage_params(cfg, "validation"))

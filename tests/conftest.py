@@ -7,6 +7,8 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the test server's telemetry fails offline and writes to its database while tests start
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 WORDS = ("hello world tell me about cats dogs rain sun please thanks sure the is are nice "
          "good bad . ! ? : assistant user").split()

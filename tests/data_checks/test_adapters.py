@@ -10,7 +10,7 @@ from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import load_table
 from data_checks.validate import run_validation
 from tests.conftest import make_tokenizer
-from tests.data_checks.test_validate import write_jsonl
+from tests.shared import write_jsonl
 
 WIDE = ValidationConfig(max_prompt_tokens=64, max_response_tokens=16)
 H1 = "\n\nHuman: tell me about cats\n\nAssistant: cats are nice .\n\nHuman: and dogs ?"

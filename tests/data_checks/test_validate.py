@@ -11,19 +11,9 @@ from data_checks.loading import DataError, load_table
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import run_validation, truncate_prompt, write_data_docs
 from tests.conftest import make_tokenizer
+from tests.shared import PREF, PROMPTS, SFT, write_jsonl
 
 CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8)
-SFT = [{"prompt": "tell me about cats :", "response": "cats are nice ."},
-       {"prompt": "tell me about dogs :", "response": "dogs are good !"}]
-PREF = [{"prompt": "tell me about cats :", "chosen": "cats are nice .", "rejected": "bad"},
-        {"prompt": "tell me about rain :", "chosen": "rain is good .", "rejected": "sun"}]
-PROMPTS = [{"prompt": "tell me about sun :"}, {"prompt": "hello :"}]
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
 
 def data_config(tmp_path, sft=SFT, pref=PREF, prompts=PROMPTS):
     return DataConfig(sft=DataSource(path=str(write_jsonl(tmp_path / "sft.jsonl", sft))),
@@ -46,11 +36,11 @@ def test_good_data_passes_and_writes_clean_files(tmp_path, capfd):
 
 
 @pytest.mark.parametrize("pref, needle", [
-    ([{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]], "chosen_equals_rejected"),
+    ([{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]], "chosen == rejected"),
     ([PREF[0], PREF[0], PREF[1]], "expect_compound_columns_to_be_unique"),
     ([{**PREF[0], "prompt": None}, PREF[1]], "expect_column_values_to_not_be_null"),
     ([{**PREF[0], "chosen": ""}, PREF[1]], "expect_column_value_lengths_to_be_between"),
-    ([{**PREF[0], "chosen": "cats " * 20}, PREF[1]], "dropped fraction"),
+    ([{**PREF[0], "chosen": "cats " * 20}, PREF[1]], "rows were dropped"),
 ])
 def test_bad_preference_rows_fail_with_a_named_expectation(tmp_path, pref, needle):
     report = run_validation(data_config(tmp_path, pref=pref), make_tokenizer(), CFG,

@@ -5,9 +5,10 @@ message, no traceback, nothing started)."""
 import json
 
 from flows.cli import main
-from flows.validate import rlhf_validate  # noqa: F401  imported outside capsys: Prefect binds
-from tests.data_checks.test_validate import PREF  # its log handler to import-time stderr
-from tests.flows.test_validate_gate import parent_runs, write_config
+
+# imported outside capsys: Prefect binds its log handler to import-time stderr
+from flows.validate import rlhf_validate  # noqa: F401
+from tests.shared import PREF, parent_runs, write_config
 
 
 def _markdown_artifact(flow_run_id: str):
@@ -71,7 +72,7 @@ def test_validate_fails_with_exit_1_naming_every_failed_expectation(tmp_path, ti
     config = write_config(tmp_path, tiny_model_dir, pref=bad)
     assert main(["validate", "--config", str(config)]) == 1
     err = capsys.readouterr().err
-    assert "chosen_equals_rejected" in err and "expect_column_value_lengths_to_be_between" in err
+    assert "1 pairs have chosen == rejected: rows 1" in err and "empty chosen" in err
     assert "row 1" in err and "Traceback" not in err
     client, parents, runs = parent_runs(tmp_path)
     assert parents[0].info.status == "FAILED"
@@ -81,7 +82,7 @@ def test_validate_fails_with_exit_1_naming_every_failed_expectation(tmp_path, ti
     assert json.loads(open(docs).read())["preference"]["success"] is False
     # the Prefect UI shows the verdict too, failures and all
     summary = _markdown_artifact(parents[0].data.tags["rlhf.prefect_flow_run_id"])
-    assert "FAILED" in summary and "chosen_equals_rejected" in summary
+    assert "FAILED" in summary and "chosen == rejected" in summary
     assert child.info.run_id in summary
 
 
@@ -90,4 +91,4 @@ def test_set_overrides_reach_the_gate(tmp_path, tiny_model_dir, capsys, prefect_
     assert main(["validate", "--config", str(config),
                  "--set", "validation.max_prompt_tokens=1"]) == 1
     err = capsys.readouterr().err
-    assert "sft: dropped fraction 1.000 > max_dropped_fraction 0.1" in err
+    assert "1.000 of the sft rows were dropped" in err and "max_dropped_fraction 0.1" in err

@@ -33,3 +33,20 @@ def test_bad_file_is_named(tmp_path):
 def test_flatten_gives_dotted_params():
     flat = flatten(load_config(DEMO_CONFIG).model_dump(mode="json"))
     assert flat["ppo.optim.lr"] == 5e-4 and flat["ppo.gamma"] == 1.0
+
+
+@pytest.mark.parametrize("override, field", [
+    ("sft.optim.lr=.nan", "sft.optim.lr"), ("ppo.temperature=.inf", "ppo.temperature"),
+    ("validation.max_dropped_fraction=.nan", "validation.max_dropped_fraction"),
+    ("tracking.system_metrics_interval_s=.inf", "tracking.system_metrics_interval_s"),
+])
+def test_non_finite_numbers_are_refused_naming_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_column_map_onto_one_name_twice_is_refused():
+    with pytest.raises(ConfigError, match=r"q1, q2 -> prompt"):
+        load_config(None, ["data.sft.path=a.jsonl", "data.preference.path=b.jsonl",
+                           "data.prompts.path=c.jsonl",
+                           "data.sft.column_map={q1: prompt, q2: prompt}"])

@@ -11,8 +11,9 @@ from mlflow.tracking import MlflowClient
 from flows.cli import runs_table
 from flows.config import load_config
 from tests import servers
-from tests.flows.test_pipeline import CONFIG, PPO_METRICS, STAGES
 from tests.servers import artifact_paths, stage_children
+from tests.shared import PPO_METRICS, STAGES
+from tests.shared import TEST_CONFIG as CONFIG
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 from flows.config import load_config
 from flows.pipeline import rlhf_pipeline
 from tests.conftest import make_tokenizer
-from tests.flows.test_validate_gate import parent_runs, write_config
+from tests.shared import parent_runs, write_config
 
 
 def save_base_model(out, pad: str):

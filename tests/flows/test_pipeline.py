@@ -8,17 +8,8 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from flows.config import load_config
-
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
-STAGES = ["validate", "sft", "reward_model", "reward_norm", "critic_init", "ppo", "evaluate",
-          "register"]
-PPO_METRICS = ["objective/kl", "objective/entropy", "objective/non_score_reward",
-               "objective/rlhf_reward", "objective/scores", "policy/approxkl_avg",
-               "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
-               "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
-               "episode", "val/explained_variance", "objective/kl_coef",
-               "response/length_mean", "response/eos_rate", "time/rollout_s", "time/update_s",
-               "throughput/tokens_per_s"]
+from tests.shared import PPO_METRICS, STAGES
+from tests.shared import TEST_CONFIG as CONFIG
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +21,12 @@ def pipeline_result(tmp_path_factory, prefect_api):
     cfg = load_config(CONFIG, [f"tracking.tracking_uri={uri}", f"tracking.workdir={tmp}/runs"])
     result = rlhf_pipeline(config=cfg)
     return result, MlflowClient(uri), cfg
+
+
+def cfg_value(dotted: str):
+    from flows.config import flatten
+
+    return flatten(load_config(CONFIG).model_dump(mode="json"))[dotted]
 
 
 def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
@@ -44,6 +41,11 @@ def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
     for stage, run in by_stage.items():
         assert run.info.status == "FINISHED", stage
         assert run.data.metrics, f"{stage} logged no metric"
+    # each child run carries its own stage's settings, so two runs' stages compare in MLflow
+    assert by_stage["ppo"].data.params["ppo.kl_coef"] == str(cfg_value("ppo.kl_coef"))
+    assert "sft.epochs" in by_stage["sft"].data.params
+    assert "reward.use_margin" in by_stage["reward_model"].data.params
+    assert "sft.epochs" not in by_stage["ppo"].data.params
     for name in PPO_METRICS:
         history = client.get_metric_history(by_stage["ppo"].info.run_id, name)
         assert [m.step for m in history] == [1, 2, 3], name

@@ -140,6 +140,7 @@ def _sft_run(model_dir, tok, ck_root, on_log=None):
     return weights(model)
 
 
+@pytest.mark.slow
 def test_sft_resumed_mid_run_equals_uninterrupted_bit_for_bit(tiny_model_dir, tmp_path):
     tok = load_tokenizer(str(tiny_model_dir))
     reference = _sft_run(tiny_model_dir, tok, tmp_path / "a")  # 9 steps, 3 per pass
@@ -163,6 +164,7 @@ def _rm_run(model_dir, tok, ck_root, on_log=None):
     return weights(model)
 
 
+@pytest.mark.slow
 def test_reward_model_resumed_equals_uninterrupted_bit_for_bit(tiny_model_dir, tmp_path):
     tok = load_tokenizer(str(tiny_model_dir))
     reference = _rm_run(tiny_model_dir, tok, tmp_path / "a")
@@ -184,6 +186,7 @@ def _ppo_trainer(model_dir, tok, adaptive=True):
                       {"mean": 0.0, "std": 1.0, "n": 1}, CPU, torch.Generator().manual_seed(0))
 
 
+@pytest.mark.slow
 def test_ppo_resumed_equals_uninterrupted_bit_for_bit(tiny_model_dir, tmp_path):
     tok = load_tokenizer(str(tiny_model_dir))
     ref_trainer = _ppo_trainer(tiny_model_dir, tok)

@@ -131,6 +131,17 @@ def test_judge_prefers_on_topic():
                                                                 "cats are nice , dogs are fun .")
 
 
+def test_judge_ranks_a_polite_off_topic_answer_below_a_rude_on_topic_one():
+    """The demo's headline win rate must measure answers to the question asked: politeness
+    cannot make up for ignoring the topic (seen: "describe fish" -> "... bread ...")."""
+    fish = "user : describe fish assistant :"
+    off_topic = "sure , bread are calm . hope this helps ."
+    assert judge_score(fish, off_topic) < judge_score(fish, "ugh , fish are calm . whatever .")
+    assert judge_score(fish, off_topic) < judge_score(fish, "fish are um like calm")
+    assert judge_score(fish, "sure , fish are calm , bread are nice . hope this helps .") < \
+        judge_score(fish, "sure , fish are calm . hope this helps .")
+
+
 def test_judge_rewards_polite_closer():
     base = judge_score(PROMPT, "cats are nice .")
     assert judge_score(PROMPT, "cats are nice . hope this helps .") > base

@@ -227,3 +227,15 @@ def test_apply_eos_penalty_replaces_the_score():
     has_eos = torch.tensor([True, False, False, True])
     out = apply_eos_penalty(scores, has_eos, -1.0)
     assert out.tolist() == [5.0, -1.0, -1.0, 0.0]  # replaced: not 4.0 or -3.0
+
+
+@pytest.mark.parametrize("temperature", [0.5, 0.7, 2.0])
+def test_entropy_at_a_temperature_is_that_of_the_scaled_distribution(temperature):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 3, 6, generator=g) * 3
+    got = entropy_from_logits(logits, temperature)
+    expected = [[-sum(math.exp(x) * x for x in log_softmax_list(
+        [v / (temperature + 1e-7) for v in logits[b, t].tolist()])) for t in range(3)]
+        for b in range(2)]
+    approx_rows(got, expected, rel=1e-5, abs=1e-5)
+    assert not torch.allclose(got, entropy_from_logits(logits))

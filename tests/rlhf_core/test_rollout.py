@@ -92,3 +92,30 @@ def test_ppo_step_moves_policy_and_logs_trl_metrics(models):
     assert metrics["episode"] == 8
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
     assert all(not p.requires_grad for p in reward.parameters())
+
+
+def test_ppo_entropy_metric_is_the_entropy_of_the_sampled_distribution(models):
+    """policy/entropy_avg (and the entropy bonus) use logits / T, like sampling and log-probs;
+    one epoch of one minibatch measures it before the update moves the policy."""
+    import copy
+
+    from rlhf_core.masked import masked_mean
+    from rlhf_core.ppo_math import entropy_from_logits
+
+    tok, policy, ref, value, reward = models
+    before = copy.deepcopy(policy)
+    cfg = PPOConfig(iterations=1, rollout_batch_size=3, num_minibatches=1, ppo_epochs=1,
+                    max_new_tokens=6, temperature=0.5, optim=OptimConfig(lr=1e-3))
+    trainer = PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS],
+                         cfg, {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cpu"),
+                         torch.Generator().manual_seed(0))
+    metrics, exp = trainer.step()
+    R = int(exp.response_mask.sum(1).max())
+    P = exp.context_length
+    with torch.no_grad():
+        logits = response_logits(before, exp.query_responses[:, : P + R], tok.pad_token_id, P)
+    mask = exp.response_mask[:, :R]
+    sampled = float(masked_mean(entropy_from_logits(logits, 0.5), mask))
+    untempered = float(masked_mean(entropy_from_logits(logits), mask))
+    assert metrics["policy/entropy_avg"] == pytest.approx(sampled, rel=1e-4)
+    assert abs(sampled - untempered) > 1e-2

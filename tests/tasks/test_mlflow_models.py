@@ -59,6 +59,7 @@ def test_registered_reward_model_scores_like_the_core(registered_rm):
     assert scores[0] != pytest.approx(scores[1])
 
 
+@pytest.mark.slow  # a fresh interpreter loading MLflow and the model
 def test_reward_model_loads_without_this_repository(registered_rm, tmp_path):
     from pathlib import Path
 

@@ -1,0 +1,123 @@
+"""Reading one local data file: format and compression from the name, text decoded strictly.
+
+JSONL is split on "\\n" only (U+2028/U+2029 are legal inside JSON strings), a UTF-8 byte-order
+mark is skipped, a ``.json`` file may hold one array of objects, and ``.gz``/``.bz2``/``.xz``
+are opened transparently. Only regular files are read: a named pipe or a device would block.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import io
+import json
+import lzma
+from pathlib import Path
+
+import pandas as pd
+
+COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+class FileError(ValueError):
+    """A file that cannot be read as data; the message names it (the caller adds nothing)."""
+
+
+def looks_local(value: str) -> bool:
+    """A path on this machine rather than a hub dataset id: absolute, ./ ../ or ~, a known data
+    file extension (compressed or not), more than one '/', a backslash, or it exists here."""
+    p = Path(value)
+    suffixes = [s.lower() for s in p.suffixes[-2:]]
+    return (value.startswith(("/", "./", "../", "~", ".\\")) or value.count("/") > 1
+            or "\\" in value or any(s in FORMATS or s in COMPRESSIONS for s in suffixes)
+            or p.expanduser().exists())
+
+
+def file_format(path: Path) -> tuple[str | None, str | None]:
+    """'pairs.jsonl.gz' -> ('jsonl', '.gz'); unknown extension -> (None, compression)."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = suffixes.pop() if suffixes and suffixes[-1] in COMPRESSIONS else None
+    return (FORMATS.get(suffixes[-1]) if suffixes else None), compression
+
+
+def check_regular(path: Path) -> None:
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise FileError(f"{path}: not a regular file (a named pipe, socket or device); copy the "
+                        "data into a file")
+
+
+def read_bytes(path: Path, compression: str | None) -> bytes:
+    check_regular(path)
+    try:
+        if compression:
+            with COMPRESSIONS[compression](path, "rb") as fh:
+                return fh.read()
+        return path.read_bytes()
+    except (OSError, EOFError, lzma.LZMAError) as err:
+        raise FileError(f"{path}: cannot decompress as {compression} ({err})") from None
+
+
+def decode(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")  # skips a byte-order mark
+    except UnicodeDecodeError as err:
+        raise FileError(f"{path}: not valid UTF-8 (byte 0x{err.object[err.start]:02x} at "
+                        f"offset {err.start})") from None
+
+
+def _objects(path: Path, items: list, what: str = "item") -> list[dict]:
+    for number, row in enumerate(items, start=1):
+        if not isinstance(row, dict):
+            raise FileError(f"{path} {what} {number}: expected a JSON object")
+    return items
+
+
+def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
+    rows = []
+    for number, line in enumerate(text.split("\n"), start=1):  # "\n" only, see module doc
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise FileError(f"{path} line {number}: invalid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise FileError(f"{path} line {number}: expected a JSON object")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def parse_json(path: Path, text: str) -> pd.DataFrame:
+    """One JSON array of objects, else JSON Lines."""
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise FileError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") \
+                from None
+        if not isinstance(items, list):
+            raise FileError(f"{path}: expected one JSON array of objects")
+        return pd.DataFrame(_objects(path, items))
+    return parse_jsonl(path, text)
+
+
+def parse_csv(path: Path, text: str) -> pd.DataFrame:
+    header = next(csv.reader(io.StringIO(text)), [])
+    dupes = sorted({name for name in header if header.count(name) > 1})
+    if dupes:
+        raise FileError(f"{path}: duplicate column names in the header: {', '.join(dupes)} "
+                        "(each column must be named once)")
+    return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=True)
+
+
+def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
+    """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame."""
+    data = read_bytes(path, compression)
+    if not data:
+        raise FileError(f"{path}: file is empty")
+    if fmt == "parquet":
+        return pd.read_parquet(io.BytesIO(data))
+    text = decode(path, data)
+    return {"jsonl": parse_jsonl, "json": parse_json, "csv": parse_csv}[fmt](path, text)

@@ -1,0 +1,55 @@
+"""Data-gate failures as sentences a user can act on, with the rows; the GX expectation name
+follows in brackets for whoever wants to find it in the Data Docs."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+SHOWN_COLUMNS = ("prompt", "response", "chosen", "rejected")
+
+
+def _rows(indices: list, limit: int = 10) -> str:
+    numbers = [i + 1 for i in indices if isinstance(i, int)]
+    text = ", ".join(map(str, numbers[:limit]))
+    return text + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
+
+
+def _what(kind: str, kwargs: dict, count) -> str:
+    """'<count> rows have ...' for each expectation the suites use."""
+    col = kwargs.get("column", "")
+    field = col.removesuffix("_tokens")
+    if kind == "expect_column_values_to_not_be_null":
+        return f"{count} rows have no {col} (null or missing)"
+    if kind == "expect_column_value_lengths_to_be_between":
+        return f"{count} rows have an empty {col}"
+    if kind == "expect_column_values_to_not_match_regex":
+        return f"{count} rows have a {col} of whitespace only"
+    if kind == "expect_column_values_to_be_between" and col.endswith("_tokens"):
+        extra = " (EOS included)" if field != "prompt" else ""
+        return (f"{count} rows have a {field} outside the token budget of "
+                f"{kwargs.get('min_value')}..{kwargs.get('max_value')} tokens{extra}")
+    if kind == "expect_column_values_to_be_in_set" and col == "chosen_equals_rejected":
+        return f"{count} pairs have chosen == rejected"
+    if kind == "expect_compound_columns_to_be_unique":
+        return f"{count} rows repeat another row's {' + '.join(kwargs.get('column_list', []))}"
+    return f"{count} rows fail {kind} {kwargs}"
+
+
+def failure_sentence(name: str, where: str | None, result, df: pd.DataFrame,
+                     n_examples: int) -> str:
+    """'preference (pairs.jsonl): 17 pairs have chosen == rejected: rows 1, 4, 9
+    [expect_column_values_to_be_in_set]; e.g. row 1: {...}'."""
+    cfg = result.expectation_config
+    kwargs = {k: v for k, v in cfg.kwargs.items() if k != "batch_id"}
+    indices = list(result.result.get("unexpected_index_list") or [])
+    count = result.result.get("unexpected_count", len(indices) or "some")
+    label = f"{name} ({where})" if where else name
+    examples = "; ".join(
+        f"row {i + 1}: " + json.dumps({c: df.at[i, c] for c in df.columns
+                                       if c in SHOWN_COLUMNS}, default=str)[:200]
+        for i in indices[:n_examples] if isinstance(i, int) and i in df.index)
+    rows = f": rows {_rows(indices)}" if indices else ""
+    return f"{label}: {_what(cfg.type, kwargs, count)}{rows} [{cfg.type}]" + \
+        (f"; e.g. {examples}" if examples else "")

@@ -1,0 +1,77 @@
+"""Checks on the text itself, before any budget: special-token strings written literally
+(they would tokenise to EOS or PAD and end or mask a response), control characters, and text
+the tokenizer mostly cannot represent."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from data_checks.config import ValidationConfig
+
+TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # C0 controls but \t \n \r, and DEL
+
+
+def _rows(mask: pd.Series, limit: int = 10) -> str:
+    numbers = [i + 1 for i, hit in enumerate(mask) if hit]
+    return ", ".join(map(str, numbers[:limit])) + (" ..." if len(numbers) > limit else "")
+
+
+def _columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in TEXT_COLUMNS if c in df.columns]
+
+
+def special_token_literals(label: str, df: pd.DataFrame, tokenizer) -> list[str]:
+    """A failure per (token, column) where the token's string appears in the text."""
+    failures = []
+    specials = {"EOS": tokenizer.eos_token, "PAD": tokenizer.pad_token}
+    for role, token in specials.items():
+        if not token:
+            continue
+        for col in _columns(df):
+            hits = df[col].fillna("").astype(str).str.contains(token, regex=False)
+            if hits.any():
+                failures.append(f"{label}: {int(hits.sum())} rows contain the tokenizer's {role} "
+                                f"token {token!r} literally in {col}: rows {_rows(hits)} (it "
+                                "would end or mask the text; remove or escape it)")
+    return failures
+
+
+def control_characters(label: str, df: pd.DataFrame) -> str | None:
+    hits = pd.Series(False, index=df.index)
+    for col in _columns(df):
+        hits |= df[col].fillna("").astype(str).str.contains(CONTROL)
+    if not hits.any():
+        return None
+    return (f"{label}: {int(hits.sum())} rows contain control characters (NUL or other "
+            f"non-printing characters): rows {_rows(hits)}")
+
+
+def unknown_token_share(df: pd.DataFrame, tokenizer) -> float:
+    """Share of the text's tokens that are the tokenizer's unknown token (0 without one)."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return 0.0
+    texts = [t for col in _columns(df) for t in df[col].dropna().astype(str) if t]
+    if not texts:
+        return 0.0
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    total = sum(len(x) for x in ids)
+    return sum(i == unk for x in ids for i in x) / total if total else 0.0
+
+
+def check_text(label: str, df: pd.DataFrame, tokenizer, cfg: ValidationConfig,
+               report) -> None:
+    """Add failures and warnings about the raw text of one data set to ``report``."""
+    report.failures += special_token_literals(label, df, tokenizer)
+    control = control_characters(label, df)
+    if control:
+        (report.failures if cfg.control_characters == "refuse" else report.warnings).append(
+            control + (" (validation.control_characters: refuse)"
+                       if cfg.control_characters == "refuse" else ""))
+    share = unknown_token_share(df, tokenizer)
+    if share > cfg.unknown_token_warn_share:
+        report.warnings.append(f"{label}: {share:.0%} of the tokens are the tokenizer's unknown "
+                               "token: is this the right tokenizer for this text?")

@@ -1,0 +1,46 @@
+"""Expected failures end with one short paragraph on the terminal, not a traceback.
+
+A bad config, a malformed file, a failed data gate or a refused resume is the user's to fix:
+the CLI prints its message (naming the field or file and the fix) and exits 1 or 2. Prefect
+logs such an exception with its traceback from inside the task and flow engines; a filter on
+its run loggers drops the traceback from those records (the message stays, at ERROR). The
+traceback is still kept on the stage's MLflow run (``error/traceback.txt``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from data_checks.loading import DataError
+from data_checks.validate import ValidationFailed
+from flows.config import ConfigError
+from tasks.identity import ResumeRefused
+
+USAGE_ERRORS = (ConfigError, DataError, ResumeRefused)  # exit 2: fix the input and re-run
+GATE_ERRORS = (ValidationFailed,)                       # exit 1: the data gate said no
+EXPECTED = USAGE_ERRORS + GATE_ERRORS
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+class _NoTracebackForExpected(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, EXPECTED):
+            record.exc_info, record.exc_text = None, None
+            record.msg = str(record.msg).split("\n", 1)[0]  # the CLI prints the whole text
+        return True
+
+
+_FILTER = _NoTracebackForExpected()
+
+
+def quiet_expected_failures() -> None:
+    """Install the filter on Prefect's flow- and task-run loggers (idempotent)."""
+    for name in RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+def exit_code(err: BaseException) -> int:
+    return 1 if isinstance(err, GATE_ERRORS) else 2

@@ -1,0 +1,116 @@
+"""CLI and tracking details a user trips on: --version, --help, read-only `rlhf runs`, errors
+that name the --set override or the unknown run id, the summary's links and registered models,
+run names, the experiment kind, and a new SQLite store opened by several runs at once."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.cli import build_parser, main, summary_text
+from flows.config import ConfigError, load_config
+from tests.shared import ROOT, TEST_CONFIG
+
+
+def test_version_and_help(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("rlhf 0.")
+    text = build_parser().format_help()
+    for needle in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL", "./mlflow.db", "tracking.workdir"):
+        assert needle in text, needle
+
+
+def test_runs_in_a_folder_without_a_store_creates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["runs"]) == 2
+    assert "no MLflow store at sqlite:///mlflow.db" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_runs_limit_zero_is_a_usage_error_not_a_traceback(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["runs", "--limit", "0"])
+    assert done.value.code == 2 and "must be 1 or more" in capsys.readouterr().err
+
+
+def test_runs_gives_up_quickly_on_an_unreachable_server(monkeypatch, capsys):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    start = time.perf_counter()
+    assert main(["runs"]) == 2
+    assert time.perf_counter() - start < 30
+    assert f"cannot read runs from the MLflow store at http://127.0.0.1:{port}" in \
+        capsys.readouterr().err
+
+
+def test_resume_with_an_unknown_run_id_fails_before_prefect(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    MlflowClient(uri).search_experiments()  # an existing store without that run
+    code = main(["run", "--config", str(TEST_CONFIG), "--set", f"tracking.tracking_uri={uri}",
+                 "--resume", "0123456789abcdef0123456789abcdef"])
+    assert code == 2
+    assert "--resume 0123456789abcdef0123456789abcdef: the MLflow store" in \
+        capsys.readouterr().err
+
+
+def test_a_bad_override_is_named_as_the_override_not_the_file():
+    with pytest.raises(ConfigError) as err:
+        load_config(TEST_CONFIG, ["ppo.kl_coef=-1"])
+    assert "(from --set ppo.kl_coef=-1)" in str(err.value)
+    assert "test.yaml" not in str(err.value)
+
+
+
+def test_a_bad_value_in_the_file_is_named_with_the_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("ppo: {kl_coef: -1}\n")
+    with pytest.raises(ConfigError, match="invalid config in .*mine.yaml"):
+        load_config(path, [])
+
+
+def test_summary_links_a_server_run_and_lists_the_registered_versions():
+    result = {"parent_run_id": "abc", "experiment_id": "3", "workdir": "/w",
+              "tracking_uri": "http://mlflow.example:5000/",
+              "stages": {"register": {"wall_s": 1.0, "skipped": False, "metrics": {},
+                                      "figures": {"policy": "models:/rlhf-policy/4 (challenger)",
+                                                  "reward model": "models:/rlhf-rm/2"}}}}
+    text = summary_text(result, 1.0)
+    assert "view: http://mlflow.example:5000/#/experiments/3/runs/abc" in text
+    assert "--backend-store-uri http" not in text
+    assert "registered policy: models:/rlhf-policy/4 (challenger)" in text
+    assert "registered reward model: models:/rlhf-rm/2" in text
+
+
+def test_run_names_start_with_the_time_and_the_experiment_opens_on_training_runs(tmp_path):
+    from tasks.prepare import _experiment_id, default_run_name
+
+    cfg = load_config(TEST_CONFIG, [])
+    assert default_run_name(cfg)[:8] == time.strftime("%Y%m%d")
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = MlflowClient(uri)
+    old = client.create_experiment("before")  # made by an older version: tagged on reuse
+    for name in ("new", "before"):
+        exp = client.get_experiment(_experiment_id(client, name, uri))
+        assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert client.get_experiment(old).tags["mlflow.experimentKind"]
+
+
+def test_several_runs_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path):
+    uri = f"sqlite:///{tmp_path}/new.db"
+    code = f"from tasks.tracking import ensure_store; ensure_store({uri!r}); print('ok')"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [e[-2000:] for _, e in outs]
+    assert MlflowClient(uri).search_experiments()

@@ -1,0 +1,75 @@
+"""What several test modules share (small data rows and files, config paths, tracking look-ups),
+so no test module imports another. Fixtures built from these live in conftest.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_CONFIG = ROOT / "configs" / "test.yaml"  # the tiny end-to-end config
+STAGES = ["validate", "sft", "reward_model", "reward_norm", "critic_init", "ppo", "evaluate",
+          "register"]
+PPO_METRICS = ["objective/kl", "objective/entropy", "objective/non_score_reward",
+               "objective/rlhf_reward", "objective/scores", "policy/approxkl_avg",
+               "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
+               "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
+               "episode", "val/explained_variance", "objective/kl_coef",
+               "response/length_mean", "response/eos_rate", "time/rollout_s", "time/update_s",
+               "throughput/tokens_per_s"]
+
+SFT = [{"prompt": "tell me about cats :", "response": "cats are nice ."},
+       {"prompt": "tell me about dogs :", "response": "dogs are good !"}]
+PREF = [{"prompt": "tell me about cats :", "chosen": "cats are nice .", "rejected": "bad"},
+        {"prompt": "tell me about rain :", "chosen": "rain is good .", "rejected": "sun"}]
+PROMPTS = [{"prompt": "tell me about sun :"}, {"prompt": "hello :"}]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_config(tmp: Path, model_dir, pref=PREF, sft_text=None) -> Path:
+    """A one-step pipeline config on the small rows above and a given model folder
+    (experiment 'gate', MLflow in tmp/mlflow.db)."""
+    sft_path = tmp / "sft.jsonl"
+    if sft_text is None:
+        write_jsonl(sft_path, SFT)
+    else:
+        sft_path.write_text(sft_text)
+    cfg = {
+        "model": {"base_model": str(model_dir), "device": "cpu"},
+        "data": {"sft": {"path": str(sft_path)},
+                 "preference": {"path": str(write_jsonl(tmp / "pref.jsonl", pref))},
+                 "prompts": {"path": str(write_jsonl(tmp / "prompts.jsonl", PROMPTS))}},
+        "validation": {"max_prompt_tokens": 8, "max_response_tokens": 8},
+        "sft": {"epochs": 1, "batch_size": 2}, "reward": {"epochs": 1, "batch_size": 2},
+        "ppo": {"iterations": 1, "rollout_batch_size": 2, "num_minibatches": 1,
+                "max_new_tokens": 4},
+        "eval": {"num_prompts": 2, "max_new_tokens": 4},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp}/mlflow.db", "workdir": str(tmp / "runs"),
+                     "experiment": "gate", "progress": False, "system_metrics": False},
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def parent_runs(tmp: Path):
+    """(client, parent runs, all runs) of experiment 'gate' in tmp/mlflow.db."""
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    exp = client.get_experiment_by_name("gate")
+    runs = client.search_runs([exp.experiment_id]) if exp else []
+    return client, [r for r in runs if "mlflow.parentRunId" not in r.data.tags], runs
+
+
+def child_runs_by_stage(client: MlflowClient, parent_run_id: str) -> dict:
+    """{stage: child run} under a pipeline parent run."""
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id],
+                              f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
+    return {r.data.tags["rlhf.stage"]: r for r in runs}

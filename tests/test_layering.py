@@ -1,0 +1,51 @@
+"""The house has one direction: CLI -> flows -> tasks -> rlhf_core and data_checks. Checked on
+the source (every import statement, including those inside functions), not on sys.modules,
+so a lazy import that a test never triggers is caught too."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = {
+    "rlhf_core": {"tasks", "flows", "data_checks", "prefect", "mlflow", "great_expectations"},
+    "data_checks": {"tasks", "flows", "rlhf_core", "prefect", "mlflow"},
+    "tasks": {"flows"},
+}
+
+
+def imported_packages(source: str) -> set[str]:
+    """Top-level package of every absolute import in ``source``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_checker_sees_imports_inside_functions():
+    source = "import torch\n\ndef f():\n    from mlflow.tracking import MlflowClient\n"
+    assert imported_packages(source) == {"torch", "mlflow"}
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_import_points_up_the_layers(package):
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files
+    bad = {f"{path.relative_to(ROOT)}: {name}" for path in files
+           for name in imported_packages(path.read_text()) & FORBIDDEN[package]}
+    assert not bad, sorted(bad)
+
+
+def test_no_test_module_imports_another():
+    """Shared rows, files and look-ups live in tests/shared.py and conftest.py fixtures."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and \
+                    node.module.split(".")[-1].startswith("test_"):
+                bad.append(f"{path.relative_to(ROOT)}: {node.module}")
+    assert not bad, bad
