@@ -18,7 +18,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests import servers
-from tests.flows.test_pipeline import CONFIG, STAGES
+from tests.shared import STAGES
+from tests.shared import TEST_CONFIG as CONFIG
 from tests.servers import artifact_paths, stage_children
 
 ROOT = Path(__file__).resolve().parents[2]
