@@ -18,9 +18,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests import servers
+from tests.servers import artifact_paths, stage_children
 from tests.shared import STAGES
 from tests.shared import TEST_CONFIG as CONFIG
-from tests.servers import artifact_paths, stage_children
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_NAMES = ("pg-a", "pg-b")
