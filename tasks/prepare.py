@@ -7,6 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect import task
 
@@ -63,7 +64,13 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp:
         return exp.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_location(uri))
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location(uri))
+    except MlflowException as err:
+        # another pipeline run on the same server created it between our lookup and create
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id
 
 
 def _find_parent(client, experiment_id, filter_string: str) -> str | None:

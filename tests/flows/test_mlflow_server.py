@@ -2,11 +2,6 @@
 localhost, checked through the client/REST API like a user's MLflow UI would show it."""
 
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -15,43 +10,16 @@ from mlflow.tracking import MlflowClient
 
 from flows.cli import runs_table
 from flows.config import load_config
+from tests import servers
 from tests.flows.test_pipeline import CONFIG, PPO_METRICS, STAGES
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.servers import artifact_paths, stage_children
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
-    port = _free_port()
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp}/server.db",
-         "--artifacts-destination", str(tmp / "artifacts"), "--workers", "1"],
-        stdout=open(tmp / "server.log", "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("mlflow server did not start:\n"
-                                   + (tmp / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
+    with servers.mlflow_server(f"sqlite:///{tmp}/server.db", tmp) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -66,24 +34,11 @@ def served_run(mlflow_server, prefect_api, tmp_path_factory):
     return result, MlflowClient(mlflow_server), cfg, tmp
 
 
-def _children(client, parent):
-    return {r.data.tags["rlhf.stage"]: r for r in client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
-
-
-def _artifacts(client, run_id, path="") -> list[str]:
-    out = []
-    for item in client.list_artifacts(run_id, path):
-        out += _artifacts(client, run_id, item.path) if item.is_dir else [item.path]
-    return out
-
-
 def test_run_tree_metrics_and_histories(served_run):
     result, client, cfg, _ = served_run
     parent = client.get_run(result["parent_run_id"])
     assert parent.info.status == "FINISHED"
-    by_stage = _children(client, parent)
+    by_stage = stage_children(client, parent)
     assert sorted(by_stage) == sorted(STAGES)
     assert all(r.info.status == "FINISHED" for r in by_stage.values())
     ppo_id = by_stage["ppo"].info.run_id
@@ -113,15 +68,15 @@ def test_run_tree_metrics_and_histories(served_run):
 def test_artifacts_tables_plots_and_checkpoints(served_run, tmp_path):
     result, client, _, _ = served_run
     parent = client.get_run(result["parent_run_id"])
-    by_stage = _children(client, parent)
+    by_stage = stage_children(client, parent)
     plot = client.download_artifacts(parent.info.run_id, "plots/ppo_curves.png", str(tmp_path))
     assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    ppo_files = _artifacts(client, by_stage["ppo"].info.run_id)
+    ppo_files = artifact_paths(client, by_stage["ppo"].info.run_id)
     assert {"samples/iter_00001.json", "samples/iter_00002.json", "samples/all.json",
             "checkpoint/policy/model.safetensors"} <= set(ppo_files)
-    assert "checkpoint/model.safetensors" in _artifacts(client, by_stage["sft"].info.run_id)
+    assert "checkpoint/model.safetensors" in artifact_paths(client, by_stage["sft"].info.run_id)
     assert any(p.endswith("head.safetensors")
-               for p in _artifacts(client, by_stage["reward_model"].info.run_id))
+               for p in artifact_paths(client, by_stage["reward_model"].info.run_id))
     table = client.load_table(parent.info.experiment_id, "samples/all.json",
                               run_ids=[by_stage["ppo"].info.run_id])
     assert {"iteration", "prompt", "response", "score", "kl"} <= set(table.columns)
@@ -129,7 +84,7 @@ def test_artifacts_tables_plots_and_checkpoints(served_run, tmp_path):
     side = client.load_table(parent.info.experiment_id, "eval/side_by_side.json",
                              run_ids=[by_stage["evaluate"].info.run_id])
     assert len(side) == 16 and side["prompt"].str.len().gt(0).all()
-    files = _artifacts(client, by_stage["validate"].info.run_id)
+    files = artifact_paths(client, by_stage["validate"].info.run_id)
     assert any(p.startswith("data_docs/") and p.endswith(".html") for p in files)
 
 

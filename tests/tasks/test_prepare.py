@@ -21,6 +21,26 @@ def test_sqlite_artifacts_live_beside_the_database_not_in_the_working_folder(
     assert not list(elsewhere.rglob("*"))
 
 
+def test_experiment_created_by_a_concurrent_run_is_used_not_an_error(tmp_path):
+    """Two pipeline runs on one server: the other run creates the experiment between this
+    run's lookup and its create."""
+    uri = f"sqlite:///{tmp_path}/m.db"
+    other = MlflowClient(uri)
+
+    class LateClient(MlflowClient):
+        looked_up = False
+
+        def get_experiment_by_name(self, name):
+            if not self.looked_up:  # lookup misses; then the other run creates it
+                self.looked_up = True
+                other.create_experiment(name)
+                return None
+            return super().get_experiment_by_name(name)
+
+    exp_id = _experiment_id(LateClient(uri), "rlhf-race", uri)
+    assert exp_id == other.get_experiment_by_name("rlhf-race").experiment_id
+
+
 def test_servers_and_other_stores_keep_their_own_artifact_root():
     assert artifact_location("http://127.0.0.1:5000") is None
     assert artifact_location("sqlite:///mlflow.db").endswith("/mlruns")

@@ -1,0 +1,138 @@
+"""Statistics over the whole global batch when it is split across data-parallel ranks.
+
+With N ranks each holding a shard of the rollout batch, PPO's advantage whitening and the
+reward-normalisation statistics must use the mean and variance of the *global* batch, or
+N ranks would train on N differently scaled advantages (OpenRLHF, TRL and the N+
+implementation details all whiten over the full batch). Each function here takes an optional
+``torch.distributed`` process group: with none initialised (or a world of one) it is exactly
+the single-process function of ``rlhf_core.masked`` / ``rlhf_core.reward``; otherwise the
+sums are all-reduced in float64 and every rank gets the same statistics. Shards may differ in
+size and a shard may have an empty mask, as long as the global mask is not empty. Logged
+metrics are made global the same way (``global_weighted_means``), so rank 0 logs the
+metrics of the whole batch, not of its shard.
+
+Variance is two-pass (global mean first, then the all-reduced sum of squared deviations), the
+same formula as the single-process ``masked_var``, so the results agree to float rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rlhf_core.masked import masked_var, masked_whiten
+from rlhf_core.reward import reward_norm_stats
+
+
+def world_size(group: dist.ProcessGroup | None = None) -> int:
+    """Ranks in ``group`` (the default group when None); 1 without torch.distributed."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def all_reduce_sum(values: torch.Tensor, group: dist.ProcessGroup | None = None
+                   ) -> torch.Tensor:
+    """Sum of ``values`` over the ranks of ``group``, in float64 (a new tensor)."""
+    out = values.detach().to(torch.float64).clone()
+    if world_size(group) > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
+def global_masked_moments(values: torch.Tensor, mask: torch.Tensor,
+                          group: dist.ProcessGroup | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, biased variance, count) of the masked entries of every rank's ``values``.
+
+    Args:
+        values: [B, T] (any shape) this rank's shard.
+        mask: same shape, True/1 where an entry counts.
+    Returns:
+        float64 scalars, equal on every rank. An empty global mask raises on every rank.
+    """
+    m = mask.to(torch.bool)
+    v = values.detach().to(torch.float64)
+    zero = torch.zeros_like(v)
+    count = all_reduce_sum(m.sum(), group)
+    if count == 0:
+        raise ValueError("masked reduction over an empty mask (no True entry on any rank)")
+    mean = all_reduce_sum(torch.where(m, v, zero).sum(), group) / count
+    sq_dev = all_reduce_sum(torch.where(m, (v - mean) ** 2, zero).sum(), group)
+    return mean, sq_dev / count, count
+
+
+def global_masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True,
+                      group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """``masked_var`` over the global batch (scalar in ``values.dtype``)."""
+    if world_size(group) == 1:
+        return masked_var(values, mask, unbiased=unbiased)
+    _, var, count = global_masked_moments(values, mask, group)
+    if unbiased:
+        if count < 2:
+            raise ValueError("unbiased masked_var needs at least 2 masked entries")
+        var = var * count / (count - 1)
+    return var.to(values.dtype)
+
+
+def global_masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
+                         group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """``masked_whiten`` of this rank's shard with the global batch's mean and variance.
+
+    Args:
+        values: [B, T] this rank's shard (e.g. advantages).
+        mask: [B, T] response-token mask of the shard (may be empty on this rank).
+        shift_mean: False adds the mean back (reward whitening keeps the reward's level).
+    Returns:
+        [B, T] whitened values, 0 where ``mask`` is False. Huang et al. 2024.
+    """
+    if world_size(group) == 1:
+        return masked_whiten(values, mask, shift_mean=shift_mean)
+    m = mask.to(torch.bool)
+    mean, var, count = global_masked_moments(values, m, group)
+    if count > 1:
+        var = var * count / (count - 1)  # Bessel, as masked_whiten
+    mean, var = mean.to(values.dtype), var.to(values.dtype)
+    out = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(m, out, torch.zeros_like(out))
+
+
+def global_reward_norm_stats(scores: torch.Tensor, group: dist.ProcessGroup | None = None
+                             ) -> dict[str, float]:
+    """``reward_norm_stats`` ({mean, std, n}) of the RM scores of every rank's shard."""
+    if world_size(group) == 1:
+        return reward_norm_stats(scores)
+    total = all_reduce_sum(torch.tensor(scores.numel(), device=scores.device), group)
+    if total < 2:
+        raise ValueError(f"reward_norm_stats needs at least 2 scores, got {int(total)}")
+    mean, var, count = global_masked_moments(scores, torch.ones_like(scores, dtype=torch.bool),
+                                             group)
+    std = torch.sqrt(var * count / (count - 1))
+    return {"mean": float(mean), "std": float(std), "n": int(count)}
+
+
+def global_weighted_means(metrics: dict[str, float], weight: float,
+                          group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    """Per-rank metrics -> their weighted mean over ranks, the same dict on every rank.
+
+    ``weight`` is what each rank's values are means over (e.g. its response tokens for a
+    per-token mean, its sequences for a per-sequence one), so a rank's metrics count as
+    much as its share of the global batch: the result is the metric of the whole batch.
+    Every rank must pass the same keys; otherwise every rank raises, naming them.
+    """
+    if world_size(group) == 1:
+        return dict(metrics)
+    keys = sorted(metrics)
+    every = [None] * world_size(group)
+    dist.all_gather_object(every, keys, group=group)
+    if any(k != keys for k in every):
+        differ = sorted(set().union(*every) - set.intersection(*map(set, every)))
+        raise ValueError(f"ranks logged different metrics: {differ}")
+    values = torch.tensor([weight] + [weight * float(metrics[k]) for k in keys],
+                          dtype=torch.float64)
+    total = all_reduce_sum(values, group)
+    if total[0] <= 0:
+        raise ValueError(f"global_weighted_means: total weight {float(total[0])} is not > 0")
+    return {k: float(v) for k, v in zip(keys, total[1:] / total[0])}

@@ -1,0 +1,169 @@
+"""Real servers for tests, each on a free port of 127.0.0.1 with its own folders, each ended
+by its own PID: an `mlflow server` (any backend store, served artifacts) and a PostgreSQL
+server from the system's binaries (Debian's `postgresql` package); and reading a pipeline
+run back through a server's client API."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str,
+               timeout_s: float = 120) -> None:
+    """Poll ``ready()`` until it holds; a dead process or the timeout raises with its log."""
+    deadline = time.time() + timeout_s
+    while not ready():
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"{what} did not start:\n" + log.read_text()[-3000:])
+        time.sleep(0.3)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+    """End one server by its PID (``sig`` first, SIGKILL if it does not exit in time)."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@contextmanager
+def mlflow_server(backend_store_uri: str, folder: Path, workers: int = 1) -> Iterator[str]:
+    """``mlflow server`` on ``backend_store_uri`` with artifacts served from
+    ``folder/artifacts`` -> its URL."""
+    port = free_port()
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    log = folder / "mlflow-server.log"
+    proc = subprocess.Popen(
+        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", backend_store_uri, "--serve-artifacts",
+         "--artifacts-destination", str(folder / "artifacts"), "--workers", str(workers)],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        # no background job runner (MLflow's async jobs): the pipeline uses none
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _http_ok(f"{url}/health"), proc, log, "mlflow server")
+        yield url
+    finally:
+        stop(proc)
+
+
+def postgres_bindir() -> Path | None:
+    """Folder of ``initdb``/``postgres``: $PG_BINDIR, the PATH, else the newest
+    /usr/lib/postgresql/<version>/bin (Debian keeps them off the PATH)."""
+    if os.environ.get("PG_BINDIR"):
+        given = Path(os.environ["PG_BINDIR"])
+        return given if (given / "initdb").exists() else None
+    on_path = shutil.which("initdb")
+    if on_path:
+        return Path(on_path).resolve().parent
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+                   key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit()
+                   else 0)
+    return found[-1].parent if found else None
+
+
+def _server_user() -> str | None:
+    """PostgreSQL refuses to run as root: as root, run it as the ``postgres`` user."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError as err:
+        raise RuntimeError("running as root and there is no `postgres` user to run "
+                           "PostgreSQL as") from err
+    return "postgres"
+
+
+def _pg_accepts(port: int) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                        connect_timeout=2).close()
+        return True
+    except psycopg.OperationalError:
+        return False
+
+
+@contextmanager
+def postgres_server(bindir: Path, database: str = "mlflow") -> Iterator[str]:
+    """A throw-away PostgreSQL cluster (trust auth, TCP on 127.0.0.1 only, its own socket
+    folder, durability off for speed) with an empty ``database`` -> its SQLAlchemy URI
+    (driver ``psycopg``, the project's ``postgres`` extra).
+
+    The cluster lives in a fresh folder under the system temp dir rather than pytest's
+    tmp_path: as root the server runs as ``postgres``, which cannot enter root's 0700
+    pytest folders. The folder is removed afterwards."""
+    import psycopg
+
+    user = _server_user()
+    root = Path(tempfile.mkdtemp(prefix="rlhf-pg-"))
+    if user:
+        shutil.chown(root, user)
+    data, log, port = root / "data", root / "postgres.log", free_port()
+    proc = None
+    try:
+        subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
+                        "--auth=trust", "--encoding=UTF8", "--no-sync"],
+                       check=True, capture_output=True, user=user, cwd=root)
+        proc = subprocess.Popen(
+            [str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
+             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
+             "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
+            stdout=open(log, "w"), stderr=subprocess.STDOUT, user=user, cwd=root)
+        wait_until(lambda: _pg_accepts(port), proc, log, "postgres", timeout_s=60)
+        with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                             autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{database}"')
+        # the driver named explicitly: SQLAlchemy's default for plain postgresql:// changed
+        # from psycopg2 (2.0) to psycopg 3 (2.1)
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/{database}"
+    finally:
+        if proc is not None:
+            stop(proc, signal.SIGINT)  # "fast" shutdown: ends open sessions
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def stage_children(client, parent) -> dict:
+    """The parent run's child runs by their ``rlhf.stage`` tag."""
+    return {r.data.tags["rlhf.stage"]: r for r in client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
+
+
+def artifact_paths(client, run_id: str, path: str = "") -> list[str]:
+    """Every artifact file of a run (recursive listing)."""
+    out = []
+    for item in client.list_artifacts(run_id, path):
+        out += artifact_paths(client, run_id, item.path) if item.is_dir else [item.path]
+    return out
