@@ -43,12 +43,11 @@ class DataParallel:
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DDP around ``model`` (its parameters shared, so optimizer and checkpoints use the
-        bare model). Buffers are constants here (attention masks), so they are not
-        re-broadcast every forward."""
+        bare model)."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DDP(model, device_ids=ids, broadcast_buffers=False)
+        return DDP(model, device_ids=ids)
 
     def shard(self, idx: torch.Tensor) -> torch.Tensor:
         """This rank's contiguous slice of the global batch ``idx`` (possibly empty)."""
