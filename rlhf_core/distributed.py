@@ -84,7 +84,11 @@ def init_from_env(device: torch.device) -> DataParallel | None:
     if world <= 1:
         return None
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise RuntimeError(f"rank {local} needs GPU {local}, but this machine has "
+                               f"{torch.cuda.device_count()}: set model.nproc to at most that")
+        device = torch.device("cuda", local)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")

@@ -66,3 +66,21 @@ def test_the_first_rank_error_is_raised_with_its_type_and_message(tmp_path):
     (tmp_path / "error_rank1.json").unlink()
     with pytest.raises(RuntimeError, match="sft rank 0: DistBackendError: connection closed"):
         launch.watch(cmd, dict(os.environ), "sft", tmp_path)
+
+
+def test_a_rank_records_its_error_for_the_task(tmp_path, monkeypatch):
+    from tasks import rank_main
+    from tasks.config import PipelineConfig
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    ctx = {"tracking_uri": f"sqlite:///{tmp_path}/m.db", "experiment_id": "0",
+           "parent_run_id": "p", "workdir": str(tmp_path), "seed": 0}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"stage": "sft", "run_id": "r", "ctx": ctx, "inputs": {},
+                                "cfg": PipelineConfig().model_dump(mode="json"),
+                                "output": str(tmp_path / "out.json"), "errors": str(tmp_path)}))
+    assert rank_main.main([str(spec)]) == 1
+    with pytest.raises(RuntimeError, match="sft rank 0: RuntimeError: .*runs under torchrun"):
+        launch.watch([sys.executable, "-c", "raise SystemExit(1)"], dict(os.environ), "sft",
+                     tmp_path)
