@@ -116,7 +116,9 @@ def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
         "output": str(folder / "output.json"), "errors": str(folder)})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(PROJECT_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-        "PYTHONUNBUFFERED": "1"}
+        "PYTHONUNBUFFERED": "1",
+        # torchrun's own default (with a banner): 1 thread per rank unless model.torch_threads
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     watch(launch_command(cfg.model.nproc, spec), env, stage, folder)
     return json.loads((folder / "output.json").read_text())
 
