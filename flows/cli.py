@@ -1,6 +1,6 @@
 """`rlhf` command line: run the pipeline (the demo by default) and print a summary.
 
-    rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID]
+    rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID] [--nproc N]
     rlhf validate [--config FILE] [--set key=value ...]
     rlhf sweep [--config FILE] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--max-concurrent N]
     rlhf runs [--experiment NAME] [--limit N]
@@ -28,7 +28,8 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 def _config_for(args) -> object:
     """The user's file, else the embedded demo config; then --set overrides."""
     path = args.config or DEMO_CONFIG
-    return load_config(path, args.set or [])
+    nproc = [] if getattr(args, "nproc", None) is None else [f"model.nproc={args.nproc}"]
+    return load_config(path, (args.set or []) + nproc)
 
 
 def positive_int(text: str) -> int:
@@ -235,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config field, e.g. --set ppo.kl_coef=0.1 (repeatable)")
     run.add_argument("--resume", metavar="RUN_ID", help="continue this MLflow parent run")
+    run.add_argument("--nproc", type=int, metavar="N",
+                     help="data-parallel ranks for SFT and reward model (sets model.nproc)")
     run.set_defaults(func=cmd_run)
     val = sub.add_parser("validate", help="run the data gate alone (exit 1 if it fails)")
     val.add_argument("--config", type=Path, help="YAML/JSON pipeline config")

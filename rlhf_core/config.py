@@ -48,6 +48,11 @@ class ModelConfig(_Frozen):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward (trained models; saves memory)."
     )
+    nproc: int = Field(
+        1, ge=1, description="Data-parallel ranks for the SFT and reward-model stages "
+        "(torchrun + DDP: gloo on CPU, nccl on CUDA, one GPU per rank); 1: in the task's "
+        "own process."
+    )
     lora: LoraSettings | None = Field(
         None, description="Train LoRA adapters (needs peft) instead of full weights; PPO's "
         "reference and reward are the frozen bases with adapters off."

@@ -9,7 +9,7 @@ continues from the latest checkpoint so the result equals an uninterrupted run b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import OptimConfig
 from rlhf_core.data import ShuffledBatches
+from rlhf_core.distributed import CountFn, DataParallel
 from rlhf_core.faults import crash_point
 from rlhf_core.optim import LogFn, build_optimizer
 from rlhf_core.train_step import TrainStep
@@ -28,14 +29,45 @@ def total_steps(n_examples: int, batch_size: int, epochs: float) -> int:
     return max(1, math.ceil(epochs * math.ceil(n_examples / batch_size)))
 
 
+class _Shards:
+    """Without ``dp``: the whole batch, weight 1. With it: this rank's shard of the global
+    batch and its loss weight (a rank with an empty shard runs one example at weight 0)."""
+
+    def __init__(self, dp: DataParallel | None, count: CountFn | None):
+        self.dp, self.count = dp, count or (lambda idx: float(len(idx)))
+
+    def split(self, idx: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+        """-> (indices to run, loss weight, this rank's count for the metric means)."""
+        if self.dp is None:
+            return idx, 1.0, 1.0
+        local = self.dp.shard(idx)
+        weight = self.dp.loss_weight(local, idx, self.count)
+        if len(local) == 0:
+            return idx[:1], 0.0, 0.0
+        return local, weight, self.count(local)
+
+
+def _resume_world(extra: dict, dp: DataParallel | None) -> None:
+    saved, world = extra.get("world_size", 1), 1 if dp is None else dp.world
+    if saved != world:
+        raise ValueError(f"this checkpoint was written by {saved} rank(s); resume it with "
+                         f"model.nproc={saved} (now {world})")
+
+
 def train_steps(
     model: torch.nn.Module, loss_fn: LossFn, n_examples: int, batch_size: int, epochs: float,
     optim: OptimConfig, generator: torch.Generator, *, name: str, log_every: int,
     on_log: LogFn | None = None, checkpointer: Checkpointer | None = None,
     progress: bool = True, precision: str = "fp32", device: torch.device | str = "cpu",
+    dp: DataParallel | None = None, net: torch.nn.Module | None = None,
+    count: CountFn | None = None, summed: Sequence[str] = (),
 ) -> dict[str, float]:
     """Train ``model`` in place; ``loss_fn(indices) -> (loss, extra metrics)``, run under the
     precision's autocast through the shared :class:`TrainStep`.
+
+    Data parallel (``dp``): ``loss_fn`` runs ``net`` (the DDP-wrapped ``model``) on this
+    rank's shard; ``count(indices)`` is what its loss is a mean over (default: examples),
+    ``summed`` the extras that are counts. Only rank 0 saves checkpoints; metrics are global.
 
     Returns the last step's metrics (train/loss, train/grad_norm, train/lr + extras).
     """
@@ -43,34 +75,40 @@ def train_steps(
     model.train()
     optimizer, scheduler = build_optimizer(model.parameters(), optim, total)
     trainer = TrainStep(model.parameters(), optimizer, scheduler, optim.max_grad_norm,
-                        precision, device, name)
-    sampler = ShuffledBatches(n_examples, batch_size, generator)
-    step, last = 0, {}
+                        precision, device, name, no_sync=getattr(net, "no_sync", None))
+    sampler, shards = ShuffledBatches(n_examples, batch_size, generator), _Shards(dp, count)
+    step, last, main = 0, {}, dp is None or dp.is_main
     restored = checkpointer.restore(optimizer, scheduler, generator, optim.lr) \
         if checkpointer else None
     if restored is not None:
         step, extra = restored
+        _resume_world(extra, dp)
         sampler.load_state_dict(extra["sampler"])
         last = extra["last"]
-    bar = tqdm(total=total, initial=step, desc=name, disable=not progress, leave=False)
+    bar = tqdm(total=total, initial=step, desc=name, disable=not (progress and main),
+               leave=False)
     while step < total:
-        idx, out = sampler.next(), {}
+        (idx, weight, n_local), out = shards.split(sampler.next()), {}
 
-        def micro(idx=idx, out=out):
+        def micro(idx=idx, out=out, weight=weight):
             out["loss"], out["extras"] = loss_fn(idx)
-            return out["loss"], 1.0
+            return out["loss"], weight
 
         grad_norm = trainer.run([micro], step + 1)
         loss, extras = out["loss"], out["extras"]
         step += 1
         bar.update(1)
-        last = {"train/loss": loss.item(), "train/grad_norm": float(grad_norm),
-                "train/lr": scheduler.get_last_lr()[0], **extras}
+        metrics = {"train/loss": loss.item(), **extras}
+        if dp is not None:
+            metrics = dp.global_metrics(metrics, n_local, summed)
+        last = {"train/loss": metrics.pop("train/loss"), "train/grad_norm": float(grad_norm),
+                "train/lr": scheduler.get_last_lr()[0], **metrics}
         if on_log and (step % log_every == 0 or step == total):
             on_log(step, last)
-        if checkpointer and checkpointer.due(step, total):
+        if checkpointer and main and checkpointer.due(step, total):
+            world = {} if dp is None else {"world_size": dp.world}
             checkpointer.save(step, optimizer, scheduler, generator,
-                              {"sampler": sampler.state_dict(), "last": last})
+                              {"sampler": sampler.state_dict(), "last": last, **world})
         crash_point(f"{name}:step:{step}")
     bar.close()
     return last

@@ -14,6 +14,7 @@ import torch
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import RewardConfig
 from rlhf_core.data import encode_pair, last_real_index, right_pad
+from rlhf_core.distributed import DataParallel
 from rlhf_core.loop import train_steps
 from rlhf_core.losses import bradley_terry_loss
 from rlhf_core.models import ScalarHeadModel
@@ -49,16 +50,19 @@ def train_reward_model(
     model: ScalarHeadModel, tokenizer, rows: Sequence[dict], cfg: RewardConfig,
     device: torch.device, generator: torch.Generator, on_log: LogFn | None = None,
     progress: bool = True, checkpointer: Checkpointer | None = None, precision: str = "fp32",
+    dp: DataParallel | None = None,
 ) -> dict[str, float]:
-    """Train ``model`` in place on preference rows {prompt, chosen, rejected[, margin]}."""
+    """Train ``model`` in place on preference rows {prompt, chosen, rejected[, margin]};
+    ``dp``: this rank trains on its shard of each global batch of pairs (DDP)."""
     pairs = encode_pairs(tokenizer, rows)
     if cfg.use_margin and any("margin" not in r for r in rows):
         raise ValueError("reward.use_margin is set but some preference rows have no 'margin'")
     margins = torch.tensor([float(r["margin"]) for r in rows]) if cfg.use_margin else None
     model.to(device)
+    net = dp.wrap(model) if dp is not None else model
 
     def loss_fn(idx: torch.Tensor):
-        rc, rr, margin = _pair_scores(model, pairs, idx, tokenizer.pad_token_id, device,
+        rc, rr, margin = _pair_scores(net, pairs, idx, tokenizer.pad_token_id, device,
                                       margins)
         loss, stats = bradley_terry_loss(rc, rr, margin)
         return loss, {f"train/{k}": float(v) for k, v in stats.items()}
@@ -66,7 +70,7 @@ def train_reward_model(
     return train_steps(model, loss_fn, len(pairs), cfg.batch_size, cfg.epochs, cfg.optim,
                        generator, name="reward_model", log_every=cfg.log_every, on_log=on_log,
                        checkpointer=checkpointer, progress=progress, precision=precision,
-                       device=device)
+                       device=device, dp=dp, net=net)
 
 
 @torch.inference_mode()

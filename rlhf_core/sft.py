@@ -13,6 +13,7 @@ import torch
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import SFTConfig
 from rlhf_core.data import IGNORE_INDEX, encode_sft, right_pad
+from rlhf_core.distributed import DataParallel
 from rlhf_core.loop import train_steps
 from rlhf_core.losses import sft_loss
 from rlhf_core.optim import LogFn
@@ -34,6 +35,7 @@ def train_sft(
     model, tokenizer, rows: Sequence[dict], cfg: SFTConfig, device: torch.device,
     generator: torch.Generator, on_log: LogFn | None = None, progress: bool = True,
     checkpointer: Checkpointer | None = None, precision: str = "fp32",
+    dp: DataParallel | None = None,
 ) -> dict[str, float]:
     """Fine-tune ``model`` in place on ``rows``; returns the final metrics.
 
@@ -43,21 +45,27 @@ def train_sft(
         on_log: called as on_log(step, metrics) every cfg.log_every steps.
         checkpointer: periodic training-state checkpoints; resumes from the latest one.
         precision: fp32 | bf16 | fp16 (resolved; see rlhf_core.precision).
+        dp: data parallel: this rank trains on its shard of each global batch (DDP).
     """
     examples = encode_sft_rows(tokenizer, rows, cfg.loss_on)
     model.to(device)
     pad_id = tokenizer.pad_token_id
+    net = dp.wrap(model) if dp is not None else model
+    # supervised (shifted) tokens per example: the loss is a mean over these
+    n_tokens = [sum(label != IGNORE_INDEX for label in e[1][1:]) for e in examples]
 
     def loss_fn(idx: torch.Tensor):
         ids, mask, labels = sft_batch([examples[i] for i in idx], pad_id, device)
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        logits = net(input_ids=ids, attention_mask=mask, use_cache=False).logits
         loss, stats = sft_loss(logits, labels)
         return loss, {"train/tokens": float(stats["num_tokens"])}
 
     return train_steps(model, loss_fn, len(examples), cfg.batch_size, cfg.epochs, cfg.optim,
                        generator, name="sft", log_every=cfg.log_every, on_log=on_log,
                        checkpointer=checkpointer, progress=progress, precision=precision,
-                       device=device)
+                       device=device, dp=dp, net=net,
+                       count=lambda idx: float(sum(n_tokens[i] for i in idx)),
+                       summed=("train/tokens",))
 
 
 @torch.inference_mode()

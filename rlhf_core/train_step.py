@@ -15,6 +15,7 @@ so CPU results stay bit-identical.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 
 import torch
 
@@ -30,7 +31,10 @@ class TrainStep:
 
     def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                  scheduler, max_grad_norm: float, precision: str = "fp32",
-                 device: torch.device | str = "cpu", name: str = "train"):
+                 device: torch.device | str = "cpu", name: str = "train",
+                 no_sync: Callable | None = None):
+        """``no_sync``: a DDP module's ``no_sync`` (data parallel): every micro-batch but an
+        optimizer step's last one accumulates locally, the last one all-reduces the sum."""
         self.params = [p for p in params if p.requires_grad]
         self.optimizer, self.scheduler = optimizer, scheduler
         self.max_grad_norm, self.precision = max_grad_norm, precision
@@ -38,6 +42,7 @@ class TrainStep:
         self.scaler = (torch.amp.GradScaler(self.device.type) if precision == "fp16" else None)
         self.skipped = 0  # fp16 steps skipped for an overflowing gradient
         self._losses: list[torch.Tensor] = []
+        self.no_sync = no_sync
 
     def autocast(self):
         """The forward context of this precision (nothing in fp32)."""
@@ -82,8 +87,11 @@ class TrainStep:
         """One optimizer step over the micro-batches (their losses computed under autocast)
         -> the pre-clip gradient norm."""
         self.zero_grad()
-        for micro in micro_batches:
-            with self.autocast():
-                loss, weight = micro()
-            self.backward(loss, step, weight)
+        micro_batches = list(micro_batches)
+        for i, micro in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            with nullcontext() if last or self.no_sync is None else self.no_sync():
+                with self.autocast():
+                    loss, weight = micro()
+                self.backward(loss, step, weight)
         return self.apply(step)

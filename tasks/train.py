@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import task
 
 from rlhf_core.checkpoint import save_policy, save_scalar_model
+from rlhf_core.distributed import DataParallel
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer, new_scalar_model
 from rlhf_core.models import resize_for_tokenizer
 from rlhf_core.optim import seed_everything
@@ -29,6 +30,7 @@ from tasks.common import (
 )
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
+from tasks.launch import rank_logger, stage_body
 from tasks.tracking import RunContext
 
 
@@ -51,68 +53,84 @@ def _gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | N
     return hits / n if n else None
 
 
+def sft_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, run_id: str,
+              dp: DataParallel | None = None) -> dict | None:
+    """The sft stage's work, in the task's process or on each torchrun rank (``dp``): only
+    rank 0 logs, saves the model and returns the output reference."""
+    device, spec = setup_models(cfg.model)
+    device = dp.device if dp is not None else device
+    generator = seed_everything(ctx.seed)
+    tokenizer = load_tokenizer(data["tokenizer"], spec)
+    model = load_policy(prep["base_model"], spec)
+    resize_for_tokenizer(model, tokenizer)
+    rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
+    log = rank_logger(ctx, run_id, "sft", dp)
+    ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model},
+                      cfg.sft.checkpoint_every)
+    last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, log,
+                     ctx.progress and dp is None, ck, precision=spec.precision, dp=dp)
+    if dp is not None and not dp.is_main:
+        return None
+    out_dir = save_policy(model, tokenizer, ctx.stage_dir("sft") / "model")
+    ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
+    metrics = {"sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
+    log(0, metrics)
+    return {"model_dir": str(out_dir),
+            "metrics": {"train/loss": last.get("train/loss", float("nan")), **metrics}}
+
+
 @task(name="sft")
 def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
     """Fine-tune the base model on the demonstrations; save it as the SFT policy."""
+    return run_stage(ctx, "sft", stage_body(ctx, cfg, "sft", sft_stage, prep=prep, data=data),
+                     stage_params(cfg, "sft", "model"))
 
-    def body(run_id: str) -> dict:
-        device, spec = setup_models(cfg.model)
-        generator = seed_everything(ctx.seed)
-        tokenizer = load_tokenizer(data["tokenizer"], spec)
-        model = load_policy(prep["base_model"], spec)
-        resize_for_tokenizer(model, tokenizer)
-        rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
-        log = metric_logger(ctx, run_id)
-        ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model},
-                          cfg.sft.checkpoint_every)
-        last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, log,
-                         ctx.progress, ck, precision=spec.precision)
-        out_dir = save_policy(model, tokenizer, ctx.stage_dir("sft") / "model")
-        ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
-        metrics = {"sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
-        log(0, metrics)
-        return {"model_dir": str(out_dir),
-                "metrics": {"train/loss": last.get("train/loss", float("nan")), **metrics}}
 
-    return run_stage(ctx, "sft", body, stage_params(cfg, "sft", "model"))
+def reward_model_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
+                       sft_out: dict, run_id: str, dp: DataParallel | None = None
+                       ) -> dict | None:
+    """The reward_model stage's work, in the task's process or on each torchrun rank."""
+    device, spec = setup_models(cfg.model)
+    device = dp.device if dp is not None else device
+    generator = seed_everything(ctx.seed + 1)
+    tokenizer = load_tokenizer(data["tokenizer"], spec)
+    model = new_scalar_model(sft_out["model_dir"], spec)
+    rows = read_jsonl(Path(data["data_dir"]) / "preference.jsonl")
+    eval_path = Path(data["data_dir"]) / "preference_eval.jsonl"
+    if eval_path.exists():
+        held_out = read_jsonl(eval_path)
+    else:
+        n_eval = max(1, int(len(rows) * cfg.reward.eval_fraction))
+        rows, held_out = rows[n_eval:], rows[:n_eval]
+    log = rank_logger(ctx, run_id, "reward_model", dp)
+    ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "reward_model", {"model": model},
+                      cfg.reward.checkpoint_every)
+    train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, log,
+                       ctx.progress and dp is None, ck, precision=spec.precision, dp=dp)
+    if dp is not None and not dp.is_main:
+        return None
+    metrics = evaluate_reward_model(model, tokenizer, held_out, device)
+    # against the held-out labels always; against the gold judge where one exists
+    first = {"eval/rm_accuracy": metrics["eval/accuracy"]}
+    gold = _gold_accuracy(model, tokenizer, held_out, prep["judge"], device)
+    if gold is not None:
+        first["eval/rm_gold_accuracy"] = gold
+    metrics.update(first)
+    log(0, metrics)
+    metric_logger(ctx, ctx.parent_run_id)(0, first)
+    out_dir = save_scalar_model(model, ctx.stage_dir("reward_model") / "model")
+    ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
+    return {"model_dir": str(out_dir), "metrics": {**first, **metrics}}
 
 
 @task(name="reward_model")
 def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
                  sft_out: dict) -> dict:
     """Train a scalar-head RM initialised from the SFT checkpoint on preference pairs."""
-
-    def body(run_id: str) -> dict:
-        device, spec = setup_models(cfg.model)
-        generator = seed_everything(ctx.seed + 1)
-        tokenizer = load_tokenizer(data["tokenizer"], spec)
-        model = new_scalar_model(sft_out["model_dir"], spec)
-        rows = read_jsonl(Path(data["data_dir"]) / "preference.jsonl")
-        eval_path = Path(data["data_dir"]) / "preference_eval.jsonl"
-        if eval_path.exists():
-            held_out = read_jsonl(eval_path)
-        else:
-            n_eval = max(1, int(len(rows) * cfg.reward.eval_fraction))
-            rows, held_out = rows[n_eval:], rows[:n_eval]
-        log = metric_logger(ctx, run_id)
-        ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "reward_model", {"model": model},
-                          cfg.reward.checkpoint_every)
-        train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, log,
-                           ctx.progress, ck, precision=spec.precision)
-        metrics = evaluate_reward_model(model, tokenizer, held_out, device)
-        # against the held-out labels always; against the gold judge where one exists
-        first = {"eval/rm_accuracy": metrics["eval/accuracy"]}
-        gold = _gold_accuracy(model, tokenizer, held_out, prep["judge"], device)
-        if gold is not None:
-            first["eval/rm_gold_accuracy"] = gold
-        metrics.update(first)
-        log(0, metrics)
-        metric_logger(ctx, ctx.parent_run_id)(0, first)
-        out_dir = save_scalar_model(model, ctx.stage_dir("reward_model") / "model")
-        ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
-        return {"model_dir": str(out_dir), "metrics": {**first, **metrics}}
-
-    return run_stage(ctx, "reward_model", body, stage_params(cfg, "reward", "model"))
+    return run_stage(ctx, "reward_model", stage_body(ctx, cfg, "reward_model",
+                                                     reward_model_stage, prep=prep, data=data,
+                                                     sft_out=sft_out),
+                     stage_params(cfg, "reward", "model"))
 
 
 @task(name="reward_norm")

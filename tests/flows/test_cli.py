@@ -18,3 +18,12 @@ def test_summary_lists_every_stage_and_the_parent_run():
                          "ppo": {"wall_s": 0.0, "skipped": True, "metrics": {}}}}
     text = summary_text(result, 12.0)
     assert "abc123" in text and "train/loss=0.500" in text and "skipped" in text
+
+
+def test_nproc_sets_model_nproc_and_a_bad_one_exits_2(capsys):
+    from flows.cli import _config_for, build_parser
+
+    assert _config_for(build_parser().parse_args(["run", "--nproc", "2"])).model.nproc == 2
+    assert _config_for(build_parser().parse_args(["run"])).model.nproc == 1
+    assert main(["run", "--nproc", "0"]) == 2
+    assert "model.nproc" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""Data parallelism for the supervised loop (SFT, reward model): N ranks, one global batch.
+
+Every rank holds the whole data set and the same data-order generator, so every rank draws
+the same global batch of indices; each then trains on its contiguous shard of it. The shard's
+loss (a mean over its own tokens or pairs) is weighted by ``world * count_shard /
+count_global`` before backward, so after DDP's gradient all-reduce (a mean over ranks) the
+gradient is the gradient of the *global* batch's mean loss: the update equals the
+single-process one on the same global batch, whatever the shard sizes (an uneven last batch,
+a response-token count that differs per shard). A rank whose shard is empty (a global batch
+smaller than the world) runs one example with weight 0, so it still joins the all-reduce.
+
+Logged metrics are made global (``global_weighted_means``; counts are summed), so rank 0
+logs the metrics of the whole batch. Only rank 0 writes checkpoints and talks to MLflow; the
+caller decides that with :attr:`DataParallel.is_main`.
+
+Launch: ``torchrun`` (``python -m torch.distributed.run``) sets RANK, WORLD_SIZE, LOCAL_RANK
+and the rendezvous; :func:`init_from_env` joins it (gloo on CPU, nccl on CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+CountFn = Callable[[torch.Tensor], float]  # indices -> what the loss is a mean over
+
+
+@dataclass
+class DataParallel:
+    """This rank's place in the data-parallel group and the helpers the loop needs."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """DDP around ``model`` (its parameters shared, so optimizer and checkpoints use the
+        bare model)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+
+    def shard(self, idx: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous slice of the global batch ``idx`` (possibly empty)."""
+        return torch.tensor_split(idx, self.world)[self.rank]
+
+    def loss_weight(self, local: torch.Tensor, idx: torch.Tensor, count: CountFn) -> float:
+        """world * count(shard) / count(global batch): DDP's mean of the weighted shard
+        gradients is then the global batch's gradient."""
+        total = count(idx)
+        return 0.0 if len(local) == 0 or total == 0 else self.world * count(local) / total
+
+    def global_metrics(self, metrics: dict[str, float], weight: float,
+                       summed: Sequence[str] = ()) -> dict[str, float]:
+        """Per-shard means -> the global batch's (weighted by ``weight``, the shard's count);
+        keys in ``summed`` (counts) are summed over ranks instead."""
+        # imported here: global_stats imports rlhf_core.reward, which imports this module
+        from rlhf_core.global_stats import all_reduce_sum, global_weighted_means
+
+        means = {k: v for k, v in metrics.items() if k not in summed}
+        out = global_weighted_means(means, weight)
+        if summed:
+            keys = [k for k in summed if k in metrics]
+            vals = torch.tensor([float(metrics[k]) if weight > 0 else 0.0 for k in keys])
+            out.update(zip(keys, all_reduce_sum(vals).tolist()))
+        return {k: out[k] for k in metrics}
+
+
+def init_from_env(device: torch.device) -> DataParallel | None:
+    """Join the torchrun group described by the environment (None when WORLD_SIZE <= 1).
+
+    gloo on CPU, nccl on CUDA (each rank on ``cuda:LOCAL_RANK``).
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return None
+    if device.type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise RuntimeError(f"rank {local} needs GPU {local}, but this machine has "
+                               f"{torch.cuda.device_count()}: set model.nproc to at most that")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return DataParallel(dist.get_rank(), dist.get_world_size(), device)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,143 @@
+"""Run a stage as ``model.nproc`` data-parallel ranks under ``torchrun``, watched by its task.
+
+The stage's Prefect task opens the stage's MLflow child run as usual, then starts
+``python -m torch.distributed.run --standalone --nproc-per-node N -m tasks.rank_main SPEC``
+as its own process group. Every rank loads the same inputs the in-process path loads and
+runs the same stage function (tasks/train.py) with a :class:`DataParallel`; rank 0 alone logs
+into the child run (its id and the tracking URI travel in SPEC), writes checkpoints and
+writes the stage's output reference for the task to return. The task streams the ranks'
+progress lines, kills the whole group on failure or cancellation, and re-raises a rank's
+error with its message. With ``nproc`` 1 the stage runs in the task's own process, as always.
+"""
+
+from __future__ import annotations
+
+import builtins
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from rlhf_core.distributed import DataParallel
+from tasks.common import metric_logger, write_json
+from tasks.config import PipelineConfig
+from tasks.tracking import RunContext
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+StageFn = Callable[..., dict | None]
+
+
+def stage_body(ctx: RunContext, cfg: PipelineConfig, stage: str, fn: StageFn,
+               **inputs) -> Callable[[str], dict]:
+    """``body(run_id)`` for :func:`tasks.common.run_stage`: ``fn`` in this process, or on
+    ``model.nproc`` torchrun ranks."""
+    if cfg.model.nproc == 1:
+        return lambda run_id: fn(ctx, cfg, run_id=run_id, **inputs)
+    return lambda run_id: run_ranks(ctx, cfg, stage, run_id, inputs)
+
+
+def rank_logger(ctx: RunContext, run_id: str, stage: str, dp: DataParallel | None):
+    """The stage's metric logger: in-process as before; on ranks, rank 0 logs (and prints a
+    progress line the task streams), the others log nothing."""
+    if dp is None:
+        return metric_logger(ctx, run_id)
+    if not dp.is_main:
+        return lambda step, metrics: None
+    log = metric_logger(ctx, run_id)
+
+    def on_log(step: int, metrics: dict[str, float]) -> None:
+        log(step, metrics)
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in list(metrics.items())[:3])
+        print(f"{stage} step {step} ({dp.world} ranks): {shown}", flush=True)
+
+    return on_log
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """torchrun gets SIGTERM if the task's process dies (it then stops its ranks)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the launcher's whole process group (torchrun and its ranks), SIGKILL what is
+    left of it after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, so an empty group reads as gone
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+def _rank_error(folder: Path, stage: str, rc: int, tail: deque) -> BaseException:
+    """The first rank error (its own exception type when a builtin one), else the exit code
+    and the last output lines."""
+    errors = sorted(folder.glob("error_rank*.json"), key=lambda p: p.stat().st_mtime)
+    if not errors:
+        lines = "\n".join(tail)
+        return RuntimeError(f"{stage}: torchrun exited with code {rc}; last output:\n{lines}")
+    err = json.loads(errors[0].read_text())
+    kind = getattr(builtins, err["type"], None)
+    kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
+    return kind(f"{stage} rank {err['rank']}: {err['type']}: {err['message']}")
+
+
+def launch_command(nproc: int, spec: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", "-m", "tasks.rank_main", str(spec)]
+
+
+def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
+              inputs: dict) -> dict:
+    """Run ``stage`` on ``cfg.model.nproc`` ranks; return rank 0's output reference."""
+    folder = ctx.stage_dir(stage) / "ranks"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.json"):
+        old.unlink()
+    spec = write_json(folder / "spec.json", {
+        "stage": stage, "run_id": run_id, "ctx": ctx.model_dump(mode="json"),
+        "cfg": cfg.model_dump(mode="json"), "inputs": inputs,
+        "output": str(folder / "output.json"), "errors": str(folder)})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(PROJECT_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        "PYTHONUNBUFFERED": "1",
+        # torchrun's own default (with a banner): 1 thread per rank unless model.torch_threads
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    watch(launch_command(cfg.model.nproc, spec), env, stage, folder)
+    return json.loads((folder / "output.json").read_text())
+
+
+def watch(cmd: list[str], env: dict, stage: str, folder: Path) -> None:
+    """Run ``cmd`` as its own process group, stream its lines; on failure, cancellation or
+    interruption kill the whole group, then raise the rank's error."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, bufsize=1, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    tail: deque = deque(maxlen=20)
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            print(f"[{stage}] {line.rstrip()}", flush=True)
+        rc = proc.wait()
+    except BaseException:  # cancelled, interrupted: no rank outlives its task
+        _kill_group(proc)
+        raise
+    if rc != 0:
+        _kill_group(proc)
+        raise _rank_error(folder, stage, rc, tail)

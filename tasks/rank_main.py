@@ -1,0 +1,63 @@
+"""Entry point of one data-parallel rank: ``torchrun ... -m tasks.rank_main SPEC``.
+
+SPEC (written by tasks/launch.py) names the stage, its MLflow child run, the run context,
+the resolved pipeline config and the stage's inputs. The rank joins the torchrun group and
+runs the very stage function the in-process path runs (tasks/train.py) with its
+:class:`DataParallel`. Rank 0 writes the stage's output reference to SPEC's ``output``;
+any rank that fails writes ``error_rank<r>.json`` (type, message, traceback) for the task
+to re-raise, then exits non-zero so torchrun stops the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from rlhf_core.distributed import init_from_env, shutdown
+from tasks.common import setup_models, write_json
+from tasks.config import PipelineConfig
+from tasks.tracking import RunContext
+from tasks.train import reward_model_stage, sft_stage
+
+STAGES = {"sft": sft_stage, "reward_model": reward_model_stage}
+
+
+def run(spec: dict) -> None:
+    cfg = PipelineConfig.model_validate(spec["cfg"])
+    ctx = RunContext.model_validate(spec["ctx"])
+    device, _ = setup_models(cfg.model)
+    dp = init_from_env(device)
+    if dp is None:
+        raise RuntimeError("tasks.rank_main runs under torchrun (WORLD_SIZE > 1)")
+    if cfg.model.torch_threads and dp.device.type == "cpu":
+        # model.torch_threads is the stage's CPU budget: split across the ranks
+        threads = max(1, cfg.model.torch_threads // dp.world)
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"torch_threads": threads})})
+    try:
+        out = STAGES[spec["stage"]](ctx, cfg, run_id=spec["run_id"], dp=dp, **spec["inputs"])
+        if dp.is_main:
+            write_json(spec["output"], out)
+    finally:
+        shutdown()
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    try:
+        run(spec)
+    except Exception as err:
+        rank = os.environ.get("RANK", "?")
+        write_json(Path(spec["errors"]) / f"error_rank{rank}.json",
+                   {"rank": rank, "type": type(err).__name__, "message": str(err),
+                    "traceback": traceback.format_exc()})
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
