@@ -3,6 +3,7 @@
     rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID]
     rlhf validate [--config FILE] [--set key=value ...]
     rlhf runs [--experiment NAME] [--limit N]
+    rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
@@ -116,6 +117,15 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from flows.serve import serve
+
+    cfg = _config_for(args)
+    name = args.name or Path(args.config or DEMO_CONFIG).stem
+    serve(cfg, name)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhf", description="RLHF with PPO on Prefect + MLflow")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
     runs.add_argument("--limit", type=int, default=10, help="how many runs (newest first)")
     runs.set_defaults(func=cmd_runs)
+    srv = sub.add_parser("serve", help="serve the pipeline and retrain deployments (blocks)")
+    srv.add_argument("--config", type=Path, help="served config (default: the demo)")
+    srv.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    srv.add_argument("--name", help="deployment name (default: the config file's stem)")
+    srv.set_defaults(func=cmd_serve)
     return parser
 
 

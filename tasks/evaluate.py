@@ -12,6 +12,7 @@ from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.optim import seed_everything
 from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch
 from tasks.config import PipelineConfig
+from tasks.registry import CHALLENGER, move_champion
 from tasks.tracking import RunContext
 
 
@@ -120,11 +121,24 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
     return info.registered_model_version, rm_version
 
 
+def lineage_tags(ctx: RunContext, rm_out: dict, ppo_out: dict, lineage: dict | None) -> dict:
+    """What a registered version records of where it came from: its MLflow parent run, the
+    reward-model and PPO runs, and (retrain) its data batches and the champion it started
+    from."""
+    tags = {"rlhf.parent_run_id": ctx.parent_run_id,
+            "rlhf.reward_model_run_id": rm_out.get("run_id", ""),
+            "rlhf.ppo_run_id": ppo_out.get("run_id", ""), "rlhf.started_from": "sft"}
+    tags.update({k: str(v) for k, v in (lineage or {}).items()})
+    return tags
+
+
 @task(name="register")
 def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict,
-             rm_out: dict, data: dict) -> dict:
-    """Register the policy and the reward model (alias challenger); promote the policy to
-    champion when it beats the current champion."""
+             rm_out: dict, data: dict, lineage: dict | None = None,
+             decision: dict | None = None) -> dict:
+    """Register the policy and the reward model (alias challenger) with lineage tags. The
+    policy becomes champion when ``decision`` says so (retrain gate), else when it beats
+    the current champion's evaluation score; the old champion keeps previous-champion."""
 
     def body(run_id: str) -> dict:
         if not cfg.tracking.register_models:
@@ -137,12 +151,19 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
         version, rm_version = log_models(run_id, ctx.tracking_uri, ppo_out["policy_dir"], name,
                                          rm_out["model_dir"], data["tokenizer"], rm_name, card)
-        client.set_registered_model_alias(name, "challenger", str(version))
-        client.set_registered_model_alias(rm_name, "challenger", str(rm_version))
+        for tag, value in lineage_tags(ctx, rm_out, ppo_out, lineage).items():
+            client.set_model_version_tag(name, str(version), tag, value)
+        client.set_registered_model_alias(name, CHALLENGER, str(version))
+        client.set_registered_model_alias(rm_name, CHALLENGER, str(rm_version))
         score = eval_out["metrics"][key]
-        promoted = current is None or score > current
+        if decision is not None:
+            promoted, reason = bool(decision["promote"]), decision["reason"]
+            client.set_model_version_tag(name, str(version), "rlhf.gate", reason)
+        else:
+            promoted = current is None or score > current
+            reason = f"{key} {score:.4g} vs champion {current}"
         if promoted:
-            client.set_registered_model_alias(name, "champion", str(version))
+            move_champion(client, name, version, "register", reason)
         aliases = "challenger, champion" if promoted else "challenger"
         figures = {"policy": f"models:/{name}/{version} ({aliases})",
                    "reward model": f"models:/{rm_name}/{rm_version} (challenger)",

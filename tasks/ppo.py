@@ -48,8 +48,9 @@ def judge_monitor(judge_name: str):
 
 @task(name="ppo")
 def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: dict,
-        rm_out: dict, norm_out: dict, critic_out: dict) -> dict:
-    """PPO iterations; metrics per iteration (TRL names), sample tables, checkpoints."""
+        rm_out: dict, norm_out: dict, critic_out: dict, reference_dir: str | None = None) -> dict:
+    """PPO iterations from the policy in ``sft_out`` (reference: the same policy, or
+    ``reference_dir``); metrics per iteration (TRL names), sample tables, checkpoints."""
 
     def body(run_id: str) -> dict:
         device = setup_torch(cfg.model)
@@ -57,7 +58,7 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         client = ctx.client()
         tokenizer = load_tokenizer(data["tokenizer"])
         policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
-        ref_policy = load_causal_lm(sft_out["model_dir"], cfg.model.dtype)
+        ref_policy = load_causal_lm(reference_dir or sft_out["model_dir"], cfg.model.dtype)
         value_model = ScalarHeadModel.load(critic_out["model_dir"])  # explicit critic source
         reward_model = ScalarHeadModel.load(rm_out["model_dir"])
         norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())

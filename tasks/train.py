@@ -77,14 +77,16 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
 
 @task(name="reward_model")
 def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
-                 sft_out: dict) -> dict:
-    """Train a scalar-head RM initialised from the SFT checkpoint on preference pairs."""
+                 sft_out: dict, init_dir: str | None = None) -> dict:
+    """Train a scalar-head RM on preference pairs, initialised from the SFT checkpoint (a
+    fresh head), or warm-started from a saved reward model (``init_dir``, a retrain)."""
 
     def body(run_id: str) -> dict:
         device = setup_torch(cfg.model)
         generator = seed_everything(ctx.seed + 1)
         tokenizer = load_tokenizer(data["tokenizer"])
-        model = ScalarHeadModel.from_causal_lm(sft_out["model_dir"], cfg.model.dtype)
+        model = ScalarHeadModel.load(init_dir, cfg.model.dtype) if init_dir else \
+            ScalarHeadModel.from_causal_lm(sft_out["model_dir"], cfg.model.dtype)
         rows = read_jsonl(Path(data["data_dir"]) / "preference.jsonl")
         eval_path = Path(data["data_dir"]) / "preference_eval.jsonl"
         if eval_path.exists():
