@@ -13,7 +13,7 @@ from rlhf_core.optim import seed_everything
 from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch
 from tasks.config import PipelineConfig
 from tasks.registry import CHALLENGER, move_champion
-from tasks.tracking import RunContext
+from tasks.tracking import RunContext, find_stage_run
 
 
 def _judge(name: str):
@@ -128,6 +128,9 @@ def lineage_tags(ctx: RunContext, rm_out: dict, ppo_out: dict, lineage: dict | N
     tags = {"rlhf.parent_run_id": ctx.parent_run_id,
             "rlhf.reward_model_run_id": rm_out.get("run_id", ""),
             "rlhf.ppo_run_id": ppo_out.get("run_id", ""), "rlhf.started_from": "sft"}
+    sft_run = find_stage_run(ctx, "sft")
+    if sft_run is not None:
+        tags["rlhf.sft_run_id"] = sft_run.info.run_id
     tags.update({k: str(v) for k, v in (lineage or {}).items()})
     return tags
 

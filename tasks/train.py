@@ -79,14 +79,17 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
 def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
                  sft_out: dict, init_dir: str | None = None) -> dict:
     """Train a scalar-head RM on preference pairs, initialised from the SFT checkpoint (a
-    fresh head), or warm-started from a saved reward model (``init_dir``, a retrain)."""
+    fresh head) or from ``init_dir`` (a retrain: the champion's reward model, warm start,
+    or a causal LM, fresh head)."""
 
     def body(run_id: str) -> dict:
         device = setup_torch(cfg.model)
         generator = seed_everything(ctx.seed + 1)
         tokenizer = load_tokenizer(data["tokenizer"])
-        model = ScalarHeadModel.load(init_dir, cfg.model.dtype) if init_dir else \
-            ScalarHeadModel.from_causal_lm(sft_out["model_dir"], cfg.model.dtype)
+        init = init_dir or sft_out["model_dir"]
+        model = ScalarHeadModel.load(init, cfg.model.dtype) \
+            if (Path(init) / "scalar_head.json").exists() \
+            else ScalarHeadModel.from_causal_lm(init, cfg.model.dtype)
         rows = read_jsonl(Path(data["data_dir"]) / "preference.jsonl")
         eval_path = Path(data["data_dir"]) / "preference_eval.jsonl"
         if eval_path.exists():
