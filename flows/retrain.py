@@ -46,6 +46,14 @@ def ensure_limit(name: str) -> None:
                 pass
 
 
+def _slot_taken(name: str) -> bool:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
+    return limit.active_slots >= limit.limit
+
+
 @contextmanager
 def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
     """Hold the retrain slot while the body runs -> True; False when another retrain holds
@@ -54,11 +62,14 @@ def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
 
     name = limit_name(config)
     ensure_limit(name)
-    timeout = 1.0 if config.retrain.on_overlap == "skip" else None
+    skip = config.retrain.on_overlap == "skip"
+    if skip and _slot_taken(name):
+        yield False
+        return
     with ExitStack() as stack:
         try:
-            stack.enter_context(concurrency(name, occupy=1, timeout_seconds=timeout,
-                                            strict=True))
+            stack.enter_context(concurrency(name, occupy=1, strict=True,
+                                            timeout_seconds=1.0 if skip else None))
         except TimeoutError:
             yield False
             return
