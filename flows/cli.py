@@ -4,6 +4,7 @@
     rlhf validate [--config FILE] [--set key=value ...]
     rlhf runs [--experiment NAME] [--limit N]
     rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
+    rlhf demo-batch | promote VERSION | rollback   (flows/cli_retrain.py)
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
@@ -20,6 +21,7 @@ from pathlib import Path
 from data_checks.loading import DataError
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
+from tasks.registry import RegistryError
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -148,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     srv.add_argument("--name", help="deployment name (default: the config file's stem)")
     srv.set_defaults(func=cmd_serve)
+    from flows.cli_retrain import add_commands
+
+    add_commands(sub, _config_for)
     return parser
 
 
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError, RegistryError) as err:
         print(f"rlhf: {err}", file=sys.stderr)
         return 2
     except ValidationFailed as err:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import getpass
 import json
 import time
+from typing import TYPE_CHECKING
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
+if TYPE_CHECKING:  # mlflow is imported where used: the CLI imports this module at start
+    from mlflow.tracking import MlflowClient
 
 CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
 LOG_TAG = "rlhf.alias_log"
@@ -24,6 +25,8 @@ class RegistryError(ValueError):
 
 def alias_version(client: MlflowClient, name: str, alias: str):
     """The model version holding ``alias``, or None (no model, no alias)."""
+    from mlflow.exceptions import MlflowException
+
     try:
         return client.get_model_version_by_alias(name, alias)
     except MlflowException:
@@ -44,12 +47,12 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
     version (None when there was none)."""
     version = str(version)
     old = alias_version(client, name, CHAMPION)
-    if old is not None and old.version != version:
-        client.set_registered_model_alias(name, PREVIOUS, old.version)
+    before = None if old is None else str(old.version)  # MLflow 3 gives an int
+    if before is not None and before != version:
+        client.set_registered_model_alias(name, PREVIOUS, before)
     client.set_registered_model_alias(name, CHAMPION, version)
     client.set_model_version_tag(name, version, "rlhf.champion_since",
                                  f"{action}: {reason}")
-    before = None if old is None else old.version
     _record(client, name, {"action": action, "champion": version, "before": before,
                            "reason": reason})
     return before
@@ -57,6 +60,8 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
 
 def promote(client: MlflowClient, name: str, version: str | int, reason: str) -> str | None:
     """By hand: make ``version`` the champion (`rlhf promote`)."""
+    from mlflow.exceptions import MlflowException
+
     try:
         client.get_model_version(name, str(version))
     except MlflowException:
@@ -71,4 +76,4 @@ def rollback(client: MlflowClient, name: str, reason: str) -> tuple[str, str]:
     if previous is None or current is None:
         raise RegistryError(f"'{name}' has no champion and previous-champion to roll back")
     move_champion(client, name, previous.version, "rollback", reason)
-    return current.version, previous.version
+    return str(current.version), str(previous.version)

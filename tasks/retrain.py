@@ -96,12 +96,12 @@ def fetch_champion(ctx: RunContext, cfg: PipelineConfig) -> dict:
     ppo_run = _stage_run_id(client, version, "ppo")
     rm_run = _stage_run_id(client, version, "reward_model")
     sft_run = _stage_run_id(client, version, "sft")
-    out = {"version": version.version, "sft_run_id": sft_run,
+    out = {"version": str(version.version), "sft_run_id": sft_run,
            "policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
            "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
     if "sft" in (cfg.retrain.rm_init, cfg.retrain.reference):
         out["sft_dir"] = client.download_artifacts(sft_run, "checkpoint", str(root / "sft"))
-    set_tags(client, ctx.parent_run_id, {"rlhf.retrain.champion_version": version.version})
+    set_tags(client, ctx.parent_run_id, {"rlhf.retrain.champion_version": out["version"]})
     return out
 
 
