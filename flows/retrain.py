@@ -14,6 +14,7 @@ from contextlib import ExitStack, contextmanager
 
 from prefect import flow
 
+from flows.config import _merge
 from flows.wiring import run_pipeline, tracked, train_policy
 from tasks.config import PipelineConfig
 from tasks.evaluate import register
@@ -139,8 +140,13 @@ def retrain(config: PipelineConfig) -> dict:
         config: The served pipeline config; its ``retrain`` section sets the watched
             folder, the schedule, the data/initialisation choices and the gate.
     """
+    from flows.serve import deployment_parameters
     from tasks.retrain import champion_version
 
+    served = deployment_parameters().get("config")
+    if served:  # a custom run changes fields; the others keep the served config
+        config = PipelineConfig.model_validate(
+            _merge(served, config.model_dump(mode="json", exclude_unset=True)))
     with retrain_slot(config) as acquired:
         if not acquired:
             report("rlhf-retrain-decision", "# Retrain skipped: another retrain is running\n\n"

@@ -11,13 +11,14 @@ signature, so the annotations must be the classes themselves.
 """
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from prefect import flow
 from prefect.types.entrypoint import EntrypointType
 
 from data_checks.config import DataConfig, ValidationConfig
-from flows.config import _merge
+from flows.config import ConfigError, _merge
 from flows.wiring import run_pipeline
 from rlhf_core.config import (
     EvalConfig,
@@ -47,7 +48,7 @@ def _given(value: Any) -> Any:
     return value
 
 
-def _deployment_parameters() -> dict[str, Any]:
+def deployment_parameters() -> dict[str, Any]:
     """The served config stored on this run's deployment ({} outside a deployment run)."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import deployment
@@ -108,7 +109,7 @@ def rlhf_pipeline_served(
     given = {"seed": seed, "demo": demo, "data": data, "model": model,
              "validation": validation, "sft": sft, "reward": reward,
              "reward_norm": reward_norm, "ppo": ppo, "eval": eval, "tracking": tracking}
-    served = _deployment_parameters() or served_parameters(PipelineConfig())
+    served = deployment_parameters() or served_parameters(PipelineConfig())
     config, changed = resolve_config(given, served)
     if changed:
         print(f"overrides of the served config: {json.dumps(changed)}")
@@ -123,8 +124,44 @@ def pipeline_deployment(config: PipelineConfig, name: str):
                     "the served config.")
 
 
-def serve(config: PipelineConfig, name: str) -> None:
-    """Serve the deployments until interrupted (blocks)."""
-    from prefect import serve as prefect_serve
+def schedules(config: PipelineConfig) -> list | None:
+    """``retrain.schedule`` as Prefect schedules (None: manual runs only)."""
+    from prefect.schedules import Cron, Interval
 
-    prefect_serve(pipeline_deployment(config, name))
+    s = config.retrain.schedule
+    if s is None:
+        return None
+    if s.cron is not None:
+        return [Cron(s.cron, timezone=s.timezone)]
+    return [Interval(timedelta(seconds=s.interval_s))]
+
+
+def retrain_deployment(config: PipelineConfig, name: str):
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
+    from flows.retrain import retrain
+
+    # one retrain at a time: a run that finds one running is cancelled before it starts
+    # (skip) or queued (wait); the flow's own slot (flows/retrain.py) covers direct calls
+    strategy = ConcurrencyLimitStrategy.CANCEL_NEW if config.retrain.on_overlap == "skip" \
+        else ConcurrencyLimitStrategy.ENQUEUE
+    return retrain.to_deployment(
+        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        schedules=schedules(config), entrypoint_type=EntrypointType.MODULE_PATH,
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=strategy),
+        description=f"Retrain on new preference batches in {config.retrain.watch_dir}; "
+                    "champion moves only on a significant win.")
+
+
+def serve(config: PipelineConfig, name: str) -> None:
+    """Serve both deployments until interrupted (blocks). Needs a Prefect server."""
+    from prefect import serve as prefect_serve
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.retrain import ensure_limit, limit_name
+
+    if not PREFECT_API_URL.value():
+        raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "
+                          "`export PREFECT_API_URL=http://127.0.0.1:4200/api`")
+    ensure_limit(limit_name(config))
+    prefect_serve(pipeline_deployment(config, name), retrain_deployment(config, name))

@@ -64,10 +64,10 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def prefect_server(home: Path):
+def prefect_server(home: Path, extra_env: dict[str, str] | None = None):
     """`prefect server start` on a free port -> (api_url, env for clients)."""
     home.mkdir(parents=True, exist_ok=True)
-    port, env, log = free_port(), base_env(home), home / "server.log"
+    port, env, log = free_port(), {**base_env(home), **(extra_env or {})}, home / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
                                  "127.0.0.1", "--port", str(port)], env=env, stdout=out,
