@@ -12,6 +12,7 @@ from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.optim import seed_everything
 from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch
 from tasks.config import PipelineConfig
+from tasks.progress import StageProgress
 from tasks.registry import CHALLENGER, move_champion
 from tasks.tracking import RunContext, find_stage_run
 
@@ -51,10 +52,14 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
             path = Path(data["data_dir"]) / "prompts.jsonl"
         prompts = [r["prompt"] for r in read_jsonl(path)][: cfg.eval.num_prompts]
         e = cfg.eval
+        live = StageProgress("evaluate", 2)
+        live(0)
         sft_samples = sample_policy(ref, ref, rm, tokenizer, prompts, e.temperature,
                                     e.max_new_tokens, device, e.batch_size)
+        live(1)  # SFT policy sampled
         pol_samples = sample_policy(policy, ref, rm, tokenizer, prompts, e.temperature,
                                     e.max_new_tokens, device, e.batch_size)
+        live(2)  # PPO policy sampled
         judge_name = e.judge if e.judge != "none" else prep["judge"]
         metrics, rows = compare_policies(sft_samples, pol_samples, prompts, _judge(judge_name))
         client = ctx.client()

@@ -15,22 +15,8 @@ from rlhf_core.optim import seed_everything
 from rlhf_core.ppo import PPOTrainer
 from tasks.common import metric_logger, read_json, read_jsonl, run_stage, setup_torch, write_json
 from tasks.config import PipelineConfig
+from tasks.progress import StageProgress
 from tasks.tracking import RunContext
-
-
-def _progress_artifact(iteration: int, total: int, artifact_id):
-    """A Prefect progress artifact (0-100%), created once then updated."""
-    try:
-        from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-        pct = 100.0 * iteration / total
-        if artifact_id is None:
-            return create_progress_artifact(progress=pct, key="rlhf-ppo-progress",
-                                            description="PPO iterations")
-        update_progress_artifact(artifact_id=artifact_id, progress=pct)
-    except Exception:  # noqa: BLE001 - outside a Prefect run there is no artifact store
-        return artifact_id
-    return artifact_id
 
 
 def judge_monitor(judge_name: str):
@@ -70,18 +56,15 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         out_root = ctx.stage_dir("ppo")
         samples_path = out_root / "samples.json"  # survives a crash: rows up to the last save
         samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
-        log = metric_logger(ctx, run_id)
-        state = {"artifact": None}
+        log = StageProgress("ppo", cfg.ppo.iterations, metric_logger(ctx, run_id))
 
         def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
-            log(iteration, metrics)
+            log(iteration, metrics)  # MLflow, progress artifact, log line
             if rows:
                 samples[:] = [r for r in samples if r["iteration"] < iteration] + rows
                 write_json(samples_path, samples)
                 client.log_table(run_id, data=pd.DataFrame(rows),
                                  artifact_file=f"samples/iter_{iteration:05d}.json")
-            state["artifact"] = _progress_artifact(iteration, cfg.ppo.iterations,
-                                                   state["artifact"])
 
         ck = trainer.checkpointer(out_root / "checkpoints", cfg.tracking.keep_checkpoints)
         last = trainer.train(on_iteration, progress=ctx.progress,

@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import task
 
 from rlhf_core.checkpoint import save_policy, save_scalar_model
+from rlhf_core.loop import total_steps
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer, resize_for_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.reward import (
@@ -26,6 +27,7 @@ from tasks.common import (
     write_json,
 )
 from tasks.config import PipelineConfig
+from tasks.progress import StageProgress
 from tasks.tracking import RunContext
 
 
@@ -63,7 +65,9 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
         log = metric_logger(ctx, run_id)
         ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model},
                           cfg.sft.checkpoint_every)
-        last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, log,
+        live = StageProgress("sft", total_steps(len(rows), cfg.sft.batch_size, cfg.sft.epochs),
+                             log)
+        last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, live,
                          ctx.progress, ck)
         out_dir = save_policy(model, tokenizer, ctx.stage_dir("sft") / "model")
         ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
@@ -100,7 +104,9 @@ def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
         log = metric_logger(ctx, run_id)
         ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "reward_model", {"model": model},
                           cfg.reward.checkpoint_every)
-        train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, log,
+        live = StageProgress("reward_model", total_steps(len(rows), cfg.reward.batch_size,
+                                                         cfg.reward.epochs), log)
+        train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, live,
                            ctx.progress, ck)
         metrics = evaluate_reward_model(model, tokenizer, held_out, device)
         gold = _gold_accuracy(model, tokenizer, held_out, prep["judge"], device)

@@ -41,7 +41,7 @@ def served(tmp_path_factory):
             pipeline = wait_deployment(client, "rlhf_pipeline/test", proc, log)
             retrain = wait_deployment(client, "retrain/test", proc, log)
             yield {"client": client, "pipeline": pipeline, "retrain": retrain,
-                   "mlflow": MlflowClient(uri), "log": log}
+                   "mlflow": MlflowClient(uri), "log": log, "env": env}
 
 
 def _runs_of(client, deployment_id):
@@ -138,3 +138,22 @@ def test_one_field_override_keeps_the_rest_and_shows_in_mlflow(served, pipeline_
     assert params["ppo.iterations"] == "3" and params["ppo.rollout_batch_size"] == "16"
 
 
+
+
+def test_prefect_deploy_registers_the_prefect_yaml_deployments(served):
+    import subprocess
+    import sys
+
+    env = {**served["env"], "RLHF_REPO_DIR": str(ROOT)}
+    prefect = [sys.executable, "-m", "prefect"]
+    subprocess.run([*prefect, "work-pool", "create", "rlhf-process", "--type", "process"],
+                   env=env, cwd=ROOT, check=True, capture_output=True, timeout=120)
+    out = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = served["client"]
+    pipeline = client.read_deployment_by_name("rlhf_pipeline/demo")
+    assert pipeline.work_pool_name == "rlhf-process"
+    assert pipeline.parameters["demo"]["enabled"] is True
+    assert "PPOConfig" in pipeline.parameter_openapi_schema["definitions"]
+    assert client.read_deployment_by_name("retrain/demo").work_pool_name == "rlhf-process"
