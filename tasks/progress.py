@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from tasks.common import in_prefect_run
 from tasks.tracking import StepLogger
 
 SHOWN = ("train/loss", "train/accuracy", "objective/scores", "objective/kl",
@@ -30,6 +31,8 @@ class StageProgress:
         self.logger = _logger()
 
     def _artifact(self, pct: float) -> None:
+        if not in_prefect_run():  # no API to talk to (and no temporary server to start)
+            return
         try:
             from prefect.artifacts import create_progress_artifact, update_progress_artifact
 

@@ -13,7 +13,7 @@ def test_forwards_metrics_and_logs_a_line_per_call(caplog):
         live(2, {"train/loss": 1.5})
         live(4, {"train/loss": 1.25})
     assert seen == [(2, {"train/loss": 1.5}), (4, {"train/loss": 1.25})]
-    lines = [r.getMessage() for r in caplog.records]
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlhf.progress"]
     assert lines == ["sft: step 2/4 (50%) train/loss=1.5", "sft: step 4/4 (100%) train/loss=1.25"]
 
 
