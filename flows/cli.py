@@ -4,6 +4,8 @@
     rlhf validate [--config FILE] [--set key=value ...]
     rlhf sweep [--config FILE] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--max-concurrent N]
     rlhf runs [--experiment NAME] [--limit N]
+    rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
+    rlhf demo-batch | promote VERSION | rollback   (flows/cli_retrain.py)
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
@@ -225,6 +227,15 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def cmd_serve(args) -> int:
+    from flows.serve import serve
+
+    cfg = _config_for(args)
+    name = args.name or Path(args.config or DEMO_CONFIG).stem
+    serve(cfg, name)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlhf", description="RLHF with PPO on Prefect + MLflow",
@@ -259,6 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--limit", type=positive_int, default=10,
                       help="how many runs (newest first)")
     runs.set_defaults(func=cmd_runs)
+    srv = sub.add_parser("serve", help="serve the pipeline and retrain deployments (blocks)")
+    srv.add_argument("--config", type=Path, help="served config (default: the demo)")
+    srv.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    srv.add_argument("--name", help="deployment name (default: the config file's stem)")
+    srv.set_defaults(func=cmd_serve)
+    from flows.cli_retrain import add_commands
+
+    add_commands(sub, _config_for)
     return parser
 
 

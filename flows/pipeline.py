@@ -1,15 +1,13 @@
-"""The RLHF pipeline flow: wiring only (SPEC stages 1-8, each one task and one child run)."""
+"""The RLHF pipeline flow: wiring only (SPEC stages 1-8, each one task and one child run).
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Prefect builds the parameter model of a
+deployment from the signature, so the annotations must be the classes, not strings.
+"""
 
 from prefect import flow
 
-from flows.stages import rl_stages, shared_stages
+from flows.wiring import run_pipeline
 from tasks.config import PipelineConfig
-from tasks.evaluate import register
-from tasks.finish import fail_parent, finish
-from tasks.prepare import prepare
-from tasks.tracking import RunContext, system_metrics
 
 
 def _flow_run_name() -> str:
@@ -25,16 +23,4 @@ def _flow_run_name() -> str:
 def rlhf_pipeline(config: PipelineConfig, resume_run_id: str | None = None) -> dict:
     """validate -> sft -> reward_model -> reward_norm -> critic_init -> ppo -> evaluate ->
     register, tracked in MLflow (one parent run, one child run per stage)."""
-    prep = prepare(config, resume_run_id)
-    ctx = RunContext.model_validate(prep["ctx"])
-    tracking = config.tracking
-    try:
-        with system_metrics(ctx, tracking.system_metrics, tracking.system_metrics_interval_s):
-            outputs = shared_stages(ctx, config, prep)
-            outputs.update(rl_stages(ctx, config, prep, outputs))
-            outputs["register"] = register(ctx, config, outputs["ppo"], outputs["evaluate"],
-                                           outputs["reward_model"], outputs["validate"])
-    except BaseException:
-        fail_parent(ctx)
-        raise
-    return finish(ctx, outputs)
+    return run_pipeline(config, resume_run_id)

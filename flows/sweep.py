@@ -5,15 +5,13 @@ The sweep's own MLflow run holds the shared stages and the summary (table, 95% C
 seeds, reward/KL frontier plot). A failed point is recorded and the others go on.
 """
 
-from __future__ import annotations
-
 import time
 from typing import Any
 
 from prefect import flow, task
 
 from flows.config import grid_points
-from flows.stages import rl_stages, shared_stages
+from flows.wiring import rl_stages, shared_stages
 from tasks.config import PipelineConfig
 from tasks.finish import fail_parent, finish
 from tasks.prepare import prepare

@@ -231,3 +231,26 @@ def build_demo_assets(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = Dem
     tok = build_demo_tokenizer(texts, root / "base_model")
     paths["base_model"] = build_demo_model(tok, root / "base_model", seed=seed, **model_kwargs)
     return paths
+
+
+def preference_batch(n: int, seed: int, degraded: bool = False) -> list[dict]:
+    """A new batch of demo preference pairs (same hidden judge, labelled with its noise);
+    ``degraded``: every pair whose replies the judge orders is labelled the other way."""
+    rows = _pairs(n, random.Random(seed), held_out=False)
+    if not degraded:
+        return rows
+    out = []
+    for r in rows:
+        a, b = judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"])
+        worse, better = (r["chosen"], r["rejected"]) if a < b else (r["rejected"], r["chosen"])
+        out.append({"prompt": r["prompt"], "chosen": worse, "rejected": better})
+    return out
+
+
+def write_preference_batch(folder: str | Path, n: int, seed: int,
+                           degraded: bool = False) -> Path:
+    """``preference_batch`` as ``<folder>/batch-<seed>[-degraded].jsonl``."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"batch-{seed}{'-degraded' if degraded else ''}.jsonl"
+    return _write_jsonl(out / name, preference_batch(n, seed, degraded))

@@ -22,6 +22,7 @@ from rlhf_core.config import (
     RewardNormConfig,
     SFTConfig,
 )
+from tasks.retrain_config import RetrainConfig
 
 
 class DemoConfig(BaseModel):
@@ -71,6 +72,7 @@ class PipelineConfig(BaseModel):
     ppo: PPOConfig = Field(PPOConfig())
     eval: EvalConfig = Field(EvalConfig())
     tracking: TrackingConfig = Field(TrackingConfig())
+    retrain: RetrainConfig = Field(RetrainConfig(), description="Scheduled retraining.")
 
     def short_name(self) -> str:
         """model + data + short config hash, e.g. ``pythia-160m-hh-3fa2c1`` (run names)."""

@@ -13,7 +13,9 @@ from rlhf_core.optim import seed_everything
 from tasks.common import metric_logger, read_jsonl, run_stage, setup_models, stage_params
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
-from tasks.tracking import RunContext
+from tasks.progress import StageProgress
+from tasks.registry import CHALLENGER, move_champion
+from tasks.tracking import RunContext, find_stage_run
 
 
 def _table_artifact(rows: list[dict]) -> None:
@@ -43,10 +45,14 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
             path = Path(data["data_dir"]) / "prompts.jsonl"
         prompts = [r["prompt"] for r in read_jsonl(path)][: cfg.eval.num_prompts]
         e = cfg.eval
+        live = StageProgress("evaluate", 2)
+        live(0)
         sft_samples = sample_policy(ref, None, rm, tokenizer, prompts, e.temperature,
                                     e.max_new_tokens, device, e.batch_size, spec.precision)
+        live(1)  # SFT policy sampled
         pol_samples = sample_policy(policy, ref, rm, tokenizer, prompts, e.temperature,
                                     e.max_new_tokens, device, e.batch_size, spec.precision)
+        live(2)  # PPO policy sampled
         metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
                                          resolve_judge(prep["judge"]))
         client = ctx.client()
@@ -114,11 +120,27 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
     return info.registered_model_version, rm_version
 
 
+def lineage_tags(ctx: RunContext, rm_out: dict, ppo_out: dict, lineage: dict | None) -> dict:
+    """What a registered version records of where it came from: its MLflow parent run, the
+    reward-model and PPO runs, and (retrain) its data batches and the champion it started
+    from."""
+    tags = {"rlhf.parent_run_id": ctx.parent_run_id,
+            "rlhf.reward_model_run_id": rm_out.get("run_id", ""),
+            "rlhf.ppo_run_id": ppo_out.get("run_id", ""), "rlhf.started_from": "sft"}
+    sft_run = find_stage_run(ctx, "sft")
+    if sft_run is not None:
+        tags["rlhf.sft_run_id"] = sft_run.info.run_id
+    tags.update({k: str(v) for k, v in (lineage or {}).items()})
+    return tags
+
+
 @task(name="register")
 def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict,
-             rm_out: dict, data: dict) -> dict:
-    """Register the policy and the reward model (alias challenger); promote the policy to
-    champion when it beats the current champion."""
+             rm_out: dict, data: dict, lineage: dict | None = None,
+             decision: dict | None = None) -> dict:
+    """Register the policy and the reward model (alias challenger) with lineage tags. The
+    policy becomes champion when ``decision`` says so (retrain gate), else when it beats
+    the current champion's evaluation score; the old champion keeps previous-champion."""
 
     def body(run_id: str) -> dict:
         if not cfg.tracking.register_models:
@@ -132,12 +154,19 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         version, rm_version = log_models(run_id, ctx.tracking_uri, ppo_out["policy_dir"], name,
                                          rm_out["model_dir"], data["tokenizer"], rm_name, card,
                                          setup_models(cfg.model)[1])
-        client.set_registered_model_alias(name, "challenger", str(version))
-        client.set_registered_model_alias(rm_name, "challenger", str(rm_version))
+        for tag, value in lineage_tags(ctx, rm_out, ppo_out, lineage).items():
+            client.set_model_version_tag(name, str(version), tag, value)
+        client.set_registered_model_alias(name, CHALLENGER, str(version))
+        client.set_registered_model_alias(rm_name, CHALLENGER, str(rm_version))
         score = eval_out["metrics"][key]
-        promoted = current is None or score > current
+        if decision is not None:
+            promoted, reason = bool(decision["promote"]), decision["reason"]
+            client.set_model_version_tag(name, str(version), "rlhf.gate", reason)
+        else:
+            promoted = current is None or score > current
+            reason = f"{key} {score:.4g} vs champion {current}"
         if promoted:
-            client.set_registered_model_alias(name, "champion", str(version))
+            move_champion(client, name, version, "register", reason)
         aliases = "challenger, champion" if promoted else "challenger"
         figures = {"policy": f"models:/{name}/{version} ({aliases})",
                    "reward model": f"models:/{rm_name}/{rm_version} (challenger)",

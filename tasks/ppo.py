@@ -27,22 +27,8 @@ from tasks.common import (
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.memory import peak_memory, state_bytes
+from tasks.progress import StageProgress
 from tasks.tracking import RunContext
-
-
-def _progress_artifact(iteration: int, total: int, artifact_id):
-    """A Prefect progress artifact (0-100%), created once then updated."""
-    try:
-        from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-        pct = 100.0 * iteration / total
-        if artifact_id is None:
-            return create_progress_artifact(progress=pct, key="rlhf-ppo-progress",
-                                            description="PPO iterations")
-        update_progress_artifact(artifact_id=artifact_id, progress=pct)
-    except Exception:  # noqa: BLE001 - outside a Prefect run there is no artifact store
-        return artifact_id
-    return artifact_id
 
 
 def judge_monitor(judge_name: str):
@@ -80,8 +66,9 @@ def overoptimisation(judge_name: str, sft_rows: list[dict], norm_stats: dict):
 
 @task(name="ppo")
 def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: dict,
-        rm_out: dict, norm_out: dict, critic_out: dict) -> dict:
-    """PPO iterations; metrics per iteration (TRL names), sample tables, checkpoints."""
+        rm_out: dict, norm_out: dict, critic_out: dict, reference_dir: str | None = None) -> dict:
+    """PPO iterations from the policy in ``sft_out`` (reference: the same policy, or
+    ``reference_dir``); metrics per iteration (TRL names), sample tables, checkpoints."""
 
     def body(run_id: str) -> dict:
         device, spec = setup_models(cfg.model)
@@ -89,10 +76,11 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         client = ctx.client()
         tokenizer = load_tokenizer(data["tokenizer"], spec)
         # explicit critic source (none for a critic-free estimator); with model.lora:
-        # adapters over the SFT and RM trunks
+        # adapters over the SFT and RM trunks (the reference is the start policy's weights)
         critic_dir = critic_out["model_dir"] if cfg.ppo.uses_critic else None
         policy, ref_policy, value_model, reward_model = ppo_models(
-            sft_out["model_dir"], sft_out["model_dir"], critic_dir, rm_out["model_dir"], spec)
+            sft_out["model_dir"], reference_dir or sft_out["model_dir"], critic_dir,
+            rm_out["model_dir"], spec)
         norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
         prompts = [encode(tokenizer, r["prompt"])
                    for r in read_jsonl(Path(data["data_dir"]) / "prompts.jsonl")]
@@ -104,21 +92,18 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         out_root = ctx.stage_dir("ppo")
         samples_path = out_root / "samples.json"  # survives a crash: rows up to the last save
         samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
-        log = metric_logger(ctx, run_id)
-        state = {"artifact": None}
+        log = StageProgress("ppo", cfg.ppo.iterations, metric_logger(ctx, run_id))
 
         judged = overoptimisation(prep["judge"], sft_rows, norm_stats)
 
         def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
             metrics = judged(metrics, rows) if judged else metrics
-            log(iteration, metrics)
+            log(iteration, metrics)  # MLflow, progress artifact, log line
             if rows:
                 samples[:] = [r for r in samples if r["iteration"] < iteration] + rows
                 write_json(samples_path, samples)
                 client.log_table(run_id, data=pd.DataFrame(rows),
                                  artifact_file=f"samples/iter_{iteration:05d}.json")
-            state["artifact"] = _progress_artifact(iteration, cfg.ppo.iterations,
-                                                   state["artifact"])
 
         ck = trainer.checkpointer(out_root / "checkpoints", cfg.tracking.keep_checkpoints)
         with peak_memory() as memory:

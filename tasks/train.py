@@ -9,6 +9,7 @@ from prefect import task
 from rlhf_core.checkpoint import save_policy, save_scalar_model
 from rlhf_core.distributed import DataParallel
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer, new_scalar_model
+from rlhf_core.loop import total_steps
 from rlhf_core.models import resize_for_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.reward import (
@@ -31,6 +32,7 @@ from tasks.common import (
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.launch import rank_logger, stage_body
+from tasks.progress import StageProgress
 from tasks.tracking import RunContext
 
 
@@ -67,7 +69,9 @@ def sft_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, run_
     log = rank_logger(ctx, run_id, "sft", dp)
     ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model},
                       cfg.sft.checkpoint_every)
-    last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, log,
+    live = log if dp is not None else StageProgress(  # Prefect progress artifact + log line
+        "sft", total_steps(len(rows), cfg.sft.batch_size, cfg.sft.epochs), log)
+    last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, live,
                      ctx.progress and dp is None, ck, precision=spec.precision, dp=dp)
     if dp is not None and not dp.is_main:
         return None
@@ -87,14 +91,18 @@ def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict) -> dict:
 
 
 def reward_model_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
-                       sft_out: dict, run_id: str, dp: DataParallel | None = None
-                       ) -> dict | None:
-    """The reward_model stage's work, in the task's process or on each torchrun rank."""
+                       sft_out: dict, run_id: str, dp: DataParallel | None = None,
+                       init_dir: str | None = None) -> dict | None:
+    """The reward_model stage's work, in the task's process or on each torchrun rank.
+    Initialised from the SFT checkpoint (a fresh head) or from ``init_dir`` (a retrain: the
+    champion's reward model, warm start, or a causal LM, fresh head)."""
     device, spec = setup_models(cfg.model)
     device = dp.device if dp is not None else device
     generator = seed_everything(ctx.seed + 1)
     tokenizer = load_tokenizer(data["tokenizer"], spec)
-    model = new_scalar_model(sft_out["model_dir"], spec)
+    init = init_dir or sft_out["model_dir"]
+    model = load_scalar_model(init, spec) if (Path(init) / "scalar_head.json").exists() \
+        else new_scalar_model(init, spec)
     rows = read_jsonl(Path(data["data_dir"]) / "preference.jsonl")
     eval_path = Path(data["data_dir"]) / "preference_eval.jsonl"
     if eval_path.exists():
@@ -105,7 +113,9 @@ def reward_model_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: d
     log = rank_logger(ctx, run_id, "reward_model", dp)
     ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "reward_model", {"model": model},
                       cfg.reward.checkpoint_every)
-    train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, log,
+    live = log if dp is not None else StageProgress("reward_model", total_steps(
+        len(rows), cfg.reward.batch_size, cfg.reward.epochs), log)
+    train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, live,
                        ctx.progress and dp is None, ck, precision=spec.precision, dp=dp)
     if dp is not None and not dp.is_main:
         return None
@@ -125,11 +135,11 @@ def reward_model_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: d
 
 @task(name="reward_model")
 def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict,
-                 sft_out: dict) -> dict:
-    """Train a scalar-head RM initialised from the SFT checkpoint on preference pairs."""
+                 sft_out: dict, init_dir: str | None = None) -> dict:
+    """Train a scalar-head RM on preference pairs, from the SFT checkpoint or ``init_dir``."""
     return run_stage(ctx, "reward_model", stage_body(ctx, cfg, "reward_model",
                                                      reward_model_stage, prep=prep, data=data,
-                                                     sft_out=sft_out),
+                                                     sft_out=sft_out, init_dir=init_dir),
                      stage_params(cfg, "reward", "model"))
 
 

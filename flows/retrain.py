@@ -1,0 +1,164 @@
+"""The retrain flow: new preference batches -> validate -> reward model -> PPO from the
+champion -> gate against the champion -> register (champion moves only on a win).
+
+No new batch: nothing trains, the run ends in seconds. No champion yet: the whole pipeline
+runs on the data plus the batches and its result becomes champion. One retrain at a time
+(a Prefect global concurrency limit); a run that finds one running skips or waits.
+
+No ``from __future__ import annotations`` (Prefect reads the signature's classes).
+"""
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from prefect import flow
+
+from flows.config import _merge
+from flows.wiring import run_pipeline, tracked, train_policy
+from tasks.config import PipelineConfig
+from tasks.evaluate import register
+from tasks.finish import finish
+from tasks.gate import gate
+from tasks.prepare import prepare
+from tasks.retrain import add_batches, fetch_champion, find_batches, mark_consumed, report
+from tasks.tracking import RunContext
+from tasks.validate import validate
+
+
+def limit_name(config: PipelineConfig) -> str:
+    return f"rlhf-retrain-{config.tracking.registered_policy}"
+
+
+def ensure_limit(name: str) -> None:
+    """Create the one-slot global concurrency limit if the server has none by that name."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:
+                pass
+
+
+def _slot_taken(name: str) -> bool:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
+    return limit.active_slots >= limit.limit
+
+
+@contextmanager
+def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
+    """Hold the retrain slot while the body runs -> True; False when another retrain holds
+    it and ``retrain.on_overlap`` is skip (wait: block until it is free)."""
+    from prefect.concurrency.sync import concurrency
+
+    name = limit_name(config)
+    ensure_limit(name)
+    skip = config.retrain.on_overlap == "skip"
+    if skip and _slot_taken(name):
+        yield False
+        return
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(concurrency(name, occupy=1, strict=True,
+                                            timeout_seconds=1.0 if skip else None))
+        except TimeoutError:
+            yield False
+            return
+        yield True
+
+
+def _with_retrain_iterations(config: PipelineConfig) -> PipelineConfig:
+    n = config.retrain.ppo_iterations
+    if n is None:
+        return config
+    return config.model_copy(update={"ppo": config.ppo.model_copy(update={"iterations": n})})
+
+
+def bootstrap(config: PipelineConfig, batches: list[dict]) -> dict:
+    """No champion yet: the whole pipeline on the data + batches; its result is champion."""
+    digests = json.dumps([b["digest"] for b in batches])
+
+    def with_batches(ctx: RunContext, prep: dict) -> dict:
+        return add_batches(ctx, config, prep, batches)
+
+    result = run_pipeline(config, prep_hook=with_batches,
+                          lineage={"rlhf.batches": digests, "rlhf.started_from": "none"})
+    ctx = RunContext(tracking_uri=result["tracking_uri"], experiment_id=result["experiment_id"],
+                     parent_run_id=result["parent_run_id"], workdir=result["workdir"],
+                     seed=config.seed)
+    mark_consumed(ctx, batches)
+    report("rlhf-retrain-decision", f"# Retrain: first champion\n\nNo champion existed: the "
+           f"whole pipeline ran on the data and {len(batches)} batch(es); its policy is "
+           f"champion.\n\nMLflow parent run: `{ctx.parent_run_id}`\n", "retrain outcome")
+    return {"status": "bootstrapped", **result}
+
+
+def challenge(config: PipelineConfig, batches: list[dict]) -> dict:
+    """Retrain from the champion on the batches; the gate decides on promotion."""
+    prep = prepare(config)
+    ctx = RunContext.model_validate(prep["ctx"])
+    with tracked(ctx, config):
+        champion = fetch_champion(ctx, config)
+        prep = add_batches(ctx, config, prep, batches, champion)
+        data = validate(ctx, config, prep)
+        r = config.retrain
+        reference = champion["sft_dir"] if r.reference == "sft" else champion["policy_dir"]
+        rm_init = champion["sft_dir"] if r.rm_init == "sft" else champion["rm_dir"]
+        trained = train_policy(ctx, _with_retrain_iterations(config), prep, data,
+                               {"model_dir": champion["policy_dir"]}, rm_init_dir=rm_init,
+                               reference_dir=reference)
+        gate_out = gate(ctx, config, prep, data, champion, trained["ppo"],
+                        trained["reward_model"], reference)
+        lineage = {"rlhf.batches": json.dumps([b["digest"] for b in batches]),
+                   "rlhf.started_from": f"champion v{champion['version']}",
+                   "rlhf.champion_version": champion["version"],
+                   "rlhf.sft_run_id": champion["sft_run_id"]}
+        reg = register(ctx, config, trained["ppo"], gate_out, trained["reward_model"], data,
+                       lineage=lineage, decision=gate_out["decision"])
+        mark_consumed(ctx, batches)
+    result = finish(ctx, {"validate": data, **trained, "gate": gate_out, "register": reg})
+    return {"status": "promoted" if gate_out["decision"]["promote"] else "kept",
+            "reason": gate_out["decision"]["reason"], **result}
+
+
+@flow(name="retrain", flow_run_name="retrain", log_prints=True)
+def retrain(config: PipelineConfig) -> dict:
+    """Consume new preference batches from ``retrain.watch_dir``: retrain from the champion
+    and promote the challenger only when the gate says so.
+
+    Args:
+        config: The served pipeline config; its ``retrain`` section sets the watched
+            folder, the schedule, the data/initialisation choices and the gate.
+    """
+    from flows.serve import deployment_parameters
+    from tasks.retrain import champion_version
+
+    served = deployment_parameters().get("config")
+    if served:  # a custom run changes fields; the others keep the served config
+        config = PipelineConfig.model_validate(
+            _merge(served, config.model_dump(mode="json", exclude_unset=True)))
+    with retrain_slot(config) as acquired:
+        if not acquired:
+            report("rlhf-retrain-decision", "# Retrain skipped: another retrain is running\n\n"
+                   f"`retrain.on_overlap` is skip; the slot `{limit_name(config)}` is held.\n",
+                   "retrain outcome")
+            return {"status": "skipped"}
+        batches = find_batches(config)
+        if champion_version(config) is None:
+            return bootstrap(config, batches["new"])
+        if not batches["new"]:
+            report("rlhf-retrain-decision", f"# Retrain: nothing new\n\nNo new batch in "
+                   f"`{config.retrain.watch_dir}` ({len(batches['consumed'])} consumed); "
+                   "nothing trained, champion unchanged.\n", "retrain outcome")
+            return {"status": "nothing new", "consumed": len(batches["consumed"])}
+        return challenge(config, batches["new"])

@@ -1,0 +1,167 @@
+"""`rlhf serve`: the pipeline and the retrain flow as Prefect deployments, served from one
+long-running process (``prefect.serve``, each flow run a subprocess; no Docker, no worker).
+
+The pipeline deployment's parameters are the config sections, typed, so the UI's "Custom
+run" form shows every field with its description; the deployment stores the served config
+as their values (the demo by default). A run merges what it was given onto the served
+config, field by field: changing one field keeps all the others.
+
+No ``from __future__ import annotations``: Prefect builds the parameter model from the
+signature, so the annotations must be the classes themselves.
+"""
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from prefect import flow
+from prefect.types.entrypoint import EntrypointType
+
+from data_checks.config import DataConfig, ValidationConfig
+from flows.config import ConfigError, _merge
+from flows.wiring import run_pipeline
+from rlhf_core.config import (
+    EvalConfig,
+    ModelConfig,
+    PPOConfig,
+    RewardConfig,
+    RewardNormConfig,
+    SFTConfig,
+)
+from tasks.config import DemoConfig, PipelineConfig, TrackingConfig, flatten
+
+SECTIONS = ("seed", "demo", "data", "model", "validation", "sft", "reward", "reward_norm",
+            "ppo", "eval", "tracking")
+
+
+def served_parameters(config: PipelineConfig) -> dict[str, Any]:
+    """The deployment's stored parameter values: the served config, section by section."""
+    dump = config.model_dump(mode="json")
+    return {name: dump[name] for name in SECTIONS}
+
+
+def _given(value: Any) -> Any:
+    """What a run was given for one section: only the fields it set (a partial section
+    keeps the served values of the others)."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_unset=True)
+    return value
+
+
+def deployment_parameters() -> dict[str, Any]:
+    """The served config stored on this run's deployment ({} outside a deployment run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import deployment
+
+    if deployment.id is None:
+        return {}
+    with get_client(sync_client=True) as client:
+        return dict(client.read_deployment(deployment.id).parameters or {})
+
+
+def resolve_config(given: dict[str, Any], served: dict[str, Any]) -> tuple[PipelineConfig, dict]:
+    """served config <- the fields a run set -> (config, {dotted key: new value} changed)."""
+    tree = dict(served)
+    for name, value in given.items():
+        part = _given(value)
+        if isinstance(part, dict) and isinstance(tree.get(name), dict):
+            tree[name] = _merge(tree[name], part)
+        else:
+            tree[name] = part
+    config = PipelineConfig.model_validate(tree)
+    before = flatten(PipelineConfig.model_validate(served).model_dump(mode="json"))
+    after = flatten(config.model_dump(mode="json"))
+    changed = {k: v for k, v in after.items() if before.get(k) != v}
+    return config, changed
+
+
+@flow(name="rlhf_pipeline", flow_run_name="rlhf-pipeline", log_prints=True)
+def rlhf_pipeline_served(
+    seed: int = 0,
+    demo: DemoConfig = DemoConfig(),
+    data: DataConfig | None = None,
+    model: ModelConfig = ModelConfig(),
+    validation: ValidationConfig = ValidationConfig(),
+    sft: SFTConfig = SFTConfig(),
+    reward: RewardConfig = RewardConfig(),
+    reward_norm: RewardNormConfig = RewardNormConfig(),
+    ppo: PPOConfig = PPOConfig(),
+    eval: EvalConfig = EvalConfig(),
+    tracking: TrackingConfig = TrackingConfig(),
+    resume_run_id: str | None = None,
+) -> dict:
+    """The whole RLHF pipeline with the served config; fields you change override it.
+
+    Args:
+        seed: Seed for every stage (data order, init, sampling).
+        demo: The embedded demo: synthetic data with a gold judge and a tiny GPT-2.
+        data: Data sources: SFT demonstrations, preference pairs, prompts (empty: demo data).
+        model: Base model and where to train it.
+        validation: The data gate: token budgets and allowed truncated/dropped shares.
+        sft: Supervised fine-tuning on the demonstrations.
+        reward: Reward-model training on the preference pairs.
+        reward_norm: Reward normalisation on the SFT set.
+        ppo: PPO: rollouts, KL penalty, GAE, clipped losses.
+        eval: Held-out evaluation of SFT vs PPO.
+        tracking: MLflow experiment, registry names, checkpoints.
+        resume_run_id: Continue this MLflow parent run (empty: a new run).
+    """
+    given = {"seed": seed, "demo": demo, "data": data, "model": model,
+             "validation": validation, "sft": sft, "reward": reward,
+             "reward_norm": reward_norm, "ppo": ppo, "eval": eval, "tracking": tracking}
+    served = deployment_parameters() or served_parameters(PipelineConfig())
+    config, changed = resolve_config(given, served)
+    if changed:
+        print(f"overrides of the served config: {json.dumps(changed)}")
+    return run_pipeline(config, resume_run_id)
+
+
+def pipeline_deployment(config: PipelineConfig, name: str):
+    return rlhf_pipeline_served.to_deployment(
+        name=name, parameters=served_parameters(config), tags=["rlhf"],
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        description="The whole RLHF pipeline. Custom run: change any field; the others keep "
+                    "the served config.")
+
+
+def schedules(config: PipelineConfig) -> list | None:
+    """``retrain.schedule`` as Prefect schedules (None: manual runs only)."""
+    from prefect.schedules import Cron, Interval
+
+    s = config.retrain.schedule
+    if s is None:
+        return None
+    if s.cron is not None:
+        return [Cron(s.cron, timezone=s.timezone)]
+    return [Interval(timedelta(seconds=s.interval_s))]
+
+
+def retrain_deployment(config: PipelineConfig, name: str):
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
+    from flows.retrain import retrain
+
+    # one retrain at a time: a run that finds one running is cancelled before it starts
+    # (skip) or queued (wait); the flow's own slot (flows/retrain.py) covers direct calls
+    strategy = ConcurrencyLimitStrategy.CANCEL_NEW if config.retrain.on_overlap == "skip" \
+        else ConcurrencyLimitStrategy.ENQUEUE
+    return retrain.to_deployment(
+        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        schedules=schedules(config), entrypoint_type=EntrypointType.MODULE_PATH,
+        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=strategy),
+        description=f"Retrain on new preference batches in {config.retrain.watch_dir}; "
+                    "champion moves only on a significant win.")
+
+
+def serve(config: PipelineConfig, name: str) -> None:
+    """Serve both deployments until interrupted (blocks). Needs a Prefect server."""
+    from prefect import serve as prefect_serve
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.retrain import ensure_limit, limit_name
+
+    if not PREFECT_API_URL.value():
+        raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "
+                          "`export PREFECT_API_URL=http://127.0.0.1:4200/api`")
+    ensure_limit(limit_name(config))
+    prefect_serve(pipeline_deployment(config, name), retrain_deployment(config, name))

@@ -1,0 +1,97 @@
+"""Stage wiring shared by every flow that trains (called inside a flow run), so the order of
+the stages lives in one place.
+
+The pipeline is [validate -> sft -> (reward_model -> reward_norm)] -> [(critic_init -> ppo)
+-> evaluate] -> register. A retrain runs the two inner groups (``train_policy``) from the
+champion; a sweep runs the first bracket once (``shared_stages``) and the second per point
+(``rl_stages``).
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from tasks.config import PipelineConfig
+from tasks.evaluate import evaluate, register
+from tasks.finish import fail_parent, finish
+from tasks.ppo import ppo
+from tasks.prepare import prepare
+from tasks.tracking import RunContext, system_metrics
+from tasks.train import critic_init, reward_model, reward_norm, sft
+from tasks.validate import validate
+
+PrepHook = Callable[[RunContext, dict], dict]
+
+
+@contextmanager
+def tracked(ctx: RunContext, config: PipelineConfig) -> Iterator[None]:
+    """System metrics on the parent run while stages run; the parent is marked FAILED when
+    a stage raises (the error propagates)."""
+    tracking = config.tracking
+    try:
+        with system_metrics(ctx, tracking.system_metrics, tracking.system_metrics_interval_s):
+            yield
+    except BaseException:
+        fail_parent(ctx)
+        raise
+
+
+def reward_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: dict,
+                  start: dict, rm_init_dir: str | None = None) -> dict[str, dict]:
+    """reward_model (from ``start``'s trunk, or warm from ``rm_init_dir``) -> reward_norm."""
+    rm_out = reward_model(ctx, config, prep, data, start, init_dir=rm_init_dir)
+    return {"reward_model": rm_out, "reward_norm": reward_norm(ctx, config, data, rm_out)}
+
+
+def policy_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: dict,
+                  start: dict, rewards: dict[str, dict],
+                  reference_dir: str | None = None) -> dict[str, dict]:
+    """critic_init (or its skip) -> ppo from ``start`` against the reward model."""
+    rm_out = rewards["reward_model"]
+    critic_out = critic_init(ctx, config, rm_out)
+    ppo_out = ppo(ctx, config, prep, data, start, rm_out, rewards["reward_norm"], critic_out,
+                  reference_dir=reference_dir)
+    return {"critic_init": critic_out, "ppo": ppo_out}
+
+
+def train_policy(ctx: RunContext, config: PipelineConfig, prep: dict, data: dict,
+                 start: dict, rm_init_dir: str | None = None,
+                 reference_dir: str | None = None) -> dict:
+    """reward_model -> reward_norm -> critic_init -> ppo, PPO starting from ``start``
+    (``{"model_dir": ...}``: the SFT policy, or the champion in a retrain)."""
+    rewards = reward_stages(ctx, config, prep, data, start, rm_init_dir)
+    return {**rewards, **policy_stages(ctx, config, prep, data, start, rewards, reference_dir)}
+
+
+def shared_stages(ctx: RunContext, config: PipelineConfig, prep: dict) -> dict[str, dict]:
+    """validate -> sft -> reward_model -> reward_norm: what a sweep computes once."""
+    data = validate(ctx, config, prep)
+    sft_out = sft(ctx, config, prep, data)
+    return {"validate": data, "sft": sft_out,
+            **reward_stages(ctx, config, prep, data, sft_out)}
+
+
+def rl_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
+              shared: dict[str, dict]) -> dict[str, dict]:
+    """critic_init -> ppo -> evaluate on the shared stages' outputs (a sweep point)."""
+    data, sft_out = shared["validate"], shared["sft"]
+    trained = policy_stages(ctx, config, prep, data, sft_out, shared)
+    eval_out = evaluate(ctx, config, prep, data, sft_out, shared["reward_model"],
+                        trained["ppo"])
+    return {**trained, "evaluate": eval_out}
+
+
+def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
+                 prep_hook: PrepHook | None = None, lineage: dict | None = None) -> dict:
+    """The whole pipeline in the current flow run -> the per-stage summary. ``prep_hook``
+    may change the prepared inputs (the retrain flow adds its batches to the data)."""
+    prep = prepare(config, resume_run_id)
+    ctx = RunContext.model_validate(prep["ctx"])
+    if prep_hook is not None:
+        prep = prep_hook(ctx, prep)
+    with tracked(ctx, config):
+        outputs = shared_stages(ctx, config, prep)
+        outputs.update(rl_stages(ctx, config, prep, outputs))
+        outputs["register"] = register(ctx, config, outputs["ppo"], outputs["evaluate"],
+                                       outputs["reward_model"], outputs["validate"],
+                                       lineage=lineage)
+    return finish(ctx, outputs)

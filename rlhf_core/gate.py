@@ -1,0 +1,83 @@
+"""The champion/challenger gate: a paired bootstrap interval on per-prompt score differences,
+plus guard rails. Pure: lists of numbers in, a decision out.
+
+Both policies answer the same held-out prompts and one scorer scores both, so the
+difference d_i = s(challenger, prompt_i) - s(champion, prompt_i) is paired; the percentile
+bootstrap of mean(d) (Efron & Tibshirani 1993, ch. 13) gives the interval. The challenger
+wins only when the interval's lower end is above the margin.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def paired_bootstrap_ci(diffs: Sequence[float], confidence: float = 0.95,
+                        n_bootstrap: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``diffs`` [N] and its percentile-bootstrap interval -> (mean, low, high)."""
+    d = torch.as_tensor(list(diffs), dtype=torch.float64)
+    if d.numel() == 0:
+        raise ValueError("paired_bootstrap_ci: no differences")
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, d.numel(), (n_bootstrap, d.numel()), generator=gen)  # [B, N]
+    means = d[idx].mean(dim=1)  # [B]
+    alpha = (1.0 - confidence) / 2
+    low, high = torch.quantile(means, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
+    return float(d.mean()), float(low), float(high)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def gate_decision(champion: Sequence[float], challenger: Sequence[float],
+                  champion_eos: Sequence[bool], challenger_eos: Sequence[bool],
+                  challenger_kl: Sequence[float], *, min_prompts: int = 200,
+                  margin: float = 0.0, confidence: float = 0.95, n_bootstrap: int = 2000,
+                  max_eos_drop: float = 0.05, max_kl: float = 25.0, seed: int = 0) -> dict:
+    """Promote the challenger only on a significant win with no guard-rail failure.
+
+    Args:
+        champion, challenger: per-prompt scores [N] of the two policies (same prompts, same
+            scorer).
+        champion_eos, challenger_eos: whether each response ended with EOS [N].
+        challenger_kl: the challenger's per-prompt KL to its reference [N].
+    Returns:
+        {"promote": bool, "reason": str, "figures": {...}} (the numbers behind the reason).
+    """
+    n = len(champion)
+    if n != len(challenger):
+        raise ValueError(f"gate: {n} champion scores but {len(challenger)} challenger scores")
+    if n < min_prompts:
+        raise ValueError(f"gate: {n} held-out prompts, the paired test needs >= {min_prompts}")
+    values = [*champion, *challenger, *challenger_kl]
+    finite = all(math.isfinite(v) for v in values)
+    eos_champ, eos_chall = _mean([float(x) for x in champion_eos]), \
+        _mean([float(x) for x in challenger_eos])
+    kl = _mean(challenger_kl) if finite else float("nan")
+    figures = {"n_prompts": n, "score_champion": _mean(champion),
+               "score_challenger": _mean(challenger), "eos_rate_champion": eos_champ,
+               "eos_rate_challenger": eos_chall, "kl_challenger": kl, "margin": margin}
+    if not finite:
+        return {"promote": False, "reason": "guard rail: non-finite score or KL",
+                "figures": figures}
+    mean, low, high = paired_bootstrap_ci([b - a for a, b in zip(champion, challenger)],
+                                          confidence, n_bootstrap, seed)
+    figures.update({"diff_mean": mean, "ci_low": low, "ci_high": high})
+    ci = f"mean diff {mean:+.3f}, {confidence:.0%} CI [{low:+.3f}, {high:+.3f}] over {n} prompts"
+    failed = []
+    if eos_chall < eos_champ - max_eos_drop:
+        failed.append(f"EOS rate {eos_chall:.3f} < champion {eos_champ:.3f} - {max_eos_drop}")
+    if kl > max_kl:
+        failed.append(f"KL to reference {kl:.3f} > cap {max_kl}")
+    if failed:
+        return {"promote": False, "reason": f"guard rail: {'; '.join(failed)} ({ci})",
+                "figures": figures}
+    if low > margin:
+        return {"promote": True, "reason": f"significant win: {ci} > margin {margin}",
+                "figures": figures}
+    return {"promote": False, "reason": f"no significant win: {ci}, lower end <= margin "
+            f"{margin}", "figures": figures}

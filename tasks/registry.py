@@ -1,0 +1,79 @@
+"""Registry aliases of the policy: ``champion``, ``previous-champion``, ``challenger``.
+
+Every move is recorded on the registered model (tag ``rlhf.alias_log``: the last moves as JSON
+lines, with who/what moved it and why) and on the version that became champion.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # mlflow is imported where used: the CLI imports this module at start
+    from mlflow.tracking import MlflowClient
+
+CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
+LOG_TAG = "rlhf.alias_log"
+LOG_KEEP = 20
+
+
+class RegistryError(ValueError):
+    """A promote/rollback that cannot be done (no such version, nothing to roll back to)."""
+
+
+def alias_version(client: MlflowClient, name: str, alias: str):
+    """The model version holding ``alias``, or None (no model, no alias)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def _record(client: MlflowClient, name: str, entry: dict) -> None:
+    model = client.get_registered_model(name)
+    lines = [x for x in model.tags.get(LOG_TAG, "").splitlines() if x][-(LOG_KEEP - 1):]
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "user": getpass.getuser(), **entry}
+    client.set_registered_model_tag(name, LOG_TAG, "\n".join([*lines, json.dumps(entry)]))
+
+
+def move_champion(client: MlflowClient, name: str, version: str | int, action: str,
+                  reason: str) -> str | None:
+    """``champion`` -> ``version``; the old champion keeps ``previous-champion`` -> its
+    version (None when there was none)."""
+    version = str(version)
+    old = alias_version(client, name, CHAMPION)
+    before = None if old is None else str(old.version)  # MLflow 3 gives an int
+    if before is not None and before != version:
+        client.set_registered_model_alias(name, PREVIOUS, before)
+    client.set_registered_model_alias(name, CHAMPION, version)
+    client.set_model_version_tag(name, version, "rlhf.champion_since",
+                                 f"{action}: {reason}")
+    _record(client, name, {"action": action, "champion": version, "before": before,
+                           "reason": reason})
+    return before
+
+
+def promote(client: MlflowClient, name: str, version: str | int, reason: str) -> str | None:
+    """By hand: make ``version`` the champion (`rlhf promote`)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_model_version(name, str(version))
+    except MlflowException:
+        raise RegistryError(f"registered model '{name}' has no version {version}") from None
+    return move_champion(client, name, version, "promote", reason)
+
+
+def rollback(client: MlflowClient, name: str, reason: str) -> tuple[str, str]:
+    """By hand: ``champion`` back to ``previous-champion`` (the two swap) -> (from, to)."""
+    previous = alias_version(client, name, PREVIOUS)
+    current = alias_version(client, name, CHAMPION)
+    if previous is None or current is None:
+        raise RegistryError(f"'{name}' has no champion and previous-champion to roll back")
+    move_champion(client, name, previous.version, "rollback", reason)
+    return str(current.version), str(previous.version)

@@ -1,0 +1,177 @@
+"""Retrain bookkeeping: new preference batches (by digest, consumed ones recorded in MLflow),
+the champion's models fetched from MLflow, the retrain's inputs, Prefect reports."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+from mlflow.tracking import MlflowClient
+from prefect import task
+
+from data_checks.config import DataConfig, DataSource
+from data_checks.loading import DataError, load_table
+from tasks.common import in_prefect_run
+from tasks.config import PipelineConfig
+from tasks.registry import CHAMPION, alias_version
+from tasks.tracking import STAGE_TAG, RunContext, default_tracking_uri, set_tags
+
+BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+CONSUMED_TAG = "rlhf.retrain.consumed"
+
+
+class GateError(ValueError):
+    """The gate cannot run as configured (too few held-out prompts, no judge)."""
+
+
+def file_digest(path: Path) -> str:
+    """Identity of a batch: sha256 of its bytes (16 hex digits), whatever its name."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _client_and_experiment(cfg: PipelineConfig) -> tuple[MlflowClient, str | None]:
+    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    return client, None if exp is None else exp.experiment_id
+
+
+def consumed_digests(cfg: PipelineConfig) -> set[str]:
+    """Digests of the batches that finished retrains consumed (tag on their parent runs)."""
+    client, exp_id = _client_and_experiment(cfg)
+    if exp_id is None:
+        return set()
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{CONSUMED_TAG}` != ''",
+                              max_results=5000)
+    return {d for r in runs if r.info.status == "FINISHED"
+            for d in json.loads(r.data.tags[CONSUMED_TAG])}
+
+
+@task(name="find_batches")
+def find_batches(cfg: PipelineConfig) -> dict:
+    """The watched folder's batch files -> {"new": [...], "consumed": [...]}, each
+    {"name", "path", "digest"}, in file-name order."""
+    folder = Path(cfg.retrain.watch_dir)
+    files = sorted(p for p in folder.glob("*") if p.suffix in BATCH_SUFFIXES) \
+        if folder.is_dir() else []
+    done = consumed_digests(cfg)
+    out: dict[str, list] = {"new": [], "consumed": []}
+    for path in files:
+        digest = file_digest(path)
+        entry = {"name": path.name, "path": str(path.resolve()), "digest": digest}
+        out["consumed" if digest in done else "new"].append(entry)
+    return out
+
+
+def champion_version(cfg: PipelineConfig):
+    """The registered policy version holding ``champion``, or None."""
+    client, _ = _client_and_experiment(cfg)
+    return alias_version(client, cfg.tracking.registered_policy, CHAMPION)
+
+
+def _stage_run_id(client: MlflowClient, version, stage: str) -> str:
+    """The champion's run of ``stage``: its lineage tag, else a sibling of its register run."""
+    run_id = version.tags.get(f"rlhf.{stage}_run_id")
+    if run_id:
+        return run_id
+    parent = client.get_run(version.run_id).data.tags["mlflow.parentRunId"]
+    runs = client.search_runs([client.get_run(parent).info.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and "
+                                            f"tags.`{STAGE_TAG}` = '{stage}'", max_results=1)
+    if not runs:
+        raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its lineage")
+    return runs[0].info.run_id
+
+
+@task(name="fetch_champion")
+def fetch_champion(ctx: RunContext, cfg: PipelineConfig) -> dict:
+    """Download the champion's policy and reward model (and SFT policy when the config asks
+    for it) from MLflow -> local folders and the champion's lineage."""
+    client = ctx.client()
+    version = alias_version(client, cfg.tracking.registered_policy, CHAMPION)
+    if version is None:
+        raise RuntimeError(f"'{cfg.tracking.registered_policy}' has no champion")
+    root = ctx.stage_dir("champion")
+    ppo_run = _stage_run_id(client, version, "ppo")
+    rm_run = _stage_run_id(client, version, "reward_model")
+    sft_run = _stage_run_id(client, version, "sft")
+    out = {"version": str(version.version), "sft_run_id": sft_run,
+           "policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
+           "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
+    if "sft" in (cfg.retrain.rm_init, cfg.retrain.reference):
+        out["sft_dir"] = client.download_artifacts(sft_run, "checkpoint", str(root / "sft"))
+    set_tags(client, ctx.parent_run_id, {"rlhf.retrain.champion_version": out["version"]})
+    return out
+
+
+def _check_gate_prompts(cfg: PipelineConfig, data: DataConfig) -> None:
+    if data.eval_prompts is None:
+        raise GateError("retrain gate: no held-out prompts (data.eval_prompts)")
+    n = min(len(load_table(data.eval_prompts, "prompts")), cfg.retrain.gate.num_prompts)
+    if n < cfg.retrain.gate.min_prompts:
+        raise GateError(f"retrain gate: {n} held-out prompts in {data.eval_prompts.path} "
+                        f"(retrain.gate.num_prompts {cfg.retrain.gate.num_prompts}); the "
+                        f"paired test needs >= {cfg.retrain.gate.min_prompts}")
+
+
+@task(name="add_batches")
+def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: dict, batches: list[dict],
+                champion: dict | None = None) -> dict:
+    """The retrain's inputs: preference data = the configured pairs (unless new_only) + the
+    batches; the champion's policy and tokenizer as the base. A batch that cannot be read
+    stops the run here, naming the file and row."""
+    data = DataConfig.model_validate(prep["data"])
+    _check_gate_prompts(cfg, data)
+    frames = [] if cfg.retrain.rm_data == "new_only" and champion else \
+        [load_table(data.preference, "preference")]
+    for batch in batches:
+        try:
+            frames.append(load_table(DataSource(path=batch["path"]), "preference"))
+        except DataError as err:
+            raise DataError(f"preference batch {batch['name']}: {err}") from None
+    path = ctx.stage_dir("batches") / "preference.jsonl"
+    pd.concat(frames, ignore_index=True).to_json(path, orient="records", lines=True,
+                                                 force_ascii=False)
+    out = {**prep, "data": data.model_copy(update={"preference": DataSource(path=str(path))})
+           .model_dump()}
+    if champion is not None:
+        out.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
+    set_tags(ctx.client(), ctx.parent_run_id, {
+        "rlhf.retrain": "true", "rlhf.retrain.batches": json.dumps(
+            [{"name": b["name"], "digest": b["digest"]} for b in batches])})
+    return out
+
+
+def log_batch_inputs(ctx: RunContext, batches: list[dict]) -> None:
+    """Each batch as an MLflow dataset input of the retrain run (name, source, digest)."""
+    import mlflow.data
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    inputs = []
+    for b in batches:
+        df = load_table(DataSource(path=b["path"]), "preference")
+        dataset = mlflow.data.from_pandas(df, source=b["path"], name=b["name"],
+                                          digest=b["digest"])
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(),
+                                   tags=[InputTag(MLFLOW_DATASET_CONTEXT, "retrain_batch")]))
+    if inputs:
+        ctx.client().log_inputs(ctx.parent_run_id, datasets=inputs)
+
+
+@task(name="mark_consumed")
+def mark_consumed(ctx: RunContext, batches: list[dict]) -> None:
+    """Record the batches as consumed (read by the next retrain's find_batches)."""
+    log_batch_inputs(ctx, batches)
+    set_tags(ctx.client(), ctx.parent_run_id,
+             {CONSUMED_TAG: json.dumps([b["digest"] for b in batches])})
+
+
+def report(key: str, markdown: str, description: str) -> None:
+    """A Prefect markdown artifact (the retrain's outcome), when inside a flow run."""
+    print(markdown.strip().splitlines()[0].lstrip("# "))
+    if in_prefect_run():
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(key=key, markdown=markdown, description=description)

@@ -1,0 +1,54 @@
+"""Config of the scheduled retrain and its champion/challenger gate (``retrain:`` section)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ScheduleConfig(_Frozen):
+    cron: str | None = Field(None, description="Cron expression, e.g. '0 3 * * 1'.")
+    timezone: str = Field("UTC", description="Time zone of the cron expression.")
+    interval_s: float | None = Field(None, gt=0, description="Or: run every N seconds.")
+
+    @model_validator(mode="after")
+    def _one(self) -> ScheduleConfig:
+        if (self.cron is None) == (self.interval_s is None):
+            raise ValueError("retrain.schedule: set exactly one of cron / interval_s")
+        return self
+
+
+class GateConfig(_Frozen):
+    """Move ``champion`` only on a significant win with no guard-rail failure."""
+
+    min_prompts: int = Field(200, ge=1, description="Held-out prompts the paired test needs.")
+    num_prompts: int = Field(256, ge=1, description="Held-out prompts used (first N, fixed).")
+    margin: float = Field(0.0, description="The CI's lower end must exceed this score margin.")
+    confidence: float = Field(0.95, gt=0, lt=1, description="Bootstrap interval level.")
+    n_bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples.")
+    max_eos_drop: float = Field(0.05, ge=0, description="EOS rate may fall at most this much.")
+    max_kl: float = Field(25.0, gt=0, description="Cap on the challenger's KL to reference.")
+    scorer: Literal["auto", "judge", "reward_model"] = Field(
+        "auto", description="auto: the gold judge when the data has one, else the new RM.")
+
+
+class RetrainConfig(_Frozen):
+    watch_dir: str = Field("preference_batches", description=(
+        "Folder that receives preference batches (.jsonl/.json/.csv/.parquet files)."))
+    schedule: ScheduleConfig | None = Field(None, description="None: manual runs only.")
+    on_overlap: Literal["skip", "wait"] = Field(
+        "skip", description="A retrain that finds another running: skip it, or wait.")
+    rm_data: Literal["cumulative", "new_only"] = Field(
+        "cumulative", description="Reward model on all consumed + new pairs, or new only.")
+    rm_init: Literal["champion", "sft"] = Field(
+        "champion", description="Warm-start the RM from the champion's RM, or from SFT.")
+    reference: Literal["champion", "sft"] = Field(
+        "champion", description="PPO reference policy: the champion, or the SFT policy.")
+    ppo_iterations: int | None = Field(None, ge=1, description="PPO iterations of a retrain "
+                                       "(None: ppo.iterations).")
+    gate: GateConfig = Field(GateConfig())

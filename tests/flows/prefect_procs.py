@@ -1,0 +1,116 @@
+"""A real Prefect server and a real `rlhf serve` as subprocesses, for deployment tests.
+
+Each gets its own PREFECT_HOME and SQLite database under a temporary folder, a free port on
+127.0.0.1, and is ended by its own PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def base_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in [k for k in env if k.startswith(("PREFECT_", "MLFLOW_"))]:
+        del env[key]
+    env.update({"PREFECT_HOME": str(home / "prefect_home"),
+                "PREFECT_API_DATABASE_CONNECTION_URL":
+                    f"sqlite+aiosqlite:///{home}/prefect.db",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
+                "PREFECT_RUNNER_POLL_FREQUENCY": "2", "PREFECT_LOGGING_LEVEL": "WARNING",
+                "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"})
+    return env
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} not up after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a process we started, by its PID (SIGTERM, then SIGKILL)."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@contextmanager
+def prefect_server(home: Path, extra_env: dict[str, str] | None = None):
+    """`prefect server start` on a free port -> (api_url, env for clients)."""
+    home.mkdir(parents=True, exist_ok=True)
+    port, env, log = free_port(), {**base_env(home), **(extra_env or {})}, home / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
+                                 "127.0.0.1", "--port", str(port)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=home)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        _wait_http(f"{api}/health", proc, log, 180)
+        yield api, {**env, "PREFECT_API_URL": api}
+    finally:
+        stop(proc)
+
+
+@contextmanager
+def rlhf_serve(env: dict, workdir: Path, args: list[str]):
+    """`rlhf serve ARGS` with the server's API -> the process (stopped on exit)."""
+    log = workdir / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", *args], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        yield proc, log
+    finally:
+        stop(proc)
+
+
+def wait_deployment(client, name: str, proc, log: Path, timeout: float = 180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"rlhf serve exited:\n{log.read_text()[-3000:]}")
+        try:
+            return client.read_deployment_by_name(name)
+        except Exception:  # noqa: BLE001 - ObjectNotFound until serve registered it
+            time.sleep(1)
+    raise TimeoutError(f"deployment {name} not registered:\n{log.read_text()[-3000:]}")
+
+
+def wait_run(client, run_id, timeout: float = 300):
+    """Poll the flow run until it is terminal -> the run."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        run = client.read_flow_run(run_id)
+        if run.state is not None and run.state.type.value in TERMINAL:
+            return run
+        time.sleep(1)
+    raise TimeoutError(f"flow run {run_id} not finished after {timeout} s")

@@ -1,0 +1,25 @@
+"""prefect.yaml at the root: its deployments are the ones `rlhf serve` serves, with the
+demo config's resolved values as parameters (kept equal here)."""
+
+from pathlib import Path
+
+import yaml
+
+from flows.config import load_config
+from flows.serve import served_parameters
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_prefect_yaml_parameters_are_the_demo_config():
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    by_entry = {d["entrypoint"]: d for d in doc["deployments"]}
+    assert by_entry["flows/serve.py:rlhf_pipeline_served"]["parameters"] == \
+        served_parameters(cfg)
+    retrain = by_entry["flows/retrain.py:retrain"]
+    assert retrain["parameters"] == {"config": cfg.model_dump(mode="json")}
+    assert retrain["concurrency_limit"]["limit"] == 1
+    for d in doc["deployments"]:
+        path, name = d["entrypoint"].split(":")
+        assert f"def {name}(" in (ROOT / path).read_text()
