@@ -11,11 +11,11 @@ from prefect import task
 
 from rlhf_core.evaluate import sample_policy
 from rlhf_core.gate import gate_decision
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
-from tasks.common import metric_logger, read_jsonl, run_stage, setup_torch
+from tasks.common import metric_logger, read_jsonl, run_stage, setup_models
 from tasks.config import PipelineConfig
-from tasks.evaluate import _judge
+from tasks.judge import resolve_judge
 from tasks.retrain import GateError, report
 from tasks.tracking import RunContext, run_url, set_tags
 
@@ -23,7 +23,7 @@ from tasks.tracking import RunContext, run_url, set_tags
 def _scorer(cfg: PipelineConfig, prep: dict):
     """(name, judge function or None for the reward model)."""
     wanted = cfg.retrain.gate.scorer
-    judge = _judge(cfg.eval.judge if cfg.eval.judge != "none" else prep["judge"])
+    judge = resolve_judge(prep["judge"])  # the run's one resolved judge (eval.judge)
     if wanted == "judge" and judge is None:
         raise GateError("retrain.gate.scorer is 'judge' but the data has no gold judge")
     if judge is not None and wanted != "reward_model":
@@ -57,19 +57,20 @@ def gate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, champion:
 
     def body(run_id: str) -> dict:
         g, e = cfg.retrain.gate, cfg.eval
-        device = setup_torch(cfg.model)
-        tokenizer = load_tokenizer(data["tokenizer"])
+        device, spec = setup_models(cfg.model)
+        tokenizer = load_tokenizer(data["tokenizer"], spec)
         prompts = [r["prompt"] for r in
                    read_jsonl(Path(data["data_dir"]) / "eval_prompts.jsonl")][: g.num_prompts]
-        reference = load_causal_lm(reference_dir).to(device)
-        rm = ScalarHeadModel.load(rm_out["model_dir"]).to(device)
+        reference = load_policy(reference_dir, spec, trainable=False).to(device)
+        rm = load_scalar_model(rm_out["model_dir"], spec, trainable=False).to(device)
         samples = {}
         for side, path in (("champion", champion["policy_dir"]),
                            ("challenger", ppo_out["policy_dir"])):
             seed_everything(ctx.seed + 4)  # same sampling noise for both sides
-            policy = load_causal_lm(path).to(device)
+            policy = load_policy(path, spec, trainable=False).to(device)
             samples[side] = sample_policy(policy, reference, rm, tokenizer, prompts,
-                                          e.temperature, e.max_new_tokens, device, e.batch_size)
+                                          e.temperature, e.max_new_tokens, device, e.batch_size,
+                                          spec.precision)
         scorer, judge = _scorer(cfg, prep)
         champ, chall = (_scores(samples[s], prompts, judge) for s in ("champion", "challenger"))
         decision = gate_decision(
