@@ -10,7 +10,8 @@ from tests.shared import ROOT
 # The demo's data, SFT and reward model, half its PPO iterations, half its evaluation prompts
 # (about a minute on 2 idle CPU cores). In the full demo (seed 0) the rollouts' judge score
 # rose from -3.16 to about -1.4 by iteration 30 and ended with a win rate of 0.795 over SFT
-# (README, "What the demo does"); the thresholds below leave a wide margin under that.
+# (README, "What the demo does"); this reduced run itself measured a judge gain of 2.5 and a
+# win rate of 0.914 (2026-11-23); the thresholds below leave a wide margin under that.
 REDUCED = ["ppo.iterations=30", "eval.num_prompts=128", "tracking.register_models=false",
            "tracking.system_metrics=false", "tracking.progress=false"]
 MIN_JUDGE_GAIN = 0.5  # judge points, policy over SFT
