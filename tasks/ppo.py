@@ -92,7 +92,8 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
         out_root = ctx.stage_dir("ppo")
         samples_path = out_root / "samples.json"  # survives a crash: rows up to the last save
         samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
-        log = StageProgress("ppo", cfg.ppo.iterations, metric_logger(ctx, run_id))
+        metrics_log = metric_logger(ctx, run_id)
+        log = StageProgress("ppo", cfg.ppo.iterations, metrics_log)  # + progress artifact
 
         judged = overoptimisation(prep["judge"], sft_rows, norm_stats)
 
@@ -111,7 +112,7 @@ def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_out: d
                                  monitor=judge_monitor(prep["judge"]), checkpointer=ck)
         memory["memory/model_state_gb"] = state_bytes(
             policy, ref_policy, value_model, reward_model, optimizer=trainer.optimizer) / 2**30
-        log(0, memory)
+        metrics_log(0, memory)  # not through the progress: it would read 0% again
         final_policy, final_value = merged(trainer.policy, trainer.value_model)
         policy_dir = save_policy(final_policy, tokenizer, out_root / "policy")
         value_dir = None if final_value is None else \
