@@ -14,7 +14,7 @@ from tasks.common import metric_logger, read_jsonl, run_stage, setup_models, sta
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.progress import StageProgress
-from tasks.registry import CHALLENGER, move_champion
+from tasks.registry import CHALLENGER, move_champion, set_alias
 from tasks.tracking import RunContext, find_stage_run
 
 
@@ -156,8 +156,8 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
                                          setup_models(cfg.model)[1])
         for tag, value in lineage_tags(ctx, rm_out, ppo_out, lineage).items():
             client.set_model_version_tag(name, str(version), tag, value)
-        client.set_registered_model_alias(name, CHALLENGER, str(version))
-        client.set_registered_model_alias(rm_name, CHALLENGER, str(rm_version))
+        set_alias(client, name, CHALLENGER, version)
+        set_alias(client, rm_name, CHALLENGER, rm_version)
         score = eval_out["metrics"][key]
         if decision is not None:
             promoted, reason = bool(decision["promote"]), decision["reason"]

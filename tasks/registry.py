@@ -23,6 +23,22 @@ class RegistryError(ValueError):
     """A promote/rollback that cannot be done (no such version, nothing to roll back to)."""
 
 
+def set_alias(client: MlflowClient, name: str, alias: str, version, attempts: int = 5) -> None:
+    """Point ``alias`` at ``version``. MLflow's alias write is a delete + insert: two runs
+    moving the same alias at once can hit the server's unique key (seen on PostgreSQL); the
+    write is retried, so the later one wins as intended."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(attempts):
+        try:
+            client.set_registered_model_alias(name, alias, str(version))
+            return
+        except MlflowException as err:
+            if attempt == attempts - 1 or "unique" not in str(err).lower():
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 def alias_version(client: MlflowClient, name: str, alias: str):
     """The model version holding ``alias``, or None (no model, no alias)."""
     from mlflow.exceptions import MlflowException
@@ -49,8 +65,8 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
     old = alias_version(client, name, CHAMPION)
     before = None if old is None else str(old.version)  # MLflow 3 gives an int
     if before is not None and before != version:
-        client.set_registered_model_alias(name, PREVIOUS, before)
-    client.set_registered_model_alias(name, CHAMPION, version)
+        set_alias(client, name, PREVIOUS, before)
+    set_alias(client, name, CHAMPION, version)
     client.set_model_version_tag(name, version, "rlhf.champion_since",
                                  f"{action}: {reason}")
     _record(client, name, {"action": action, "champion": version, "before": before,
