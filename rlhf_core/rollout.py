@@ -27,7 +27,7 @@ from rlhf_core.ppo_math import (
     logprobs_from_logits,
     truncate_after_eos,
 )
-from rlhf_core.reward import gather_at, normalise_scores
+from rlhf_core.scoring import gather_at, normalise_scores
 
 
 @dataclass

@@ -49,3 +49,22 @@ def test_no_test_module_imports_another():
                     node.module.split(".")[-1].startswith("test_"):
                 bad.append(f"{path.relative_to(ROOT)}: {node.module}")
     assert not bad, bad
+
+
+def imported_modules(source: str) -> set[str]:
+    """Full dotted name of every absolute import in ``source``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_rollouts_and_scoring_do_not_import_the_reward_model_trainer():
+    """PPO reads reward scores through rlhf_core/scoring.py, not the RM trainer's module."""
+    users = ["rollout.py", "ppo.py", "scoring.py", "global_stats.py", "evaluate.py"]
+    bad = [name for name in users
+           if "rlhf_core.reward" in imported_modules((ROOT / "rlhf_core" / name).read_text())]
+    assert not bad, bad
