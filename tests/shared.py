@@ -89,3 +89,14 @@ def registered_models_panel(client: MlflowClient, run_id: str) -> set[tuple[str,
         tag = client.get_logged_model(model_id).tags.get("mlflow.modelVersions", "[]")
         shown |= {(v["name"], str(v["version"])) for v in json.loads(tag)}
     return shown
+
+
+def label_agreement(rows: list[dict]) -> float:
+    """Fraction of (non-tied) demo preference pairs whose label agrees with the noiseless
+    gold judge."""
+    from rlhf_core.demo import judge_score
+
+    judged = [(judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"]))
+              for r in rows]
+    judged = [(a, b) for a, b in judged if a != b]
+    return sum(a > b for a, b in judged) / len(judged) if judged else float("nan")

@@ -3,6 +3,7 @@ the source (every import statement, including those inside functions), not on sy
 so a lazy import that a test never triggers is caught too."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,26 @@ def test_rollouts_and_scoring_do_not_import_the_reward_model_trainer():
     bad = [name for name in users
            if "rlhf_core.reward" in imported_modules((ROOT / "rlhf_core" / name).read_text())]
     assert not bad, bad
+
+
+# library functions written ahead of their production caller: the global statistics that DDP
+# PPO (issue 13) will use; each is tested against its single-process function
+AHEAD_OF_USE = {"global_masked_var", "global_masked_whiten", "global_reward_norm_stats"}
+
+
+def test_no_production_function_exists_only_for_the_tests():
+    """A top-level public function or class of the packages that only tests (or nothing) use
+    belongs in tests/shared.py or its test module, not in production code."""
+    packages = ("rlhf_core", "tasks", "flows", "data_checks")
+    sources = {p: p.read_text() for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py"))}
+    names = [(p, node.name) for p, src in sources.items() for node in ast.parse(src).body
+             if isinstance(node, ast.FunctionDef | ast.ClassDef)
+             and not node.name.startswith("_")]
+    words = re.compile(r"\w+")
+    counts: dict[str, int] = {}
+    for src in sources.values():
+        for word in words.findall(src):
+            counts[word] = counts.get(word, 0) + 1
+    unused = [f"{p.relative_to(ROOT)}: {name}" for p, name in names
+              if counts.get(name, 0) <= 1 and name not in AHEAD_OF_USE]
+    assert not unused, unused
