@@ -6,7 +6,7 @@ clipped policy updates, checkpoints, metrics) is the same for all of them. Addin
 is one class here and one name in ``PPOConfig.advantage_estimator``.
 
 - ``gae``: PPO with a value model, per-token KL-shaped rewards, GAE, whitened advantages
-  (Schulman et al. 2016/2017; Ziegler et al. 2019; Huang et al. 2024).
+  (README § Sources [PPO], [GAE], [KL-control], [N+]).
 - ``rloo`` / ``grpo`` / ``reinforce_baseline``: critic-free, one advantage per response from
   the sequence reward (rlhf_core/estimators.py), applied to each of its tokens.
 """

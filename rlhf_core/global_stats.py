@@ -2,8 +2,8 @@
 
 With N ranks each holding a shard of the rollout batch, PPO's advantage whitening and the
 reward-normalisation statistics must use the mean and variance of the *global* batch, or
-N ranks would train on N differently scaled advantages (OpenRLHF, TRL and the N+
-implementation details all whiten over the full batch). Each function here takes an optional
+N ranks would train on N differently scaled advantages (README § Sources [N+]: whiten over the
+full batch). Each function here takes an optional
 ``torch.distributed`` process group: with none initialised (or a world of one) it is exactly
 the single-process function of ``rlhf_core.masked`` / ``rlhf_core.scoring``; otherwise the
 sums are all-reduced in float64 and every rank gets the same statistics. Shards may differ in
@@ -84,7 +84,7 @@ def global_masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: b
         mask: [B, T] response-token mask of the shard (may be empty on this rank).
         shift_mean: False adds the mean back (reward whitening keeps the reward's level).
     Returns:
-        [B, T] whitened values, 0 where ``mask`` is False. Huang et al. 2024.
+        [B, T] whitened values, 0 where ``mask`` is False (README § Sources [N+]).
     """
     if world_size(group) == 1:
         return masked_whiten(values, mask, shift_mean=shift_mean)

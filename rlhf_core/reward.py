@@ -1,7 +1,7 @@
 """Stages 3-4: reward-model training and reward normalisation.
 
 The reward is read at the EOS token (the last real token) of prompt + completion + EOS;
-loss -log sigmoid(r_chosen - r_rejected) (Stiennon et al. 2020). Normalisation statistics are
+loss -log sigmoid(r_chosen - r_rejected) (README § Sources [RM]). Normalisation statistics are
 an explicit artifact ``{mean, std, n}`` from scoring the SFT set, applied by a pure function.
 """
 
