@@ -61,7 +61,7 @@ class ModelConfig(_Frozen):
 
 class OptimConfig(_Frozen):
     lr: float = Field(1e-5, description="Peak learning rate.")
-    adam_eps: float = Field(1e-5, description="AdamW epsilon (1e-5 as in OpenAI's RLHF code).")
+    adam_eps: float = Field(1e-5, description="AdamW epsilon (1e-5: README § Sources [RM]).")
     weight_decay: float = Field(0.0, description="AdamW weight decay.")
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of steps warming up.")
     schedule: Literal["linear", "cosine", "constant"] = Field(

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rlhf_core", "tasks", "flows", "data_checks", "bench")
 CITATION = re.compile(
     r"\bet al\b|\b[A-Z][A-Za-z-]+,? (?:19|20)\d\d\b|https?://[\w.-]+\.[a-z]{2,}/"
-    r"|InstructGPT|DeepSeekMath|OpenRLHF|lm-human-preferences|N\+ [Ii]mplementation")
+    r"|InstructGPT|DeepSeekMath|OpenRLHF|\bOpenAI\b|lm-human-preferences|N\+ [Ii]mplementation")
 KEY = re.compile(r"\[([A-Za-z][\w+-]+)\]")
 
 
