@@ -27,7 +27,7 @@ test: install
 # The fast lane (under 2 minutes): the core math and models, the data gate, the task-level
 # units and the layering rules; no Prefect server, no end-to-end pipeline, no test marked
 # slow (bit-for-bit resume of whole stages). `make test` (CI) runs everything.
-FAST_TESTS = tests/rlhf_core tests/data_checks tests/tasks tests/test_layering.py
+FAST_TESTS = tests/rlhf_core tests/data_checks tests/tasks tests/test_layering.py tests/test_sources.py
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS)
 

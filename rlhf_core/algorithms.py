@@ -6,7 +6,7 @@ clipped policy updates, checkpoints, metrics) is the same for all of them. Addin
 is one class here and one name in ``PPOConfig.advantage_estimator``.
 
 - ``gae``: PPO with a value model, per-token KL-shaped rewards, GAE, whitened advantages
-  (Schulman et al. 2016/2017; Ziegler et al. 2019; Huang et al. 2024).
+  (README § Sources [PPO], [GAE], [KL-control], [N+]).
 - ``rloo`` / ``grpo`` / ``reinforce_baseline``: critic-free, one advantage per response from
   the sequence reward (rlhf_core/estimators.py), applied to each of its tokens.
 """
@@ -34,7 +34,6 @@ from rlhf_core.ppo_math import compute_gae, per_token_rewards
 class Shaped:
     """Rewards and advantages of one rollout batch; every [B, R] tensor is 0 off the mask."""
 
-    rewards: torch.Tensor  # (B, R) KL penalty at every token + score at the last real token
     non_score_rewards: torch.Tensor  # (B, R) the KL penalty alone
     advantages: torch.Tensor  # (B, R)
     returns: torch.Tensor  # (B, R) value targets (zeros without a critic)
@@ -60,12 +59,12 @@ class Algorithm:
               mask: torch.Tensor, kl_coef: float) -> Shaped:
         """scores [B], kl [B, R], values [B, R], mask [B, R] -> :class:`Shaped`."""
         beta = self.reward_kl_coef(kl_coef)
-        rewards, non_score = per_token_rewards(scores, kl, mask, beta)
+        non_score = per_token_rewards(scores, kl, mask, beta)[1]
         per_seq = self.sequence_advantages(sequence_rewards(scores, kl, mask, beta))
         advantages = broadcast_to_tokens(per_seq, mask)
         if self.cfg.whiten_advantages:
             advantages = masked_whiten(advantages, mask) * mask
-        return Shaped(rewards, non_score, advantages, torch.zeros_like(advantages))
+        return Shaped(non_score, advantages, torch.zeros_like(advantages))
 
     def sequence_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -96,7 +95,7 @@ class GAE(Algorithm):
         advantages, returns = compute_gae(rewards, values, mask, self.cfg.gamma, self.cfg.lam)
         if self.cfg.whiten_advantages:
             advantages = masked_whiten(advantages, mask) * mask
-        return Shaped(rewards, non_score, advantages, returns)
+        return Shaped(non_score, advantages, returns)
 
 
 class RLOO(Algorithm):

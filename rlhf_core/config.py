@@ -4,8 +4,8 @@ One config per stage; the pipeline config (flows/config.py) composes them and va
 whole at the CLI edge. Derived sizes are properties, never written back. Every field carries a
 one-line description that becomes the CLI's ``--help`` text and the MLflow param docs.
 
-Defaults follow Huang et al. 2024 ("The N+ Implementation Details of RLHF with PPO") and TRL's
-last PPO trainer (trl 1.12 ``trl.experimental.ppo``); the demo config overrides the sizes.
+Defaults follow README § Sources [N+] and TRL's last PPO trainer (trl 1.12 ``trl.experimental.ppo``,
+README § Differences from TRL); the demo config overrides the sizes.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class ModelConfig(_Frozen):
 
 class OptimConfig(_Frozen):
     lr: float = Field(1e-5, description="Peak learning rate.")
-    adam_eps: float = Field(1e-5, description="AdamW epsilon (1e-5 as in OpenAI's RLHF code).")
+    adam_eps: float = Field(1e-5, description="AdamW epsilon (1e-5: README § Sources [RM]).")
     weight_decay: float = Field(0.0, description="AdamW weight decay.")
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of steps warming up.")
     schedule: Literal["linear", "cosine", "constant"] = Field(
@@ -109,7 +109,7 @@ class PPOConfig(_Frozen):
     max_new_tokens: int = Field(53, ge=1, description="Response budget L.")
     kl_coef: float = Field(0.05, ge=0, description="Initial beta of the per-token KL penalty.")
     kl_estimator: Literal["k1", "k3"] = Field("k1", description="Per-token KL estimator.")
-    adaptive_kl: bool = Field(False, description="Adapt beta toward target_kl (Ziegler 2019).")
+    adaptive_kl: bool = Field(False, description="Adapt beta toward target_kl.")
     target_kl: float = Field(6.0, gt=0, description="Adaptive controller's target KL (nats).")
     kl_horizon: int = Field(10000, ge=1, description="Adaptive controller's horizon.")
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")

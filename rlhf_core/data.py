@@ -66,8 +66,10 @@ def last_real_index(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 class ShuffledBatches:
     """Endless shuffled index batches over range(n), reshuffled from ``generator`` at every
-    pass (the last batch of a pass may be short). Its position is saveable, so a resumed run
-    sees exactly the batches an uninterrupted one would."""
+    pass: ``next()`` stops at the end of a pass (the last batch of a pass may be short, the
+    SFT and RM loops), ``take(count)`` runs on into the next pass (PPO's prompt batches).
+    Its position is saveable, so a resumed run sees exactly the batches an uninterrupted one
+    would."""
 
     def __init__(self, n: int, batch_size: int, generator: torch.Generator):
         if n < 1:
@@ -76,9 +78,20 @@ class ShuffledBatches:
         self.order, self.cursor = torch.empty(0, dtype=torch.long), 0
 
     def next(self) -> torch.Tensor:
+        return self._draw(self.batch_size)
+
+    def take(self, count: int) -> torch.Tensor:
+        """Exactly ``count`` indices: the rest of this pass, then the next reshuffled one."""
+        parts = []
+        while count > 0:
+            parts.append(self._draw(count))
+            count -= len(parts[-1])
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)
+
+    def _draw(self, most: int) -> torch.Tensor:
         if self.cursor >= len(self.order):
             self.order, self.cursor = torch.randperm(self.n, generator=self.generator), 0
-        batch = self.order[self.cursor: self.cursor + self.batch_size]
+        batch = self.order[self.cursor: self.cursor + most]
         self.cursor += len(batch)
         return batch
 

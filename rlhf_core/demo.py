@@ -119,11 +119,6 @@ def sample_response(prompt: str, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def best_response(prompt: str) -> str:
-    topic = prompt_topic(prompt) or TOPICS[0]
-    return f"sure , {topic} are nice . hope this helps ."
-
-
 def bt_label(prompt: str, a: str, b: str, rng: random.Random) -> tuple[str, str]:
     """(chosen, rejected) drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature)."""
     diff = (judge_score(prompt, a) - judge_score(prompt, b)) / BT_TEMPERATURE
@@ -172,14 +167,6 @@ def generate_demo_data(out_dir: str | Path, seed: int = 0,
         "preference_eval": _write_jsonl(out / "preference_eval.jsonl",
                                         _pairs(sizes.n_pref_eval, rng, True)),
     }
-
-
-def label_agreement(rows: list[dict]) -> float:
-    """Fraction of (non-tied) pairs whose label agrees with the noiseless judge."""
-    judged = [(judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"]))
-              for r in rows]
-    judged = [(a, b) for a, b in judged if a != b]
-    return sum(a > b for a, b in judged) / len(judged) if judged else float("nan")
 
 
 def vocabulary() -> list[str]:

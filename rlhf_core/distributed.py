@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from rlhf_core.global_stats import all_reduce_sum, global_weighted_means
+
 CountFn = Callable[[torch.Tensor], float]  # indices -> what the loss is a mean over
 
 
@@ -63,9 +65,6 @@ class DataParallel:
                        summed: Sequence[str] = ()) -> dict[str, float]:
         """Per-shard means -> the global batch's (weighted by ``weight``, the shard's count);
         keys in ``summed`` (counts) are summed over ranks instead."""
-        # imported here: global_stats imports rlhf_core.reward, which imports this module
-        from rlhf_core.global_stats import all_reduce_sum, global_weighted_means
-
         means = {k: v for k, v in metrics.items() if k not in summed}
         out = global_weighted_means(means, weight)
         if summed:

@@ -5,9 +5,8 @@ consecutive groups (rows ``g*k .. g*k + k - 1`` answer prompt ``g``). Each estim
 sequence-level reward per response ``[B]`` into one advantage per response ``[B]``, which the
 policy loss then applies to every real token of that response (``broadcast_to_tokens``).
 
-Sources: Kool et al. 2019 and Ahmadian et al. 2024 "Back to Basics" (RLOO, leave-one-out
-baseline); Shao et al. 2024 "DeepSeekMath" (GRPO, group-normalised advantage, the KL as a
-loss term with the k3 estimator); Williams 1992 (REINFORCE with a baseline).
+Where they come from (README § Sources): [RLOO] (leave-one-out baseline); [GRPO] (group-normalised
+advantage, the KL as a loss term with the k3 estimator); [REINFORCE] (with a baseline).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch
 from rlhf_core.masked import masked_mean, masked_sum
 from rlhf_core.ppo_math import kl_estimate
 
-GRPO_EPS = 1e-4  # added to the group std, as in DeepSeekMath/TRL's GRPO
+GRPO_EPS = 1e-4  # added to the group std (README § Sources [GRPO])
 
 
 def group_view(rewards: torch.Tensor, k: int, need_pairs: bool = False) -> torch.Tensor:

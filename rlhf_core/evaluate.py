@@ -85,8 +85,7 @@ def rm_judge_gap(rm_mean: float, judge_mean: float, rm_base: tuple[float, float]
     """Reward over-optimisation in one number: the RM's gain over a baseline minus the gold
     judge's gain over the same baseline, each in that baseline's standard deviations. Near 0
     the RM and the judge agree on how much the policy improved; a growing positive gap means
-    the policy is exploiting the RM (Gao et al. 2022, "Scaling laws for reward model
-    overoptimization")."""
+    the policy is exploiting the RM (README § Sources [Overoptimisation])."""
     rm_z, judge_z = z_gain(rm_mean, rm_base), z_gain(judge_mean, judge_base)
     return {"rm_gain_z": rm_z, "judge_gain_z": judge_z, "rm_judge_gap_z": rm_z - judge_z}
 

@@ -3,7 +3,7 @@ plus guard rails. Pure: lists of numbers in, a decision out.
 
 Both policies answer the same held-out prompts and one scorer scores both, so the
 difference d_i = s(challenger, prompt_i) - s(champion, prompt_i) is paired; the percentile
-bootstrap of mean(d) (Efron & Tibshirani 1993, ch. 13) gives the interval. The challenger
+bootstrap of mean(d) (README § Sources [Bootstrap]) gives the interval. The challenger
 wins only when the interval's lower end is above the margin.
 """
 

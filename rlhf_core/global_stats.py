@@ -2,10 +2,10 @@
 
 With N ranks each holding a shard of the rollout batch, PPO's advantage whitening and the
 reward-normalisation statistics must use the mean and variance of the *global* batch, or
-N ranks would train on N differently scaled advantages (OpenRLHF, TRL and the N+
-implementation details all whiten over the full batch). Each function here takes an optional
+N ranks would train on N differently scaled advantages (README § Sources [N+]: whiten over the
+full batch). Each function here takes an optional
 ``torch.distributed`` process group: with none initialised (or a world of one) it is exactly
-the single-process function of ``rlhf_core.masked`` / ``rlhf_core.reward``; otherwise the
+the single-process function of ``rlhf_core.masked`` / ``rlhf_core.scoring``; otherwise the
 sums are all-reduced in float64 and every rank gets the same statistics. Shards may differ in
 size and a shard may have an empty mask, as long as the global mask is not empty. Logged
 metrics are made global the same way (``global_weighted_means``), so rank 0 logs the
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_core.masked import masked_var, masked_whiten
-from rlhf_core.reward import reward_norm_stats
+from rlhf_core.scoring import reward_norm_stats
 
 
 def world_size(group: dist.ProcessGroup | None = None) -> int:
@@ -84,7 +84,7 @@ def global_masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: b
         mask: [B, T] response-token mask of the shard (may be empty on this rank).
         shift_mean: False adds the mean back (reward whitening keeps the reward's level).
     Returns:
-        [B, T] whitened values, 0 where ``mask`` is False. Huang et al. 2024.
+        [B, T] whitened values, 0 where ``mask`` is False (README § Sources [N+]).
     """
     if world_size(group) == 1:
         return masked_whiten(values, mask, shift_mean=shift_mean)

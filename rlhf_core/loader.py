@@ -73,10 +73,6 @@ def enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable({"use_reentrant": False})
 
 
-def is_checkpointing(model) -> bool:
-    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-
-
 def _finish(model, spec: LoadSpec, trainable: bool):
     if trainable and spec.gradient_checkpointing:
         backbone = model.backbone if isinstance(model, ScalarHeadModel) else model

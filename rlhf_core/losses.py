@@ -10,7 +10,7 @@ IGNORE_INDEX = -100
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
                        margin: torch.Tensor | None = None):
-    """-log sigmoid(r_c - r_r - margin), mean over pairs (Stiennon et al. 2020).
+    """-log sigmoid(r_c - r_r - margin), mean over pairs (README § Sources [RM]).
 
     Args:
         chosen, rejected: [B] rewards; margin: optional [B].

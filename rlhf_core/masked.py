@@ -62,7 +62,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor,
                   shift_mean: bool = True) -> torch.Tensor:
     """(x - mean) / sqrt(var + 1e-8) over masked entries; mean added back if not shift_mean.
 
-    Masked-out positions come back as 0. Huang et al. 2024 (advantage whitening).
+    Masked-out positions come back as 0 (README § Sources [N+], advantage whitening).
     """
     m = _check(mask)
     mean = masked_mean(values, m)

@@ -2,7 +2,7 @@
 
 Any Hugging Face causal LM (hub id or local folder) loads through ``from_pretrained``. The
 reward and value models share one architecture: the base model's trunk plus a scalar head
-(Stiennon et al. 2020; init std 1/sqrt(hidden+1), bias 0, as in OpenAI's lm-human-preferences).
+(README § Sources [RM]: init std 1/sqrt(hidden+1), bias 0).
 Weights are written as safetensors; nothing is unpickled.
 """
 
@@ -28,7 +28,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def disable_dropout(model: nn.Module) -> nn.Module:
-    """Set every dropout probability to 0 (Huang et al. 2024, detail: dropout off in PPO)."""
+    """Set every dropout probability to 0 (README § Sources [N+]: dropout off)."""
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0

@@ -1,4 +1,4 @@
-"""Stage 6, PPO (Schulman et al. 2017) for language models, InstructGPT recipe.
+"""Stage 6, PPO for language models (README § Sources [PPO], [InstructGPT]).
 
 Readable top to bottom: ``PPOTrainer.step`` = sample prompts -> ``make_experience`` (rollout,
 scores, rewards and advantages from the algorithm) -> K epochs over M minibatches of clipped
@@ -20,7 +20,7 @@ import torch
 from rlhf_core.algorithms import make_algorithm
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import PPOConfig
-from rlhf_core.data import left_pad
+from rlhf_core.data import ShuffledBatches, left_pad
 from rlhf_core.faults import crash_point
 from rlhf_core.masked import masked_mean, trusted_masks
 from rlhf_core.models import ScalarHeadModel
@@ -156,7 +156,9 @@ class PPOTrainer:
         self._losses = compiled(ppo_losses) if cfg.compile else ppo_losses
         self.kl_ctl = make_kl_controller(cfg)
         self.iteration, self.episode = 0, 0
-        self._order, self._cursor = torch.empty(0, dtype=torch.long), 0
+        self.prompt_stream = ShuffledBatches(len(self.prompt_ids),
+                                             cfg.rollout_batch_size // cfg.samples_per_prompt,
+                                             generator)
 
     # -- prompt stream ----------------------------------------------------------------------
     def next_prompts(self) -> torch.Tensor:
@@ -164,13 +166,7 @@ class PPOTrainer:
         samples_per_prompt times in a row (the groups of the critic-free estimators)
         -> [B, P] left-padded."""
         k = self.cfg.samples_per_prompt
-        chosen = []
-        while len(chosen) < self.cfg.rollout_batch_size // k:
-            if self._cursor >= len(self._order):
-                self._order = torch.randperm(len(self.prompt_ids), generator=self.generator)
-                self._cursor = 0
-            chosen.append(int(self._order[self._cursor]))
-            self._cursor += 1
+        chosen = self.prompt_stream.take(self.cfg.rollout_batch_size // k).tolist()
         prompts = left_pad([self.prompt_ids[i] for i in chosen for _ in range(k)],
                            self.tokenizer.pad_token_id)
         if self.cfg.static_cache:  # one prompt width per 16 tokens: few static-cache shapes,
@@ -324,15 +320,13 @@ class PPOTrainer:
 
     def _loop_state(self, last: dict) -> dict:
         return {"iteration": self.iteration, "episode": self.episode,
-                "kl_coef": self.kl_ctl.value, "order": self._order.tolist(),
-                "cursor": self._cursor, "last": last,
+                "kl_coef": self.kl_ctl.value, **self.prompt_stream.state_dict(), "last": last,
                 "algorithm": self.algorithm.state_dict()}
 
     def _load_loop_state(self, state: dict) -> dict:
         self.iteration, self.episode = state["iteration"], state["episode"]
         self.kl_ctl.value = state["kl_coef"]
-        self._order = torch.tensor(state["order"], dtype=torch.long)
-        self._cursor = state["cursor"]
+        self.prompt_stream.load_state_dict(state)
         self.algorithm.load_state_dict(state.get("algorithm", {}))
         return state["last"]
 

@@ -1,8 +1,8 @@
 """PPO-for-LM equations, one function each, shapes in the docstrings.
 
-Sources: Schulman et al. 2017 (PPO), Schulman et al. 2016 (GAE), Ziegler et al. 2019 (KL
-penalty, adaptive controller), Huang et al. 2024 "The N+ Implementation Details of RLHF with
-PPO" (EOS trick, temperature-scaled log-probs, reward at the last token).
+Where each formula comes from (README § Sources): [PPO], [GAE], [KL-control] (KL penalty, adaptive
+controller), [KL-approx] (KL estimators), [N+] (EOS trick, temperature-scaled log-probs, reward
+at the last token).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor,
                          temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / (T + 1e-7)) at ``tokens``: [B, T, V], [B, T] -> [B, T].
 
-    The +1e-7 matches the sampler's scaling (Huang et al. 2024, detail on temperature).
+    The +1e-7 matches the sampler's scaling (README § Sources [N+], temperature).
     """
     scaled = logits.float() / (temperature + 1e-7)
     picked = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
@@ -71,7 +71,7 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
                 kind: str = "k1") -> torch.Tensor:
     """Per-token KL(pi || ref) estimate on samples of pi: [B, T] -> [B, T].
 
-    k1 = log pi - log ref; k3 = (r - 1) - log r, r = ref/pi (http://joschu.net/blog/kl-approx.html)
+    k1 = log pi - log ref; k3 = (r - 1) - log r, r = ref/pi (README § Sources [KL-approx])
     """
     if kind == "k1":
         return logprobs - ref_logprobs
@@ -83,7 +83,8 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
 
 def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor,
                       kl_coef: float):
-    """-beta * KL at every token, plus the score at the last real token (Ziegler 2019).
+    """-beta * KL at every token, plus the score at the last real token
+    (README § Sources [KL-control]).
 
     Args: scores [B], kl [B, T], response_mask [B, T]. Returns (rewards, non_score) [B, T].
     """
@@ -103,7 +104,7 @@ def apply_eos_penalty(scores: torch.Tensor, has_eos: torch.Tensor,
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
                 gamma: float, lam: float):
-    """Generalised advantage estimation (Schulman et al. 2016), reverse-time.
+    """Generalised advantage estimation (README § Sources [GAE]), reverse-time.
 
     The episode ends at the last real token: next value 0 there, and everything outside the
     mask is 0. Args: [B, T] each. Returns (advantages, returns) [B, T], returns = A + V.
@@ -165,7 +166,8 @@ class FixedKLController:
 
 
 class AdaptiveKLController(FixedKLController):
-    """Ziegler et al. 2019: beta *= 1 + clip(KL/target - 1, -0.2, 0.2) * n_steps / horizon."""
+    """beta *= 1 + clip(KL/target - 1, -0.2, 0.2) * n_steps / horizon (README § Sources
+    [KL-control])."""
 
     def __init__(self, init_kl_coef: float, target: float, horizon: int):
         super().__init__(init_kl_coef)

@@ -27,7 +27,7 @@ from rlhf_core.ppo_math import (
     logprobs_from_logits,
     truncate_after_eos,
 )
-from rlhf_core.reward import gather_at, normalise_scores
+from rlhf_core.scoring import gather_at, normalise_scores
 
 
 @dataclass
@@ -46,7 +46,6 @@ class Experience:
     scores: torch.Tensor  # (B,) normalised score after the EOS trick
     kl: torch.Tensor  # (B, R) per-token KL estimate
     non_score_rewards: torch.Tensor  # (B, R) -beta * KL
-    rewards: torch.Tensor  # (B, R) non-score rewards + score at the last real token
     advantages: torch.Tensor  # (B, R) from the algorithm (GAE, or one per response)
     returns: torch.Tensor  # (B, R) value targets: GAE advantages + values; zeros w/o critic
 
@@ -215,7 +214,7 @@ def make_experience(
         query_responses=query_responses, context_length=P, responses=responses,
         response_mask=mask, has_eos=has_eos, logprobs=logprobs, ref_logprobs=ref_logprobs,
         values=values, raw_scores=raw_scores, scores=scores, kl=kl,
-        non_score_rewards=shaped.non_score_rewards, rewards=shaped.rewards,
+        non_score_rewards=shaped.non_score_rewards,
         advantages=shaped.advantages, returns=shaped.returns,
     )
 

@@ -1,7 +1,7 @@
 """Stage 2, supervised fine-tuning: causal-LM loss on prompt + response + EOS.
 
 Loss on response tokens only by default (the prompt is given, not generated); AdamW eps 1e-5,
-warm-up then decay, dropout off (Huang et al. 2024).
+warm-up then decay, dropout off (README § Sources [N+]).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from tasks.common import metric_logger, read_jsonl, run_stage, setup_models, sta
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.progress import StageProgress
-from tasks.registry import CHALLENGER, move_champion, set_alias
+from tasks.registry import CHALLENGER, move_champion, set_alias, show_on_run
 from tasks.tracking import RunContext, find_stage_run
 
 
@@ -156,6 +156,7 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
                                          setup_models(cfg.model)[1])
         for tag, value in lineage_tags(ctx, rm_out, ppo_out, lineage).items():
             client.set_model_version_tag(name, str(version), tag, value)
+        show_on_run(client, ctx.parent_run_id, [(name, version), (rm_name, rm_version)])
         set_alias(client, name, CHALLENGER, version)
         set_alias(client, rm_name, CHALLENGER, rm_version)
         score = eval_out["metrics"][key]

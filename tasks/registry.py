@@ -93,3 +93,29 @@ def rollback(client: MlflowClient, name: str, reason: str) -> tuple[str, str]:
         raise RegistryError(f"'{name}' has no champion and previous-champion to roll back")
     move_champion(client, name, previous.version, "rollback", reason)
     return str(current.version), str(previous.version)
+
+
+def show_on_run(client: MlflowClient, run_id: str, versions: list[tuple[str, str | int]]) -> None:
+    """List registered versions in ``run_id``'s "Registered models" panel (MLflow 3 UI).
+
+    The run page fills that panel from the model versions whose ``run_id`` is the run, plus
+    the registered versions (tag ``mlflow.modelVersions``) of the logged models that the run
+    lists as outputs. A version keeps the run that logged it (the ``register`` child run,
+    which the lineage tags and the retrain code read); its logged model is added to the
+    pipeline's parent run as an output, so the parent lists the versions too."""
+    from mlflow.entities import LoggedModelOutput
+
+    ids = [_logged_model_id(client.get_model_version(name, str(version)))
+           for name, version in versions]
+    outputs = [LoggedModelOutput(model_id=i, step=0) for i in ids if i]
+    if outputs:
+        client.log_outputs(run_id, outputs)
+
+
+def _logged_model_id(version) -> str | None:
+    """The logged model a version was registered from: ``model_id`` where the store fills it,
+    else its source ``models:/<model id>`` (what a SQLite store keeps)."""
+    if getattr(version, "model_id", None):
+        return version.model_id
+    source = version.source or ""
+    return source.removeprefix("models:/") if source.startswith("models:/m-") else None

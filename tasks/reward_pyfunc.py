@@ -22,7 +22,7 @@ class RewardModelPyfunc(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params=None) -> list[float]:
         import torch
 
-        from rlhf_core.reward import score_texts
+        from rlhf_core.scoring import score_texts
 
         scores = score_texts(self.model, self.tokenizer, list(model_input["prompt"]),
                              list(model_input["response"]), torch.device("cpu"))

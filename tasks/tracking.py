@@ -86,20 +86,13 @@ class StepLogger:
 
     def __init__(self, client: MlflowClient, run_id: str):
         self.client, self.run_id = client, run_id
-        self._held = set(client.get_run(run_id).data.metrics)  # one call: keys already there
-        self.last_step: dict[str, int] = {}
-
-    def _last(self, key: str) -> int:
-        """Last logged step of ``key``, read once and only for keys this logger logs (a parent
-        run holds long system-metric histories that a resume never needs)."""
-        if key not in self.last_step:
-            history = self.client.get_metric_history(self.run_id, key) if key in self._held \
-                else []
-            self.last_step[key] = max((m.step for m in history), default=-1)
-        return self.last_step[key]
+        # one call, no metric history: a run's latest metric of a key is the one at its
+        # highest step (MLflow orders by step, then time), which is all a resume needs
+        latest = client.get_run(run_id).to_proto().data.metrics
+        self.last_step: dict[str, int] = {m.key: m.step for m in latest}
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
-        fresh = {k: v for k, v in metrics.items() if step > self._last(k)}
+        fresh = {k: v for k, v in metrics.items() if step > self.last_step.get(k, -1)}
         if fresh:
             log_metrics(self.client, self.run_id, fresh, step)
             self.last_step.update(dict.fromkeys(fresh, step))

@@ -12,13 +12,8 @@ from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer, new
 from rlhf_core.loop import total_steps
 from rlhf_core.models import resize_for_tokenizer
 from rlhf_core.optim import seed_everything
-from rlhf_core.reward import (
-    evaluate_reward_model,
-    normalise_scores,
-    reward_norm_stats,
-    score_texts,
-    train_reward_model,
-)
+from rlhf_core.reward import evaluate_reward_model, train_reward_model
+from rlhf_core.scoring import normalise_scores, reward_norm_stats, score_texts
 from rlhf_core.sft import sft_eval_loss, train_sft
 from tasks.common import (
     checkpointer,

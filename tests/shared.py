@@ -73,3 +73,30 @@ def child_runs_by_stage(client: MlflowClient, parent_run_id: str) -> dict:
     runs = client.search_runs([parent.info.experiment_id],
                               f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
     return {r.data.tags["rlhf.stage"]: r for r in runs}
+
+
+def registered_models_panel(client: MlflowClient, run_id: str) -> set[tuple[str, str]]:
+    """{(model name, version)} the MLflow 3 run page shows under "Registered models": the
+    versions whose run_id is the run (searchModelVersions by run_id), plus the versions
+    (logged-model tag ``mlflow.modelVersions``) of the logged models that the run lists as
+    inputs or outputs (mlflow/server/js: the run page's registeredModelVersionSummaries and
+    its loggedModelsV3 read through useLoggedModelRegistrations)."""
+    shown = {(v.name, str(v.version))
+             for v in client.search_model_versions(f"run_id = '{run_id}'")}
+    run = client.get_run(run_id)
+    models = [*(run.inputs.model_inputs or []), *(run.outputs.model_outputs or [])]
+    for model_id in {m.model_id for m in models}:
+        tag = client.get_logged_model(model_id).tags.get("mlflow.modelVersions", "[]")
+        shown |= {(v["name"], str(v["version"])) for v in json.loads(tag)}
+    return shown
+
+
+def label_agreement(rows: list[dict]) -> float:
+    """Fraction of (non-tied) demo preference pairs whose label agrees with the noiseless
+    gold judge."""
+    from rlhf_core.demo import judge_score
+
+    judged = [(judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"]))
+              for r in rows]
+    judged = [(a, b) for a, b in judged if a != b]
+    return sum(a > b for a, b in judged) / len(judged) if judged else float("nan")

@@ -3,6 +3,7 @@ the source (every import statement, including those inside functions), not on sy
 so a lazy import that a test never triggers is caught too."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,45 @@ def test_no_test_module_imports_another():
                     node.module.split(".")[-1].startswith("test_"):
                 bad.append(f"{path.relative_to(ROOT)}: {node.module}")
     assert not bad, bad
+
+
+def imported_modules(source: str) -> set[str]:
+    """Full dotted name of every absolute import in ``source``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_rollouts_and_scoring_do_not_import_the_reward_model_trainer():
+    """PPO reads reward scores through rlhf_core/scoring.py, not the RM trainer's module."""
+    users = ["rollout.py", "ppo.py", "scoring.py", "global_stats.py", "evaluate.py"]
+    bad = [name for name in users
+           if "rlhf_core.reward" in imported_modules((ROOT / "rlhf_core" / name).read_text())]
+    assert not bad, bad
+
+
+# library functions written ahead of their production caller: the global statistics that DDP
+# PPO (issue 13) will use; each is tested against its single-process function
+AHEAD_OF_USE = {"global_masked_var", "global_masked_whiten", "global_reward_norm_stats"}
+
+
+def test_no_production_function_exists_only_for_the_tests():
+    """A top-level public function or class of the packages that only tests (or nothing) use
+    belongs in tests/shared.py or its test module, not in production code."""
+    packages = ("rlhf_core", "tasks", "flows", "data_checks")
+    sources = {p: p.read_text() for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py"))}
+    names = [(p, node.name) for p, src in sources.items() for node in ast.parse(src).body
+             if isinstance(node, ast.FunctionDef | ast.ClassDef)
+             and not node.name.startswith("_")]
+    words = re.compile(r"\w+")
+    counts: dict[str, int] = {}
+    for src in sources.values():
+        for word in words.findall(src):
+            counts[word] = counts.get(word, 0) + 1
+    unused = [f"{p.relative_to(ROOT)}: {name}" for p, name in names
+              if counts.get(name, 0) <= 1 and name not in AHEAD_OF_USE]
+    assert not unused, unused

@@ -7,8 +7,9 @@ import json
 from mlflow.tracking import MlflowClient
 
 from flows.cli import main
-from rlhf_core.demo import judge_score, label_agreement
+from rlhf_core.demo import judge_score
 from tasks.registry import CHAMPION, LOG_TAG, PREVIOUS
+from tests.shared import label_agreement
 
 
 def _rows(path):

@@ -12,7 +12,7 @@ from flows.cli import runs_table
 from flows.config import load_config
 from tests import servers
 from tests.servers import artifact_paths, stage_children
-from tests.shared import PPO_METRICS, STAGES
+from tests.shared import PPO_METRICS, STAGES, registered_models_panel
 from tests.shared import TEST_CONFIG as CONFIG
 
 
@@ -97,6 +97,9 @@ def test_registered_models_load_by_alias_and_work(served_run):
     policy = client.get_model_version_by_alias(cfg.tracking.registered_policy, "challenger")
     rm = client.get_model_version_by_alias(cfg.tracking.registered_reward_model, "challenger")
     assert policy.run_id == rm.run_id == register_run
+    # through the server's REST API, as the UI asks: the parent run's "Registered models"
+    assert {(policy.name, str(policy.version)), (rm.name, str(rm.version))} <= \
+        registered_models_panel(client, result["parent_run_id"])
     mlflow.set_tracking_uri(client.tracking_uri)
     generator = mlflow.transformers.load_model(
         f"models:/{cfg.tracking.registered_policy}@challenger")

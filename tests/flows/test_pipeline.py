@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from flows.config import load_config
-from tests.shared import PPO_METRICS, STAGES
+from tests.shared import PPO_METRICS, STAGES, registered_models_panel
 from tests.shared import TEST_CONFIG as CONFIG
 
 
@@ -63,6 +63,21 @@ def test_policy_weights_changed_and_model_registered(pipeline_result):
     assert any(not torch.equal(sft_w[k], ppo_w[k]) for k in sft_w)
     version = client.get_model_version_by_alias(cfg.tracking.registered_policy, "challenger")
     assert version.run_id == result["stages"]["register"]["run_id"]
+
+
+def test_parent_run_shows_registered_versions(pipeline_result):
+    """The parent run's "Registered models" panel in the MLflow 3 UI lists the policy and
+    reward-model versions; the versions still record the register run and the parent."""
+    result, client, cfg = pipeline_result
+    reg = result["stages"]["register"]
+    policy, rm = ((name, str(client.get_model_version_by_alias(name, "challenger").version))
+                  for name in (cfg.tracking.registered_policy,
+                               cfg.tracking.registered_reward_model))
+    shown = registered_models_panel(client, result["parent_run_id"])
+    assert {policy, rm} <= shown
+    version = client.get_model_version(*policy)
+    assert version.run_id == reg["run_id"]
+    assert version.tags["rlhf.parent_run_id"] == result["parent_run_id"]
 
 
 def test_rerun_with_same_id_skips_completed_stages(pipeline_result):

@@ -28,6 +28,7 @@ from flows.config import load_config
 from rlhf_core.demo import write_preference_batch
 from tasks.registry import CHAMPION, PREVIOUS, alias_version
 from tasks.retrain import consumed_digests, file_digest
+from tests.shared import registered_models_panel
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
 POLICY = "rlhf-policy"
@@ -136,6 +137,10 @@ def test_b_good_batch_moves_champion_with_lineage(sequence):
     assert float(parent.data.tags["rlhf.gate.ci_low"]) > 0
     inputs = {d.dataset.digest for d in parent.inputs.dataset_inputs}
     assert out["good_digest"] in inputs
+    # the retrain's parent run lists its registered versions; the UI opens on the runs table
+    assert (POLICY, str(new.version)) in registered_models_panel(client, parent.info.run_id)
+    exp = client.get_experiment(parent.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_g_second_retrain_while_one_runs_trains_nothing(sequence):

@@ -34,6 +34,8 @@ def children(client, run):
 def test_shared_stages_run_once_and_points_reuse_them(sweep):
     out, client = sweep
     exp = out["experiment_id"]
+    kind = client.get_experiment(exp).tags["mlflow.experimentKind"]
+    assert kind == "custom_model_development"  # the MLflow UI opens on the runs table
     stage_runs = client.search_runs([exp], filter_string="tags.`rlhf.stage` != ''")
     counts = {}
     for run in stage_runs:

@@ -73,3 +73,39 @@ def test_shuffled_batches_resume_from_state_mid_pass():
 def test_shuffled_batches_rejects_empty():
     with pytest.raises(ValueError, match="no examples"):
         ShuffledBatches(0, 4, torch.Generator())
+
+
+def _one_at_a_time(n: int, count: int, rounds: int, gen: torch.Generator) -> list[list[int]]:
+    """Naive reference of a prompt stream: one index at a time, reshuffle when a pass ends."""
+    order, cursor, out = [], 0, []
+    for _ in range(rounds):
+        batch = []
+        while len(batch) < count:
+            if cursor >= len(order):
+                order, cursor = torch.randperm(n, generator=gen).tolist(), 0
+            batch.append(order[cursor])
+            cursor += 1
+        out.append(batch)
+    return out
+
+
+@pytest.mark.parametrize("n,count", [(10, 4), (3, 7), (5, 5)])
+def test_take_runs_on_into_the_next_pass_like_the_naive_stream(n, count):
+    ref = _one_at_a_time(n, count, 6, torch.Generator().manual_seed(9))
+    stream = ShuffledBatches(n, count, torch.Generator().manual_seed(9))
+    got = [stream.take(count).tolist() for _ in range(6)]
+    assert got == ref and all(len(b) == count for b in got)
+    assert stream.take(0).tolist() == []
+
+
+def test_take_resumes_from_state_across_a_pass_boundary():
+    ref = ShuffledBatches(10, 4, torch.Generator().manual_seed(2))
+    expected = [ref.take(4).tolist() for _ in range(5)]
+    gen = torch.Generator().manual_seed(2)
+    first = ShuffledBatches(10, 4, gen)
+    head = [first.take(4).tolist() for _ in range(3)]  # 12 indices: 2 into the second pass
+    gen2 = torch.Generator()
+    gen2.set_state(gen.get_state())
+    second = ShuffledBatches(10, 4, gen2)
+    second.load_state_dict(first.state_dict())
+    assert head + [second.take(4).tolist() for _ in range(2)] == expected

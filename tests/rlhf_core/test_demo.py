@@ -15,18 +15,23 @@ from rlhf_core.demo import (
     TOPICS,
     DemoSizes,
     all_prompts,
-    best_response,
     build_demo_assets,
     generate_demo_data,
     judge_score,
-    label_agreement,
     prompt_topic,
     sample_response,
 )
+from tests.shared import label_agreement
 
 FILES = ("sft", "preference", "prompts", "eval_prompts", "preference_eval")
 SMALL = DemoSizes(n_sft=300, n_pref=300, n_prompts=200, n_eval=64, n_pref_eval=100)
 PROMPT = "user : please describe cats briefly assistant :"
+
+
+def best_response(prompt: str) -> str:
+    """The judge's ideal answer: polite, on the prompt's topic, positive, signed off."""
+    topic = prompt_topic(prompt) or TOPICS[0]
+    return f"sure , {topic} are nice . hope this helps ."
 
 
 def _rows(path: Path) -> list[dict]:

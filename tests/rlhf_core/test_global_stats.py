@@ -18,7 +18,7 @@ from rlhf_core.global_stats import (
     world_size,
 )
 from rlhf_core.masked import masked_mean, masked_var, masked_whiten
-from rlhf_core.reward import reward_norm_stats
+from rlhf_core.scoring import reward_norm_stats
 
 ROWS = (3, 5)  # rank 0 holds rows 0-2, rank 1 rows 3-7 of an [8, 6] batch
 N_SCORES = (5, 8)

@@ -11,7 +11,6 @@ import transformers
 from rlhf_core.config import ModelConfig
 from rlhf_core.loader import (
     LoadSpec,
-    is_checkpointing,
     load_policy,
     load_scalar_model,
     load_tokenizer,
@@ -24,6 +23,10 @@ LOADERS = {"load_policy", "load_scalar_model", "new_scalar_model", "load_tokeniz
 # the only modules allowed to call from_pretrained: the loader's two layers
 ALLOWED = {ROOT / "rlhf_core" / "models.py", ROOT / "rlhf_core" / "loader.py",
            ROOT / "rlhf_core" / "lora.py"}
+
+
+def is_checkpointing(model) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
 def _calls(path: Path):

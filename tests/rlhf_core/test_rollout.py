@@ -1,5 +1,9 @@
 """Rollout and PPO update on a tiny GPT-2: padding, old log-probs, trimming, one step."""
 
+import dataclasses
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,7 +13,13 @@ from rlhf_core.data import encode, left_pad
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo import PPOTrainer
 from rlhf_core.ppo_math import logprobs_from_logits
-from rlhf_core.rollout import RolloutSettings, make_experience, response_logits, sampling_config
+from rlhf_core.rollout import (
+    Experience,
+    RolloutSettings,
+    make_experience,
+    response_logits,
+    sampling_config,
+)
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :"]
 
@@ -53,7 +63,8 @@ def test_old_logprobs_from_generation_match_a_forward_pass(models):
 def test_experience_is_masked_and_eos_trick_applied(models):
     exp = experience(models, max_new_tokens=3)
     outside = ~exp.response_mask
-    for t in (exp.logprobs, exp.values, exp.advantages, exp.returns, exp.rewards):
+    for t in (exp.logprobs, exp.values, exp.advantages, exp.returns,
+              exp.non_score_rewards, exp.kl):
         assert torch.all(t[outside] == 0)
     no_eos = ~exp.has_eos
     assert torch.all(exp.scores[no_eos] == -1.0)
@@ -119,3 +130,13 @@ def test_ppo_entropy_metric_is_the_entropy_of_the_sampled_distribution(models):
     untempered = float(masked_mean(entropy_from_logits(logits), mask))
     assert metrics["policy/entropy_avg"] == pytest.approx(sampled, rel=1e-4)
     assert abs(sampled - untempered) > 1e-2
+
+
+def test_every_experience_field_is_read_somewhere():
+    """A rollout field nothing reads (``exp.<field>`` in rlhf_core/ or tasks/) is dead weight
+    carried through every minibatch: remove it."""
+    root = Path(__file__).resolve().parents[2]
+    source = "".join(p.read_text() for d in ("rlhf_core", "tasks") for p in (root / d).glob("*.py"))
+    unread = [f.name for f in dataclasses.fields(Experience)
+              if not re.search(rf"\bexp\.{f.name}\b", source)]
+    assert not unread, unread

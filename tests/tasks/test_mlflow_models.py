@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlhf_core.models import ScalarHeadModel, load_tokenizer
-from rlhf_core.reward import score_texts
+from rlhf_core.scoring import score_texts
 
 PAIRS = pd.DataFrame({"prompt": ["hello world", "tell me about cats"],
                       "response": ["sure . thanks", "cats are nice !"]})

@@ -1,0 +1,60 @@
+"""Reading a reward model's score and normalising it: used by reward-model training
+(``rlhf_core/reward.py``), PPO's rollouts (``rlhf_core/rollout.py``), the reward-norm stage
+and the served reward model.
+
+The reward is read at the EOS token (the last real token) of prompt + completion + EOS.
+Normalisation statistics are an explicit artifact ``{mean, std, n}`` from scoring the SFT
+set, applied by a pure function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rlhf_core.data import encode, last_real_index, right_pad
+from rlhf_core.models import ScalarHeadModel
+
+
+def gather_at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values [B, T], index [B] -> [B]: values[b, index[b]] (the reward at EOS)."""
+    return values.gather(1, index.unsqueeze(1)).squeeze(1)
+
+
+def score_padded(model: ScalarHeadModel, ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Right-padded [B, T] sequences ending in EOS -> [B] reward read at the EOS token."""
+    mask = ids != pad_id
+    return gather_at(model(ids, mask), last_real_index(ids, pad_id))
+
+
+@torch.inference_mode()
+def score_texts(model: ScalarHeadModel, tokenizer, prompts: Sequence[str],
+                responses: Sequence[str], device: torch.device,
+                batch_size: int = 64) -> torch.Tensor:
+    """RM score of prompt + response + EOS for each pair -> [N] float32 on CPU."""
+    model.eval()
+    eos = [tokenizer.eos_token_id]
+    seqs = [encode(tokenizer, p) + encode(tokenizer, r) + eos for p, r in zip(prompts, responses)]
+    out = []
+    for start in range(0, len(seqs), batch_size):
+        ids = right_pad(seqs[start: start + batch_size], tokenizer.pad_token_id).to(device)
+        out.append(score_padded(model, ids, tokenizer.pad_token_id).float().cpu())
+    return torch.cat(out) if out else torch.empty(0)
+
+
+def reward_norm_stats(scores: torch.Tensor) -> dict[str, float]:
+    """{mean, std, n} of RM scores on the SFT set (the normalisation artifact)."""
+    if scores.numel() < 2:
+        raise ValueError(f"reward_norm_stats needs at least 2 scores, got {scores.numel()}")
+    scores = scores.double()
+    return {"mean": float(scores.mean()), "std": float(scores.std()), "n": int(scores.numel())}
+
+
+def normalise_scores(scores: torch.Tensor, stats: dict[str, float],
+                     divide_by_std: bool = False) -> torch.Tensor:
+    """r - mean, or (r - mean) / std: the pure function PPO applies to every RM score."""
+    out = scores - stats["mean"]
+    if divide_by_std:
+        out = out / max(stats["std"], 1e-8)
+    return out
