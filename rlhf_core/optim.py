@@ -17,9 +17,12 @@ def build_optimizer(
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW + LambdaLR: linear warm-up over warmup_ratio*total_steps, then the decay."""
     trained = [p for p in params if p.requires_grad]
-    fused = {"fused": True} if trained and all(p.is_cuda for p in trained) else {}
-    optimizer = torch.optim.AdamW(  # fused kernel on CUDA; the default on CPU (bit-identical)
-        trained, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **fused,
+    # torch's fused kernel on CPU and CUDA: one pass over each tensor instead of ~8 ops per
+    # parameter (CPU, 2 threads, 3.8M parameters: 2.4 ms a step instead of 30-140 ms)
+    fused = bool(trained) and all(p.device.type in ("cpu", "cuda") for p in trained)
+    optimizer = torch.optim.AdamW(
+        trained, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+        **({"fused": True} if fused else {}),
     )
     warmup = int(cfg.warmup_ratio * total_steps)
     schedule = cfg.schedule

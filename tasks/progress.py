@@ -4,6 +4,7 @@ the stage runs, and a log line (step, total, key metrics) each time the stage lo
 from __future__ import annotations
 
 import logging
+import time
 
 from tasks.common import in_prefect_run
 from tasks.tracking import StepLogger
@@ -22,13 +23,25 @@ def _logger() -> logging.Logger:
 
 
 class StageProgress:
-    """Callable ``(step, metrics)``: forwards to ``log_fn`` (MLflow), then updates the
-    stage's progress artifact and logs one line."""
+    """Callable ``(step, metrics)``: forwards to ``log_fn`` (MLflow), logs one line, and
+    updates the stage's progress artifact at most once per ``min_interval_s`` (each update is
+    a blocking call to the Prefect API; the last step is always written)."""
 
-    def __init__(self, stage: str, total: int, log_fn: StepLogger | None = None):
+    def __init__(self, stage: str, total: int, log_fn: StepLogger | None = None,
+                 min_interval_s: float = 5.0, clock=time.monotonic):
         self.stage, self.total, self.log_fn = stage, max(1, total), log_fn
         self.artifact_id = None
         self.logger = _logger()
+        self.min_interval_s, self.clock = min_interval_s, clock
+        self._last_write: float | None = None
+
+    def _due(self, step: int) -> bool:
+        now = self.clock()
+        if step >= self.total or self._last_write is None \
+                or now - self._last_write >= self.min_interval_s:
+            self._last_write = now
+            return True
+        return False
 
     def _artifact(self, pct: float) -> None:
         if not in_prefect_run():  # no API to talk to (and no temporary server to start)
@@ -50,7 +63,8 @@ class StageProgress:
         if self.log_fn is not None:
             self.log_fn(step, metrics)
         pct = min(100.0, 100.0 * step / self.total)
-        self._artifact(pct)
+        if self._due(step):
+            self._artifact(pct)
         shown = ", ".join(f"{k}={metrics[k]:.4g}" for k in SHOWN if k in metrics)
         self.logger.info("%s: step %d/%d (%.0f%%)%s", self.stage, step, self.total, pct,
                          f" {shown}" if shown else "")

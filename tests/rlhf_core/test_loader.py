@@ -106,3 +106,37 @@ def test_precision_auto_is_fp32_on_cpu_and_fp16_on_cpu_is_refused():
     assert LoadSpec.from_config(ModelConfig(), "cpu").precision == "fp32"
     with pytest.raises(ValueError, match="fp16 needs CUDA"):
         LoadSpec.from_config(ModelConfig(precision="fp16"), "cpu")
+
+
+def test_loaded_models_use_the_fused_tanh_gelu_with_the_same_outputs(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+    from transformers.activations import NewGELUActivation
+
+    from rlhf_core.loader import TanhGELU
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert any(isinstance(m, NewGELUActivation) for m in plain.modules())  # gelu_new in HF
+    policy = load_policy(tiny_model_dir, LoadSpec()).eval()
+    scalar = new_scalar_model(tiny_model_dir, LoadSpec())
+    for model in (policy, scalar):
+        assert not any(isinstance(m, NewGELUActivation) for m in model.modules())
+        assert sum(isinstance(m, TanhGELU) for m in model.modules()) == 2  # one per layer
+    ids = torch.randint(0, 20, (3, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(policy(ids).logits, plain(ids).logits, atol=1e-5, rtol=1e-5)
+    policy.save_pretrained(tmp_path / "saved")  # the saved config keeps its activation
+    assert "gelu_new" in (tmp_path / "saved" / "config.json").read_text()
+
+
+def test_optimizer_uses_the_fused_adamw_kernel_on_cpu():
+    from rlhf_core.config import OptimConfig
+    from rlhf_core.optim import build_optimizer
+
+    params = [torch.nn.Parameter(torch.randn(4, 3))]
+    optimizer, _ = build_optimizer(params, OptimConfig(lr=0.1), 10)
+    assert optimizer.defaults["fused"] is True
+    reference = torch.optim.AdamW([torch.nn.Parameter(params[0].detach().clone())], lr=0.1,
+                                  eps=1e-5, weight_decay=0.0, foreach=False)
+    for opt, p in ((optimizer, params[0]), (reference, reference.param_groups[0]["params"][0])):
+        p.grad = torch.ones_like(p)
+        opt.step()
+    torch.testing.assert_close(params[0], reference.param_groups[0]["params"][0])

@@ -36,3 +36,14 @@ def test_progress_artifact_tracks_the_steps_inside_a_flow(prefect_api):
             flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
     assert [(a.key, a.type, a.data) for a in arts] == [
         ("rlhf-reward-model-progress", "progress", 100.0)]
+
+
+def test_artifact_writes_are_throttled_but_the_last_step_is_written(monkeypatch):
+    now = [0.0]
+    live = StageProgress("sft", 10, min_interval_s=5.0, clock=lambda: now[0])
+    written = []
+    monkeypatch.setattr(live, "_artifact", written.append)
+    for step in range(1, 11):
+        now[0] = float(step)  # one second a step
+        live(step)
+    assert written == [10.0, 60.0, 100.0]  # step 1, step 6 (5 s later), the last step
