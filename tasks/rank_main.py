@@ -19,10 +19,11 @@ from pathlib import Path
 from rlhf_core.distributed import init_from_env, shutdown
 from tasks.common import setup_models, write_json
 from tasks.config import PipelineConfig
+from tasks.ppo import ppo_stage
 from tasks.tracking import RunContext
 from tasks.train import reward_model_stage, sft_stage
 
-STAGES = {"sft": sft_stage, "reward_model": reward_model_stage}
+STAGES = {"sft": sft_stage, "reward_model": reward_model_stage, "ppo": ppo_stage}
 
 
 def run(spec: dict) -> None:
