@@ -26,8 +26,12 @@ PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and
            "tell me about dogs :", "sure the sun is nice :", "hello world :", "rain ? :"]
 NORM = {"mean": 0.1, "std": 1.0, "n": 10}
 CASES = {
+    # Adam with a large epsilon and no clipping: a step follows the gradient's scale, so a
+    # wrongly weighted shard would show in the weights
     "gae": dict(rollout_batch_size=6, num_minibatches=3, ppo_epochs=2, micro_batch_size=1,
-                whiten_rewards=True, vf_coef=0.5),
+                whiten_rewards=True, vf_coef=0.5,
+                optim=OptimConfig(lr=0.1, adam_eps=1.0, max_grad_norm=1e3,
+                                  schedule="constant")),
     "rloo": dict(advantage_estimator="rloo", samples_per_prompt=2, rollout_batch_size=6,
                  num_minibatches=2, ppo_epochs=1),
     "reinforce": dict(advantage_estimator="reinforce_baseline", rollout_batch_size=5,
