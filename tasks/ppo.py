@@ -114,8 +114,16 @@ def ppo_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_
                              monitor=judge_monitor(prep["judge"]), checkpointer=ck)
     if dp is not None and not dp.is_main:
         return None
+    return _finish(ctx, run_id, trainer, tokenizer, samples, last, memory, metrics_log)
+
+
+def _finish(ctx: RunContext, run_id: str, trainer, tokenizer, samples: list[dict],
+            last: dict, memory: dict, metrics_log) -> dict:
+    """Memory metrics, the final policy (and critic), the sample table -> the output."""
+    client, out_root = ctx.client(), ctx.stage_dir("ppo")
     memory["memory/model_state_gb"] = state_bytes(
-        policy, ref_policy, value_model, reward_model, optimizer=trainer.optimizer) / 2**30
+        trainer.policy, trainer.ref_policy, trainer.value_model, trainer.reward_model,
+        optimizer=trainer.optimizer) / 2**30
     metrics_log(0, memory)  # not through the progress: it would read 0% again
     final_policy, final_value = merged(trainer.policy, trainer.value_model)
     policy_dir = save_policy(final_policy, tokenizer, out_root / "policy")
