@@ -2,7 +2,7 @@
 
 SPEC (written by tasks/launch.py) names the stage, its MLflow child run, the run context,
 the resolved pipeline config and the stage's inputs. The rank joins the torchrun group and
-runs the very stage function the in-process path runs (tasks/train.py) with its
+runs the very stage function the in-process path runs (tasks/train.py, tasks/ppo.py) with its
 :class:`DataParallel`. Rank 0 writes the stage's output reference to SPEC's ``output``;
 any rank that fails writes ``error_rank<r>.json`` (type, message, traceback) for the task
 to re-raise, then exits non-zero so torchrun stops the others.
