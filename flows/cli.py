@@ -248,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config field, e.g. --set ppo.kl_coef=0.1 (repeatable)")
     run.add_argument("--resume", metavar="RUN_ID", help="continue this MLflow parent run")
     run.add_argument("--nproc", type=int, metavar="N",
-                     help="data-parallel ranks for SFT and reward model (sets model.nproc)")
+                     help="data-parallel ranks for SFT, reward model and PPO (sets model.nproc)")
     run.set_defaults(func=cmd_run)
     val = sub.add_parser("validate", help="run the data gate alone (exit 1 if it fails)")
     val.add_argument("--config", type=Path, help="YAML/JSON pipeline config")

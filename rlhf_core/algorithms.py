@@ -26,6 +26,7 @@ from rlhf_core.estimators import (
     rloo_advantages,
     sequence_rewards,
 )
+from rlhf_core.global_stats import global_masked_whiten, global_weighted_means
 from rlhf_core.masked import masked_whiten
 from rlhf_core.ppo_math import compute_gae, per_token_rewards
 
@@ -46,6 +47,22 @@ class Algorithm:
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
+        # data parallel (rlhf_core/ppo_dist.py): each rank shapes its shard of the rollout
+        # batch; whitening and batch means then use every rank's shard (all-reduced)
+        self.global_batch = False
+
+    def whiten(self, values: torch.Tensor, mask: torch.Tensor,
+               shift_mean: bool = True) -> torch.Tensor:
+        """``masked_whiten`` over the rollout batch (the global one under data parallel)."""
+        if self.global_batch:
+            return global_masked_whiten(values, mask, shift_mean=shift_mean)
+        return masked_whiten(values, mask, shift_mean=shift_mean)
+
+    def batch_mean(self, values: torch.Tensor) -> float:
+        """Mean of a per-response [B] tensor over the rollout batch (global under DP)."""
+        if self.global_batch:
+            return global_weighted_means({"m": float(values.mean())}, len(values))["m"]
+        return float(values.mean())
 
     @property
     def kl_in_loss(self) -> bool:
@@ -63,7 +80,7 @@ class Algorithm:
         per_seq = self.sequence_advantages(sequence_rewards(scores, kl, mask, beta))
         advantages = broadcast_to_tokens(per_seq, mask)
         if self.cfg.whiten_advantages:
-            advantages = masked_whiten(advantages, mask) * mask
+            advantages = self.whiten(advantages, mask) * mask
         return Shaped(non_score, advantages, torch.zeros_like(advantages))
 
     def sequence_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
@@ -91,10 +108,10 @@ class GAE(Algorithm):
     def shape(self, scores, kl, values, mask, kl_coef) -> Shaped:
         rewards, non_score = per_token_rewards(scores, kl, mask, self.reward_kl_coef(kl_coef))
         if self.cfg.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False)
+            rewards = self.whiten(rewards, mask, shift_mean=False)
         advantages, returns = compute_gae(rewards, values, mask, self.cfg.gamma, self.cfg.lam)
         if self.cfg.whiten_advantages:
-            advantages = masked_whiten(advantages, mask) * mask
+            advantages = self.whiten(advantages, mask) * mask
         return Shaped(non_score, advantages, returns)
 
 
@@ -114,7 +131,7 @@ class ReinforceBaseline(Algorithm):
         self.baseline = RunningMeanBaseline(cfg.baseline_momentum)
 
     def sequence_advantages(self, rewards):
-        return self.baseline.advantages(rewards)
+        return self.baseline.advantages(rewards, self.batch_mean(rewards))
 
     def state_dict(self) -> dict:
         return {"baseline": self.baseline.state_dict()}

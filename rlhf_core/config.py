@@ -49,7 +49,7 @@ class ModelConfig(_Frozen):
         False, description="Recompute activations in backward (trained models; saves memory)."
     )
     nproc: int = Field(
-        1, ge=1, description="Data-parallel ranks for the SFT and reward-model stages "
+        1, ge=1, description="Data-parallel ranks for the SFT, reward-model and PPO stages "
         "(torchrun + DDP: gloo on CPU, nccl on CUDA, one GPU per rank); 1: in the task's "
         "own process."
     )

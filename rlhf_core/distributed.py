@@ -74,6 +74,14 @@ class DataParallel:
         return {k: out[k] for k in metrics}
 
 
+def check_world_size(saved: int, world: int) -> None:
+    """A checkpoint resumes only at the world size that wrote it (data order, shards and
+    the rollout seeds depend on it)."""
+    if saved != world:
+        raise ValueError(f"this checkpoint was written by {saved} rank(s); resume it with "
+                         f"model.nproc={saved} (now {world})")
+
+
 def init_from_env(device: torch.device) -> DataParallel | None:
     """Join the torchrun group described by the environment (None when WORLD_SIZE <= 1).
 

@@ -75,9 +75,11 @@ class RunningMeanBaseline:
         self.momentum = float(momentum)
         self.value: float | None = None
 
-    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """[B] -> [B]."""
-        batch_mean = float(rewards.mean())
+    def advantages(self, rewards: torch.Tensor, batch_mean: float | None = None
+                   ) -> torch.Tensor:
+        """[B] -> [B]. ``batch_mean``: the whole batch's mean reward when ``rewards`` is one
+        data-parallel rank's shard of it (default: ``rewards.mean()``)."""
+        batch_mean = float(rewards.mean()) if batch_mean is None else batch_mean
         base = batch_mean if self.value is None else self.value
         out = rewards - base
         self.value = batch_mean if self.value is None else \

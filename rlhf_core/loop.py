@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import OptimConfig
 from rlhf_core.data import ShuffledBatches
-from rlhf_core.distributed import CountFn, DataParallel
+from rlhf_core.distributed import CountFn, DataParallel, check_world_size
 from rlhf_core.faults import crash_point
 from rlhf_core.optim import LogFn, build_optimizer
 from rlhf_core.train_step import TrainStep
@@ -48,10 +48,7 @@ class _Shards:
 
 
 def _resume_world(extra: dict, dp: DataParallel | None) -> None:
-    saved, world = extra.get("world_size", 1), 1 if dp is None else dp.world
-    if saved != world:
-        raise ValueError(f"this checkpoint was written by {saved} rank(s); resume it with "
-                         f"model.nproc={saved} (now {world})")
+    check_world_size(extra.get("world_size", 1), 1 if dp is None else dp.world)
 
 
 def train_steps(

@@ -21,6 +21,7 @@ from rlhf_core.algorithms import make_algorithm
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import PPOConfig
 from rlhf_core.data import ShuffledBatches, left_pad
+from rlhf_core.distributed import check_world_size
 from rlhf_core.faults import crash_point
 from rlhf_core.masked import masked_mean, trusted_masks
 from rlhf_core.models import ScalarHeadModel
@@ -156,6 +157,7 @@ class PPOTrainer:
         self._losses = compiled(ppo_losses) if cfg.compile else ppo_losses
         self.kl_ctl = make_kl_controller(cfg)
         self.iteration, self.episode = 0, 0
+        self.world_size = 1  # data-parallel ranks (rlhf_core/ppo_dist.py sets it)
         self.prompt_stream = ShuffledBatches(len(self.prompt_ids),
                                              cfg.rollout_batch_size // cfg.samples_per_prompt,
                                              generator)
@@ -200,9 +202,9 @@ class PPOTrainer:
         stats = self.update(exp)
         t2 = time.perf_counter()
         self.iteration += 1
-        self.episode += prompts.shape[0]
+        self.episode += self.cfg.rollout_batch_size  # the global batch (= prompts' rows)
         metrics = self.iteration_metrics(exp, stats, t1 - t0, t2 - t1)
-        self.kl_ctl.update(metrics["objective/kl"], prompts.shape[0])
+        self.kl_ctl.update(metrics["objective/kl"], self.cfg.rollout_batch_size)
         return metrics, exp
 
     def update(self, exp: Experience) -> dict[str, float]:
@@ -238,14 +240,20 @@ class PPOTrainer:
                     n_updates += 1
         return {key: _weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
 
+    def nets(self):
+        """(policy, value model) as the update's forward runs them (DDP wrappers of the same
+        modules under data parallelism, rlhf_core/ppo_dist.py)."""
+        return self.policy, self.value_model
+
     def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
         """Clipped policy loss (+ value loss with a critic, + the algorithm's extra term, minus
         the entropy bonus) on ``rows`` (CPU indices), trimmed to their longest response ``R``
         -> (loss, stats)."""
         cfg, P = self.cfg, exp.context_length
         idx = rows.to(self.device)
+        policy, value_model = self.nets()
         return self._losses(
-            self.policy, self.value_model, exp.query_responses[idx, : P + R],
+            policy, value_model, exp.query_responses[idx, : P + R],
             exp.responses[idx, :R], exp.response_mask[idx, :R], exp.logprobs[idx, :R],
             exp.advantages[idx, :R], exp.values[idx, :R], exp.returns[idx, :R],
             exp.ref_logprobs[idx, :R], pad_id=self.tokenizer.pad_token_id, P=P,
@@ -321,9 +329,10 @@ class PPOTrainer:
     def _loop_state(self, last: dict) -> dict:
         return {"iteration": self.iteration, "episode": self.episode,
                 "kl_coef": self.kl_ctl.value, **self.prompt_stream.state_dict(), "last": last,
-                "algorithm": self.algorithm.state_dict()}
+                "algorithm": self.algorithm.state_dict(), "world_size": self.world_size}
 
     def _load_loop_state(self, state: dict) -> dict:
+        check_world_size(state.get("world_size", 1), self.world_size)
         self.iteration, self.episode = state["iteration"], state["episode"]
         self.kl_ctl.value = state["kl_coef"]
         self.prompt_stream.load_state_dict(state)

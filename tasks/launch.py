@@ -2,12 +2,12 @@
 
 The stage's Prefect task opens the stage's MLflow child run as usual, then starts
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m tasks.rank_main SPEC``
-as its own process group. Every rank loads the same inputs the in-process path loads and
-runs the same stage function (tasks/train.py) with a :class:`DataParallel`; rank 0 alone logs
-into the child run (its id and the tracking URI travel in SPEC), writes checkpoints and
-writes the stage's output reference for the task to return. The task streams the ranks'
-progress lines, kills the whole group on failure or cancellation, and re-raises a rank's
-error with its message. With ``nproc`` 1 the stage runs in the task's own process, as always.
+as its own process group. Every rank loads the same inputs the in-process path loads and runs
+the same stage function (tasks/train.py, tasks/ppo.py) with a :class:`DataParallel`; rank 0
+alone logs into the child run (its id and the tracking URI travel in SPEC), writes checkpoints
+and writes the stage's output reference for the task to return. The task streams the ranks'
+progress lines, kills the whole group on failure or cancellation, and re-raises a rank's error
+with its message. With ``nproc`` 1 the stage runs in the task's own process, as always.
 """
 
 from __future__ import annotations

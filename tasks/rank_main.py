@@ -2,7 +2,7 @@
 
 SPEC (written by tasks/launch.py) names the stage, its MLflow child run, the run context,
 the resolved pipeline config and the stage's inputs. The rank joins the torchrun group and
-runs the very stage function the in-process path runs (tasks/train.py) with its
+runs the very stage function the in-process path runs (tasks/train.py, tasks/ppo.py) with its
 :class:`DataParallel`. Rank 0 writes the stage's output reference to SPEC's ``output``;
 any rank that fails writes ``error_rank<r>.json`` (type, message, traceback) for the task
 to re-raise, then exits non-zero so torchrun stops the others.
@@ -19,10 +19,11 @@ from pathlib import Path
 from rlhf_core.distributed import init_from_env, shutdown
 from tasks.common import setup_models, write_json
 from tasks.config import PipelineConfig
+from tasks.ppo import ppo_stage
 from tasks.tracking import RunContext
 from tasks.train import reward_model_stage, sft_stage
 
-STAGES = {"sft": sft_stage, "reward_model": reward_model_stage}
+STAGES = {"sft": sft_stage, "reward_model": reward_model_stage, "ppo": ppo_stage}
 
 
 def run(spec: dict) -> None:

@@ -71,9 +71,9 @@ def test_rollouts_and_scoring_do_not_import_the_reward_model_trainer():
     assert not bad, bad
 
 
-# library functions written ahead of their production caller: the global statistics that DDP
-# PPO (issue 13) will use; each is tested against its single-process function
-AHEAD_OF_USE = {"global_masked_var", "global_masked_whiten", "global_reward_norm_stats"}
+# library functions written ahead of their production caller: global reward-normalisation
+# statistics (for a data-parallel reward_norm stage); tested against the one-process function
+AHEAD_OF_USE = {"global_reward_norm_stats"}
 
 
 def test_no_production_function_exists_only_for_the_tests():

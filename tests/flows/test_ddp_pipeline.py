@@ -1,9 +1,10 @@
-"""The pipeline with model.nproc=2: SFT and the reward model run as 2 gloo ranks under
+"""The pipeline with model.nproc=2: SFT, the reward model and PPO run as 2 gloo ranks under
 torchrun, started and watched by their Prefect tasks. Only rank 0 logs (one value per
 step), writes checkpoints and outputs; both ranks killed mid-stage fail the stage with the
 launcher's report, and --resume at the same world size continues from rank 0's checkpoint
 without logging a step twice. (That the resumed weights equal an uninterrupted run's, and
-that 2 ranks make the 1-process update, is tested in tests/rlhf_core/test_distributed.py.)"""
+that 2 ranks make the 1-process update, is tested in tests/rlhf_core/test_distributed.py and,
+for PPO, tests/rlhf_core/test_ppo_dist.py.)"""
 
 from pathlib import Path
 
@@ -16,7 +17,8 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
 # 4 SFT steps and 4 RM steps, each logged; checkpoints after step 2; PPO and evaluation short
 OVERRIDES = ["model.nproc=2", "model.torch_threads=2", "sft.log_every=1",
              "sft.checkpoint_every=2", "reward.log_every=1", "reward.checkpoint_every=2",
-             "ppo.iterations=1", "tracking.register_models=false"]
+             "ppo.iterations=2", "ppo.sample_every=1", "ppo.num_samples=2",
+             "tracking.register_models=false"]
 RANK_STAGES = ("sft", "reward_model")
 
 
@@ -77,3 +79,18 @@ def test_resumed_two_rank_stages_log_once_per_step_and_checkpoint_once(crashed_t
         assert artifacts and len(artifacts) == len(set(artifacts))
     parent = client.get_run(result["parent_run_id"]).data.metrics
     assert "eval/rm_accuracy" in parent and "eval/judge_win_rate" in parent
+
+
+def test_ppo_runs_on_two_ranks_and_rank_0_alone_logs_and_writes(crashed_then_resumed):
+    _, result, client = crashed_then_resumed
+    run_id = _children(client, result["parent_run_id"])["ppo"].info.run_id
+    for key in ("objective/kl", "objective/scores", "loss/policy_avg", "judge/score"):
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert steps == [1, 2], (key, steps)  # once per iteration, not once per rank
+    ranks = Path(result["workdir"]) / "ppo" / "ranks"
+    assert (ranks / "spec.json").exists() and (ranks / "output.json").exists()
+    assert not list(ranks.glob("error_rank*"))
+    samples = [a.path for a in client.list_artifacts(run_id, "samples")]
+    assert samples == ["samples/all.json", "samples/iter_00001.json", "samples/iter_00002.json"]
+    assert result["stages"]["ppo"]["metrics"]["objective/kl"] == pytest.approx(
+        client.get_metric_history(run_id, "objective/kl")[-1].value)

@@ -1,0 +1,200 @@
+"""Data-parallel PPO: N ranks share one rollout batch and make the 1-process update.
+
+:class:`DataParallelPPO` wraps :class:`rlhf_core.ppo.PPOTrainer` (same loop, same algorithm,
+same :class:`TrainStep`); it changes only where the batch lives:
+
+- **Prompts.** Every rank draws the same global prompt stream (the data-order generator is
+  seeded alike), so the global batch is the 1-process one; each rank keeps a contiguous slice
+  of its prompt groups (a prompt's k samples stay on one rank, so RLOO/GRPO's groups are
+  whole). Sampling noise comes from a per-rank seed derived from (seed, iteration, rank), so
+  a run, and a resumed run, is reproducible for a given world size.
+- **Rollout.** Each rank generates, scores and runs the reference/value forwards on its shard.
+  The algorithm's whitening and batch means use every rank's shard (``global_batch``, via
+  rlhf_core/global_stats.py); the reward normalisation is the fixed statistics of the
+  reward_norm stage, the same on every rank.
+- **Update.** The minibatch order is drawn over the *global* batch from the shared generator;
+  each rank runs the rows of each global minibatch it holds, each micro-batch's loss weighted
+  by ``world * its tokens / the global minibatch's tokens``, so DDP's mean of the gradients
+  is the global minibatch's token-mean gradient: the update equals the 1-process one. A rank
+  holding no row of a minibatch runs one row at weight 0 (it must join the all-reduce).
+- **Metrics** are the global batch's (means weighted by each rank's sequences, counts summed,
+  explained variance from global variances), so the adaptive KL controller sees the global
+  KL. Only rank 0 calls ``on_iteration`` (logging, samples) and saves checkpoints; every rank
+  restores from them, and a checkpoint resumes only at the world size that wrote it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import ExitStack, contextmanager
+
+import torch
+import torch.distributed as dist
+
+from rlhf_core.distributed import DataParallel
+from rlhf_core.global_stats import all_reduce_sum, global_masked_var, global_weighted_means
+from rlhf_core.masked import trusted_masks
+from rlhf_core.ppo import PPOTrainer, _weighted_sum
+from rlhf_core.rollout import Experience
+
+# identical on every rank: not averaged (an average could move them by a rounding error)
+SHARED_KEYS = ("lr", "episode", "objective/kl_coef")
+SUMMED_KEYS = ("val/num_eos_tokens", "throughput/tokens_per_s")
+
+
+def shard_rows(batch: int, k: int, world: int, rank: int) -> torch.Tensor:
+    """Rows of a global batch of ``batch`` = G * k rows (k consecutive samples per prompt)
+    that ``rank`` holds: a contiguous slice of whole groups -> [rows] long."""
+    groups = torch.tensor_split(torch.arange(batch // k), world)[rank]
+    return (groups[:, None] * k + torch.arange(k)).reshape(-1)
+
+
+class _RestoreOnly:
+    """A checkpointer for ranks other than 0: restores from rank 0's checkpoints, saves none."""
+
+    def __init__(self, checkpointer):
+        self._checkpointer = checkpointer
+
+    def restore(self, *args, **kwargs):
+        return self._checkpointer.restore(*args, **kwargs)
+
+    def due(self, *args) -> bool:
+        return False
+
+
+class DataParallelPPO(PPOTrainer):
+    """:class:`PPOTrainer` on one rank of ``dp``; ``seed`` makes the per-rank sampling seeds.
+    Every other argument is PPOTrainer's, and every rank passes the same ones."""
+
+    def __init__(self, *args, dp: DataParallel, seed: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        groups = self.cfg.rollout_batch_size // self.cfg.samples_per_prompt
+        if groups < dp.world:
+            raise ValueError(
+                f"data-parallel PPO needs a prompt per rank: ppo.rollout_batch_size "
+                f"({self.cfg.rollout_batch_size}) / ppo.samples_per_prompt "
+                f"({self.cfg.samples_per_prompt}) = {groups} prompts < model.nproc ({dp.world})")
+        self.dp, self.seed, self.world_size = dp, seed, dp.world
+        self.algorithm.global_batch = True
+        self.policy_net = dp.wrap(self.policy)  # parameters shared with self.policy
+        self.value_net = None if self.value_model is None else dp.wrap(self.value_model)
+        self.train_step.no_sync = self._no_sync
+
+    @contextmanager
+    def _no_sync(self):
+        """Accumulate micro-batch gradients locally (both models); the last one all-reduces."""
+        with ExitStack() as stack:
+            for net in (self.policy_net, self.value_net):
+                if net is not None:
+                    stack.enter_context(net.no_sync())
+            yield
+
+    def nets(self):
+        return self.policy_net, self.value_net
+
+    # -- rollout ----------------------------------------------------------------------------
+    def next_prompts(self) -> torch.Tensor:
+        """This rank's groups of the global batch (drawn alike on every rank)."""
+        prompts = super().next_prompts()
+        return prompts[shard_rows(prompts.shape[0], self.cfg.samples_per_prompt,
+                                  self.dp.world, self.dp.rank)]
+
+    def step(self):
+        # sampling noise: per rank and iteration, so a resumed run samples what it would have
+        torch.manual_seed((self.seed * 1_000_003 + self.iteration) * 1009 + self.dp.rank)
+        return super().step()
+
+    # -- update -----------------------------------------------------------------------------
+    def update(self, exp: Experience) -> dict[str, float]:
+        """PPOTrainer.update's epochs and minibatches over the global batch; this rank runs
+        its rows of each. ``exp`` is this rank's shard; the shards, in rank order, make the
+        global batch."""
+        cfg = self.cfg
+        local = exp.response_mask.sum(dim=1).cpu()  # (B_local,)
+        if (local == 0).any():
+            raise ValueError("PPO update: a response has no real token")
+        every: list = [None] * self.dp.world
+        dist.all_gather_object(every, local.tolist())
+        lengths = torch.tensor([n for shard in every for n in shard])  # (B,) global
+        lo = sum(len(shard) for shard in every[: self.dp.rank])
+        recorded: dict[str, list[tuple[float, torch.Tensor]]] = defaultdict(list)
+        n_updates = 0
+        with trusted_masks():
+            for _ in range(cfg.ppo_epochs):
+                order = torch.randperm(len(lengths), generator=self.generator)
+                for start in range(0, len(order), cfg.minibatch_size):
+                    idx = order[start: start + cfg.minibatch_size]
+                    mine = idx[(idx >= lo) & (idx < lo + len(local))] - lo
+                    self.train_step.run(self._micro_batches(
+                        exp, mine, local, int(lengths[idx].sum()), recorded),
+                        self.iteration + 1)
+                    n_updates += 1
+        keys = sorted(recorded)
+        partial = torch.tensor([_weighted_sum(recorded[k], n_updates) for k in keys])
+        return dict(zip(keys, all_reduce_sum(partial).tolist()))
+
+    def _micro_batches(self, exp, mine, local, n_tokens, recorded):
+        """This rank's micro-batches of one global minibatch (``mine``: its rows of it)."""
+        size = self.cfg.micro_batch_size or max(len(mine), 1)
+        chunks = [(mine[i: i + size], 1.0) for i in range(0, len(mine), size)]
+        chunks = chunks or [(torch.zeros(1, dtype=torch.long), 0.0)]  # joins the all-reduce
+
+        def micro(rows, scale):
+            share = scale * int(local[rows].sum()) / n_tokens  # of the global minibatch
+            loss, values = self.minibatch_loss(exp, rows, int(local[rows].max()))
+            for key, value in values.items():
+                recorded[key].append((share, value.detach()))
+            return loss, self.dp.world * share
+
+        return [lambda rows=rows, scale=scale: micro(rows, scale) for rows, scale in chunks]
+
+    # -- metrics ----------------------------------------------------------------------------
+    def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
+                          update_s: float) -> dict[str, float]:
+        """The global batch's metrics (``stats`` from :meth:`update` are global already)."""
+        local = super().iteration_metrics(exp, stats, rollout_s, update_s)
+        kept = set(stats) | set(SHARED_KEYS) | set(SUMMED_KEYS) | {"val/explained_variance"}
+        out = global_weighted_means({k: v for k, v in local.items() if k not in kept},
+                                    exp.responses.shape[0])
+        summed = [k for k in SUMMED_KEYS if k in local]
+        out.update(zip(summed, all_reduce_sum(torch.tensor([local[k] for k in summed]))
+                       .tolist()))
+        if "val/explained_variance" in local:
+            out["val/explained_variance"] = self._explained_variance(exp)
+        out.update({k: local[k] for k in (*SHARED_KEYS, *stats) if k in local})
+        return {k: out[k] for k in local}
+
+    @staticmethod
+    def _explained_variance(exp: Experience) -> float:
+        """1 - Var(R - V) / Var(R) over the global batch's response tokens (0 if Var(R)=0)."""
+        mask = exp.response_mask
+        var_r = global_masked_var(exp.returns, mask, unbiased=False)
+        if var_r == 0:
+            return 0.0
+        return float(1 - global_masked_var(exp.returns - exp.values, mask, unbiased=False)
+                     / var_r)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def train(self, on_iteration=None, progress: bool = True, monitor=None,
+              checkpointer=None) -> dict:
+        """PPOTrainer.train on every rank: ``monitor``'s metrics are averaged over the global
+        batch; only rank 0 calls ``on_iteration``, shows progress and saves checkpoints."""
+        main = self.dp.is_main
+        if monitor is not None:
+            local_monitor = monitor
+
+            def monitor(prompts, responses, has_eos):
+                return global_weighted_means(local_monitor(prompts, responses, has_eos),
+                                             len(prompts))
+        if checkpointer is not None and not main:
+            checkpointer = _RestoreOnly(checkpointer)
+        return super().train(on_iteration if main else None, progress and main, monitor,
+                             checkpointer)
+
+
+def make_trainer(*args, dp: DataParallel | None = None, seed: int = 0,
+                 **kwargs) -> PPOTrainer:
+    """PPOTrainer in one process (``dp`` None), DataParallelPPO on a rank of ``dp``."""
+    if dp is None:
+        return PPOTrainer(*args, **kwargs)
+    return DataParallelPPO(*args, dp=dp, seed=seed, **kwargs)
