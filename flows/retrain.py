@@ -76,9 +76,10 @@ def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
         yield False
         return
     with ExitStack() as stack:
-        try:
+        try:  # skip: the slot was free a moment ago; the timeout only bounds a lost race (a
+            # 1 s bound skipped free-slot runs when a loaded server answered slowly)
             stack.enter_context(concurrency(name, occupy=1, strict=True,
-                                            timeout_seconds=1.0 if skip else None))
+                                            timeout_seconds=15.0 if skip else None))
         except TimeoutError:
             yield False
             return
