@@ -18,7 +18,8 @@ from flows.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
-OVERRIDES = ["model.torch_threads=2", "tracking.register_models=false"]
+OVERRIDES = ["model.torch_threads=2", "tracking.register_models=false", "ppo.iterations=2",
+             "eval.num_prompts=8"]
 GONE = ("validate", "sft", "reward_model")
 
 
