@@ -14,6 +14,7 @@ from contextlib import ExitStack, contextmanager
 
 from prefect import flow
 
+from data_checks.validate import ValidationFailed
 from flows.config import _merge
 from flows.wiring import run_pipeline, tracked, train_policy
 from tasks.config import PipelineConfig
@@ -21,7 +22,14 @@ from tasks.evaluate import register
 from tasks.finish import finish
 from tasks.gate import gate
 from tasks.prepare import prepare
-from tasks.retrain import add_batches, fetch_champion, find_batches, mark_consumed, report
+from tasks.retrain import (
+    add_batches,
+    batch_rows_note,
+    fetch_champion,
+    find_batches,
+    mark_consumed,
+    report,
+)
 from tasks.tracking import RunContext
 from tasks.validate import validate
 
@@ -88,11 +96,18 @@ def bootstrap(config: PipelineConfig, batches: list[dict]) -> dict:
     """No champion yet: the whole pipeline on the data + batches; its result is champion."""
     digests = json.dumps([b["digest"] for b in batches])
 
-    def with_batches(ctx: RunContext, prep: dict) -> dict:
-        return add_batches(ctx, config, prep, batches)
+    rows: list[dict] = []
 
-    result = run_pipeline(config, prep_hook=with_batches,
-                          lineage={"rlhf.batches": digests, "rlhf.started_from": "none"})
+    def with_batches(ctx: RunContext, prep: dict) -> dict:
+        out = add_batches(ctx, config, prep, batches)
+        rows.extend(out["batch_rows"])
+        return out
+
+    try:
+        result = run_pipeline(config, prep_hook=with_batches,
+                              lineage={"rlhf.batches": digests, "rlhf.started_from": "none"})
+    except ValidationFailed as err:  # name the batch files, not only combined rows
+        raise ValidationFailed(f"{err}\n{batch_rows_note(rows)}") from None
     ctx = RunContext(tracking_uri=result["tracking_uri"], experiment_id=result["experiment_id"],
                      parent_run_id=result["parent_run_id"], workdir=result["workdir"],
                      seed=config.seed)
@@ -110,7 +125,10 @@ def challenge(config: PipelineConfig, batches: list[dict]) -> dict:
     with tracked(ctx, config):
         champion = fetch_champion(ctx, config)
         prep = add_batches(ctx, config, prep, batches, champion)
-        data = validate(ctx, config, prep)
+        try:
+            data = validate(ctx, config, prep)
+        except ValidationFailed as err:  # name the batch files, not only combined rows
+            raise ValidationFailed(f"{err}\n{batch_rows_note(prep['batch_rows'])}") from None
         r = config.retrain
         reference = champion["sft_dir"] if r.reference == "sft" else champion["policy_dir"]
         rm_init = champion["sft_dir"] if r.rm_init == "sft" else champion["rm_dir"]

@@ -9,12 +9,21 @@ from rlhf_core.evaluate import compare_policies, sample_policy
 from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
 from tasks.artifacts import local_path
+from tasks.champion_rule import (
+    DECISION_TAG,
+    REASON_TAG,
+    SCORER_TAG,
+    champion_evaluation,
+    eval_scorer,
+    register_decision,
+    score_key,
+)
 from tasks.common import metric_logger, read_jsonl, run_stage, setup_models, stage_params
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.progress import StageProgress
 from tasks.registry import CHALLENGER, move_champion, set_alias, show_on_run
-from tasks.tracking import RunContext, find_stage_run
+from tasks.tracking import RunContext, find_stage_run, set_tags
 
 
 def _table_artifact(rows: list[dict]) -> None:
@@ -59,6 +68,8 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
         metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
                                          resolve_judge(prep["judge"]))
         client = ctx.client()
+        scorer = eval_scorer(prep["judge"], rm_out.get("run_id", ""), prompts)
+        set_tags(client, ctx.parent_run_id, {SCORER_TAG: scorer})
         metric_logger(ctx, run_id)(0, metrics)
         metric_logger(ctx, ctx.parent_run_id)(0, metrics)
         table = pd.DataFrame(rows)
@@ -67,25 +78,9 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
         first = ("eval/judge_win_rate", "eval/judge_score_policy", "eval/judge_score_sft",
                  "eval/kl_to_ref", "eval/eos_rate_policy")
         ordered = {k: metrics[k] for k in first if k in metrics}
-        return {"metrics": {**ordered, **metrics}}
+        return {"metrics": {**ordered, **metrics}, "scorer": scorer}
 
     return run_stage(ctx, "evaluate", body, stage_params(cfg, "eval"))
-
-
-def _score_key(metrics: dict) -> str:
-    return "eval/judge_score_policy" if "eval/judge_score_policy" in metrics \
-        else "eval/rm_score_policy"
-
-
-def _champion_score(client, name: str, key: str) -> float | None:
-    """The evaluation score of the current champion version, if there is one."""
-    try:
-        version = client.get_model_version_by_alias(name, "champion")
-    except Exception:  # noqa: BLE001 - MlflowException when the alias or model is absent
-        return None
-    run = client.get_run(version.run_id)
-    parent = run.data.tags.get("mlflow.parentRunId", version.run_id)
-    return client.get_run(parent).data.metrics.get(key)
 
 
 def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
@@ -142,42 +137,49 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
              rm_out: dict, data: dict, lineage: dict | None = None,
              decision: dict | None = None) -> dict:
     """Register the policy and the reward model (alias challenger) with lineage tags. The
-    policy becomes champion when ``decision`` says so (retrain gate), else when it beats
-    the current champion's evaluation score; the old champion keeps previous-champion."""
+    policy becomes champion when ``decision`` says so (retrain gate), else by the pipeline's
+    rule (tasks/champion_rule.py): no champion yet, or it beats the champion's evaluation
+    score by the same scorer on the same prompts; the old champion keeps previous-champion."""
 
     def body(run_id: str) -> dict:
         if not cfg.tracking.register_models:
             return {"registered": False, "metrics": {}}
         client = ctx.client()
         name = cfg.tracking.registered_policy
-        key = _score_key(eval_out["metrics"])
-        current = _champion_score(client, name, key)
+        key = score_key(eval_out["metrics"])
+        score = eval_out["metrics"][key]
+        rule = register_decision(champion_evaluation(client, name), eval_out.get("scorer"),
+                                 key, score) if decision is None else \
+            {"promote": bool(decision["promote"]), "reason": decision["reason"],
+             "decision": "gate: " + ("promote" if decision["promote"] else "keep"),
+             "champion_score": None}
         rm_name = cfg.tracking.registered_reward_model
         card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
         version, rm_version = log_models(
             run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
             str(local_path(ctx, rm_out, "model_dir")), str(local_path(ctx, data, "tokenizer")),
             rm_name, card, setup_models(cfg.model)[1])
-        for tag, value in lineage_tags(ctx, rm_out, ppo_out, lineage).items():
+        tags = {**lineage_tags(ctx, rm_out, ppo_out, lineage),
+                DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]}
+        if decision is not None:
+            tags["rlhf.gate"] = decision["reason"]
+        for tag, value in tags.items():
             client.set_model_version_tag(name, str(version), tag, value)
         show_on_run(client, ctx.parent_run_id, [(name, version), (rm_name, rm_version)])
+        set_tags(client, run_id, {DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]})
         set_alias(client, name, CHALLENGER, version)
         set_alias(client, rm_name, CHALLENGER, rm_version)
-        score = eval_out["metrics"][key]
-        if decision is not None:
-            promoted, reason = bool(decision["promote"]), decision["reason"]
-            client.set_model_version_tag(name, str(version), "rlhf.gate", reason)
-        else:
-            promoted = current is None or score > current
-            reason = f"{key} {score:.4g} vs champion {current}"
-        if promoted:
-            move_champion(client, name, version, "register", reason)
-        aliases = "challenger, champion" if promoted else "challenger"
+        if rule["promote"]:
+            move_champion(client, name, version, "register", rule["reason"])
+        aliases = "challenger, champion" if rule["promote"] else "challenger"
+        current = rule["champion_score"]
         figures = {"policy": f"models:/{name}/{version} ({aliases})",
                    "reward model": f"models:/{rm_name}/{rm_version} (challenger)",
-                   "champion score before": "none" if current is None else f"{current:.4g}"}
+                   "champion decision": rule["decision"],
+                   "champion score before": f"{current:.4g}" if current is not None
+                   else {"first": "none"}.get(rule["decision"], "not compared")}
         return {"registered": True, "model_name": name, "version": int(version),
                 "reward_model_name": rm_name, "reward_model_version": int(rm_version),
-                "promoted": promoted, "metrics": {key: score}, "figures": figures}
+                "promoted": rule["promote"], "metrics": {key: score}, "figures": figures}
 
     return run_stage(ctx, "register", body)

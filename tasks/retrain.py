@@ -125,22 +125,33 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: dict, batches: list[
     _check_gate_prompts(cfg, data)
     frames = [] if cfg.retrain.rm_data == "new_only" and champion else \
         [load_table(data.preference, "preference")]
+    rows = []  # where each batch sits in the combined file (1-based rows, as the gate says)
     for batch in batches:
         try:
             frames.append(load_table(DataSource(path=batch["path"]), "preference"))
         except DataError as err:
             raise DataError(f"preference batch {batch['name']}: {err}") from None
+        first = sum(len(f) for f in frames[:-1]) + 1
+        rows.append({"name": batch["name"], "first": first, "last": first + len(frames[-1]) - 1})
     path = ctx.stage_dir("batches") / "preference.jsonl"
     pd.concat(frames, ignore_index=True).to_json(path, orient="records", lines=True,
                                                  force_ascii=False)
     out = {**prep, "data": data.model_copy(update={"preference": DataSource(path=str(path))})
-           .model_dump()}
+           .model_dump(), "batch_rows": rows}
     if champion is not None:
         out.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
     set_tags(ctx.client(), ctx.parent_run_id, {
         "rlhf.retrain": "true", "rlhf.retrain.batches": json.dumps(
             [{"name": b["name"], "digest": b["digest"]} for b in batches])})
     return out
+
+
+def batch_rows_note(rows: list[dict]) -> str:
+    """Which rows of the combined preference file came from which batch file (for the data
+    gate's error, whose row numbers count in the combined file)."""
+    return "rows of the combined preference file by batch: " + "; ".join(
+        f"{r['first']}-{r['last']} = {r['name']} rows 1-{r['last'] - r['first'] + 1}"
+        for r in rows)
 
 
 def log_batch_inputs(ctx: RunContext, batches: list[dict]) -> None:

@@ -63,6 +63,11 @@ def test_policy_weights_changed_and_model_registered(pipeline_result):
     assert any(not torch.equal(sft_w[k], ppo_w[k]) for k in sft_w)
     version = client.get_model_version_by_alias(cfg.tracking.registered_policy, "challenger")
     assert version.run_id == result["stages"]["register"]["run_id"]
+    # the first registered policy is champion by the "no champion yet" rule, said in its tags
+    assert version.tags["rlhf.register.decision"] == "first"
+    assert version.aliases and "champion" in version.aliases
+    scorer = client.get_run(result["parent_run_id"]).data.tags["rlhf.eval.scorer"]
+    assert scorer.startswith("judge:demo@16 prompts:"), scorer
 
 
 def test_parent_run_shows_registered_versions(pipeline_result):

@@ -56,3 +56,6 @@ def test_judge_none_means_no_judge_in_any_stage(margin_no_judge_run):
               for k in r.data.metrics if "judge" in k or "gold" in k]
     assert judged == []
     assert "eval/rm_accuracy" in runs[0].data.metrics  # label accuracy stays
+    # its evaluation scorer is this run's own reward model: register compares no champion
+    rm_run = _children(client, result)["reward_model"].info.run_id
+    assert runs[0].data.tags["rlhf.eval.scorer"].startswith(f"reward_model:{rm_run}@16 ")

@@ -112,6 +112,8 @@ def test_d_no_new_batch_trains_nothing(sequence):
 def test_e_malformed_batch_fails_at_validate_unconsumed_champion_untouched(sequence):
     out, client = sequence
     assert isinstance(out["e_malformed"], ValidationFailed)
+    # the gate's rows count in the combined file; the error also names the batch file
+    assert "= batch-bad.jsonl rows 1-2" in str(out["e_malformed"])
     assert out["bad_digest"] not in out["e_malformed/consumed"]
     assert out["e_malformed/champion"].version == out["a_bootstrap/champion"].version
     failed = [r for r in _retrain_parents(client) if r.info.status == "FAILED"]

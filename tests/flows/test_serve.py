@@ -5,19 +5,27 @@ deployment with no parameters and with a one-field override (run side by side)."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from flows.config import load_config
+from flows.serve import served_parameters
 from tests.flows.prefect_procs import (
     ROOT,
     prefect_server,
     rlhf_serve,
+    stop,
     wait_deployment,
     wait_run,
 )
+from tests.servers import stage_children
+from tests.shared import STAGES
 
+POOL = "rlhf-process"  # prefect.yaml's work pool
 SECTIONS = {"model", "data", "sft", "reward", "ppo", "eval", "tracking"}
 SCHEDULER = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
              "PREFECT_SERVER_SERVICES_SCHEDULER_MIN_RUNS": "1",
@@ -140,20 +148,60 @@ def test_one_field_override_keeps_the_rest_and_shows_in_mlflow(served, pipeline_
 
 
 
-def test_prefect_deploy_registers_the_prefect_yaml_deployments(served):
-    import subprocess
-    import sys
-
-    env = {**served["env"], "RLHF_REPO_DIR": str(ROOT)}
+@pytest.fixture(scope="module")
+def yaml_deployed(served):
+    """prefect.yaml's deployments on the served Prefect server, in a process work pool."""
     prefect = [sys.executable, "-m", "prefect"]
-    subprocess.run([*prefect, "work-pool", "create", "rlhf-process", "--type", "process"],
-                   env=env, cwd=ROOT, check=True, capture_output=True, timeout=120)
-    out = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    subprocess.run([*prefect, "work-pool", "create", POOL, "--type", "process"],
+                   env=served["env"], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    out = subprocess.run([*prefect, "--no-prompt", "deploy", "--all"], env=served["env"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    client = served["client"]
-    pipeline = client.read_deployment_by_name("rlhf_pipeline/demo")
-    assert pipeline.work_pool_name == "rlhf-process"
+    return served["client"].read_deployment_by_name("rlhf_pipeline/demo")
+
+
+def test_prefect_deploy_registers_the_prefect_yaml_deployments(served, yaml_deployed):
+    client, pipeline = served["client"], yaml_deployed
+    assert pipeline.work_pool_name == POOL
     assert pipeline.parameters["demo"]["enabled"] is True
     assert "PPOConfig" in pipeline.parameter_openapi_schema["definitions"]
-    assert client.read_deployment_by_name("retrain/demo").work_pool_name == "rlhf-process"
+    assert client.read_deployment_by_name("retrain/demo").work_pool_name == POOL
+    # the checkout is found on the worker at run time, not where `prefect deploy` ran
+    assert pipeline.pull_steps == [{"prefect.deployments.steps.set_working_directory": {
+        "directory": "{{ $RLHF_REPO_DIR }}"}}]
+
+
+def test_process_worker_runs_the_prefect_yaml_pipeline(served, yaml_deployed, tmp_path):
+    """`prefect worker start --pool` (another folder, as on another machine) picks up a run
+    of prefect.yaml's pipeline deployment, triggered through the API with the test config's
+    sizes and a tracking store of its own, and the run lands in that store."""
+    client, store = served["client"], tmp_path / "store"
+    uri = f"sqlite:///{store}/mlflow.db"
+    small = load_config(ROOT / "configs" / "test.yaml", [
+        f"tracking.tracking_uri={uri}", f"tracking.workdir={store}/runs",
+        "tracking.system_metrics=false", "tracking.experiment=rlhf-worker"])
+    log = tmp_path / "worker.log"
+    env = {**served["env"], "RLHF_REPO_DIR": str(ROOT), "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    with open(log, "w") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start",
+                                   "--pool", POOL, "--limit", "1"], env=env, cwd=tmp_path,
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        run = client.create_flow_run_from_deployment(yaml_deployed.id,
+                                                     parameters=served_parameters(small))
+        run = wait_run(client, run.id, timeout=300)
+    finally:
+        stop(worker)
+    assert run.state.type.value == "COMPLETED", log.read_text()[-3000:]
+    mlflow = MlflowClient(uri)
+    exp = mlflow.get_experiment_by_name("rlhf-worker")
+    parents = mlflow.search_runs([exp.experiment_id],
+                                 filter_string=f"tags.`rlhf.prefect_flow_run_id` = '{run.id}'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert parents[0].data.params["ppo.iterations"] == "3"  # the override, not the demo's 60
+    stages = stage_children(mlflow, parents[0])
+    assert sorted(stages) == sorted(STAGES)
+    assert all(r.info.status == "FINISHED" for r in stages.values())
+    champion = mlflow.get_model_version_by_alias("rlhf-policy", "champion")
+    assert champion.run_id == stages["register"].info.run_id

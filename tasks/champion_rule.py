@@ -1,0 +1,73 @@
+"""The pipeline's own champion rule (stage register, outside a retrain): a new policy takes
+``champion`` from the current one only when both were scored by the same scorer on the same
+held-out prompts.
+
+Evaluation scores are comparable across runs only then. With a gold judge (the demo's) they
+are: the judge is fixed. Without one, each run's evaluation score comes from that run's own
+reward model, and two reward models' scales have nothing in common, so no comparison is
+claimed: the new policy is registered as ``challenger`` and the champion stays (the retrain
+gate, which scores both policies with one scorer, or ``rlhf promote`` moves it). No champion
+yet: the new policy becomes champion. Each decision and its reason are tags on the version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+SCORER_TAG = "rlhf.eval.scorer"
+DECISION_TAG = "rlhf.register.decision"
+REASON_TAG = "rlhf.register.reason"
+
+
+def eval_scorer(judge_name: str, rm_run_id: str, prompts: list[str]) -> str:
+    """Who scored an evaluation, on what: ``judge:<name>`` (a gold judge) or
+    ``reward_model:<its run id>``, then ``@<n> prompts:<sha256 of them, 12 hex>``."""
+    who = f"judge:{judge_name}" if judge_name != "none" else f"reward_model:{rm_run_id}"
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:12]
+    return f"{who}@{len(prompts)} prompts:{digest}"
+
+
+def score_key(metrics: dict) -> str:
+    """The evaluation score register reads: the judge's when there is one."""
+    return "eval/judge_score_policy" if "eval/judge_score_policy" in metrics \
+        else "eval/rm_score_policy"
+
+
+def champion_evaluation(client, name: str) -> dict | None:
+    """The current champion's version, scorer and evaluation metrics (from its MLflow
+    parent run), or None when there is no champion."""
+    from tasks.registry import CHAMPION, alias_version
+
+    version = alias_version(client, name, CHAMPION)
+    if version is None:
+        return None
+    run = client.get_run(version.run_id)
+    parent = client.get_run(run.data.tags.get("mlflow.parentRunId", version.run_id))
+    return {"version": str(version.version), "scorer": parent.data.tags.get(SCORER_TAG),
+            "metrics": dict(parent.data.metrics)}
+
+
+def register_decision(champion: dict | None, scorer: str | None, key: str,
+                      score: float) -> dict:
+    """-> {"promote", "decision", "reason", "champion_score"}. decision is one of
+    ``first`` (no champion: promote), ``beats`` / ``loses`` (same scorer: compared),
+    ``not-compared`` (different or unknown scorers: champion stays)."""
+    if champion is None:
+        return {"promote": True, "decision": "first", "champion_score": None,
+                "reason": f"no champion yet: this policy becomes champion ({key} {score:.4g})"}
+    v, theirs = champion["version"], champion["scorer"]
+    current = champion["metrics"].get(key)
+    if scorer is None or theirs != scorer or current is None:
+        return {"promote": False, "decision": "not-compared", "champion_score": None,
+                "reason": f"not compared with champion v{v}: this run was scored by "
+                          f"{scorer or 'an unknown scorer'}, the champion by "
+                          f"{theirs or 'an unknown scorer'}; scores from different scorers "
+                          "(e.g. two reward models) are not comparable, so the champion "
+                          "stays (the retrain gate or `rlhf promote` moves it)"}
+    promote = score > current
+    word = "beats" if promote else "does not beat"
+    return {"promote": promote, "decision": "beats" if promote else "loses",
+            "champion_score": current,
+            "reason": f"{key} {score:.4g} {word} champion v{v}'s {current:.4g} (same scorer: "
+                      f"{scorer})"}

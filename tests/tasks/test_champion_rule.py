@@ -1,0 +1,90 @@
+"""The pipeline's champion rule (stage register): compare evaluation scores only when the same
+scorer scored both policies on the same prompts; else register a challenger and leave the
+champion. The decision read from a real MLflow store (SQLite) with hand-made versions."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tasks.champion_rule import (
+    SCORER_TAG,
+    champion_evaluation,
+    eval_scorer,
+    register_decision,
+    score_key,
+)
+
+PROMPTS = ["user : hi assistant :", "user : tell me about cats assistant :"]
+JUDGE = eval_scorer("demo", "rm-run-1", PROMPTS)
+KEY = "eval/judge_score_policy"
+
+
+def test_scorer_identity_is_the_judge_or_the_reward_model_run_and_the_prompts():
+    assert JUDGE == eval_scorer("demo", "rm-run-2", PROMPTS)  # the judge, whatever the RM
+    assert JUDGE.startswith("judge:demo@2 prompts:")
+    assert eval_scorer("none", "rm-run-1", PROMPTS) != eval_scorer("none", "rm-run-2", PROMPTS)
+    assert eval_scorer("none", "rm-run-1", PROMPTS).startswith("reward_model:rm-run-1@2 ")
+    assert eval_scorer("demo", "x", PROMPTS[:1]) != JUDGE  # other prompts: other scorer
+    assert score_key({"eval/rm_score_policy": 1.0, KEY: 2.0}) == KEY
+    assert score_key({"eval/rm_score_policy": 1.0}) == "eval/rm_score_policy"
+
+
+def _champion(scorer, score, key=KEY):
+    return {"version": "3", "scorer": scorer, "metrics": {key: score}}
+
+
+def test_no_champion_promotes_whatever_the_scorer():
+    out = register_decision(None, None, KEY, -1.0)
+    assert (out["promote"], out["decision"]) == (True, "first")
+
+
+@pytest.mark.parametrize(("score", "promote", "decision"),
+                         [(0.6, True, "beats"), (0.5, False, "loses"), (0.4, False, "loses")])
+def test_same_judge_same_prompts_compares_the_scores(score, promote, decision):
+    out = register_decision(_champion(JUDGE, 0.5), JUDGE, KEY, score)
+    assert (out["promote"], out["decision"], out["champion_score"]) == (promote, decision, 0.5)
+    assert "0.5" in out["reason"] and JUDGE in out["reason"]
+
+
+@pytest.mark.parametrize("theirs", [
+    eval_scorer("none", "rm-run-1", PROMPTS),  # a reward model: the one scale not shared
+    eval_scorer("demo", "x", PROMPTS[:1]),     # the judge on other prompts
+    None,                                      # a champion from before the rule (no tag)
+])
+def test_different_scorers_claim_no_comparison_and_keep_the_champion(theirs):
+    ours = eval_scorer("none", "rm-run-2", PROMPTS)
+    out = register_decision(_champion(theirs, -100.0, "eval/rm_score_policy"), ours,
+                            "eval/rm_score_policy", 100.0)  # far "better": still not compared
+    assert (out["promote"], out["decision"], out["champion_score"]) == \
+        (False, "not-compared", None)
+    assert "not comparable" in out["reason"] and "champion v3" in out["reason"]
+
+
+def test_champion_without_the_score_key_is_not_compared():
+    out = register_decision(_champion(JUDGE, 0.5, "gate/score_challenger"), JUDGE, KEY, 0.9)
+    assert out["decision"] == "not-compared"
+
+
+def _version(client, exp_id, name, scorer, score):
+    parent = client.create_run(exp_id, tags={SCORER_TAG: scorer} if scorer else {})
+    client.log_metric(parent.info.run_id, KEY, score)
+    child = client.create_run(exp_id, tags={"mlflow.parentRunId": parent.info.run_id})
+    return client.create_model_version(name, f"runs:/{child.info.run_id}/policy",
+                                       run_id=child.info.run_id).version
+
+
+def test_champion_evaluation_reads_the_champions_parent_run(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp_id = client.create_experiment("e", artifact_location=str(tmp_path / "art"))
+    assert champion_evaluation(client, "policy") is None  # no model at all
+    client.create_registered_model("policy")
+    assert champion_evaluation(client, "policy") is None  # no champion alias
+    v1 = _version(client, exp_id, "policy", JUDGE, 0.5)
+    _version(client, exp_id, "policy", None, 9.0)
+    client.set_registered_model_alias("policy", "champion", v1)
+    champ = champion_evaluation(client, "policy")
+    assert champ == {"version": str(v1), "scorer": JUDGE, "metrics": {KEY: 0.5}}
+    assert register_decision(champ, JUDGE, KEY, 0.7)["promote"] is True  # judge: compared
+    ours = eval_scorer("none", "rm-run-9", PROMPTS)                       # no judge
+    assert register_decision(champ, ours, "eval/rm_score_policy", 0.7)["promote"] is False
