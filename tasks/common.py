@@ -91,7 +91,7 @@ def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict],
     start = time.perf_counter()
     with stage_run(ctx, stage, params) as run_id:
         out = body(run_id)
-        out["run_id"] = run_id
+        out["run_id"], out["stage"] = run_id, stage
         out["wall_s"] = round(time.perf_counter() - start, 2)
         metric_logger(ctx, run_id)(0, {"time/stage_s": out["wall_s"]})
         record_output(ctx, run_id, out)

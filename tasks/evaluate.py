@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 from prefect import task
 
 from rlhf_core.evaluate import compare_policies, sample_policy
 from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
+from tasks.artifacts import local_path
 from tasks.champion_rule import (
     DECISION_TAG,
     REASON_TAG,
@@ -45,13 +44,17 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
     def body(run_id: str) -> dict:
         device, spec = setup_models(cfg.model)
         seed_everything(ctx.seed + 3)
-        tokenizer = load_tokenizer(data["tokenizer"], spec)
-        ref = load_policy(sft_out["model_dir"], spec, trainable=False).to(device)
-        policy = load_policy(ppo_out["policy_dir"], spec, trainable=False).to(device)
-        rm = load_scalar_model(rm_out["model_dir"], spec, trainable=False).to(device)
-        path = Path(data["data_dir"]) / "eval_prompts.jsonl"
+        tokenizer = load_tokenizer(local_path(ctx, data, "tokenizer"), spec)
+        ref = load_policy(local_path(ctx, sft_out, "model_dir"), spec,
+                          trainable=False).to(device)
+        policy = load_policy(local_path(ctx, ppo_out, "policy_dir"), spec,
+                             trainable=False).to(device)
+        rm = load_scalar_model(local_path(ctx, rm_out, "model_dir"), spec,
+                               trainable=False).to(device)
+        data_dir = local_path(ctx, data, "data_dir")
+        path = data_dir / "eval_prompts.jsonl"
         if not path.exists():
-            path = Path(data["data_dir"]) / "prompts.jsonl"
+            path = data_dir / "prompts.jsonl"
         prompts = [r["prompt"] for r in read_jsonl(path)][: cfg.eval.num_prompts]
         e = cfg.eval
         live = StageProgress("evaluate", 2)
@@ -152,9 +155,10 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
              "champion_score": None}
         rm_name = cfg.tracking.registered_reward_model
         card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
-        version, rm_version = log_models(run_id, ctx.tracking_uri, ppo_out["policy_dir"], name,
-                                         rm_out["model_dir"], data["tokenizer"], rm_name, card,
-                                         setup_models(cfg.model)[1])
+        version, rm_version = log_models(
+            run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
+            str(local_path(ctx, rm_out, "model_dir")), str(local_path(ctx, data, "tokenizer")),
+            rm_name, card, setup_models(cfg.model)[1])
         tags = {**lineage_tags(ctx, rm_out, ppo_out, lineage),
                 DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]}
         if decision is not None:

@@ -5,14 +5,13 @@ a Prefect markdown artifact."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
 
 from rlhf_core.evaluate import sample_policy
 from rlhf_core.gate import gate_decision
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
+from tasks.artifacts import local_path
 from tasks.common import metric_logger, read_jsonl, run_stage, setup_models
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
@@ -58,14 +57,15 @@ def gate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, champion:
     def body(run_id: str) -> dict:
         g, e = cfg.retrain.gate, cfg.eval
         device, spec = setup_models(cfg.model)
-        tokenizer = load_tokenizer(data["tokenizer"], spec)
-        prompts = [r["prompt"] for r in
-                   read_jsonl(Path(data["data_dir"]) / "eval_prompts.jsonl")][: g.num_prompts]
+        tokenizer = load_tokenizer(local_path(ctx, data, "tokenizer"), spec)
+        prompts = [r["prompt"] for r in read_jsonl(
+            local_path(ctx, data, "data_dir") / "eval_prompts.jsonl")][: g.num_prompts]
         reference = load_policy(reference_dir, spec, trainable=False).to(device)
-        rm = load_scalar_model(rm_out["model_dir"], spec, trainable=False).to(device)
+        rm = load_scalar_model(local_path(ctx, rm_out, "model_dir"), spec,
+                               trainable=False).to(device)
         samples = {}
         for side, path in (("champion", champion["policy_dir"]),
-                           ("challenger", ppo_out["policy_dir"])):
+                           ("challenger", local_path(ctx, ppo_out, "policy_dir"))):
             seed_everything(ctx.seed + 4)  # same sampling noise for both sides
             policy = load_policy(path, spec, trainable=False).to(device)
             samples[side] = sample_policy(policy, reference, rm, tokenizer, prompts,

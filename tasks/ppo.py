@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 from prefect import task
@@ -16,6 +15,7 @@ from rlhf_core.loader import load_tokenizer
 from rlhf_core.lora import merged, ppo_models
 from rlhf_core.optim import seed_everything
 from rlhf_core.ppo_dist import make_trainer
+from tasks.artifacts import local_path, publish
 from tasks.common import (
     read_json,
     read_jsonl,
@@ -75,17 +75,18 @@ def ppo_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_
     device = dp.device if dp is not None else device
     generator = seed_everything(ctx.seed + 2)
     client = ctx.client()
-    tokenizer = load_tokenizer(data["tokenizer"], spec)
+    tokenizer = load_tokenizer(local_path(ctx, data, "tokenizer"), spec)
     # explicit critic source (none for a critic-free estimator); with model.lora:
     # adapters over the SFT and RM trunks (the reference is the start policy's weights)
-    critic_dir = critic_out["model_dir"] if cfg.ppo.uses_critic else None
+    critic_dir = local_path(ctx, critic_out, "model_dir") if cfg.ppo.uses_critic else None
+    start_dir = local_path(ctx, sft_out, "model_dir")  # here, or downloaded from MLflow
     policy, ref_policy, value_model, reward_model = ppo_models(
-        sft_out["model_dir"], reference_dir or sft_out["model_dir"], critic_dir,
-        rm_out["model_dir"], spec)
-    norm_stats = json.loads(Path(norm_out["stats_path"]).read_text())
-    prompts = [encode(tokenizer, r["prompt"])
-               for r in read_jsonl(Path(data["data_dir"]) / "prompts.jsonl")]
-    sft_rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
+        start_dir, reference_dir or start_dir, critic_dir,
+        local_path(ctx, rm_out, "model_dir"), spec)
+    norm_stats = json.loads(local_path(ctx, norm_out, "stats_path").read_text())
+    data_dir = local_path(ctx, data, "data_dir")
+    prompts = [encode(tokenizer, r["prompt"]) for r in read_jsonl(data_dir / "prompts.jsonl")]
+    sft_rows = read_jsonl(data_dir / "sft.jsonl")
     trainer = make_trainer(policy, ref_policy, value_model, reward_model, tokenizer, prompts,
                            cfg.ppo, norm_stats, device, generator,
                            divide_by_std=cfg.reward_norm.divide_by_std,
@@ -129,11 +130,11 @@ def _finish(ctx: RunContext, run_id: str, trainer, tokenizer, samples: list[dict
     policy_dir = save_policy(final_policy, tokenizer, out_root / "policy")
     value_dir = None if final_value is None else \
         str(save_scalar_model(final_value, out_root / "value_model"))
-    client.log_artifacts(run_id, str(policy_dir), "checkpoint/policy")
     client.log_table(run_id, data=pd.DataFrame(samples), artifact_file="samples/all.json")
     keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
-    return {"policy_dir": str(policy_dir), "value_dir": value_dir,
-            "metrics": {**{k: last[k] for k in keys if k in last}, **memory}}
+    return publish(ctx, run_id, {"policy_dir": str(policy_dir), "value_dir": value_dir,
+                                 "metrics": {**{k: last[k] for k in keys if k in last},
+                                             **memory}}, "policy_dir", "checkpoint/policy")
 
 
 @task(name="ppo")

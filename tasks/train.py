@@ -15,6 +15,7 @@ from rlhf_core.optim import seed_everything
 from rlhf_core.reward import evaluate_reward_model, train_reward_model
 from rlhf_core.scoring import normalise_scores, reward_norm_stats, score_texts
 from rlhf_core.sft import sft_eval_loss, train_sft
+from tasks.artifacts import local_path, publish
 from tasks.common import (
     checkpointer,
     metric_logger,
@@ -57,10 +58,10 @@ def sft_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, run_
     device, spec = setup_models(cfg.model)
     device = dp.device if dp is not None else device
     generator = seed_everything(ctx.seed)
-    tokenizer = load_tokenizer(data["tokenizer"], spec)
+    tokenizer = load_tokenizer(local_path(ctx, data, "tokenizer"), spec)
     model = load_policy(prep["base_model"], spec)
     resize_for_tokenizer(model, tokenizer)
-    rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
+    rows = read_jsonl(local_path(ctx, data, "data_dir") / "sft.jsonl")
     log = rank_logger(ctx, run_id, "sft", dp)
     ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model},
                       cfg.sft.checkpoint_every)
@@ -74,8 +75,10 @@ def sft_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, run_
     ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
     metrics = {"sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
     log(0, metrics)
-    return {"model_dir": str(out_dir),
-            "metrics": {"train/loss": last.get("train/loss", float("nan")), **metrics}}
+    return publish(ctx, run_id, {
+        "model_dir": str(out_dir),
+        "metrics": {"train/loss": last.get("train/loss", float("nan")), **metrics}},
+        "model_dir", "checkpoint", logged=True)
 
 
 @task(name="sft")
@@ -94,12 +97,13 @@ def reward_model_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: d
     device, spec = setup_models(cfg.model)
     device = dp.device if dp is not None else device
     generator = seed_everything(ctx.seed + 1)
-    tokenizer = load_tokenizer(data["tokenizer"], spec)
-    init = init_dir or sft_out["model_dir"]
+    tokenizer = load_tokenizer(local_path(ctx, data, "tokenizer"), spec)
+    init = init_dir or local_path(ctx, sft_out, "model_dir")
     model = load_scalar_model(init, spec) if (Path(init) / "scalar_head.json").exists() \
         else new_scalar_model(init, spec)
-    rows = read_jsonl(Path(data["data_dir"]) / "preference.jsonl")
-    eval_path = Path(data["data_dir"]) / "preference_eval.jsonl"
+    data_dir = local_path(ctx, data, "data_dir")
+    rows = read_jsonl(data_dir / "preference.jsonl")
+    eval_path = data_dir / "preference_eval.jsonl"
     if eval_path.exists():
         held_out = read_jsonl(eval_path)
     else:
@@ -125,7 +129,8 @@ def reward_model_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: d
     metric_logger(ctx, ctx.parent_run_id)(0, first)
     out_dir = save_scalar_model(model, ctx.stage_dir("reward_model") / "model")
     ctx.client().log_artifacts(run_id, str(out_dir), "checkpoint")
-    return {"model_dir": str(out_dir), "metrics": {**first, **metrics}}
+    return publish(ctx, run_id, {"model_dir": str(out_dir), "metrics": {**first, **metrics}},
+                   "model_dir", "checkpoint", logged=True)
 
 
 @task(name="reward_model")
@@ -144,9 +149,10 @@ def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: dict, rm_out: dict) 
 
     def body(run_id: str) -> dict:
         device, spec = setup_models(cfg.model)
-        tokenizer = load_tokenizer(data["tokenizer"], spec)
-        model = load_scalar_model(rm_out["model_dir"], spec, trainable=False).to(device)
-        rows = read_jsonl(Path(data["data_dir"]) / "sft.jsonl")
+        tokenizer = load_tokenizer(local_path(ctx, data, "tokenizer"), spec)
+        model = load_scalar_model(local_path(ctx, rm_out, "model_dir"), spec,
+                                  trainable=False).to(device)
+        rows = read_jsonl(local_path(ctx, data, "data_dir") / "sft.jsonl")
         rows = rows[: cfg.reward_norm.max_samples] if cfg.reward_norm.max_samples else rows
         scores = score_texts(model, tokenizer, [r["prompt"] for r in rows],
                              [r["response"] for r in rows], device, cfg.reward_norm.batch_size)
@@ -156,11 +162,11 @@ def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: dict, rm_out: dict) 
         if abs(check) > 1e-3 * max(1.0, stats["std"]):
             raise RuntimeError(f"reward normalisation check failed: mean after = {check}")
         path = write_json(ctx.stage_dir("reward_norm") / "reward_norm.json", stats)
-        ctx.client().log_artifact(run_id, str(path))
         metrics = {"reward/mean": stats["mean"], "reward/std": stats["std"],
                    "reward/n": float(stats["n"]), "reward/normalised_mean": check}
         metric_logger(ctx, run_id)(0, metrics)
-        return {"stats_path": str(path), "stats": stats, "metrics": metrics}
+        return publish(ctx, run_id, {"stats_path": str(path), "stats": stats,
+                                     "metrics": metrics}, "stats_path", "reward_norm.json")
 
     return run_stage(ctx, "reward_norm", body, stage_params(cfg, "reward_norm"))
 
@@ -177,11 +183,14 @@ def critic_init(ctx: RunContext, cfg: PipelineConfig, rm_out: dict) -> dict:
             ctx.client().set_tag(run_id, "rlhf.critic_skipped", reason)
             return {"model_dir": None, "metrics": {}, "figures": {"critic": reason}}
         _, spec = setup_models(cfg.model)
-        model = load_scalar_model(rm_out["model_dir"], spec)  # float32: an exact copy
+        rm_dir = local_path(ctx, rm_out, "model_dir")
+        model = load_scalar_model(rm_dir, spec)  # float32: an exact copy
         out_dir = save_scalar_model(model, ctx.stage_dir("critic_init") / "model")
-        ctx.client().set_tag(run_id, "rlhf.critic_source", rm_out["model_dir"])
+        source = rm_out.get("model_uri") or str(rm_dir)
+        ctx.client().set_tag(run_id, "rlhf.critic_source", source)
         n_params = sum(p.numel() for p in model.parameters())
-        return {"model_dir": str(out_dir), "source": rm_out["model_dir"],
-                "metrics": {"critic/num_params": float(n_params)}}
+        return publish(ctx, run_id, {"model_dir": str(out_dir), "source": source,
+                                     "metrics": {"critic/num_params": float(n_params)}},
+                       "model_dir", "checkpoint")
 
     return run_stage(ctx, "critic_init", body)

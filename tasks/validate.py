@@ -11,6 +11,7 @@ from data_checks.config import DataConfig
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
 from rlhf_core.loader import load_tokenizer
+from tasks.artifacts import publish
 from tasks.common import in_prefect_run, run_stage, setup_models, stage_params
 from tasks.config import PipelineConfig
 from tasks.tracking import RunContext, log_datasets, log_metrics, run_url, set_tags
@@ -72,11 +73,15 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
             digests.update(log_datasets(client, [run_id, ctx.parent_run_id], files, context))
         set_tags(client, ctx.parent_run_id,
                  {f"rlhf.data_digest.{k}": v for k, v in digests.items()})
-        return {"data_dir": str(out_dir), "tokenizer": str(out_dir / "tokenizer"),
-                "pad_added": bool(record.get("pad_added", False)),
-                "warnings": report.warnings,
-                "metrics": {k: v for k, v in report.stats.items() if k.endswith("n_rows")},
-                "figures": {f"{name}/expectations_passed": f"{ok}/{n}"
-                            for name, (ok, n) in report.expectation_counts().items()}}
+        for path in sorted(out_dir.glob("*.jsonl")):  # the cleaned data, for other machines
+            client.log_artifact(run_id, str(path), "data")
+        out = {"data_dir": str(out_dir), "tokenizer": str(out_dir / "tokenizer"),
+               "pad_added": bool(record.get("pad_added", False)),
+               "warnings": report.warnings,
+               "metrics": {k: v for k, v in report.stats.items() if k.endswith("n_rows")},
+               "figures": {f"{name}/expectations_passed": f"{ok}/{n}"
+                           for name, (ok, n) in report.expectation_counts().items()}}
+        publish(ctx, run_id, out, "tokenizer", "data/tokenizer")
+        return publish(ctx, run_id, out, "data_dir", "data", logged=True)
 
     return run_stage(ctx, "validate", body, stage_params(cfg, "validation"))

@@ -1,0 +1,92 @@
+"""Stage outputs every worker can reach: an MLflow artifact URI beside each local path.
+
+A stage's output record (the ``rlhf.output`` tag of its child run) holds the local path of
+what it wrote (``model_dir``, ``policy_dir``, ``stats_path``, ``data_dir``, ``tokenizer``)
+and, from :func:`publish`, the artifact URI of the same thing (``model_uri``: ``runs:/<run
+id>/checkpoint``...). A later stage, a retry or a resume reads the path through
+:func:`local_path`: the recorded folder when this machine has it, else the artifact,
+downloaded once into ``<workdir>/artifact_cache`` (to a temporary folder, then renamed into
+place, so two processes or ranks downloading at once never see a half-written copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from tasks.tracking import RunContext
+
+CACHE = "artifact_cache"
+
+
+class StageOutputMissing(FileNotFoundError):
+    """A stage output that is neither on this machine nor downloadable from MLflow."""
+
+
+def uri_key(key: str) -> str:
+    """``model_dir`` -> ``model_uri``, ``stats_path`` -> ``stats_uri``, ``tokenizer`` ->
+    ``tokenizer_uri``: where a record keeps the artifact URI of its path ``key``."""
+    return f"{key.removesuffix('_dir').removesuffix('_path')}_uri"
+
+
+def publish(ctx: RunContext, run_id: str, out: dict, key: str, artifact_path: str,
+            logged: bool = False) -> dict:
+    """Log ``out[key]`` (a folder, or a file) as the artifact ``artifact_path`` of the stage's
+    run (unless ``logged``: the stage logged it there already) and record its URI in ``out``.
+    For a file, ``artifact_path`` names the file itself (``stats/reward_norm.json``)."""
+    path = Path(out[key])
+    if not logged:
+        client = ctx.client()
+        if path.is_dir():
+            client.log_artifacts(run_id, str(path), artifact_path)
+        else:
+            if Path(artifact_path).name != path.name:
+                raise ValueError(f"artifact {artifact_path} must end with {path.name}")
+            folder = str(Path(artifact_path).parent)
+            client.log_artifact(run_id, str(path), None if folder == "." else folder)
+    out[uri_key(key)] = f"runs:/{run_id}/{artifact_path}"
+    return out
+
+
+def local_path(ctx: RunContext, out: dict, key: str) -> Path:
+    """The local path of a stage output ``out[key]``: as recorded when it exists here, else
+    its artifact (``out[uri_key(key)]``) from MLflow, cached under the workdir."""
+    recorded = out.get(key)
+    if recorded and Path(recorded).exists():
+        return Path(recorded)
+    uri = out.get(uri_key(key))
+    where = f"stage {out.get('stage', '?')} (run {out.get('run_id', '?')}) output '{key}'"
+    if not uri:
+        raise StageOutputMissing(f"{where}: {recorded} does not exist on this machine and "
+                                 "the stage recorded no artifact URI for it")
+    target = Path(ctx.workdir) / CACHE / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    if not target.exists():
+        _download(ctx, uri, target, where, recorded)
+    (entry,) = [p for p in target.iterdir()]  # the one folder or file the artifact is
+    return entry
+
+
+def _download(ctx: RunContext, uri: str, target: Path, where: str, recorded) -> None:
+    import mlflow.artifacts
+
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp),
+                                            tracking_uri=ctx.tracking_uri)
+        got = list(tmp.iterdir())
+        if len(got) != 1 or (got[0].is_dir() and not any(got[0].iterdir())):
+            raise FileNotFoundError(f"the download holds {[p.name for p in got]}")
+    except Exception as err:  # noqa: BLE001 - whatever the store raised, say what was wanted
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StageOutputMissing(f"{where}: {recorded} does not exist on this machine and its "
+                                 f"artifact {uri} could not be downloaded: {err}") from err
+    try:
+        tmp.rename(target)  # atomic; another process may have placed its copy first
+    except OSError:
+        if not target.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
