@@ -22,7 +22,7 @@ demo: install
 	$(BIN)/rlhf run
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # The fast lane (under 2 minutes): the core math and models, the data gate, the task-level
 # units and the layering rules; no Prefect server, no end-to-end pipeline, no test marked
