@@ -67,6 +67,9 @@ class DataParallelPPO(PPOTrainer):
     Every other argument is PPOTrainer's, and every rank passes the same ones."""
 
     def __init__(self, *args, dp: DataParallel, seed: int, **kwargs):
+        if dp.parallel != "ddp":
+            raise ValueError(f"model.parallel={dp.parallel}: PPO runs under ddp only (fsdp "
+                             "shards SFT and the reward model); set model.parallel=ddp")
         super().__init__(*args, **kwargs)
         groups = self.cfg.rollout_batch_size // self.cfg.samples_per_prompt
         if groups < dp.world:
