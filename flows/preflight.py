@@ -39,10 +39,6 @@ def check_config(cfg: PipelineConfig) -> None:
     if not cfg.demo.enabled and not cfg.model.base_model:
         raise ConfigError("no base model: set model.base_model to a local model folder or a "
                           "hub id (or demo.enabled: true for the built-in tiny model).")
-    if cfg.model.parallel == "fsdp" and cfg.model.nproc > 1:
-        raise ConfigError("model.parallel=fsdp: PPO does not run under FSDP yet (SFT and the "
-                          "reward model do, through rlhf_core), so the pipeline refuses it "
-                          "before any stage runs. Set model.parallel=ddp.")
     check_model_source("model.base_model", cfg.model.base_model)
     check_model_source("model.tokenizer", cfg.model.tokenizer)
     workdir = Path(cfg.tracking.workdir).expanduser()

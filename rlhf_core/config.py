@@ -54,9 +54,9 @@ class ModelConfig(_Frozen):
         "own process."
     )
     parallel: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="How model.nproc > 1 ranks train SFT and the reward model: ddp "
-        "(a full replica per rank) or fsdp (FSDP2 fully_shard: parameters, gradients and "
-        "optimizer state sharded per transformer block; PPO not yet)."
+        "ddp", description="How model.nproc > 1 ranks train SFT, the reward model and PPO: "
+        "ddp (a full replica per rank) or fsdp (FSDP2 fully_shard: parameters, gradients and "
+        "optimizer state sharded per transformer block)."
     )
     lora: LoraSettings | None = Field(
         None, description="Train LoRA adapters (needs peft) instead of full weights; PPO's "

@@ -33,7 +33,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 receives it
+EVERYWHERE = StateDictOptions(full_state_dict=True)  # every rank receives it (PPO rollouts)
 
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -45,11 +46,13 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return []
 
 
-def shard(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
+def shard(model: torch.nn.Module, device: torch.device, world: int,
+          home_on_device: bool = False) -> torch.nn.Module:
     """A sharded training copy of ``model`` (each block, then the root); ``model`` itself
-    moves to CPU and stays the full home copy."""
+    stays the full home copy, on CPU unless ``home_on_device`` (PPO samples with it)."""
     net = copy.deepcopy(model).to(device)
-    model.to("cpu")
+    if not home_on_device:
+        model.to("cpu")
     mesh = init_device_mesh(device.type, (world,))
     for block in blocks(net):
         fully_shard(block, mesh=mesh)
@@ -69,13 +72,15 @@ def full_norm(norm: torch.Tensor) -> torch.Tensor:
 class Sharded:
     """The home copy ``home`` and its sharded training copy ``net``, with the optimizer."""
 
-    def __init__(self, home: torch.nn.Module, net: torch.nn.Module):
+    def __init__(self, home: torch.nn.Module, net: torch.nn.Module, everywhere: bool = False):
         self.home, self.net = home, net
+        self.options = EVERYWHERE if everywhere else FULL
 
     def gather(self) -> None:
-        """Full weights of ``net`` into rank 0's ``home`` (a collective: every rank calls it;
-        the other ranks' ``home`` keeps its initial weights, unused)."""
-        full = get_model_state_dict(self.net, options=FULL)
+        """Full weights of ``net`` into rank 0's ``home`` (every rank's with ``everywhere``;
+        a collective: every rank calls it; without ``everywhere`` the other ranks' ``home``
+        keeps its initial weights, unused)."""
+        full = get_model_state_dict(self.net, options=self.options)
         if not full:  # cpu_offload: only rank 0 receives the full state
             return
         missing, unexpected = self.home.load_state_dict(full, strict=False)
@@ -87,9 +92,9 @@ class Sharded:
         """``home``'s weights into the shards (after a checkpoint restored ``home``)."""
         set_model_state_dict(self.net, self.home.state_dict(), options=FULL)
 
-    def optimizer_view(self, optimizer: torch.optim.Optimizer) -> _FullOptimizer:
+    def optimizer_view(self, optimizer: torch.optim.Optimizer) -> FullOptimizer:
         """What the Checkpointer saves and restores in place of ``optimizer``."""
-        return _FullOptimizer(self.net, optimizer)
+        return FullOptimizer(self.net, optimizer)
 
     def finish(self, device: torch.device) -> None:
         """After training: the full weights in ``home``, back on the training device."""
@@ -107,7 +112,7 @@ def _tied(model: torch.nn.Module) -> set[str]:
     return tied
 
 
-class _FullOptimizer:
+class FullOptimizer:
     """The optimizer as the Checkpointer sees it: its full state (gathered: every rank calls
     ``state_dict``; rank 0 writes it) and its param groups (the LR override on resume)."""
 
@@ -119,7 +124,7 @@ class _FullOptimizer:
     def param_groups(self):
         return self.optimizer.param_groups
 
-    def gather(self) -> _FullOptimizer:
+    def gather(self) -> FullOptimizer:
         self._full = get_optimizer_state_dict(self.net, self.optimizer, options=FULL)
         return self
 
