@@ -53,6 +53,11 @@ class ModelConfig(_Frozen):
         "(torchrun + DDP: gloo on CPU, nccl on CUDA, one GPU per rank); 1: in the task's "
         "own process."
     )
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="How model.nproc > 1 ranks train SFT, the reward model and PPO: "
+        "ddp (a full replica per rank) or fsdp (FSDP2 fully_shard: parameters, gradients and "
+        "optimizer state sharded per transformer block)."
+    )
     lora: LoraSettings | None = Field(
         None, description="Train LoRA adapters (needs peft) instead of full weights; PPO's "
         "reference and reward are the frozen bases with adapters off."

@@ -38,6 +38,7 @@ class DataParallel:
     rank: int
     world: int
     device: torch.device
+    parallel: str = "ddp"  # model.parallel: ddp | fsdp (rlhf_core/fsdp.py)
 
     @property
     def is_main(self) -> bool:
@@ -45,8 +46,14 @@ class DataParallel:
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DDP around ``model`` (its parameters shared, so optimizer and checkpoints use the
-        bare model)."""
+        bare model); fsdp: a sharded copy of it (rlhf_core/fsdp.py; the loop trains the copy
+        and gathers its weights back into ``model``)."""
         from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if self.parallel == "fsdp":
+            from rlhf_core.fsdp import shard
+
+            return shard(model, self.device, self.world)
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
@@ -82,7 +89,7 @@ def check_world_size(saved: int, world: int) -> None:
                          f"model.nproc={saved} (now {world})")
 
 
-def init_from_env(device: torch.device) -> DataParallel | None:
+def init_from_env(device: torch.device, parallel: str = "ddp") -> DataParallel | None:
     """Join the torchrun group described by the environment (None when WORLD_SIZE <= 1).
 
     gloo on CPU, nccl on CUDA (each rank on ``cuda:LOCAL_RANK``).
@@ -99,7 +106,7 @@ def init_from_env(device: torch.device) -> DataParallel | None:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return DataParallel(dist.get_rank(), dist.get_world_size(), device)
+    return DataParallel(dist.get_rank(), dist.get_world_size(), device, parallel)
 
 
 def shutdown() -> None:

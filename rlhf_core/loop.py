@@ -19,6 +19,7 @@ from rlhf_core.config import OptimConfig
 from rlhf_core.data import ShuffledBatches
 from rlhf_core.distributed import CountFn, DataParallel, check_world_size
 from rlhf_core.faults import crash_point
+from rlhf_core.fsdp import Sharded, is_sharded
 from rlhf_core.optim import LogFn, build_optimizer
 from rlhf_core.train_step import TrainStep
 
@@ -70,16 +71,22 @@ def train_steps(
     """
     total = total_steps(n_examples, batch_size, epochs)
     model.train()
-    optimizer, scheduler = build_optimizer(model.parameters(), optim, total)
-    trainer = TrainStep(model.parameters(), optimizer, scheduler, optim.max_grad_norm,
+    # fsdp: the optimizer holds the sharded copy's parameters; ``model`` is the full copy
+    sharded = Sharded(model, net) if is_sharded(net) else None
+    params = list((net if sharded else model).parameters())
+    optimizer, scheduler = build_optimizer(params, optim, total)
+    trainer = TrainStep(params, optimizer, scheduler, optim.max_grad_norm,
                         precision, device, name, no_sync=getattr(net, "no_sync", None))
     sampler, shards = ShuffledBatches(n_examples, batch_size, generator), _Shards(dp, count)
     step, last, main = 0, {}, dp is None or dp.is_main
-    restored = checkpointer.restore(optimizer, scheduler, generator, optim.lr) \
+    saved_opt = sharded.optimizer_view(optimizer) if sharded else optimizer
+    restored = checkpointer.restore(saved_opt, scheduler, generator, optim.lr) \
         if checkpointer else None
     if restored is not None:
         step, extra = restored
         _resume_world(extra, dp)
+        if sharded:
+            sharded.push()
         sampler.load_state_dict(extra["sampler"])
         last = extra["last"]
     bar = tqdm(total=total, initial=step, desc=name, disable=not (progress and main),
@@ -102,10 +109,16 @@ def train_steps(
                 "train/lr": scheduler.get_last_lr()[0], **metrics}
         if on_log and (step % log_every == 0 or step == total):
             on_log(step, last)
-        if checkpointer and main and checkpointer.due(step, total):
-            world = {} if dp is None else {"world_size": dp.world}
-            checkpointer.save(step, optimizer, scheduler, generator,
-                              {"sampler": sampler.state_dict(), "last": last, **world})
+        if checkpointer and checkpointer.due(step, total):
+            if sharded:  # every rank gathers the full weights and optimizer state
+                sharded.gather()
+                saved_opt.gather()
+            if main:
+                world = {} if dp is None else {"world_size": dp.world}
+                checkpointer.save(step, saved_opt, scheduler, generator,
+                                  {"sampler": sampler.state_dict(), "last": last, **world})
         crash_point(f"{name}:step:{step}")
     bar.close()
+    if sharded:
+        sharded.finish(device)
     return last

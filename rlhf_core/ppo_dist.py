@@ -32,10 +32,13 @@ import torch
 import torch.distributed as dist
 
 from rlhf_core.distributed import DataParallel
+from rlhf_core.fsdp import FullOptimizer, Sharded, shard
 from rlhf_core.global_stats import all_reduce_sum, global_masked_var, global_weighted_means
 from rlhf_core.masked import trusted_masks
+from rlhf_core.optim import build_optimizer
 from rlhf_core.ppo import PPOTrainer, _weighted_sum
 from rlhf_core.rollout import Experience
+from rlhf_core.train_step import TrainStep
 
 # identical on every rank: not averaged (an average could move them by a rounding error)
 SHARED_KEYS = ("lr", "episode", "objective/kl_coef")
@@ -62,6 +65,30 @@ class _RestoreOnly:
         return False
 
 
+class _GatheringCheckpointer:
+    """fsdp: every rank restores (weights into the full copies, then into the shards; the
+    full optimizer state into the shards) and gathers the optimizer state at a save; rank 0
+    writes (the full copies are current after every update)."""
+
+    def __init__(self, checkpointer, trainer: DataParallelPPO, main: bool):
+        self._checkpointer, self.trainer, self.main = checkpointer, trainer, main
+
+    def restore(self, optimizer, *args, **kwargs):
+        restored = self._checkpointer.restore(self.trainer.saved_optimizer, *args, **kwargs)
+        if restored is not None:
+            for pair in self.trainer.sharded:
+                pair.push()
+        return restored
+
+    def due(self, *args) -> bool:
+        return self._checkpointer.due(*args)
+
+    def save(self, step, optimizer, *args):
+        view = self.trainer.saved_optimizer.gather()
+        if self.main:
+            self._checkpointer.save(step, view, *args)
+
+
 class DataParallelPPO(PPOTrainer):
     """:class:`PPOTrainer` on one rank of ``dp``; ``seed`` makes the per-rank sampling seeds.
     Every other argument is PPOTrainer's, and every rank passes the same ones."""
@@ -76,9 +103,35 @@ class DataParallelPPO(PPOTrainer):
                 f"({self.cfg.samples_per_prompt}) = {groups} prompts < model.nproc ({dp.world})")
         self.dp, self.seed, self.world_size = dp, seed, dp.world
         self.algorithm.global_batch = True
+        self.sharded: list[Sharded] = []
+        if dp.parallel == "fsdp":
+            self._shard()
+            return
         self.policy_net = dp.wrap(self.policy)  # parameters shared with self.policy
         self.value_net = None if self.value_model is None else dp.wrap(self.value_model)
         self.train_step.no_sync = self._no_sync
+
+    def _shard(self) -> None:
+        """fsdp: train sharded copies of policy and value model (a new optimizer over their
+        shards); after every update their full weights are gathered into ``self.policy`` and
+        ``self.value_model`` on every rank, which sample the next rollout."""
+        dp, old = self.dp, self.train_step
+        self.policy_net = shard(self.policy, dp.device, dp.world, home_on_device=True)
+        self.value_net = None if self.value_model is None else shard(
+            self.value_model, dp.device, dp.world, home_on_device=True)
+        pairs = [(self.policy, self.policy_net), (self.value_model, self.value_net)]
+        self.sharded = [Sharded(home, net, everywhere=True) for home, net in pairs
+                        if net is not None]
+        params = [p for s in self.sharded for p in s.net.parameters()]
+        total = self.cfg.iterations * self.cfg.ppo_epochs * self.cfg.num_minibatches
+        self.optimizer, self.scheduler = build_optimizer(params, self.cfg.optim, total)
+        self.train_step = TrainStep(params, self.optimizer, self.scheduler, old.max_grad_norm,
+                                    old.precision, old.device, name="ppo")
+        self.params = self.train_step.params
+        nets = torch.nn.ModuleDict({"policy": self.policy_net})
+        if self.value_net is not None:
+            nets["value"] = self.value_net
+        self.saved_optimizer = FullOptimizer(nets, self.optimizer)
 
     @contextmanager
     def _no_sync(self):
@@ -117,6 +170,7 @@ class DataParallelPPO(PPOTrainer):
         dist.all_gather_object(every, local.tolist())
         lengths = torch.tensor([n for shard in every for n in shard])  # (B,) global
         lo = sum(len(shard) for shard in every[: self.dp.rank])
+        starts = torch.tensor([0] + [len(shard) for shard in every]).cumsum(0)
         recorded: dict[str, list[tuple[float, torch.Tensor]]] = defaultdict(list)
         n_updates = 0
         with trusted_masks():
@@ -126,18 +180,31 @@ class DataParallelPPO(PPOTrainer):
                     idx = order[start: start + cfg.minibatch_size]
                     mine = idx[(idx >= lo) & (idx < lo + len(local))] - lo
                     self.train_step.run(self._micro_batches(
-                        exp, mine, local, int(lengths[idx].sum()), recorded),
-                        self.iteration + 1)
+                        exp, mine, local, int(lengths[idx].sum()), recorded,
+                        self._n_micro(idx, starts)), self.iteration + 1)
                     n_updates += 1
+        for pair in self.sharded:  # fsdp: the next rollout samples with the full weights
+            pair.gather()
         keys = sorted(recorded)
         partial = torch.tensor([_weighted_sum(recorded[k], n_updates) for k in keys])
         return dict(zip(keys, all_reduce_sum(partial).tolist()))
 
-    def _micro_batches(self, exp, mine, local, n_tokens, recorded):
-        """This rank's micro-batches of one global minibatch (``mine``: its rows of it)."""
+    def _n_micro(self, idx: torch.Tensor, starts: torch.Tensor) -> int:
+        """fsdp: the most micro-batches a rank runs for the global minibatch ``idx`` (each
+        forward all-gathers parameters, so every rank runs as many); 0 under ddp."""
+        if not self.sharded:
+            return 0
+        size = self.cfg.micro_batch_size
+        held = [int(((idx >= a) & (idx < b)).sum()) for a, b in zip(starts, starts[1:])]
+        return max(-(-n // size) if size and n else 1 for n in held)
+
+    def _micro_batches(self, exp, mine, local, n_tokens, recorded, n_micro: int = 0):
+        """This rank's micro-batches of one global minibatch (``mine``: its rows of it),
+        padded to ``n_micro`` with weight-0 ones."""
         size = self.cfg.micro_batch_size or max(len(mine), 1)
         chunks = [(mine[i: i + size], 1.0) for i in range(0, len(mine), size)]
         chunks = chunks or [(torch.zeros(1, dtype=torch.long), 0.0)]  # joins the all-reduce
+        chunks += [(torch.zeros(1, dtype=torch.long), 0.0)] * (n_micro - len(chunks))
 
         def micro(rows, scale):
             share = scale * int(local[rows].sum()) / n_tokens  # of the global minibatch
@@ -186,7 +253,9 @@ class DataParallelPPO(PPOTrainer):
             def monitor(prompts, responses, has_eos):
                 return global_weighted_means(local_monitor(prompts, responses, has_eos),
                                              len(prompts))
-        if checkpointer is not None and not main:
+        if checkpointer is not None and self.sharded:
+            checkpointer = _GatheringCheckpointer(checkpointer, self, main)
+        elif checkpointer is not None and not main:
             checkpointer = _RestoreOnly(checkpointer)
         return super().train(on_iteration if main else None, progress and main, monitor,
                              checkpointer)

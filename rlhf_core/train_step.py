@@ -19,6 +19,7 @@ from contextlib import nullcontext
 
 import torch
 
+from rlhf_core.fsdp import full_norm
 from rlhf_core.optim import check_finite
 from rlhf_core.precision import autocast
 
@@ -65,7 +66,7 @@ class TrainStep:
         """Unscale, clip, check the gradient norm, step optimizer and schedule -> grad norm."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         losses = torch.stack([loss.float() for loss in self._losses])
         finite = torch.stack([torch.isfinite(losses).all(), torch.isfinite(grad_norm)]).tolist()
         if not finite[0]:

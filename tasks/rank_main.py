@@ -30,7 +30,7 @@ def run(spec: dict) -> None:
     cfg = PipelineConfig.model_validate(spec["cfg"])
     ctx = RunContext.model_validate(spec["ctx"])
     device, _ = setup_models(cfg.model)
-    dp = init_from_env(device)
+    dp = init_from_env(device, cfg.model.parallel)
     if dp is None:
         raise RuntimeError("tasks.rank_main runs under torchrun (WORLD_SIZE > 1)")
     if cfg.model.torch_threads and dp.device.type == "cpu":

@@ -5,8 +5,9 @@ advantages whitened, micro-batches of one row, minibatches of which a rank may h
 RLOO (groups of 2 kept whole on a rank, shards of 4 and 2 rows) and REINFORCE with a
 global-mean baseline (shards of 3 and 2). Each rank draws its shard of the global prompt
 stream. Two full 2-rank iterations (rollout, update, checkpoint) keeps the ranks' weights equal,
-and only rank 0 logs and checkpoints; 1 process refuses to resume that checkpoint, naming
-model.nproc."""
+and only rank 0 logs and checkpoints; resumed from that checkpoint, 2 ranks redo iteration 2
+to the same weights; 1 process refuses to resume it, naming model.nproc. Every test runs
+with model.parallel ddp and fsdp (FSDP2 shards, full weights gathered after each update)."""
 
 from __future__ import annotations
 
@@ -118,15 +119,16 @@ def _full_iteration(model_dir, dp: DataParallel, ck_root: str):
     return log.calls, last, {k: v.clone() for k, v in trainer.policy.state_dict().items()}
 
 
-def _rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+def _rank(rank: int, world: int, port: int, model_dir: str, out: str, parallel: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     torch.set_num_threads(1)
     try:
-        dp = DataParallel(rank, world, torch.device("cpu"))
+        dp = DataParallel(rank, world, torch.device("cpu"), parallel)
         fixed = torch.load(f"{out}/rollouts.pt", weights_only=False)
         results = {name: _rank_update(model_dir, name, fixed[name], dp) for name in CASES}
         results["train"] = _full_iteration(model_dir, dp, f"{out}/ck")
+        results["resumed"] = _full_iteration(model_dir, dp, f"{out}/ck")  # from step 1
         torch.save(results, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -140,17 +142,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def runs(tiny_model_dir, tmp_path_factory):
-    """1 process: a rollout and its update per case; then 2 ranks on the same rollouts."""
-    out = tmp_path_factory.mktemp("ppo_dist")
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def runs(tiny_model_dir, tmp_path_factory, request):
+    """1 process: a rollout and its update per case; then 2 ranks (model.parallel
+    ``request.param``) on the same rollouts."""
+    out = tmp_path_factory.mktemp(f"ppo_{request.param}")
     single, rollouts = {}, {}
     for name, kw in CASES.items():
         trainer = _trainer(tiny_model_dir, _cfg(**kw), None)
         rollouts[name] = _rollout(trainer)
         single[name] = _update(trainer, rollouts[name])
     torch.save(rollouts, out / "rollouts.pt")
-    mp.spawn(_rank, args=(2, _free_port(), str(tiny_model_dir), str(out)), nprocs=2)
+    mp.spawn(_rank, args=(2, _free_port(), str(tiny_model_dir), str(out), request.param),
+             nprocs=2)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return single, rollouts, ranks, out
 
@@ -194,6 +198,10 @@ def test_two_rank_iteration_checkpoints_once_and_one_process_refuses_it(runs, ti
     assert last0["judge/score"] == pytest.approx(last1["judge/score"])
     assert 0.0 < last0["judge/score"] < 1.0  # the global mean of rank 0's 0s and rank 1's 1s
     assert [p.name for p in (out / "ck").iterdir()] == ["step_00000001"]
+    calls, _, resumed = ranks[0]["resumed"]  # iteration 2 again, from the checkpoint
+    assert calls == [2]
+    for key in policy0:
+        _close(resumed[key], policy0[key], key)
     trainer = _trainer(tiny_model_dir, _cfg(**CASES["gae"], iterations=3), None)
     with pytest.raises(ValueError, match=r"written by 2 rank\(s\); resume it with "
                                          r"model.nproc=2 \(now 1\)"):

@@ -84,3 +84,28 @@ def test_a_rank_records_its_error_for_the_task(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="sft rank 0: RuntimeError: .*runs under torchrun"):
         launch.watch([sys.executable, "-c", "raise SystemExit(1)"], dict(os.environ), "sft",
                      tmp_path)
+
+
+def test_a_launch_leaves_the_tasks_own_process_as_it_was(tmp_path, monkeypatch):
+    """The ranks get their own environment (1 OpenMP thread each by default); the task's
+    process, which runs the later stages, keeps its environment and torch thread count."""
+    import torch
+
+    from tasks.config import PipelineConfig
+    from tasks.tracking import RunContext
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = {}
+
+    def fake_watch(cmd, env, stage, folder):
+        seen.update(env=env, cmd=cmd)
+        (folder / "output.json").write_text("{}")
+
+    monkeypatch.setattr(launch, "watch", fake_watch)
+    before, threads = dict(os.environ), torch.get_num_threads()
+    ctx = RunContext(tracking_uri="sqlite:///x.db", experiment_id="0", parent_run_id="p",
+                     workdir=str(tmp_path), seed=0)
+    cfg = PipelineConfig.model_validate({"model": {"nproc": 2}})
+    assert launch.run_ranks(ctx, cfg, "sft", "r", {}) == {}
+    assert seen["env"]["OMP_NUM_THREADS"] == "1" and "--nproc-per-node=2" in seen["cmd"]
+    assert dict(os.environ) == before and torch.get_num_threads() == threads

@@ -1,0 +1,137 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for the supervised loop: ``model.parallel:
+fsdp``.
+
+The stage code keeps its plain model (the "home" copy: loaded, resized, evaluated and saved
+exactly as in the one-process path). :func:`shard` trains a copy of it instead, each
+transformer block sharded on its own (its parameters gathered for its forward and backward
+only), then the root (embeddings, head); gradients are reduce-scattered (a mean over ranks,
+as DDP's all-reduce, so the loop's shard weighting makes the global batch's update) and the
+optimizer holds only this rank's shard of parameters and state. :class:`Sharded` moves the
+weights between the two: ``gather`` (every rank calls it: a collective) writes the full
+weights into the home copy, on CPU, so checkpoints and the saved model have the one-process
+format; ``push`` loads the home copy's weights into the shards (resume). The optimizer state
+in a checkpoint is the full (unsharded) state keyed by parameter name
+(``torch.distributed.checkpoint.state_dict``), so a checkpoint resumes under fsdp at the same
+world size.
+
+Host memory: each rank keeps the full home copy on CPU while training; the device holds the
+shards and one gathered block at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 receives it
+EVERYWHERE = StateDictOptions(full_state_dict=True)  # every rank receives it (PPO rollouts)
+
+
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks: the members of the model's first ModuleList (GPT-2's ``h``,
+    Llama's ``layers``...)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            return list(module)
+    return []
+
+
+def shard(model: torch.nn.Module, device: torch.device, world: int,
+          home_on_device: bool = False) -> torch.nn.Module:
+    """A sharded training copy of ``model`` (each block, then the root); ``model`` itself
+    stays the full home copy, on CPU unless ``home_on_device`` (PPO samples with it)."""
+    net = copy.deepcopy(model).to(device)
+    if not home_on_device:
+        model.to("cpu")
+    mesh = init_device_mesh(device.type, (world,))
+    for block in blocks(net):
+        fully_shard(block, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    return net
+
+
+def is_sharded(net: torch.nn.Module | None) -> bool:
+    return isinstance(net, FSDPModule)
+
+
+def full_norm(norm: torch.Tensor) -> torch.Tensor:
+    """clip_grad_norm_ over sharded parameters returns a DTensor: its (global) value."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+class Sharded:
+    """The home copy ``home`` and its sharded training copy ``net``, with the optimizer."""
+
+    def __init__(self, home: torch.nn.Module, net: torch.nn.Module, everywhere: bool = False):
+        self.home, self.net = home, net
+        self.options = EVERYWHERE if everywhere else FULL
+
+    def gather(self) -> None:
+        """Full weights of ``net`` into rank 0's ``home`` (every rank's with ``everywhere``;
+        a collective: every rank calls it; without ``everywhere`` the other ranks' ``home``
+        keeps its initial weights, unused)."""
+        full = get_model_state_dict(self.net, options=self.options)
+        if not full:  # cpu_offload: only rank 0 receives the full state
+            return
+        missing, unexpected = self.home.load_state_dict(full, strict=False)
+        untied = [k for k in missing if k not in _tied(self.home)]
+        if untied or unexpected:
+            raise RuntimeError(f"fsdp gather: missing {untied}, unexpected {unexpected}")
+
+    def push(self) -> None:
+        """``home``'s weights into the shards (after a checkpoint restored ``home``)."""
+        set_model_state_dict(self.net, self.home.state_dict(), options=FULL)
+
+    def optimizer_view(self, optimizer: torch.optim.Optimizer) -> FullOptimizer:
+        """What the Checkpointer saves and restores in place of ``optimizer``."""
+        return FullOptimizer(self.net, optimizer)
+
+    def finish(self, device: torch.device) -> None:
+        """After training: the full weights in ``home``, back on the training device."""
+        self.gather()
+        self.home.to(device)
+
+
+def _tied(model: torch.nn.Module) -> set[str]:
+    """State-dict keys of weights tied to another (GPT-2's lm_head to the embeddings)."""
+    seen, tied = {}, set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            tied.add(name)
+        seen.setdefault(id(tensor), name)
+    return tied
+
+
+class FullOptimizer:
+    """The optimizer as the Checkpointer sees it: its full state (gathered: every rank calls
+    ``state_dict``; rank 0 writes it) and its param groups (the LR override on resume)."""
+
+    def __init__(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.net, self.optimizer = net, optimizer
+        self._full = None
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def gather(self) -> FullOptimizer:
+        self._full = get_optimizer_state_dict(self.net, self.optimizer, options=FULL)
+        return self
+
+    def state_dict(self) -> dict:
+        if self._full is None:
+            raise RuntimeError("fsdp: gather() the optimizer state on every rank first")
+        return self._full
+
+    def load_state_dict(self, state: dict) -> None:
+        set_optimizer_state_dict(self.net, self.optimizer, state, options=FULL)
