@@ -1,10 +1,24 @@
 """`rlhf serve` against a real Prefect server, driven only through the Prefect API (what the
-UI calls): the stored parameter schema; the retrain deployment's interval schedule starts a
-run by itself (f) and a retrain triggered while that one trains is skipped (g); the pipeline
-deployment with no parameters and with a one-field override (run side by side)."""
+UI calls) and read back only from the Prefect API (states, state messages, artifacts) and the
+MLflow store: the stored parameter schema; the retrain deployment's interval schedule starts a
+run by itself (f), which bootstraps the first champion (a), and a retrain triggered while that
+one trains is not started (g); then, triggered by hand: (d) no new batch -> nothing trained;
+(e) malformed batch -> fails at validate, unconsumed, champion untouched; (b) good batch ->
+champion moves; (c) degraded batch (a custom run changing two `retrain` fields) -> kept,
+reason recorded; then the pipeline deployment with no parameters and with a one-field
+override (run side by side), and prefect.yaml's deployments on a process worker.
+
+Making (b) and (c) reliable on a tiny model: the bootstrap champion is deliberately weak (1
+PPO iteration), so the good batch's 10 iterations win clearly (measured: judge +2.8, 95% CI
+[+2.3, +3.3]); the degraded case trains its RM on the reversed batch alone (rm_data new_only,
+fresh head on SFT). Part of any PPO gain here is EOS learning (the EOS trick), which a reversed
+RM still rewards, so the gate asks for a margin of 1.5 judge points, which the good batch
+clears and the degraded one does not (measured: +0.29 to +0.66, CI lower ends -0.12 to +0.26).
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -14,8 +28,12 @@ from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
 from flows.serve import served_parameters
+from rlhf_core.demo import write_preference_batch
+from tasks.registry import CHAMPION, PREVIOUS, alias_version
+from tasks.retrain import consumed_digests, file_digest
 from tests.flows.prefect_procs import (
     ROOT,
+    TERMINAL,
     prefect_server,
     rlhf_serve,
     stop,
@@ -23,7 +41,7 @@ from tests.flows.prefect_procs import (
     wait_run,
 )
 from tests.servers import stage_children
-from tests.shared import STAGES
+from tests.shared import STAGES, registered_models_panel
 
 POOL = "rlhf-process"  # prefect.yaml's work pool
 SECTIONS = {"model", "data", "sft", "reward", "ppo", "eval", "tracking"}
@@ -40,7 +58,8 @@ def served(tmp_path_factory):
     uri = f"sqlite:///{tmp}/mlflow.db"
     sets = [f"tracking.tracking_uri={uri}", f"tracking.workdir={tmp}/runs",
             "tracking.system_metrics=false", f"retrain.watch_dir={tmp}/batches",
-            "retrain.schedule.interval_s=10", "demo.n_eval=200", "retrain.gate.num_prompts=200"]
+            "retrain.schedule.interval_s=10", "demo.n_eval=200", "retrain.gate.num_prompts=200",
+            "ppo.iterations=1", "retrain.ppo_iterations=10", "retrain.gate.margin=1.5"]
     args = ["--config", str(ROOT / "configs" / "test.yaml"), "--name", "test"]
     for item in sets:
         args += ["--set", item]
@@ -49,7 +68,8 @@ def served(tmp_path_factory):
             pipeline = wait_deployment(client, "rlhf_pipeline/test", proc, log)
             retrain = wait_deployment(client, "retrain/test", proc, log)
             yield {"client": client, "pipeline": pipeline, "retrain": retrain,
-                   "mlflow": MlflowClient(uri), "log": log, "env": env}
+                   "mlflow": MlflowClient(uri), "log": log, "env": env, "api": api,
+                   "tmp": tmp, "cfg": load_config(ROOT / "configs" / "test.yaml", sets)}
 
 
 def _runs_of(client, deployment_id):
@@ -78,7 +98,7 @@ def test_parameter_schema_has_typed_sections_with_descriptions(served):
     assert kl["type"] == "number" and "KL" in kl["description"]
     # the form starts from the served config (demo on), not a bare config's defaults
     assert deployment.parameters["demo"]["enabled"] is True
-    assert deployment.parameters["ppo"]["iterations"] == 3
+    assert deployment.parameters["ppo"]["iterations"] == 1
 
 
 def test_schedule_starts_a_retrain_and_a_second_one_does_not_train(served):
@@ -113,6 +133,149 @@ def test_schedule_starts_a_retrain_and_a_second_one_does_not_train(served):
     assert len([r for r in retrains if "mlflow.parentRunId" not in r.data.tags]) == 1
 
 
+POLICY = "rlhf-policy"
+DEGRADED = {"config": {"retrain": {"rm_data": "new_only", "rm_init": "sft"}}}
+
+
+def _retrain_parents(mlflow: MlflowClient) -> list:
+    exp = mlflow.get_experiment_by_name("rlhf-test")
+    runs = mlflow.search_runs([exp.experiment_id], filter_string="tags.`rlhf.retrain` = 'true'")
+    return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+
+
+def _parent_of(mlflow: MlflowClient, flow_run_id) -> str | None:
+    """The MLflow parent run a Prefect flow run made (tag rlhf.prefect_flow_run_id)."""
+    exp = mlflow.get_experiment_by_name("rlhf-test")
+    runs = [r for r in mlflow.search_runs([exp.experiment_id], filter_string=(
+        f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'"))
+        if "mlflow.parentRunId" not in r.data.tags]
+    assert len(runs) <= 1, runs
+    return runs[0].info.run_id if runs else None
+
+
+def _write_bad_batch(batches) -> str:
+    bad = batches / "batch-bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "user : describe cats assistant :", "chosen": "x",
+                               "rejected": "x"}) + "\n"
+                   + json.dumps({"prompt": "", "chosen": "a", "rejected": "b"}) + "\n")
+    return file_digest(bad)
+
+
+@pytest.fixture(scope="module")
+def retrain_cases(served):
+    """(a) from the scheduled run, then (d), (e), (b), (c) triggered by hand, in order (each
+    needs the registry the previous left); outcomes read from Prefect and MLflow only."""
+    client, deployment, mlflow = served["client"], served["retrain"], served["mlflow"]
+    client.pause_deployment(deployment.id)  # no scheduled run between the cases
+    for run in _runs_of(client, deployment.id):  # one may have started before the pause
+        if run.state and run.state.type.value not in TERMINAL:
+            wait_run(client, run.id, timeout=600)
+    out, wall, batches = {}, {}, served["tmp"] / "batches"
+
+    def record(name, run):
+        out[name] = {"state": run.state.type.value, "message": run.state.message or "",
+                     "decision": _decision(client, run.id),
+                     "parent_run_id": _parent_of(mlflow, run.id)}
+        out[f"{name}/champion"] = alias_version(mlflow, POLICY, CHAMPION)
+        out[f"{name}/parents"] = len(_retrain_parents(mlflow))
+
+    def step(name, parameters=None):
+        start = time.perf_counter()
+        run = client.create_flow_run_from_deployment(deployment.id, parameters=parameters or {})
+        record(name, wait_run(client, run.id, timeout=600))
+        wall[name] = time.perf_counter() - start
+
+    firsts = [r for r in _runs_of(client, deployment.id)
+              if "first champion" in _decision(client, r.id)]
+    if firsts:  # (a) the scheduled run bootstrapped the champion
+        record("a_bootstrap", firsts[0])
+    else:  # this test alone (-k): bootstrap by hand
+        step("a_bootstrap")
+    step("d_nothing_new")
+    batches.mkdir(parents=True, exist_ok=True)
+    out["bad_digest"] = _write_bad_batch(batches)
+    step("e_malformed")
+    out["e_malformed/consumed"] = consumed_digests(served["cfg"])
+    (batches / "batch-bad.jsonl").unlink()  # the user removes (or fixes) the refused batch
+    out["good_digest"] = file_digest(write_preference_batch(batches, 256, seed=11))
+    step("b_good")
+    write_preference_batch(batches, 2000, seed=12, degraded=True)
+    step("c_degraded", DEGRADED)  # a custom run: two fields, the rest stay served
+    print("retrain case wall s:", {k: round(v, 1) for k, v in wall.items()})
+    return out
+
+
+def _ok(out, name, served) -> dict:
+    assert out[name]["state"] == "COMPLETED", (out[name], served["log"].read_text()[-3000:])
+    return out[name]
+
+
+def test_a_first_retrain_bootstraps_a_champion(served, retrain_cases):
+    res, champ = _ok(retrain_cases, "a_bootstrap", served), retrain_cases["a_bootstrap/champion"]
+    assert champ is not None and champ.tags["rlhf.started_from"] == "none"
+    assert res["parent_run_id"] and champ.tags["rlhf.parent_run_id"] == res["parent_run_id"]
+
+
+def test_d_no_new_batch_trains_nothing(served, retrain_cases):
+    out = retrain_cases
+    res = _ok(out, "d_nothing_new", served)
+    assert "nothing new" in res["decision"] and res["parent_run_id"] is None
+    assert out["d_nothing_new/parents"] == out["a_bootstrap/parents"]
+    assert out["d_nothing_new/champion"].version == out["a_bootstrap/champion"].version
+
+
+def test_e_malformed_batch_fails_at_validate_unconsumed_champion_untouched(served,
+                                                                           retrain_cases):
+    out, mlflow = retrain_cases, served["mlflow"]
+    res = out["e_malformed"]
+    assert res["state"] == "FAILED" and "ValidationFailed" in res["message"], res
+    # the gate's rows count in the combined file; the error also names the batch file
+    assert "= batch-bad.jsonl rows 1-2" in res["message"]
+    assert out["bad_digest"] not in out["e_malformed/consumed"]
+    assert out["e_malformed/champion"].version == out["a_bootstrap/champion"].version
+    failed = mlflow.get_run(res["parent_run_id"])
+    assert [r.info.run_id for r in _retrain_parents(mlflow)
+            if r.info.status == "FAILED"] == [failed.info.run_id]
+    children = mlflow.search_runs([failed.info.experiment_id], filter_string=(
+        f"tags.`mlflow.parentRunId` = '{failed.info.run_id}'"))
+    assert sorted(r.data.tags["rlhf.stage"] for r in children) == ["validate"]
+    docs = [a.path for a in mlflow.list_artifacts(children[0].info.run_id, "data_docs")]
+    assert "data_docs/index.html" in docs
+
+
+def test_b_good_batch_moves_champion_with_lineage(served, retrain_cases):
+    out, mlflow = retrain_cases, served["mlflow"]
+    res = _ok(out, "b_good", served)
+    new, old = out["b_good/champion"], out["a_bootstrap/champion"]
+    assert int(new.version) > int(old.version), res
+    assert alias_version(mlflow, POLICY, PREVIOUS).version == old.version
+    assert json.loads(new.tags["rlhf.batches"]) == [out["good_digest"]]
+    assert new.tags["rlhf.started_from"] == f"champion v{old.version}"
+    parent = mlflow.get_run(res["parent_run_id"])
+    assert parent.data.tags["rlhf.gate.decision"] == "promote"
+    assert float(parent.data.tags["rlhf.gate.ci_low"]) > 0
+    assert out["good_digest"] in {d.dataset.digest for d in parent.inputs.dataset_inputs}
+    # the retrain's parent run lists its registered versions; the UI opens on the runs table
+    assert (POLICY, str(new.version)) in registered_models_panel(mlflow, parent.info.run_id)
+    exp = mlflow.get_experiment(parent.info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_c_degraded_batch_keeps_champion_and_says_why(served, retrain_cases):
+    out, mlflow = retrain_cases, served["mlflow"]
+    res = _ok(out, "c_degraded", served)
+    assert out["c_degraded/champion"].version == out["b_good/champion"].version
+    parent = mlflow.get_run(res["parent_run_id"])
+    tags = parent.data.tags
+    # the custom run's two fields took effect; the served margin stayed
+    assert parent.data.params["retrain.rm_data"] == "new_only"
+    assert parent.data.params["retrain.rm_init"] == "sft"
+    assert tags["rlhf.gate.decision"] == "keep" and "CI" in tags["rlhf.gate.reason"]
+    assert float(tags["rlhf.gate.ci_low"]) <= 1.5 and "margin 1.5" in tags["rlhf.gate.reason"]
+    challenger = mlflow.get_model_version_by_alias(POLICY, "challenger")
+    assert challenger.tags["rlhf.gate"] == tags["rlhf.gate.reason"]
+
+
 @pytest.fixture(scope="module")
 def pipeline_runs(served):
     client, deployment = served["client"], served["pipeline"]
@@ -134,7 +297,7 @@ def test_run_with_no_parameters_runs_the_served_config(served, pipeline_runs):
     run = pipeline_runs["plain"]
     assert run.state.type.value == "COMPLETED", served["log"].read_text()[-3000:]
     params = _parent_params(served["mlflow"], run.id)
-    assert params["demo.enabled"] == "True" and params["ppo.iterations"] == "3"
+    assert params["demo.enabled"] == "True" and params["ppo.iterations"] == "1"
     assert params["ppo.kl_coef"] == "0.05"
 
 
@@ -143,7 +306,7 @@ def test_one_field_override_keeps_the_rest_and_shows_in_mlflow(served, pipeline_
     assert run.state.type.value == "COMPLETED", served["log"].read_text()[-3000:]
     params = _parent_params(served["mlflow"], run.id)
     assert params["ppo.kl_coef"] == "0.123"
-    assert params["ppo.iterations"] == "3" and params["ppo.rollout_batch_size"] == "16"
+    assert params["ppo.iterations"] == "1" and params["ppo.rollout_batch_size"] == "16"
 
 
 
