@@ -100,3 +100,55 @@ def label_agreement(rows: list[dict]) -> float:
               for r in rows]
     judged = [(a, b) for a, b in judged if a != b]
     return sum(a > b for a, b in judged) / len(judged) if judged else float("nan")
+
+
+# -- data-parallel equivalence tests (tests/rlhf_core/test_distributed.py, test_fsdp.py) ------
+DP_WORDS = "hello world tell me about cats dogs rain sun please thanks sure nice good bad".split()
+
+
+def dp_rows(n: int = 5) -> list[dict]:
+    """Rows whose responses differ in length, so the shards' token counts differ."""
+    rows = []
+    for i in range(n):
+        resp = " ".join(DP_WORDS[(i + j) % len(DP_WORDS)] for j in range(1 + 2 * i))
+        rows.append({"prompt": f"user : tell me about {DP_WORDS[i]} assistant :",
+                     "response": resp, "chosen": resp, "rejected": DP_WORDS[-1 - i]})
+    return rows
+
+
+def dp_initial(model_dir, stage: str):
+    """The stage's model before training: the policy, or a fresh scalar head (seeded)."""
+    import torch
+
+    from rlhf_core.loader import LoadSpec, load_policy, new_scalar_model
+
+    torch.manual_seed(0)  # the RM's fresh head
+    if stage == "sft":
+        return load_policy(model_dir, LoadSpec())
+    return new_scalar_model(model_dir, LoadSpec())
+
+
+def dp_train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=None):
+    """One epoch of ``stage`` (sft | reward_model) on :func:`dp_rows` from the same initial
+    weights, on this rank's shard when ``dp`` is set -> (last metrics, state dict)."""
+    import torch
+
+    from rlhf_core.checkpoint import Checkpointer
+    from rlhf_core.config import OptimConfig, RewardConfig, SFTConfig
+    from rlhf_core.loader import LoadSpec, load_tokenizer
+    from rlhf_core.reward import train_reward_model
+    from rlhf_core.sft import train_sft
+
+    optim = OptimConfig(lr=1e-2, warmup_ratio=0.0, schedule="constant")
+    tok = load_tokenizer(model_dir, LoadSpec())
+    model = dp_initial(model_dir, stage)
+    gen, cpu = torch.Generator().manual_seed(0), torch.device("cpu")
+    if stage == "sft":
+        ck = None if ck_root is None else Checkpointer(ck_root, {"model": model}, every=1)
+        cfg = SFTConfig(batch_size=batch_size, epochs=1, optim=optim, log_every=1)
+        last = train_sft(model, tok, dp_rows(), cfg, cpu, gen, on_log, progress=False,
+                         checkpointer=ck, dp=dp)
+    else:
+        cfg = RewardConfig(batch_size=batch_size, epochs=1, optim=optim)
+        last = train_reward_model(model, tok, dp_rows(), cfg, cpu, gen, progress=False, dp=dp)
+    return last, {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -12,54 +12,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlhf_core.checkpoint import Checkpointer
-from rlhf_core.config import OptimConfig, RewardConfig, SFTConfig
 from rlhf_core.distributed import DataParallel
-from rlhf_core.loader import LoadSpec, load_policy, load_tokenizer, new_scalar_model
-from rlhf_core.reward import train_reward_model
-from rlhf_core.sft import train_sft
-
-WORDS = "hello world tell me about cats dogs rain sun please thanks sure nice good bad".split()
-
-
-def _rows(n: int = 5) -> list[dict]:
-    """Rows whose responses differ in length, so the shards' token counts differ."""
-    rows = []
-    for i in range(n):
-        resp = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + 2 * i))
-        rows.append({"prompt": f"user : tell me about {WORDS[i]} assistant :",
-                     "response": resp, "chosen": resp, "rejected": WORDS[-1 - i]})
-    return rows
-
+from tests.servers import free_port
+from tests.shared import dp_initial, dp_train
 
 # (stage, batch_size): 5 rows in one global batch (shards 3 + 2); 5 rows in batches of 4 and 1
 CASES = (("sft", 5), ("sft", 4), ("reward_model", 5))
-
-
-def _initial(model_dir, stage: str):
-    torch.manual_seed(0)  # the RM's fresh head
-    if stage == "sft":
-        return load_policy(model_dir, LoadSpec())
-    return new_scalar_model(model_dir, LoadSpec())
-
-
-def _train(model_dir, stage: str, batch_size: int, dp: DataParallel | None, ck_root=None,
-           on_log=None):
-    """One epoch of ``stage`` from the same initial weights -> (last metrics, state dict)."""
-    spec, optim = LoadSpec(), OptimConfig(lr=1e-2, warmup_ratio=0.0, schedule="constant")
-    tok = load_tokenizer(model_dir, spec)
-    model = _initial(model_dir, stage)
-    gen = torch.Generator().manual_seed(0)
-    if stage == "sft":
-        ck = None if ck_root is None else Checkpointer(ck_root, {"model": model}, every=1)
-        cfg = SFTConfig(batch_size=batch_size, epochs=1, optim=optim, log_every=1)
-        last = train_sft(model, tok, _rows(), cfg, torch.device("cpu"), gen, on_log,
-                         progress=False, checkpointer=ck, dp=dp)
-    else:
-        cfg = RewardConfig(batch_size=batch_size, epochs=1, optim=optim)
-        last = train_reward_model(model, tok, _rows(), cfg, torch.device("cpu"), gen,
-                                  progress=False, dp=dp)
-    return last, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
@@ -68,7 +26,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     try:
         dp = DataParallel(rank, world, torch.device("cpu"))
-        results = [_train(model_dir, stage, bs, dp) for stage, bs in CASES]
+        results = [dp_train(model_dir, stage, bs, dp) for stage, bs in CASES]
         results.append(_stop_and_resume(model_dir, dp, f"{out}/ck"))
         torch.save(results, f"{out}/rank{rank}.pt")
     finally:
@@ -87,28 +45,20 @@ def _stop_at_2(step, metrics):
 def _stop_and_resume(model_dir, dp, ck_root):
     """SFT, 5 rows in batches of 2 (3 steps): uninterrupted vs stopped at step 2 + resumed
     -> (uninterrupted weights, resumed weights, the steps the resumed run trained)."""
-    whole = _train(model_dir, "sft", 2, dp)[1]
+    whole = dp_train(model_dir, "sft", 2, dp)[1]
     try:
-        _train(model_dir, "sft", 2, dp, ck_root, _stop_at_2)
+        dp_train(model_dir, "sft", 2, dp, ck_root, _stop_at_2)
     except Stop:
         pass
     steps = []
-    resumed = _train(model_dir, "sft", 2, dp, ck_root, lambda step, _: steps.append(step))[1]
+    resumed = dp_train(model_dir, "sft", 2, dp, ck_root, lambda step, _: steps.append(step))[1]
     return whole, resumed, steps
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_rank, args=(2, _free_port(), str(tiny_model_dir), str(out)), nprocs=2)
+    mp.spawn(_rank, args=(2, free_port(), str(tiny_model_dir), str(out)), nprocs=2)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)], out
 
 
@@ -123,16 +73,16 @@ def test_two_ranks_resume_to_the_uninterrupted_weights_and_one_process_refuses(
     assert [p.name for p in ck_root.iterdir()] == ["step_00000001", "step_00000002"]
     with pytest.raises(ValueError, match=r"written by 2 rank\(s\); resume it with "
                                          r"model.nproc=2 \(now 1\)"):
-        _train(tiny_model_dir, "sft", 2, None, ck_root)
+        dp_train(tiny_model_dir, "sft", 2, None, ck_root)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{s}-bs{b}" for s, b in CASES])
 def test_two_ranks_make_the_single_process_update(tiny_model_dir, two_ranks, case):
     stage, batch_size = CASES[case]
-    ref_metrics, ref_weights = _train(tiny_model_dir, stage, batch_size, None)
+    ref_metrics, ref_weights = dp_train(tiny_model_dir, stage, batch_size, None)
     results, _ = two_ranks
     metrics, weights = results[0][case]
-    init = _initial(tiny_model_dir, stage).state_dict()
+    init = dp_initial(tiny_model_dir, stage).state_dict()
     assert any(not torch.equal(init[k], ref_weights[k]) for k in ref_weights)  # it trained
     assert metrics.keys() == ref_metrics.keys()
     for key, value in ref_metrics.items():

@@ -7,50 +7,17 @@ uninterrupted run's weights; the checkpoint's weights load into a plain model.""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_model
 
-from rlhf_core.checkpoint import Checkpointer
-from rlhf_core.config import OptimConfig, RewardConfig, SFTConfig
 from rlhf_core.distributed import DataParallel
-from rlhf_core.loader import LoadSpec, load_policy, load_tokenizer, new_scalar_model
-from rlhf_core.reward import train_reward_model
-from rlhf_core.sft import train_sft
+from tests.servers import free_port
+from tests.shared import dp_initial, dp_train
 
-WORDS = "hello world tell me about cats dogs rain sun please thanks sure nice good bad".split()
 CASES = (("sft", 5), ("reward_model", 5))  # one step each; shards of 3 and 2 rows
-
-
-def _rows(n: int = 5) -> list[dict]:
-    rows = []
-    for i in range(n):
-        resp = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(1 + 2 * i))
-        rows.append({"prompt": f"user : tell me about {WORDS[i]} assistant :",
-                     "response": resp, "chosen": resp, "rejected": WORDS[-1 - i]})
-    return rows
-
-
-def _train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=None):
-    spec, optim = LoadSpec(), OptimConfig(lr=1e-2, warmup_ratio=0.0, schedule="constant")
-    tok = load_tokenizer(model_dir, spec)
-    torch.manual_seed(0)  # the RM's fresh head
-    model = load_policy(model_dir, spec) if stage == "sft" else new_scalar_model(model_dir, spec)
-    gen = torch.Generator().manual_seed(0)
-    if stage == "sft":
-        ck = None if ck_root is None else Checkpointer(ck_root, {"model": model}, every=1)
-        cfg = SFTConfig(batch_size=batch_size, epochs=1, optim=optim, log_every=1)
-        last = train_sft(model, tok, _rows(), cfg, torch.device("cpu"), gen, on_log,
-                         progress=False, checkpointer=ck, dp=dp)
-    else:
-        cfg = RewardConfig(batch_size=batch_size, epochs=1, optim=optim)
-        last = train_reward_model(model, tok, _rows(), cfg, torch.device("cpu"), gen,
-                                  progress=False, dp=dp)
-    return last, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class Stop(Exception):
@@ -68,14 +35,14 @@ def _rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     try:
         dp = DataParallel(rank, world, torch.device("cpu"), parallel="fsdp")
-        results = [_train(model_dir, stage, bs, dp) for stage, bs in CASES]
-        whole = _train(model_dir, "sft", 2, dp)[1]
+        results = [dp_train(model_dir, stage, bs, dp) for stage, bs in CASES]
+        whole = dp_train(model_dir, "sft", 2, dp)[1]
         try:
-            _train(model_dir, "sft", 2, dp, f"{out}/ck", _stop_at_2)
+            dp_train(model_dir, "sft", 2, dp, f"{out}/ck", _stop_at_2)
         except Stop:
             pass
         steps = []
-        resumed = _train(model_dir, "sft", 2, dp, f"{out}/ck",
+        resumed = dp_train(model_dir, "sft", 2, dp, f"{out}/ck",
                          lambda step, _: steps.append(step))[1]
         results.append((whole, resumed, steps))
         torch.save(results, f"{out}/rank{rank}.pt")
@@ -83,23 +50,17 @@ def _rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_fsdp_ranks(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_rank, args=(2, _free_port(), str(tiny_model_dir), str(out)), nprocs=2)
+    mp.spawn(_rank, args=(2, free_port(), str(tiny_model_dir), str(out)), nprocs=2)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)], out
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[s for s, _ in CASES])
 def test_two_fsdp_ranks_make_the_single_process_update(tiny_model_dir, two_fsdp_ranks, case):
     stage, batch_size = CASES[case]
-    ref_metrics, ref_weights = _train(tiny_model_dir, stage, batch_size, None)
+    ref_metrics, ref_weights = dp_train(tiny_model_dir, stage, batch_size, None)
     results, _ = two_fsdp_ranks
     metrics, weights = results[0][case]
     assert metrics.keys() == ref_metrics.keys()
@@ -108,9 +69,7 @@ def test_two_fsdp_ranks_make_the_single_process_update(tiny_model_dir, two_fsdp_
     assert weights.keys() == ref_weights.keys()
     for key, ref in ref_weights.items():
         torch.testing.assert_close(weights[key], ref, rtol=1e-5, atol=1e-5, msg=key)
-    torch.manual_seed(0)
-    init = (load_policy(tiny_model_dir, LoadSpec()) if stage == "sft"
-            else new_scalar_model(tiny_model_dir, LoadSpec())).state_dict()
+    init = dp_initial(tiny_model_dir, stage).state_dict()
     assert any(not torch.equal(init[k], weights[k]) for k in weights)  # it trained
 
 
@@ -123,9 +82,9 @@ def test_fsdp_resumes_to_the_uninterrupted_weights_from_a_plain_format_checkpoin
     for key in whole:
         torch.testing.assert_close(resumed[key], whole[key], rtol=1e-6, atol=1e-6, msg=key)
     saved = out / "ck" / "step_00000002" / "model.safetensors"
-    plain = load_policy(tiny_model_dir, LoadSpec())
+    plain = dp_initial(tiny_model_dir, "sft")
     load_model(plain, str(saved))  # strict: every weight of the plain model is in the file
     assert not torch.equal(plain.transformer.wte.weight,
-                           load_policy(tiny_model_dir, LoadSpec()).transformer.wte.weight)
+                           dp_initial(tiny_model_dir, "sft").transformer.wte.weight)
     state = torch.load(out / "ck" / "step_00000002" / "state.pt", weights_only=True)
     assert state["optimizer"]["state"]  # the full optimizer state, written once

@@ -22,6 +22,7 @@ from rlhf_core.distributed import DataParallel
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo_dist import make_trainer, shard_rows
 from rlhf_core.rollout import Experience, make_experience, to_autograd_tensors
+from tests.servers import free_port
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :",
            "tell me about dogs :", "sure the sun is nice :", "hello world :", "rain ? :"]
@@ -134,13 +135,6 @@ def _rank(rank: int, world: int, port: int, model_dir: str, out: str, parallel: 
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module", params=["ddp", "fsdp"])
 def runs(tiny_model_dir, tmp_path_factory, request):
@@ -153,7 +147,7 @@ def runs(tiny_model_dir, tmp_path_factory, request):
         rollouts[name] = _rollout(trainer)
         single[name] = _update(trainer, rollouts[name])
     torch.save(rollouts, out / "rollouts.pt")
-    mp.spawn(_rank, args=(2, _free_port(), str(tiny_model_dir), str(out), request.param),
+    mp.spawn(_rank, args=(2, free_port(), str(tiny_model_dir), str(out), request.param),
              nprocs=2)
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     return single, rollouts, ranks, out
