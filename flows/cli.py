@@ -5,6 +5,7 @@
     rlhf sweep [--config FILE] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--max-concurrent N]
     rlhf runs [--experiment NAME] [--limit N]
     rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
+    rlhf stage-worker --name NAME
     rlhf demo-batch | promote VERSION | rollback   (flows/cli_retrain.py)
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
@@ -236,6 +237,13 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_stage_worker(args) -> int:
+    from flows.stage import serve_stage
+
+    serve_stage(args.name)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlhf", description="RLHF with PPO on Prefect + MLflow",
@@ -275,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     srv.add_argument("--name", help="deployment name (default: the config file's stem)")
     srv.set_defaults(func=cmd_serve)
+    stw = sub.add_parser("stage-worker", help="take routed stages and nodes of pipelines run "
+                         "elsewhere: serve the rlhf-stage/NAME deployment (blocks)")
+    stw.add_argument("--name", required=True, help="deployment name, e.g. gpu (rlhf-stage/gpu)")
+    stw.set_defaults(func=cmd_stage_worker)
     from flows.cli_retrain import add_commands
 
     add_commands(sub, _config_for)

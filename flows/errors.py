@@ -16,9 +16,10 @@ from data_checks.validate import ValidationFailed
 from flows.config import ConfigError
 from tasks.identity import ResumeRefused
 from tasks.registry import RegistryError
+from tasks.remote import RoutingError
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there)
-USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError)
+USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingError)
 GATE_ERRORS = (ValidationFailed,)                       # exit 1: the data gate said no
 EXPECTED = USAGE_ERRORS + GATE_ERRORS
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")

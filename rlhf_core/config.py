@@ -53,6 +53,19 @@ class ModelConfig(_Frozen):
         "(torchrun + DDP: gloo on CPU, nccl on CUDA, one GPU per rank); 1: in the task's "
         "own process."
     )
+    nnodes: int = Field(
+        1, ge=1, description="Machines the data-parallel stages span, model.nproc ranks on "
+        "each (torchrun static rendezvous); nodes 2.. are started through the "
+        "routing.nodes deployment. 1: this machine only."
+    )
+    master_addr: str | None = Field(
+        None, description="With model.nnodes > 1: the address the other nodes reach this "
+        "machine at (torchrun --master-addr); default: this machine's host name."
+    )
+    master_port: int = Field(
+        0, ge=0, le=65535, description="With model.nnodes > 1: the rendezvous port on this "
+        "machine (torchrun --master-port); 0: a free port, chosen per stage."
+    )
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp", description="How model.nproc > 1 ranks train SFT, the reward model and PPO: "
         "ddp (a full replica per rank) or fsdp (FSDP2 fully_shard: parameters, gradients and "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -87,6 +88,25 @@ def check_world_size(saved: int, world: int) -> None:
     if saved != world:
         raise ValueError(f"this checkpoint was written by {saved} rank(s); resume it with "
                          f"model.nproc={saved} (now {world})")
+
+
+def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
+    """Every rank resumes from the checkpoint rank 0 resumes from. Only rank 0 writes them:
+    on several machines ``folder`` must be on a filesystem they all share, else this stops
+    the stage on every rank, saying what each one sees."""
+    from rlhf_core.checkpoint import Checkpointer
+
+    latest = Checkpointer(folder, {}, 0).latest()
+    step = int(latest.name.removeprefix("step_")) if latest is not None else -1
+    both = torch.tensor([step, -step], dtype=torch.float64, device=dp.device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)  # (max step, -min step) over the ranks
+    if both[0].item() != -both[1].item():
+        raise RuntimeError(
+            f"rank {dp.rank} sees latest checkpoint step {step} in {folder}, other ranks "
+            f"see steps {-int(both[1].item())}..{int(both[0].item())} (-1: none); to resume a "
+            "stage on several machines, put tracking.workdir on a filesystem every node mounts "
+            "at the same path (and leave RLHF_STAGE_WORKDIR unset there), or resume it on one "
+            f"machine with model.nnodes=1 and model.nproc={dp.world}")
 
 
 def init_from_env(device: torch.device, parallel: str = "ddp") -> DataParallel | None:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from data_checks.config import DataConfig, ValidationConfig
 from rlhf_core.config import (
@@ -57,6 +57,49 @@ class TrackingConfig(BaseModel):
     system_metrics_interval_s: float = Field(5.0, gt=0, description="Sampling interval.")
 
 
+ROUTABLE = ("sft", "reward_model", "ppo")
+
+
+class RoutingConfig(BaseModel):
+    """Stages that run on another machine's Prefect worker (tasks/remote.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    stages: dict[str, str] = Field(
+        {}, description="Stage -> the `rlhf-stage` deployment that runs it on another "
+        "machine's worker, e.g. {ppo: rlhf-stage/gpu}; sft, reward_model and ppo can be routed."
+    )
+    nodes: str | None = Field(
+        None, description="With model.nnodes > 1: the `rlhf-stage` deployment that starts "
+        "nodes 2.. (one flow run per node), e.g. rlhf-stage/nodes."
+    )
+    start_timeout_s: float = Field(
+        300.0, gt=0, description="How long a routed stage or node may wait for a worker to "
+        "start it before the stage fails."
+    )
+
+    @field_validator("stages")
+    @classmethod
+    def _routable(cls, stages: dict[str, str]) -> dict[str, str]:
+        for stage, name in stages.items():
+            if stage not in ROUTABLE:
+                raise ValueError(f"routing.stages.{stage}: only {', '.join(ROUTABLE)} can run "
+                                 "on another machine")
+            _deployment_name(f"routing.stages.{stage}", name)
+        return stages
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, name: str | None) -> str | None:
+        return None if name is None else _deployment_name("routing.nodes", name)
+
+
+def _deployment_name(field: str, name: str) -> str:
+    if name.count("/") != 1 or not all(name.split("/")):
+        raise ValueError(f"{field}={name!r}: give a deployment as <flow name>/<deployment "
+                         "name>, e.g. rlhf-stage/gpu")
+    return name
+
+
 class PipelineConfig(BaseModel):
     """Everything one pipeline run needs."""
 
@@ -73,6 +116,15 @@ class PipelineConfig(BaseModel):
     eval: EvalConfig = Field(EvalConfig())
     tracking: TrackingConfig = Field(TrackingConfig())
     retrain: RetrainConfig = Field(RetrainConfig(), description="Scheduled retraining.")
+    routing: RoutingConfig = Field(RoutingConfig(), description="Stages on other machines.")
+
+    @model_validator(mode="after")
+    def _nodes_started_somewhere(self) -> PipelineConfig:
+        if self.model.nnodes > 1 and self.routing.nodes is None:
+            raise ValueError(f"model.nnodes={self.model.nnodes} needs routing.nodes: the "
+                             "rlhf-stage deployment that starts the other nodes (e.g. "
+                             "rlhf-stage/nodes, served by `rlhf stage-worker` on each of them)")
+        return self
 
     def short_name(self) -> str:
         """model + data + short config hash, e.g. ``pythia-160m-hh-3fa2c1`` (run names)."""

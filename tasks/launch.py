@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from pathlib import Path
 from rlhf_core.distributed import DataParallel
 from tasks.common import metric_logger, write_json
 from tasks.config import PipelineConfig
+from tasks.remote import NodeGroup, RemoteStageError, run_routed, stage_spec
 from tasks.tracking import RunContext
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +39,10 @@ def stage_body(ctx: RunContext, cfg: PipelineConfig, stage: str, fn: StageFn,
                **inputs) -> Callable[[str], dict]:
     """``body(run_id)`` for :func:`tasks.common.run_stage`: ``fn`` in this process, or on
     ``model.nproc`` torchrun ranks."""
-    if cfg.model.nproc == 1:
+    routed = cfg.routing.stages.get(stage)
+    if routed:  # another machine's worker runs it (tasks/remote.py)
+        return lambda run_id: run_routed(ctx, cfg, stage, run_id, inputs, routed)
+    if cfg.model.nproc == 1 and cfg.model.nnodes == 1:
         return lambda run_id: fn(ctx, cfg, run_id=run_id, **inputs)
     return lambda run_id: run_ranks(ctx, cfg, stage, run_id, inputs)
 
@@ -98,38 +103,75 @@ def _rank_error(folder: Path, stage: str, rc: int, tail: deque) -> BaseException
     return kind(f"{stage} rank {err['rank']}: {err['type']}: {err['message']}")
 
 
-def launch_command(nproc: int, spec: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+def launch_command(nproc: int, spec: Path, node: dict | None = None) -> list[str]:
+    """torchrun on this machine: a standalone group, or node ``node["rank"]`` of
+    ``node["nnodes"]`` (static rendezvous at the head's ``addr:port``; rank 0 is on node 0)."""
+    where = ["--standalone"] if node is None else [
+        f"--nnodes={node['nnodes']}", f"--node-rank={node['rank']}",
+        f"--master-addr={node['addr']}", f"--master-port={node['port']}",
+        f"--rdzv-conf=timeout={node['timeout_s']}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
             f"--nproc-per-node={nproc}", "-m", "tasks.rank_main", str(spec)]
 
 
-def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
-              inputs: dict) -> dict:
-    """Run ``stage`` on ``cfg.model.nproc`` ranks; return rank 0's output reference."""
-    folder = ctx.stage_dir(stage) / "ranks"
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.json"):
-        old.unlink()
-    spec = write_json(folder / "spec.json", {
-        "stage": stage, "run_id": run_id, "ctx": ctx.model_dump(mode="json"),
-        "cfg": cfg.model_dump(mode="json"), "inputs": inputs,
-        "output": str(folder / "output.json"), "errors": str(folder)})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+def rank_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(PROJECT_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
         "PYTHONUNBUFFERED": "1",
         # torchrun's own default (with a banner): 1 thread per rank unless model.torch_threads
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    watch(launch_command(cfg.model.nproc, spec), env, stage, folder)
+
+
+def _fresh(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.json"):
+        old.unlink()
+    return folder
+
+
+def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
+              inputs: dict) -> dict:
+    """Run ``stage`` on ``cfg.model.nproc`` ranks (on each of ``model.nnodes`` machines);
+    return rank 0's output reference."""
+    folder = _fresh(ctx.stage_dir(stage) / "ranks")
+    spec = {**stage_spec(ctx, cfg, stage, run_id, inputs),
+            "output": str(folder / "output.json"), "errors": str(folder)}
+    path = write_json(folder / "spec.json", spec)
+    if cfg.model.nnodes == 1:
+        watch(launch_command(cfg.model.nproc, path), rank_env(), stage, folder)
+    else:
+        with NodeGroup(ctx, cfg, stage, spec) as nodes:
+            watch(launch_command(cfg.model.nproc, path, nodes.node(0)), rank_env(), stage,
+                  folder, problem=nodes.problem)
+            nodes.wait()
     return json.loads((folder / "output.json").read_text())
 
 
-def watch(cmd: list[str], env: dict, stage: str, folder: Path) -> None:
+def run_node(ctx: RunContext, spec: dict, node: dict) -> None:
+    """Node ``node["rank"]`` (> 0) of a multi-node stage, on this machine: its torchrun,
+    watched like the head's; rank 0 (on the head) writes the output."""
+    cfg = PipelineConfig.model_validate(spec["cfg"])
+    folder = _fresh(ctx.stage_dir(spec["stage"]) / f"ranks_node{node['rank']}")
+    spec = {**spec, "ctx": ctx.model_dump(mode="json"),
+            "output": str(folder / "output.json"), "errors": str(folder)}
+    path = write_json(folder / "spec.json", spec)
+    watch(launch_command(cfg.model.nproc, path, node), rank_env(),
+          f"{spec['stage']} node {node['rank']}", folder)
+
+
+def watch(cmd: list[str], env: dict, stage: str, folder: Path,
+          problem: Callable[[], str | None] | None = None) -> None:
     """Run ``cmd`` as its own process group, stream its lines; on failure, cancellation or
-    interruption kill the whole group, then raise the rank's error."""
+    interruption kill the whole group, then raise the rank's error. ``problem()`` (polled
+    every second: e.g. another node's flow run failed) kills the group and is raised."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, bufsize=1, start_new_session=True,
                             preexec_fn=_die_with_parent)
     tail: deque = deque(maxlen=20)
+    found: list[str] = []
+    done = threading.Event()
+    if problem is not None:
+        threading.Thread(target=_poll, args=(problem, proc, done, found), daemon=True).start()
     try:
         for line in proc.stdout:
             tail.append(line.rstrip())
@@ -138,6 +180,24 @@ def watch(cmd: list[str], env: dict, stage: str, folder: Path) -> None:
     except BaseException:  # cancelled, interrupted: no rank outlives its task
         _kill_group(proc)
         raise
+    finally:
+        done.set()
+    if found:
+        raise RemoteStageError(found[0])
     if rc != 0:
         _kill_group(proc)
         raise _rank_error(folder, stage, rc, tail)
+
+
+def _poll(problem: Callable[[], str | None], proc: subprocess.Popen, done: threading.Event,
+          found: list[str]) -> None:
+    while not done.wait(1.0):
+        try:
+            reason = problem()
+        except Exception as err:  # noqa: BLE001 - an API hiccup: try again next second
+            print(f"could not read the other nodes' state: {err}", flush=True)
+            continue
+        if reason:
+            found.append(reason)
+            _kill_group(proc)
+            return

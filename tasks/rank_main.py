@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from rlhf_core.distributed import init_from_env, shutdown
+from rlhf_core.distributed import check_same_checkpoint, init_from_env, shutdown
 from tasks.common import setup_models, write_json
 from tasks.config import PipelineConfig
 from tasks.ppo import ppo_stage
@@ -34,11 +34,13 @@ def run(spec: dict) -> None:
     if dp is None:
         raise RuntimeError("tasks.rank_main runs under torchrun (WORLD_SIZE > 1)")
     if cfg.model.torch_threads and dp.device.type == "cpu":
-        # model.torch_threads is the stage's CPU budget: split across the ranks
-        threads = max(1, cfg.model.torch_threads // dp.world)
+        # model.torch_threads is the stage's CPU budget on each machine: split across its ranks
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", dp.world))
+        threads = max(1, cfg.model.torch_threads // local)
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
             update={"torch_threads": threads})})
     try:
+        check_same_checkpoint(ctx.stage_dir(spec["stage"]) / "checkpoints", dp)
         out = STAGES[spec["stage"]](ctx, cfg, run_id=spec["run_id"], dp=dp, **spec["inputs"])
         if dp.is_main:
             write_json(spec["output"], out)

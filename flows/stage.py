@@ -1,0 +1,73 @@
+"""The ``rlhf-stage`` flow: one stage (or one node of a multi-node stage) on this machine,
+for a pipeline whose flow run is on another (tasks/remote.py has the head's side).
+
+Serve it on each machine that should take stages, e.g. the GPU box:
+
+    export PREFECT_API_URL=http://<prefect-host>:4200/api MLFLOW_TRACKING_URI=http://<mlflow-host>:5000
+    rlhf stage-worker --name gpu          # deployment rlhf-stage/gpu
+
+then route stages to it from any pipeline config (``routing.stages: {ppo: rlhf-stage/gpu}``)
+or use it for the other nodes of ``model.nnodes`` (``routing.nodes: rlhf-stage/gpu``).
+prefect.yaml deploys the same flow to a process work pool instead, for `prefect worker`.
+"""
+
+from prefect import flow
+from prefect.types.entrypoint import EntrypointType
+
+from tasks.config import PipelineConfig
+from tasks.launch import run_node, stage_body
+from tasks.rank_main import STAGES
+from tasks.remote import local_context, record_routed
+from tasks.tracking import RunContext
+
+
+def _run_name() -> str:
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    node = params.get("node")
+    return f"{params['stage']}-node{node['rank']}" if node else str(params["stage"])
+
+
+@flow(name="rlhf-stage", flow_run_name=_run_name, log_prints=True)
+def rlhf_stage(stage: str, spec: dict, node: dict | None = None) -> dict | None:
+    """Run one pipeline stage (or one node of it) on this machine.
+
+    Args:
+        stage: The stage: sft, reward_model or ppo.
+        spec: Written by the pipeline's run: its MLflow child run, run context, config and
+            the stage's inputs (MLflow artifact URIs beside local paths).
+        node: For a multi-node stage, this node's rank and the head's rendezvous address.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"rlhf-stage runs {', '.join(STAGES)}, not {stage!r}")
+    ctx = local_context(RunContext.model_validate(spec["ctx"]))
+    if node is not None:
+        run_node(ctx, spec, node)
+        return None
+    cfg = PipelineConfig.model_validate(spec["cfg"])
+    here = {k: v for k, v in cfg.routing.stages.items() if k != stage}  # run it, don't route
+    cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"stages": here})})
+    out = stage_body(ctx, cfg, stage, STAGES[stage], **spec["inputs"])(spec["run_id"])
+    record_routed(ctx, spec["run_id"], out)
+    return out
+
+
+def stage_deployment(name: str):
+    return rlhf_stage.to_deployment(
+        name=name, tags=["rlhf"], entrypoint_type=EntrypointType.MODULE_PATH,
+        description="One RLHF pipeline stage (or one node of it) on this machine, for a "
+                    "pipeline run elsewhere; see routing.stages and model.nnodes.")
+
+
+def serve_stage(name: str) -> None:
+    """Serve ``rlhf-stage/<name>`` from this machine until interrupted (blocks)."""
+    from prefect import serve as prefect_serve
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.config import ConfigError
+
+    if not PREFECT_API_URL.value():
+        raise ConfigError("rlhf stage-worker needs the pipeline's Prefect server: export "
+                          "PREFECT_API_URL=http://<prefect-host>:4200/api")
+    prefect_serve(stage_deployment(name))

@@ -1,0 +1,141 @@
+"""Stages on other machines (tasks/remote.py): routing settings are checked before a run,
+the head gives up on a node or routed stage that failed or that no worker started (and
+kills its own ranks), nodes join the head's static rendezvous, and ranks that would resume
+from different checkpoints stop with the reason. The served end-to-end path is in
+tests/flows/test_remote_stages.py."""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+
+from tasks import launch, remote
+from tasks.config import PipelineConfig
+from tasks.tracking import RunContext
+
+
+def _ctx(workdir: str) -> RunContext:
+    return RunContext(tracking_uri="sqlite:///x.db", experiment_id="1", parent_run_id="p123",
+                      workdir=workdir, seed=0)
+
+
+@pytest.mark.parametrize("routing, message", [
+    ({"stages": {"evaluate": "rlhf-stage/gpu"}},
+     "routing.stages.evaluate: only sft, reward_model, ppo can run on another machine"),
+    ({"stages": {"ppo": "gpu"}}, "routing.stages.ppo='gpu': give a deployment as"),
+    ({"nodes": "a/b/c"}, "routing.nodes='a/b/c': give a deployment as"),
+])
+def test_bad_routing_settings_name_the_field(routing, message):
+    with pytest.raises(ValidationError, match=message):
+        PipelineConfig.model_validate({"routing": routing})
+
+
+def test_several_nodes_need_the_deployment_that_starts_them():
+    with pytest.raises(ValidationError, match="model.nnodes=2 needs routing.nodes"):
+        PipelineConfig.model_validate({"model": {"nnodes": 2}})
+    cfg = PipelineConfig.model_validate({"model": {"nnodes": 2},
+                                         "routing": {"nodes": "rlhf-stage/nodes"}})
+    assert cfg.model.nnodes == 2
+
+
+def test_routing_without_a_prefect_server_is_refused_before_any_run(monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    cfg = PipelineConfig.model_validate({"routing": {"stages": {"ppo": "rlhf-stage/gpu"}}})
+    with temporary_settings({PREFECT_API_URL: None}):
+        with pytest.raises(remote.RoutingError, match="routing.stages.ppo: stages on other "
+                                                      "machines need a Prefect server"):
+            remote.check_deployments(cfg)
+        remote.check_deployments(PipelineConfig())  # nothing routed: nothing to check
+
+
+def test_another_machine_keeps_its_files_under_its_own_folder(monkeypatch, tmp_path):
+    ctx = _ctx("/head/runs/p123")
+    monkeypatch.delenv(remote.WORKDIR_ENV, raising=False)
+    assert remote.local_context(ctx) == ctx  # a shared filesystem: the head's path
+    monkeypatch.setenv(remote.WORKDIR_ENV, str(tmp_path))
+    assert remote.local_context(ctx).workdir == str(tmp_path / "p123")
+    assert remote.local_context(ctx).parent_run_id == "p123"
+
+
+def test_a_node_joins_the_heads_static_rendezvous(tmp_path):
+    node = {"rank": 1, "nnodes": 3, "addr": "head.lan", "port": 29511, "timeout_s": 360}
+    cmd = launch.launch_command(4, tmp_path / "spec.json", node)
+    assert "--standalone" not in cmd
+    for arg in ("--nnodes=3", "--node-rank=1", "--master-addr=head.lan", "--master-port=29511",
+                "--rdzv-conf=timeout=360", "--nproc-per-node=4"):
+        assert arg in cmd
+    assert "--standalone" in launch.launch_command(2, tmp_path / "spec.json")
+
+
+class _Client:
+    """Answers read_flow_run with the next state of a script (the last one repeats)."""
+
+    def __init__(self, *states):
+        self.states = list(states)
+
+    def read_flow_run(self, _id):
+        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        return SimpleNamespace(state=state)
+
+
+def _state(kind: str, message: str | None = None):
+    from prefect.client.schemas.objects import State, StateType
+
+    return State(type=StateType[kind], message=message)
+
+
+def _watched(timeout_s: float) -> remote._Watched:
+    run = SimpleNamespace(id="f1", name="brave-otter")
+    return remote._Watched(run, "rlhf-stage/gpu", "stage ppo node 1", timeout_s)
+
+
+def test_a_run_no_worker_starts_is_given_up_after_the_start_timeout():
+    watched = _watched(0.2)
+    client = _Client(_state("SCHEDULED"))
+    assert watched.problem(client) is None
+    time.sleep(0.3)
+    found = watched.problem(client)
+    assert "stage ppo node 1: no worker started flow run brave-otter of rlhf-stage/gpu" in found
+    assert "routing.start_timeout_s=0.2" in found
+
+
+def test_a_started_run_is_not_timed_out_and_a_failed_one_says_why():
+    watched = _watched(0.1)
+    client = _Client(_state("RUNNING"), _state("RUNNING"),
+                     _state("FAILED", "ValueError: bad prompt in row 3"))
+    assert watched.problem(client) is None
+    time.sleep(0.2)
+    assert watched.problem(client) is None  # running: no start timeout any more
+    found = watched.problem(client)
+    assert found == ("stage ppo node 1: flow run brave-otter of rlhf-stage/gpu ended FAILED: "
+                     "ValueError: bad prompt in row 3")
+    assert _watched(5).completed(_Client(_state("COMPLETED")))
+
+
+def test_a_failed_node_stops_the_heads_ranks(tmp_path):
+    cmd = ["bash", "-c", f"sleep 300 >/dev/null 2>&1 & echo $! > {tmp_path}/child.pid; wait"]
+    calls = []
+
+    def problem():
+        calls.append(time.monotonic())
+        return "stage sft node 1: flow run x ended CRASHED: gone" if len(calls) > 1 else None
+
+    start = time.monotonic()
+    with pytest.raises(remote.RemoteStageError, match="node 1: flow run x ended CRASHED"):
+        launch.watch(cmd, dict(os.environ), "sft", tmp_path, problem=problem)
+    assert time.monotonic() - start < 30
+    pid = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the head's rank group outlived the failed node")
