@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     # MLflow prints "View run ... / View experiment ..." for every run it closes on a server:
     # the summary names the parent run once instead
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # a stage reading another machine's outputs downloads them: no bar per artifact folder
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

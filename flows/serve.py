@@ -28,10 +28,10 @@ from rlhf_core.config import (
     RewardNormConfig,
     SFTConfig,
 )
-from tasks.config import DemoConfig, PipelineConfig, TrackingConfig, flatten
+from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
 
 SECTIONS = ("seed", "demo", "data", "model", "validation", "sft", "reward", "reward_norm",
-            "ppo", "eval", "tracking")
+            "ppo", "eval", "tracking", "routing")
 
 
 def served_parameters(config: PipelineConfig) -> dict[str, Any]:
@@ -88,6 +88,7 @@ def rlhf_pipeline_served(
     ppo: PPOConfig = PPOConfig(),
     eval: EvalConfig = EvalConfig(),
     tracking: TrackingConfig = TrackingConfig(),
+    routing: RoutingConfig = RoutingConfig(),
     resume_run_id: str | None = None,
 ) -> dict:
     """The whole RLHF pipeline with the served config; fields you change override it.
@@ -104,11 +105,13 @@ def rlhf_pipeline_served(
         ppo: PPO: rollouts, KL penalty, GAE, clipped losses.
         eval: Held-out evaluation of SFT vs PPO.
         tracking: MLflow experiment, registry names, checkpoints.
+        routing: Stages on other machines' workers (rlhf-stage deployments).
         resume_run_id: Continue this MLflow parent run (empty: a new run).
     """
     given = {"seed": seed, "demo": demo, "data": data, "model": model,
              "validation": validation, "sft": sft, "reward": reward,
-             "reward_norm": reward_norm, "ppo": ppo, "eval": eval, "tracking": tracking}
+             "reward_norm": reward_norm, "ppo": ppo, "eval": eval, "tracking": tracking,
+             "routing": routing}
     served = deployment_parameters() or served_parameters(PipelineConfig())
     config, changed = resolve_config(given, served)
     if changed:

@@ -15,7 +15,6 @@ from tasks.evaluate import evaluate, register
 from tasks.finish import fail_parent, finish
 from tasks.ppo import ppo
 from tasks.prepare import prepare
-from tasks.remote import check_deployments
 from tasks.tracking import RunContext, system_metrics
 from tasks.train import critic_init, reward_model, reward_norm, sft
 from tasks.validate import validate
@@ -85,7 +84,6 @@ def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
                  prep_hook: PrepHook | None = None, lineage: dict | None = None) -> dict:
     """The whole pipeline in the current flow run -> the per-stage summary. ``prep_hook``
     may change the prepared inputs (the retrain flow adds its batches to the data)."""
-    check_deployments(config)  # routed stages and nodes: before any run is opened
     prep = prepare(config, resume_run_id)
     ctx = RunContext.model_validate(prep["ctx"])
     if prep_hook is not None:

@@ -16,6 +16,7 @@ from data_checks.config import DataConfig, DataSource
 from tasks.config import PipelineConfig, flatten
 from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
 from tasks.judge import resolve_judge_name
+from tasks.remote import check_deployments
 from tasks.tracking import RunContext, default_tracking_uri, ensure_store, log_params, set_tags
 
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
@@ -208,6 +209,7 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
     """Open the parent run; resolve data sources and the base model (demo when asked). Any
     failure once the parent run exists marks it FAILED."""
     check_inputs_present(cfg)
+    check_deployments(cfg)  # stages on other machines: their deployments exist
     ctx = open_parent_run(cfg, resume_run_id)
     try:
         return _resolve_inputs(cfg, ctx)

@@ -31,7 +31,6 @@ import threading
 import time
 from pathlib import Path
 
-from tasks.common import write_json
 from tasks.config import PipelineConfig
 from tasks.tracking import RunContext, set_tags
 
@@ -106,13 +105,17 @@ def _submit(deployment: str, parameters: dict, label: str):
 
 def _cancel(flow_run_id) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
+    from prefect.states import Cancelled, Cancelling
 
     try:
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(flow_run_id).state
-            if state is None or not state.is_final():
-                client.set_flow_run_state(flow_run_id, Cancelling(), force=True)
+            if state is None or state.is_final():
+                return
+            # not started: nothing to stop; started: its worker or runner stops it
+            waiting = state.is_scheduled() or state.is_pending()
+            client.set_flow_run_state(flow_run_id, Cancelled() if waiting else Cancelling(),
+                                      force=True)
     except Exception:  # noqa: BLE001 - never hide the stage's own error behind this one
         pass
 
@@ -255,7 +258,3 @@ class NodeGroup:
         if self._client is not None:
             self._client.__exit__(None, None, None)
 
-
-def write_spec(folder: Path, spec: dict) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return write_json(folder / "spec.json", spec)

@@ -329,6 +329,8 @@ def test_prefect_deploy_registers_the_prefect_yaml_deployments(served, yaml_depl
     assert pipeline.parameters["demo"]["enabled"] is True
     assert "PPOConfig" in pipeline.parameter_openapi_schema["definitions"]
     assert client.read_deployment_by_name("retrain/demo").work_pool_name == POOL
+    stage = client.read_deployment_by_name("rlhf-stage/gpu")  # routed stages' queue
+    assert (stage.work_pool_name, stage.work_queue_name) == (POOL, "gpu")
     # the checkout is found on the worker at run time, not where `prefect deploy` ran
     assert pipeline.pull_steps == [{"prefect.deployments.steps.set_working_directory": {
         "directory": "{{ $RLHF_REPO_DIR }}"}}]
@@ -337,26 +339,37 @@ def test_prefect_deploy_registers_the_prefect_yaml_deployments(served, yaml_depl
 def test_process_worker_runs_the_prefect_yaml_pipeline(served, yaml_deployed, tmp_path):
     """`prefect worker start --pool` (another folder, as on another machine) picks up a run
     of prefect.yaml's pipeline deployment, triggered through the API with the test config's
-    sizes and a tracking store of its own, and the run lands in that store."""
+    sizes and a tracking store of its own, and the run lands in that store. The run routes
+    its reward model to prefect.yaml's rlhf-stage/gpu deployment, which a second worker,
+    polling only the pool's `gpu` queue (the GPU box), runs."""
     client, store = served["client"], tmp_path / "store"
     uri = f"sqlite:///{store}/mlflow.db"
     small = load_config(ROOT / "configs" / "test.yaml", [
         f"tracking.tracking_uri={uri}", f"tracking.workdir={store}/runs",
-        "tracking.system_metrics=false", "tracking.experiment=rlhf-worker"])
-    log = tmp_path / "worker.log"
+        "tracking.system_metrics=false", "tracking.experiment=rlhf-worker",
+        "routing.stages.reward_model=rlhf-stage/gpu"])
+    log, gpu_log = tmp_path / "worker.log", tmp_path / "gpu_worker.log"
     env = {**served["env"], "RLHF_REPO_DIR": str(ROOT), "PREFECT_WORKER_QUERY_SECONDS": "1",
            "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
     with open(log, "w") as out:
         worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start",
                                    "--pool", POOL, "--limit", "1"], env=env, cwd=tmp_path,
                                   stdout=out, stderr=subprocess.STDOUT)
+    (tmp_path / "gpu_box").mkdir()
+    with open(gpu_log, "w") as out:
+        gpu_worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start",
+                                       "--pool", POOL, "--work-queue", "gpu"], env=env,
+                                      cwd=tmp_path / "gpu_box", stdout=out,
+                                      stderr=subprocess.STDOUT)
     try:
         run = client.create_flow_run_from_deployment(yaml_deployed.id,
                                                      parameters=served_parameters(small))
         run = wait_run(client, run.id, timeout=300)
     finally:
         stop(worker)
-    assert run.state.type.value == "COMPLETED", log.read_text()[-3000:]
+        stop(gpu_worker)
+    assert run.state.type.value == "COMPLETED", \
+        log.read_text()[-3000:] + gpu_log.read_text()[-3000:]
     mlflow = MlflowClient(uri)
     exp = mlflow.get_experiment_by_name("rlhf-worker")
     parents = mlflow.search_runs([exp.experiment_id],
@@ -366,5 +379,7 @@ def test_process_worker_runs_the_prefect_yaml_pipeline(served, yaml_deployed, tm
     stages = stage_children(mlflow, parents[0])
     assert sorted(stages) == sorted(STAGES)
     assert all(r.info.status == "FINISHED" for r in stages.values())
+    assert stages["reward_model"].data.tags["rlhf.routed.flow_run"].startswith(
+        "rlhf-stage/gpu ")  # taken by the gpu-queue worker
     champion = mlflow.get_model_version_by_alias("rlhf-policy", "champion")
     assert champion.run_id == stages["register"].info.run_id
