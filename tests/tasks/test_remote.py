@@ -139,3 +139,86 @@ def test_a_failed_node_stops_the_heads_ranks(tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail("the head's rank group outlived the failed node")
+
+
+class _Api:
+    """A stand-in Prefect client context: read_flow_run answers from ``states``."""
+
+    def __init__(self, *states):
+        self.client = _Client(*states)
+
+    def __call__(self, sync_client=True):
+        return self
+
+    def __enter__(self):
+        return self.client
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture
+def routed(tmp_path, monkeypatch):
+    """An MLflow child run and a routed ``ppo`` whose submission and cancellation are
+    recorded instead of sent -> (ctx, run id, cancelled flow run ids)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("routed")
+    run_id = client.create_run(exp).info.run_id
+    ctx = RunContext(tracking_uri=uri, experiment_id=exp, parent_run_id="p", workdir=str(
+        tmp_path), seed=0)
+    cancelled: list[str] = []
+    monkeypatch.setattr(remote, "_submit", lambda *a: SimpleNamespace(id="f1", name="otter"))
+    monkeypatch.setattr(remote, "_cancel", cancelled.append)
+    monkeypatch.setattr(remote, "POLL_S", 0.01)
+    return ctx, run_id, cancelled
+
+
+def _run_routed(ctx, run_id, monkeypatch, *states):
+    import prefect.client.orchestration as orchestration
+
+    monkeypatch.setattr(orchestration, "get_client", _Api(*states))
+    cfg = PipelineConfig.model_validate({"routing": {"stages": {"ppo": "rlhf-stage/gpu"}}})
+    return remote.run_routed(ctx, cfg, "ppo", run_id, {}, "rlhf-stage/gpu")
+
+
+def test_a_routed_stage_returns_the_record_the_other_machine_left(routed, monkeypatch):
+    ctx, run_id, cancelled = routed
+    remote.record_routed(ctx, run_id, {"policy_dir": "/gpu/ppo/policy", "metrics": {}})
+    out = _run_routed(ctx, run_id, monkeypatch, _state("PENDING"), _state("RUNNING"),
+                      _state("COMPLETED"))
+    assert out == {"policy_dir": "/gpu/ppo/policy", "metrics": {}}
+    tags = ctx.client().get_run(run_id).data.tags
+    assert tags[remote.FLOW_RUN_TAG] == "rlhf-stage/gpu otter (f1)"
+    assert cancelled == []
+
+
+def test_a_routed_run_that_completes_without_a_record_or_fails_is_an_error(routed,
+                                                                          monkeypatch):
+    ctx, run_id, cancelled = routed
+    with pytest.raises(remote.RemoteStageError, match="completed but left no output record"):
+        _run_routed(ctx, run_id, monkeypatch, _state("COMPLETED"))
+    with pytest.raises(remote.RemoteStageError,
+                       match="stage ppo: flow run otter of rlhf-stage/gpu ended CRASHED: oom"):
+        _run_routed(ctx, run_id, monkeypatch, _state("RUNNING"), _state("CRASHED", "oom"))
+    assert cancelled == ["f1"]  # asked to cancel; an ended run ignores it
+
+
+def test_an_interrupted_wait_cancels_the_routed_flow_run(routed, monkeypatch):
+    ctx, run_id, cancelled = routed
+
+    class Interrupted(_Client):
+        def read_flow_run(self, _id):
+            raise KeyboardInterrupt
+
+    api = _Api()
+    api.client = Interrupted()
+    import prefect.client.orchestration as orchestration
+
+    monkeypatch.setattr(orchestration, "get_client", api)
+    cfg = PipelineConfig.model_validate({"routing": {"stages": {"ppo": "rlhf-stage/gpu"}}})
+    with pytest.raises(KeyboardInterrupt):
+        remote.run_routed(ctx, cfg, "ppo", run_id, {}, "rlhf-stage/gpu")
+    assert cancelled == ["f1"]
