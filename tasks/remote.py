@@ -29,10 +29,11 @@ import os
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from tasks.config import PipelineConfig
-from tasks.tracking import RunContext, set_tags
+from tasks.tracking import RunContext, default_tracking_uri, set_tags
 
 OUTPUT_TAG = "rlhf.routed.output"
 FLOW_RUN_TAG = "rlhf.routed.flow_run"
@@ -75,6 +76,12 @@ def check_deployments(cfg: PipelineConfig) -> None:
         wanted["routing.nodes"] = cfg.routing.nodes
     if not wanted:
         return
+    store = default_tracking_uri(cfg.tracking.tracking_uri)
+    if not store.startswith(("http://", "https://", "databricks")):
+        warnings.warn(f"{', '.join(wanted)}: the other machines log into MLflow at {store}, "
+                      "which they reach only through a filesystem they share with this one; "
+                      "give every machine an MLflow server (MLFLOW_TRACKING_URI=http://<host>"
+                      ":5000)", stacklevel=2)
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL

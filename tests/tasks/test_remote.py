@@ -45,10 +45,13 @@ def test_several_nodes_need_the_deployment_that_starts_them():
 def test_routing_without_a_prefect_server_is_refused_before_any_run(monkeypatch):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    cfg = PipelineConfig.model_validate({"routing": {"stages": {"ppo": "rlhf-stage/gpu"}}})
+    cfg = PipelineConfig.model_validate({"routing": {"stages": {"ppo": "rlhf-stage/gpu"}},
+                                         "tracking": {"tracking_uri": "sqlite:///m.db"}})
     with temporary_settings({PREFECT_API_URL: None}):
         with pytest.raises(remote.RoutingError, match="routing.stages.ppo: stages on other "
-                                                      "machines need a Prefect server"):
+                                                      "machines need a Prefect server"), \
+                pytest.warns(UserWarning, match="the other machines log into MLflow at "
+                                                "sqlite:///m.db, which they reach only"):
             remote.check_deployments(cfg)
         remote.check_deployments(PipelineConfig())  # nothing routed: nothing to check
 
