@@ -31,9 +31,9 @@ from rlhf_core.ppo_math import (
     FixedKLController,
     clipped_policy_loss,
     clipped_value_loss,
-    entropy_from_logits,
+    entropy_from_log_softmax,
     explained_variance,
-    logprobs_from_logits,
+    log_softmax_at,
 )
 from rlhf_core.rollout import (
     Experience,
@@ -67,11 +67,13 @@ def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantage
     [b, P+R] -> (loss, stats). ``extra_loss(logprobs, ref_logprobs, mask, kl_coef)`` is the
     algorithm's own term (GRPO's KL loss). A pure function of tensors, so ``ppo.compile`` can
     hand it to torch.compile whole."""
-    logits = response_logits(policy, qr, pad_id, P)  # (b, R, V)
-    logprobs = logprobs_from_logits(logits, responses, temperature)
+    # log softmax(logits / T) once: the log-probs (as the rollout's logprobs_from_logits) and
+    # the entropy of the sampled distribution
+    logp = log_softmax_at(response_logits(policy, qr, pad_id, P), temperature)  # (b, R, V)
+    logprobs = logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     pg_loss, pg_stats = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
-    entropy = masked_mean(entropy_from_logits(  # of the sampled distribution (logits / T)
-        logits.detach() if ent_coef == 0 else logits, temperature), mask)
+    entropy = masked_mean(entropy_from_log_softmax(logp.detach() if ent_coef == 0 else logp),
+                          mask)
     loss = pg_loss - ent_coef * entropy
     stats = {"loss/policy_avg": pg_loss, "policy/entropy_avg": entropy,
              "policy/approxkl_avg": pg_stats["approxkl"],
