@@ -57,9 +57,11 @@ FORBIDDEN_LOGIT = -1e9  # finite, so entropy stays NaN-free (0 * log 0 -> 0)
 
 def forbid_pad(logits: torch.Tensor, pad_id: int) -> torch.Tensor:
     """PAD is never a response token: a sampled PAD would be masked as padding in later
-    forwards and desynchronise old and new log-probs. [..., V] -> [..., V]."""
-    vocab = torch.arange(logits.shape[-1], device=logits.device)
-    return logits.masked_fill(vocab == pad_id, FORBIDDEN_LOGIT)
+    forwards and desynchronise old and new log-probs. [..., V] -> the same tensor, its PAD
+    column overwritten in place (callers pass logits they own: a model's fresh output, a
+    stack of them; autograd handles the in-place write)."""
+    logits[..., pad_id] = FORBIDDEN_LOGIT
+    return logits
 
 
 def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
