@@ -30,18 +30,10 @@ def log_softmax_at(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tens
 
 
 def entropy_from_log_softmax(logp: torch.Tensor) -> torch.Tensor:
-    """Entropy of a distribution given as log-probabilities: [B, T, V] -> [B, T]."""
+    """Entropy of a distribution given as log-probabilities: [B, T, V] -> [B, T]. PPO passes
+    ``log_softmax_at(logits, T)``, so the entropy (metric and bonus) is that of the
+    distribution the responses were drawn from, scaled as the log-probs are."""
     return -(logp.exp() * logp).sum(-1)
-
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / T): [B, T, V] -> [B, T].
-
-    PPO passes its sampling temperature, so the entropy (metric and bonus) is that of the
-    distribution the responses were drawn from, scaled as in ``logprobs_from_logits``.
-    """
-    scaled = logits.float() if temperature == 1.0 else logits.float() / (temperature + 1e-7)
-    return entropy_from_log_softmax(F.log_softmax(scaled, dim=-1))
 
 
 def first_true_index(mask: torch.Tensor) -> torch.Tensor:
