@@ -31,9 +31,9 @@ from rlhf_core.ppo_math import (
     FixedKLController,
     clipped_policy_loss,
     clipped_value_loss,
-    entropy_from_logits,
+    entropy_from_log_softmax,
     explained_variance,
-    logprobs_from_logits,
+    log_softmax_at,
 )
 from rlhf_core.rollout import (
     Experience,
@@ -67,11 +67,13 @@ def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantage
     [b, P+R] -> (loss, stats). ``extra_loss(logprobs, ref_logprobs, mask, kl_coef)`` is the
     algorithm's own term (GRPO's KL loss). A pure function of tensors, so ``ppo.compile`` can
     hand it to torch.compile whole."""
-    logits = response_logits(policy, qr, pad_id, P)  # (b, R, V)
-    logprobs = logprobs_from_logits(logits, responses, temperature)
+    # log softmax(logits / T) once: the log-probs (as the rollout's logprobs_from_logits) and
+    # the entropy of the sampled distribution
+    logp = log_softmax_at(response_logits(policy, qr, pad_id, P), temperature)  # (b, R, V)
+    logprobs = logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     pg_loss, pg_stats = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
-    entropy = masked_mean(entropy_from_logits(  # of the sampled distribution (logits / T)
-        logits.detach() if ent_coef == 0 else logits, temperature), mask)
+    entropy = masked_mean(entropy_from_log_softmax(logp.detach() if ent_coef == 0 else logp),
+                          mask)
     loss = pg_loss - ent_coef * entropy
     stats = {"loss/policy_avg": pg_loss, "policy/entropy_avg": entropy,
              "policy/approxkl_avg": pg_stats["approxkl"],
@@ -209,36 +211,49 @@ class PPOTrainer:
 
     def update(self, exp: Experience) -> dict[str, float]:
         """K epochs x M minibatches of clipped PPO updates; returns averaged stats. Each
-        minibatch is one optimizer step over micro-batches of ``cfg.micro_batch_size`` rows,
-        weighted by their share of the minibatch's response tokens (= the minibatch's masked
-        means). Response lengths are read once, so the loop syncs the device once per step."""
+        minibatch is one optimizer step over micro-batches (:meth:`minibatch_rows`), each
+        weighted by its share of the minibatch's response tokens (= the minibatch's masked
+        means). Response lengths are read once, so the loop syncs the device once per step.
+        Data parallelism (rlhf_core/ppo_dist.py) changes only the two hooks: the minibatches
+        are drawn over the global batch (:meth:`global_lengths`) and a rank runs its rows."""
         cfg = self.cfg
-        lengths = exp.response_mask.sum(dim=1).cpu()  # (B,)
-        if (lengths == 0).any():
+        local = exp.response_mask.sum(dim=1).cpu()  # (B_local,)
+        if (local == 0).any():
             raise ValueError("PPO update: a response has no real token")
+        lengths = self.global_lengths(local)  # (B,) the global batch's
         recorded: dict[str, list[tuple[float, torch.Tensor]]] = defaultdict(list)
         n_updates = 0
 
-        def micro_batch(rows: torch.Tensor, n_tokens: int):
-            weight = 1.0 if int(lengths[rows].sum()) == n_tokens \
-                else int(lengths[rows].sum()) / n_tokens
-            loss, values = self.minibatch_loss(exp, rows, int(lengths[rows].max()))
+        def micro_batch(rows: torch.Tensor, scale: float, n_tokens: int):
+            share = scale * int(local[rows].sum()) / n_tokens  # of the global minibatch
+            loss, values = self.minibatch_loss(exp, rows, int(local[rows].max()))
             for key, value in values.items():
-                recorded[key].append((weight, value.detach()))
-            return loss, weight
+                recorded[key].append((share, value.detach()))
+            return loss, self.world_size * share  # DDP averages the ranks' gradients
 
         with trusted_masks():
             for _ in range(cfg.ppo_epochs):
-                order = torch.randperm(exp.responses.shape[0], generator=self.generator)
+                order = torch.randperm(len(lengths), generator=self.generator)
                 for start in range(0, len(order), cfg.minibatch_size):
                     idx = order[start: start + cfg.minibatch_size]
-                    micro = cfg.micro_batch_size or len(idx)
                     n_tokens = int(lengths[idx].sum())
                     self.train_step.run(
-                        [lambda rows=idx[i: i + micro], n=n_tokens: micro_batch(rows, n)
-                         for i in range(0, len(idx), micro)], self.iteration + 1)
+                        [lambda rows=rows, scale=scale, n=n_tokens: micro_batch(rows, scale, n)
+                         for rows, scale in self.minibatch_rows(idx)], self.iteration + 1)
                     n_updates += 1
         return {key: _weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
+
+    def global_lengths(self, local: torch.Tensor) -> torch.Tensor:
+        """The response lengths of the global batch the minibatches are drawn from, given
+        this process's ``local`` ones (one process: the same)."""
+        return local
+
+    def minibatch_rows(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        """The micro-batches this process runs for the global minibatch ``idx``: (rows of
+        its experience, scale of their token share); one process: ``idx`` itself in chunks
+        of ``cfg.micro_batch_size`` rows, each at scale 1."""
+        micro = self.cfg.micro_batch_size or len(idx)
+        return [(idx[i: i + micro], 1.0) for i in range(0, len(idx), micro)]
 
     def nets(self):
         """(policy, value model) as the update's forward runs them (DDP wrappers of the same

@@ -25,7 +25,6 @@ same :class:`TrainStep`); it changes only where the batch lives:
 
 from __future__ import annotations
 
-from collections import defaultdict
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -34,9 +33,8 @@ import torch.distributed as dist
 from rlhf_core.distributed import DataParallel
 from rlhf_core.fsdp import FullOptimizer, Sharded, shard
 from rlhf_core.global_stats import all_reduce_sum, global_masked_var, global_weighted_means
-from rlhf_core.masked import trusted_masks
 from rlhf_core.optim import build_optimizer
-from rlhf_core.ppo import PPOTrainer, _weighted_sum
+from rlhf_core.ppo import PPOTrainer
 from rlhf_core.rollout import Experience
 from rlhf_core.train_step import TrainStep
 
@@ -161,59 +159,39 @@ class DataParallelPPO(PPOTrainer):
     def update(self, exp: Experience) -> dict[str, float]:
         """PPOTrainer.update's epochs and minibatches over the global batch; this rank runs
         its rows of each. ``exp`` is this rank's shard; the shards, in rank order, make the
-        global batch."""
-        cfg = self.cfg
-        local = exp.response_mask.sum(dim=1).cpu()  # (B_local,)
-        if (local == 0).any():
-            raise ValueError("PPO update: a response has no real token")
-        every: list = [None] * self.dp.world
-        dist.all_gather_object(every, local.tolist())
-        lengths = torch.tensor([n for shard in every for n in shard])  # (B,) global
-        lo = sum(len(shard) for shard in every[: self.dp.rank])
-        starts = torch.tensor([0] + [len(shard) for shard in every]).cumsum(0)
-        recorded: dict[str, list[tuple[float, torch.Tensor]]] = defaultdict(list)
-        n_updates = 0
-        with trusted_masks():
-            for _ in range(cfg.ppo_epochs):
-                order = torch.randperm(len(lengths), generator=self.generator)
-                for start in range(0, len(order), cfg.minibatch_size):
-                    idx = order[start: start + cfg.minibatch_size]
-                    mine = idx[(idx >= lo) & (idx < lo + len(local))] - lo
-                    self.train_step.run(self._micro_batches(
-                        exp, mine, local, int(lengths[idx].sum()), recorded,
-                        self._n_micro(idx, starts)), self.iteration + 1)
-                    n_updates += 1
+        global batch. The statistics are summed over the ranks (each weighted its share)."""
+        stats = super().update(exp)
         for pair in self.sharded:  # fsdp: the next rollout samples with the full weights
             pair.gather()
-        keys = sorted(recorded)
-        partial = torch.tensor([_weighted_sum(recorded[k], n_updates) for k in keys])
-        return dict(zip(keys, all_reduce_sum(partial).tolist()))
+        keys = sorted(stats)
+        return dict(zip(keys, all_reduce_sum(torch.tensor([stats[k] for k in keys])).tolist()))
 
-    def _n_micro(self, idx: torch.Tensor, starts: torch.Tensor) -> int:
+    def global_lengths(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's response lengths, in rank order; notes where this rank's shard and
+        every rank's start in the global batch."""
+        every: list = [None] * self.dp.world
+        dist.all_gather_object(every, local.tolist())
+        self._starts = torch.tensor([0] + [len(shard) for shard in every]).cumsum(0)
+        return torch.tensor([n for shard in every for n in shard])
+
+    def minibatch_rows(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        """This rank's micro-batches of the global minibatch ``idx`` (its rows of it), padded
+        under fsdp to the most any rank runs with weight-0 ones (a rank holding no row runs
+        one row at weight 0: it must join the all-reduce)."""
+        lo, hi = int(self._starts[self.dp.rank]), int(self._starts[self.dp.rank + 1])
+        mine = idx[(idx >= lo) & (idx < hi)] - lo
+        empty = (torch.zeros(1, dtype=torch.long), 0.0)
+        chunks = super().minibatch_rows(mine) if len(mine) else [empty]
+        return chunks + [empty] * (self._n_micro(idx) - len(chunks))
+
+    def _n_micro(self, idx: torch.Tensor) -> int:
         """fsdp: the most micro-batches a rank runs for the global minibatch ``idx`` (each
         forward all-gathers parameters, so every rank runs as many); 0 under ddp."""
         if not self.sharded:
             return 0
-        size = self.cfg.micro_batch_size
+        size, starts = self.cfg.micro_batch_size, self._starts
         held = [int(((idx >= a) & (idx < b)).sum()) for a, b in zip(starts, starts[1:])]
         return max(-(-n // size) if size and n else 1 for n in held)
-
-    def _micro_batches(self, exp, mine, local, n_tokens, recorded, n_micro: int = 0):
-        """This rank's micro-batches of one global minibatch (``mine``: its rows of it),
-        padded to ``n_micro`` with weight-0 ones."""
-        size = self.cfg.micro_batch_size or max(len(mine), 1)
-        chunks = [(mine[i: i + size], 1.0) for i in range(0, len(mine), size)]
-        chunks = chunks or [(torch.zeros(1, dtype=torch.long), 0.0)]  # joins the all-reduce
-        chunks += [(torch.zeros(1, dtype=torch.long), 0.0)] * (n_micro - len(chunks))
-
-        def micro(rows, scale):
-            share = scale * int(local[rows].sum()) / n_tokens  # of the global minibatch
-            loss, values = self.minibatch_loss(exp, rows, int(local[rows].max()))
-            for key, value in values.items():
-                recorded[key].append((share, value.detach()))
-            return loss, self.dp.world * share
-
-        return [lambda rows=rows, scale=scale: micro(rows, scale) for rows, scale in chunks]
 
     # -- metrics ----------------------------------------------------------------------------
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,

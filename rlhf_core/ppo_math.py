@@ -19,19 +19,20 @@ def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor,
 
     The +1e-7 matches the sampler's scaling (README § Sources [N+], temperature).
     """
-    scaled = logits.float() / (temperature + 1e-7)
-    picked = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return picked - torch.logsumexp(scaled, dim=-1)
+    return log_softmax_at(logits, temperature).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / T): [B, T, V] -> [B, T].
+def log_softmax_at(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / (T + 1e-7)) over the vocabulary: [B, T, V] -> [B, T, V]. The PPO
+    update gathers its log-probs from it and takes the entropy of it (one pass over the
+    logits for both); the rollout's old log-probs come from the same function."""
+    return F.log_softmax(logits.float() / (temperature + 1e-7), dim=-1)
 
-    PPO passes its sampling temperature, so the entropy (metric and bonus) is that of the
-    distribution the responses were drawn from, scaled as in ``logprobs_from_logits``.
-    """
-    scaled = logits.float() if temperature == 1.0 else logits.float() / (temperature + 1e-7)
-    logp = F.log_softmax(scaled, dim=-1)
+
+def entropy_from_log_softmax(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy of a distribution given as log-probabilities: [B, T, V] -> [B, T]. PPO passes
+    ``log_softmax_at(logits, T)``, so the entropy (metric and bonus) is that of the
+    distribution the responses were drawn from, scaled as the log-probs are."""
     return -(logp.exp() * logp).sum(-1)
 
 

@@ -8,7 +8,8 @@ log-probs come from the generation logits, so no forward is run twice (SPEC, "Wh
 goes"); under autocast (bf16/fp16) or a compiled static-cache decode they are recomputed by the
 same forward the update runs (``recompute_logprobs``), so the ratio before any update is 1.
 Generation runs in chunks of prompts grouped by length; the reference, value and reward
-forwards run in chunks of ``forward_batch_size`` rows.
+forwards run in chunks of ``forward_batch_size`` rows. Sampling is the lean loop of
+rlhf_core/sampling.py where the model fits it (Hugging Face ``generate`` otherwise).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rlhf_core.ppo_math import (
     logprobs_from_logits,
     truncate_after_eos,
 )
+from rlhf_core.sampling import fits_lean_loop, sample_responses
 from rlhf_core.scoring import gather_at, normalise_scores
 
 
@@ -55,9 +57,11 @@ FORBIDDEN_LOGIT = -1e9  # finite, so entropy stays NaN-free (0 * log 0 -> 0)
 
 def forbid_pad(logits: torch.Tensor, pad_id: int) -> torch.Tensor:
     """PAD is never a response token: a sampled PAD would be masked as padding in later
-    forwards and desynchronise old and new log-probs. [..., V] -> [..., V]."""
-    vocab = torch.arange(logits.shape[-1], device=logits.device)
-    return logits.masked_fill(vocab == pad_id, FORBIDDEN_LOGIT)
+    forwards and desynchronise old and new log-probs. [..., V] -> the same tensor, its PAD
+    column overwritten in place (callers pass logits they own: a model's fresh output, a
+    stack of them; autograd handles the in-place write)."""
+    logits[..., pad_id] = FORBIDDEN_LOGIT
+    return logits
 
 
 def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
@@ -76,7 +80,14 @@ def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
 
 @torch.inference_mode()
 def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad_id: int):
-    """Left-padded prompts [B, P] -> (responses [B, R], raw logits [B, R, V])."""
+    """Left-padded prompts [B, P] -> (responses [B, R], logits [B, R, V], PAD forbidden):
+    the lean sampling loop (rlhf_core/sampling.py) where the model fits it and the decode
+    is not the static-cache compiled one, else Hugging Face ``generate``."""
+    if gen_config.cache_implementation is None and fits_lean_loop(policy):
+        responses, logits = sample_responses(
+            policy, prompt_ids, pad_id, gen_config.eos_token_id, gen_config.temperature,
+            gen_config.max_new_tokens)
+        return responses, forbid_pad(logits, pad_id)
     mask = prompt_ids != pad_id
     out = policy.generate(input_ids=prompt_ids, attention_mask=mask,
                           generation_config=gen_config)
@@ -130,22 +141,26 @@ def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
                     context_length: int) -> torch.Tensor:
     """Logits that predict each response token: [B, P+R] -> [B, R, V].
 
-    Only R + 1 positions go through the LM head (``logits_to_keep``): no logits at prompt
-    positions.
+    The last token predicts nothing used, so it is not fed (causal attention: no other
+    position sees it); only the R predicting positions go through the LM head
+    (``logits_to_keep``): no logits at prompt positions.
     """
-    mask = query_responses != pad_id
+    inputs = query_responses[:, :-1]  # (B, P+R-1)
+    mask = inputs != pad_id
     length = query_responses.shape[1] - context_length
-    out = policy(input_ids=query_responses, attention_mask=mask,
-                 position_ids=position_ids_from_mask(mask), logits_to_keep=length + 1,
+    out = policy(input_ids=inputs, attention_mask=mask,
+                 position_ids=position_ids_from_mask(mask), logits_to_keep=length,
                  use_cache=False)
-    return forbid_pad(out.logits[:, :-1], pad_id)  # (B, R, V): P-1+t predicts token t
+    return forbid_pad(out.logits, pad_id)  # (B, R, V): P-1+t predicts token t
 
 
 def response_values(value_model: ScalarHeadModel, query_responses: torch.Tensor, pad_id: int,
                     context_length: int) -> torch.Tensor:
-    """V(s_t) for each response step: [B, P+R] -> [B, R] (state = prompt + response[:t])."""
-    values = value_model(query_responses, query_responses != pad_id)  # (B, P+R)
-    return values[:, context_length - 1: -1]
+    """V(s_t) for each response step: [B, P+R] -> [B, R] (state = prompt + response[:t]);
+    the last token ends no state used, so it is not fed (as in :func:`response_logits`)."""
+    inputs = query_responses[:, :-1]  # (B, P+R-1)
+    values = value_model(inputs, inputs != pad_id)
+    return values[:, context_length - 1:]
 
 
 @torch.inference_mode()

@@ -10,10 +10,11 @@ import torch
 
 from rlhf_core.ppo_math import (
     apply_eos_penalty,
-    entropy_from_logits,
+    entropy_from_log_softmax,
     first_true_index,
     kl_estimate,
     last_token_index,
+    log_softmax_at,
     logprobs_from_logits,
     per_token_rewards,
     truncate_after_eos,
@@ -70,7 +71,7 @@ def test_logprobs_are_a_distribution_and_temperature_sharpens():
 def test_entropy_matches_naive(dtype, seed):
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(2, 3, 6, generator=g) * 3).to(dtype)
-    got = entropy_from_logits(logits)
+    got = entropy_from_log_softmax(log_softmax_at(logits))
     expected = []
     for b in range(2):
         row = []
@@ -83,9 +84,10 @@ def test_entropy_matches_naive(dtype, seed):
 
 def test_entropy_extremes():
     uniform = torch.zeros(1, 2, 8)
-    torch.testing.assert_close(entropy_from_logits(uniform), torch.full((1, 2), math.log(8)))
+    torch.testing.assert_close(entropy_from_log_softmax(log_softmax_at(uniform)),
+                               torch.full((1, 2), math.log(8)))
     peaked = torch.tensor([[[100.0, 0.0, 0.0]]])
-    assert entropy_from_logits(peaked).item() == pytest.approx(0.0, abs=1e-6)
+    assert entropy_from_log_softmax(log_softmax_at(peaked)).item() == pytest.approx(0.0, abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- EOS handling
@@ -233,9 +235,9 @@ def test_apply_eos_penalty_replaces_the_score():
 def test_entropy_at_a_temperature_is_that_of_the_scaled_distribution(temperature):
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(2, 3, 6, generator=g) * 3
-    got = entropy_from_logits(logits, temperature)
+    got = entropy_from_log_softmax(log_softmax_at(logits, temperature))
     expected = [[-sum(math.exp(x) * x for x in log_softmax_list(
         [v / (temperature + 1e-7) for v in logits[b, t].tolist()])) for t in range(3)]
         for b in range(2)]
     approx_rows(got, expected, rel=1e-5, abs=1e-5)
-    assert not torch.allclose(got, entropy_from_logits(logits))
+    assert not torch.allclose(got, entropy_from_log_softmax(log_softmax_at(logits)))

@@ -111,7 +111,7 @@ def test_ppo_entropy_metric_is_the_entropy_of_the_sampled_distribution(models):
     import copy
 
     from rlhf_core.masked import masked_mean
-    from rlhf_core.ppo_math import entropy_from_logits
+    from rlhf_core.ppo_math import entropy_from_log_softmax, log_softmax_at
 
     tok, policy, ref, value, reward = models
     before = copy.deepcopy(policy)
@@ -126,8 +126,8 @@ def test_ppo_entropy_metric_is_the_entropy_of_the_sampled_distribution(models):
     with torch.no_grad():
         logits = response_logits(before, exp.query_responses[:, : P + R], tok.pad_token_id, P)
     mask = exp.response_mask[:, :R]
-    sampled = float(masked_mean(entropy_from_logits(logits, 0.5), mask))
-    untempered = float(masked_mean(entropy_from_logits(logits), mask))
+    sampled = float(masked_mean(entropy_from_log_softmax(log_softmax_at(logits, 0.5)), mask))
+    untempered = float(masked_mean(entropy_from_log_softmax(log_softmax_at(logits)), mask))
     assert metrics["policy/entropy_avg"] == pytest.approx(sampled, rel=1e-4)
     assert abs(sampled - untempered) > 1e-2
 

@@ -1,0 +1,101 @@
+"""The rollout's sampling loop: the policy's own forward with a KV cache, one token a step.
+
+Hugging Face ``generate`` spends much of a small model's decode step on its own machinery
+(logits processors, stopping criteria, input preparation); and ``torch.multinomial`` on a CPU
+draws one exponential per vocabulary entry, which is slower than the model's step at small
+sizes. :func:`sample_responses` does what ``generate`` does with :func:`sampling_config`'s
+settings and nothing else:
+
+- prefill the left-padded prompts (attention mask, position ids that skip the padding, a
+  ``DynamicCache``, ``logits_to_keep=1``), then feed each sampled token back;
+- per step: the raw next-token logits (float32, as ``generate``'s ``output_logits``), PAD
+  forbidden (-inf), divided by the temperature, softmax, one draw per row; a row that has
+  ended (sampled EOS) gets PAD from then on; stop when every row has ended or after
+  ``max_new_tokens`` tokens.
+
+With ``sampler=multinomial`` the tokens and logits are ``generate``'s, bit for bit, for the same
+seed (tested). The default sampler :func:`inverse_cdf` draws one uniform per row and looks it up
+in the cumulative probabilities: the same categorical distribution (up to float32 rounding of
+the cumulative sum; a token of probability 0, such as PAD, is never drawn), from a different
+stream of random numbers. Models that do not fit the loop (encoder-decoders, no default dynamic
+cache, a forward without the keywords it passes) and the static-cache compiled decode
+(``ppo.static_cache``) keep using ``generate`` (rlhf_core/rollout.py decides).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+from rlhf_core.models import position_ids_from_mask
+
+_KEYWORDS = ("input_ids", "attention_mask", "position_ids", "past_key_values", "use_cache",
+             "logits_to_keep")
+
+
+def fits_lean_loop(model) -> bool:
+    """Whether :func:`sample_responses` can drive ``model`` (else use ``generate``)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if supports is None or not supports():
+        return False
+    params = inspect.signature(model.forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True  # e.g. a peft wrapper, which hands its keywords to the base model
+    return all(name in params for name in _KEYWORDS)
+
+
+def multinomial(probs: torch.Tensor) -> torch.Tensor:
+    """``generate``'s draw: [B, V] probabilities -> [B] tokens."""
+    return torch.multinomial(probs, num_samples=1).squeeze(1)
+
+
+def inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """One uniform per row, looked up in the cumulative probabilities: [B, V] -> [B] tokens.
+    The first index whose cumulative sum exceeds u is drawn, so a zero-probability entry
+    (whose cumulative sum equals its predecessor's) never is; u stays below the total."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, device=probs.device, dtype=cdf.dtype) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(1)
+
+
+@torch.inference_mode()
+def sample_responses(policy, prompt_ids: torch.Tensor, pad_id: int, eos_id: int,
+                     temperature: float, max_new_tokens: int, sampler=inverse_cdf):
+    """Left-padded prompts [B, P] -> (responses [B, R], raw float32 logits [B, R, V]); R is
+    the step at which every row had ended, at most ``max_new_tokens``."""
+    B = prompt_ids.shape[0]
+    mask = (prompt_ids != pad_id).long()
+    position = position_ids_from_mask(mask)
+    cache = DynamicCache(config=policy.config)
+    alive = torch.ones(B, dtype=torch.long, device=prompt_ids.device)
+    step_ids, ones = prompt_ids, mask.new_ones(B, 1)
+    tokens, logits, forbidden = [], [], None
+    for step in range(max_new_tokens):
+        out = policy(input_ids=step_ids, attention_mask=mask, position_ids=position,
+                     past_key_values=cache, use_cache=True, logits_to_keep=1,
+                     return_dict=True)
+        raw = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
+        del out
+        if forbidden is None:
+            forbidden = torch.arange(raw.shape[-1], device=raw.device) == pad_id
+        scores = torch.where(forbidden, -float("inf"), raw)
+        if temperature != 1.0:
+            scores = scores / temperature
+        token = sampler(torch.softmax(scores, dim=-1))
+        token = token * alive + pad_id * (1 - alive)  # an ended row gets PAD
+        tokens.append(token)
+        logits.append(raw)
+        alive = alive & (token != eos_id).long()
+        if step == max_new_tokens - 1 or not bool(alive.any()):
+            break
+        mask = torch.cat([mask, ones], dim=1)
+        position = position[:, -1:] + 1
+        step_ids = token[:, None]
+    return torch.stack(tokens, dim=1), torch.stack(logits, dim=1)
