@@ -21,8 +21,14 @@ install: $(BIN)/rlhf
 demo: install
 	$(BIN)/rlhf run
 
+# Two pytest workers (pytest-xdist), one test module per worker at a time (`--dist loadfile`:
+# a module's fixtures, e.g. its servers and pipeline runs, are made once), modules handed out
+# in file order. Many flow tests wait on subprocesses and servers or run single-threaded
+# Python, so two workers keep both cores busy. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder
 
 # The fast lane (under 2 minutes): the core math and models, the data gate, the task-level
 # units and the layering rules; no Prefect server, no end-to-end pipeline, no test marked
