@@ -35,7 +35,8 @@ test: install
 # slow (bit-for-bit resume of whole stages). `make test` (CI) runs everything.
 FAST_TESTS = tests/rlhf_core tests/data_checks tests/tasks tests/test_layering.py tests/test_sources.py
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS)
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder $(FAST_TESTS)
 
 lint: install
 	$(BIN)/ruff check .
