@@ -21,15 +21,22 @@ install: $(BIN)/rlhf
 demo: install
 	$(BIN)/rlhf run
 
+# Two pytest workers (pytest-xdist), one test module per worker at a time (`--dist loadfile`:
+# a module's fixtures, e.g. its servers and pipeline runs, are made once), modules handed out
+# in file order. Many flow tests wait on subprocesses and servers or run single-threaded
+# Python, so two workers keep both cores busy. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder
 
 # The fast lane (under 2 minutes): the core math and models, the data gate, the task-level
 # units and the layering rules; no Prefect server, no end-to-end pipeline, no test marked
 # slow (bit-for-bit resume of whole stages). `make test` (CI) runs everything.
 FAST_TESTS = tests/rlhf_core tests/data_checks tests/tasks tests/test_layering.py tests/test_sources.py
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" $(FAST_TESTS)
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder $(FAST_TESTS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -197,8 +197,24 @@ def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path
         inputs.append(DatasetInput(dataset._to_mlflow_entity(),
                                    tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
     for run_id in run_ids:
-        client.log_inputs(run_id, datasets=inputs)
+        _log_inputs(client, run_id, inputs)
     return digests
+
+
+def _log_inputs(client: MlflowClient, run_id: str, inputs: list, attempts: int = 5) -> None:
+    """MLflow's server inserts a dataset it has not seen (experiment, name, digest) after
+    looking it up: two runs logging the same data at once can hit its unique key (seen on
+    PostgreSQL). The write is rolled back whole, so it is retried and then finds the row."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(attempts):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return
+        except MlflowException as err:
+            if attempt == attempts - 1 or "unique" not in str(err).lower():
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 @contextmanager

@@ -21,6 +21,12 @@ PPO_METRICS = ["objective/kl", "objective/entropy", "objective/non_score_reward"
                "response/length_mean", "response/eos_rate", "time/rollout_s", "time/update_s",
                "throughput/tokens_per_s"]
 
+# smaller than configs/test.yaml, for tests of concurrent runs on one store (the point is the
+# shared store, not the training): 2 PPO iterations, 8 evaluation prompts, one thread per run
+CONCURRENT_RUN = ["demo.n_sft=64", "demo.n_pref=64", "demo.n_prompts=32", "demo.n_eval=8",
+                  "demo.n_pref_eval=16", "ppo.iterations=2", "eval.num_prompts=8",
+                  "tracking.system_metrics=false", "model.torch_threads=1"]
+
 SFT = [{"prompt": "tell me about cats :", "response": "cats are nice ."},
        {"prompt": "tell me about dogs :", "response": "dogs are good !"}]
 PREF = [{"prompt": "tell me about cats :", "chosen": "cats are nice .", "rejected": "bad"},

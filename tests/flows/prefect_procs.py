@@ -34,7 +34,7 @@ def base_env(home: Path) -> dict[str, str]:
                 "PREFECT_API_DATABASE_CONNECTION_URL":
                     f"sqlite+aiosqlite:///{home}/prefect.db",
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
-                "PREFECT_RUNNER_POLL_FREQUENCY": "2", "PREFECT_LOGGING_LEVEL": "WARNING",
+                "PREFECT_RUNNER_POLL_FREQUENCY": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
                 "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"})
     return env
 

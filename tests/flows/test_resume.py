@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
@@ -55,12 +56,18 @@ def rlhf_cli(args: list[str], env: dict, crash_at: str | None) -> subprocess.Com
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_rerun_from_the_recorded_config_gives_identical_weights(prefect_api, tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(prefect_api, tmp_path_factory) -> dict:
+    """One uninterrupted in-process run: the reference of both tests below."""
+    return run_in_process(tmp_path_factory.mktemp("uninterrupted"), "reference")
+
+
+def test_rerun_from_the_recorded_config_gives_identical_weights(uninterrupted, tmp_path):
     """Two uninterrupted runs, the second from the config recorded on the first's parent run
     (`rlhf run --config <recorded config>`): same final weights, bit for bit."""
     from flows.pipeline import rlhf_pipeline
 
-    first = run_in_process(tmp_path, "a")
+    first = uninterrupted
     client = MlflowClient(first["tracking_uri"])
     parent = client.get_run(first["parent_run_id"])
     recorded = client.download_artifacts(parent.info.run_id, "config/resolved_config.json",
@@ -72,8 +79,9 @@ def test_rerun_from_the_recorded_config_gives_identical_weights(prefect_api, tmp
     assert policy_hash(Path(second["workdir"])) == policy_hash(Path(first["workdir"]))
 
 
-def test_sigkill_at_five_points_then_resume_equals_uninterrupted(prefect_api, tmp_path):
-    reference = policy_hash(Path(run_in_process(tmp_path, "reference")["workdir"]))
+def test_sigkill_at_five_points_then_resume_equals_uninterrupted(prefect_api, uninterrupted,
+                                                                 tmp_path):
+    reference = policy_hash(Path(uninterrupted["workdir"]))
     uri = f"sqlite:///{tmp_path}/killed.db"
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
            "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}

@@ -12,19 +12,15 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.shared import STAGES, child_runs_by_stage
+from tests.shared import CONCURRENT_RUN, STAGES, child_runs_by_stage
 from tests.shared import TEST_CONFIG as CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_NAMES = ("lite-a", "lite-b")
-# smaller than configs/test.yaml: the point is the shared store, not the training
-SMALLER = ["demo.n_sft=64", "demo.n_pref=64", "demo.n_prompts=32", "demo.n_eval=8",
-           "demo.n_pref_eval=16", "ppo.iterations=2", "eval.num_prompts=8",
-           "tracking.system_metrics=false", "model.torch_threads=1"]
 
 
 def _start(name: str, tmp: Path, env: dict) -> subprocess.Popen:
-    sets = [*SMALLER, f"tracking.run_name={name}", f"tracking.workdir={tmp}/{name}"]
+    sets = [*CONCURRENT_RUN, f"tracking.run_name={name}", f"tracking.workdir={tmp}/{name}"]
     return subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG),
          *[a for s in sets for a in ("--set", s)]],

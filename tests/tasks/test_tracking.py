@@ -1,9 +1,16 @@
 """The step logger: no (key, step) logged twice on a resumed run, and only the histories of
 the keys it logs are read (a parent run's system metrics are never fetched)."""
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.tracking import StepLogger, log_metrics
+
+
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory) -> str:
+    """One SQLite store for the module (a new store costs its schema migrations)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('tracking')}/m.db"
 
 
 class CountingClient(MlflowClient):
@@ -16,8 +23,8 @@ class CountingClient(MlflowClient):
         return super().get_metric_history(run_id, key)
 
 
-def test_resumed_logger_skips_logged_steps_without_reading_histories(tmp_path):
-    client = CountingClient(f"sqlite:///{tmp_path}/m.db")
+def test_resumed_logger_skips_logged_steps_without_reading_histories(store_uri):
+    client = CountingClient(store_uri)
     run_id = client.create_run(client.create_experiment("x")).info.run_id
     for step in range(3):
         log_metrics(client, run_id, {f"system/m{i}": float(i) for i in range(30)}, step)
@@ -32,3 +39,39 @@ def test_resumed_logger_skips_logged_steps_without_reading_histories(tmp_path):
     assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "eval/a")) == \
         [(0, 1.0), (2, 0.5), (4, 2.0), (5, 3.0)]
     assert [m.step for m in client.get_metric_history(run_id, "eval/b")] == [0]
+
+
+class RacingClient(MlflowClient):
+    """A server that loses the dataset insert race ``losses`` times, then answers."""
+
+    def __init__(self, uri, losses, message):
+        super().__init__(uri)
+        self.losses, self.message, self.calls = losses, message, 0
+
+    def log_inputs(self, run_id, datasets=None, models=None):
+        self.calls += 1
+        if self.calls <= self.losses:
+            from mlflow.exceptions import MlflowException
+
+            raise MlflowException(self.message)
+        return super().log_inputs(run_id, datasets=datasets, models=models)
+
+
+def test_a_dataset_insert_lost_to_a_concurrent_run_is_retried(store_uri, tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking import log_datasets
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"prompt": "a", "response": "b"}\n')
+    race = "duplicate key value violates unique constraint \"dataset_pk\""
+    client = RacingClient(store_uri, losses=1, message=race)
+    run_id = client.create_run(client.create_experiment("datasets")).info.run_id
+    digests = log_datasets(client, [run_id], {"sft": data}, "training")
+    assert client.calls == 2
+    (logged,) = client.get_run(run_id).inputs.dataset_inputs
+    assert logged.dataset.name == "sft" and logged.dataset.digest == digests["sft"]
+    other = RacingClient(store_uri, losses=1, message="disk full")
+    with pytest.raises(MlflowException, match="disk full"):  # any other error is not retried
+        log_datasets(other, [run_id], {"sft": data}, "training")
+    assert other.calls == 1
