@@ -27,16 +27,10 @@ def set_alias(client: MlflowClient, name: str, alias: str, version, attempts: in
     """Point ``alias`` at ``version``. MLflow's alias write is a delete + insert: two runs
     moving the same alias at once can hit the server's unique key (seen on PostgreSQL); the
     write is retried, so the later one wins as intended."""
-    from mlflow.exceptions import MlflowException
+    from tasks.tracking import retry_unique_key
 
-    for attempt in range(attempts):
-        try:
-            client.set_registered_model_alias(name, alias, str(version))
-            return
-        except MlflowException as err:
-            if attempt == attempts - 1 or "unique" not in str(err).lower():
-                raise
-            time.sleep(0.2 * (attempt + 1))
+    retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)),
+                     attempts)
 
 
 def alias_version(client: MlflowClient, name: str, alias: str):

@@ -201,15 +201,21 @@ def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path
     return digests
 
 
-def _log_inputs(client: MlflowClient, run_id: str, inputs: list, attempts: int = 5) -> None:
+def _log_inputs(client: MlflowClient, run_id: str, inputs: list) -> None:
     """MLflow's server inserts a dataset it has not seen (experiment, name, digest) after
     looking it up: two runs logging the same data at once can hit its unique key (seen on
     PostgreSQL). The write is rolled back whole, so it is retried and then finds the row."""
+    retry_unique_key(lambda: client.log_inputs(run_id, datasets=inputs))
+
+
+def retry_unique_key(write, attempts: int = 5) -> None:
+    """Run ``write()``; when the tracking server refuses it on a unique key (a concurrent
+    run wrote the same row first, seen on PostgreSQL), wait a little and run it again."""
     from mlflow.exceptions import MlflowException
 
     for attempt in range(attempts):
         try:
-            client.log_inputs(run_id, datasets=inputs)
+            write()
             return
         except MlflowException as err:
             if attempt == attempts - 1 or "unique" not in str(err).lower():
