@@ -96,8 +96,8 @@ def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
     the stage on every rank, saying what each one sees."""
     from rlhf_core.checkpoint import Checkpointer
 
-    latest = Checkpointer(folder, {}, 0).latest()
-    step = int(latest.name.removeprefix("step_")) if latest is not None else -1
+    latest = Checkpointer(folder, {}, 0).latest_step()
+    step = -1 if latest is None else latest
     both = torch.tensor([step, -step], dtype=torch.float64, device=dp.device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX)  # (max step, -min step) over the ranks
     if both[0].item() != -both[1].item():

@@ -114,6 +114,11 @@ def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
     return StepLogger(ctx.client(), run_id)
 
 
+def checkpoint_dir(ctx: RunContext, stage: str) -> Path:
+    """Where a stage's mid-stage training-state checkpoints go: <workdir>/<stage>/checkpoints."""
+    return ctx.stage_dir(stage) / "checkpoints"
+
+
 def checkpointer(ctx: RunContext, keep: int, stage: str, models: dict, every: int):
-    """Mid-stage training-state checkpoints under <workdir>/<stage>/checkpoints."""
-    return Checkpointer(ctx.stage_dir(stage) / "checkpoints", models, every, keep, label=stage)
+    """Mid-stage training-state checkpoints in :func:`checkpoint_dir`."""
+    return Checkpointer(checkpoint_dir(ctx, stage), models, every, keep, label=stage)

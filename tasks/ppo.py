@@ -17,6 +17,7 @@ from rlhf_core.optim import seed_everything
 from rlhf_core.ppo_dist import make_trainer
 from tasks.artifacts import local_path, publish
 from tasks.common import (
+    checkpoint_dir,
     read_json,
     read_jsonl,
     run_stage,
@@ -109,7 +110,7 @@ def ppo_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_
             client.log_table(run_id, data=pd.DataFrame(rows),
                              artifact_file=f"samples/iter_{iteration:05d}.json")
 
-    ck = trainer.checkpointer(out_root / "checkpoints", cfg.tracking.keep_checkpoints)
+    ck = trainer.checkpointer(checkpoint_dir(ctx, "ppo"), cfg.tracking.keep_checkpoints)
     with peak_memory() as memory:  # under data parallelism: rank 0's
         last = trainer.train(on_iteration, progress=ctx.progress and dp is None,
                              monitor=judge_monitor(prep["judge"]), checkpointer=ck)

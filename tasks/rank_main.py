@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from rlhf_core.distributed import check_same_checkpoint, init_from_env, shutdown
-from tasks.common import setup_models, write_json
+from tasks.common import checkpoint_dir, setup_models, write_json
 from tasks.config import PipelineConfig
 from tasks.ppo import ppo_stage
 from tasks.tracking import RunContext
@@ -40,7 +40,7 @@ def run(spec: dict) -> None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
             update={"torch_threads": threads})})
     try:
-        check_same_checkpoint(ctx.stage_dir(spec["stage"]) / "checkpoints", dp)
+        check_same_checkpoint(checkpoint_dir(ctx, spec["stage"]), dp)
         out = STAGES[spec["stage"]](ctx, cfg, run_id=spec["run_id"], dp=dp, **spec["inputs"])
         if dp.is_main:
             write_json(spec["output"], out)
