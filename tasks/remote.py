@@ -128,15 +128,16 @@ def _cancel(flow_run_id) -> None:
 
 
 class _Watched:
-    """One submitted flow run: started yet? ended how? (polled through the API)."""
+    """One submitted flow run: started yet? done? ended how? (one API read a poll)."""
 
     def __init__(self, run, deployment: str, label: str, start_timeout_s: float):
         self.run, self.deployment, self.label = run, deployment, label
         self.start_timeout_s, self.submitted = start_timeout_s, time.monotonic()
-        self.started = False
+        self.started = self.done = False
 
     def problem(self, client) -> str | None:
-        """Why this run can no longer do its part (None: it is waiting, running or done)."""
+        """Read the run's state: why it can no longer do its part, or None (it is waiting,
+        running, or done: :attr:`done`)."""
         state = client.read_flow_run(self.run.id).state
         if state is None:
             return None
@@ -145,6 +146,7 @@ class _Watched:
         if state.is_final() and not state.is_completed():
             return (f"{self.label}: flow run {self.run.name} of {self.deployment} ended "
                     f"{state.type.value}: {state.message or 'no message'}")
+        self.done = state.is_completed()
         waited = time.monotonic() - self.submitted
         if not self.started and waited > self.start_timeout_s:
             return (f"{self.label}: no worker started flow run {self.run.name} of "
@@ -152,10 +154,6 @@ class _Watched:
                     " s; is `rlhf stage-worker` (or a worker of the deployment's pool) running "
                     "on that machine?")
         return None
-
-    def completed(self, client) -> bool:
-        state = client.read_flow_run(self.run.id).state
-        return state is not None and state.is_completed()
 
 
 def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict,
@@ -171,10 +169,12 @@ def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, in
     watched = _Watched(run, deployment, label, cfg.routing.start_timeout_s)
     try:
         with get_client(sync_client=True) as client:
-            while not watched.completed(client):
+            while True:
                 problem = watched.problem(client)
                 if problem:
                     raise RemoteStageError(problem)
+                if watched.done:
+                    break
                 time.sleep(POLL_S)
     except BaseException:
         _cancel(run.id)
@@ -237,9 +237,10 @@ class NodeGroup:
         return self
 
     def problem(self) -> str | None:
+        """Why a node run can no longer do its part (None: all waiting, running or done)."""
         with self._lock:
             for watched in self.runs:
-                found = watched.problem(self._client)
+                found = None if watched.done else watched.problem(self._client)
                 if found:
                     return found
         return None
@@ -247,12 +248,11 @@ class NodeGroup:
     def wait(self) -> None:
         """After node 0 finished: every node run completes (or the group fails)."""
         while True:
-            with self._lock:
-                if all(w.completed(self._client) for w in self.runs):
-                    return
             found = self.problem()
             if found:
                 raise RemoteStageError(found)
+            if all(w.done for w in self.runs):
+                return
             time.sleep(POLL_S)
 
     def _cancel_all(self) -> None:

@@ -117,7 +117,8 @@ def test_a_started_run_is_not_timed_out_and_a_failed_one_says_why():
     found = watched.problem(client)
     assert found == ("stage ppo node 1: flow run brave-otter of rlhf-stage/gpu ended FAILED: "
                      "ValueError: bad prompt in row 3")
-    assert _watched(5).completed(_Client(_state("COMPLETED")))
+    done = _watched(5)
+    assert done.problem(_Client(_state("COMPLETED"))) is None and done.done
 
 
 def test_a_failed_node_stops_the_heads_ranks(tmp_path):
