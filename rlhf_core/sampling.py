@@ -7,7 +7,10 @@ sizes. :func:`sample_responses` does what ``generate`` does with :func:`sampling
 settings and nothing else:
 
 - prefill the left-padded prompts (attention mask, position ids that skip the padding, a
-  ``DynamicCache``, ``logits_to_keep=1``), then feed each sampled token back;
+  ``DynamicCache``, ``logits_to_keep=1``), then feed each sampled token back. The cache's
+  layers write into buffers reserved for the prompt plus ``max_new_tokens`` positions
+  (:class:`ReservedLayer`) rather than concatenating the whole cache at every step; attention
+  sees the same keys and values either way;
 - per step: the raw next-token logits (float32, as ``generate``'s ``output_logits``), PAD
   forbidden (-inf), divided by the temperature, softmax, one draw per row; a row that has
   ended (sampled EOS) gets PAD from then on; stop when every row has ended or after
@@ -28,6 +31,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from rlhf_core.models import position_ids_from_mask
 
@@ -47,6 +51,42 @@ def fits_lean_loop(model) -> bool:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return True  # e.g. a peft wrapper, which hands its keywords to the base model
     return all(name in params for name in _KEYWORDS)
+
+
+class ReservedLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values live in buffers reserved for ``capacity``
+    positions: an update copies its new positions in and the layer exposes the filled prefix
+    (a view of the same values and shape ``DynamicLayer`` would hold), instead of
+    ``torch.cat``-ing the whole cache each step (about 4% of a CPU rollout at 4 x 256)."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            B, H, _, D = key_states.shape
+            self.key_buffer = key_states.new_empty(B, H, self.capacity, D)
+            self.value_buffer = value_states.new_empty(B, H, self.capacity, value_states.shape[-1])
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise ValueError(f"KV cache reserved for {self.capacity} positions, asked for {end}")
+        self.key_buffer[:, :, self.length:end].copy_(key_states)
+        self.value_buffer[:, :, self.length:end].copy_(value_states)
+        self.length = end
+        self.keys = self.key_buffer[:, :, :end]
+        self.values = self.value_buffer[:, :, :end]
+        return self.keys, self.values
+
+
+def reserved_cache(config, capacity: int) -> DynamicCache:
+    """A ``DynamicCache`` for ``config`` whose plain layers are :class:`ReservedLayer` s of
+    ``capacity`` positions (other layer kinds, e.g. sliding windows, are kept as they are)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
+    return cache
 
 
 def multinomial(probs: torch.Tensor) -> torch.Tensor:
@@ -73,7 +113,7 @@ def sample_responses(policy, prompt_ids: torch.Tensor, pad_id: int, eos_id: int,
     B = prompt_ids.shape[0]
     mask = (prompt_ids != pad_id).long()
     position = position_ids_from_mask(mask)
-    cache = DynamicCache(config=policy.config)
+    cache = reserved_cache(policy.config, prompt_ids.shape[1] + max_new_tokens)
     alive = torch.ones(B, dtype=torch.long, device=prompt_ids.device)
     step_ids, ones = prompt_ids, mask.new_ones(B, 1)
     tokens, logits, forbidden = [], [], None

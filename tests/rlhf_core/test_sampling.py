@@ -11,6 +11,7 @@ from rlhf_core.models import load_causal_lm, load_tokenizer
 from rlhf_core.ppo_math import logprobs_from_logits, truncate_after_eos
 from rlhf_core.rollout import forbid_pad, response_logits, sampling_config
 from rlhf_core.sampling import (
+    ReservedLayer,
     fits_lean_loop,
     inverse_cdf,
     multinomial,
@@ -108,3 +109,18 @@ def test_models_that_do_not_fit_the_loop_keep_generate(setup):
             return input_ids
 
     assert not fits_lean_loop(NoCache())
+
+
+def test_a_reserved_layer_holds_what_a_dynamic_layer_holds_and_refuses_to_overflow():
+    from transformers.cache_utils import DynamicLayer
+
+    torch.manual_seed(0)
+    reserved, dynamic = ReservedLayer(capacity=7), DynamicLayer()
+    for length in (5, 1, 1):  # a prefill, then one token a step, up to the capacity
+        k, v = torch.randn(3, 2, length, 4), torch.randn(3, 2, length, 4)
+        got, want = reserved.update(k, v), dynamic.update(k, v)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert reserved.get_seq_length() == dynamic.get_seq_length()
+    with pytest.raises(ValueError, match="reserved for 7 positions, asked for 8"):
+        reserved.update(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
