@@ -61,7 +61,7 @@ class ReservedLayer(DynamicLayer):
 
     def __init__(self, capacity: int):
         super().__init__()
-        self.capacity, self.length = capacity, 0
+        self.capacity = capacity
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -69,12 +69,12 @@ class ReservedLayer(DynamicLayer):
             B, H, _, D = key_states.shape
             self.key_buffer = key_states.new_empty(B, H, self.capacity, D)
             self.value_buffer = value_states.new_empty(B, H, self.capacity, value_states.shape[-1])
-        end = self.length + key_states.shape[-2]
+        start = self.get_seq_length()  # the filled prefix (0 after a reset)
+        end = start + key_states.shape[-2]
         if end > self.capacity:
             raise ValueError(f"KV cache reserved for {self.capacity} positions, asked for {end}")
-        self.key_buffer[:, :, self.length:end].copy_(key_states)
-        self.value_buffer[:, :, self.length:end].copy_(value_states)
-        self.length = end
+        self.key_buffer[:, :, start:end].copy_(key_states)
+        self.value_buffer[:, :, start:end].copy_(value_states)
         self.keys = self.key_buffer[:, :, :end]
         self.values = self.value_buffer[:, :, :end]
         return self.keys, self.values
