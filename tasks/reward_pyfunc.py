@@ -1,15 +1,23 @@
 """The reward model as an MLflow pyfunc, logged as *code* (MLflow's models-from-code): the
 registry stores this script, the safetensors checkpoint and ``rlhf_core`` (code_paths), so
 loading it unpickles nothing and needs neither this repository nor its ``tasks`` package.
-Imported only by MLflow, at log and load time; ``tasks/mlflow_models.py`` logs it."""
+Imported only by MLflow, at log and load time; ``tasks/mlflow_models.py`` logs it.
+
+predict(DataFrame[prompt, response]) -> one score per row: of prompt + response + EOS for
+text, or of the conversation rendered by the tokenizer's chat template, read at the reply's
+end-of-turn token, when the prompt is a list of messages (the response then is text, an
+assistant message, or a list of messages).
+"""
 
 import mlflow.pyfunc
 import pandas as pd
+from mlflow.exceptions import MlflowException
 from mlflow.models import set_model
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 
 class RewardModelPyfunc(mlflow.pyfunc.PythonModel):
-    """predict(DataFrame[prompt, response]) -> RM score of prompt + response + EOS."""
+    """predict(DataFrame[prompt, response]) -> the reward model's score of each row."""
 
     def load_context(self, context) -> None:
         from rlhf_core.loader import LoadSpec, load_scalar_model, load_tokenizer
@@ -20,13 +28,17 @@ class RewardModelPyfunc(mlflow.pyfunc.PythonModel):
         self.tokenizer = load_tokenizer(context.artifacts["tokenizer"], spec)
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> list[float]:
-        import torch
+        from rlhf_core.serving import RequestError, score_rows
 
-        from rlhf_core.scoring import score_texts
-
-        scores = score_texts(self.model, self.tokenizer, list(model_input["prompt"]),
-                             list(model_input["response"]), torch.device("cpu"))
-        return scores.tolist()
+        try:
+            missing = [c for c in ("prompt", "response") if c not in model_input.columns]
+            if missing:
+                raise RequestError(f"the request has no {' or '.join(map(repr, missing))} "
+                                   f"column (found: {', '.join(map(str, model_input.columns))})")
+            return score_rows(self.model, self.tokenizer, list(model_input["prompt"]),
+                              list(model_input["response"]))
+        except RequestError as err:
+            raise MlflowException(str(err), error_code=INVALID_PARAMETER_VALUE) from None
 
 
 set_model(RewardModelPyfunc())

@@ -1,0 +1,57 @@
+"""The policy as an MLflow pyfunc, logged as *code* (MLflow's models-from-code), like the
+reward model: the registry stores this script, the policy's Hugging Face folder (weights,
+config, tokenizer) and ``rlhf_core`` (code_paths), so serving it needs neither this repository
+nor its ``tasks`` package. Imported only by MLflow; ``tasks/mlflow_models.py`` logs it.
+
+predict(DataFrame[prompt]) -> one answer per row, the completion only: text for a text
+prompt, ``{"role": "assistant", "content": ...}`` for a list of messages (rendered with the
+tokenizer's chat template). The request's ``params`` (max_new_tokens, temperature, top_p,
+do_sample, seed) arrive filled with the signature's defaults (the run's evaluation settings).
+"""
+
+import mlflow.pyfunc
+from mlflow.exceptions import MlflowException
+from mlflow.models import set_model
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+
+def request_prompts(model_input) -> list:
+    """The prompts of a request: a DataFrame's ``prompt`` column, or one prompt / a list."""
+    from rlhf_core.serving import RequestError
+
+    if hasattr(model_input, "columns"):
+        if "prompt" not in model_input.columns:
+            raise RequestError(f"the request has no 'prompt' column "
+                               f"(found: {', '.join(map(str, model_input.columns))})")
+        return list(model_input["prompt"])
+    if isinstance(model_input, str | dict):
+        return [model_input]
+    return list(model_input)
+
+
+class PolicyPyfunc(mlflow.pyfunc.PythonModel):
+    """The registered policy: answers prompts with their completion only."""
+
+    def load_context(self, context) -> None:
+        from rlhf_core.loader import LoadSpec, load_policy, load_tokenizer
+        from rlhf_core.serving import stop_ids
+
+        trust = bool((context.model_config or {}).get("trust_remote_code", False))
+        spec = LoadSpec(trust_remote_code=trust)  # float32 on CPU, as served
+        self.model = load_policy(context.artifacts["policy"], spec, trainable=False)
+        self.tokenizer = load_tokenizer(context.artifacts["policy"], spec)
+        self.stop = stop_ids(self.model, self.tokenizer)
+
+    def predict(self, context, model_input, params=None) -> list:
+        from rlhf_core.serving import GenerationSettings, RequestError, answer_rows
+
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            settings = GenerationSettings(**params)
+            return answer_rows(self.model, self.tokenizer, request_prompts(model_input),
+                               settings, self.stop)
+        except (RequestError, TypeError) as err:  # TypeError: a param missing or unknown
+            raise MlflowException(str(err), error_code=INVALID_PARAMETER_VALUE) from None
+
+
+set_model(PolicyPyfunc())
