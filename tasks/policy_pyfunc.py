@@ -16,16 +16,29 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 
 def request_prompts(model_input) -> list:
-    """The prompts of a request: a DataFrame's ``prompt`` column, or one prompt / a list."""
+    """The prompts of a request, one per row: a DataFrame's ``prompt`` column (served
+    ``dataframe_records`` / ``dataframe_split``), a column ``{"prompt": [...]}`` (served
+    ``inputs``; a list of messages there is one conversation), records
+    ``[{"prompt": ...}]`` (``instances``), or in Python one prompt (text or messages) or a
+    list of text prompts."""
     from rlhf_core.serving import RequestError
 
     if hasattr(model_input, "columns"):
-        if "prompt" not in model_input.columns:
-            raise RequestError(f"the request has no 'prompt' column "
-                               f"(found: {', '.join(map(str, model_input.columns))})")
+        found = list(map(str, model_input.columns))
+        if "prompt" not in found:
+            raise RequestError(f"the request has no 'prompt' column (found: {', '.join(found)})")
         return list(model_input["prompt"])
-    if isinstance(model_input, str | dict):
-        return [model_input]
+    if isinstance(model_input, dict) and "prompt" in model_input:
+        column = model_input["prompt"]
+        one = isinstance(column, str) or (isinstance(column, list) and column and all(
+            isinstance(m, dict) for m in column))  # text, or one list of messages
+        return [column] if one else list(column)
+    if isinstance(model_input, list) and model_input and all(
+            isinstance(r, dict) and "prompt" in r for r in model_input):
+        return [r["prompt"] for r in model_input]
+    if isinstance(model_input, str | dict) or (
+            isinstance(model_input, list) and model_input and isinstance(model_input[0], dict)):
+        return [model_input]  # one prompt: text, a message or a list of messages
     return list(model_input)
 
 
