@@ -19,6 +19,7 @@ import torch
 from transformers import GenerationConfig
 
 from rlhf_core.data import encode, left_pad, right_pad
+from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.models import ScalarHeadModel
 from rlhf_core.scoring import score_padded
 
@@ -56,6 +57,15 @@ class GenerationSettings:
         return GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
                                 eos_token_id=stop, pad_token_id=pad_id, bos_token_id=None,
                                 **sampling, **never)
+
+
+def load_served(kind: str, model_dir: str, tokenizer_dir: str, model_config: dict | None):
+    """A served model ("policy" or "reward") and its tokenizer -> (model, tokenizer): float32
+    on CPU, frozen; ``trust_remote_code`` as the logged model config says."""
+    trust = bool((model_config or {}).get("trust_remote_code", False))
+    spec = LoadSpec(trust_remote_code=trust)
+    load = {"policy": load_policy, "reward": load_scalar_model}[kind]
+    return load(model_dir, spec, trainable=False), load_tokenizer(tokenizer_dir, spec)
 
 
 def as_messages(value, row: int, field: str) -> list[dict] | None:

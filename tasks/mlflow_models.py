@@ -53,8 +53,6 @@ def _log_code_model(name: str, script: Path, artifacts: dict, signature, registe
         # the signature is given explicitly; an input example would load and run the model
         # once more at log time
         warnings.filterwarnings("ignore", message=".*input example was not provided")
-        # predict takes DataFrames of text or messages: the signature says so, not type hints
-        warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
         info = mlflow.pyfunc.log_model(
             name=name, python_model=str(script), artifacts=artifacts,
             code_paths=[str(Path(rlhf_core.__file__).parent)], signature=signature,

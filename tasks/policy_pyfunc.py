@@ -10,6 +10,7 @@ do_sample, seed) arrive filled with the signature's defaults (the run's evaluati
 """
 
 import mlflow.pyfunc
+import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.models import set_model
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
@@ -43,19 +44,17 @@ def request_prompts(model_input) -> list:
 
 
 class PolicyPyfunc(mlflow.pyfunc.PythonModel):
-    """The registered policy: answers prompts with their completion only."""
+    """The registered policy: answers prompts with their completion only. ``model_input`` is
+    a DataFrame when served; in Python it may be any form :func:`request_prompts` reads."""
 
     def load_context(self, context) -> None:
-        from rlhf_core.loader import LoadSpec, load_policy, load_tokenizer
-        from rlhf_core.serving import stop_ids
+        from rlhf_core.serving import load_served, stop_ids
 
-        trust = bool((context.model_config or {}).get("trust_remote_code", False))
-        spec = LoadSpec(trust_remote_code=trust)  # float32 on CPU, as served
-        self.model = load_policy(context.artifacts["policy"], spec, trainable=False)
-        self.tokenizer = load_tokenizer(context.artifacts["policy"], spec)
+        folder = context.artifacts["policy"]  # weights, config and tokenizer
+        self.model, self.tokenizer = load_served("policy", folder, folder, context.model_config)
         self.stop = stop_ids(self.model, self.tokenizer)
 
-    def predict(self, context, model_input, params=None) -> list:
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> list:
         from rlhf_core.serving import GenerationSettings, RequestError, answer_rows
 
         params = {k: v for k, v in (params or {}).items() if v is not None}

@@ -20,12 +20,11 @@ class RewardModelPyfunc(mlflow.pyfunc.PythonModel):
     """predict(DataFrame[prompt, response]) -> the reward model's score of each row."""
 
     def load_context(self, context) -> None:
-        from rlhf_core.loader import LoadSpec, load_scalar_model, load_tokenizer
+        from rlhf_core.serving import load_served
 
-        trust = bool((context.model_config or {}).get("trust_remote_code", False))
-        spec = LoadSpec(trust_remote_code=trust)  # float32 on CPU, as served
-        self.model = load_scalar_model(context.artifacts["reward_model"], spec, trainable=False)
-        self.tokenizer = load_tokenizer(context.artifacts["tokenizer"], spec)
+        self.model, self.tokenizer = load_served("reward", context.artifacts["reward_model"],
+                                                 context.artifacts["tokenizer"],
+                                                 context.model_config)
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> list[float]:
         from rlhf_core.serving import RequestError, score_rows

@@ -123,17 +123,23 @@ def test_a_conversation_to_a_model_without_a_chat_template_is_one_sentence(regis
                               "tokenizer has no chat template; send it as plain text")
 
 
-@pytest.mark.slow  # starts `mlflow models serve`
-def test_served_plain_request_gets_the_completion_only(served):
-    url, chat_dir = served
-    prompt = "hello world , tell me"
+def greedy_answers(url: str, prompt) -> dict:
+    """The served answers to ``prompt`` at max_new_tokens 2 and 12, greedy."""
     answers = {}
     for n in (2, 12):
         status, body = post(url, {"dataframe_records": [{"prompt": prompt}],
                                   "params": {"max_new_tokens": n, "do_sample": False}})
         assert status == 200, body
         [answers[n]] = body["predictions"]
-        assert answers[n] == greedy(chat_dir, prompt, n)
+    return answers
+
+
+@pytest.mark.slow  # starts `mlflow models serve`
+def test_served_plain_request_gets_the_completion_only(served):
+    url, chat_dir = served
+    prompt = "hello world , tell me"
+    answers = greedy_answers(url, prompt)
+    assert answers == {n: greedy(chat_dir, prompt, n) for n in (2, 12)}
     assert not answers[12].startswith(prompt.split()[0])
     assert answers[12].startswith(answers[2]) and len(answers[12]) > len(answers[2])
 
@@ -142,15 +148,10 @@ def test_served_plain_request_gets_the_completion_only(served):
 def test_served_conversation_gets_the_assistant_message(served):
     url, chat_dir = served
     rendered = "<|im_start|>user\ntell me about cats<|im_end|>\n<|im_start|>assistant\n"
-    lengths = {}
-    for n in (2, 12):
-        status, body = post(url, {"dataframe_records": [{"prompt": CHAT}],
-                                  "params": {"max_new_tokens": n, "do_sample": False}})
-        assert status == 200, body
-        [answer] = body["predictions"]
-        assert answer == {"role": "assistant", "content": greedy(chat_dir, rendered, n)}
-        lengths[n] = len(answer["content"])
-    assert lengths[2] < lengths[12]
+    answers = greedy_answers(url, CHAT)
+    assert answers == {n: {"role": "assistant", "content": greedy(chat_dir, rendered, n)}
+                       for n in (2, 12)}
+    assert len(answers[2]["content"]) < len(answers[12]["content"])
     sampled = [post(url, {"inputs": {"prompt": [CHAT, "the rain"]},
                           "params": {"max_new_tokens": 12, "temperature": 1.0, "seed": s}})
                for s in (5, 5, 6)]
