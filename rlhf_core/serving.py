@@ -60,12 +60,16 @@ class GenerationSettings:
 
 
 def load_served(kind: str, model_dir: str, tokenizer_dir: str, model_config: dict | None):
-    """A served model ("policy" or "reward") and its tokenizer -> (model, tokenizer): float32
-    on CPU, frozen; ``trust_remote_code`` as the logged model config says."""
+    """A served model ("policy" or "reward") and its tokenizer -> (model, tokenizer): float32,
+    frozen, on the GPU where one is present (else the CPU); ``trust_remote_code`` as the
+    logged model config says."""
     trust = bool((model_config or {}).get("trust_remote_code", False))
     spec = LoadSpec(trust_remote_code=trust)
     load = {"policy": load_policy, "reward": load_scalar_model}[kind]
-    return load(model_dir, spec, trainable=False), load_tokenizer(tokenizer_dir, spec)
+    model = load(model_dir, spec, trainable=False)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return model, load_tokenizer(tokenizer_dir, spec)
 
 
 def as_messages(value, row: int, field: str) -> list[dict] | None:

@@ -12,6 +12,7 @@ from rlhf_core.serving import (
     RequestError,
     answer_rows,
     end_of_turn_id,
+    load_served,
     reward_ids,
     score_rows,
     stop_ids,
@@ -162,3 +163,26 @@ def test_text_rows_score_as_the_core_does(tiny_model_dir):
     expected = score_texts(rm, tok, prompts, responses, torch.device("cpu"))
     assert score_rows(rm, tok, prompts, responses, batch_size=1) == \
         pytest.approx(expected.tolist(), abs=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_served_models_run_on_the_gpu_like_on_the_cpu(chat, tmp_path):
+    model, tok, stop = chat
+    folder = tmp_path / "policy"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    gpu, gpu_tok = load_served("policy", str(folder), str(folder), None)
+    assert next(gpu.parameters()).device.type == "cuda"
+    prompts = ["hello world", CHAT]
+    assert answer_rows(gpu, gpu_tok, prompts, GREEDY, stop) == \
+        answer_rows(model, tok, prompts, GREEDY, stop)
+    seeded = GenerationSettings(max_new_tokens=8, seed=3)
+    assert answer_rows(gpu, gpu_tok, prompts, seeded, stop) == \
+        answer_rows(gpu, gpu_tok, prompts, seeded, stop)
+    torch.manual_seed(0)
+    ScalarHeadModel.from_causal_lm(folder).save(tmp_path / "rm")
+    rm, _ = load_served("reward", str(tmp_path / "rm"), str(folder), None)
+    reply = {"role": "assistant", "content": "cats are nice"}
+    on_gpu = score_rows(rm, tok, [CHAT, "hello"], [reply, "world"])
+    on_cpu = score_rows(rm.cpu(), tok, [CHAT, "hello"], [reply, "world"])
+    assert on_gpu == pytest.approx(on_cpu, abs=1e-4)
