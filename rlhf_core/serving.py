@@ -89,10 +89,18 @@ def as_messages(value, row: int, field: str) -> list[dict] | None:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def _require_template(tokenizer, row: int, field: str) -> None:
+def _rendered_ids(tokenizer, messages: list[dict], row: int, generation_prompt: bool):
+    """A request row's conversation -> token ids, or a RequestError naming the row."""
     if not getattr(tokenizer, "chat_template", None):
-        raise RequestError(f"row {row}: '{field}' is a list of messages, but this model's "
+        raise RequestError(f"row {row}: 'prompt' is a list of messages, but this model's "
                            "tokenizer has no chat template; send it as plain text")
+    render = _render_prompt if generation_prompt else _render_conversation
+    try:
+        text = render(tokenizer, messages)
+    except Exception as err:  # noqa: BLE001 - the template's own complaint, said per row
+        raise RequestError(f"row {row}: the chat template cannot render this conversation "
+                           f"({type(err).__name__}: {err})") from None
+    return encode(tokenizer, text)
 
 
 def _render_prompt(tokenizer, messages: list[dict]) -> str:
@@ -110,8 +118,11 @@ def end_of_turn_id(tokenizer) -> int | None:
     (``<|im_end|>``, ``<|eot_id|>``, ...); None without a template or such a token."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    text = _render_conversation(tokenizer, [{"role": "user", "content": "hi"},
-                                            {"role": "assistant", "content": _MARKER}])
+    try:
+        text = _render_conversation(tokenizer, [{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": _MARKER}])
+    except Exception:  # noqa: BLE001 - a template that wants other turns: no probe, no token
+        return None
     tail = text[text.rindex(_MARKER) + len(_MARKER):]
     special = set(tokenizer.all_special_ids) | {
         i for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items() if added.special}
@@ -132,8 +143,7 @@ def prompt_ids(tokenizer, prompt, row: int) -> tuple[list[int], bool]:
     """A request's prompt -> (token ids, whether it is a conversation)."""
     messages = as_messages(prompt, row, "prompt")
     if messages is not None:
-        _require_template(tokenizer, row, "prompt")
-        ids = encode(tokenizer, _render_prompt(tokenizer, messages))
+        ids = _rendered_ids(tokenizer, messages, row, generation_prompt=True)
     else:
         ids = encode(tokenizer, prompt)
     if not ids:
@@ -205,9 +215,8 @@ def reward_ids(tokenizer, prompt, response, row: int, end_of_turn: int | None) -
             raise RequestError(f"row {row}: 'prompt' is text, so 'response' must be text too")
         return encode(tokenizer, prompt) + encode(tokenizer, response) + \
             [tokenizer.eos_token_id]
-    _require_template(tokenizer, row, "prompt")
-    ids = encode(tokenizer, _render_conversation(tokenizer,
-                                                 messages + _reply_messages(response, row)))
+    ids = _rendered_ids(tokenizer, messages + _reply_messages(response, row), row,
+                        generation_prompt=False)
     end = end_of_turn_id(tokenizer) if end_of_turn is None else end_of_turn
     end = tokenizer.eos_token_id if end is None else end
     if end not in ids:

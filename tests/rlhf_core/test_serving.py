@@ -140,6 +140,25 @@ def test_bad_requests_are_one_sentence(plain, prompt, settings, message):
     assert message in str(err.value)
 
 
+def test_a_conversation_the_template_refuses_is_one_sentence(chat):
+    model, tok, stop = chat
+    strict = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+              "{{ raise_exception('no system messages') }}{% endif %}"
+              "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+              "{% endif %}")
+    original, tok.chat_template = tok.chat_template, strict
+    try:
+        assert end_of_turn_id(tok) == tok.convert_tokens_to_ids("<|im_end|>")
+        assert answer_rows(model, tok, [CHAT[1:]], GREEDY, stop)[0]["role"] == "assistant"
+        with pytest.raises(RequestError) as err:
+            answer_rows(model, tok, [CHAT[1:], CHAT], GREEDY, stop)
+    finally:
+        tok.chat_template = original
+    assert str(err.value) == ("row 1: the chat template cannot render this conversation "
+                              "(TemplateError: no system messages)")
+
+
 def test_reward_sequences_end_at_the_replys_end_of_turn(chat, plain):
     _, tok, _ = chat
     reply = {"role": "assistant", "content": "cats are nice"}
