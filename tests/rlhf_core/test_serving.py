@@ -135,7 +135,7 @@ def test_params_seed_max_new_tokens_and_greedy(chat):
 ])
 def test_bad_requests_are_one_sentence(plain, prompt, settings, message):
     model, tok, stop = plain
-    with pytest.raises(RequestError, match=None) as err:
+    with pytest.raises(RequestError) as err:
         answer_rows(model, tok, ["hello world", prompt], settings, stop)
     assert message in str(err.value)
 
