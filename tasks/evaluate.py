@@ -84,8 +84,8 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
 
 
 def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
-    """Model card text (YAML front matter + markdown) stored with the logged policy, so MLflow
-    does not try to fetch one from the hub for a local folder."""
+    """Model card text (YAML front matter + markdown), stored with the logged policy as its
+    artifact ``model_card.md``."""
     base = cfg.model.base_model if not cfg.demo.enabled else "demo GPT-2 (built from a config)"
     lines = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(metrics.items()))
     return (f"---\ntags: [rlhf, ppo]\n---\n# RLHF policy\n\nPPO policy trained from `{base}` "
@@ -95,27 +95,19 @@ def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
 
 def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str,
                rm_dir: str, tokenizer_dir: str, rm_name: str, card: str,
-               spec: LoadSpec) -> tuple[str, str]:
-    """Log and register the policy (transformers flavour, text-generation) and the reward
-    model (pyfunc scoring prompt/response) in the register run -> their versions."""
+               spec: LoadSpec, generation: dict) -> tuple[str, str]:
+    """Log and register the policy (pyfunc answering prompts with their completion;
+    ``generation``: its default max_new_tokens and temperature) and the reward model (pyfunc
+    scoring prompt/response) in the register run -> their versions."""
     import mlflow
-    from huggingface_hub import ModelCard
 
-    from tasks.mlflow_models import log_reward_model
+    from tasks.mlflow_models import log_policy, log_reward_model
 
     mlflow.set_tracking_uri(tracking_uri)
-    export = LoadSpec(trust_remote_code=spec.trust_remote_code)  # float32, as saved
-    model = load_policy(policy_dir, export, trainable=False)
-    tokenizer = load_tokenizer(policy_dir, export)
     with mlflow.start_run(run_id=run_id):
-        info = mlflow.transformers.log_model(
-            transformers_model={"model": model, "tokenizer": tokenizer},
-            name="policy", task="text-generation", registered_model_name=policy_name,
-            pip_requirements=["torch", "transformers"],
-            model_card=ModelCard(card),
-        )
+        version = log_policy(policy_dir, policy_name, generation, card, spec.trust_remote_code)
         rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name, spec.trust_remote_code)
-    return info.registered_model_version, rm_version
+    return version, rm_version
 
 
 def lineage_tags(ctx: RunContext, rm_out: dict, ppo_out: dict, lineage: dict | None) -> dict:
@@ -158,7 +150,8 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         version, rm_version = log_models(
             run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
             str(local_path(ctx, rm_out, "model_dir")), str(local_path(ctx, data, "tokenizer")),
-            rm_name, card, setup_models(cfg.model)[1])
+            rm_name, card, setup_models(cfg.model)[1],
+            {"max_new_tokens": cfg.eval.max_new_tokens, "temperature": cfg.eval.temperature})
         tags = {**lineage_tags(ctx, rm_out, ppo_out, lineage),
                 DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]}
         if decision is not None:

@@ -1,35 +1,85 @@
-"""MLflow models for what ``transformers`` cannot carry: the scalar-head reward model, as a
-pyfunc that scores (prompt, response) pairs (defined in ``tasks/reward_pyfunc.py``)."""
+"""The pipeline's MLflow models, both logged as code (MLflow's models-from-code) with
+``rlhf_core`` beside them: the policy, a pyfunc that answers prompts with their completion
+(``tasks/policy_pyfunc.py``), and the scalar-head reward model, a pyfunc that scores
+(prompt, response) pairs (``tasks/reward_pyfunc.py``). A prompt is text or a list of
+messages; the signatures say so, and the policy's carries the sampling params a request may
+send (``rlhf_core/serving.py`` does the work)."""
 
 from __future__ import annotations
 
+import tempfile
 import warnings
 from pathlib import Path
 
-import pandas as pd
-
 import rlhf_core
 
+POLICY_SCRIPT = Path(__file__).with_name("policy_pyfunc.py")
 PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
+REQUIREMENTS = ["torch", "transformers", "safetensors", "pandas"]
+
+
+def policy_signature(max_new_tokens: int, temperature: float):
+    """prompt (text or messages) -> answer, with the request params and their defaults (the
+    run's evaluation settings; no seed: each request draws anew)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
+
+    params = ParamSchema([
+        ParamSpec("max_new_tokens", "long", int(max_new_tokens)),
+        ParamSpec("temperature", "double", float(temperature)),
+        ParamSpec("top_p", "double", 1.0),
+        ParamSpec("do_sample", "boolean", True),
+        ParamSpec("seed", "long", None),
+    ])
+    return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt")]),
+                          outputs=Schema([ColSpec(AnyType())]), params=params)
+
+
+def reward_signature():
+    """prompt, response (text, or messages) -> score."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt"),
+                                         ColSpec(AnyType(), "response")]),
+                          outputs=Schema([ColSpec("double")]))
+
+
+def _log_code_model(name: str, script: Path, artifacts: dict, signature, registered: str,
+                    trust_remote_code: bool) -> str:
+    import mlflow.pyfunc
+
+    with warnings.catch_warnings():
+        # the signature is given explicitly; an input example would load and run the model
+        # once more at log time
+        warnings.filterwarnings("ignore", message=".*input example was not provided")
+        info = mlflow.pyfunc.log_model(
+            name=name, python_model=str(script), artifacts=artifacts,
+            code_paths=[str(Path(rlhf_core.__file__).parent)], signature=signature,
+            registered_model_name=registered,
+            model_config={"trust_remote_code": trust_remote_code},
+            pip_requirements=REQUIREMENTS,
+        )
+    return info.registered_model_version
+
+
+def log_policy(policy_dir: str, name: str, generation: dict, card: str,
+               trust_remote_code: bool = False) -> str:
+    """Log (in the active run) and register the policy -> registered version. ``generation``:
+    the default max_new_tokens and temperature; ``card``: the model card (markdown), stored
+    as the artifact ``model_card.md``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        card_file = Path(tmp) / "model_card.md"
+        card_file.write_text(card)
+        return _log_code_model(
+            "policy", POLICY_SCRIPT, {"policy": policy_dir, "model_card": str(card_file)},
+            policy_signature(generation["max_new_tokens"], generation["temperature"]), name,
+            trust_remote_code)
 
 
 def log_reward_model(model_dir: str, tokenizer_dir: str, name: str,
                      trust_remote_code: bool = False) -> str:
     """Log (in the active run) and register the reward model -> registered version."""
-    import mlflow.pyfunc
-    from mlflow.models import infer_signature
-
-    example = pd.DataFrame({"prompt": ["a request"], "response": ["a reply"]})
-    with warnings.catch_warnings():
-        # the signature is given explicitly; an input example would load and run the reward
-        # model once more at log time
-        warnings.filterwarnings("ignore", message=".*input example was not provided")
-        info = mlflow.pyfunc.log_model(
-            name="reward_model", python_model=str(PYFUNC_SCRIPT),
-            artifacts={"reward_model": model_dir, "tokenizer": tokenizer_dir},
-            code_paths=[str(Path(rlhf_core.__file__).parent)],
-            signature=infer_signature(example, [0.0]), registered_model_name=name,
-            model_config={"trust_remote_code": trust_remote_code},
-            pip_requirements=["torch", "transformers", "safetensors", "pandas"],
-        )
-    return info.registered_model_version
+    return _log_code_model("reward_model", PYFUNC_SCRIPT,
+                           {"reward_model": model_dir, "tokenizer": tokenizer_dir},
+                           reward_signature(), name, trust_remote_code)

@@ -61,5 +61,5 @@ def test_own_model_without_a_distinct_pad_runs_end_to_end(tmp_path, prefect_api,
     assert version.run_id == by_stage["register"].info.run_id
     mlflow.set_tracking_uri(client.tracking_uri)
     model_dir = Path(mlflow.artifacts.download_artifacts(version.source, dst_path=tmp_path / "m"))
-    card = (model_dir / "model_card.md").read_text()  # ours, not a failed hub lookup
+    card = (model_dir / "artifacts" / "model_card.md").read_text()  # the policy's own card
     assert str(tmp_path / "base") in card and parent.info.run_id in card

@@ -1,0 +1,240 @@
+"""What the registered models do with a request (the MLflow pyfuncs in ``tasks/`` call these).
+
+A request row's prompt is plain text or a conversation: a list of ``{role, content}``
+messages. Plain text is tokenised as the pipeline tokenises prompts (no special tokens added);
+a conversation is rendered by the tokenizer's chat template, with the generation prompt for
+the policy and as a whole conversation for the reward model. The policy returns the completion
+only (for a conversation, the assistant message); generation stops at any stop token: the
+tokenizer's EOS, the model's ``generation_config.eos_token_id`` and the template's end-of-turn
+token. A request the model cannot answer raises :class:`RequestError`, whose one sentence
+names the row and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from rlhf_core.data import encode, left_pad, right_pad
+from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.models import ScalarHeadModel
+from rlhf_core.scoring import score_padded
+
+_MARKER = "ANSWER"  # stands in for an assistant message when the template is probed
+
+
+class RequestError(ValueError):
+    """A request the served model cannot answer; the message names the row and field."""
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """A request's sampling settings (the served policy's MLflow ``params``)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    do_sample: bool = True
+    seed: int | None = None
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1:
+            raise RequestError(f"params: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.do_sample and not self.temperature > 0:
+            raise RequestError(f"params: temperature must be > 0 when sampling, got "
+                               f"{self.temperature} (send do_sample: false for greedy)")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"params: top_p must be in (0, 1], got {self.top_p}")
+
+    def generation_config(self, stop: list[int], pad_id: int) -> GenerationConfig:
+        """A fresh config: nothing comes from the saved model's own sampling defaults."""
+        sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": 0} \
+            if self.do_sample else {}
+        never = {"suppress_tokens": [pad_id]} if pad_id not in stop else {}  # as in training
+        return GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=self.do_sample,
+                                eos_token_id=stop, pad_token_id=pad_id, bos_token_id=None,
+                                **sampling, **never)
+
+
+def load_served(kind: str, model_dir: str, tokenizer_dir: str, model_config: dict | None):
+    """A served model ("policy" or "reward") and its tokenizer -> (model, tokenizer): float32,
+    frozen, on the GPU where one is present (else the CPU); ``trust_remote_code`` as the
+    logged model config says."""
+    trust = bool((model_config or {}).get("trust_remote_code", False))
+    spec = LoadSpec(trust_remote_code=trust)
+    load = {"policy": load_policy, "reward": load_scalar_model}[kind]
+    model = load(model_dir, spec, trainable=False)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    return model, load_tokenizer(tokenizer_dir, spec)
+
+
+def as_messages(value, row: int, field: str) -> list[dict] | None:
+    """A conversation (list of {role, content}) -> its messages; plain text -> None."""
+    if isinstance(value, str):
+        return None
+    if isinstance(value, dict):
+        value = [value]
+    if hasattr(value, "tolist"):  # a column of lists may arrive as numpy arrays
+        value = value.tolist()
+    ok = isinstance(value, list) and value and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), str) for m in value)
+    if not ok:
+        raise RequestError(f"row {row}: '{field}' must be text or a list of messages "
+                           f"{{role, content}}, got {str(value)[:80]!r}")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _rendered_ids(tokenizer, messages: list[dict], row: int, generation_prompt: bool):
+    """A request row's conversation -> token ids, or a RequestError naming the row."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise RequestError(f"row {row}: 'prompt' is a list of messages, but this model's "
+                           "tokenizer has no chat template; send it as plain text")
+    render = _render_prompt if generation_prompt else _render_conversation
+    try:
+        text = render(tokenizer, messages)
+    except Exception as err:  # noqa: BLE001 - the template's own complaint, said per row
+        raise RequestError(f"row {row}: the chat template cannot render this conversation "
+                           f"({type(err).__name__}: {err})") from None
+    return encode(tokenizer, text)
+
+
+def _render_prompt(tokenizer, messages: list[dict]) -> str:
+    """The one rendering of a conversation to prompt the policy with (generation prompt on)."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _render_conversation(tokenizer, messages: list[dict]) -> str:
+    """The one rendering of a whole conversation, ending in the assistant's reply."""
+    return tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+    """The special token the chat template puts right after an assistant message
+    (``<|im_end|>``, ``<|eot_id|>``, ...); None without a template or such a token."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        text = _render_conversation(tokenizer, [{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": _MARKER}])
+    except Exception:  # noqa: BLE001 - a template that wants other turns: no probe, no token
+        return None
+    tail = text[text.rindex(_MARKER) + len(_MARKER):]
+    special = set(tokenizer.all_special_ids) | {
+        i for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items() if added.special}
+    special -= {tokenizer.unk_token_id, tokenizer.pad_token_id}
+    return next((i for i in encode(tokenizer, tail) if i in special), None)
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    """Tokens that end an answer: EOS, generation_config.eos_token_id, the end-of-turn."""
+    config = getattr(model, "generation_config", None)
+    extra = getattr(config, "eos_token_id", None)
+    extra = extra if isinstance(extra, list) else [extra]
+    found = [tokenizer.eos_token_id, *extra, end_of_turn_id(tokenizer)]
+    return list(dict.fromkeys(i for i in found if i is not None))
+
+
+def prompt_ids(tokenizer, prompt, row: int) -> tuple[list[int], bool]:
+    """A request's prompt -> (token ids, whether it is a conversation)."""
+    messages = as_messages(prompt, row, "prompt")
+    if messages is not None:
+        ids = _rendered_ids(tokenizer, messages, row, generation_prompt=True)
+    else:
+        ids = encode(tokenizer, prompt)
+    if not ids:
+        raise RequestError(f"row {row}: 'prompt' is empty")
+    return ids, messages is not None
+
+
+def _check_length(model, ids: list[list[int]], max_new_tokens: int) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    for row, seq in enumerate(ids):
+        if limit and len(seq) + max_new_tokens > limit:
+            raise RequestError(f"row {row}: a prompt of {len(seq)} tokens + max_new_tokens "
+                               f"{max_new_tokens} exceeds the model's {limit} positions")
+
+
+@torch.inference_mode()
+def generate_completions(model, ids: list[list[int]], settings: GenerationSettings,
+                         stop: list[int], pad_id: int) -> list[list[int]]:
+    """Token ids of each prompt -> each completion's ids, cut before its first stop token.
+    A ``seed`` draws from its own generator state, so the caller's RNG stream is untouched."""
+    settings.check()
+    _check_length(model, ids, settings.max_new_tokens)
+    device = next(model.parameters()).device
+    prompts = left_pad(ids, pad_id).to(device)  # (B, P)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        if settings.seed is not None:
+            torch.manual_seed(settings.seed)
+        out = model.generate(input_ids=prompts, attention_mask=prompts != pad_id,
+                             generation_config=settings.generation_config(stop, pad_id))
+    completions = []
+    for seq in out[:, prompts.shape[1]:].tolist():  # (B, R)
+        end = next((t for t, tok in enumerate(seq) if tok in stop or tok == pad_id), len(seq))
+        completions.append(seq[:end])
+    return completions
+
+
+def answer_rows(model, tokenizer, prompts: Sequence, settings: GenerationSettings,
+                stop: list[int]) -> list:
+    """The served policy's predict: each prompt -> its completion (text for a text prompt,
+    ``{"role": "assistant", "content": ...}`` for a conversation)."""
+    if not len(prompts):
+        return []
+    encoded = [prompt_ids(tokenizer, p, row) for row, p in enumerate(prompts)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
+    completions = generate_completions(model, [ids for ids, _ in encoded], settings, stop,
+                                       pad_id)
+    answers = []
+    for (_, chat), completion in zip(encoded, completions):
+        text = tokenizer.decode(completion, skip_special_tokens=True)
+        answers.append({"role": "assistant", "content": text} if chat else text)
+    return answers
+
+
+def _reply_messages(response, row: int) -> list[dict]:
+    """The scored reply of a conversation: text, one assistant message or a list of them."""
+    if isinstance(response, str):
+        return [{"role": "assistant", "content": response}]
+    return as_messages(response, row, "response")
+
+
+def reward_ids(tokenizer, prompt, response, row: int, end_of_turn: int | None) -> list[int]:
+    """One (prompt, response) row -> the sequence the reward model scores at its last token:
+    prompt + response + EOS for text, or the rendered conversation cut after the reply's
+    end-of-turn token."""
+    messages = as_messages(prompt, row, "prompt")
+    if messages is None:
+        if not isinstance(response, str):
+            raise RequestError(f"row {row}: 'prompt' is text, so 'response' must be text too")
+        return encode(tokenizer, prompt) + encode(tokenizer, response) + \
+            [tokenizer.eos_token_id]
+    ids = _rendered_ids(tokenizer, messages + _reply_messages(response, row), row,
+                        generation_prompt=False)
+    end = end_of_turn_id(tokenizer) if end_of_turn is None else end_of_turn
+    end = tokenizer.eos_token_id if end is None else end
+    if end not in ids:
+        raise RequestError(f"row {row}: the rendered conversation has no end-of-turn token "
+                           f"({tokenizer.convert_ids_to_tokens(end)}) to score at")
+    return ids[: len(ids) - ids[::-1].index(end)]
+
+
+@torch.inference_mode()
+def score_rows(model: ScalarHeadModel, tokenizer, prompts: Sequence, responses: Sequence,
+               batch_size: int = 64) -> list[float]:
+    """The served reward model's predict: the score of each (prompt, response) row."""
+    end_of_turn = end_of_turn_id(tokenizer)
+    seqs = [reward_ids(tokenizer, p, r, row, end_of_turn)
+            for row, (p, r) in enumerate(zip(prompts, responses))]
+    device = next(model.parameters()).device
+    scores = []
+    for start in range(0, len(seqs), batch_size):
+        ids = right_pad(seqs[start: start + batch_size], tokenizer.pad_token_id).to(device)
+        scores += score_padded(model, ids, tokenizer.pad_token_id).float().cpu().tolist()
+    return scores
