@@ -100,7 +100,8 @@ def build_tokenizer(family: Family):
     if family.add_bos:
         bos = family.specials["bos"]
         core.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, core.token_to_id(bos))])
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, core.token_to_id(bos))])
     else:
         core.post_processor = processors.ByteLevel(trim_offsets=False)
     kwargs = {f"{k}_token": v for k, v in family.specials.items()}
