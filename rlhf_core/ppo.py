@@ -147,7 +147,8 @@ class PPOTrainer:
             recompute_logprobs=precision != "fp32" or cfg.static_cache,
         )
         self.gen_config = sampling_config(tokenizer, cfg.temperature, cfg.max_new_tokens,
-                                          cfg.static_cache)
+                                          cfg.static_cache,
+                                          getattr(policy, "generation_config", None))
         params = list(self.policy.parameters())
         if self.value_model is not None:
             params += list(self.value_model.parameters())
