@@ -104,13 +104,18 @@ def prepare_chat(tokenizer) -> dict:
 
 
 def check_bos(tokenizer, prompt_text: str) -> None:
-    """A rendered prompt must not start with two BOS tokens (the template's ``bos_token``
-    plus one already in the data)."""
+    """A rendered prompt holds at most one BOS token. The pipeline tokenises rendered text
+    without adding special tokens, so the tokenizer's own BOS never doubles the template's;
+    a second one can only come from the data. (A BOS that is also the EOS, GPT-2's, ends
+    turns too: not counted.)"""
     bos = tokenizer.bos_token_id
-    if bos is not None and encode(tokenizer, prompt_text)[:2] == [bos, bos]:
-        raise ChatError(f"the rendered prompt starts with two BOS tokens "
+    if bos is None or bos == tokenizer.eos_token_id:
+        return
+    count = encode(tokenizer, prompt_text).count(bos)
+    if count > 1:
+        raise ChatError(f"the rendered prompt holds {count} BOS tokens "
                         f"({tokenizer.bos_token!r}): the template writes one and the row holds "
-                        "another; remove it from the row's first message")
+                        "another; remove it from the row's messages")
 
 
 def stop_token_ids(tokenizer, generation_config=None) -> int | list[int]:
