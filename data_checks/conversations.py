@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from data_checks.adapters import map_rows
+
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_COLUMNS = ("messages", "prompt", "completion", "chosen", "rejected")
 
@@ -133,16 +135,9 @@ def _row(row: dict, kind: str) -> dict:
 
 
 def to_conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
-    """Rows of any recognised format -> prompt (messages) and reply columns of ``kind``."""
-    rows = []
-    for number, row in enumerate(df.to_dict(orient="records"), start=1):
-        try:
-            rows.append(_row(row, kind))
-        except ConversationError as err:
-            raise ConversationError(f"{path} row {number} (conversational): {err}") from None
-    out = pd.DataFrame(rows)
-    out.attrs["conversational"] = True
-    return out
+    """Rows of any recognised format -> prompt (messages) and reply columns of ``kind``;
+    AdapterError naming the file and the row."""
+    return map_rows(df, _row, kind, path, "conversational")
 
 
 REPLY_FIELDS = {"sft": ["response"], "preference": ["chosen", "rejected"], "prompts": []}
@@ -200,7 +195,11 @@ def render_conversations(frames: dict[str, pd.DataFrame], kinds: dict[str, str],
         raise ConversationError(f"{first}: conversational data, but {err}") from None
     rendered = {}
     for name, df in frames.items():
-        df = df if name in chatty else to_conversations(df, kinds[name], labels.get(name, name))
+        if name not in chatty:
+            try:
+                df = to_conversations(df, kinds[name], labels.get(name, name))
+            except ValueError as err:
+                raise ConversationError(str(err)) from None
         rendered[name] = _render_frame(df, kinds[name], tokenizer, chat, info["end_of_turn"],
                                        labels.get(name, name))
     return rendered, info

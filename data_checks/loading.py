@@ -9,7 +9,7 @@ import pandas as pd
 
 from data_checks.adapters import AdapterError, adapt
 from data_checks.config import DataSource
-from data_checks.conversations import ConversationError, is_conversational, to_conversations
+from data_checks.conversations import is_conversational, to_conversations
 from data_checks.files import FileError, check_regular, file_format, looks_local, read_local
 
 COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "rejected"],
@@ -107,7 +107,7 @@ def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
     """Conversational rows -> prompt messages and reply strings (data_checks/conversations)."""
     try:
         df = to_conversations(df, kind, path)
-    except ConversationError as err:
+    except AdapterError as err:
         raise DataError(str(err)) from None
     if "margin" in df.columns:
         df["margin"] = finite_numbers(df["margin"], path, "margin")
