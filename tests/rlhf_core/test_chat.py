@@ -75,3 +75,18 @@ def test_a_reply_the_template_does_not_end_is_refused():
     tok = build_tokenizer(FAMILIES["qwen2"])
     with pytest.raises(ChatError, match="writes no '<|eot_id|>' after this reply"):
         render_reply(tok, CONV, "sure", eot="<|eot_id|>")
+
+
+def test_resize_for_tokenizer_keeps_the_models_stop_tokens():
+    from rlhf_core.models import resize_for_tokenizer
+    from tests.families import build_model
+
+    tok = chat_tokenizer("llama3")  # EOS <|eot_id|>, a PAD added
+    model = build_model(FAMILIES["llama3"], build_tokenizer(FAMILIES["llama3"]))
+    ids = tok.convert_tokens_to_ids(["<|end_of_text|>", "<|eot_id|>"])
+    model.config.eos_token_id = ids  # a list, as Llama 3.1's config has
+    model.generation_config.eos_token_id = ids[0]
+    resize_for_tokenizer(model, tok)
+    assert model.get_input_embeddings().num_embeddings == len(tok)
+    assert sorted(model.generation_config.eos_token_id) == sorted(ids)
+    assert model.config.eos_token_id == tok.eos_token_id == ids[1]
