@@ -187,3 +187,15 @@ def test_a_long_conversation_is_dropped_never_cut(tmp_path):
     assert "row 1: its rendered prompt has" in failure
     assert "a cut would remove the template's assistant header" in failure
     assert "raise validation.max_prompt_tokens" in failure
+
+
+def test_the_prompt_budget_counts_the_templates_tokens(tmp_path):
+    tok = tokenizer("qwen2")
+    content = len(tok("why rain 0", add_special_tokens=False)["input_ids"])
+    rendered = len(chat.render_prompt(tok, prompt_rows()[0]["prompt"], tokenize=True))
+    cfg = ValidationConfig(max_prompt_tokens=content + 2, max_response_tokens=32)
+    assert content + 2 < rendered  # the text fits the budget, its rendering does not
+    report, _ = gate(tmp_path, tok, cfg=cfg)
+    assert not report.passed and report.stats["prompts/n_dropped"] == 6
+    failure = next(f for f in report.failures if "prompts.jsonl" in f)
+    assert f"row 1: its rendered prompt has {rendered} tokens, template included" in failure
