@@ -89,13 +89,19 @@ def _hh_row(row: dict, kind: str) -> dict:
     return {"prompt": prompt, "response": reply} if kind == "sft" else {"prompt": prompt}
 
 
-def adapt(df: pd.DataFrame, style: str, kind: str, path: Path) -> pd.DataFrame:
-    """Rows of ``style`` -> internal columns of ``kind``; DataError-ready messages."""
-    convert = {"hh": _hh_row, "tldr": _tldr_row}[style]
+def map_rows(df: pd.DataFrame, convert, kind: str, path: Path, what: str) -> pd.DataFrame:
+    """``convert(row, kind)`` over every row; a ValueError it raises becomes an AdapterError
+    naming the file, the row (1-based) and ``what`` the rows were read as."""
     rows = []
     for number, row in enumerate(df.to_dict(orient="records"), start=1):
         try:
             rows.append(convert(row, kind))
-        except AdapterError as err:
-            raise AdapterError(f"{path} row {number} ({style} style): {err}") from None
+        except ValueError as err:
+            raise AdapterError(f"{path} row {number} ({what}): {err}") from None
     return pd.DataFrame(rows)
+
+
+def adapt(df: pd.DataFrame, style: str, kind: str, path: Path) -> pd.DataFrame:
+    """Rows of ``style`` -> internal columns of ``kind``; DataError-ready messages."""
+    convert = {"hh": _hh_row, "tldr": _tldr_row}[style]
+    return map_rows(df, convert, kind, path, f"{style} style")

@@ -17,8 +17,11 @@ class DataSource(_Frozen):
         "auto", description="auto: by file extension; hf: datasets.load_dataset / load_from_disk."
     )
     split: str = Field("train", description="Split for format 'hf'.")
-    style: Literal["plain", "hh", "tldr"] = Field(
-        "plain", description="plain: prompt/response/chosen/rejected columns (after column_map);"
+    style: Literal["plain", "conversational", "hh", "tldr"] = Field(
+        "plain", description="plain: prompt/response/chosen/rejected columns (after column_map),"
+        " or TRL's conversational formats when a column holds message lists; conversational:"
+        " insist on those (messages, prompt/completion, prompt/chosen/rejected, implicit"
+        " prompt; a string prompt is one user message), rendered with the chat template;"
         " hh: Anthropic-HH transcripts in chosen/rejected (prompt = shared dialogue up to the"
         " last Assistant turn); tldr: summarize-from-feedback rows (info/summaries/choice, or"
         " subreddit/title/post/summary for SFT)."

@@ -9,6 +9,7 @@ import pandas as pd
 
 from data_checks.adapters import AdapterError, adapt
 from data_checks.config import DataSource
+from data_checks.conversations import is_conversational, to_conversations
 from data_checks.files import FileError, check_regular, file_format, looks_local, read_local
 
 COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "rejected"],
@@ -78,6 +79,8 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
                         f"{', '.join(doubled)} (map one source column to each name)")
     if df.empty:
         raise DataError(f"{path}: no rows")
+    if source.style == "conversational" or (source.style == "plain" and is_conversational(df)):
+        return _conversations(df.head(source.limit) if source.limit else df, kind, path)
     if source.style != "plain":
         try:
             df = adapt(df, source.style, kind, path)
@@ -97,6 +100,17 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
             row = int(bad.idxmax())
             raise DataError(f"{path} row {row + 1}: field '{col}' must be a string, got "
                             f"{type(df[col].iloc[row]).__name__}")
+    return df.reset_index(drop=True)
+
+
+def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
+    """Conversational rows -> prompt messages and reply strings (data_checks/conversations)."""
+    try:
+        df = to_conversations(df, kind, path)
+    except AdapterError as err:
+        raise DataError(str(err)) from None
+    if "margin" in df.columns:
+        df["margin"] = finite_numbers(df["margin"], path, "margin")
     return df.reset_index(drop=True)
 
 

@@ -23,14 +23,17 @@ def _columns(df: pd.DataFrame) -> list[str]:
     return [c for c in TEXT_COLUMNS if c in df.columns]
 
 
-def special_token_literals(label: str, df: pd.DataFrame, tokenizer) -> list[str]:
-    """A failure per (token, column) where the token's string appears in the text."""
+def special_token_literals(label: str, df: pd.DataFrame, tokenizer,
+                           rendered: bool = False) -> list[str]:
+    """A failure per (token, column) where the token's string appears in the text (not in
+    ``rendered`` prompts, whose template ends earlier turns with that token; the gate checks
+    their messages' content before rendering)."""
     failures = []
     specials = {"EOS": tokenizer.eos_token, "PAD": tokenizer.pad_token}
     for role, token in specials.items():
         if not token:
             continue
-        for col in _columns(df):
+        for col in _columns(df)[1 if rendered else 0:]:
             hits = df[col].fillna("").astype(str).str.contains(token, regex=False)
             if hits.any():
                 failures.append(f"{label}: {int(hits.sum())} rows contain the tokenizer's {role} "
@@ -63,9 +66,10 @@ def unknown_token_share(df: pd.DataFrame, tokenizer) -> float:
 
 
 def check_text(label: str, df: pd.DataFrame, tokenizer, cfg: ValidationConfig,
-               report) -> None:
-    """Add failures and warnings about the raw text of one data set to ``report``."""
-    report.failures += special_token_literals(label, df, tokenizer)
+               report, rendered: bool = False) -> None:
+    """Add failures and warnings about the raw text of one data set to ``report``
+    (``rendered``: its prompts are rendered conversations)."""
+    report.failures += special_token_literals(label, df, tokenizer, rendered)
     control = control_characters(label, df)
     if control:
         (report.failures if cfg.control_characters == "refuse" else report.warnings).append(

@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from data_checks.config import DataConfig, ValidationConfig
-from data_checks.loading import COLUMNS, load_table
+from data_checks.conversations import ConversationError, render_conversations
+from data_checks.loading import COLUMNS, DataError, load_table
 from data_checks.messages import failure_sentence
 from data_checks.text_checks import check_text
 from data_checks.tokenizer_checks import count_tokens
@@ -37,6 +38,7 @@ class ValidationReport:
     warnings: list[str] = field(default_factory=list)
     stats: dict[str, float] = field(default_factory=dict)
     results_json: dict = field(default_factory=dict)
+    chat: dict = field(default_factory=dict)  # conversational data: what prepare_chat did
     gx_context: object = field(default=None, repr=False)  # holds the results for Data Docs
 
     def expectation_counts(self) -> dict[str, tuple[int, int]]:
@@ -70,16 +72,20 @@ def truncate_prompt(prompt: str, tokenizer, max_tokens: int) -> str | None:
     return None
 
 
-def apply_length_budget(df: pd.DataFrame, kind: str, tokenizer, cfg: ValidationConfig):
-    """-> (kept rows, counts). Prompts cut at paragraph boundaries; long responses dropped or
-    truncated (the +1 is the EOS every response gets)."""
+def apply_length_budget(df: pd.DataFrame, kind: str, tokenizer, cfg: ValidationConfig,
+                        cut_prompts: bool = True):
+    """-> (kept rows, counts). Prompts cut at paragraph boundaries (``cut_prompts`` False, a
+    rendered conversation: never cut, since a cut would drop the template's assistant header at
+    its end; a long one is dropped); long responses dropped or truncated (the +1 is the EOS
+    every response gets)."""
     n_in = len(df)
     truncated = 0
     prompts, fits = [], []
     lengths = count_tokens(tokenizer, df["prompt"].fillna(""))  # one batch; cut only the long
     for p, n in zip(df["prompt"], lengths):
         long = isinstance(p, str) and n > cfg.max_prompt_tokens
-        cut = truncate_prompt(p, tokenizer, cfg.max_prompt_tokens) if long else p
+        cut = (truncate_prompt(p, tokenizer, cfg.max_prompt_tokens) if cut_prompts else None) \
+            if long else p
         truncated += int(isinstance(p, str) and cut is not None and cut != p)
         fits.append(not (isinstance(p, str) and cut is None))  # nulls go on to the suites
         prompts.append(p if cut is None else cut)
@@ -194,19 +200,19 @@ def _median_response_length(df: pd.DataFrame, col: str, tokenizer) -> float:
 
 
 def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
-                      paths: dict[str, str] | None = None):
+                      paths: dict[str, str] | None = None, chat: dict | None = None):
     """Budgets, then the GX suites, then fraction and length-mismatch checks.
 
     Args: frames keyed sft / preference / prompts (/ eval_prompts / preference_eval); paths:
-    the file of each (named in failures).
+    the file of each (named in failures); chat: set when the frames are rendered conversations.
     Returns: (report, cleaned frames).
     """
     paths = paths or {}
-    report = ValidationReport()
+    report = ValidationReport(chat=dict(chat or {}))
     cleaned = {}
     for name, df in frames.items():
-        check_text(_label(name, paths), df, tokenizer, cfg, report)
-        kept, counts = apply_length_budget(df, _kind(name), tokenizer, cfg)
+        check_text(_label(name, paths), df, tokenizer, cfg, report, bool(chat))
+        kept, counts = apply_length_budget(df, _kind(name), tokenizer, cfg, not chat)
         cleaned[name] = kept
         report.stats.update({f"{name}/{k}": float(v) for k, v in counts.items()})
         label, kept_n = _label(name, paths), len(kept)
@@ -219,7 +225,8 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
             report.failures.append(
                 f"{label}: {counts['dropped_fraction']:.3f} of the {name} rows were dropped as "
                 f"over the token budget ({kept_n} kept), more than validation.max_dropped_fraction "
-                f"{cfg.max_dropped_fraction} (dropped fraction {counts['dropped_fraction']:.3f})")
+                f"{cfg.max_dropped_fraction} (dropped fraction {counts['dropped_fraction']:.3f})"
+                + (_chat_budget_hint(df, tokenizer, cfg) if chat else ""))
     run_suites(cleaned, tokenizer, cfg, report, paths)
     if len(cleaned["sft"]) and len(cleaned["preference"]):
         sft_len = _median_response_length(cleaned["sft"], "response", tokenizer)
@@ -233,9 +240,25 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
     return report, cleaned
 
 
-def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir) -> ValidationReport:
+def _chat_budget_hint(df: pd.DataFrame, tokenizer, cfg: ValidationConfig) -> str:
+    """Where a rendered prompt is over budget: its row, its tokens with the template's, and
+    the fix (a cut would drop the template's assistant header, so none is made)."""
+    lengths = count_tokens(tokenizer, df["prompt"].fillna(""))
+    over = [i for i, n in enumerate(lengths) if n > cfg.max_prompt_tokens]
+    if not over:
+        return ""
+    return (f"; e.g. row {over[0] + 1}: its rendered prompt has {lengths[over[0]]} tokens, "
+            "template included, and a cut would remove the template's assistant header, so "
+            "conversations are never cut: raise validation.max_prompt_tokens or shorten them")
+
+
+def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
+                   chat=None) -> ValidationReport:
     """Load every source, validate, write cleaned JSONL files into ``out_dir``.
 
+    ``chat``: the conversation renderer (rlhf_core/chat.py), used when any data set is
+    conversational: every data set is then rendered with the tokenizer's chat template, whose
+    EOS becomes the template's end-of-turn token (``report.chat`` says what changed).
     Raises DataError for malformed files; failed expectations come back in the report.
     """
     out = Path(out_dir)
@@ -246,7 +269,12 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir) 
                "preference_eval": (data.preference_eval, "preference")}
     frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
     paths = {name: src.path for name, (src, _) in sources.items() if src}
-    report, cleaned = validate_datasets(frames, tokenizer, cfg, paths)
+    try:
+        frames, chat_info = render_conversations(frames, {n: k for n, (_, k) in sources.items()},
+                                                 tokenizer, chat, paths)
+    except ConversationError as err:
+        raise DataError(str(err)) from None
+    report, cleaned = validate_datasets(frames, tokenizer, cfg, paths, chat_info)
     if report.passed:
         for name, df in cleaned.items():
             df.to_json(out / f"{name}.jsonl", orient="records", lines=True, force_ascii=False)

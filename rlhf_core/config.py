@@ -75,6 +75,10 @@ class ModelConfig(_Frozen):
         None, description="Train LoRA adapters (needs peft) instead of full weights; PPO's "
         "reference and reward are the frozen bases with adapters off."
     )
+    chat_template: str | None = Field(
+        None, description="Chat template for conversational data (a Jinja string, or a file "
+        "holding one), replacing the tokenizer's own; saved with the trained tokenizer."
+    )
 
 
 class OptimConfig(_Frozen):

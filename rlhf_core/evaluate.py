@@ -38,8 +38,10 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
 
 def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
                    max_new_tokens, device, batch_size) -> dict[str, list]:
-    gen_config = sampling_config(tokenizer, temperature, max_new_tokens)
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    gen_config = sampling_config(tokenizer, temperature, max_new_tokens,
+                                 model_generation=getattr(policy, "generation_config", None))
+    pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
+    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else eos_id)
     out: dict[str, list] = {"response": [], "has_eos": [], "length": [], "score": [], "kl": []}
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start: start + batch_size]
@@ -55,7 +57,7 @@ def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, tempera
             out["kl"] += ((logprobs - ref_lp) * mask).sum(1).float().tolist()
         scores = score_responses(reward_model, qr, pad_id, P, mask)
         for i in range(len(chunk)):
-            text_ids = responses[i][mask[i] & (responses[i] != eos_id)]
+            text_ids = responses[i][mask[i] & ~torch.isin(responses[i], stops.to(device))]
             out["response"].append(tokenizer.decode(text_ids, skip_special_tokens=True))
         out["has_eos"] += has_eos.tolist()
         out["length"] += mask.sum(1).tolist()

@@ -17,6 +17,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from rlhf_core.chat import stop_token_ids
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -130,11 +132,18 @@ class ScalarHeadModel(nn.Module):
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer) -> None:
-    """Grow the embeddings when the tokenizer gained tokens (e.g. a dedicated PAD)."""
+    """Grow the embeddings when the tokenizer gained tokens (e.g. a dedicated PAD); the
+    generation config stops at every token of the stop set (rlhf_core/chat.py): the
+    tokenizer's EOS, a chat template's end-of-turn, and the stop tokens the model had."""
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer))
+    had = model.config.eos_token_id  # one id, or a list of them (e.g. Llama 3.1's config)
+    had = list(had) if isinstance(had, list | tuple) else [had]
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.eos_token_id = tokenizer.eos_token_id
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.generation_config.eos_token_id = tokenizer.eos_token_id
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.pad_token_id = tokenizer.pad_token_id
+        stops = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+        gen.eos_token_id = stops + had  # stop_token_ids reads them from here
+        gen.eos_token_id = stop_token_ids(tokenizer, gen)

@@ -147,7 +147,8 @@ class PPOTrainer:
             recompute_logprobs=precision != "fp32" or cfg.static_cache,
         )
         self.gen_config = sampling_config(tokenizer, cfg.temperature, cfg.max_new_tokens,
-                                          cfg.static_cache)
+                                          cfg.static_cache,
+                                          getattr(policy, "generation_config", None))
         params = list(self.policy.parameters())
         if self.value_model is not None:
             params += list(self.value_model.parameters())
@@ -306,12 +307,14 @@ class PPOTrainer:
         return metrics
 
     def decode(self, exp: Experience, n: int | None = None) -> tuple[list[str], list[str]]:
-        """Prompt and response texts of the first n rollouts (special tokens dropped)."""
+        """Prompt and response texts of the first n rollouts (special tokens dropped from the
+        response; kept in the prompt, where a chat prompt's turn markers show its turns and a
+        plain prompt has none)."""
         prompts, responses = [], []
         P, pad = exp.context_length, self.tokenizer.pad_token_id
         for i in range(exp.responses.shape[0] if n is None else min(n, exp.responses.shape[0])):
             prompt = exp.query_responses[i, :P]
-            prompts.append(self.tokenizer.decode(prompt[prompt != pad], skip_special_tokens=True))
+            prompts.append(self.tokenizer.decode(prompt[prompt != pad], skip_special_tokens=False))
             response = exp.responses[i][exp.response_mask[i]]
             responses.append(self.tokenizer.decode(response, skip_special_tokens=True))
         return prompts, responses

@@ -43,12 +43,15 @@ def first_true_index(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), idx, torch.full_like(idx, T)).min(dim=-1).values
 
 
-def truncate_after_eos(responses: torch.Tensor, eos_id: int, pad_id: int):
-    """Keep tokens up to and including the first EOS; pad the rest.
+def truncate_after_eos(responses: torch.Tensor, eos_id: int | list[int], pad_id: int):
+    """Keep tokens up to and including the first EOS (``eos_id``: one id, or a stop set of
+    them, e.g. a chat model's EOS and end-of-turn); pad the rest.
 
     Returns (responses [B, T], response_mask [B, T] bool, has_eos [B] bool).
     """
-    first = first_true_index(responses == eos_id)  # (B,)
+    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id),
+                         device=responses.device)
+    first = first_true_index(torch.isin(responses, stops))  # (B,)
     idx = torch.arange(responses.shape[1], device=responses.device).unsqueeze(0)
     mask = idx <= first.unsqueeze(1)  # (B, T); all True when no EOS (first = T)
     out = torch.where(mask, responses, torch.full_like(responses, pad_id))

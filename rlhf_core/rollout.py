@@ -20,6 +20,7 @@ import torch
 from transformers import GenerationConfig
 
 from rlhf_core.algorithms import Algorithm
+from rlhf_core.chat import stop_token_ids
 from rlhf_core.models import ScalarHeadModel, position_ids_from_mask
 from rlhf_core.ppo_math import (
     apply_eos_penalty,
@@ -65,15 +66,17 @@ def forbid_pad(logits: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 
 def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
-                    static_cache: bool = False) -> GenerationConfig:
-    """Pure sampling at temperature T: top_k 0, top_p 1, PAD suppressed (nothing else).
+                    static_cache: bool = False, model_generation=None) -> GenerationConfig:
+    """Pure sampling at temperature T: top_k 0, top_p 1, PAD suppressed (nothing else),
+    stopping at the stop set (EOS, a chat template's end-of-turn, ``model_generation``'s
+    ``eos_token_id``: the policy's own generation config).
     ``static_cache``: a fixed-size KV cache, which lets transformers compile the decode step."""
     extra = {"cache_implementation": "static"} if static_cache else {}
     return GenerationConfig(**extra,
         do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
         suppress_tokens=[tokenizer.pad_token_id],
         max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        eos_token_id=stop_token_ids(tokenizer, model_generation), bos_token_id=None,
         return_dict_in_generate=True, output_logits=True,
     )
 
@@ -190,7 +193,7 @@ def make_experience(
 ) -> Experience:
     """Generate for left-padded ``prompt_ids`` [B, P] and compute everything the update needs;
     ``algorithm`` turns scores and KL into rewards and advantages (no value model: no critic)."""
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
     P = prompt_ids.shape[1]
     raw_responses, gen_logits = generate_by_length(policy, prompt_ids, gen_config, pad_id,
                                                    s.generation_batch_size)

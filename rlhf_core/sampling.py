@@ -13,8 +13,9 @@ settings and nothing else:
   sees the same keys and values either way;
 - per step: the raw next-token logits (float32, as ``generate``'s ``output_logits``), PAD
   forbidden (-inf), divided by the temperature, softmax, one draw per row; a row that has
-  ended (sampled EOS) gets PAD from then on; stop when every row has ended or after
-  ``max_new_tokens`` tokens.
+  ended (sampled EOS, or any token of the stop set) gets PAD from then on; stop when every
+  row has ended or after ``max_new_tokens`` tokens. The cache goes in under the keyword the
+  forward names (:func:`cache_keyword`).
 
 With ``sampler=multinomial`` the tokens and logits are ``generate``'s, bit for bit, for the same
 seed (tested). The default sampler :func:`inverse_cdf` draws one uniform per row and looks it up
@@ -35,8 +36,17 @@ from transformers.cache_utils import DynamicLayer
 
 from rlhf_core.models import position_ids_from_mask
 
-_KEYWORDS = ("input_ids", "attention_mask", "position_ids", "past_key_values", "use_cache",
-             "logits_to_keep")
+_KEYWORDS = ("input_ids", "attention_mask", "position_ids", "use_cache", "logits_to_keep")
+# transformers 5.x names the forward's KV-cache argument ``cache`` and keeps ``past_key_values``
+# as a deprecated alias (removed in 5.40); 4.x knows only ``past_key_values``
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+def cache_keyword(model) -> str:
+    """The name ``model``'s forward gives its KV cache (a peft wrapper: its base model's)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    return next((name for name in CACHE_KEYWORDS if name in params), "past_key_values")
 
 
 def fits_lean_loop(model) -> bool:
@@ -50,7 +60,8 @@ def fits_lean_loop(model) -> bool:
     params = inspect.signature(model.forward).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return True  # e.g. a peft wrapper, which hands its keywords to the base model
-    return all(name in params for name in _KEYWORDS)
+    return all(name in params for name in _KEYWORDS) and \
+        any(name in params for name in CACHE_KEYWORDS)
 
 
 class ReservedLayer(DynamicLayer):
@@ -106,11 +117,15 @@ def inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def sample_responses(policy, prompt_ids: torch.Tensor, pad_id: int, eos_id: int,
+def sample_responses(policy, prompt_ids: torch.Tensor, pad_id: int, eos_id: int | list[int],
                      temperature: float, max_new_tokens: int, sampler=inverse_cdf):
     """Left-padded prompts [B, P] -> (responses [B, R], raw float32 logits [B, R, V]); R is
-    the step at which every row had ended, at most ``max_new_tokens``."""
+    the step at which every row had ended, at most ``max_new_tokens``. ``eos_id``: the stop
+    token, or a list of them (a chat model's EOS and end-of-turn: any one ends a row)."""
     B = prompt_ids.shape[0]
+    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id),
+                         device=prompt_ids.device)
+    cache_kw = cache_keyword(policy)
     mask = (prompt_ids != pad_id).long()
     position = position_ids_from_mask(mask)
     cache = reserved_cache(policy.config, prompt_ids.shape[1] + max_new_tokens)
@@ -119,8 +134,7 @@ def sample_responses(policy, prompt_ids: torch.Tensor, pad_id: int, eos_id: int,
     tokens, logits, forbidden = [], [], None
     for step in range(max_new_tokens):
         out = policy(input_ids=step_ids, attention_mask=mask, position_ids=position,
-                     past_key_values=cache, use_cache=True, logits_to_keep=1,
-                     return_dict=True)
+                     use_cache=True, logits_to_keep=1, return_dict=True, **{cache_kw: cache})
         raw = out.logits[:, -1].to(copy=True, dtype=torch.float32)  # (B, V)
         del out
         if forbidden is None:
@@ -132,7 +146,7 @@ def sample_responses(policy, prompt_ids: torch.Tensor, pad_id: int, eos_id: int,
         token = token * alive + pad_id * (1 - alive)  # an ended row gets PAD
         tokens.append(token)
         logits.append(raw)
-        alive = alive & (token != eos_id).long()
+        alive = alive & (~torch.isin(token, stops)).long()
         if step == max_new_tokens - 1 or not bool(alive.any()):
             break
         mask = torch.cat([mask, ones], dim=1)

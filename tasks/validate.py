@@ -8,8 +8,10 @@ from pathlib import Path
 from prefect import task
 
 from data_checks.config import DataConfig
+from data_checks.loading import DataError
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
+from rlhf_core import chat
 from rlhf_core.loader import load_tokenizer
 from tasks.artifacts import publish
 from tasks.common import in_prefect_run, run_stage, setup_models, stage_params
@@ -44,6 +46,17 @@ def require_margin(report, cfg: PipelineConfig, cleaned_preference: Path) -> Non
         report.passed = False
 
 
+def chat_template(value: str | None) -> str | None:
+    """model.chat_template: a file holding a Jinja template, else the template itself."""
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if "{" not in value and not path.is_file():
+        raise DataError(f"model.chat_template={value!r}: no such file, and not a Jinja "
+                         "template (give a template string or the path of a file holding one)")
+    return path.read_text(encoding="utf-8") if "{" not in value else value
+
+
 @task(name="validate")
 def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
     """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
@@ -51,12 +64,18 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
     def body(run_id: str) -> dict:
         client = ctx.client()
         tokenizer = load_tokenizer(prep["tokenizer"], setup_models(cfg.model)[1])
+        template = chat_template(cfg.model.chat_template)
+        if template:
+            tokenizer.chat_template = template
         record = ensure_special_tokens(tokenizer)
         out_dir = ctx.stage_dir("validate")
+        report = run_validation(DataConfig.model_validate(prep["data"]), tokenizer,
+                                cfg.validation, out_dir, chat=chat)
+        # conversational data: EOS is now the template's end-of-turn token
+        record.update({"eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id,
+                       **{f"chat.{k}": v for k, v in report.chat.items()}})
         tokenizer.save_pretrained(out_dir / "tokenizer")
         set_tags(client, run_id, {f"rlhf.tokenizer.{k}": str(v) for k, v in record.items()})
-        report = run_validation(DataConfig.model_validate(prep["data"]), tokenizer,
-                                cfg.validation, out_dir)
         require_margin(report, cfg, out_dir / "preference.jsonl")
         docs = write_data_docs(report, out_dir / "data_docs")
         client.log_artifacts(run_id, str(docs), "data_docs")
@@ -77,6 +96,7 @@ def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> dict:
             client.log_artifact(run_id, str(path), "data")
         out = {"data_dir": str(out_dir), "tokenizer": str(out_dir / "tokenizer"),
                "pad_added": bool(record.get("pad_added", False)),
+               "conversational": bool(report.chat),
                "warnings": report.warnings,
                "metrics": {k: v for k, v in report.stats.items() if k.endswith("n_rows")},
                "figures": {f"{name}/expectations_passed": f"{ok}/{n}"

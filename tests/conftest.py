@@ -53,3 +53,19 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory):
+    """family name -> a saved tiny model + tokenizer folder of that family (tests/families.py),
+    built once per session on first use."""
+    from tests.families import save_family
+
+    root, built = tmp_path_factory.mktemp("families"), {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = save_family(name, root)
+        return built[name]
+
+    return get

@@ -1,0 +1,205 @@
+"""TRL's conversational data formats -> prompt messages + reply strings.
+
+Recognised (a column holding lists of ``{"role", "content"}`` messages marks a data set as
+conversational; ``style: conversational`` insists on it):
+
+- SFT: ``messages`` (the prompt is everything before the last assistant message, the reply is
+  that message), or ``prompt`` messages + ``completion`` (an assistant message, or a list of
+  one);
+- preference, explicit prompt: ``prompt`` messages + ``chosen``/``rejected`` (an assistant
+  message or a list of one); implicit prompt: ``chosen``/``rejected`` whole conversations that
+  share every message but the last (a string ``prompt`` beside them, as UltraFeedback-binarized
+  has, is ignored); ``score_chosen``/``score_rejected`` become the ``margin``;
+- prompts: ``prompt`` messages, or ``messages`` (a final assistant message is dropped).
+
+In a conversational run a plain string prompt is one user message and a plain string reply is
+the assistant's. Rendering with the chat template happens in the gate (run_validation), with
+the renderer it is given. Errors name the file, the row (1-based) and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from data_checks.adapters import map_rows
+
+ROLES = ("system", "user", "assistant", "tool")
+MESSAGE_COLUMNS = ("messages", "prompt", "completion", "chosen", "rejected")
+
+
+class ConversationError(ValueError):
+    """A row that is not a well-formed conversation (message without the file name)."""
+
+
+def _as_list(value):
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _is_messages(value) -> bool:
+    value = _as_list(value)
+    return isinstance(value, list | tuple) and len(value) > 0 and \
+        all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def is_conversational(df: pd.DataFrame) -> bool:
+    """Whether any message column's first non-null value is a list of messages."""
+    for col in MESSAGE_COLUMNS:
+        if col in df.columns:
+            first = df[col].dropna()
+            if len(first) and _is_messages(first.iloc[0]):
+                return True
+    return False
+
+
+def messages(value, field: str) -> list[dict]:
+    """A list of {role, content} messages (a plain string is one user message)."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    value = _as_list(value)
+    if not isinstance(value, list | tuple) or not value:
+        raise ConversationError(f"field '{field}' must be a non-empty list of messages")
+    out = []
+    for i, m in enumerate(value):
+        m = dict(m) if isinstance(m, dict) else m
+        if not isinstance(m, dict) or m.get("role") not in ROLES or \
+                not isinstance(m.get("content"), str):
+            raise ConversationError(f"field '{field}' message {i + 1} must have a role "
+                                    f"({'/'.join(ROLES)}) and a string content, got {m!r}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def _reply(value, field: str) -> str:
+    """An assistant reply: a string, a message, or a list of exactly one assistant message."""
+    if isinstance(value, str):
+        return value
+    value = _as_list(value)
+    msgs = messages([value] if isinstance(value, dict) else value, field)
+    if len(msgs) != 1 or msgs[0]["role"] != "assistant":
+        raise ConversationError(f"field '{field}' must be one assistant message, got "
+                                f"{[m['role'] for m in msgs]}")
+    return msgs[0]["content"]
+
+
+def _split_last(conv: list[dict], field: str) -> tuple[list[dict], str]:
+    if len(conv) < 2 or conv[-1]["role"] != "assistant":
+        raise ConversationError(f"field '{field}' must end with an assistant message after "
+                                "at least one other message")
+    return conv[:-1], conv[-1]["content"]
+
+
+def _preference(row: dict) -> dict:
+    if _is_messages(row.get("prompt")) or not (_is_messages(row.get("chosen"))
+                                               and _as_list(row["chosen"])[0].get("role")
+                                               != "assistant"):
+        out = {"prompt": messages(row.get("prompt"), "prompt"),
+               "chosen": _reply(row.get("chosen"), "chosen"),
+               "rejected": _reply(row.get("rejected"), "rejected")}
+    else:  # implicit prompt: two whole conversations
+        chosen, rejected = messages(row["chosen"], "chosen"), messages(row["rejected"],
+                                                                        "rejected")
+        prompt, reply = _split_last(chosen, "chosen")
+        other_prompt, other = _split_last(rejected, "rejected")
+        if prompt != other_prompt:
+            raise ConversationError("chosen and rejected must share every message but their "
+                                    "last (implicit prompt)")
+        out = {"prompt": prompt, "chosen": reply, "rejected": other}
+    if row.get("margin") is not None:  # a plain data set's own margin column
+        out["margin"] = row["margin"]
+    if "score_chosen" in row and "score_rejected" in row:
+        try:
+            out["margin"] = float(row["score_chosen"]) - float(row["score_rejected"])
+        except (TypeError, ValueError):
+            raise ConversationError("fields 'score_chosen'/'score_rejected' must be numbers") \
+                from None
+    return out
+
+
+def _row(row: dict, kind: str) -> dict:
+    if kind == "preference":
+        return _preference(row)
+    if kind == "sft":
+        if row.get("messages") is not None and row.get("prompt") is None:
+            prompt, reply = _split_last(messages(row["messages"], "messages"), "messages")
+            return {"prompt": prompt, "response": reply}
+        reply = row.get("completion", row.get("response"))
+        return {"prompt": messages(row.get("prompt"), "prompt"),
+                "response": _reply(reply, "completion")}
+    if row.get("prompt") is None and row.get("messages") is not None:
+        conv = messages(row["messages"], "messages")
+        conv = conv[:-1] if conv[-1]["role"] == "assistant" and len(conv) > 1 else conv
+        return {"prompt": conv}
+    return {"prompt": messages(row.get("prompt"), "prompt")}
+
+
+def to_conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
+    """Rows of any recognised format -> prompt (messages) and reply columns of ``kind``;
+    AdapterError naming the file and the row."""
+    return map_rows(df, _row, kind, path, "conversational")
+
+
+REPLY_FIELDS = {"sft": ["response"], "preference": ["chosen", "rejected"], "prompts": []}
+
+
+def _no_markers(prompt: list[dict], replies: list[str], markers: list[str]) -> None:
+    """Message text must not hold the template's end-of-turn or PAD token literally."""
+    for text in [m["content"] for m in prompt] + replies:
+        for marker in markers:
+            if marker in text:
+                raise ConversationError(f"a message holds the token {marker!r} literally (it "
+                                        "would end or mask the turn); remove or escape it")
+
+
+def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
+                  label: str) -> pd.DataFrame:
+    rows = []
+    markers = [t for t in (eot, tokenizer.pad_token) if t]
+    for number, row in enumerate(df.to_dict(orient="records"), start=1):
+        try:
+            prompt = messages(row["prompt"], "prompt")
+            _no_markers(prompt, [_reply(row[c], c) for c in REPLY_FIELDS[kind]], markers)
+            text = chat.render_prompt(tokenizer, prompt)
+            chat.check_bos(tokenizer, text)
+            out = {**row, "prompt": text}
+            for col in REPLY_FIELDS[kind]:
+                out[col] = chat.render_reply(tokenizer, prompt, _reply(row[col], col), text,
+                                             eot)
+        except ValueError as err:  # the renderer's ChatError, or a ConversationError
+            raise ConversationError(
+                f"{label} row {number}: {err}. Fix the row, or set model.chat_template to a "
+                "template that renders it") from None
+        rows.append(out)
+    return pd.DataFrame(rows, columns=df.columns)
+
+
+def render_conversations(frames: dict[str, pd.DataFrame], kinds: dict[str, str], tokenizer,
+                         chat, labels: dict[str, str]) -> tuple[dict[str, pd.DataFrame], dict]:
+    """When any data set is conversational, render every one with the chat template.
+
+    ``chat``: the renderer (rlhf_core/chat.py: prepare_chat, render_prompt, render_reply,
+    check_bos); ``prepare_chat`` checks the template and makes the tokenizer's EOS its
+    end-of-turn token. -> (frames of prompt/reply strings, what prepare_chat did), or the
+    frames unchanged and {} for plain data. Raises ConversationError naming file and row.
+    """
+    chatty = [name for name, df in frames.items() if is_conversational(df)]
+    if not chatty:
+        return frames, {}
+    first = labels.get(chatty[0], chatty[0])
+    if chat is None:
+        raise ConversationError(f"{first}: conversational data needs a chat renderer")
+    try:
+        info = chat.prepare_chat(tokenizer)
+    except ValueError as err:
+        raise ConversationError(f"{first}: conversational data, but {err}") from None
+    rendered = {}
+    for name, df in frames.items():
+        if name not in chatty:
+            try:
+                df = to_conversations(df, kinds[name], labels.get(name, name))
+            except ValueError as err:
+                raise ConversationError(str(err)) from None
+        rendered[name] = _render_frame(df, kinds[name], tokenizer, chat, info["end_of_turn"],
+                                       labels.get(name, name))
+    return rendered, info

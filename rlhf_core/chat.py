@@ -1,0 +1,133 @@
+"""Conversations through the tokenizer's chat template: the one place they are rendered.
+
+A conversational row becomes the pipeline's two strings: the prompt, rendered with the
+generation prompt (the template's assistant header), and the reply, the text the template puts
+between that header and its end-of-turn token. Every stage then works as on plain text: SFT
+learns prompt + reply + end-of-turn (loss on the reply and its end-of-turn only), the reward
+model reads its score at the end-of-turn token, rollouts start from the rendered prompt and stop
+at any token of the stop set (:func:`stop_token_ids`), and sample tables show the rendered
+conversation. The data gate makes the tokenizer's EOS the template's end-of-turn token
+(:func:`prepare_chat`), so "ends with EOS" means "ends its turn" everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlhf_core.data import encode
+
+_PROBE = "rlhfprobe"  # assistant content used to see what the template writes around a reply
+_USER = [{"role": "user", "content": "hi"}]
+
+
+class ChatError(ValueError):
+    """A template or conversation the pipeline cannot use; the message says the fix."""
+
+
+def _apply(tokenizer, messages: Sequence[dict], generation_prompt: bool) -> str:
+    try:
+        return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+    except Exception as err:  # noqa: BLE001 - jinja raises many types (raise_exception too)
+        raise ChatError(f"the chat template cannot render this conversation "
+                        f"({type(err).__name__}: {err})") from None
+
+
+def render_prompt(tokenizer, messages: Sequence[dict], tokenize: bool = False):
+    """Messages -> the prompt text with the generation prompt (or its token ids: the rendered
+    text tokenised without adding special tokens, since the template writes its own BOS)."""
+    text = _apply(tokenizer, messages, True)
+    return encode(tokenizer, text) if tokenize else text
+
+
+def _end_marker(tokenizer, after: str) -> str:
+    """The special token the template writes right after a reply's content."""
+    ids = encode(tokenizer, after)
+    if ids and ids[0] in tokenizer.all_special_ids + list(tokenizer.added_tokens_decoder):
+        return tokenizer.convert_ids_to_tokens(ids[0])
+    marker = after.strip().split()[0] if after.strip() else ""
+    if marker:
+        raise ChatError(f"the template ends an assistant turn with {marker!r}, which is not one "
+                        f"token of the tokenizer's vocabulary (add it as a special token, or "
+                        f"use a tokenizer that has it)")
+    raise ChatError("the template writes no end-of-turn token after an assistant message (set "
+                    "model.chat_template to one that ends each turn with a special token)")
+
+
+def end_of_turn(tokenizer) -> str:
+    """The token that ends an assistant turn in ``tokenizer``'s template; ChatError when the
+    template has no generation prompt or no end-of-turn token in the vocabulary."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatError("the tokenizer has no chat template (set model.chat_template to a "
+                        "Jinja string or a file holding one)")
+    prompt = _apply(tokenizer, _USER, True)
+    full = _apply(tokenizer, [*_USER, {"role": "assistant", "content": _PROBE}], False)
+    if not full.startswith(prompt) or not full[len(prompt):].lstrip().startswith(_PROBE):
+        header = full[len(prompt):full.find(_PROBE)] if full.startswith(prompt) else ""
+        raise ChatError("the template has no generation prompt: with add_generation_prompt it "
+                        f"does not end the prompt with the assistant header ({header!r} comes "
+                        "between the prompt and the reply); set model.chat_template to one "
+                        "with an add_generation_prompt branch")
+    return _end_marker(tokenizer, full[full.index(_PROBE) + len(_PROBE):])
+
+
+def render_reply(tokenizer, prompt: Sequence[dict], reply: str, prompt_text: str | None = None,
+                 eot: str | None = None) -> str:
+    """The text the template writes for ``reply`` after the rendered prompt, up to (not
+    including) its end-of-turn token."""
+    prompt_text = _apply(tokenizer, prompt, True) if prompt_text is None else prompt_text
+    full = _apply(tokenizer, [*prompt, {"role": "assistant", "content": reply}], False)
+    if not full.startswith(prompt_text):
+        raise ChatError("the template renders the prompt differently once a reply follows it "
+                        "(the prompt text is not a prefix of the whole conversation)")
+    rest = full[len(prompt_text):]
+    eot = eot or end_of_turn(tokenizer)
+    if eot not in rest:
+        raise ChatError(f"the template writes no {eot!r} after this reply")
+    return rest[: rest.index(eot)]
+
+
+def prepare_chat(tokenizer) -> dict:
+    """Make ``tokenizer`` ready for conversations: check its template and make its EOS the
+    template's end-of-turn token. -> what was done (for the run's tags)."""
+    eot = end_of_turn(tokenizer)
+    eot_id = tokenizer.convert_tokens_to_ids(eot)
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id == eot_id and \
+            tokenizer.pad_token_id != tokenizer.eos_token_id:
+        raise ChatError(f"the end-of-turn token {eot!r} is also the tokenizer's PAD, so it "
+                        "would be masked out and never learned (give the tokenizer another "
+                        "pad_token, or none and the pipeline adds one)")
+    before = tokenizer.eos_token
+    if before != eot:
+        tokenizer.eos_token = eot
+    return {"end_of_turn": eot, "end_of_turn_id": eot_id, "eos_before": before}
+
+
+def check_bos(tokenizer, prompt_text: str) -> None:
+    """A rendered prompt holds at most one BOS token. The pipeline tokenises rendered text
+    without adding special tokens, so the tokenizer's own BOS never doubles the template's;
+    a second one can only come from the data. (A BOS that is also the EOS, GPT-2's, ends
+    turns too: not counted.)"""
+    bos = tokenizer.bos_token_id
+    if bos is None or bos == tokenizer.eos_token_id:
+        return
+    count = encode(tokenizer, prompt_text).count(bos)
+    if count > 1:
+        raise ChatError(f"the rendered prompt holds {count} BOS tokens "
+                        f"({tokenizer.bos_token!r}): the template writes one and the row holds "
+                        "another; remove it from the row's messages")
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> int | list[int]:
+    """What ends a response: the tokenizer's EOS, the template's end-of-turn token and the
+    model's ``generation_config.eos_token_id``; one id when they are all the same."""
+    stops = [tokenizer.eos_token_id]
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            stops.append(tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer)))
+        except ChatError:
+            pass  # a template unfit for conversations: plain text ends at EOS
+    extra = getattr(generation_config, "eos_token_id", None)
+    stops += extra if isinstance(extra, list) else [] if extra is None else [extra]
+    stops = [s for s in dict.fromkeys(stops) if s is not None and s != tokenizer.pad_token_id]
+    return stops[0] if len(stops) == 1 else stops
