@@ -40,6 +40,12 @@ def render_prompt(tokenizer, messages: Sequence[dict], tokenize: bool = False):
     return encode(tokenizer, text) if tokenize else text
 
 
+def render_conversation(tokenizer, messages: Sequence[dict]) -> str:
+    """A whole conversation (ending in the assistant's reply) -> its text, no generation
+    prompt: what the served reward model scores."""
+    return _apply(tokenizer, messages, False)
+
+
 def _end_marker(tokenizer, after: str) -> str:
     """The special token the template writes right after a reply's content."""
     ids = encode(tokenizer, after)

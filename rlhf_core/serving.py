@@ -18,12 +18,17 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
+from rlhf_core.chat import (
+    ChatError,
+    end_of_turn,
+    render_conversation,
+    render_prompt,
+    stop_token_ids,
+)
 from rlhf_core.data import encode, left_pad, right_pad
 from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.models import ScalarHeadModel
 from rlhf_core.scoring import score_padded
-
-_MARKER = "ANSWER"  # stands in for an assistant message when the template is probed
 
 
 class RequestError(ValueError):
@@ -94,23 +99,12 @@ def _rendered_ids(tokenizer, messages: list[dict], row: int, generation_prompt: 
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(f"row {row}: 'prompt' is a list of messages, but this model's "
                            "tokenizer has no chat template; send it as plain text")
-    render = _render_prompt if generation_prompt else _render_conversation
+    render = render_prompt if generation_prompt else render_conversation
     try:
         text = render(tokenizer, messages)
-    except Exception as err:  # noqa: BLE001 - the template's own complaint, said per row
-        raise RequestError(f"row {row}: the chat template cannot render this conversation "
-                           f"({type(err).__name__}: {err})") from None
+    except ChatError as err:  # the template's own complaint, said per row
+        raise RequestError(f"row {row}: {err}") from None
     return encode(tokenizer, text)
-
-
-def _render_prompt(tokenizer, messages: list[dict]) -> str:
-    """The one rendering of a conversation to prompt the policy with (generation prompt on)."""
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-def _render_conversation(tokenizer, messages: list[dict]) -> str:
-    """The one rendering of a whole conversation, ending in the assistant's reply."""
-    return tokenizer.apply_chat_template(messages, tokenize=False)
 
 
 def end_of_turn_id(tokenizer) -> int | None:
@@ -119,24 +113,16 @@ def end_of_turn_id(tokenizer) -> int | None:
     if not getattr(tokenizer, "chat_template", None):
         return None
     try:
-        text = _render_conversation(tokenizer, [{"role": "user", "content": "hi"},
-                                                {"role": "assistant", "content": _MARKER}])
-    except Exception:  # noqa: BLE001 - a template that wants other turns: no probe, no token
+        return tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer))
+    except ChatError:  # a template that wants other turns or writes no marker: no token
         return None
-    tail = text[text.rindex(_MARKER) + len(_MARKER):]
-    special = set(tokenizer.all_special_ids) | {
-        i for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items() if added.special}
-    special -= {tokenizer.unk_token_id, tokenizer.pad_token_id}
-    return next((i for i in encode(tokenizer, tail) if i in special), None)
 
 
 def stop_ids(model, tokenizer) -> list[int]:
-    """Tokens that end an answer: EOS, generation_config.eos_token_id, the end-of-turn."""
-    config = getattr(model, "generation_config", None)
-    extra = getattr(config, "eos_token_id", None)
-    extra = extra if isinstance(extra, list) else [extra]
-    found = [tokenizer.eos_token_id, *extra, end_of_turn_id(tokenizer)]
-    return list(dict.fromkeys(i for i in found if i is not None))
+    """Tokens that end an answer: EOS, the template's end-of-turn and
+    generation_config.eos_token_id (rlhf_core.chat.stop_token_ids)."""
+    stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
+    return stops if isinstance(stops, list) else [stops]
 
 
 def prompt_ids(tokenizer, prompt, row: int) -> tuple[list[int], bool]:
