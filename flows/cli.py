@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
 from flows.errors import EXPECTED, exit_code, quiet_expected_failures
 from flows.preflight import check_config, check_servers
+from flows.stopping import stop_signal, stop_within_seconds
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -337,12 +339,35 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return args.func(args)
+        with stop_within_seconds(lambda signum: stop_message(args, signum)):
+            return args.func(args)
     except EXPECTED as err:
         hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
             if isinstance(err, ValidationFailed) else ""
         print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
         return exit_code(err)
+    except BaseException as err:
+        signum = stop_signal(err)
+        if signum is None:
+            raise
+        print(f"\nrlhf: {stop_message(args, signum)}", file=sys.stderr)
+        return 128 + signum
+
+
+def stop_message(args, signum: int) -> str:
+    """What a stop signal leaves, and the command that continues the run."""
+    name = signal.Signals(signum).name
+    if args.command in ("serve", "stage-worker"):
+        return f"stopped by {name}: no longer serving (flow runs it had started end with it)."
+    tracking = sys.modules.get("tasks.tracking")  # imported once a run has opened
+    run_id = tracking.last_parent_run() if tracking else None
+    if run_id is None:
+        return f"stopped by {name} before an MLflow run was opened; nothing was trained."
+    if args.command != "run":
+        return f"stopped by {name}; MLflow run {run_id} keeps what had finished."
+    return (f"stopped by {name}; run {run_id} keeps its finished stages and the last "
+            f"checkpoint of the stage it was in; continue it with: "
+            f"{shlex.join(['rlhf', *resume_args(args.argv, run_id)])}")
 
 
 if __name__ == "__main__":
