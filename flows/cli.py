@@ -358,7 +358,7 @@ def stop_message(args, signum: int) -> str:
     """What a stop signal leaves, and the command that continues the run."""
     name = signal.Signals(signum).name
     if args.command in ("serve", "stage-worker"):
-        return f"stopped by {name}: no longer serving (flow runs it had started end with it)."
+        return f"stopped by {name}: no longer serving."
     tracking = sys.modules.get("tasks.tracking")  # imported once a run has opened
     run_id = tracking.last_parent_run() if tracking else None
     if run_id is None:
