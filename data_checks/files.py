@@ -62,9 +62,11 @@ def read_bytes(path: Path, compression: str | None) -> bytes:
 def decode(path: Path, data: bytes) -> str:
     try:
         return data.decode("utf-8-sig")  # skips a byte-order mark
-    except UnicodeDecodeError as err:
-        raise FileError(f"{path}: not valid UTF-8 (byte 0x{err.object[err.start]:02x} at "
-                        f"offset {err.start})") from None
+    except UnicodeDecodeError as err:  # named by line and column, as other row errors are
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise FileError(f"{path} line {line}: not valid UTF-8 (byte "
+                        f"0x{err.object[err.start]:02x} at column {column})") from None
 
 
 def _objects(path: Path, items: list, what: str = "item") -> list[dict]:

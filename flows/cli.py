@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,7 +25,8 @@ from pathlib import Path
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
 from flows.errors import EXPECTED, exit_code, quiet_expected_failures
-from flows.preflight import check_config
+from flows.preflight import check_config, check_servers
+from flows.stopping import stop_signal, stop_within_seconds
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -81,8 +84,9 @@ def registered(result: dict) -> dict[str, str]:
 def cmd_run(args) -> int:
     cfg = _config_for(args)
     check_config(cfg)
+    check_servers(cfg.tracking.tracking_uri)
     if args.resume:
-        check_resume_id(cfg, args.resume)
+        check_resume_id(cfg, args.resume, args.argv)
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
     from flows.validate import preflight
 
@@ -97,6 +101,7 @@ def cmd_run(args) -> int:
 def cmd_validate(args) -> int:
     cfg = _config_for(args)
     check_config(cfg)
+    check_servers(cfg.tracking.tracking_uri)
     from flows.validate import preflight, rlhf_validate
 
     preflight(cfg.data)
@@ -121,6 +126,7 @@ def cmd_sweep(args) -> int:
     grid = parse_grid(args.grid or [])
     seeds = [cfg.seed + i for i in range(args.seeds)]
     points = grid_points(cfg, grid, seeds)  # every point validated before anything runs
+    check_servers(cfg.tracking.tracking_uri)
     from flows.sweep import rlhf_sweep
     from flows.validate import preflight
 
@@ -156,19 +162,39 @@ def read_only_client(uri: str, timeout_s: int = 10):
     return MlflowClient(uri)
 
 
-def check_resume_id(cfg, run_id: str) -> None:
-    """--resume names a parent run the store has (checked before Prefect starts)."""
+def check_resume_id(cfg, run_id: str, argv: list[str] | tuple = ("run",)) -> None:
+    """--resume names a parent run the store has (checked before Prefect starts); ``argv``,
+    the command's arguments, are repeated in the hint for a stage's child run id."""
     from mlflow.exceptions import MlflowException
 
     from tasks.tracking import default_tracking_uri
 
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     try:
-        read_only_client(uri).get_run(run_id)
+        run = read_only_client(uri).get_run(run_id)
     except (MlflowException, ConfigError) as err:
         raise ConfigError(f"--resume {run_id}: the MLflow store at {uri} has no such run "
                           f"({str(err).splitlines()[0][:200]}). `rlhf runs` lists the runs; "
                           "MLFLOW_TRACKING_URI picks the store.") from None
+    parent = run.data.tags.get("mlflow.parentRunId")
+    if parent:
+        stage = run.data.tags.get("rlhf.stage", run.info.run_name or "a stage's")
+        raise ConfigError(f"--resume {run_id}: that is the `{stage}` child run of the "
+                          f"pipeline run {parent}; resume the pipeline run: "
+                          f"{shlex.join(['rlhf', *resume_args(list(argv), parent)])}")
+
+
+def resume_args(args: list[str], run_id: str) -> list[str]:
+    """``args`` with --resume given ``run_id`` (both --resume X and --resume=X forms)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            out.append(arg)
+    return [*out, "--resume", run_id]
 
 
 def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> str:
@@ -208,6 +234,7 @@ def _runs_table(client, uri: str, experiment: str, limit: int) -> str:
 
 
 def cmd_runs(args) -> int:
+    check_servers(None, prefect=False)
     print(runs_table(args.experiment, args.limit))
     return 0
 
@@ -232,12 +259,15 @@ def cmd_serve(args) -> int:
     from flows.serve import serve
 
     cfg = _config_for(args)
+    check_servers(cfg.tracking.tracking_uri)
     name = args.name or Path(args.config or DEMO_CONFIG).stem
     serve(cfg, name)
     return 0
 
 
 def cmd_stage_worker(args) -> int:
+    # the store is the one each routed stage names, unless MLFLOW_TRACKING_URI sets it here
+    check_servers(None, mlflow=bool(os.environ.get("MLFLOW_TRACKING_URI")))
     from flows.stage import serve_stage
 
     serve_stage(args.name)
@@ -307,13 +337,37 @@ def main(argv: list[str] | None = None) -> int:
     # a stage reading another machine's outputs downloads them: no bar per artifact folder
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return args.func(args)
+        with stop_within_seconds(lambda signum: stop_message(args, signum)):
+            return args.func(args)
     except EXPECTED as err:
         hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
             if isinstance(err, ValidationFailed) else ""
         print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
         return exit_code(err)
+    except BaseException as err:
+        signum = stop_signal(err)
+        if signum is None:
+            raise
+        print(f"\nrlhf: {stop_message(args, signum)}", file=sys.stderr)
+        return 128 + signum
+
+
+def stop_message(args, signum: int) -> str:
+    """What a stop signal leaves, and the command that continues the run."""
+    name = signal.Signals(signum).name
+    if args.command in ("serve", "stage-worker"):
+        return f"stopped by {name}: no longer serving."
+    tracking = sys.modules.get("tasks.tracking")  # imported once a run has opened
+    run_id = tracking.last_parent_run() if tracking else None
+    if run_id is None:
+        return f"stopped by {name} before an MLflow run was opened; nothing was trained."
+    if args.command != "run":
+        return f"stopped by {name}; MLflow run {run_id} keeps what had finished."
+    return (f"stopped by {name}; run {run_id} keeps its finished stages and the last "
+            f"checkpoint of the stage it was in; continue it with: "
+            f"{shlex.join(['rlhf', *resume_args(args.argv, run_id)])}")
 
 
 if __name__ == "__main__":

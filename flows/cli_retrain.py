@@ -25,7 +25,10 @@ def cmd_demo_batch(args, config) -> int:
 def _client(config):
     from mlflow.tracking import MlflowClient
 
+    from flows.preflight import check_servers
     from tasks.tracking import default_tracking_uri
+
+    check_servers(config.tracking.tracking_uri, prefect=False)
 
     return MlflowClient(default_tracking_uri(config.tracking.tracking_uri))
 

@@ -50,6 +50,41 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice (the later one would
+    silently win): the error gives both line numbers."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise ConfigError(f"key '{key}' appears twice in one section, on lines "
+                                  f"{seen[key]} and {line}: keep one of them")
+            seen.setdefault(key, line)
+        return super().construct_mapping(node, deep)
+
+
+def read_config_file(path: Path) -> Any:
+    """The parsed YAML/JSON file; ConfigError for text that is not UTF-8, not YAML, or has a
+    key twice in one section."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = err.object.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{path}: not a text config file (byte 0x{err.object[err.start]:02x} "
+                          f"on line {line} is not UTF-8); give a YAML or JSON file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file ({err.strerror})") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader) or {}
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML/JSON ({err})") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (),
                 base: dict[str, Any] | None = None) -> PipelineConfig:
     """Defaults (``base``) <- file <- overrides, validated; ConfigError names bad fields."""
@@ -58,10 +93,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p}: config file not found")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{p}: not valid YAML/JSON ({err})") from None
+        loaded = read_config_file(p)
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: expected a mapping at the top level")
         tree = _merge(tree, loaded)

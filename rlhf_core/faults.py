@@ -4,7 +4,9 @@ SIGKILL when the run reaches that point (comma-separate several names).
 Points: ``<stage>:step:<n>`` after optimizer step n of sft/reward_model, ``ppo:rollout:<n>``
 between the rollout and the update of PPO iteration n, ``checkpoint:<stage>:<n>`` inside a
 checkpoint save (files written, not yet renamed into place), ``after:<stage>`` once a stage
-has finished and recorded its output. Unset (the default), this is a no-op.
+has finished and recorded its output, ``register:policy_version`` once the policy's version
+exists (the reward model's not yet), ``register:challenger`` once both versions are tagged and
+hold ``challenger``. Unset (the default), this is a no-op.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import pandas as pd
 from prefect import task
 
 from rlhf_core.evaluate import compare_policies, sample_policy
+from rlhf_core.faults import crash_point
 from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
 from tasks.artifacts import local_path
@@ -22,7 +23,14 @@ from tasks.common import metric_logger, read_jsonl, run_stage, setup_models, sta
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.progress import StageProgress
-from tasks.registry import CHALLENGER, move_champion, set_alias, show_on_run
+from tasks.registry import (
+    CHALLENGER,
+    earlier_registration,
+    move_champion,
+    moved_to,
+    set_alias,
+    show_on_run,
+)
 from tasks.tracking import RunContext, find_stage_run, set_tags
 
 
@@ -106,6 +114,7 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=run_id):
         version = log_policy(policy_dir, policy_name, generation, card, spec.trust_remote_code)
+        crash_point("register:policy_version")
         rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name, spec.trust_remote_code)
     return version, rm_version
 
@@ -140,14 +149,18 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         name = cfg.tracking.registered_policy
         key = score_key(eval_out["metrics"])
         score = eval_out["metrics"][key]
-        rule = register_decision(champion_evaluation(client, name), eval_out.get("scorer"),
-                                 key, score) if decision is None else \
+        rm_name = cfg.tracking.registered_reward_model
+        # a resume after a crash in here: adopt this run's versions, or remove a partial set
+        adopted = earlier_registration(client, (name, rm_name), run_id)
+        moved = moved_to(client, name, adopted[0]) if adopted else None
+        rule = moved or register_decision(champion_evaluation(client, name),
+                                          eval_out.get("scorer"), key, score) \
+            if decision is None else \
             {"promote": bool(decision["promote"]), "reason": decision["reason"],
              "decision": "gate: " + ("promote" if decision["promote"] else "keep"),
              "champion_score": None}
-        rm_name = cfg.tracking.registered_reward_model
         card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
-        version, rm_version = log_models(
+        version, rm_version = adopted or log_models(
             run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
             str(local_path(ctx, rm_out, "model_dir")), str(local_path(ctx, data, "tokenizer")),
             rm_name, card, setup_models(cfg.model)[1],
@@ -162,7 +175,8 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
         set_tags(client, run_id, {DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]})
         set_alias(client, name, CHALLENGER, version)
         set_alias(client, rm_name, CHALLENGER, rm_version)
-        if rule["promote"]:
+        crash_point("register:challenger")
+        if rule["promote"] and not moved:
             move_champion(client, name, version, "register", rule["reason"])
         aliases = "challenger, champion" if rule["promote"] else "challenger"
         current = rule["champion_score"]

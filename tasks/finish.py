@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from tasks.tracking import RunContext, find_stage_run
+from tasks.tracking import RunContext, find_stage_run, mark_ended
 
 CURVES = (("objective/scores", "normalised RM score"), ("objective/kl", "KL to reference"),
           ("judge/score", "gold judge score"))
@@ -53,5 +53,6 @@ def finish(ctx: RunContext, outputs: dict[str, dict]) -> dict:
 
 
 def fail_parent(ctx: RunContext) -> None:
-    """Mark the parent run FAILED (the flow re-raises the error)."""
-    ctx.client().set_terminated(ctx.parent_run_id, status="FAILED")
+    """Mark the parent run FAILED, or KILLED on a stop signal (the flow re-raises the
+    error; an unreachable store does not replace it)."""
+    mark_ended(ctx.client(), ctx.parent_run_id)

@@ -101,7 +101,10 @@ def show_on_run(client: MlflowClient, run_id: str, versions: list[tuple[str, str
 
     ids = [_logged_model_id(client.get_model_version(name, str(version)))
            for name, version in versions]
-    outputs = [LoggedModelOutput(model_id=i, step=0) for i in ids if i]
+    run_outputs = client.get_run(run_id).outputs
+    listed = {o.model_id for o in (run_outputs.model_outputs if run_outputs else [])}
+    # a resumed register stage finds them listed already (the store refuses a second time)
+    outputs = [LoggedModelOutput(model_id=i, step=0) for i in ids if i and i not in listed]
     if outputs:
         client.log_outputs(run_id, outputs)
 
@@ -113,3 +116,45 @@ def _logged_model_id(version) -> str | None:
         return version.model_id
     source = version.source or ""
     return source.removeprefix("models:/") if source.startswith("models:/m-") else None
+
+
+def registered_by_run(client: MlflowClient, name: str, run_id: str) -> list:
+    """The versions of ``name`` registered from the run ``run_id``, newest first."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    except MlflowException:  # no such registered model yet
+        return []
+    return sorted(found, key=lambda v: int(v.version), reverse=True)
+
+
+def earlier_registration(client: MlflowClient, names: tuple[str, ...],
+                         run_id: str) -> tuple[str, ...] | None:
+    """What an attempt of the register run ``run_id`` that crashed left in the registry.
+
+    When every model of ``names`` has a version from that run, they are adopted: their
+    numbers are returned (in the order of ``names``), so a resume registers nothing twice.
+    Otherwise (a crash between the models' registrations) the versions it left are deleted
+    and None is returned, so the resume logs and registers them once. Either way each run
+    keeps one version per registered model."""
+    found = {name: registered_by_run(client, name, run_id) for name in names}
+    complete = all(found.values())
+    drop = [v for versions in found.values() for v in (versions[1:] if complete else versions)]
+    for version in drop:
+        client.delete_model_version(version.name, str(version.version))
+    return tuple(str(found[name][0].version) for name in names) if complete else None
+
+
+def moved_to(client: MlflowClient, name: str, version: str) -> dict | None:
+    """The decision recorded on ``version`` when it already holds ``champion`` with its
+    move recorded (a crash after the move: a resume does not move it again), else None."""
+    from tasks.champion_rule import DECISION_TAG, REASON_TAG
+
+    holder = alias_version(client, name, CHAMPION)
+    if holder is None or str(holder.version) != str(version) \
+            or "rlhf.champion_since" not in holder.tags:
+        return None
+    return {"promote": True, "decision": holder.tags.get(DECISION_TAG, "promote"),
+            "reason": holder.tags.get(REASON_TAG, "promoted before the resume"),
+            "champion_score": None}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -35,6 +36,9 @@ class RunContext(BaseModel):
     seed: int
     progress: bool = True
 
+    def model_post_init(self, _context: Any) -> None:
+        _LAST_PARENT[0] = self.parent_run_id  # for the CLI's message on a stop signal
+
     def client(self) -> MlflowClient:
         return MlflowClient(tracking_uri=self.tracking_uri)
 
@@ -42,6 +46,14 @@ class RunContext(BaseModel):
         path = Path(self.workdir) / stage
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+
+_LAST_PARENT: list[str | None] = [None]
+
+
+def last_parent_run() -> str | None:
+    """The parent run of the last run context made in this process (None before one)."""
+    return _LAST_PARENT[0]
 
 
 def default_tracking_uri(configured: str | None) -> str:
@@ -147,9 +159,24 @@ def stage_run(ctx: RunContext, stage: str,
         yield run_id
     except BaseException:
         _keep_traceback(client, run_id)
-        client.set_terminated(run_id, status="FAILED")
+        mark_ended(client, run_id)
         raise
     client.set_terminated(run_id, status="FINISHED")
+
+
+STOPS = ("KeyboardInterrupt", "TerminationSignal", "Stopped", "SystemExit")
+
+
+def mark_ended(client: MlflowClient, run_id: str) -> None:
+    """Called while an error propagates: mark ``run_id`` KILLED (a stop signal) or FAILED.
+    A store that cannot be reached (or a stop's short deadline) never replaces the error:
+    the run then stays RUNNING in the store, and ``--resume`` reopens it all the same."""
+    exc = sys.exc_info()[1]
+    status = "KILLED" if exc is not None and type(exc).__name__ in STOPS else "FAILED"
+    try:
+        client.set_terminated(run_id, status=status)
+    except Exception:  # noqa: BLE001 - the original error is the one to report
+        pass
 
 
 def _keep_traceback(client: MlflowClient, run_id: str) -> None:

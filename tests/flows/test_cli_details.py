@@ -49,7 +49,7 @@ def test_runs_gives_up_quickly_on_an_unreachable_server(monkeypatch, capsys):
     start = time.perf_counter()
     assert main(["runs"]) == 2
     assert time.perf_counter() - start < 30
-    assert f"cannot read runs from the MLflow store at http://127.0.0.1:{port}" in \
+    assert f"MLflow tracking server at http://127.0.0.1:{port} (from MLFLOW_TRACKING_URI)" in \
         capsys.readouterr().err
 
 

@@ -1,0 +1,123 @@
+"""SIGTERM and SIGINT end every `rlhf` command within seconds, whatever it waits on.
+
+A stop signal is first handled as usual: Prefect's flow engine turns SIGTERM into a crash of
+the flow run (the stage's and the pipeline's MLflow runs are marked FAILED on the way out,
+so ``rlhf run --resume`` continues them from their last checkpoint), Ctrl-C raises
+KeyboardInterrupt, and outside a flow SIGTERM raises :class:`Stopped`. The CLI then prints
+one sentence with what is kept and how to continue.
+
+That clean-up can itself wait on a server that is gone (MLflow's HTTP retries last minutes,
+Prefect's client retries too). So a watcher thread sees every stop signal, whoever handles
+it (through ``signal.set_wakeup_fd``): it makes MLflow's further requests fail at once (no
+retries, a short timeout) and, if the process has not ended ``RLHF_STOP_GRACE_S`` seconds
+later (default 10), or at a second Ctrl-C, ends it with the same sentence. Runs then left
+RUNNING in the store are still resumed by ``--resume`` (a resume reopens them whatever their
+status).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+GRACE_ENV = "RLHF_STOP_GRACE_S"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error
+    """SIGTERM outside a flow run (inside one, Prefect raises its TerminationSignal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_signal(err: BaseException) -> int | None:
+    """The signal number behind ``err`` when it is how a stop signal ends a command."""
+    if isinstance(err, Stopped):
+        return err.signum
+    if isinstance(err, KeyboardInterrupt):
+        return signal.SIGINT
+    if type(err).__name__ == "TerminationSignal":  # prefect.exceptions, not imported here
+        return getattr(err, "signal", signal.SIGTERM)
+    return None
+
+
+def grace_s() -> float:
+    return float(os.environ.get(GRACE_ENV) or 10)
+
+
+def _raise_stopped(signum, _frame) -> None:
+    raise Stopped(signum)
+
+
+class _Watcher:
+    """Reads the signal numbers Python writes to the wakeup pipe; arms the deadline."""
+
+    def __init__(self, read_fd: int, message: Callable[[int], str]):
+        self.read_fd, self.message = read_fd, message
+        self.first: int | None = None
+
+    def run(self) -> None:
+        while True:
+            try:
+                data = os.read(self.read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return  # the write end was closed: the command is over
+            for signum in data:
+                if signum in STOP_SIGNALS:
+                    self.seen(signum)
+
+    def seen(self, signum: int) -> None:
+        if self.first is not None:
+            # a second Ctrl-C: no more waiting (a second SIGTERM is Prefect's engine passing
+            # the first one on, once its flow run is marked crashed)
+            if signum == signal.SIGINT:
+                self.hard_exit(signum, "a second Ctrl-C")
+            return
+        self.first = signum
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "3"
+        timer = threading.Timer(grace_s(), self.hard_exit,
+                                (signum, f"its clean-up still waited after {grace_s():g} s"))
+        timer.daemon = True
+        timer.start()
+
+    def hard_exit(self, signum: int, why: str) -> None:
+        try:
+            sys.stderr.write(f"\nrlhf: {self.message(signum)} (ended at once: {why})\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(128 + signum)
+
+
+@contextmanager
+def stop_within_seconds(message: Callable[[int], str]) -> Iterator[None]:
+    """While the command runs: SIGTERM raises :class:`Stopped` (Prefect replaces that with its
+    own handler during a flow run) and every stop signal arms the deadline above;
+    ``message(signum)`` is the sentence printed if the deadline ends the process. Outside
+    the main thread (nothing can be installed there) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    old_term = signal.signal(signal.SIGTERM, _raise_stopped)
+    watcher = _Watcher(read_fd, message)
+    thread = threading.Thread(target=watcher.run, name="rlhf-stop-watcher", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        signal.set_wakeup_fd(old_fd)
+        os.close(write_fd)  # the watcher reads EOF and returns
+        thread.join(timeout=1)
+        os.close(read_fd)
