@@ -173,6 +173,7 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import") -
             "digest": batch_digest, "run_id": run_id, "counts": d["counts"]}
 
 
+@task(name="import_dropped")
 def import_dropped(cfg: PipelineConfig) -> list[dict]:
     """Every labelled file in the watch folder imported (a retrain's first step); a file
     with malformed rows is quarantined with the error, so later rounds go on."""
@@ -182,7 +183,7 @@ def import_dropped(cfg: PipelineConfig) -> list[dict]:
     out = []
     for path in files:
         try:
-            out.append(import_labels(cfg, str(path), "retrain"))
+            out.append(import_labels.fn(cfg, str(path), "retrain"))
         except DataError as err:
             moved = quarantine(path.resolve(), watch.resolve(), f"{path.name}: refused: {err}")
             print(f"labelled file {path.name} refused and quarantined: {err}")
