@@ -6,7 +6,8 @@
     rlhf runs [--experiment NAME] [--limit N]
     rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
     rlhf stage-worker --name NAME
-    rlhf demo-batch | promote VERSION | rollback   (flows/cli_retrain.py)
+    rlhf collect | label import FILE | retrain | demo-batch | promote VERSION | rollback
+                                                    (flows/cli_retrain.py)
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
