@@ -49,6 +49,13 @@ def _events(api: str) -> list[dict]:
         return json.loads(resp.read())["events"]
 
 
+def _artifacts(client, flow_run_id) -> dict:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    return {a.key: a.data for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))}
+
+
 def _triggered_run(client, deployment_id, timeout: float = 120):
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
@@ -91,6 +98,7 @@ def loop(tmp_path_factory):
                                                            stderr)
             run = client.create_flow_run_from_deployment(collect_dep.id)
             out["collect_run"] = wait_run(client, run.id, timeout=300)
+            out["collect_artifacts"] = _artifacts(client, run.id)
             first = sorted((tmp / "to_label").glob("*.jsonl"))
             with temporary_settings({PREFECT_API_URL: api}):
                 out["second"] = collect.fn(cfg)  # a second collection of the same pool
@@ -102,6 +110,11 @@ def loop(tmp_path_factory):
             out["retrain_run"] = wait_run(client, _triggered_run(client, retrain.id).id, 600)
             out.update(first=first[0], table=table, api=api, log=log,
                        retrain=client.read_deployment(retrain.id), events=_events(api))
+            deadline = time.time() + 60  # a flow run's process sends its events as it ends
+            while time.time() < deadline and "rlhf.champion.promoted" not in \
+                    [e["event"] for e in out["events"]]:
+                time.sleep(1)
+                out["events"] = _events(api)
     out.update(mlflow=mlflow, tmp=tmp)
     return out
 
@@ -122,6 +135,8 @@ def test_collect_deployment_writes_a_labelling_file_recorded_in_mlflow(loop):
     assert (table["policy_version"].astype(str) == "1").all()
     assert not (table["response_a"].str.strip() == table["response_b"].str.strip()).any()
     assert (table["response_a"].str.strip() != "").all()
+    shown = json.loads(loop["collect_artifacts"]["rlhf-collection"])  # the first rows
+    assert [r["id"] for r in shown] == list(table["id"][:len(shown)]) and len(shown) == 10
     mlflow = loop["mlflow"]
     exp = mlflow.get_experiment_by_name("rlhf-test")
     (rec,) = [r for r in mlflow.search_runs([exp.experiment_id], filter_string=(
@@ -153,7 +168,7 @@ def test_an_import_starts_a_retrain_that_promotes_the_challenger(loop):
     digest = file_digest(batch)  # what the retrain consumed
     assert run.name.startswith(f"retrain-rlhf-policy-v1-{digest[:8]}")
     champion = alias_version(loop["mlflow"], "rlhf-policy", CHAMPION)
-    assert champion.version == "2" and digest in json.loads(champion.tags["rlhf.batches"])
+    assert str(champion.version) == "2" and digest in json.loads(champion.tags["rlhf.batches"])
     names = [e["event"] for e in loop["events"]]
     assert names.count("rlhf.collection.ready") == 2
     assert "rlhf.preferences.labelled" in names and "rlhf.champion.promoted" in names
