@@ -279,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--limit", type=positive_int, default=10,
                       help="how many runs (newest first)")
     runs.set_defaults(func=cmd_runs)
-    srv = sub.add_parser("serve", help="serve the pipeline and retrain deployments (blocks)")
+    srv = sub.add_parser("serve", help="serve the pipeline, retrain and collect deployments "
+                         "(blocks)")
     srv.add_argument("--config", type=Path, help="served config (default: the demo)")
     srv.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     srv.add_argument("--name", help="deployment name (default: the config file's stem)")
