@@ -186,7 +186,8 @@ def import_dropped(cfg: PipelineConfig) -> list[dict]:
             out.append(import_labels.fn(cfg, str(path), "retrain"))
         except DataError as err:
             moved = quarantine(path.resolve(), watch.resolve(), f"{path.name}: refused: {err}")
-            print(f"labelled file {path.name} refused and quarantined: {err}")
+            report("rlhf-labels", f"# Labels refused: {path.name}\n\n{err}\n\nMoved to "
+                   f"`{moved}`; nothing trains on it.\n", "label import")
             out.append({"status": "refused", "file": path.name, "reason": str(err),
                         "moved_to": str(moved)})
     return out
