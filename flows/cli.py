@@ -6,7 +6,8 @@
     rlhf runs [--experiment NAME] [--limit N]
     rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
     rlhf stage-worker --name NAME
-    rlhf demo-batch | promote VERSION | rollback   (flows/cli_retrain.py)
+    rlhf collect | label import FILE | retrain | demo-batch | promote VERSION | rollback
+                                                    (flows/cli_retrain.py)
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
@@ -308,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--limit", type=positive_int, default=10,
                       help="how many runs (newest first)")
     runs.set_defaults(func=cmd_runs)
-    srv = sub.add_parser("serve", help="serve the pipeline and retrain deployments (blocks)")
+    srv = sub.add_parser("serve", help="serve the pipeline, retrain and collect deployments "
+                         "(blocks)")
     srv.add_argument("--config", type=Path, help="served config (default: the demo)")
     srv.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     srv.add_argument("--name", help="deployment name (default: the config file's stem)")

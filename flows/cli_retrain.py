@@ -1,6 +1,10 @@
-"""`rlhf` subcommands of the retrain loop: demo-batch, promote, rollback.
+"""`rlhf` subcommands of the retrain loop: collect, label import, retrain, demo-batch,
+promote, rollback.
 
-    rlhf demo-batch [--config FILE] [--degraded] [--n N] [--seed S]
+    rlhf collect [--config FILE] [--policy VERSION|ALIAS]
+    rlhf label import FILE [--config FILE]
+    rlhf retrain [--config FILE]
+    rlhf demo-batch [--config FILE] [--offline] [--degraded] [--n N] [--seed S]
     rlhf promote VERSION [--config FILE] [--reason TEXT]
     rlhf rollback [--config FILE] [--reason TEXT]
 """
@@ -12,13 +16,91 @@ import time
 from pathlib import Path
 
 
-def cmd_demo_batch(args, config) -> int:
-    from rlhf_core.demo import write_preference_batch
+def _with(config, section: str, **fields):
+    """``config`` with some fields of one section replaced (flags over --set)."""
+    fields = {k: v for k, v in fields.items() if v is not None}
+    part = getattr(config, section).model_copy(update=fields)
+    return config.model_copy(update={section: part})
 
+
+def cmd_demo_batch(args, config) -> int:
     seed = args.seed if args.seed is not None else int(time.time())
-    path = write_preference_batch(config.retrain.watch_dir, args.n, seed, args.degraded)
-    kind = "degraded (labels the judge reverses)" if args.degraded else "demo"
-    print(f"wrote {args.n} {kind} preference pairs to {path}")
+    if args.offline:
+        from rlhf_core.demo import write_preference_batch
+
+        n = args.n or 500
+        path = write_preference_batch(config.retrain.watch_dir, n, seed, args.degraded)
+        kind = "degraded (labels the judge reverses)" if args.degraded else "demo"
+        print(f"wrote {n} {kind} offline preference pairs to {path}")
+        return 0
+    return _demo_on_policy(args, _with(config, "collect", num_prompts=args.n), seed)
+
+
+def _demo_on_policy(args, config, seed: int) -> int:
+    """Collect from the champion, label with the gold judge, import (as a person would)."""
+    import pandas as pd
+
+    from flows.collect import collect_flow, label_import
+    from flows.errors import quiet_expected_failures
+    from rlhf_core.demo import judge_choices
+
+    quiet_expected_failures()
+    out = collect_flow(config=config)
+    table = pd.read_json(out["paths"]["jsonl"], lines=True, dtype=False)
+    table["choice"] = judge_choices(table.to_dict("records"), seed, args.degraded)
+    table["labeller"] = "gold-judge-reversed" if args.degraded else "gold-judge"
+    labelled = Path(out["paths"]["jsonl"]).with_suffix(".labelled.jsonl")
+    table.to_json(labelled, orient="records", lines=True, force_ascii=False)
+    print(f"labelled by the demo's gold judge{' reversed' if args.degraded else ''}: "
+          f"{labelled}")
+    return _print_import(label_import(config=config, path=str(labelled)))
+
+
+def _print_import(out: dict) -> int:
+    if out["status"] == "imported":
+        print(f"imported {out['file']}: {out['text']}\npreference batch: {out['batch']}")
+    elif out["status"] == "quarantined":
+        print(f"QUARANTINED {out['file']}: {out['reason']}\n{out['text']}\nmoved to "
+              f"{out['moved_to']}; nothing will train on it")
+    else:
+        print(f"{out['file']}: {out['status']} ({out['batch']})")
+    return 0
+
+
+def cmd_collect(args, config) -> int:
+    from flows.collect import collect_flow
+    from flows.errors import quiet_expected_failures
+
+    quiet_expected_failures()
+    collect_flow(config=_with(config, "collect", policy=args.policy))
+    return 0
+
+
+def cmd_label_import(args, config) -> int:
+    from flows.collect import label_import
+    from flows.errors import quiet_expected_failures
+
+    if not Path(args.file).is_file():
+        from flows.config import ConfigError
+
+        raise ConfigError(f"{args.file}: no such labelled file")
+    quiet_expected_failures()
+    return _print_import(label_import(config=config, path=str(args.file)))
+
+
+def cmd_retrain(args, config) -> int:
+    from flows.errors import quiet_expected_failures
+    from flows.retrain import retrain
+
+    quiet_expected_failures()
+    start = time.perf_counter()
+    out = retrain(config=config)
+    lines = [f"retrain: {out['status']} ({time.perf_counter() - start:.1f} s)"]
+    if out.get("reason"):
+        lines.append(f"gate: {out['reason']}")
+    if out.get("parent_run_id"):
+        lines.append(f"MLflow parent run: {out['parent_run_id']} ({out['tracking_uri']})")
+    print("\n".join(lines))
     return 0
 
 
@@ -61,12 +143,31 @@ def add_commands(sub, config_for) -> None:
         p.add_argument("--config", type=Path, help="YAML/JSON pipeline config (default: demo)")
         p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
 
-    batch = sub.add_parser("demo-batch", help="write a new batch of demo preference pairs "
-                                              "into retrain.watch_dir")
+    col = sub.add_parser("collect", help="sample a registered policy on fresh prompts and "
+                                         "write a labelling file (collect.out_dir)")
+    common(col)
+    col.add_argument("--policy", help="version number or alias (default collect.policy: "
+                                      "champion)")
+    col.set_defaults(func=wrap(cmd_collect))
+    label = sub.add_parser("label", help="labelled files back in")
+    label_sub = label.add_subparsers(dest="label_command", required=True)
+    imp = label_sub.add_parser("import", help="a labelled file -> a preference batch in "
+                                              "retrain.watch_dir (or quarantined)")
+    common(imp)
+    imp.add_argument("file", type=Path, help="the labelled JSONL/CSV file")
+    imp.set_defaults(func=wrap(cmd_label_import))
+    ret = sub.add_parser("retrain", help="one retrain round here, without a Prefect server")
+    common(ret)
+    ret.set_defaults(func=wrap(cmd_retrain))
+    batch = sub.add_parser("demo-batch", help="collect from the champion and label with the "
+                                              "demo's hidden judge (--offline: generated pairs)")
     common(batch)
     batch.add_argument("--degraded", action="store_true",
                        help="label every pair the way the hidden judge would not")
-    batch.add_argument("--n", type=int, default=500, help="pairs in the batch")
+    batch.add_argument("--offline", action="store_true",
+                       help="generated pairs, not the champion's answers")
+    batch.add_argument("--n", type=int, help="prompts collected (collect.num_prompts); "
+                                             "--offline: pairs (500)")
     batch.add_argument("--seed", type=int, help="seed (default: the current time)")
     batch.set_defaults(func=wrap(cmd_demo_batch))
     prom = sub.add_parser("promote", help="make a registered policy version the champion")

@@ -160,6 +160,8 @@ def retrain(config: PipelineConfig) -> dict:
             folder, the schedule, the data/initialisation choices and the gate.
     """
     from flows.serve import deployment_parameters
+    from tasks.events import announce_outcome, rename_flow_run, retrain_run_name
+    from tasks.labels import import_dropped, quarantine_batches
     from tasks.retrain import champion_version
 
     served = deployment_parameters().get("config")
@@ -172,12 +174,26 @@ def retrain(config: PipelineConfig) -> dict:
                    f"`retrain.on_overlap` is skip; the slot `{limit_name(config)}` is held.\n",
                    "retrain outcome")
             return {"status": "skipped"}
+        import_dropped(config)  # labelled files in the watch folder -> batches or quarantine
         batches = find_batches(config)
-        if champion_version(config) is None:
-            return bootstrap(config, batches["new"])
-        if not batches["new"]:
+        champion = champion_version(config)
+        rename_flow_run(retrain_run_name(config.tracking.registered_policy,
+                                         champion and str(champion.version),
+                                         [b["digest"] for b in batches["new"]]))
+        if champion is not None and not batches["new"]:
             report("rlhf-retrain-decision", f"# Retrain: nothing new\n\nNo new batch in "
                    f"`{config.retrain.watch_dir}` ({len(batches['consumed'])} consumed); "
                    "nothing trained, champion unchanged.\n", "retrain outcome")
             return {"status": "nothing new", "consumed": len(batches["consumed"])}
-        return challenge(config, batches["new"])
+        try:
+            result = bootstrap(config, batches["new"]) if champion is None else \
+                challenge(config, batches["new"])
+        except ValidationFailed as err:
+            if champion is None:  # the configured data may be at fault, not the batches
+                raise
+            # the configured data passed before: the new batches are refused, out of the
+            # watch folder, so that later rounds go on with later batches
+            moved = quarantine_batches(config, batches["new"], str(err).splitlines()[0])
+            raise ValidationFailed(f"{err}\nquarantined: {', '.join(moved)}") from None
+        announce_outcome(config.tracking.registered_policy, result)
+        return result

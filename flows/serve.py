@@ -1,4 +1,4 @@
-"""`rlhf serve`: the pipeline and the retrain flow as Prefect deployments, served from one
+"""`rlhf serve`: the pipeline, retrain and collect flows as Prefect deployments, served from one
 long-running process (``prefect.serve``, each flow run a subprocess; no Docker, no worker).
 
 The pipeline deployment's parameters are the config sections, typed, so the UI's "Custom
@@ -29,6 +29,7 @@ from rlhf_core.config import (
     SFTConfig,
 )
 from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
+from tasks.events import LABELLED
 
 SECTIONS = ("seed", "demo", "data", "model", "validation", "sft", "reward", "reward_norm",
             "ppo", "eval", "tracking", "routing")
@@ -127,11 +128,12 @@ def pipeline_deployment(config: PipelineConfig, name: str):
                     "the served config.")
 
 
-def schedules(config: PipelineConfig) -> list | None:
-    """``retrain.schedule`` as Prefect schedules (None: manual runs only)."""
+def schedules(config: PipelineConfig, section: str = "retrain") -> list | None:
+    """``<section>.schedule`` (retrain, collect) as Prefect schedules (None: manual runs
+    only)."""
     from prefect.schedules import Cron, Interval
 
-    s = config.retrain.schedule
+    s = getattr(config, section).schedule
     if s is None:
         return None
     if s.cron is not None:
@@ -151,9 +153,31 @@ def retrain_deployment(config: PipelineConfig, name: str):
     return retrain.to_deployment(
         name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
         schedules=schedules(config), entrypoint_type=EntrypointType.MODULE_PATH,
+        triggers=[labels_trigger()],
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=strategy),
         description=f"Retrain on new preference batches in {config.retrain.watch_dir}; "
                     "champion moves only on a significant win.")
+
+
+def labels_trigger():
+    """A retrain starts when labels are imported (`rlhf label import`, `rlhf demo-batch`),
+    beside its schedule; imports a retrain makes itself (dropped files) do not start
+    another."""
+    from prefect.events import DeploymentEventTrigger
+
+    return DeploymentEventTrigger(
+        name="labels imported", expect={LABELLED},
+        match={"prefect.resource.id": "rlhf.preferences.*", "rlhf.imported_by": "import"})
+
+
+def collect_deployment(config: PipelineConfig, name: str):
+    from flows.collect import collect_flow
+
+    return collect_flow.to_deployment(
+        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        schedules=schedules(config, "collect"), entrypoint_type=EntrypointType.MODULE_PATH,
+        description=f"Sample {config.collect.policy} on fresh prompts into a labelling file "
+                    f"in {config.collect.out_dir}.")
 
 
 def serve(config: PipelineConfig, name: str) -> None:
@@ -167,4 +191,5 @@ def serve(config: PipelineConfig, name: str) -> None:
         raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "
                           "`export PREFECT_API_URL=http://127.0.0.1:4200/api`")
     ensure_limit(limit_name(config))
-    prefect_serve(pipeline_deployment(config, name), retrain_deployment(config, name))
+    prefect_serve(pipeline_deployment(config, name), retrain_deployment(config, name),
+                  collect_deployment(config, name))

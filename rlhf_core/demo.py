@@ -76,6 +76,11 @@ def _pool(held_out: bool) -> tuple[str, ...]:
     return tuple(p for p in all_prompts() if _is_held_out(p) == held_out)
 
 
+def training_prompts() -> tuple[str, ...]:
+    """Every prompt of the training side (the held-out third excluded)."""
+    return _pool(False)
+
+
 def sample_prompt(rng: random.Random, held_out: bool = False) -> str:
     return rng.choice(_pool(held_out))
 
@@ -119,11 +124,30 @@ def sample_response(prompt: str, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def bt_label(prompt: str, a: str, b: str, rng: random.Random) -> tuple[str, str]:
-    """(chosen, rejected) drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature)."""
+def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
+    """'a' or 'b', drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature)."""
     diff = (judge_score(prompt, a) - judge_score(prompt, b)) / BT_TEMPERATURE
     p_a = 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0)))
-    return (a, b) if rng.random() < p_a else (b, a)
+    return "a" if rng.random() < p_a else "b"
+
+
+def bt_label(prompt: str, a: str, b: str, rng: random.Random) -> tuple[str, str]:
+    """(chosen, rejected) drawn as :func:`bt_choice` draws."""
+    return (a, b) if bt_choice(prompt, a, b, rng) == "a" else (b, a)
+
+
+def judge_choices(rows: Iterable[dict], seed: int, degraded: bool = False) -> list[str]:
+    """The gold judge as a labeller of pairs (prompt, response_a, response_b): a Bradley-Terry
+    draw per pair; ``degraded``: the side the judge scores lower ('tie' when equal)."""
+    rng, out = random.Random(seed), []
+    for r in rows:
+        p, a, b = r["prompt"], r["response_a"], r["response_b"]
+        if not degraded:
+            out.append(bt_choice(p, a, b, rng))
+            continue
+        gap = judge_score(p, a) - judge_score(p, b)
+        out.append("tie" if gap == 0 else "b" if gap > 0 else "a")
+    return out
 
 
 def _pairs(n: int, rng: random.Random, held_out: bool) -> list[dict]:

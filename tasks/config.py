@@ -22,6 +22,7 @@ from rlhf_core.config import (
     RewardNormConfig,
     SFTConfig,
 )
+from tasks.collect_config import CollectConfig
 from tasks.retrain_config import RetrainConfig
 
 
@@ -116,6 +117,7 @@ class PipelineConfig(BaseModel):
     eval: EvalConfig = Field(EvalConfig())
     tracking: TrackingConfig = Field(TrackingConfig())
     retrain: RetrainConfig = Field(RetrainConfig(), description="Scheduled retraining.")
+    collect: CollectConfig = Field(CollectConfig(), description="On-policy collection, labels.")
     routing: RoutingConfig = Field(RoutingConfig(), description="Stages on other machines.")
 
     @model_validator(mode="after")

@@ -18,8 +18,9 @@ def _rows(path):
 
 def test_demo_batch_writes_good_and_degraded_pairs(tmp_path, capsys):
     sets = ["--set", f"retrain.watch_dir={tmp_path}/in"]
-    assert main(["demo-batch", "--n", "300", "--seed", "5", *sets]) == 0
-    assert main(["demo-batch", "--n", "300", "--seed", "5", "--degraded", *sets]) == 0
+    assert main(["demo-batch", "--offline", "--n", "300", "--seed", "5", *sets]) == 0
+    assert main(["demo-batch", "--offline", "--n", "300", "--seed", "5", "--degraded",
+                 *sets]) == 0
     good, bad = _rows(tmp_path / "in" / "batch-5.jsonl"), \
         _rows(tmp_path / "in" / "batch-5-degraded.jsonl")
     assert len(good) == len(bad) == 300

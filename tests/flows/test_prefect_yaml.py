@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 from flows.config import load_config
-from flows.serve import served_parameters
+from flows.serve import labels_trigger, served_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,6 +20,11 @@ def test_prefect_yaml_parameters_are_the_demo_config():
     retrain = by_entry["flows/retrain.py:retrain"]
     assert retrain["parameters"] == {"config": cfg.model_dump(mode="json")}
     assert retrain["concurrency_limit"]["limit"] == 1
+    assert by_entry["flows/collect.py:collect_flow"]["parameters"] == retrain["parameters"]
+    # the retrain deployment's trigger is the one `rlhf serve` gives it
+    served = labels_trigger().model_dump(mode="json", exclude_unset=True)
+    (trigger,) = retrain["triggers"]
+    assert {k: trigger[k] for k in served} == served and trigger["type"] == "event"
     for d in doc["deployments"]:
         path, name = d["entrypoint"].split(":")
         assert f"def {name}(" in (ROOT / path).read_text()

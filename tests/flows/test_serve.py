@@ -196,7 +196,9 @@ def retrain_cases(served):
     out["bad_digest"] = _write_bad_batch(batches)
     step("e_malformed")
     out["e_malformed/consumed"] = consumed_digests(served["cfg"])
-    (batches / "batch-bad.jsonl").unlink()  # the user removes (or fixes) the refused batch
+    # the refused batch left the watch folder for quarantine/, so later rounds go on
+    out["e_malformed/moved"] = not (batches / "batch-bad.jsonl").exists() and \
+        (batches / "quarantine" / "batch-bad.jsonl").exists()
     out["good_digest"] = file_digest(write_preference_batch(batches, 256, seed=11))
     step("b_good")
     write_preference_batch(batches, 2000, seed=12, degraded=True)
@@ -232,6 +234,7 @@ def test_e_malformed_batch_fails_at_validate_unconsumed_champion_untouched(serve
     # the gate's rows count in the combined file; the error also names the batch file
     assert "= batch-bad.jsonl rows 1-2" in res["message"]
     assert out["bad_digest"] not in out["e_malformed/consumed"]
+    assert out["e_malformed/moved"] and "quarantined:" in res["message"]
     assert out["e_malformed/champion"].version == out["a_bootstrap/champion"].version
     failed = mlflow.get_run(res["parent_run_id"])
     assert [r.info.run_id for r in _retrain_parents(mlflow)

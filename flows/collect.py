@@ -1,0 +1,55 @@
+"""The collect -> label -> retrain loop's first two flows: `collect` (sample a registered
+policy on fresh prompts, write a labelling file) and `label-import` (a labelled file becomes
+a preference batch in the watch folder, or is quarantined).
+
+No ``from __future__ import annotations`` (Prefect reads the signature's classes).
+"""
+
+from prefect import flow
+
+from flows.config import _merge
+from tasks.collect import collect, collection_text
+from tasks.config import PipelineConfig
+from tasks.events import rename_flow_run
+from tasks.labels import import_labels
+
+
+def _served(config: PipelineConfig) -> PipelineConfig:
+    """A deployment run: the fields it was given over the served config."""
+    from flows.serve import deployment_parameters
+
+    served = deployment_parameters().get("config")
+    if not served:
+        return config
+    return PipelineConfig.model_validate(
+        _merge(served, config.model_dump(mode="json", exclude_unset=True)))
+
+
+@flow(name="collect", flow_run_name="collect", log_prints=True)
+def collect_flow(config: PipelineConfig) -> dict:
+    """Sample ``collect.policy`` (default: the champion) k times on fresh prompts of the
+    pool and write the labelling file to ``collect.out_dir``.
+
+    Args:
+        config: The served pipeline config; its ``collect`` section sets the policy, the
+            prompt pool, k, the temperature and the known-answer pairs.
+    """
+    config = _served(config)
+    out = collect(config)
+    rename_flow_run(f"collect-{out['policy'].replace('/', '-v')}-{out['collection']}")
+    print(collection_text(out))
+    return out
+
+
+@flow(name="label-import", flow_run_name="label-import", log_prints=True)
+def label_import(config: PipelineConfig, path: str) -> dict:
+    """Import one labelled file: a preference batch in ``retrain.watch_dir`` (and the
+    ``rlhf.preferences.labelled`` event), or the file quarantined with its figures.
+
+    Args:
+        config: The pipeline config (watch folder, tracking, label-quality thresholds).
+        path: The labelled file (JSONL/CSV: id, choice, optional labeller).
+    """
+    out = import_labels(config, path)
+    rename_flow_run(f"label-import-{out['status'].replace(' ', '-')}-{out['file']}")
+    return out

@@ -1,0 +1,284 @@
+"""`collect`: sample a registered policy k times on fresh prompts of a pool and write a
+labelling file (JSONL and CSV, one row per pair, an empty ``choice`` column).
+
+Recorded in MLflow as one run per collection (tag ``rlhf.collection``): the labelling file as
+an artifact and as a dataset input beside the sampled policy's logged model, the prompts it
+used (``collection/prompts.json``: later collections of the same pool skip them) and the
+pairs' record (``collection/record.json``: texts, the policy's reward-model scores, the
+known answers) that an import checks labels against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+
+from data_checks.config import DataSource
+from data_checks.loading import load_table
+from rlhf_core.collect import (
+    fresh_prompts,
+    gold_known,
+    judged_known,
+    pair_up,
+    pool_order,
+    shuffled_with_known,
+)
+from rlhf_core.evaluate import sample_policy
+from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.optim import seed_everything
+from tasks.common import in_prefect_run, setup_models
+from tasks.config import PipelineConfig
+from tasks.events import COLLECTION_READY, emit
+from tasks.judge import resolve_judge, resolve_judge_name
+from tasks.registry import RegistryError, alias_version
+from tasks.tracking import default_tracking_uri, log_metrics, log_params, set_tags
+
+COLLECTION_TAG, POOL_TAG = "rlhf.collection", "rlhf.collection.pool_digest"
+RECORD, PROMPTS = "collection/record.json", "collection/prompts.json"
+KNOWN_GAP = 2.0  # judge points between a known-answer pair's sides (clear cases only)
+LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_version",
+                 "temperature", "max_new_tokens", "choice", "labeller")
+
+
+def resolve_version(client, name: str, ref: str):
+    """A registered version by number or alias -> the MlflowClient version (RegistryError
+    when the registry has neither)."""
+    from mlflow.exceptions import MlflowException
+
+    ref = ref.removeprefix("@")
+    if ref.isdigit():
+        try:
+            return client.get_model_version(name, ref)
+        except MlflowException:
+            raise RegistryError(f"registered model '{name}' has no version {ref}") from None
+    version = alias_version(client, name, ref)
+    if version is None:
+        raise RegistryError(f"registered model '{name}' has no alias '{ref}' (a first "
+                            f"`rlhf run` or retrain makes the champion)")
+    return version
+
+
+def download_version(client, version, root: Path) -> dict:
+    """The version's policy checkpoint (with its tokenizer) and its reward model."""
+    from tasks.retrain import _stage_run_id
+
+    ppo_run = _stage_run_id(client, version, "ppo")
+    rm_run = _stage_run_id(client, version, "reward_model")
+    return {"policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
+            "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
+
+
+def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[str]]:
+    """(pool name, its distinct prompts in collection order): ``collect.prompts``, else
+    ``data.prompts``, else the demo's training prompts."""
+    path = cfg.collect.prompts or (cfg.data.prompts.path if cfg.data is not None else None)
+    if path is not None:
+        prompts = load_table(DataSource(path=path), "prompts")["prompt"].tolist()
+        return str(path), pool_order(prompts, cfg.seed)
+    from rlhf_core.demo import training_prompts
+
+    return "demo training prompts", pool_order(training_prompts(), cfg.seed)
+
+
+def pool_digest(prompts: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(prompts)).encode()).hexdigest()[:16]
+
+
+def earlier_collections(client, experiment_id: str, digest: str) -> list:
+    return [r for r in client.search_runs(
+        [experiment_id], filter_string=f"tags.`{POOL_TAG}` = '{digest}'", max_results=5000)
+        if r.info.status == "FINISHED"]
+
+
+def used_prompts(client, runs: list) -> set[str]:
+    """Prompts the given collection runs used (their ``collection/prompts.json``)."""
+    used: set[str] = set()
+    for run in runs:
+        path = client.download_artifacts(run.info.run_id, PROMPTS)
+        used |= set(json.loads(Path(path).read_text()))
+    return used
+
+
+def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[str], seed: int
+             ) -> tuple[list[list[str]], list[list[float]]]:
+    """k responses per prompt and the policy's reward-model score of each -> [n][k] each."""
+    c, k = cfg.collect, cfg.collect.k
+    device, spec = setup_models(cfg.model)
+    tokenizer = load_tokenizer(dirs["policy_dir"], spec)
+    policy = load_policy(dirs["policy_dir"], spec, trainable=False).to(device)
+    rm = load_scalar_model(dirs["rm_dir"], spec, trainable=False).to(device)
+    seed_everything(seed)
+    out = sample_policy(policy, None, rm, tokenizer, [p for p in prompts for _ in range(k)],
+                        c.temperature, c.max_new_tokens or cfg.ppo.max_new_tokens, device,
+                        c.batch_size, spec.precision)
+    return ([out["response"][i * k:(i + 1) * k] for i in range(len(prompts))],
+            [out["score"][i * k:(i + 1) * k] for i in range(len(prompts))])
+
+
+def _known_pairs(cfg: PipelineConfig, pairs: list[dict], seed: int) -> list[dict]:
+    """The known-answer pairs: the demo's judge picks clear ones among the collected pairs
+    (taken out of them), else rows of ``collect.gold``; none without either."""
+    n = cfg.collect.known_pairs
+    if n == 0:
+        return []
+    if cfg.collect.gold:
+        gold = load_table(DataSource(path=cfg.collect.gold), "preference").to_dict("records")
+        known, answers = gold_known(gold, n, seed)
+        return [{**p, "known": a} for p, a in zip(known, answers)]
+    judge = resolve_judge(resolve_judge_name(cfg.eval.judge,
+                                             cfg.data is None and cfg.demo.enabled))
+    if judge is None:
+        return []
+    picked = judged_known(pairs, judge, n, KNOWN_GAP, seed)
+    known = [{**pairs[i], "known": answer} for i, answer in picked.items()]
+    for i in sorted(picked, reverse=True):
+        del pairs[i]
+    return known
+
+
+def build_record(cfg: PipelineConfig, cid: str, prompts: list[str], responses, scores,
+                 seed: int) -> tuple[list[dict], dict]:
+    """Pairs (known-answer ones mixed in) with ids, RM scores and hidden answers."""
+    pairs, counts = pair_up(prompts, responses)
+    score_of = {(p, i): s for p, row in zip(prompts, scores) for i, s in enumerate(row)}
+    for p in pairs:
+        p["rm_a"] = score_of[(p["prompt"], p.pop("index_a"))]
+        p["rm_b"] = score_of[(p["prompt"], p.pop("index_b"))]
+    known = _known_pairs(cfg, pairs, seed)
+    rows = shuffled_with_known(pairs, known, seed)
+    for i, r in enumerate(rows):
+        r["id"] = f"{cid}-{i:04d}"
+        r.setdefault("known", None)
+    counts.update(known=len(known), rows=len(rows))
+    return rows, counts
+
+
+def write_labelling(out_dir: Path, cid: str, rows: list[dict], meta: dict) -> dict[str, Path]:
+    """``<cid>.jsonl`` and ``<cid>.csv``: one row per pair, ``choice`` and ``labeller``
+    empty for the labellers to fill."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame([{"id": r["id"], "prompt": r["prompt"], "response_a": r["response_a"],
+                           "response_b": r["response_b"], **meta, "choice": "",
+                           "labeller": ""} for r in rows], columns=list(LABEL_COLUMNS))
+    paths = {"jsonl": out_dir / f"{cid}.jsonl", "csv": out_dir / f"{cid}.csv"}
+    table.to_json(paths["jsonl"], orient="records", lines=True, force_ascii=False)
+    table.to_csv(paths["csv"], index=False)
+    return paths
+
+
+def log_collection(client, run_id: str, version, paths: dict[str, Path], rows: list[dict],
+                   prompts: list[str]) -> None:
+    """Artifacts of the collection run, and the labelling file as its dataset input beside
+    the sampled policy's logged model."""
+    import mlflow.data
+    from mlflow.entities import DatasetInput, InputTag, LoggedModelInput
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    from tasks.registry import _logged_model_id
+
+    for path in paths.values():
+        client.log_artifact(run_id, str(path), "collection")
+    client.log_dict(run_id, rows, RECORD)
+    client.log_dict(run_id, prompts, PROMPTS)
+    import warnings
+
+    table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
+    with warnings.catch_warnings():  # a local path is ambiguous between MLflow's two
+        warnings.filterwarnings("ignore", message="The specified dataset source")  # sources
+        dataset = mlflow.data.from_pandas(table, source=str(paths["jsonl"]),
+                                          name=paths["jsonl"].name)
+    ref = f"{version.name}/{version.version}"
+    inputs = [DatasetInput(dataset._to_mlflow_entity(), tags=[
+        InputTag(MLFLOW_DATASET_CONTEXT, "collection"), InputTag("rlhf.policy_version", ref)])]
+    model_id = _logged_model_id(version)
+    client.log_inputs(run_id, datasets=inputs,
+                      models=[LoggedModelInput(model_id)] if model_id else None)
+
+
+def _table_artifact(rows: list[dict], n: int = 10) -> None:
+    if in_prefect_run():
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(key="rlhf-collection", description="first pairs to label",
+                              table=[{k: r[k] for k in ("id", "prompt", "response_a",
+                                                         "response_b")} for r in rows[:n]])
+
+
+def experiment_for(client, cfg: PipelineConfig) -> str:
+    from tasks.prepare import _experiment_id
+
+    uri = default_tracking_uri(cfg.tracking.tracking_uri)
+    return _experiment_id(client, cfg.tracking.experiment, uri)
+
+
+@task(name="collect")
+def collect(cfg: PipelineConfig) -> dict:
+    """Sample ``collect.policy`` on the pool's next fresh prompts; write the labelling file
+    to ``collect.out_dir``; record it in MLflow -> paths, counts, the collection run."""
+    from mlflow.tracking import MlflowClient
+
+    from data_checks.loading import DataError
+
+    c, start = cfg.collect, time.perf_counter()
+    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    name = cfg.tracking.registered_policy
+    version = resolve_version(client, name, c.policy)
+    pool_name, pool = prompt_pool(cfg)
+    exp_id, digest = experiment_for(client, cfg), pool_digest(pool)
+    earlier = earlier_collections(client, exp_id, digest)
+    used = used_prompts(client, earlier)
+    prompts = fresh_prompts(pool, used, c.num_prompts)
+    if not prompts:
+        raise DataError(f"prompt pool {pool_name}: all {len(pool)} prompts were collected "
+                        "before; add prompts or set collect.prompts to another file")
+    cid = f"v{version.version}-{uuid.uuid4().hex[:8]}"
+    run = client.create_run(exp_id, run_name=f"collect-{name}-{cid}", tags={
+        COLLECTION_TAG: cid, POOL_TAG: digest, "rlhf.collection.pool": pool_name,
+        "rlhf.collection.policy": f"{name}/{version.version}"})
+    run_id = run.info.run_id
+    try:
+        root = Path(cfg.tracking.workdir) / "collect" / cid
+        dirs = download_version(client, version, root)
+        seed = cfg.seed + 1000 + len(earlier)
+        responses, scores = sample_k(cfg, dirs, prompts, seed)
+        rows, counts = build_record(cfg, cid, prompts, responses, scores, seed)
+        meta = {"policy": name, "policy_version": str(version.version),
+                "temperature": c.temperature,
+                "max_new_tokens": c.max_new_tokens or cfg.ppo.max_new_tokens}
+        paths = write_labelling(Path(c.out_dir), cid, rows, meta)
+        log_params(client, run_id, {f"collect.{k}": v for k, v in c.model_dump().items()
+                                    if k not in ("quality", "schedule")})
+        log_collection(client, run_id, version, paths, rows, prompts)
+        counts.update(prompts=len(prompts), pool=len(pool), pool_used=len(used) + len(prompts))
+        log_metrics(client, run_id, {f"collect/{k}": v for k, v in counts.items()}, 0)
+        set_tags(client, run_id, {"rlhf.collection.file": str(paths["jsonl"].resolve())})
+    except BaseException:
+        client.set_terminated(run_id, status="FAILED")
+        raise
+    client.set_terminated(run_id, status="FINISHED")
+    _table_artifact(rows)
+    out = {"collection": cid, "run_id": run_id, "policy": f"{name}/{version.version}",
+           "paths": {k: str(v) for k, v in paths.items()}, "counts": counts,
+           "wall_s": round(time.perf_counter() - start, 1)}
+    emit(COLLECTION_READY, f"rlhf.collection.{cid}", cid,
+         {"rlhf.policy": name, "rlhf.policy_version": str(version.version)},
+         {"file": out["paths"]["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id})
+    return out
+
+
+def collection_text(out: dict) -> str:
+    """What a collection did, in a few lines (CLI and flow log)."""
+    n = out["counts"]
+    return (f"collection {out['collection']} from {out['policy']}: {n['prompts']} fresh "
+            f"prompts ({n['pool_used']} of the pool's {n['pool']} now used), "
+            f"{n['candidates']} candidate pairs; dropped {n['empty']} with an empty side, "
+            f"{n['identical']} identical, {n['repeated']} repeated; {n['kept']} kept; "
+            f"{n['rows']} rows to label, {n['known']} of them known-answer pairs\n"
+            f"to label: {out['paths']['jsonl']} (or {out['paths']['csv']}); MLflow run "
+            f"{out['run_id']}")

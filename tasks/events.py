@@ -1,0 +1,67 @@
+"""Prefect events of the retrain loop, for deployment triggers and users' automations:
+
+- ``rlhf.preferences.labelled``: a labelled batch was imported (resource
+  ``rlhf.preferences.<batch digest>``); the retrain deployment's trigger listens for the ones
+  imported outside a retrain (label ``rlhf.imported_by: import``);
+- ``rlhf.collection.ready``: a labelling file was written (``rlhf.collection.<id>``);
+- ``rlhf.champion.promoted`` / ``rlhf.champion.kept``: a retrain's outcome
+  (``rlhf.policy.<registered name>``).
+
+Without a Prefect API (no server, no ephemeral one) an event is dropped silently, as
+Prefect does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
+PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
+
+
+def emit(event: str, resource_id: str, name: str, labels: dict[str, str] | None = None,
+         payload: dict[str, Any] | None = None) -> None:
+    """Emit one event; outside a flow run, wait until it is sent (a CLI process may exit
+    right after; a flow run's engine sends its events before it ends)."""
+    from prefect.events import emit_event
+    from prefect.events.worker import EventsWorker
+
+    from tasks.common import in_prefect_run
+
+    resource = {"prefect.resource.id": resource_id, "prefect.resource.name": name,
+                **(labels or {})}
+    sent = emit_event(event=event, resource=resource, payload=payload or {})
+    if sent is not None and not in_prefect_run():
+        EventsWorker.drain_all(timeout=30)
+    print(f"event {event}: {name}")
+
+
+def rename_flow_run(name: str) -> None:
+    """Give the current flow run a name that says what it did (no-op outside a run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=name[:100])
+
+
+def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:
+    """``retrain-rlhf-policy-v3-1a2b3c4d+2``: policy, champion version it started from
+    (``bootstrap`` without one), the first new batch's digest and how many more."""
+    start = f"v{champion}" if champion else "bootstrap"
+    batches = f"-{digests[0][:8]}" + (f"+{len(digests) - 1}" if len(digests) > 1 else "") \
+        if digests else "-nothing-new"
+    return f"retrain-{policy}-{start}{batches}"
+
+
+def announce_outcome(policy: str, result: dict) -> None:
+    """``rlhf.champion.promoted`` (a first champion too) or ``rlhf.champion.kept`` for a
+    retrain that trained; nothing for one that found nothing new or was skipped."""
+    status = result.get("status")
+    if status not in ("promoted", "kept", "bootstrapped"):
+        return
+    payload = {k: result[k] for k in ("reason", "parent_run_id") if k in result}
+    emit(KEPT if status == "kept" else PROMOTED, f"rlhf.policy.{policy}", policy,
+         {"rlhf.outcome": status}, payload)

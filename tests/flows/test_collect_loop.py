@@ -1,0 +1,174 @@
+"""The on-policy loop against a real Prefect server and `rlhf serve`: `rlhf retrain` from the
+command line (no server: Prefect's local ephemeral API) bootstraps a deliberately weak
+champion (1 PPO iteration); a run of the `collect/test` deployment writes a labelling file;
+a second collection repeats none of its prompts; the demo's gold judge labels the first file
+and `rlhf label import` brings it in; the `rlhf.preferences.labelled` event starts a run of
+the `retrain/test` deployment (no schedule involved), which promotes the challenger.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.config import load_config
+from rlhf_core.demo import judge_choices
+from tasks.collect import LABEL_COLUMNS, PROMPTS, collect
+from tasks.registry import CHAMPION, alias_version
+from tasks.retrain import file_digest
+from tests.flows.prefect_procs import (
+    ROOT,
+    base_env,
+    prefect_server,
+    rlhf_serve,
+    wait_deployment,
+    wait_run,
+)
+
+SETS = ["tracking.system_metrics=false", "demo.n_eval=200", "retrain.gate.num_prompts=200",
+        "ppo.iterations=1", "retrain.ppo_iterations=10", "collect.num_prompts=64"]
+
+
+def _cli(args: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _events(api: str) -> list[dict]:
+    body = json.dumps({"filter": {"event": {"prefix": ["rlhf."]}}, "limit": 50}).encode()
+    req = urllib.request.Request(f"{api}/events/filter", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())["events"]
+
+
+def _artifacts(client, flow_run_id) -> dict:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    return {a.key: a.data for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))}
+
+
+def _triggered_run(client, deployment_id, timeout: float = 120):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
+            id=DeploymentFilterId(any_=[deployment_id])))
+        if runs:
+            return runs[0]
+        time.sleep(1)
+    raise TimeoutError("no retrain flow run started after the import")
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    tmp = tmp_path_factory.mktemp("loop")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    sets = [f"tracking.tracking_uri={uri}", f"tracking.workdir={tmp}/runs",
+            f"retrain.watch_dir={tmp}/batches", f"collect.out_dir={tmp}/to_label", *SETS]
+    cfg = load_config(ROOT / "configs" / "test.yaml", sets)
+    args = ["--config", str(ROOT / "configs" / "test.yaml")]
+    for item in sets:
+        args += ["--set", item]
+    out, mlflow = {}, MlflowClient(uri)
+    (tmp / "ephemeral").mkdir()  # the local ephemeral API's home and database
+    # the bootstrap runs while the server and `rlhf serve` start
+    bootstrap = subprocess.Popen([sys.executable, "-m", "flows.cli", "retrain", *args],
+                                 env=base_env(tmp / "ephemeral"), cwd=tmp, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with prefect_server(tmp / "server") as (api, env):
+        with rlhf_serve(env, tmp, [*args, "--name", "test"]) as (proc, log), \
+                SyncPrefectClient(api) as client:
+            retrain = wait_deployment(client, "retrain/test", proc, log)
+            collect_dep = wait_deployment(client, "collect/test", proc, log)
+            stdout, stderr = bootstrap.communicate(timeout=600)
+            out["bootstrap"] = subprocess.CompletedProcess([], bootstrap.returncode, stdout,
+                                                           stderr)
+            run = client.create_flow_run_from_deployment(collect_dep.id)
+            out["collect_run"] = wait_run(client, run.id, timeout=300)
+            out["collect_artifacts"] = _artifacts(client, run.id)
+            first = sorted((tmp / "to_label").glob("*.jsonl"))
+            with temporary_settings({PREFECT_API_URL: api}):
+                out["second"] = collect.fn(cfg)  # a second collection of the same pool
+            table = pd.read_json(first[0], lines=True, dtype=False)
+            table["choice"] = judge_choices(table.to_dict("records"), seed=0)
+            labelled = tmp / "labelled.jsonl"
+            table.to_json(labelled, orient="records", lines=True)
+            out["import"] = _cli(["label", "import", str(labelled), *args], env, tmp)
+            out["retrain_run"] = wait_run(client, _triggered_run(client, retrain.id).id, 600)
+            out.update(first=first[0], table=table, api=api, log=log,
+                       retrain=client.read_deployment(retrain.id), events=_events(api))
+            deadline = time.time() + 60  # a flow run's process sends its events as it ends
+            while time.time() < deadline and "rlhf.champion.promoted" not in \
+                    [e["event"] for e in out["events"]]:
+                time.sleep(1)
+                out["events"] = _events(api)
+    out.update(mlflow=mlflow, tmp=tmp)
+    return out
+
+
+def test_rlhf_retrain_from_the_command_line_bootstraps_a_champion(loop):
+    res = loop["bootstrap"]
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "retrain: bootstrapped" in res.stdout
+    assert alias_version(loop["mlflow"], "rlhf-policy", CHAMPION) is not None
+
+
+def test_collect_deployment_writes_a_labelling_file_recorded_in_mlflow(loop):
+    run = loop["collect_run"]
+    assert run.state.type.value == "COMPLETED", loop["log"].read_text()[-3000:]
+    assert run.name.startswith("collect-rlhf-policy-v1-v1-")
+    table = loop["table"]
+    assert list(table.columns[:len(LABEL_COLUMNS)]) == list(LABEL_COLUMNS)
+    assert (table["policy_version"].astype(str) == "1").all()
+    assert not (table["response_a"].str.strip() == table["response_b"].str.strip()).any()
+    assert (table["response_a"].str.strip() != "").all()
+    shown = json.loads(loop["collect_artifacts"]["rlhf-collection"])  # the first rows
+    assert [r["id"] for r in shown] == list(table["id"][:len(shown)]) and len(shown) == 10
+    mlflow = loop["mlflow"]
+    exp = mlflow.get_experiment_by_name("rlhf-test")
+    (rec,) = [r for r in mlflow.search_runs([exp.experiment_id], filter_string=(
+        f"tags.`rlhf.collection` = '{loop['first'].stem}'"))]
+    assert rec.data.metrics["collect/known"] == 16
+    assert rec.data.metrics["collect/rows"] == len(table)
+    (dataset,) = rec.inputs.dataset_inputs
+    assert {t.key: t.value for t in dataset.tags}["rlhf.policy_version"] == "rlhf-policy/1"
+    # the sampled policy's logged model, beside the file (search_runs leaves models out)
+    assert mlflow.get_run(rec.info.run_id).inputs.model_inputs
+
+
+def test_a_second_collection_repeats_no_prompt(loop):
+    mlflow = loop["mlflow"]
+    first = set(loop["table"]["prompt"])
+    second = json.loads(open(mlflow.download_artifacts(loop["second"]["run_id"], PROMPTS)).read())
+    assert len(second) == 64 and not first & set(second)
+    assert loop["second"]["counts"]["pool_used"] == 128
+
+
+def test_an_import_starts_a_retrain_that_promotes_the_challenger(loop):
+    imp = loop["import"]
+    assert imp.returncode == 0, imp.stderr[-3000:]
+    assert "imported labelled.jsonl" in imp.stdout
+    assert not loop["retrain"].schedules  # the event started it, not a schedule
+    run = loop["retrain_run"]
+    assert run.state.type.value == "COMPLETED", loop["log"].read_text()[-3000:]
+    batch = next((loop["tmp"] / "batches").glob("labelled-*.jsonl"))
+    digest = file_digest(batch)  # what the retrain consumed
+    assert run.name.startswith(f"retrain-rlhf-policy-v1-{digest[:8]}")
+    champion = alias_version(loop["mlflow"], "rlhf-policy", CHAMPION)
+    assert str(champion.version) == "2" and digest in json.loads(champion.tags["rlhf.batches"])
+    names = [e["event"] for e in loop["events"]]
+    assert names.count("rlhf.collection.ready") == 2
+    assert "rlhf.preferences.labelled" in names and "rlhf.champion.promoted" in names
