@@ -23,6 +23,13 @@ def _with(config, section: str, **fields):
     return config.model_copy(update={section: part})
 
 
+def _preflight(config) -> None:
+    """The MLflow store and (when PREFECT_API_URL is set) the Prefect API answer."""
+    from flows.preflight import check_servers
+
+    check_servers(config.tracking.tracking_uri)
+
+
 def cmd_demo_batch(args, config) -> int:
     seed = args.seed if args.seed is not None else int(time.time())
     if args.offline:
@@ -33,6 +40,7 @@ def cmd_demo_batch(args, config) -> int:
         kind = "degraded (labels the judge reverses)" if args.degraded else "demo"
         print(f"wrote {n} {kind} offline preference pairs to {path}")
         return 0
+    _preflight(config)
     return _demo_on_policy(args, _with(config, "collect", num_prompts=args.n), seed)
 
 
@@ -71,6 +79,7 @@ def cmd_collect(args, config) -> int:
     from flows.collect import collect_flow
     from flows.errors import quiet_expected_failures
 
+    _preflight(config)
     quiet_expected_failures()
     collect_flow(config=_with(config, "collect", policy=args.policy))
     return 0
@@ -84,6 +93,7 @@ def cmd_label_import(args, config) -> int:
         from flows.config import ConfigError
 
         raise ConfigError(f"{args.file}: no such labelled file")
+    _preflight(config)
     quiet_expected_failures()
     return _print_import(label_import(config=config, path=str(args.file)))
 
@@ -92,6 +102,7 @@ def cmd_retrain(args, config) -> int:
     from flows.errors import quiet_expected_failures
     from flows.retrain import retrain
 
+    _preflight(config)
     quiet_expected_failures()
     start = time.perf_counter()
     out = retrain(config=config)

@@ -99,6 +99,18 @@ def test_promote_checks_the_store_named_in_the_config(capsys):
         capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args", [["collect"], ["retrain"], ["demo-batch"],
+                                  ["label", "import", "{file}"]])
+def test_retrain_loop_commands_check_the_store_first(args, tmp_path, capsys):
+    labelled = tmp_path / "labels.jsonl"
+    labelled.write_text("{}\n")
+    url = f"http://127.0.0.1:{closed_port()}"
+    argv = [a.format(file=labelled) for a in args] + ["--set", f"tracking.tracking_uri={url}"]
+    assert main(argv) == 2
+    assert f"{url} (from tracking.tracking_uri in the config) does not answer" in \
+        capsys.readouterr().err
+
+
 def test_a_binary_config_file_is_refused(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_bytes(b"seed: 1\n\x00\x9f\xff\xfe random bytes")
