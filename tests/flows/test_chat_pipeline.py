@@ -6,6 +6,7 @@ token, responses stop there, and the sample tables hold rendered conversations."
 import json
 
 import pytest
+import torch
 import yaml
 from transformers import AutoTokenizer, GenerationConfig
 
@@ -41,11 +42,19 @@ def write_data(tmp, n=64):
              ("eval_prompts", held_out))}
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2"])
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen2",
+                                        pytest.param("llama3-cuda-bf16", marks=CUDA)])
 def chat_run(request, tmp_path_factory, family_dir, prefect_api):
-    name, tmp = request.param, tmp_path_factory.mktemp(f"chat_{request.param}")
+    tmp = tmp_path_factory.mktemp(f"chat_{request.param}")
+    name, cuda = request.param.split("-")[0], request.param.endswith("cuda-bf16")
     data = {k: {"path": v} for k, v in write_data(tmp).items()}
-    cfg = {"seed": 0, "model": {"base_model": str(family_dir(name)), "device": "cpu"},
+    model = {"base_model": str(family_dir(name)), "device": "cuda" if cuda else "cpu"}
+    if cuda:  # autocast in bf16 over fp32 master weights, as on a real GPU run
+        model["precision"] = "bf16"
+    cfg = {"seed": 0, "model": model,
            "data": data, "validation": {"max_prompt_tokens": 96, "max_response_tokens": 24},
            "sft": {"epochs": 4, "batch_size": 16, "optim": {"lr": 1.0e-2}},
            "reward": {"epochs": 1, "batch_size": 16, "optim": {"lr": 1.0e-3},
