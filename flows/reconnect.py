@@ -2,10 +2,10 @@
 
 Prefect's Runner (what ``prefect.serve`` starts) polls the API for scheduled runs through a
 client that retries a refused connection 5 times (2 + 4 + 8 + 16 + 32 s, jittered), and its
-poll loop gives up after 3 such failed polls in a row. So an outage of up to about 3.5 minutes
+poll loop gives up after 3 such failed polls in a row. So an outage of up to about 4 minutes
 is ridden out by the Runner itself (a run created after the server is back is picked up when
 the poll's current retry wait ends); a longer one ends ``prefect.serve`` with "Service exceeded
-error threshold", after the Runner has tried to pause its deployments (measured: about 230 s
+error threshold", after the Runner has tried to pause its deployments (measured: 230-295 s
 after the server was killed; before this module the command then exited with status 1).
 
 :func:`serve_until_stopped` serves again when that happens: it prints one line, asks the API's
