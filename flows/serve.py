@@ -181,15 +181,18 @@ def collect_deployment(config: PipelineConfig, name: str):
 
 
 def serve(config: PipelineConfig, name: str) -> None:
-    """Serve both deployments until interrupted (blocks). Needs a Prefect server."""
-    from prefect import serve as prefect_serve
+    """Serve the three deployments until interrupted (blocks), again after the Prefect
+    server comes back from an outage (flows/reconnect.py). Needs a Prefect server."""
     from prefect.settings import PREFECT_API_URL
 
+    from flows.reconnect import serve_until_stopped
     from flows.retrain import ensure_limit, limit_name
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "
                           "`export PREFECT_API_URL=http://127.0.0.1:4200/api`")
     ensure_limit(limit_name(config))
-    prefect_serve(pipeline_deployment(config, name), retrain_deployment(config, name),
-                  collect_deployment(config, name))
+    serve_until_stopped(lambda: [pipeline_deployment(config, name),
+                                 retrain_deployment(config, name),
+                                 collect_deployment(config, name)],
+                        f"rlhf_pipeline/{name}, retrain/{name} and collect/{name}")

@@ -61,13 +61,14 @@ def stage_deployment(name: str):
 
 
 def serve_stage(name: str) -> None:
-    """Serve ``rlhf-stage/<name>`` from this machine until interrupted (blocks)."""
-    from prefect import serve as prefect_serve
+    """Serve ``rlhf-stage/<name>`` from this machine until interrupted (blocks), again after
+    the Prefect server comes back from an outage (flows/reconnect.py)."""
     from prefect.settings import PREFECT_API_URL
 
     from flows.config import ConfigError
+    from flows.reconnect import serve_until_stopped
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf stage-worker needs the pipeline's Prefect server: export "
                           "PREFECT_API_URL=http://<prefect-host>:4200/api")
-    prefect_serve(stage_deployment(name))
+    serve_until_stopped(lambda: [stage_deployment(name)], f"rlhf-stage/{name}")

@@ -64,11 +64,15 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def prefect_server(home: Path, extra_env: dict[str, str] | None = None):
-    """`prefect server start` on a free port -> (api_url, env for clients)."""
+def prefect_server(home: Path, extra_env: dict[str, str] | None = None,
+                   port: int | None = None):
+    """`prefect server start` on ``port`` (default: a free one) -> (api_url, env for
+    clients). Started again on the same home and port, it is the same server (same
+    database, same URL) after a restart."""
     home.mkdir(parents=True, exist_ok=True)
-    port, env, log = free_port(), {**base_env(home), **(extra_env or {})}, home / "server.log"
-    with open(log, "w") as out:
+    port, env = port or free_port(), {**base_env(home), **(extra_env or {})}
+    log = home / "server.log"
+    with open(log, "a") as out:
         proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
                                  "127.0.0.1", "--port", str(port)], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=home)
@@ -81,11 +85,12 @@ def prefect_server(home: Path, extra_env: dict[str, str] | None = None):
 
 
 @contextmanager
-def rlhf_serve(env: dict, workdir: Path, args: list[str]):
-    """`rlhf serve ARGS` with the server's API -> the process (stopped on exit)."""
-    log = workdir / "serve.log"
+def rlhf_serve(env: dict, workdir: Path, args: list[str], command: str = "serve"):
+    """`rlhf serve ARGS` (or another long-running COMMAND, e.g. stage-worker) with the
+    server's API -> the process and its log (stopped on exit)."""
+    log = workdir / f"{command}.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", *args], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", command, *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
     try:
         yield proc, log
