@@ -25,7 +25,7 @@ from pathlib import Path
 
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
-from flows.errors import EXPECTED, exit_code, quiet_expected_failures
+from flows.errors import EXPECTED, OUTAGES, exit_code, quiet_expected_failures
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
 
@@ -343,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_within_seconds(lambda signum: stop_message(args, signum)):
             return args.func(args)
+    except OUTAGES as err:
+        print(f"\nrlhf: {err}; {continue_hint(args)}", file=sys.stderr)
+        return exit_code(err)
     except EXPECTED as err:
         hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
             if isinstance(err, ValidationFailed) else ""
@@ -354,6 +357,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"\nrlhf: {stop_message(args, signum)}", file=sys.stderr)
         return 128 + signum
+
+
+def continue_hint(args) -> str:
+    """The command that continues the pipeline run this process opened."""
+    tracking = sys.modules.get("tasks.tracking")
+    run_id = tracking.last_parent_run() if tracking else None
+    if run_id is None or args.command != "run":
+        return "run the same command again once the server answers"
+    return (f"once the server answers, continue it with: "
+            f"{shlex.join(['rlhf', *resume_args(args.argv, run_id)])}")
 
 
 def stop_message(args, signum: int) -> str:

@@ -17,18 +17,21 @@ from flows.config import ConfigError
 from tasks.identity import ResumeRefused
 from tasks.registry import RegistryError
 from tasks.remote import RoutingError
+from tasks.spool import TrackingOutage
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there)
 USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingError)
 GATE_ERRORS = (ValidationFailed,)                       # exit 1: the data gate said no
 EXPECTED = USAGE_ERRORS + GATE_ERRORS
+OUTAGES = (TrackingOutage,)                             # exit 75: resume when it is back
+EX_TEMPFAIL = 75
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 
 
 class _NoTracebackForExpected(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, EXPECTED):
+        if isinstance(exc, EXPECTED + OUTAGES):
             record.exc_info, record.exc_text = None, None
             record.msg = str(record.msg).split("\n", 1)[0]  # the CLI prints the whole text
         return True
@@ -46,4 +49,6 @@ def quiet_expected_failures() -> None:
 
 
 def exit_code(err: BaseException) -> int:
+    if isinstance(err, OUTAGES):
+        return EX_TEMPFAIL
     return 1 if isinstance(err, GATE_ERRORS) else 2
