@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -147,7 +148,7 @@ class Spool:
         if record["kind"] == "table":
             log_table_file(self.client, self.run_id, Path(record["file"]),
                            record["artifact_file"])
-            Path(record["file"]).unlink(missing_ok=True)
+            shutil.rmtree(Path(record["file"]).parent, ignore_errors=True)
             return
         metrics = [Metric(k, v, ts, step) for k, v, ts, step in record.get("metrics", [])]
         params = [Param(k, v) for k, v in record.get("params", [])]
