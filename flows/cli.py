@@ -25,7 +25,14 @@ from pathlib import Path
 
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
-from flows.errors import EXPECTED, OUTAGES, exit_code, quiet_expected_failures
+from flows.errors import (
+    EX_TEMPFAIL,
+    EXPECTED,
+    OUTAGES,
+    exit_code,
+    prefect_gone,
+    quiet_expected_failures,
+)
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
 
@@ -352,11 +359,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
         return exit_code(err)
     except BaseException as err:
+        if prefect_gone(err):
+            api = os.environ.get("PREFECT_API_URL") or "Prefect's local API"
+            print(f"\nrlhf: the Prefect API at {api} stopped answering ({type(err).__name__}: "
+                  f"{err}); {kept(args)}; {continue_hint(args)}", file=sys.stderr)
+            return EX_TEMPFAIL
         signum = stop_signal(err)
         if signum is None:
             raise
         print(f"\nrlhf: {stop_message(args, signum)}", file=sys.stderr)
         return 128 + signum
+
+
+def kept(args) -> str:
+    """What a pipeline run stopped mid-way keeps."""
+    tracking = sys.modules.get("tasks.tracking")
+    run_id = tracking.last_parent_run() if tracking else None
+    if run_id is None:
+        return "no MLflow run was opened yet"
+    return (f"run {run_id} keeps its finished stages and the last checkpoint of the stage it "
+            "was in")
 
 
 def continue_hint(args) -> str:
