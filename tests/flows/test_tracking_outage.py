@@ -21,7 +21,10 @@ from tests.shared import PPO_METRICS, ROOT, TEST_CONFIG
 
 ITERATIONS = 24
 SETTINGS = [f"ppo.iterations={ITERATIONS}", "ppo.checkpoint_every=2", "ppo.sample_every=1",
-            "tracking.progress=true", "tracking.system_metrics=false"]
+            "tracking.progress=true", "tracking.system_metrics=false",
+            "tracking.register_models=false", "demo.n_sft=64", "demo.n_pref=64",
+            "demo.n_eval=8", "demo.n_pref_eval=16", "eval.num_prompts=8",
+            "model.torch_threads=1"]
 
 
 def rlhf(tmp: Path, name: str, uri: str, prefect_api: str, *extra: str,
@@ -66,11 +69,18 @@ def ppo_history_once(uri: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(prefect_api, tmp_path_factory) -> bytes:
+def uninterrupted(prefect_api, tmp_path_factory):
+    """-> a function giving the final weights of the same run without an outage (trained
+    beside the first test's run, one thread each, to keep the module short)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     proc, log = rlhf(tmp, "runs", f"sqlite:///{tmp}/m.db", prefect_api)
-    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
-    return weights(tmp / "runs")
+
+    def get() -> bytes:
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        return weights(tmp / "runs")
+
+    yield get
+    proc.kill()
 
 
 def test_a_server_back_within_the_limit_leaves_a_complete_record(prefect_api, tmp_path,
@@ -91,7 +101,7 @@ def test_a_server_back_within_the_limit_leaves_a_complete_record(prefect_api, tm
     finally:
         proc.kill()
         servers.stop(server)
-    assert weights(tmp_path / "runs") == uninterrupted
+    assert weights(tmp_path / "runs") == uninterrupted()
 
 
 def test_a_longer_outage_stops_at_a_checkpoint_and_resumes(prefect_api, tmp_path,
@@ -116,4 +126,4 @@ def test_a_longer_outage_stops_at_a_checkpoint_and_resumes(prefect_api, tmp_path
     finally:
         proc.kill()
         servers.stop(server)
-    assert weights(tmp_path / "runs") == uninterrupted
+    assert weights(tmp_path / "runs") == uninterrupted()
