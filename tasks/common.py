@@ -17,7 +17,7 @@ from rlhf_core.config import ModelConfig
 from rlhf_core.faults import crash_point
 from rlhf_core.loader import LoadSpec
 from rlhf_core.models import resolve_device
-from tasks.spool import spool_for
+from tasks.spool import resend_left, spool_for
 from tasks.tracking import (
     RunContext,
     StepLogger,
@@ -90,6 +90,7 @@ def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict],
         done["skipped"] = True
         return done
     start = time.perf_counter()
+    resend_left(ctx.client(), ctx.workdir)  # a resume sends what a tracking outage left
     with stage_run(ctx, stage, params) as run_id:
         out = body(run_id)
         out["run_id"], out["stage"] = run_id, stage

@@ -160,6 +160,8 @@ class Spool:
         with self.lock:
             for record in self.pending():
                 if not self._try(record):
+                    if self.down_since is None:  # a spool an earlier process left
+                        self.down_since = self.clock()
                     return False
                 self._mark(self.sent + 1)
             if self.down_since is not None:
@@ -222,6 +224,12 @@ def spool_for(client: MlflowClient, run_id: str, workdir: str | Path) -> Spool:
         if spool.pending():
             spool.flush() or spool._start_retrying()
     return spool
+
+
+def resend_left(client: MlflowClient, workdir: str | Path) -> None:
+    """Send what earlier processes left in the spools under ``workdir`` (any run's)."""
+    for path in sorted((Path(workdir) / ".spool").glob("*.jsonl")):
+        spool_for(client, path.stem, workdir)
 
 
 def spool_table(spool: Spool, rows, artifact_file: str) -> None:

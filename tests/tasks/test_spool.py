@@ -71,8 +71,9 @@ def test_a_new_process_sends_what_the_spool_kept(run, tmp_path):
     client.down = True
     StepLogger(client, run_id, Spool(client, run_id, tmp_path / "spool", retry_s=3600))(
         1, {"a": 1.0})
-    client.down = False
     again = Spool(client, run_id, tmp_path / "spool", retry_s=3600)  # after a restart
+    assert not again.flush() and again.outage_s() > 0  # still away: the limit counts
+    client.down = False
     log = StepLogger(client, run_id, again)  # counts the spooled step as logged
     log(1, {"a": 5.0})
     assert again.flush() and steps(client, run_id, "a") == [1]
