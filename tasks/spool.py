@@ -92,7 +92,7 @@ class Spool:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.on_back: Callable[[float, int], None] | None = None
-        self.kept = "its finished stages"  # what a stop keeps (set at each checkpoint)
+        self.kept = "the run keeps its finished stages"  # (set at each checkpoint)
 
     # -- the file ---------------------------------------------------------------------------
     def _read(self) -> list[dict]:
