@@ -213,16 +213,18 @@ class Spool:
 
 
 _SPOOLS: dict[str, Spool] = {}
+_SPOOLS_LOCK = threading.Lock()
 
 
 def spool_for(client: MlflowClient, run_id: str, workdir: str | Path) -> Spool:
     """The process's one spool of ``run_id`` (under ``<workdir>/.spool``); a new one first
     sends what an earlier process left in it."""
-    spool = _SPOOLS.get(run_id)
-    if spool is None:
-        spool = _SPOOLS[run_id] = Spool(client, run_id, Path(workdir) / ".spool")
-        if spool.pending():
-            spool.flush() or spool._start_retrying()
+    with _SPOOLS_LOCK:  # stages running in threads (a sweep) share the parent run's spool
+        spool = _SPOOLS.get(run_id)
+        if spool is None:
+            spool = _SPOOLS[run_id] = Spool(client, run_id, Path(workdir) / ".spool")
+            if spool.pending():
+                spool.flush() or spool._start_retrying()
     return spool
 
 
