@@ -85,13 +85,12 @@ class Spool:
         self.folder = folder
         self.path = folder / f"{run_id}.jsonl"
         self.sent_path = folder / f"{run_id}.sent"
-        self.lock = threading.RLock()
+        self.lock, self.send_lock = threading.RLock(), threading.Lock()
         self.down_since: float | None = None
         self.records: list[dict] = self._read()
         self.sent = int(self.sent_path.read_text()) if self.sent_path.exists() else 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.on_back: Callable[[float, int], None] | None = None
         self.kept = "the run keeps its finished stages"  # (set at each checkpoint)
 
     # -- the file ---------------------------------------------------------------------------
@@ -156,22 +155,29 @@ class Spool:
         self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
 
     def flush(self) -> bool:
-        """Send the waiting records in order -> True when none is left."""
-        with self.lock:
-            for record in self.pending():
+        """Send the waiting records in order -> True when none is left. One sender at a
+        time; the lock on the records is not held while sending, so a server that hangs
+        never holds up the training's own writes (they append behind)."""
+        with self.send_lock:
+            while True:
+                with self.lock:
+                    if not self.pending():
+                        self._back()
+                        return True
+                    index, record = self.sent, self.pending()[0]
                 if not self._try(record):
-                    if self.down_since is None:  # a spool an earlier process left
-                        self.down_since = self.clock()
+                    with self.lock:
+                        if self.down_since is None:  # a spool an earlier process left
+                            self.down_since = self.clock()
                     return False
-                self._mark(self.sent + 1)
-            if self.down_since is not None:
-                down = self.clock() - self.down_since
-                log.warning("the MLflow server answers again after %.1f s; the spool is sent",
-                            down)
-                if self.on_back is not None:
-                    self.on_back(down, self.sent)
-                self.down_since = None
-            return True
+                with self.lock:
+                    self._mark(index + 1)
+
+    def _back(self) -> None:
+        if self.down_since is not None:
+            log.warning("the MLflow server answers again after %.1f s; the spool is sent",
+                        self.clock() - self.down_since)
+            self.down_since = None
 
     def _start_retrying(self) -> None:
         if self._thread is None or not self._thread.is_alive():
