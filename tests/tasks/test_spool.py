@@ -3,6 +3,8 @@ when it answers, a new process sends what an earlier one left, the outage limit 
 stage; and the sample-table tag stays within MLflow's cap."""
 
 import json
+import threading
+import time
 
 import pandas as pd
 import pytest
@@ -20,9 +22,12 @@ class FlakyClient(MlflowClient):
 
     def __init__(self, uri):
         super().__init__(uri)
-        self.down = False
+        self.down, self.hung = False, threading.Event()  # hung: calls wait until cleared
+        self.released = threading.Event()
 
     def _away(self):
+        if self.hung.is_set():
+            self.released.wait(30)
         if self.down:
             raise MlflowException("API request failed with exception ConnectionError")
 
@@ -64,6 +69,23 @@ def test_writes_wait_in_order_and_are_sent_once(run, tmp_path):
     assert [a.path for a in client.list_artifacts(run_id, "samples")] == \
         ["samples/iter_00002.json"]
     assert not (tmp_path / "spool" / f"{run_id}.jsonl").exists()
+
+
+def test_a_server_that_hangs_does_not_hold_up_the_writes(run, tmp_path):
+    client, run_id = run
+    spool = Spool(client, run_id, tmp_path / "spool", retry_s=0.01)
+    log = StepLogger(client, run_id, spool)
+    client.down = True
+    log(1, {"a": 1.0})  # refused: spooled, the retries start
+    client.hung.set()  # the next retry hangs inside the send
+    time.sleep(0.2)
+    start = time.perf_counter()
+    log(2, {"a": 2.0})
+    assert time.perf_counter() - start < 0.1 and len(spool.pending()) == 2
+    client.down = False
+    client.hung.clear()
+    client.released.set()
+    assert spool.flush() and steps(client, run_id, "a") == [1, 2]
 
 
 def test_a_new_process_sends_what_the_spool_kept(run, tmp_path):
