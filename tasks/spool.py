@@ -229,7 +229,8 @@ def spool_for(client: MlflowClient, run_id: str, workdir: str | Path) -> Spool:
         spool = _SPOOLS.get(run_id)
         if spool is None:
             spool = _SPOOLS[run_id] = Spool(client, run_id, Path(workdir) / ".spool")
-            if spool.pending():
+            # under torchrun only rank 0 logs: the other ranks never send its spool
+            if spool.pending() and os.environ.get("RANK", "0") == "0":
                 spool.flush() or spool._start_retrying()
     return spool
 
