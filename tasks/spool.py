@@ -69,12 +69,6 @@ def fail_fast(timeout_s: int = 5) -> Iterator[None]:
                     os.environ[key] = value
 
 
-def give_up_on_server() -> None:
-    """From now on in this process, MLflow requests fail at once (the clean-up after a
-    :class:`TrackingOutage` must not wait minutes on the server that is gone)."""
-    os.environ[RETRIES_ENV], os.environ[TIMEOUT_ENV] = "0", "3"
-
-
 class Spool:
     """The ordered tracking writes of one run that the server has not taken yet."""
 
@@ -193,6 +187,9 @@ class Spool:
     def close(self) -> None:
         self._stop.set()
 
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
     # -- the limit --------------------------------------------------------------------------
     def outage_s(self) -> float:
         """Seconds since the first write the server did not take (0 while it answers)."""
@@ -202,7 +199,6 @@ class Spool:
         """Raise :class:`TrackingOutage` once the outage is past ``limit_s``."""
         down = self.outage_s()
         if down > limit_s:
-            give_up_on_server()
             self.close()
             raise TrackingOutage(
                 f"the MLflow server at {self.client.tracking_uri} has not answered for "
@@ -227,7 +223,7 @@ def spool_for(client: MlflowClient, run_id: str, workdir: str | Path) -> Spool:
     sends what an earlier process left in it."""
     with _SPOOLS_LOCK:  # stages running in threads (a sweep) share the parent run's spool
         spool = _SPOOLS.get(run_id)
-        if spool is None:
+        if spool is None or spool.closed():  # (a closed one stopped a stage in this process)
             spool = _SPOOLS[run_id] = Spool(client, run_id, Path(workdir) / ".spool")
             # under torchrun only rank 0 logs: the other ranks never send its spool
             if spool.pending() and os.environ.get("RANK", "0") == "0":

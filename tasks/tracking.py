@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -187,9 +187,18 @@ def mark_ended(client: MlflowClient, run_id: str) -> None:
     exc = sys.exc_info()[1]
     status = "KILLED" if exc is not None and type(exc).__name__ in STOPS else "FAILED"
     try:
-        client.set_terminated(run_id, status=status)
+        with _quick_if_outage():
+            client.set_terminated(run_id, status=status)
     except Exception:  # noqa: BLE001 - the original error is the one to report
         pass
+
+
+def _quick_if_outage():
+    """While a tracking outage stops the stage: one try per request, not MLflow's minutes
+    of retries on the server that is gone."""
+    from tasks.spool import TrackingOutage, fail_fast
+
+    return fail_fast(3) if isinstance(sys.exc_info()[1], TrackingOutage) else nullcontext()
 
 
 def _keep_traceback(client: MlflowClient, run_id: str) -> None:
@@ -197,7 +206,8 @@ def _keep_traceback(client: MlflowClient, run_id: str) -> None:
     import traceback
 
     try:
-        client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")
+        with _quick_if_outage():
+            client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")
     except Exception:  # noqa: BLE001 - never hide the original error behind a logging one
         pass
 

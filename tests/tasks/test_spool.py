@@ -101,9 +101,7 @@ def test_a_new_process_sends_what_the_spool_kept(run, tmp_path):
     assert again.flush() and steps(client, run_id, "a") == [1]
 
 
-def test_past_the_limit_the_stage_stops_with_what_is_kept(run, tmp_path, monkeypatch):
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.delenv(name, raising=False)  # the stop sets them for the process
+def test_past_the_limit_the_stage_stops_with_what_is_kept(run, tmp_path):
     client, run_id = run
     now = [0.0]
     spool = Spool(client, run_id, tmp_path / "spool", retry_s=3600, clock=lambda: now[0])
