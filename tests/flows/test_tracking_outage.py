@@ -119,9 +119,8 @@ def test_a_longer_outage_stops_at_a_checkpoint_and_resumes(prefect_api, tmp_path
         assert "Traceback" not in log.read_text()
         command = last.split("continue it with: ")[1]
         server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
-        resumed, log = rlhf(tmp_path, "resumed", uri, prefect_api,
-                            args=shlex.split(command)[1:])
-        assert resumed.wait(timeout=300) == 0, log.read_text()[-3000:]
+        proc, log = rlhf(tmp_path, "resumed", uri, prefect_api, args=shlex.split(command)[1:])
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
         ppo_history_once(uri)
     finally:
         proc.kill()
