@@ -25,7 +25,14 @@ from pathlib import Path
 
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, load_config
-from flows.errors import EXPECTED, exit_code, quiet_expected_failures
+from flows.errors import (
+    EX_TEMPFAIL,
+    EXPECTED,
+    OUTAGES,
+    exit_code,
+    prefect_gone,
+    quiet_expected_failures,
+)
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
 
@@ -343,17 +350,45 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_within_seconds(lambda signum: stop_message(args, signum)):
             return args.func(args)
+    except OUTAGES as err:
+        print(f"\nrlhf: {err}; {continue_hint(args)}", file=sys.stderr)
+        return exit_code(err)
     except EXPECTED as err:
         hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
             if isinstance(err, ValidationFailed) else ""
         print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
         return exit_code(err)
     except BaseException as err:
+        if prefect_gone(err):
+            api = os.environ.get("PREFECT_API_URL") or "Prefect's local API"
+            print(f"\nrlhf: the Prefect API at {api} stopped answering ({type(err).__name__}: "
+                  f"{err}); {kept(args)}; {continue_hint(args)}", file=sys.stderr)
+            return EX_TEMPFAIL
         signum = stop_signal(err)
         if signum is None:
             raise
         print(f"\nrlhf: {stop_message(args, signum)}", file=sys.stderr)
         return 128 + signum
+
+
+def kept(args) -> str:
+    """What a pipeline run stopped mid-way keeps."""
+    tracking = sys.modules.get("tasks.tracking")
+    run_id = tracking.last_parent_run() if tracking else None
+    if run_id is None:
+        return "no MLflow run was opened yet"
+    return (f"run {run_id} keeps its finished stages and the last checkpoint of the stage it "
+            "was in")
+
+
+def continue_hint(args) -> str:
+    """The command that continues the pipeline run this process opened."""
+    tracking = sys.modules.get("tasks.tracking")
+    run_id = tracking.last_parent_run() if tracking else None
+    if run_id is None or args.command != "run":
+        return "run the same command again once the server answers"
+    return (f"once the server answers, continue it with: "
+            f"{shlex.join(['rlhf', *resume_args(args.argv, run_id)])}")
 
 
 def stop_message(args, signum: int) -> str:

@@ -5,6 +5,10 @@ the CLI prints its message (naming the field or file and the fix) and exits 1 or
 logs such an exception with its traceback from inside the task and flow engines; a filter on
 its run loggers drops the traceback from those records (the message stays, at ERROR). The
 traceback is still kept on the stage's MLflow run (``error/traceback.txt``).
+
+A server that went away mid-run is not the user's error either: a tracking outage past
+``tracking.outage_limit_s`` (tasks/spool.py) or a Prefect API that stopped answering ends
+with exit 75 (EX_TEMPFAIL, "try again later") and the command that continues the run.
 """
 
 from __future__ import annotations
@@ -17,18 +21,21 @@ from flows.config import ConfigError
 from tasks.identity import ResumeRefused
 from tasks.registry import RegistryError
 from tasks.remote import RoutingError
+from tasks.spool import TrackingOutage
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there)
 USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingError)
 GATE_ERRORS = (ValidationFailed,)                       # exit 1: the data gate said no
 EXPECTED = USAGE_ERRORS + GATE_ERRORS
+OUTAGES = (TrackingOutage,)                             # exit 75: resume when it is back
+EX_TEMPFAIL = 75
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 
 
 class _NoTracebackForExpected(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, EXPECTED):
+        if isinstance(exc, EXPECTED + OUTAGES) or prefect_gone(exc):
             record.exc_info, record.exc_text = None, None
             record.msg = str(record.msg).split("\n", 1)[0]  # the CLI prints the whole text
         return True
@@ -46,4 +53,20 @@ def quiet_expected_failures() -> None:
 
 
 def exit_code(err: BaseException) -> int:
+    if isinstance(err, OUTAGES):
+        return EX_TEMPFAIL
     return 1 if isinstance(err, GATE_ERRORS) else 2
+
+
+def prefect_gone(err: BaseException | None) -> bool:
+    """Is ``err``, or an error behind it, the Prefect API not answering (a connection
+    refused or timed out once Prefect's client has given up its retries)?"""
+    import httpx
+
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, httpx.TransportError):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False

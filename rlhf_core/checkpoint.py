@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,6 +110,8 @@ class Checkpointer:
     Each holds the models' weights (``<name>.safetensors``), ``state.pt`` (optimizer,
     scheduler, RNG states; plain tensors only) and ``meta.json`` (step and the loop's own
     JSON state: data position, KL coefficient, last metrics...). ``every`` = 0 disables it.
+    ``on_saved(step, path)``, when set, runs after each save (the caller's chance to stop
+    the stage at a checkpoint, e.g. when its tracking server has been gone too long).
     """
 
     def __init__(self, root: str | Path, models: dict[str, torch.nn.Module], every: int,
@@ -118,6 +120,7 @@ class Checkpointer:
             raise ValueError("keep_last must be >= 1")
         self.root, self.models, self.every = Path(root), models, every
         self.keep_last, self.label = keep_last, label
+        self.on_saved: Callable[[int, Path], None] | None = None
 
     def due(self, step: int, total: int) -> bool:
         """Save after this step? (Never after the last one: the stage's output follows.)"""
@@ -150,6 +153,8 @@ class Checkpointer:
             (tmp / META_FILE).write_text(json.dumps({"step": step, "extra": extra}))
         for stale in self.checkpoints()[: -self.keep_last]:
             shutil.rmtree(stale, ignore_errors=True)
+        if self.on_saved is not None:
+            self.on_saved(step, target)
         return target
 
     def restore(self, optimizer, scheduler, generator: torch.Generator | None,

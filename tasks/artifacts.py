@@ -17,6 +17,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from tasks.spool import drain_all
 from tasks.tracking import RunContext
 
 CACHE = "artifact_cache"
@@ -37,6 +38,7 @@ def publish(ctx: RunContext, run_id: str, out: dict, key: str, artifact_path: st
     """Log ``out[key]`` (a folder, or a file) as the artifact ``artifact_path`` of the stage's
     run (unless ``logged``: the stage logged it there already) and record its URI in ``out``.
     For a file, ``artifact_path`` names the file itself (``stats/reward_norm.json``)."""
+    drain_all(ctx.outage_limit_s)  # the stage's spooled metrics and tables go first
     path = Path(out[key])
     if not logged:
         client = ctx.client()

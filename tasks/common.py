@@ -17,6 +17,7 @@ from rlhf_core.config import ModelConfig
 from rlhf_core.faults import crash_point
 from rlhf_core.loader import LoadSpec
 from rlhf_core.models import resolve_device
+from tasks.spool import resend_left, spool_for
 from tasks.tracking import (
     RunContext,
     StepLogger,
@@ -89,6 +90,7 @@ def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict],
         done["skipped"] = True
         return done
     start = time.perf_counter()
+    resend_left(ctx.client(), ctx.workdir)  # a resume sends what a tracking outage left
     with stage_run(ctx, stage, params) as run_id:
         out = body(run_id)
         out["run_id"], out["stage"] = run_id, stage
@@ -110,8 +112,24 @@ def stage_params(cfg, *sections: str) -> dict:
 
 def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
     """on_log(step, metrics) for a stage's run; steps already logged (a resumed stage) are
-    skipped, so no metric step is logged twice."""
-    return StepLogger(ctx.client(), run_id)
+    skipped, so no metric step is logged twice; writes the server does not take wait in the
+    run's spool (tasks/spool.py)."""
+    client = ctx.client()
+    return StepLogger(client, run_id, spool_for(client, run_id, ctx.workdir))
+
+
+def stop_on_outage(ctx: RunContext, run_id: str, ck: Checkpointer) -> Checkpointer:
+    """Each checkpoint ``ck`` saves is where the stage stops once the tracking server has
+    been away longer than ``ctx.outage_limit_s``."""
+    spool = spool_for(ctx.client(), run_id, ctx.workdir)
+
+    def on_saved(step: int, path: Path) -> None:
+        spool.kept = (f"run {ctx.parent_run_id} keeps its finished stages, the checkpoint "
+                      f"of {ck.label} step {step} in {path}")
+        spool.check(ctx.outage_limit_s)
+
+    ck.on_saved = on_saved
+    return ck
 
 
 def checkpoint_dir(ctx: RunContext, stage: str) -> Path:

@@ -56,6 +56,10 @@ class TrackingConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1, description="Mid-stage checkpoints kept per stage.")
     system_metrics: bool = Field(True, description="Log CPU/memory/GPU use on the parent run.")
     system_metrics_interval_s: float = Field(5.0, gt=0, description="Sampling interval.")
+    outage_limit_s: float = Field(
+        600.0, gt=0, description="How long a stage trains on while the MLflow server does not "
+        "answer (its writes wait in a local spool); past it the stage stops at its next "
+        "checkpoint and says how to resume.")
 
 
 ROUTABLE = ("sft", "reward_model", "ppo")

@@ -23,6 +23,7 @@ from tasks.common import (
     run_stage,
     setup_models,
     stage_params,
+    stop_on_outage,
     write_json,
 )
 from tasks.config import PipelineConfig
@@ -30,6 +31,7 @@ from tasks.judge import resolve_judge
 from tasks.launch import rank_logger, stage_body
 from tasks.memory import peak_memory, state_bytes
 from tasks.progress import StageProgress
+from tasks.spool import spool_for, spool_table
 from tasks.tracking import RunContext
 
 
@@ -107,10 +109,11 @@ def ppo_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_
         if rows:
             samples[:] = [r for r in samples if r["iteration"] < iteration] + rows
             write_json(samples_path, samples)
-            client.log_table(run_id, data=pd.DataFrame(rows),
-                             artifact_file=f"samples/iter_{iteration:05d}.json")
+            spool_table(spool, pd.DataFrame(rows), f"samples/iter_{iteration:05d}.json")
 
-    ck = trainer.checkpointer(checkpoint_dir(ctx, "ppo"), cfg.tracking.keep_checkpoints)
+    spool = spool_for(client, run_id, ctx.workdir)  # the writes the server cannot take yet
+    ck = stop_on_outage(ctx, run_id, trainer.checkpointer(checkpoint_dir(ctx, "ppo"),
+                                                          cfg.tracking.keep_checkpoints))
     with peak_memory() as memory:  # under data parallelism: rank 0's
         last = trainer.train(on_iteration, progress=ctx.progress and dp is None,
                              monitor=judge_monitor(prep["judge"]), checkpointer=ck)
@@ -131,7 +134,8 @@ def _finish(ctx: RunContext, run_id: str, trainer, tokenizer, samples: list[dict
     policy_dir = save_policy(final_policy, tokenizer, out_root / "policy")
     value_dir = None if final_value is None else \
         str(save_scalar_model(final_value, out_root / "value_model"))
-    client.log_table(run_id, data=pd.DataFrame(samples), artifact_file="samples/all.json")
+    spool_table(spool_for(client, run_id, ctx.workdir), pd.DataFrame(samples),
+                "samples/all.json")
     keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
     return publish(ctx, run_id, {"policy_dir": str(policy_dir), "value_dir": value_dir,
                                  "metrics": {**{k: last[k] for k in keys if k in last},

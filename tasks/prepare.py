@@ -167,7 +167,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         client.set_terminated(run_id, status="FAILED")
         raise
     return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
-                      workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress)
+                      workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress,
+                      outage_limit_s=cfg.tracking.outage_limit_s)
 
 
 def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:

@@ -30,7 +30,7 @@ class StageProgress:
     def __init__(self, stage: str, total: int, log_fn: StepLogger | None = None,
                  min_interval_s: float = 5.0, clock=time.monotonic):
         self.stage, self.total, self.log_fn = stage, max(1, total), log_fn
-        self.artifact_id = None
+        self.artifact_id, self.failed = None, False
         self.logger = _logger()
         self.min_interval_s, self.clock = min_interval_s, clock
         self._last_write: float | None = None
@@ -44,8 +44,8 @@ class StageProgress:
         return False
 
     def _artifact(self, pct: float) -> None:
-        if not in_prefect_run():  # no API to talk to (and no temporary server to start)
-            return
+        if self.failed or not in_prefect_run():  # no API to talk to (and no temporary
+            return                                # server to start)
         try:
             from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
@@ -55,8 +55,8 @@ class StageProgress:
                     description=f"{self.stage}: share of steps done")
             else:
                 update_progress_artifact(artifact_id=self.artifact_id, progress=pct)
-        except Exception:  # noqa: BLE001 - outside a Prefect run there is no artifact store
-            pass
+        except Exception:  # noqa: BLE001 - no artifact store, or a Prefect API that is gone
+            self.failed = True  # its client retried for long already: not again this stage
 
     def __call__(self, step: int, metrics: dict[str, float] | None = None) -> None:
         metrics = metrics or {}

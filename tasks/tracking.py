@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ class RunContext(BaseModel):
     workdir: str
     seed: int
     progress: bool = True
+    outage_limit_s: float = 600.0
 
     def model_post_init(self, _context: Any) -> None:
         _LAST_PARENT[0] = self.parent_run_id  # for the CLI's message on a stop signal
@@ -93,21 +95,32 @@ class StepLogger:
 
     A stage resumed from its last checkpoint recomputes the steps after it; they were logged
     before the crash (with the same values, as the run is deterministic) and are not logged
-    twice, so every metric history keeps one value per step.
+    twice, so every metric history keeps one value per step. With a ``spool``
+    (tasks/spool.py) the writes go through it, and the steps it still holds count as logged.
     """
 
-    def __init__(self, client: MlflowClient, run_id: str):
-        self.client, self.run_id = client, run_id
+    def __init__(self, client: MlflowClient, run_id: str, spool=None):
+        self.client, self.run_id, self.spool = client, run_id, spool
         # one call, no metric history: a run's latest metric of a key is the one at its
         # highest step (MLflow orders by step, then time), which is all a resume needs
         latest = client.get_run(run_id).to_proto().data.metrics
         self.last_step: dict[str, int] = {m.key: m.step for m in latest}
+        for record in spool.pending() if spool is not None else []:
+            for key, _value, _ts, step in record.get("metrics", []):
+                self.last_step[key] = max(step, self.last_step.get(key, -1))
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         fresh = {k: v for k, v in metrics.items() if step > self.last_step.get(k, -1)}
-        if fresh:
+        if not fresh:
+            return
+        if self.spool is None:
             log_metrics(self.client, self.run_id, fresh, step)
-            self.last_step.update(dict.fromkeys(fresh, step))
+        else:
+            now = int(time.time() * 1000)
+            rows = [[k, float(v), now, step] for k, v in fresh.items() if v == v]  # no NaN
+            for start in range(0, len(rows), 900):
+                self.spool.write({"kind": "batch", "metrics": rows[start: start + 900]})
+        self.last_step.update(dict.fromkeys(fresh, step))
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
@@ -174,9 +187,18 @@ def mark_ended(client: MlflowClient, run_id: str) -> None:
     exc = sys.exc_info()[1]
     status = "KILLED" if exc is not None and type(exc).__name__ in STOPS else "FAILED"
     try:
-        client.set_terminated(run_id, status=status)
+        with _quick_if_outage():
+            client.set_terminated(run_id, status=status)
     except Exception:  # noqa: BLE001 - the original error is the one to report
         pass
+
+
+def _quick_if_outage():
+    """While a tracking outage stops the stage: one try per request, not MLflow's minutes
+    of retries on the server that is gone."""
+    from tasks.spool import TrackingOutage, fail_fast
+
+    return fail_fast(3) if isinstance(sys.exc_info()[1], TrackingOutage) else nullcontext()
 
 
 def _keep_traceback(client: MlflowClient, run_id: str) -> None:
@@ -184,7 +206,8 @@ def _keep_traceback(client: MlflowClient, run_id: str) -> None:
     import traceback
 
     try:
-        client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")
+        with _quick_if_outage():
+            client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")
     except Exception:  # noqa: BLE001 - never hide the original error behind a logging one
         pass
 
@@ -265,4 +288,8 @@ def system_metrics(ctx: RunContext, enabled: bool, interval_s: float) -> Iterato
     try:
         yield
     finally:
-        monitor.finish()
+        # the monitor's thread may sit in MLflow's retries on a server that went away: stop
+        # waiting for it after a few seconds (it is a daemon thread)
+        done = threading.Thread(target=monitor.finish, daemon=True)
+        done.start()
+        done.join(timeout=max(10.0, 2 * interval_s))

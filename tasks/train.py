@@ -23,6 +23,7 @@ from tasks.common import (
     run_stage,
     setup_models,
     stage_params,
+    stop_on_outage,
     write_json,
 )
 from tasks.config import PipelineConfig
@@ -63,8 +64,8 @@ def sft_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, run_
     resize_for_tokenizer(model, tokenizer)
     rows = read_jsonl(local_path(ctx, data, "data_dir") / "sft.jsonl")
     log = rank_logger(ctx, run_id, "sft", dp)
-    ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model},
-                      cfg.sft.checkpoint_every)
+    ck = stop_on_outage(ctx, run_id, checkpointer(
+        ctx, cfg.tracking.keep_checkpoints, "sft", {"model": model}, cfg.sft.checkpoint_every))
     live = log if dp is not None else StageProgress(  # Prefect progress artifact + log line
         "sft", total_steps(len(rows), cfg.sft.batch_size, cfg.sft.epochs), log)
     last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, live,
@@ -110,8 +111,9 @@ def reward_model_stage(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: d
         n_eval = max(1, int(len(rows) * cfg.reward.eval_fraction))
         rows, held_out = rows[n_eval:], rows[:n_eval]
     log = rank_logger(ctx, run_id, "reward_model", dp)
-    ck = checkpointer(ctx, cfg.tracking.keep_checkpoints, "reward_model", {"model": model},
-                      cfg.reward.checkpoint_every)
+    ck = stop_on_outage(ctx, run_id, checkpointer(ctx, cfg.tracking.keep_checkpoints,
+                                                  "reward_model", {"model": model},
+                                                  cfg.reward.checkpoint_every))
     live = log if dp is not None else StageProgress("reward_model", total_steps(
         len(rows), cfg.reward.batch_size, cfg.reward.epochs), log)
     train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, live,

@@ -55,24 +55,36 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 3
             proc.wait(timeout=10)
 
 
-@contextmanager
-def mlflow_server(backend_store_uri: str, folder: Path, workers: int = 1) -> Iterator[str]:
-    """``mlflow server`` on ``backend_store_uri`` with artifacts served from
-    ``folder/artifacts`` -> its URL."""
-    port = free_port()
+def start_mlflow(backend_store_uri: str, folder: Path, port: int,
+                 workers: int = 1) -> subprocess.Popen:
+    """Start ``mlflow server`` on ``port`` (artifacts served from ``folder/artifacts``) and
+    wait until it answers -> its process (end it with :func:`stop`)."""
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     log = folder / "mlflow-server.log"
     proc = subprocess.Popen(
         [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", backend_store_uri, "--serve-artifacts",
          "--artifacts-destination", str(folder / "artifacts"), "--workers", str(workers)],
-        stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        stdout=open(log, "a"), stderr=subprocess.STDOUT,
         # no background job runner (MLflow's async jobs): the pipeline uses none
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _http_ok(f"{url}/health"), proc, log, "mlflow server")
-        yield url
+        wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/health"), proc, log,
+                   "mlflow server")
+    except BaseException:
+        stop(proc)
+        raise
+    return proc
+
+
+@contextmanager
+def mlflow_server(backend_store_uri: str, folder: Path, workers: int = 1) -> Iterator[str]:
+    """``mlflow server`` on ``backend_store_uri`` with artifacts served from
+    ``folder/artifacts`` -> its URL."""
+    port = free_port()
+    proc = start_mlflow(backend_store_uri, folder, port, workers)
+    try:
+        yield f"http://127.0.0.1:{port}"
     finally:
         stop(proc)
 

@@ -1,0 +1,128 @@
+"""An MLflow server that goes away mid-PPO does not stop the training (tasks/spool.py).
+
+Real servers, started and ended by their PID: back within ``tracking.outage_limit_s``, the
+run finishes with every metric step recorded once and the weights of an uninterrupted run;
+away for longer, the stage stops at a checkpoint with exit 75 and one sentence, and the
+command it names (run after the server is back) gives the same weights again.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests import servers
+from tests.shared import PPO_METRICS, ROOT, TEST_CONFIG
+
+ITERATIONS = 24
+SETTINGS = [f"ppo.iterations={ITERATIONS}", "ppo.checkpoint_every=2", "ppo.sample_every=1",
+            "tracking.progress=true", "tracking.system_metrics=false",
+            "tracking.register_models=false", "demo.n_sft=64", "demo.n_pref=64",
+            "demo.n_eval=8", "demo.n_pref_eval=16", "eval.num_prompts=8",
+            "model.torch_threads=1"]
+
+
+def rlhf(tmp: Path, name: str, uri: str, prefect_api: str, *extra: str,
+         args: list[str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """Start `rlhf run` (workdir ``tmp/name``) -> the process and its stderr file."""
+    if args is None:
+        args = ["run", "--config", str(TEST_CONFIG)]
+        for item in [*SETTINGS, f"tracking.workdir={tmp / name}", *extra]:
+            args += ["--set", item]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api,
+           "MLFLOW_TRACKING_URI": uri, "PREFECT_LOGGING_LEVEL": "INFO"}
+    log = tmp / f"{name}.err"
+    with open(log, "a") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=tmp, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    return proc, log
+
+
+def wait_for(text: str, proc: subprocess.Popen, log: Path, timeout_s: float = 240) -> None:
+    deadline = time.time() + timeout_s
+    while text not in log.read_text():
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def weights(workdir: Path) -> bytes:
+    (path,) = workdir.glob("*/ppo/policy/model.safetensors")  # <workdir>/<run id>/ppo/...
+    return path.read_bytes()
+
+
+def ppo_history_once(uri: str) -> None:
+    """Every PPO metric of the ppo run holds steps 1..ITERATIONS, each once."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("rlhf-test")
+    (ppo,) = client.search_runs([exp.experiment_id], "tags.`rlhf.stage` = 'ppo'")
+    assert ppo.info.status == "FINISHED"
+    for key in PPO_METRICS:
+        steps = [m.step for m in client.get_metric_history(ppo.info.run_id, key)]
+        assert sorted(steps) == list(range(1, ITERATIONS + 1)), (key, steps)
+    tables = servers.artifact_paths(client, ppo.info.run_id, "samples")
+    assert len(tables) == ITERATIONS + 1  # one per iteration + all.json
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prefect_api, tmp_path_factory):
+    """-> a function giving the final weights of the same run without an outage (trained
+    beside the first test's run, one thread each, to keep the module short)."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    proc, log = rlhf(tmp, "runs", f"sqlite:///{tmp}/m.db", prefect_api)
+
+    def get() -> bytes:
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        return weights(tmp / "runs")
+
+    yield get
+    proc.kill()
+
+
+def test_a_server_back_within_the_limit_leaves_a_complete_record(prefect_api, tmp_path,
+                                                                 uninterrupted):
+    port = servers.free_port()
+    server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    proc, log = rlhf(tmp_path, "runs", uri, prefect_api, "tracking.outage_limit_s=120")
+    try:
+        wait_for("ppo: step 2/", proc, log)
+        servers.stop(server)
+        wait_for("does not answer; tracking records go to", proc, log)
+        server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "answers again after" in text and "Traceback" not in text, text[-3000:]
+        ppo_history_once(uri)
+    finally:
+        proc.kill()
+        servers.stop(server)
+    assert weights(tmp_path / "runs") == uninterrupted()
+
+
+def test_a_longer_outage_stops_at_a_checkpoint_and_resumes(prefect_api, tmp_path,
+                                                           uninterrupted):
+    port = servers.free_port()
+    server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    proc, log = rlhf(tmp_path, "runs", uri, prefect_api, "tracking.outage_limit_s=1")
+    try:
+        wait_for("ppo: step 2/", proc, log)
+        servers.stop(server)
+        assert proc.wait(timeout=120) == 75, log.read_text()[-3000:]
+        last = log.read_text().strip().splitlines()[-1]
+        assert last.startswith("rlhf: the MLflow server at ") and "checkpoint of ppo" in last
+        assert "Traceback" not in log.read_text()
+        command = last.split("continue it with: ")[1]
+        server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
+        proc, log = rlhf(tmp_path, "resumed", uri, prefect_api, args=shlex.split(command)[1:])
+        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        ppo_history_once(uri)
+    finally:
+        proc.kill()
+        servers.stop(server)
+    assert weights(tmp_path / "runs") == uninterrupted()

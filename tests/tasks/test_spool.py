@@ -1,0 +1,122 @@
+"""The tracking spool against a store that goes away: writes are kept in order and sent once
+when it answers, a new process sends what an earlier one left, the outage limit stops the
+stage; and the sample-table tag stays within MLflow's cap."""
+
+import json
+import threading
+import time
+
+import pandas as pd
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+from tasks.spool import Spool, TrackingOutage, spool_table
+from tasks.tables import bounded
+from tasks.tracking import StepLogger
+
+
+class FlakyClient(MlflowClient):
+    """A store that is away (every write raises a connection error) while ``down``."""
+
+    def __init__(self, uri):
+        super().__init__(uri)
+        self.down, self.hung = False, threading.Event()  # hung: calls wait until cleared
+        self.released = threading.Event()
+
+    def _away(self):
+        if self.hung.is_set():
+            self.released.wait(30)
+        if self.down:
+            raise MlflowException("API request failed with exception ConnectionError")
+
+    def log_batch(self, run_id, *args, **kwargs):
+        self._away()
+        return super().log_batch(run_id, *args, **kwargs)
+
+    def log_artifact(self, run_id, *args, **kwargs):
+        self._away()
+        return super().log_artifact(run_id, *args, **kwargs)
+
+
+@pytest.fixture
+def run(tmp_path):
+    client = FlakyClient(f"sqlite:///{tmp_path}/m.db")
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    return client, run_id
+
+
+def steps(client, run_id, key):
+    return [m.step for m in client.get_metric_history(run_id, key)]
+
+
+def test_writes_wait_in_order_and_are_sent_once(run, tmp_path):
+    client, run_id = run
+    spool = Spool(client, run_id, tmp_path / "spool", retry_s=3600)  # flushed by hand
+    log = StepLogger(client, run_id, spool)
+    log(1, {"a": 1.0})
+    client.down = True
+    log(2, {"a": 2.0})
+    spool_table(spool, pd.DataFrame([{"x": 1}]), "samples/iter_00002.json")
+    log(3, {"a": 3.0})
+    assert steps(client, run_id, "a") == [1] and len(spool.pending()) == 3
+    assert spool.outage_s() > 0 and not spool.flush()
+    client.down = False
+    assert spool.flush() and spool.pending() == [] and spool.outage_s() == 0
+    log(3, {"a": 9.0})  # already logged through the spool: skipped
+    assert steps(client, run_id, "a") == [1, 2, 3]
+    assert [a.path for a in client.list_artifacts(run_id, "samples")] == \
+        ["samples/iter_00002.json"]
+    assert not (tmp_path / "spool" / f"{run_id}.jsonl").exists()
+
+
+def test_a_server_that_hangs_does_not_hold_up_the_writes(run, tmp_path):
+    client, run_id = run
+    spool = Spool(client, run_id, tmp_path / "spool", retry_s=0.01)
+    log = StepLogger(client, run_id, spool)
+    client.down = True
+    log(1, {"a": 1.0})  # refused: spooled, the retries start
+    client.hung.set()  # the next retry hangs inside the send
+    time.sleep(0.2)
+    start = time.perf_counter()
+    log(2, {"a": 2.0})
+    assert time.perf_counter() - start < 0.1 and len(spool.pending()) == 2
+    client.down = False
+    client.hung.clear()
+    client.released.set()
+    assert spool.flush() and steps(client, run_id, "a") == [1, 2]
+
+
+def test_a_new_process_sends_what_the_spool_kept(run, tmp_path):
+    client, run_id = run
+    client.down = True
+    StepLogger(client, run_id, Spool(client, run_id, tmp_path / "spool", retry_s=3600))(
+        1, {"a": 1.0})
+    again = Spool(client, run_id, tmp_path / "spool", retry_s=3600)  # after a restart
+    assert not again.flush() and again.outage_s() > 0  # still away: the limit counts
+    client.down = False
+    log = StepLogger(client, run_id, again)  # counts the spooled step as logged
+    log(1, {"a": 5.0})
+    assert again.flush() and steps(client, run_id, "a") == [1]
+
+
+def test_past_the_limit_the_stage_stops_with_what_is_kept(run, tmp_path):
+    client, run_id = run
+    now = [0.0]
+    spool = Spool(client, run_id, tmp_path / "spool", retry_s=3600, clock=lambda: now[0])
+    client.down = True
+    StepLogger(client, run_id, spool)(1, {"a": 1.0})
+    now[0] = 5.0
+    spool.check(10)  # within the limit: nothing
+    spool.kept = "run R keeps the checkpoint of ppo step 4 in /c"
+    now[0] = 11.0
+    with pytest.raises(TrackingOutage, match="has not answered for 11 s .*outage_limit_s=10"
+                                             ".*checkpoint of ppo step 4 in /c and 1 "):
+        spool.check(10)
+
+
+def test_the_table_tag_stays_within_mlflows_cap():
+    listed = [{"path": f"samples/iter_{i:05d}.json", "type": "table"} for i in range(400)]
+    kept = bounded(listed)
+    assert len(json.dumps(kept)) <= MAX_TAG_VAL_LENGTH and kept[-1] == listed[-1]
