@@ -1,5 +1,7 @@
-"""The retrain flow: new preference batches -> validate -> reward model -> PPO from the
-champion -> gate against the champion -> register (champion moves only on a win).
+"""The retrain flow: new preference batches (+ every consumed one, ``rm_data: cumulative``)
+-> validate -> [judge split -> judge reward model, when the gate's scorer is judge_model] ->
+reward model -> PPO from the champion -> gate against the champion -> register (champion
+moves only on a win; the version records its ancestry and the batches it was trained on).
 
 No new batch: nothing trains, the run ends in seconds. No champion yet: the whole pipeline
 runs on the data plus the batches and its result becomes champion. One retrain at a time
