@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -26,13 +27,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def rlhf(args: list[str], sets: list[str]) -> tuple[float, str]:
-    """Run `rlhf ARGS --set ...` -> (wall seconds, stdout)."""
+def rlhf(args: list[str], sets: list[str], prefect_home: Path) -> tuple[float, str]:
+    """Run `rlhf ARGS --set ...` -> (wall seconds, stdout). Its own PREFECT_HOME: a retrain
+    elsewhere on the machine holding the one-slot retrain limit in the shared local Prefect
+    database would make this one skip."""
     cmd = [sys.executable, "-m", "flows.cli", *args]
     for s in sets:
         cmd += ["--set", s]
+    env = {**os.environ, "PREFECT_HOME": str(prefect_home)}
+    env.pop("PREFECT_API_URL", None)
     start = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
@@ -90,10 +95,11 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         return row
 
-    record("bootstrap", 0, *rlhf(["retrain", *config], sets))
+    home = work / "prefect"
+    record("bootstrap", 0, *rlhf(["retrain", *config], sets, home))
     for i in range(1, args.runs + 1):  # alternated: collect, retrain, collect, retrain...
-        record("collect", i, *rlhf(["demo-batch", "--seed", str(i), *config], sets))
-        record("retrain", i, *rlhf(["retrain", *config], sets))
+        record("collect", i, *rlhf(["demo-batch", "--seed", str(i), *config], sets, home))
+        record("retrain", i, *rlhf(["retrain", *config], sets, home))
     summary = summarise(rows)
     print(json.dumps(summary, indent=2))
     stamp = time.strftime("%Y%m%d-%H%M%S")
