@@ -1,5 +1,7 @@
-"""The retrain flow: new preference batches -> validate -> reward model -> PPO from the
-champion -> gate against the champion -> register (champion moves only on a win).
+"""The retrain flow: new preference batches (+ every consumed one, ``rm_data: cumulative``)
+-> validate -> [judge split -> judge reward model, when the gate's scorer is judge_model] ->
+reward model -> PPO from the champion -> gate against the champion -> register (champion
+moves only on a win; the version records its ancestry and the batches it was trained on).
 
 No new batch: nothing trains, the run ends in seconds. No champion yet: the whole pipeline
 runs on the data plus the batches and its result becomes champion. One retrain at a time
@@ -21,6 +23,7 @@ from tasks.config import PipelineConfig
 from tasks.evaluate import register
 from tasks.finish import finish
 from tasks.gate import gate
+from tasks.gate_judge import judge_model, judge_split, resolve_scorer
 from tasks.prepare import prepare
 from tasks.retrain import (
     add_batches,
@@ -86,27 +89,46 @@ def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
         yield True
 
 
-def _with_retrain_iterations(config: PipelineConfig) -> PipelineConfig:
-    n = config.retrain.ppo_iterations
-    if n is None:
-        return config
-    return config.model_copy(update={"ppo": config.ppo.model_copy(update={"iterations": n})})
+def _retrain_settings(config: PipelineConfig) -> PipelineConfig:
+    """``retrain.ppo_iterations`` / ``retrain.rm_epochs`` over ppo.iterations / reward.epochs."""
+    r, update = config.retrain, {}
+    if r.ppo_iterations is not None:
+        update["ppo"] = config.ppo.model_copy(update={"iterations": r.ppo_iterations})
+    if r.rm_epochs is not None:
+        update["reward"] = config.reward.model_copy(update={"epochs": r.rm_epochs})
+    return config.model_copy(update=update) if update else config
+
+
+def _lineage(prep: dict, batches: list[dict], ancestry: str, started_from: str) -> dict:
+    return {"rlhf.batches": json.dumps([b["digest"] for b in batches]),
+            "rlhf.trained_on": json.dumps(prep["trained_on"]),
+            "rlhf.batch_sources": json.dumps(prep["batch_sources"]),
+            "rlhf.ancestry": ancestry, "rlhf.started_from": started_from}
 
 
 def bootstrap(config: PipelineConfig, batches: list[dict]) -> dict:
-    """No champion yet: the whole pipeline on the data + batches; its result is champion."""
-    digests = json.dumps([b["digest"] for b in batches])
-
+    """No champion yet: the whole pipeline on the data + batches; its result is champion.
+    With the judge_model scorer, the judge's held-out pairs are kept from the reward model
+    here already, so later challengers' judges share no pair with any RM before them."""
     rows: list[dict] = []
+    lineage: dict = {}
+    judge: dict = {}  # the run's resolved gold judge, known once prepared
 
     def with_batches(ctx: RunContext, prep: dict) -> dict:
         out = add_batches(ctx, config, prep, batches)
         rows.extend(out["batch_rows"])
+        lineage.update(_lineage(out, batches, "", "none"))
+        judge["name"] = out["judge"]
         return out
 
+    def split(ctx: RunContext, data: dict) -> dict:
+        if resolve_scorer(config, judge["name"]) != "judge_model":
+            return data  # a gold judge scores the gate: every pair trains the RM
+        return judge_split(ctx, config, data)
+
     try:
-        result = run_pipeline(config, prep_hook=with_batches,
-                              lineage={"rlhf.batches": digests, "rlhf.started_from": "none"})
+        result = run_pipeline(config, prep_hook=with_batches, lineage=lineage,
+                              data_hook=split)
     except ValidationFailed as err:  # name the batch files, not only combined rows
         raise ValidationFailed(f"{err}\n{batch_rows_note(rows)}") from None
     ctx = RunContext(tracking_uri=result["tracking_uri"], experiment_id=result["experiment_id"],
@@ -119,13 +141,15 @@ def bootstrap(config: PipelineConfig, batches: list[dict]) -> dict:
     return {"status": "bootstrapped", **result}
 
 
-def challenge(config: PipelineConfig, batches: list[dict]) -> dict:
-    """Retrain from the champion on the batches; the gate decides on promotion."""
+def challenge(config: PipelineConfig, batches: list[dict],
+              consumed: list[dict] | None = None) -> dict:
+    """Retrain from the champion on the new batches (and, ``rm_data: cumulative``, every
+    batch consumed before); the gate decides on promotion."""
     prep = prepare(config)
     ctx = RunContext.model_validate(prep["ctx"])
     with tracked(ctx, config):
         champion = fetch_champion(ctx, config)
-        prep = add_batches(ctx, config, prep, batches, champion)
+        prep = add_batches(ctx, config, prep, batches, champion, consumed)
         try:
             data = validate(ctx, config, prep)
         except ValidationFailed as err:  # name the batch files, not only combined rows
@@ -133,21 +157,27 @@ def challenge(config: PipelineConfig, batches: list[dict]) -> dict:
         r = config.retrain
         reference = champion["sft_dir"] if r.reference == "sft" else champion["policy_dir"]
         rm_init = champion["sft_dir"] if r.rm_init == "sft" else champion["rm_dir"]
-        trained = train_policy(ctx, _with_retrain_iterations(config), prep, data,
+        rm_data, judge_out = data, None
+        if resolve_scorer(config, prep["judge"]) == "judge_model":
+            rm_data = judge_split(ctx, config, data)
+            judge_out = judge_model(ctx, config, rm_data, champion["sft_dir"])
+        trained = train_policy(ctx, _retrain_settings(config), prep, rm_data,
                                {"model_dir": champion["policy_dir"]}, rm_init_dir=rm_init,
                                reference_dir=reference)
         gate_out = gate(ctx, config, prep, data, champion, trained["ppo"],
-                        trained["reward_model"], reference)
-        lineage = {"rlhf.batches": json.dumps([b["digest"] for b in batches]),
-                   "rlhf.started_from": f"champion v{champion['version']}",
+                        trained["reward_model"], reference, judge_out)
+        lineage = {**_lineage(prep, batches, champion["ancestry"],
+                              f"champion v{champion['version']}"),
                    "rlhf.champion_version": champion["version"],
-                   "rlhf.sft_run_id": champion["sft_run_id"]}
+                   "rlhf.sft_run_id": champion["sft_run_id"],
+                   "rlhf.gate.scorer": gate_out["decision"]["scorer"]}
         reg = register(ctx, config, trained["ppo"], gate_out, trained["reward_model"], data,
                        lineage=lineage, decision=gate_out["decision"])
         mark_consumed(ctx, batches)
     result = finish(ctx, {"validate": data, **trained, "gate": gate_out, "register": reg})
     return {"status": "promoted" if gate_out["decision"]["promote"] else "kept",
-            "reason": gate_out["decision"]["reason"], **result}
+            "reason": gate_out["decision"]["reason"],
+            "scorer": gate_out["decision"]["scorer"], **result}
 
 
 @flow(name="retrain", flow_run_name="retrain", log_prints=True)
@@ -187,7 +217,7 @@ def retrain(config: PipelineConfig) -> dict:
             return {"status": "nothing new", "consumed": len(batches["consumed"])}
         try:
             result = bootstrap(config, batches["new"]) if champion is None else \
-                challenge(config, batches["new"])
+                challenge(config, batches["new"], batches["consumed"])
         except ValidationFailed as err:
             if champion is None:  # the configured data may be at fault, not the batches
                 raise

@@ -20,6 +20,7 @@ from tasks.train import critic_init, reward_model, reward_norm, sft
 from tasks.validate import validate
 
 PrepHook = Callable[[RunContext, dict], dict]
+DataHook = Callable[[RunContext, dict], dict]  # validate's output -> the training data
 
 
 @contextmanager
@@ -62,12 +63,15 @@ def train_policy(ctx: RunContext, config: PipelineConfig, prep: dict, data: dict
     return {**rewards, **policy_stages(ctx, config, prep, data, start, rewards, reference_dir)}
 
 
-def shared_stages(ctx: RunContext, config: PipelineConfig, prep: dict) -> dict[str, dict]:
-    """validate -> sft -> reward_model -> reward_norm: what a sweep computes once."""
+def shared_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
+                  data_hook: DataHook | None = None) -> dict[str, dict]:
+    """validate -> sft -> reward_model -> reward_norm: what a sweep computes once.
+    ``data_hook`` may change the reward model's data (a retrain's judge split)."""
     data = validate(ctx, config, prep)
     sft_out = sft(ctx, config, prep, data)
+    rm_data = data if data_hook is None else data_hook(ctx, data)
     return {"validate": data, "sft": sft_out,
-            **reward_stages(ctx, config, prep, data, sft_out)}
+            **reward_stages(ctx, config, prep, rm_data, sft_out)}
 
 
 def rl_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
@@ -81,15 +85,17 @@ def rl_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
 
 
 def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
-                 prep_hook: PrepHook | None = None, lineage: dict | None = None) -> dict:
+                 prep_hook: PrepHook | None = None, lineage: dict | None = None,
+                 data_hook: DataHook | None = None) -> dict:
     """The whole pipeline in the current flow run -> the per-stage summary. ``prep_hook``
-    may change the prepared inputs (the retrain flow adds its batches to the data)."""
+    may change the prepared inputs (the retrain flow adds its batches to the data);
+    ``data_hook`` the reward model's validated data (the retrain's judge split)."""
     prep = prepare(config, resume_run_id)
     ctx = RunContext.model_validate(prep["ctx"])
     if prep_hook is not None:
         prep = prep_hook(ctx, prep)
     with tracked(ctx, config):
-        outputs = shared_stages(ctx, config, prep)
+        outputs = shared_stages(ctx, config, prep, data_hook)
         outputs.update(rl_stages(ctx, config, prep, outputs))
         outputs["register"] = register(ctx, config, outputs["ppo"], outputs["evaluate"],
                                        outputs["reward_model"], outputs["validate"],

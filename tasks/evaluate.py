@@ -167,12 +167,16 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
             {"max_new_tokens": cfg.eval.max_new_tokens, "temperature": cfg.eval.temperature})
         tags = {**lineage_tags(ctx, rm_out, ppo_out, lineage),
                 DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]}
+        # the chain of versions this one descends from: "v1 -> v2 -> v3"
+        tags["rlhf.ancestry"] = " -> ".join(
+            x for x in (tags.get("rlhf.ancestry", ""), f"v{version}") if x)
         if decision is not None:
             tags["rlhf.gate"] = decision["reason"]
         for tag, value in tags.items():
             client.set_model_version_tag(name, str(version), tag, value)
         show_on_run(client, ctx.parent_run_id, [(name, version), (rm_name, rm_version)])
         set_tags(client, run_id, {DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]})
+        set_tags(client, ctx.parent_run_id, {"rlhf.ancestry": tags["rlhf.ancestry"]})
         set_alias(client, name, CHALLENGER, version)
         set_alias(client, rm_name, CHALLENGER, rm_version)
         crash_point("register:challenger")

@@ -20,6 +20,7 @@ from tasks.tracking import STAGE_TAG, RunContext, default_tracking_uri, set_tags
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CONSUMED_TAG = "rlhf.retrain.consumed"
+CONSUMED_COPY = "consumed_batches"  # artifact folder: a copy of each batch a retrain consumed
 
 
 class GateError(ValueError):
@@ -37,31 +38,52 @@ def _client_and_experiment(cfg: PipelineConfig) -> tuple[MlflowClient, str | Non
     return client, None if exp is None else exp.experiment_id
 
 
-def consumed_digests(cfg: PipelineConfig) -> set[str]:
-    """Digests of the batches that finished retrains consumed (tag on their parent runs)."""
+def consumed_runs(cfg: PipelineConfig) -> dict[str, str]:
+    """Digests of the batches that finished retrains consumed (tag on their parent runs) ->
+    the run that consumed each (which keeps a copy of the file, ``consumed_batches/``)."""
     client, exp_id = _client_and_experiment(cfg)
     if exp_id is None:
-        return set()
+        return {}
     runs = client.search_runs([exp_id], filter_string=f"tags.`{CONSUMED_TAG}` != ''",
-                              max_results=5000)
-    return {d for r in runs if r.info.status == "FINISHED"
+                              max_results=5000, order_by=["attributes.start_time ASC"])
+    return {d: r.info.run_id for r in runs if r.info.status == "FINISHED"
             for d in json.loads(r.data.tags[CONSUMED_TAG])}
 
 
 @task(name="find_batches")
 def find_batches(cfg: PipelineConfig) -> dict:
     """The watched folder's batch files -> {"new": [...], "consumed": [...]}, each
-    {"name", "path", "digest"}, in file-name order."""
+    {"name", "path", "digest"}, in file-name order. A consumed batch whose file left the
+    folder is listed too, with ``path`` None and the ``run_id`` that keeps its copy."""
     folder = Path(cfg.retrain.watch_dir)
     files = sorted(p for p in folder.glob("*") if p.suffix in BATCH_SUFFIXES) \
         if folder.is_dir() else []
-    done = consumed_digests(cfg)
+    done = consumed_runs(cfg)
     out: dict[str, list] = {"new": [], "consumed": []}
     for path in files:
         digest = file_digest(path)
         entry = {"name": path.name, "path": str(path.resolve()), "digest": digest}
         out["consumed" if digest in done else "new"].append(entry)
+    present = {b["digest"] for b in out["consumed"]}
+    out["consumed"] += [{"name": f"consumed-{d}", "path": None, "digest": d, "run_id": run}
+                        for d, run in done.items() if d not in present]
     return out
+
+
+def batch_file(ctx: RunContext, batch: dict) -> Path | None:
+    """A batch's file: in the watch folder, else the copy its consuming run logged
+    (None: neither, e.g. consumed before copies were kept)."""
+    if batch.get("path") and Path(batch["path"]).is_file():
+        return Path(batch["path"])
+    if not batch.get("run_id"):
+        return None
+    client, folder = ctx.client(), f"{CONSUMED_COPY}/{batch['digest']}"
+    files = [f.path for f in client.list_artifacts(batch["run_id"], folder)]
+    if not files:
+        return None
+    root = ctx.stage_dir("batches") / "consumed"
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(client.download_artifacts(batch["run_id"], files[0], str(root)))
 
 
 def champion_version(cfg: PipelineConfig):
@@ -86,8 +108,8 @@ def _stage_run_id(client: MlflowClient, version, stage: str) -> str:
 
 @task(name="fetch_champion")
 def fetch_champion(ctx: RunContext, cfg: PipelineConfig) -> dict:
-    """Download the champion's policy and reward model (and SFT policy when the config asks
-    for it) from MLflow -> local folders and the champion's lineage."""
+    """Download the champion's policy, reward model and SFT policy from MLflow -> local
+    folders and the champion's lineage."""
     client = ctx.client()
     version = alias_version(client, cfg.tracking.registered_policy, CHAMPION)
     if version is None:
@@ -97,10 +119,11 @@ def fetch_champion(ctx: RunContext, cfg: PipelineConfig) -> dict:
     rm_run = _stage_run_id(client, version, "reward_model")
     sft_run = _stage_run_id(client, version, "sft")
     out = {"version": str(version.version), "sft_run_id": sft_run,
+           "ancestry": version.tags.get("rlhf.ancestry", f"v{version.version}"),
            "policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
            "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
-    if "sft" in (cfg.retrain.rm_init, cfg.retrain.reference):
-        out["sft_dir"] = client.download_artifacts(sft_run, "checkpoint", str(root / "sft"))
+    # the SFT policy: reference, RM start, and the trunk of the gate's judge reward model
+    out["sft_dir"] = client.download_artifacts(sft_run, "checkpoint", str(root / "sft"))
     set_tags(client, ctx.parent_run_id, {"rlhf.retrain.champion_version": out["version"]})
     return out
 
@@ -115,34 +138,53 @@ def _check_gate_prompts(cfg: PipelineConfig, data: DataConfig) -> None:
                         f"paired test needs >= {cfg.retrain.gate.min_prompts}")
 
 
+def _read_batch(ctx: RunContext, batch: dict) -> pd.DataFrame | None:
+    path = batch_file(ctx, batch)
+    if path is None:
+        print(f"consumed batch {batch['digest']}: no file and no copy in MLflow; left out")
+        return None
+    try:
+        return load_table(DataSource(path=str(path)), "preference")
+    except DataError as err:
+        raise DataError(f"preference batch {batch['name']}: {err}") from None
+
+
 @task(name="add_batches")
 def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: dict, batches: list[dict],
-                champion: dict | None = None) -> dict:
-    """The retrain's inputs: preference data = the configured pairs (unless new_only) + the
-    batches; the champion's policy and tokenizer as the base. A batch that cannot be read
-    stops the run here, naming the file and row."""
+                champion: dict | None = None, consumed: list[dict] | None = None) -> dict:
+    """The retrain's inputs: preference data = the configured pairs and every batch earlier
+    retrains consumed (``rm_data: cumulative``) + the new batches (``new_only``: the new
+    batches alone); the champion's policy and tokenizer as the base. A batch that cannot be
+    read stops the run here, naming the file and row."""
     data = DataConfig.model_validate(prep["data"])
     _check_gate_prompts(cfg, data)
-    frames = [] if cfg.retrain.rm_data == "new_only" and champion else \
-        [load_table(data.preference, "preference")]
+    only_new = cfg.retrain.rm_data == "new_only" and champion is not None
+    frames = [] if only_new else [load_table(data.preference, "preference")]
     rows = []  # where each batch sits in the combined file (1-based rows, as the gate says)
-    for batch in batches:
-        try:
-            frames.append(load_table(DataSource(path=batch["path"]), "preference"))
-        except DataError as err:
-            raise DataError(f"preference batch {batch['name']}: {err}") from None
+    used = []
+    for batch in [*([] if only_new else consumed or []), *batches]:
+        frame = _read_batch(ctx, batch)
+        if frame is None:
+            continue
+        frames.append(frame)
+        used.append(batch)
         first = sum(len(f) for f in frames[:-1]) + 1
-        rows.append({"name": batch["name"], "first": first, "last": first + len(frames[-1]) - 1})
+        rows.append({"name": batch["name"], "first": first, "last": first + len(frame) - 1})
     path = ctx.stage_dir("batches") / "preference.jsonl"
     pd.concat(frames, ignore_index=True).to_json(path, orient="records", lines=True,
                                                  force_ascii=False)
     out = {**prep, "data": data.model_copy(update={"preference": DataSource(path=str(path))})
-           .model_dump(), "batch_rows": rows}
+           .model_dump(), "batch_rows": rows, "trained_on": [b["digest"] for b in used]}
     if champion is not None:
         out.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
+    from tasks.labels import batch_sources  # labels imports this module
+
+    out["batch_sources"] = batch_sources(cfg, out["trained_on"])
     set_tags(ctx.client(), ctx.parent_run_id, {
         "rlhf.retrain": "true", "rlhf.retrain.batches": json.dumps(
-            [{"name": b["name"], "digest": b["digest"]} for b in batches])})
+            [{"name": b["name"], "digest": b["digest"]} for b in batches]),
+        "rlhf.trained_on": json.dumps(out["trained_on"]),
+        "rlhf.batch_sources": json.dumps(out["batch_sources"])})
     return out
 
 
@@ -173,8 +215,12 @@ def log_batch_inputs(ctx: RunContext, batches: list[dict]) -> None:
 
 @task(name="mark_consumed")
 def mark_consumed(ctx: RunContext, batches: list[dict]) -> None:
-    """Record the batches as consumed (read by the next retrain's find_batches)."""
+    """Record the batches as consumed (read by the next retrain's find_batches), with a
+    copy of each file on the run (``consumed_batches/<digest>/``) for later rounds."""
     log_batch_inputs(ctx, batches)
+    client = ctx.client()
+    for b in batches:
+        client.log_artifact(ctx.parent_run_id, b["path"], f"{CONSUMED_COPY}/{b['digest']}")
     set_tags(ctx.client(), ctx.parent_run_id,
              {CONSUMED_TAG: json.dumps([b["digest"] for b in batches])})
 

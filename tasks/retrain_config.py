@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Frozen(BaseModel):
@@ -33,8 +34,24 @@ class GateConfig(_Frozen):
     n_bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples.")
     max_eos_drop: float = Field(0.05, ge=0, description="EOS rate may fall at most this much.")
     max_kl: float = Field(25.0, gt=0, description="Cap on the challenger's KL to reference.")
-    scorer: Literal["auto", "judge", "reward_model"] = Field(
-        "auto", description="auto: the gold judge when the data has one, else the new RM.")
+    scorer: str = Field("auto", description=(
+        "Who scores both policies: auto (the gold judge when the data has one, else "
+        "judge_model), judge, judge_model (an RM trained on held-out pairs the PPO reward "
+        "model never sees), reward_model (the new RM: biased to the challenger), or "
+        "models:/<name>@<alias> (a registered pyfunc scoring prompt, response)."))
+    judge_fraction: float = Field(0.2, gt=0, lt=1, description=(
+        "judge_model: share of the preference pairs (by hash) held out to train it."))
+    judge_epochs: float | None = Field(None, gt=0, description=(
+        "judge_model: epochs over its pairs (None: reward.epochs)."))
+
+    @field_validator("scorer")
+    @classmethod
+    def _known_scorer(cls, v: str) -> str:
+        if v in ("auto", "judge", "judge_model", "reward_model") or \
+                re.fullmatch(r"models:/[^/@\s]+@[^/@\s]+", v):
+            return v
+        raise ValueError(f"retrain.gate.scorer {v!r}: expected auto, judge, judge_model, "
+                         "reward_model or models:/<name>@<alias>")
 
 
 class RetrainConfig(_Frozen):
@@ -44,11 +61,14 @@ class RetrainConfig(_Frozen):
     on_overlap: Literal["skip", "wait"] = Field(
         "skip", description="A retrain that finds another running: skip it, or wait.")
     rm_data: Literal["cumulative", "new_only"] = Field(
-        "cumulative", description="Reward model on all consumed + new pairs, or new only.")
+        "cumulative", description="Reward model on the configured pairs + every consumed "
+        "batch + the new ones, or on the new batches only.")
     rm_init: Literal["champion", "sft"] = Field(
         "champion", description="Warm-start the RM from the champion's RM, or from SFT.")
     reference: Literal["champion", "sft"] = Field(
-        "champion", description="PPO reference policy: the champion, or the SFT policy.")
+        "sft", description="PPO reference policy (KL anchor): the SFT policy, or the champion.")
+    rm_epochs: float | None = Field(None, gt=0, description="Reward-model epochs of a "
+                                    "retrain (None: reward.epochs).")
     ppo_iterations: int | None = Field(None, ge=1, description="PPO iterations of a retrain "
                                        "(None: ppo.iterations).")
     gate: GateConfig = Field(GateConfig())

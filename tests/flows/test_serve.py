@@ -30,7 +30,7 @@ from flows.config import load_config
 from flows.serve import served_parameters
 from rlhf_core.demo import write_preference_batch
 from tasks.registry import CHAMPION, PREVIOUS, alias_version
-from tasks.retrain import consumed_digests, file_digest
+from tasks.retrain import consumed_runs, file_digest
 from tests.flows.prefect_procs import (
     ROOT,
     TERMINAL,
@@ -195,7 +195,7 @@ def retrain_cases(served):
     batches.mkdir(parents=True, exist_ok=True)
     out["bad_digest"] = _write_bad_batch(batches)
     step("e_malformed")
-    out["e_malformed/consumed"] = consumed_digests(served["cfg"])
+    out["e_malformed/consumed"] = set(consumed_runs(served["cfg"]))
     # the refused batch left the watch folder for quarantine/, so later rounds go on
     out["e_malformed/moved"] = not (batches / "batch-bad.jsonl").exists() and \
         (batches / "quarantine" / "batch-bad.jsonl").exists()

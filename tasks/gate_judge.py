@@ -1,0 +1,158 @@
+"""The gate's scorer: one the challenger was not optimised against.
+
+``retrain.gate.scorer``: ``auto`` (the gold judge where the data has one, else
+``judge_model``), ``judge`` (the gold judge), ``judge_model`` (a reward model trained from
+the SFT policy on a held-out hash split of the preference pairs, ``judge_fraction``, which the
+reward model PPO optimises against never sees), ``reward_model`` (the new reward model: it
+favours the challenger, for comparison only) or ``models:/<name>@<alias>`` (a registered
+MLflow pyfunc scoring a DataFrame with ``prompt`` and ``response`` columns, e.g. a larger
+reward model or an LLM judge wrapped as pyfunc).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prefect import task
+
+from rlhf_core.checkpoint import save_scalar_model
+from rlhf_core.gate import held_out_for_judge
+from rlhf_core.loader import load_tokenizer, new_scalar_model
+from rlhf_core.optim import seed_everything
+from rlhf_core.reward import train_reward_model
+from tasks.artifacts import local_path, publish, uri_key
+from tasks.common import metric_logger, read_jsonl, run_stage, setup_models
+from tasks.config import PipelineConfig
+from tasks.tracking import RunContext, set_tags
+
+BUILT_IN = ("judge", "judge_model", "reward_model")
+
+
+def resolve_scorer(cfg: PipelineConfig, judge_name: str) -> str:
+    """``retrain.gate.scorer`` -> the scorer the gate uses: 'judge', 'judge_model',
+    'reward_model' or a ``models:/`` URI (``judge_name``: the run's resolved gold judge)."""
+    wanted = cfg.retrain.gate.scorer
+    if wanted == "auto":
+        return "judge" if judge_name != "none" else "judge_model"
+    return wanted
+
+
+def scorer_label(scorer: str) -> str:
+    """How the decision names its scorer."""
+    return {"judge": "gold judge", "judge_model": "held-out judge reward model",
+            "reward_model": "new reward model"}.get(scorer, f"external scorer {scorer}")
+
+
+def _write_jsonl(path, rows: list[dict]) -> None:
+    import json
+
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def _split_rows(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
+    held = [held_out_for_judge(r, fraction) for r in rows]
+    return [r for r, h in zip(rows, held) if not h], [r for r, h in zip(rows, held) if h]
+
+
+@task(name="judge_split")
+def judge_split(ctx: RunContext, cfg: PipelineConfig, data: dict) -> dict:
+    """The validated data with the judge's held-out pairs taken out of ``preference.jsonl``
+    (they go to ``judge_preference.jsonl`` beside it) -> the validate output for the reward
+    model, with ``judge_rows`` added. Logged on the parent run (``judge_split/data``)."""
+    source = local_path(ctx, data, "data_dir")
+    target = ctx.stage_dir("judge_split") / "data"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target)
+    train, held = _split_rows(read_jsonl(source / "preference.jsonl"),
+                              cfg.retrain.gate.judge_fraction)
+    if not train or not held:
+        raise ValueError(f"judge split: {len(train)} pairs for the reward model and "
+                         f"{len(held)} for the judge; both need some "
+                         "(retrain.gate.judge_fraction)")
+    _write_jsonl(target / "preference.jsonl", train)
+    _write_jsonl(target / "judge_preference.jsonl", held)
+    client = ctx.client()
+    client.log_artifacts(ctx.parent_run_id, str(target), "judge_split/data")
+    set_tags(client, ctx.parent_run_id, {"rlhf.judge_split.rm_pairs": str(len(train)),
+                                         "rlhf.judge_split.judge_pairs": str(len(held))})
+    uri = f"runs:/{ctx.parent_run_id}/judge_split/data"
+    return {**data, "data_dir": str(target), uri_key("data_dir"): uri,
+            "judge_rows": str(target / "judge_preference.jsonl")}
+
+
+@task(name="judge_model")
+def judge_model(ctx: RunContext, cfg: PipelineConfig, data: dict, init_dir: str) -> dict:
+    """Train the gate's judge reward model on the held-out pairs (fresh head on
+    ``init_dir``, the SFT policy), so it shares no training pair with the reward model the
+    challenger was optimised against."""
+
+    def body(run_id: str) -> dict:
+        device, spec = setup_models(cfg.model)
+        generator = seed_everything(ctx.seed + 7)
+        tokenizer = load_tokenizer(local_path(ctx, data, "tokenizer"), spec)
+        rows = read_jsonl(local_path(ctx, data, "data_dir") / "judge_preference.jsonl")
+        model = new_scalar_model(init_dir, spec)
+        log = metric_logger(ctx, run_id)
+        epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
+        reward = cfg.reward.model_copy(update={"epochs": epochs})
+        train_reward_model(model, tokenizer, rows, reward, device, generator, log,
+                           False, None, precision=spec.precision)
+        out_dir = save_scalar_model(model, ctx.stage_dir("judge_model") / "model")
+        return publish(ctx, run_id, {"model_dir": str(out_dir),
+                                     "metrics": {"judge/pairs": float(len(rows))}},
+                       "model_dir", "checkpoint")
+
+    return run_stage(ctx, "judge_model", body)
+
+
+@contextmanager
+def _tracking(uri: str) -> Iterator[None]:
+    """MLflow pointed at ``uri`` for the body, the process's own settings (tracking and
+    registry URI, their environment variables) restored after."""
+    import mlflow
+    import mlflow.tracking._model_registry.utils as registry_utils
+    import mlflow.tracking._tracking_service.utils as tracking_utils
+
+    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri, registry_utils._registry_uri = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def load_external(uri: str, tracking_uri: str):
+    """A registered pyfunc scorer (``models:/<name>@<alias>``) from the run's MLflow store;
+    the process's MLflow settings are left as they were."""
+    import mlflow.pyfunc
+
+    with _tracking(tracking_uri):
+        return mlflow.pyfunc.load_model(uri)
+
+
+def external_scores(model, prompts: list[str], responses: list[str]) -> list[float]:
+    """The pyfunc's predict on a (prompt, response) DataFrame -> one float per row."""
+    import numpy as np
+    import pandas as pd
+
+    out = model.predict(pd.DataFrame({"prompt": list(prompts), "response": list(responses)}))
+    if isinstance(out, pd.DataFrame):
+        out = out.iloc[:, 0]
+    values = np.asarray(out, dtype=float).reshape(-1)
+    if len(values) != len(prompts):
+        raise ValueError(f"external scorer: {len(values)} scores for {len(prompts)} rows")
+    return values.tolist()
+
+

@@ -1,0 +1,135 @@
+"""The retrain gate's scorers (tasks/gate_judge.py, tasks/gate.py): which scorer decides, the
+judge's held-out hash split (which the PPO reward model never sees), and an external
+registered pyfunc scorer (``models:/<name>@<alias>``) loaded without changing the process's
+MLflow settings."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+from pydantic import ValidationError
+
+from flows.config import load_config
+from rlhf_core.gate import held_out_for_judge
+from tasks.gate import _gold_tags, _scores
+from tasks.gate_judge import judge_split, load_external, resolve_scorer, scorer_label
+from tasks.retrain_config import GateConfig
+from tasks.tracking import RunContext
+from tests.shared import TEST_CONFIG
+
+
+def _rows(n):
+    return [{"prompt": f"p{i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(n)]
+
+
+@pytest.mark.parametrize("scorer", ["auto", "judge", "judge_model", "reward_model",
+                                    "models:/big-rm@prod"])
+def test_known_scorers_are_accepted(scorer):
+    assert GateConfig(scorer=scorer).scorer == scorer
+
+
+@pytest.mark.parametrize("scorer", ["gold", "models:/big-rm", "models:/a/1", "runs:/x@y"])
+def test_unknown_scorers_are_refused(scorer):
+    with pytest.raises(ValidationError, match="retrain.gate.scorer"):
+        GateConfig(scorer=scorer)
+
+
+def test_auto_is_the_gold_judge_where_one_exists_else_the_held_out_judge_model():
+    cfg = load_config(TEST_CONFIG)
+    assert resolve_scorer(cfg, "demo") == "judge"
+    assert resolve_scorer(cfg, "none") == "judge_model"
+    ext = load_config(TEST_CONFIG, ["retrain.gate.scorer=models:/big-rm@prod"])
+    assert resolve_scorer(ext, "demo") == "models:/big-rm@prod"
+    assert scorer_label("judge_model") == "held-out judge reward model"
+    assert "models:/big-rm@prod" in scorer_label("models:/big-rm@prod")
+
+
+def test_judge_split_is_a_stable_hash_share_of_the_pairs():
+    rows = _rows(4000)
+    held = [r for r in rows if held_out_for_judge(r, 0.2)]
+    assert 0.18 < len(held) / len(rows) < 0.22
+    assert held == [r for r in reversed(rows) if held_out_for_judge(r, 0.2)][::-1]  # order-free
+    assert all(held_out_for_judge(r, 0.5) for r in held)  # a larger share keeps these
+
+
+def _ctx(tmp_path, uri):
+    client = MlflowClient(uri)
+    exp = client.create_experiment("gate")
+    run = client.create_run(exp)
+    return client, RunContext(tracking_uri=uri, experiment_id=exp,
+                              parent_run_id=run.info.run_id, workdir=str(tmp_path / "w"),
+                              seed=0)
+
+
+def test_judge_split_keeps_the_judges_pairs_from_the_reward_model(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client, ctx = _ctx(tmp_path, uri)
+    src = tmp_path / "data"
+    src.mkdir()
+    rows = _rows(300)
+    (src / "preference.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (src / "prompts.jsonl").write_text('{"prompt": "q"}\n')
+    cfg = load_config(TEST_CONFIG, ["retrain.gate.judge_fraction=0.25"])
+    out = judge_split.fn(ctx, cfg, {"data_dir": str(src), "tokenizer": "t"})
+    read = [json.loads(x) for x in open(f"{out['data_dir']}/preference.jsonl")]
+    held = [json.loads(x) for x in open(out["judge_rows"])]
+    assert sorted(map(json.dumps, read + held)) == sorted(map(json.dumps, rows))
+    assert held and read and not {r["prompt"] for r in read} & {r["prompt"] for r in held}
+    assert all(held_out_for_judge(r, 0.25) for r in held)
+    assert (src / "preference.jsonl").read_text().count("\n") == 300  # validate's untouched
+    assert (tmp_path / "w" / "judge_split" / "data" / "prompts.jsonl").exists()
+    assert out["data_uri"].endswith("/judge_split/data")
+    tags = client.get_run(ctx.parent_run_id).data.tags
+    assert int(tags["rlhf.judge_split.judge_pairs"]) == len(held)
+
+
+@pytest.fixture()
+def restore_mlflow():
+    """This test points the process's MLflow elsewhere; later tests get theirs back."""
+    import mlflow.tracking._model_registry.utils as registry_utils
+    import mlflow.tracking._tracking_service.utils as tracking_utils
+
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
+    yield
+    tracking_utils._tracking_uri, registry_utils._registry_uri = saved
+
+
+class LengthScorer(mlflow.pyfunc.PythonModel):
+    """A stand-in external judge: the longer response scores higher."""
+
+    def predict(self, context, model_input, params=None):
+        return [float(len(r)) for r in model_input["response"]]
+
+
+def test_external_scorer_scores_both_sides_and_leaves_mlflow_settings_alone(
+        tmp_path, monkeypatch, restore_mlflow):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client, ctx = _ctx(tmp_path, uri)
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(experiment_id=ctx.experiment_id):
+        info = mlflow.pyfunc.log_model(name="scorer", python_model=LengthScorer(),
+                                       registered_model_name="big-judge")
+    client.set_registered_model_alias("big-judge", "prod", info.registered_model_version)
+    elsewhere = f"sqlite:///{tmp_path}/other.db"
+    mlflow.set_tracking_uri(elsewhere)
+    mlflow.set_registry_uri(elsewhere)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert load_external("models:/big-judge@prod", uri) is not None
+    assert mlflow.get_tracking_uri() == elsewhere and mlflow.get_registry_uri() == elsewhere
+    samples = {"champion": {"response": ["a", "bb"]}, "challenger": {"response": ["ccc", "d"]}}
+    scores = _scores(ctx, "models:/big-judge@prod", samples, ["p", "q"], None, None, None,
+                     None, None)
+    assert scores == {"champion": [1.0, 2.0], "challenger": [3.0, 1.0]}
+    assert mlflow.get_tracking_uri() == elsewhere
+
+
+def test_gold_tags_say_what_the_gold_judge_would_have_decided():
+    decision = {"promote": True, "figures": {}}
+    gold = {"promote": False, "figures": {"diff_mean": -0.1, "ci_low": -0.2, "ci_high": 0.05}}
+    tags = _gold_tags(decision, gold)
+    assert tags["rlhf.gate.gold.decision"] == "keep"
+    assert tags["rlhf.gate.gold.agrees"] == "False"
+    assert tags["rlhf.gate.gold.ci_low"] == "-0.2"

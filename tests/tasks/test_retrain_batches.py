@@ -1,0 +1,93 @@
+"""tasks/retrain.py with MLflow at tmp_path: ``rm_data: cumulative`` trains the reward model
+on the configured pairs + every batch consumed before (read back from the watch folder, or
+from the copy its consuming run logged when the file is gone) + the new batches; ``new_only``
+on the new batches alone; each batch's source is named (lineage)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+from data_checks.config import DataConfig, DataSource
+from flows.config import load_config
+from tasks.collect import experiment_for
+from tasks.retrain import CONSUMED_TAG, add_batches, file_digest, find_batches, mark_consumed
+from tasks.tracking import RunContext
+from tests.shared import TEST_CONFIG
+
+
+def _pairs(path, tag: str, n: int):
+    rows = [{"prompt": f"{tag} p{i}", "chosen": f"{tag} good {i}", "rejected": f"{tag} bad {i}"}
+            for i in range(n)]
+    pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+    return path
+
+
+def _consume(client, exp_id, paths, tmp_path):
+    """A finished retrain run that consumed ``paths`` (tag and file copies, as a retrain)."""
+    run = client.create_run(exp_id)
+    ctx = RunContext(tracking_uri=client.tracking_uri, experiment_id=exp_id,
+                     parent_run_id=run.info.run_id, workdir=str(tmp_path / "w"), seed=0)
+    mark_consumed.fn(ctx, [{"name": p.name, "path": str(p), "digest": file_digest(p)}
+                           for p in paths])
+    client.set_terminated(run.info.run_id)
+
+
+def _setup(tmp_path, rm_data="cumulative"):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    cfg = load_config(TEST_CONFIG, [f"tracking.tracking_uri={uri}",
+                                    f"retrain.watch_dir={watch}", f"retrain.rm_data={rm_data}",
+                                    "retrain.gate.min_prompts=1", "retrain.gate.num_prompts=1"])
+    client = MlflowClient(uri)
+    exp_id = experiment_for(client, cfg)
+    first, second = _pairs(watch / "a.jsonl", "first", 3), _pairs(watch / "b.jsonl", "second", 4)
+    _consume(client, exp_id, [first], tmp_path)
+    _consume(client, exp_id, [second], tmp_path)
+    first.unlink()  # gone from the folder: its copy in MLflow must serve
+    _pairs(watch / "c.jsonl", "new", 5)
+    base = _pairs(tmp_path / "base.jsonl", "base", 2)
+    pd.DataFrame([{"prompt": "q"}]).to_json(tmp_path / "ev.jsonl", orient="records",
+                                            lines=True)
+    data = DataConfig(sft=DataSource(path=str(base)), preference=DataSource(path=str(base)),
+                      prompts=DataSource(path=str(tmp_path / "ev.jsonl")),
+                      eval_prompts=DataSource(path=str(tmp_path / "ev.jsonl")))
+    run = client.create_run(exp_id)
+    ctx = RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run.info.run_id,
+                     workdir=str(tmp_path / "w2"), seed=0)
+    return cfg, client, ctx, {"data": data.model_dump()}
+
+
+def _prompts(out):
+    path = DataConfig.model_validate(out["data"]).preference.path
+    return [json.loads(x)["prompt"].split()[0] for x in open(path)]
+
+
+def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(tmp_path):
+    cfg, client, ctx, prep = _setup(tmp_path)
+    batches = find_batches.fn(cfg)
+    assert [b["name"] for b in batches["new"]] == ["c.jsonl"]
+    consumed = {b["name"]: b for b in batches["consumed"]}
+    assert set(consumed) == {"b.jsonl", f"consumed-{batches['consumed'][1]['digest']}"}
+    assert consumed["b.jsonl"]["path"] and batches["consumed"][1]["path"] is None
+    out = add_batches.fn(ctx, cfg, prep, batches["new"], {"policy_dir": "x"},
+                         batches["consumed"])
+    names = _prompts(out)
+    assert names.count("base") == 2 and names.count("second") == 4
+    assert names.count("first") == 3 and names.count("new") == 5  # read from MLflow
+    assert len(out["trained_on"]) == 3
+    tags = client.get_run(ctx.parent_run_id).data.tags
+    assert json.loads(tags["rlhf.trained_on"]) == out["trained_on"]
+    assert set(json.loads(tags["rlhf.batch_sources"]).values()) == {"offline"}
+    assert CONSUMED_TAG not in tags  # consumed only once the retrain finished
+
+
+def test_new_only_trains_on_the_new_batches_alone(tmp_path):
+    cfg, _, ctx, prep = _setup(tmp_path, "new_only")
+    batches = find_batches.fn(cfg)
+    out = add_batches.fn(ctx, cfg, prep, batches["new"], {"policy_dir": "x"},
+                         batches["consumed"])
+    assert _prompts(out) == ["new"] * 5
