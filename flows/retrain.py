@@ -23,7 +23,7 @@ from tasks.config import PipelineConfig
 from tasks.evaluate import register
 from tasks.finish import finish
 from tasks.gate import gate
-from tasks.gate_judge import judge_model, judge_split, resolve_scorer
+from tasks.gate_judge import batch_pair_keys, judge_model, judge_split, resolve_scorer
 from tasks.prepare import prepare
 from tasks.retrain import (
     add_batches,
@@ -159,7 +159,7 @@ def challenge(config: PipelineConfig, batches: list[dict],
         rm_init = champion["sft_dir"] if r.rm_init == "sft" else champion["rm_dir"]
         rm_data, judge_out = data, None
         if resolve_scorer(config, prep["judge"]) == "judge_model":
-            rm_data = judge_split(ctx, config, data)
+            rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
             judge_out = judge_model(ctx, config, rm_data, champion["sft_dir"])
         trained = train_policy(ctx, _retrain_settings(config), prep, rm_data,
                                {"model_dir": champion["policy_dir"]}, rm_init_dir=rm_init,

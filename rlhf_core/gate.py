@@ -83,14 +83,19 @@ def gate_decision(champion: Sequence[float], challenger: Sequence[float],
             f"{margin}", "figures": figures}
 
 
+def pair_key(row: dict) -> str:
+    """A preference pair's identity: its prompt, chosen and rejected texts."""
+    import json
+
+    return json.dumps([row.get("prompt"), row.get("chosen"), row.get("rejected")],
+                      sort_keys=True, ensure_ascii=False, default=str)
+
+
 def held_out_for_judge(row: dict, fraction: float) -> bool:
     """Whether a preference pair {prompt, chosen, rejected} belongs to the judge's held-out
     split: a hash of its texts, so the same pair falls on the same side in every round (the
     reward model PPO optimises against never sees the pairs that train the gate's judge)."""
     import hashlib
-    import json
 
-    key = json.dumps([row.get("prompt"), row.get("chosen"), row.get("rejected")],
-                     sort_keys=True, ensure_ascii=False, default=str)
-    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    h = int.from_bytes(hashlib.sha256(pair_key(row).encode()).digest()[:8], "big")
     return h / 2.0 ** 64 < fraction

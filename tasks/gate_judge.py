@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from prefect import task
 
 from rlhf_core.checkpoint import save_scalar_model
-from rlhf_core.gate import held_out_for_judge
+from rlhf_core.gate import held_out_for_judge, pair_key
 from rlhf_core.loader import load_tokenizer, new_scalar_model
 from rlhf_core.optim import seed_everything
 from rlhf_core.reward import train_reward_model
@@ -58,11 +58,25 @@ def _split_rows(rows: list[dict], fraction: float) -> tuple[list[dict], list[dic
     return [r for r, h in zip(rows, held) if not h], [r for r, h in zip(rows, held) if h]
 
 
+def batch_pair_keys(prep: dict) -> list[str]:
+    """The pairs the retrain's batches brought (rows ``batch_rows`` of the combined
+    preference file ``add_batches`` wrote), as ``pair_key``s."""
+    rows = prep.get("batch_rows") or []
+    if not rows:
+        return []
+    combined = read_jsonl(prep["data"]["preference"]["path"])
+    return sorted({pair_key(r) for span in rows
+                   for r in combined[span["first"] - 1:span["last"]]})
+
+
 @task(name="judge_split")
-def judge_split(ctx: RunContext, cfg: PipelineConfig, data: dict) -> dict:
+def judge_split(ctx: RunContext, cfg: PipelineConfig, data: dict,
+                batch_keys: list[str] | None = None) -> dict:
     """The validated data with the judge's held-out pairs taken out of ``preference.jsonl``
     (they go to ``judge_preference.jsonl`` beside it) -> the validate output for the reward
-    model, with ``judge_rows`` added. Logged on the parent run (``judge_split/data``)."""
+    model, with ``judge_rows`` added. Logged on the parent run (``judge_split/data``).
+    ``retrain.gate.judge_data: configured``: held-out pairs among ``batch_keys`` (the
+    batches') are kept from the reward model but do not train the judge either."""
     source = local_path(ctx, data, "data_dir")
     target = ctx.stage_dir("judge_split") / "data"
     if target.exists():
@@ -70,6 +84,10 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: dict) -> dict:
     shutil.copytree(source, target)
     train, held = _split_rows(read_jsonl(source / "preference.jsonl"),
                               cfg.retrain.gate.judge_fraction)
+    n_held = len(held)
+    if cfg.retrain.gate.judge_data == "configured" and batch_keys:
+        from_batches = set(batch_keys)
+        held = [r for r in held if pair_key(r) not in from_batches]
     if not train or not held:
         raise ValueError(f"judge split: {len(train)} pairs for the reward model and "
                          f"{len(held)} for the judge; both need some "
@@ -79,7 +97,9 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: dict) -> dict:
     client = ctx.client()
     client.log_artifacts(ctx.parent_run_id, str(target), "judge_split/data")
     set_tags(client, ctx.parent_run_id, {"rlhf.judge_split.rm_pairs": str(len(train)),
-                                         "rlhf.judge_split.judge_pairs": str(len(held))})
+                                         "rlhf.judge_split.judge_pairs": str(len(held)),
+                                         "rlhf.judge_split.batch_pairs_held": str(
+                                             n_held - len(held))})
     uri = f"runs:/{ctx.parent_run_id}/judge_split/data"
     return {**data, "data_dir": str(target), uri_key("data_dir"): uri,
             "judge_rows": str(target / "judge_preference.jsonl")}

@@ -43,6 +43,9 @@ class GateConfig(_Frozen):
         "judge_model: share of the preference pairs (by hash) held out to train it."))
     judge_epochs: float | None = Field(None, gt=0, description=(
         "judge_model: epochs over its pairs (None: reward.epochs)."))
+    judge_data: Literal["configured", "all"] = Field("configured", description=(
+        "judge_model: train on the held-out pairs of the configured data only (a batch under "
+        "test never teaches the judge that decides on it), or on every held-out pair."))
 
     @field_validator("scorer")
     @classmethod

@@ -12,6 +12,8 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
+from rlhf_core.gate import pair_key
+from tasks.common import read_jsonl
 from tests.shared import ROOT, TEST_CONFIG
 
 
@@ -45,6 +47,15 @@ def test_three_rounds_fair_scorers_cumulative_data_and_lineage(tmp_path):
     run2 = client.get_run(v2["rlhf.parent_run_id"]).data.tags
     assert run2["rlhf.gate.scorer_id"] == "judge_model"
     assert run2["rlhf.gate.gold.decision"] in ("promote", "keep")
+    # the judge that decided learned nothing from the batch it judged (judge_data:
+    # configured); the batch's held-out pairs trained neither the judge nor the RM
+    split = tmp_path / "work" / v2["rlhf.parent_run_id"] / "judge_split" / "data"
+    batch = {pair_key(r) for r in read_jsonl(tmp_path / "watch" / "batch-3.jsonl")}
+    judge_pairs = {pair_key(r) for r in read_jsonl(split / "judge_preference.jsonl")}
+    rm_pairs = {pair_key(r) for r in read_jsonl(split / "preference.jsonl")}
+    held = int(run2["rlhf.judge_split.batch_pairs_held"])
+    assert judge_pairs and not judge_pairs & batch and held > 0
+    assert len(batch - rm_pairs) >= held  # those held out are missing from the RM's data
     first = json.loads(v2["rlhf.trained_on"])
     assert len(first) == 1 and json.loads(v2["rlhf.batch_sources"]) == {first[0]: "offline"}
     (tmp_path / "watch" / "batch-3.jsonl").unlink()  # consumed, then gone from the folder
