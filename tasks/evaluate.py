@@ -6,7 +6,7 @@ import pandas as pd
 from prefect import task
 
 from rlhf_core.evaluate import compare_policies, sample_policy
-from rlhf_core.faults import crash_point
+from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
 from tasks.artifacts import local_path
@@ -75,6 +75,7 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
         live(2)  # PPO policy sampled
         metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
                                          resolve_judge(prep["judge"]))
+        pause_point("evaluate:scored")
         client = ctx.client()
         scorer = eval_scorer(prep["judge"], rm_out.get("run_id", ""), prompts)
         set_tags(client, ctx.parent_run_id, {SCORER_TAG: scorer})
@@ -160,6 +161,7 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
              "decision": "gate: " + ("promote" if decision["promote"] else "keep"),
              "champion_score": None}
         card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
+        pause_point("register:log_models")
         version, rm_version = adopted or log_models(
             run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
             str(local_path(ctx, rm_out, "model_dir")), str(local_path(ctx, data, "tokenizer")),
