@@ -31,6 +31,7 @@ from tasks.registry import (
     set_alias,
     show_on_run,
 )
+from tasks.spool import one_try
 from tasks.tracking import RunContext, find_stage_run, set_tags
 
 
@@ -162,11 +163,15 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
              "champion_score": None}
         card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
         pause_point("register:log_models")
-        version, rm_version = adopted or log_models(
-            run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
-            str(local_path(ctx, rm_out, "model_dir")), str(local_path(ctx, data, "tokenizer")),
-            rm_name, card, setup_models(cfg.model)[1],
-            {"max_new_tokens": cfg.eval.max_new_tokens, "temperature": cfg.eval.temperature})
+        version, rm_version = adopted or one_try(
+            client, "register: logging the models", lambda: log_models(
+                run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
+                str(local_path(ctx, rm_out, "model_dir")),
+                str(local_path(ctx, data, "tokenizer")), rm_name, card,
+                setup_models(cfg.model)[1], {"max_new_tokens": cfg.eval.max_new_tokens,
+                                             "temperature": cfg.eval.temperature}),
+            # the server back: keep a whole set it took, or delete a partial one and log again
+            lambda: earlier_registration(client, (name, rm_name), run_id))
         tags = {**lineage_tags(ctx, rm_out, ppo_out, lineage),
                 DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]}
         # the chain of versions this one descends from: "v1 -> v2 -> v3"
