@@ -85,7 +85,8 @@ def main(tmp: Path, point: str, limit_s: str | None = None, cap_s: float = 1500)
         exp = client.get_experiment_by_name("rlhf-test")
         (parent,) = [r for r in client.search_runs([exp.experiment_id])
                      if "mlflow.parentRunId" not in r.data.tags]
-        last = text.strip().splitlines()[-1]
+        said = [line for line in text.splitlines() if line.startswith("rlhf: ")]
+        last = said[-1] if said else ""
         if "--resume " in last:
             resume = shlex.split(last.split("continue it with: ")[1])[1:]
         else:
@@ -101,6 +102,9 @@ def main(tmp: Path, point: str, limit_s: str | None = None, cap_s: float = 1500)
         print(f"resume ({'printed command' if '--resume ' in last else 'built by hand'}): "
               f"exit {rc2} in {time.time() - start:.1f} s; parent {parent.info.status}; "
               f"stages {stages}")
+        versions = {m.name: len(client.search_model_versions(f"name = '{m.name}'"))
+                    for m in client.search_registered_models()}
+        print(f"registered versions: {versions}")
     finally:
         servers.stop(server)
 
