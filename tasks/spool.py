@@ -261,7 +261,7 @@ def drain_all(limit_s: float) -> None:
 # run: these cannot wait in a spool. Without a bound each would sit in MLflow's own retries
 # (7, with backoff: about 4 minutes a request) and end in a traceback.
 
-QUICK_S = 5
+QUICK_S, AGAIN_S = 5, 30  # request timeouts: first try, tries while waiting
 LONG_CALLS = frozenset({"log_artifact", "log_artifacts", "download_artifacts"})
 
 
@@ -290,9 +290,9 @@ class GuardedClient:
     """An MlflowClient (``raw``) whose calls, on a tracking server that does not answer,
     wait at most ``limit_s`` instead of MLflow's retries: each call is tried once with a
     short timeout; when the server is away one warning says so and the call is tried again
-    every ``poll_s`` until it answers, or :class:`TrackingOutage` stops the run past the
-    limit. Artifact transfers (:data:`LONG_CALLS`) keep MLflow's timeout and retries and
-    start once the server answers its /health page."""
+    (with a longer timeout) every ``poll_s`` until it answers, or :class:`TrackingOutage`
+    stops the run past the limit. Artifact transfers (:data:`LONG_CALLS`) keep MLflow's
+    timeout and retries and start once the server answers its /health page."""
 
     def __init__(self, client: MlflowClient, limit_s: float, parent_run_id: str,
                  workdir: str | Path, poll_s: float = 2.0):
@@ -316,18 +316,28 @@ class GuardedClient:
         since = None
         while True:
             try:
-                with fail_fast(QUICK_S):
-                    return fn(*args, **kwargs)
+                # once the server has not answered, a slow answer is not taken for none
+                with fail_fast(QUICK_S if since is None else AGAIN_S):
+                    result = fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001 - classified just below
                 if not unreachable(err):
                     raise
                 since = self._waited(since, name)
+                continue
+            self._back(since)
+            return result
 
     def wait_for_server(self, doing: str) -> None:
         """Return once the server answers /health, or raise :class:`TrackingOutage`."""
         since = None
         while not server_answers(self.raw.tracking_uri):
             since = self._waited(since, doing)
+        self._back(since)
+
+    def _back(self, since: float | None) -> None:
+        if since is not None:
+            log.warning("MLflow at %s answers again after %.1f s", self.raw.tracking_uri,
+                        time.monotonic() - since)
 
     def _waited(self, since: float | None, doing: str) -> float:
         now = time.monotonic()
