@@ -1,7 +1,7 @@
 """A tracking outage outside the training loop, timed (README § A server that goes away
 during a run).
 
-    .venv/bin/python bench/outage_between_stages.py /tmp/between before:evaluate [limit_s]
+    .venv/bin/python bench/outage_between_stages.py /tmp/between before:evaluate [limit_s [back_s]]
 
 Starts an `mlflow server` (SQLite, served artifacts) under the folder, runs `rlhf run
 --config configs/test.yaml` (small settings, models registered) with the pause point given
@@ -9,7 +9,8 @@ Starts an `mlflow server` (SQLite, served artifacts) under the folder, runs `rlh
 stops the server by its PID (SIGTERM) while the run waits there, lets the run go on, and
 prints how long until the process printed its next line and until it ended, its exit code
 and last lines; then starts the server again on the same port, runs the `--resume` command
-and prints its exit code and every stage run's status.
+and prints its exit code and every stage run's status. With ``back_s`` the server is started
+again that long after the stop, while the run waits (no resume when the run then ends well).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ SETTINGS = ["ppo.iterations=4", "ppo.checkpoint_every=2", "tracking.progress=tru
             "model.torch_threads=1"]
 
 
-def main(tmp: Path, point: str, limit_s: str | None = None, cap_s: float = 1500) -> None:
+def main(tmp: Path, point: str, limit_s: str | None = None, back_s: float | None = None,
+         cap_s: float = 1500) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     port = servers.free_port()
     store = f"sqlite:///{tmp}/server.db"
@@ -65,6 +67,9 @@ def main(tmp: Path, point: str, limit_s: str | None = None, cap_s: float = 1500)
         while proc.poll() is None and time.time() - gone < cap_s:
             if said is None and log.stat().st_size > size:
                 said = time.time() - gone
+            if back_s is not None and time.time() - gone > back_s:
+                server, back_s = servers.start_mlflow(store, tmp, port), None
+                print(f"server back {time.time() - gone:.1f} s after the stop")
             time.sleep(0.1)
         rc = proc.poll()
         ended = time.time() - gone
@@ -93,9 +98,12 @@ def main(tmp: Path, point: str, limit_s: str | None = None, cap_s: float = 1500)
             resume = [*args, "--resume", parent.info.run_id]
         env.pop("RLHF_PAUSE_AT")
         start = time.time()
-        with open(tmp / "resume.err", "w") as err:
-            rc2 = subprocess.run([sys.executable, "-m", "flows.cli", *resume], cwd=tmp,
-                                 env=env, stdout=subprocess.DEVNULL, stderr=err).returncode
+        rc2 = None
+        if rc != 0:
+            with open(tmp / "resume.err", "w") as err:
+                rc2 = subprocess.run([sys.executable, "-m", "flows.cli", *resume], cwd=tmp,
+                                     env=env, stdout=subprocess.DEVNULL,
+                                     stderr=err).returncode
         stages = {r.data.tags["rlhf.stage"]: r.info.status for r in client.search_runs(
             [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
         parent = client.get_run(parent.info.run_id)
@@ -110,4 +118,5 @@ def main(tmp: Path, point: str, limit_s: str | None = None, cap_s: float = 1500)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None,
+         float(sys.argv[4]) if len(sys.argv) > 4 else None)
