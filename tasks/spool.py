@@ -13,6 +13,11 @@ sends what its spool still holds before anything else.
 The outage limit (``tracking.outage_limit_s``) is checked at each checkpoint the stage saves
 and while the stage waits for its spool before publishing its output: past it,
 :class:`TrackingOutage` stops the stage (its checkpoints and the spool stay on disk).
+
+Calls whose answer is needed (opening and closing a stage's run, recording its output,
+evaluate's and register's calls) cannot be spooled: :class:`GuardedClient`, what
+``RunContext.client()`` returns for a server over HTTP, tries each once and, on a server that
+went away, waits for it at most the same limit, then raises :class:`TrackingOutage` too.
 """
 
 from __future__ import annotations
