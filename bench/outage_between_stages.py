@@ -82,7 +82,8 @@ def main(tmp: Path, point: str, limit_s: str | None = None, back_s: float | None
     print(f"[{point}] first line after the stop: {said and round(said, 1)} s; ended after "
           f"{ended:.1f} s; exit {rc}; traceback: {'Traceback' in text[size:]}")
     print("last lines:\n  " + "\n  ".join(text.strip().splitlines()[-4:]))
-    server = servers.start_mlflow(store, tmp, port)
+    if server.poll() is not None:  # (with back_s it is running again already)
+        server = servers.start_mlflow(store, tmp, port)
     try:
         from mlflow.tracking import MlflowClient
 
