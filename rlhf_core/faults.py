@@ -22,3 +22,25 @@ def crash_point(name: str) -> None:
     wanted = os.environ.get(ENV_VAR)
     if wanted and name in {w.strip() for w in wanted.split(",")}:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+PAUSE_VAR, PAUSE_FILE_VAR = "RLHF_PAUSE_AT", "RLHF_PAUSE_FILE"
+
+
+def pause_point(name: str, timeout_s: float = 600.0) -> None:
+    """For tests that stop a server at a known point: when ``name`` is listed in
+    $RLHF_PAUSE_AT, write ``name`` to the file $RLHF_PAUSE_FILE and wait (up to
+    ``timeout_s``) until that file is removed. Points: ``before:<stage>`` (before a stage
+    looks up or opens its run), ``evaluate:scored`` (evaluate's figures computed, not yet
+    logged), ``register:log_models`` (before the models are logged and registered)."""
+    import time
+    from pathlib import Path
+
+    wanted = os.environ.get(PAUSE_VAR)
+    if not wanted or name not in {w.strip() for w in wanted.split(",")}:
+        return
+    path = Path(os.environ[PAUSE_FILE_VAR])
+    path.write_text(name)
+    deadline = time.monotonic() + timeout_s
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -17,7 +17,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from tasks.spool import drain_all
+from tasks.spool import drain_all, wait_for_tracking
 from tasks.tracking import RunContext
 
 CACHE = "artifact_cache"
@@ -74,6 +74,7 @@ def local_path(ctx: RunContext, out: dict, key: str) -> Path:
 def _download(ctx: RunContext, uri: str, target: Path, where: str, recorded) -> None:
     import mlflow.artifacts
 
+    wait_for_tracking(ctx.client(), f"downloading {uri}")  # a server away: bounded wait
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:

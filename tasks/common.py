@@ -14,7 +14,7 @@ from transformers.utils import logging as hf_logging
 
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import ModelConfig
-from rlhf_core.faults import crash_point
+from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.loader import LoadSpec
 from rlhf_core.models import resolve_device
 from tasks.spool import resend_left, spool_for
@@ -85,6 +85,7 @@ def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict],
     """Skip ``stage`` when a finished child run recorded its output; else run ``body(run_id)``
     inside the child run, record its output reference and wall time, and return it. The
     Prefect summary shows its ``metrics`` and any non-metric ``figures`` (names, versions)."""
+    pause_point(f"before:{stage}")
     done = completed_output(ctx, stage)
     if done is not None:
         done["skipped"] = True

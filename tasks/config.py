@@ -59,7 +59,9 @@ class TrackingConfig(BaseModel):
     outage_limit_s: float = Field(
         600.0, gt=0, description="How long a stage trains on while the MLflow server does not "
         "answer (its writes wait in a local spool); past it the stage stops at its next "
-        "checkpoint and says how to resume.")
+        "checkpoint and says how to resume. A call whose answer is needed (opening or "
+        "closing a stage run, recording its output, evaluate, register) waits at most this "
+        "long for the server, then the run stops the same way.")
 
 
 ROUTABLE = ("sft", "reward_model", "ppo")

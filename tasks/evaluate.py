@@ -6,7 +6,7 @@ import pandas as pd
 from prefect import task
 
 from rlhf_core.evaluate import compare_policies, sample_policy
-from rlhf_core.faults import crash_point
+from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
 from tasks.artifacts import local_path
@@ -31,6 +31,7 @@ from tasks.registry import (
     set_alias,
     show_on_run,
 )
+from tasks.spool import one_try
 from tasks.tracking import RunContext, find_stage_run, set_tags
 
 
@@ -75,6 +76,7 @@ def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: dict, sft_o
         live(2)  # PPO policy sampled
         metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
                                          resolve_judge(prep["judge"]))
+        pause_point("evaluate:scored")
         client = ctx.client()
         scorer = eval_scorer(prep["judge"], rm_out.get("run_id", ""), prompts)
         set_tags(client, ctx.parent_run_id, {SCORER_TAG: scorer})
@@ -160,11 +162,16 @@ def register(ctx: RunContext, cfg: PipelineConfig, ppo_out: dict, eval_out: dict
              "decision": "gate: " + ("promote" if decision["promote"] else "keep"),
              "champion_score": None}
         card = policy_card(cfg, ctx.parent_run_id, eval_out["metrics"])
-        version, rm_version = adopted or log_models(
-            run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
-            str(local_path(ctx, rm_out, "model_dir")), str(local_path(ctx, data, "tokenizer")),
-            rm_name, card, setup_models(cfg.model)[1],
-            {"max_new_tokens": cfg.eval.max_new_tokens, "temperature": cfg.eval.temperature})
+        pause_point("register:log_models")
+        version, rm_version = adopted or one_try(
+            client, "register: logging the models", lambda: log_models(
+                run_id, ctx.tracking_uri, str(local_path(ctx, ppo_out, "policy_dir")), name,
+                str(local_path(ctx, rm_out, "model_dir")),
+                str(local_path(ctx, data, "tokenizer")), rm_name, card,
+                setup_models(cfg.model)[1], {"max_new_tokens": cfg.eval.max_new_tokens,
+                                             "temperature": cfg.eval.temperature}),
+            # the server back: keep a whole set it took, or delete a partial one and log again
+            lambda: earlier_registration(client, (name, rm_name), run_id))
         tags = {**lineage_tags(ctx, rm_out, ppo_out, lineage),
                 DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]}
         # the chain of versions this one descends from: "v1 -> v2 -> v3"

@@ -42,7 +42,12 @@ class RunContext(BaseModel):
         _LAST_PARENT[0] = self.parent_run_id  # for the CLI's message on a stop signal
 
     def client(self) -> MlflowClient:
-        return MlflowClient(tracking_uri=self.tracking_uri)
+        """A client whose calls wait at most ``outage_limit_s`` for a server that went away
+        (tasks/spool.py GuardedClient), then stop the run with the resume command."""
+        from tasks.spool import guarded
+
+        return guarded(MlflowClient(tracking_uri=self.tracking_uri), self.outage_limit_s,
+                       self.parent_run_id, self.workdir)
 
     def stage_dir(self, stage: str) -> Path:
         path = Path(self.workdir) / stage
@@ -184,6 +189,7 @@ def mark_ended(client: MlflowClient, run_id: str) -> None:
     """Called while an error propagates: mark ``run_id`` KILLED (a stop signal) or FAILED.
     A store that cannot be reached (or a stop's short deadline) never replaces the error:
     the run then stays RUNNING in the store, and ``--resume`` reopens it all the same."""
+    client = getattr(client, "raw", client)  # no wait on a server that went away
     exc = sys.exc_info()[1]
     status = "KILLED" if exc is not None and type(exc).__name__ in STOPS else "FAILED"
     try:
@@ -205,6 +211,7 @@ def _keep_traceback(client: MlflowClient, run_id: str) -> None:
     """The failure's traceback on the stage run (the terminal shows only the message)."""
     import traceback
 
+    client = getattr(client, "raw", client)
     try:
         with _quick_if_outage():
             client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")

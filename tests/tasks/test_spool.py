@@ -120,3 +120,35 @@ def test_the_table_tag_stays_within_mlflows_cap():
     listed = [{"path": f"samples/iter_{i:05d}.json", "type": "table"} for i in range(400)]
     kept = bounded(listed)
     assert len(json.dumps(kept)) <= MAX_TAG_VAL_LENGTH and kept[-1] == listed[-1]
+
+
+class Away:
+    """A raw client of a server that is away for its first ``fails`` calls."""
+
+    tracking_uri = "http://127.0.0.1:9"  # (the discard port: nothing answers /health)
+
+    def __init__(self, fails: int):
+        self.fails, self.calls = fails, 0
+
+    def search_runs(self, *args):
+        self.calls += 1
+        if self.calls <= self.fails:
+            raise MlflowException("API request failed with exception ConnectionError")
+        return ["run"]
+
+
+def test_a_needed_call_waits_for_the_server_then_stops_past_the_limit(tmp_path, caplog):
+    from tasks.spool import GuardedClient
+
+    back = GuardedClient(Away(fails=2), 5.0, "parent", tmp_path, poll_s=0.01)
+    assert back.search_runs("0") == ["run"] and back.raw.calls == 3
+    assert "not answering (search_runs); waiting up to 5 s" in caplog.text
+    assert "answers again after" in caplog.text
+    gone = GuardedClient(Away(fails=10**6), 0.2, "parent", tmp_path, poll_s=0.01)
+    start = time.monotonic()
+    with pytest.raises(TrackingOutage, match=r"not answered for 0 s \(tracking.outage_limit_s"
+                                             r"=0.2; at search_runs\); run parent keeps"):
+        gone.search_runs("0")
+    assert time.monotonic() - start < 2
+    with pytest.raises(TrackingOutage, match="at downloading"):
+        gone.wait_for_server("downloading")  # /health of a server that is not there
