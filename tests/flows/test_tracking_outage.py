@@ -83,15 +83,27 @@ def uninterrupted(prefect_api, tmp_path_factory):
     proc.kill()
 
 
-def test_a_server_back_within_the_limit_leaves_a_complete_record(prefect_api, tmp_path,
-                                                                 uninterrupted):
+def stopped_mid_ppo(tmp_path, prefect_api, limit_s: int):
+    """A run against a real MLflow server on its own port, that server stopped at PPO step 2
+    -> (port, uri, server, proc, log)."""
     port = servers.free_port()
     server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
-    proc, log = rlhf(tmp_path, "runs", uri, prefect_api, "tracking.outage_limit_s=120")
+    proc, log = rlhf(tmp_path, "runs", uri, prefect_api, f"tracking.outage_limit_s={limit_s}")
     try:
         wait_for("ppo: step 2/", proc, log)
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
         servers.stop(server)
+    return port, uri, server, proc, log
+
+
+def test_a_server_back_within_the_limit_leaves_a_complete_record(prefect_api, tmp_path,
+                                                                 uninterrupted):
+    port, uri, server, proc, log = stopped_mid_ppo(tmp_path, prefect_api, 120)
+    try:
         wait_for("does not answer; tracking records go to", proc, log)
         server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
@@ -106,13 +118,8 @@ def test_a_server_back_within_the_limit_leaves_a_complete_record(prefect_api, tm
 
 def test_a_longer_outage_stops_at_a_checkpoint_and_resumes(prefect_api, tmp_path,
                                                            uninterrupted):
-    port = servers.free_port()
-    server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
-    uri = f"http://127.0.0.1:{port}"
-    proc, log = rlhf(tmp_path, "runs", uri, prefect_api, "tracking.outage_limit_s=1")
+    port, uri, server, proc, log = stopped_mid_ppo(tmp_path, prefect_api, 1)
     try:
-        wait_for("ppo: step 2/", proc, log)
-        servers.stop(server)
         assert proc.wait(timeout=120) == 75, log.read_text()[-3000:]
         last = log.read_text().strip().splitlines()[-1]
         assert last.startswith("rlhf: the MLflow server at ") and "checkpoint of ppo" in last
