@@ -17,7 +17,8 @@ import shutil
 import uuid
 from pathlib import Path
 
-from tasks.spool import drain_all, wait_for_tracking
+from tasks.guarded import wait_for_tracking
+from tasks.spool import drain_all
 from tasks.tracking import RunContext
 
 CACHE = "artifact_cache"

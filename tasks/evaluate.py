@@ -21,6 +21,7 @@ from tasks.champion_rule import (
 )
 from tasks.common import metric_logger, read_jsonl, run_stage, setup_models, stage_params
 from tasks.config import PipelineConfig
+from tasks.guarded import one_try
 from tasks.judge import resolve_judge
 from tasks.progress import StageProgress
 from tasks.registry import (
@@ -31,7 +32,6 @@ from tasks.registry import (
     set_alias,
     show_on_run,
 )
-from tasks.spool import one_try
 from tasks.tracking import RunContext, find_stage_run, set_tags
 
 

@@ -43,8 +43,8 @@ class RunContext(BaseModel):
 
     def client(self) -> MlflowClient:
         """A client whose calls wait at most ``outage_limit_s`` for a server that went away
-        (tasks/spool.py GuardedClient), then stop the run with the resume command."""
-        from tasks.spool import guarded
+        (tasks/guarded.py GuardedClient), then stop the run with the resume command."""
+        from tasks.guarded import guarded
 
         return guarded(MlflowClient(tracking_uri=self.tracking_uri), self.outage_limit_s,
                        self.parent_run_id, self.workdir)

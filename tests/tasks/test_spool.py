@@ -138,7 +138,7 @@ class Away:
 
 
 def test_a_needed_call_waits_for_the_server_then_stops_past_the_limit(tmp_path, caplog):
-    from tasks.spool import GuardedClient
+    from tasks.guarded import GuardedClient
 
     back = GuardedClient(Away(fails=2), 5.0, "parent", tmp_path, poll_s=0.01)
     assert back.search_runs("0") == ["run"] and back.raw.calls == 3
