@@ -111,10 +111,9 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
     scoring prompt/response) in the register run -> their versions."""
     import mlflow
 
-    from tasks.mlflow_models import log_policy, log_reward_model
+    from tasks.mlflow_models import log_policy, log_reward_model, mlflow_pointed_at
 
-    mlflow.set_tracking_uri(tracking_uri)
-    with mlflow.start_run(run_id=run_id):
+    with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
         version = log_policy(policy_dir, policy_name, generation, card, spec.trust_remote_code)
         crash_point("register:policy_version")
         rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name, spec.trust_remote_code)

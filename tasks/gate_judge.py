@@ -11,10 +11,7 @@ reward model or an LLM judge wrapped as pyfunc).
 
 from __future__ import annotations
 
-import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from prefect import task
 
@@ -26,6 +23,7 @@ from rlhf_core.reward import train_reward_model
 from tasks.artifacts import local_path, publish, uri_key
 from tasks.common import metric_logger, read_jsonl, run_stage, setup_models
 from tasks.config import PipelineConfig
+from tasks.mlflow_models import mlflow_pointed_at
 from tasks.tracking import RunContext, set_tags
 
 BUILT_IN = ("judge", "judge_model", "reward_model")
@@ -130,35 +128,12 @@ def judge_model(ctx: RunContext, cfg: PipelineConfig, data: dict, init_dir: str)
     return run_stage(ctx, "judge_model", body)
 
 
-@contextmanager
-def _tracking(uri: str) -> Iterator[None]:
-    """MLflow pointed at ``uri`` for the body, the process's own settings (tracking and
-    registry URI, their environment variables) restored after."""
-    import mlflow
-    import mlflow.tracking._model_registry.utils as registry_utils
-    import mlflow.tracking._tracking_service.utils as tracking_utils
-
-    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    try:
-        yield
-    finally:
-        tracking_utils._tracking_uri, registry_utils._registry_uri = saved
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def load_external(uri: str, tracking_uri: str):
     """A registered pyfunc scorer (``models:/<name>@<alias>``) from the run's MLflow store;
     the process's MLflow settings are left as they were."""
     import mlflow.pyfunc
 
-    with _tracking(tracking_uri):
+    with mlflow_pointed_at(tracking_uri):
         return mlflow.pyfunc.load_model(uri)
 
 

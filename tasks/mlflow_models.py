@@ -7,8 +7,11 @@ send (``rlhf_core/serving.py`` does the work)."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import rlhf_core
@@ -16,6 +19,32 @@ import rlhf_core
 POLICY_SCRIPT = Path(__file__).with_name("policy_pyfunc.py")
 PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
 REQUIREMENTS = ["torch", "transformers", "safetensors", "pandas"]
+
+
+@contextmanager
+def mlflow_pointed_at(uri: str) -> Iterator[None]:
+    """MLflow pointed at ``uri`` (and the registry our clients use with it) for the body, the
+    process's own settings (tracking and registry URI, their environment variables) restored
+    after."""
+    import mlflow
+    import mlflow.tracking._model_registry.utils as registry_utils
+    import mlflow.tracking._tracking_service.utils as tracking_utils
+
+    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
+    # the registry the run's own clients use: MLFLOW_REGISTRY_URI, else the tracking store
+    registry = saved_env["MLFLOW_REGISTRY_URI"] or uri
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(registry)
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri, registry_utils._registry_uri = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def policy_signature(max_new_tokens: int, temperature: float):

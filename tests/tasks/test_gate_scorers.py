@@ -6,6 +6,7 @@ MLflow settings."""
 from __future__ import annotations
 
 import json
+import os
 
 import mlflow
 import pytest
@@ -13,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from flows.config import load_config
-from rlhf_core.gate import held_out_for_judge
+from rlhf_core.gate import held_out_for_judge, pair_key
 from tasks.gate import _gold_tags, _scores
 from tasks.gate_judge import judge_split, load_external, resolve_scorer, scorer_label
 from tasks.retrain_config import GateConfig
@@ -84,17 +85,34 @@ def test_judge_split_keeps_the_judges_pairs_from_the_reward_model(tmp_path):
     assert out["data_uri"].endswith("/judge_split/data")
     tags = client.get_run(ctx.parent_run_id).data.tags
     assert int(tags["rlhf.judge_split.judge_pairs"]) == len(held)
+    assert tags["rlhf.judge_split.batch_pairs_held"] == "0"
 
 
-@pytest.fixture()
-def restore_mlflow():
-    """This test points the process's MLflow elsewhere; later tests get theirs back."""
-    import mlflow.tracking._model_registry.utils as registry_utils
-    import mlflow.tracking._tracking_service.utils as tracking_utils
-
-    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
-    yield
-    tracking_utils._tracking_uri, registry_utils._registry_uri = saved
+@pytest.mark.parametrize("judge_data", ["configured", "all"])
+def test_a_batchs_held_out_pairs_train_neither_model_unless_judge_data_all(tmp_path,
+                                                                            judge_data):
+    """``judge_data: configured``: the held-out pairs of the batch under test are kept from
+    the reward model and from the judge that decides on it; ``all``: they train the judge."""
+    client, ctx = _ctx(tmp_path, f"sqlite:///{tmp_path}/mlflow.db")
+    src = tmp_path / "data"
+    src.mkdir()
+    configured, batch = _rows(200), [{**r, "prompt": f"b{i}"} for i, r in enumerate(_rows(200))]
+    (src / "preference.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in configured + batch))
+    cfg = load_config(TEST_CONFIG, [f"retrain.gate.judge_data={judge_data}"])
+    keys = [pair_key(r) for r in batch]
+    out = judge_split.fn(ctx, cfg, {"data_dir": str(src), "tokenizer": "t"}, keys)
+    rm = {pair_key(json.loads(x)) for x in open(f"{out['data_dir']}/preference.jsonl")}
+    judge = {pair_key(json.loads(x)) for x in open(out["judge_rows"])}
+    held_batch = {k for k, r in zip(keys, batch) if held_out_for_judge(r, 0.2)}
+    assert held_batch and not held_batch & rm  # never in the reward model's data
+    assert judge - set(keys)  # the configured data's held-out pairs teach the judge
+    tags = client.get_run(ctx.parent_run_id).data.tags
+    if judge_data == "configured":
+        assert not judge & set(keys)
+        assert tags["rlhf.judge_split.batch_pairs_held"] == str(len(held_batch))
+    else:
+        assert held_batch <= judge and tags["rlhf.judge_split.batch_pairs_held"] == "0"
 
 
 class LengthScorer(mlflow.pyfunc.PythonModel):
@@ -105,7 +123,7 @@ class LengthScorer(mlflow.pyfunc.PythonModel):
 
 
 def test_external_scorer_scores_both_sides_and_leaves_mlflow_settings_alone(
-        tmp_path, monkeypatch, restore_mlflow):
+        tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client, ctx = _ctx(tmp_path, uri)
     mlflow.set_tracking_uri(uri)
@@ -116,7 +134,10 @@ def test_external_scorer_scores_both_sides_and_leaves_mlflow_settings_alone(
     elsewhere = f"sqlite:///{tmp_path}/other.db"
     mlflow.set_tracking_uri(elsewhere)
     mlflow.set_registry_uri(elsewhere)
+    # the process's settings, not its environment (MLFLOW_REGISTRY_URI names the registry
+    # that the run's own clients register to, and the scorer is looked up there)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     assert load_external("models:/big-judge@prod", uri) is not None
     assert mlflow.get_tracking_uri() == elsewhere and mlflow.get_registry_uri() == elsewhere
     samples = {"champion": {"response": ["a", "bb"]}, "challenger": {"response": ["ccc", "d"]}}
@@ -124,6 +145,9 @@ def test_external_scorer_scores_both_sides_and_leaves_mlflow_settings_alone(
                      None, None)
     assert scores == {"champion": [1.0, 2.0], "challenger": [3.0, 1.0]}
     assert mlflow.get_tracking_uri() == elsewhere
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)  # a registry apart from the tracking store
+    assert load_external("models:/big-judge@prod", elsewhere) is not None
+    assert os.environ["MLFLOW_REGISTRY_URI"] == uri and mlflow.get_registry_uri() == elsewhere
 
 
 def test_gold_tags_say_what_the_gold_judge_would_have_decided():
