@@ -105,13 +105,26 @@ def cmd_retrain(args, config) -> int:
     _preflight(config)
     quiet_expected_failures()
     start = time.perf_counter()
-    out = retrain(config=config)
+    out = retrain(config=config, control=args.control)
     lines = [f"retrain: {out['status']} ({time.perf_counter() - start:.1f} s)"]
     if out.get("reason"):
         lines.append(f"gate: {out['reason']}")
     if out.get("parent_run_id"):
         lines.append(f"MLflow parent run: {out['parent_run_id']} ({out['tracking_uri']})")
     print("\n".join(lines))
+    return 0
+
+
+def cmd_compare(args, config) -> int:
+    from flows.errors import quiet_expected_failures
+    from flows.retrain import compare
+
+    _preflight(config)
+    quiet_expected_failures()
+    out = compare(config=config, champion=args.champion, challenger=args.challenger)
+    a, b = out["versions"]
+    print(f"compare: v{b} against v{a}, scored by {out['scorer']}\ngate: {out['reason']}\n"
+          f"MLflow parent run: {out['parent_run_id']} ({out['tracking_uri']})")
     return 0
 
 
@@ -169,7 +182,17 @@ def add_commands(sub, config_for) -> None:
     imp.set_defaults(func=wrap(cmd_label_import))
     ret = sub.add_parser("retrain", help="one retrain round here, without a Prefect server")
     common(ret)
+    ret.add_argument("--control", action="store_true",
+                     help="a control round: the same retrain on the batches consumed so far, "
+                          "gated against the champion; nothing registered or moved")
     ret.set_defaults(func=wrap(cmd_retrain))
+    cmp = sub.add_parser("compare", help="two registered policy versions through the "
+                                         "retrain's gate (nothing trained or moved)")
+    common(cmp)
+    cmp.add_argument("champion", help="the version compared against (number or alias)")
+    cmp.add_argument("challenger", nargs="?", default="champion",
+                     help="the version tested (default: champion)")
+    cmp.set_defaults(func=wrap(cmd_compare))
     batch = sub.add_parser("demo-batch", help="collect from the champion and label with the "
                                               "demo's hidden judge (--offline: generated pairs)")
     common(batch)

@@ -90,13 +90,14 @@ def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
 
 
 def _retrain_settings(config: PipelineConfig) -> PipelineConfig:
-    """``retrain.ppo_iterations`` / ``retrain.rm_epochs`` over ppo.iterations / reward.epochs."""
-    r, update = config.retrain, {}
-    if r.ppo_iterations is not None:
-        update["ppo"] = config.ppo.model_copy(update={"iterations": r.ppo_iterations})
+    """``retrain.ppo_iterations`` (None: a third of ppo.iterations, the champion already had
+    them all) / ``retrain.rm_epochs`` over ppo.iterations / reward.epochs."""
+    r = config.retrain
+    iterations = r.ppo_iterations or max(1, round(config.ppo.iterations / 3))
+    update = {"ppo": config.ppo.model_copy(update={"iterations": iterations})}
     if r.rm_epochs is not None:
         update["reward"] = config.reward.model_copy(update={"epochs": r.rm_epochs})
-    return config.model_copy(update=update) if update else config
+    return config.model_copy(update=update)
 
 
 def _lineage(prep: dict, batches: list[dict], ancestry: str, started_from: str) -> dict:
@@ -142,9 +143,10 @@ def bootstrap(config: PipelineConfig, batches: list[dict]) -> dict:
 
 
 def challenge(config: PipelineConfig, batches: list[dict],
-              consumed: list[dict] | None = None) -> dict:
+              consumed: list[dict] | None = None, control: bool = False) -> dict:
     """Retrain from the champion on the new batches (and, ``rm_data: cumulative``, every
-    batch consumed before); the gate decides on promotion."""
+    batch consumed before); the gate decides on promotion. ``control``: the same round on
+    the consumed batches alone, gated and recorded, but nothing registered or consumed."""
     prep = prepare(config)
     ctx = RunContext.model_validate(prep["ctx"])
     with tracked(ctx, config):
@@ -162,10 +164,15 @@ def challenge(config: PipelineConfig, batches: list[dict],
             rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
             judge_out = judge_model(ctx, config, rm_data, champion["sft_dir"])
         trained = train_policy(ctx, _retrain_settings(config), prep, rm_data,
-                               {"model_dir": champion["policy_dir"]}, rm_init_dir=rm_init,
+                               {"model_dir": champion["policy_dir"] if r.policy_init == "champion"
+                                else champion["sft_dir"]}, rm_init_dir=rm_init,
                                reference_dir=reference)
         gate_out = gate(ctx, config, prep, data, champion, trained["ppo"],
                         trained["reward_model"], reference, judge_out)
+        if control:
+            result = finish(ctx, {"validate": data, **trained, "gate": gate_out})
+            return {"status": "control", "reason": gate_out["decision"]["reason"],
+                    "scorer": gate_out["decision"]["scorer"], **result}
         lineage = {**_lineage(prep, batches, champion["ancestry"],
                               f"champion v{champion['version']}"),
                    "rlhf.champion_version": champion["version"],
@@ -181,13 +188,16 @@ def challenge(config: PipelineConfig, batches: list[dict],
 
 
 @flow(name="retrain", flow_run_name="retrain", log_prints=True)
-def retrain(config: PipelineConfig) -> dict:
+def retrain(config: PipelineConfig, control: bool = False) -> dict:
     """Consume new preference batches from ``retrain.watch_dir``: retrain from the champion
     and promote the challenger only when the gate says so.
 
     Args:
         config: The served pipeline config; its ``retrain`` section sets the watched
             folder, the schedule, the data/initialisation choices and the gate.
+        control: A control round: the same retrain on the batches consumed so far (new
+            ones stay new), gated against the champion and recorded; nothing registered,
+            no alias moved. It shows what a round's new labels add.
     """
     from flows.serve import deployment_parameters
     from tasks.events import announce_outcome, rename_flow_run, retrain_run_name
@@ -207,6 +217,16 @@ def retrain(config: PipelineConfig) -> dict:
         import_dropped(config)  # labelled files in the watch folder -> batches or quarantine
         batches = find_batches(config)
         champion = champion_version(config)
+        if control:
+            if config.retrain.rm_data != "cumulative":
+                raise ValueError("retrain --control needs retrain.rm_data: cumulative (the "
+                                 "earlier batches are its data)")
+            if champion is None:
+                raise RuntimeError(f"retrain --control: '{config.tracking.registered_policy}'"
+                                   " has no champion to compare with")
+            rename_flow_run(f"retrain-{config.tracking.registered_policy}-"
+                            f"v{champion.version}-control")
+            return challenge(config, [], batches["consumed"], control=True)
         rename_flow_run(retrain_run_name(config.tracking.registered_policy,
                                          champion and str(champion.version),
                                          [b["digest"] for b in batches["new"]]))
@@ -227,3 +247,25 @@ def retrain(config: PipelineConfig) -> dict:
             raise ValidationFailed(f"{err}\nquarantined: {', '.join(moved)}") from None
         announce_outcome(config.tracking.registered_policy, result)
         return result
+
+
+@flow(name="compare", flow_run_name="compare", log_prints=True)
+def compare(config: PipelineConfig, champion: str = "1", challenger: str = "champion") -> dict:
+    """Two registered policy versions (numbers or aliases) through the retrain's gate: both
+    answer the gate's held-out prompts, one scorer scores both, the paired bootstrap test
+    decides; nothing trained, no alias moved (e.g. the champion against the first one)."""
+    prep = prepare(config)
+    ctx = RunContext.model_validate(prep["ctx"])
+    with tracked(ctx, config):
+        if resolve_scorer(config, prep["judge"]) == "judge_model":
+            raise ValueError("rlhf compare: the judge_model scorer is trained in a retrain; "
+                             "set retrain.gate.scorer to judge or models:/<name>@<alias>")
+        base = fetch_champion(ctx, config, champion)
+        other = fetch_champion(ctx, config, challenger)
+        data = validate(ctx, config, prep)
+        gate_out = gate(ctx, config, prep, data, base, {"policy_dir": other["policy_dir"]},
+                        {"model_dir": other["rm_dir"]}, base["sft_dir"])
+    result = finish(ctx, {"validate": data, "gate": gate_out})
+    return {"status": "compared", "reason": gate_out["decision"]["reason"],
+            "scorer": gate_out["decision"]["scorer"],
+            "versions": (base["version"], other["version"]), **result}

@@ -107,14 +107,16 @@ def _stage_run_id(client: MlflowClient, version, stage: str) -> str:
 
 
 @task(name="fetch_champion")
-def fetch_champion(ctx: RunContext, cfg: PipelineConfig) -> dict:
-    """Download the champion's policy, reward model and SFT policy from MLflow -> local
-    folders and the champion's lineage."""
+def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> dict:
+    """Download the champion's (``which``: a version number or alias) policy, reward model
+    and SFT policy from MLflow -> local folders and its lineage."""
     client = ctx.client()
-    version = alias_version(client, cfg.tracking.registered_policy, CHAMPION)
+    name = cfg.tracking.registered_policy
+    version = client.get_model_version(name, which) if which.isdigit() else \
+        alias_version(client, name, which)
     if version is None:
-        raise RuntimeError(f"'{cfg.tracking.registered_policy}' has no champion")
-    root = ctx.stage_dir("champion")
+        raise RuntimeError(f"'{name}' has no {which}")
+    root = ctx.stage_dir("champion" if which == CHAMPION else f"version-{version.version}")
     ppo_run = _stage_run_id(client, version, "ppo")
     rm_run = _stage_run_id(client, version, "reward_model")
     sft_run = _stage_run_id(client, version, "sft")

@@ -68,10 +68,13 @@ class RetrainConfig(_Frozen):
         "batch + the new ones, or on the new batches only.")
     rm_init: Literal["champion", "sft"] = Field(
         "champion", description="Warm-start the RM from the champion's RM, or from SFT.")
+    policy_init: Literal["champion", "sft"] = Field(
+        "champion", description="PPO starts from the champion policy, or afresh from SFT.")
     reference: Literal["champion", "sft"] = Field(
         "sft", description="PPO reference policy (KL anchor): the SFT policy, or the champion.")
     rm_epochs: float | None = Field(None, gt=0, description="Reward-model epochs of a "
                                     "retrain (None: reward.epochs).")
-    ppo_iterations: int | None = Field(None, ge=1, description="PPO iterations of a retrain "
-                                       "(None: ppo.iterations).")
+    ppo_iterations: int | None = Field(None, ge=1, description=(
+        "PPO iterations of a retrain, which continues from the champion (None: a third of "
+        "ppo.iterations, at least 1)."))
     gate: GateConfig = Field(GateConfig())

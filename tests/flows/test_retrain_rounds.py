@@ -3,7 +3,9 @@ tmp_path): a bootstrap that consumes a first batch and keeps the judge's held-ou
 its reward model, then a round decided by an external registered scorer (the gold judge's
 view recorded beside it) whose reward model trains on the first batch too, although that
 file left the watch folder; the lineage tags chain the versions. (Which pairs the judge and
-the reward model see when a batch is under test: tests/tasks/test_gate_scorers.py.)"""
+the reward model see when a batch is under test: tests/tasks/test_gate_scorers.py.) Then,
+in this process, a control round (the same retrain on the consumed batches alone: gated,
+nothing registered, a new batch left new) and `compare` of two versions by the gate."""
 
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ from rlhf_core.demo import write_preference_batch
 from tests.shared import ROOT, TEST_CONFIG
 
 
-def _rlhf(args: list[str], tmp_path) -> str:
-    sets = [f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+def _sets(tmp_path) -> list[str]:
+    return [f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
             f"tracking.workdir={tmp_path}/work", f"retrain.watch_dir={tmp_path}/watch",
             "demo.n_eval=8", "retrain.gate.min_prompts=8", "tracking.system_metrics=false",
             "demo.n_pref=300", "retrain.gate.scorer=judge_model"]
+
+
+def _rlhf(args: list[str], tmp_path) -> str:
     cmd = [sys.executable, "-m", "flows.cli", args[0], "--config", str(TEST_CONFIG)]
-    for s in sets:
+    for s in _sets(tmp_path):
         cmd += ["--set", s]
     cmd += args[1:]  # after the defaults above: a later --set wins
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -35,7 +40,8 @@ def _tags(client, version):
     return client.get_model_version("rlhf-policy", version).tags
 
 
-def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage(tmp_path):
+def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage(tmp_path,
+                                                                              prefect_api):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     first = write_preference_batch(tmp_path / "watch", 200, 3)  # `rlhf demo-batch --offline`
     assert "bootstrapped" in _rlhf(["retrain"], tmp_path)
@@ -56,3 +62,31 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
     trained = json.loads(v2["rlhf.trained_on"])
     assert len(trained) == 2 and trained[0] == digest  # cumulative: the earlier batch too
     assert v2["rlhf.ancestry"] == "v1 -> v2" and v2["rlhf.started_from"] == "champion v1"
+    _control_round_and_compare(tmp_path, client, digest, trained[1])
+
+
+def _control_round_and_compare(tmp_path, client, first: str, second: str) -> None:
+    from flows.config import load_config
+    from flows.retrain import compare, retrain
+    from tasks.registry import CHAMPION, alias_version
+    from tasks.retrain import file_digest, find_batches
+
+    cfg = load_config(TEST_CONFIG, _sets(tmp_path))
+    champion = alias_version(client, "rlhf-policy", CHAMPION).version
+    waiting = file_digest(write_preference_batch(tmp_path / "watch", 100, 5))
+    out = retrain(config=cfg, control=True)
+    assert out["status"] == "control"
+    tags = client.get_run(out["parent_run_id"]).data.tags
+    assert tags["rlhf.gate.decision"] in ("promote", "keep") and "rlhf.gate.ci_low" in tags
+    # the control's reward model trained on the consumed batches, not the waiting one
+    assert {b["digest"] for b in find_batches.fn(cfg)["new"]} == {waiting}
+    assert sorted(json.loads(tags["rlhf.trained_on"])) == sorted([first, second])
+    assert len(client.search_model_versions("name='rlhf-policy'")) == 2  # nothing registered
+    assert alias_version(client, "rlhf-policy", CHAMPION).version == champion
+    judged = cfg.model_copy(update={"retrain": cfg.retrain.model_copy(update={
+        "gate": cfg.retrain.gate.model_copy(update={"scorer": "judge"})})})
+    res = compare(config=judged, champion="1", challenger="2")
+    assert res["versions"] == ("1", "2") and res["scorer"] == "gold judge"
+    tags = client.get_run(res["parent_run_id"]).data.tags
+    assert tags["rlhf.gate.decision"] in ("promote", "keep")
+    assert alias_version(client, "rlhf-policy", CHAMPION).version == champion
