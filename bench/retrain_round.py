@@ -7,6 +7,14 @@ ephemeral API and MLflow bookkeeping).
 
     python bench/retrain_round.py --runs 3 --set seed=11          # the demo, default settings
     python bench/retrain_round.py --runs 2 --config configs/test.yaml
+    python bench/retrain_round.py --runs 3 --control --degraded --compare --set seed=11
+
+``--control``: before each round, a control round (`rlhf retrain --control`: the same retrain
+on the earlier data alone, gated, nothing registered), so the table shows what the new labels
+added; ``--degraded``: then a batch labelled the way the judge would not (quarantined?);
+``--compare``: at the end, the champion against the first one by the gate (`rlhf compare 1`).
+A ``--workdir`` that already holds a champion skips the bootstrap, and a round-1 batch already
+waiting in its watch folder skips the first collection.
 
 Writes bench/results/retrain_round-<time>.json (``--out`` to change).
 """
@@ -64,7 +72,18 @@ def parse(stdout: str) -> dict:
         found["parent_run_id"] = m.group(1)
     if m := re.search(r"gate: (.*)", stdout):
         found["gate"] = m.group(1)
+    if "quarantined" in stdout.lower():
+        found["quarantined"] = True
     return found
+
+
+def gate_tags(uri: str, parent_run_id: str) -> dict:
+    """The gate's decision, mean difference and CI from the run's tags."""
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(uri).get_run(parent_run_id).data.tags
+    return {k: tags[f"rlhf.gate.{k}"] for k in ("decision", "diff_mean", "ci_low", "ci_high")
+            if f"rlhf.gate.{k}" in tags}
 
 
 def main() -> None:
@@ -74,6 +93,9 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--workdir", help="store, watch folder, work (default: a temp folder)")
     p.add_argument("--out", type=Path)
+    p.add_argument("--control", action="store_true", help="a control round before each round")
+    p.add_argument("--degraded", action="store_true", help="a degraded batch after the rounds")
+    p.add_argument("--compare", action="store_true", help="the champion against v1 at the end")
     args = p.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="retrain-bench-"))
     uri = f"sqlite:///{work}/mlflow.db"
@@ -91,15 +113,30 @@ def main() -> None:
         row = {"kind": kind, "round": i, "wall_s": round(wall, 1), **parse(stdout)}
         if kind != "collect" and "parent_run_id" in row:
             row["stages"] = stage_times(uri, cfg.tracking.experiment, row["parent_run_id"])
+            row.update(gate_tags(uri, row["parent_run_id"]))
         rows.append(row)
         print(json.dumps(row), flush=True)
         return row
 
     home = work / "prefect"
-    record("bootstrap", 0, *rlhf(["retrain", *config], sets, home))
+    if not (work / "mlflow.db").exists():
+        record("bootstrap", 0, *rlhf(["retrain", *config], sets, home))
+    waiting = any((work / "watch").glob("*.jsonl"))  # a first batch ready: no first collect
     for i in range(1, args.runs + 1):  # alternated: collect, retrain, collect, retrain...
-        record("collect", i, *rlhf(["demo-batch", "--seed", str(i), *config], sets, home))
+        if args.control:
+            record("control", i, *rlhf(["retrain", "--control", *config], sets, home))
+        if not (i == 1 and waiting):
+            record("collect", i, *rlhf(["demo-batch", "--seed", str(i), *config], sets, home))
         record("retrain", i, *rlhf(["retrain", *config], sets, home))
+    if args.degraded:  # the rounds may have used up the demo's pool: the same prompts anew
+        from rlhf_core.demo import training_prompts
+
+        pool = work / "degraded_prompts.jsonl"
+        pool.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in training_prompts()))
+        record("degraded", 0, *rlhf(["demo-batch", "--degraded", "--seed", "99", *config],
+                                    [*sets, f"collect.prompts={pool}"], home))
+    if args.compare:
+        record("compare", 0, *rlhf(["compare", "1", *config], sets, home))
     summary = summarise(rows)
     print(json.dumps(summary, indent=2))
     stamp = time.strftime("%Y%m%d-%H%M%S")
