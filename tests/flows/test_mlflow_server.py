@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.cli import runs_table
+from flows.cli_runs import runs_table
 from flows.config import load_config
 from tests import servers
 from tests.servers import artifact_paths, stage_children
@@ -67,6 +67,8 @@ def test_run_tree_metrics_and_histories(served_run):
 
 
 def test_artifacts_tables_plots_and_checkpoints(served_run, tmp_path):
+    import mlflow
+
     result, client, _, _ = served_run
     parent = client.get_run(result["parent_run_id"])
     by_stage = stage_children(client, parent)
@@ -78,6 +80,7 @@ def test_artifacts_tables_plots_and_checkpoints(served_run, tmp_path):
     assert "checkpoint/model.safetensors" in artifact_paths(client, by_stage["sft"].info.run_id)
     assert any(p.endswith("head.safetensors")
                for p in artifact_paths(client, by_stage["reward_model"].info.run_id))
+    mlflow.set_tracking_uri(client.tracking_uri)  # load_table searches the fluent API's store
     table = client.load_table(parent.info.experiment_id, "samples/all.json",
                               run_ids=[by_stage["ppo"].info.run_id])
     assert {"iteration", "prompt", "response", "score", "kl"} <= set(table.columns)
