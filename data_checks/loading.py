@@ -34,6 +34,9 @@ def _read_file(source: DataSource, path: Path) -> pd.DataFrame:
         fmt = "hf"
     if fmt == "hf":
         return _read_hf(source)
+    if path.is_dir():
+        raise DataError(f"{path}: a folder, not a {fmt} file (name the file inside it; a "
+                        "dataset saved with save_to_disk loads with format: hf)")
     try:
         return read_local(path, fmt, compression)
     except FileError as err:

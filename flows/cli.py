@@ -36,6 +36,7 @@ from flows.errors import (
 )
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
+from tasks.tracking import runs_table_url
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -69,7 +70,8 @@ def summary_text(result: dict, wall_s: float) -> str:
     lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
               f"MLflow parent run: {result['parent_run_id']} "
               f"(experiment {result['experiment_id']}, {result['tracking_uri']})",
-              f"  view: {ui_hint(result)}"]
+              f"  view: {ui_hint(result)}",
+              f"  runs table: {runs_table_url(result['tracking_uri'], result['experiment_id'])}"]
     lines += [f"registered {what}: {ref}" for what, ref in registered(result).items()]
     lines += [f"checkpoints: {result['workdir']}", ""]
     return "\n".join(lines)

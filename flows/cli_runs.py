@@ -11,6 +11,7 @@ from pathlib import Path
 
 from flows.config import ConfigError
 from flows.preflight import check_servers
+from tasks.tracking import runs_table_url
 
 RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
                ("eval/rm_gold_accuracy", "rm_gold"),
@@ -99,6 +100,9 @@ def _runs_table(client, uri: str, experiment: str, limit: int) -> str:
                      f"{run.info.status:<10}{started:<18}{values}")
     if not runs:
         lines.append("(no pipeline runs yet: `rlhf run`)")
+    where = "" if uri.startswith(("http://", "https://")) else \
+        f" (after `mlflow ui --backend-store-uri {uri}`)"
+    lines.append(f"in the MLflow UI{where}: {runs_table_url(uri, exp.experiment_id)}")
     return "\n".join(lines)
 
 

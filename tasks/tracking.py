@@ -225,6 +225,19 @@ def record_output(ctx: RunContext, run_id: str, output: dict) -> dict:
     return output
 
 
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
+    """The experiment's runs table in the MLflow UI's "Model training" mode: the UI's own
+    GenAI/Model training switch, kept in the browser and GenAI by default, would otherwise
+    open a first visit on the traces overview whatever the experiment's kind tag says. A
+    local store: where `mlflow ui` serves it."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
+        else LOCAL_UI
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
 def run_url(ctx: RunContext, run_id: str) -> str:
     """A link to the run in the MLflow UI (server URIs), else a tracking-URI reference."""
     base = ctx.tracking_uri

@@ -86,6 +86,14 @@ def test_malformed_files_name_file_and_place(tmp_path, content, suffix, needle):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["pairs.jsonl", "pairs.csv.gz"])
+def test_a_folder_named_like_a_data_file_is_called_a_folder(tmp_path, name):
+    (tmp_path / name).mkdir()
+    with pytest.raises(DataError, match="a folder, not a") as err:
+        load_table(DataSource(path=str(tmp_path / name)), "sft")
+    assert str(tmp_path / name) in str(err.value) and "Errno" not in str(err.value)
+
+
 def test_csv_parquet_and_column_map(tmp_path):
     df = pd.DataFrame({"question": ["a b", "c"], "answer": ["x", "y"]})
     df.to_csv(tmp_path / "d.csv", index=False)

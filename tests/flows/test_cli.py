@@ -18,6 +18,7 @@ def test_summary_lists_every_stage_and_the_parent_run():
                          "ppo": {"wall_s": 0.0, "skipped": True, "metrics": {}}}}
     text = summary_text(result, 12.0)
     assert "abc123" in text and "train/loss=0.500" in text and "skipped" in text
+    assert "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning" in text
 
 
 def test_nproc_sets_model_nproc_and_a_bad_one_exits_2(capsys):

@@ -86,6 +86,9 @@ def test_summary_links_a_server_run_and_lists_the_registered_versions():
                                                   "reward model": "models:/rlhf-rm/2"}}}}
     text = summary_text(result, 1.0)
     assert "view: http://mlflow.example:5000/#/experiments/3/runs/abc" in text
+    # the runs table in "Model training" mode, whatever the UI's switch remembers
+    assert "runs table: http://mlflow.example:5000/#/experiments/3/runs?workflowType=" \
+        "machine_learning" in text
     assert "--backend-store-uri http" not in text
     assert "registered policy: models:/rlhf-policy/4 (challenger)" in text
     assert "registered reward model: models:/rlhf-rm/2" in text

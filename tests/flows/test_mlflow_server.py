@@ -120,6 +120,8 @@ def test_rlhf_runs_lists_the_run_with_its_metrics(served_run):
     parent = client.get_run(result["parent_run_id"])
     win = parent.data.metrics["eval/judge_win_rate"]
     assert "FINISHED" in line and f"{win:.3f}" in line and f" {parent.info.run_name} " in line
+    assert f"{client.tracking_uri}/#/experiments/{parent.info.experiment_id}/runs?" \
+        "workflowType=machine_learning" in text
 
 
 def test_prefect_flow_run_name_and_stage_artifacts(served_run):
