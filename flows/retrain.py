@@ -17,7 +17,7 @@ from contextlib import ExitStack, contextmanager
 from prefect import flow
 
 from data_checks.validate import ValidationFailed
-from flows.config import _merge
+from flows.config import ConfigError, _merge
 from flows.wiring import run_pipeline, tracked, train_policy
 from tasks.config import PipelineConfig
 from tasks.evaluate import register
@@ -25,6 +25,7 @@ from tasks.finish import finish
 from tasks.gate import gate
 from tasks.gate_judge import batch_pair_keys, judge_model, judge_split, resolve_scorer
 from tasks.prepare import prepare
+from tasks.registry import RegistryError
 from tasks.retrain import (
     add_batches,
     batch_rows_note,
@@ -219,11 +220,11 @@ def retrain(config: PipelineConfig, control: bool = False) -> dict:
         champion = champion_version(config)
         if control:
             if config.retrain.rm_data != "cumulative":
-                raise ValueError("retrain --control needs retrain.rm_data: cumulative (the "
-                                 "earlier batches are its data)")
+                raise ConfigError("retrain --control needs retrain.rm_data: cumulative (the "
+                                  "earlier batches are its data)")
             if champion is None:
-                raise RuntimeError(f"retrain --control: '{config.tracking.registered_policy}'"
-                                   " has no champion to compare with")
+                raise RegistryError(f"retrain --control: '{config.tracking.registered_policy}'"
+                                    " has no champion to compare with")
             rename_flow_run(f"retrain-{config.tracking.registered_policy}-"
                             f"v{champion.version}-control")
             return challenge(config, [], batches["consumed"], control=True)
@@ -258,8 +259,8 @@ def compare(config: PipelineConfig, champion: str = "1", challenger: str = "cham
     ctx = RunContext.model_validate(prep["ctx"])
     with tracked(ctx, config):
         if resolve_scorer(config, prep["judge"]) == "judge_model":
-            raise ValueError("rlhf compare: the judge_model scorer is trained in a retrain; "
-                             "set retrain.gate.scorer to judge or models:/<name>@<alias>")
+            raise ConfigError("rlhf compare: the judge_model scorer is trained in a retrain; "
+                              "set retrain.gate.scorer to judge or models:/<name>@<alias>")
         base = fetch_champion(ctx, config, champion)
         other = fetch_champion(ctx, config, challenger)
         data = validate(ctx, config, prep)

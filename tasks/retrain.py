@@ -15,7 +15,7 @@ from data_checks.config import DataConfig, DataSource
 from data_checks.loading import DataError, load_table
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
-from tasks.registry import CHAMPION, alias_version
+from tasks.registry import CHAMPION, RegistryError, alias_version
 from tasks.tracking import STAGE_TAG, RunContext, default_tracking_uri, set_tags
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
@@ -110,12 +110,18 @@ def _stage_run_id(client: MlflowClient, version, stage: str) -> str:
 def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> dict:
     """Download the champion's (``which``: a version number or alias) policy, reward model
     and SFT policy from MLflow -> local folders and its lineage."""
+    from mlflow.exceptions import MlflowException
+
     client = ctx.client()
     name = cfg.tracking.registered_policy
-    version = client.get_model_version(name, which) if which.isdigit() else \
-        alias_version(client, name, which)
+    try:
+        version = client.get_model_version(name, which) if which.isdigit() else \
+            alias_version(client, name, which)
+    except MlflowException:
+        version = None
     if version is None:
-        raise RuntimeError(f"'{name}' has no {which}")
+        raise RegistryError(f"'{name}' has no {'version ' if which.isdigit() else ''}{which}"
+                            " in the MLflow registry")
     root = ctx.stage_dir("champion" if which == CHAMPION else f"version-{version.version}")
     ppo_run = _stage_run_id(client, version, "ppo")
     rm_run = _stage_run_id(client, version, "reward_model")

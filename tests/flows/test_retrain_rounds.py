@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.demo import write_preference_batch
@@ -68,7 +69,7 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
 def _control_round_and_compare(tmp_path, client, first: str, second: str) -> None:
     from flows.config import load_config
     from flows.retrain import compare, retrain
-    from tasks.registry import CHAMPION, alias_version
+    from tasks.registry import CHAMPION, RegistryError, alias_version
     from tasks.retrain import file_digest, find_batches
 
     cfg = load_config(TEST_CONFIG, _sets(tmp_path))
@@ -85,6 +86,8 @@ def _control_round_and_compare(tmp_path, client, first: str, second: str) -> Non
     assert alias_version(client, "rlhf-policy", CHAMPION).version == champion
     judged = cfg.model_copy(update={"retrain": cfg.retrain.model_copy(update={
         "gate": cfg.retrain.gate.model_copy(update={"scorer": "judge"})})})
+    with pytest.raises(RegistryError, match="has no version 9"):
+        compare(config=judged, champion="9")
     res = compare(config=judged, champion="1", challenger="2")
     assert res["versions"] == ("1", "2") and res["scorer"] == "gold judge"
     tags = client.get_run(res["parent_run_id"]).data.tags
