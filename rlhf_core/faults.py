@@ -17,10 +17,14 @@ import signal
 ENV_VAR = "RLHF_CRASH_AT"
 
 
+def _listed(var: str, name: str) -> bool:
+    """Is ``name`` among the comma-separated names in $``var``?"""
+    return name in {w.strip() for w in os.environ.get(var, "").split(",")}
+
+
 def crash_point(name: str) -> None:
     """SIGKILL this process if ``name`` is listed in $RLHF_CRASH_AT."""
-    wanted = os.environ.get(ENV_VAR)
-    if wanted and name in {w.strip() for w in wanted.split(",")}:
+    if _listed(ENV_VAR, name):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -36,8 +40,7 @@ def pause_point(name: str, timeout_s: float = 600.0) -> None:
     import time
     from pathlib import Path
 
-    wanted = os.environ.get(PAUSE_VAR)
-    if not wanted or name not in {w.strip() for w in wanted.split(",")}:
+    if not _listed(PAUSE_VAR, name):
         return
     path = Path(os.environ[PAUSE_FILE_VAR])
     path.write_text(name)

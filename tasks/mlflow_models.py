@@ -21,21 +21,19 @@ PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
 REQUIREMENTS = ["torch", "transformers", "safetensors", "pandas"]
 
 
+URI_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
 @contextmanager
-def mlflow_pointed_at(uri: str) -> Iterator[None]:
-    """MLflow pointed at ``uri`` (and the registry our clients use with it) for the body, the
-    process's own settings (tracking and registry URI, their environment variables) restored
-    after."""
-    import mlflow
+def mlflow_settings_kept() -> Iterator[None]:
+    """The process's MLflow tracking and registry URIs (module settings and the variables
+    ``mlflow.set_*_uri`` also set, which child processes inherit) as they were, after the
+    body."""
     import mlflow.tracking._model_registry.utils as registry_utils
     import mlflow.tracking._tracking_service.utils as tracking_utils
 
-    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    saved_env = {k: os.environ.get(k) for k in URI_VARS}
     saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
-    # the registry the run's own clients use: MLFLOW_REGISTRY_URI, else the tracking store
-    registry = saved_env["MLFLOW_REGISTRY_URI"] or uri
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(registry)
     try:
         yield
     finally:
@@ -45,6 +43,19 @@ def mlflow_pointed_at(uri: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextmanager
+def mlflow_pointed_at(uri: str) -> Iterator[None]:
+    """MLflow pointed at ``uri`` (and the registry our clients use with it:
+    MLFLOW_REGISTRY_URI, else the tracking store) for the body; the process's own settings
+    back after."""
+    import mlflow
+
+    with mlflow_settings_kept():
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(os.environ.get("MLFLOW_REGISTRY_URI") or uri)
+        yield
 
 
 def policy_signature(max_new_tokens: int, temperature: float):

@@ -10,28 +10,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the test server's telemetry fails offline and writes to its database while tests start
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-MLFLOW_URI_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
-
-
 @pytest.fixture(autouse=True)
 def _mlflow_uris_restored():
     """Each test leaves MLflow's process-wide URIs as it found them: ``mlflow.set_*_uri``
     (in a test, or in-process register) also sets the variables, which every later CLI
     subprocess of this worker would inherit (a registry in another test's store)."""
-    env = {k: os.environ.get(k) for k in MLFLOW_URI_VARS}
-    yield
-    if "mlflow" not in __import__("sys").modules:
-        return
-    import mlflow.tracking._model_registry.utils as registry_utils
-    import mlflow.tracking._tracking_service.utils as tracking_utils
+    from tasks.mlflow_models import mlflow_settings_kept
 
-    tracking_utils._tracking_uri = env["MLFLOW_TRACKING_URI"]
-    registry_utils._registry_uri = env["MLFLOW_REGISTRY_URI"]
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with mlflow_settings_kept():
+        yield
 
 
 WORDS = ("hello world tell me about cats dogs rain sun please thanks sure the is are nice "

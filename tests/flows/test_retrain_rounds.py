@@ -84,8 +84,7 @@ def _control_round_and_compare(tmp_path, client, first: str, second: str) -> Non
     assert sorted(json.loads(tags["rlhf.trained_on"])) == sorted([first, second])
     assert len(client.search_model_versions("name='rlhf-policy'")) == 2  # nothing registered
     assert alias_version(client, "rlhf-policy", CHAMPION).version == champion
-    judged = cfg.model_copy(update={"retrain": cfg.retrain.model_copy(update={
-        "gate": cfg.retrain.gate.model_copy(update={"scorer": "judge"})})})
+    judged = load_config(TEST_CONFIG, [*_sets(tmp_path), "retrain.gate.scorer=judge"])
     with pytest.raises(RegistryError, match="has no version 9"):
         compare(config=judged, champion="9")
     res = compare(config=judged, champion="1", challenger="2")
