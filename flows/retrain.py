@@ -20,10 +20,8 @@ from data_checks.validate import ValidationFailed
 from flows.config import ConfigError, _merge
 from flows.wiring import run_pipeline, tracked, train_policy
 from tasks.config import PipelineConfig
-from tasks.evaluate import register
 from tasks.finish import finish
-from tasks.gate import gate
-from tasks.gate_judge import batch_pair_keys, judge_model, judge_split, resolve_scorer
+from tasks.gate_judge import batch_pair_keys, judge_split, resolve_scorer
 from tasks.prepare import prepare
 from tasks.registry import RegistryError
 from tasks.retrain import (
@@ -34,8 +32,12 @@ from tasks.retrain import (
     mark_consumed,
     report,
 )
+from tasks.stages.gate import gate
+from tasks.stages.judge_model import judge_model
+from tasks.stages.records import Artifact, DataRecord, ModelRecord, PolicyRecord
+from tasks.stages.register import register
+from tasks.stages.validate import validate
 from tasks.tracking import RunContext
-from tasks.validate import validate
 
 
 def limit_name(config: PipelineConfig) -> str:
@@ -123,7 +125,7 @@ def bootstrap(config: PipelineConfig, batches: list[dict]) -> dict:
         judge["name"] = out["judge"]
         return out
 
-    def split(ctx: RunContext, data: dict) -> dict:
+    def split(ctx: RunContext, data: DataRecord) -> DataRecord:
         if resolve_scorer(config, judge["name"]) != "judge_model":
             return data  # a gold judge scores the gate: every pair trains the RM
         return judge_split(ctx, config, data)
@@ -164,28 +166,28 @@ def challenge(config: PipelineConfig, batches: list[dict],
         if resolve_scorer(config, prep["judge"]) == "judge_model":
             rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
             judge_out = judge_model(ctx, config, rm_data, champion["sft_dir"])
+        start = champion["policy_dir"] if r.policy_init == "champion" else champion["sft_dir"]
         trained = train_policy(ctx, _retrain_settings(config), prep, rm_data,
-                               {"model_dir": champion["policy_dir"] if r.policy_init == "champion"
-                                else champion["sft_dir"]}, rm_init_dir=rm_init,
+                               ModelRecord(model=Artifact(path=start)), rm_init_dir=rm_init,
                                reference_dir=reference)
         gate_out = gate(ctx, config, prep, data, champion, trained["ppo"],
                         trained["reward_model"], reference, judge_out)
         if control:
             result = finish(ctx, {"validate": data, **trained, "gate": gate_out})
-            return {"status": "control", "reason": gate_out["decision"]["reason"],
-                    "scorer": gate_out["decision"]["scorer"], **result}
+            return {"status": "control", "reason": gate_out.decision.reason,
+                    "scorer": gate_out.decision.scorer, **result}
         lineage = {**_lineage(prep, batches, champion["ancestry"],
                               f"champion v{champion['version']}"),
                    "rlhf.champion_version": champion["version"],
                    "rlhf.sft_run_id": champion["sft_run_id"],
-                   "rlhf.gate.scorer": gate_out["decision"]["scorer"]}
+                   "rlhf.gate.scorer": gate_out.decision.scorer}
         reg = register(ctx, config, trained["ppo"], gate_out, trained["reward_model"], data,
-                       lineage=lineage, decision=gate_out["decision"])
+                       lineage=lineage, decision=gate_out.decision)
         mark_consumed(ctx, batches)
     result = finish(ctx, {"validate": data, **trained, "gate": gate_out, "register": reg})
-    return {"status": "promoted" if gate_out["decision"]["promote"] else "kept",
-            "reason": gate_out["decision"]["reason"],
-            "scorer": gate_out["decision"]["scorer"], **result}
+    return {"status": "promoted" if gate_out.decision.promote else "kept",
+            "reason": gate_out.decision.reason,
+            "scorer": gate_out.decision.scorer, **result}
 
 
 @flow(name="retrain", flow_run_name="retrain", log_prints=True)
@@ -264,9 +266,10 @@ def compare(config: PipelineConfig, champion: str = "1", challenger: str = "cham
         base = fetch_champion(ctx, config, champion)
         other = fetch_champion(ctx, config, challenger)
         data = validate(ctx, config, prep)
-        gate_out = gate(ctx, config, prep, data, base, {"policy_dir": other["policy_dir"]},
-                        {"model_dir": other["rm_dir"]}, base["sft_dir"])
+        gate_out = gate(ctx, config, prep, data, base,
+                        PolicyRecord(policy=Artifact(path=other["policy_dir"])),
+                        ModelRecord(model=Artifact(path=other["rm_dir"])), base["sft_dir"])
     result = finish(ctx, {"validate": data, "gate": gate_out})
-    return {"status": "compared", "reason": gate_out["decision"]["reason"],
-            "scorer": gate_out["decision"]["scorer"],
+    return {"status": "compared", "reason": gate_out.decision.reason,
+            "scorer": gate_out.decision.scorer,
             "versions": (base["version"], other["version"]), **result}

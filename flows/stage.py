@@ -15,9 +15,10 @@ from prefect import flow
 from prefect.types.entrypoint import EntrypointType
 
 from tasks.config import PipelineConfig
-from tasks.launch import run_node, stage_body
-from tasks.rank_main import STAGES
+from tasks.launch import run_node
 from tasks.remote import local_context, record_routed
+from tasks.stages.run import execute, typed_inputs
+from tasks.stages.table import DISTRIBUTED, STAGES
 from tasks.tracking import RunContext
 
 
@@ -39,8 +40,8 @@ def rlhf_stage(stage: str, spec: dict, node: dict | None = None) -> dict | None:
             the stage's inputs (MLflow artifact URIs beside local paths).
         node: For a multi-node stage, this node's rank and the head's rendezvous address.
     """
-    if stage not in STAGES:
-        raise ValueError(f"rlhf-stage runs {', '.join(STAGES)}, not {stage!r}")
+    if stage not in DISTRIBUTED:
+        raise ValueError(f"rlhf-stage runs {', '.join(DISTRIBUTED)}, not {stage!r}")
     ctx = local_context(RunContext.model_validate(spec["ctx"]))
     if node is not None:
         run_node(ctx, spec, node)
@@ -48,9 +49,10 @@ def rlhf_stage(stage: str, spec: dict, node: dict | None = None) -> dict | None:
     cfg = PipelineConfig.model_validate(spec["cfg"])
     here = {k: v for k, v in cfg.routing.stages.items() if k != stage}  # run it, don't route
     cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"stages": here})})
-    out = stage_body(ctx, cfg, stage, STAGES[stage], **spec["inputs"])(spec["run_id"])
-    record_routed(ctx, spec["run_id"], out)
-    return out
+    entry = STAGES[stage]
+    out = execute(ctx, cfg, entry, spec["run_id"], typed_inputs(entry, spec["inputs"]))
+    record_routed(ctx, spec["run_id"], out.model_dump(mode="json"))
+    return out.model_dump(mode="json")
 
 
 def stage_deployment(name: str):

@@ -10,8 +10,8 @@ from data_checks.loading import load_table
 from tasks.config import PipelineConfig
 from tasks.finish import fail_parent
 from tasks.prepare import prepare
+from tasks.stages.validate import validate
 from tasks.tracking import RunContext, set_tags
-from tasks.validate import validate
 
 KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
          "eval_prompts": "prompts", "preference_eval": "preference"}
@@ -41,4 +41,5 @@ def rlhf_validate(config: PipelineConfig) -> dict:
         raise
     client.set_terminated(ctx.parent_run_id, status="FINISHED")
     return {"parent_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri,
-            "workdir": ctx.workdir, **out}
+            "workdir": ctx.workdir, "data_dir": out.data.path, "warnings": out.warnings,
+            "metrics": out.metrics}

@@ -11,16 +11,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tasks.config import PipelineConfig
-from tasks.evaluate import evaluate, register
 from tasks.finish import fail_parent, finish
-from tasks.ppo import ppo
 from tasks.prepare import prepare
+from tasks.stages.critic_init import critic_init
+from tasks.stages.evaluate import evaluate
+from tasks.stages.ppo import ppo
+from tasks.stages.records import DataRecord, ModelRecord, StageRecord
+from tasks.stages.register import register
+from tasks.stages.reward_model import reward_model
+from tasks.stages.reward_norm import reward_norm
+from tasks.stages.sft import sft
+from tasks.stages.validate import validate
 from tasks.tracking import RunContext, system_metrics
-from tasks.train import critic_init, reward_model, reward_norm, sft
-from tasks.validate import validate
 
 PrepHook = Callable[[RunContext, dict], dict]
-DataHook = Callable[[RunContext, dict], dict]  # validate's output -> the training data
+DataHook = Callable[[RunContext, DataRecord], DataRecord]  # validate's -> the RM's data
 
 
 @contextmanager
@@ -36,16 +41,19 @@ def tracked(ctx: RunContext, config: PipelineConfig) -> Iterator[None]:
         raise
 
 
-def reward_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: dict,
-                  start: dict, rm_init_dir: str | None = None) -> dict[str, dict]:
+Outputs = dict[str, StageRecord]
+
+
+def reward_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: DataRecord,
+                  start: ModelRecord, rm_init_dir: str | None = None) -> Outputs:
     """reward_model (from ``start``'s trunk, or warm from ``rm_init_dir``) -> reward_norm."""
     rm_out = reward_model(ctx, config, prep, data, start, init_dir=rm_init_dir)
     return {"reward_model": rm_out, "reward_norm": reward_norm(ctx, config, data, rm_out)}
 
 
-def policy_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: dict,
-                  start: dict, rewards: dict[str, dict],
-                  reference_dir: str | None = None) -> dict[str, dict]:
+def policy_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: DataRecord,
+                  start: ModelRecord, rewards: Outputs,
+                  reference_dir: str | None = None) -> Outputs:
     """critic_init (or its skip) -> ppo from ``start`` against the reward model."""
     rm_out = rewards["reward_model"]
     critic_out = critic_init(ctx, config, rm_out)
@@ -54,17 +62,17 @@ def policy_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: dic
     return {"critic_init": critic_out, "ppo": ppo_out}
 
 
-def train_policy(ctx: RunContext, config: PipelineConfig, prep: dict, data: dict,
-                 start: dict, rm_init_dir: str | None = None,
-                 reference_dir: str | None = None) -> dict:
+def train_policy(ctx: RunContext, config: PipelineConfig, prep: dict, data: DataRecord,
+                 start: ModelRecord, rm_init_dir: str | None = None,
+                 reference_dir: str | None = None) -> Outputs:
     """reward_model -> reward_norm -> critic_init -> ppo, PPO starting from ``start``
-    (``{"model_dir": ...}``: the SFT policy, or the champion in a retrain)."""
+    (the SFT policy, or the champion in a retrain)."""
     rewards = reward_stages(ctx, config, prep, data, start, rm_init_dir)
     return {**rewards, **policy_stages(ctx, config, prep, data, start, rewards, reference_dir)}
 
 
 def shared_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
-                  data_hook: DataHook | None = None) -> dict[str, dict]:
+                  data_hook: DataHook | None = None) -> Outputs:
     """validate -> sft -> reward_model -> reward_norm: what a sweep computes once.
     ``data_hook`` may change the reward model's data (a retrain's judge split)."""
     data = validate(ctx, config, prep)
@@ -75,7 +83,7 @@ def shared_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
 
 
 def rl_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
-              shared: dict[str, dict]) -> dict[str, dict]:
+              shared: Outputs) -> Outputs:
     """critic_init -> ppo -> evaluate on the shared stages' outputs (a sweep point)."""
     data, sft_out = shared["validate"], shared["sft"]
     trained = policy_stages(ctx, config, prep, data, sft_out, shared)

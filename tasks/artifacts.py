@@ -1,10 +1,9 @@
 """Stage outputs every worker can reach: an MLflow artifact URI beside each local path.
 
-A stage's output record (the ``rlhf.output`` tag of its child run) holds the local path of
-what it wrote (``model_dir``, ``policy_dir``, ``stats_path``, ``data_dir``, ``tokenizer``)
-and, from :func:`publish`, the artifact URI of the same thing (``model_uri``: ``runs:/<run
-id>/checkpoint``...). A later stage, a retry or a resume reads the path through
-:func:`local_path`: the recorded folder when this machine has it, else the artifact,
+A stage's typed output record (tasks/stages/records.py) holds each file or folder it wrote as
+an :class:`Artifact`: the local path and, from :func:`publish_path`, the artifact URI of the
+same thing (``runs:/<run id>/checkpoint``...). A later stage, a retry or a resume reads it
+through :func:`local_copy`: the recorded path when this machine has it, else the artifact,
 downloaded once into ``<workdir>/artifact_cache`` (to a temporary folder, then renamed into
 place, so two processes or ranks downloading at once never see a half-written copy).
 """
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from tasks.guarded import wait_for_tracking
 from tasks.spool import drain_all
+from tasks.stages.records import Artifact
 from tasks.tracking import RunContext
 
 CACHE = "artifact_cache"
@@ -28,19 +28,12 @@ class StageOutputMissing(FileNotFoundError):
     """A stage output that is neither on this machine nor downloadable from MLflow."""
 
 
-def uri_key(key: str) -> str:
-    """``model_dir`` -> ``model_uri``, ``stats_path`` -> ``stats_uri``, ``tokenizer`` ->
-    ``tokenizer_uri``: where a record keeps the artifact URI of its path ``key``."""
-    return f"{key.removesuffix('_dir').removesuffix('_path')}_uri"
-
-
-def publish(ctx: RunContext, run_id: str, out: dict, key: str, artifact_path: str,
-            logged: bool = False) -> dict:
-    """Log ``out[key]`` (a folder, or a file) as the artifact ``artifact_path`` of the stage's
-    run (unless ``logged``: the stage logged it there already) and record its URI in ``out``.
+def publish_path(ctx: RunContext, run_id: str, path: Path, artifact_path: str,
+                 logged: bool = False) -> Artifact:
+    """Log ``path`` (a folder, or a file) as the artifact ``artifact_path`` of the stage's
+    run (unless ``logged``: the stage logged it there already) -> the path and its URI.
     For a file, ``artifact_path`` names the file itself (``stats/reward_norm.json``)."""
     drain_all(ctx.outage_limit_s)  # the stage's spooled metrics and tables go first
-    path = Path(out[key])
     if not logged:
         client = ctx.client()
         if path.is_dir():
@@ -50,24 +43,21 @@ def publish(ctx: RunContext, run_id: str, out: dict, key: str, artifact_path: st
                 raise ValueError(f"artifact {artifact_path} must end with {path.name}")
             folder = str(Path(artifact_path).parent)
             client.log_artifact(run_id, str(path), None if folder == "." else folder)
-    out[uri_key(key)] = f"runs:/{run_id}/{artifact_path}"
-    return out
+    return Artifact(path=str(path), uri=f"runs:/{run_id}/{artifact_path}")
 
 
-def local_path(ctx: RunContext, out: dict, key: str) -> Path:
-    """The local path of a stage output ``out[key]``: as recorded when it exists here, else
-    its artifact (``out[uri_key(key)]``) from MLflow, cached under the workdir."""
-    recorded = out.get(key)
+def local_copy(ctx: RunContext, artifact: Artifact, what: str) -> Path:
+    """The local path of a stage output: as recorded when it exists here, else its artifact
+    from MLflow, cached under the workdir. ``what`` names it in the error (stage, run, field)."""
+    recorded = artifact.path
     if recorded and Path(recorded).exists():
         return Path(recorded)
-    uri = out.get(uri_key(key))
-    where = f"stage {out.get('stage', '?')} (run {out.get('run_id', '?')}) output '{key}'"
-    if not uri:
-        raise StageOutputMissing(f"{where}: {recorded} does not exist on this machine and "
+    if not artifact.uri:
+        raise StageOutputMissing(f"{what}: {recorded} does not exist on this machine and "
                                  "the stage recorded no artifact URI for it")
-    target = Path(ctx.workdir) / CACHE / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    target = Path(ctx.workdir) / CACHE / hashlib.sha256(artifact.uri.encode()).hexdigest()[:16]
     if not target.exists():
-        _download(ctx, uri, target, where, recorded)
+        _download(ctx, artifact.uri, target, what, recorded)
     (entry,) = [p for p in target.iterdir()]  # the one folder or file the artifact is
     return entry
 

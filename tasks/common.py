@@ -1,10 +1,8 @@
-"""Helpers shared by the stage tasks: the skip-or-run wrapper, JSONL I/O, model loading."""
+"""Helpers shared by the stage tasks: JSONL I/O, model set-up, metric logging, checkpoints."""
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,18 +12,10 @@ from transformers.utils import logging as hf_logging
 
 from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import ModelConfig
-from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.loader import LoadSpec
 from rlhf_core.models import resolve_device
-from tasks.spool import resend_left, spool_for
-from tasks.tracking import (
-    RunContext,
-    StepLogger,
-    completed_output,
-    record_output,
-    run_url,
-    stage_run,
-)
+from tasks.spool import spool_for
+from tasks.tracking import RunContext, StepLogger, run_url
 
 hf_logging.disable_progress_bar()  # per-file load/save bars drown the stage progress bars
 
@@ -78,30 +68,6 @@ def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> N
     md = f"## {stage}\n\nMLflow: {run_url(ctx, run_id)}\n\n| figure | value |\n|---|---|\n{rows}\n"
     create_markdown_artifact(key=f"rlhf-{stage.replace('_', '-')}", markdown=md,
                              description=f"{stage} summary")
-
-
-def run_stage(ctx: RunContext, stage: str, body: Callable[[str], dict],
-              params: dict | None = None) -> dict:
-    """Skip ``stage`` when a finished child run recorded its output; else run ``body(run_id)``
-    inside the child run, record its output reference and wall time, and return it. The
-    Prefect summary shows its ``metrics`` and any non-metric ``figures`` (names, versions)."""
-    pause_point(f"before:{stage}")
-    done = completed_output(ctx, stage)
-    if done is not None:
-        done["skipped"] = True
-        return done
-    start = time.perf_counter()
-    resend_left(ctx.client(), ctx.workdir)  # a resume sends what a tracking outage left
-    with stage_run(ctx, stage, params) as run_id:
-        out = body(run_id)
-        out["run_id"], out["stage"] = run_id, stage
-        out["wall_s"] = round(time.perf_counter() - start, 2)
-        metric_logger(ctx, run_id)(0, {"time/stage_s": out["wall_s"]})
-        record_output(ctx, run_id, out)
-    crash_point(f"after:{stage}")
-    figures = {"wall_s": out["wall_s"], **out.get("metrics", {}), **out.get("figures", {})}
-    stage_markdown(ctx, stage, run_id, figures)
-    return out
 
 
 def stage_params(cfg, *sections: str) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
+from tasks.stages.records import StageRecord
 from tasks.tracking import RunContext, find_stage_run, mark_ended
 
 CURVES = (("objective/scores", "normalised RM score"), ("objective/kl", "KL to reference"),
@@ -40,13 +41,12 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 
 
 @task(name="finish")
-def finish(ctx: RunContext, outputs: dict[str, dict]) -> dict:
+def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> dict:
     """Log the plots, close the parent run and return the per-stage summary."""
     plot_ppo_curves(ctx)
     ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
-    stages = {name: {"wall_s": out.get("wall_s", 0.0), "skipped": out.get("skipped", False),
-                     "run_id": out.get("run_id"), "metrics": out.get("metrics", {}),
-                     "figures": out.get("figures", {})}
+    stages = {name: {"wall_s": out.wall_s, "skipped": out.skipped, "run_id": out.run_id,
+                     "metrics": out.metrics, "figures": out.figures}
               for name, out in outputs.items()}
     return {"parent_run_id": ctx.parent_run_id, "experiment_id": ctx.experiment_id,
             "tracking_uri": ctx.tracking_uri, "workdir": ctx.workdir, "stages": stages}

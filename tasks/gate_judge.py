@@ -15,15 +15,12 @@ import shutil
 
 from prefect import task
 
-from rlhf_core.checkpoint import save_scalar_model
 from rlhf_core.gate import held_out_for_judge, pair_key
-from rlhf_core.loader import load_tokenizer, new_scalar_model
-from rlhf_core.optim import seed_everything
-from rlhf_core.reward import train_reward_model
-from tasks.artifacts import local_path, publish, uri_key
-from tasks.common import metric_logger, read_jsonl, run_stage, setup_models
+from tasks.artifacts import local_copy
+from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.mlflow_models import mlflow_pointed_at
+from tasks.stages.records import Artifact, DataRecord
 from tasks.tracking import RunContext, set_tags
 
 BUILT_IN = ("judge", "judge_model", "reward_model")
@@ -68,14 +65,14 @@ def batch_pair_keys(prep: dict) -> list[str]:
 
 
 @task(name="judge_split")
-def judge_split(ctx: RunContext, cfg: PipelineConfig, data: dict,
-                batch_keys: list[str] | None = None) -> dict:
+def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
+                batch_keys: list[str] | None = None) -> DataRecord:
     """The validated data with the judge's held-out pairs taken out of ``preference.jsonl``
     (they go to ``judge_preference.jsonl`` beside it) -> the validate output for the reward
     model, with ``judge_rows`` added. Logged on the parent run (``judge_split/data``).
     ``retrain.gate.judge_data: configured``: held-out pairs among ``batch_keys`` (the
     batches') are kept from the reward model but do not train the judge either."""
-    source = local_path(ctx, data, "data_dir")
+    source = local_copy(ctx, data.data, "validate's data")
     target = ctx.stage_dir("judge_split") / "data"
     if target.exists():
         shutil.rmtree(target)
@@ -99,33 +96,8 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: dict,
                                          "rlhf.judge_split.batch_pairs_held": str(
                                              n_held - len(held))})
     uri = f"runs:/{ctx.parent_run_id}/judge_split/data"
-    return {**data, "data_dir": str(target), uri_key("data_dir"): uri,
-            "judge_rows": str(target / "judge_preference.jsonl")}
-
-
-@task(name="judge_model")
-def judge_model(ctx: RunContext, cfg: PipelineConfig, data: dict, init_dir: str) -> dict:
-    """Train the gate's judge reward model on the held-out pairs (fresh head on
-    ``init_dir``, the SFT policy), so it shares no training pair with the reward model the
-    challenger was optimised against."""
-
-    def body(run_id: str) -> dict:
-        device, spec = setup_models(cfg.model)
-        generator = seed_everything(ctx.seed + 7)
-        tokenizer = load_tokenizer(local_path(ctx, data, "tokenizer"), spec)
-        rows = read_jsonl(local_path(ctx, data, "data_dir") / "judge_preference.jsonl")
-        model = new_scalar_model(init_dir, spec)
-        log = metric_logger(ctx, run_id)
-        epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
-        reward = cfg.reward.model_copy(update={"epochs": epochs})
-        train_reward_model(model, tokenizer, rows, reward, device, generator, log,
-                           False, None, precision=spec.precision)
-        out_dir = save_scalar_model(model, ctx.stage_dir("judge_model") / "model")
-        return publish(ctx, run_id, {"model_dir": str(out_dir),
-                                     "metrics": {"judge/pairs": float(len(rows))}},
-                       "model_dir", "checkpoint")
-
-    return run_stage(ctx, "judge_model", body)
+    return data.model_copy(update={"data": Artifact(path=str(target), uri=uri),
+                                   "judge_rows": str(target / "judge_preference.jsonl")})
 
 
 def load_external(uri: str, tracking_uri: str):

@@ -3,7 +3,7 @@
 The stage's Prefect task opens the stage's MLflow child run as usual, then starts
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m tasks.rank_main SPEC``
 as its own process group. Every rank loads the same inputs the in-process path loads and runs
-the same stage function (tasks/train.py, tasks/ppo.py) with a :class:`DataParallel`; rank 0
+the same stage body (tasks/stages/) with a :class:`DataParallel`; rank 0
 alone logs into the child run (its id and the tracking URI travel in SPEC), writes checkpoints
 and writes the stage's output reference for the task to return. The task streams the ranks'
 progress lines, kills the whole group on failure or cancellation, and re-raises a rank's error
@@ -25,43 +25,12 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from rlhf_core.distributed import DataParallel
-from tasks.common import metric_logger, write_json
+from tasks.common import write_json
 from tasks.config import PipelineConfig
-from tasks.remote import NodeGroup, RemoteStageError, run_routed, stage_spec
+from tasks.remote import NodeGroup, RemoteStageError, stage_spec
 from tasks.tracking import RunContext
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-StageFn = Callable[..., dict | None]
-
-
-def stage_body(ctx: RunContext, cfg: PipelineConfig, stage: str, fn: StageFn,
-               **inputs) -> Callable[[str], dict]:
-    """``body(run_id)`` for :func:`tasks.common.run_stage`: ``fn`` in this process, or on
-    ``model.nproc`` torchrun ranks."""
-    routed = cfg.routing.stages.get(stage)
-    if routed:  # another machine's worker runs it (tasks/remote.py)
-        return lambda run_id: run_routed(ctx, cfg, stage, run_id, inputs, routed)
-    if cfg.model.nproc == 1 and cfg.model.nnodes == 1:
-        return lambda run_id: fn(ctx, cfg, run_id=run_id, **inputs)
-    return lambda run_id: run_ranks(ctx, cfg, stage, run_id, inputs)
-
-
-def rank_logger(ctx: RunContext, run_id: str, stage: str, dp: DataParallel | None):
-    """The stage's metric logger: in-process as before; on ranks, rank 0 logs (and prints a
-    progress line the task streams), the others log nothing."""
-    if dp is None:
-        return metric_logger(ctx, run_id)
-    if not dp.is_main:
-        return lambda step, metrics: None
-    log = metric_logger(ctx, run_id)
-
-    def on_log(step: int, metrics: dict[str, float]) -> None:
-        log(step, metrics)
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in list(metrics.items())[:3])
-        print(f"{stage} step {step} ({dp.world} ranks): {shown}", flush=True)
-
-    return on_log
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec

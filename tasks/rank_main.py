@@ -2,7 +2,7 @@
 
 SPEC (written by tasks/launch.py) names the stage, its MLflow child run, the run context,
 the resolved pipeline config and the stage's inputs. The rank joins the torchrun group and
-runs the very stage function the in-process path runs (tasks/train.py, tasks/ppo.py) with its
+runs the very stage body the in-process path runs (tasks/stages/) with its
 :class:`DataParallel`. Rank 0 writes the stage's output reference to SPEC's ``output``;
 any rank that fails writes ``error_rank<r>.json`` (type, message, traceback) for the task
 to re-raise, then exits non-zero so torchrun stops the others.
@@ -19,11 +19,10 @@ from pathlib import Path
 from rlhf_core.distributed import check_same_checkpoint, init_from_env, shutdown
 from tasks.common import checkpoint_dir, setup_models, write_json
 from tasks.config import PipelineConfig
-from tasks.ppo import ppo_stage
+from tasks.stages.context import StageContext
+from tasks.stages.run import typed_inputs
+from tasks.stages.table import STAGES
 from tasks.tracking import RunContext
-from tasks.train import reward_model_stage, sft_stage
-
-STAGES = {"sft": sft_stage, "reward_model": reward_model_stage, "ppo": ppo_stage}
 
 
 def run(spec: dict) -> None:
@@ -41,9 +40,11 @@ def run(spec: dict) -> None:
             update={"torch_threads": threads})})
     try:
         check_same_checkpoint(checkpoint_dir(ctx, spec["stage"]), dp)
-        out = STAGES[spec["stage"]](ctx, cfg, run_id=spec["run_id"], dp=dp, **spec["inputs"])
+        stage = STAGES[spec["stage"]]
+        out = stage.body(StageContext(ctx, cfg, stage, spec["run_id"], dp),
+                         **typed_inputs(stage, spec["inputs"]))
         if dp.is_main:
-            write_json(spec["output"], out)
+            write_json(spec["output"], out.model_dump(mode="json"))
     finally:
         shutdown()
 

@@ -158,3 +158,4 @@ def dp_train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=No
         cfg = RewardConfig(batch_size=batch_size, epochs=1, optim=optim)
         last = train_reward_model(model, tok, dp_rows(), cfg, cpu, gen, progress=False, dp=dp)
     return last, {k: v.detach().clone() for k, v in model.state_dict().items()}
+

@@ -1,12 +1,14 @@
 """tasks/artifacts.py: a stage output's local path, else its MLflow artifact (cached), else a
-clear error naming the stage, the key and the URI."""
+clear error naming the output and the URI."""
 
 import json
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.artifacts import CACHE, StageOutputMissing, local_path, publish, uri_key
+from tasks.artifacts import CACHE, StageOutputMissing, local_copy, publish_path
+from tasks.stages.records import Artifact, ModelRecord, NormRecord
 from tasks.tracking import RunContext
 
 
@@ -27,93 +29,93 @@ def stage(tmp_path):
     (model / "config.json").write_text(json.dumps({"n": 1}))
     stats = tmp_path / "stage" / "stats.json"
     stats.write_text('{"mean": 0.5}')
-    out = {"stage": "sft", "run_id": run_id, "model_dir": str(model), "stats_path": str(stats)}
-    publish(ctx, run_id, out, "model_dir", "checkpoint")
-    publish(ctx, run_id, out, "stats_path", "norm/stats.json")
+    out = {"model": publish_path(ctx, run_id, model, "checkpoint"),
+           "stats": publish_path(ctx, run_id, stats, "norm/stats.json"), "run_id": run_id}
     return ctx, out
 
 
-def test_uri_keys():
-    assert [uri_key(k) for k in ("model_dir", "stats_path", "tokenizer", "policy_dir")] == \
-        ["model_uri", "stats_uri", "tokenizer_uri", "policy_uri"]
+def test_publish_records_the_path_and_its_uri(stage):
+    ctx, out = stage
+    assert out["model"].uri == f"runs:/{out['run_id']}/checkpoint"
+    assert out["stats"].uri == f"runs:/{out['run_id']}/norm/stats.json"
+    with pytest.raises(ValueError, match="must end with stats.json"):
+        publish_path(ctx, out["run_id"], Path(out["stats"].path), "norm/other.json")
 
 
 def test_local_hit_needs_no_download(stage, monkeypatch):
     ctx, out = stage
-    assert out["model_uri"] == f"runs:/{out['run_id']}/checkpoint"
     monkeypatch.setattr("mlflow.artifacts.download_artifacts",
                         lambda **_: pytest.fail("downloaded although the folder is here"))
-    assert str(local_path(ctx, out, "model_dir")) == out["model_dir"]
+    assert str(local_copy(ctx, out["model"], "sft's model")) == out["model"].path
     assert not (ctx.stage_dir("x").parent / CACHE).exists()
 
 
 def test_miss_downloads_once_into_the_cache(stage, tmp_path, monkeypatch):
     ctx, out = stage
-    gone = {**out, "model_dir": str(tmp_path / "elsewhere" / "model"),
-            "stats_path": str(tmp_path / "elsewhere" / "stats.json")}
-    got = local_path(ctx, gone, "model_dir")
-    assert got.is_dir() and CACHE in got.parts and str(got) != out["model_dir"]
+    gone = Artifact(path=str(tmp_path / "elsewhere" / "model"), uri=out["model"].uri)
+    got = local_copy(ctx, gone, "sft's model")
+    assert got.is_dir() and CACHE in got.parts and str(got) != out["model"].path
     assert (got / "weights.bin").read_bytes() == b"\x00\x01weights"
     assert json.loads((got / "config.json").read_text()) == {"n": 1}
-    stats = local_path(ctx, gone, "stats_path")
+    stats = local_copy(ctx, Artifact(path=str(tmp_path / "elsewhere" / "stats.json"),
+                                     uri=out["stats"].uri), "statistics")
     assert stats.is_file() and json.loads(stats.read_text()) == {"mean": 0.5}
     cache = got.parents[1]
     assert sorted(p.name.startswith(".") for p in cache.iterdir()) == [False, False]  # no tmp
     monkeypatch.setattr("mlflow.artifacts.download_artifacts",
                         lambda **_: pytest.fail("downloaded twice"))
-    assert local_path(ctx, gone, "model_dir") == got  # reused from the cache
+    assert local_copy(ctx, gone, "sft's model") == got  # reused from the cache
 
 
-def test_missing_artifact_names_stage_key_and_uri(stage, tmp_path):
+def test_missing_artifact_names_the_output_and_uri(stage, tmp_path):
     ctx, out = stage
-    bad = {**out, "model_dir": str(tmp_path / "nowhere"),
-           "model_uri": f"runs:/{out['run_id']}/no_such_folder"}
+    bad = Artifact(path=str(tmp_path / "nowhere"), uri=f"runs:/{out['run_id']}/no_such_folder")
     with pytest.raises(StageOutputMissing) as err:
-        local_path(ctx, bad, "model_dir")
+        local_copy(ctx, bad, "sft's model")
     message = str(err.value)
-    assert "stage sft" in message and "'model_dir'" in message and bad["model_uri"] in message
+    assert "sft's model" in message and bad.uri in message
     assert not any((tmp_path / "work" / CACHE).iterdir())  # the failed download left nothing
     with pytest.raises(StageOutputMissing, match="recorded no artifact URI"):
-        local_path(ctx, {"stage": "sft", "model_dir": str(tmp_path / "nowhere")}, "model_dir")
+        local_copy(ctx, Artifact(path=str(tmp_path / "nowhere")), "sft's model")
 
 
-PATH_KEYS = {"model_dir", "policy_dir", "stats_path", "data_dir", "tokenizer", "value_dir"}
-# the parameter names the stage tasks and flows give other stages' output records
-RECORDS = {"data", "sft_out", "rm_out", "norm_out", "critic_out", "ppo_out", "start"}
+def test_a_record_written_as_flat_keys_still_reads():
+    """Output records of runs made before artifacts were typed resume all the same."""
+    old = {"stage": "sft", "run_id": "r", "model_dir": "/w/sft/model",
+           "model_uri": "runs:/r/checkpoint", "metrics": {"train/loss": 1.5}}
+    rec = ModelRecord.model_validate(old)
+    assert rec.model == Artifact(path="/w/sft/model", uri="runs:/r/checkpoint")
+    assert ModelRecord.model_validate(rec.model_dump(mode="json")) == rec
+    norm = NormRecord.model_validate({"stats_path": "/s.json", "stats_uri": "runs:/r/s.json",
+                                      "stats": {"mean": 0.1, "std": 1.0, "n": 3}})
+    assert norm.stats_file.uri == "runs:/r/s.json" and norm.stats["n"] == 3
+    assert ModelRecord.model_validate({"model_dir": None}).model is None
 
 
-def direct_reads(path):
-    """(line, text) of every ``record["<path key>"]`` / ``record.get("<path key>")`` read."""
+def artifact_path_reads(path):
+    """(line, text) of every ``<record>.<artifact>.path`` read: a stage reads its inputs
+    through ``StageContext.local``, which downloads what this machine lacks."""
     import ast
 
+    fields = {"data", "tokenizer", "model", "stats_file", "policy"}
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
-            target, key = node.value, node.slice
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr == "get" and node.args:
-            target, key = node.func.value, node.args[0]
-        else:
-            continue
-        if isinstance(target, ast.Name) and target.id in RECORDS \
-                and isinstance(key, ast.Constant) and key.value in PATH_KEYS:
+        if isinstance(node, ast.Attribute) and node.attr == "path" \
+                and isinstance(node.value, ast.Attribute) and node.value.attr in fields:
             yield node.lineno, ast.unparse(node)
 
 
 def test_no_stage_reads_an_output_path_directly():
-    """Every consumer goes through local_path, so a stage can run where the producer's
+    """Every stage and task goes through local_copy, so a stage can run where the producer's
     folders are not (another worker, a resume on another machine)."""
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
-    sources = [p for d in ("tasks", "flows") for p in sorted((root / d).glob("*.py"))
-               if p.name != "artifacts.py"]
+    sources = [p for p in sorted((root / "tasks").rglob("*.py")) if p.name != "artifacts.py"]
     found = [f"{p.relative_to(root)}:{line}: {text}" for p in sources
-             for line, text in direct_reads(p)]
+             for line, text in artifact_path_reads(p)]
     assert not found, found
 
 
 def test_the_walker_sees_direct_reads(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text('a = sft_out["model_dir"]\nb = data.get("tokenizer")\n'
-                   'c = {"model_dir": 1}\nd = champion["policy_dir"]\n')
-    assert [line for line, _ in direct_reads(src)] == [1, 2]
+    src.write_text('a = sft.model.path\nb = sc.local(data.tokenizer, "t")\n'
+                   'c = out.data.path\nd = champion["policy_dir"]\n')
+    assert [line for line, _ in artifact_path_reads(src)] == [1, 3]

@@ -4,7 +4,7 @@ refused with a sentence naming the setting (before any template is applied)."""
 import pytest
 
 from data_checks.loading import DataError
-from tasks.validate import chat_template
+from tasks.stages.validate import chat_template
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}"
 

@@ -15,10 +15,12 @@ from pydantic import ValidationError
 
 from flows.config import load_config
 from rlhf_core.gate import held_out_for_judge, pair_key
-from tasks.gate import _gold_tags, _scores
 from tasks.gate_judge import judge_split, load_external, resolve_scorer, scorer_label
 from tasks.retrain_config import GateConfig
+from tasks.stages.gate import _gold_tags, _scores
+from tasks.stages.records import Artifact, DataRecord
 from tasks.tracking import RunContext
+from tests.fake_stage import FakeStageContext
 from tests.shared import TEST_CONFIG
 
 
@@ -65,6 +67,10 @@ def _ctx(tmp_path, uri):
                               seed=0)
 
 
+def _data(folder) -> DataRecord:
+    return DataRecord(data=Artifact(path=str(folder)), tokenizer=Artifact(path="t"))
+
+
 def test_judge_split_keeps_the_judges_pairs_from_the_reward_model(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client, ctx = _ctx(tmp_path, uri)
@@ -74,15 +80,15 @@ def test_judge_split_keeps_the_judges_pairs_from_the_reward_model(tmp_path):
     (src / "preference.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (src / "prompts.jsonl").write_text('{"prompt": "q"}\n')
     cfg = load_config(TEST_CONFIG, ["retrain.gate.judge_fraction=0.25"])
-    out = judge_split.fn(ctx, cfg, {"data_dir": str(src), "tokenizer": "t"})
-    read = [json.loads(x) for x in open(f"{out['data_dir']}/preference.jsonl")]
-    held = [json.loads(x) for x in open(out["judge_rows"])]
+    out = judge_split.fn(ctx, cfg, _data(src))
+    read = [json.loads(x) for x in open(f"{out.data.path}/preference.jsonl")]
+    held = [json.loads(x) for x in open(out.judge_rows)]
     assert sorted(map(json.dumps, read + held)) == sorted(map(json.dumps, rows))
     assert held and read and not {r["prompt"] for r in read} & {r["prompt"] for r in held}
     assert all(held_out_for_judge(r, 0.25) for r in held)
     assert (src / "preference.jsonl").read_text().count("\n") == 300  # validate's untouched
     assert (tmp_path / "w" / "judge_split" / "data" / "prompts.jsonl").exists()
-    assert out["data_uri"].endswith("/judge_split/data")
+    assert out.data.uri.endswith("/judge_split/data") and out.tokenizer.path == "t"
     tags = client.get_run(ctx.parent_run_id).data.tags
     assert int(tags["rlhf.judge_split.judge_pairs"]) == len(held)
     assert tags["rlhf.judge_split.batch_pairs_held"] == "0"
@@ -101,9 +107,9 @@ def test_a_batchs_held_out_pairs_train_neither_model_unless_judge_data_all(tmp_p
         "".join(json.dumps(r) + "\n" for r in configured + batch))
     cfg = load_config(TEST_CONFIG, [f"retrain.gate.judge_data={judge_data}"])
     keys = [pair_key(r) for r in batch]
-    out = judge_split.fn(ctx, cfg, {"data_dir": str(src), "tokenizer": "t"}, keys)
-    rm = {pair_key(json.loads(x)) for x in open(f"{out['data_dir']}/preference.jsonl")}
-    judge = {pair_key(json.loads(x)) for x in open(out["judge_rows"])}
+    out = judge_split.fn(ctx, cfg, _data(src), keys)
+    rm = {pair_key(json.loads(x)) for x in open(f"{out.data.path}/preference.jsonl")}
+    judge = {pair_key(json.loads(x)) for x in open(out.judge_rows)}
     held_batch = {k for k, r in zip(keys, batch) if held_out_for_judge(r, 0.2)}
     assert held_batch and not held_batch & rm  # never in the reward model's data
     assert judge - set(keys)  # the configured data's held-out pairs teach the judge
@@ -141,8 +147,9 @@ def test_external_scorer_scores_both_sides_and_leaves_mlflow_settings_alone(
     assert load_external("models:/big-judge@prod", uri) is not None
     assert mlflow.get_tracking_uri() == elsewhere and mlflow.get_registry_uri() == elsewhere
     samples = {"champion": {"response": ["a", "bb"]}, "challenger": {"response": ["ccc", "d"]}}
-    scores = _scores(ctx, "models:/big-judge@prod", samples, ["p", "q"], None, None, None,
-                     None, None)
+    sc = FakeStageContext(load_config(TEST_CONFIG), "gate", tmp_path)
+    assert sc.run.tracking_uri == uri
+    scores = _scores(sc, "models:/big-judge@prod", samples, ["p", "q"], None, None, None)
     assert scores == {"champion": [1.0, 2.0], "challenger": [3.0, 1.0]}
     assert mlflow.get_tracking_uri() == elsewhere
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)  # a registry apart from the tracking store

@@ -1,0 +1,176 @@
+"""What a stage body is given: :class:`Stage` (its entry in the table) and
+:class:`StageContext` (device, load spec, seed, logging, checkpoints, publishing).
+
+A stage body is ``body(sc, **inputs) -> record``: load what it needs through ``sc``, call
+rlhf_core, return a typed record (tasks/stages/records.py). The same body runs in the task's
+process, on each torchrun rank (``sc.dp``; only rank 0 returns a record) or on another
+machine's worker; a unit test runs it under a fake context with no server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from rlhf_core.checkpoint import Checkpointer
+from rlhf_core.distributed import DataParallel
+from rlhf_core.loader import LoadSpec
+from rlhf_core.optim import seed_everything
+from tasks.artifacts import local_copy, publish_path
+from tasks.common import checkpointer, metric_logger, setup_models, stop_on_outage
+from tasks.config import PipelineConfig
+from tasks.progress import StageProgress
+from tasks.spool import spool_for, spool_table
+from tasks.stages.records import Artifact, StageRecord
+from tasks.tracking import RunContext, log_datasets, set_tags
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: its name (the child run's name and ``rlhf.stage`` tag), the
+    config sections logged as its run's parameters, its seed offset from the run's seed
+    (None: it draws no random numbers), whether it can run on torchrun ranks and on another
+    machine's worker (``routing.stages``), its body and the record it returns."""
+
+    name: str
+    body: Callable[..., StageRecord | None]
+    record: type[StageRecord]
+    sections: tuple[str, ...] = ()
+    seed_offset: int | None = None
+    ranks: bool = False
+
+
+class StageContext:
+    """One run of one stage: the pipeline's :class:`RunContext`, the config, the stage's
+    MLflow child run and, on torchrun ranks, the data-parallel group."""
+
+    def __init__(self, run: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
+                 dp: DataParallel | None = None):
+        self.run, self.cfg, self.stage, self.run_id, self.dp = run, cfg, stage, run_id, dp
+
+    # ---- where and how models load -------------------------------------------------------
+    @cached_property
+    def _models(self) -> tuple[torch.device, LoadSpec]:
+        return setup_models(self.cfg.model)  # sets the thread count first
+
+    @property
+    def device(self) -> torch.device:
+        return self.dp.device if self.dp is not None else self._models[0]
+
+    @property
+    def spec(self) -> LoadSpec:
+        """The one load spec (dtype, precision, attention, LoRA...) of every load."""
+        return self._models[1]
+
+    @property
+    def seed(self) -> int:
+        if self.stage.seed_offset is None:
+            raise ValueError(f"stage {self.stage.name} has no seed offset in the table")
+        return self.run.seed + self.stage.seed_offset
+
+    def seeded(self) -> torch.Generator:
+        """Seed python, numpy and torch with the stage's seed -> its data-order generator."""
+        return seed_everything(self.seed)
+
+    @property
+    def is_main(self) -> bool:
+        """This process saves, logs and returns the record (rank 0, or no ranks)."""
+        return self.dp is None or self.dp.is_main
+
+    @property
+    def progress(self) -> bool:
+        """Show a progress bar (the task's own process only)."""
+        return self.run.progress and self.dp is None
+
+    # ---- files ------------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        """``<workdir>/<stage>``: where the stage writes."""
+        return self.run.stage_dir(self.stage.name)
+
+    def local(self, artifact: Artifact, what: str) -> Path:
+        """An input's local path: as written when this machine has it, else downloaded
+        from MLflow once (``what`` names it in the error)."""
+        return local_copy(self.run, artifact, what)
+
+    def publish(self, path: str | Path, artifact_path: str, logged: bool = False) -> Artifact:
+        """Log ``path`` (unless ``logged``) as the artifact ``artifact_path`` of the stage's
+        run -> the typed output field."""
+        return publish_path(self.run, self.run_id, Path(path), artifact_path, logged)
+
+    def log_artifacts(self, folder: str | Path, artifact_path: str) -> None:
+        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+
+    def log_artifact(self, path: str | Path, folder: str) -> None:
+        self.client.log_artifact(self.run_id, str(path), folder)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_table(self, rows: pd.DataFrame, artifact_file: str, spooled: bool = False) -> None:
+        """An MLflow table on the stage's run; ``spooled``: through the run's spool (sent
+        now, or once the server is back: the training loop's tables)."""
+        if spooled:
+            spool_table(spool_for(self.client, self.run_id, self.run.workdir), rows,
+                        artifact_file)
+        else:
+            self.client.log_table(self.run_id, data=rows, artifact_file=artifact_file)
+
+    def log_datasets(self, files: dict[str, Path], context: str) -> dict[str, str]:
+        """The data files as MLflow dataset inputs of the stage's and the parent run ->
+        their digests."""
+        return log_datasets(self.client, [self.run_id, self.run.parent_run_id], files, context)
+
+    # ---- tracking ---------------------------------------------------------------------------
+    @cached_property
+    def client(self):
+        return self.run.client()
+
+    @cached_property
+    def log(self) -> Callable[[int, dict[str, float]], None]:
+        """``log(step, metrics)`` into the stage's run; on ranks rank 0 logs (and prints a
+        progress line the task streams), the others log nothing."""
+        if self.dp is None:
+            return metric_logger(self.run, self.run_id)
+        if not self.dp.is_main:
+            return lambda step, metrics: None
+        log, name, world = metric_logger(self.run, self.run_id), self.stage.name, self.dp.world
+
+        def on_log(step: int, metrics: dict[str, float]) -> None:
+            log(step, metrics)
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in list(metrics.items())[:3])
+            print(f"{name} step {step} ({world} ranks): {shown}", flush=True)
+
+        return on_log
+
+    def log_parent(self, metrics: dict[str, float]) -> None:
+        """Headline figures on the pipeline's parent run too."""
+        metric_logger(self.run, self.run.parent_run_id)(0, metrics)
+
+    def live(self, total: int) -> Callable[..., None]:
+        """``log`` plus the Prefect progress artifact and a log line, over ``total`` steps
+        (on ranks: rank 0's progress lines)."""
+        return self.log if self.dp is not None else StageProgress(self.stage.name, total,
+                                                                  self.log)
+
+    def set_tags(self, tags: dict[str, str], parent: bool = False) -> None:
+        set_tags(self.client, self.run.parent_run_id if parent else self.run_id, tags)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.dir / "checkpoints"
+
+    def checkpointer(self, models: dict, every: int) -> Checkpointer:
+        """Mid-stage training-state checkpoints; each save is where the stage stops once the
+        tracking server has been away too long."""
+        ck = checkpointer(self.run, self.cfg.tracking.keep_checkpoints, self.stage.name,
+                          models, every)
+        return self.stop_on_outage(ck)
+
+    def stop_on_outage(self, ck: Checkpointer) -> Checkpointer:
+        return stop_on_outage(self.run, self.run_id, ck)

@@ -1,0 +1,39 @@
+"""critic_init: the value model starts as a copy of the reward model, named explicitly; a
+critic-free estimator has none, and the stage's run says so."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from rlhf_core.checkpoint import save_scalar_model
+from rlhf_core.loader import load_scalar_model
+from tasks.config import PipelineConfig
+from tasks.stages.context import Stage, StageContext
+from tasks.stages.records import ModelRecord
+from tasks.stages.run import run_stage
+from tasks.tracking import RunContext
+
+
+def body(sc: StageContext, rm: ModelRecord) -> ModelRecord:
+    if not sc.cfg.ppo.uses_critic:
+        reason = (f"no critic: ppo.advantage_estimator={sc.cfg.ppo.advantage_estimator} "
+                  "uses no value model")
+        sc.set_tags({"rlhf.critic_skipped": reason})
+        return ModelRecord(figures={"critic": reason})
+    rm_dir = sc.local(rm.model, "reward_model's model")
+    model = load_scalar_model(rm_dir, sc.spec)  # float32: an exact copy
+    out_dir = save_scalar_model(model, sc.dir / "model")
+    source = rm.model.uri or str(rm_dir)
+    sc.set_tags({"rlhf.critic_source": source})
+    n_params = sum(p.numel() for p in model.parameters())
+    return ModelRecord(model=sc.publish(out_dir, "checkpoint"), source=source,
+                       metrics={"critic/num_params": float(n_params)})
+
+
+STAGE = Stage("critic_init", body, ModelRecord)
+
+
+@task(name="critic_init")
+def critic_init(ctx: RunContext, cfg: PipelineConfig, rm: ModelRecord) -> ModelRecord:
+    """The value model starts as a copy of the reward model (none without a critic)."""
+    return run_stage(ctx, cfg, STAGE, rm=rm)

@@ -1,0 +1,79 @@
+"""evaluate: sample the SFT and the PPO policy on held-out prompts; RM score, KL to the
+reference, EOS rate and, where the data has one, the gold judge's win rate."""
+
+from __future__ import annotations
+
+import pandas as pd
+from prefect import task
+
+from rlhf_core.evaluate import compare_policies, sample_policy
+from rlhf_core.faults import pause_point
+from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
+from tasks.champion_rule import SCORER_TAG, eval_scorer
+from tasks.common import read_jsonl
+from tasks.config import PipelineConfig
+from tasks.judge import resolve_judge
+from tasks.progress import StageProgress
+from tasks.stages.context import Stage, StageContext
+from tasks.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
+from tasks.stages.run import run_stage
+from tasks.tracking import RunContext
+
+
+def _table_artifact(rows: list[dict]) -> None:
+    try:
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(key="rlhf-eval-samples", table=rows,
+                              description="SFT vs PPO, side by side")
+    except Exception:  # noqa: BLE001 - outside a Prefect run there is no artifact store
+        pass
+
+
+def body(sc: StageContext, prep: dict, data: DataRecord, sft: ModelRecord, rm: ModelRecord,
+         policy: PolicyRecord) -> EvalRecord:
+    device, spec = sc.device, sc.spec
+    sc.seeded()
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    ref = load_policy(sc.local(sft.model, "sft's model"), spec, trainable=False).to(device)
+    trained = load_policy(sc.local(policy.policy, "ppo's policy"), spec,
+                          trainable=False).to(device)
+    rm_model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
+                                 trainable=False).to(device)
+    data_dir = sc.local(data.data, "validate's data")
+    path = data_dir / "eval_prompts.jsonl"
+    if not path.exists():
+        path = data_dir / "prompts.jsonl"
+    prompts = [r["prompt"] for r in read_jsonl(path)][: sc.cfg.eval.num_prompts]
+    e = sc.cfg.eval
+    live = StageProgress("evaluate", 2)
+    live(0)
+    sft_samples = sample_policy(ref, None, rm_model, tokenizer, prompts, e.temperature,
+                                e.max_new_tokens, device, e.batch_size, spec.precision)
+    live(1)  # SFT policy sampled
+    pol_samples = sample_policy(trained, ref, rm_model, tokenizer, prompts, e.temperature,
+                                e.max_new_tokens, device, e.batch_size, spec.precision)
+    live(2)  # PPO policy sampled
+    metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
+                                     resolve_judge(prep["judge"]))
+    pause_point("evaluate:scored")
+    scorer = eval_scorer(prep["judge"], rm.run_id, prompts)
+    sc.set_tags({SCORER_TAG: scorer}, parent=True)
+    sc.log(0, metrics)
+    sc.log_parent(metrics)
+    sc.log_table(pd.DataFrame(rows), "eval/side_by_side.json")
+    _table_artifact(rows[: e.num_side_by_side])
+    first = ("eval/judge_win_rate", "eval/judge_score_policy", "eval/judge_score_sft",
+             "eval/kl_to_ref", "eval/eos_rate_policy")
+    ordered = {k: metrics[k] for k in first if k in metrics}
+    return EvalRecord(metrics={**ordered, **metrics}, scorer=scorer)
+
+
+STAGE = Stage("evaluate", body, EvalRecord, sections=("eval",), seed_offset=3)
+
+
+@task(name="evaluate")
+def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord,
+             sft: ModelRecord, rm: ModelRecord, policy: PolicyRecord) -> EvalRecord:
+    """Sample both policies on held-out prompts; RM score, KL, EOS rate, judge win rate."""
+    return run_stage(ctx, cfg, STAGE, prep=prep, data=data, sft=sft, rm=rm, policy=policy)

@@ -1,0 +1,149 @@
+"""gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, one
+scorer for both (tasks/gate_judge.py: the gold judge when the data has one, else a judge
+reward model trained on held-out pairs, or an external registered scorer), paired bootstrap
+test and guard rails (rlhf_core/gate.py). The decision is a set of MLflow tags on the
+retrain run and a Prefect markdown artifact; where a gold judge exists and another scorer
+decided, what the gold judge would have decided is recorded beside it
+(``rlhf.gate.gold.*``)."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from rlhf_core.evaluate import sample_policy
+from rlhf_core.gate import gate_decision
+from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.optim import seed_everything
+from rlhf_core.serving import score_rows
+from tasks.common import read_jsonl
+from tasks.config import PipelineConfig
+from tasks.gate_judge import external_scores, load_external, resolve_scorer, scorer_label
+from tasks.judge import resolve_judge
+from tasks.retrain import GateError, report
+from tasks.stages.context import Stage, StageContext
+from tasks.stages.records import DataRecord, Decision, GateRecord, ModelRecord, PolicyRecord
+from tasks.stages.run import run_stage
+from tasks.tracking import RunContext, run_url
+
+
+def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], gold,
+            judge: ModelRecord | None, tokenizer) -> dict[str, list[float]]:
+    """Both sides' per-prompt scores by ``scorer`` -> {"champion": [...], "challenger": [...]}."""
+    sides = ("champion", "challenger")
+    if scorer == "reward_model":
+        return {s: list(samples[s]["score"]) for s in sides}
+    if scorer == "judge":
+        return {s: [gold(p, r, bool(e)) for p, r, e in zip(
+            prompts, samples[s]["response"], samples[s]["has_eos"])] for s in sides}
+    if scorer == "judge_model":
+        if judge is None:
+            raise GateError("retrain.gate.scorer judge_model: no judge reward model trained")
+        model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
+                                  trainable=False).to(sc.device)
+        return {s: score_rows(model, tokenizer, prompts, samples[s]["response"])
+                for s in sides}
+    model = load_external(scorer, sc.run.tracking_uri)
+    return {s: external_scores(model, prompts, samples[s]["response"]) for s in sides}
+
+
+def _decide(scores: dict, samples: dict, g, seed: int) -> dict:
+    return gate_decision(
+        scores["champion"], scores["challenger"], samples["champion"]["has_eos"],
+        samples["challenger"]["has_eos"], samples["challenger"]["kl"],
+        min_prompts=g.min_prompts, margin=g.margin, confidence=g.confidence,
+        n_bootstrap=g.n_bootstrap, max_eos_drop=g.max_eos_drop, max_kl=g.max_kl, seed=seed)
+
+
+def _gold_tags(decision: dict, gold_decision: dict) -> dict:
+    """What the gold judge would have decided (agreement of the scorer with it)."""
+    f = gold_decision["figures"]
+    tags = {"rlhf.gate.gold.decision": "promote" if gold_decision["promote"] else "keep",
+            "rlhf.gate.gold.agrees": str(gold_decision["promote"] == decision["promote"])}
+    tags.update({f"rlhf.gate.gold.{k}": f"{f[k]:.6g}" for k in ("diff_mean", "ci_low",
+                                                                  "ci_high") if k in f})
+    return tags
+
+
+def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
+                      champion_version: str, gold_tags: dict | None = None) -> str:
+    f = decision["figures"]
+    verdict = "PROMOTE challenger" if decision["promote"] else \
+        f"KEEP champion v{champion_version}"
+    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                     for k, v in f.items())
+    return (f"# Retrain decision: {verdict}\n\n{decision['reason']}\n\nScorer: {scorer} (the "
+            f"same for both policies). Champion: v{champion_version}.\n\n| figure | value |\n"
+            f"|---|---|\n{rows}\n\n{_gold_line(gold_tags or {})}"
+            f"MLflow: {run_url(ctx, run_id)}\n")
+
+
+def _gold_line(tags: dict) -> str:
+    if not tags:
+        return ""
+    low, high = tags.get("rlhf.gate.gold.ci_low", "n/a"), tags.get("rlhf.gate.gold.ci_high", "n/a")
+    return (f"The gold judge would have decided: {tags['rlhf.gate.gold.decision']} (mean "
+            f"diff {tags.get('rlhf.gate.gold.diff_mean', 'n/a')}, CI [{low}, {high}]).\n\n")
+
+
+def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
+         policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
+         judge: ModelRecord | None = None) -> GateRecord:
+    """``champion``: the champion's downloaded folders and version (tasks/retrain.py)."""
+    g, e = sc.cfg.retrain.gate, sc.cfg.eval
+    device, spec = sc.device, sc.spec
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    prompts = [r["prompt"] for r in read_jsonl(
+        sc.local(data.data, "validate's data") / "eval_prompts.jsonl")][: g.num_prompts]
+    reference = load_policy(reference_dir, spec, trainable=False).to(device)
+    rm_model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
+                                 trainable=False).to(device)
+    samples = {}
+    for side, path in (("champion", champion["policy_dir"]),
+                       ("challenger", sc.local(policy.policy, "ppo's policy"))):
+        seed_everything(sc.seed)  # same sampling noise for both sides
+        model = load_policy(path, spec, trainable=False).to(device)
+        samples[side] = sample_policy(model, reference, rm_model, tokenizer, prompts,
+                                      e.temperature, e.max_new_tokens, device, e.batch_size,
+                                      spec.precision)
+    scorer, gold = resolve_scorer(sc.cfg, prep["judge"]), resolve_judge(prep["judge"])
+    if scorer == "judge" and gold is None:
+        raise GateError("retrain.gate.scorer is 'judge' but the data has no gold judge")
+    scores = _scores(sc, scorer, samples, prompts, gold, judge, tokenizer)
+    decision = _decide(scores, samples, g, sc.run.seed)
+    gold_tags = {} if gold is None or scorer == "judge" else _gold_tags(
+        decision, _decide(_scores(sc, "judge", samples, prompts, gold, None, tokenizer),
+                          samples, g, sc.run.seed))
+    metrics = {f"gate/{k}": float(v) for k, v in decision["figures"].items()}
+    metrics["gate/promote"] = float(decision["promote"])
+    sc.log(0, metrics)
+    sc.log_parent(metrics)
+    key = "eval/judge_score_policy" if scorer == "judge" else "eval/rm_score_policy"
+    label = scorer_label(scorer)
+    tags = {"rlhf.gate.decision": "promote" if decision["promote"] else "keep",
+            "rlhf.gate.reason": decision["reason"], "rlhf.gate.scorer": label,
+            "rlhf.gate.scorer_id": scorer, **gold_tags,
+            **{f"rlhf.gate.{k}": f"{v:.6g}" if isinstance(v, float) else str(v)
+               for k, v in decision["figures"].items()}}
+    sc.set_tags(tags, parent=True)
+    sc.set_tags(tags)
+    report("rlhf-retrain-decision",
+           decision_markdown(sc.run, sc.run_id, decision, label, champion["version"],
+                             gold_tags),
+           "retrain: challenger vs champion")
+    return GateRecord(decision=Decision(promote=decision["promote"],
+                                        reason=decision["reason"], scorer=label),
+                      metrics={key: decision["figures"]["score_challenger"], **metrics},
+                      figures={"decision": tags["rlhf.gate.decision"], "scorer": label})
+
+
+STAGE = Stage("gate", body, GateRecord, seed_offset=4)
+
+
+@task(name="gate")
+def gate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord, champion: dict,
+         policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
+         judge: ModelRecord | None = None) -> GateRecord:
+    """Sample champion and challenger on the same held-out prompts; score both with the
+    configured scorer (``judge``: the held-out judge reward model); decide."""
+    return run_stage(ctx, cfg, STAGE, prep=prep, data=data, champion=champion, policy=policy,
+                     rm=rm, reference_dir=reference_dir, judge=judge)

@@ -1,0 +1,135 @@
+"""ppo: PPO iterations from the start policy (the SFT policy, or the champion in a retrain)
+against the reward model, with the warm-started critic; metrics per iteration (TRL names),
+sample tables, checkpoints; on ``model.nproc`` data-parallel ranks when it is above 1."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from prefect import task
+
+from rlhf_core.checkpoint import save_policy, save_scalar_model
+from rlhf_core.data import encode
+from rlhf_core.evaluate import mean_std, rm_judge_gap
+from rlhf_core.loader import load_tokenizer
+from rlhf_core.lora import merged, ppo_models
+from rlhf_core.ppo_dist import make_trainer
+from tasks.common import read_json, read_jsonl, write_json
+from tasks.config import PipelineConfig
+from tasks.judge import resolve_judge
+from tasks.memory import peak_memory, state_bytes
+from tasks.stages.context import Stage, StageContext
+from tasks.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
+from tasks.stages.run import run_stage
+from tasks.tracking import RunContext
+
+
+def judge_monitor(judge_name: str):
+    """Mean gold-judge score of each iteration's rollouts (logged as judge/score), demo only."""
+    judge = resolve_judge(judge_name)
+    if judge is None:
+        return None
+
+    def monitor(prompts: list[str], responses: list[str], has_eos: list[bool]) -> dict:
+        scores = [judge(p, r, e) for p, r, e in zip(prompts, responses, has_eos)]
+        return {"judge/score": sum(scores) / len(scores)}
+
+    return monitor
+
+
+def overoptimisation(judge_name: str, sft_rows: list[dict], norm_stats: dict):
+    """metrics -> the RM-vs-judge gap of an iteration (``judge/rm_judge_gap_z``: the RM's and
+    the judge's mean gains over the SFT demonstrations, in their standard deviations), and
+    rows -> each sample row with its judge score; None without a judge."""
+    judge = resolve_judge(judge_name)
+    if judge is None:
+        return None
+    judge_base = mean_std([judge(r["prompt"], r["response"], True) for r in sft_rows])
+    rm_base = (norm_stats["mean"], norm_stats["std"])
+
+    def add(metrics: dict, rows: list[dict] | None) -> dict:
+        for row in rows or []:
+            row["judge_score"] = judge(row["prompt"], row["response"], row["has_eos"])
+        gap = rm_judge_gap(metrics["objective/raw_scores"], metrics["judge/score"], rm_base,
+                           judge_base)
+        return {**metrics, **{f"judge/{k}": v for k, v in gap.items()}}
+
+    return add
+
+
+def body(sc: StageContext, prep: dict, data: DataRecord, start: ModelRecord, rm: ModelRecord,
+         norm: NormRecord, critic: ModelRecord,
+         reference_dir: str | None = None) -> PolicyRecord | None:
+    """In the task's process or on each torchrun rank: every rank rolls out its share of
+    each batch; only rank 0 logs, writes samples, checkpoints and the final models, and
+    returns the record."""
+    cfg, device, spec = sc.cfg, sc.device, sc.spec
+    generator = sc.seeded()
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    # explicit critic source (none for a critic-free estimator); with model.lora:
+    # adapters over the SFT and RM trunks (the reference is the start policy's weights)
+    critic_dir = sc.local(critic.model, "critic_init's model") if cfg.ppo.uses_critic else None
+    start_dir = sc.local(start.model, "the start policy")  # here, or downloaded from MLflow
+    policy, ref_policy, value_model, reward_model = ppo_models(
+        start_dir, reference_dir or start_dir, critic_dir,
+        sc.local(rm.model, "reward_model's model"), spec)
+    norm_stats = json.loads(sc.local(norm.stats_file, "reward_norm's statistics").read_text())
+    data_dir = sc.local(data.data, "validate's data")
+    prompts = [encode(tokenizer, r["prompt"]) for r in read_jsonl(data_dir / "prompts.jsonl")]
+    sft_rows = read_jsonl(data_dir / "sft.jsonl")
+    trainer = make_trainer(policy, ref_policy, value_model, reward_model, tokenizer, prompts,
+                           cfg.ppo, norm_stats, device, generator,
+                           divide_by_std=cfg.reward_norm.divide_by_std,
+                           precision=spec.precision, dp=sc.dp, seed=sc.seed)
+    samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save
+    samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
+    log = sc.live(cfg.ppo.iterations)  # MLflow, progress artifact, log line
+    judged = overoptimisation(prep["judge"], sft_rows, norm_stats)
+
+    def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
+        metrics = judged(metrics, rows) if judged else metrics
+        log(iteration, metrics)
+        if rows:
+            samples[:] = [r for r in samples if r["iteration"] < iteration] + rows
+            write_json(samples_path, samples)
+            sc.log_table(pd.DataFrame(rows), f"samples/iter_{iteration:05d}.json", spooled=True)
+
+    ck = sc.stop_on_outage(trainer.checkpointer(sc.checkpoint_dir,
+                                                cfg.tracking.keep_checkpoints))
+    with peak_memory() as memory:  # under data parallelism: rank 0's
+        last = trainer.train(on_iteration, progress=sc.progress,
+                             monitor=judge_monitor(prep["judge"]), checkpointer=ck)
+    if not sc.is_main:
+        return None
+    return _finish(sc, trainer, tokenizer, samples, last, memory)
+
+
+def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dict,
+            memory: dict) -> PolicyRecord:
+    """Memory metrics, the final policy (and critic), the sample table -> the record."""
+    memory["memory/model_state_gb"] = state_bytes(
+        trainer.policy, trainer.ref_policy, trainer.value_model, trainer.reward_model,
+        optimizer=trainer.optimizer) / 2**30
+    sc.log(0, memory)  # not through the progress: it would read 0% again
+    final_policy, final_value = merged(trainer.policy, trainer.value_model)
+    policy_dir = save_policy(final_policy, tokenizer, sc.dir / "policy")
+    value_dir = None if final_value is None else \
+        str(save_scalar_model(final_value, sc.dir / "value_model"))
+    sc.log_table(pd.DataFrame(samples), "samples/all.json", spooled=True)
+    keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
+    return PolicyRecord(policy=sc.publish(policy_dir, "checkpoint/policy"), value_dir=value_dir,
+                        metrics={**{k: last[k] for k in keys if k in last}, **memory})
+
+
+STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=2, ranks=True)
+
+
+@task(name="ppo")
+def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord, start: ModelRecord,
+        rm: ModelRecord, norm: NormRecord, critic: ModelRecord,
+        reference_dir: str | None = None) -> PolicyRecord:
+    """PPO iterations from the policy in ``start`` (reference: the same policy, or
+    ``reference_dir``)."""
+    return run_stage(ctx, cfg, STAGE, prep=prep, data=data, start=start, rm=rm, norm=norm,
+                     critic=critic, reference_dir=reference_dir)

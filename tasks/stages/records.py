@@ -1,0 +1,124 @@
+"""Typed stage outputs: what each stage returns, records on its child run (tag
+``rlhf.output``, read back to skip a finished stage) and hands to the stages after it.
+
+A file or folder a stage wrote is an :class:`Artifact`: its path on the machine that wrote
+it and its MLflow artifact URI, so a stage on another machine (a routed stage, a resume
+elsewhere) reads it through ``StageContext.local`` from the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class Artifact(BaseModel):
+    """A stage output on disk: ``path`` where the stage wrote it, ``uri`` its MLflow copy
+    (``runs:/<run id>/<artifact path>``; None for a path given from outside, e.g. the
+    champion's downloaded folders)."""
+
+    model_config = ConfigDict(frozen=True)
+    path: str
+    uri: str | None = None
+
+
+class StageRecord(BaseModel):
+    """What every stage output holds: where it ran, how long, its key figures."""
+
+    model_config = ConfigDict(extra="forbid")
+    stage: str = ""
+    run_id: str = ""
+    wall_s: float = 0.0
+    skipped: bool = False
+    metrics: dict[str, float] = {}
+    figures: dict[str, Any] = {}
+
+    # output records written before artifacts were typed: flat ``<key>`` path and ``<name>_uri``
+    LEGACY: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_keys(cls, data: Any) -> Any:
+        """Read a record a stage recorded as flat keys (``model_dir`` + ``model_uri``), so a
+        run recorded that way still resumes."""
+        if not isinstance(data, dict) or not cls.LEGACY:
+            return data
+        data = dict(data)
+        for field, key in cls.LEGACY.items():
+            if key in data and field not in data:
+                path = data.pop(key)
+                uri = data.pop(f"{key.removesuffix('_dir').removesuffix('_path')}_uri", None)
+                data[field] = None if path is None else {"path": path, "uri": uri}
+        return data
+
+
+class DataRecord(StageRecord):
+    """validate: the cleaned data folder (``sft.jsonl``, ``preference.jsonl``, ...) and the
+    tokenizer the later stages load; a retrain's judge split points ``data`` at its own
+    folder and adds ``judge_rows``."""
+
+    LEGACY = {"data": "data_dir", "tokenizer": "tokenizer"}
+    data: Artifact
+    tokenizer: Artifact
+    pad_added: bool = False
+    conversational: bool = False
+    warnings: list[str] = []
+    judge_rows: str | None = None
+
+
+class ModelRecord(StageRecord):
+    """sft, reward_model, critic_init, judge_model: one saved model folder (None: a stage
+    that saved none, e.g. critic_init for a critic-free estimator)."""
+
+    LEGACY = {"model": "model_dir"}
+    model: Artifact | None = None
+    source: str | None = None
+
+
+class NormRecord(StageRecord):
+    """reward_norm: the statistics file and its values ({mean, std, n})."""
+
+    LEGACY = {"stats_file": "stats_path"}
+    stats_file: Artifact
+    stats: dict[str, float]
+
+
+class PolicyRecord(StageRecord):
+    """ppo: the trained policy (and value model, when there is a critic)."""
+
+    LEGACY = {"policy": "policy_dir"}
+    policy: Artifact
+    value_dir: str | None = None
+
+
+class EvalRecord(StageRecord):
+    """evaluate: its metrics and the label of the scorer that produced the headline score."""
+
+    scorer: str | None = None
+
+
+class Decision(BaseModel):
+    """The retrain gate's verdict."""
+
+    model_config = ConfigDict(frozen=True)
+    promote: bool
+    reason: str
+    scorer: str
+
+
+class GateRecord(StageRecord):
+    """gate: the decision (and its figures in ``metrics``)."""
+
+    decision: Decision
+
+
+class RegisterRecord(StageRecord):
+    """register: the registered versions and whether the policy became champion."""
+
+    registered: bool
+    model_name: str | None = None
+    version: int | None = None
+    reward_model_name: str | None = None
+    reward_model_version: int | None = None
+    promoted: bool = False

@@ -1,0 +1,155 @@
+"""register: log and register the policy and the reward model (alias challenger) with
+lineage tags; the policy becomes champion when the retrain's gate says so, else by the
+pipeline's rule (tasks/champion_rule.py)."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from rlhf_core.faults import crash_point, pause_point
+from rlhf_core.loader import LoadSpec
+from tasks.champion_rule import (
+    DECISION_TAG,
+    REASON_TAG,
+    champion_evaluation,
+    register_decision,
+    score_key,
+)
+from tasks.config import PipelineConfig
+from tasks.guarded import one_try
+from tasks.registry import (
+    CHALLENGER,
+    earlier_registration,
+    move_champion,
+    moved_to,
+    set_alias,
+    show_on_run,
+)
+from tasks.stages.context import Stage, StageContext
+from tasks.stages.records import (
+    DataRecord,
+    Decision,
+    ModelRecord,
+    PolicyRecord,
+    RegisterRecord,
+    StageRecord,
+)
+from tasks.stages.run import run_stage
+from tasks.tracking import RunContext, find_stage_run
+
+
+def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
+    """Model card text (YAML front matter + markdown), stored with the logged policy as its
+    artifact ``model_card.md``."""
+    base = cfg.model.base_model if not cfg.demo.enabled else "demo GPT-2 (built from a config)"
+    lines = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(metrics.items()))
+    return (f"---\ntags: [rlhf, ppo]\n---\n# RLHF policy\n\nPPO policy trained from `{base}` "
+            f"by the RLHF pipeline, MLflow parent run `{parent_run_id}`. Check the base model's "
+            f"license before use.\n\n| evaluation | value |\n|---|---|\n{lines}\n")
+
+
+def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str,
+               rm_dir: str, tokenizer_dir: str, rm_name: str, card: str,
+               spec: LoadSpec, generation: dict) -> tuple[str, str]:
+    """Log and register the policy (pyfunc answering prompts with their completion;
+    ``generation``: its default max_new_tokens and temperature) and the reward model (pyfunc
+    scoring prompt/response) in the register run -> their versions."""
+    import mlflow
+
+    from tasks.mlflow_models import log_policy, log_reward_model, mlflow_pointed_at
+
+    with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
+        version = log_policy(policy_dir, policy_name, generation, card, spec.trust_remote_code)
+        crash_point("register:policy_version")
+        rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name, spec.trust_remote_code)
+    return version, rm_version
+
+
+def lineage_tags(ctx: RunContext, rm: ModelRecord, policy: PolicyRecord,
+                 lineage: dict | None) -> dict:
+    """What a registered version records of where it came from: its MLflow parent run, the
+    reward-model and PPO runs, and (retrain) its data batches and the champion it started
+    from."""
+    tags = {"rlhf.parent_run_id": ctx.parent_run_id,
+            "rlhf.reward_model_run_id": rm.run_id,
+            "rlhf.ppo_run_id": policy.run_id, "rlhf.started_from": "sft"}
+    sft_run = find_stage_run(ctx, "sft")
+    if sft_run is not None:
+        tags["rlhf.sft_run_id"] = sft_run.info.run_id
+    tags.update({k: str(v) for k, v in (lineage or {}).items()})
+    return tags
+
+
+def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: ModelRecord,
+         data: DataRecord, lineage: dict | None = None,
+         decision: Decision | None = None) -> RegisterRecord:
+    """``evaluation``: the evaluate (or gate) record whose headline score is compared."""
+    cfg, ctx, run_id = sc.cfg, sc.run, sc.run_id
+    if not cfg.tracking.register_models:
+        return RegisterRecord(registered=False)
+    client = sc.client
+    name = cfg.tracking.registered_policy
+    key = score_key(evaluation.metrics)
+    score = evaluation.metrics[key]
+    rm_name = cfg.tracking.registered_reward_model
+    # a resume after a crash in here: adopt this run's versions, or remove a partial set
+    adopted = earlier_registration(client, (name, rm_name), run_id)
+    moved = moved_to(client, name, adopted[0]) if adopted else None
+    rule = moved or register_decision(champion_evaluation(client, name),
+                                      getattr(evaluation, "scorer", None), key, score) \
+        if decision is None else \
+        {"promote": decision.promote, "reason": decision.reason,
+         "decision": "gate: " + ("promote" if decision.promote else "keep"),
+         "champion_score": None}
+    card = policy_card(cfg, ctx.parent_run_id, evaluation.metrics)
+    pause_point("register:log_models")
+    version, rm_version = adopted or one_try(
+        client, "register: logging the models", lambda: log_models(
+            run_id, ctx.tracking_uri, str(sc.local(policy.policy, "ppo's policy")), name,
+            str(sc.local(rm.model, "reward_model's model")),
+            str(sc.local(data.tokenizer, "validate's tokenizer")), rm_name, card, sc.spec,
+            {"max_new_tokens": cfg.eval.max_new_tokens, "temperature": cfg.eval.temperature}),
+        # the server back: keep a whole set it took, or delete a partial one and log again
+        lambda: earlier_registration(client, (name, rm_name), run_id))
+    tags = {**lineage_tags(ctx, rm, policy, lineage),
+            DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]}
+    # the chain of versions this one descends from: "v1 -> v2 -> v3"
+    tags["rlhf.ancestry"] = " -> ".join(
+        x for x in (tags.get("rlhf.ancestry", ""), f"v{version}") if x)
+    if decision is not None:
+        tags["rlhf.gate"] = decision.reason
+    for tag, value in tags.items():
+        client.set_model_version_tag(name, str(version), tag, value)
+    show_on_run(client, ctx.parent_run_id, [(name, version), (rm_name, rm_version)])
+    sc.set_tags({DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]})
+    sc.set_tags({"rlhf.ancestry": tags["rlhf.ancestry"]}, parent=True)
+    set_alias(client, name, CHALLENGER, version)
+    set_alias(client, rm_name, CHALLENGER, rm_version)
+    crash_point("register:challenger")
+    if rule["promote"] and not moved:
+        move_champion(client, name, version, "register", rule["reason"])
+    aliases = "challenger, champion" if rule["promote"] else "challenger"
+    current = rule["champion_score"]
+    figures = {"policy": f"models:/{name}/{version} ({aliases})",
+               "reward model": f"models:/{rm_name}/{rm_version} (challenger)",
+               "champion decision": rule["decision"],
+               "champion score before": f"{current:.4g}" if current is not None
+               else {"first": "none"}.get(rule["decision"], "not compared")}
+    return RegisterRecord(registered=True, model_name=name, version=int(version),
+                          reward_model_name=rm_name, reward_model_version=int(rm_version),
+                          promoted=rule["promote"], metrics={key: score}, figures=figures)
+
+
+STAGE = Stage("register", body, RegisterRecord)
+
+
+@task(name="register")
+def register(ctx: RunContext, cfg: PipelineConfig, policy: PolicyRecord,
+             evaluation: StageRecord, rm: ModelRecord, data: DataRecord,
+             lineage: dict | None = None, decision: Decision | None = None) -> RegisterRecord:
+    """Register the policy and the reward model (alias challenger) with lineage tags. The
+    policy becomes champion when ``decision`` says so (retrain gate), else by the pipeline's
+    rule (tasks/champion_rule.py): no champion yet, or it beats the champion's evaluation
+    score by the same scorer on the same prompts; the old champion keeps previous-champion."""
+    return run_stage(ctx, cfg, STAGE, policy=policy, evaluation=evaluation, rm=rm, data=data,
+                     lineage=lineage, decision=decision)

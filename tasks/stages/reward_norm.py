@@ -1,0 +1,47 @@
+"""reward_norm: score the SFT set (prompt + reference response) with the reward model; its
+{mean, std, n} normalise PPO's rewards."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from rlhf_core.loader import load_scalar_model, load_tokenizer
+from rlhf_core.scoring import normalise_scores, reward_norm_stats, score_texts
+from tasks.common import read_jsonl, write_json
+from tasks.config import PipelineConfig
+from tasks.stages.context import Stage, StageContext
+from tasks.stages.records import DataRecord, ModelRecord, NormRecord
+from tasks.stages.run import run_stage
+from tasks.tracking import RunContext
+
+
+def body(sc: StageContext, data: DataRecord, rm: ModelRecord) -> NormRecord:
+    cfg, device, spec = sc.cfg, sc.device, sc.spec
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
+                              trainable=False).to(device)
+    rows = read_jsonl(sc.local(data.data, "validate's data") / "sft.jsonl")
+    rows = rows[: cfg.reward_norm.max_samples] if cfg.reward_norm.max_samples else rows
+    scores = score_texts(model, tokenizer, [r["prompt"] for r in rows],
+                         [r["response"] for r in rows], device, cfg.reward_norm.batch_size)
+    stats = reward_norm_stats(scores)
+    normalised = normalise_scores(scores, stats, cfg.reward_norm.divide_by_std)
+    check = float(normalised.mean())
+    if abs(check) > 1e-3 * max(1.0, stats["std"]):
+        raise RuntimeError(f"reward normalisation check failed: mean after = {check}")
+    path = write_json(sc.dir / "reward_norm.json", stats)
+    metrics = {"reward/mean": stats["mean"], "reward/std": stats["std"],
+               "reward/n": float(stats["n"]), "reward/normalised_mean": check}
+    sc.log(0, metrics)
+    return NormRecord(stats_file=sc.publish(path, "reward_norm.json"), stats=stats,
+                      metrics=metrics)
+
+
+STAGE = Stage("reward_norm", body, NormRecord, sections=("reward_norm",))
+
+
+@task(name="reward_norm")
+def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
+                rm: ModelRecord) -> NormRecord:
+    """Score the SFT set (prompt + reference response); store {mean, std, n} as an artifact."""
+    return run_stage(ctx, cfg, STAGE, data=data, rm=rm)

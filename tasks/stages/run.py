@@ -1,0 +1,79 @@
+"""Running a stage: skip it when its finished child run recorded an output, else open the
+child run and run the body in this process, on torchrun ranks (tasks/launch.py) or on
+another machine's worker (tasks/remote.py); record the typed output, its wall time and a
+Prefect summary artifact.
+"""
+
+from __future__ import annotations
+
+import time
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+
+from rlhf_core.faults import crash_point, pause_point
+from tasks.common import metric_logger, stage_markdown, stage_params
+from tasks.config import PipelineConfig
+from tasks.launch import run_ranks
+from tasks.remote import run_routed
+from tasks.spool import resend_left
+from tasks.stages.context import Stage, StageContext
+from tasks.stages.records import StageRecord
+from tasks.tracking import RunContext, completed_output, record_output, stage_run
+
+
+def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
+              **inputs: Any) -> StageRecord:
+    """Skip ``stage`` when a finished child run recorded its output; else run its body
+    inside the child run, record the output and wall time, and return the record. The
+    Prefect summary shows its ``metrics`` and any non-metric ``figures``."""
+    pause_point(f"before:{stage.name}")
+    done = completed_output(ctx, stage.name)
+    if done is not None:
+        return stage.record.model_validate({**done, "skipped": True})
+    start = time.perf_counter()
+    resend_left(ctx.client(), ctx.workdir)  # a resume sends what a tracking outage left
+    params = stage_params(cfg, *stage.sections) if stage.sections else None
+    with stage_run(ctx, stage.name, params) as run_id:
+        out = execute(ctx, cfg, stage, run_id, inputs)
+        out = out.model_copy(update={"run_id": run_id, "stage": stage.name,
+                                     "wall_s": round(time.perf_counter() - start, 2)})
+        metric_logger(ctx, run_id)(0, {"time/stage_s": out.wall_s})
+        record_output(ctx, run_id, out.model_dump(mode="json"))
+    crash_point(f"after:{stage.name}")
+    stage_markdown(ctx, stage.name, run_id, {"wall_s": out.wall_s, **out.metrics,
+                                              **out.figures})
+    return out
+
+
+def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
+            inputs: dict[str, Any]) -> StageRecord:
+    """The body in this process, on ``model.nproc`` torchrun ranks (a stage that can), or on
+    the worker ``routing.stages`` names."""
+    routed = cfg.routing.stages.get(stage.name)
+    if routed:
+        return stage.record.model_validate(
+            run_routed(ctx, cfg, stage.name, run_id, inputs_json(inputs), routed))
+    if stage.ranks and (cfg.model.nproc > 1 or cfg.model.nnodes > 1):
+        return stage.record.model_validate(
+            run_ranks(ctx, cfg, stage.name, run_id, inputs_json(inputs)))
+    return stage.body(StageContext(ctx, cfg, stage, run_id), **inputs)
+
+
+def inputs_json(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A stage's inputs for another process (records as JSON)."""
+    return {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+            for k, v in inputs.items()}
+
+
+def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
+    """JSON inputs back into the records the body's signature names."""
+    hints = typing.get_type_hints(stage.body)
+    out = {}
+    for name, value in inputs.items():
+        kind = hints.get(name)
+        record = next((t for t in typing.get_args(kind) or (kind,)
+                       if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        out[name] = record.model_validate(value) if record and value is not None else value
+    return out

@@ -1,0 +1,49 @@
+"""sft: fine-tune the base model on the demonstrations; save it as the SFT policy."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from rlhf_core.checkpoint import save_policy
+from rlhf_core.loader import load_policy, load_tokenizer
+from rlhf_core.loop import total_steps
+from rlhf_core.models import resize_for_tokenizer
+from rlhf_core.sft import sft_eval_loss, train_sft
+from tasks.common import read_jsonl
+from tasks.config import PipelineConfig
+from tasks.stages.context import Stage, StageContext
+from tasks.stages.records import DataRecord, ModelRecord
+from tasks.stages.run import run_stage
+from tasks.tracking import RunContext
+
+
+def body(sc: StageContext, prep: dict, data: DataRecord) -> ModelRecord | None:
+    """In the task's process or on each torchrun rank: only rank 0 logs, saves the model
+    and returns the record."""
+    cfg, device, spec = sc.cfg, sc.device, sc.spec
+    generator = sc.seeded()
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    model = load_policy(prep["base_model"], spec)
+    resize_for_tokenizer(model, tokenizer)
+    rows = read_jsonl(sc.local(data.data, "validate's data") / "sft.jsonl")
+    ck = sc.checkpointer({"model": model}, cfg.sft.checkpoint_every)
+    live = sc.live(total_steps(len(rows), cfg.sft.batch_size, cfg.sft.epochs))
+    last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, live, sc.progress, ck,
+                     precision=spec.precision, dp=sc.dp)
+    if not sc.is_main:
+        return None
+    out_dir = save_policy(model, tokenizer, sc.dir / "model")
+    sc.log_artifacts(out_dir, "checkpoint")
+    metrics = {"sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
+    sc.log(0, metrics)
+    return ModelRecord(model=sc.publish(out_dir, "checkpoint", logged=True),
+                       metrics={"train/loss": last.get("train/loss", float("nan")), **metrics})
+
+
+STAGE = Stage("sft", body, ModelRecord, sections=("sft", "model"), seed_offset=0, ranks=True)
+
+
+@task(name="sft")
+def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord) -> ModelRecord:
+    """Fine-tune the base model on the demonstrations; save it as the SFT policy."""
+    return run_stage(ctx, cfg, STAGE, prep=prep, data=data)

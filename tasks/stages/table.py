@@ -1,0 +1,26 @@
+"""The one table of stages. The pipeline, retrain and sweep flows call their tasks; the rank
+entry point (tasks/rank_main.py) and the stage worker (flows/stage.py) look bodies up here;
+``routing.stages`` takes the stages marked ``ranks``."""
+
+from __future__ import annotations
+
+from tasks.stages import (
+    critic_init,
+    evaluate,
+    gate,
+    judge_model,
+    ppo,
+    register,
+    reward_model,
+    reward_norm,
+    sft,
+    validate,
+)
+from tasks.stages.context import Stage
+
+STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (
+    validate, sft, reward_model, reward_norm, critic_init, ppo, evaluate, register,
+    judge_model, gate)}
+
+# stages that run on torchrun ranks and can be routed to another machine's worker
+DISTRIBUTED = tuple(name for name, stage in STAGES.items() if stage.ranks)
