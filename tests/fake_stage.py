@@ -17,13 +17,22 @@ class FakeStageContext(StageContext):
     kept here for the test to read; ``client`` is a plain client of a SQLite store in the
     workdir (only register talks to the model registry through it)."""
 
-    def __init__(self, cfg, stage_name: str, workdir: Path, seed: int = 0):
+    def __init__(self, cfg, stage_name: str, workdir: Path, seed: int = 0,
+                 tracked: bool = False):
+        """``tracked``: the parent and the stage run exist in the SQLite store (register
+        logs its models into the stage's run)."""
         from tasks.stages.table import STAGES
 
         uri = f"sqlite:///{workdir}/mlflow.db"
-        run = RunContext(tracking_uri=uri, experiment_id="0", parent_run_id="parent",
+        exp, parent, run_id = "0", "parent", "stage-run"
+        if tracked:
+            client = MlflowClient(uri)
+            exp = client.create_experiment(f"fake-{stage_name}")
+            parent = client.create_run(exp).info.run_id
+            run_id = client.create_run(exp).info.run_id
+        run = RunContext(tracking_uri=uri, experiment_id=exp, parent_run_id=parent,
                          workdir=str(workdir), seed=seed, progress=False)
-        super().__init__(run, cfg, STAGES[stage_name], run_id="stage-run")
+        super().__init__(run, cfg, STAGES[stage_name], run_id=run_id)
         self.metrics: dict[int, dict[str, float]] = {}
         self.parent_metrics: dict[str, float] = {}
         self.tags: dict[str, str] = {}

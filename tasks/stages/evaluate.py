@@ -10,7 +10,7 @@ from rlhf_core.evaluate import compare_policies, sample_policy
 from rlhf_core.faults import pause_point
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from tasks.champion_rule import SCORER_TAG, eval_scorer
-from tasks.common import read_jsonl
+from tasks.common import in_prefect_run, read_jsonl
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.progress import StageProgress
@@ -21,13 +21,13 @@ from tasks.tracking import RunContext
 
 
 def _table_artifact(rows: list[dict]) -> None:
-    try:
-        from prefect.artifacts import create_table_artifact
+    """The first side-by-side rows as a Prefect table, inside a flow run."""
+    if not in_prefect_run():
+        return
+    from prefect.artifacts import create_table_artifact
 
-        create_table_artifact(key="rlhf-eval-samples", table=rows,
-                              description="SFT vs PPO, side by side")
-    except Exception:  # noqa: BLE001 - outside a Prefect run there is no artifact store
-        pass
+    create_table_artifact(key="rlhf-eval-samples", table=rows,
+                          description="SFT vs PPO, side by side")
 
 
 def body(sc: StageContext, prep: dict, data: DataRecord, sft: ModelRecord, rm: ModelRecord,

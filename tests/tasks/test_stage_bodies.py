@@ -1,0 +1,197 @@
+"""Each stage body under a fake StageContext (tests/fake_stage.py): no Prefect, no tracking
+server. The bodies run in pipeline order on the tiny GPT-2 and rows of tests/shared.py; each
+test checks the record the body returns and what it logged, tagged and published."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.config import load_config
+from tasks.stages import (
+    critic_init,
+    evaluate,
+    gate,
+    judge_model,
+    ppo,
+    register,
+    reward_model,
+    reward_norm,
+    sft,
+    validate,
+)
+from tasks.stages.records import (
+    Artifact,
+    DataRecord,
+    ModelRecord,
+    NormRecord,
+    PolicyRecord,
+    RegisterRecord,
+)
+from tasks.stages.table import DISTRIBUTED, STAGES
+from tests.fake_stage import FakeStageContext
+from tests.shared import PROMPTS, write_config, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, tiny_model_dir):
+    """(cfg, prep, workdir, {stage: (fake context, record)}) for the whole pipeline."""
+    tmp = tmp_path_factory.mktemp("bodies")
+    cfg = load_config(write_config(tmp, tiny_model_dir), ["seed=3", "retrain.gate.min_prompts=6"])
+    data = cfg.data.model_dump()
+    data["eval_prompts"] = {"path": str(write_jsonl(tmp / "eval.jsonl", PROMPTS * 3))}
+    prep = {"data": data, "base_model": str(tiny_model_dir), "tokenizer": str(tiny_model_dir),
+            "judge": "none"}
+    work = tmp / "work"
+    done: dict = {}
+
+    def run(name: str, tracked: bool = False, **inputs):
+        sc = FakeStageContext(cfg, name, work, seed=cfg.seed, tracked=tracked)
+        done[name] = (sc, STAGES[name].body(sc, **inputs))
+        return done[name][1]
+
+    d = run("validate", prep=prep)
+    s = run("sft", prep=prep, data=d)
+    rm = run("reward_model", prep=prep, data=d, start=s)
+    norm = run("reward_norm", data=d, rm=rm)
+    critic = run("critic_init", rm=rm)
+    pol = run("ppo", prep=prep, data=d, start=s, rm=rm, norm=norm, critic=critic)
+    ev = run("evaluate", prep=prep, data=d, sft=s, rm=rm, policy=pol)
+    run("register", tracked=True, policy=pol, evaluation=ev, rm=rm, data=d)
+    held = Path(d.data.path) / "judge_preference.jsonl"
+    held.write_text((Path(d.data.path) / "preference.jsonl").read_text())
+    judge = run("judge_model", data=d, init_dir=s.model.path)
+    champion = {"policy_dir": s.model.path, "version": "1"}
+    run("gate", prep=prep, data=d, champion=champion, policy=pol, rm=rm,
+        reference_dir=s.model.path, judge=judge)
+    return cfg, prep, work, done
+
+
+def test_the_table_names_each_stage_once_with_its_record_and_seed():
+    assert list(STAGES) == ["validate", "sft", "reward_model", "reward_norm", "critic_init",
+                            "ppo", "evaluate", "register", "judge_model", "gate"]
+    assert DISTRIBUTED == ("sft", "reward_model", "ppo")
+    offsets = [s.seed_offset for s in STAGES.values() if s.seed_offset is not None]
+    assert len(offsets) == len(set(offsets))  # no two stages draw the same random numbers
+    assert STAGES["ppo"].record is PolicyRecord and STAGES["sft"].sections == ("sft", "model")
+    for module in (validate, sft, reward_model, reward_norm, critic_init, ppo, evaluate,
+                   register, judge_model, gate):
+        assert STAGES[module.STAGE.name] is module.STAGE
+
+
+def test_routable_stages_in_the_config_are_the_tables():
+    from tasks.config import ROUTABLE
+
+    assert set(ROUTABLE) == set(DISTRIBUTED)
+
+
+def test_validate_cleans_the_data_and_saves_the_tokenizer(chain):
+    _, _, work, done = chain
+    sc, rec = done["validate"]
+    assert isinstance(rec, DataRecord)
+    assert (Path(rec.data.path) / "sft.jsonl").exists()
+    assert (Path(rec.tokenizer.path) / "tokenizer_config.json").exists()
+    assert rec.metrics["sft/n_rows"] == 2 and rec.figures
+    assert sc.artifacts["data/tokenizer"] == rec.tokenizer.path
+    assert "validation_summary.md" in sc.artifacts and "data_docs" in sc.artifacts
+    assert sc.metrics[0]["sft/n_rows"] == 2
+    assert "rlhf.tokenizer.eos_token" in sc.tags
+    assert sc.parent_tags["rlhf.data_digest.sft"] == "digest-of-sft.jsonl"
+
+
+def test_validate_stops_on_bad_rows_before_anything_is_published(tmp_path, tiny_model_dir):
+    from data_checks.validate import ValidationFailed
+
+    cfg = load_config(write_config(tmp_path, tiny_model_dir, sft_text='{"prompt": ""}\n'))
+    prep = {"data": cfg.data.model_dump(), "tokenizer": str(tiny_model_dir)}
+    sc = FakeStageContext(cfg, "validate", tmp_path / "work")
+    with pytest.raises((ValidationFailed, ValueError)):
+        validate.body(sc, prep=prep)
+    assert "data/tokenizer" not in sc.artifacts
+
+
+@pytest.mark.parametrize("stage", ["sft", "reward_model", "critic_init", "judge_model"])
+def test_model_stages_save_and_publish_their_model(chain, stage):
+    _, _, _, done = chain
+    sc, rec = done[stage]
+    assert isinstance(rec, ModelRecord)
+    assert list(Path(rec.model.path).glob("*.safetensors"))
+    assert rec.model.uri.startswith(f"runs:/{sc.run_id}/checkpoint")
+    assert rec.metrics and all(v == v for v in rec.metrics.values())
+
+
+def test_sft_logs_its_loss_and_checkpoints_in_its_folder(chain):
+    _, _, work, done = chain
+    sc, rec = done["sft"]
+    assert "sft/response_loss_train" in sc.metrics[0] and "train/loss" in rec.metrics
+    assert sc.artifacts["checkpoint"] == rec.model.path
+    assert Path(rec.model.path).is_relative_to(work / "sft")
+
+
+def test_reward_model_reports_held_out_accuracy_on_both_runs(chain):
+    sc, rec = chain[3]["reward_model"]
+    assert 0.0 <= rec.metrics["eval/rm_accuracy"] <= 1.0
+    assert sc.parent_metrics == {"eval/rm_accuracy": rec.metrics["eval/rm_accuracy"]}
+    assert "eval/rm_gold_accuracy" not in rec.metrics  # no gold judge for these rows
+
+
+def test_reward_norm_centres_the_scores(chain):
+    sc, rec = chain[3]["reward_norm"]
+    assert isinstance(rec, NormRecord) and rec.stats["n"] == 2
+    assert json.loads(Path(rec.stats_file.path).read_text()) == rec.stats
+    assert abs(sc.metrics[0]["reward/normalised_mean"]) < 1e-3
+
+
+def test_critic_init_copies_the_reward_model_and_names_its_source(chain):
+    _, _, _, done = chain
+    sc, rec = done["critic_init"]
+    rm = done["reward_model"][1]
+    assert rec.source == rm.model.uri and sc.tags["rlhf.critic_source"] == rm.model.uri
+    assert (Path(rec.model.path) / "head.safetensors").read_bytes() == \
+        (Path(rm.model.path) / "head.safetensors").read_bytes()
+
+
+def test_critic_init_without_a_critic_saves_nothing(chain, tmp_path):
+    cfg = chain[0]
+    cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(
+        update={"advantage_estimator": "rloo"})})
+    sc = FakeStageContext(cfg, "critic_init", tmp_path)
+    rec = critic_init.body(sc, rm=ModelRecord(model=Artifact(path=str(tmp_path / "none"))))
+    assert rec.model is None and "no critic" in sc.tags["rlhf.critic_skipped"]
+
+
+def test_ppo_trains_logs_each_iteration_and_keeps_samples(chain):
+    cfg, _, _, done = chain
+    sc, rec = done["ppo"]
+    assert isinstance(rec, PolicyRecord) and rec.value_dir is not None
+    assert (Path(rec.policy.path) / "config.json").exists()
+    assert {"objective/kl", "objective/scores"} <= set(sc.metrics[1])
+    assert "memory/model_state_gb" in rec.metrics
+    assert "samples/all.json" in sc.tables
+    assert sc.checkpoint_dir.is_relative_to(sc.dir)
+
+
+def test_evaluate_compares_both_policies_on_held_out_prompts(chain):
+    sc, rec = chain[3]["evaluate"]
+    assert "eval/kl_to_ref" in rec.metrics and rec.scorer
+    assert sc.parent_metrics == sc.metrics[0]
+    assert sc.parent_tags["rlhf.eval.scorer"] == rec.scorer
+    assert len(sc.tables["eval/side_by_side.json"]) == sc.cfg.eval.num_prompts == 2
+
+
+def test_register_registers_both_models_and_makes_the_first_champion(chain):
+    sc, rec = chain[3]["register"]
+    assert isinstance(rec, RegisterRecord) and rec.registered and rec.promoted
+    version = sc.client.get_model_version_by_alias(rec.model_name, "champion")
+    assert int(version.version) == rec.version
+    assert version.tags["rlhf.ppo_run_id"] == chain[3]["ppo"][1].run_id
+    assert sc.parent_tags["rlhf.ancestry"] == f"v{rec.version}"
+
+
+def test_gate_decides_with_the_judge_reward_model(chain):
+    sc, rec = chain[3]["gate"]
+    assert rec.decision.scorer == "held-out judge reward model"
+    assert sc.tags["rlhf.gate.decision"] in ("promote", "keep")
+    assert sc.tags == sc.parent_tags and "gate/promote" in sc.metrics[0]
