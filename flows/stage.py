@@ -14,11 +14,12 @@ prefect.yaml deploys the same flow to a process work pool instead, for `prefect 
 from prefect import flow
 from prefect.types.entrypoint import EntrypointType
 
+from tasks.common import setup_torch
 from tasks.config import PipelineConfig
 from tasks.launch import run_node, stage_body
 from tasks.rank_main import STAGES
 from tasks.remote import local_context, record_routed
-from tasks.tracking import RunContext
+from tasks.tracking import RunContext, hardware_tags, set_tags
 
 
 def _run_name() -> str:
@@ -48,6 +49,8 @@ def rlhf_stage(stage: str, spec: dict, node: dict | None = None) -> dict | None:
     cfg = PipelineConfig.model_validate(spec["cfg"])
     here = {k: v for k, v in cfg.routing.stages.items() if k != stage}  # run it, don't route
     cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"stages": here})})
+    # this machine ran it: its hardware over the head's on the child run
+    set_tags(ctx.client(), spec["run_id"], hardware_tags(setup_torch(cfg.model)))
     out = stage_body(ctx, cfg, stage, STAGES[stage], **spec["inputs"])(spec["run_id"])
     record_routed(ctx, spec["run_id"], out)
     return out

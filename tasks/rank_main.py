@@ -17,10 +17,10 @@ import traceback
 from pathlib import Path
 
 from rlhf_core.distributed import check_same_checkpoint, init_from_env, shutdown
-from tasks.common import checkpoint_dir, setup_models, write_json
+from tasks.common import checkpoint_dir, setup_models, setup_torch, write_json
 from tasks.config import PipelineConfig
 from tasks.ppo import ppo_stage
-from tasks.tracking import RunContext
+from tasks.tracking import RunContext, hardware_tags, set_tags
 from tasks.train import reward_model_stage, sft_stage
 
 STAGES = {"sft": sft_stage, "reward_model": reward_model_stage, "ppo": ppo_stage}
@@ -40,6 +40,9 @@ def run(spec: dict) -> None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
             update={"torch_threads": threads})})
     try:
+        if dp.is_main:  # the ranks' threads (and a routed stage's machine) on the child run
+            setup_torch(cfg.model)
+            set_tags(ctx.client(), spec["run_id"], hardware_tags(dp.device))
         check_same_checkpoint(checkpoint_dir(ctx, spec["stage"]), dp)
         out = STAGES[spec["stage"]](ctx, cfg, run_id=spec["run_id"], dp=dp, **spec["inputs"])
         if dp.is_main:
