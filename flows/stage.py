@@ -14,12 +14,13 @@ prefect.yaml deploys the same flow to a process work pool instead, for `prefect 
 from prefect import flow
 from prefect.types.entrypoint import EntrypointType
 
+from tasks.common import setup_torch
 from tasks.config import PipelineConfig
 from tasks.launch import run_node
 from tasks.remote import local_context, record_routed
 from tasks.stages.run import execute, typed_inputs
 from tasks.stages.table import DISTRIBUTED, STAGES
-from tasks.tracking import RunContext
+from tasks.tracking import RunContext, hardware_tags, set_tags
 
 
 def _run_name() -> str:
@@ -49,6 +50,8 @@ def rlhf_stage(stage: str, spec: dict, node: dict | None = None) -> dict | None:
     cfg = PipelineConfig.model_validate(spec["cfg"])
     here = {k: v for k, v in cfg.routing.stages.items() if k != stage}  # run it, don't route
     cfg = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"stages": here})})
+    # this machine ran it: its hardware over the head's on the child run
+    set_tags(ctx.client(), spec["run_id"], hardware_tags(setup_torch(cfg.model)))
     entry = STAGES[stage]
     out = execute(ctx, cfg, entry, spec["run_id"], typed_inputs(entry, spec["inputs"]))
     record_routed(ctx, spec["run_id"], out.model_dump(mode="json"))

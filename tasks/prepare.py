@@ -13,11 +13,19 @@ from mlflow.tracking import MlflowClient
 from prefect import task
 
 from data_checks.config import DataConfig, DataSource
+from tasks.common import setup_torch
 from tasks.config import PipelineConfig, flatten
 from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
 from tasks.judge import resolve_judge_name
 from tasks.remote import check_deployments
-from tasks.tracking import RunContext, default_tracking_uri, ensure_store, log_params, set_tags
+from tasks.tracking import (
+    RunContext,
+    default_tracking_uri,
+    ensure_store,
+    hardware_tags,
+    log_params,
+    set_tags,
+)
 
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
 
@@ -160,6 +168,9 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
             tags["rlhf.prefect_flow_run_id"] = str(flow_run_id)
         set_tags(client, run_id, tags)
         client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
+    # the stages' thread count from here on, so each run's rlhf.hw.threads is the one used
+    device = setup_torch(cfg.model)
+    set_tags(client, run_id, hardware_tags(device))  # a resume records where it continues
     workdir = Path(cfg.tracking.workdir).resolve() / run_id
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +179,7 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         raise
     return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
                       workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress,
-                      outage_limit_s=cfg.tracking.outage_limit_s)
+                      outage_limit_s=cfg.tracking.outage_limit_s, device=device.type)
 
 
 def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:

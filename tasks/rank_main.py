@@ -17,12 +17,12 @@ import traceback
 from pathlib import Path
 
 from rlhf_core.distributed import check_same_checkpoint, init_from_env, shutdown
-from tasks.common import checkpoint_dir, setup_models, write_json
+from tasks.common import checkpoint_dir, setup_models, setup_torch, write_json
 from tasks.config import PipelineConfig
 from tasks.stages.context import StageContext
 from tasks.stages.run import typed_inputs
 from tasks.stages.table import STAGES
-from tasks.tracking import RunContext
+from tasks.tracking import RunContext, hardware_tags, set_tags
 
 
 def run(spec: dict) -> None:
@@ -39,6 +39,9 @@ def run(spec: dict) -> None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
             update={"torch_threads": threads})})
     try:
+        if dp.is_main:  # the ranks' threads (and a routed stage's machine) on the child run
+            setup_torch(cfg.model)
+            set_tags(ctx.client(), spec["run_id"], hardware_tags(dp.device))
         check_same_checkpoint(checkpoint_dir(ctx, spec["stage"]), dp)
         stage = STAGES[spec["stage"]]
         out = stage.body(StageContext(ctx, cfg, stage, spec["run_id"], dp),

@@ -21,9 +21,12 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict
 
+from rlhf_core.hardware import hardware_facts
+
 STAGE_TAG = "rlhf.stage"
 OUTPUT_TAG = "rlhf.output"
 PARENT_TAG = "mlflow.parentRunId"
+HW_TAG = "rlhf.hw."  # + a key of rlhf_core.hardware.hardware_facts: rlhf.hw.cpu, ...
 
 
 class RunContext(BaseModel):
@@ -37,6 +40,7 @@ class RunContext(BaseModel):
     seed: int
     progress: bool = True
     outage_limit_s: float = 600.0
+    device: str = "auto"  # the stages' resolved model.device, for their rlhf.hw.gpu tag
 
     def model_post_init(self, _context: Any) -> None:
         _LAST_PARENT[0] = self.parent_run_id  # for the CLI's message on a stop signal
@@ -138,6 +142,13 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def hardware_tags(device: Any = None) -> dict[str, str]:
+    """``rlhf.hw.*``: the machine and build that run here on ``device`` (its CPU and the
+    instruction set of torch's CPU kernels, thread count, GPU, torch and CUDA versions),
+    read now: after the process set its thread count."""
+    return {HW_TAG + key: value for key, value in hardware_facts(device).items()}
+
+
 def find_stage_run(ctx: RunContext, stage: str):
     """The child run of ``stage`` under the parent, or None."""
     runs = ctx.client().search_runs(
@@ -161,7 +172,9 @@ def completed_output(ctx: RunContext, stage: str) -> dict | None:
 def stage_run(ctx: RunContext, stage: str,
               params: dict[str, Any] | None = None) -> Iterator[str]:
     """Open (or reopen) the child run of ``stage``; FINISHED on success, FAILED on error. A new
-    child run gets ``params`` (its stage's settings), so two runs' stages compare in MLflow."""
+    child run gets ``params`` (its stage's settings), so two runs' stages compare in MLflow.
+    Either gets the ``rlhf.hw.*`` tags of this machine (a routed stage's machine, or rank 0
+    of a torchrun stage, writes its own over them: flows/stage.py, tasks/rank_main.py)."""
     client = ctx.client()
     existing = find_stage_run(ctx, stage)
     if existing is not None:
@@ -174,6 +187,7 @@ def stage_run(ctx: RunContext, stage: str,
         if params:
             log_params(client, run_id, params)
     try:
+        set_tags(client, run_id, hardware_tags(ctx.device))
         yield run_id
     except BaseException:
         _keep_traceback(client, run_id)

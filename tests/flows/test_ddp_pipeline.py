@@ -94,3 +94,17 @@ def test_ppo_runs_on_two_ranks_and_rank_0_alone_logs_and_writes(crashed_then_res
     assert samples == ["samples/all.json", "samples/iter_00001.json", "samples/iter_00002.json"]
     assert result["stages"]["ppo"]["metrics"]["objective/kl"] == pytest.approx(
         client.get_metric_history(run_id, "objective/kl")[-1].value)
+
+
+def test_rank_stages_record_the_threads_of_one_rank(crashed_then_resumed):
+    """model.torch_threads=2 is each machine's budget: the parent run and the in-process
+    stages record 2, the stages rank 0 tagged (2 ranks) record 1 thread each."""
+    _, result, client = crashed_then_resumed
+    children = _children(client, result["parent_run_id"])
+    threads = {stage: run.data.tags["rlhf.hw.threads"] for stage, run in children.items()}
+    assert threads == {**dict.fromkeys(children, "2"), **dict.fromkeys((*RANK_STAGES, "ppo"),
+                                                                       "1")}
+    parent = client.get_run(result["parent_run_id"]).data.tags
+    assert parent["rlhf.hw.threads"] == "2"
+    assert all(parent[f"rlhf.hw.{k}"] == run.data.tags[f"rlhf.hw.{k}"]
+               for run in children.values() for k in ("cpu", "cpu_capability", "torch"))

@@ -1,5 +1,6 @@
 """The parent run's experiment keeps artifacts beside a local SQLite store."""
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.prepare import _experiment_id, artifact_location
@@ -80,3 +81,47 @@ def test_resume_with_changed_settings_records_the_new_config(tmp_path, monkeypat
     assert run.data.tags["rlhf.resumed_config_hash"] == changed.config_hash()
     files = {a.path for a in client.list_artifacts(first.parent_run_id, "config")}
     assert f"config/resumed_config_{changed.config_hash()}.json" in files
+
+
+@pytest.fixture
+def threads_kept():
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_parent_run_and_every_stage_run_record_the_hardware(tmp_path, monkeypatch,
+                                                                threads_kept):
+    """rlhf.hw.* on the parent and each child run, threads as model.torch_threads set them
+    before the stage body runs; a resume on another machine writes that machine's."""
+    import torch
+
+    import tasks.prepare as prepare
+    from rlhf_core.hardware import hardware_facts
+    from tasks.common import run_stage
+
+    monkeypatch.setattr(prepare, "_prefect_flow_run_id", lambda: None)
+    torch.set_num_threads(3)
+    ctx = prepare.open_parent_run(_cfg(tmp_path, "model.torch_threads=1", "model.device=cpu"),
+                                  None)
+    assert ctx.device == "cpu"
+    seen = {}
+
+    def body(run_id: str) -> dict:
+        seen["threads"] = torch.get_num_threads()  # what the stage's kernels use
+        return {}
+
+    out = run_stage(ctx, "sft", body)
+    client = MlflowClient(ctx.tracking_uri)
+    facts = hardware_facts("cpu")
+    for run_id in (ctx.parent_run_id, out["run_id"]):
+        tags = client.get_run(run_id).data.tags
+        assert {k: tags[f"rlhf.hw.{k}"] for k in facts} == {**facts, "threads": "1"}
+    assert seen["threads"] == 1
+
+    monkeypatch.setattr("tasks.tracking.hardware_facts",
+                        lambda device=None: {**facts, "cpu": "Other CPU", "gpu": "none"})
+    prepare.open_parent_run(_cfg(tmp_path, "model.torch_threads=1"), ctx.parent_run_id)
+    assert client.get_run(ctx.parent_run_id).data.tags["rlhf.hw.cpu"] == "Other CPU"
