@@ -9,6 +9,8 @@ import flows.stage as stage_flow
 from rlhf_core.hardware import hardware_facts
 from tasks.config import PipelineConfig
 from tasks.remote import OUTPUT_TAG, stage_spec
+from tasks.stages.context import Stage
+from tasks.stages.records import Artifact, PolicyRecord
 from tasks.tracking import RunContext, set_tags
 
 
@@ -33,14 +35,15 @@ def test_a_routed_stage_records_the_hardware_of_the_machine_that_ran_it(tmp_path
                                          "model": {"torch_threads": 1, "device": "cpu"}})
     seen = {}
 
-    def fake_ppo(ctx, cfg, run_id):
-        seen["tags"] = MlflowClient(uri).get_run(run_id).data.tags  # before the stage's work
-        return {"policy_dir": "/gpu/ppo/policy"}
+    def fake_ppo(sc) -> PolicyRecord:
+        seen["tags"] = MlflowClient(uri).get_run(sc.run_id).data.tags  # before the work
+        return PolicyRecord(policy=Artifact(path="/gpu/ppo/policy"))
 
-    monkeypatch.setitem(stage_flow.STAGES, "ppo", fake_ppo)
+    monkeypatch.setitem(stage_flow.STAGES, "ppo", Stage("ppo", fake_ppo, PolicyRecord,
+                                                        ranks=True))
     torch.set_num_threads(3)
     out = stage_flow.rlhf_stage.fn("ppo", stage_spec(ctx, cfg, "ppo", run_id, {}))
-    assert out == {"policy_dir": "/gpu/ppo/policy"}
+    assert out["policy"] == {"path": "/gpu/ppo/policy", "uri": None}
     facts = {f"rlhf.hw.{k}": v for k, v in {**hardware_facts("cpu"), "threads": "1"}.items()}
     assert {k: seen["tags"][k] for k in facts} == facts
     assert OUTPUT_TAG in client.get_run(run_id).data.tags

@@ -100,7 +100,9 @@ def test_the_parent_run_and_every_stage_run_record_the_hardware(tmp_path, monkey
 
     import tasks.prepare as prepare
     from rlhf_core.hardware import hardware_facts
-    from tasks.common import run_stage
+    from tasks.stages.context import Stage
+    from tasks.stages.records import StageRecord
+    from tasks.stages.run import run_stage
 
     monkeypatch.setattr(prepare, "_prefect_flow_run_id", lambda: None)
     torch.set_num_threads(3)
@@ -109,14 +111,15 @@ def test_the_parent_run_and_every_stage_run_record_the_hardware(tmp_path, monkey
     assert ctx.device == "cpu"
     seen = {}
 
-    def body(run_id: str) -> dict:
+    def body(sc) -> StageRecord:
         seen["threads"] = torch.get_num_threads()  # what the stage's kernels use
-        return {}
+        return StageRecord()
 
-    out = run_stage(ctx, "sft", body)
+    cfg = _cfg(tmp_path, "model.torch_threads=1", "model.device=cpu")
+    out = run_stage(ctx, cfg, Stage("sft", body, StageRecord))
     client = MlflowClient(ctx.tracking_uri)
     facts = hardware_facts("cpu")
-    for run_id in (ctx.parent_run_id, out["run_id"]):
+    for run_id in (ctx.parent_run_id, out.run_id):
         tags = client.get_run(run_id).data.tags
         assert {k: tags[f"rlhf.hw.{k}"] for k in facts} == {**facts, "threads": "1"}
     assert seen["threads"] == 1
