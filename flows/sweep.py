@@ -15,6 +15,7 @@ from flows.wiring import rl_stages, shared_stages
 from tasks.config import PipelineConfig
 from tasks.finish import fail_parent, finish
 from tasks.prepare import prepare
+from tasks.stages.records import SharedStages
 from tasks.sweep import SWEEP_TAG, open_point_run, point_label, point_row, sweep_summary
 from tasks.tracking import RunContext, set_tags
 
@@ -28,12 +29,12 @@ def _point_name() -> str:
 
 @flow(name="rlhf_sweep_point", flow_run_name=_point_name, log_prints=True)
 def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
-                shared: dict[str, dict], base_prep: dict) -> dict:
+                shared: SharedStages, base_prep: dict) -> dict:
     """critic_init -> ppo -> evaluate for one point, in its own MLflow parent run."""
     prep = open_point_run(config, base_prep, sweep_id, overrides)
     ctx = RunContext.model_validate(prep["ctx"])
     try:
-        outputs = rl_stages(ctx, config, prep, shared)
+        outputs = rl_stages(ctx, config, prep, shared.outputs())
     except BaseException:
         fail_parent(ctx)
         raise
@@ -42,7 +43,7 @@ def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str
 
 @task(name="sweep_point")
 def run_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
-              shared: dict[str, dict], base_prep: dict) -> dict:
+              shared: SharedStages, base_prep: dict) -> dict:
     """The point's child flow run, inside a task so points can run side by side."""
     return sweep_point(config, overrides, sweep_id, shared, base_prep)
 
@@ -68,7 +69,7 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
     set_tags(ctx.client(), ctx.parent_run_id,
              {SWEEP_TAG: sweep_id, "rlhf.sweep_role": "shared", "rlhf.sweep_points": len(points)})
     try:
-        shared = shared_stages(ctx, shared_cfg, base_prep)
+        shared = SharedStages.model_validate(shared_stages(ctx, shared_cfg, base_prep))
     except BaseException:
         fail_parent(ctx)
         raise

@@ -42,4 +42,4 @@ def rlhf_validate(config: PipelineConfig) -> dict:
     client.set_terminated(ctx.parent_run_id, status="FINISHED")
     return {"parent_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri,
             "workdir": ctx.workdir, "data_dir": out.data.path, "warnings": out.warnings,
-            "metrics": out.metrics}
+            "metrics": out.metrics, "figures": out.figures}

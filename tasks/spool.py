@@ -79,8 +79,7 @@ class Spool:
                  retry_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
         client = getattr(client, "raw", client)  # (tries once itself, never waits)
         self.client, self.run_id, self.retry_s, self.clock = client, run_id, retry_s, clock
-        folder.mkdir(parents=True, exist_ok=True)
-        self.folder = folder
+        self.folder = folder  # made on the first record spooled: none while the server answers
         self.path = folder / f"{run_id}.jsonl"
         self.sent_path = folder / f"{run_id}.sent"
         self.lock, self.send_lock = threading.RLock(), threading.Lock()
@@ -102,6 +101,7 @@ class Spool:
         return self.records[self.sent:]
 
     def _append(self, record: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
@@ -109,6 +109,7 @@ class Spool:
         self.records.append(record)
 
     def _mark(self, n: int) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.sent_path.with_suffix(".tmp")
         tmp.write_text(str(n))
         tmp.replace(self.sent_path)

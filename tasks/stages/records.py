@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Artifact(BaseModel):
@@ -122,3 +122,18 @@ class RegisterRecord(StageRecord):
     reward_model_name: str | None = None
     reward_model_version: int | None = None
     promoted: bool = False
+
+
+class SharedStages(BaseModel):
+    """What a sweep computes once and every point reuses (validate -> sft -> reward_model ->
+    reward_norm)."""
+
+    model_config = ConfigDict(frozen=True)
+    validate_: DataRecord = Field(alias="validate")
+    sft: ModelRecord
+    reward_model: ModelRecord
+    reward_norm: NormRecord
+
+    def outputs(self) -> dict[str, StageRecord]:
+        return {"validate": self.validate_, "sft": self.sft, "reward_model": self.reward_model,
+                "reward_norm": self.reward_norm}
