@@ -20,7 +20,7 @@ from data_checks.validate import ValidationFailed
 from flows.config import ConfigError
 from tasks.identity import ResumeRefused
 from tasks.registry import RegistryError
-from tasks.remote import RoutingError
+from tasks.runtime.remote import RoutingError
 from tasks.spool import TrackingOutage
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there)

@@ -1,5 +1,5 @@
 """The ``rlhf-stage`` flow: one stage (or one node of a multi-node stage) on this machine,
-for a pipeline whose flow run is on another (tasks/remote.py has the head's side).
+for a pipeline whose flow run is on another (tasks/runtime/remote.py has the head's side).
 
 Serve it on each machine that should take stages, e.g. the GPU box:
 
@@ -16,8 +16,8 @@ from prefect.types.entrypoint import EntrypointType
 
 from tasks.common import setup_torch
 from tasks.config import PipelineConfig
-from tasks.launch import run_node
-from tasks.remote import local_context, record_routed
+from tasks.runtime.launch import run_node
+from tasks.runtime.remote import local_context, record_routed
 from tasks.stages.run import execute, typed_inputs
 from tasks.stages.table import DISTRIBUTED, STAGES
 from tasks.tracking import RunContext, hardware_tags, set_tags

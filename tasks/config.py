@@ -68,7 +68,7 @@ ROUTABLE = ("sft", "reward_model", "ppo")
 
 
 class RoutingConfig(BaseModel):
-    """Stages that run on another machine's Prefect worker (tasks/remote.py)."""
+    """Stages that run on another machine's Prefect worker (tasks/runtime/remote.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     stages: dict[str, str] = Field(

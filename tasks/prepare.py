@@ -17,7 +17,7 @@ from tasks.common import setup_torch
 from tasks.config import PipelineConfig, flatten
 from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
 from tasks.judge import resolve_judge_name
-from tasks.remote import check_deployments
+from tasks.runtime.remote import check_deployments
 from tasks.tracking import (
     RunContext,
     default_tracking_uri,

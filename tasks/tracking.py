@@ -174,7 +174,7 @@ def stage_run(ctx: RunContext, stage: str,
     """Open (or reopen) the child run of ``stage``; FINISHED on success, FAILED on error. A new
     child run gets ``params`` (its stage's settings), so two runs' stages compare in MLflow.
     Either gets the ``rlhf.hw.*`` tags of this machine (a routed stage's machine, or rank 0
-    of a torchrun stage, writes its own over them: flows/stage.py, tasks/rank_main.py)."""
+    of a torchrun stage, writes its own over them: flows/stage.py, tasks/stages/rank_main.py)."""
     client = ctx.client()
     existing = find_stage_run(ctx, stage)
     if existing is not None:

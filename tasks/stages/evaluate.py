@@ -13,8 +13,8 @@ from tasks.champion_rule import SCORER_TAG, eval_scorer
 from tasks.common import in_prefect_run, read_jsonl
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
-from tasks.progress import StageProgress
 from tasks.stages.context import Stage, StageContext
+from tasks.stages.progress import StageProgress
 from tasks.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
 from tasks.stages.run import run_stage
 from tasks.tracking import RunContext

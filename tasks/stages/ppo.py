@@ -18,7 +18,7 @@ from rlhf_core.ppo_dist import make_trainer
 from tasks.common import read_json, read_jsonl, write_json
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
-from tasks.memory import peak_memory, state_bytes
+from tasks.runtime.memory import peak_memory, state_bytes
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
 from tasks.stages.run import run_stage

@@ -1,6 +1,6 @@
 """Running a stage: skip it when its finished child run recorded an output, else open the
-child run and run the body in this process, on torchrun ranks (tasks/launch.py) or on
-another machine's worker (tasks/remote.py); record the typed output, its wall time and a
+child run and run the body in this process, on torchrun ranks (tasks/runtime/launch.py) or on
+another machine's worker (tasks/runtime/remote.py); record the typed output, its wall time and a
 Prefect summary artifact.
 """
 
@@ -15,8 +15,8 @@ from pydantic import BaseModel
 from rlhf_core.faults import crash_point, pause_point
 from tasks.common import metric_logger, stage_markdown, stage_params
 from tasks.config import PipelineConfig
-from tasks.launch import run_ranks
-from tasks.remote import run_routed
+from tasks.runtime.launch import run_ranks
+from tasks.runtime.remote import run_routed
 from tasks.spool import resend_left
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import StageRecord

@@ -1,5 +1,5 @@
 """The one table of stages. The pipeline, retrain and sweep flows call their tasks; the rank
-entry point (tasks/rank_main.py) and the stage worker (flows/stage.py) look bodies up here;
+entry point (tasks/stages/rank_main.py) and the stage worker (flows/stage.py) look bodies up here;
 ``routing.stages`` takes the stages marked ``ranks``."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 import flows.stage as stage_flow
 from rlhf_core.hardware import hardware_facts
 from tasks.config import PipelineConfig
-from tasks.remote import OUTPUT_TAG, stage_spec
+from tasks.runtime.remote import OUTPUT_TAG, stage_spec
 from tasks.stages.context import Stage
 from tasks.stages.records import Artifact, PolicyRecord
 from tasks.tracking import RunContext, set_tags

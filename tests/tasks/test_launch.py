@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tasks import launch
+from tasks.runtime import launch
 
 
 def _alive(pid: int) -> bool:
@@ -69,8 +69,8 @@ def test_the_first_rank_error_is_raised_with_its_type_and_message(tmp_path):
 
 
 def test_a_rank_records_its_error_for_the_task(tmp_path, monkeypatch):
-    from tasks import rank_main
     from tasks.config import PipelineConfig
+    from tasks.stages import rank_main
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("RANK", "0")

@@ -3,7 +3,7 @@ Prefect progress artifact that ends at 100 % inside a flow run."""
 
 import logging
 
-from tasks.progress import StageProgress
+from tasks.stages.progress import StageProgress
 
 
 def test_forwards_metrics_and_logs_a_line_per_call(caplog):

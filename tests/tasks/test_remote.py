@@ -1,4 +1,4 @@
-"""Stages on other machines (tasks/remote.py): routing settings are checked before a run,
+"""Stages on other machines (tasks/runtime/remote.py): routing settings are checked before a run,
 the head gives up on a node or routed stage that failed or that no worker started (and
 kills its own ranks), nodes join the head's static rendezvous, and ranks that would resume
 from different checkpoints stop with the reason. The served end-to-end path is in
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from tasks import launch, remote
 from tasks.config import PipelineConfig
+from tasks.runtime import launch, remote
 from tasks.tracking import RunContext
 
 

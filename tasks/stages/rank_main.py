@@ -1,6 +1,6 @@
-"""Entry point of one data-parallel rank: ``torchrun ... -m tasks.rank_main SPEC``.
+"""Entry point of one data-parallel rank: ``torchrun ... -m tasks.stages.rank_main SPEC``.
 
-SPEC (written by tasks/launch.py) names the stage, its MLflow child run, the run context,
+SPEC (written by tasks/runtime/launch.py) names the stage, its MLflow child run, the run context,
 the resolved pipeline config and the stage's inputs. The rank joins the torchrun group and
 runs the very stage body the in-process path runs (tasks/stages/) with its
 :class:`DataParallel`. Rank 0 writes the stage's output reference to SPEC's ``output``;
@@ -31,7 +31,7 @@ def run(spec: dict) -> None:
     device, _ = setup_models(cfg.model)
     dp = init_from_env(device, cfg.model.parallel)
     if dp is None:
-        raise RuntimeError("tasks.rank_main runs under torchrun (WORLD_SIZE > 1)")
+        raise RuntimeError("tasks.stages.rank_main runs under torchrun (WORLD_SIZE > 1)")
     if cfg.model.torch_threads and dp.device.type == "cpu":
         # model.torch_threads is the stage's CPU budget on each machine: split across its ranks
         local = int(os.environ.get("LOCAL_WORLD_SIZE", dp.world))

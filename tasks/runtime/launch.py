@@ -1,7 +1,7 @@
 """Run a stage as ``model.nproc`` data-parallel ranks under ``torchrun``, watched by its task.
 
 The stage's Prefect task opens the stage's MLflow child run as usual, then starts
-``python -m torch.distributed.run --standalone --nproc-per-node N -m tasks.rank_main SPEC``
+``python -m torch.distributed.run --standalone --nproc-per-node N -m tasks.stages.rank_main SPEC``
 as its own process group. Every rank loads the same inputs the in-process path loads and runs
 the same stage body (tasks/stages/) with a :class:`DataParallel`; rank 0
 alone logs into the child run (its id and the tracking URI travel in SPEC), writes checkpoints
@@ -27,10 +27,10 @@ from pathlib import Path
 
 from tasks.common import write_json
 from tasks.config import PipelineConfig
-from tasks.remote import NodeGroup, RemoteStageError, stage_spec
+from tasks.runtime.remote import NodeGroup, RemoteStageError, stage_spec
 from tasks.tracking import RunContext
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -80,7 +80,7 @@ def launch_command(nproc: int, spec: Path, node: dict | None = None) -> list[str
         f"--master-addr={node['addr']}", f"--master-port={node['port']}",
         f"--rdzv-conf=timeout={node['timeout_s']}"]
     return [sys.executable, "-m", "torch.distributed.run", *where,
-            f"--nproc-per-node={nproc}", "-m", "tasks.rank_main", str(spec)]
+            f"--nproc-per-node={nproc}", "-m", "tasks.stages.rank_main", str(spec)]
 
 
 def rank_env() -> dict[str, str]:
