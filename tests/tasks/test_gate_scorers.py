@@ -1,4 +1,4 @@
-"""The retrain gate's scorers (tasks/gate_judge.py, tasks/gate.py): which scorer decides, the
+"""The retrain gate's scorers (tasks/gate_judge.py, tasks/stages/gate.py): which scorer decides, the
 judge's held-out hash split (which the PPO reward model never sees), and an external
 registered pyfunc scorer (``models:/<name>@<alias>``) loaded without changing the process's
 MLflow settings."""
