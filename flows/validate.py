@@ -8,9 +8,9 @@ from prefect import flow
 from data_checks.config import DataConfig
 from data_checks.loading import load_table
 from tasks.config import PipelineConfig
-from tasks.finish import fail_parent
+from tasks.finish import close_parent, fail_parent
 from tasks.prepare import prepare
-from tasks.tracking import RunContext, set_tags
+from tasks.tracking import RunContext, tag_parent
 from tasks.validate import validate
 
 KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
@@ -32,13 +32,12 @@ def preflight(data: DataConfig | None) -> None:
 def rlhf_validate(config: PipelineConfig) -> dict:
     prep = prepare(config)
     ctx = RunContext.model_validate(prep["ctx"])
-    client = ctx.client()
-    set_tags(client, ctx.parent_run_id, {"rlhf.validate_only": "true"})
+    tag_parent(ctx, {"rlhf.validate_only": "true"})
     try:
         out = validate(ctx, config, prep)
     except BaseException:
         fail_parent(ctx)
         raise
-    client.set_terminated(ctx.parent_run_id, status="FINISHED")
+    close_parent(ctx)
     return {"parent_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri,
             "workdir": ctx.workdir, **out}

@@ -43,13 +43,18 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 def finish(ctx: RunContext, outputs: dict[str, dict]) -> dict:
     """Log the plots, close the parent run and return the per-stage summary."""
     plot_ppo_curves(ctx)
-    ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
+    close_parent(ctx)
     stages = {name: {"wall_s": out.get("wall_s", 0.0), "skipped": out.get("skipped", False),
                      "run_id": out.get("run_id"), "metrics": out.get("metrics", {}),
                      "figures": out.get("figures", {})}
               for name, out in outputs.items()}
     return {"parent_run_id": ctx.parent_run_id, "experiment_id": ctx.experiment_id,
             "tracking_uri": ctx.tracking_uri, "workdir": ctx.workdir, "stages": stages}
+
+
+def close_parent(ctx: RunContext) -> None:
+    """Mark the parent run FINISHED."""
+    ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
 
 
 def fail_parent(ctx: RunContext) -> None:
