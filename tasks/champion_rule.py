@@ -15,9 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 
+from tasks.registry import CHAMPION, alias_version
+
+# the decision tags live beside the registry's other version tags (its moved_to reads them);
+# re-exported for the register stage (tasks/evaluate.py), which imports them from here
+from tasks.registry import DECISION_TAG as DECISION_TAG
+from tasks.registry import REASON_TAG as REASON_TAG
+
 SCORER_TAG = "rlhf.eval.scorer"
-DECISION_TAG = "rlhf.register.decision"
-REASON_TAG = "rlhf.register.reason"
 
 
 def eval_scorer(judge_name: str, rm_run_id: str, prompts: list[str]) -> str:
@@ -37,8 +42,6 @@ def score_key(metrics: dict) -> str:
 def champion_evaluation(client, name: str) -> dict | None:
     """The current champion's version, scorer and evaluation metrics (from its MLflow
     parent run), or None when there is no champion."""
-    from tasks.registry import CHAMPION, alias_version
-
     version = alias_version(client, name, CHAMPION)
     if version is None:
         return None
