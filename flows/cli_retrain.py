@@ -128,22 +128,20 @@ def cmd_compare(args, config) -> int:
     return 0
 
 
-def _client(config):
-    from mlflow.tracking import MlflowClient
-
+def _tracking_uri(config) -> str:
+    """The store the registry lives in, once it answers."""
     from flows.preflight import check_servers
     from tasks.tracking import default_tracking_uri
 
     check_servers(config.tracking.tracking_uri, prefect=False)
-
-    return MlflowClient(default_tracking_uri(config.tracking.tracking_uri))
+    return default_tracking_uri(config.tracking.tracking_uri)
 
 
 def cmd_promote(args, config) -> int:
     from tasks.registry import promote
 
     name = config.tracking.registered_policy
-    before = promote(_client(config), name, args.version, args.reason or "by hand")
+    before = promote(_tracking_uri(config), name, args.version, args.reason or "by hand")
     print(f"{name}: champion -> v{args.version} (previous-champion: v{before})")
     return 0
 
@@ -152,7 +150,7 @@ def cmd_rollback(args, config) -> int:
     from tasks.registry import rollback
 
     name = config.tracking.registered_policy
-    old, new = rollback(_client(config), name, args.reason or "by hand")
+    old, new = rollback(_tracking_uri(config), name, args.reason or "by hand")
     print(f"{name}: champion v{old} -> v{new} (previous-champion: v{old})")
     return 0
 

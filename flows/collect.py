@@ -7,22 +7,11 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 
 from prefect import flow
 
-from flows.config import _merge
+from flows.deployment import served_config
 from tasks.collect import collect, collection_text
 from tasks.config import PipelineConfig
 from tasks.events import rename_flow_run
 from tasks.labels import import_labels
-
-
-def _served(config: PipelineConfig) -> PipelineConfig:
-    """A deployment run: the fields it was given over the served config."""
-    from flows.serve import deployment_parameters
-
-    served = deployment_parameters().get("config")
-    if not served:
-        return config
-    return PipelineConfig.model_validate(
-        _merge(served, config.model_dump(mode="json", exclude_unset=True)))
 
 
 @flow(name="collect", flow_run_name="collect", log_prints=True)
@@ -34,7 +23,7 @@ def collect_flow(config: PipelineConfig) -> dict:
         config: The served pipeline config; its ``collect`` section sets the policy, the
             prompt pool, k, the temperature and the known-answer pairs.
     """
-    config = _served(config)
+    config = served_config(config)
     out = collect(config)
     rename_flow_run(f"collect-{out['policy'].replace('/', '-v')}-{out['collection']}")
     print(collection_text(out))

@@ -17,7 +17,8 @@ from contextlib import ExitStack, contextmanager
 from prefect import flow
 
 from data_checks.validate import ValidationFailed
-from flows.config import ConfigError, _merge
+from flows.config import ConfigError
+from flows.deployment import served_config
 from flows.wiring import run_pipeline, tracked, train_policy
 from tasks.config import PipelineConfig
 from tasks.finish import finish
@@ -202,15 +203,11 @@ def retrain(config: PipelineConfig, control: bool = False) -> dict:
             ones stay new), gated against the champion and recorded; nothing registered,
             no alias moved. It shows what a round's new labels add.
     """
-    from flows.serve import deployment_parameters
     from tasks.events import announce_outcome, rename_flow_run, retrain_run_name
     from tasks.labels import import_dropped, quarantine_batches
     from tasks.retrain import champion_version
 
-    served = deployment_parameters().get("config")
-    if served:  # a custom run changes fields; the others keep the served config
-        config = PipelineConfig.model_validate(
-            _merge(served, config.model_dump(mode="json", exclude_unset=True)))
+    config = served_config(config)  # a custom run's fields over the served config
     with retrain_slot(config) as acquired:
         if not acquired:
             report("rlhf-retrain-decision", "# Retrain skipped: another retrain is running\n\n"

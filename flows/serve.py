@@ -19,6 +19,7 @@ from prefect.types.entrypoint import EntrypointType
 
 from data_checks.config import DataConfig, ValidationConfig
 from flows.config import ConfigError, _merge
+from flows.deployment import deployment_parameters
 from flows.wiring import run_pipeline
 from rlhf_core.config import (
     EvalConfig,
@@ -47,17 +48,6 @@ def _given(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json", exclude_unset=True)
     return value
-
-
-def deployment_parameters() -> dict[str, Any]:
-    """The served config stored on this run's deployment ({} outside a deployment run)."""
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import deployment
-
-    if deployment.id is None:
-        return {}
-    with get_client(sync_client=True) as client:
-        return dict(client.read_deployment(deployment.id).parameters or {})
 
 
 def resolve_config(given: dict[str, Any], served: dict[str, Any]) -> tuple[PipelineConfig, dict]:

@@ -13,11 +13,11 @@ from prefect import flow, task
 from flows.config import grid_points
 from flows.wiring import rl_stages, shared_stages
 from tasks.config import PipelineConfig
-from tasks.finish import fail_parent, finish
+from tasks.finish import close_parent, fail_parent, finish
 from tasks.prepare import prepare
 from tasks.stages.records import SharedStages
 from tasks.sweep import SWEEP_TAG, open_point_run, point_label, point_row, sweep_summary
-from tasks.tracking import RunContext, set_tags
+from tasks.tracking import RunContext, tag_parent
 
 
 def _point_name() -> str:
@@ -66,8 +66,8 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
         update={"run_name": f"{sweep_id}-shared"})})
     base_prep = prepare(shared_cfg)
     ctx = RunContext.model_validate(base_prep["ctx"])
-    set_tags(ctx.client(), ctx.parent_run_id,
-             {SWEEP_TAG: sweep_id, "rlhf.sweep_role": "shared", "rlhf.sweep_points": len(points)})
+    tag_parent(ctx, {SWEEP_TAG: sweep_id, "rlhf.sweep_role": "shared",
+                     "rlhf.sweep_points": len(points)})
     try:
         shared = SharedStages.model_validate(shared_stages(ctx, shared_cfg, base_prep))
     except BaseException:
@@ -86,6 +86,6 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
             else:
                 rows.append(point_row(overrides, None, state.message or state.name))
     summary = sweep_summary(ctx, rows)
-    ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
+    close_parent(ctx)
     return {"sweep_id": sweep_id, "parent_run_id": ctx.parent_run_id,
             "experiment_id": ctx.experiment_id, "tracking_uri": ctx.tracking_uri, **summary}

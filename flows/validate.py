@@ -8,10 +8,10 @@ from prefect import flow
 from data_checks.config import DataConfig
 from data_checks.loading import load_table
 from tasks.config import PipelineConfig
-from tasks.finish import fail_parent
+from tasks.finish import close_parent, fail_parent
 from tasks.prepare import prepare
 from tasks.stages.validate import validate
-from tasks.tracking import RunContext, set_tags
+from tasks.tracking import RunContext, tag_parent
 
 KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
          "eval_prompts": "prompts", "preference_eval": "preference"}
@@ -32,14 +32,13 @@ def preflight(data: DataConfig | None) -> None:
 def rlhf_validate(config: PipelineConfig) -> dict:
     prep = prepare(config)
     ctx = RunContext.model_validate(prep["ctx"])
-    client = ctx.client()
-    set_tags(client, ctx.parent_run_id, {"rlhf.validate_only": "true"})
+    tag_parent(ctx, {"rlhf.validate_only": "true"})
     try:
         out = validate(ctx, config, prep)
     except BaseException:
         fail_parent(ctx)
         raise
-    client.set_terminated(ctx.parent_run_id, status="FINISHED")
+    close_parent(ctx)
     return {"parent_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri,
             "workdir": ctx.workdir, "data_dir": out.data.path, "warnings": out.warnings,
             "metrics": out.metrics, "figures": out.figures}

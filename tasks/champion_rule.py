@@ -15,9 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+from tasks.registry import CHAMPION, alias_version
+
 SCORER_TAG = "rlhf.eval.scorer"
-DECISION_TAG = "rlhf.register.decision"
-REASON_TAG = "rlhf.register.reason"
 
 
 def eval_scorer(judge_name: str, rm_run_id: str, prompts: list[str]) -> str:
@@ -37,8 +37,6 @@ def score_key(metrics: dict) -> str:
 def champion_evaluation(client, name: str) -> dict | None:
     """The current champion's version, scorer and evaluation metrics (from its MLflow
     parent run), or None when there is no champion."""
-    from tasks.registry import CHAMPION, alias_version
-
     version = alias_version(client, name, CHAMPION)
     if version is None:
         return None

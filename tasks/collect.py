@@ -36,7 +36,7 @@ from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig
 from tasks.events import COLLECTION_READY, emit
 from tasks.judge import resolve_judge, resolve_judge_name
-from tasks.registry import RegistryError, alias_version
+from tasks.registry import RegistryError, alias_version, version_stage_run
 from tasks.tracking import default_tracking_uri, log_metrics, log_params, set_tags
 
 COLLECTION_TAG, POOL_TAG = "rlhf.collection", "rlhf.collection.pool_digest"
@@ -66,10 +66,8 @@ def resolve_version(client, name: str, ref: str):
 
 def download_version(client, version, root: Path) -> dict:
     """The version's policy checkpoint (with its tokenizer) and its reward model."""
-    from tasks.retrain import _stage_run_id
-
-    ppo_run = _stage_run_id(client, version, "ppo")
-    rm_run = _stage_run_id(client, version, "reward_model")
+    ppo_run = version_stage_run(client, version, "ppo")
+    rm_run = version_stage_run(client, version, "reward_model")
     return {"policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
             "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
 

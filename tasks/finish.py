@@ -44,12 +44,17 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> dict:
     """Log the plots, close the parent run and return the per-stage summary."""
     plot_ppo_curves(ctx)
-    ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
+    close_parent(ctx)
     stages = {name: {"wall_s": out.wall_s, "skipped": out.skipped, "run_id": out.run_id,
                      "metrics": out.metrics, "figures": out.figures}
               for name, out in outputs.items()}
     return {"parent_run_id": ctx.parent_run_id, "experiment_id": ctx.experiment_id,
             "tracking_uri": ctx.tracking_uri, "workdir": ctx.workdir, "stages": stages}
+
+
+def close_parent(ctx: RunContext) -> None:
+    """Mark the parent run FINISHED."""
+    ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
 
 
 def fail_parent(ctx: RunContext) -> None:

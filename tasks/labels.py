@@ -199,23 +199,3 @@ def quarantine_batches(cfg: PipelineConfig, batches: list[dict], reason: str) ->
     watch = Path(cfg.retrain.watch_dir).resolve()
     return [str(quarantine(Path(b["path"]), watch, f"{b['name']}: refused by the data gate: "
                            f"{reason}")) for b in batches if Path(b["path"]).exists()]
-
-
-def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
-    """Where each preference batch (by digest) came from: the collections its labels named
-    (``v<champion version>-<id>``: collected from that policy version), else ``offline``
-    (a file no label import wrote)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
-    out = {}
-    for digest in digests:
-        runs = [] if exp is None else client.search_runs(
-            [exp.experiment_id], max_results=1,
-            filter_string=f"tags.`rlhf.labels.preference_digest` = '{digest}'")
-        names = json.loads(runs[0].data.tags.get("rlhf.labels.collections", "[]")) \
-            if runs else []
-        out[digest] = ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
-                                for c in names) or "offline"
-    return out

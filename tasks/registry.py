@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # mlflow is imported where used: the CLI imports this module 
 
 CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
 LOG_TAG = "rlhf.alias_log"
+# the register stage's champion decision and its reason, recorded on the version (and run)
+DECISION_TAG, REASON_TAG = "rlhf.register.decision", "rlhf.register.reason"
 LOG_KEEP = 20
 
 
@@ -68,10 +70,13 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
     return before
 
 
-def promote(client: MlflowClient, name: str, version: str | int, reason: str) -> str | None:
-    """By hand: make ``version`` the champion (`rlhf promote`)."""
+def promote(tracking_uri: str, name: str, version: str | int, reason: str) -> str | None:
+    """By hand: make ``version`` the champion (`rlhf promote`) in the registry at
+    ``tracking_uri``."""
     from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
 
+    client = MlflowClient(tracking_uri)
     try:
         client.get_model_version(name, str(version))
     except MlflowException:
@@ -79,8 +84,12 @@ def promote(client: MlflowClient, name: str, version: str | int, reason: str) ->
     return move_champion(client, name, version, "promote", reason)
 
 
-def rollback(client: MlflowClient, name: str, reason: str) -> tuple[str, str]:
-    """By hand: ``champion`` back to ``previous-champion`` (the two swap) -> (from, to)."""
+def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:
+    """By hand: ``champion`` back to ``previous-champion`` (the two swap) -> (from, to), in
+    the registry at ``tracking_uri`` (`rlhf rollback`)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
     previous = alias_version(client, name, PREVIOUS)
     current = alias_version(client, name, CHAMPION)
     if previous is None or current is None:
@@ -118,6 +127,23 @@ def _logged_model_id(version) -> str | None:
     return source.removeprefix("models:/") if source.startswith("models:/m-") else None
 
 
+def version_stage_run(client: MlflowClient, version, stage: str) -> str:
+    """The run of ``stage`` a registered version (the champion) came from: its lineage tag,
+    else the sibling of its register run."""
+    from tasks.tracking import STAGE_TAG
+
+    run_id = version.tags.get(f"rlhf.{stage}_run_id")
+    if run_id:
+        return run_id
+    parent = client.get_run(version.run_id).data.tags["mlflow.parentRunId"]
+    runs = client.search_runs([client.get_run(parent).info.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and "
+                                            f"tags.`{STAGE_TAG}` = '{stage}'", max_results=1)
+    if not runs:
+        raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its lineage")
+    return runs[0].info.run_id
+
+
 def registered_by_run(client: MlflowClient, name: str, run_id: str) -> list:
     """The versions of ``name`` registered from the run ``run_id``, newest first."""
     from mlflow.exceptions import MlflowException
@@ -149,8 +175,6 @@ def earlier_registration(client: MlflowClient, names: tuple[str, ...],
 def moved_to(client: MlflowClient, name: str, version: str) -> dict | None:
     """The decision recorded on ``version`` when it already holds ``champion`` with its
     move recorded (a crash after the move: a resume does not move it again), else None."""
-    from tasks.champion_rule import DECISION_TAG, REASON_TAG
-
     holder = alias_version(client, name, CHAMPION)
     if holder is None or str(holder.version) != str(version) \
             or "rlhf.champion_since" not in holder.tags:

@@ -15,8 +15,8 @@ from data_checks.config import DataConfig, DataSource
 from data_checks.loading import DataError, load_table
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
-from tasks.registry import CHAMPION, RegistryError, alias_version
-from tasks.tracking import STAGE_TAG, RunContext, default_tracking_uri, set_tags
+from tasks.registry import CHAMPION, RegistryError, alias_version, version_stage_run
+from tasks.tracking import RunContext, default_tracking_uri, set_tags
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CONSUMED_TAG = "rlhf.retrain.consumed"
@@ -92,20 +92,6 @@ def champion_version(cfg: PipelineConfig):
     return alias_version(client, cfg.tracking.registered_policy, CHAMPION)
 
 
-def _stage_run_id(client: MlflowClient, version, stage: str) -> str:
-    """The champion's run of ``stage``: its lineage tag, else a sibling of its register run."""
-    run_id = version.tags.get(f"rlhf.{stage}_run_id")
-    if run_id:
-        return run_id
-    parent = client.get_run(version.run_id).data.tags["mlflow.parentRunId"]
-    runs = client.search_runs([client.get_run(parent).info.experiment_id],
-                              filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and "
-                                            f"tags.`{STAGE_TAG}` = '{stage}'", max_results=1)
-    if not runs:
-        raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its lineage")
-    return runs[0].info.run_id
-
-
 @task(name="fetch_champion")
 def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> dict:
     """Download the champion's (``which``: a version number or alias) policy, reward model
@@ -123,9 +109,9 @@ def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) 
         raise RegistryError(f"'{name}' has no {'version ' if which.isdigit() else ''}{which}"
                             " in the MLflow registry")
     root = ctx.stage_dir("champion" if which == CHAMPION else f"version-{version.version}")
-    ppo_run = _stage_run_id(client, version, "ppo")
-    rm_run = _stage_run_id(client, version, "reward_model")
-    sft_run = _stage_run_id(client, version, "sft")
+    ppo_run = version_stage_run(client, version, "ppo")
+    rm_run = version_stage_run(client, version, "reward_model")
+    sft_run = version_stage_run(client, version, "sft")
     out = {"version": str(version.version), "sft_run_id": sft_run,
            "ancestry": version.tags.get("rlhf.ancestry", f"v{version.version}"),
            "policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
@@ -185,14 +171,30 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: dict, batches: list[
            .model_dump(), "batch_rows": rows, "trained_on": [b["digest"] for b in used]}
     if champion is not None:
         out.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
-    from tasks.labels import batch_sources  # labels imports this module
-
     out["batch_sources"] = batch_sources(cfg, out["trained_on"])
     set_tags(ctx.client(), ctx.parent_run_id, {
         "rlhf.retrain": "true", "rlhf.retrain.batches": json.dumps(
             [{"name": b["name"], "digest": b["digest"]} for b in batches]),
         "rlhf.trained_on": json.dumps(out["trained_on"]),
         "rlhf.batch_sources": json.dumps(out["batch_sources"])})
+    return out
+
+
+def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
+    """Where each preference batch (by digest) came from: the collections its labels named
+    (``v<champion version>-<id>``: collected from that policy version), else ``offline``
+    (a file no label import wrote)."""
+    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    out = {}
+    for digest in digests:
+        runs = [] if exp is None else client.search_runs(
+            [exp.experiment_id], max_results=1,
+            filter_string=f"tags.`rlhf.labels.preference_digest` = '{digest}'")
+        names = json.loads(runs[0].data.tags.get("rlhf.labels.collections", "[]")) \
+            if runs else []
+        out[digest] = ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
+                                for c in names) or "offline"
     return out
 
 

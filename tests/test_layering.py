@@ -1,6 +1,7 @@
-"""The house has one direction: CLI -> flows -> tasks -> rlhf_core and data_checks. Checked on
-the source (every import statement, including those inside functions), not on sys.modules,
-so a lazy import that a test never triggers is caught too."""
+"""The house has one direction: CLI -> flows -> tasks -> rlhf_core and data_checks, flows only
+wire (no MLflow: its look-ups are tasks'), and no module imports itself back through others.
+Checked on the source (every import statement, including those inside functions), not on
+sys.modules, so a lazy import that a test never triggers is caught too."""
 
 import ast
 import re
@@ -13,7 +14,9 @@ FORBIDDEN = {
     "rlhf_core": {"tasks", "flows", "data_checks", "prefect", "mlflow", "great_expectations"},
     "data_checks": {"tasks", "flows", "rlhf_core", "prefect", "mlflow"},
     "tasks": {"flows"},
+    "flows": {"mlflow"},
 }
+PACKAGES = ("flows", "tasks", "rlhf_core", "data_checks")
 
 
 def imported_packages(source: str) -> set[str]:
@@ -79,8 +82,7 @@ AHEAD_OF_USE = {"global_reward_norm_stats"}
 def test_no_production_function_exists_only_for_the_tests():
     """A top-level public function or class of the packages that only tests (or nothing) use
     belongs in tests/shared.py or its test module, not in production code."""
-    packages = ("rlhf_core", "tasks", "flows", "data_checks")
-    sources = {p: p.read_text() for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py"))}
+    sources = {p: p.read_text() for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
     names = [(p, node.name) for p, src in sources.items() for node in ast.parse(src).body
              if isinstance(node, ast.FunctionDef | ast.ClassDef)
              and not node.name.startswith("_")]
@@ -92,3 +94,92 @@ def test_no_production_function_exists_only_for_the_tests():
     unused = [f"{p.relative_to(ROOT)}: {name}" for p, name in names
               if counts.get(name, 0) <= 1 and name not in AHEAD_OF_USE]
     assert not unused, unused
+
+
+def module_name(path: Path) -> str:
+    """tasks/x.py -> tasks.x; a package's __init__.py -> the package."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(source: str, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``source`` imports, inside functions too: ``import
+    tasks.x`` and ``from tasks.x import y`` -> tasks.x, ``from tasks import x`` -> tasks.x
+    where x is a module (else the package); a name that is not a module -> its nearest
+    enclosing one."""
+
+    def nearest(name: str) -> str | None:
+        parts = name.split(".")
+        return next((".".join(parts[:n]) for n in range(len(parts), 0, -1)
+                     if ".".join(parts[:n]) in modules), None)
+
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {nearest(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {nearest(f"{node.module}.{alias.name}") for alias in node.names}
+    return found - {None}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the project's packages -> the project modules it imports."""
+    paths = {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+    return {name: module_imports(path.read_text(), set(paths)) - {name}
+            for name, path in paths.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules of each import circle (Tarjan's strongly connected components of more
+    than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = stack[stack.index(node):]
+            del stack[stack.index(node):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+def test_the_cycle_finder_sees_lazy_and_package_imports():
+    modules = {"tasks", "tasks.a", "tasks.b", "tasks.c", "flows.x"}
+    lazy = "import os\n\ndef f():\n    from tasks import a, missing\n    import tasks.c.part\n"
+    assert module_imports(lazy, modules) == {"tasks.a", "tasks", "tasks.c"}
+    graph = {"tasks.a": {"tasks.b"}, "tasks.b": {"tasks.c"}, "tasks.c": {"tasks.a"},
+             "flows.x": {"tasks.a"}, "tasks": set()}
+    assert import_cycles(graph) == [["tasks.a", "tasks.b", "tasks.c"]]
+    assert import_cycles({**graph, "tasks.c": set()}) == []
+
+
+def test_no_import_circle_between_modules():
+    """A module that imports another which (through any others) imports it back is one
+    module cut in two: what both need belongs below both."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import circles among: " + "; ".join(", ".join(c) for c in cycles)
+
+
+def test_no_import_circle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for module, imported in import_graph().items():
+        graph.setdefault(module.split(".")[0], set()).update(
+            name.split(".")[0] for name in imported)
+    graph = {pkg: targets - {pkg} for pkg, targets in graph.items()}
+    cycles = import_cycles(graph)
+    assert not cycles, "package circles among: " + "; ".join(", ".join(c) for c in cycles)

@@ -8,17 +8,13 @@ from prefect import task
 
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.loader import LoadSpec
-from tasks.champion_rule import (
-    DECISION_TAG,
-    REASON_TAG,
-    champion_evaluation,
-    register_decision,
-    score_key,
-)
+from tasks.champion_rule import champion_evaluation, register_decision, score_key
 from tasks.config import PipelineConfig
 from tasks.guarded import one_try
 from tasks.registry import (
     CHALLENGER,
+    DECISION_TAG,
+    REASON_TAG,
     earlier_registration,
     move_champion,
     moved_to,
