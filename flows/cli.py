@@ -36,7 +36,7 @@ from flows.errors import (
 )
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
-from tasks.tracking import runs_table_url
+from tasks.tracking.runs import runs_table_url
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def kept(args) -> str:
     """What a pipeline run stopped mid-way keeps."""
-    tracking = sys.modules.get("tasks.tracking")
+    tracking = sys.modules.get("tasks.tracking.runs")
     run_id = tracking.last_parent_run() if tracking else None
     if run_id is None:
         return "no MLflow run was opened yet"
@@ -290,7 +290,7 @@ def kept(args) -> str:
 
 def continue_hint(args) -> str:
     """The command that continues the pipeline run this process opened."""
-    tracking = sys.modules.get("tasks.tracking")
+    tracking = sys.modules.get("tasks.tracking.runs")
     run_id = tracking.last_parent_run() if tracking else None
     if run_id is None or args.command != "run":
         return "run the same command again once the server answers"
@@ -303,7 +303,7 @@ def stop_message(args, signum: int) -> str:
     name = signal.Signals(signum).name
     if args.command in ("serve", "stage-worker"):
         return f"stopped by {name}: no longer serving."
-    tracking = sys.modules.get("tasks.tracking")  # imported once a run has opened
+    tracking = sys.modules.get("tasks.tracking.runs")  # imported once a run has opened
     run_id = tracking.last_parent_run() if tracking else None
     if run_id is None:
         return f"stopped by {name} before an MLflow run was opened; nothing was trained."

@@ -131,14 +131,14 @@ def cmd_compare(args, config) -> int:
 def _tracking_uri(config) -> str:
     """The store the registry lives in, once it answers."""
     from flows.preflight import check_servers
-    from tasks.tracking import default_tracking_uri
+    from tasks.tracking.runs import default_tracking_uri
 
     check_servers(config.tracking.tracking_uri, prefect=False)
     return default_tracking_uri(config.tracking.tracking_uri)
 
 
 def cmd_promote(args, config) -> int:
-    from tasks.registry import promote
+    from tasks.tracking.registry import promote
 
     name = config.tracking.registered_policy
     before = promote(_tracking_uri(config), name, args.version, args.reason or "by hand")
@@ -147,7 +147,7 @@ def cmd_promote(args, config) -> int:
 
 
 def cmd_rollback(args, config) -> int:
-    from tasks.registry import rollback
+    from tasks.tracking.registry import rollback
 
     name = config.tracking.registered_policy
     old, new = rollback(_tracking_uri(config), name, args.reason or "by hand")

@@ -9,7 +9,7 @@ import time
 
 from flows.config import ConfigError
 from flows.preflight import check_servers
-from tasks.tracking import (
+from tasks.tracking.runs import (
     StoreError,
     default_tracking_uri,
     pipeline_runs,

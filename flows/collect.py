@@ -8,10 +8,10 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 from prefect import flow
 
 from flows.deployment import served_config
-from tasks.collect import collect, collection_text
+from tasks.champion.collect import collect, collection_text
+from tasks.champion.events import rename_flow_run
+from tasks.champion.labels import import_labels
 from tasks.config import PipelineConfig
-from tasks.events import rename_flow_run
-from tasks.labels import import_labels
 
 
 @flow(name="collect", flow_run_name="collect", log_prints=True)

@@ -7,7 +7,7 @@ its run loggers drops the traceback from those records (the message stays, at ER
 traceback is still kept on the stage's MLflow run (``error/traceback.txt``).
 
 A server that went away mid-run is not the user's error either: a tracking outage past
-``tracking.outage_limit_s`` (tasks/spool.py) or a Prefect API that stopped answering ends
+``tracking.outage_limit_s`` (tasks/tracking/spool.py) or a Prefect API that stopped answering ends
 with exit 75 (EX_TEMPFAIL, "try again later") and the command that continues the run.
 """
 
@@ -19,9 +19,9 @@ from data_checks.loading import DataError
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError
 from tasks.identity import ResumeRefused
-from tasks.registry import RegistryError
 from tasks.runtime.remote import RoutingError
-from tasks.spool import TrackingOutage
+from tasks.tracking.registry import RegistryError
+from tasks.tracking.spool import TrackingOutage
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there)
 USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingError)

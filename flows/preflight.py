@@ -92,7 +92,7 @@ TIMEOUT_S = 5.0
 
 
 def tracking_source(configured: str | None) -> tuple[str, str]:
-    """The MLflow store a command uses and where that came from (as tasks/tracking.py's
+    """The MLflow store a command uses and where that came from (as tasks/tracking/runs.py's
     ``default_tracking_uri`` picks it: the config, else the variable, else ./mlflow.db)."""
     if configured:
         return configured, "tracking.tracking_uri in the config"

@@ -20,12 +20,7 @@ from data_checks.validate import ValidationFailed
 from flows.config import ConfigError
 from flows.deployment import served_config
 from flows.wiring import run_pipeline, tracked, train_policy
-from tasks.config import PipelineConfig
-from tasks.finish import finish
-from tasks.gate_judge import batch_pair_keys, judge_split, resolve_scorer
-from tasks.prepare import prepare
-from tasks.registry import RegistryError
-from tasks.retrain import (
+from tasks.champion.batches import (
     add_batches,
     batch_rows_note,
     fetch_champion,
@@ -33,12 +28,17 @@ from tasks.retrain import (
     mark_consumed,
     report,
 )
+from tasks.champion.scorers import batch_pair_keys, judge_split, resolve_scorer
+from tasks.config import PipelineConfig
+from tasks.finish import finish
+from tasks.prepare import prepare
 from tasks.stages.gate import gate
 from tasks.stages.judge_model import judge_model
 from tasks.stages.records import Artifact, DataRecord, ModelRecord, PolicyRecord
 from tasks.stages.register import register
 from tasks.stages.validate import validate
-from tasks.tracking import RunContext
+from tasks.tracking.registry import RegistryError
+from tasks.tracking.runs import RunContext
 
 
 def limit_name(config: PipelineConfig) -> str:
@@ -203,9 +203,9 @@ def retrain(config: PipelineConfig, control: bool = False) -> dict:
             ones stay new), gated against the champion and recorded; nothing registered,
             no alias moved. It shows what a round's new labels add.
     """
-    from tasks.events import announce_outcome, rename_flow_run, retrain_run_name
-    from tasks.labels import import_dropped, quarantine_batches
-    from tasks.retrain import champion_version
+    from tasks.champion.batches import champion_version
+    from tasks.champion.events import announce_outcome, rename_flow_run, retrain_run_name
+    from tasks.champion.labels import import_dropped, quarantine_batches
 
     config = served_config(config)  # a custom run's fields over the served config
     with retrain_slot(config) as acquired:

@@ -29,8 +29,8 @@ from rlhf_core.config import (
     RewardNormConfig,
     SFTConfig,
 )
+from tasks.champion.events import LABELLED
 from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
-from tasks.events import LABELLED
 
 SECTIONS = ("seed", "demo", "data", "model", "validation", "sft", "reward", "reward_norm",
             "ppo", "eval", "tracking", "routing")

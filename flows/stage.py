@@ -20,7 +20,7 @@ from tasks.runtime.launch import run_node
 from tasks.runtime.remote import local_context, record_routed
 from tasks.stages.run import execute, typed_inputs
 from tasks.stages.table import DISTRIBUTED, STAGES
-from tasks.tracking import RunContext, hardware_tags, set_tags
+from tasks.tracking.runs import RunContext, hardware_tags, set_tags
 
 
 def _run_name() -> str:

@@ -17,7 +17,7 @@ from tasks.finish import close_parent, fail_parent, finish
 from tasks.prepare import prepare
 from tasks.stages.records import SharedStages
 from tasks.sweep import SWEEP_TAG, open_point_run, point_label, point_row, sweep_summary
-from tasks.tracking import RunContext, tag_parent
+from tasks.tracking.runs import RunContext, tag_parent
 
 
 def _point_name() -> str:

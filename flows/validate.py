@@ -11,7 +11,7 @@ from tasks.config import PipelineConfig
 from tasks.finish import close_parent, fail_parent
 from tasks.prepare import prepare
 from tasks.stages.validate import validate
-from tasks.tracking import RunContext, tag_parent
+from tasks.tracking.runs import RunContext, tag_parent
 
 KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
          "eval_prompts": "prompts", "preference_eval": "preference"}

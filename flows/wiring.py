@@ -22,7 +22,7 @@ from tasks.stages.reward_model import reward_model
 from tasks.stages.reward_norm import reward_norm
 from tasks.stages.sft import sft
 from tasks.stages.validate import validate
-from tasks.tracking import RunContext, system_metrics
+from tasks.tracking.runs import RunContext, system_metrics
 
 PrepHook = Callable[[RunContext, dict], dict]
 DataHook = Callable[[RunContext, DataRecord], DataRecord]  # validate's -> the RM's data

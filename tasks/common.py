@@ -14,8 +14,8 @@ from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import ModelConfig
 from rlhf_core.loader import LoadSpec
 from rlhf_core.models import resolve_device
-from tasks.spool import spool_for
-from tasks.tracking import RunContext, StepLogger, run_url
+from tasks.tracking.runs import RunContext, StepLogger, run_url
+from tasks.tracking.spool import spool_for
 
 hf_logging.disable_progress_bar()  # per-file load/save bars drown the stage progress bars
 
@@ -80,7 +80,7 @@ def stage_params(cfg, *sections: str) -> dict:
 def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
     """on_log(step, metrics) for a stage's run; steps already logged (a resumed stage) are
     skipped, so no metric step is logged twice; writes the server does not take wait in the
-    run's spool (tasks/spool.py)."""
+    run's spool (tasks/tracking/spool.py)."""
     client = ctx.client()
     return StepLogger(client, run_id, spool_for(client, run_id, ctx.workdir))
 

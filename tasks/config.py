@@ -22,8 +22,8 @@ from rlhf_core.config import (
     RewardNormConfig,
     SFTConfig,
 )
-from tasks.collect_config import CollectConfig
-from tasks.retrain_config import RetrainConfig
+from tasks.champion.collect_config import CollectConfig
+from tasks.champion.config import RetrainConfig
 
 
 class DemoConfig(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.stages.records import StageRecord
-from tasks.tracking import RunContext, find_stage_run, mark_ended
+from tasks.tracking.runs import RunContext, find_stage_run, mark_ended
 
 CURVES = (("objective/scores", "normalised RM score"), ("objective/kl", "KL to reference"),
           ("judge/score", "gold judge score"))

@@ -18,7 +18,7 @@ from tasks.config import PipelineConfig, flatten
 from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
 from tasks.judge import resolve_judge_name
 from tasks.runtime.remote import check_deployments
-from tasks.tracking import (
+from tasks.tracking.runs import (
     RunContext,
     default_tracking_uri,
     ensure_store,

@@ -17,7 +17,7 @@ from prefect import task
 
 from tasks.config import PipelineConfig
 from tasks.prepare import open_parent_run
-from tasks.tracking import RunContext, set_tags
+from tasks.tracking.runs import RunContext, set_tags
 
 SWEEP_TAG = "rlhf.sweep_id"
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..10 (beyond: normal 1.96)

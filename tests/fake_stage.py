@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from tasks.stages.context import StageContext
 from tasks.stages.records import Artifact
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 
 
 class FakeStageContext(StageContext):

@@ -28,7 +28,7 @@ from pathlib import Path
 from tasks.common import write_json
 from tasks.config import PipelineConfig
 from tasks.runtime.remote import NodeGroup, RemoteStageError, stage_spec
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

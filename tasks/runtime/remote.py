@@ -9,8 +9,8 @@ of a pool in prefect.yaml) picks up:
   runs the whole stage (in its process, or as its own ``model.nproc`` ranks), logs into the
   child run, publishes its outputs as MLflow artifacts and leaves its output record on the run
   (tag ``rlhf.routed.output``); the head reads it back and goes on. Every input and output of
-  a stage is an MLflow artifact URI beside its path (tasks/artifacts.py), so the machines share
-  nothing but the MLflow and Prefect servers.
+  a stage is an MLflow artifact URI beside its path (tasks/tracking/artifacts.py), so the
+  machines share nothing but the MLflow and Prefect servers.
 - **nodes 2..N of a multi-node stage** (``model.nnodes``, ``routing.nodes``): one flow run per
   node, each starting that node's ``torchrun`` (static rendezvous at the head's
   ``model.master_addr:master_port``) while the head runs node 0, whose rank 0 logs and writes
@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 
 from tasks.config import PipelineConfig
-from tasks.tracking import RunContext, default_tracking_uri, set_tags
+from tasks.tracking.runs import RunContext, default_tracking_uri, set_tags
 
 OUTPUT_TAG = "rlhf.routed.output"
 FLOW_RUN_TAG = "rlhf.routed.flow_run"

@@ -21,13 +21,13 @@ from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.distributed import DataParallel
 from rlhf_core.loader import LoadSpec
 from rlhf_core.optim import seed_everything
-from tasks.artifacts import local_copy, publish_path
 from tasks.common import checkpointer, metric_logger, setup_models, stop_on_outage
 from tasks.config import PipelineConfig
-from tasks.spool import spool_for, spool_table
 from tasks.stages.progress import StageProgress
 from tasks.stages.records import Artifact, StageRecord
-from tasks.tracking import RunContext, log_datasets, set_tags
+from tasks.tracking.artifacts import local_copy, publish_path
+from tasks.tracking.runs import RunContext, log_datasets, set_tags
+from tasks.tracking.spool import spool_for, spool_table
 
 
 @dataclass(frozen=True)

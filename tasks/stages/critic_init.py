@@ -11,7 +11,7 @@ from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import ModelRecord
 from tasks.stages.run import run_stage
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 
 
 def body(sc: StageContext, rm: ModelRecord) -> ModelRecord:

@@ -9,7 +9,7 @@ from prefect import task
 from rlhf_core.evaluate import compare_policies, sample_policy
 from rlhf_core.faults import pause_point
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
-from tasks.champion_rule import SCORER_TAG, eval_scorer
+from tasks.champion.rule import SCORER_TAG, eval_scorer
 from tasks.common import in_prefect_run, read_jsonl
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
@@ -17,7 +17,7 @@ from tasks.stages.context import Stage, StageContext
 from tasks.stages.progress import StageProgress
 from tasks.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
 from tasks.stages.run import run_stage
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 
 
 def _table_artifact(rows: list[dict]) -> None:

@@ -1,5 +1,5 @@
 """gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, one
-scorer for both (tasks/gate_judge.py: the gold judge when the data has one, else a judge
+scorer for both (tasks/champion/scorers.py: the gold judge when the data has one, else a judge
 reward model trained on held-out pairs, or an external registered scorer), paired bootstrap
 test and guard rails (rlhf_core/gate.py). The decision is a set of MLflow tags on the
 retrain run and a Prefect markdown artifact; where a gold judge exists and another scorer
@@ -15,15 +15,15 @@ from rlhf_core.gate import gate_decision
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.serving import score_rows
+from tasks.champion.batches import GateError, report
+from tasks.champion.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
-from tasks.gate_judge import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.judge import resolve_judge
-from tasks.retrain import GateError, report
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, Decision, GateRecord, ModelRecord, PolicyRecord
 from tasks.stages.run import run_stage
-from tasks.tracking import RunContext, run_url
+from tasks.tracking.runs import RunContext, run_url
 
 
 def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], gold,
@@ -88,7 +88,7 @@ def _gold_line(tags: dict) -> str:
 def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None) -> GateRecord:
-    """``champion``: the champion's downloaded folders and version (tasks/retrain.py)."""
+    """``champion``: the champion's downloaded folders and version (tasks/champion/batches.py)."""
     g, e = sc.cfg.retrain.gate, sc.cfg.eval
     device, spec = sc.device, sc.spec
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)

@@ -22,7 +22,7 @@ from tasks.runtime.memory import peak_memory, state_bytes
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
 from tasks.stages.run import run_stage
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 
 
 def judge_monitor(judge_name: str):

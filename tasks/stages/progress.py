@@ -7,7 +7,7 @@ import logging
 import time
 
 from tasks.common import in_prefect_run
-from tasks.tracking import StepLogger
+from tasks.tracking.runs import StepLogger
 
 SHOWN = ("train/loss", "train/accuracy", "objective/scores", "objective/kl",
          "response/eos_rate", "judge/score")

@@ -22,7 +22,7 @@ from tasks.config import PipelineConfig
 from tasks.stages.context import StageContext
 from tasks.stages.run import typed_inputs
 from tasks.stages.table import STAGES
-from tasks.tracking import RunContext, hardware_tags, set_tags
+from tasks.tracking.runs import RunContext, hardware_tags, set_tags
 
 
 def run(spec: dict) -> None:

@@ -1,6 +1,6 @@
 """register: log and register the policy and the reward model (alias challenger) with
 lineage tags; the policy becomes champion when the retrain's gate says so, else by the
-pipeline's rule (tasks/champion_rule.py)."""
+pipeline's rule (tasks/champion/rule.py)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,8 @@ from prefect import task
 
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.loader import LoadSpec
-from tasks.champion_rule import champion_evaluation, register_decision, score_key
+from tasks.champion.rule import champion_evaluation, register_decision, score_key
 from tasks.config import PipelineConfig
-from tasks.guarded import one_try
-from tasks.registry import (
-    CHALLENGER,
-    DECISION_TAG,
-    REASON_TAG,
-    earlier_registration,
-    move_champion,
-    moved_to,
-    set_alias,
-    show_on_run,
-)
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import (
     DataRecord,
@@ -31,7 +20,18 @@ from tasks.stages.records import (
     StageRecord,
 )
 from tasks.stages.run import run_stage
-from tasks.tracking import RunContext, find_stage_run
+from tasks.tracking.guarded import one_try
+from tasks.tracking.registry import (
+    CHALLENGER,
+    DECISION_TAG,
+    REASON_TAG,
+    earlier_registration,
+    move_champion,
+    moved_to,
+    set_alias,
+    show_on_run,
+)
+from tasks.tracking.runs import RunContext, find_stage_run
 
 
 def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
@@ -52,7 +52,7 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
     scoring prompt/response) in the register run -> their versions."""
     import mlflow
 
-    from tasks.mlflow_models import log_policy, log_reward_model, mlflow_pointed_at
+    from tasks.tracking.models import log_policy, log_reward_model, mlflow_pointed_at
 
     with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
         version = log_policy(policy_dir, policy_name, generation, card, spec.trust_remote_code)
@@ -145,7 +145,7 @@ def register(ctx: RunContext, cfg: PipelineConfig, policy: PolicyRecord,
              lineage: dict | None = None, decision: Decision | None = None) -> RegisterRecord:
     """Register the policy and the reward model (alias challenger) with lineage tags. The
     policy becomes champion when ``decision`` says so (retrain gate), else by the pipeline's
-    rule (tasks/champion_rule.py): no champion yet, or it beats the champion's evaluation
+    rule (tasks/champion/rule.py): no champion yet, or it beats the champion's evaluation
     score by the same scorer on the same prompts; the old champion keeps previous-champion."""
     return run_stage(ctx, cfg, STAGE, policy=policy, evaluation=evaluation, rm=rm, data=data,
                      lineage=lineage, decision=decision)

@@ -17,7 +17,7 @@ from tasks.judge import resolve_judge
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
 from tasks.stages.run import run_stage
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 
 
 def gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | None:

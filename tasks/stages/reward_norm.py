@@ -12,7 +12,7 @@ from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord
 from tasks.stages.run import run_stage
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 
 
 def body(sc: StageContext, data: DataRecord, rm: ModelRecord) -> NormRecord:

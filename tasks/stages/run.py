@@ -17,10 +17,10 @@ from tasks.common import metric_logger, stage_markdown, stage_params
 from tasks.config import PipelineConfig
 from tasks.runtime.launch import run_ranks
 from tasks.runtime.remote import run_routed
-from tasks.spool import resend_left
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import StageRecord
-from tasks.tracking import RunContext, completed_output, record_output, stage_run
+from tasks.tracking.runs import RunContext, completed_output, record_output, stage_run
+from tasks.tracking.spool import resend_left
 
 
 def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,

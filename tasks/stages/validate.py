@@ -18,7 +18,7 @@ from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord
 from tasks.stages.run import run_stage
-from tasks.tracking import RunContext, run_url
+from tasks.tracking.runs import RunContext, run_url
 
 
 def report_artifact(ctx: RunContext, run_id: str, report) -> None:

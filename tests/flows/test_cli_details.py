@@ -110,7 +110,7 @@ def test_run_names_start_with_the_time_and_the_experiment_opens_on_training_runs
 
 def test_several_runs_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path):
     uri = f"sqlite:///{tmp_path}/new.db"
-    code = f"from tasks.tracking import ensure_store; ensure_store({uri!r}); print('ok')"
+    code = f"from tasks.tracking.runs import ensure_store; ensure_store({uri!r}); print('ok')"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]

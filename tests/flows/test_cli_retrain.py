@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.cli import main
 from rlhf_core.demo import judge_score
-from tasks.registry import CHAMPION, LOG_TAG, PREVIOUS
+from tasks.tracking.registry import CHAMPION, LOG_TAG, PREVIOUS
 from tests.shared import label_agreement
 
 

@@ -20,9 +20,9 @@ from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
 from rlhf_core.demo import judge_choices
-from tasks.collect import LABEL_COLUMNS, PROMPTS, collect
-from tasks.registry import CHAMPION, alias_version
-from tasks.retrain import file_digest
+from tasks.champion.batches import file_digest
+from tasks.champion.collect import LABEL_COLUMNS, PROMPTS, collect
+from tasks.tracking.registry import CHAMPION, alias_version
 from tests.flows.prefect_procs import (
     ROOT,
     base_env,

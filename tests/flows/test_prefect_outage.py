@@ -4,7 +4,7 @@ saying what is kept and the command that continues the run (no traceback)."""
 import httpx
 
 from flows import cli
-from tasks import tracking
+from tasks.tracking import runs as tracking
 
 
 def test_a_prefect_api_gone_ends_with_the_resume_command(monkeypatch, capsys):

@@ -29,8 +29,8 @@ from mlflow.tracking import MlflowClient
 from flows.config import load_config
 from flows.serve import served_parameters
 from rlhf_core.demo import write_preference_batch
-from tasks.registry import CHAMPION, PREVIOUS, alias_version
-from tasks.retrain import consumed_runs, file_digest
+from tasks.champion.batches import consumed_runs, file_digest
+from tasks.tracking.registry import CHAMPION, PREVIOUS, alias_version
 from tests.flows.prefect_procs import (
     ROOT,
     TERMINAL,

@@ -11,7 +11,7 @@ from tasks.config import PipelineConfig
 from tasks.runtime.remote import OUTPUT_TAG, stage_spec
 from tasks.stages.context import Stage
 from tasks.stages.records import Artifact, PolicyRecord
-from tasks.tracking import RunContext, set_tags
+from tasks.tracking.runs import RunContext, set_tags
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""tasks/artifacts.py: a stage output's local path, else its MLflow artifact (cached), else a
-clear error naming the output and the URI."""
+"""tasks/tracking/artifacts.py: a stage output's local path, else its MLflow artifact
+(cached), else a clear error naming the output and the URI."""
 
 import json
 from pathlib import Path
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.artifacts import CACHE, StageOutputMissing, local_copy, publish_path
 from tasks.stages.records import Artifact, ModelRecord, NormRecord
-from tasks.tracking import RunContext
+from tasks.tracking.artifacts import CACHE, StageOutputMissing, local_copy, publish_path
+from tasks.tracking.runs import RunContext
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.champion_rule import (
+from tasks.champion.rule import (
     SCORER_TAG,
     champion_evaluation,
     eval_scorer,

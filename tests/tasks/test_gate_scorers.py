@@ -1,7 +1,7 @@
-"""The retrain gate's scorers (tasks/gate_judge.py, tasks/stages/gate.py): which scorer decides, the
-judge's held-out hash split (which the PPO reward model never sees), and an external
-registered pyfunc scorer (``models:/<name>@<alias>``) loaded without changing the process's
-MLflow settings."""
+"""The retrain gate's scorers (tasks/champion/scorers.py, tasks/stages/gate.py): which scorer
+decides, the judge's held-out hash split (which the PPO reward model never sees), and an
+external registered pyfunc scorer (``models:/<name>@<alias>``) loaded without changing the
+process's MLflow settings."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pydantic import ValidationError
 
 from flows.config import load_config
 from rlhf_core.gate import held_out_for_judge, pair_key
-from tasks.gate_judge import judge_split, load_external, resolve_scorer, scorer_label
-from tasks.retrain_config import GateConfig
+from tasks.champion.config import GateConfig
+from tasks.champion.scorers import judge_split, load_external, resolve_scorer, scorer_label
 from tasks.stages.gate import _gold_tags, _scores
 from tasks.stages.records import Artifact, DataRecord
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 from tests.fake_stage import FakeStageContext
 from tests.shared import TEST_CONFIG
 

@@ -1,5 +1,5 @@
-"""tasks/labels.py with MLflow at tmp_path: a labelled file becomes a preference batch (known
-answers held out, the event emitted), is quarantined for poor label quality, or, dropped
+"""tasks/champion/labels.py with MLflow at tmp_path: a labelled file becomes a preference batch
+(known answers held out, the event emitted), is quarantined for poor label quality, or, dropped
 with malformed rows, is quarantined with the error; a second import does nothing."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
-from tasks import labels
-from tasks.collect import COLLECTION_TAG, RECORD, experiment_for
-from tasks.labels import import_dropped, import_labels
+from tasks.champion import labels
+from tasks.champion.collect import COLLECTION_TAG, RECORD, experiment_for
+from tasks.champion.labels import import_dropped, import_labels
 from tests.shared import TEST_CONFIG
 
 N_KNOWN, N_PAIRS = 6, 10

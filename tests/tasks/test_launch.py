@@ -92,7 +92,7 @@ def test_a_launch_leaves_the_tasks_own_process_as_it_was(tmp_path, monkeypatch):
     import torch
 
     from tasks.config import PipelineConfig
-    from tasks.tracking import RunContext
+    from tasks.tracking.runs import RunContext
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     seen = {}

@@ -34,7 +34,7 @@ def registered_rm(tmp_path, tiny_model_dir):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from tasks.mlflow_models import log_reward_model
+    from tasks.tracking.models import log_reward_model
 
     torch.manual_seed(0)
     rm_dir = ScalarHeadModel.from_causal_lm(tiny_model_dir).save(tmp_path / "rm")
@@ -98,7 +98,7 @@ def test_registered_reward_model_scores_conversations_at_the_end_of_turn(tmp_pat
     from transformers import AutoTokenizer
 
     from rlhf_core.scoring import score_padded
-    from tasks.mlflow_models import log_reward_model
+    from tasks.tracking.models import log_reward_model
     from tests.tiny_chat import build_chat_model
 
     chat_dir = build_chat_model(tmp_path / "chat")

@@ -75,11 +75,11 @@ def greedy(model_dir: Path, text: str, n: int) -> str:
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory, tiny_model_dir):
     """A SQLite store with the tiny chat policy (champion) and the word-level demo-style
-    policy (no chat template), both logged by tasks.mlflow_models.log_policy."""
+    policy (no chat template), both logged by tasks.tracking.models.log_policy."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from tasks.mlflow_models import log_policy
+    from tasks.tracking.models import log_policy
 
     tmp = tmp_path_factory.mktemp("serving")
     chat_dir = build_chat_model(tmp / "chat")

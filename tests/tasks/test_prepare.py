@@ -124,7 +124,7 @@ def test_the_parent_run_and_every_stage_run_record_the_hardware(tmp_path, monkey
         assert {k: tags[f"rlhf.hw.{k}"] for k in facts} == {**facts, "threads": "1"}
     assert seen["threads"] == 1
 
-    monkeypatch.setattr("tasks.tracking.hardware_facts",
+    monkeypatch.setattr("tasks.tracking.runs.hardware_facts",
                         lambda device=None: {**facts, "cpu": "Other CPU", "gpu": "none"})
     prepare.open_parent_run(_cfg(tmp_path, "model.torch_threads=1"), ctx.parent_run_id)
     assert client.get_run(ctx.parent_run_id).data.tags["rlhf.hw.cpu"] == "Other CPU"

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from tasks.config import PipelineConfig
 from tasks.runtime import launch, remote
-from tasks.tracking import RunContext
+from tasks.tracking.runs import RunContext
 
 
 def _ctx(workdir: str) -> RunContext:

@@ -1,7 +1,7 @@
-"""tasks/retrain.py with MLflow at tmp_path: ``rm_data: cumulative`` trains the reward model
-on the configured pairs + every batch consumed before (read back from the watch folder, or
-from the copy its consuming run logged when the file is gone) + the new batches; ``new_only``
-on the new batches alone; each batch's source is named (lineage)."""
+"""tasks/champion/batches.py with MLflow at tmp_path: ``rm_data: cumulative`` trains the reward
+model on the configured pairs + every batch consumed before (read back from the watch folder, or
+from the copy its consuming run logged when the file is gone) + the new batches; ``new_only`` on
+the new batches alone; each batch's source is named (lineage)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,15 @@ from mlflow.tracking import MlflowClient
 
 from data_checks.config import DataConfig, DataSource
 from flows.config import load_config
-from tasks.collect import experiment_for
-from tasks.retrain import CONSUMED_TAG, add_batches, file_digest, find_batches, mark_consumed
-from tasks.tracking import RunContext
+from tasks.champion.batches import (
+    CONSUMED_TAG,
+    add_batches,
+    file_digest,
+    find_batches,
+    mark_consumed,
+)
+from tasks.champion.collect import experiment_for
+from tasks.tracking.runs import RunContext
 from tests.shared import TEST_CONFIG
 
 

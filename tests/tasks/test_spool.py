@@ -12,9 +12,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-from tasks.spool import Spool, TrackingOutage, spool_table
-from tasks.tables import bounded
-from tasks.tracking import StepLogger
+from tasks.tracking.runs import StepLogger
+from tasks.tracking.spool import Spool, TrackingOutage, spool_table
+from tasks.tracking.tables import bounded
 
 
 class FlakyClient(MlflowClient):
@@ -138,7 +138,7 @@ class Away:
 
 
 def test_a_needed_call_waits_for_the_server_then_stops_past_the_limit(tmp_path, caplog):
-    from tasks.guarded import GuardedClient
+    from tasks.tracking.guarded import GuardedClient
 
     back = GuardedClient(Away(fails=2), 5.0, "parent", tmp_path, poll_s=0.01)
     assert back.search_runs("0") == ["run"] and back.raw.calls == 3

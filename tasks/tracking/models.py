@@ -1,7 +1,7 @@
 """The pipeline's MLflow models, both logged as code (MLflow's models-from-code) with
 ``rlhf_core`` beside them: the policy, a pyfunc that answers prompts with their completion
-(``tasks/policy_pyfunc.py``), and the scalar-head reward model, a pyfunc that scores
-(prompt, response) pairs (``tasks/reward_pyfunc.py``). A prompt is text or a list of
+(``tasks/tracking/policy_pyfunc.py``), and the scalar-head reward model, a pyfunc that scores
+(prompt, response) pairs (``tasks/tracking/reward_pyfunc.py``). A prompt is text or a list of
 messages; the signatures say so, and the policy's carries the sampling params a request may
 send (``rlhf_core/serving.py`` does the work)."""
 

@@ -16,10 +16,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-from tasks.guarded import wait_for_tracking
-from tasks.spool import drain_all
 from tasks.stages.records import Artifact
-from tasks.tracking import RunContext
+from tasks.tracking.guarded import wait_for_tracking
+from tasks.tracking.runs import RunContext
+from tasks.tracking.spool import drain_all
 
 CACHE = "artifact_cache"
 

@@ -2,7 +2,7 @@
 evaluate's and register's calls) cannot be spooled: :class:`GuardedClient`, what
 ``RunContext.client()`` returns for a server over HTTP, tries each once and, on a server that
 went away, waits for it at most ``tracking.outage_limit_s``, then raises
-:class:`~tasks.spool.TrackingOutage`, as the spool does.
+:class:`~tasks.tracking.spool.TrackingOutage`, as the spool does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from tasks.spool import TIMEOUT_ENV, TrackingOutage, fail_fast, log, spooled_left, unreachable
+from tasks.tracking.spool import (
+    TIMEOUT_ENV,
+    TrackingOutage,
+    fail_fast,
+    log,
+    spooled_left,
+    unreachable,
+)
 
 # Opening a stage's run, recording its output, evaluate's and register's writes, closing the
 # run: these cannot wait in a spool. Without a bound each would sit in MLflow's own retries

@@ -15,8 +15,8 @@ from data_checks.config import DataConfig, DataSource
 from data_checks.loading import DataError, load_table
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
-from tasks.registry import CHAMPION, RegistryError, alias_version, version_stage_run
-from tasks.tracking import RunContext, default_tracking_uri, set_tags
+from tasks.tracking.registry import CHAMPION, RegistryError, alias_version, version_stage_run
+from tasks.tracking.runs import RunContext, default_tracking_uri, set_tags
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 CONSUMED_TAG = "rlhf.retrain.consumed"

@@ -1,7 +1,7 @@
 """The policy as an MLflow pyfunc, logged as *code* (MLflow's models-from-code), like the
 reward model: the registry stores this script, the policy's Hugging Face folder (weights,
 config, tokenizer) and ``rlhf_core`` (code_paths), so serving it needs neither this repository
-nor its ``tasks`` package. Imported only by MLflow; ``tasks/mlflow_models.py`` logs it.
+nor its ``tasks`` package. Imported only by MLflow; ``tasks/tracking/models.py`` logs it.
 
 predict(DataFrame[prompt]) -> one answer per row, the completion only: text for a text
 prompt, ``{"role": "assistant", "content": ...}`` for a list of messages (rendered with the

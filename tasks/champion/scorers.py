@@ -16,12 +16,12 @@ import shutil
 from prefect import task
 
 from rlhf_core.gate import held_out_for_judge, pair_key
-from tasks.artifacts import local_copy
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
-from tasks.mlflow_models import mlflow_pointed_at
 from tasks.stages.records import Artifact, DataRecord
-from tasks.tracking import RunContext, set_tags
+from tasks.tracking.artifacts import local_copy
+from tasks.tracking.models import mlflow_pointed_at
+from tasks.tracking.runs import RunContext, set_tags
 
 BUILT_IN = ("judge", "judge_model", "reward_model")
 

@@ -47,8 +47,8 @@ class RunContext(BaseModel):
 
     def client(self) -> MlflowClient:
         """A client whose calls wait at most ``outage_limit_s`` for a server that went away
-        (tasks/guarded.py GuardedClient), then stop the run with the resume command."""
-        from tasks.guarded import guarded
+        (tasks/tracking/guarded.py GuardedClient), then stop the run with the resume command."""
+        from tasks.tracking.guarded import guarded
 
         return guarded(MlflowClient(tracking_uri=self.tracking_uri), self.outage_limit_s,
                        self.parent_run_id, self.workdir)
@@ -105,7 +105,8 @@ class StepLogger:
     A stage resumed from its last checkpoint recomputes the steps after it; they were logged
     before the crash (with the same values, as the run is deterministic) and are not logged
     twice, so every metric history keeps one value per step. With a ``spool``
-    (tasks/spool.py) the writes go through it, and the steps it still holds count as logged.
+    (tasks/tracking/spool.py) the writes go through it, and the steps it still holds count
+    as logged.
     """
 
     def __init__(self, client: MlflowClient, run_id: str, spool=None):
@@ -216,7 +217,7 @@ def mark_ended(client: MlflowClient, run_id: str) -> None:
 def _quick_if_outage():
     """While a tracking outage stops the stage: one try per request, not MLflow's minutes
     of retries on the server that is gone."""
-    from tasks.spool import TrackingOutage, fail_fast
+    from tasks.tracking.spool import TrackingOutage, fail_fast
 
     return fail_fast(3) if isinstance(sys.exc_info()[1], TrackingOutage) else nullcontext()
 

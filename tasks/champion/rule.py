@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tasks.registry import CHAMPION, alias_version
+from tasks.tracking.registry import CHAMPION, alias_version
 
 SCORER_TAG = "rlhf.eval.scorer"
 

@@ -29,7 +29,7 @@ def set_alias(client: MlflowClient, name: str, alias: str, version, attempts: in
     """Point ``alias`` at ``version``. MLflow's alias write is a delete + insert: two runs
     moving the same alias at once can hit the server's unique key (seen on PostgreSQL); the
     write is retried, so the later one wins as intended."""
-    from tasks.tracking import retry_unique_key
+    from tasks.tracking.runs import retry_unique_key
 
     retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)),
                      attempts)
@@ -130,7 +130,7 @@ def _logged_model_id(version) -> str | None:
 def version_stage_run(client: MlflowClient, version, stage: str) -> str:
     """The run of ``stage`` a registered version (the champion) came from: its lineage tag,
     else the sibling of its register run."""
-    from tasks.tracking import STAGE_TAG
+    from tasks.tracking.runs import STAGE_TAG
 
     run_id = version.tags.get(f"rlhf.{stage}_run_id")
     if run_id:

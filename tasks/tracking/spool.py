@@ -14,7 +14,7 @@ The outage limit (``tracking.outage_limit_s``) is checked at each checkpoint the
 and while the stage waits for its spool before publishing its output: past it,
 :class:`TrackingOutage` stops the stage (its checkpoints and the spool stay on disk).
 
-Calls whose answer is needed cannot be spooled: tasks/guarded.py bounds their wait by the
+Calls whose answer is needed cannot be spooled: tasks/tracking/guarded.py bounds their wait by the
 same limit.
 """
 
@@ -34,7 +34,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.tables import log_table_file
+from tasks.tracking.tables import log_table_file
 
 log = logging.getLogger("rlhf.spool")
 RETRIES_ENV, TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"

@@ -1,7 +1,7 @@
 """The reward model as an MLflow pyfunc, logged as *code* (MLflow's models-from-code): the
 registry stores this script, the safetensors checkpoint and ``rlhf_core`` (code_paths), so
 loading it unpickles nothing and needs neither this repository nor its ``tasks`` package.
-Imported only by MLflow, at log and load time; ``tasks/mlflow_models.py`` logs it.
+Imported only by MLflow, at log and load time; ``tasks/tracking/models.py`` logs it.
 
 predict(DataFrame[prompt, response]) -> one score per row: of prompt + response + EOS for
 text, or of the conversation rendered by the tokenizer's chat template, read at the reply's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.retrain_config import ScheduleConfig
+from tasks.champion.config import ScheduleConfig
 
 
 class _Frozen(BaseModel):

@@ -32,12 +32,12 @@ from rlhf_core.collect import (
 from rlhf_core.evaluate import sample_policy
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
+from tasks.champion.events import COLLECTION_READY, emit
 from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig
-from tasks.events import COLLECTION_READY, emit
 from tasks.judge import resolve_judge, resolve_judge_name
-from tasks.registry import RegistryError, alias_version, version_stage_run
-from tasks.tracking import default_tracking_uri, log_metrics, log_params, set_tags
+from tasks.tracking.registry import RegistryError, alias_version, version_stage_run
+from tasks.tracking.runs import default_tracking_uri, log_metrics, log_params, set_tags
 
 COLLECTION_TAG, POOL_TAG = "rlhf.collection", "rlhf.collection.pool_digest"
 RECORD, PROMPTS = "collection/record.json", "collection/prompts.json"
@@ -178,7 +178,7 @@ def log_collection(client, run_id: str, version, paths: dict[str, Path], rows: l
     from mlflow.entities import DatasetInput, InputTag, LoggedModelInput
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    from tasks.registry import _logged_model_id
+    from tasks.tracking.registry import _logged_model_id
 
     for path in paths.values():
         client.log_artifact(run_id, str(path), "collection")

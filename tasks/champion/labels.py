@@ -30,11 +30,11 @@ from data_checks.labels import (
     read_labelled,
 )
 from data_checks.loading import DataError
-from tasks.collect import COLLECTION_TAG, RECORD, experiment_for
+from tasks.champion.batches import BATCH_SUFFIXES, file_digest, report
+from tasks.champion.collect import COLLECTION_TAG, RECORD, experiment_for
+from tasks.champion.events import LABELLED, emit
 from tasks.config import PipelineConfig
-from tasks.events import LABELLED, emit
-from tasks.retrain import BATCH_SUFFIXES, file_digest, report
-from tasks.tracking import default_tracking_uri, log_metrics
+from tasks.tracking.runs import default_tracking_uri, log_metrics
 
 LABELS_TAG, IMPORTED, QUARANTINE = "rlhf.labels.batch", "imported", "quarantine"
 
