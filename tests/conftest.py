@@ -25,6 +25,16 @@ WORDS = ("hello world tell me about cats dogs rain sun please thanks sure the is
          "good bad . ! ? : assistant user").split()
 
 
+@pytest.fixture
+def threads_kept():
+    """The test may set torch's thread count (a stage does); the next test gets it back."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def make_tokenizer(pad: bool = True):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -1,7 +1,6 @@
 """The ``rlhf-stage`` flow's side of a routed stage, without a Prefect server: the machine
 that runs the stage writes its own hardware over the head's on the child run."""
 
-import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -12,13 +11,6 @@ from tasks.runtime.remote import OUTPUT_TAG, stage_spec
 from tasks.stages.context import Stage
 from tasks.stages.records import Artifact, PolicyRecord
 from tasks.tracking.runs import RunContext, set_tags
-
-
-@pytest.fixture
-def threads_kept():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 def test_a_routed_stage_records_the_hardware_of_the_machine_that_ran_it(tmp_path, monkeypatch,

@@ -1,6 +1,5 @@
 """The parent run's experiment keeps artifacts beside a local SQLite store."""
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.prepare import _experiment_id, artifact_location
@@ -81,15 +80,6 @@ def test_resume_with_changed_settings_records_the_new_config(tmp_path, monkeypat
     assert run.data.tags["rlhf.resumed_config_hash"] == changed.config_hash()
     files = {a.path for a in client.list_artifacts(first.parent_run_id, "config")}
     assert f"config/resumed_config_{changed.config_hash()}.json" in files
-
-
-@pytest.fixture
-def threads_kept():
-    import torch
-
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 def test_the_parent_run_and_every_stage_run_record_the_hardware(tmp_path, monkeypatch,
