@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 11's CPU row, re-checkable: TRL 1.12 and ours (fp32, and bf16 autocast) on 2 threads,
-# 4 x 256, 32 prompts x 48 tokens, 2 minibatches x 4 epochs, alternated for N rounds; prints
-# each round's seconds per iteration, the medians and TRL / ours. On a shared 2-core machine
-# one round's ratio swings by +-15%: use 5 rounds or more, with nothing else running.
+# The CPU row of docs/benchmarks.md, re-checkable: TRL 1.12 and ours (fp32, and bf16
+# autocast) on 2 threads, 4 x 256, 32 prompts x 48 tokens, 2 minibatches x 4 epochs,
+# alternated for N rounds; prints each round's seconds per iteration, the medians and
+# TRL / ours. On a shared small machine one round's ratio is noisy: use 5 rounds or more,
+# with nothing else running.
 # Usage: bench/cpu_row.sh [rounds (default 5)]   (needs the `bench` extra: trl==1.12.0)
 set -eu
 ROUNDS=${1:-5}; OUT=${OUT:-bench_out/cpu_row}; mkdir -p "$OUT"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-11 measurements on one GPU, JSON per run under ${OUT:-bench_out}; ours and TRL
+# The GPU measurements of docs/benchmarks.md on one GPU, JSON per run under ${OUT:-bench_out}; ours and TRL
 # run back to back. Usage: bench/gpu_suite.sh table|trl|ours|big [limit_s per run]
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"; LIMIT=${2:-240}

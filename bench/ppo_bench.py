@@ -1,4 +1,4 @@
-"""PPO speed benchmark (SPEC "Where PPO time goes", issue 11): seconds per iteration (median
+"""PPO speed benchmark (docs/benchmarks.md): seconds per iteration (median
 after warm-up), the rollout/update split, achieved TFLOP/s and the update's MFU against a
 matmul peak measured in the same run (bf16 on CUDA, fp32 on CPU), and peak memory.
 

@@ -1,4 +1,4 @@
-"""Speed of a retrain round (issue 20 item 10): a first champion, then N alternated rounds of
+"""Speed of a retrain round (docs/retraining.md): a first champion, then N alternated rounds of
 collect (`rlhf demo-batch`: sample the champion, label with the demo's gold judge, import) and
 retrain (`rlhf retrain`: RM, PPO, gate, register), each a fresh `rlhf` process as a user runs
 it. Reports each command's wall, the medians over the rounds, and where a retrain's time goes

@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
             gradient_accumulation_steps=1, num_mini_batches=args.num_minibatches,
             num_ppo_epochs=args.epochs, total_episodes=args.batch * n_iter,
             response_length=args.max_new_tokens, temperature=0.7, stop_token="eos",
-            missing_eos_penalty=-1.0, kl_coef=0.05, learning_rate=1e-6,
+            missing_eos_penalty=1.0, kl_coef=0.05, learning_rate=1e-6,
             local_rollout_forward_batch_size=args.batch, num_sample_generations=0,
             report_to=[], save_strategy="no", logging_steps=10**6, seed=args.seed,
             bf16=args.precision == "bf16", fp16=False, use_cpu=args.device == "cpu",

@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     # the local ephemeral server's anonymous telemetry fails loudly offline; opt back in by
     # setting the variable
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # the first start of the local ephemeral API migrates its database: on a busy 2-core
-    # machine that can pass Prefect's 20 s default
+    # the first start of the local ephemeral API migrates its database: on a busy small
+    # machine that can pass Prefect's default startup timeout
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # MLflow prints "View run ... / View experiment ..." for every run it closes on a server:
     # the summary names the parent run once instead

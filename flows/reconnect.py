@@ -5,8 +5,8 @@ client that retries a refused connection 5 times (2 + 4 + 8 + 16 + 32 s, jittere
 poll loop gives up after 3 such failed polls in a row. So an outage of up to about 4 minutes
 is ridden out by the Runner itself (a run created after the server is back is picked up when
 the poll's current retry wait ends); a longer one ends ``prefect.serve`` with "Service exceeded
-error threshold", after the Runner has tried to pause its deployments (measured: 230-295 s
-after the server was killed; before this module the command then exited with status 1).
+error threshold", after the Runner has tried to pause its deployments; without this module
+the command would then exit with status 1.
 
 :func:`serve_until_stopped` serves again when that happens: it prints one line, asks the API's
 ``/health`` every ``RLHF_RECONNECT_EVERY_S`` seconds (default 5) and, once it answers, builds
@@ -15,8 +15,8 @@ them). A failed request while the API answers (a 5xx, or a Runner that gave up j
 server came back) serves again after the same wait. Any other error ends the command as
 before. A stop signal ends it at any point, the server there or not.
 
-Not handled: the Runner's cancellation observer (a websocket, then polling) gives up about 25 s
-into an outage; if the Runner itself rides the outage out, cancelling a flow run from the UI
+Not handled: the Runner's cancellation observer (a websocket, then polling) gives up early in
+an outage; if the Runner itself rides the outage out, cancelling a flow run from the UI
 no longer stops its process until ``rlhf serve`` is restarted.
 """
 
