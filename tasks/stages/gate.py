@@ -103,8 +103,7 @@ def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
         seed_everything(sc.seed)  # same sampling noise for both sides
         model = load_policy(path, spec, trainable=False).to(device)
         samples[side] = sample_policy(model, reference, rm_model, tokenizer, prompts,
-                                      e.temperature, e.max_new_tokens, device, e.batch_size,
-                                      spec.precision)
+                                      e.sampling, device=device, precision=spec.precision)
     scorer, gold = resolve_scorer(sc.cfg, prep["judge"]), resolve_judge(prep["judge"])
     if scorer == "judge" and gold is None:
         raise GateError("retrain.gate.scorer is 'judge' but the data has no gold judge")
