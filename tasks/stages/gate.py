@@ -8,10 +8,12 @@ decided, what the gold judge would have decided is recorded beside it
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from prefect import task
 
 from rlhf_core.evaluate import sample_policy
-from rlhf_core.gate import gate_decision
+from rlhf_core.gate import GateRule, GateSide, gate_decision
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.serving import score_rows
@@ -20,6 +22,7 @@ from tasks.config import PipelineConfig
 from tasks.gate_judge import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.judge import resolve_judge
 from tasks.retrain import GateError, report
+from tasks.retrain_config import GateConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, Decision, GateRecord, ModelRecord, PolicyRecord
 from tasks.stages.run import run_stage
@@ -46,12 +49,15 @@ def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], go
     return {s: external_scores(model, prompts, samples[s]["response"]) for s in sides}
 
 
-def _decide(scores: dict, samples: dict, g, seed: int) -> dict:
-    return gate_decision(
-        scores["champion"], scores["challenger"], samples["champion"]["has_eos"],
-        samples["challenger"]["has_eos"], samples["challenger"]["kl"],
-        min_prompts=g.min_prompts, margin=g.margin, confidence=g.confidence,
-        n_bootstrap=g.n_bootstrap, max_eos_drop=g.max_eos_drop, max_kl=g.max_kl, seed=seed)
+def gate_rule(g: GateConfig) -> GateRule:
+    """The decision rule's settings out of the ``retrain.gate`` section."""
+    return GateRule(**g.model_dump(include={f.name for f in fields(GateRule)}))
+
+
+def _decide(scores: dict, samples: dict, g: GateConfig, seed: int) -> dict:
+    champion, challenger = (GateSide(scores[s], samples[s]["has_eos"], samples[s]["kl"])
+                            for s in ("champion", "challenger"))
+    return gate_decision(champion, challenger, gate_rule(g), seed=seed)
 
 
 def _gold_tags(decision: dict, gold_decision: dict) -> dict:
