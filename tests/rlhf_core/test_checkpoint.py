@@ -10,7 +10,7 @@ import torch
 from rlhf_core.checkpoint import Checkpointer, atomic_dir, capture_rng, restore_rng
 from rlhf_core.config import OptimConfig, PPOConfig, RewardConfig, SFTConfig
 from rlhf_core.data import encode
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo import PPOTrainer
 from rlhf_core.reward import train_reward_model
 from rlhf_core.sft import train_sft
@@ -182,8 +182,9 @@ def _ppo_trainer(model_dir, tok, adaptive=True):
                     max_new_tokens=6, optim=OptimConfig(lr=1e-3), adaptive_kl=adaptive,
                     kl_horizon=10, checkpoint_every=2)
     prompts = [encode(tok, r["prompt"]) for r in SFT_ROWS]
-    return PPOTrainer(policy, ref, value, reward, tok, prompts, cfg,
-                      {"mean": 0.0, "std": 1.0, "n": 1}, CPU, torch.Generator().manual_seed(0))
+    return PPOTrainer(PPOModels(policy, ref, value, reward), tokenizer=tok, prompt_ids=prompts,
+                      cfg=cfg, norm_stats={"mean": 0.0, "std": 1.0, "n": 1}, device=CPU,
+                      generator=torch.Generator().manual_seed(0))
 
 
 @pytest.mark.slow
