@@ -172,6 +172,11 @@ class PPOTrainer:
                                              cfg.rollout_batch_size // cfg.samples_per_prompt,
                                              generator)
 
+    @property
+    def models(self) -> PPOModels:
+        """The four models as they are now (the rollout samples and scores with them)."""
+        return PPOModels(self.policy, self.ref_policy, self.value_model, self.reward_model)
+
     # -- prompt stream ----------------------------------------------------------------------
     def next_prompts(self) -> torch.Tensor:
         """The next rollout_batch_size / k prompts, reshuffled each pass, each repeated k =
@@ -199,9 +204,9 @@ class PPOTrainer:
             model.eval()
         with self.train_step.autocast():
             exp = make_experience(
-                self.policy, self.ref_policy, self.value_model, self.reward_model, prompts,
-                self.tokenizer, self.gen_config, self.kl_ctl.value, self.norm_stats,
-                self.settings, self.algorithm,
+                self.models, prompts, self.tokenizer, self.gen_config,
+                kl_coef=self.kl_ctl.value, norm_stats=self.norm_stats, settings=self.settings,
+                algorithm=self.algorithm,
             )
         for model in trained:
             model.train()

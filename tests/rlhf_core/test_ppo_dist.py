@@ -66,10 +66,10 @@ def _trainer(model_dir, cfg: PPOConfig, dp: DataParallel | None):
 def _rollout(trainer):
     """One rollout batch of the 1-process trainer (the prompts drawn from its stream)."""
     torch.manual_seed(1)
-    exp = make_experience(trainer.policy, trainer.ref_policy, trainer.value_model,
-                          trainer.reward_model, trainer.next_prompts(), trainer.tokenizer,
-                          trainer.gen_config, trainer.kl_ctl.value, trainer.norm_stats,
-                          trainer.settings, trainer.algorithm)
+    exp = make_experience(trainer.models, trainer.next_prompts(), trainer.tokenizer,
+                          trainer.gen_config, kl_coef=trainer.kl_ctl.value,
+                          norm_stats=trainer.norm_stats, settings=trainer.settings,
+                          algorithm=trainer.algorithm)
     return to_autograd_tensors(exp)
 
 

@@ -38,9 +38,9 @@ def rollout(tr):
     with tr.train_step.autocast():
         from rlhf_core.rollout import make_experience
 
-        exp = make_experience(tr.policy, tr.ref_policy, tr.value_model, tr.reward_model,
-                              tr.next_prompts(), tr.tokenizer, tr.gen_config, tr.kl_ctl.value,
-                              tr.norm_stats, tr.settings, tr.algorithm)
+        exp = make_experience(tr.models, tr.next_prompts(), tr.tokenizer, tr.gen_config,
+                              kl_coef=tr.kl_ctl.value, norm_stats=tr.norm_stats,
+                              settings=tr.settings, algorithm=tr.algorithm)
     return to_autograd_tensors(exp)
 
 

@@ -43,9 +43,10 @@ def settings(**kw):
 def experience(models, max_new_tokens=8):
     tok, policy, ref, value, reward = models
     prompt_ids = left_pad([encode(tok, p) for p in PROMPTS], tok.pad_token_id)
-    return make_experience(policy, ref, value, reward, prompt_ids, tok,
-                           sampling_config(tok, 0.7, max_new_tokens), 0.05,
-                           {"mean": 0.0, "std": 1.0, "n": 1}, settings(), GAE(PPOConfig()))
+    return make_experience(PPOModels(policy, ref, value, reward), prompt_ids, tok,
+                           sampling_config(tok, 0.7, max_new_tokens), kl_coef=0.05,
+                           norm_stats={"mean": 0.0, "std": 1.0, "n": 1}, settings=settings(),
+                           algorithm=GAE(PPOConfig()))
 
 
 def test_old_logprobs_from_generation_match_a_forward_pass(models):
