@@ -66,7 +66,7 @@ def build_trainer(args, tmp: Path):
     spec = LoadSpec.from_config(model_cfg, device)
     tok = load_tokenizer(folder, spec)
     new_scalar_model(folder, LoadSpec()).save(tmp / "rm")  # reward model = critic init
-    policy, ref, value, reward = ppo_models(folder, folder, tmp / "rm", tmp / "rm", spec)
+    models = ppo_models(folder, folder, tmp / "rm", tmp / "rm", spec)
     cfg = PPOConfig(iterations=args.warmup + args.iterations, rollout_batch_size=args.batch,
                     num_minibatches=args.num_minibatches, ppo_epochs=args.epochs,
                     max_new_tokens=args.max_new_tokens, optim=OptimConfig(lr=1e-6),
@@ -74,9 +74,10 @@ def build_trainer(args, tmp: Path):
                     forward_batch_size=args.forward_batch_size,
                     generation_batch_size=args.generation_batch_size,
                     static_cache=args.static_cache, compile=args.compile, checkpoint_every=0)
-    trainer = PPOTrainer(policy, ref, value, reward, tok, prompts, cfg,
-                         {"mean": 0.0, "std": 1.0, "n": 1}, device,
-                         torch.Generator().manual_seed(args.seed), precision=spec.precision)
+    trainer = PPOTrainer(models, tokenizer=tok, prompt_ids=prompts, cfg=cfg,
+                         norm_stats={"mean": 0.0, "std": 1.0, "n": 1}, device=device,
+                         generator=torch.Generator().manual_seed(args.seed),
+                         precision=spec.precision)
     return trainer, spec
 
 

@@ -211,6 +211,14 @@ class PPOConfig(_Frozen):
         return self.rollout_batch_size // self.num_minibatches
 
 
+class Sampling(_Frozen):
+    """How ``rlhf_core.evaluate.sample_policy`` samples: one response per prompt."""
+
+    temperature: float = Field(gt=0, description="Sampling temperature.")
+    max_new_tokens: int = Field(ge=1, description="Response token budget.")
+    batch_size: int = Field(64, ge=1, description="Prompts per generation batch.")
+
+
 class EvalConfig(_Frozen):
     num_prompts: int = Field(256, ge=1, description="Held-out prompts to evaluate on.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature for both policies.")
@@ -220,3 +228,9 @@ class EvalConfig(_Frozen):
         "auto", description="Gold judge for evaluation only: auto (the demo's judge on demo "
         "data, else none), demo, or none (no judge metrics at all).")
     num_side_by_side: int = Field(16, ge=0, description="Side-by-side samples to log.")
+
+    @property
+    def sampling(self) -> Sampling:
+        """The sampling settings both policies are evaluated with."""
+        return Sampling(temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+                        batch_size=self.batch_size)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rlhf_core.config import Sampling
 from rlhf_core.data import encode, left_pad
 from rlhf_core.models import ScalarHeadModel
 from rlhf_core.ppo_math import logprobs_from_logits, truncate_after_eos
@@ -25,15 +26,17 @@ Judge = Callable[[str, str, bool], float]
 
 @torch.inference_mode()
 def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
-                  prompts: Sequence[str], temperature: float, max_new_tokens: int,
-                  device: torch.device, batch_size: int = 64,
+                  prompts: Sequence[str], sampling: Sampling, *, device: torch.device,
                   precision: str = "fp32") -> dict[str, list]:
     """Sample one response per prompt -> lists: response text, has_eos, length, score, kl.
 
-    ``ref_policy`` None: no KL (the SFT policy sampled against itself would log a KL of 0)."""
+    ``sampling``: temperature, response budget and prompts per generation batch
+    (``EvalConfig.sampling``). ``ref_policy`` None: no KL (the SFT policy sampled against
+    itself would log a KL of 0)."""
     with autocast(precision, device):
-        return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
-                              max_new_tokens, device, batch_size)
+        return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts,
+                              sampling.temperature, sampling.max_new_tokens, device,
+                              sampling.batch_size)
 
 
 def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -33,54 +34,77 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def gate_decision(champion: Sequence[float], challenger: Sequence[float],
-                  champion_eos: Sequence[bool], challenger_eos: Sequence[bool],
-                  challenger_kl: Sequence[float], *, min_prompts: int = 200,
-                  margin: float = 0.0, confidence: float = 0.95, n_bootstrap: int = 2000,
-                  max_eos_drop: float = 0.05, max_kl: float = 25.0, seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class GateSide:
+    """One policy's answers to the held-out prompts, per prompt [N] each."""
+
+    scores: Sequence[float]  # by the scorer both sides share
+    has_eos: Sequence[bool]  # whether the response ended with EOS
+    kl: Sequence[float] = ()  # KL to the reference (the challenger's is checked)
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """The decision rule's settings (the pipeline's ``retrain.gate`` section has them, with
+    the same defaults)."""
+
+    min_prompts: int = 200  # held-out prompts the paired test needs
+    margin: float = 0.0  # the CI's lower end must exceed this score margin
+    confidence: float = 0.95  # bootstrap interval level
+    n_bootstrap: int = 2000  # bootstrap resamples
+    max_eos_drop: float = 0.05  # the EOS rate may fall at most this much
+    max_kl: float = 25.0  # cap on the challenger's KL to its reference
+
+
+def gate_decision(champion: GateSide, challenger: GateSide, rule: GateRule = GateRule(), *,
+                  seed: int = 0) -> dict:
     """Promote the challenger only on a significant win with no guard-rail failure.
 
     Args:
-        champion, challenger: per-prompt scores [N] of the two policies (same prompts, same
-            scorer).
-        champion_eos, challenger_eos: whether each response ended with EOS [N].
-        challenger_kl: the challenger's per-prompt KL to its reference [N].
+        champion, challenger: the two policies' per-prompt scores (same prompts, same
+            scorer) and EOS flags; the challenger's per-prompt KL to its reference.
+        rule: the paired test's and the guard rails' settings.
+        seed: the bootstrap's resampling seed.
     Returns:
         {"promote": bool, "reason": str, "figures": {...}} (the numbers behind the reason).
     """
-    n = len(champion)
-    if n != len(challenger):
-        raise ValueError(f"gate: {n} champion scores but {len(challenger)} challenger scores")
-    if n < min_prompts:
-        raise ValueError(f"gate: {n} held-out prompts, the paired test needs >= {min_prompts}")
-    values = [*champion, *challenger, *challenger_kl]
+    champ, chall, r = champion.scores, challenger.scores, rule
+    n = len(champ)
+    if n != len(chall):
+        raise ValueError(f"gate: {n} champion scores but {len(chall)} challenger scores")
+    if n < r.min_prompts:
+        raise ValueError(f"gate: {n} held-out prompts, the paired test needs >= "
+                         f"{r.min_prompts}")
+    values = [*champ, *chall, *challenger.kl]
     finite = all(math.isfinite(v) for v in values)
-    eos_champ, eos_chall = _mean([float(x) for x in champion_eos]), \
-        _mean([float(x) for x in challenger_eos])
-    kl = _mean(challenger_kl) if finite else float("nan")
-    figures = {"n_prompts": n, "score_champion": _mean(champion),
-               "score_challenger": _mean(challenger), "eos_rate_champion": eos_champ,
-               "eos_rate_challenger": eos_chall, "kl_challenger": kl, "margin": margin}
+    eos_champ, eos_chall = _mean([float(x) for x in champion.has_eos]), \
+        _mean([float(x) for x in challenger.has_eos])
+    kl = _mean(challenger.kl) if finite else float("nan")
+    figures = {"n_prompts": n, "score_champion": _mean(champ),
+               "score_challenger": _mean(chall), "eos_rate_champion": eos_champ,
+               "eos_rate_challenger": eos_chall, "kl_challenger": kl, "margin": r.margin}
     if not finite:
         return {"promote": False, "reason": "guard rail: non-finite score or KL",
                 "figures": figures}
-    mean, low, high = paired_bootstrap_ci([b - a for a, b in zip(champion, challenger)],
-                                          confidence, n_bootstrap, seed)
+    mean, low, high = paired_bootstrap_ci([b - a for a, b in zip(champ, chall)],
+                                          r.confidence, r.n_bootstrap, seed)
     figures.update({"diff_mean": mean, "ci_low": low, "ci_high": high})
-    ci = f"mean diff {mean:+.3f}, {confidence:.0%} CI [{low:+.3f}, {high:+.3f}] over {n} prompts"
+    ci = (f"mean diff {mean:+.3f}, {r.confidence:.0%} CI [{low:+.3f}, {high:+.3f}] over {n} "
+          "prompts")
     failed = []
-    if eos_chall < eos_champ - max_eos_drop:
-        failed.append(f"EOS rate {eos_chall:.3f} < champion {eos_champ:.3f} - {max_eos_drop}")
-    if kl > max_kl:
-        failed.append(f"KL to reference {kl:.3f} > cap {max_kl}")
+    if eos_chall < eos_champ - r.max_eos_drop:
+        failed.append(f"EOS rate {eos_chall:.3f} < champion {eos_champ:.3f} - "
+                      f"{r.max_eos_drop}")
+    if kl > r.max_kl:
+        failed.append(f"KL to reference {kl:.3f} > cap {r.max_kl}")
     if failed:
         return {"promote": False, "reason": f"guard rail: {'; '.join(failed)} ({ci})",
                 "figures": figures}
-    if low > margin:
-        return {"promote": True, "reason": f"significant win: {ci} > margin {margin}",
+    if low > r.margin:
+        return {"promote": True, "reason": f"significant win: {ci} > margin {r.margin}",
                 "figures": figures}
     return {"promote": False, "reason": f"no significant win: {ci}, lower end <= margin "
-            f"{margin}", "figures": figures}
+            f"{r.margin}", "figures": figures}
 
 
 def pair_key(row: dict) -> str:

@@ -23,7 +23,7 @@ from rlhf_core.loader import (
     load_policy,
     load_scalar_model,
 )
-from rlhf_core.models import ScalarHeadModel
+from rlhf_core.models import PPOModels, ScalarHeadModel
 
 
 class AdaptersOff(nn.Module):
@@ -51,20 +51,21 @@ class AdaptersOff(nn.Module):
 
 
 def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Path | None,
-               reward_dir: str | Path, spec: LoadSpec):
+               reward_dir: str | Path, spec: LoadSpec) -> PPOModels:
     """-> (policy, reference, value model, reward model) as the spec says (full or LoRA);
     ``critic_dir`` None (a critic-free estimator): no value model."""
     if spec.lora is None:
         value = None if critic_dir is None else load_scalar_model(critic_dir, spec)
-        return (load_policy(policy_dir, spec), load_policy(ref_dir, spec, trainable=False),
-                value, load_scalar_model(reward_dir, spec, trainable=False))
+        return PPOModels(load_policy(policy_dir, spec),
+                         load_policy(ref_dir, spec, trainable=False), value,
+                         load_scalar_model(reward_dir, spec, trainable=False))
     base = load_policy(policy_dir, spec, trainable=False)
     trunk = load_scalar_model(reward_dir, spec, trainable=False)
     if spec.gradient_checkpointing:
         enable_checkpointing(base)
     policy = add_lora(base, spec.lora)
     if critic_dir is None:
-        return policy, AdaptersOff(policy), None, trunk
+        return PPOModels(policy, AdaptersOff(policy), None, trunk)
     if spec.gradient_checkpointing:
         enable_checkpointing(trunk.backbone)
     value_backbone = add_lora(trunk.backbone, spec.lora)
@@ -72,7 +73,7 @@ def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Pa
     value = ScalarHeadModel(value_backbone, value_head)
     value.head.float()  # trained: fp32 master weights
     reward = ScalarHeadModel(AdaptersOff(value_backbone), trunk.head)
-    return policy, AdaptersOff(policy), value, reward
+    return PPOModels(policy, AdaptersOff(policy), value, reward)
 
 
 def merged(policy, value: ScalarHeadModel | None):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -129,6 +130,16 @@ class ScalarHeadModel(nn.Module):
         head = nn.Linear(backbone.config.hidden_size, 1)
         head.load_state_dict(load_file(str(root / "head.safetensors")))
         return cls(disable_dropout(backbone), head)
+
+
+class PPOModels(NamedTuple):
+    """The four models of a PPO run: the trained policy, its frozen reference, the trained
+    value model (None for a critic-free estimator) and the frozen reward model."""
+
+    policy: nn.Module
+    ref_policy: nn.Module
+    value_model: ScalarHeadModel | None
+    reward_model: ScalarHeadModel
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer) -> None:

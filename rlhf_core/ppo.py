@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,7 +25,7 @@ from rlhf_core.data import ShuffledBatches, left_pad
 from rlhf_core.distributed import check_world_size
 from rlhf_core.faults import crash_point
 from rlhf_core.masked import masked_mean, trusted_masks
-from rlhf_core.models import ScalarHeadModel
+from rlhf_core.models import PPOModels
 from rlhf_core.optim import build_optimizer, check_finite
 from rlhf_core.ppo_math import (
     AdaptiveKLController,
@@ -45,6 +46,9 @@ from rlhf_core.rollout import (
     to_autograd_tensors,
 )
 from rlhf_core.train_step import TrainStep
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 IterationFn = Callable[[int, dict[str, float], list[dict] | None], None]
 MonitorFn = Callable[[list[str], list[str], list[bool]], dict[str, float]]
@@ -118,12 +122,15 @@ class PPOTrainer:
     """
 
     def __init__(
-        self, policy, ref_policy, value_model: ScalarHeadModel | None,
-        reward_model: ScalarHeadModel,
-        tokenizer, prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig,
-        norm_stats: dict[str, float], device: torch.device, generator: torch.Generator,
-        divide_by_std: bool = False, precision: str = "fp32",
+        self, models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
+        prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig, norm_stats: dict[str, float],
+        device: torch.device, generator: torch.Generator, divide_by_std: bool = False,
+        precision: str = "fp32",
     ):
+        """``norm_stats``: the reward normaliser's mean/std (rewards are centred on the mean,
+        and divided by the std with ``divide_by_std``); ``generator``: the prompt stream's
+        shuffles; ``precision``: the compute precision (fp32, bf16 or fp16)."""
+        policy, ref_policy, value_model, reward_model = models
         if len(prompt_ids) == 0:
             raise ValueError("PPO needs at least one prompt")
         self.algorithm = make_algorithm(cfg)
@@ -165,6 +172,11 @@ class PPOTrainer:
                                              cfg.rollout_batch_size // cfg.samples_per_prompt,
                                              generator)
 
+    @property
+    def models(self) -> PPOModels:
+        """The four models as they are now (the rollout samples and scores with them)."""
+        return PPOModels(self.policy, self.ref_policy, self.value_model, self.reward_model)
+
     # -- prompt stream ----------------------------------------------------------------------
     def next_prompts(self) -> torch.Tensor:
         """The next rollout_batch_size / k prompts, reshuffled each pass, each repeated k =
@@ -192,9 +204,9 @@ class PPOTrainer:
             model.eval()
         with self.train_step.autocast():
             exp = make_experience(
-                self.policy, self.ref_policy, self.value_model, self.reward_model, prompts,
-                self.tokenizer, self.gen_config, self.kl_ctl.value, self.norm_stats,
-                self.settings, self.algorithm,
+                self.models, prompts, self.tokenizer, self.gen_config,
+                kl_coef=self.kl_ctl.value, norm_stats=self.norm_stats, settings=self.settings,
+                algorithm=self.algorithm,
             )
         for model in trained:
             model.train()

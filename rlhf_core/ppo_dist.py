@@ -25,7 +25,9 @@ same :class:`TrainStep`); it changes only where the batch lives:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -33,10 +35,16 @@ import torch.distributed as dist
 from rlhf_core.distributed import DataParallel
 from rlhf_core.fsdp import FullOptimizer, Sharded, shard
 from rlhf_core.global_stats import all_reduce_sum, global_masked_var, global_weighted_means
+from rlhf_core.models import PPOModels
 from rlhf_core.optim import build_optimizer
 from rlhf_core.ppo import PPOTrainer
 from rlhf_core.rollout import Experience
 from rlhf_core.train_step import TrainStep
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rlhf_core.config import PPOConfig
 
 # identical on every rank: not averaged (an average could move them by a rounding error)
 SHARED_KEYS = ("lr", "episode", "objective/kl_coef")
@@ -91,8 +99,8 @@ class DataParallelPPO(PPOTrainer):
     """:class:`PPOTrainer` on one rank of ``dp``; ``seed`` makes the per-rank sampling seeds.
     Every other argument is PPOTrainer's, and every rank passes the same ones."""
 
-    def __init__(self, *args, dp: DataParallel, seed: int, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, models: PPOModels, *, dp: DataParallel, seed: int, **kwargs):
+        super().__init__(models, **kwargs)
         groups = self.cfg.rollout_batch_size // self.cfg.samples_per_prompt
         if groups < dp.world:
             raise ValueError(
@@ -239,9 +247,17 @@ class DataParallelPPO(PPOTrainer):
                              checkpointer)
 
 
-def make_trainer(*args, dp: DataParallel | None = None, seed: int = 0,
-                 **kwargs) -> PPOTrainer:
-    """PPOTrainer in one process (``dp`` None), DataParallelPPO on a rank of ``dp``."""
+def make_trainer(models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
+                 prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig,
+                 norm_stats: dict[str, float], device: torch.device,
+                 generator: torch.Generator, divide_by_std: bool = False,
+                 precision: str = "fp32", dp: DataParallel | None = None,
+                 seed: int = 0) -> PPOTrainer:
+    """PPOTrainer in one process (``dp`` None), DataParallelPPO on a rank of ``dp`` (``seed``
+    makes its per-rank sampling seeds); the other arguments are PPOTrainer's."""
+    kwargs = dict(tokenizer=tokenizer, prompt_ids=prompt_ids, cfg=cfg, norm_stats=norm_stats,
+                  device=device, generator=generator, divide_by_std=divide_by_std,
+                  precision=precision)
     if dp is None:
-        return PPOTrainer(*args, **kwargs)
-    return DataParallelPPO(*args, dp=dp, seed=seed, **kwargs)
+        return PPOTrainer(models, **kwargs)
+    return DataParallelPPO(models, dp=dp, seed=seed, **kwargs)

@@ -38,7 +38,7 @@ def encode_pairs(tokenizer, rows: Sequence[dict]) -> list[tuple[list[int], list[
 
 def train_reward_model(
     model: ScalarHeadModel, tokenizer, rows: Sequence[dict], cfg: RewardConfig,
-    device: torch.device, generator: torch.Generator, on_log: LogFn | None = None,
+    device: torch.device, generator: torch.Generator, *, on_log: LogFn | None = None,
     progress: bool = True, checkpointer: Checkpointer | None = None, precision: str = "fp32",
     dp: DataParallel | None = None,
 ) -> dict[str, float]:

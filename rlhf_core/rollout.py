@@ -21,7 +21,7 @@ from transformers import GenerationConfig
 
 from rlhf_core.algorithms import Algorithm
 from rlhf_core.chat import stop_token_ids
-from rlhf_core.models import ScalarHeadModel, position_ids_from_mask
+from rlhf_core.models import PPOModels, ScalarHeadModel, position_ids_from_mask
 from rlhf_core.ppo_math import (
     apply_eos_penalty,
     kl_estimate,
@@ -187,12 +187,14 @@ class RolloutSettings:
 
 @torch.inference_mode()
 def make_experience(
-    policy, ref_policy, value_model: ScalarHeadModel | None, reward_model: ScalarHeadModel,
-    prompt_ids: torch.Tensor, tokenizer, gen_config: GenerationConfig, kl_coef: float,
-    norm_stats: dict[str, float], s: RolloutSettings, algorithm: Algorithm,
+    models: PPOModels, prompt_ids: torch.Tensor, tokenizer, gen_config: GenerationConfig, *,
+    kl_coef: float, norm_stats: dict[str, float], settings: RolloutSettings,
+    algorithm: Algorithm,
 ) -> Experience:
     """Generate for left-padded ``prompt_ids`` [B, P] and compute everything the update needs;
     ``algorithm`` turns scores and KL into rewards and advantages (no value model: no critic)."""
+    policy, ref_policy, value_model, reward_model = models
+    s = settings
     pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
     P = prompt_ids.shape[1]
     raw_responses, gen_logits = generate_by_length(policy, prompt_ids, gen_config, pad_id,

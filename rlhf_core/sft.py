@@ -33,7 +33,7 @@ def sft_batch(examples, pad_id: int, device: torch.device):
 
 def train_sft(
     model, tokenizer, rows: Sequence[dict], cfg: SFTConfig, device: torch.device,
-    generator: torch.Generator, on_log: LogFn | None = None, progress: bool = True,
+    generator: torch.Generator, *, on_log: LogFn | None = None, progress: bool = True,
     checkpointer: Checkpointer | None = None, precision: str = "fp32",
     dp: DataParallel | None = None,
 ) -> dict[str, float]:

@@ -152,7 +152,7 @@ def dp_train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=No
     if stage == "sft":
         ck = None if ck_root is None else Checkpointer(ck_root, {"model": model}, every=1)
         cfg = SFTConfig(batch_size=batch_size, epochs=1, optim=optim, log_every=1)
-        last = train_sft(model, tok, dp_rows(), cfg, cpu, gen, on_log, progress=False,
+        last = train_sft(model, tok, dp_rows(), cfg, cpu, gen, on_log=on_log, progress=False,
                          checkpointer=ck, dp=dp)
     else:
         cfg = RewardConfig(batch_size=batch_size, epochs=1, optim=optim)

@@ -29,6 +29,7 @@ from rlhf_core.collect import (
     pool_order,
     shuffled_with_known,
 )
+from rlhf_core.config import Sampling
 from rlhf_core.evaluate import sample_policy
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
@@ -112,9 +113,11 @@ def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[str], seed: int
     policy = load_policy(dirs["policy_dir"], spec, trainable=False).to(device)
     rm = load_scalar_model(dirs["rm_dir"], spec, trainable=False).to(device)
     seed_everything(seed)
+    sampling = Sampling(temperature=c.temperature,
+                        max_new_tokens=c.max_new_tokens or cfg.ppo.max_new_tokens,
+                        batch_size=c.batch_size)
     out = sample_policy(policy, None, rm, tokenizer, [p for p in prompts for _ in range(k)],
-                        c.temperature, c.max_new_tokens or cfg.ppo.max_new_tokens, device,
-                        c.batch_size, spec.precision)
+                        sampling, device=device, precision=spec.precision)
     return ([out["response"][i * k:(i + 1) * k] for i in range(len(prompts))],
             [out["score"][i * k:(i + 1) * k] for i in range(len(prompts))])
 

@@ -48,11 +48,11 @@ def body(sc: StageContext, prep: dict, data: DataRecord, sft: ModelRecord, rm: M
     e = sc.cfg.eval
     live = StageProgress("evaluate", 2)
     live(0)
-    sft_samples = sample_policy(ref, None, rm_model, tokenizer, prompts, e.temperature,
-                                e.max_new_tokens, device, e.batch_size, spec.precision)
+    sft_samples = sample_policy(ref, None, rm_model, tokenizer, prompts, e.sampling,
+                                device=device, precision=spec.precision)
     live(1)  # SFT policy sampled
-    pol_samples = sample_policy(trained, ref, rm_model, tokenizer, prompts, e.temperature,
-                                e.max_new_tokens, device, e.batch_size, spec.precision)
+    pol_samples = sample_policy(trained, ref, rm_model, tokenizer, prompts, e.sampling,
+                                device=device, precision=spec.precision)
     live(2)  # PPO policy sampled
     metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
                                      resolve_judge(prep["judge"]))

@@ -8,14 +8,17 @@ decided, what the gold judge would have decided is recorded beside it
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from prefect import task
 
 from rlhf_core.evaluate import sample_policy
-from rlhf_core.gate import gate_decision
+from rlhf_core.gate import GateRule, GateSide, gate_decision
 from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.optim import seed_everything
 from rlhf_core.serving import score_rows
 from tasks.champion.batches import GateError, report
+from tasks.champion.config import GateConfig
 from tasks.champion.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
@@ -46,12 +49,15 @@ def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], go
     return {s: external_scores(model, prompts, samples[s]["response"]) for s in sides}
 
 
-def _decide(scores: dict, samples: dict, g, seed: int) -> dict:
-    return gate_decision(
-        scores["champion"], scores["challenger"], samples["champion"]["has_eos"],
-        samples["challenger"]["has_eos"], samples["challenger"]["kl"],
-        min_prompts=g.min_prompts, margin=g.margin, confidence=g.confidence,
-        n_bootstrap=g.n_bootstrap, max_eos_drop=g.max_eos_drop, max_kl=g.max_kl, seed=seed)
+def gate_rule(g: GateConfig) -> GateRule:
+    """The decision rule's settings out of the ``retrain.gate`` section."""
+    return GateRule(**g.model_dump(include={f.name for f in fields(GateRule)}))
+
+
+def _decide(scores: dict, samples: dict, g: GateConfig, seed: int) -> dict:
+    champion, challenger = (GateSide(scores[s], samples[s]["has_eos"], samples[s]["kl"])
+                            for s in ("champion", "challenger"))
+    return gate_decision(champion, challenger, gate_rule(g), seed=seed)
 
 
 def _gold_tags(decision: dict, gold_decision: dict) -> dict:
@@ -103,8 +109,7 @@ def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
         seed_everything(sc.seed)  # same sampling noise for both sides
         model = load_policy(path, spec, trainable=False).to(device)
         samples[side] = sample_policy(model, reference, rm_model, tokenizer, prompts,
-                                      e.temperature, e.max_new_tokens, device, e.batch_size,
-                                      spec.precision)
+                                      e.sampling, device=device, precision=spec.precision)
     scorer, gold = resolve_scorer(sc.cfg, prep["judge"]), resolve_judge(prep["judge"])
     if scorer == "judge" and gold is None:
         raise GateError("retrain.gate.scorer is 'judge' but the data has no gold judge")

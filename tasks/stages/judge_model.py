@@ -26,8 +26,8 @@ def body(sc: StageContext, data: DataRecord, init_dir: str) -> ModelRecord:
     model = new_scalar_model(init_dir, spec)
     epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
     reward = cfg.reward.model_copy(update={"epochs": epochs})
-    train_reward_model(model, tokenizer, rows, reward, device, generator, sc.log,
-                       False, None, precision=spec.precision)
+    train_reward_model(model, tokenizer, rows, reward, device, generator, on_log=sc.log,
+                       progress=False, precision=spec.precision)
     out_dir = save_scalar_model(model, sc.dir / "model")
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"),
                        metrics={"judge/pairs": float(len(rows))})

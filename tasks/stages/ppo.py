@@ -71,15 +71,14 @@ def body(sc: StageContext, prep: dict, data: DataRecord, start: ModelRecord, rm:
     # adapters over the SFT and RM trunks (the reference is the start policy's weights)
     critic_dir = sc.local(critic.model, "critic_init's model") if cfg.ppo.uses_critic else None
     start_dir = sc.local(start.model, "the start policy")  # here, or downloaded from MLflow
-    policy, ref_policy, value_model, reward_model = ppo_models(
-        start_dir, reference_dir or start_dir, critic_dir,
-        sc.local(rm.model, "reward_model's model"), spec)
+    models = ppo_models(start_dir, reference_dir or start_dir, critic_dir,
+                        sc.local(rm.model, "reward_model's model"), spec)
     norm_stats = json.loads(sc.local(norm.stats_file, "reward_norm's statistics").read_text())
     data_dir = sc.local(data.data, "validate's data")
     prompts = [encode(tokenizer, r["prompt"]) for r in read_jsonl(data_dir / "prompts.jsonl")]
     sft_rows = read_jsonl(data_dir / "sft.jsonl")
-    trainer = make_trainer(policy, ref_policy, value_model, reward_model, tokenizer, prompts,
-                           cfg.ppo, norm_stats, device, generator,
+    trainer = make_trainer(models, tokenizer=tokenizer, prompt_ids=prompts, cfg=cfg.ppo,
+                           norm_stats=norm_stats, device=device, generator=generator,
                            divide_by_std=cfg.reward_norm.divide_by_std,
                            precision=spec.precision, dp=sc.dp, seed=sc.seed)
     samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save

@@ -60,8 +60,9 @@ def body(sc: StageContext, prep: dict, data: DataRecord, start: ModelRecord,
         rows, held_out = rows[n_eval:], rows[:n_eval]
     ck = sc.checkpointer({"model": model}, cfg.reward.checkpoint_every)
     live = sc.live(total_steps(len(rows), cfg.reward.batch_size, cfg.reward.epochs))
-    train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, live,
-                       sc.progress, ck, precision=spec.precision, dp=sc.dp)
+    train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, on_log=live,
+                       progress=sc.progress, checkpointer=ck, precision=spec.precision,
+                       dp=sc.dp)
     if not sc.is_main:
         return None
     metrics = evaluate_reward_model(model, tokenizer, held_out, device)

@@ -28,8 +28,8 @@ def body(sc: StageContext, prep: dict, data: DataRecord) -> ModelRecord | None:
     rows = read_jsonl(sc.local(data.data, "validate's data") / "sft.jsonl")
     ck = sc.checkpointer({"model": model}, cfg.sft.checkpoint_every)
     live = sc.live(total_steps(len(rows), cfg.sft.batch_size, cfg.sft.epochs))
-    last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, live, sc.progress, ck,
-                     precision=spec.precision, dp=sc.dp)
+    last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, on_log=live,
+                     progress=sc.progress, checkpointer=ck, precision=spec.precision, dp=sc.dp)
     if not sc.is_main:
         return None
     out_dir = save_policy(model, tokenizer, sc.dir / "model")

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from rlhf_core.algorithms import GAE, RLOO, make_algorithm
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.data import encode
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo import PPOTrainer
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :"]
@@ -24,8 +24,9 @@ def trainer_for(tiny_model_dir, with_critic: bool, **kw):
     cfg = PPOConfig(**{"iterations": 2, "rollout_batch_size": 4, "num_minibatches": 2,
                        "ppo_epochs": 1, "max_new_tokens": 6, "optim": OptimConfig(lr=1e-3),
                        **kw})
-    return PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS], cfg,
-                      NORM, torch.device("cpu"), torch.Generator().manual_seed(0))
+    return PPOTrainer(PPOModels(policy, ref, value, reward), tokenizer=tok,
+                      prompt_ids=[encode(tok, p) for p in PROMPTS], cfg=cfg, norm_stats=NORM,
+                      device=torch.device("cpu"), generator=torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("estimator,extra", [

@@ -10,7 +10,7 @@ import torch
 from rlhf_core.checkpoint import Checkpointer, atomic_dir, capture_rng, restore_rng
 from rlhf_core.config import OptimConfig, PPOConfig, RewardConfig, SFTConfig
 from rlhf_core.data import encode
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo import PPOTrainer
 from rlhf_core.reward import train_reward_model
 from rlhf_core.sft import train_sft
@@ -135,7 +135,7 @@ def _sft_run(model_dir, tok, ck_root, on_log=None):
     model = load_causal_lm(model_dir)
     cfg = SFTConfig(epochs=3, batch_size=3, log_every=1, optim=OptimConfig(lr=1e-2))
     ck = Checkpointer(ck_root, {"model": model}, every=2)
-    train_sft(model, tok, SFT_ROWS, cfg, CPU, torch.Generator().manual_seed(0), on_log,
+    train_sft(model, tok, SFT_ROWS, cfg, CPU, torch.Generator().manual_seed(0), on_log=on_log,
               progress=False, checkpointer=ck)
     return weights(model)
 
@@ -160,7 +160,7 @@ def _rm_run(model_dir, tok, ck_root, on_log=None):
     cfg = RewardConfig(epochs=2, batch_size=2, log_every=1, optim=OptimConfig(lr=1e-2))
     ck = Checkpointer(ck_root, {"model": model}, every=3)
     train_reward_model(model, tok, PREF_ROWS, cfg, CPU, torch.Generator().manual_seed(1),
-                       on_log, progress=False, checkpointer=ck)
+                       on_log=on_log, progress=False, checkpointer=ck)
     return weights(model)
 
 
@@ -182,8 +182,9 @@ def _ppo_trainer(model_dir, tok, adaptive=True):
                     max_new_tokens=6, optim=OptimConfig(lr=1e-3), adaptive_kl=adaptive,
                     kl_horizon=10, checkpoint_every=2)
     prompts = [encode(tok, r["prompt"]) for r in SFT_ROWS]
-    return PPOTrainer(policy, ref, value, reward, tok, prompts, cfg,
-                      {"mean": 0.0, "std": 1.0, "n": 1}, CPU, torch.Generator().manual_seed(0))
+    return PPOTrainer(PPOModels(policy, ref, value, reward), tokenizer=tok, prompt_ids=prompts,
+                      cfg=cfg, norm_stats={"mean": 0.0, "std": 1.0, "n": 1}, device=CPU,
+                      generator=torch.Generator().manual_seed(0))
 
 
 @pytest.mark.slow
@@ -242,7 +243,7 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tiny_
     logged = []
     train_sft(model2, tok, SFT_ROWS, cfg.model_copy(update={"optim": OptimConfig(lr=1e-3),
                                                             "log_every": 1}),
-              CPU, torch.Generator().manual_seed(0), lambda s, m: logged.append((s, m)),
+              CPU, torch.Generator().manual_seed(0), on_log=lambda s, m: logged.append((s, m)),
               progress=False, checkpointer=Checkpointer(tmp_path, {"model": model2}, every=2))
     assert [s for s, _ in logged] == [3, 4, 5, 6]
     assert all(torch.isfinite(p).all() for p in model2.parameters())

@@ -5,6 +5,7 @@ import statistics
 import pytest
 import torch
 
+from rlhf_core.config import Sampling
 from rlhf_core.evaluate import compare_policies, rm_judge_gap, sample_policy
 from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 
@@ -48,9 +49,11 @@ def test_sft_samples_carry_no_kl_to_themselves(tiny_model_dir):
     rm = ScalarHeadModel.from_causal_lm(tiny_model_dir)
     prompts = ["hello :", "tell me about cats :"]
     torch.manual_seed(0)
-    alone = sample_policy(policy, None, rm, tok, prompts, 0.7, 4, torch.device("cpu"))
+    sampling = Sampling(temperature=0.7, max_new_tokens=4)
+    alone = sample_policy(policy, None, rm, tok, prompts, sampling, device=torch.device("cpu"))
     assert alone["kl"] == [] and len(alone["score"]) == 2
     torch.manual_seed(0)
-    against = sample_policy(policy, policy, rm, tok, prompts, 0.7, 4, torch.device("cpu"))
+    against = sample_policy(policy, policy, rm, tok, prompts, sampling,
+                            device=torch.device("cpu"))
     assert against["kl"] == pytest.approx([0.0, 0.0], abs=1e-5)
     assert against["response"] == alone["response"]

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from rlhf_core.gate import gate_decision, paired_bootstrap_ci
+from rlhf_core.gate import GateRule, GateSide, gate_decision, paired_bootstrap_ci
 
 
 def _naive_ci(d, confidence, n_bootstrap, seed):
@@ -46,8 +46,8 @@ def _case(n=200, shift=1.0, noise=1.0, eos_champ=1.0, eos_chall=1.0, kl=1.0, see
     rng = random.Random(seed)
     champ = [rng.gauss(0, noise) for _ in range(n)]
     chall = [c + shift + rng.gauss(0, noise) for c in champ]
-    return (champ, chall, [i < eos_champ * n for i in range(n)],
-            [i < eos_chall * n for i in range(n)], [kl] * n)
+    return (GateSide(champ, [i < eos_champ * n for i in range(n)]),
+            GateSide(chall, [i < eos_chall * n for i in range(n)], [kl] * n))
 
 
 def test_clear_win_promotes_and_no_win_keeps():
@@ -56,7 +56,7 @@ def test_clear_win_promotes_and_no_win_keeps():
     kept = gate_decision(*_case(shift=0.0))
     assert not kept["promote"] and "no significant win" in kept["reason"]
     assert kept["figures"]["ci_low"] <= 0 <= kept["figures"]["ci_high"]
-    assert not gate_decision(*_case(shift=0.5), margin=1.0)["promote"]
+    assert not gate_decision(*_case(shift=0.5), GateRule(margin=1.0))["promote"]
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
@@ -70,13 +70,13 @@ def test_guard_rails_stop_a_winner(kwargs, needle):
 
 def test_eos_drop_within_tolerance_is_allowed_and_nan_is_refused():
     assert gate_decision(*_case(shift=2.0, eos_champ=0.9, eos_chall=0.86))["promote"]
-    champ, chall, e1, e2, kl = _case(shift=2.0)
-    chall[3] = float("nan")
-    out = gate_decision(champ, chall, e1, e2, kl)
+    champ, chall = _case(shift=2.0)
+    chall.scores[3] = float("nan")
+    out = gate_decision(champ, chall)
     assert not out["promote"] and "non-finite" in out["reason"]
 
 
 def test_too_few_prompts_is_an_error():
     with pytest.raises(ValueError, match=">= 200"):
         gate_decision(*_case(n=199))
-    assert gate_decision(*_case(n=20), min_prompts=20)["figures"]["n_prompts"] == 20
+    assert gate_decision(*_case(n=20), GateRule(min_prompts=20))["figures"]["n_prompts"] == 20

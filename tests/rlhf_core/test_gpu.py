@@ -26,9 +26,10 @@ def cuda_trainer(tiny_model_dir, tmp_path, precision, **ppo):
     tok = load_tokenizer(tiny_model_dir, spec)
     cfg = PPOConfig(iterations=3, rollout_batch_size=4, num_minibatches=2, ppo_epochs=1,
                     max_new_tokens=12, optim=OptimConfig(lr=1e-3), **ppo)
-    return PPOTrainer(*models, tok, [encode(tok, p) for p in PROMPTS], cfg,
-                      {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cuda"),
-                      torch.Generator().manual_seed(0), precision=spec.precision)
+    return PPOTrainer(models, tokenizer=tok, prompt_ids=[encode(tok, p) for p in PROMPTS],
+                      cfg=cfg, norm_stats={"mean": 0.0, "std": 1.0, "n": 1},
+                      device=torch.device("cuda"), generator=torch.Generator().manual_seed(0),
+                      precision=spec.precision)
 
 
 @pytest.mark.parametrize("static_cache", [False, True])

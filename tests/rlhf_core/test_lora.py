@@ -21,8 +21,8 @@ def test_lora_ppo_trains_adapters_and_leaves_reference_and_reward_alone(tiny_mod
     spec = LoadSpec.from_config(ModelConfig(lora=LoraSettings(r=4, alpha=8)), "cpu")
     torch.manual_seed(0)
     new_scalar_model(tiny_model_dir, spec).save(tmp_path / "rm")
-    policy, ref, value, reward = ppo_models(tiny_model_dir, tiny_model_dir, tmp_path / "rm",
-                                            tmp_path / "rm", spec)
+    models = ppo_models(tiny_model_dir, tiny_model_dir, tmp_path / "rm", tmp_path / "rm", spec)
+    policy, ref, value, reward = models
     tok = load_tokenizer(tiny_model_dir, spec)
     ids = torch.tensor([encode(tok, PROMPTS[2])])
     mask = torch.ones_like(ids, dtype=torch.bool)
@@ -32,9 +32,10 @@ def test_lora_ppo_trains_adapters_and_leaves_reference_and_reward_alone(tiny_mod
         assert torch.equal(value(ids, mask), reward_before)  # critic = RM at the start
     cfg = PPOConfig(iterations=2, rollout_batch_size=4, num_minibatches=1, ppo_epochs=2,
                     max_new_tokens=6, optim=OptimConfig(lr=1e-2))
-    tr = PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS], cfg,
-                    {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cpu"),
-                    torch.Generator().manual_seed(0))
+    tr = PPOTrainer(models, tokenizer=tok,
+                    prompt_ids=[encode(tok, p) for p in PROMPTS], cfg=cfg,
+                    norm_stats={"mean": 0.0, "std": 1.0, "n": 1}, device=torch.device("cpu"),
+                    generator=torch.Generator().manual_seed(0))
     trained = {n for n, p in list(policy.named_parameters()) + list(value.named_parameters())
                if p.requires_grad}
     assert trained and all("lora_" in n or n.startswith("head.") for n in trained)

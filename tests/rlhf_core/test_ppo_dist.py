@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.data import encode
 from rlhf_core.distributed import DataParallel
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo_dist import make_trainer, shard_rows
 from rlhf_core.rollout import Experience, make_experience, to_autograd_tensors
 from tests.servers import free_port
@@ -57,18 +57,19 @@ def _trainer(model_dir, cfg: PPOConfig, dp: DataParallel | None):
     policy, ref = load_causal_lm(model_dir), load_causal_lm(model_dir)
     value = ScalarHeadModel.from_causal_lm(model_dir) if cfg.uses_critic else None
     reward = ScalarHeadModel.from_causal_lm(model_dir)
-    return make_trainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS],
-                        cfg, NORM, torch.device("cpu"), torch.Generator().manual_seed(0),
+    return make_trainer(PPOModels(policy, ref, value, reward), tokenizer=tok,
+                        prompt_ids=[encode(tok, p) for p in PROMPTS], cfg=cfg, norm_stats=NORM,
+                        device=torch.device("cpu"), generator=torch.Generator().manual_seed(0),
                         dp=dp, seed=0)
 
 
 def _rollout(trainer):
     """One rollout batch of the 1-process trainer (the prompts drawn from its stream)."""
     torch.manual_seed(1)
-    exp = make_experience(trainer.policy, trainer.ref_policy, trainer.value_model,
-                          trainer.reward_model, trainer.next_prompts(), trainer.tokenizer,
-                          trainer.gen_config, trainer.kl_ctl.value, trainer.norm_stats,
-                          trainer.settings, trainer.algorithm)
+    exp = make_experience(trainer.models, trainer.next_prompts(), trainer.tokenizer,
+                          trainer.gen_config, kl_coef=trainer.kl_ctl.value,
+                          norm_stats=trainer.norm_stats, settings=trainer.settings,
+                          algorithm=trainer.algorithm)
     return to_autograd_tensors(exp)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.data import encode
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo import PPOTrainer
 from rlhf_core.ppo_math import logprobs_from_logits
 from rlhf_core.rollout import response_logits, to_autograd_tensors
@@ -28,18 +28,19 @@ def trainer(tiny_model_dir, precision="fp32", **ppo):
     reward = ScalarHeadModel.from_causal_lm(tiny_model_dir)
     cfg = PPOConfig(iterations=2, rollout_batch_size=6, num_minibatches=1, ppo_epochs=1,
                     max_new_tokens=10, optim=OptimConfig(lr=1e-3), **ppo)
-    return PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS], cfg,
-                      {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cpu"),
-                      torch.Generator().manual_seed(0), precision=precision)
+    return PPOTrainer(PPOModels(policy, ref, value, reward), tokenizer=tok,
+                      prompt_ids=[encode(tok, p) for p in PROMPTS], cfg=cfg,
+                      norm_stats={"mean": 0.0, "std": 1.0, "n": 1}, device=torch.device("cpu"),
+                      generator=torch.Generator().manual_seed(0), precision=precision)
 
 
 def rollout(tr):
     with tr.train_step.autocast():
         from rlhf_core.rollout import make_experience
 
-        exp = make_experience(tr.policy, tr.ref_policy, tr.value_model, tr.reward_model,
-                              tr.next_prompts(), tr.tokenizer, tr.gen_config, tr.kl_ctl.value,
-                              tr.norm_stats, tr.settings, tr.algorithm)
+        exp = make_experience(tr.models, tr.next_prompts(), tr.tokenizer, tr.gen_config,
+                              kl_coef=tr.kl_ctl.value, norm_stats=tr.norm_stats,
+                              settings=tr.settings, algorithm=tr.algorithm)
     return to_autograd_tensors(exp)
 
 

@@ -10,7 +10,7 @@ import torch
 from rlhf_core.algorithms import GAE
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.data import encode, left_pad
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo import PPOTrainer
 from rlhf_core.ppo_math import logprobs_from_logits
 from rlhf_core.rollout import (
@@ -43,9 +43,10 @@ def settings(**kw):
 def experience(models, max_new_tokens=8):
     tok, policy, ref, value, reward = models
     prompt_ids = left_pad([encode(tok, p) for p in PROMPTS], tok.pad_token_id)
-    return make_experience(policy, ref, value, reward, prompt_ids, tok,
-                           sampling_config(tok, 0.7, max_new_tokens), 0.05,
-                           {"mean": 0.0, "std": 1.0, "n": 1}, settings(), GAE(PPOConfig()))
+    return make_experience(PPOModels(policy, ref, value, reward), prompt_ids, tok,
+                           sampling_config(tok, 0.7, max_new_tokens), kl_coef=0.05,
+                           norm_stats={"mean": 0.0, "std": 1.0, "n": 1}, settings=settings(),
+                           algorithm=GAE(PPOConfig()))
 
 
 def test_old_logprobs_from_generation_match_a_forward_pass(models):
@@ -90,9 +91,10 @@ def test_ppo_step_moves_policy_and_logs_trl_metrics(models):
     before = [p.detach().clone() for p in policy.parameters()]
     cfg = PPOConfig(iterations=2, rollout_batch_size=4, num_minibatches=2, ppo_epochs=2,
                     max_new_tokens=6, optim=OptimConfig(lr=1e-3))
-    trainer = PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS],
-                         cfg, {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cpu"),
-                         torch.Generator().manual_seed(0))
+    trainer = PPOTrainer(PPOModels(policy, ref, value, reward), tokenizer=tok,
+                         prompt_ids=[encode(tok, p) for p in PROMPTS], cfg=cfg,
+                         norm_stats={"mean": 0.0, "std": 1.0, "n": 1},
+                         device=torch.device("cpu"), generator=torch.Generator().manual_seed(0))
     seen = []
     trainer.train(lambda i, m, s: seen.append((i, m)), progress=False)
     assert [i for i, _ in seen] == [1, 2]
@@ -117,9 +119,10 @@ def test_ppo_entropy_metric_is_the_entropy_of_the_sampled_distribution(models):
     before = copy.deepcopy(policy)
     cfg = PPOConfig(iterations=1, rollout_batch_size=3, num_minibatches=1, ppo_epochs=1,
                     max_new_tokens=6, temperature=0.5, optim=OptimConfig(lr=1e-3))
-    trainer = PPOTrainer(policy, ref, value, reward, tok, [encode(tok, p) for p in PROMPTS],
-                         cfg, {"mean": 0.0, "std": 1.0, "n": 1}, torch.device("cpu"),
-                         torch.Generator().manual_seed(0))
+    trainer = PPOTrainer(PPOModels(policy, ref, value, reward), tokenizer=tok,
+                         prompt_ids=[encode(tok, p) for p in PROMPTS], cfg=cfg,
+                         norm_stats={"mean": 0.0, "std": 1.0, "n": 1},
+                         device=torch.device("cpu"), generator=torch.Generator().manual_seed(0))
     metrics, exp = trainer.step()
     R = int(exp.response_mask.sum(1).max())
     P = exp.context_length

@@ -14,10 +14,10 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from flows.config import load_config
-from rlhf_core.gate import held_out_for_judge, pair_key
+from rlhf_core.gate import GateRule, held_out_for_judge, pair_key
 from tasks.champion.config import GateConfig
 from tasks.champion.scorers import judge_split, load_external, resolve_scorer, scorer_label
-from tasks.stages.gate import _gold_tags, _scores
+from tasks.stages.gate import _gold_tags, _scores, gate_rule
 from tasks.stages.records import Artifact, DataRecord
 from tasks.tracking.runs import RunContext
 from tests.fake_stage import FakeStageContext
@@ -32,6 +32,13 @@ def _rows(n):
                                     "models:/big-rm@prod"])
 def test_known_scorers_are_accepted(scorer):
     assert GateConfig(scorer=scorer).scorer == scorer
+
+
+def test_the_gate_section_carries_the_core_rule_and_its_defaults():
+    assert gate_rule(GateConfig()) == GateRule()
+    g = GateConfig(min_prompts=5, margin=0.1, confidence=0.9, n_bootstrap=300,
+                   max_eos_drop=0.2, max_kl=3.0)
+    assert gate_rule(g) == GateRule(5, 0.1, 0.9, 300, 0.2, 3.0)
 
 
 @pytest.mark.parametrize("scorer", ["gold", "models:/big-rm", "models:/a/1", "runs:/x@y"])
