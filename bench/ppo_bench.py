@@ -8,7 +8,7 @@ matmul peak measured in the same run (bf16 on CUDA, fp32 on CPU), and peak memor
 
 Models: one random GPT-2-shaped init (vocab 2048, head size 64) for policy and reference; a
 fresh scalar head on it for reward model and critic. Untrained, so responses run to the token
-budget (the update's worst case). Loaded through rlhf_core.loader like the pipeline.
+budget (the update's worst case). Loaded through rlhf_core.models.loader like the pipeline.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from bench.shapes import (  # noqa: E402
     peak_memory_gb,
 )
 from rlhf_core.config import LoraSettings, ModelConfig, OptimConfig, PPOConfig  # noqa: E402
-from rlhf_core.loader import LoadSpec, load_tokenizer, new_scalar_model  # noqa: E402
-from rlhf_core.lora import ppo_models  # noqa: E402
-from rlhf_core.ppo import PPOTrainer  # noqa: E402
+from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model  # noqa: E402
+from rlhf_core.models.lora import ppo_models  # noqa: E402
+from rlhf_core.ppo.trainer import PPOTrainer  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from rlhf_core.data import encode
 from rlhf_core.demo import DemoSizes, build_demo_assets
+from rlhf_core.models.data import encode
 
 
 def add_shape_args(parser) -> None:
@@ -36,7 +36,7 @@ def build_shape(out: Path, n_layer: int, n_embd: int, vocab: int, n_positions: i
     prompt token ids). The model's vocabulary is ``vocab`` (>= the tokenizer's)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rlhf_core.models import load_tokenizer
+    from rlhf_core.models.models import load_tokenizer
 
     assets = build_demo_assets(out / "demo", sizes=DemoSizes(n_sft=8, n_pref=8, n_prompts=512,
                                                                n_eval=8, n_pref_eval=8),

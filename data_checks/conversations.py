@@ -178,7 +178,7 @@ def render_conversations(frames: dict[str, pd.DataFrame], kinds: dict[str, str],
                          chat, labels: dict[str, str]) -> tuple[dict[str, pd.DataFrame], dict]:
     """When any data set is conversational, render every one with the chat template.
 
-    ``chat``: the renderer (rlhf_core/chat.py: prepare_chat, render_prompt, render_reply,
+    ``chat``: the renderer (rlhf_core/models/chat.py: prepare_chat, render_prompt, render_reply,
     check_bos); ``prepare_chat`` checks the template and makes the tokenizer's EOS its
     end-of-turn token. -> (frames of prompt/reply strings, what prepare_chat did), or the
     frames unchanged and {} for plain data. Raises ConversationError naming file and row.

@@ -256,7 +256,7 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
                    chat=None) -> ValidationReport:
     """Load every source, validate, write cleaned JSONL files into ``out_dir``.
 
-    ``chat``: the conversation renderer (rlhf_core/chat.py), used when any data set is
+    ``chat``: the conversation renderer (rlhf_core/models/chat.py), used when any data set is
     conversational: every data set is then rendered with the tokenizer's chat template, whose
     EOS becomes the template's end-of-turn token (``report.chat`` says what changed).
     Raises DataError for malformed files; failed expectations come back in the report.

@@ -212,7 +212,7 @@ class PPOConfig(_Frozen):
 
 
 class Sampling(_Frozen):
-    """How ``rlhf_core.evaluate.sample_policy`` samples: one response per prompt."""
+    """How ``rlhf_core.eval.evaluate.sample_policy`` samples: one response per prompt."""
 
     temperature: float = Field(gt=0, description="Sampling temperature.")
     max_new_tokens: int = Field(ge=1, description="Response token budget.")

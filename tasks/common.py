@@ -10,10 +10,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import get_run_context
 from transformers.utils import logging as hf_logging
 
-from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import ModelConfig
-from rlhf_core.loader import LoadSpec
-from rlhf_core.models import resolve_device
+from rlhf_core.models.checkpoint import Checkpointer
+from rlhf_core.models.loader import LoadSpec
+from rlhf_core.models.models import resolve_device
 from tasks.tracking.runs import RunContext, StepLogger, run_url
 from tasks.tracking.spool import spool_for
 

@@ -126,7 +126,7 @@ def dp_initial(model_dir, stage: str):
     """The stage's model before training: the policy, or a fresh scalar head (seeded)."""
     import torch
 
-    from rlhf_core.loader import LoadSpec, load_policy, new_scalar_model
+    from rlhf_core.models.loader import LoadSpec, load_policy, new_scalar_model
 
     torch.manual_seed(0)  # the RM's fresh head
     if stage == "sft":
@@ -139,11 +139,11 @@ def dp_train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=No
     weights, on this rank's shard when ``dp`` is set -> (last metrics, state dict)."""
     import torch
 
-    from rlhf_core.checkpoint import Checkpointer
     from rlhf_core.config import OptimConfig, RewardConfig, SFTConfig
-    from rlhf_core.loader import LoadSpec, load_tokenizer
-    from rlhf_core.reward import train_reward_model
-    from rlhf_core.sft import train_sft
+    from rlhf_core.models.checkpoint import Checkpointer
+    from rlhf_core.models.loader import LoadSpec, load_tokenizer
+    from rlhf_core.train.reward import train_reward_model
+    from rlhf_core.train.sft import train_sft
 
     optim = OptimConfig(lr=1e-2, warmup_ratio=0.0, schedule="constant")
     tok = load_tokenizer(model_dir, LoadSpec())

@@ -67,10 +67,11 @@ def imported_modules(source: str) -> set[str]:
 
 
 def test_rollouts_and_scoring_do_not_import_the_reward_model_trainer():
-    """PPO reads reward scores through rlhf_core/scoring.py, not the RM trainer's module."""
-    users = ["rollout.py", "ppo.py", "scoring.py", "global_stats.py", "evaluate.py"]
+    """PPO reads reward scores through rlhf_core/models/scoring.py, not the RM trainer's module."""
+    users = ["ppo/rollout.py", "ppo/trainer.py", "models/scoring.py",
+             "parallel/global_stats.py", "eval/evaluate.py"]
     bad = [name for name in users
-           if "rlhf_core.reward" in imported_modules((ROOT / "rlhf_core" / name).read_text())]
+           if "rlhf_core.train.reward" in imported_modules((ROOT / "rlhf_core" / name).read_text())]
     assert not bad, bad
 
 

@@ -21,7 +21,8 @@ from prefect import task
 
 from data_checks.config import DataSource
 from data_checks.loading import load_table
-from rlhf_core.collect import (
+from rlhf_core.config import Sampling
+from rlhf_core.eval.collect import (
     fresh_prompts,
     gold_known,
     judged_known,
@@ -29,10 +30,9 @@ from rlhf_core.collect import (
     pool_order,
     shuffled_with_known,
 )
-from rlhf_core.config import Sampling
-from rlhf_core.evaluate import sample_policy
-from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
-from rlhf_core.optim import seed_everything
+from rlhf_core.eval.evaluate import sample_policy
+from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.train.optim import seed_everything
 from tasks.champion.events import COLLECTION_READY, emit
 from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig

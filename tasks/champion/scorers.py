@@ -15,7 +15,7 @@ import shutil
 
 from prefect import task
 
-from rlhf_core.gate import held_out_for_judge, pair_key
+from rlhf_core.eval.gate import held_out_for_judge, pair_key
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.records import Artifact, DataRecord

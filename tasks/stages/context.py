@@ -17,10 +17,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from rlhf_core.checkpoint import Checkpointer
-from rlhf_core.distributed import DataParallel
-from rlhf_core.loader import LoadSpec
-from rlhf_core.optim import seed_everything
+from rlhf_core.models.checkpoint import Checkpointer
+from rlhf_core.models.loader import LoadSpec
+from rlhf_core.parallel.distributed import DataParallel
+from rlhf_core.train.optim import seed_everything
 from tasks.common import checkpointer, metric_logger, setup_models, stop_on_outage
 from tasks.config import PipelineConfig
 from tasks.stages.progress import StageProgress

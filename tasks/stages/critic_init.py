@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prefect import task
 
-from rlhf_core.checkpoint import save_scalar_model
-from rlhf_core.loader import load_scalar_model
+from rlhf_core.models.checkpoint import save_scalar_model
+from rlhf_core.models.loader import load_scalar_model
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import ModelRecord

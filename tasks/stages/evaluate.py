@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 from prefect import task
 
-from rlhf_core.evaluate import compare_policies, sample_policy
+from rlhf_core.eval.evaluate import compare_policies, sample_policy
 from rlhf_core.faults import pause_point
-from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
 from tasks.champion.rule import SCORER_TAG, eval_scorer
 from tasks.common import in_prefect_run, read_jsonl
 from tasks.config import PipelineConfig

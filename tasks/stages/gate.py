@@ -1,7 +1,7 @@
 """gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, one
 scorer for both (tasks/champion/scorers.py: the gold judge when the data has one, else a judge
 reward model trained on held-out pairs, or an external registered scorer), paired bootstrap
-test and guard rails (rlhf_core/gate.py). The decision is a set of MLflow tags on the
+test and guard rails (rlhf_core/eval/gate.py). The decision is a set of MLflow tags on the
 retrain run and a Prefect markdown artifact; where a gold judge exists and another scorer
 decided, what the gold judge would have decided is recorded beside it
 (``rlhf.gate.gold.*``)."""
@@ -12,11 +12,11 @@ from dataclasses import fields
 
 from prefect import task
 
-from rlhf_core.evaluate import sample_policy
-from rlhf_core.gate import GateRule, GateSide, gate_decision
-from rlhf_core.loader import load_policy, load_scalar_model, load_tokenizer
-from rlhf_core.optim import seed_everything
-from rlhf_core.serving import score_rows
+from rlhf_core.eval.evaluate import sample_policy
+from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
+from rlhf_core.eval.serving import score_rows
+from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.train.optim import seed_everything
 from tasks.champion.batches import GateError, report
 from tasks.champion.config import GateConfig
 from tasks.champion.scorers import external_scores, load_external, resolve_scorer, scorer_label

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from prefect import task
 
-from rlhf_core.checkpoint import save_scalar_model
-from rlhf_core.loader import load_tokenizer, new_scalar_model
-from rlhf_core.reward import train_reward_model
+from rlhf_core.models.checkpoint import save_scalar_model
+from rlhf_core.models.loader import load_tokenizer, new_scalar_model
+from rlhf_core.train.reward import train_reward_model
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext

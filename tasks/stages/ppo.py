@@ -9,12 +9,12 @@ import json
 import pandas as pd
 from prefect import task
 
-from rlhf_core.checkpoint import save_policy, save_scalar_model
-from rlhf_core.data import encode
-from rlhf_core.evaluate import mean_std, rm_judge_gap
-from rlhf_core.loader import load_tokenizer
-from rlhf_core.lora import merged, ppo_models
-from rlhf_core.ppo_dist import make_trainer
+from rlhf_core.eval.evaluate import mean_std, rm_judge_gap
+from rlhf_core.models.checkpoint import save_policy, save_scalar_model
+from rlhf_core.models.data import encode
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.lora import merged, ppo_models
+from rlhf_core.ppo.ppo_dist import make_trainer
 from tasks.common import read_json, read_jsonl, write_json
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge

@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from rlhf_core.distributed import check_same_checkpoint, init_from_env, shutdown
+from rlhf_core.parallel.distributed import check_same_checkpoint, init_from_env, shutdown
 from tasks.common import checkpoint_dir, setup_models, setup_torch, write_json
 from tasks.config import PipelineConfig
 from tasks.stages.context import StageContext

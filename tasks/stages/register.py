@@ -7,7 +7,7 @@ from __future__ import annotations
 from prefect import task
 
 from rlhf_core.faults import crash_point, pause_point
-from rlhf_core.loader import LoadSpec
+from rlhf_core.models.loader import LoadSpec
 from tasks.champion.rule import champion_evaluation, register_decision, score_key
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from prefect import task
 
-from rlhf_core.checkpoint import save_scalar_model
-from rlhf_core.loader import load_scalar_model, load_tokenizer, new_scalar_model
-from rlhf_core.loop import total_steps
-from rlhf_core.reward import evaluate_reward_model, train_reward_model
-from rlhf_core.scoring import score_texts
+from rlhf_core.models.checkpoint import save_scalar_model
+from rlhf_core.models.loader import load_scalar_model, load_tokenizer, new_scalar_model
+from rlhf_core.models.scoring import score_texts
+from rlhf_core.train.loop import total_steps
+from rlhf_core.train.reward import evaluate_reward_model, train_reward_model
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prefect import task
 
-from rlhf_core.loader import load_scalar_model, load_tokenizer
-from rlhf_core.scoring import normalise_scores, reward_norm_stats, score_texts
+from rlhf_core.models.loader import load_scalar_model, load_tokenizer
+from rlhf_core.models.scoring import normalise_scores, reward_norm_stats, score_texts
 from tasks.common import read_jsonl, write_json
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext

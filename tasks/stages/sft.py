@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from prefect import task
 
-from rlhf_core.checkpoint import save_policy
-from rlhf_core.loader import load_policy, load_tokenizer
-from rlhf_core.loop import total_steps
-from rlhf_core.models import resize_for_tokenizer
-from rlhf_core.sft import sft_eval_loss, train_sft
+from rlhf_core.models.checkpoint import save_policy
+from rlhf_core.models.loader import load_policy, load_tokenizer
+from rlhf_core.models.models import resize_for_tokenizer
+from rlhf_core.train.loop import total_steps
+from rlhf_core.train.sft import sft_eval_loss, train_sft
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext

@@ -11,8 +11,8 @@ from data_checks.config import DataConfig
 from data_checks.loading import DataError
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
-from rlhf_core import chat
-from rlhf_core.loader import load_tokenizer
+from rlhf_core.models import chat
+from rlhf_core.models.loader import load_tokenizer
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext

@@ -3,7 +3,7 @@
 (``tasks/tracking/policy_pyfunc.py``), and the scalar-head reward model, a pyfunc that scores
 (prompt, response) pairs (``tasks/tracking/reward_pyfunc.py``). A prompt is text or a list of
 messages; the signatures say so, and the policy's carries the sampling params a request may
-send (``rlhf_core/serving.py`` does the work)."""
+send (``rlhf_core/eval/serving.py`` does the work)."""
 
 from __future__ import annotations
 

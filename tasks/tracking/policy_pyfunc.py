@@ -22,7 +22,7 @@ def request_prompts(model_input) -> list:
     ``inputs``; a list of messages there is one conversation), records
     ``[{"prompt": ...}]`` (``instances``), or in Python one prompt (text or messages) or a
     list of text prompts."""
-    from rlhf_core.serving import RequestError
+    from rlhf_core.eval.serving import RequestError
 
     if hasattr(model_input, "columns"):
         found = list(map(str, model_input.columns))
@@ -48,14 +48,14 @@ class PolicyPyfunc(mlflow.pyfunc.PythonModel):
     a DataFrame when served; in Python it may be any form :func:`request_prompts` reads."""
 
     def load_context(self, context) -> None:
-        from rlhf_core.serving import load_served, stop_ids
+        from rlhf_core.eval.serving import load_served, stop_ids
 
         folder = context.artifacts["policy"]  # weights, config and tokenizer
         self.model, self.tokenizer = load_served("policy", folder, folder, context.model_config)
         self.stop = stop_ids(self.model, self.tokenizer)
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> list:
-        from rlhf_core.serving import GenerationSettings, RequestError, answer_rows
+        from rlhf_core.eval.serving import GenerationSettings, RequestError, answer_rows
 
         params = {k: v for k, v in (params or {}).items() if v is not None}
         try:

@@ -20,14 +20,14 @@ class RewardModelPyfunc(mlflow.pyfunc.PythonModel):
     """predict(DataFrame[prompt, response]) -> the reward model's score of each row."""
 
     def load_context(self, context) -> None:
-        from rlhf_core.serving import load_served
+        from rlhf_core.eval.serving import load_served
 
         self.model, self.tokenizer = load_served("reward", context.artifacts["reward_model"],
                                                  context.artifacts["tokenizer"],
                                                  context.model_config)
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> list[float]:
-        from rlhf_core.serving import RequestError, score_rows
+        from rlhf_core.eval.serving import RequestError, score_rows
 
         try:  # a missing column is refused by MLflow's schema check, before this
             return score_rows(self.model, self.tokenizer, list(model_input["prompt"]),

@@ -4,11 +4,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlhf_core.algorithms import GAE, RLOO, make_algorithm
 from rlhf_core.config import OptimConfig, PPOConfig
-from rlhf_core.data import encode
-from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
-from rlhf_core.ppo import PPOTrainer
+from rlhf_core.models.data import encode
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.ppo.algorithms import GAE, RLOO, make_algorithm
+from rlhf_core.ppo.trainer import PPOTrainer
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :"]
 NORM = {"mean": 0.0, "std": 1.0, "n": 1}

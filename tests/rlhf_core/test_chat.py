@@ -1,4 +1,4 @@
-"""rlhf_core/chat.py, the one renderer: prompts with the generation prompt (text or ids, one
+"""rlhf_core/models/chat.py, the one renderer: prompts with the generation prompt (text or ids, one
 BOS), replies cut at the end-of-turn token, the stop set, and what SFT and the reward model see
 of a rendered row (loss on the reply and its end-of-turn; the score read at the end-of-turn)."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from data_checks.tokenizer_checks import ensure_special_tokens
-from rlhf_core.chat import (
+from rlhf_core.models.chat import (
     ChatError,
     end_of_turn,
     prepare_chat,
@@ -14,7 +14,14 @@ from rlhf_core.chat import (
     render_reply,
     stop_token_ids,
 )
-from rlhf_core.data import IGNORE_INDEX, encode, encode_pair, encode_sft, last_real_index, right_pad
+from rlhf_core.models.data import (
+    IGNORE_INDEX,
+    encode,
+    encode_pair,
+    encode_sft,
+    last_real_index,
+    right_pad,
+)
 from tests.families import FAMILIES, build_tokenizer
 
 CONV = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hello"},
@@ -78,7 +85,7 @@ def test_a_reply_the_template_does_not_end_is_refused():
 
 
 def test_resize_for_tokenizer_keeps_the_models_stop_tokens():
-    from rlhf_core.models import resize_for_tokenizer
+    from rlhf_core.models.models import resize_for_tokenizer
     from tests.families import build_model
 
     tok = chat_tokenizer("llama3")  # EOS <|eot_id|>, a PAD added

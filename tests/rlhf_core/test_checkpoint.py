@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf_core.checkpoint import Checkpointer, atomic_dir, capture_rng, restore_rng
 from rlhf_core.config import OptimConfig, PPOConfig, RewardConfig, SFTConfig
-from rlhf_core.data import encode
-from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
-from rlhf_core.ppo import PPOTrainer
-from rlhf_core.reward import train_reward_model
-from rlhf_core.sft import train_sft
+from rlhf_core.models.checkpoint import Checkpointer, atomic_dir, capture_rng, restore_rng
+from rlhf_core.models.data import encode
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.ppo.trainer import PPOTrainer
+from rlhf_core.train.reward import train_reward_model
+from rlhf_core.train.sft import train_sft
 
 CPU = torch.device("cpu")
 SFT_ROWS = [{"prompt": f"tell me about {w} :", "response": f"the {w} is good ."}

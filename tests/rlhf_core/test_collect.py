@@ -1,10 +1,10 @@
-"""rlhf_core/collect.py: pairs from k samples (empty, identical and repeated pairs dropped and
+"""rlhf_core/eval/collect.py: pairs from k samples (empty, identical and repeated pairs dropped and
 counted), fresh prompts of a pool, known-answer pairs from a judge or a gold file."""
 
 from __future__ import annotations
 
-from rlhf_core import collect as core
 from rlhf_core.demo import judge_choices, judge_score, training_prompts
+from rlhf_core.eval import collect as core
 
 
 def test_pair_up_drops_empty_identical_and_repeated_pairs_and_counts_them():

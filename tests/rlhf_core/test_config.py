@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from rlhf_core.config import OptimConfig, PPOConfig
-from rlhf_core.optim import build_optimizer
+from rlhf_core.train.optim import build_optimizer
 
 
 def test_ppo_config_defaults_follow_the_recipe():

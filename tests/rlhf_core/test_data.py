@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rlhf_core.data import (
+from rlhf_core.models.data import (
     IGNORE_INDEX,
     ShuffledBatches,
     encode_pair,

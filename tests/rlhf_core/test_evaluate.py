@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rlhf_core.config import Sampling
-from rlhf_core.evaluate import compare_policies, rm_judge_gap, sample_policy
-from rlhf_core.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.eval.evaluate import compare_policies, rm_judge_gap, sample_policy
+from rlhf_core.models.models import ScalarHeadModel, load_causal_lm, load_tokenizer
 
 
 def _samples(scores, responses):

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from data_checks.tokenizer_checks import ensure_special_tokens
-from rlhf_core.data import encode, left_pad
-from rlhf_core.models import load_causal_lm, load_tokenizer, resize_for_tokenizer
-from rlhf_core.ppo_math import truncate_after_eos
-from rlhf_core.rollout import sampling_config
-from rlhf_core.sampling import cache_keyword, fits_lean_loop, multinomial, sample_responses
+from rlhf_core.models.data import encode, left_pad
+from rlhf_core.models.models import load_causal_lm, load_tokenizer, resize_for_tokenizer
+from rlhf_core.models.sampling import cache_keyword, fits_lean_loop, multinomial, sample_responses
+from rlhf_core.ppo.ppo_math import truncate_after_eos
+from rlhf_core.ppo.rollout import sampling_config
 from tests.families import FAMILIES
 
 PROMPTS = ["tell me about cats", "hello", "please tell me about the rain and sun", "why"]
@@ -58,7 +58,7 @@ def test_lora_adapters_land_on_each_familys_linear_layers(family_dir, name):
     from transformers.pytorch_utils import Conv1D  # GPT-2's projections
 
     from rlhf_core.config import LoraSettings
-    from rlhf_core.loader import add_lora
+    from rlhf_core.models.loader import add_lora
 
     model = load_causal_lm(family_dir(name))
     n_linear = sum(isinstance(m, torch.nn.Linear | Conv1D) for n, m in model.named_modules()

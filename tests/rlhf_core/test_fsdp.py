@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_model
 
-from rlhf_core.distributed import DataParallel
+from rlhf_core.parallel.distributed import DataParallel
 from tests.servers import free_port
 from tests.shared import dp_initial, dp_train
 

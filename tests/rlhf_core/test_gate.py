@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from rlhf_core.gate import GateRule, GateSide, gate_decision, paired_bootstrap_ci
+from rlhf_core.eval.gate import GateRule, GateSide, gate_decision, paired_bootstrap_ci
 
 
 def _naive_ci(d, confidence, n_bootstrap, seed):

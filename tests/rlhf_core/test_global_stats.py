@@ -10,15 +10,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlhf_core.global_stats import (
+from rlhf_core.masked import masked_mean, masked_var, masked_whiten
+from rlhf_core.models.scoring import reward_norm_stats
+from rlhf_core.parallel.global_stats import (
     global_masked_var,
     global_masked_whiten,
     global_reward_norm_stats,
     global_weighted_means,
     world_size,
 )
-from rlhf_core.masked import masked_mean, masked_var, masked_whiten
-from rlhf_core.scoring import reward_norm_stats
 
 ROWS = (3, 5)  # rank 0 holds rows 0-2, rank 1 rows 3-7 of an [8, 6] batch
 N_SCORES = (5, 8)

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from rlhf_core.config import ModelConfig, OptimConfig, PPOConfig
-from rlhf_core.data import encode
-from rlhf_core.loader import LoadSpec, load_tokenizer, new_scalar_model
-from rlhf_core.lora import ppo_models
-from rlhf_core.ppo import PPOTrainer
-from rlhf_core.train_step import TrainStep
+from rlhf_core.models.data import encode
+from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
+from rlhf_core.models.lora import ppo_models
+from rlhf_core.ppo.trainer import PPOTrainer
+from rlhf_core.train.train_step import TrainStep
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

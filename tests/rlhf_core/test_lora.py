@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from rlhf_core.config import LoraSettings, ModelConfig, OptimConfig, PPOConfig
-from rlhf_core.data import encode
-from rlhf_core.loader import LoadSpec, load_tokenizer, new_scalar_model
-from rlhf_core.lora import merged, ppo_models
-from rlhf_core.ppo import PPOTrainer
+from rlhf_core.models.data import encode
+from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
+from rlhf_core.models.lora import merged, ppo_models
+from rlhf_core.ppo.trainer import PPOTrainer
 
 pytest.importorskip("peft")
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlhf_core.losses import IGNORE_INDEX, bradley_terry_loss, sft_loss
+from rlhf_core.train.losses import IGNORE_INDEX, bradley_terry_loss, sft_loss
 
 DTYPES = [torch.float32, torch.float64]
 SEEDS = [0, 1, 2]

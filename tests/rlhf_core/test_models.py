@@ -1,8 +1,8 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhf_core.data import left_pad
-from rlhf_core.models import (
+from rlhf_core.models.data import left_pad
+from rlhf_core.models.models import (
     ScalarHeadModel,
     disable_dropout,
     load_causal_lm,

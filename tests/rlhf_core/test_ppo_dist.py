@@ -17,11 +17,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlhf_core.config import OptimConfig, PPOConfig
-from rlhf_core.data import encode
-from rlhf_core.distributed import DataParallel
-from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
-from rlhf_core.ppo_dist import make_trainer, shard_rows
-from rlhf_core.rollout import Experience, make_experience, to_autograd_tensors
+from rlhf_core.models.data import encode
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.parallel.distributed import DataParallel
+from rlhf_core.ppo.ppo_dist import make_trainer, shard_rows
+from rlhf_core.ppo.rollout import Experience, make_experience, to_autograd_tensors
 from tests.servers import free_port
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :",

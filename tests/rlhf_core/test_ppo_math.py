@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlhf_core.ppo_math import (
+from rlhf_core.ppo.ppo_math import (
     apply_eos_penalty,
     entropy_from_log_softmax,
     first_true_index,

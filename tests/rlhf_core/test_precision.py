@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from rlhf_core.config import OptimConfig, PPOConfig
-from rlhf_core.data import encode
-from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
-from rlhf_core.ppo import PPOTrainer
-from rlhf_core.ppo_math import logprobs_from_logits
-from rlhf_core.rollout import response_logits, to_autograd_tensors
-from rlhf_core.train_step import TrainStep
+from rlhf_core.models.data import encode
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.ppo.ppo_math import logprobs_from_logits
+from rlhf_core.ppo.rollout import response_logits, to_autograd_tensors
+from rlhf_core.ppo.trainer import PPOTrainer
+from rlhf_core.train.train_step import TrainStep
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :",
            "the dogs are nice :", "tell me about the sun :", "hello world :"]
@@ -36,7 +36,7 @@ def trainer(tiny_model_dir, precision="fp32", **ppo):
 
 def rollout(tr):
     with tr.train_step.autocast():
-        from rlhf_core.rollout import make_experience
+        from rlhf_core.ppo.rollout import make_experience
 
         exp = make_experience(tr.models, tr.next_prompts(), tr.tokenizer, tr.gen_config,
                               kl_coef=tr.kl_ctl.value, norm_stats=tr.norm_stats,

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlhf_core.distributed import DataParallel, check_same_checkpoint
+from rlhf_core.parallel.distributed import DataParallel, check_same_checkpoint
 from tests.servers import free_port
 
 

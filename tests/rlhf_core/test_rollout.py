@@ -7,19 +7,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf_core.algorithms import GAE
 from rlhf_core.config import OptimConfig, PPOConfig
-from rlhf_core.data import encode, left_pad
-from rlhf_core.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
-from rlhf_core.ppo import PPOTrainer
-from rlhf_core.ppo_math import logprobs_from_logits
-from rlhf_core.rollout import (
+from rlhf_core.models.data import encode, left_pad
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.ppo.algorithms import GAE
+from rlhf_core.ppo.ppo_math import logprobs_from_logits
+from rlhf_core.ppo.rollout import (
     Experience,
     RolloutSettings,
     make_experience,
     response_logits,
     sampling_config,
 )
+from rlhf_core.ppo.trainer import PPOTrainer
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :"]
 
@@ -113,7 +113,7 @@ def test_ppo_entropy_metric_is_the_entropy_of_the_sampled_distribution(models):
     import copy
 
     from rlhf_core.masked import masked_mean
-    from rlhf_core.ppo_math import entropy_from_log_softmax, log_softmax_at
+    from rlhf_core.ppo.ppo_math import entropy_from_log_softmax, log_softmax_at
 
     tok, policy, ref, value, reward = models
     before = copy.deepcopy(policy)

@@ -1,4 +1,4 @@
-"""The rollout's lean sampling loop (rlhf_core/sampling.py): with generate's sampler it is
+"""The rollout's lean sampling loop (rlhf_core/models/sampling.py): with generate's sampler it is
 Hugging Face ``generate``, token for token and logit for logit (left-padded prompts; rows that
 end at different steps; every row ending at its first token; no row ending); its own sampler
 draws the categorical distribution and never a zero-probability token."""
@@ -6,17 +6,17 @@ draws the categorical distribution and never a zero-probability token."""
 import pytest
 import torch
 
-from rlhf_core.data import encode, left_pad
-from rlhf_core.models import load_causal_lm, load_tokenizer
-from rlhf_core.ppo_math import logprobs_from_logits, truncate_after_eos
-from rlhf_core.rollout import forbid_pad, response_logits, sampling_config
-from rlhf_core.sampling import (
+from rlhf_core.models.data import encode, left_pad
+from rlhf_core.models.models import load_causal_lm, load_tokenizer
+from rlhf_core.models.sampling import (
     ReservedLayer,
     fits_lean_loop,
     inverse_cdf,
     multinomial,
     sample_responses,
 )
+from rlhf_core.ppo.ppo_math import logprobs_from_logits, truncate_after_eos
+from rlhf_core.ppo.rollout import forbid_pad, response_logits, sampling_config
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :",
            "sure", "the dogs are nice and the cats are good :", "thanks !"]

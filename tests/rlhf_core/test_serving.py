@@ -5,9 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhf_core.models import ScalarHeadModel
-from rlhf_core.scoring import score_texts
-from rlhf_core.serving import (
+from rlhf_core.eval.serving import (
     GenerationSettings,
     RequestError,
     answer_rows,
@@ -17,6 +15,8 @@ from rlhf_core.serving import (
     score_rows,
     stop_ids,
 )
+from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.models.scoring import score_texts
 from tests.tiny_chat import build_chat_model
 
 CHAT = [{"role": "system", "content": "be nice"},

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from flows.config import load_config
-from rlhf_core.gate import GateRule, held_out_for_judge, pair_key
+from rlhf_core.eval.gate import GateRule, held_out_for_judge, pair_key
 from tasks.champion.config import GateConfig
 from tasks.champion.scorers import judge_split, load_external, resolve_scorer, scorer_label
 from tasks.stages.gate import _gold_tags, _scores, gate_rule

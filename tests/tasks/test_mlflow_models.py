@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from rlhf_core.models import ScalarHeadModel, load_tokenizer
-from rlhf_core.scoring import score_texts
+from rlhf_core.models.models import ScalarHeadModel, load_tokenizer
+from rlhf_core.models.scoring import score_texts
 
 PAIRS = pd.DataFrame({"prompt": ["hello world", "tell me about cats"],
                       "response": ["sure . thanks", "cats are nice !"]})
@@ -97,7 +97,7 @@ def test_registered_reward_model_scores_conversations_at_the_end_of_turn(tmp_pat
     import mlflow
     from transformers import AutoTokenizer
 
-    from rlhf_core.scoring import score_padded
+    from rlhf_core.models.scoring import score_padded
     from tasks.tracking.models import log_reward_model
     from tests.tiny_chat import build_chat_model
 

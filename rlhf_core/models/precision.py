@@ -2,7 +2,8 @@
 
 ``fp32`` runs plain float32 (bit-identical to the code before mixed precision existed);
 ``bf16``/``fp16`` run the forward under ``torch.autocast`` while parameters, gradients and
-the optimizer state stay float32; ``fp16`` adds a loss scaler (see :mod:`rlhf_core.train_step`).
+the optimizer state stay float32; ``fp16`` adds a loss scaler (see
+:mod:`rlhf_core.train.train_step`).
 ``auto`` resolves to bf16 on CUDA and fp32 on CPU. On CUDA, float32 matmuls use TF32.
 """
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from rlhf_core.chat import stop_token_ids
+from rlhf_core.models.chat import stop_token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,7 +55,7 @@ def load_causal_lm(
     **hf_kwargs,
 ) -> PreTrainedModel:
     """Load any causal LM (hub id or folder), dropout off. Pipeline code loads through
-    :mod:`rlhf_core.loader`, which builds every argument from the model config."""
+    :mod:`rlhf_core.models.loader`, which builds every argument from the model config."""
     model = AutoModelForCausalLM.from_pretrained(
         str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code,
         **hf_kwargs,
@@ -144,7 +144,7 @@ class PPOModels(NamedTuple):
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer) -> None:
     """Grow the embeddings when the tokenizer gained tokens (e.g. a dedicated PAD); the
-    generation config stops at every token of the stop set (rlhf_core/chat.py): the
+    generation config stops at every token of the stop set (rlhf_core/models/chat.py): the
     tokenizer's EOS, a chat template's end-of-turn, and the stop tokens the model had."""
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer))

@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import OptimConfig
-from rlhf_core.data import ShuffledBatches
-from rlhf_core.distributed import CountFn, DataParallel, check_world_size
 from rlhf_core.faults import crash_point
-from rlhf_core.fsdp import Sharded, is_sharded
-from rlhf_core.optim import LogFn, build_optimizer
-from rlhf_core.train_step import TrainStep
+from rlhf_core.models.checkpoint import Checkpointer
+from rlhf_core.models.data import ShuffledBatches
+from rlhf_core.parallel.distributed import CountFn, DataParallel, check_world_size
+from rlhf_core.parallel.fsdp import Sharded, is_sharded
+from rlhf_core.train.optim import LogFn, build_optimizer
+from rlhf_core.train.train_step import TrainStep
 
 LossFn = Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 

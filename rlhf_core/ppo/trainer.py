@@ -6,7 +6,7 @@ policy (and, with a critic, value) losses -> metrics with TRL's names. Each mini
 trimmed to its longest response, so the update computes over real tokens only.
 
 This file is the RL loop; what it optimises (GAE with a critic, or a critic-free estimator:
-RLOO, GRPO, REINFORCE with a baseline) is the algorithm in rlhf_core/algorithms.py.
+RLOO, GRPO, REINFORCE with a baseline) is the algorithm in rlhf_core/ppo/algorithms.py.
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlhf_core.algorithms import make_algorithm
-from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import PPOConfig
-from rlhf_core.data import ShuffledBatches, left_pad
-from rlhf_core.distributed import check_world_size
 from rlhf_core.faults import crash_point
 from rlhf_core.masked import masked_mean, trusted_masks
-from rlhf_core.models import PPOModels
-from rlhf_core.optim import build_optimizer, check_finite
-from rlhf_core.ppo_math import (
+from rlhf_core.models.checkpoint import Checkpointer
+from rlhf_core.models.data import ShuffledBatches, left_pad
+from rlhf_core.models.models import PPOModels
+from rlhf_core.parallel.distributed import check_world_size
+from rlhf_core.ppo.algorithms import make_algorithm
+from rlhf_core.ppo.ppo_math import (
     AdaptiveKLController,
     FixedKLController,
     clipped_policy_loss,
@@ -36,7 +35,7 @@ from rlhf_core.ppo_math import (
     explained_variance,
     log_softmax_at,
 )
-from rlhf_core.rollout import (
+from rlhf_core.ppo.rollout import (
     Experience,
     RolloutSettings,
     make_experience,
@@ -45,7 +44,8 @@ from rlhf_core.rollout import (
     sampling_config,
     to_autograd_tensors,
 )
-from rlhf_core.train_step import TrainStep
+from rlhf_core.train.optim import build_optimizer, check_finite
+from rlhf_core.train.train_step import TrainStep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -167,7 +167,7 @@ class PPOTrainer:
         self._losses = compiled(ppo_losses) if cfg.compile else ppo_losses
         self.kl_ctl = make_kl_controller(cfg)
         self.iteration, self.episode = 0, 0
-        self.world_size = 1  # data-parallel ranks (rlhf_core/ppo_dist.py sets it)
+        self.world_size = 1  # data-parallel ranks (rlhf_core/ppo/ppo_dist.py sets it)
         self.prompt_stream = ShuffledBatches(len(self.prompt_ids),
                                              cfg.rollout_batch_size // cfg.samples_per_prompt,
                                              generator)
@@ -227,7 +227,7 @@ class PPOTrainer:
         minibatch is one optimizer step over micro-batches (:meth:`minibatch_rows`), each
         weighted by its share of the minibatch's response tokens (= the minibatch's masked
         means). Response lengths are read once, so the loop syncs the device once per step.
-        Data parallelism (rlhf_core/ppo_dist.py) changes only the two hooks: the minibatches
+        Data parallelism (rlhf_core/ppo/ppo_dist.py) changes only the two hooks: the minibatches
         are drawn over the global batch (:meth:`global_lengths`) and a rank runs its rows."""
         cfg = self.cfg
         local = exp.response_mask.sum(dim=1).cpu()  # (B_local,)
@@ -270,7 +270,7 @@ class PPOTrainer:
 
     def nets(self):
         """(policy, value model) as the update's forward runs them (DDP wrappers of the same
-        modules under data parallelism, rlhf_core/ppo_dist.py)."""
+        modules under data parallelism, rlhf_core/ppo/ppo_dist.py)."""
         return self.policy, self.value_model
 
     def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):

@@ -23,7 +23,7 @@ in the cumulative probabilities: the same categorical distribution (up to float3
 the cumulative sum; a token of probability 0, such as PAD, is never drawn), from a different
 stream of random numbers. Models that do not fit the loop (encoder-decoders, no default dynamic
 cache, a forward without the keywords it passes) and the static-cache compiled decode
-(``ppo.static_cache``) keep using ``generate`` (rlhf_core/rollout.py decides).
+(``ppo.static_cache``) keep using ``generate`` (rlhf_core/ppo/rollout.py decides).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rlhf_core.models import position_ids_from_mask
+from rlhf_core.models.models import position_ids_from_mask
 
 _KEYWORDS = ("input_ids", "attention_mask", "position_ids", "use_cache", "logits_to_keep")
 # transformers 5.x names the forward's KV-cache argument ``cache`` and keeps ``past_key_values``

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlhf_core.data import encode
+from rlhf_core.models.data import encode
 
 _PROBE = "rlhfprobe"  # assistant content used to see what the template writes around a reply
 _USER = [{"role": "user", "content": "hi"}]

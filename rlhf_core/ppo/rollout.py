@@ -9,7 +9,7 @@ goes"); under autocast (bf16/fp16) or a compiled static-cache decode they are re
 same forward the update runs (``recompute_logprobs``), so the ratio before any update is 1.
 Generation runs in chunks of prompts grouped by length; the reference, value and reward
 forwards run in chunks of ``forward_batch_size`` rows. Sampling is the lean loop of
-rlhf_core/sampling.py where the model fits it (Hugging Face ``generate`` otherwise).
+rlhf_core/models/sampling.py where the model fits it (Hugging Face ``generate`` otherwise).
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from rlhf_core.algorithms import Algorithm
-from rlhf_core.chat import stop_token_ids
-from rlhf_core.models import PPOModels, ScalarHeadModel, position_ids_from_mask
-from rlhf_core.ppo_math import (
+from rlhf_core.models.chat import stop_token_ids
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, position_ids_from_mask
+from rlhf_core.models.sampling import fits_lean_loop, sample_responses
+from rlhf_core.models.scoring import gather_at, normalise_scores
+from rlhf_core.ppo.algorithms import Algorithm
+from rlhf_core.ppo.ppo_math import (
     apply_eos_penalty,
     kl_estimate,
     last_token_index,
     logprobs_from_logits,
     truncate_after_eos,
 )
-from rlhf_core.sampling import fits_lean_loop, sample_responses
-from rlhf_core.scoring import gather_at, normalise_scores
 
 
 @dataclass
@@ -84,7 +84,7 @@ def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
 @torch.inference_mode()
 def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad_id: int):
     """Left-padded prompts [B, P] -> (responses [B, R], logits [B, R, V], PAD forbidden):
-    the lean sampling loop (rlhf_core/sampling.py) where the model fits it and the decode
+    the lean sampling loop (rlhf_core/models/sampling.py) where the model fits it and the decode
     is not the static-cache compiled one, else Hugging Face ``generate``."""
     if gen_config.cache_implementation is None and fits_lean_loop(policy):
         responses, logits = sample_responses(

@@ -18,17 +18,17 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from rlhf_core.chat import (
+from rlhf_core.models.chat import (
     ChatError,
     end_of_turn,
     render_conversation,
     render_prompt,
     stop_token_ids,
 )
-from rlhf_core.data import encode, left_pad, right_pad
-from rlhf_core.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
-from rlhf_core.models import ScalarHeadModel
-from rlhf_core.scoring import score_padded
+from rlhf_core.models.data import encode, left_pad, right_pad
+from rlhf_core.models.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.models.scoring import score_padded
 
 
 class RequestError(ValueError):
@@ -120,7 +120,7 @@ def end_of_turn_id(tokenizer) -> int | None:
 
 def stop_ids(model, tokenizer) -> list[int]:
     """Tokens that end an answer: EOS, the template's end-of-turn and
-    generation_config.eos_token_id (rlhf_core.chat.stop_token_ids)."""
+    generation_config.eos_token_id (rlhf_core.models.chat.stop_token_ids)."""
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
     return stops if isinstance(stops, list) else [stops]
 

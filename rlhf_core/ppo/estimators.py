@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from rlhf_core.masked import masked_mean, masked_sum
-from rlhf_core.ppo_math import kl_estimate
+from rlhf_core.ppo.ppo_math import kl_estimate
 
 GRPO_EPS = 1e-4  # added to the group std (README § Sources [GRPO])
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 from torch import nn
 
-from rlhf_core.loader import (
+from rlhf_core.models.loader import (
     LoadSpec,
     add_lora,
     enable_checkpointing,
     load_policy,
     load_scalar_model,
 )
-from rlhf_core.models import PPOModels, ScalarHeadModel
+from rlhf_core.models.models import PPOModels, ScalarHeadModel
 
 
 class AdaptersOff(nn.Module):

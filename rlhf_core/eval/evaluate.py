@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rlhf_core.config import Sampling
-from rlhf_core.data import encode, left_pad
-from rlhf_core.models import ScalarHeadModel
-from rlhf_core.ppo_math import logprobs_from_logits, truncate_after_eos
-from rlhf_core.precision import autocast
-from rlhf_core.rollout import generate, response_logits, sampling_config, score_responses
+from rlhf_core.models.data import encode, left_pad
+from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.models.precision import autocast
+from rlhf_core.ppo.ppo_math import logprobs_from_logits, truncate_after_eos
+from rlhf_core.ppo.rollout import generate, response_logits, sampling_config, score_responses
 
 Judge = Callable[[str, str, bool], float]
 

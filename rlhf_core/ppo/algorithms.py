@@ -1,4 +1,4 @@
-"""What the RL stage optimises, apart from the loop that runs it (rlhf_core/ppo.py).
+"""What the RL stage optimises, apart from the loop that runs it (rlhf_core/ppo/trainer.py).
 
 An algorithm says whether a critic exists, turns a rollout's scores and per-token KL into
 rewards and advantages, and may add a loss term. The loop (prompt stream, rollout, K epochs of
@@ -8,7 +8,7 @@ is one class here and one name in ``PPOConfig.advantage_estimator``.
 - ``gae``: PPO with a value model, per-token KL-shaped rewards, GAE, whitened advantages
   (README § Sources [PPO], [GAE], [KL-control], [N+]).
 - ``rloo`` / ``grpo`` / ``reinforce_baseline``: critic-free, one advantage per response from
-  the sequence reward (rlhf_core/estimators.py), applied to each of its tokens.
+  the sequence reward (rlhf_core/ppo/estimators.py), applied to each of its tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from rlhf_core.config import PPOConfig
-from rlhf_core.estimators import (
+from rlhf_core.masked import masked_whiten
+from rlhf_core.parallel.global_stats import global_masked_whiten, global_weighted_means
+from rlhf_core.ppo.estimators import (
     RunningMeanBaseline,
     broadcast_to_tokens,
     grpo_advantages,
@@ -26,9 +28,7 @@ from rlhf_core.estimators import (
     rloo_advantages,
     sequence_rewards,
 )
-from rlhf_core.global_stats import global_masked_whiten, global_weighted_means
-from rlhf_core.masked import masked_whiten
-from rlhf_core.ppo_math import compute_gae, per_token_rewards
+from rlhf_core.ppo.ppo_math import compute_gae, per_token_rewards
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Algorithm:
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
-        # data parallel (rlhf_core/ppo_dist.py): each rank shapes its shard of the rollout
+        # data parallel (rlhf_core/ppo/ppo_dist.py): each rank shapes its shard of the rollout
         # batch; whitening and batch means then use every rank's shard (all-reduced)
         self.global_batch = False
 

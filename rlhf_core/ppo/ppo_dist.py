@@ -1,6 +1,6 @@
 """Data-parallel PPO: N ranks share one rollout batch and make the 1-process update.
 
-:class:`DataParallelPPO` wraps :class:`rlhf_core.ppo.PPOTrainer` (same loop, same algorithm,
+:class:`DataParallelPPO` wraps :class:`rlhf_core.ppo.trainer.PPOTrainer` (same loop, same algorithm,
 same :class:`TrainStep`); it changes only where the batch lives:
 
 - **Prompts.** Every rank draws the same global prompt stream (the data-order generator is
@@ -10,7 +10,7 @@ same :class:`TrainStep`); it changes only where the batch lives:
   a run, and a resumed run, is reproducible for a given world size.
 - **Rollout.** Each rank generates, scores and runs the reference/value forwards on its shard.
   The algorithm's whitening and batch means use every rank's shard (``global_batch``, via
-  rlhf_core/global_stats.py); the reward normalisation is the fixed statistics of the
+  rlhf_core/parallel/global_stats.py); the reward normalisation is the fixed statistics of the
   reward_norm stage, the same on every rank.
 - **Update.** The minibatch order is drawn over the *global* batch from the shared generator;
   each rank runs the rows of each global minibatch it holds, each micro-batch's loss weighted
@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from rlhf_core.distributed import DataParallel
-from rlhf_core.fsdp import FullOptimizer, Sharded, shard
-from rlhf_core.global_stats import all_reduce_sum, global_masked_var, global_weighted_means
-from rlhf_core.models import PPOModels
-from rlhf_core.optim import build_optimizer
-from rlhf_core.ppo import PPOTrainer
-from rlhf_core.rollout import Experience
-from rlhf_core.train_step import TrainStep
+from rlhf_core.models.models import PPOModels
+from rlhf_core.parallel.distributed import DataParallel
+from rlhf_core.parallel.fsdp import FullOptimizer, Sharded, shard
+from rlhf_core.parallel.global_stats import all_reduce_sum, global_masked_var, global_weighted_means
+from rlhf_core.ppo.rollout import Experience
+from rlhf_core.ppo.trainer import PPOTrainer
+from rlhf_core.train.optim import build_optimizer
+from rlhf_core.train.train_step import TrainStep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

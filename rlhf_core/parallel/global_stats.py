@@ -5,7 +5,7 @@ reward-normalisation statistics must use the mean and variance of the *global* b
 N ranks would train on N differently scaled advantages (README § Sources [N+]: whiten over the
 full batch). Each function here takes an optional
 ``torch.distributed`` process group: with none initialised (or a world of one) it is exactly
-the single-process function of ``rlhf_core.masked`` / ``rlhf_core.scoring``; otherwise the
+the single-process function of ``rlhf_core.masked`` / ``rlhf_core.models.scoring``; otherwise the
 sums are all-reduced in float64 and every rank gets the same statistics. Shards may differ in
 size and a shard may have an empty mask, as long as the global mask is not empty. Logged
 metrics are made global the same way (``global_weighted_means``), so rank 0 logs the
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf_core.masked import masked_var, masked_whiten
-from rlhf_core.scoring import reward_norm_stats
+from rlhf_core.models.scoring import reward_norm_stats
 
 
 def world_size(group: dist.ProcessGroup | None = None) -> int:

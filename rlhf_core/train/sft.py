@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 import torch
 
-from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import SFTConfig
-from rlhf_core.data import IGNORE_INDEX, encode_sft, right_pad
-from rlhf_core.distributed import DataParallel
-from rlhf_core.loop import train_steps
-from rlhf_core.losses import sft_loss
-from rlhf_core.optim import LogFn
+from rlhf_core.models.checkpoint import Checkpointer
+from rlhf_core.models.data import IGNORE_INDEX, encode_sft, right_pad
+from rlhf_core.parallel.distributed import DataParallel
+from rlhf_core.train.loop import train_steps
+from rlhf_core.train.losses import sft_loss
+from rlhf_core.train.optim import LogFn
 
 
 def encode_sft_rows(tokenizer, rows: Sequence[dict], loss_on: str):
@@ -44,7 +44,7 @@ def train_sft(
         generator: CPU generator for the data order (reproducible).
         on_log: called as on_log(step, metrics) every cfg.log_every steps.
         checkpointer: periodic training-state checkpoints; resumes from the latest one.
-        precision: fp32 | bf16 | fp16 (resolved; see rlhf_core.precision).
+        precision: fp32 | bf16 | fp16 (resolved; see rlhf_core.models.precision).
         dp: data parallel: this rank trains on its shard of each global batch (DDP).
     """
     examples = encode_sft_rows(tokenizer, rows, cfg.loss_on)

@@ -1,6 +1,6 @@
 """Reading a reward model's score and normalising it: used by reward-model training
-(``rlhf_core/reward.py``), PPO's rollouts (``rlhf_core/rollout.py``), the reward-norm stage
-and the served reward model.
+(``rlhf_core/train/reward.py``), PPO's rollouts (``rlhf_core/ppo/rollout.py``), the
+reward-norm stage and the served reward model.
 
 The reward is read at the EOS token (the last real token) of prompt + completion + EOS.
 Normalisation statistics are an explicit artifact ``{mean, std, n}`` from scoring the SFT
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from rlhf_core.data import encode, last_real_index, right_pad
-from rlhf_core.models import ScalarHeadModel
+from rlhf_core.models.data import encode, last_real_index, right_pad
+from rlhf_core.models.models import ScalarHeadModel
 
 
 def gather_at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 
 from rlhf_core.config import LoraSettings, ModelConfig
-from rlhf_core.models import (
+from rlhf_core.models.models import (
     ScalarHeadModel,
     load_causal_lm,
 )
-from rlhf_core.models import (
+from rlhf_core.models.models import (
     load_tokenizer as _load_tokenizer,
 )
-from rlhf_core.precision import enable_tf32, resolve_precision
+from rlhf_core.models.precision import enable_tf32, resolve_precision
 
 _COMPUTE_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 

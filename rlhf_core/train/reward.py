@@ -11,15 +11,15 @@ from collections.abc import Sequence
 
 import torch
 
-from rlhf_core.checkpoint import Checkpointer
 from rlhf_core.config import RewardConfig
-from rlhf_core.data import encode_pair, right_pad
-from rlhf_core.distributed import DataParallel
-from rlhf_core.loop import train_steps
-from rlhf_core.losses import bradley_terry_loss
-from rlhf_core.models import ScalarHeadModel
-from rlhf_core.optim import LogFn
-from rlhf_core.scoring import score_padded
+from rlhf_core.models.checkpoint import Checkpointer
+from rlhf_core.models.data import encode_pair, right_pad
+from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.models.scoring import score_padded
+from rlhf_core.parallel.distributed import DataParallel
+from rlhf_core.train.loop import train_steps
+from rlhf_core.train.losses import bradley_terry_loss
+from rlhf_core.train.optim import LogFn
 
 
 def _pair_scores(model, pairs, idx, pad_id, device, margins=None):

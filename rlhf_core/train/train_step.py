@@ -19,9 +19,9 @@ from contextlib import nullcontext
 
 import torch
 
-from rlhf_core.fsdp import full_norm
-from rlhf_core.optim import check_finite
-from rlhf_core.precision import autocast
+from rlhf_core.models.precision import autocast
+from rlhf_core.parallel.fsdp import full_norm
+from rlhf_core.train.optim import check_finite
 
 # A micro-batch: () -> (loss, weight); the step's loss is sum(weight * loss).
 MicroBatch = Callable[[], tuple[torch.Tensor, float]]

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlhf_core.global_stats import all_reduce_sum, global_weighted_means
+from rlhf_core.parallel.global_stats import all_reduce_sum, global_weighted_means
 
 CountFn = Callable[[torch.Tensor], float]  # indices -> what the loss is a mean over
 
@@ -39,7 +39,7 @@ class DataParallel:
     rank: int
     world: int
     device: torch.device
-    parallel: str = "ddp"  # model.parallel: ddp | fsdp (rlhf_core/fsdp.py)
+    parallel: str = "ddp"  # model.parallel: ddp | fsdp (rlhf_core/parallel/fsdp.py)
 
     @property
     def is_main(self) -> bool:
@@ -47,12 +47,12 @@ class DataParallel:
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DDP around ``model`` (its parameters shared, so optimizer and checkpoints use the
-        bare model); fsdp: a sharded copy of it (rlhf_core/fsdp.py; the loop trains the copy
-        and gathers its weights back into ``model``)."""
+        bare model); fsdp: a sharded copy of it (rlhf_core/parallel/fsdp.py; the loop trains
+        the copy and gathers its weights back into ``model``)."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if self.parallel == "fsdp":
-            from rlhf_core.fsdp import shard
+            from rlhf_core.parallel.fsdp import shard
 
             return shard(model, self.device, self.world)
 
@@ -94,7 +94,7 @@ def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
     """Every rank resumes from the checkpoint rank 0 resumes from. Only rank 0 writes them:
     on several machines ``folder`` must be on a filesystem they all share, else this stops
     the stage on every rank, saying what each one sees."""
-    from rlhf_core.checkpoint import Checkpointer
+    from rlhf_core.models.checkpoint import Checkpointer
 
     latest = Checkpointer(folder, {}, 0).latest_step()
     step = -1 if latest is None else latest

@@ -1,0 +1,1 @@
+"""Data parallelism: the process group, FSDP sharding and global statistics across ranks."""
