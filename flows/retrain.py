@@ -28,12 +28,12 @@ from tasks.champion.batches import (
     mark_consumed,
     report,
 )
-from tasks.champion.scorers import batch_pair_keys, judge_split, resolve_scorer
+from tasks.champion.scorers import batch_pair_keys, resolve_scorer
 from tasks.config import PipelineConfig
 from tasks.finish import finish
 from tasks.prepare import prepare
 from tasks.stages.gate import gate
-from tasks.stages.judge_model import judge_model
+from tasks.stages.judge_model import judge_model, judge_split
 from tasks.stages.records import Artifact, DataRecord, ModelRecord, PolicyRecord
 from tasks.stages.register import register
 from tasks.stages.validate import validate

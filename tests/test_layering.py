@@ -184,3 +184,40 @@ def test_no_import_circle_between_packages():
     graph = {pkg: targets - {pkg} for pkg, targets in graph.items()}
     cycles = import_cycles(graph)
     assert not cycles, "package circles among: " + "; ".join(", ".join(c) for c in cycles)
+
+
+def sub_package(module: str, package: str) -> str | None:
+    """tasks.stages.sft -> stages (for package tasks); a top-level module of it -> None."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == package and len(parts) > 2 else None
+
+
+def wing_graph(package: str) -> dict[str, set[str]]:
+    """The sub-packages of ``package`` -> those they import."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in import_graph().items():
+        wing = sub_package(module, package)
+        if wing is not None:
+            graph.setdefault(wing, set()).update(
+                w for w in (sub_package(m, package) for m in imported) if w not in (None, wing))
+    return graph
+
+
+def test_no_import_circle_between_the_wings_of_tasks():
+    """stages, runtime, champion and tracking: tracking (MLflow) imports no other wing."""
+    graph = wing_graph("tasks")
+    assert {"stages", "runtime", "champion", "tracking"} <= set(graph)
+    assert not import_cycles(graph), graph
+    assert not graph["tracking"], graph["tracking"]
+
+
+# rlhf_core's layers, bottom up: a sub-package imports only those before it
+CORE_LAYERS = ["models", "parallel", "train", "ppo", "eval"]
+
+
+def test_rlhf_core_layers_import_downwards_only():
+    graph = wing_graph("rlhf_core")
+    assert set(graph) == set(CORE_LAYERS)
+    upward = {f"{layer} -> {other}" for layer, targets in graph.items() for other in targets
+              if CORE_LAYERS.index(other) > CORE_LAYERS.index(layer)}
+    assert not upward, sorted(upward)

@@ -11,17 +11,10 @@ reward model or an LLM judge wrapped as pyfunc).
 
 from __future__ import annotations
 
-import shutil
-
-from prefect import task
-
-from rlhf_core.eval.gate import held_out_for_judge, pair_key
+from rlhf_core.eval.gate import pair_key
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
-from tasks.stages.records import Artifact, DataRecord
-from tasks.tracking.artifacts import local_copy
 from tasks.tracking.models import mlflow_pointed_at
-from tasks.tracking.runs import RunContext, set_tags
 
 BUILT_IN = ("judge", "judge_model", "reward_model")
 
@@ -41,18 +34,6 @@ def scorer_label(scorer: str) -> str:
             "reward_model": "new reward model"}.get(scorer, f"external scorer {scorer}")
 
 
-def _write_jsonl(path, rows: list[dict]) -> None:
-    import json
-
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-
-
-def _split_rows(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
-    held = [held_out_for_judge(r, fraction) for r in rows]
-    return [r for r, h in zip(rows, held) if not h], [r for r, h in zip(rows, held) if h]
-
-
 def batch_pair_keys(prep: dict) -> list[str]:
     """The pairs the retrain's batches brought (rows ``batch_rows`` of the combined
     preference file ``add_batches`` wrote), as ``pair_key``s."""
@@ -62,42 +43,6 @@ def batch_pair_keys(prep: dict) -> list[str]:
     combined = read_jsonl(prep["data"]["preference"]["path"])
     return sorted({pair_key(r) for span in rows
                    for r in combined[span["first"] - 1:span["last"]]})
-
-
-@task(name="judge_split")
-def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
-                batch_keys: list[str] | None = None) -> DataRecord:
-    """The validated data with the judge's held-out pairs taken out of ``preference.jsonl``
-    (they go to ``judge_preference.jsonl`` beside it) -> the validate output for the reward
-    model, with ``judge_rows`` added. Logged on the parent run (``judge_split/data``).
-    ``retrain.gate.judge_data: configured``: held-out pairs among ``batch_keys`` (the
-    batches') are kept from the reward model but do not train the judge either."""
-    source = local_copy(ctx, data.data, "validate's data")
-    target = ctx.stage_dir("judge_split") / "data"
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(source, target)
-    train, held = _split_rows(read_jsonl(source / "preference.jsonl"),
-                              cfg.retrain.gate.judge_fraction)
-    n_held = len(held)
-    if cfg.retrain.gate.judge_data == "configured" and batch_keys:
-        from_batches = set(batch_keys)
-        held = [r for r in held if pair_key(r) not in from_batches]
-    if not train or not held:
-        raise ValueError(f"judge split: {len(train)} pairs for the reward model and "
-                         f"{len(held)} for the judge; both need some "
-                         "(retrain.gate.judge_fraction)")
-    _write_jsonl(target / "preference.jsonl", train)
-    _write_jsonl(target / "judge_preference.jsonl", held)
-    client = ctx.client()
-    client.log_artifacts(ctx.parent_run_id, str(target), "judge_split/data")
-    set_tags(client, ctx.parent_run_id, {"rlhf.judge_split.rm_pairs": str(len(train)),
-                                         "rlhf.judge_split.judge_pairs": str(len(held)),
-                                         "rlhf.judge_split.batch_pairs_held": str(
-                                             n_held - len(held))})
-    uri = f"runs:/{ctx.parent_run_id}/judge_split/data"
-    return data.model_copy(update={"data": Artifact(path=str(target), uri=uri),
-                                   "judge_rows": str(target / "judge_preference.jsonl")})
 
 
 def load_external(uri: str, tracking_uri: str):

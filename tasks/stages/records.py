@@ -12,15 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
-class Artifact(BaseModel):
-    """A stage output on disk: ``path`` where the stage wrote it, ``uri`` its MLflow copy
-    (``runs:/<run id>/<artifact path>``; None for a path given from outside, e.g. the
-    champion's downloaded folders)."""
-
-    model_config = ConfigDict(frozen=True)
-    path: str
-    uri: str | None = None
+from tasks.tracking.artifacts import Artifact
 
 
 class StageRecord(BaseModel):

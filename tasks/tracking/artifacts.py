@@ -16,12 +16,23 @@ import shutil
 import uuid
 from pathlib import Path
 
-from tasks.stages.records import Artifact
+from pydantic import BaseModel, ConfigDict
+
 from tasks.tracking.guarded import wait_for_tracking
 from tasks.tracking.runs import RunContext
 from tasks.tracking.spool import drain_all
 
 CACHE = "artifact_cache"
+
+
+class Artifact(BaseModel):
+    """A stage output on disk: ``path`` where the stage wrote it, ``uri`` its MLflow copy
+    (``runs:/<run id>/<artifact path>``; None for a path given from outside, e.g. the
+    champion's downloaded folders)."""
+
+    model_config = ConfigDict(frozen=True)
+    path: str
+    uri: str | None = None
 
 
 class StageOutputMissing(FileNotFoundError):

@@ -139,7 +139,8 @@ def test_every_experience_field_is_read_somewhere():
     """A rollout field nothing reads (``exp.<field>`` in rlhf_core/ or tasks/) is dead weight
     carried through every minibatch: remove it."""
     root = Path(__file__).resolve().parents[2]
-    source = "".join(p.read_text() for d in ("rlhf_core", "tasks") for p in (root / d).glob("*.py"))
+    source = "".join(p.read_text() for d in ("rlhf_core", "tasks")
+                     for p in (root / d).rglob("*.py"))
     unread = [f.name for f in dataclasses.fields(Experience)
               if not re.search(rf"\bexp\.{f.name}\b", source)]
     assert not unread, unread
