@@ -1,4 +1,4 @@
-"""Typed, frozen configs for the training stages (SPEC stages 2-7).
+"""Typed, frozen configs for the training stages (docs/design.md, stages 2-7).
 
 One config per stage; the pipeline config (flows/config.py) composes them and validates the
 whole at the CLI edge. Derived sizes are properties, never written back. Every field carries a

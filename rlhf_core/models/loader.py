@@ -75,8 +75,8 @@ def enable_checkpointing(model) -> None:
 
 class TanhGELU(torch.nn.Module):
     """GELU's tanh approximation as torch's one fused kernel: the same function as
-    transformers' ``gelu_new`` (GPT-2 and kin), which spells it as ~8 elementwise ops (max
-    difference 2.4e-7; on 2 CPU threads 4x faster forward + backward)."""
+    transformers' ``gelu_new`` (GPT-2 and kin), which spells it as ~8 elementwise ops (the
+    same values to float32 rounding, one kernel instead of eight)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.gelu(x, approximate="tanh")

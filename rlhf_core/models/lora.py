@@ -5,7 +5,7 @@ frozen copies in the compute dtype. LoRA: the policy is adapters over the frozen
 the reference is that same model with the adapters switched off; the critic is adapters (and a
 trained copy of the head) over the frozen reward-model trunk and the reward model is that same
 trunk with the adapters off and its own head. Two frozen trunks instead of four models; the
-critic keeps its warm start from the reward model (SPEC stage 5), which is why it does not
+critic keeps its warm start from the reward model (the critic_init stage), which is why it does not
 share the policy's base.
 """
 

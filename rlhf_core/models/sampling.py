@@ -68,7 +68,7 @@ class ReservedLayer(DynamicLayer):
     """A ``DynamicLayer`` whose keys and values live in buffers reserved for ``capacity``
     positions: an update copies its new positions in and the layer exposes the filled prefix
     (a view of the same values and shape ``DynamicLayer`` would hold), instead of
-    ``torch.cat``-ing the whole cache each step (about 4% of a CPU rollout at 4 x 256)."""
+    ``torch.cat``-ing the whole cache each step."""
 
     def __init__(self, capacity: int):
         super().__init__()

@@ -2,14 +2,14 @@
 
 Layout of a rollout batch: ``query_responses [B, P + R]`` = left-padded prompt (P tokens)
 followed by the response (R tokens, pad after the first EOS). Every forward pass gets the
-attention mask and position ids that skip the left padding, so a padded row computes what
-the unpadded one would. Rollout passes run under ``torch.inference_mode``. In fp32 the old
-log-probs come from the generation logits, so no forward is run twice (SPEC, "Where PPO time
-goes"); under autocast (bf16/fp16) or a compiled static-cache decode they are recomputed by the
-same forward the update runs (``recompute_logprobs``), so the ratio before any update is 1.
-Generation runs in chunks of prompts grouped by length; the reference, value and reward
-forwards run in chunks of ``forward_batch_size`` rows. Sampling is the lean loop of
-rlhf_core/models/sampling.py where the model fits it (Hugging Face ``generate`` otherwise).
+attention mask and position ids that skip the left padding, so a padded row computes what the
+unpadded one would. Rollout passes run under ``torch.inference_mode``. In fp32 the old log-probs
+come from the generation logits, so no forward is run twice; under autocast (bf16/fp16) or a
+compiled static-cache decode they are recomputed by the same forward the update runs
+(``recompute_logprobs``), so the ratio before any update is 1. Generation runs in chunks of
+prompts grouped by length; the reference, value and reward forwards run in chunks of
+``forward_batch_size`` rows. Sampling is the lean loop of rlhf_core/models/sampling.py where the
+model fits it (Hugging Face ``generate`` otherwise).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantage
 def compiled(fn):
     """torch.compile with dynamic shapes (minibatches are trimmed to their longest response).
     Inductor's coalescing analysis is off: on torch 2.11 it asserted on this graph with
-    dynamic shapes (H100, 2026-11-23)."""
+    dynamic shapes."""
     import torch._inductor.config as inductor_config
 
     if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
@@ -116,10 +116,9 @@ def make_kl_controller(cfg: PPOConfig):
 class PPOTrainer:
     """Holds the models, the optimizer and the prompt stream; one ``step`` per iteration.
 
-    The value model is the caller's copy of the reward model (critic warm-start, SPEC stage 5),
-    or None for a critic-free ``cfg.advantage_estimator``; the reference policy is a frozen
-    copy of the SFT policy.
-    """
+    The value model is the caller's copy of the reward model (critic warm-start, the critic_init
+    stage), or None for a critic-free ``cfg.advantage_estimator``; the reference policy is a
+    frozen copy of the SFT policy. """
 
     def __init__(
         self, models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
