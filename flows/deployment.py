@@ -3,21 +3,9 @@ deployment's parameters. The retrain and collect flows read it here, as does the
 deployment's flow in flows/serve.py; serve.py builds the retrain and collect deployments from
 their flows, so it imports them, and they do not import serve.py back."""
 
-from typing import Any
-
 from flows.config import _merge
 from tasks.config import PipelineConfig
-
-
-def deployment_parameters() -> dict[str, Any]:
-    """The served config stored on this run's deployment ({} outside a deployment run)."""
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import deployment
-
-    if deployment.id is None:
-        return {}
-    with get_client(sync_client=True) as client:
-        return dict(client.read_deployment(deployment.id).parameters or {})
+from tasks.runtime.prefect_api import deployment_parameters
 
 
 def served_config(config: PipelineConfig) -> PipelineConfig:

@@ -12,7 +12,7 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 
 import json
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 from prefect import flow
 
@@ -32,6 +32,7 @@ from tasks.champion.scorers import batch_pair_keys, resolve_scorer
 from tasks.config import PipelineConfig
 from tasks.finish import finish
 from tasks.prepare import prepare
+from tasks.runtime.prefect_api import one_slot
 from tasks.stages.gate import gate
 from tasks.stages.judge_model import judge_model, judge_split
 from tasks.stages.records import Artifact, DataRecord, ModelRecord, PolicyRecord
@@ -45,52 +46,12 @@ def limit_name(config: PipelineConfig) -> str:
     return f"rlhf-retrain-{config.tracking.registered_policy}"
 
 
-def ensure_limit(name: str) -> None:
-    """Create the one-slot global concurrency limit if the server has none by that name."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            try:
-                client.create_global_concurrency_limit(
-                    GlobalConcurrencyLimitCreate(name=name, limit=1))
-            except ObjectAlreadyExists:
-                pass
-
-
-def _slot_taken(name: str) -> bool:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        limit = client.read_global_concurrency_limit_by_name(name)
-    return limit.active_slots >= limit.limit
-
-
 @contextmanager
 def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
     """Hold the retrain slot while the body runs -> True; False when another retrain holds
     it and ``retrain.on_overlap`` is skip (wait: block until it is free)."""
-    from prefect.concurrency.sync import concurrency
-
-    name = limit_name(config)
-    ensure_limit(name)
-    skip = config.retrain.on_overlap == "skip"
-    if skip and _slot_taken(name):
-        yield False
-        return
-    with ExitStack() as stack:
-        try:  # skip: the slot was free a moment ago; the timeout only bounds a lost race (a
-            # 1 s bound skipped free-slot runs when a loaded server answered slowly)
-            stack.enter_context(concurrency(name, occupy=1, strict=True,
-                                            timeout_seconds=15.0 if skip else None))
-        except TimeoutError:
-            yield False
-            return
-        yield True
+    with one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip") as held:
+        yield held
 
 
 def _retrain_settings(config: PipelineConfig) -> PipelineConfig:

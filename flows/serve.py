@@ -32,8 +32,9 @@ from rlhf_core.config import (
 from tasks.champion.events import LABELLED
 from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
 
-SECTIONS = ("seed", "demo", "data", "model", "validation", "sft", "reward", "reward_norm",
-            "ppo", "eval", "tracking", "routing")
+# the pipeline's config sections (the served pipeline's parameters); retrain and collect
+# belong to their own flows
+SECTIONS = tuple(name for name in PipelineConfig.model_fields if name not in ("retrain", "collect"))
 
 
 def served_parameters(config: PipelineConfig) -> dict[str, Any]:
@@ -99,10 +100,7 @@ def rlhf_pipeline_served(
         routing: Stages on other machines' workers (rlhf-stage deployments).
         resume_run_id: Continue this MLflow parent run (empty: a new run).
     """
-    given = {"seed": seed, "demo": demo, "data": data, "model": model,
-             "validation": validation, "sft": sft, "reward": reward,
-             "reward_norm": reward_norm, "ppo": ppo, "eval": eval, "tracking": tracking,
-             "routing": routing}
+    given = {name: value for name, value in locals().items() if name in SECTIONS}
     served = deployment_parameters() or served_parameters(PipelineConfig())
     config, changed = resolve_config(given, served)
     if changed:
@@ -176,7 +174,8 @@ def serve(config: PipelineConfig, name: str) -> None:
     from prefect.settings import PREFECT_API_URL
 
     from flows.reconnect import serve_until_stopped
-    from flows.retrain import ensure_limit, limit_name
+    from flows.retrain import limit_name
+    from tasks.runtime.prefect_api import ensure_limit
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "
