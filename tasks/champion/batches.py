@@ -17,9 +17,19 @@ from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
 from tasks.tracking.registry import CHAMPION, RegistryError, alias_version, version_stage_run
 from tasks.tracking.runs import RunContext, default_tracking_uri, set_tags
+from tasks.tracking.tags import (
+    ANCESTRY_TAG,
+    BATCH_SOURCES_TAG,
+    CONSUMED_TAG,
+    LABELS_COLLECTIONS_TAG,
+    LABELS_PREFERENCE_DIGEST_TAG,
+    RETRAIN_BATCHES_TAG,
+    RETRAIN_CHAMPION_VERSION_TAG,
+    RETRAIN_TAG,
+    TRAINED_ON_TAG,
+)
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
-CONSUMED_TAG = "rlhf.retrain.consumed"
 CONSUMED_COPY = "consumed_batches"  # artifact folder: a copy of each batch a retrain consumed
 
 
@@ -113,12 +123,12 @@ def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) 
     rm_run = version_stage_run(client, version, "reward_model")
     sft_run = version_stage_run(client, version, "sft")
     out = {"version": str(version.version), "sft_run_id": sft_run,
-           "ancestry": version.tags.get("rlhf.ancestry", f"v{version.version}"),
+           "ancestry": version.tags.get(ANCESTRY_TAG, f"v{version.version}"),
            "policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
            "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
     # the SFT policy: reference, RM start, and the trunk of the gate's judge reward model
     out["sft_dir"] = client.download_artifacts(sft_run, "checkpoint", str(root / "sft"))
-    set_tags(client, ctx.parent_run_id, {"rlhf.retrain.champion_version": out["version"]})
+    set_tags(client, ctx.parent_run_id, {RETRAIN_CHAMPION_VERSION_TAG: out["version"]})
     return out
 
 
@@ -173,10 +183,10 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: dict, batches: list[
         out.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
     out["batch_sources"] = batch_sources(cfg, out["trained_on"])
     set_tags(ctx.client(), ctx.parent_run_id, {
-        "rlhf.retrain": "true", "rlhf.retrain.batches": json.dumps(
+        RETRAIN_TAG: "true", RETRAIN_BATCHES_TAG: json.dumps(
             [{"name": b["name"], "digest": b["digest"]} for b in batches]),
-        "rlhf.trained_on": json.dumps(out["trained_on"]),
-        "rlhf.batch_sources": json.dumps(out["batch_sources"])})
+        TRAINED_ON_TAG: json.dumps(out["trained_on"]),
+        BATCH_SOURCES_TAG: json.dumps(out["batch_sources"])})
     return out
 
 
@@ -190,8 +200,8 @@ def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
     for digest in digests:
         runs = [] if exp is None else client.search_runs(
             [exp.experiment_id], max_results=1,
-            filter_string=f"tags.`rlhf.labels.preference_digest` = '{digest}'")
-        names = json.loads(runs[0].data.tags.get("rlhf.labels.collections", "[]")) \
+            filter_string=f"tags.`{LABELS_PREFERENCE_DIGEST_TAG}` = '{digest}'")
+        names = json.loads(runs[0].data.tags.get(LABELS_COLLECTIONS_TAG, "[]")) \
             if runs else []
         out[digest] = ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
                                 for c in names) or "offline"

@@ -22,11 +22,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.hardware import hardware_facts
-
-STAGE_TAG = "rlhf.stage"
-OUTPUT_TAG = "rlhf.output"
-PARENT_TAG = "mlflow.parentRunId"
-HW_TAG = "rlhf.hw."  # + a key of rlhf_core.hardware.hardware_facts: rlhf.hw.cpu, ...
+from tasks.tracking.tags import CONFIG_HASH_TAG, HW_PREFIX, OUTPUT_TAG, PARENT_TAG, STAGE_TAG
 
 
 class RunContext(BaseModel):
@@ -147,7 +143,7 @@ def hardware_tags(device: Any = None) -> dict[str, str]:
     """``rlhf.hw.*``: the machine and build that run here on ``device`` (its CPU and the
     instruction set of torch's CPU kernels, thread count, GPU, torch and CUDA versions),
     read now: after the process set its thread count."""
-    return {HW_TAG + key: value for key, value in hardware_facts(device).items()}
+    return {HW_PREFIX + key: value for key, value in hardware_facts(device).items()}
 
 
 def find_stage_run(ctx: RunContext, stage: str):
@@ -298,7 +294,7 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> dict:
         if exp is None:
             raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
         runs = client.search_runs([exp.experiment_id],
-                                  filter_string="tags.`rlhf.config_hash` != ''",
+                                  filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
                                   order_by=["attributes.start_time DESC"], max_results=limit)
     except (MlflowException, OSError) as err:
         raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
