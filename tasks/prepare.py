@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 from prefect import task
 
 from data_checks.config import DataConfig, DataSource
@@ -21,14 +19,15 @@ from tasks.runtime.remote import check_deployments
 from tasks.tracking.runs import (
     RunContext,
     default_tracking_uri,
+    ensure_experiment,
     ensure_store,
     hardware_tags,
     log_params,
     set_tags,
+    tracking_client,
 )
 from tasks.tracking.tags import (
     CONFIG_HASH_TAG,
-    EXPERIMENT_KIND_TAG,
     GIT_COMMIT_TAG,
     PARENT_TAG,
     PREFECT_FLOW_RUN_TAG,
@@ -73,36 +72,6 @@ def _prefect_flow_run_id() -> str | None:
         return flow_run.id
     except Exception:  # noqa: BLE001 - not inside a flow run
         return None
-
-
-def artifact_location(tracking_uri: str) -> str | None:
-    """``<db folder>/mlruns`` for a local SQLite store, so artifacts live beside their runs
-    whatever the working folder (MLflow's default is ``./mlruns`` of the current one)."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None  # a server decides (served artifacts), or MLflow's own default
-    db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
-    return (db.parent / "mlruns").as_uri()
-
-
-# MLflow 3's UI opens an experiment of this kind on its runs table and metric charts, not on
-# its GenAI (traces) view
-EXPERIMENT_KIND = {EXPERIMENT_KIND_TAG: "custom_model_development"}
-
-
-def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp:
-        if EXPERIMENT_KIND_TAG not in exp.tags:
-            client.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location(uri),
-                                        tags=EXPERIMENT_KIND)
-    except MlflowException as err:
-        # another pipeline run on the same server created it between our lookup and create
-        if err.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-        return client.get_experiment_by_name(name).experiment_id
 
 
 def _find_parents(client, experiment_id, filter_string: str) -> list:
@@ -150,8 +119,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
     """Create the parent run, or reopen it (``resume_run_id``, or same run name + config)."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     ensure_store(uri)
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = _experiment_id(client, cfg.tracking.experiment, uri)
+    client = tracking_client(uri)
+    exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
     run_name = cfg.tracking.run_name or default_run_name(cfg)
     flow_run_id = _prefect_flow_run_id()
     digests = input_digests(cfg)

@@ -42,8 +42,23 @@ from tasks.champion.events import (
 from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge, resolve_judge_name
-from tasks.tracking.registry import RegistryError, alias_version, version_stage_run
-from tasks.tracking.runs import default_tracking_uri, log_metrics, log_params, set_tags
+from tasks.tracking.registry import (
+    RegistryError,
+    _logged_model_id,
+    alias_version,
+    model_version,
+    version_stage_run,
+)
+from tasks.tracking.runs import (
+    TableInput,
+    default_tracking_uri,
+    ensure_experiment,
+    log_metrics,
+    log_params,
+    log_table_inputs,
+    set_tags,
+    tracking_client,
+)
 from tasks.tracking.tags import (
     COLLECTION_FILE_TAG,
     COLLECTION_POLICY_TAG,
@@ -62,14 +77,12 @@ LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_v
 def resolve_version(client, name: str, ref: str):
     """A registered version by number or alias -> the MlflowClient version (RegistryError
     when the registry has neither)."""
-    from mlflow.exceptions import MlflowException
-
     ref = ref.removeprefix("@")
     if ref.isdigit():
-        try:
-            return client.get_model_version(name, ref)
-        except MlflowException:
-            raise RegistryError(f"registered model '{name}' has no version {ref}") from None
+        version = model_version(client, name, ref)
+        if version is None:
+            raise RegistryError(f"registered model '{name}' has no version {ref}")
+        return version
     version = alias_version(client, name, ref)
     if version is None:
         raise RegistryError(f"registered model '{name}' has no alias '{ref}' (a first "
@@ -187,29 +200,15 @@ def log_collection(client, run_id: str, version, paths: dict[str, Path], rows: l
                    prompts: list[str]) -> None:
     """Artifacts of the collection run, and the labelling file as its dataset input beside
     the sampled policy's logged model."""
-    import mlflow.data
-    from mlflow.entities import DatasetInput, InputTag, LoggedModelInput
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    from tasks.tracking.registry import _logged_model_id
-
     for path in paths.values():
         client.log_artifact(run_id, str(path), "collection")
     client.log_dict(run_id, rows, RECORD)
     client.log_dict(run_id, prompts, PROMPTS)
-    import warnings
-
     table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
-    with warnings.catch_warnings():  # a local path is ambiguous between MLflow's two
-        warnings.filterwarnings("ignore", message="The specified dataset source")  # sources
-        dataset = mlflow.data.from_pandas(table, source=str(paths["jsonl"]),
-                                          name=paths["jsonl"].name)
     ref = f"{version.name}/{version.version}"
-    inputs = [DatasetInput(dataset._to_mlflow_entity(), tags=[
-        InputTag(MLFLOW_DATASET_CONTEXT, "collection"), InputTag(POLICY_VERSION_INPUT_TAG, ref)])]
-    model_id = _logged_model_id(version)
-    client.log_inputs(run_id, datasets=inputs,
-                      models=[LoggedModelInput(model_id)] if model_id else None)
+    labelling = TableInput(table, str(paths["jsonl"]), paths["jsonl"].name,
+                           tags={POLICY_VERSION_INPUT_TAG: ref})
+    log_table_inputs(client, run_id, [labelling], "collection", _logged_model_id(version))
 
 
 def _table_artifact(rows: list[dict], n: int = 10) -> None:
@@ -222,22 +221,18 @@ def _table_artifact(rows: list[dict], n: int = 10) -> None:
 
 
 def experiment_for(client, cfg: PipelineConfig) -> str:
-    from tasks.prepare import _experiment_id
-
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
-    return _experiment_id(client, cfg.tracking.experiment, uri)
+    return ensure_experiment(client, cfg.tracking.experiment, uri)
 
 
 @task(name="collect")
 def collect(cfg: PipelineConfig) -> dict:
     """Sample ``collect.policy`` on the pool's next fresh prompts; write the labelling file
     to ``collect.out_dir``; record it in MLflow -> paths, counts, the collection run."""
-    from mlflow.tracking import MlflowClient
-
     from data_checks.loading import DataError
 
     c, start = cfg.collect, time.perf_counter()
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     name = cfg.tracking.registered_policy
     version = resolve_version(client, name, c.policy)
     pool_name, pool = prompt_pool(cfg)

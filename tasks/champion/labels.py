@@ -40,7 +40,7 @@ from tasks.champion.events import (
     emit,
 )
 from tasks.config import PipelineConfig
-from tasks.tracking.runs import default_tracking_uri, log_metrics
+from tasks.tracking.runs import default_tracking_uri, log_metrics, tracking_client
 from tasks.tracking.tags import (
     COLLECTION_TAG,
     LABELS_BATCH_TAG,
@@ -109,9 +109,7 @@ def _figures_text(figures: dict, counts: dict, rows: int) -> str:
 
 def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: dict, counts: dict,
                 tags: dict) -> str:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     run = client.create_run(experiment_for(client, cfg), run_name=f"labels-{digest[:8]}",
                             tags={LABELS_BATCH_TAG: digest, LABELS_FILE_TAG: path.name, **tags})
     metrics = {f"labels/{k}": v for k, v in {**counts, **figures}.items()
@@ -126,10 +124,8 @@ def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: dict, cou
 
 def decide(cfg: PipelineConfig, path: Path) -> dict:
     """Read and check a labelled file, vote, measure -> pairs, counts, figures, refusal."""
-    from mlflow.tracking import MlflowClient
-
     df = read_labelled(path)
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     ids = [str(i).strip() for i in df["id"].tolist()]
     exp_id = experiment_for(client, cfg)
     records = collection_records(client, exp_id, ids)

@@ -52,6 +52,16 @@ def alias_version(client: MlflowClient, name: str, alias: str):
         return None
 
 
+def model_version(client: MlflowClient, name: str, version: str | int):
+    """The registered version ``version`` of ``name``, or None (no such model or version)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version(name, str(version))
+    except MlflowException:
+        return None
+
+
 def _record(client: MlflowClient, name: str, entry: dict) -> None:
     model = client.get_registered_model(name)
     lines = [x for x in model.tags.get(ALIAS_LOG_TAG, "").splitlines() if x][-(LOG_KEEP - 1):]
@@ -79,14 +89,11 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
 def promote(tracking_uri: str, name: str, version: str | int, reason: str) -> str | None:
     """By hand: make ``version`` the champion (`rlhf promote`) in the registry at
     ``tracking_uri``."""
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    try:
-        client.get_model_version(name, str(version))
-    except MlflowException:
-        raise RegistryError(f"registered model '{name}' has no version {version}") from None
+    if model_version(client, name, version) is None:
+        raise RegistryError(f"registered model '{name}' has no version {version}")
     return move_champion(client, name, version, "promote", reason)
 
 
