@@ -20,7 +20,7 @@ from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.records import Artifact, DataRecord
 from tasks.tracking.artifacts import local_copy
-from tasks.tracking.models import mlflow_pointed_at
+from tasks.tracking.models import load_pyfunc
 from tasks.tracking.runs import RunContext, set_tags
 from tasks.tracking.tags import (
     JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG,
@@ -108,10 +108,7 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
 def load_external(uri: str, tracking_uri: str):
     """A registered pyfunc scorer (``models:/<name>@<alias>``) from the run's MLflow store;
     the process's MLflow settings are left as they were."""
-    import mlflow.pyfunc
-
-    with mlflow_pointed_at(tracking_uri):
-        return mlflow.pyfunc.load_model(uri)
+    return load_pyfunc(uri, tracking_uri)
 
 
 def external_scores(model, prompts: list[str], responses: list[str]) -> list[float]:

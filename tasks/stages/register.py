@@ -59,11 +59,9 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
     """Log and register the policy (pyfunc answering prompts with their completion;
     ``generation``: its default max_new_tokens and temperature) and the reward model (pyfunc
     scoring prompt/response) in the register run -> their versions."""
-    import mlflow
+    from tasks.tracking.models import active_run, log_policy, log_reward_model
 
-    from tasks.tracking.models import log_policy, log_reward_model, mlflow_pointed_at
-
-    with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
+    with active_run(run_id, tracking_uri):
         version = log_policy(policy_dir, policy_name, generation, card, spec.trust_remote_code)
         crash_point("register:policy_version")
         rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name, spec.trust_remote_code)
