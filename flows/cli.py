@@ -37,6 +37,7 @@ from flows.errors import (
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
 from tasks.tracking.runs import runs_table_url
+from tasks.tracking.tags import SWEEP_TAG
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -147,7 +148,7 @@ def cmd_sweep(args) -> int:
                      max_concurrent=args.max_concurrent)
     print(f"\n{out['markdown']}\n{len(points)} points in {time.perf_counter() - start:.1f} s; "
           f"sweep {out['sweep_id']}: MLflow run {out['parent_run_id']} ({out['tracking_uri']}), "
-          f"filter runs with tags.`rlhf.sweep_id` = '{out['sweep_id']}'")
+          f"filter runs with tags.`{SWEEP_TAG}` = '{out['sweep_id']}'")
     if out["failed"]:
         print(f"failed points: {'; '.join(out['failed'])}", file=sys.stderr)
         return 1

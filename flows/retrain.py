@@ -40,6 +40,16 @@ from tasks.stages.register import register
 from tasks.stages.validate import validate
 from tasks.tracking.registry import RegistryError
 from tasks.tracking.runs import RunContext
+from tasks.tracking.tags import (
+    ANCESTRY_TAG,
+    BATCH_SOURCES_TAG,
+    CHAMPION_VERSION_TAG,
+    GATE_SCORER_TAG,
+    LINEAGE_BATCHES_TAG,
+    SFT_RUN_TAG,
+    STARTED_FROM_TAG,
+    TRAINED_ON_TAG,
+)
 
 
 def limit_name(config: PipelineConfig) -> str:
@@ -66,10 +76,10 @@ def _retrain_settings(config: PipelineConfig) -> PipelineConfig:
 
 
 def _lineage(prep: dict, batches: list[dict], ancestry: str, started_from: str) -> dict:
-    return {"rlhf.batches": json.dumps([b["digest"] for b in batches]),
-            "rlhf.trained_on": json.dumps(prep["trained_on"]),
-            "rlhf.batch_sources": json.dumps(prep["batch_sources"]),
-            "rlhf.ancestry": ancestry, "rlhf.started_from": started_from}
+    return {LINEAGE_BATCHES_TAG: json.dumps([b["digest"] for b in batches]),
+            TRAINED_ON_TAG: json.dumps(prep["trained_on"]),
+            BATCH_SOURCES_TAG: json.dumps(prep["batch_sources"]),
+            ANCESTRY_TAG: ancestry, STARTED_FROM_TAG: started_from}
 
 
 def bootstrap(config: PipelineConfig, batches: list[dict]) -> dict:
@@ -140,9 +150,9 @@ def challenge(config: PipelineConfig, batches: list[dict],
                     "scorer": gate_out.decision.scorer, **result}
         lineage = {**_lineage(prep, batches, champion["ancestry"],
                               f"champion v{champion['version']}"),
-                   "rlhf.champion_version": champion["version"],
-                   "rlhf.sft_run_id": champion["sft_run_id"],
-                   "rlhf.gate.scorer": gate_out.decision.scorer}
+                   CHAMPION_VERSION_TAG: champion["version"],
+                   SFT_RUN_TAG: champion["sft_run_id"],
+                   GATE_SCORER_TAG: gate_out.decision.scorer}
         reg = register(ctx, config, trained["ppo"], gate_out, trained["reward_model"], data,
                        lineage=lineage, decision=gate_out.decision)
         mark_consumed(ctx, batches)

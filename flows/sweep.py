@@ -16,8 +16,9 @@ from tasks.config import PipelineConfig
 from tasks.finish import close_parent, fail_parent, finish
 from tasks.prepare import prepare
 from tasks.stages.records import SharedStages
-from tasks.sweep import SWEEP_TAG, open_point_run, point_label, point_row, sweep_summary
+from tasks.sweep import open_point_run, point_label, point_row, sweep_summary
 from tasks.tracking.runs import RunContext, tag_parent
+from tasks.tracking.tags import SWEEP_POINTS_TAG, SWEEP_ROLE_TAG, SWEEP_TAG
 
 
 def _point_name() -> str:
@@ -66,8 +67,8 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
         update={"run_name": f"{sweep_id}-shared"})})
     base_prep = prepare(shared_cfg)
     ctx = RunContext.model_validate(base_prep["ctx"])
-    tag_parent(ctx, {SWEEP_TAG: sweep_id, "rlhf.sweep_role": "shared",
-                     "rlhf.sweep_points": len(points)})
+    tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_ROLE_TAG: "shared",
+                     SWEEP_POINTS_TAG: len(points)})
     try:
         shared = SharedStages.model_validate(shared_stages(ctx, shared_cfg, base_prep))
     except BaseException:

@@ -12,6 +12,7 @@ from tasks.finish import close_parent, fail_parent
 from tasks.prepare import prepare
 from tasks.stages.validate import validate
 from tasks.tracking.runs import RunContext, tag_parent
+from tasks.tracking.tags import VALIDATE_ONLY_TAG
 
 KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
          "eval_prompts": "prompts", "preference_eval": "preference"}
@@ -32,7 +33,7 @@ def preflight(data: DataConfig | None) -> None:
 def rlhf_validate(config: PipelineConfig) -> dict:
     prep = prepare(config)
     ctx = RunContext.model_validate(prep["ctx"])
-    tag_parent(ctx, {"rlhf.validate_only": "true"})
+    tag_parent(ctx, {VALIDATE_ONLY_TAG: "true"})
     try:
         out = validate(ctx, config, prep)
     except BaseException:

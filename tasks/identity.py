@@ -13,10 +13,7 @@ import tempfile
 from pathlib import Path
 
 from tasks.config import PipelineConfig
-
-DIGEST_TAG = "rlhf.input_digest."  # + role, e.g. rlhf.input_digest.preference (source bytes;
-# rlhf.data_digest.* are the MLflow digests of the cleaned files, set by the validate stage)
-CONFIG_TAG = "rlhf.config_hash"
+from tasks.tracking.tags import CONFIG_HASH_TAG, INPUT_DIGEST_PREFIX
 
 
 class ResumeRefused(ValueError):
@@ -65,7 +62,7 @@ def input_digests(cfg: PipelineConfig) -> dict[str, str]:
 
 
 def digest_tags(digests: dict[str, str]) -> dict[str, str]:
-    return {DIGEST_TAG + role: value for role, value in digests.items()}
+    return {INPUT_DIGEST_PREFIX + role: value for role, value in digests.items()}
 
 
 def changed_inputs(tags: dict[str, str], cfg: PipelineConfig, digests: dict[str, str],
@@ -73,10 +70,10 @@ def changed_inputs(tags: dict[str, str], cfg: PipelineConfig, digests: dict[str,
     """What differs between a run's recorded identity (its tags) and this config + data, in
     words; empty when the run was made from the same inputs."""
     changes = []
-    if include_config and tags.get(CONFIG_TAG) != cfg.config_hash():
-        changes.append(f"the config (hash {tags.get(CONFIG_TAG)} -> {cfg.config_hash()})")
-    recorded = {k.removeprefix(DIGEST_TAG): v for k, v in tags.items()
-                if k.startswith(DIGEST_TAG)}
+    if include_config and tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
+        changes.append(f"the config (hash {tags.get(CONFIG_HASH_TAG)} -> {cfg.config_hash()})")
+    recorded = {k.removeprefix(INPUT_DIGEST_PREFIX): v for k, v in tags.items()
+                if k.startswith(INPUT_DIGEST_PREFIX)}
     for role in sorted(set(recorded) | set(digests)):
         if recorded.get(role) != digests.get(role):
             where = ""

@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 from prefect import task
 
 from data_checks.config import DataConfig, DataSource
@@ -21,10 +19,22 @@ from tasks.runtime.remote import check_deployments
 from tasks.tracking.runs import (
     RunContext,
     default_tracking_uri,
+    ensure_experiment,
     ensure_store,
     hardware_tags,
     log_params,
     set_tags,
+    tracking_client,
+)
+from tasks.tracking.tags import (
+    CONFIG_HASH_TAG,
+    GIT_COMMIT_TAG,
+    PARENT_TAG,
+    PREFECT_FLOW_RUN_TAG,
+    RESUMED_CONFIG_HASH_TAG,
+    RUN_NAME_TAG,
+    SEED_TAG,
+    VERSION_PREFIX,
 )
 
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
@@ -34,9 +44,9 @@ def package_versions() -> dict[str, str]:
     out = {}
     for name in PACKAGES:
         try:
-            out[f"rlhf.version.{name}"] = md.version(name)
+            out[VERSION_PREFIX + name] = md.version(name)
         except md.PackageNotFoundError:
-            out[f"rlhf.version.{name}"] = "absent"
+            out[VERSION_PREFIX + name] = "absent"
     return out
 
 
@@ -64,40 +74,10 @@ def _prefect_flow_run_id() -> str | None:
         return None
 
 
-def artifact_location(tracking_uri: str) -> str | None:
-    """``<db folder>/mlruns`` for a local SQLite store, so artifacts live beside their runs
-    whatever the working folder (MLflow's default is ``./mlruns`` of the current one)."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None  # a server decides (served artifacts), or MLflow's own default
-    db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
-    return (db.parent / "mlruns").as_uri()
-
-
-# MLflow 3's UI opens an experiment of this kind on its runs table and metric charts, not on
-# its GenAI (traces) view
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-
-
-def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp:
-        if "mlflow.experimentKind" not in exp.tags:
-            client.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location(uri),
-                                        tags=EXPERIMENT_KIND)
-    except MlflowException as err:
-        # another pipeline run on the same server created it between our lookup and create
-        if err.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-        return client.get_experiment_by_name(name).experiment_id
-
-
 def _find_parents(client, experiment_id, filter_string: str) -> list:
     runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=20,
                               order_by=["attributes.start_time DESC"])
-    return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    return [r for r in runs if PARENT_TAG not in r.data.tags]
 
 
 def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None,
@@ -106,13 +86,13 @@ def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None
     same run name + config hash + data digests (when a run name is set). A run of that name
     made from other inputs is never continued: a new run starts, and the change is said."""
     if flow_run_id:
-        found = _find_parents(client, exp_id, f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
+        found = _find_parents(client, exp_id, f"tags.`{PREFECT_FLOW_RUN_TAG}` = '{flow_run_id}'")
         if found:
             return found[0].info.run_id
     name = cfg.tracking.run_name
     if not name:
         return None
-    same_name = _find_parents(client, exp_id, f"tags.`rlhf.run_name` = '{name}'")
+    same_name = _find_parents(client, exp_id, f"tags.`{RUN_NAME_TAG}` = '{name}'")
     for run in same_name:
         if not changed_inputs(run.data.tags, cfg, digests):
             return run.info.run_id
@@ -139,8 +119,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
     """Create the parent run, or reopen it (``resume_run_id``, or same run name + config)."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     ensure_store(uri)
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = _experiment_id(client, cfg.tracking.experiment, uri)
+    client = tracking_client(uri)
+    exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
     run_name = cfg.tracking.run_name or default_run_name(cfg)
     flow_run_id = _prefect_flow_run_id()
     digests = input_digests(cfg)
@@ -150,22 +130,22 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         _check_resume(run, cfg, digests)
         exp_id = run.info.experiment_id
         client.update_run(run_id, status="RUNNING")
-        if run.data.tags.get("rlhf.config_hash") != cfg.config_hash():
+        if run.data.tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
             # resumed with changed settings (e.g. a lower LR after a non-finite loss): keep
             # the record of what the continuation ran with
             client.log_dict(run_id, cfg.model_dump(mode="json"),
                             f"config/resumed_config_{cfg.config_hash()}.json")
-            set_tags(client, run_id, {"rlhf.resumed_config_hash": cfg.config_hash()})
+            set_tags(client, run_id, {RESUMED_CONFIG_HASH_TAG: cfg.config_hash()})
     else:
         run_id = client.create_run(exp_id, run_name=run_name).info.run_id
         log_params(client, run_id, flatten(cfg.model_dump(mode="json")))
-        tags = {"rlhf.run_name": run_name, "rlhf.config_hash": cfg.config_hash(),
-                "rlhf.seed": str(cfg.seed), **package_versions(), **digest_tags(digests)}
+        tags = {RUN_NAME_TAG: run_name, CONFIG_HASH_TAG: cfg.config_hash(),
+                SEED_TAG: str(cfg.seed), **package_versions(), **digest_tags(digests)}
         commit = git_commit()
         if commit:
-            tags["rlhf.git_commit"] = commit
+            tags[GIT_COMMIT_TAG] = commit
         if flow_run_id:
-            tags["rlhf.prefect_flow_run_id"] = str(flow_run_id)
+            tags[PREFECT_FLOW_RUN_TAG] = str(flow_run_id)
         set_tags(client, run_id, tags)
         client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
     # the stages' thread count from here on, so each run's rlhf.hw.threads is the one used

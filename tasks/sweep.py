@@ -18,8 +18,8 @@ from prefect import task
 from tasks.config import PipelineConfig
 from tasks.prepare import open_parent_run
 from tasks.tracking.runs import RunContext, set_tags
+from tasks.tracking.tags import SWEEP_POINT_TAG, SWEEP_SHARED_RUN_TAG, SWEEP_TAG
 
-SWEEP_TAG = "rlhf.sweep_id"
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..10 (beyond: normal 1.96)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 COLUMNS = ("status", "eval/judge_win_rate", "eval/kl_to_ref", "eval/rm_score_policy",
@@ -39,8 +39,8 @@ def open_point_run(cfg: PipelineConfig, base_prep: dict, sweep_id: str,
     ctx = open_parent_run(cfg, None)
     shared = RunContext.model_validate(base_prep["ctx"])
     set_tags(ctx.client(), ctx.parent_run_id,
-             {SWEEP_TAG: sweep_id, "rlhf.sweep_point": json.dumps(overrides, sort_keys=True),
-              "rlhf.sweep_shared_run_id": shared.parent_run_id})
+             {SWEEP_TAG: sweep_id, SWEEP_POINT_TAG: json.dumps(overrides, sort_keys=True),
+              SWEEP_SHARED_RUN_TAG: shared.parent_run_id})
     return {**base_prep, "ctx": ctx.model_dump()}
 
 

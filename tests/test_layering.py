@@ -1,5 +1,6 @@
 """The house has one direction: CLI -> flows -> tasks -> rlhf_core and data_checks, flows only
-wire (no MLflow: its look-ups are tasks'), and no module imports itself back through others.
+wire (no MLflow: its look-ups are tasks'), only tasks/tracking/ imports mlflow and names MLflow
+tags (tasks/tracking/tags.py), and no module imports itself back through others.
 Checked on the source (every import statement, including those inside functions), not on
 sys.modules, so a lazy import that a test never triggers is caught too."""
 
@@ -42,6 +43,65 @@ def test_no_import_points_up_the_layers(package):
     bad = {f"{path.relative_to(ROOT)}: {name}" for path in files
            for name in imported_packages(path.read_text()) & FORBIDDEN[package]}
     assert not bad, sorted(bad)
+
+
+def test_only_tasks_tracking_imports_mlflow():
+    """MLflow is one wing's business: the rest of tasks/ calls tasks/tracking/ (runs,
+    models, registry, artifacts...), never mlflow itself (flows/ neither: FORBIDDEN)."""
+    tracking = ROOT / "tasks" / "tracking"
+    files = [p for p in sorted((ROOT / "tasks").rglob("*.py")) if tracking not in p.parents]
+    assert files
+    bad = [str(p.relative_to(ROOT)) for p in files if "mlflow" in imported_packages(p.read_text())]
+    assert not bad, bad
+
+
+TAGS_MODULE = "tasks/tracking/tags.py"
+# strings shaped like a tag name that are not MLflow tags: (file, string) -> why
+NOT_TAGS = {
+    ("tasks/stages/progress.py", "rlhf.progress"): "a logger's name",
+    ("tasks/tracking/spool.py", "rlhf.spool"): "a logger's name",
+    ("flows/serve.py", "rlhf.preferences.*"): "the retrain trigger's Prefect event resources",
+    ("flows/serve.py", "rlhf.imported_by"): "the retrain trigger's Prefect event label",
+}
+NOT_TAG_FILES = {  # file -> why its strings shaped like tag names are not MLflow tags
+    "tasks/champion/events.py": "the Prefect events' names, resources and labels",
+}
+
+
+def tag_literals(source: str) -> list[str]:
+    """String constants of ``source`` (f-strings' constant parts too; not docstrings) that
+    start like a tag name (``rlhf.``, ``mlflow.``) or quote one in a search filter
+    (``tags.`rlhf.x` = ...``)."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                                | ast.AsyncFunctionDef)
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and re.search(r"^(rlhf|mlflow)\.|`(rlhf|mlflow)\.", node.value)]
+
+
+def test_the_tag_finder_sees_f_strings_and_filters_not_docstrings():
+    source = ('"""Sets ``rlhf.a``."""\n\ndef f(x):\n    """Reads rlhf.b."""\n'
+              '    g({"rlhf.c": 1, f"rlhf.d.{x}": 2, "mlflow.parentRunId": 3, "rlhf": 4})\n'
+              '    return f"tags.`rlhf.e` = \'{x}\'"\n')
+    assert sorted(tag_literals(source)) == ["mlflow.parentRunId", "rlhf.c", "rlhf.d.",
+                                            "tags.`rlhf.e` = '"]
+
+
+def test_every_tag_name_is_written_in_the_tags_module():
+    """An MLflow tag name is written once, in tasks/tracking/tags.py; tasks/ and flows/ use
+    its constants, so a tag's readers and writers cannot drift apart."""
+    found = {(str(path.relative_to(ROOT)), text) for package in ("tasks", "flows")
+             for path in sorted((ROOT / package).rglob("*.py"))
+             for text in tag_literals(path.read_text())}
+    bad = sorted(f"{name}: {text!r}" for name, text in found - set(NOT_TAGS)
+                 if name != TAGS_MODULE and name not in NOT_TAG_FILES)
+    assert not bad, bad
+    assert set(NOT_TAGS) <= found, f"stale NOT_TAGS entries: {set(NOT_TAGS) - found}"
 
 
 def test_no_test_module_imports_another():

@@ -8,18 +8,40 @@ import json
 from pathlib import Path
 
 import pandas as pd
-from mlflow.tracking import MlflowClient
 from prefect import task
 
 from data_checks.config import DataConfig, DataSource
 from data_checks.loading import DataError, load_table
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
-from tasks.tracking.registry import CHAMPION, RegistryError, alias_version, version_stage_run
-from tasks.tracking.runs import RunContext, default_tracking_uri, set_tags
+from tasks.tracking.registry import (
+    CHAMPION,
+    RegistryError,
+    alias_version,
+    model_version,
+    version_stage_run,
+)
+from tasks.tracking.runs import (
+    RunContext,
+    TableInput,
+    default_tracking_uri,
+    experiment_client,
+    log_table_inputs,
+    set_tags,
+)
+from tasks.tracking.tags import (
+    ANCESTRY_TAG,
+    BATCH_SOURCES_TAG,
+    CONSUMED_TAG,
+    LABELS_COLLECTIONS_TAG,
+    LABELS_PREFERENCE_DIGEST_TAG,
+    RETRAIN_BATCHES_TAG,
+    RETRAIN_CHAMPION_VERSION_TAG,
+    RETRAIN_TAG,
+    TRAINED_ON_TAG,
+)
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
-CONSUMED_TAG = "rlhf.retrain.consumed"
 CONSUMED_COPY = "consumed_batches"  # artifact folder: a copy of each batch a retrain consumed
 
 
@@ -32,10 +54,10 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def _client_and_experiment(cfg: PipelineConfig) -> tuple[MlflowClient, str | None]:
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
-    return client, None if exp is None else exp.experiment_id
+def _client_and_experiment(cfg: PipelineConfig):
+    """A plain client of the configured store and the experiment's id there (None: none)."""
+    return experiment_client(default_tracking_uri(cfg.tracking.tracking_uri),
+                             cfg.tracking.experiment)
 
 
 def consumed_runs(cfg: PipelineConfig) -> dict[str, str]:
@@ -96,15 +118,10 @@ def champion_version(cfg: PipelineConfig):
 def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> dict:
     """Download the champion's (``which``: a version number or alias) policy, reward model
     and SFT policy from MLflow -> local folders and its lineage."""
-    from mlflow.exceptions import MlflowException
-
     client = ctx.client()
     name = cfg.tracking.registered_policy
-    try:
-        version = client.get_model_version(name, which) if which.isdigit() else \
-            alias_version(client, name, which)
-    except MlflowException:
-        version = None
+    version = model_version(client, name, which) if which.isdigit() else \
+        alias_version(client, name, which)
     if version is None:
         raise RegistryError(f"'{name}' has no {'version ' if which.isdigit() else ''}{which}"
                             " in the MLflow registry")
@@ -113,12 +130,12 @@ def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) 
     rm_run = version_stage_run(client, version, "reward_model")
     sft_run = version_stage_run(client, version, "sft")
     out = {"version": str(version.version), "sft_run_id": sft_run,
-           "ancestry": version.tags.get("rlhf.ancestry", f"v{version.version}"),
+           "ancestry": version.tags.get(ANCESTRY_TAG, f"v{version.version}"),
            "policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
            "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
     # the SFT policy: reference, RM start, and the trunk of the gate's judge reward model
     out["sft_dir"] = client.download_artifacts(sft_run, "checkpoint", str(root / "sft"))
-    set_tags(client, ctx.parent_run_id, {"rlhf.retrain.champion_version": out["version"]})
+    set_tags(client, ctx.parent_run_id, {RETRAIN_CHAMPION_VERSION_TAG: out["version"]})
     return out
 
 
@@ -173,10 +190,10 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: dict, batches: list[
         out.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
     out["batch_sources"] = batch_sources(cfg, out["trained_on"])
     set_tags(ctx.client(), ctx.parent_run_id, {
-        "rlhf.retrain": "true", "rlhf.retrain.batches": json.dumps(
+        RETRAIN_TAG: "true", RETRAIN_BATCHES_TAG: json.dumps(
             [{"name": b["name"], "digest": b["digest"]} for b in batches]),
-        "rlhf.trained_on": json.dumps(out["trained_on"]),
-        "rlhf.batch_sources": json.dumps(out["batch_sources"])})
+        TRAINED_ON_TAG: json.dumps(out["trained_on"]),
+        BATCH_SOURCES_TAG: json.dumps(out["batch_sources"])})
     return out
 
 
@@ -184,14 +201,13 @@ def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
     """Where each preference batch (by digest) came from: the collections its labels named
     (``v<champion version>-<id>``: collected from that policy version), else ``offline``
     (a file no label import wrote)."""
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    client, exp_id = _client_and_experiment(cfg)
     out = {}
     for digest in digests:
-        runs = [] if exp is None else client.search_runs(
-            [exp.experiment_id], max_results=1,
-            filter_string=f"tags.`rlhf.labels.preference_digest` = '{digest}'")
-        names = json.loads(runs[0].data.tags.get("rlhf.labels.collections", "[]")) \
+        runs = [] if exp_id is None else client.search_runs(
+            [exp_id], max_results=1,
+            filter_string=f"tags.`{LABELS_PREFERENCE_DIGEST_TAG}` = '{digest}'")
+        names = json.loads(runs[0].data.tags.get(LABELS_COLLECTIONS_TAG, "[]")) \
             if runs else []
         out[digest] = ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
                                 for c in names) or "offline"
@@ -208,19 +224,10 @@ def batch_rows_note(rows: list[dict]) -> str:
 
 def log_batch_inputs(ctx: RunContext, batches: list[dict]) -> None:
     """Each batch as an MLflow dataset input of the retrain run (name, source, digest)."""
-    import mlflow.data
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    inputs = []
-    for b in batches:
-        df = load_table(DataSource(path=b["path"]), "preference")
-        dataset = mlflow.data.from_pandas(df, source=b["path"], name=b["name"],
-                                          digest=b["digest"])
-        inputs.append(DatasetInput(dataset._to_mlflow_entity(),
-                                   tags=[InputTag(MLFLOW_DATASET_CONTEXT, "retrain_batch")]))
-    if inputs:
-        ctx.client().log_inputs(ctx.parent_run_id, datasets=inputs)
+    tables = [TableInput(load_table(DataSource(path=b["path"]), "preference"), b["path"],
+                         b["name"], b["digest"]) for b in batches]
+    if tables:
+        log_table_inputs(ctx.client(), ctx.parent_run_id, tables, "retrain_batch")
 
 
 @task(name="mark_consumed")

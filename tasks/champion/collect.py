@@ -33,14 +33,42 @@ from rlhf_core.eval.collect import (
 from rlhf_core.eval.evaluate import sample_policy
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.train.optim import seed_everything
-from tasks.champion.events import COLLECTION_READY, emit
+from tasks.champion.events import (
+    COLLECTION_READY,
+    COLLECTION_RESOURCE,
+    POLICY_LABEL,
+    POLICY_VERSION_LABEL,
+    emit,
+)
 from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge, resolve_judge_name
-from tasks.tracking.registry import RegistryError, alias_version, version_stage_run
-from tasks.tracking.runs import default_tracking_uri, log_metrics, log_params, set_tags
+from tasks.tracking.registry import (
+    RegistryError,
+    _logged_model_id,
+    alias_version,
+    model_version,
+    version_stage_run,
+)
+from tasks.tracking.runs import (
+    TableInput,
+    default_tracking_uri,
+    ensure_experiment,
+    log_metrics,
+    log_params,
+    log_table_inputs,
+    set_tags,
+    tracking_client,
+)
+from tasks.tracking.tags import (
+    COLLECTION_FILE_TAG,
+    COLLECTION_POLICY_TAG,
+    COLLECTION_POOL_DIGEST_TAG,
+    COLLECTION_POOL_TAG,
+    COLLECTION_TAG,
+    POLICY_VERSION_INPUT_TAG,
+)
 
-COLLECTION_TAG, POOL_TAG = "rlhf.collection", "rlhf.collection.pool_digest"
 RECORD, PROMPTS = "collection/record.json", "collection/prompts.json"
 KNOWN_GAP = 2.0  # judge points between a known-answer pair's sides (clear cases only)
 LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_version",
@@ -50,14 +78,12 @@ LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_v
 def resolve_version(client, name: str, ref: str):
     """A registered version by number or alias -> the MlflowClient version (RegistryError
     when the registry has neither)."""
-    from mlflow.exceptions import MlflowException
-
     ref = ref.removeprefix("@")
     if ref.isdigit():
-        try:
-            return client.get_model_version(name, ref)
-        except MlflowException:
-            raise RegistryError(f"registered model '{name}' has no version {ref}") from None
+        version = model_version(client, name, ref)
+        if version is None:
+            raise RegistryError(f"registered model '{name}' has no version {ref}")
+        return version
     version = alias_version(client, name, ref)
     if version is None:
         raise RegistryError(f"registered model '{name}' has no alias '{ref}' (a first "
@@ -90,9 +116,9 @@ def pool_digest(prompts: list[str]) -> str:
 
 
 def earlier_collections(client, experiment_id: str, digest: str) -> list:
-    return [r for r in client.search_runs(
-        [experiment_id], filter_string=f"tags.`{POOL_TAG}` = '{digest}'", max_results=5000)
-        if r.info.status == "FINISHED"]
+    runs = client.search_runs([experiment_id], max_results=5000,
+                              filter_string=f"tags.`{COLLECTION_POOL_DIGEST_TAG}` = '{digest}'")
+    return [r for r in runs if r.info.status == "FINISHED"]
 
 
 def used_prompts(client, runs: list) -> set[str]:
@@ -177,29 +203,15 @@ def log_collection(client, run_id: str, version, paths: dict[str, Path], rows: l
                    prompts: list[str]) -> None:
     """Artifacts of the collection run, and the labelling file as its dataset input beside
     the sampled policy's logged model."""
-    import mlflow.data
-    from mlflow.entities import DatasetInput, InputTag, LoggedModelInput
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    from tasks.tracking.registry import _logged_model_id
-
     for path in paths.values():
         client.log_artifact(run_id, str(path), "collection")
     client.log_dict(run_id, rows, RECORD)
     client.log_dict(run_id, prompts, PROMPTS)
-    import warnings
-
     table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
-    with warnings.catch_warnings():  # a local path is ambiguous between MLflow's two
-        warnings.filterwarnings("ignore", message="The specified dataset source")  # sources
-        dataset = mlflow.data.from_pandas(table, source=str(paths["jsonl"]),
-                                          name=paths["jsonl"].name)
     ref = f"{version.name}/{version.version}"
-    inputs = [DatasetInput(dataset._to_mlflow_entity(), tags=[
-        InputTag(MLFLOW_DATASET_CONTEXT, "collection"), InputTag("rlhf.policy_version", ref)])]
-    model_id = _logged_model_id(version)
-    client.log_inputs(run_id, datasets=inputs,
-                      models=[LoggedModelInput(model_id)] if model_id else None)
+    labelling = TableInput(table, str(paths["jsonl"]), paths["jsonl"].name,
+                           tags={POLICY_VERSION_INPUT_TAG: ref})
+    log_table_inputs(client, run_id, [labelling], "collection", _logged_model_id(version))
 
 
 def _table_artifact(rows: list[dict], n: int = 10) -> None:
@@ -212,22 +224,18 @@ def _table_artifact(rows: list[dict], n: int = 10) -> None:
 
 
 def experiment_for(client, cfg: PipelineConfig) -> str:
-    from tasks.prepare import _experiment_id
-
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
-    return _experiment_id(client, cfg.tracking.experiment, uri)
+    return ensure_experiment(client, cfg.tracking.experiment, uri)
 
 
 @task(name="collect")
 def collect(cfg: PipelineConfig) -> dict:
     """Sample ``collect.policy`` on the pool's next fresh prompts; write the labelling file
     to ``collect.out_dir``; record it in MLflow -> paths, counts, the collection run."""
-    from mlflow.tracking import MlflowClient
-
     from data_checks.loading import DataError
 
     c, start = cfg.collect, time.perf_counter()
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     name = cfg.tracking.registered_policy
     version = resolve_version(client, name, c.policy)
     pool_name, pool = prompt_pool(cfg)
@@ -240,8 +248,8 @@ def collect(cfg: PipelineConfig) -> dict:
                         "before; add prompts or set collect.prompts to another file")
     cid = f"v{version.version}-{uuid.uuid4().hex[:8]}"
     run = client.create_run(exp_id, run_name=f"collect-{name}-{cid}", tags={
-        COLLECTION_TAG: cid, POOL_TAG: digest, "rlhf.collection.pool": pool_name,
-        "rlhf.collection.policy": f"{name}/{version.version}"})
+        COLLECTION_TAG: cid, COLLECTION_POOL_DIGEST_TAG: digest, COLLECTION_POOL_TAG: pool_name,
+        COLLECTION_POLICY_TAG: f"{name}/{version.version}"})
     run_id = run.info.run_id
     try:
         root = Path(cfg.tracking.workdir) / "collect" / cid
@@ -258,7 +266,7 @@ def collect(cfg: PipelineConfig) -> dict:
         log_collection(client, run_id, version, paths, rows, prompts)
         counts.update(prompts=len(prompts), pool=len(pool), pool_used=len(used) + len(prompts))
         log_metrics(client, run_id, {f"collect/{k}": v for k, v in counts.items()}, 0)
-        set_tags(client, run_id, {"rlhf.collection.file": str(paths["jsonl"].resolve())})
+        set_tags(client, run_id, {COLLECTION_FILE_TAG: str(paths["jsonl"].resolve())})
     except BaseException:
         client.set_terminated(run_id, status="FAILED")
         raise
@@ -267,8 +275,8 @@ def collect(cfg: PipelineConfig) -> dict:
     out = {"collection": cid, "run_id": run_id, "policy": f"{name}/{version.version}",
            "paths": {k: str(v) for k, v in paths.items()}, "counts": counts,
            "wall_s": round(time.perf_counter() - start, 1)}
-    emit(COLLECTION_READY, f"rlhf.collection.{cid}", cid,
-         {"rlhf.policy": name, "rlhf.policy_version": str(version.version)},
+    emit(COLLECTION_READY, COLLECTION_RESOURCE + cid, cid,
+         {POLICY_LABEL: name, POLICY_VERSION_LABEL: str(version.version)},
          {"file": out["paths"]["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id})
     return out
 

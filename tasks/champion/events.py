@@ -17,6 +17,13 @@ from typing import Any
 
 LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
 PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
+# the events' resources (+ batch digest, collection id, registered policy name) and labels:
+# Prefect's vocabulary, not MLflow tags (those are in tasks/tracking/tags.py)
+PREFERENCES_RESOURCE, COLLECTION_RESOURCE = "rlhf.preferences.", "rlhf.collection."
+POLICY_RESOURCE = "rlhf.policy."
+POLICY_LABEL, POLICY_VERSION_LABEL = "rlhf.policy", "rlhf.policy_version"
+IMPORTED_BY_LABEL, LABELS_FILE_LABEL = "rlhf.imported_by", "rlhf.labels.file"
+OUTCOME_LABEL = "rlhf.outcome"
 
 
 def emit(event: str, resource_id: str, name: str, labels: dict[str, str] | None = None,
@@ -63,5 +70,5 @@ def announce_outcome(policy: str, result: dict) -> None:
     if status not in ("promoted", "kept", "bootstrapped"):
         return
     payload = {k: result[k] for k in ("reason", "parent_run_id") if k in result}
-    emit(KEPT if status == "kept" else PROMOTED, f"rlhf.policy.{policy}", policy,
-         {"rlhf.outcome": status}, payload)
+    emit(KEPT if status == "kept" else PROMOTED, POLICY_RESOURCE + policy, policy,
+         {OUTCOME_LABEL: status}, payload)

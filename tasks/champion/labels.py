@@ -31,12 +31,27 @@ from data_checks.labels import (
 )
 from data_checks.loading import DataError
 from tasks.champion.batches import BATCH_SUFFIXES, file_digest, report
-from tasks.champion.collect import COLLECTION_TAG, RECORD, experiment_for
-from tasks.champion.events import LABELLED, emit
+from tasks.champion.collect import RECORD, experiment_for
+from tasks.champion.events import (
+    IMPORTED_BY_LABEL,
+    LABELLED,
+    LABELS_FILE_LABEL,
+    PREFERENCES_RESOURCE,
+    emit,
+)
 from tasks.config import PipelineConfig
-from tasks.tracking.runs import default_tracking_uri, log_metrics
+from tasks.tracking.runs import default_tracking_uri, log_metrics, tracking_client
+from tasks.tracking.tags import (
+    COLLECTION_TAG,
+    LABELS_BATCH_TAG,
+    LABELS_COLLECTIONS_TAG,
+    LABELS_DECISION_TAG,
+    LABELS_FILE_TAG,
+    LABELS_PREFERENCE_DIGEST_TAG,
+    LABELS_REASON_TAG,
+)
 
-LABELS_TAG, IMPORTED, QUARANTINE = "rlhf.labels.batch", "imported", "quarantine"
+IMPORTED, QUARANTINE = "imported", "quarantine"
 
 
 def collection_records(client, experiment_id: str, ids: list[str]) -> dict[str, dict]:
@@ -54,7 +69,7 @@ def collection_records(client, experiment_id: str, ids: list[str]) -> dict[str, 
 def usual_rm_agreement(client, experiment_id: str, last: int = 5) -> float | None:
     """Median reward-model agreement of the last accepted imports (None: none yet)."""
     runs = client.search_runs([experiment_id], max_results=last, order_by=[
-        "attributes.start_time DESC"], filter_string="tags.`rlhf.labels.decision` = 'accepted'")
+        "attributes.start_time DESC"], filter_string=f"tags.`{LABELS_DECISION_TAG}` = 'accepted'")
     rates = sorted(r.data.metrics["labels/rm_agreement"] for r in runs
                    if "labels/rm_agreement" in r.data.metrics)
     return rates[len(rates) // 2] if rates else None
@@ -94,11 +109,9 @@ def _figures_text(figures: dict, counts: dict, rows: int) -> str:
 
 def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: dict, counts: dict,
                 tags: dict) -> str:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     run = client.create_run(experiment_for(client, cfg), run_name=f"labels-{digest[:8]}",
-                            tags={LABELS_TAG: digest, "rlhf.labels.file": path.name, **tags})
+                            tags={LABELS_BATCH_TAG: digest, LABELS_FILE_TAG: path.name, **tags})
     metrics = {f"labels/{k}": v for k, v in {**counts, **figures}.items()
                if isinstance(v, int | float) and v is not None}
     metrics.update({f"labels/known_agreement/{k}": v for k, v in
@@ -111,10 +124,8 @@ def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: dict, cou
 
 def decide(cfg: PipelineConfig, path: Path) -> dict:
     """Read and check a labelled file, vote, measure -> pairs, counts, figures, refusal."""
-    from mlflow.tracking import MlflowClient
-
     df = read_labelled(path)
-    client = MlflowClient(default_tracking_uri(cfg.tracking.tracking_uri))
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     ids = [str(i).strip() for i in df["id"].tolist()]
     exp_id = experiment_for(client, cfg)
     records = collection_records(client, exp_id, ids)
@@ -145,9 +156,9 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import") -
         return {"status": "already imported", "file": src.name, "batch": str(target)}
     d = decide(cfg, src)
     text = _figures_text(d["figures"], d["counts"], d["rows"])
-    tags = {"rlhf.labels.collections": json.dumps(d["collections"]),
-            "rlhf.labels.decision": "quarantined" if d["refusal"] else "accepted",
-            "rlhf.labels.reason": d["refusal"] or "label quality passed"}
+    tags = {LABELS_COLLECTIONS_TAG: json.dumps(d["collections"]),
+            LABELS_DECISION_TAG: "quarantined" if d["refusal"] else "accepted",
+            LABELS_REASON_TAG: d["refusal"] or "label quality passed"}
     if d["refusal"]:
         moved = quarantine(src, watch, f"{src.name}: quarantined: {d['refusal']} ({text})")
         run_id = _log_import(cfg, moved, digest, d["figures"], d["counts"], tags)
@@ -159,15 +170,15 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import") -
     pd.DataFrame(d["pairs"]).to_json(target, orient="records", lines=True, force_ascii=False)
     batch_digest = file_digest(target)
     run_id = _log_import(cfg, src, digest, d["figures"], d["counts"],
-                         {**tags, "rlhf.labels.preference_digest": batch_digest})
+                         {**tags, LABELS_PREFERENCE_DIGEST_TAG: batch_digest})
     if src.parent == watch:  # a dropped file: its pairs are the batch now
         (watch / IMPORTED).mkdir(exist_ok=True)
         shutil.move(str(src), watch / IMPORTED / src.name)
     report("rlhf-labels", f"# Labels imported: {src.name}\n\n{text}.\n\nPreference batch "
            f"`{target.name}` (digest {batch_digest}) waits for the next retrain.\n",
            "label import")
-    emit(LABELLED, f"rlhf.preferences.{batch_digest}", target.name,
-         {"rlhf.imported_by": imported_by, "rlhf.labels.file": src.name},
+    emit(LABELLED, PREFERENCES_RESOURCE + batch_digest, target.name,
+         {IMPORTED_BY_LABEL: imported_by, LABELS_FILE_LABEL: src.name},
          {"pairs": d["counts"]["pairs"], "figures": d["figures"], "mlflow_run_id": run_id})
     return {"status": "imported", "file": src.name, "batch": str(target), "text": text,
             "digest": batch_digest, "run_id": run_id, "counts": d["counts"]}

@@ -16,8 +16,7 @@ import hashlib
 import json
 
 from tasks.tracking.registry import CHAMPION, alias_version
-
-SCORER_TAG = "rlhf.eval.scorer"
+from tasks.tracking.tags import EVAL_SCORER_TAG, PARENT_TAG
 
 
 def eval_scorer(judge_name: str, rm_run_id: str, prompts: list[str]) -> str:
@@ -41,8 +40,8 @@ def champion_evaluation(client, name: str) -> dict | None:
     if version is None:
         return None
     run = client.get_run(version.run_id)
-    parent = client.get_run(run.data.tags.get("mlflow.parentRunId", version.run_id))
-    return {"version": str(version.version), "scorer": parent.data.tags.get(SCORER_TAG),
+    parent = client.get_run(run.data.tags.get(PARENT_TAG, version.run_id))
+    return {"version": str(version.version), "scorer": parent.data.tags.get(EVAL_SCORER_TAG),
             "metrics": dict(parent.data.metrics)}
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from rlhf_core.eval.gate import pair_key
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
-from tasks.tracking.models import mlflow_pointed_at
+from tasks.tracking.models import load_pyfunc
 
 BUILT_IN = ("judge", "judge_model", "reward_model")
 
@@ -48,10 +48,7 @@ def batch_pair_keys(prep: dict) -> list[str]:
 def load_external(uri: str, tracking_uri: str):
     """A registered pyfunc scorer (``models:/<name>@<alias>``) from the run's MLflow store;
     the process's MLflow settings are left as they were."""
-    import mlflow.pyfunc
-
-    with mlflow_pointed_at(tracking_uri):
-        return mlflow.pyfunc.load_model(uri)
+    return load_pyfunc(uri, tracking_uri)
 
 
 def external_scores(model, prompts: list[str], responses: list[str]) -> list[float]:

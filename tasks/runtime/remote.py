@@ -34,11 +34,13 @@ from pathlib import Path
 
 from tasks.config import PipelineConfig
 from tasks.tracking.runs import RunContext, default_tracking_uri, set_tags
+from tasks.tracking.tags import (
+    NODES_TAG,
+    ROUTED_FLOW_RUN_TAG,
+    ROUTED_HOST_TAG,
+    ROUTED_OUTPUT_TAG,
+)
 
-OUTPUT_TAG = "rlhf.routed.output"
-FLOW_RUN_TAG = "rlhf.routed.flow_run"
-HOST_TAG = "rlhf.routed.host"
-NODES_TAG = "rlhf.nodes"
 WORKDIR_ENV = "RLHF_STAGE_WORKDIR"
 POLL_S = 1.0
 
@@ -165,7 +167,7 @@ def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, in
     label = f"stage {stage}"
     run = _submit(deployment, {"stage": stage, "spec": stage_spec(ctx, cfg, stage, run_id,
                                                                   inputs)}, label)
-    set_tags(ctx.client(), run_id, {FLOW_RUN_TAG: f"{deployment} {run.name} ({run.id})"})
+    set_tags(ctx.client(), run_id, {ROUTED_FLOW_RUN_TAG: f"{deployment} {run.name} ({run.id})"})
     watched = _Watched(run, deployment, label, cfg.routing.start_timeout_s)
     try:
         with get_client(sync_client=True) as client:
@@ -180,16 +182,16 @@ def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, in
         _cancel(run.id)
         raise
     tags = ctx.client().get_run(run_id).data.tags
-    if OUTPUT_TAG not in tags:
+    if ROUTED_OUTPUT_TAG not in tags:
         raise RemoteStageError(f"{label}: flow run {run.name} of {deployment} completed but "
-                               f"left no output record (tag {OUTPUT_TAG}) on run {run_id}")
-    return json.loads(tags[OUTPUT_TAG])
+                               f"left no output record (tag {ROUTED_OUTPUT_TAG}) on run {run_id}")
+    return json.loads(tags[ROUTED_OUTPUT_TAG])
 
 
 def record_routed(ctx: RunContext, run_id: str, out: dict) -> None:
     """On the other machine: the output record and host name, for the head to read."""
-    set_tags(ctx.client(), run_id, {OUTPUT_TAG: json.dumps(out, sort_keys=True),
-                                    HOST_TAG: socket.gethostname()})
+    set_tags(ctx.client(), run_id, {ROUTED_OUTPUT_TAG: json.dumps(out, sort_keys=True),
+                                    ROUTED_HOST_TAG: socket.gethostname()})
 
 
 def _free_port() -> int:

@@ -12,19 +12,20 @@ from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import ModelRecord
 from tasks.stages.run import run_stage
 from tasks.tracking.runs import RunContext
+from tasks.tracking.tags import CRITIC_SKIPPED_TAG, CRITIC_SOURCE_TAG
 
 
 def body(sc: StageContext, rm: ModelRecord) -> ModelRecord:
     if not sc.cfg.ppo.uses_critic:
         reason = (f"no critic: ppo.advantage_estimator={sc.cfg.ppo.advantage_estimator} "
                   "uses no value model")
-        sc.set_tags({"rlhf.critic_skipped": reason})
+        sc.set_tags({CRITIC_SKIPPED_TAG: reason})
         return ModelRecord(figures={"critic": reason})
     rm_dir = sc.local(rm.model, "reward_model's model")
     model = load_scalar_model(rm_dir, sc.spec)  # float32: an exact copy
     out_dir = save_scalar_model(model, sc.dir / "model")
     source = rm.model.uri or str(rm_dir)
-    sc.set_tags({"rlhf.critic_source": source})
+    sc.set_tags({CRITIC_SOURCE_TAG: source})
     n_params = sum(p.numel() for p in model.parameters())
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"), source=source,
                        metrics={"critic/num_params": float(n_params)})

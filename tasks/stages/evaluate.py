@@ -9,7 +9,7 @@ from prefect import task
 from rlhf_core.eval.evaluate import compare_policies, sample_policy
 from rlhf_core.faults import pause_point
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
-from tasks.champion.rule import SCORER_TAG, eval_scorer
+from tasks.champion.rule import eval_scorer
 from tasks.common import in_prefect_run, read_jsonl
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
@@ -18,6 +18,7 @@ from tasks.stages.progress import StageProgress
 from tasks.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
 from tasks.stages.run import run_stage
 from tasks.tracking.runs import RunContext
+from tasks.tracking.tags import EVAL_SCORER_TAG
 
 
 def _table_artifact(rows: list[dict]) -> None:
@@ -58,7 +59,7 @@ def body(sc: StageContext, prep: dict, data: DataRecord, sft: ModelRecord, rm: M
                                      resolve_judge(prep["judge"]))
     pause_point("evaluate:scored")
     scorer = eval_scorer(prep["judge"], rm.run_id, prompts)
-    sc.set_tags({SCORER_TAG: scorer}, parent=True)
+    sc.set_tags({EVAL_SCORER_TAG: scorer}, parent=True)
     sc.log(0, metrics)
     sc.log_parent(metrics)
     sc.log_table(pd.DataFrame(rows), "eval/side_by_side.json")

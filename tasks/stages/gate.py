@@ -27,6 +27,16 @@ from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, Decision, GateRecord, ModelRecord, PolicyRecord
 from tasks.stages.run import run_stage
 from tasks.tracking.runs import RunContext, run_url
+from tasks.tracking.tags import (
+    GATE_DECISION_TAG,
+    GATE_GOLD_AGREES_TAG,
+    GATE_GOLD_DECISION_TAG,
+    GATE_GOLD_PREFIX,
+    GATE_PREFIX,
+    GATE_REASON_TAG,
+    GATE_SCORER_ID_TAG,
+    GATE_SCORER_TAG,
+)
 
 
 def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], gold,
@@ -63,10 +73,10 @@ def _decide(scores: dict, samples: dict, g: GateConfig, seed: int) -> dict:
 def _gold_tags(decision: dict, gold_decision: dict) -> dict:
     """What the gold judge would have decided (agreement of the scorer with it)."""
     f = gold_decision["figures"]
-    tags = {"rlhf.gate.gold.decision": "promote" if gold_decision["promote"] else "keep",
-            "rlhf.gate.gold.agrees": str(gold_decision["promote"] == decision["promote"])}
-    tags.update({f"rlhf.gate.gold.{k}": f"{f[k]:.6g}" for k in ("diff_mean", "ci_low",
-                                                                  "ci_high") if k in f})
+    tags = {GATE_GOLD_DECISION_TAG: "promote" if gold_decision["promote"] else "keep",
+            GATE_GOLD_AGREES_TAG: str(gold_decision["promote"] == decision["promote"])}
+    tags.update({GATE_GOLD_PREFIX + k: f"{f[k]:.6g}" for k in ("diff_mean", "ci_low", "ci_high")
+                 if k in f})
     return tags
 
 
@@ -86,9 +96,10 @@ def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
 def _gold_line(tags: dict) -> str:
     if not tags:
         return ""
-    low, high = tags.get("rlhf.gate.gold.ci_low", "n/a"), tags.get("rlhf.gate.gold.ci_high", "n/a")
-    return (f"The gold judge would have decided: {tags['rlhf.gate.gold.decision']} (mean "
-            f"diff {tags.get('rlhf.gate.gold.diff_mean', 'n/a')}, CI [{low}, {high}]).\n\n")
+    low, high = (tags.get(GATE_GOLD_PREFIX + k, "n/a") for k in ("ci_low", "ci_high"))
+    diff = tags.get(GATE_GOLD_PREFIX + "diff_mean", "n/a")
+    return (f"The gold judge would have decided: {tags[GATE_GOLD_DECISION_TAG]} (mean "
+            f"diff {diff}, CI [{low}, {high}]).\n\n")
 
 
 def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
@@ -124,10 +135,10 @@ def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
     sc.log_parent(metrics)
     key = "eval/judge_score_policy" if scorer == "judge" else "eval/rm_score_policy"
     label = scorer_label(scorer)
-    tags = {"rlhf.gate.decision": "promote" if decision["promote"] else "keep",
-            "rlhf.gate.reason": decision["reason"], "rlhf.gate.scorer": label,
-            "rlhf.gate.scorer_id": scorer, **gold_tags,
-            **{f"rlhf.gate.{k}": f"{v:.6g}" if isinstance(v, float) else str(v)
+    tags = {GATE_DECISION_TAG: "promote" if decision["promote"] else "keep",
+            GATE_REASON_TAG: decision["reason"], GATE_SCORER_TAG: label,
+            GATE_SCORER_ID_TAG: scorer, **gold_tags,
+            **{GATE_PREFIX + k: f"{v:.6g}" if isinstance(v, float) else str(v)
                for k, v in decision["figures"].items()}}
     sc.set_tags(tags, parent=True)
     sc.set_tags(tags)
@@ -138,7 +149,7 @@ def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
     return GateRecord(decision=Decision(promote=decision["promote"],
                                         reason=decision["reason"], scorer=label),
                       metrics={key: decision["figures"]["score_challenger"], **metrics},
-                      figures={"decision": tags["rlhf.gate.decision"], "scorer": label})
+                      figures={"decision": tags[GATE_DECISION_TAG], "scorer": label})
 
 
 STAGE = Stage("gate", body, GateRecord, seed_offset=4)

@@ -19,6 +19,11 @@ from tasks.stages.records import DataRecord, ModelRecord
 from tasks.stages.run import run_stage
 from tasks.tracking.artifacts import Artifact, local_copy
 from tasks.tracking.runs import RunContext, set_tags
+from tasks.tracking.tags import (
+    JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG,
+    JUDGE_SPLIT_JUDGE_PAIRS_TAG,
+    JUDGE_SPLIT_RM_PAIRS_TAG,
+)
 
 
 def _write_jsonl(path, rows: list[dict]) -> None:
@@ -60,9 +65,9 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
     _write_jsonl(target / "judge_preference.jsonl", held)
     client = ctx.client()
     client.log_artifacts(ctx.parent_run_id, str(target), "judge_split/data")
-    set_tags(client, ctx.parent_run_id, {"rlhf.judge_split.rm_pairs": str(len(train)),
-                                         "rlhf.judge_split.judge_pairs": str(len(held)),
-                                         "rlhf.judge_split.batch_pairs_held": str(
+    set_tags(client, ctx.parent_run_id, {JUDGE_SPLIT_RM_PAIRS_TAG: str(len(train)),
+                                         JUDGE_SPLIT_JUDGE_PAIRS_TAG: str(len(held)),
+                                         JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG: str(
                                              n_held - len(held))})
     uri = f"runs:/{ctx.parent_run_id}/judge_split/data"
     return data.model_copy(update={"data": Artifact(path=str(target), uri=uri),

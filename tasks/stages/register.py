@@ -23,8 +23,6 @@ from tasks.stages.run import run_stage
 from tasks.tracking.guarded import one_try
 from tasks.tracking.registry import (
     CHALLENGER,
-    DECISION_TAG,
-    REASON_TAG,
     earlier_registration,
     move_champion,
     moved_to,
@@ -32,6 +30,17 @@ from tasks.tracking.registry import (
     show_on_run,
 )
 from tasks.tracking.runs import RunContext, find_stage_run
+from tasks.tracking.tags import (
+    ANCESTRY_TAG,
+    GATE_TAG,
+    PIPELINE_RUN_TAG,
+    PPO_RUN_TAG,
+    REGISTER_DECISION_TAG,
+    REGISTER_REASON_TAG,
+    REWARD_MODEL_RUN_TAG,
+    SFT_RUN_TAG,
+    STARTED_FROM_TAG,
+)
 
 
 def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
@@ -50,11 +59,9 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
     """Log and register the policy (pyfunc answering prompts with their completion;
     ``generation``: its default max_new_tokens and temperature) and the reward model (pyfunc
     scoring prompt/response) in the register run -> their versions."""
-    import mlflow
+    from tasks.tracking.models import active_run, log_policy, log_reward_model
 
-    from tasks.tracking.models import log_policy, log_reward_model, mlflow_pointed_at
-
-    with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
+    with active_run(run_id, tracking_uri):
         version = log_policy(policy_dir, policy_name, generation, card, spec.trust_remote_code)
         crash_point("register:policy_version")
         rm_version = log_reward_model(rm_dir, tokenizer_dir, rm_name, spec.trust_remote_code)
@@ -66,12 +73,11 @@ def lineage_tags(ctx: RunContext, rm: ModelRecord, policy: PolicyRecord,
     """What a registered version records of where it came from: its MLflow parent run, the
     reward-model and PPO runs, and (retrain) its data batches and the champion it started
     from."""
-    tags = {"rlhf.parent_run_id": ctx.parent_run_id,
-            "rlhf.reward_model_run_id": rm.run_id,
-            "rlhf.ppo_run_id": policy.run_id, "rlhf.started_from": "sft"}
+    tags = {PIPELINE_RUN_TAG: ctx.parent_run_id, REWARD_MODEL_RUN_TAG: rm.run_id,
+            PPO_RUN_TAG: policy.run_id, STARTED_FROM_TAG: "sft"}
     sft_run = find_stage_run(ctx, "sft")
     if sft_run is not None:
-        tags["rlhf.sft_run_id"] = sft_run.info.run_id
+        tags[SFT_RUN_TAG] = sft_run.info.run_id
     tags.update({k: str(v) for k, v in (lineage or {}).items()})
     return tags
 
@@ -108,17 +114,16 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
         # the server back: keep a whole set it took, or delete a partial one and log again
         lambda: earlier_registration(client, (name, rm_name), run_id))
     tags = {**lineage_tags(ctx, rm, policy, lineage),
-            DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]}
+            REGISTER_DECISION_TAG: rule["decision"], REGISTER_REASON_TAG: rule["reason"]}
     # the chain of versions this one descends from: "v1 -> v2 -> v3"
-    tags["rlhf.ancestry"] = " -> ".join(
-        x for x in (tags.get("rlhf.ancestry", ""), f"v{version}") if x)
+    tags[ANCESTRY_TAG] = " -> ".join(x for x in (tags.get(ANCESTRY_TAG, ""), f"v{version}") if x)
     if decision is not None:
-        tags["rlhf.gate"] = decision.reason
+        tags[GATE_TAG] = decision.reason
     for tag, value in tags.items():
         client.set_model_version_tag(name, str(version), tag, value)
     show_on_run(client, ctx.parent_run_id, [(name, version), (rm_name, rm_version)])
-    sc.set_tags({DECISION_TAG: rule["decision"], REASON_TAG: rule["reason"]})
-    sc.set_tags({"rlhf.ancestry": tags["rlhf.ancestry"]}, parent=True)
+    sc.set_tags({REGISTER_DECISION_TAG: rule["decision"], REGISTER_REASON_TAG: rule["reason"]})
+    sc.set_tags({ANCESTRY_TAG: tags[ANCESTRY_TAG]}, parent=True)
     set_alias(client, name, CHALLENGER, version)
     set_alias(client, rm_name, CHALLENGER, rm_version)
     crash_point("register:challenger")

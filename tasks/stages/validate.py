@@ -19,6 +19,7 @@ from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord
 from tasks.stages.run import run_stage
 from tasks.tracking.runs import RunContext, run_url
+from tasks.tracking.tags import DATA_DIGEST_PREFIX, TOKENIZER_PREFIX
 
 
 def report_artifact(ctx: RunContext, run_id: str, report) -> None:
@@ -74,7 +75,7 @@ def body(sc: StageContext, prep: dict) -> DataRecord:
     record.update({"eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id,
                    **{f"chat.{k}": v for k, v in report.chat.items()}})
     tokenizer.save_pretrained(out_dir / "tokenizer")
-    sc.set_tags({f"rlhf.tokenizer.{k}": str(v) for k, v in record.items()})
+    sc.set_tags({TOKENIZER_PREFIX + k: str(v) for k, v in record.items()})
     require_margin(report, cfg, out_dir / "preference.jsonl")
     docs = write_data_docs(report, out_dir / "data_docs")
     sc.log_artifacts(docs, "data_docs")
@@ -89,7 +90,7 @@ def body(sc: StageContext, prep: dict) -> DataRecord:
         files = {n: out_dir / f"{n}.jsonl" for n in names
                  if (out_dir / f"{n}.jsonl").exists()}
         digests.update(sc.log_datasets(files, context))
-    sc.set_tags({f"rlhf.data_digest.{k}": v for k, v in digests.items()}, parent=True)
+    sc.set_tags({DATA_DIGEST_PREFIX + k: v for k, v in digests.items()}, parent=True)
     for path in sorted(out_dir.glob("*.jsonl")):  # the cleaned data, for other machines
         sc.log_artifact(path, "data")
     tokenizer_art = sc.publish(out_dir / "tokenizer", "data/tokenizer")

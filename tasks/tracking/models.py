@@ -58,6 +58,27 @@ def mlflow_pointed_at(uri: str) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def active_run(run_id: str, tracking_uri: str) -> Iterator[None]:
+    """The run ``run_id`` of the store at ``tracking_uri`` as MLflow's active run for the
+    body, where :func:`log_policy` and :func:`log_reward_model` log (MLflow pointed there as
+    by :func:`mlflow_pointed_at`, the process's settings back after). Leaving it ends the
+    run, as ``mlflow.start_run``'s context does."""
+    import mlflow
+
+    with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
+        yield
+
+
+def load_pyfunc(uri: str, tracking_uri: str):
+    """A logged or registered pyfunc model (``models:/<name>@<alias>``...) from the store at
+    ``tracking_uri``; the process's MLflow settings are left as they were."""
+    import mlflow.pyfunc
+
+    with mlflow_pointed_at(tracking_uri):
+        return mlflow.pyfunc.load_model(uri)
+
+
 def policy_signature(max_new_tokens: int, temperature: float):
     """prompt (text or messages) -> answer, with the request params and their defaults (the
     run's evaluation settings; no seed: each request draws anew)."""

@@ -11,13 +11,20 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from tasks.tracking.tags import (
+    ALIAS_LOG_TAG,
+    CHAMPION_SINCE_TAG,
+    PARENT_TAG,
+    REGISTER_DECISION_TAG,
+    REGISTER_REASON_TAG,
+    STAGE_TAG,
+    stage_run_tag,
+)
+
 if TYPE_CHECKING:  # mlflow is imported where used: the CLI imports this module at start
     from mlflow.tracking import MlflowClient
 
 CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
-LOG_TAG = "rlhf.alias_log"
-# the register stage's champion decision and its reason, recorded on the version (and run)
-DECISION_TAG, REASON_TAG = "rlhf.register.decision", "rlhf.register.reason"
 LOG_KEEP = 20
 
 
@@ -45,12 +52,22 @@ def alias_version(client: MlflowClient, name: str, alias: str):
         return None
 
 
+def model_version(client: MlflowClient, name: str, version: str | int):
+    """The registered version ``version`` of ``name``, or None (no such model or version)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version(name, str(version))
+    except MlflowException:
+        return None
+
+
 def _record(client: MlflowClient, name: str, entry: dict) -> None:
     model = client.get_registered_model(name)
-    lines = [x for x in model.tags.get(LOG_TAG, "").splitlines() if x][-(LOG_KEEP - 1):]
+    lines = [x for x in model.tags.get(ALIAS_LOG_TAG, "").splitlines() if x][-(LOG_KEEP - 1):]
     entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "user": getpass.getuser(), **entry}
-    client.set_registered_model_tag(name, LOG_TAG, "\n".join([*lines, json.dumps(entry)]))
+    client.set_registered_model_tag(name, ALIAS_LOG_TAG, "\n".join([*lines, json.dumps(entry)]))
 
 
 def move_champion(client: MlflowClient, name: str, version: str | int, action: str,
@@ -63,8 +80,7 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
     if before is not None and before != version:
         set_alias(client, name, PREVIOUS, before)
     set_alias(client, name, CHAMPION, version)
-    client.set_model_version_tag(name, version, "rlhf.champion_since",
-                                 f"{action}: {reason}")
+    client.set_model_version_tag(name, version, CHAMPION_SINCE_TAG, f"{action}: {reason}")
     _record(client, name, {"action": action, "champion": version, "before": before,
                            "reason": reason})
     return before
@@ -73,14 +89,11 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
 def promote(tracking_uri: str, name: str, version: str | int, reason: str) -> str | None:
     """By hand: make ``version`` the champion (`rlhf promote`) in the registry at
     ``tracking_uri``."""
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    try:
-        client.get_model_version(name, str(version))
-    except MlflowException:
-        raise RegistryError(f"registered model '{name}' has no version {version}") from None
+    if model_version(client, name, version) is None:
+        raise RegistryError(f"registered model '{name}' has no version {version}")
     return move_champion(client, name, version, "promote", reason)
 
 
@@ -130,14 +143,12 @@ def _logged_model_id(version) -> str | None:
 def version_stage_run(client: MlflowClient, version, stage: str) -> str:
     """The run of ``stage`` a registered version (the champion) came from: its lineage tag,
     else the sibling of its register run."""
-    from tasks.tracking.runs import STAGE_TAG
-
-    run_id = version.tags.get(f"rlhf.{stage}_run_id")
+    run_id = version.tags.get(stage_run_tag(stage))
     if run_id:
         return run_id
-    parent = client.get_run(version.run_id).data.tags["mlflow.parentRunId"]
+    parent = client.get_run(version.run_id).data.tags[PARENT_TAG]
     runs = client.search_runs([client.get_run(parent).info.experiment_id],
-                              filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and "
+                              filter_string=f"tags.`{PARENT_TAG}` = '{parent}' and "
                                             f"tags.`{STAGE_TAG}` = '{stage}'", max_results=1)
     if not runs:
         raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its lineage")
@@ -177,8 +188,8 @@ def moved_to(client: MlflowClient, name: str, version: str) -> dict | None:
     move recorded (a crash after the move: a resume does not move it again), else None."""
     holder = alias_version(client, name, CHAMPION)
     if holder is None or str(holder.version) != str(version) \
-            or "rlhf.champion_since" not in holder.tags:
+            or CHAMPION_SINCE_TAG not in holder.tags:
         return None
-    return {"promote": True, "decision": holder.tags.get(DECISION_TAG, "promote"),
-            "reason": holder.tags.get(REASON_TAG, "promoted before the resume"),
+    return {"promote": True, "decision": holder.tags.get(REGISTER_DECISION_TAG, "promote"),
+            "reason": holder.tags.get(REGISTER_REASON_TAG, "promoted before the resume"),
             "champion_score": None}

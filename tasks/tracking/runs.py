@@ -15,18 +15,22 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.hardware import hardware_facts
-
-STAGE_TAG = "rlhf.stage"
-OUTPUT_TAG = "rlhf.output"
-PARENT_TAG = "mlflow.parentRunId"
-HW_TAG = "rlhf.hw."  # + a key of rlhf_core.hardware.hardware_facts: rlhf.hw.cpu, ...
+from tasks.tracking.tags import (
+    CONFIG_HASH_TAG,
+    DATASET_CONTEXT_TAG,
+    EXPERIMENT_KIND_TAG,
+    HW_PREFIX,
+    OUTPUT_TAG,
+    PARENT_TAG,
+    STAGE_TAG,
+)
 
 
 class RunContext(BaseModel):
@@ -90,6 +94,56 @@ def ensure_store(uri: str) -> None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def tracking_client(tracking_uri: str) -> MlflowClient:
+    """A plain MLflow client of the store at ``tracking_uri``, for work outside a pipeline
+    run's stages (opening the run, collections, label imports, retrain bookkeeping); a
+    stage's client waits out a server outage instead (RunContext.client)."""
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def experiment_client(tracking_uri: str, experiment: str) -> tuple[MlflowClient, str | None]:
+    """A plain client of the store at ``tracking_uri`` and the id of ``experiment`` there
+    (None: no such experiment yet; nothing is created)."""
+    client = tracking_client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, None if exp is None else exp.experiment_id
+
+
+def artifact_location(tracking_uri: str) -> str | None:
+    """``<db folder>/mlruns`` for a local SQLite store, so artifacts live beside their runs
+    whatever the working folder (MLflow's default is ``./mlruns`` of the current one)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None  # a server decides (served artifacts), or MLflow's own default
+    db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
+    return (db.parent / "mlruns").as_uri()
+
+
+# MLflow 3's UI opens an experiment of this kind on its runs table and metric charts, not on
+# its GenAI (traces) view
+EXPERIMENT_KIND = {EXPERIMENT_KIND_TAG: "custom_model_development"}
+
+
+def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
+    """The id of the experiment ``name`` in the store at ``uri``, created when missing (with
+    its artifacts beside a local store, :func:`artifact_location`, and the kind tag that
+    opens it on its runs table); an existing one without the kind tag gets it."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp:
+        if EXPERIMENT_KIND_TAG not in exp.tags:
+            client.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location(uri),
+                                        tags=EXPERIMENT_KIND)
+    except MlflowException as err:
+        # another pipeline run on the same server created it between our lookup and create
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id
+
+
 def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
                 step: int) -> None:
     """One batch call for a whole metrics dict at ``step``."""
@@ -147,7 +201,7 @@ def hardware_tags(device: Any = None) -> dict[str, str]:
     """``rlhf.hw.*``: the machine and build that run here on ``device`` (its CPU and the
     instruction set of torch's CPU kernels, thread count, GPU, torch and CUDA versions),
     read now: after the process set its thread count."""
-    return {HW_TAG + key: value for key, value in hardware_facts(device).items()}
+    return {HW_PREFIX + key: value for key, value in hardware_facts(device).items()}
 
 
 def find_stage_run(ctx: RunContext, stage: str):
@@ -298,7 +352,7 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> dict:
         if exp is None:
             raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
         runs = client.search_runs([exp.experiment_id],
-                                  filter_string="tags.`rlhf.config_hash` != ''",
+                                  filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
                                   order_by=["attributes.start_time DESC"], max_results=limit)
     except (MlflowException, OSError) as err:
         raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
@@ -323,25 +377,56 @@ def run_url(ctx: RunContext, run_id: str) -> str:
            f"--backend-store-uri {base}`)"
 
 
+class TableInput(NamedTuple):
+    """A data table to record as an MLflow dataset input: ``table`` a pandas DataFrame,
+    ``source`` the file it was read from, ``digest`` MLflow's own when None, ``tags`` input
+    tags beside the dataset's context."""
+
+    table: Any
+    source: str
+    name: str
+    digest: str | None = None
+    tags: dict[str, str] | None = None
+
+
+def _dataset_input(item: TableInput, context: str):
+    """-> (MLflow's DatasetInput of ``item`` with its context and tags, its digest)."""
+    import mlflow.data
+    from mlflow.entities import DatasetInput, InputTag
+
+    with warnings.catch_warnings():  # MLflow registers its local source class twice and
+        warnings.filterwarnings(     # warns that a plain path is ambiguous between them
+            "ignore", message="The specified dataset source can be interpreted")
+        dataset = mlflow.data.from_pandas(item.table, source=item.source, name=item.name,
+                                          digest=item.digest)
+    tags = [InputTag(DATASET_CONTEXT_TAG, context)]
+    tags += [InputTag(k, v) for k, v in (item.tags or {}).items()]
+    return DatasetInput(dataset._to_mlflow_entity(), tags=tags), dataset.digest
+
+
+def log_table_inputs(client: MlflowClient, run_id: str, tables: list[TableInput],
+                     context: str, model_id: str | None = None) -> None:
+    """Record the tables as dataset inputs of ``run_id`` in one call (name, source, schema,
+    digest; the run's "Datasets" panel), with the logged model ``model_id`` as an input
+    beside them when given (the model the data came from)."""
+    from mlflow.entities import LoggedModelInput
+
+    client.log_inputs(run_id, datasets=[_dataset_input(t, context)[0] for t in tables],
+                      models=[LoggedModelInput(model_id)] if model_id else None)
+
+
 def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path],
                  context: str) -> dict[str, str]:
     """Record each (cleaned) data file as an MLflow dataset input of every run in ``run_ids``
     (name, source path, schema, digest; shown in the run's "Datasets" panel) -> digests."""
-    import mlflow.data
     import pandas as pd
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     inputs, digests = [], {}
     for name, path in files.items():
-        with warnings.catch_warnings():  # MLflow registers its local source class twice and
-            warnings.filterwarnings(     # warns that a plain path is ambiguous between them
-                "ignore", message="The specified dataset source can be interpreted")
-            dataset = mlflow.data.from_pandas(pd.read_json(path, lines=True, dtype=False),
-                                              source=str(path), name=name)
-        digests[name] = dataset.digest
-        inputs.append(DatasetInput(dataset._to_mlflow_entity(),
-                                   tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+        table = pd.read_json(path, lines=True, dtype=False)
+        dataset_input, digests[name] = _dataset_input(TableInput(table, str(path), name),
+                                                      context)
+        inputs.append(dataset_input)
     for run_id in run_ids:
         _log_inputs(client, run_id, inputs)
     return digests

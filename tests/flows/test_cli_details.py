@@ -95,7 +95,8 @@ def test_summary_links_a_server_run_and_lists_the_registered_versions():
 
 
 def test_run_names_start_with_the_time_and_the_experiment_opens_on_training_runs(tmp_path):
-    from tasks.prepare import _experiment_id, default_run_name
+    from tasks.prepare import default_run_name
+    from tasks.tracking.runs import ensure_experiment
 
     cfg = load_config(TEST_CONFIG, [])
     assert default_run_name(cfg)[:8] == time.strftime("%Y%m%d")
@@ -103,7 +104,7 @@ def test_run_names_start_with_the_time_and_the_experiment_opens_on_training_runs
     client = MlflowClient(uri)
     old = client.create_experiment("before")  # made by an older version: tagged on reuse
     for name in ("new", "before"):
-        exp = client.get_experiment(_experiment_id(client, name, uri))
+        exp = client.get_experiment(ensure_experiment(client, name, uri))
         assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert client.get_experiment(old).tags["mlflow.experimentKind"]
 

@@ -8,7 +8,8 @@ from mlflow.tracking import MlflowClient
 
 from flows.cli import main
 from rlhf_core.demo import judge_score
-from tasks.tracking.registry import CHAMPION, LOG_TAG, PREVIOUS
+from tasks.tracking.registry import CHAMPION, PREVIOUS
+from tasks.tracking.tags import ALIAS_LOG_TAG
 from tests.shared import label_agreement
 
 
@@ -55,7 +56,7 @@ def test_promote_and_rollback_move_aliases_and_are_recorded(tmp_path):
     assert main(["rollback", *sets]) == 0
     assert _aliases(client) == {CHAMPION: "1", PREVIOUS: "3"}
     log = [json.loads(x) for x in
-           client.get_registered_model("rlhf-policy").tags[LOG_TAG].splitlines()]
+           client.get_registered_model("rlhf-policy").tags[ALIAS_LOG_TAG].splitlines()]
     assert [(e["action"], e["champion"], e["before"]) for e in log] == [
         ("promote", "1", None), ("promote", "3", "1"), ("rollback", "1", "3")]
     assert log[1]["reason"] == "judge says so"

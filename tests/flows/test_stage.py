@@ -7,10 +7,11 @@ from mlflow.tracking import MlflowClient
 import flows.stage as stage_flow
 from rlhf_core.hardware import hardware_facts
 from tasks.config import PipelineConfig
-from tasks.runtime.remote import OUTPUT_TAG, stage_spec
+from tasks.runtime.remote import stage_spec
 from tasks.stages.context import Stage
 from tasks.stages.records import Artifact, PolicyRecord
 from tasks.tracking.runs import RunContext, set_tags
+from tasks.tracking.tags import ROUTED_OUTPUT_TAG
 
 
 def test_a_routed_stage_records_the_hardware_of_the_machine_that_ran_it(tmp_path, monkeypatch,
@@ -38,4 +39,4 @@ def test_a_routed_stage_records_the_hardware_of_the_machine_that_ran_it(tmp_path
     assert out["policy"] == {"path": "/gpu/ppo/policy", "uri": None}
     facts = {f"rlhf.hw.{k}": v for k, v in {**hardware_facts("cpu"), "threads": "1"}.items()}
     assert {k: seen["tags"][k] for k in facts} == facts
-    assert OUTPUT_TAG in client.get_run(run_id).data.tags
+    assert ROUTED_OUTPUT_TAG in client.get_run(run_id).data.tags

@@ -7,13 +7,8 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.champion.rule import (
-    SCORER_TAG,
-    champion_evaluation,
-    eval_scorer,
-    register_decision,
-    score_key,
-)
+from tasks.champion.rule import champion_evaluation, eval_scorer, register_decision, score_key
+from tasks.tracking.tags import EVAL_SCORER_TAG
 
 PROMPTS = ["user : hi assistant :", "user : tell me about cats assistant :"]
 JUDGE = eval_scorer("demo", "rm-run-1", PROMPTS)
@@ -67,7 +62,7 @@ def test_champion_without_the_score_key_is_not_compared():
 
 
 def _version(client, exp_id, name, scorer, score):
-    parent = client.create_run(exp_id, tags={SCORER_TAG: scorer} if scorer else {})
+    parent = client.create_run(exp_id, tags={EVAL_SCORER_TAG: scorer} if scorer else {})
     client.log_metric(parent.info.run_id, KEY, score)
     child = client.create_run(exp_id, tags={"mlflow.parentRunId": parent.info.run_id})
     return client.create_model_version(name, f"runs:/{child.info.run_id}/policy",

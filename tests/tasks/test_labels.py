@@ -12,8 +12,9 @@ from mlflow.tracking import MlflowClient
 
 from flows.config import load_config
 from tasks.champion import labels
-from tasks.champion.collect import COLLECTION_TAG, RECORD, experiment_for
+from tasks.champion.collect import RECORD, experiment_for
 from tasks.champion.labels import import_dropped, import_labels
+from tasks.tracking.tags import COLLECTION_TAG
 from tests.shared import TEST_CONFIG
 
 N_KNOWN, N_PAIRS = 6, 10

@@ -2,7 +2,7 @@
 
 from mlflow.tracking import MlflowClient
 
-from tasks.prepare import _experiment_id, artifact_location
+from tasks.tracking.runs import artifact_location, ensure_experiment
 
 
 def test_sqlite_artifacts_live_beside_the_database_not_in_the_working_folder(
@@ -13,8 +13,8 @@ def test_sqlite_artifacts_live_beside_the_database_not_in_the_working_folder(
     uri = f"sqlite:///{tmp_path}/store/mlflow.db"
     (tmp_path / "store").mkdir()
     client = MlflowClient(uri)
-    exp_id = _experiment_id(client, "rlhf-x", uri)
-    assert _experiment_id(client, "rlhf-x", uri) == exp_id  # found, not created twice
+    exp_id = ensure_experiment(client, "rlhf-x", uri)
+    assert ensure_experiment(client, "rlhf-x", uri) == exp_id  # found, not created twice
     run_id = client.create_run(exp_id).info.run_id
     client.log_text(run_id, "hi", "notes/a.txt")
     assert list((tmp_path / "store" / "mlruns").rglob("notes/a.txt"))
@@ -37,7 +37,7 @@ def test_experiment_created_by_a_concurrent_run_is_used_not_an_error(tmp_path):
                 return None
             return super().get_experiment_by_name(name)
 
-    exp_id = _experiment_id(LateClient(uri), "rlhf-race", uri)
+    exp_id = ensure_experiment(LateClient(uri), "rlhf-race", uri)
     assert exp_id == other.get_experiment_by_name("rlhf-race").experiment_id
 
 

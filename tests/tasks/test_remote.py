@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from tasks.config import PipelineConfig
 from tasks.runtime import launch, remote
 from tasks.tracking.runs import RunContext
+from tasks.tracking.tags import ROUTED_FLOW_RUN_TAG
 
 
 def _ctx(workdir: str) -> RunContext:
@@ -195,7 +196,7 @@ def test_a_routed_stage_returns_the_record_the_other_machine_left(routed, monkey
                       _state("COMPLETED"))
     assert out == {"policy_dir": "/gpu/ppo/policy", "metrics": {}}
     tags = ctx.client().get_run(run_id).data.tags
-    assert tags[remote.FLOW_RUN_TAG] == "rlhf-stage/gpu otter (f1)"
+    assert tags[ROUTED_FLOW_RUN_TAG] == "rlhf-stage/gpu otter (f1)"
     assert cancelled == []
 
 

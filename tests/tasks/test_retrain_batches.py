@@ -12,15 +12,10 @@ from mlflow.tracking import MlflowClient
 
 from data_checks.config import DataConfig, DataSource
 from flows.config import load_config
-from tasks.champion.batches import (
-    CONSUMED_TAG,
-    add_batches,
-    file_digest,
-    find_batches,
-    mark_consumed,
-)
+from tasks.champion.batches import add_batches, file_digest, find_batches, mark_consumed
 from tasks.champion.collect import experiment_for
 from tasks.tracking.runs import RunContext
+from tasks.tracking.tags import CONSUMED_TAG
 from tests.shared import TEST_CONFIG
 
 

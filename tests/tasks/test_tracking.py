@@ -75,3 +75,16 @@ def test_a_dataset_insert_lost_to_a_concurrent_run_is_retried(store_uri, tmp_pat
     with pytest.raises(MlflowException, match="disk full"):  # any other error is not retried
         log_datasets(other, [run_id], {"sft": data}, "training")
     assert other.calls == 1
+
+
+def test_the_tags_module_names_each_tag_once_and_mlflow_s_own_as_mlflow_does():
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_PARENT_RUN_ID
+
+    from tasks.tracking import tags
+
+    names = {k: v for k, v in vars(tags).items() if k.endswith(("_TAG", "_PREFIX"))}
+    assert len(set(names.values())) == len(names)  # no tag under two names
+    assert all(v.startswith(("rlhf.", "mlflow.")) for v in names.values())
+    assert all(v.endswith(".") == k.endswith("_PREFIX") for k, v in names.items())
+    assert (tags.PARENT_TAG, tags.DATASET_CONTEXT_TAG) == (MLFLOW_PARENT_RUN_ID,
+                                                           MLFLOW_DATASET_CONTEXT)
