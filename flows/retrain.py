@@ -31,7 +31,7 @@ from tasks.champion.batches import (
 from tasks.champion.scorers import batch_pair_keys, resolve_scorer
 from tasks.config import PipelineConfig
 from tasks.finish import finish
-from tasks.prepare import prepare
+from tasks.prepare import Prepared, prepare
 from tasks.runtime.prefect_api import one_slot
 from tasks.stages.gate import gate
 from tasks.stages.judge_model import judge_model, judge_split
@@ -75,10 +75,10 @@ def _retrain_settings(config: PipelineConfig) -> PipelineConfig:
     return config.model_copy(update=update)
 
 
-def _lineage(prep: dict, batches: list[dict], ancestry: str, started_from: str) -> dict:
+def _lineage(prep: Prepared, batches: list[dict], ancestry: str, started_from: str) -> dict:
     return {LINEAGE_BATCHES_TAG: json.dumps([b["digest"] for b in batches]),
-            TRAINED_ON_TAG: json.dumps(prep["trained_on"]),
-            BATCH_SOURCES_TAG: json.dumps(prep["batch_sources"]),
+            TRAINED_ON_TAG: json.dumps(prep.trained_on),
+            BATCH_SOURCES_TAG: json.dumps(prep.batch_sources),
             ANCESTRY_TAG: ancestry, STARTED_FROM_TAG: started_from}
 
 
@@ -90,11 +90,11 @@ def bootstrap(config: PipelineConfig, batches: list[dict]) -> dict:
     lineage: dict = {}
     judge: dict = {}  # the run's resolved gold judge, known once prepared
 
-    def with_batches(ctx: RunContext, prep: dict) -> dict:
+    def with_batches(ctx: RunContext, prep: Prepared) -> Prepared:
         out = add_batches(ctx, config, prep, batches)
-        rows.extend(out["batch_rows"])
+        rows.extend(out.batch_rows)
         lineage.update(_lineage(out, batches, "", "none"))
-        judge["name"] = out["judge"]
+        judge["name"] = out.judge
         return out
 
     def split(ctx: RunContext, data: DataRecord) -> DataRecord:
@@ -123,19 +123,19 @@ def challenge(config: PipelineConfig, batches: list[dict],
     batch consumed before); the gate decides on promotion. ``control``: the same round on
     the consumed batches alone, gated and recorded, but nothing registered or consumed."""
     prep = prepare(config)
-    ctx = RunContext.model_validate(prep["ctx"])
+    ctx = prep.ctx
     with tracked(ctx, config):
         champion = fetch_champion(ctx, config)
         prep = add_batches(ctx, config, prep, batches, champion, consumed)
         try:
             data = validate(ctx, config, prep)
         except ValidationFailed as err:  # name the batch files, not only combined rows
-            raise ValidationFailed(f"{err}\n{batch_rows_note(prep['batch_rows'])}") from None
+            raise ValidationFailed(f"{err}\n{batch_rows_note(prep.batch_rows)}") from None
         r = config.retrain
         reference = champion["sft_dir"] if r.reference == "sft" else champion["policy_dir"]
         rm_init = champion["sft_dir"] if r.rm_init == "sft" else champion["rm_dir"]
         rm_data, judge_out = data, None
-        if resolve_scorer(config, prep["judge"]) == "judge_model":
+        if resolve_scorer(config, prep.judge) == "judge_model":
             rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
             judge_out = judge_model(ctx, config, rm_data, champion["sft_dir"])
         start = champion["policy_dir"] if r.policy_init == "champion" else champion["sft_dir"]
@@ -226,9 +226,9 @@ def compare(config: PipelineConfig, champion: str = "1", challenger: str = "cham
     answer the gate's held-out prompts, one scorer scores both, the paired bootstrap test
     decides; nothing trained, no alias moved (e.g. the champion against the first one)."""
     prep = prepare(config)
-    ctx = RunContext.model_validate(prep["ctx"])
+    ctx = prep.ctx
     with tracked(ctx, config):
-        if resolve_scorer(config, prep["judge"]) == "judge_model":
+        if resolve_scorer(config, prep.judge) == "judge_model":
             raise ConfigError("rlhf compare: the judge_model scorer is trained in a retrain; "
                               "set retrain.gate.scorer to judge or models:/<name>@<alias>")
         base = fetch_champion(ctx, config, champion)

@@ -14,10 +14,10 @@ from flows.config import grid_points
 from flows.wiring import rl_stages, shared_stages
 from tasks.config import PipelineConfig
 from tasks.finish import close_parent, fail_parent, finish
-from tasks.prepare import prepare
+from tasks.prepare import Prepared, prepare
 from tasks.stages.records import SharedStages
 from tasks.sweep import open_point_run, point_label, point_row, sweep_summary
-from tasks.tracking.runs import RunContext, tag_parent
+from tasks.tracking.runs import tag_parent
 from tasks.tracking.tags import SWEEP_POINTS_TAG, SWEEP_ROLE_TAG, SWEEP_TAG
 
 
@@ -30,10 +30,10 @@ def _point_name() -> str:
 
 @flow(name="rlhf_sweep_point", flow_run_name=_point_name, log_prints=True)
 def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
-                shared: SharedStages, base_prep: dict) -> dict:
+                shared: SharedStages, base_prep: Prepared) -> dict:
     """critic_init -> ppo -> evaluate for one point, in its own MLflow parent run."""
     prep = open_point_run(config, base_prep, sweep_id, overrides)
-    ctx = RunContext.model_validate(prep["ctx"])
+    ctx = prep.ctx
     try:
         outputs = rl_stages(ctx, config, prep, shared.outputs())
     except BaseException:
@@ -44,7 +44,7 @@ def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str
 
 @task(name="sweep_point")
 def run_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
-              shared: SharedStages, base_prep: dict) -> dict:
+              shared: SharedStages, base_prep: Prepared) -> dict:
     """The point's child flow run, inside a task so points can run side by side."""
     return sweep_point(config, overrides, sweep_id, shared, base_prep)
 
@@ -66,7 +66,7 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
     shared_cfg = config.model_copy(update={"tracking": config.tracking.model_copy(
         update={"run_name": f"{sweep_id}-shared"})})
     base_prep = prepare(shared_cfg)
-    ctx = RunContext.model_validate(base_prep["ctx"])
+    ctx = base_prep.ctx
     tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_ROLE_TAG: "shared",
                      SWEEP_POINTS_TAG: len(points)})
     try:

@@ -11,7 +11,7 @@ from tasks.config import PipelineConfig
 from tasks.finish import close_parent, fail_parent
 from tasks.prepare import prepare
 from tasks.stages.validate import validate
-from tasks.tracking.runs import RunContext, tag_parent
+from tasks.tracking.runs import tag_parent
 from tasks.tracking.tags import VALIDATE_ONLY_TAG
 
 KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
@@ -32,7 +32,7 @@ def preflight(data: DataConfig | None) -> None:
 @flow(name="rlhf_validate", flow_run_name=lambda: "rlhf-validate", log_prints=True)
 def rlhf_validate(config: PipelineConfig) -> dict:
     prep = prepare(config)
-    ctx = RunContext.model_validate(prep["ctx"])
+    ctx = prep.ctx
     tag_parent(ctx, {VALIDATE_ONLY_TAG: "true"})
     try:
         out = validate(ctx, config, prep)

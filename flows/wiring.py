@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from tasks.config import PipelineConfig
 from tasks.finish import fail_parent, finish
-from tasks.prepare import prepare
+from tasks.prepare import Prepared, prepare
 from tasks.stages.critic_init import critic_init
 from tasks.stages.evaluate import evaluate
 from tasks.stages.ppo import ppo
@@ -24,7 +24,7 @@ from tasks.stages.sft import sft
 from tasks.stages.validate import validate
 from tasks.tracking.runs import RunContext, system_metrics
 
-PrepHook = Callable[[RunContext, dict], dict]
+PrepHook = Callable[[RunContext, Prepared], Prepared]
 DataHook = Callable[[RunContext, DataRecord], DataRecord]  # validate's -> the RM's data
 
 
@@ -44,14 +44,14 @@ def tracked(ctx: RunContext, config: PipelineConfig) -> Iterator[None]:
 Outputs = dict[str, StageRecord]
 
 
-def reward_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: DataRecord,
+def reward_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: DataRecord,
                   start: ModelRecord, rm_init_dir: str | None = None) -> Outputs:
     """reward_model (from ``start``'s trunk, or warm from ``rm_init_dir``) -> reward_norm."""
     rm_out = reward_model(ctx, config, prep, data, start, init_dir=rm_init_dir)
     return {"reward_model": rm_out, "reward_norm": reward_norm(ctx, config, data, rm_out)}
 
 
-def policy_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: DataRecord,
+def policy_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: DataRecord,
                   start: ModelRecord, rewards: Outputs,
                   reference_dir: str | None = None) -> Outputs:
     """critic_init (or its skip) -> ppo from ``start`` against the reward model."""
@@ -62,7 +62,7 @@ def policy_stages(ctx: RunContext, config: PipelineConfig, prep: dict, data: Dat
     return {"critic_init": critic_out, "ppo": ppo_out}
 
 
-def train_policy(ctx: RunContext, config: PipelineConfig, prep: dict, data: DataRecord,
+def train_policy(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: DataRecord,
                  start: ModelRecord, rm_init_dir: str | None = None,
                  reference_dir: str | None = None) -> Outputs:
     """reward_model -> reward_norm -> critic_init -> ppo, PPO starting from ``start``
@@ -71,7 +71,7 @@ def train_policy(ctx: RunContext, config: PipelineConfig, prep: dict, data: Data
     return {**rewards, **policy_stages(ctx, config, prep, data, start, rewards, reference_dir)}
 
 
-def shared_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
+def shared_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
                   data_hook: DataHook | None = None) -> Outputs:
     """validate -> sft -> reward_model -> reward_norm: what a sweep computes once.
     ``data_hook`` may change the reward model's data (a retrain's judge split)."""
@@ -82,7 +82,7 @@ def shared_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
             **reward_stages(ctx, config, prep, rm_data, sft_out)}
 
 
-def rl_stages(ctx: RunContext, config: PipelineConfig, prep: dict,
+def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
               shared: Outputs) -> Outputs:
     """critic_init -> ppo -> evaluate on the shared stages' outputs (a sweep point)."""
     data, sft_out = shared["validate"], shared["sft"]
@@ -99,7 +99,7 @@ def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
     may change the prepared inputs (the retrain flow adds its batches to the data);
     ``data_hook`` the reward model's validated data (the retrain's judge split)."""
     prep = prepare(config, resume_run_id)
-    ctx = RunContext.model_validate(prep["ctx"])
+    ctx = prep.ctx
     if prep_hook is not None:
         prep = prep_hook(ctx, prep)
     with tracked(ctx, config):

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from prefect import task
+from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
 from tasks.common import setup_torch
@@ -38,6 +39,25 @@ from tasks.tracking.tags import (
 )
 
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
+
+
+
+class Prepared(BaseModel):
+    """What ``prepare`` resolved for a run, before any stage: its run context, the data
+    sources, the base model and tokenizer to start from and the gold judge (``none``
+    without one). A retrain adds the batches it trains on (``add_batches``)."""
+
+    model_config = ConfigDict(frozen=True)
+    ctx: RunContext
+    data: DataConfig
+    base_model: str
+    tokenizer: str
+    judge: str
+    # a retrain's: rows of the combined preference file by batch, the batches' digests and
+    # where each came from
+    batch_rows: list[dict] = []
+    trained_on: list[str] = []
+    batch_sources: dict[str, str] = {}
 
 
 def package_versions() -> dict[str, str]:
@@ -197,7 +217,7 @@ def check_inputs_present(cfg: PipelineConfig) -> None:
 
 
 @task(name="prepare")
-def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
+def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> Prepared:
     """Open the parent run; resolve data sources and the base model (demo when asked). Any
     failure once the parent run exists marks it FAILED."""
     check_inputs_present(cfg)
@@ -210,7 +230,7 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> dict:
         raise
 
 
-def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
+def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> Prepared:
     data, base_model = cfg.data, cfg.model.base_model
     judge = resolve_judge_name(cfg.eval.judge, uses_demo_data=cfg.demo.enabled and data is None)
     if cfg.demo.enabled:
@@ -224,5 +244,5 @@ def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
                 eval_prompts=DataSource(path=assets["eval_prompts"]),
                 preference_eval=DataSource(path=assets["preference_eval"]),
             )
-    return {"ctx": ctx.model_dump(), "data": data.model_dump(), "base_model": base_model,
-            "tokenizer": cfg.model.tokenizer or base_model, "judge": judge}
+    return Prepared(ctx=ctx, data=data, base_model=base_model,
+                    tokenizer=cfg.model.tokenizer or base_model, judge=judge)

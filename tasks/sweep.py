@@ -16,7 +16,7 @@ from typing import Any
 from prefect import task
 
 from tasks.config import PipelineConfig
-from tasks.prepare import open_parent_run
+from tasks.prepare import Prepared, open_parent_run
 from tasks.tracking.runs import RunContext, set_tags
 from tasks.tracking.tags import SWEEP_POINT_TAG, SWEEP_SHARED_RUN_TAG, SWEEP_TAG
 
@@ -32,16 +32,16 @@ def point_label(overrides: dict[str, Any]) -> str:
 
 
 @task(name="sweep_point_run")
-def open_point_run(cfg: PipelineConfig, base_prep: dict, sweep_id: str,
-                   overrides: dict[str, Any]) -> dict:
+def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
+                   overrides: dict[str, Any]) -> Prepared:
     """A new MLflow parent run for one point, tagged with the sweep; data, tokenizer, judge
     and base model come from the sweep's shared run (nothing is generated again)."""
     ctx = open_parent_run(cfg, None)
-    shared = RunContext.model_validate(base_prep["ctx"])
+    shared = base_prep.ctx
     set_tags(ctx.client(), ctx.parent_run_id,
              {SWEEP_TAG: sweep_id, SWEEP_POINT_TAG: json.dumps(overrides, sort_keys=True),
               SWEEP_SHARED_RUN_TAG: shared.parent_run_id})
-    return {**base_prep, "ctx": ctx.model_dump()}
+    return base_prep.model_copy(update={"ctx": ctx})
 
 
 def point_row(overrides: dict[str, Any], result: dict | None, error: str | None) -> dict:

@@ -14,6 +14,7 @@ from data_checks.config import DataConfig, DataSource
 from data_checks.loading import DataError, load_table
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
+from tasks.prepare import Prepared
 from tasks.tracking.registry import (
     CHAMPION,
     RegistryError,
@@ -161,13 +162,13 @@ def _read_batch(ctx: RunContext, batch: dict) -> pd.DataFrame | None:
 
 
 @task(name="add_batches")
-def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: dict, batches: list[dict],
-                champion: dict | None = None, consumed: list[dict] | None = None) -> dict:
+def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: list[dict],
+                champion: dict | None = None, consumed: list[dict] | None = None) -> Prepared:
     """The retrain's inputs: preference data = the configured pairs and every batch earlier
     retrains consumed (``rm_data: cumulative``) + the new batches (``new_only``: the new
     batches alone); the champion's policy and tokenizer as the base. A batch that cannot be
     read stops the run here, naming the file and row."""
-    data = DataConfig.model_validate(prep["data"])
+    data = prep.data
     _check_gate_prompts(cfg, data)
     only_new = cfg.retrain.rm_data == "new_only" and champion is not None
     frames = [] if only_new else [load_table(data.preference, "preference")]
@@ -184,16 +185,18 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: dict, batches: list[
     path = ctx.stage_dir("batches") / "preference.jsonl"
     pd.concat(frames, ignore_index=True).to_json(path, orient="records", lines=True,
                                                  force_ascii=False)
-    out = {**prep, "data": data.model_copy(update={"preference": DataSource(path=str(path))})
-           .model_dump(), "batch_rows": rows, "trained_on": [b["digest"] for b in used]}
+    trained_on = [b["digest"] for b in used]
+    update = {"data": data.model_copy(update={"preference": DataSource(path=str(path))}),
+              "batch_rows": rows, "trained_on": trained_on,
+              "batch_sources": batch_sources(cfg, trained_on)}
     if champion is not None:
-        out.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
-    out["batch_sources"] = batch_sources(cfg, out["trained_on"])
+        update.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
+    out = prep.model_copy(update=update)
     set_tags(ctx.client(), ctx.parent_run_id, {
         RETRAIN_TAG: "true", RETRAIN_BATCHES_TAG: json.dumps(
             [{"name": b["name"], "digest": b["digest"]} for b in batches]),
-        TRAINED_ON_TAG: json.dumps(out["trained_on"]),
-        BATCH_SOURCES_TAG: json.dumps(out["batch_sources"])})
+        TRAINED_ON_TAG: json.dumps(out.trained_on),
+        BATCH_SOURCES_TAG: json.dumps(out.batch_sources)})
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from rlhf_core.eval.gate import pair_key
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
+from tasks.prepare import Prepared
 from tasks.tracking.models import load_pyfunc
 
 BUILT_IN = ("judge", "judge_model", "reward_model")
@@ -34,14 +35,13 @@ def scorer_label(scorer: str) -> str:
             "reward_model": "new reward model"}.get(scorer, f"external scorer {scorer}")
 
 
-def batch_pair_keys(prep: dict) -> list[str]:
+def batch_pair_keys(prep: Prepared) -> list[str]:
     """The pairs the retrain's batches brought (rows ``batch_rows`` of the combined
     preference file ``add_batches`` wrote), as ``pair_key``s."""
-    rows = prep.get("batch_rows") or []
-    if not rows:
+    if not prep.batch_rows:
         return []
-    combined = read_jsonl(prep["data"]["preference"]["path"])
-    return sorted({pair_key(r) for span in rows
+    combined = read_jsonl(prep.data.preference.path)
+    return sorted({pair_key(r) for span in prep.batch_rows
                    for r in combined[span["first"] - 1:span["last"]]})
 
 

@@ -13,6 +13,7 @@ from tasks.champion.rule import eval_scorer
 from tasks.common import in_prefect_run, read_jsonl
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
+from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.progress import StageProgress
 from tasks.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
@@ -31,7 +32,7 @@ def _table_artifact(rows: list[dict]) -> None:
                           description="SFT vs PPO, side by side")
 
 
-def body(sc: StageContext, prep: dict, data: DataRecord, sft: ModelRecord, rm: ModelRecord,
+def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, rm: ModelRecord,
          policy: PolicyRecord) -> EvalRecord:
     device, spec = sc.device, sc.spec
     sc.seeded()
@@ -56,9 +57,9 @@ def body(sc: StageContext, prep: dict, data: DataRecord, sft: ModelRecord, rm: M
                                 device=device, precision=spec.precision)
     live(2)  # PPO policy sampled
     metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
-                                     resolve_judge(prep["judge"]))
+                                     resolve_judge(prep.judge))
     pause_point("evaluate:scored")
-    scorer = eval_scorer(prep["judge"], rm.run_id, prompts)
+    scorer = eval_scorer(prep.judge, rm.run_id, prompts)
     sc.set_tags({EVAL_SCORER_TAG: scorer}, parent=True)
     sc.log(0, metrics)
     sc.log_parent(metrics)
@@ -74,7 +75,7 @@ STAGE = Stage("evaluate", body, EvalRecord, sections=("eval",), seed_offset=3)
 
 
 @task(name="evaluate")
-def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord,
+def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord,
              sft: ModelRecord, rm: ModelRecord, policy: PolicyRecord) -> EvalRecord:
     """Sample both policies on held-out prompts; RM score, KL, EOS rate, judge win rate."""
     return run_stage(ctx, cfg, STAGE, prep=prep, data=data, sft=sft, rm=rm, policy=policy)

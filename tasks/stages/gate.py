@@ -23,8 +23,15 @@ from tasks.champion.scorers import external_scores, load_external, resolve_score
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
+from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
-from tasks.stages.records import DataRecord, Decision, GateRecord, ModelRecord, PolicyRecord
+from tasks.stages.records import (
+    DataRecord,
+    Decision,
+    GateRecord,
+    ModelRecord,
+    PolicyRecord,
+)
 from tasks.stages.run import run_stage
 from tasks.tracking.runs import RunContext, run_url
 from tasks.tracking.tags import (
@@ -102,7 +109,7 @@ def _gold_line(tags: dict) -> str:
             f"diff {diff}, CI [{low}, {high}]).\n\n")
 
 
-def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
+def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: dict,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None) -> GateRecord:
     """``champion``: the champion's downloaded folders and version (tasks/champion/batches.py)."""
@@ -121,7 +128,7 @@ def body(sc: StageContext, prep: dict, data: DataRecord, champion: dict,
         model = load_policy(path, spec, trainable=False).to(device)
         samples[side] = sample_policy(model, reference, rm_model, tokenizer, prompts,
                                       e.sampling, device=device, precision=spec.precision)
-    scorer, gold = resolve_scorer(sc.cfg, prep["judge"]), resolve_judge(prep["judge"])
+    scorer, gold = resolve_scorer(sc.cfg, prep.judge), resolve_judge(prep.judge)
     if scorer == "judge" and gold is None:
         raise GateError("retrain.gate.scorer is 'judge' but the data has no gold judge")
     scores = _scores(sc, scorer, samples, prompts, gold, judge, tokenizer)
@@ -156,7 +163,7 @@ STAGE = Stage("gate", body, GateRecord, seed_offset=4)
 
 
 @task(name="gate")
-def gate(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord, champion: dict,
+def gate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord, champion: dict,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None) -> GateRecord:
     """Sample champion and challenger on the same held-out prompts; score both with the

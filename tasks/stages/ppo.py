@@ -18,6 +18,7 @@ from rlhf_core.ppo.ppo_dist import make_trainer
 from tasks.common import read_json, read_jsonl, write_json
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
+from tasks.prepare import Prepared
 from tasks.runtime.memory import peak_memory, state_bytes
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
@@ -58,7 +59,7 @@ def overoptimisation(judge_name: str, sft_rows: list[dict], norm_stats: dict):
     return add
 
 
-def body(sc: StageContext, prep: dict, data: DataRecord, start: ModelRecord, rm: ModelRecord,
+def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord, rm: ModelRecord,
          norm: NormRecord, critic: ModelRecord,
          reference_dir: str | None = None) -> PolicyRecord | None:
     """In the task's process or on each torchrun rank: every rank rolls out its share of
@@ -84,7 +85,7 @@ def body(sc: StageContext, prep: dict, data: DataRecord, start: ModelRecord, rm:
     samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save
     samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
     log = sc.live(cfg.ppo.iterations)  # MLflow, progress artifact, log line
-    judged = overoptimisation(prep["judge"], sft_rows, norm_stats)
+    judged = overoptimisation(prep.judge, sft_rows, norm_stats)
 
     def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
         metrics = judged(metrics, rows) if judged else metrics
@@ -98,7 +99,7 @@ def body(sc: StageContext, prep: dict, data: DataRecord, start: ModelRecord, rm:
                                                 cfg.tracking.keep_checkpoints))
     with peak_memory() as memory:  # under data parallelism: rank 0's
         last = trainer.train(on_iteration, progress=sc.progress,
-                             monitor=judge_monitor(prep["judge"]), checkpointer=ck)
+                             monitor=judge_monitor(prep.judge), checkpointer=ck)
     if not sc.is_main:
         return None
     return _finish(sc, trainer, tokenizer, samples, last, memory)
@@ -125,7 +126,7 @@ STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=
 
 
 @task(name="ppo")
-def ppo(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord, start: ModelRecord,
+def ppo(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord, start: ModelRecord,
         rm: ModelRecord, norm: NormRecord, critic: ModelRecord,
         reference_dir: str | None = None) -> PolicyRecord:
     """PPO iterations from the policy in ``start`` (reference: the same policy, or

@@ -14,6 +14,7 @@ from rlhf_core.train.reward import evaluate_reward_model, train_reward_model
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
+from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
 from tasks.stages.run import run_stage
@@ -39,7 +40,7 @@ def gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | No
     return hits / n if n else None
 
 
-def body(sc: StageContext, prep: dict, data: DataRecord, start: ModelRecord,
+def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
          init_dir: str | None = None) -> ModelRecord | None:
     """In the task's process or on each torchrun rank. Initialised from ``start``'s trunk
     (the SFT policy; a fresh head) or from ``init_dir`` (a retrain: the champion's reward
@@ -68,7 +69,7 @@ def body(sc: StageContext, prep: dict, data: DataRecord, start: ModelRecord,
     metrics = evaluate_reward_model(model, tokenizer, held_out, device)
     # against the held-out labels always; against the gold judge where one exists
     first = {"eval/rm_accuracy": metrics["eval/accuracy"]}
-    gold = gold_accuracy(model, tokenizer, held_out, prep["judge"], device)
+    gold = gold_accuracy(model, tokenizer, held_out, prep.judge, device)
     if gold is not None:
         first["eval/rm_gold_accuracy"] = gold
     metrics.update(first)
@@ -85,7 +86,7 @@ STAGE = Stage("reward_model", body, ModelRecord, sections=("reward", "model"), s
 
 
 @task(name="reward_model")
-def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord,
+def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord,
                  start: ModelRecord, init_dir: str | None = None) -> ModelRecord:
     """Train a scalar-head RM on preference pairs, from the SFT checkpoint or ``init_dir``."""
     return run_stage(ctx, cfg, STAGE, prep=prep, data=data, start=start, init_dir=init_dir)

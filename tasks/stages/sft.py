@@ -11,19 +11,20 @@ from rlhf_core.train.loop import total_steps
 from rlhf_core.train.sft import sft_eval_loss, train_sft
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
+from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
 from tasks.stages.run import run_stage
 from tasks.tracking.runs import RunContext
 
 
-def body(sc: StageContext, prep: dict, data: DataRecord) -> ModelRecord | None:
+def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | None:
     """In the task's process or on each torchrun rank: only rank 0 logs, saves the model
     and returns the record."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
-    model = load_policy(prep["base_model"], spec)
+    model = load_policy(prep.base_model, spec)
     resize_for_tokenizer(model, tokenizer)
     rows = read_jsonl(sc.local(data.data, "validate's data") / "sft.jsonl")
     ck = sc.checkpointer({"model": model}, cfg.sft.checkpoint_every)
@@ -44,6 +45,6 @@ STAGE = Stage("sft", body, ModelRecord, sections=("sft", "model"), seed_offset=0
 
 
 @task(name="sft")
-def sft(ctx: RunContext, cfg: PipelineConfig, prep: dict, data: DataRecord) -> ModelRecord:
+def sft(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord) -> ModelRecord:
     """Fine-tune the base model on the demonstrations; save it as the SFT policy."""
     return run_stage(ctx, cfg, STAGE, prep=prep, data=data)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from prefect import task
 
-from data_checks.config import DataConfig
 from data_checks.loading import DataError
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
@@ -15,6 +14,7 @@ from rlhf_core.models import chat
 from rlhf_core.models.loader import load_tokenizer
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
+from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord
 from tasks.stages.run import run_stage
@@ -60,16 +60,16 @@ def chat_template(value: str | None) -> str | None:
     return path.read_text(encoding="utf-8") if "{" not in value else value
 
 
-def body(sc: StageContext, prep: dict) -> DataRecord:
+def body(sc: StageContext, prep: Prepared) -> DataRecord:
     """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
     cfg = sc.cfg
-    tokenizer = load_tokenizer(prep["tokenizer"], sc.spec)
+    tokenizer = load_tokenizer(prep.tokenizer, sc.spec)
     template = chat_template(cfg.model.chat_template)
     if template:
         tokenizer.chat_template = template
     record = ensure_special_tokens(tokenizer)
     out_dir = sc.dir
-    report = run_validation(DataConfig.model_validate(prep["data"]), tokenizer,
+    report = run_validation(prep.data, tokenizer,
                             cfg.validation, out_dir, chat=chat)
     # conversational data: EOS is now the template's end-of-turn token
     record.update({"eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id,
@@ -107,6 +107,6 @@ STAGE = Stage("validate", body, DataRecord, sections=("validation",))
 
 
 @task(name="validate")
-def validate(ctx: RunContext, cfg: PipelineConfig, prep: dict) -> DataRecord:
+def validate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared) -> DataRecord:
     """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
     return run_stage(ctx, cfg, STAGE, prep=prep)

@@ -14,6 +14,7 @@ from data_checks.config import DataConfig, DataSource
 from flows.config import load_config
 from tasks.champion.batches import add_batches, file_digest, find_batches, mark_consumed
 from tasks.champion.collect import experiment_for
+from tasks.prepare import Prepared
 from tasks.tracking.runs import RunContext
 from tasks.tracking.tags import CONSUMED_TAG
 from tests.shared import TEST_CONFIG
@@ -59,11 +60,12 @@ def _setup(tmp_path, rm_data="cumulative"):
     run = client.create_run(exp_id)
     ctx = RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run.info.run_id,
                      workdir=str(tmp_path / "w2"), seed=0)
-    return cfg, client, ctx, {"data": data.model_dump()}
+    return cfg, client, ctx, Prepared(ctx=ctx, data=data, base_model="b", tokenizer="b",
+                                      judge="none")
 
 
 def _prompts(out):
-    path = DataConfig.model_validate(out["data"]).preference.path
+    path = out.data.preference.path
     return [json.loads(x)["prompt"].split()[0] for x in open(path)]
 
 
@@ -79,9 +81,9 @@ def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(t
     names = _prompts(out)
     assert names.count("base") == 2 and names.count("second") == 4
     assert names.count("first") == 3 and names.count("new") == 5  # read from MLflow
-    assert len(out["trained_on"]) == 3
+    assert len(out.trained_on) == 3
     tags = client.get_run(ctx.parent_run_id).data.tags
-    assert json.loads(tags["rlhf.trained_on"]) == out["trained_on"]
+    assert json.loads(tags["rlhf.trained_on"]) == out.trained_on
     assert set(json.loads(tags["rlhf.batch_sources"]).values()) == {"offline"}
     assert CONSUMED_TAG not in tags  # consumed only once the retrain finished
 

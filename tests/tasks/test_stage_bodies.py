@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from data_checks.config import DataSource
 from flows.config import load_config
+from tasks.prepare import Prepared
 from tasks.stages.records import (
     Artifact,
     DataRecord,
@@ -20,8 +22,17 @@ from tasks.stages.records import (
     RegisterRecord,
 )
 from tasks.stages.table import DISTRIBUTED, STAGES
+from tasks.tracking.runs import RunContext
 from tests.fake_stage import FakeStageContext
 from tests.shared import PROMPTS, write_config, write_jsonl
+
+
+def _prepared(cfg, work, data, model_dir) -> Prepared:
+    """What prepare resolves for these rows (no parent run: the fake context has none)."""
+    ctx = RunContext(tracking_uri=f"sqlite:///{work}/mlflow.db", experiment_id="0",
+                     parent_run_id="parent", workdir=str(work), seed=cfg.seed)
+    return Prepared(ctx=ctx, data=data, base_model=str(model_dir), tokenizer=str(model_dir),
+                    judge="none")
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +40,10 @@ def chain(tmp_path_factory, tiny_model_dir):
     """(cfg, prep, workdir, {stage: (fake context, record)}) for the whole pipeline."""
     tmp = tmp_path_factory.mktemp("bodies")
     cfg = load_config(write_config(tmp, tiny_model_dir), ["seed=3", "retrain.gate.min_prompts=6"])
-    data = cfg.data.model_dump()
-    data["eval_prompts"] = {"path": str(write_jsonl(tmp / "eval.jsonl", PROMPTS * 3))}
-    prep = {"data": data, "base_model": str(tiny_model_dir), "tokenizer": str(tiny_model_dir),
-            "judge": "none"}
+    eval_prompts = DataSource(path=str(write_jsonl(tmp / "eval.jsonl", PROMPTS * 3)))
     work = tmp / "work"
+    prep = _prepared(cfg, work, cfg.data.model_copy(update={"eval_prompts": eval_prompts}),
+                     tiny_model_dir)
     done: dict = {}
 
     def run(name: str, tracked: bool = False, **inputs):
@@ -93,7 +103,7 @@ def test_validate_stops_on_bad_rows_before_anything_is_published(tmp_path, tiny_
     from data_checks.validate import ValidationFailed
 
     cfg = load_config(write_config(tmp_path, tiny_model_dir, sft_text='{"prompt": ""}\n'))
-    prep = {"data": cfg.data.model_dump(), "tokenizer": str(tiny_model_dir)}
+    prep = _prepared(cfg, tmp_path / "work", cfg.data, tiny_model_dir)
     sc = FakeStageContext(cfg, "validate", tmp_path / "work")
     with pytest.raises((ValidationFailed, ValueError)):
         STAGES["validate"].body(sc, prep=prep)
