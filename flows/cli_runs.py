@@ -9,11 +9,9 @@ import time
 
 from flows.config import ConfigError
 from flows.preflight import check_servers
+from tasks.tracking.queries import StoreError, pipeline_runs, run_lineage
 from tasks.tracking.runs import (
-    StoreError,
     default_tracking_uri,
-    pipeline_runs,
-    run_lineage,
     runs_table_url,
 )
 

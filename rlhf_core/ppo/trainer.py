@@ -20,27 +20,18 @@ import torch
 
 from rlhf_core.config import PPOConfig
 from rlhf_core.faults import crash_point
-from rlhf_core.masked import masked_mean, trusted_masks
+from rlhf_core.masked import trusted_masks
 from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.data import ShuffledBatches, left_pad
 from rlhf_core.models.models import PPOModels
 from rlhf_core.parallel.distributed import check_world_size
 from rlhf_core.ppo.algorithms import make_algorithm
-from rlhf_core.ppo.ppo_math import (
-    AdaptiveKLController,
-    FixedKLController,
-    clipped_policy_loss,
-    clipped_value_loss,
-    entropy_from_log_softmax,
-    explained_variance,
-    log_softmax_at,
-)
+from rlhf_core.ppo.losses import compiled, ppo_losses
+from rlhf_core.ppo.ppo_math import AdaptiveKLController, FixedKLController, explained_variance
 from rlhf_core.ppo.rollout import (
     Experience,
     RolloutSettings,
     make_experience,
-    response_logits,
-    response_values,
     sampling_config,
     to_autograd_tensors,
 )
@@ -61,50 +52,6 @@ def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> fl
     for (weight, _), value in zip(pairs, values):
         total += value if weight == 1.0 else weight * value
     return total / n_updates
-
-
-def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantages, old_values,
-               returns, ref_logprobs, *, pad_id: int, P: int, temperature: float,
-               clip_eps: float, clip_eps_value: float, vf_coef: float, ent_coef: float,
-               extra_loss=None, kl_coef: float = 0.0):
-    """The update's forward: policy (and, with a critic, value) on prompt | response
-    [b, P+R] -> (loss, stats). ``extra_loss(logprobs, ref_logprobs, mask, kl_coef)`` is the
-    algorithm's own term (GRPO's KL loss). A pure function of tensors, so ``ppo.compile`` can
-    hand it to torch.compile whole."""
-    # log softmax(logits / T) once: the log-probs (as the rollout's logprobs_from_logits) and
-    # the entropy of the sampled distribution
-    logp = log_softmax_at(response_logits(policy, qr, pad_id, P), temperature)  # (b, R, V)
-    logprobs = logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-    pg_loss, pg_stats = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
-    entropy = masked_mean(entropy_from_log_softmax(logp.detach() if ent_coef == 0 else logp),
-                          mask)
-    loss = pg_loss - ent_coef * entropy
-    stats = {"loss/policy_avg": pg_loss, "policy/entropy_avg": entropy,
-             "policy/approxkl_avg": pg_stats["approxkl"],
-             "policy/clipfrac_avg": pg_stats["clipfrac"], "val/ratio": pg_stats["ratio"],
-             "val/ratio_var": pg_stats["ratio_var"]}
-    if value_model is not None:
-        vpred = response_values(value_model, qr, pad_id, P)  # (b, R)
-        vf_loss, vf_stats = clipped_value_loss(vpred, old_values, returns, mask, clip_eps_value)
-        loss = loss + vf_coef * vf_loss
-        stats.update({"loss/value_avg": vf_loss, "val/clipfrac_avg": vf_stats["clipfrac"]})
-    if extra_loss is not None:
-        extra, extra_stats = extra_loss(logprobs, ref_logprobs, mask, kl_coef)
-        if extra is not None:
-            loss = loss + extra
-            stats.update({f"loss/{k}_avg": v for k, v in extra_stats.items()})
-    return loss, stats
-
-
-def compiled(fn):
-    """torch.compile with dynamic shapes (minibatches are trimmed to their longest response).
-    Inductor's coalescing analysis is off: on torch 2.11 it asserted on this graph with
-    dynamic shapes."""
-    import torch._inductor.config as inductor_config
-
-    if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
-        inductor_config.triton.coalesce_tiling_analysis = False
-    return torch.compile(fn, dynamic=True)
 
 
 def make_kl_controller(cfg: PPOConfig):

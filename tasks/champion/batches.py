@@ -15,6 +15,7 @@ from data_checks.loading import DataError, load_table
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
 from tasks.prepare import Prepared
+from tasks.tracking.datasets import TableInput, log_table_inputs
 from tasks.tracking.registry import (
     CHAMPION,
     RegistryError,
@@ -24,10 +25,8 @@ from tasks.tracking.registry import (
 )
 from tasks.tracking.runs import (
     RunContext,
-    TableInput,
     default_tracking_uri,
     experiment_client,
-    log_table_inputs,
     set_tags,
 )
 from tasks.tracking.tags import (

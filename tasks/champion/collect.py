@@ -43,6 +43,7 @@ from tasks.champion.events import (
 from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge, resolve_judge_name
+from tasks.tracking.datasets import TableInput, log_table_inputs
 from tasks.tracking.registry import (
     RegistryError,
     _logged_model_id,
@@ -51,12 +52,10 @@ from tasks.tracking.registry import (
     version_stage_run,
 )
 from tasks.tracking.runs import (
-    TableInput,
     default_tracking_uri,
     ensure_experiment,
     log_metrics,
     log_params,
-    log_table_inputs,
     set_tags,
     tracking_client,
 )

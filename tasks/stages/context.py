@@ -26,7 +26,8 @@ from tasks.config import PipelineConfig
 from tasks.stages.progress import StageProgress
 from tasks.stages.records import Artifact, StageRecord
 from tasks.tracking.artifacts import local_copy, publish_path
-from tasks.tracking.runs import RunContext, log_datasets, set_tags
+from tasks.tracking.datasets import log_datasets
+from tasks.tracking.runs import RunContext, set_tags
 from tasks.tracking.spool import spool_for, spool_table
 
 

@@ -11,11 +11,10 @@ import os
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -23,8 +22,6 @@ from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.hardware import hardware_facts
 from tasks.tracking.tags import (
-    CONFIG_HASH_TAG,
-    DATASET_CONTEXT_TAG,
     EXPERIMENT_KIND_TAG,
     HW_PREFIX,
     OUTPUT_TAG,
@@ -307,62 +304,6 @@ def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
-class StoreError(ValueError):
-    """A read-only look-up the MLflow store cannot answer: no store at a local path, no such
-    run or experiment, or a store that refused the read."""
-
-
-def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
-    """An MLflow client that creates no store (a missing SQLite file is a StoreError) and
-    gives up on an unreachable server after ``timeout_s`` instead of retrying for minutes."""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        raise StoreError(f"no MLflow store at {uri}: nothing has run here yet (`rlhf run` "
-                         "creates it), or set MLFLOW_TRACKING_URI to the store you mean")
-    if uri.startswith(("http://", "https://")):
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
-    return MlflowClient(uri)
-
-
-def run_lineage(tracking_uri: str, run_id: str) -> dict:
-    """Where a stored run sits, read without creating a store: {"parent_run_id": the
-    pipeline run it is a stage of (None for a pipeline run), "stage": its stage tag, else its
-    name}; StoreError when the store has no such run (or is not there)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        run = _read_only_client(tracking_uri).get_run(run_id)
-    except MlflowException as err:
-        raise StoreError(str(err)) from None
-    tags = run.data.tags
-    return {"parent_run_id": tags.get(PARENT_TAG),
-            "stage": tags.get(STAGE_TAG, run.info.run_name)}
-
-
-def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> dict:
-    """The experiment's id and its latest ``limit`` pipeline (parent) runs, newest first,
-    read without creating a store: {"experiment_id", "runs": [{"run_id", "run_name",
-    "status", "start_time" (ms), "metrics"}]}; StoreError when there is no such store or
-    experiment, or the store cannot be read."""
-    from mlflow.exceptions import MlflowException
-
-    client = _read_only_client(tracking_uri)
-    try:
-        exp = client.get_experiment_by_name(experiment)
-        if exp is None:
-            raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
-        runs = client.search_runs([exp.experiment_id],
-                                  filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
-                                  order_by=["attributes.start_time DESC"], max_results=limit)
-    except (MlflowException, OSError) as err:
-        raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
-                         f"{str(err).splitlines()[0][:300]}") from None
-    return {"experiment_id": exp.experiment_id,
-            "runs": [{"run_id": r.info.run_id, "run_name": r.info.run_name,
-                      "status": r.info.status, "start_time": r.info.start_time,
-                      "metrics": dict(r.data.metrics)} for r in runs]}
-
-
 def tag_parent(ctx: RunContext, tags: dict[str, Any]) -> None:
     """Tags on the pipeline's parent run (values as text)."""
     set_tags(ctx.client(), ctx.parent_run_id, tags)
@@ -375,83 +316,6 @@ def run_url(ctx: RunContext, run_id: str) -> str:
         return f"{base.rstrip('/')}/#/experiments/{ctx.experiment_id}/runs/{run_id}"
     return f"{base} experiment {ctx.experiment_id} run {run_id} (open with `mlflow ui "\
            f"--backend-store-uri {base}`)"
-
-
-class TableInput(NamedTuple):
-    """A data table to record as an MLflow dataset input: ``table`` a pandas DataFrame,
-    ``source`` the file it was read from, ``digest`` MLflow's own when None, ``tags`` input
-    tags beside the dataset's context."""
-
-    table: Any
-    source: str
-    name: str
-    digest: str | None = None
-    tags: dict[str, str] | None = None
-
-
-def _dataset_input(item: TableInput, context: str):
-    """-> (MLflow's DatasetInput of ``item`` with its context and tags, its digest)."""
-    import mlflow.data
-    from mlflow.entities import DatasetInput, InputTag
-
-    with warnings.catch_warnings():  # MLflow registers its local source class twice and
-        warnings.filterwarnings(     # warns that a plain path is ambiguous between them
-            "ignore", message="The specified dataset source can be interpreted")
-        dataset = mlflow.data.from_pandas(item.table, source=item.source, name=item.name,
-                                          digest=item.digest)
-    tags = [InputTag(DATASET_CONTEXT_TAG, context)]
-    tags += [InputTag(k, v) for k, v in (item.tags or {}).items()]
-    return DatasetInput(dataset._to_mlflow_entity(), tags=tags), dataset.digest
-
-
-def log_table_inputs(client: MlflowClient, run_id: str, tables: list[TableInput],
-                     context: str, model_id: str | None = None) -> None:
-    """Record the tables as dataset inputs of ``run_id`` in one call (name, source, schema,
-    digest; the run's "Datasets" panel), with the logged model ``model_id`` as an input
-    beside them when given (the model the data came from)."""
-    from mlflow.entities import LoggedModelInput
-
-    client.log_inputs(run_id, datasets=[_dataset_input(t, context)[0] for t in tables],
-                      models=[LoggedModelInput(model_id)] if model_id else None)
-
-
-def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path],
-                 context: str) -> dict[str, str]:
-    """Record each (cleaned) data file as an MLflow dataset input of every run in ``run_ids``
-    (name, source path, schema, digest; shown in the run's "Datasets" panel) -> digests."""
-    import pandas as pd
-
-    inputs, digests = [], {}
-    for name, path in files.items():
-        table = pd.read_json(path, lines=True, dtype=False)
-        dataset_input, digests[name] = _dataset_input(TableInput(table, str(path), name),
-                                                      context)
-        inputs.append(dataset_input)
-    for run_id in run_ids:
-        _log_inputs(client, run_id, inputs)
-    return digests
-
-
-def _log_inputs(client: MlflowClient, run_id: str, inputs: list) -> None:
-    """MLflow's server inserts a dataset it has not seen (experiment, name, digest) after
-    looking it up: two runs logging the same data at once can hit its unique key (seen on
-    PostgreSQL). The write is rolled back whole, so it is retried and then finds the row."""
-    retry_unique_key(lambda: client.log_inputs(run_id, datasets=inputs))
-
-
-def retry_unique_key(write, attempts: int = 5) -> None:
-    """Run ``write()``; when the tracking server refuses it on a unique key (a concurrent
-    run wrote the same row first, seen on PostgreSQL), wait a little and run it again."""
-    from mlflow.exceptions import MlflowException
-
-    for attempt in range(attempts):
-        try:
-            write()
-            return
-        except MlflowException as err:
-            if attempt == attempts - 1 or "unique" not in str(err).lower():
-                raise
-            time.sleep(0.2 * (attempt + 1))
 
 
 @contextmanager

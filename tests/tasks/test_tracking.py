@@ -60,7 +60,7 @@ class RacingClient(MlflowClient):
 def test_a_dataset_insert_lost_to_a_concurrent_run_is_retried(store_uri, tmp_path):
     from mlflow.exceptions import MlflowException
 
-    from tasks.tracking.runs import log_datasets
+    from tasks.tracking.datasets import log_datasets
 
     data = tmp_path / "sft.jsonl"
     data.write_text('{"prompt": "a", "response": "b"}\n')

@@ -1,0 +1,67 @@
+"""Read-only look-ups for the CLI (`rlhf runs`, the `--resume` check): they never create a
+store, and say in one sentence what the store could not answer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from tasks.tracking.tags import CONFIG_HASH_TAG, PARENT_TAG, STAGE_TAG
+
+
+class StoreError(ValueError):
+    """A read-only look-up the MLflow store cannot answer: no store at a local path, no such
+    run or experiment, or a store that refused the read."""
+
+
+def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
+    """An MLflow client that creates no store (a missing SQLite file is a StoreError) and
+    gives up on an unreachable server after ``timeout_s`` instead of retrying for minutes."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise StoreError(f"no MLflow store at {uri}: nothing has run here yet (`rlhf run` "
+                         "creates it), or set MLFLOW_TRACKING_URI to the store you mean")
+    if uri.startswith(("http://", "https://")):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+    return MlflowClient(uri)
+
+
+def run_lineage(tracking_uri: str, run_id: str) -> dict:
+    """Where a stored run sits, read without creating a store: {"parent_run_id": the
+    pipeline run it is a stage of (None for a pipeline run), "stage": its stage tag, else its
+    name}; StoreError when the store has no such run (or is not there)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = _read_only_client(tracking_uri).get_run(run_id)
+    except MlflowException as err:
+        raise StoreError(str(err)) from None
+    tags = run.data.tags
+    return {"parent_run_id": tags.get(PARENT_TAG),
+            "stage": tags.get(STAGE_TAG, run.info.run_name)}
+
+
+def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> dict:
+    """The experiment's id and its latest ``limit`` pipeline (parent) runs, newest first,
+    read without creating a store: {"experiment_id", "runs": [{"run_id", "run_name",
+    "status", "start_time" (ms), "metrics"}]}; StoreError when there is no such store or
+    experiment, or the store cannot be read."""
+    from mlflow.exceptions import MlflowException
+
+    client = _read_only_client(tracking_uri)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
+        runs = client.search_runs([exp.experiment_id],
+                                  filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
+                                  order_by=["attributes.start_time DESC"], max_results=limit)
+    except (MlflowException, OSError) as err:
+        raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
+                         f"{str(err).splitlines()[0][:300]}") from None
+    return {"experiment_id": exp.experiment_id,
+            "runs": [{"run_id": r.info.run_id, "run_name": r.info.run_name,
+                      "status": r.info.status, "start_time": r.info.start_time,
+                      "metrics": dict(r.data.metrics)} for r in runs]}
