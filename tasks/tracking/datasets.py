@@ -4,13 +4,13 @@ retrain batch)."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from mlflow.tracking import MlflowClient
 
+from tasks.tracking.runs import retry_unique_key
 from tasks.tracking.tags import DATASET_CONTEXT_TAG
 
 
@@ -74,18 +74,3 @@ def _log_inputs(client: MlflowClient, run_id: str, inputs: list) -> None:
     looking it up: two runs logging the same data at once can hit its unique key (seen on
     PostgreSQL). The write is rolled back whole, so it is retried and then finds the row."""
     retry_unique_key(lambda: client.log_inputs(run_id, datasets=inputs))
-
-
-def retry_unique_key(write, attempts: int = 5) -> None:
-    """Run ``write()``; when the tracking server refuses it on a unique key (a concurrent
-    run wrote the same row first, seen on PostgreSQL), wait a little and run it again."""
-    from mlflow.exceptions import MlflowException
-
-    for attempt in range(attempts):
-        try:
-            write()
-            return
-        except MlflowException as err:
-            if attempt == attempts - 1 or "unique" not in str(err).lower():
-                raise
-            time.sleep(0.2 * (attempt + 1))

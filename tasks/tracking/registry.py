@@ -36,7 +36,7 @@ def set_alias(client: MlflowClient, name: str, alias: str, version, attempts: in
     """Point ``alias`` at ``version``. MLflow's alias write is a delete + insert: two runs
     moving the same alias at once can hit the server's unique key (seen on PostgreSQL); the
     write is retried, so the later one wins as intended."""
-    from tasks.tracking.datasets import retry_unique_key
+    from tasks.tracking.runs import retry_unique_key
 
     retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)),
                      attempts)

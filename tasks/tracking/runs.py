@@ -318,6 +318,21 @@ def run_url(ctx: RunContext, run_id: str) -> str:
            f"--backend-store-uri {base}`)"
 
 
+def retry_unique_key(write, attempts: int = 5) -> None:
+    """Run ``write()``; when the tracking server refuses it on a unique key (a concurrent
+    run wrote the same row first, seen on PostgreSQL), wait a little and run it again."""
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(attempts):
+        try:
+            write()
+            return
+        except MlflowException as err:
+            if attempt == attempts - 1 or "unique" not in str(err).lower():
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
 @contextmanager
 def system_metrics(ctx: RunContext, enabled: bool, interval_s: float) -> Iterator[None]:
     """CPU, memory, disk, network (and GPU with nvidia-ml-py) as ``system/*`` metrics on the
