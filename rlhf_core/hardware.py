@@ -3,7 +3,9 @@
 The same seed gives bit-identical figures run to run on one machine, not across CPU types:
 torch's CPU kernels are picked per instruction set (AVX2, AVX512...), reductions split over
 the intra-op threads, and GPUs and CUDA builds differ. Each fact is read defensively: one
-that cannot be read is "unknown", and no exception leaves :func:`hardware_facts`.
+that cannot be read is "unknown", and no exception leaves :func:`hardware_facts`. torch is
+imported when the facts are read, not with this module: the CLI's read-only commands (``rlhf
+runs``, ``rlhf status``) import the run bookkeeping that tags runs, and need no torch.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 CPUINFO = Path("/proc/cpuinfo")
 UNKNOWN = "unknown"
@@ -43,6 +47,8 @@ def _cpu_model() -> str:
 def _gpu(device: torch.device | str | None) -> str:
     """The name of the CUDA device ``device`` names ("cuda": the current one; None or
     "auto": the one an "auto" device picks), "none" for a CPU device or without CUDA."""
+    import torch
+
     if device is None or str(device) == "auto":
         device = "cuda"
     device = torch.device(device)
@@ -56,6 +62,8 @@ def hardware_facts(device: torch.device | str | None = None) -> dict[str, str]:
     cpu_cores, threads (torch's intra-op threads now), torch, cuda (the build's CUDA version,
     "none" for a CPU build), gpu (``device``'s GPU name, "none" on CPU), gpu_count (CUDA
     devices visible) and platform (OS and C library)."""
+    import torch
+
     cuda = torch.cuda.is_available
     return {
         "cpu": _fact(_cpu_model),

@@ -28,3 +28,16 @@ def test_nproc_sets_model_nproc_and_a_bad_one_exits_2(capsys):
     assert _config_for(build_parser().parse_args(["run"])).model.nproc == 1
     assert main(["run", "--nproc", "0"]) == 2
     assert "model.nproc" in capsys.readouterr().err
+
+
+def test_the_cli_and_its_read_only_commands_start_without_torch():
+    """`rlhf runs` / `rlhf status` / a config error need no model code: importing the CLI
+    (and the run bookkeeping it reads runs with) must not load torch or transformers."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, flows.cli, flows.cli_runs, tasks.tracking.runs; "
+             "print(sorted(m for m in ('torch', 'transformers', 'prefect') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"

@@ -78,7 +78,7 @@ def test_a_fact_that_cannot_be_read_is_unknown_not_an_error(monkeypatch):
     def broken():
         raise RuntimeError("no capability here")
 
-    monkeypatch.setattr(hardware.torch.backends.cpu, "get_cpu_capability", broken)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", broken)
     monkeypatch.setattr(hardware.os, "cpu_count", lambda: None)
     facts = hardware_facts("not a device")
     assert facts["cpu_capability"] == facts["cpu_cores"] == facts["gpu"] == "unknown"
