@@ -132,13 +132,13 @@ def challenge(config: PipelineConfig, batches: list[dict],
         except ValidationFailed as err:  # name the batch files, not only combined rows
             raise ValidationFailed(f"{err}\n{batch_rows_note(prep.batch_rows)}") from None
         r = config.retrain
-        reference = champion["sft_dir"] if r.reference == "sft" else champion["policy_dir"]
-        rm_init = champion["sft_dir"] if r.rm_init == "sft" else champion["rm_dir"]
+        reference = champion.sft_dir if r.reference == "sft" else champion.policy_dir
+        rm_init = champion.sft_dir if r.rm_init == "sft" else champion.rm_dir
         rm_data, judge_out = data, None
         if resolve_scorer(config, prep.judge) == "judge_model":
             rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
-            judge_out = judge_model(ctx, config, rm_data, champion["sft_dir"])
-        start = champion["policy_dir"] if r.policy_init == "champion" else champion["sft_dir"]
+            judge_out = judge_model(ctx, config, rm_data, champion.sft_dir)
+        start = champion.policy_dir if r.policy_init == "champion" else champion.sft_dir
         trained = train_policy(ctx, _retrain_settings(config), prep, rm_data,
                                ModelRecord(model=Artifact(path=start)), rm_init_dir=rm_init,
                                reference_dir=reference)
@@ -148,10 +148,10 @@ def challenge(config: PipelineConfig, batches: list[dict],
             result = finish(ctx, {"validate": data, **trained, "gate": gate_out})
             return {"status": "control", "reason": gate_out.decision.reason,
                     "scorer": gate_out.decision.scorer, **result}
-        lineage = {**_lineage(prep, batches, champion["ancestry"],
-                              f"champion v{champion['version']}"),
-                   CHAMPION_VERSION_TAG: champion["version"],
-                   SFT_RUN_TAG: champion["sft_run_id"],
+        lineage = {**_lineage(prep, batches, champion.ancestry,
+                              f"champion v{champion.version}"),
+                   CHAMPION_VERSION_TAG: champion.version,
+                   SFT_RUN_TAG: champion.sft_run_id,
                    GATE_SCORER_TAG: gate_out.decision.scorer}
         reg = register(ctx, config, trained["ppo"], gate_out, trained["reward_model"], data,
                        lineage=lineage, decision=gate_out.decision)
@@ -235,9 +235,9 @@ def compare(config: PipelineConfig, champion: str = "1", challenger: str = "cham
         other = fetch_champion(ctx, config, challenger)
         data = validate(ctx, config, prep)
         gate_out = gate(ctx, config, prep, data, base,
-                        PolicyRecord(policy=Artifact(path=other["policy_dir"])),
-                        ModelRecord(model=Artifact(path=other["rm_dir"])), base["sft_dir"])
+                        PolicyRecord(policy=Artifact(path=other.policy_dir)),
+                        ModelRecord(model=Artifact(path=other.rm_dir)), base.sft_dir)
     result = finish(ctx, {"validate": data, "gate": gate_out})
     return {"status": "compared", "reason": gate_out.decision.reason,
             "scorer": gate_out.decision.scorer,
-            "versions": (base["version"], other["version"]), **result}
+            "versions": (base.version, other.version), **result}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 from prefect import task
+from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
 from data_checks.loading import DataError, load_table
@@ -114,8 +115,21 @@ def champion_version(cfg: PipelineConfig):
     return alias_version(client, cfg.tracking.registered_policy, CHAMPION)
 
 
+class Champion(BaseModel):
+    """A registered policy version, downloaded: the folders a retrain starts from and the gate
+    samples, and the lineage its successor records."""
+
+    model_config = ConfigDict(frozen=True)
+    version: str
+    sft_run_id: str | None = None  # the SFT stage run whose policy is the reference
+    ancestry: str = ""  # "v1>v3>v4": the versions this one descends from
+    policy_dir: str  # the PPO policy checkpoint (with its tokenizer)
+    rm_dir: str | None = None  # its reward model
+    sft_dir: str | None = None  # its SFT policy: reference, RM start, the judge's trunk
+
+
 @task(name="fetch_champion")
-def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> dict:
+def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> Champion:
     """Download the champion's (``which``: a version number or alias) policy, reward model
     and SFT policy from MLflow -> local folders and its lineage."""
     client = ctx.client()
@@ -129,13 +143,13 @@ def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) 
     ppo_run = version_stage_run(client, version, "ppo")
     rm_run = version_stage_run(client, version, "reward_model")
     sft_run = version_stage_run(client, version, "sft")
-    out = {"version": str(version.version), "sft_run_id": sft_run,
-           "ancestry": version.tags.get(ANCESTRY_TAG, f"v{version.version}"),
-           "policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
-           "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
-    # the SFT policy: reference, RM start, and the trunk of the gate's judge reward model
-    out["sft_dir"] = client.download_artifacts(sft_run, "checkpoint", str(root / "sft"))
-    set_tags(client, ctx.parent_run_id, {RETRAIN_CHAMPION_VERSION_TAG: out["version"]})
+    out = Champion(
+        version=str(version.version), sft_run_id=sft_run,
+        ancestry=version.tags.get(ANCESTRY_TAG, f"v{version.version}"),
+        policy_dir=client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
+        rm_dir=client.download_artifacts(rm_run, "checkpoint", str(root / "rm")),
+        sft_dir=client.download_artifacts(sft_run, "checkpoint", str(root / "sft")))
+    set_tags(client, ctx.parent_run_id, {RETRAIN_CHAMPION_VERSION_TAG: out.version})
     return out
 
 
@@ -162,7 +176,7 @@ def _read_batch(ctx: RunContext, batch: dict) -> pd.DataFrame | None:
 
 @task(name="add_batches")
 def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: list[dict],
-                champion: dict | None = None, consumed: list[dict] | None = None) -> Prepared:
+                champion: Champion | None = None, consumed: list[dict] | None = None) -> Prepared:
     """The retrain's inputs: preference data = the configured pairs and every batch earlier
     retrains consumed (``rm_data: cumulative``) + the new batches (``new_only``: the new
     batches alone); the champion's policy and tokenizer as the base. A batch that cannot be
@@ -189,7 +203,7 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
               "batch_rows": rows, "trained_on": trained_on,
               "batch_sources": batch_sources(cfg, trained_on)}
     if champion is not None:
-        update.update(base_model=champion["policy_dir"], tokenizer=champion["policy_dir"])
+        update.update(base_model=champion.policy_dir, tokenizer=champion.policy_dir)
     out = prep.model_copy(update=update)
     set_tags(ctx.client(), ctx.parent_run_id, {
         RETRAIN_TAG: "true", RETRAIN_BATCHES_TAG: json.dumps(

@@ -17,7 +17,7 @@ from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
 from rlhf_core.eval.serving import score_rows
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.train.optim import seed_everything
-from tasks.champion.batches import GateError, report
+from tasks.champion.batches import Champion, GateError, report
 from tasks.champion.config import GateConfig
 from tasks.champion.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.common import read_jsonl
@@ -109,10 +109,9 @@ def _gold_line(tags: dict) -> str:
             f"diff {diff}, CI [{low}, {high}]).\n\n")
 
 
-def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: dict,
+def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None) -> GateRecord:
-    """``champion``: the champion's downloaded folders and version (tasks/champion/batches.py)."""
     g, e = sc.cfg.retrain.gate, sc.cfg.eval
     device, spec = sc.device, sc.spec
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -122,7 +121,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: dict,
     rm_model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
                                  trainable=False).to(device)
     samples = {}
-    for side, path in (("champion", champion["policy_dir"]),
+    for side, path in (("champion", champion.policy_dir),
                        ("challenger", sc.local(policy.policy, "ppo's policy"))):
         seed_everything(sc.seed)  # same sampling noise for both sides
         model = load_policy(path, spec, trainable=False).to(device)
@@ -150,7 +149,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: dict,
     sc.set_tags(tags, parent=True)
     sc.set_tags(tags)
     report("rlhf-retrain-decision",
-           decision_markdown(sc.run, sc.run_id, decision, label, champion["version"],
+           decision_markdown(sc.run, sc.run_id, decision, label, champion.version,
                              gold_tags),
            "retrain: challenger vs champion")
     return GateRecord(decision=Decision(promote=decision["promote"],
@@ -163,8 +162,8 @@ STAGE = Stage("gate", body, GateRecord, seed_offset=4)
 
 
 @task(name="gate")
-def gate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord, champion: dict,
-         policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
+def gate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord,
+         champion: Champion, policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None) -> GateRecord:
     """Sample champion and challenger on the same held-out prompts; score both with the
     configured scorer (``judge``: the held-out judge reward model); decide."""

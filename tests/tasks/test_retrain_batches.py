@@ -12,7 +12,13 @@ from mlflow.tracking import MlflowClient
 
 from data_checks.config import DataConfig, DataSource
 from flows.config import load_config
-from tasks.champion.batches import add_batches, file_digest, find_batches, mark_consumed
+from tasks.champion.batches import (
+    Champion,
+    add_batches,
+    file_digest,
+    find_batches,
+    mark_consumed,
+)
 from tasks.champion.collect import experiment_for
 from tasks.prepare import Prepared
 from tasks.tracking.runs import RunContext
@@ -76,7 +82,7 @@ def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(t
     consumed = {b["name"]: b for b in batches["consumed"]}
     assert set(consumed) == {"b.jsonl", f"consumed-{batches['consumed'][1]['digest']}"}
     assert consumed["b.jsonl"]["path"] and batches["consumed"][1]["path"] is None
-    out = add_batches.fn(ctx, cfg, prep, batches["new"], {"policy_dir": "x"},
+    out = add_batches.fn(ctx, cfg, prep, batches["new"], Champion(policy_dir="x", version="1"),
                          batches["consumed"])
     names = _prompts(out)
     assert names.count("base") == 2 and names.count("second") == 4
@@ -91,6 +97,6 @@ def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(t
 def test_new_only_trains_on_the_new_batches_alone(tmp_path):
     cfg, _, ctx, prep = _setup(tmp_path, "new_only")
     batches = find_batches.fn(cfg)
-    out = add_batches.fn(ctx, cfg, prep, batches["new"], {"policy_dir": "x"},
+    out = add_batches.fn(ctx, cfg, prep, batches["new"], Champion(policy_dir="x", version="1"),
                          batches["consumed"])
     assert _prompts(out) == ["new"] * 5

@@ -12,6 +12,7 @@ import pytest
 
 from data_checks.config import DataSource
 from flows.config import load_config
+from tasks.champion.batches import Champion
 from tasks.prepare import Prepared
 from tasks.stages.records import (
     Artifact,
@@ -62,7 +63,7 @@ def chain(tmp_path_factory, tiny_model_dir):
     held = Path(d.data.path) / "judge_preference.jsonl"
     held.write_text((Path(d.data.path) / "preference.jsonl").read_text())
     judge = run("judge_model", data=d, init_dir=s.model.path)
-    champion = {"policy_dir": s.model.path, "version": "1"}
+    champion = Champion(policy_dir=s.model.path, version="1")
     run("gate", prep=prep, data=d, champion=champion, policy=pol, rm=rm,
         reference_dir=s.model.path, judge=judge)
     return cfg, prep, work, done
@@ -83,6 +84,21 @@ def test_routable_stages_in_the_config_are_the_tables():
     from tasks.config import ROUTABLE
 
     assert set(ROUTABLE) == set(DISTRIBUTED)
+
+
+def test_recorded_inputs_come_back_as_the_records_the_body_names():
+    """A stage's inputs are recorded as JSON; read back (a resume, a routed stage) they are
+    the typed records again, the champion's downloaded folders included."""
+    from tasks.stages.run import typed_inputs
+
+    recorded = json.loads(json.dumps({
+        "champion": {"version": "3", "policy_dir": "/c/policy", "sft_dir": "/c/sft"},
+        "policy": {"policy": {"path": "/p", "uri": "runs:/r/checkpoint/policy"}},
+        "judge": None, "reference_dir": "/c/sft"}))
+    inputs = typed_inputs(STAGES["gate"], recorded)
+    assert inputs["champion"] == Champion(version="3", policy_dir="/c/policy", sft_dir="/c/sft")
+    assert isinstance(inputs["policy"], PolicyRecord) and inputs["policy"].policy.path == "/p"
+    assert inputs["judge"] is None and inputs["reference_dir"] == "/c/sft"
 
 
 def test_validate_cleans_the_data_and_saves_the_tokenizer(chain):
