@@ -36,7 +36,7 @@ from flows.errors import (
 )
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
-from tasks.tracking.runs import runs_table_url
+from tasks.tracking.runs import run_page, runs_table_url
 from tasks.tracking.tags import SWEEP_TAG
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
@@ -81,10 +81,8 @@ def summary_text(result: dict, wall_s: float) -> str:
 def ui_hint(result: dict) -> str:
     """Where to look: the run's page on a tracking server, else how to start the UI."""
     uri = result["tracking_uri"]
-    if uri.startswith(("http://", "https://")):
-        return (f"{uri.rstrip('/')}/#/experiments/{result['experiment_id']}/runs/"
-                f"{result['parent_run_id']}")
-    return f"mlflow ui --backend-store-uri {uri}"
+    return run_page(uri, result["experiment_id"], result["parent_run_id"]) or \
+        f"mlflow ui --backend-store-uri {uri}"
 
 
 def registered(result: dict) -> dict[str, str]:

@@ -309,13 +309,19 @@ def tag_parent(ctx: RunContext, tags: dict[str, Any]) -> None:
     set_tags(ctx.client(), ctx.parent_run_id, tags)
 
 
+def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in the MLflow UI of a tracking server; None for a local store (no UI
+    runs until `mlflow ui` is started on it)."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def run_url(ctx: RunContext, run_id: str) -> str:
     """A link to the run in the MLflow UI (server URIs), else a tracking-URI reference."""
-    base = ctx.tracking_uri
-    if base.startswith("http"):
-        return f"{base.rstrip('/')}/#/experiments/{ctx.experiment_id}/runs/{run_id}"
-    return f"{base} experiment {ctx.experiment_id} run {run_id} (open with `mlflow ui "\
-           f"--backend-store-uri {base}`)"
+    page = run_page(ctx.tracking_uri, ctx.experiment_id, run_id)
+    return page or (f"{ctx.tracking_uri} experiment {ctx.experiment_id} run {run_id} (open "
+                    f"with `mlflow ui --backend-store-uri {ctx.tracking_uri}`)")
 
 
 def retry_unique_key(write, attempts: int = 5) -> None:

@@ -19,6 +19,15 @@ def test_summary_lists_every_stage_and_the_parent_run():
     text = summary_text(result, 12.0)
     assert "abc123" in text and "train/loss=0.500" in text and "skipped" in text
     assert "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning" in text
+    assert "view: mlflow ui --backend-store-uri sqlite:///x.db" in text
+
+
+def test_on_a_tracking_server_the_summary_links_the_parent_runs_page():
+    result = {"parent_run_id": "abc123", "experiment_id": "7", "workdir": "/tmp/w",
+              "tracking_uri": "http://10.0.0.5:5000/", "stages": {}}
+    text = summary_text(result, 1.0)
+    assert "view: http://10.0.0.5:5000/#/experiments/7/runs/abc123" in text
+    assert "runs table: http://10.0.0.5:5000/#/experiments/7/runs?workflowType=" in text
 
 
 def test_nproc_sets_model_nproc_and_a_bad_one_exits_2(capsys):
