@@ -121,11 +121,11 @@ class Champion(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     version: str
-    sft_run_id: str | None = None  # the SFT stage run whose policy is the reference
-    ancestry: str = ""  # "v1>v3>v4": the versions this one descends from
+    sft_run_id: str  # the SFT stage run whose policy is the reference
+    ancestry: str  # "v1>v3>v4": the versions this one descends from
     policy_dir: str  # the PPO policy checkpoint (with its tokenizer)
-    rm_dir: str | None = None  # its reward model
-    sft_dir: str | None = None  # its SFT policy: reference, RM start, the judge's trunk
+    rm_dir: str  # its reward model
+    sft_dir: str  # its SFT policy: reference, RM start, the judge's trunk
 
 
 @task(name="fetch_champion")

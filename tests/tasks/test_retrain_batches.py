@@ -25,6 +25,9 @@ from tasks.tracking.runs import RunContext
 from tasks.tracking.tags import CONSUMED_TAG
 from tests.shared import TEST_CONFIG
 
+CHAMPION = Champion(version="1", sft_run_id="r", ancestry="v1", policy_dir="x", rm_dir="x/rm",
+                    sft_dir="x/sft")
+
 
 def _pairs(path, tag: str, n: int):
     rows = [{"prompt": f"{tag} p{i}", "chosen": f"{tag} good {i}", "rejected": f"{tag} bad {i}"}
@@ -82,7 +85,7 @@ def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(t
     consumed = {b["name"]: b for b in batches["consumed"]}
     assert set(consumed) == {"b.jsonl", f"consumed-{batches['consumed'][1]['digest']}"}
     assert consumed["b.jsonl"]["path"] and batches["consumed"][1]["path"] is None
-    out = add_batches.fn(ctx, cfg, prep, batches["new"], Champion(policy_dir="x", version="1"),
+    out = add_batches.fn(ctx, cfg, prep, batches["new"], CHAMPION,
                          batches["consumed"])
     names = _prompts(out)
     assert names.count("base") == 2 and names.count("second") == 4
@@ -97,6 +100,6 @@ def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(t
 def test_new_only_trains_on_the_new_batches_alone(tmp_path):
     cfg, _, ctx, prep = _setup(tmp_path, "new_only")
     batches = find_batches.fn(cfg)
-    out = add_batches.fn(ctx, cfg, prep, batches["new"], Champion(policy_dir="x", version="1"),
+    out = add_batches.fn(ctx, cfg, prep, batches["new"], CHAMPION,
                          batches["consumed"])
     assert _prompts(out) == ["new"] * 5

@@ -63,7 +63,8 @@ def chain(tmp_path_factory, tiny_model_dir):
     held = Path(d.data.path) / "judge_preference.jsonl"
     held.write_text((Path(d.data.path) / "preference.jsonl").read_text())
     judge = run("judge_model", data=d, init_dir=s.model.path)
-    champion = Champion(policy_dir=s.model.path, version="1")
+    champion = Champion(version="1", sft_run_id=s.run_id, ancestry="v1",
+                        policy_dir=s.model.path, rm_dir=rm.model.path, sft_dir=s.model.path)
     run("gate", prep=prep, data=d, champion=champion, policy=pol, rm=rm,
         reference_dir=s.model.path, judge=judge)
     return cfg, prep, work, done
@@ -92,11 +93,14 @@ def test_recorded_inputs_come_back_as_the_records_the_body_names():
     from tasks.stages.run import typed_inputs
 
     recorded = json.loads(json.dumps({
-        "champion": {"version": "3", "policy_dir": "/c/policy", "sft_dir": "/c/sft"},
+        "champion": {"version": "3", "sft_run_id": "r1", "ancestry": "v1>v3",
+                     "policy_dir": "/c/policy", "rm_dir": "/c/rm", "sft_dir": "/c/sft"},
         "policy": {"policy": {"path": "/p", "uri": "runs:/r/checkpoint/policy"}},
         "judge": None, "reference_dir": "/c/sft"}))
     inputs = typed_inputs(STAGES["gate"], recorded)
-    assert inputs["champion"] == Champion(version="3", policy_dir="/c/policy", sft_dir="/c/sft")
+    assert inputs["champion"] == Champion(version="3", sft_run_id="r1", ancestry="v1>v3",
+                                          policy_dir="/c/policy", rm_dir="/c/rm",
+                                          sft_dir="/c/sft")
     assert isinstance(inputs["policy"], PolicyRecord) and inputs["policy"].policy.path == "/p"
     assert inputs["judge"] is None and inputs["reference_dir"] == "/c/sft"
 
