@@ -1,8 +1,9 @@
 """`rlhf` subcommands of the retrain loop: collect, label import, retrain, demo-batch,
 promote, rollback.
 
-    rlhf collect [--config FILE] [--policy VERSION|ALIAS]
+    rlhf collect [--config FILE] [--policy VERSION|ALIAS] [--to files|label-studio]
     rlhf label import FILE [--config FILE]
+    rlhf label pull [COLLECTION] [--partial] [--config FILE]
     rlhf retrain [--config FILE]
     rlhf demo-batch [--config FILE] [--offline] [--degraded] [--n N] [--seed S]
     rlhf promote VERSION [--config FILE] [--reason TEXT]
@@ -12,6 +13,7 @@ promote, rollback.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -75,13 +77,43 @@ def _print_import(out: dict) -> int:
     return 0
 
 
+def _label_studio_preflight(config) -> None:
+    """Label Studio answers and takes LABEL_STUDIO_API_KEY (one try of up to 5 s)."""
+    from tasks.labelling.client import check_label_studio
+
+    check_label_studio(config.collect.destination.url)
+
+
 def cmd_collect(args, config) -> int:
     from flows.collect import collect_flow
     from flows.errors import quiet_expected_failures
 
+    config = _with(config, "collect", policy=args.policy)
+    if args.to or args.project:
+        dest = config.collect.destination.model_copy(update={k: v for k, v in {
+            "kind": args.to and args.to.replace("-", "_"), "project": args.project}.items()
+            if v is not None})
+        config = _with(config, "collect", destination=dest)
     _preflight(config)
+    if config.collect.destination.kind == "label_studio":
+        _label_studio_preflight(config)
     quiet_expected_failures()
-    collect_flow(config=_with(config, "collect", policy=args.policy))
+    collect_flow(config=config)
+    return 0
+
+
+def cmd_label_pull(args, config) -> int:
+    from flows.collect import label_pull
+    from flows.errors import quiet_expected_failures
+    from tasks.labelling.client import URL_VAR
+
+    _preflight(config)
+    if os.environ.get(URL_VAR) or config.collect.destination.url:
+        _label_studio_preflight(config)
+    quiet_expected_failures()
+    out = label_pull(config=config, collection=args.collection, partial=args.partial)
+    if not out:
+        print("no collection went to Label Studio yet (`rlhf collect --to label-studio`)")
     return 0
 
 
@@ -94,6 +126,9 @@ def cmd_label_import(args, config) -> int:
 
         raise ConfigError(f"{args.file}: no such labelled file")
     _preflight(config)
+    from tasks.champion.studio import refuse_studio_rows
+
+    refuse_studio_rows(config, args.file)
     quiet_expected_failures()
     return _print_import(label_import(config=config, path=str(args.file)))
 
@@ -170,6 +205,11 @@ def add_commands(sub, config_for) -> None:
     common(col)
     col.add_argument("--policy", help="version number or alias (default collect.policy: "
                                       "champion)")
+    col.add_argument("--to", choices=("files", "label-studio"),
+                     help="where the pairs go (collect.destination.kind; label-studio: "
+                          "LABEL_STUDIO_URL and LABEL_STUDIO_API_KEY)")
+    col.add_argument("--project", help="Label Studio project title "
+                                       "(collect.destination.project)")
     col.set_defaults(func=wrap(cmd_collect))
     label = sub.add_parser("label", help="labelled files back in")
     label_sub = label.add_subparsers(dest="label_command", required=True)
@@ -178,6 +218,14 @@ def add_commands(sub, config_for) -> None:
     common(imp)
     imp.add_argument("file", type=Path, help="the labelled JSONL/CSV file")
     imp.set_defaults(func=wrap(cmd_label_import))
+    pul = label_sub.add_parser("pull", help="finished Label Studio annotations -> a "
+                                            "preference batch (each pair once)")
+    common(pul)
+    pul.add_argument("collection", nargs="?", help="collection id (default: every "
+                                                   "collection that went to Label Studio)")
+    pul.add_argument("--partial", action="store_true",
+                     help="make a batch now, below collect.destination.min_labelled")
+    pul.set_defaults(func=wrap(cmd_label_pull))
     ret = sub.add_parser("retrain", help="one retrain round here, without a Prefect server")
     common(ret)
     ret.add_argument("--control", action="store_true",

@@ -1,6 +1,7 @@
-"""The collect -> label -> retrain loop's first two flows: `collect` (sample a registered
-policy on fresh prompts, write a labelling file) and `label-import` (a labelled file becomes
-a preference batch in the watch folder, or is quarantined).
+"""The collect -> label -> retrain loop's first flows: `collect` (sample a registered policy
+on fresh prompts, write a labelling file or fill a Label Studio project), `label-import` (a
+labelled file becomes a preference batch in the watch folder, or is quarantined) and
+`label-pull` (the same from a Label Studio project's finished annotations).
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
@@ -11,6 +12,7 @@ from flows.deployment import served_config
 from tasks.champion.collect import collect, collection_text
 from tasks.champion.events import rename_flow_run
 from tasks.champion.labels import import_labels
+from tasks.champion.pull import pull
 from tasks.config import PipelineConfig
 
 
@@ -41,4 +43,25 @@ def label_import(config: PipelineConfig, path: str) -> dict:
     """
     out = import_labels(config, path)
     rename_flow_run(f"label-import-{out['status'].replace(' ', '-')}-{out['file']}")
+    return out
+
+
+@flow(name="label-pull", flow_run_name="label-pull", log_prints=True)
+def label_pull(config: PipelineConfig, collection: str | None = None,
+               partial: bool = False) -> list:
+    """Pull the finished annotations of a collection's Label Studio tasks (None: every
+    collection that went to Label Studio): a preference batch once enough tasks are
+    labelled, each pair exactly once.
+
+    Args:
+        config: The served pipeline config (tracking, watch folder, collect.destination).
+        collection: One collection id (e.g. v3-1a2b3c4d); None: all of them.
+        partial: Make a batch of what is labelled now, below collect.destination.min_labelled.
+    """
+    config = served_config(config)
+    out = pull(config, collection, partial)
+    for result in out:
+        print(result.text())
+    statuses = sorted({r.status for r in out}) or ["no collections"]
+    rename_flow_run(f"label-pull-{'-'.join(s.replace(' ', '-') for s in statuses)}")
     return out

@@ -19,12 +19,15 @@ from data_checks.loading import DataError
 from data_checks.validate import ValidationFailed
 from flows.config import ConfigError
 from tasks.identity import ResumeRefused
+from tasks.labelling.client import LabelStudioError
 from tasks.runtime.remote import RoutingError
 from tasks.tracking.registry import RegistryError
 from tasks.tracking.spool import TrackingOutage
 
-# exit 2: fix the input and re-run (a registry error: a version or alias that is not there)
-USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingError)
+# exit 2: fix the input and re-run (a registry error: a version or alias that is not there;
+# a Label Studio server that does not answer or refuses the key)
+USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingError,
+                LabelStudioError)
 GATE_ERRORS = (ValidationFailed,)                       # exit 1: the data gate said no
 EXPECTED = USAGE_ERRORS + GATE_ERRORS
 OUTAGES = (TrackingOutage,)                             # exit 75: resume when it is back

@@ -119,9 +119,13 @@ def pipeline_deployment(config: PipelineConfig, name: str):
 def schedules(config: PipelineConfig, section: str = "retrain") -> list | None:
     """``<section>.schedule`` (retrain, collect) as Prefect schedules (None: manual runs
     only)."""
+    return as_schedules(getattr(config, section).schedule)
+
+
+def as_schedules(s) -> list | None:
+    """A ScheduleConfig as Prefect schedules (None: manual runs only)."""
     from prefect.schedules import Cron, Interval
 
-    s = getattr(config, section).schedule
     if s is None:
         return None
     if s.cron is not None:
@@ -168,8 +172,22 @@ def collect_deployment(config: PipelineConfig, name: str):
                     f"in {config.collect.out_dir}.")
 
 
+def label_pull_deployment(config: PipelineConfig, name: str):
+    """Pull finished Label Studio annotations on ``collect.destination.pull_schedule`` (only
+    when collections go to Label Studio; manual runs otherwise)."""
+    from flows.collect import label_pull
+
+    dest = config.collect.destination
+    return label_pull.to_deployment(
+        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        schedules=as_schedules(dest.pull_schedule) if dest.kind == "label_studio" else None,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        description="Finished Label Studio annotations of the collections -> preference "
+                    "batches (each pair once); each batch starts a retrain.")
+
+
 def serve(config: PipelineConfig, name: str) -> None:
-    """Serve the three deployments until interrupted (blocks), again after the Prefect
+    """Serve the four deployments until interrupted (blocks), again after the Prefect
     server comes back from an outage (flows/reconnect.py). Needs a Prefect server."""
     from prefect.settings import PREFECT_API_URL
 
@@ -183,5 +201,7 @@ def serve(config: PipelineConfig, name: str) -> None:
     ensure_limit(limit_name(config))
     serve_until_stopped(lambda: [pipeline_deployment(config, name),
                                  retrain_deployment(config, name),
-                                 collect_deployment(config, name)],
-                        f"rlhf_pipeline/{name}, retrain/{name} and collect/{name}")
+                                 collect_deployment(config, name),
+                                 label_pull_deployment(config, name)],
+                        f"rlhf_pipeline/{name}, retrain/{name}, collect/{name} and "
+                        f"label-pull/{name}")

@@ -260,9 +260,15 @@ def collect(cfg: PipelineConfig) -> dict:
                 "temperature": c.temperature,
                 "max_new_tokens": c.max_new_tokens or cfg.ppo.max_new_tokens}
         paths = write_labelling(Path(c.out_dir), cid, rows, meta)
-        log_params(client, run_id, {f"collect.{k}": v for k, v in c.model_dump().items()
-                                    if k not in ("quality", "schedule")})
+        log_params(client, run_id, {**{f"collect.{k}": v for k, v in c.model_dump().items()
+                                       if k not in ("quality", "schedule", "destination")},
+                                    "collect.destination.kind": c.destination.kind})
         log_collection(client, run_id, version, paths, rows, prompts)
+        page = None
+        if c.destination.kind == "label_studio":
+            from tasks.champion.studio import send
+
+            page = send(cfg, client, run_id, cid, rows).page
         counts.update(prompts=len(prompts), pool=len(pool), pool_used=len(used) + len(prompts))
         log_metrics(client, run_id, {f"collect/{k}": v for k, v in counts.items()}, 0)
         set_tags(client, run_id, {COLLECTION_FILE_TAG: str(paths["jsonl"].resolve())})
@@ -273,10 +279,12 @@ def collect(cfg: PipelineConfig) -> dict:
     _table_artifact(rows)
     out = {"collection": cid, "run_id": run_id, "policy": f"{name}/{version.version}",
            "paths": {k: str(v) for k, v in paths.items()}, "counts": counts,
+           "label_studio": page,
            "wall_s": round(time.perf_counter() - start, 1)}
     emit(COLLECTION_READY, COLLECTION_RESOURCE + cid, cid,
          {POLICY_LABEL: name, POLICY_VERSION_LABEL: str(version.version)},
-         {"file": out["paths"]["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id})
+         {"file": out["paths"]["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id,
+          **({"label_studio": page} if page else {})})
     return out
 
 
@@ -288,5 +296,7 @@ def collection_text(out: dict) -> str:
             f"{n['candidates']} candidate pairs; dropped {n['empty']} with an empty side, "
             f"{n['identical']} identical, {n['repeated']} repeated; {n['kept']} kept; "
             f"{n['rows']} rows to label, {n['known']} of them known-answer pairs\n"
-            f"to label: {out['paths']['jsonl']} (or {out['paths']['csv']}); MLflow run "
-            f"{out['run_id']}")
+            + (f"to label: Label Studio {out['label_studio']}, then `rlhf label pull "
+               f"{out['collection']}`" if out.get("label_studio") else
+               f"to label: {out['paths']['jsonl']} (or {out['paths']['csv']})")
+            + f"; MLflow run {out['run_id']}")

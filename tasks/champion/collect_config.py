@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.champion.config import ScheduleConfig
@@ -21,6 +23,26 @@ class LabelQualityConfig(_Frozen):
         "below the median of the last accepted batches'."))
     min_known_labelled: int = Field(4, ge=1, description=(
         "Known-answer pairs a batch must label (a or b) for its known agreement to count."))
+
+
+class DestinationConfig(_Frozen):
+    """Where a collection's pairs go to be labelled: files, or a Label Studio project."""
+
+    kind: Literal["files", "label_studio"] = Field("files", description=(
+        "files: <out_dir>/<id>.jsonl/.csv, back with `rlhf label import`; label_studio: a "
+        "project on a Label Studio server, back with `rlhf label pull`."))
+    url: str | None = Field(None, description=(
+        "Label Studio server (LABEL_STUDIO_URL wins; the key is LABEL_STUDIO_API_KEY, "
+        "never in the config)."))
+    project: str | None = Field(None, description=(
+        "Project title (created when missing; None: 'rlhf <registered policy>')."))
+    annotations_per_task: int = Field(1, ge=1, description=(
+        "Finished annotations a task needs to count as labelled."))
+    min_labelled: float = Field(0.9, gt=0, le=1, description=(
+        "Share of a collection's tasks labelled before a pull makes a batch (--partial: "
+        "at once)."))
+    pull_schedule: ScheduleConfig | None = Field(ScheduleConfig(interval_s=600), description=(
+        "When the served label-pull deployment pulls (None: manual runs only)."))
 
 
 class CollectConfig(_Frozen):
@@ -44,3 +66,4 @@ class CollectConfig(_Frozen):
     batch_size: int = Field(64, ge=1, description="Prompts sampled at once.")
     schedule: ScheduleConfig | None = Field(None, description="None: manual runs only.")
     quality: LabelQualityConfig = Field(LabelQualityConfig())
+    destination: DestinationConfig = Field(DestinationConfig())

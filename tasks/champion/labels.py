@@ -14,6 +14,7 @@ when accepted, a ``rlhf.preferences.labelled`` event.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -114,12 +115,17 @@ def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: dict, cou
                             tags={LABELS_BATCH_TAG: digest, LABELS_FILE_TAG: path.name, **tags})
     metrics = {f"labels/{k}": v for k, v in {**counts, **figures}.items()
                if isinstance(v, int | float) and v is not None}
-    metrics.update({f"labels/known_agreement/{k}": v for k, v in
+    metrics.update({f"labels/known_agreement/{metric_safe(k)}": v for k, v in
                     figures["labeller_known_agreement"].items() if v is not None})
     log_metrics(client, run.info.run_id, metrics, 0)
     client.log_artifact(run.info.run_id, str(path), "labels")
     client.set_terminated(run.info.run_id, status="FINISHED")
     return run.info.run_id
+
+
+def metric_safe(name: str) -> str:
+    """A labeller's name as MLflow takes it in a metric key (an email's ``@`` -> ``_``)."""
+    return re.sub(r"[^\w\-. :/]", "_", name)
 
 
 def decide(cfg: PipelineConfig, path: Path) -> dict:

@@ -101,6 +101,8 @@ COLLECTION_POOL_DIGEST_TAG = "rlhf.collection.pool_digest"  # later collections 
 COLLECTION_POOL_TAG = "rlhf.collection.pool"  # the prompt pool's name
 COLLECTION_POLICY_TAG = "rlhf.collection.policy"  # <registered name>/<version>
 COLLECTION_FILE_TAG = "rlhf.collection.file"  # the labelling file
+# the Label Studio project's page its tasks went to (no credentials)
+COLLECTION_LABEL_STUDIO_TAG = "rlhf.collection.label_studio"
 POLICY_VERSION_INPUT_TAG = "rlhf.policy_version"  # input tag of the labelling file's dataset
 
 # --- label-import runs (`rlhf label import`) ---------------------------------------------
@@ -110,3 +112,4 @@ LABELS_COLLECTIONS_TAG = "rlhf.labels.collections"  # the collections its rows c
 LABELS_DECISION_TAG = "rlhf.labels.decision"  # "accepted" or "quarantined"
 LABELS_REASON_TAG = "rlhf.labels.reason"
 LABELS_PREFERENCE_DIGEST_TAG = "rlhf.labels.preference_digest"  # the batch it wrote
+LABELS_SOURCE_TAG = "rlhf.labels.source"  # "label-studio" for a pull (else a file import)

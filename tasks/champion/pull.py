@@ -1,0 +1,218 @@
+"""`rlhf label pull`: the finished annotations of a collection's Label Studio tasks become the
+same batch a labelled file makes (``import_labels``: majority vote, known answers, label
+quality, quarantine, the ``rlhf.preferences.labelled`` event).
+
+Exactly once, by pair: a pair is imported once, with every finished annotation it has at
+that pull (one row per annotator, the annotator's Label Studio email as ``labeller``). A
+pull writes what it takes to ``<collect.out_dir>/pulls/<collection>/pending/`` before it
+imports, and moves the file to ``done/`` after; a pull stopped anywhere in between is
+finished by the next one (the import itself is idempotent on the file), so nothing is
+imported twice and nothing is missed. Annotations added or changed on a pair after its pull
+are not imported (the pair has trained, or been held back, once): each pull counts them
+and says so.
+
+A task whose texts were edited in the tool is left out by id (the texts that train come
+from the collection's record); an annotation whose answer is not A / B / Tie / Skip is left
+out and named. A batch is made once ``collect.destination.min_labelled`` of the
+collection's tasks are labelled (``annotations_per_task`` finished annotations each), or
+at once with ``partial``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.champion.collect import experiment_for
+from tasks.champion.labels import import_labels
+from tasks.champion.studio import (
+    StudioLink,
+    collection_run,
+    read_link,
+    studio_collections,
+)
+from tasks.config import PipelineConfig
+from tasks.labelling.client import URL_VAR, LabelStudio, LabelStudioError
+from tasks.labelling.project import (
+    CHOICE_OF,
+    Project,
+    note_verdicts,
+    project_title,
+    read_tasks,
+)
+from tasks.tracking.runs import default_tracking_uri, set_tags, tracking_client
+from tasks.tracking.tags import COLLECTION_TAG, LABELS_SOURCE_TAG
+
+SOURCE = "label-studio"
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """What one pull of one collection did."""
+
+    collection: str
+    status: str  # imported | quarantined | already imported | waiting | nothing new | done
+    labelled: int  # pairs labelled, this pull's and earlier pulls'
+    total: int
+    new_pairs: int = 0
+    late: int = 0  # annotations on pairs pulled before: not imported
+    refused: tuple[str, ...] = ()
+    file: str | None = None
+    imported: dict = field(default_factory=dict)  # what the import returned
+    page: str = ""
+
+    def text(self) -> str:
+        share = f"{self.labelled} of {self.total} pairs labelled"
+        lines = [f"collection {self.collection} ({self.page}): {share}"]
+        if self.status == "waiting":
+            lines.append("waiting: a batch is made once collect.destination.min_labelled of "
+                         "the tasks are labelled; `rlhf label pull --partial` makes one now")
+        elif self.status == "nothing new":
+            lines.append("nothing new to import")
+        elif self.status == "done":
+            lines.append("every pair was pulled before")
+        else:
+            lines.append(f"pulled {self.new_pairs} newly labelled pairs into {self.file}: "
+                         f"{self.status}")
+        if self.late:
+            lines.append(f"{self.late} annotation(s) on pairs pulled before were not "
+                         "imported (a pair is imported once)")
+        lines += [f"left out: {r}" for r in self.refused]
+        return "\n".join(lines)
+
+
+def _folder(cfg: PipelineConfig, cid: str) -> Path:
+    return Path(cfg.collect.out_dir) / "pulls" / cid
+
+
+def _pulled(folder: Path) -> dict[str, list[dict]]:
+    """Pair id -> the vote rows it was pulled with (done and pending pulls)."""
+    out: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                out.setdefault(row["id"], []).append(row)
+    return out
+
+
+def _edited(now: dict, shown: dict) -> bool:
+    return any(now.get(k) != shown.get(k) for k in ("prompt", "response_a", "response_b"))
+
+
+def _write_atomic(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
+def _import(cfg: PipelineConfig, client, pending: Path) -> dict:
+    """Import a pending pull file, then move it to ``done/`` (idempotent: a file imported
+    before gives 'already imported')."""
+    out = import_labels.fn(cfg, str(pending), "import")
+    if out.get("run_id"):
+        set_tags(client, out["run_id"], {LABELS_SOURCE_TAG: SOURCE})
+    done = pending.parent.parent / "done" / pending.name
+    done.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(pending, done)
+    return out
+
+
+def _votes(link: StudioLink, tasks: dict, pulled: dict[str, list[dict]]
+           ) -> tuple[dict[str, list[dict]], list[str], int]:
+    """New vote rows by pair (pairs not pulled before), rows left out (named), and the
+    count of annotations on pairs pulled before that were not imported."""
+    new: dict[str, list[dict]] = {}
+    refused: list[str] = []
+    late = 0
+    for task_id, pair_id in sorted(link.tasks.items()):
+        if task_id not in tasks:
+            continue
+        data, votes = tasks[task_id]
+        if pair_id in pulled:
+            seen = {(r["annotation_id"], r["updated_at"]) for r in pulled[pair_id]}
+            late += sum((v.annotation_id, v.updated_at) not in seen for v in votes)
+            continue
+        if _edited(data, link.shown[pair_id]):
+            refused.append(f"task {task_id}: its texts were edited in Label Studio, so its "
+                           "votes are not used (the texts that train come from the "
+                           "collection's record)")
+            continue
+        for v in votes:
+            choice = "skip" if v.choice == "skip" else CHOICE_OF.get(v.choice)
+            if choice is None:
+                refused.append(f"task {task_id}, annotation {v.annotation_id} by "
+                               f"{v.labeller}: answer '{v.choice}' is not one of "
+                               f"{', '.join(CHOICE_OF)}")
+                continue
+            new.setdefault(pair_id, []).append({
+                "id": pair_id, "choice": choice, "labeller": v.labeller, "task_id": task_id,
+                "annotation_id": v.annotation_id, "updated_at": v.updated_at})
+    return new, refused, late
+
+
+def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> PullResult:
+    """One pull of one collection (see the module's docstring)."""
+    cid = run.data.tags[COLLECTION_TAG]
+    link = read_link(client, run)
+    folder = _folder(cfg, cid)
+    for pending in sorted((folder / "pending").glob("*.jsonl")):
+        _import(cfg, client, pending)  # a pull stopped midway: finish it first
+    pulled = _pulled(folder)
+    total = len(link.tasks)
+    if len(pulled) >= total:
+        return PullResult(cid, "done", len(pulled), total, page=link.page)
+    ls = LabelStudio.from_env(os.environ.get(URL_VAR) or link.url)
+    title = project_title(ls, link.project_id)
+    if title is None:
+        raise LabelStudioError(
+            f"collection {cid}: its Label Studio project {link.project_id} "
+            f"('{link.project_title}') at {ls.url} no longer exists; its pairs are still in "
+            f"the collection's labelling file (`rlhf runs` shows its run): label them there "
+            "and run `rlhf label import FILE`")
+    new, refused, late = _votes(link, read_tasks(ls, link.project_id), pulled)
+    need = cfg.collect.destination.annotations_per_task
+    ready = {p: rows for p, rows in new.items() if len(rows) >= need}
+    labelled = len(pulled) + len(ready)
+    common = dict(collection=cid, labelled=labelled, total=total, late=late,
+                  refused=tuple(refused), page=link.page)
+    if not ready:
+        return PullResult(status="nothing new", **common)
+    if labelled / total < cfg.collect.destination.min_labelled and not partial:
+        return PullResult(status="waiting", **common)
+    rows = [r for p in sorted(ready) for r in ready[p]]
+    digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:12]
+    pending = folder / "pending" / f"{cid}-pull-{digest}.jsonl"
+    _write_atomic(pending, rows)
+    out = _import(cfg, client, pending)
+    _verdict(ls, link, title, out)
+    return PullResult(status=out["status"], new_pairs=len(ready),
+                      file=str(folder / "done" / pending.name), imported=out, **common)
+
+
+def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: dict) -> None:
+    """The import's verdict on the project's page (best effort: a refusal to change the
+    description loses nothing)."""
+    text = out.get("text") or out.get("reason") or out["status"]
+    try:
+        note_verdicts(ls, Project(link.url, link.project_id, title),
+                      f"RLHF pipeline, last pull: {out['status']}. {text}")
+    except LabelStudioError as err:
+        print(f"note: the verdict was not written to the project ({err})")
+
+
+def pull(cfg: PipelineConfig, collection: str | None = None,
+         partial: bool = False) -> list[PullResult]:
+    """Pull one collection, or every collection that went to Label Studio and still has
+    pairs to pull."""
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
+    exp_id = experiment_for(client, cfg)
+    if collection is not None:
+        return [pull_collection(cfg, client, collection_run(client, exp_id, collection),
+                                partial)]
+    return [pull_collection(cfg, client, run, partial)
+            for run in studio_collections(client, exp_id)]

@@ -1,0 +1,131 @@
+"""A collection in a Label Studio project: its pairs sent as tasks, and the link between the
+two kept in the collection's MLflow run.
+
+The link (``collection/label_studio.json``: server, project id and title, task id -> pair
+id, the texts each task was given) is what a pull reads: labellers see texts and an opaque
+reference only; the pair ids, known answers and reward-model scores stay in MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tasks.config import PipelineConfig
+from tasks.labelling.client import LabelStudio, LabelStudioError
+from tasks.labelling.project import (
+    Project,
+    add_pairs,
+    ensure_project,
+    opaque_ref,
+    task_data,
+)
+from tasks.tracking.runs import set_tags
+from tasks.tracking.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG
+
+LINK = "collection/label_studio.json"
+
+
+@dataclass(frozen=True)
+class StudioLink:
+    """Where a collection's tasks are: server, project, and task id -> pair id."""
+
+    url: str
+    project_id: int
+    project_title: str
+    tasks: dict[int, str]
+    shown: dict[str, dict]  # pair id -> the task's data as sent (to spot edited texts)
+
+    @property
+    def page(self) -> str:
+        return Project(self.url, self.project_id, self.project_title).page
+
+    @classmethod
+    def read(cls, text: str) -> StudioLink:
+        raw = json.loads(text)
+        return cls(raw["url"], int(raw["project_id"]), raw["project_title"],
+                   {int(k): v for k, v in raw["tasks"].items()}, raw["shown"])
+
+
+def project_title(cfg: PipelineConfig) -> str:
+    return cfg.collect.destination.project or f"rlhf {cfg.tracking.registered_policy}"
+
+
+def connect(cfg: PipelineConfig) -> LabelStudio:
+    return LabelStudio.from_env(cfg.collect.destination.url)
+
+
+def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -> StudioLink:
+    """One task per pair of the collection (known-answer pairs among them, not marked) in
+    the configured project; the link logged on the collection's run, the page as a tag."""
+    ls = connect(cfg)
+    project = ensure_project(ls, project_title(cfg), "Pairs of answers to compare, sent by "
+                             "the RLHF pipeline's `rlhf collect`.")
+    datas = [task_data(r, opaque_ref(cid, r["id"])) for r in rows]
+    ids = add_pairs(ls, project, datas)
+    link = StudioLink(ls.url, project.id, project.title,
+                      {t: r["id"] for t, r in zip(ids, rows)},
+                      {r["id"]: d for r, d in zip(rows, datas)})
+    client.log_dict(run_id, {**asdict(link), "tasks": {str(k): v for k, v in
+                                                        link.tasks.items()}}, LINK)
+    set_tags(client, run_id, {COLLECTION_LABEL_STUDIO_TAG: link.page})
+    return link
+
+
+def collection_run(client, experiment_id: str, cid: str):
+    """The finished run of collection ``cid`` (LabelStudioError naming it when none)."""
+    runs = client.search_runs([experiment_id], max_results=1, filter_string=(
+        f"tags.`{COLLECTION_TAG}` = '{cid}' and attributes.status = 'FINISHED'"))
+    if not runs:
+        raise LabelStudioError(f"no finished collection '{cid}' in this MLflow experiment "
+                               "(`rlhf runs` lists runs; collection ids look like "
+                               "v3-1a2b3c4d)")
+    return runs[0]
+
+
+def read_link(client, run) -> StudioLink:
+    """The collection's Label Studio link; a collection written to files says so."""
+    cid = run.data.tags.get(COLLECTION_TAG, "?")
+    if COLLECTION_LABEL_STUDIO_TAG not in run.data.tags:
+        from tasks.tracking.tags import COLLECTION_FILE_TAG
+
+        where = run.data.tags.get(COLLECTION_FILE_TAG, "its labelling file")
+        raise LabelStudioError(f"collection {cid} was written to files ({where}), not to "
+                               "Label Studio: fill its choice column and run `rlhf label "
+                               f"import {where}`")
+    path = client.download_artifacts(run.info.run_id, LINK)
+    return StudioLink.read(Path(path).read_text())
+
+
+def studio_collections(client, experiment_id: str) -> list:
+    """Finished collections that went to Label Studio, oldest first."""
+    runs = client.search_runs([experiment_id], max_results=1000, order_by=[
+        "attributes.start_time ASC"], filter_string=(
+        f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%' and attributes.status = 'FINISHED'"))
+    return list(runs)
+
+
+def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
+    """A labelled file whose rows come from a collection that went to Label Studio is
+    refused (its labels come back with `rlhf label pull`, which imports each pair once)."""
+    from data_checks.labels import read_labelled
+    from tasks.tracking.runs import default_tracking_uri, ensure_experiment, tracking_client
+
+    ids = {str(i).strip() for i in read_labelled(path)["id"].tolist()}
+    cids = sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i})
+    if not cids:
+        return
+    uri = default_tracking_uri(cfg.tracking.tracking_uri)
+    client = tracking_client(uri)
+    exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
+    quoted = ", ".join(f"'{c}'" for c in cids)
+    runs = client.search_runs([exp_id], max_results=len(cids), filter_string=(
+        f"tags.`{COLLECTION_TAG}` IN ({quoted}) and "
+        f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%'"))
+    if runs:
+        cid = runs[0].data.tags[COLLECTION_TAG]
+        raise LabelStudioError(
+            f"{path}: its rows come from collection {cid}, which went to Label Studio "
+            f"({runs[0].data.tags[COLLECTION_LABEL_STUDIO_TAG]}): bring its labels in with "
+            f"`rlhf label pull {cid}` (a pair is imported once)")

@@ -1,0 +1,157 @@
+"""A Label Studio project of preference pairs: the pairwise labelling page, one task per pair,
+and the votes read back.
+
+A task holds what a labeller needs and nothing else: the prompt (as turns: a plain prompt is
+one user turn, a conversation shows every turn), response A, response B and an opaque
+reference. Which pairs are known answers, which policy version answered and the reward
+model's scores stay in the collection's record in MLflow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.labelling.client import LabelStudio, NotFound
+
+# The page: the conversation so far, the two answers side by side, one required choice.
+LABEL_CONFIG = """<View>
+  <Header value="Which response answers the conversation better?"/>
+  <Paragraphs name="prompt" value="$prompt" layout="dialogue" nameKey="role"
+              textKey="content"/>
+  <View style="display: flex; gap: 1em;">
+    <View style="flex: 50%; padding: 0.5em; border: 1px solid #ccc;">
+      <Header value="Response A" size="5"/>
+      <Text name="response_a" value="$response_a"/>
+    </View>
+    <View style="flex: 50%; padding: 0.5em; border: 1px solid #ccc;">
+      <Header value="Response B" size="5"/>
+      <Text name="response_b" value="$response_b"/>
+    </View>
+  </View>
+  <Choices name="choice" toName="prompt" choice="single-radio" required="true"
+           showInline="true">
+    <Choice value="A" hotkey="1"/>
+    <Choice value="B" hotkey="2"/>
+    <Choice value="Tie" hotkey="3"/>
+    <Choice value="Skip" hotkey="4"/>
+  </Choices>
+</View>"""
+CHOICE_OF = {"A": "a", "B": "b", "Tie": "tie", "Skip": "skip"}
+IMPORT_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Project:
+    """A labelling project on a server (``url`` has no credentials)."""
+
+    url: str
+    id: int
+    title: str
+
+    @property
+    def page(self) -> str:
+        return f"{self.url}/projects/{self.id}/data"
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One finished annotation: who chose what on which task (``choice`` as the tool gave
+    it: A, B, Tie, Skip; ``skip`` for a task the labeller skipped with the tool's button)."""
+
+    task_id: int
+    annotation_id: int
+    labeller: str
+    choice: str
+    updated_at: str
+
+
+def turns(prompt: Any) -> list[dict[str, str]]:
+    """The prompt as the page shows it: a conversation's turns, or one user turn."""
+    if isinstance(prompt, list):
+        return [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))}
+                for m in prompt]
+    return [{"role": "user", "content": str(prompt)}]
+
+
+def opaque_ref(collection: str, pair_id: str) -> str:
+    """A reference that names no policy version and no known answer."""
+    return hashlib.sha256(f"{collection}\0{pair_id}".encode()).hexdigest()[:16]
+
+
+def task_data(pair: dict, ref: str) -> dict:
+    return {"prompt": turns(pair["prompt"]), "response_a": str(pair["response_a"]),
+            "response_b": str(pair["response_b"]), "ref": ref}
+
+
+def ensure_project(ls: LabelStudio, title: str, description: str = "") -> Project:
+    """The project called ``title``, created with the pairwise page when there is none."""
+    out = ls.get("/api/projects/", what="list projects", title=title, page_size=1000)
+    rows = out.get("results", []) if isinstance(out, dict) else out
+    for row in rows:
+        if row.get("title") == title:
+            return Project(ls.url, int(row["id"]), title)
+    made = ls.call("POST", "/api/projects/", {"title": title, "description": description,
+                                              "label_config": LABEL_CONFIG},
+                   what="create projects")
+    return Project(ls.url, int(made["id"]), title)
+
+
+def project_title(ls: LabelStudio, project_id: int) -> str | None:
+    """The project's current title; None when it was deleted."""
+    try:
+        return ls.get(f"/api/projects/{project_id}/", what="read the project")["title"]
+    except NotFound:
+        return None
+
+
+def add_pairs(ls: LabelStudio, project: Project, datas: list[dict]) -> list[int]:
+    """One task per pair (in order) -> their task ids."""
+    ids: list[int] = []
+    for i in range(0, len(datas), IMPORT_CHUNK):
+        out = ls.call("POST", f"/api/projects/{project.id}/import?return_task_ids=true",
+                      datas[i:i + IMPORT_CHUNK], what="add tasks to the project")
+        ids += [int(t) for t in out.get("task_ids", [])]
+    if len(ids) != len(datas):
+        raise NotFound(f"Label Studio at {ls.url}: project {project.id} took {len(ids)} of "
+                       f"{len(datas)} tasks")
+    return ids
+
+
+def read_tasks(ls: LabelStudio, project_id: int) -> dict[int, tuple[dict, list[Vote]]]:
+    """Every annotated task of the project -> (its data as the tool holds it now, its
+    finished votes). Drafts are not votes."""
+    rows = ls.get(f"/api/projects/{project_id}/export", what="export the project's "
+                  "annotations", exportType="JSON")
+    names = ls.users()
+    out: dict[int, tuple[dict, list[Vote]]] = {}
+    for task in rows:
+        votes = []
+        for a in task.get("annotations", []):
+            who = a.get("completed_by")
+            who = who.get("id") if isinstance(who, dict) else who
+            choice = "skip" if a.get("was_cancelled") else _choice(a.get("result") or [])
+            votes.append(Vote(int(task["id"]), int(a["id"]), names.get(int(who), str(who))
+                              if who is not None else "unknown", choice,
+                              str(a.get("updated_at") or a.get("created_at") or "")))
+        out[int(task["id"])] = (task.get("data") or {}, votes)
+    return out
+
+
+def _choice(result: list[dict]) -> str:
+    """The chosen value of the ``choice`` control; any other answer as text (a free-text
+    answer, several choices) so that the pull can name it."""
+    picked = [r for r in result if r.get("from_name") == "choice"]
+    if len(picked) != 1:
+        texts = [str(r.get("value")) for r in result]
+        return "; ".join(texts) if texts else ""
+    values = picked[0].get("value", {}).get("choices") or []
+    return values[0] if len(values) == 1 else ", ".join(map(str, values))
+
+
+def note_verdicts(ls: LabelStudio, project: Project, text: str) -> None:
+    """The pipeline's verdict on the labellers, where the people labelling see it: the
+    project's description (Label Studio's open-source edition has no comments API)."""
+    ls.call("PATCH", f"/api/projects/{project.id}/", {"description": text[:5000]},
+            what="change the project's description")
