@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN = $(VENV)/bin
 
-.PHONY: install demo test test-fast lint bench
+.PHONY: install demo test test-fast lint bench label-studio
 
 $(BIN)/rlhf: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,22 @@ install: $(BIN)/rlhf
 demo: install
 	$(BIN)/rlhf run
 
+# Label Studio, the labelling tool, in its own venv (its pinned requirements conflict with
+# ours, e.g. pyarrow<25); the pipeline talks to it over HTTP. The template is its database,
+# migrated once, so that each test server starts in seconds from a copy.
+LS_VENV ?= .venv-label-studio
+LS_SPEC ?= label-studio==1.23.2
+LS_HOME = $(LS_VENV)/bin/python -c 'import label_studio, os; print(os.path.dirname(label_studio.__file__))'
+$(LS_VENV)/template/label_studio.sqlite3:
+	test -x $(LS_VENV)/bin/python || $(PYTHON) -m venv $(LS_VENV)
+	$(LS_VENV)/bin/python -m pip install -q $(LS_SPEC)
+	LABEL_STUDIO_BASE_DATA_DIR=$(abspath $(LS_VENV))/template \
+		DJANGO_SETTINGS_MODULE=core.settings.label_studio \
+		$(LS_VENV)/bin/python "$$($(LS_HOME))/manage.py" migrate -v0 >$(LS_VENV)/migrate.log 2>&1 \
+		|| (tail -20 $(LS_VENV)/migrate.log; exit 1)
+
+label-studio: $(LS_VENV)/template/label_studio.sqlite3
+
 # Two pytest workers (pytest-xdist), one test module per worker at a time (`--dist loadfile`:
 # a module's fixtures, e.g. its servers and pipeline runs, are made once), modules handed out
 # in file order. Many flow tests wait on subprocesses and servers or run single-threaded
@@ -30,7 +46,7 @@ demo: install
 # compile them again (about 0.3 s of CPU each, some hundred processes).
 PRECOMPILE = $(BIN)/python -m compileall -q flows tasks rlhf_core data_checks tests bench >/dev/null
 TEST_WORKERS ?= 2
-test: install
+test: install label-studio
 	$(PRECOMPILE)
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder

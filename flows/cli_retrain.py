@@ -43,7 +43,51 @@ def cmd_demo_batch(args, config) -> int:
         print(f"wrote {n} {kind} offline preference pairs to {path}")
         return 0
     _preflight(config)
+    if args.via == "label-studio":
+        return _demo_via_label_studio(args, _with(config, "collect", num_prompts=args.n), seed)
     return _demo_on_policy(args, _with(config, "collect", num_prompts=args.n), seed)
+
+
+DEMO_LABELLERS = ("judge@rlhf.demo", "judge-2@rlhf.demo", "reversed@rlhf.demo")
+
+
+def _demo_via_label_studio(args, config, seed: int) -> int:
+    """Collect into a Label Studio project, annotate every task through the API as three
+    demo accounts (the hidden judge twice, with two seeds, and the judge reversed), pull."""
+    import pandas as pd
+
+    from flows.collect import collect_flow, label_pull
+    from flows.errors import quiet_expected_failures
+    from rlhf_core.demo import judge_choices
+    from tasks.champion.studio import connect
+    from tasks.labelling.project import accounts, vote
+
+    dest = config.collect.destination.model_copy(update={"kind": "label_studio"})
+    config = _with(config, "collect", destination=dest)
+    _label_studio_preflight(config)
+    quiet_expected_failures()
+    out = collect_flow(config=config)
+    rows = pd.read_json(out["paths"]["jsonl"], lines=True, dtype=False).to_dict("records")
+    ls = connect(config)
+    ids = accounts(ls, list(DEMO_LABELLERS))
+    tasks = _collection_tasks(config, out["run_id"])
+    for n, email in enumerate(DEMO_LABELLERS):
+        choices = judge_choices(rows, seed + n, degraded=email.startswith("reversed"))
+        by_pair = {r["id"]: c for r, c in zip(rows, choices)}
+        for task_id, pair_id in tasks.items():
+            vote(ls, task_id, by_pair[pair_id], ids[email])
+    print(f"annotated {len(tasks)} tasks as {', '.join(DEMO_LABELLERS)} (the hidden judge, "
+          f"seeds {seed} and {seed + 1}, and the judge reversed)")
+    (result,) = label_pull(config=config, collection=out["collection"])
+    return 0 if result.status in ("imported", "quarantined") else 1
+
+
+def _collection_tasks(config, run_id: str) -> dict[int, str]:
+    from tasks.champion.studio import read_link
+    from tasks.tracking.runs import default_tracking_uri, tracking_client
+
+    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
+    return read_link(client, client.get_run(run_id)).tasks
 
 
 def _demo_on_policy(args, config, seed: int) -> int:
@@ -249,6 +293,9 @@ def add_commands(sub, config_for) -> None:
     batch.add_argument("--n", type=int, help="prompts collected (collect.num_prompts); "
                                              "--offline: pairs (500)")
     batch.add_argument("--seed", type=int, help="seed (default: the current time)")
+    batch.add_argument("--via", choices=("file", "label-studio"), default="file",
+                       help="label-studio: collect into a project, annotate as three demo "
+                            "accounts through its API, pull (LABEL_STUDIO_URL/_API_KEY)")
     batch.set_defaults(func=wrap(cmd_demo_batch))
     prom = sub.add_parser("promote", help="make a registered policy version the champion")
     common(prom)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,7 +59,8 @@ class LabelStudioServer:
         return out.stdout
 
     def accounts(self, emails: list[str]) -> dict[str, str]:
-        """Labeller accounts in the admin's organisation -> {email: personal access token}."""
+        """Labeller accounts in the admin's organisation -> {email: personal access token}
+        (the admin's token, made in the same call, is kept as ``admin_key``)."""
         code = f"""
 import json
 from users.models import User
@@ -66,7 +68,7 @@ from organizations.models import Organization
 from jwt_auth.models import LSAPIToken
 org = Organization.objects.first()
 out = {{}}
-for email in {emails!r}:
+for email in {[ADMIN, *emails]!r}:
     user = User.objects.filter(email=email).first() or User.objects.create_user(
         email=email, password="labeller-pass-1234", username=email.split("@")[0])
     org.add_user(user)
@@ -76,7 +78,9 @@ for email in {emails!r}:
 print("ACCOUNTS" + json.dumps(out))
 """
         line = next(x for x in self.manage(code).splitlines() if x.startswith("ACCOUNTS"))
-        return json.loads(line.removeprefix("ACCOUNTS"))
+        keys = json.loads(line.removeprefix("ACCOUNTS"))
+        self.admin_key = keys.pop(ADMIN)
+        return keys
 
 
 @contextmanager
@@ -85,6 +89,9 @@ def label_studio_server(folder: Path) -> Iterator[LabelStudioServer]:
     account, legacy tokens enabled (so both kinds of key can be tested) -> the server."""
     lsv = require_label_studio()
     port, data = free_port(), folder / "label-studio"
+    template = lsv / "template"  # migrated once by `make label-studio`: starts in seconds
+    if (template / "label_studio.sqlite3").exists() and not data.exists():
+        shutil.copytree(template, data)
     data.mkdir(parents=True, exist_ok=True)
     log = folder / "label-studio.log"
     env = {**os.environ, "LABEL_STUDIO_BASE_DATA_DIR": str(data),
@@ -100,8 +107,6 @@ def label_studio_server(folder: Path) -> Iterator[LabelStudioServer]:
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: _http_ok(f"{url}/health"), proc, log, "label studio", 240)
-        server = LabelStudioServer(url, data, lsv, "", LEGACY)
-        server.admin_key = server.accounts([ADMIN])[ADMIN]
-        yield server
+        yield LabelStudioServer(url, data, lsv, "", LEGACY)
     finally:
         stop(proc)

@@ -119,13 +119,12 @@ def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     client = tracking_client(uri)
     exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
-    quoted = ", ".join(f"'{c}'" for c in cids)
-    runs = client.search_runs([exp_id], max_results=len(cids), filter_string=(
-        f"tags.`{COLLECTION_TAG}` IN ({quoted}) and "
-        f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%'"))
-    if runs:
-        cid = runs[0].data.tags[COLLECTION_TAG]
-        raise LabelStudioError(
-            f"{path}: its rows come from collection {cid}, which went to Label Studio "
-            f"({runs[0].data.tags[COLLECTION_LABEL_STUDIO_TAG]}): bring its labels in with "
-            f"`rlhf label pull {cid}` (a pair is imported once)")
+    for cid in cids:
+        runs = client.search_runs([exp_id], max_results=1, filter_string=(
+            f"tags.`{COLLECTION_TAG}` = '{cid}' and "
+            f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%'"))
+        if runs:
+            raise LabelStudioError(
+                f"{path}: its rows come from collection {cid}, which went to Label Studio "
+                f"({runs[0].data.tags[COLLECTION_LABEL_STUDIO_TAG]}): bring its labels in "
+                f"with `rlhf label pull {cid}` (a pair is imported once)")

@@ -155,3 +155,27 @@ def note_verdicts(ls: LabelStudio, project: Project, text: str) -> None:
     project's description (Label Studio's open-source edition has no comments API)."""
     ls.call("PATCH", f"/api/projects/{project.id}/", {"description": text[:5000]},
             what="change the project's description")
+
+
+def accounts(ls: LabelStudio, emails: list[str]) -> dict[str, int]:
+    """Accounts by email in the key's organisation, made when missing -> {email: id} (the
+    key's account must be allowed to add users: the organisation's owner)."""
+    have = {email: uid for uid, email in ls.users().items()}
+    for email in emails:
+        if email not in have:
+            made = ls.call("POST", "/api/users/", {"email": email,
+                                                   "username": email.split("@")[0]},
+                           what="add users to the organisation")
+            have[email] = int(made["id"])
+    return {e: have[e] for e in emails}
+
+
+def vote(ls: LabelStudio, task_id: int, choice: str, as_user: int | None = None) -> None:
+    """Annotate one task with a, b, tie or skip (``as_user``: recorded as that account's;
+    the key's account otherwise)."""
+    body: dict[str, Any] = {"result": [{
+        "from_name": "choice", "to_name": "prompt", "type": "choices",
+        "value": {"choices": [{v: k for k, v in CHOICE_OF.items()}[choice]]}}]}
+    if as_user is not None:
+        body["completed_by"] = as_user
+    ls.call("POST", f"/api/tasks/{task_id}/annotations/", body, what="annotate tasks")

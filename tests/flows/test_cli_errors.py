@@ -96,3 +96,27 @@ def test_a_failure_after_the_parent_run_opened_marks_it_failed(tmp_path, monkeyp
     client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
     (run,) = client.search_runs([client.get_experiment_by_name("rlhf-test").experiment_id])
     assert run.info.status == "FAILED"
+
+
+@pytest.mark.parametrize("args, env, needles", [
+    (["label", "pull"], {"LABEL_STUDIO_URL": "http://127.0.0.1:{port}",
+                         "LABEL_STUDIO_API_KEY": "x"},
+     ["Label Studio at http://127.0.0.1:", "does not answer", "label-studio start"]),
+    (["collect", "--to", "label-studio"], {"LABEL_STUDIO_URL": "http://127.0.0.1:{port}"},
+     ["LABEL_STUDIO_API_KEY is not set", "Account & Settings"]),
+    (["collect", "--to", "label-studio"], {}, ["no Label Studio server: set LABEL_STUDIO_URL"]),
+])
+def test_label_studio_faults_stop_before_anything_starts(tmp_path, args, env, needles):
+    import time
+
+    from tests.servers import free_port
+
+    port = free_port()
+    env = {k: v.format(port=port) for k, v in env.items()}
+    base = {k: "" for k in ("LABEL_STUDIO_URL", "LABEL_STUDIO_API_KEY")}
+    start = time.perf_counter()
+    proc = rlhf([*args, "--config", str(CONFIG), "--set",
+                 f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db"], tmp_path,
+                **{**base, **env})
+    assert time.perf_counter() - start < 30  # a guard; the CLI's own check is one 5 s try
+    assert_one_paragraph(proc, 2, *needles)

@@ -2,8 +2,12 @@
 command line (no server: Prefect's local ephemeral API) bootstraps a deliberately weak
 champion (1 PPO iteration); a run of the `collect/test` deployment writes a labelling file;
 a second collection repeats none of its prompts; the demo's gold judge labels the first file
-and `rlhf label import` brings it in; the `rlhf.preferences.labelled` event starts a run of
-the `retrain/test` deployment (no schedule involved), which promotes the challenger.
+and `rlhf label import` brings it in. With a real Label Studio server (its own venv), the
+import goes to Prefect's local API (no event reaches the server), and `rlhf demo-batch --via
+label-studio` collects into a project, annotates it as three demo accounts (one reversed)
+and pulls: the pull's `rlhf.preferences.labelled` event starts a run of the `retrain/test`
+deployment (no schedule involved), which promotes the challenger; a second pull imports
+nothing. Without Label Studio the file import's event starts it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import nullcontext
 
 import pandas as pd
 import pytest
@@ -22,6 +27,7 @@ from flows.config import load_config
 from rlhf_core.demo import judge_choices
 from tasks.champion.batches import file_digest
 from tasks.champion.collect import LABEL_COLUMNS, PROMPTS, collect
+from tasks.labelling.client import KEY_VAR, URL_VAR
 from tasks.tracking.registry import CHAMPION, alias_version
 from tests.flows.prefect_procs import (
     ROOT,
@@ -31,6 +37,8 @@ from tests.flows.prefect_procs import (
     wait_deployment,
     wait_run,
 )
+from tests.labelstudio import label_studio_server
+from tests.labelstudio import venv as label_studio_venv
 
 SETS = ["tracking.system_metrics=false", "demo.n_eval=200", "retrain.gate.num_prompts=200",
         "ppo.iterations=1", "retrain.ppo_iterations=10", "collect.num_prompts=64"]
@@ -88,7 +96,9 @@ def loop(tmp_path_factory):
     bootstrap = subprocess.Popen([sys.executable, "-m", "flows.cli", "retrain", *args],
                                  env=base_env(tmp / "ephemeral"), cwd=tmp, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    with prefect_server(tmp / "server") as (api, env):
+    studio = label_studio_server(tmp) if (label_studio_venv() / "bin" / "label-studio") \
+        .exists() else nullcontext(None)
+    with studio as ls, prefect_server(tmp / "server") as (api, env):
         with rlhf_serve(env, tmp, [*args, "--name", "test"]) as (proc, log), \
                 SyncPrefectClient(api) as client:
             retrain = wait_deployment(client, "retrain/test", proc, log)
@@ -106,8 +116,19 @@ def loop(tmp_path_factory):
             table["choice"] = judge_choices(table.to_dict("records"), seed=0)
             labelled = tmp / "labelled.jsonl"
             table.to_json(labelled, orient="records", lines=True)
-            out["import"] = _cli(["label", "import", str(labelled), *args], env, tmp)
+            # with Label Studio, the pull below starts the retrain, not this import
+            out["import"] = _cli(["label", "import", str(labelled), *args],
+                                 base_env(tmp / "ephemeral") if ls else env, tmp)
+            if ls is not None:
+                ls.accounts([])  # the admin's personal access token
+                # INFO: the pull's outcome is a line of the flow run's log
+                ls_env = {**env, URL_VAR: ls.url, KEY_VAR: ls.admin_key,
+                          "PREFECT_LOGGING_LEVEL": "INFO"}
+                out["demo"] = _cli(["demo-batch", "--via", "label-studio", "--seed", "5",
+                                    *args], ls_env, tmp)
             out["retrain_run"] = wait_run(client, _triggered_run(client, retrain.id).id, 600)
+            if ls is not None:
+                out["pull_again"] = _cli(["label", "pull", *args], ls_env, tmp)
             out.update(first=first[0], table=table, api=api, log=log,
                        retrain=client.read_deployment(retrain.id), events=_events(api))
             deadline = time.time() + 60  # a flow run's process sends its events as it ends
@@ -164,13 +185,30 @@ def test_an_import_starts_a_retrain_that_promotes_the_challenger(loop):
     assert not loop["retrain"].schedules  # the event started it, not a schedule
     run = loop["retrain_run"]
     assert run.state.type.value == "COMPLETED", loop["log"].read_text()[-3000:]
-    batch = next((loop["tmp"] / "batches").glob("labelled-*.jsonl"))
-    digest = file_digest(batch)  # what the retrain consumed
-    assert run.name.startswith(f"retrain-rlhf-policy-v1-{digest[:8]}")
+    digests = sorted(file_digest(b) for b in (loop["tmp"] / "batches").glob("labelled-*.jsonl"))
+    assert len(digests) == (2 if "demo" in loop else 1)  # what the retrain consumed
+    assert run.name.startswith("retrain-rlhf-policy-v1-")
+    assert any(run.name.startswith(f"retrain-rlhf-policy-v1-{d[:8]}") for d in digests)
     champion = alias_version(loop["mlflow"], "rlhf-policy", CHAMPION)
-    assert str(champion.version) == "2" and digest in json.loads(champion.tags["rlhf.batches"])
+    assert str(champion.version) == "2"
+    assert sorted(json.loads(champion.tags["rlhf.batches"])) == digests
     names = [e["event"] for e in loop["events"]]
     # the deployment's collection announces itself (the second, in-process collection's
     # event goes to whichever API this pytest process's event worker first connected to)
     assert "rlhf.collection.ready" in names
     assert "rlhf.preferences.labelled" in names and "rlhf.champion.promoted" in names
+
+
+def test_a_label_studio_pull_starts_the_retrain_and_a_second_pull_imports_nothing(loop):
+    if "demo" not in loop:
+        pytest.skip("no Label Studio (make label-studio)")
+    demo = loop["demo"]
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    text = demo.stdout + demo.stderr
+    assert "annotated" in text and "judge@rlhf.demo" in text
+    assert "pairs labelled" in text and ": imported" in text
+    labelled = [e for e in loop["events"] if e["event"] == "rlhf.preferences.labelled"]
+    assert len(labelled) == 1  # the pull's (the file import's went to the local API)
+    again = loop["pull_again"]
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "every pair was pulled before" in again.stdout + again.stderr

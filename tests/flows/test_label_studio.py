@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from flows.config import load_config
 from tasks.champion import labels, pull
 from tasks.champion.collect import RECORD, experiment_for
-from tasks.champion.studio import LINK, send
+from tasks.champion.studio import LINK, refuse_studio_rows, send
 from tasks.labelling.client import KEY_VAR, URL_VAR, LabelStudio, LabelStudioError
 from tasks.tracking.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG
 from tests.labelstudio import label_studio_server
@@ -211,6 +211,12 @@ def test_faults_end_in_one_sentence(env, monkeypatch):
         pull.pull(cfg, cid)
     monkeypatch.setenv(KEY_VAR, env["server"].legacy_key)  # legacy tokens work too
     assert pull.pull(cfg, cid)[0].status == "nothing new"
+    admin = LabelStudio(env["server"].url, env["server"].admin_key)
+    admin.whoami()
+    admin._access = "eyJexpired.access.token"  # an access token that ran out: renewed once
+    admin.call("PATCH", f"/api/projects/{link.project_id}/", {"title": "renamed pairs"})
+    monkeypatch.setenv(KEY_VAR, env["server"].admin_key)
+    assert pull.pull(cfg, cid)[0].status == "nothing new"  # the link is by project id
     LabelStudio(env["server"].url, env["server"].admin_key).call(
         "DELETE", f"/api/projects/{link.project_id}/")
     with pytest.raises(LabelStudioError, match=f"collection {cid}: its Label Studio project "
@@ -228,3 +234,12 @@ def test_faults_end_in_one_sentence(env, monkeypatch):
     client.set_terminated(files.info.run_id)
     with pytest.raises(LabelStudioError, match="was written to files .* `rlhf label import"):
         pull.pull(cfg, "v1-files00")
+    # the reverse: a labelled file of a Label Studio collection is refused by `label import`
+    labelled = env["watch"].parent / "labelled.jsonl"
+    labelled.write_text("".join(json.dumps({"id": r["id"], "choice": "a"}) + "\n"
+                                for r in record))
+    with pytest.raises(LabelStudioError, match=f"collection {cid}, which went to Label "
+                                               f"Studio .* `rlhf label pull {cid}`"):
+        refuse_studio_rows(cfg, labelled)
+    labelled.write_text(json.dumps({"id": "v1-files00-0000", "choice": "a"}) + "\n")
+    refuse_studio_rows(cfg, labelled)  # a file collection's rows pass
