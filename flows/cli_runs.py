@@ -8,6 +8,7 @@ import shlex
 import time
 
 from flows.config import ConfigError
+from flows.logins import Needs
 from flows.preflight import check_servers
 from tasks.tracking.queries import StoreError, pipeline_runs, run_lineage
 from tasks.tracking.runs import (
@@ -78,6 +79,6 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> 
 
 
 def cmd_runs(args) -> int:
-    check_servers(None, prefect=False)
+    check_servers(None, prefect=False, needs=Needs(args.experiment, write=False))
     print(runs_table(args.experiment, args.limit))
     return 0
