@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         with stop_within_seconds(lambda signum: stop_message(args, signum)):
             return args.func(args)
     except OUTAGES as err:
-        print(f"\nrlhf: {err}; {continue_hint(args)}", file=sys.stderr)
+        print(f"\nrlhf: {err}; {continue_hint(args, err.until)}", file=sys.stderr)
         return exit_code(err)
     except EXPECTED as err:
         hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
@@ -289,13 +289,13 @@ def kept(args) -> str:
             "was in")
 
 
-def continue_hint(args) -> str:
-    """The command that continues the pipeline run this process opened."""
+def continue_hint(args, until: str = "once the server answers") -> str:
+    """The command that continues the pipeline run this process opened (``until``: when)."""
     tracking = sys.modules.get("tasks.tracking.runs")
     run_id = tracking.last_parent_run() if tracking else None
     if run_id is None or args.command != "run":
-        return "run the same command again once the server answers"
-    return (f"once the server answers, continue it with: "
+        return f"run the same command again {until}"
+    return (f"{until}, continue it with: "
             f"{shlex.join(['rlhf', *resume_args(args.argv, run_id)])}")
 
 
