@@ -32,6 +32,7 @@ from tasks.tracking.spool import (
 
 QUICK_S, AGAIN_S = 5, 30  # request timeouts: first try, tries while waiting
 LONG_CALLS = frozenset({"log_artifact", "log_artifacts", "download_artifacts"})
+READS = ("get_", "search_", "list_")  # client calls that only read
 
 
 def server_answers(uri: str, timeout_s: float = QUICK_S) -> bool:
@@ -115,9 +116,12 @@ class GuardedClient:
         return since
 
     def raise_if_refused(self, err: BaseException, doing: str) -> None:
-        """A refused login (401/403) stops the run as an outage does, at once."""
+        """A refused login (401), or a refused write (403), stops the run as an outage
+        does, at once. A 403 on a read is left to the caller: MLflow's basic-auth app
+        answers 403, not 404, for an alias or a version of a registered model that does not
+        exist yet (the registry's look-ups read that as "none")."""
         code = refused(err)
-        if code:
+        if code == 401 or (code == 403 and not doing.startswith(READS)):
             raise LoginRefused(f"{refusal(code, self.raw.tracking_uri, doing)}; "
                                f"{self.kept()}") from None
 

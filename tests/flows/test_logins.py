@@ -29,7 +29,7 @@ from tests.flows.prefect_procs import prefect_server
 from tests.shared import STAGES, TEST_CONFIG
 
 ADMIN = ("admin", f"admin-{secrets.token_hex(8)}")
-ALICE = ("alice", f"alice-{secrets.token_hex(8)}")          # EDIT on experiment and policy
+ALICE = ("alice", f"alice-{secrets.token_hex(8)}")          # EDIT on experiment and RM
 READER = ("reader", f"reader-{secrets.token_hex(8)}")       # READ only (the default)
 NOREG = ("noreg", f"noreg-{secrets.token_hex(8)}")          # EDIT on the experiment only
 AUTH_STRING = f"team:{secrets.token_hex(8)}"
@@ -41,8 +41,9 @@ TIMES: dict[str, float] = {}  # seconds to the message, per case (printed with -
 
 @pytest.fixture(scope="module")
 def mlflow_auth(tmp_path_factory):
-    """The basic-auth server with experiment rlhf-test and registered model rlhf-policy
-    (both the admin's), alice granted EDIT on both, noreg EDIT on the experiment."""
+    """The basic-auth server with experiment rlhf-test and registered model
+    rlhf-reward-model (both the admin's), alice granted EDIT on both, noreg EDIT on the
+    experiment; rlhf-policy is left to be created by the run (its alias read first)."""
     tmp = tmp_path_factory.mktemp("mlflow-auth")
     port = servers.free_port()
     env = servers.auth_env(tmp, ADMIN[1], secret_key=secrets.token_hex(16))
@@ -56,9 +57,9 @@ def mlflow_auth(tmp_path_factory):
         exp = servers.rest(url, "2.0/mlflow/experiments/create", ADMIN, "POST",
                            {"name": "rlhf-test"})["experiment_id"]
         servers.rest(url, "2.0/mlflow/registered-models/create", ADMIN, "POST",
-                     {"name": "rlhf-policy"})
+                     {"name": "rlhf-reward-model"})
         for user, kind, name in ((ALICE, "experiment", exp),
-                                 (ALICE, "registered_model", "rlhf-policy"),
+                                 (ALICE, "registered_model", "rlhf-reward-model"),
                                  (NOREG, "experiment", exp)):
             servers.rest(url, "3.0/mlflow/users/permissions/grant", ADMIN, "POST",
                          {"username": user[0], "resource_type": kind, "resource_id": name,
@@ -104,7 +105,7 @@ CASES = {  # case: (MLflow login, Prefect auth string, what the sentence says)
     "mlflow-read-only": (READER, AUTH_STRING, [
         "user 'reader' has READ on the experiment 'rlhf-test'", "needs EDIT (to log runs"]),
     "mlflow-no-register": (NOREG, AUTH_STRING, [
-        "user 'noreg' has READ on the registered model 'rlhf-policy'",
+        "user 'noreg' has READ on the registered model 'rlhf-reward-model'",
         "needs EDIT (to register versions"]),
     "prefect-wrong": (ALICE, "team:wrong", [
         "the Prefect API at", "refused the login read from PREFECT_API_AUTH_STRING "

@@ -164,6 +164,13 @@ class Refusing(Away):
                               error_code=UNAUTHENTICATED)
 
 
+class Forbidden(Away):
+    """A raw client of a server that answers 403 to a read."""
+
+    def search_runs(self, *args):
+        raise MlflowException("denied", error_code=PERMISSION_DENIED)
+
+
 def test_a_refused_login_stops_at_once_with_what_is_kept(run, tmp_path, monkeypatch):
     """A refusal is not waited out: a needed call stops with LoginRefused at once; the
     training loop's writes are spooled and the next checkpoint stops the stage."""
@@ -175,6 +182,11 @@ def test_a_refused_login_stops_at_once_with_what_is_kept(run, tmp_path, monkeypa
                                            r"at search_runs\); run parent keeps"):
         guarded.search_runs("0")
     assert guarded.raw.calls == 1
+    # a 403 on a read is the caller's: the basic-auth app's answer for an alias of a
+    # registered model not created yet
+    reader = GuardedClient(Forbidden(fails=0), 60.0, "parent", tmp_path, poll_s=0.01)
+    with pytest.raises(MlflowException, match="denied"):
+        reader.search_runs("0")
     client, run_id = run
     spool = Spool(client, run_id, tmp_path / "spool", retry_s=3600)
     refusal = MlflowException("denied", error_code=PERMISSION_DENIED)
