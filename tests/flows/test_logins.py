@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -153,38 +154,57 @@ def prefect_records(api: str, what: str) -> str:
             return json.dumps(pages)
 
 
-def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
-        mlflow_auth, prefect_auth, tmp_path, monkeypatch):
-    url, server_dir = mlflow_auth
-    new_password = f"alice-new-{secrets.token_hex(8)}"
-    host = url.removeprefix("http://")
-    pause = tmp_path / "paused"
-    env = {**rlhf_env(prefect_auth, url), "PREFECT_LOGGING_LEVEL": "INFO",
-           "RLHF_PAUSE_AT": "before:reward_model", "RLHF_PAUSE_FILE": str(pause)}
-    env.pop("MLFLOW_TRACKING_URI")  # the config names the server, login included
-    args = run_args(f"tracking.workdir={tmp_path / 'runs'}",
-                    f"tracking.tracking_uri=http://alice:{ALICE[1]}@{host}")
-    first_out = tmp_path / "first.log"
-    with open(first_out, "w") as out:
-        proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+def stopped_when_paused(args, env: dict, pause_at: str, change, log) -> tuple[str, float]:
+    """Run ``args`` until the pause point ``pause_at``, ``change()`` the login there, let
+    it go on -> (its last line, seconds from the change to its exit with 75)."""
+    pause = Path(env["RLHF_PAUSE_FILE"])
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, cwd=log.parent, env={**env, "RLHF_PAUSE_AT": pause_at},
+                                stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 240
         while not pause.exists():
-            assert proc.poll() is None and time.time() < deadline, first_out.read_text()[-3000:]
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
-        servers.rest(url, "2.0/mlflow/users/update-password", ADMIN, "PATCH",
-                     {"username": "alice", "password": new_password})
+        change()
         changed = time.time()
         pause.unlink()
-        assert proc.wait(timeout=120) == 75, first_out.read_text()[-3000:]
+        assert proc.wait(timeout=120) == 75, log.read_text()[-3000:]
     finally:
         proc.kill()
-    TIMES["mid-run password change"] = took = time.time() - changed
-    text = first_out.read_text()
-    last = text.strip().splitlines()[-1]
-    print(f"\n[mid-run password change] {took:.1f} s: {last}")
+    text = log.read_text()
     assert "Traceback" not in text, text[-3000:]
+    return text.strip().splitlines()[-1], time.time() - changed
+
+
+def grant(url: str, exp_id: str, permission: str | None) -> None:
+    """Alice's permission on the experiment (None: revoked, the default READ is left)."""
+    body = {"username": "alice", "resource_type": "experiment", "resource_id": exp_id}
+    if permission:
+        servers.rest(url, "3.0/mlflow/users/permissions/grant", ADMIN, "POST",
+                     {**body, "permission": permission})
+    else:
+        servers.rest(url, "3.0/mlflow/users/permissions/revoke", ADMIN, "POST", body)
+
+
+def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
+        mlflow_auth, prefect_auth, tmp_path, monkeypatch):
+    """The login is changed twice mid-run: alice's password before reward_model (401),
+    then, in the resumed run, her EDIT on the experiment revoked before register (403)."""
+    url, server_dir = mlflow_auth
+    new_password = f"alice-new-{secrets.token_hex(8)}"
+    host = url.removeprefix("http://")
+    env = {**rlhf_env(prefect_auth, url), "PREFECT_LOGGING_LEVEL": "INFO",
+           "RLHF_PAUSE_FILE": str(tmp_path / "paused")}
+    env.pop("MLFLOW_TRACKING_URI")  # the config names the server, login included
+    args = run_args(f"tracking.workdir={tmp_path / 'runs'}",
+                    f"tracking.tracking_uri=http://alice:{ALICE[1]}@{host}")
+    last, took = stopped_when_paused(
+        args, env, "before:reward_model", lambda: servers.rest(
+            url, "2.0/mlflow/users/update-password", ADMIN, "PATCH",
+            {"username": "alice", "password": new_password}), tmp_path / "first.log")
+    TIMES["mid-run password change"] = took
+    print(f"\n[mid-run password change] {took:.1f} s: {last}")
     assert last.startswith(f"rlhf: the MLflow server at {url} refused user 'alice' (HTTP 401"), \
         last
     assert "keeps its finished stages" in last, last
@@ -192,10 +212,20 @@ def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
     assert took < 30, took
     command = shlex.split(last.split("continue it with: ")[1])
     assert f"tracking.tracking_uri=http://alice:***@{host}" in command, command
-    command = [a.replace("alice:***@", f"alice:{new_password}@") for a in command]
-    env.pop("RLHF_PAUSE_AT")
-    resumed = subprocess.run([sys.executable, "-m", "flows.cli", *command[1:]], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=400)
+    command = [sys.executable, "-m", "flows.cli",
+               *[a.replace("alice:***@", f"alice:{new_password}@") for a in command[1:]]]
+    exp_id = servers.rest(url, "2.0/mlflow/experiments/get-by-name?experiment_name=rlhf-test",
+                          ADMIN)["experiment"]["experiment_id"]
+    last, took = stopped_when_paused(command, env, "before:register",
+                                     lambda: grant(url, exp_id, None), tmp_path / "second.log")
+    TIMES["mid-run permission revoked"] = took
+    print(f"\n[mid-run permission revoked] {took:.1f} s: {last}")
+    assert last.startswith(f"rlhf: the MLflow server at {url} refused user 'alice' (HTTP 403 "
+                           "Permission denied: a permission it needs was taken away; at "), last
+    assert " --resume " in last and took < 30, (took, last)
+    grant(url, exp_id, "EDIT")
+    resumed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN[0])
@@ -217,7 +247,8 @@ def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
     hidden = [ALICE[1], new_password, AUTH_STRING]
     recorded = {f"{r.info.run_id} params/tags": json.dumps([r.data.params, r.data.tags])
                 for r in runs}
-    recorded["CLI, first run"] = text
+    for log in ("first.log", "second.log"):
+        recorded[f"CLI, {log}"] = (tmp_path / log).read_text()
     recorded["CLI, resumed run"] = resumed.stdout + resumed.stderr
     for what in ("flow_runs", "artifacts", "logs"):
         recorded[f"Prefect {what}"] = prefect_records(prefect_auth[0], what)
