@@ -59,7 +59,7 @@ def needs_of(cfg, write: bool = True) -> Needs:
 def split_login(uri: str) -> tuple[str, str | None, str | None]:
     """``http://bob:secret@host:5000/x`` -> (``http://host:5000/x``, 'bob', 'secret')."""
     parts = urllib.parse.urlsplit(uri)
-    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+    if parts.scheme not in ("http", "https") or parts.password is None:
         return uri, None, None
     host = parts.netloc.rsplit("@", 1)[1]
     bare = urllib.parse.urlunsplit(parts._replace(netloc=host))
@@ -110,13 +110,16 @@ def mlflow_credentials() -> tuple[dict[str, str], str | None, str]:
 
 
 def _get(url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, dict | None]:
-    """(HTTP status, JSON body or None) of one GET."""
+    """(HTTP status, JSON body or None) of one GET; status 0 when no answer came (the
+    server answered /health just before: the command meets it, the check does not guess)."""
     request = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             status, body = resp.status, resp.read()
     except urllib.error.HTTPError as err:
         status, body = err.code, err.read()
+    except (OSError, ValueError):  # URLError, a timeout, a reset connection
+        return 0, None
     try:
         return status, json.loads(body)
     except ValueError:
