@@ -13,7 +13,7 @@ BIN = $(VENV)/bin
 $(BIN)/rlhf: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e '.[test,postgres,lora]'
+	$(BIN)/python -m pip install -q -e '.[test,postgres,lora,auth]'
 	touch $@
 
 install: $(BIN)/rlhf

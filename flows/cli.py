@@ -34,6 +34,7 @@ from flows.errors import (
     prefect_gone,
     quiet_expected_failures,
 )
+from flows.logins import Needs, login_out_of_uri, needs_of
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
 from tasks.tracking.runs import run_page, runs_table_url
@@ -46,7 +47,7 @@ def _config_for(args) -> object:
     """The user's file, else the embedded demo config; then --set overrides."""
     path = args.config or DEMO_CONFIG
     nproc = [] if getattr(args, "nproc", None) is None else [f"model.nproc={args.nproc}"]
-    return load_config(path, (args.set or []) + nproc)
+    return login_out_of_uri(load_config(path, (args.set or []) + nproc))
 
 
 def positive_int(text: str) -> int:
@@ -94,7 +95,7 @@ def registered(result: dict) -> dict[str, str]:
 def cmd_run(args) -> int:
     cfg = _config_for(args)
     check_config(cfg)
-    check_servers(cfg.tracking.tracking_uri)
+    check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     if args.resume:
         check_resume_id(cfg, args.resume, args.argv)
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
@@ -111,7 +112,7 @@ def cmd_run(args) -> int:
 def cmd_validate(args) -> int:
     cfg = _config_for(args)
     check_config(cfg)
-    check_servers(cfg.tracking.tracking_uri)
+    check_servers(cfg.tracking.tracking_uri, needs=Needs(cfg.tracking.experiment))
     from flows.validate import preflight, rlhf_validate
 
     preflight(cfg.data)
@@ -136,7 +137,7 @@ def cmd_sweep(args) -> int:
     grid = parse_grid(args.grid or [])
     seeds = [cfg.seed + i for i in range(args.seeds)]
     points = grid_points(cfg, grid, seeds)  # every point validated before anything runs
-    check_servers(cfg.tracking.tracking_uri)
+    check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     from flows.sweep import rlhf_sweep
     from flows.validate import preflight
 
@@ -173,7 +174,7 @@ def cmd_serve(args) -> int:
     from flows.serve import serve
 
     cfg = _config_for(args)
-    check_servers(cfg.tracking.tracking_uri)
+    check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     name = args.name or Path(args.config or DEMO_CONFIG).stem
     serve(cfg, name)
     return 0
@@ -251,13 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     # a stage reading another machine's outputs downloads them: no bar per artifact folder
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    login_out_of_uri()  # a login in $MLFLOW_TRACKING_URI, into MLflow's login variables
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
         with stop_within_seconds(lambda signum: stop_message(args, signum)):
             return args.func(args)
     except OUTAGES as err:
-        print(f"\nrlhf: {err}; {continue_hint(args)}", file=sys.stderr)
+        print(f"\nrlhf: {err}; {continue_hint(args, err.until)}", file=sys.stderr)
         return exit_code(err)
     except EXPECTED as err:
         hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
@@ -287,13 +289,13 @@ def kept(args) -> str:
             "was in")
 
 
-def continue_hint(args) -> str:
-    """The command that continues the pipeline run this process opened."""
+def continue_hint(args, until: str = "once the server answers") -> str:
+    """The command that continues the pipeline run this process opened (``until``: when)."""
     tracking = sys.modules.get("tasks.tracking.runs")
     run_id = tracking.last_parent_run() if tracking else None
     if run_id is None or args.command != "run":
-        return "run the same command again once the server answers"
-    return (f"once the server answers, continue it with: "
+        return f"run the same command again {until}"
+    return (f"{until}, continue it with: "
             f"{shlex.join(['rlhf', *resume_args(args.argv, run_id)])}")
 
 

@@ -27,9 +27,10 @@ def _with(config, section: str, **fields):
 
 def _preflight(config) -> None:
     """The MLflow store and (when PREFECT_API_URL is set) the Prefect API answer."""
+    from flows.logins import needs_of
     from flows.preflight import check_servers
 
-    check_servers(config.tracking.tracking_uri)
+    check_servers(config.tracking.tracking_uri, needs=needs_of(config))
 
 
 def cmd_demo_batch(args, config) -> int:
@@ -209,10 +210,12 @@ def cmd_compare(args, config) -> int:
 
 def _tracking_uri(config) -> str:
     """The store the registry lives in, once it answers."""
+    from flows.logins import Needs
     from flows.preflight import check_servers
     from tasks.tracking.runs import default_tracking_uri
 
-    check_servers(config.tracking.tracking_uri, prefect=False)
+    check_servers(config.tracking.tracking_uri, prefect=False,
+                  needs=Needs(models=(config.tracking.registered_policy,)))
     return default_tracking_uri(config.tracking.tracking_uri)
 
 

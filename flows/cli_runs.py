@@ -8,7 +8,9 @@ import shlex
 import time
 
 from flows.config import ConfigError
+from flows.logins import Needs
 from flows.preflight import check_servers
+from tasks.redact import redact
 from tasks.tracking.queries import StoreError, pipeline_runs, run_lineage
 from tasks.tracking.runs import (
     default_tracking_uri,
@@ -39,7 +41,8 @@ def check_resume_id(cfg, run_id: str, argv: list[str] | tuple = ("run",)) -> Non
 
 
 def resume_args(args: list[str], run_id: str) -> list[str]:
-    """``args`` with --resume given ``run_id`` (both --resume X and --resume=X forms)."""
+    """``args`` with --resume given ``run_id`` (both --resume X and --resume=X forms), as
+    printed: a password in a URL among them shows as ``***``."""
     out, skip = [], False
     for arg in args:
         if skip:
@@ -47,7 +50,7 @@ def resume_args(args: list[str], run_id: str) -> list[str]:
         elif arg == "--resume":
             skip = True
         elif not arg.startswith("--resume="):
-            out.append(arg)
+            out.append(redact(arg))
     return [*out, "--resume", run_id]
 
 
@@ -78,6 +81,6 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> 
 
 
 def cmd_runs(args) -> int:
-    check_servers(None, prefect=False)
+    check_servers(None, prefect=False, needs=Needs(args.experiment, write=False))
     print(runs_table(args.experiment, args.limit))
     return 0

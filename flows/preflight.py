@@ -15,6 +15,7 @@ from pathlib import Path
 
 from data_checks.files import looks_local
 from flows.config import ConfigError
+from flows.logins import Needs, check_mlflow_login, check_prefect_login
 from tasks.config import PipelineConfig
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -168,13 +169,16 @@ def prefect_api_url() -> tuple[str | None, str]:
 
 
 def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
-                  prefect: bool = True, timeout_s: float = TIMEOUT_S) -> None:
+                  prefect: bool = True, timeout_s: float = TIMEOUT_S,
+                  needs: Needs | None = None) -> None:
     """Before anything starts: the MLflow store (``tracking_uri``: the config's
     tracking.tracking_uri, else MLFLOW_TRACKING_URI, else ./mlflow.db) answers, or its
     folder can be written; and, with ``prefect``, the Prefect API that PREFECT_API_URL names
-    answers on ``/health``. Each check is one try of at most ``timeout_s`` seconds; a
-    failure is a ConfigError of one sentence naming the URL, where it came from and what to
-    check (exit 2). Every command that talks to MLflow or Prefect calls this first."""
+    answers on ``/health``. A server with logins then takes the login its client will send
+    and, with ``needs``, lets the user do what the command will do (flows/logins.py). Each
+    check is one try of at most ``timeout_s`` seconds; a failure is a ConfigError of one
+    sentence naming the URL, where it came from and what to check (exit 2). Every command
+    that talks to MLflow or Prefect calls this first."""
     if mlflow:
         uri, source = tracking_source(tracking_uri)
         problem = _store_problem(uri, timeout_s)
@@ -183,6 +187,7 @@ def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
             raise ConfigError(f"{what} {uri} (from {source}) {wrong}; check {check}, or "
                               "point MLFLOW_TRACKING_URI / tracking.tracking_uri at another "
                               "store.")
+        check_mlflow_login(uri, source, needs, timeout_s)
     if prefect:
         url, source = prefect_api_url()
         why = no_answer(f"{url.rstrip('/')}/health", timeout_s) if url else None
@@ -191,3 +196,5 @@ def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
                               f"({why}; one try of up to {timeout_s:g} s); check that "
                               "`prefect server start` runs there and the URL ends in /api, "
                               "or unset PREFECT_API_URL to use a local temporary API.")
+        if url:
+            check_prefect_login(url, source, timeout_s)

@@ -73,8 +73,10 @@ def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> N
 def stage_params(cfg, *sections: str) -> dict:
     """The settings of a stage's config sections, flattened (``ppo.kl_coef``...) for its run."""
     from tasks.config import flatten
+    from tasks.redact import redacted
 
-    return flatten({name: getattr(cfg, name).model_dump(mode="json") for name in sections})
+    return flatten(redacted({name: getattr(cfg, name).model_dump(mode="json")
+                             for name in sections}))
 
 
 def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:

@@ -16,6 +16,7 @@ from tasks.common import setup_torch
 from tasks.config import PipelineConfig, flatten
 from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
 from tasks.judge import resolve_judge_name
+from tasks.redact import redacted
 from tasks.runtime.remote import check_deployments
 from tasks.tracking.runs import (
     RunContext,
@@ -153,12 +154,12 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         if run.data.tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
             # resumed with changed settings (e.g. a lower LR after a non-finite loss): keep
             # the record of what the continuation ran with
-            client.log_dict(run_id, cfg.model_dump(mode="json"),
+            client.log_dict(run_id, redacted(cfg.model_dump(mode="json")),
                             f"config/resumed_config_{cfg.config_hash()}.json")
             set_tags(client, run_id, {RESUMED_CONFIG_HASH_TAG: cfg.config_hash()})
     else:
         run_id = client.create_run(exp_id, run_name=run_name).info.run_id
-        log_params(client, run_id, flatten(cfg.model_dump(mode="json")))
+        log_params(client, run_id, flatten(redacted(cfg.model_dump(mode="json"))))
         tags = {RUN_NAME_TAG: run_name, CONFIG_HASH_TAG: cfg.config_hash(),
                 SEED_TAG: str(cfg.seed), **package_versions(), **digest_tags(digests)}
         commit = git_commit()
@@ -167,7 +168,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         if flow_run_id:
             tags[PREFECT_FLOW_RUN_TAG] = str(flow_run_id)
         set_tags(client, run_id, tags)
-        client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
+        client.log_dict(run_id, redacted(cfg.model_dump(mode="json")),
+                        "config/resolved_config.json")
     # the stages' thread count from here on, so each run's rlhf.hw.threads is the one used
     device = setup_torch(cfg.model)
     set_tags(client, run_id, hardware_tags(device))  # a resume records where it continues

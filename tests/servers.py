@@ -55,19 +55,23 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 3
             proc.wait(timeout=10)
 
 
-def start_mlflow(backend_store_uri: str, folder: Path, port: int,
-                 workers: int = 1) -> subprocess.Popen:
-    """Start ``mlflow server`` on ``port`` (artifacts served from ``folder/artifacts``) and
-    wait until it answers -> its process (end it with :func:`stop`)."""
+def start_mlflow(backend_store_uri: str, folder: Path, port: int, workers: int = 1,
+                 app_name: str | None = None, env: dict[str, str] | None = None
+                 ) -> subprocess.Popen:
+    """Start ``mlflow server`` on ``port`` (artifacts served from ``folder/artifacts``;
+    ``app_name``, e.g. ``basic-auth``, with ``env`` added to its environment) and wait until
+    it answers -> its process (end it with :func:`stop`)."""
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     log = folder / "mlflow-server.log"
+    app = ["--app-name", app_name] if app_name else []
     proc = subprocess.Popen(
         [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", backend_store_uri, "--serve-artifacts",
-         "--artifacts-destination", str(folder / "artifacts"), "--workers", str(workers)],
+         "--artifacts-destination", str(folder / "artifacts"), "--workers", str(workers),
+         *app],
         stdout=open(log, "a"), stderr=subprocess.STDOUT,
         # no background job runner (MLflow's async jobs): the pipeline uses none
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})})
     try:
         wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/health"), proc, log,
                    "mlflow server")
@@ -87,6 +91,41 @@ def mlflow_server(backend_store_uri: str, folder: Path, workers: int = 1) -> Ite
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(proc)
+
+
+def auth_env(folder: Path, admin_password: str, secret_key: str,
+             default_permission: str = "READ") -> dict[str, str]:
+    """The environment of an ``mlflow server --app-name basic-auth`` with its own user store
+    (``folder/auth.db``), its admin ``admin`` with ``admin_password`` (12 characters at
+    least), the Flask secret key and the permission a user has on what others created.
+    Checked logins are cached for a minute (one worker: a password changed through the API
+    takes effect at once): each uncached request hashes the password again, which on a
+    small machine costs more CPU than the tiny pipeline's own tracking."""
+    ini = folder / "basic_auth.ini"
+    ini.write_text("[mlflow]\n"
+                   f"default_permission = {default_permission}\n"
+                   f"database_uri = sqlite:///{folder}/auth.db\n"
+                   "admin_username = admin\n"
+                   "auth_cache_ttl_seconds = 60\n"
+                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth"
+                   "\n")
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": secret_key}
+
+
+def rest(url: str, path: str, login: tuple[str, str], method: str = "GET",
+         body: dict | None = None) -> dict:
+    """One call of an MLflow server's REST API as ``login`` (user, password) -> its JSON."""
+    import base64
+    import json
+
+    token = base64.b64encode(":".join(login).encode()).decode()
+    request = urllib.request.Request(
+        f"{url}/api/{path}", method=method, data=json.dumps(body).encode() if body else None,
+        headers={"Authorization": f"Basic {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        text = resp.read()
+    return json.loads(text) if text.strip() else {}
 
 
 def postgres_bindir() -> Path | None:

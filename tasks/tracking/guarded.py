@@ -16,9 +16,12 @@ from mlflow.tracking import MlflowClient
 
 from tasks.tracking.spool import (
     TIMEOUT_ENV,
+    LoginRefused,
     TrackingOutage,
     fail_fast,
     log,
+    refusal,
+    refused,
     spooled_left,
     unreachable,
 )
@@ -29,6 +32,7 @@ from tasks.tracking.spool import (
 
 QUICK_S, AGAIN_S = 5, 30  # request timeouts: first try, tries while waiting
 LONG_CALLS = frozenset({"log_artifact", "log_artifacts", "download_artifacts"})
+READS = ("get_", "search_", "list_")  # client calls that only read
 
 
 def server_answers(uri: str, timeout_s: float = QUICK_S) -> bool:
@@ -68,7 +72,11 @@ class GuardedClient:
     def _call(self, name: str, fn, args, kwargs):
         if name in LONG_CALLS:
             self.wait_for_server(name)
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:
+                self.raise_if_refused(err, name)
+                raise
         since = None
         while True:
             try:
@@ -76,6 +84,7 @@ class GuardedClient:
                 with fail_fast(QUICK_S if since is None else AGAIN_S):
                     result = fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001 - classified just below
+                self.raise_if_refused(err, name)
                 if not unreachable(err):
                     raise
                 since = self._waited(since, name)
@@ -106,15 +115,27 @@ class GuardedClient:
         time.sleep(self.poll_s)
         return since
 
-    def outage(self, down_s: float, doing: str) -> TrackingOutage:
+    def raise_if_refused(self, err: BaseException, doing: str) -> None:
+        """A refused login (401), or a refused write (403), stops the run as an outage
+        does, at once. A 403 on a read is left to the caller: MLflow's basic-auth app
+        answers 403, not 404, for an alias or a version of a registered model that does not
+        exist yet (the registry's look-ups read that as "none")."""
+        code = refused(err)
+        if code == 401 or (code == 403 and not doing.startswith(READS)):
+            raise LoginRefused(f"{refusal(code, self.raw.tracking_uri, doing)}; "
+                               f"{self.kept()}") from None
+
+    def kept(self) -> str:
         left = spooled_left(self.workdir)
         spooled = (f" and {left} tracking records spooled in {Path(self.workdir) / '.spool'}, "
                    "sent first when the run is resumed") if left else ""
+        return (f"run {self.parent_run_id} keeps its finished stages, their outputs in "
+                f"{self.workdir}{spooled}")
+
+    def outage(self, down_s: float, doing: str) -> TrackingOutage:
         return TrackingOutage(
             f"the MLflow server at {self.raw.tracking_uri} has not answered for {down_s:.0f} s "
-            f"(tracking.outage_limit_s={self.limit_s:g}; at {doing}); run "
-            f"{self.parent_run_id} keeps its finished stages, their outputs in "
-            f"{self.workdir}{spooled}")
+            f"(tracking.outage_limit_s={self.limit_s:g}; at {doing}); {self.kept()}")
 
 
 def guarded(client: MlflowClient, limit_s: float, parent_run_id: str,
@@ -136,7 +157,8 @@ def one_try(client, doing: str, call: Callable, again: Callable):
         try:
             with fail_fast(int(os.environ.get(TIMEOUT_ENV, "120"))):
                 return call()
-        except Exception:
+        except Exception as err:
+            client.raise_if_refused(err, doing)
             if server_answers(client.raw.tracking_uri):
                 raise
         client.wait_for_server(doing)

@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.hardware import hardware_facts
+from tasks.redact import redact
 from tasks.tracking.tags import (
     EXPERIMENT_KIND_TAG,
     HW_PREFIX,
@@ -299,7 +300,7 @@ def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
     GenAI/Model training switch, kept in the browser and GenAI by default, would otherwise
     open a first visit on the traces overview whatever the experiment's kind tag says. A
     local store: where `mlflow ui` serves it."""
-    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
+    base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
         else LOCAL_UI
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
@@ -314,14 +315,15 @@ def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
     runs until `mlflow ui` is started on it)."""
     if not tracking_uri.startswith(("http://", "https://")):
         return None
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def run_url(ctx: RunContext, run_id: str) -> str:
     """A link to the run in the MLflow UI (server URIs), else a tracking-URI reference."""
     page = run_page(ctx.tracking_uri, ctx.experiment_id, run_id)
-    return page or (f"{ctx.tracking_uri} experiment {ctx.experiment_id} run {run_id} (open "
-                    f"with `mlflow ui --backend-store-uri {ctx.tracking_uri}`)")
+    uri = redact(ctx.tracking_uri)
+    return page or (f"{uri} experiment {ctx.experiment_id} run {run_id} (open "
+                    f"with `mlflow ui --backend-store-uri {uri}`)")
 
 
 def retry_unique_key(write, attempts: int = 5) -> None:

@@ -44,6 +44,39 @@ _ENV_LOCK = threading.RLock()  # (a guarded call inside a fail_fast block)
 class TrackingOutage(Exception):  # noqa: N818 - a stop, named after its cause
     """The tracking server has not answered for longer than the outage limit."""
 
+    until = "once the server answers"  # when the run can be continued
+
+
+class LoginRefused(TrackingOutage):
+    """The tracking server refused the run's login mid-run (HTTP 401: the password changed
+    or the user was removed; 403: a permission was taken away): stopped like an outage."""
+
+    until = "once the login is fixed"
+
+
+def refused(err: BaseException | None) -> int | None:
+    """401 or 403 when ``err`` (or an error behind it) is the tracking server refusing the
+    login, else None: an MlflowException from its REST API, or a requests HTTPError from
+    an artifact transfer."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        code = err.get_http_status_code() if isinstance(err, MlflowException) else \
+            getattr(getattr(err, "response", None), "status_code", None)
+        if code in (401, 403):
+            return code
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def refusal(code: int, uri: str, doing: str) -> str:
+    """The first half of a :class:`LoginRefused` message."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    who = f"user '{user}'" if user else "the run's login"
+    why = ("HTTP 401 Unauthorized: its password changed or it was removed" if code == 401
+           else "HTTP 403 Permission denied: a permission it needs was taken away")
+    return f"the MLflow server at {uri} refused {who} ({why}; at {doing})"
+
 
 def unreachable(err: BaseException) -> bool:
     """Is ``err`` the server being away (no connection, a timeout, a 5xx), not a refusal?"""
@@ -84,6 +117,7 @@ class Spool:
         self.sent_path = folder / f"{run_id}.sent"
         self.lock, self.send_lock = threading.RLock(), threading.Lock()
         self.down_since: float | None = None
+        self.refused: int | None = None  # the server refused the login (401/403)
         self.records: list[dict] = self._read()
         self.sent = int(self.sent_path.read_text()) if self.sent_path.exists() else 0
         self._thread: threading.Thread | None = None
@@ -127,8 +161,10 @@ class Spool:
                 return
             if self.down_since is None:
                 self.down_since = self.clock()
-                log.warning("the MLflow server does not answer; tracking records go to %s "
-                            "until it does", self.path)
+                why = f"refused the login (HTTP {self.refused})" if self.refused else \
+                    "does not answer"
+                log.warning("the MLflow server %s; tracking records go to %s until it takes "
+                            "them", why, self.path)
             self._append(record)
             self._start_retrying()
 
@@ -136,9 +172,11 @@ class Spool:
         try:
             with fail_fast():
                 self._send(record)
+            self.refused = None
             return True
         except Exception as err:  # noqa: BLE001 - classified just below
-            if not unreachable(err):
+            self.refused = refused(err) or self.refused
+            if not (unreachable(err) or refused(err)):
                 raise
             return False
 
@@ -201,7 +239,15 @@ class Spool:
         return 0.0 if self.down_since is None else self.clock() - self.down_since
 
     def check(self, limit_s: float) -> None:
-        """Raise :class:`TrackingOutage` once the outage is past ``limit_s``."""
+        """Raise :class:`TrackingOutage` once the outage is past ``limit_s``, or at once
+        :class:`LoginRefused` when the server refused the login (it does not come back by
+        waiting)."""
+        if self.refused:
+            self.close()
+            raise LoginRefused(
+                f"{refusal(self.refused, self.client.tracking_uri, 'a checkpoint')}; "
+                f"{self.kept} and {len(self.pending())} tracking records spooled in "
+                f"{self.path}, sent first when the run is resumed")
         down = self.outage_s()
         if down > limit_s:
             self.close()

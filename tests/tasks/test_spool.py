@@ -9,11 +9,12 @@ import time
 import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import PERMISSION_DENIED, UNAUTHENTICATED
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from tasks.tracking.runs import StepLogger
-from tasks.tracking.spool import Spool, TrackingOutage, spool_table
+from tasks.tracking.spool import LoginRefused, Spool, TrackingOutage, spool_table
 from tasks.tracking.tables import bounded
 
 
@@ -152,3 +153,45 @@ def test_a_needed_call_waits_for_the_server_then_stops_past_the_limit(tmp_path, 
     assert time.monotonic() - start < 2
     with pytest.raises(TrackingOutage, match="at downloading"):
         gone.wait_for_server("downloading")  # /health of a server that is not there
+
+
+class Refusing(Away):
+    """A raw client of a server that refuses the login (HTTP 401) from its first call."""
+
+    def search_runs(self, *args):
+        self.calls += 1
+        raise MlflowException("API request to endpoint failed with error code 401 != 200",
+                              error_code=UNAUTHENTICATED)
+
+
+class Forbidden(Away):
+    """A raw client of a server that answers 403 to a read."""
+
+    def search_runs(self, *args):
+        raise MlflowException("denied", error_code=PERMISSION_DENIED)
+
+
+def test_a_refused_login_stops_at_once_with_what_is_kept(run, tmp_path, monkeypatch):
+    """A refusal is not waited out: a needed call stops with LoginRefused at once; the
+    training loop's writes are spooled and the next checkpoint stops the stage."""
+    from tasks.tracking.guarded import GuardedClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    guarded = GuardedClient(Refusing(fails=0), 60.0, "parent", tmp_path, poll_s=0.01)
+    with pytest.raises(LoginRefused, match=r"refused user 'alice' \(HTTP 401 Unauthorized.*"
+                                           r"at search_runs\); run parent keeps"):
+        guarded.search_runs("0")
+    assert guarded.raw.calls == 1
+    # a 403 on a read is the caller's: the basic-auth app's answer for an alias of a
+    # registered model not created yet
+    reader = GuardedClient(Forbidden(fails=0), 60.0, "parent", tmp_path, poll_s=0.01)
+    with pytest.raises(MlflowException, match="denied"):
+        reader.search_runs("0")
+    client, run_id = run
+    spool = Spool(client, run_id, tmp_path / "spool", retry_s=3600)
+    refusal = MlflowException("denied", error_code=PERMISSION_DENIED)
+    monkeypatch.setattr(client, "log_batch", lambda *a, **k: (_ for _ in ()).throw(refusal))
+    StepLogger(client, run_id, spool)(1, {"a": 1.0})  # kept, the training goes on
+    with pytest.raises(LoginRefused, match=r"HTTP 403 Permission denied.*at a checkpoint.* "
+                                           r"and 1 tracking records spooled"):
+        spool.check(60)

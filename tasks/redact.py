@@ -1,0 +1,27 @@
+"""Secrets never recorded: a login written into a URL (``http://bob:secret@host:5000``,
+``postgresql://bob:secret@db/mlflow``) keeps its user and loses its password wherever a
+config value or a URI is logged as a param, a tag, an artifact or a link."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+URL_LOGIN = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):[^@/\s]+@")
+HIDDEN = "***"
+
+
+def redact(text: str) -> str:
+    """``scheme://user:password@host`` -> ``scheme://user:***@host`` (anywhere in text)."""
+    return URL_LOGIN.sub(rf"\g<head>:{HIDDEN}@", text)
+
+
+def redacted(value: Any) -> Any:
+    """``value`` (nested dicts, lists, strings) with every URL's password hidden."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(redacted(v) for v in value)
+    return value
