@@ -106,6 +106,13 @@ def cmd_retrain(args, config) -> int:
     quiet_expected_failures()
     start = time.perf_counter()
     out = retrain(config=config, control=args.control)
+    if out["status"] == "skipped":  # exit 75 (EX_TEMPFAIL): nothing ran, try again later
+        from flows.errors import EX_TEMPFAIL
+
+        print(f"retrain: skipped: another retrain of this store is running: the slot "
+              f"{out['slot']} is held by {out['held_by']}; nothing trained (exit "
+              f"{EX_TEMPFAIL}: try again later, or set retrain.on_overlap=wait)")
+        return EX_TEMPFAIL
     lines = [f"retrain: {out['status']} ({time.perf_counter() - start:.1f} s)"]
     if out.get("reason"):
         lines.append(f"gate: {out['reason']}")

@@ -10,6 +10,7 @@ runs on the data plus the batches and its result becomes champion. One retrain a
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
 
+import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,14 +33,14 @@ from tasks.champion.scorers import batch_pair_keys, resolve_scorer
 from tasks.config import PipelineConfig
 from tasks.finish import finish
 from tasks.prepare import Prepared, prepare
-from tasks.runtime.prefect_api import one_slot
+from tasks.runtime.prefect_api import one_slot, slot_holder
 from tasks.stages.gate import gate
 from tasks.stages.judge_model import judge_model, judge_split
 from tasks.stages.records import Artifact, DataRecord, ModelRecord, PolicyRecord
 from tasks.stages.register import register
 from tasks.stages.validate import validate
 from tasks.tracking.registry import RegistryError
-from tasks.tracking.runs import RunContext
+from tasks.tracking.runs import RunContext, default_tracking_uri, resolved_store
 from tasks.tracking.tags import (
     ANCESTRY_TAG,
     BATCH_SOURCES_TAG,
@@ -53,7 +54,12 @@ from tasks.tracking.tags import (
 
 
 def limit_name(config: PipelineConfig) -> str:
-    return f"rlhf-retrain-{config.tracking.registered_policy}"
+    """``rlhf-retrain-<policy>-<8 hex>``: the slot is one per tracking store and policy (the
+    hex: sha256 of the resolved store URI), so retrains of two stores never block each other
+    while two of one store, from any machine, still never race."""
+    store = resolved_store(default_tracking_uri(config.tracking.tracking_uri))
+    return f"rlhf-retrain-{config.tracking.registered_policy}-" \
+        f"{hashlib.sha256(store.encode()).hexdigest()[:8]}"
 
 
 @contextmanager
@@ -181,10 +187,11 @@ def retrain(config: PipelineConfig, control: bool = False) -> dict:
     config = served_config(config)  # a custom run's fields over the served config
     with retrain_slot(config) as acquired:
         if not acquired:
-            report("rlhf-retrain-decision", "# Retrain skipped: another retrain is running\n\n"
-                   f"`retrain.on_overlap` is skip; the slot `{limit_name(config)}` is held.\n",
-                   "retrain outcome")
-            return {"status": "skipped"}
+            holder = slot_holder(limit_name(config))
+            report("rlhf-retrain-decision", "# Retrain skipped: another retrain of this store "
+                   f"is running\n\n`retrain.on_overlap` is skip; the slot "
+                   f"`{limit_name(config)}` is held by {holder}.\n", "retrain outcome")
+            return {"status": "skipped", "slot": limit_name(config), "held_by": holder}
         import_dropped(config)  # labelled files in the watch folder -> batches or quarantine
         batches = find_batches(config)
         champion = champion_version(config)
