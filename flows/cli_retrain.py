@@ -68,8 +68,8 @@ def _print_import(out: dict) -> int:
     if out["status"] == "imported":
         print(f"imported {out['file']}: {out['text']}\npreference batch: {out['batch']}")
     elif out["status"] == "quarantined":
-        print(f"QUARANTINED {out['file']}: {out['reason']}\n{out['text']}\nmoved to "
-              f"{out['moved_to']}; nothing will train on it")
+        print(f"QUARANTINED {out['file']}: {out['reason']}\n{out['text']}\n{out['where']}; "
+              "nothing will train on it")
     else:
         print(f"{out['file']}: {out['status']} ({out['batch']})")
     return 0

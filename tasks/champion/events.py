@@ -3,6 +3,10 @@
 - ``rlhf.preferences.labelled``: a labelled batch was imported (resource
   ``rlhf.preferences.<batch digest>``); the retrain deployment's trigger listens for the ones
   imported outside a retrain (label ``rlhf.imported_by: import``);
+- ``rlhf.preferences.quarantined``: a labelled file was quarantined for its label quality or
+  refused for malformed rows (resource ``rlhf.preferences.<labelled file's digest>``; label
+  ``rlhf.outcome``: quarantined | refused; payload: the reason and the figures); it starts
+  nothing;
 - ``rlhf.collection.ready``: a labelling file was written (``rlhf.collection.<id>``);
 - ``rlhf.champion.promoted`` / ``rlhf.champion.kept``: a retrain's outcome
   (``rlhf.policy.<registered name>``).
@@ -16,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
+QUARANTINED = "rlhf.preferences.quarantined"
 PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
 # the events' resources (+ batch digest, collection id, registered policy name) and labels:
 # Prefect's vocabulary, not MLflow tags (those are in tasks/tracking/tags.py)

@@ -110,3 +110,7 @@ LABELS_COLLECTIONS_TAG = "rlhf.labels.collections"  # the collections its rows c
 LABELS_DECISION_TAG = "rlhf.labels.decision"  # "accepted" or "quarantined"
 LABELS_REASON_TAG = "rlhf.labels.reason"
 LABELS_PREFERENCE_DIGEST_TAG = "rlhf.labels.preference_digest"  # the batch it wrote
+# labellers whose votes were dropped (too few or too many wrong known answers, or skipped
+# most rows): JSON {labeller: why}, {} when none
+LABELS_HELD_BACK_TAG = "rlhf.labels.held_back"
+LABELS_SEED_TAG = "rlhf.labels.seed"  # `rlhf demo-batch`: the seed the demo judge labelled with
