@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.cli import main
 from rlhf_core.demo import judge_score
-from tasks.tracking.registry import CHAMPION, PREVIOUS
+from tasks.tracking.registry import CHALLENGER, CHAMPION, PREVIOUS
 from tasks.tracking.tags import ALIAS_LOG_TAG
 from tests.shared import label_agreement
 
@@ -51,15 +51,18 @@ def test_promote_and_rollback_move_aliases_and_are_recorded(tmp_path):
     client, sets = _registry(tmp_path)
     assert main(["promote", "1", *sets]) == 0
     assert _aliases(client) == {CHAMPION: "1"}
+    client.set_registered_model_alias("rlhf-policy", CHALLENGER, "3")  # a kept challenger
     assert main(["promote", "3", "--reason", "judge says so", *sets]) == 0
     assert _aliases(client) == {CHAMPION: "3", PREVIOUS: "1"}
+    # promoted, it is no longer the challenger
+    assert CHALLENGER not in client.get_registered_model("rlhf-policy").aliases
     assert main(["rollback", *sets]) == 0
     assert _aliases(client) == {CHAMPION: "1", PREVIOUS: "3"}
     log = [json.loads(x) for x in
            client.get_registered_model("rlhf-policy").tags[ALIAS_LOG_TAG].splitlines()]
     assert [(e["action"], e["champion"], e["before"]) for e in log] == [
         ("promote", "1", None), ("promote", "3", "1"), ("rollback", "1", "3")]
-    assert log[1]["reason"] == "judge says so"
+    assert log[1]["reason"] == "judge says so" and log[1]["challenger"] == "removed"
     assert client.get_model_version("rlhf-policy", "1").tags["rlhf.champion_since"] \
         .startswith("rollback")
 
