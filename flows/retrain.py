@@ -127,7 +127,10 @@ def challenge(config: PipelineConfig, batches: list[dict],
               consumed: list[dict] | None = None, control: bool = False) -> dict:
     """Retrain from the champion on the new batches (and, ``rm_data: cumulative``, every
     batch consumed before); the gate decides on promotion. ``control``: the same round on
-    the consumed batches alone, gated and recorded, but nothing registered or consumed."""
+    the consumed batches alone, gated and recorded, but nothing registered or consumed.
+    The run is prepared (and its params recorded) with the settings it trains with
+    (``retrain.ppo_iterations``, ``retrain.rm_epochs``), not the first run's."""
+    config = _retrain_settings(config)
     prep = prepare(config)
     ctx = prep.ctx
     with tracked(ctx, config):
@@ -145,7 +148,7 @@ def challenge(config: PipelineConfig, batches: list[dict],
             rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
             judge_out = judge_model(ctx, config, rm_data, champion.sft_dir)
         start = champion.policy_dir if r.policy_init == "champion" else champion.sft_dir
-        trained = train_policy(ctx, _retrain_settings(config), prep, rm_data,
+        trained = train_policy(ctx, config, prep, rm_data,
                                ModelRecord(model=Artifact(path=start)), rm_init_dir=rm_init,
                                reference_dir=reference)
         gate_out = gate(ctx, config, prep, data, champion, trained["ppo"],
@@ -231,7 +234,11 @@ def retrain(config: PipelineConfig, control: bool = False) -> dict:
 def compare(config: PipelineConfig, champion: str = "1", challenger: str = "champion") -> dict:
     """Two registered policy versions (numbers or aliases) through the retrain's gate: both
     answer the gate's held-out prompts, one scorer scores both, the paired bootstrap test
-    decides; nothing trained, no alias moved (e.g. the champion against the first one)."""
+    decides; nothing trained, no alias moved (e.g. the champion against the first one).
+    Recorded as ``rlhf.compare.*`` tags (no gate decision); one version named twice (e.g.
+    ``1`` when the champion is v1) is refused."""
+    from tasks.champion.events import rename_flow_run
+
     prep = prepare(config)
     ctx = prep.ctx
     with tracked(ctx, config):
@@ -240,10 +247,18 @@ def compare(config: PipelineConfig, champion: str = "1", challenger: str = "cham
                               "set retrain.gate.scorer to judge or models:/<name>@<alias>")
         base = fetch_champion(ctx, config, champion)
         other = fetch_champion(ctx, config, challenger)
+        if str(base.version) == str(other.version):
+            raise ConfigError(f"rlhf compare: '{champion}' and '{challenger}' are both "
+                              f"v{base.version}: a version compared with itself says "
+                              "nothing; name two different versions")
+        compared = f"v{other.version} against v{base.version}"
+        rename_flow_run(f"compare-{config.tracking.registered_policy}-v{other.version}-"
+                        f"against-v{base.version}")
         data = validate(ctx, config, prep)
         gate_out = gate(ctx, config, prep, data, base,
                         PolicyRecord(policy=Artifact(path=other.policy_dir)),
-                        ModelRecord(model=Artifact(path=other.rm_dir)), base.sft_dir)
+                        ModelRecord(model=Artifact(path=other.rm_dir)), base.sft_dir,
+                        compared=compared)
     result = finish(ctx, {"validate": data, "gate": gate_out})
     return {"status": "compared", "reason": gate_out.decision.reason,
             "scorer": gate_out.decision.scorer,

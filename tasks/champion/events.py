@@ -61,10 +61,12 @@ def rename_flow_run(name: str) -> None:
 
 def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:
     """``retrain-rlhf-policy-v3-1a2b3c4d+2``: policy, champion version it started from
-    (``bootstrap`` without one), the first new batch's digest and how many more."""
+    (``bootstrap`` without one), the first new batch's digest and how many more;
+    ``-nothing-new`` when a champion exists and no batch is new (a bootstrap without
+    batches is ``retrain-<policy>-bootstrap``: it trains on the configured data)."""
     start = f"v{champion}" if champion else "bootstrap"
     batches = f"-{digests[0][:8]}" + (f"+{len(digests) - 1}" if len(digests) > 1 else "") \
-        if digests else "-nothing-new"
+        if digests else ("-nothing-new" if champion else "")  # a bootstrap trains anyway
     return f"retrain-{policy}-{start}{batches}"
 
 
