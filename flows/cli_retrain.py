@@ -31,17 +31,30 @@ def _preflight(config) -> None:
 
 
 def cmd_demo_batch(args, config) -> int:
-    seed = args.seed if args.seed is not None else int(time.time())
+    seed = args.seed if args.seed is not None else config.seed  # recorded, never the clock
     if args.offline:
-        from rlhf_core.demo import write_preference_batch
-
-        n = args.n or 500
-        path = write_preference_batch(config.retrain.watch_dir, n, seed, args.degraded)
-        kind = "degraded (labels the judge reverses)" if args.degraded else "demo"
-        print(f"wrote {n} {kind} offline preference pairs to {path}")
-        return 0
+        return _demo_offline(args, config, seed)
     _preflight(config)
     return _demo_on_policy(args, _with(config, "collect", num_prompts=args.n), seed)
+
+
+def _demo_offline(args, config, seed: int) -> int:
+    """Generated pairs into the watch folder, announced as a labelled batch (the served
+    retrain's trigger starts a round on it, as on an import)."""
+    from rlhf_core.demo import write_preference_batch
+    from tasks.champion import events
+    from tasks.champion.batches import file_digest
+
+    n = args.n or 500
+    path = write_preference_batch(config.retrain.watch_dir, n, seed, args.degraded)
+    digest = file_digest(path)
+    kind = "degraded (labels the judge reverses)" if args.degraded else "demo"
+    print(f"wrote {n} {kind} offline preference pairs to {path} (batch digest {digest}; "
+          f"labelled by the demo judge with seed {seed})")
+    events.emit(events.LABELLED, events.PREFERENCES_RESOURCE + digest, path.name,
+                {events.IMPORTED_BY_LABEL: "import", events.LABELS_FILE_LABEL: path.name},
+                {"pairs": n, "offline": True, "degraded": args.degraded, "seed": seed})
+    return 0
 
 
 def _demo_on_policy(args, config, seed: int) -> int:
@@ -59,9 +72,9 @@ def _demo_on_policy(args, config, seed: int) -> int:
     table["labeller"] = "gold-judge-reversed" if args.degraded else "gold-judge"
     labelled = Path(out["paths"]["jsonl"]).with_suffix(".labelled.jsonl")
     table.to_json(labelled, orient="records", lines=True, force_ascii=False)
-    print(f"labelled by the demo's gold judge{' reversed' if args.degraded else ''}: "
-          f"{labelled}")
-    return _print_import(label_import(config=config, path=str(labelled)))
+    print(f"labelled by the demo's gold judge{' reversed' if args.degraded else ''} with seed "
+          f"{seed}: {labelled}")
+    return _print_import(label_import(config=config, path=str(labelled), labelling_seed=seed))
 
 
 def _print_import(out: dict) -> int:
@@ -207,7 +220,8 @@ def add_commands(sub, config_for) -> None:
                        help="generated pairs, not the champion's answers")
     batch.add_argument("--n", type=int, help="prompts collected (collect.num_prompts); "
                                              "--offline: pairs (500)")
-    batch.add_argument("--seed", type=int, help="seed (default: the current time)")
+    batch.add_argument("--seed", type=int, help="the demo judge's labelling seed, recorded on "
+                                                "the import (default: the config's seed)")
     batch.set_defaults(func=wrap(cmd_demo_batch))
     prom = sub.add_parser("promote", help="make a registered policy version the champion")
     common(prom)

@@ -17,9 +17,25 @@ def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_demo_batch_writes_good_and_degraded_pairs(tmp_path, capsys):
+def test_demo_batch_writes_good_and_degraded_pairs(tmp_path, capsys, monkeypatch):
+    from tasks.champion import events
+    from tasks.champion.batches import file_digest
+
+    sent = []
+    monkeypatch.setattr(events, "emit", lambda *a: sent.append(a))
     sets = ["--set", f"retrain.watch_dir={tmp_path}/in"]
     assert main(["demo-batch", "--offline", "--n", "300", "--seed", "5", *sets]) == 0
+    digest = file_digest(tmp_path / "in" / "batch-5.jsonl")
+    out = capsys.readouterr().out
+    assert f"(batch digest {digest}; labelled by the demo judge with seed 5)" in out
+    # announced as a labelled batch, as an import is: a served retrain starts on it
+    (event, resource, name, labels, payload), = sent
+    assert (event, resource, name) == ("rlhf.preferences.labelled",
+                                       f"rlhf.preferences.{digest}", "batch-5.jsonl")
+    assert labels["rlhf.imported_by"] == "import" and payload["seed"] == 5
+    # no --seed: the config's seed (the demo's 0 here), not the clock
+    assert main(["demo-batch", "--offline", "--n", "10", *sets]) == 0
+    assert (tmp_path / "in" / "batch-0.jsonl").exists() and sent[-1][4]["seed"] == 0
     assert main(["demo-batch", "--offline", "--n", "300", "--seed", "5", "--degraded",
                  *sets]) == 0
     good, bad = _rows(tmp_path / "in" / "batch-5.jsonl"), \

@@ -65,7 +65,7 @@ def _known_or_a(r):
 def test_good_labels_become_a_batch_without_the_known_pairs(setup):
     cfg, client, record, events, watch = setup
     src = _write(watch / "labelled.jsonl", record, _known_or_a)
-    out = import_labels.fn(cfg, str(src), "retrain")
+    out = import_labels.fn(cfg, str(src), "retrain", run_tags={"rlhf.labels.seed": "7"})
     assert out["status"] == "imported" and out["counts"]["known"] == N_KNOWN
     batch = [json.loads(x) for x in open(out["batch"])]
     assert len(batch) == N_PAIRS and all(r["chosen"].startswith("a") for r in batch)
@@ -78,6 +78,8 @@ def test_good_labels_become_a_batch_without_the_known_pairs(setup):
     assert labels_["rlhf.imported_by"] == "retrain"
     run = client.get_run(out["run_id"])
     assert run.data.tags["rlhf.labels.decision"] == "accepted"
+    assert run.data.tags["rlhf.labels.seed"] == "7"  # `rlhf demo-batch`: the judge's seed
+    assert run.info.run_name == f"labels-accepted-{run.data.tags['rlhf.labels.batch'][:8]}"
     assert run.data.metrics["labels/known_agreement"] == 1.0
     assert run.data.metrics["labels/known_agreement/ann"] == 1.0
     again = _write(watch / "labelled.jsonl", record, _known_or_a)  # the same bytes again
