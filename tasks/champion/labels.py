@@ -260,7 +260,14 @@ def import_dropped(cfg: PipelineConfig) -> list[dict]:
 
 def quarantine_batches(cfg: PipelineConfig, batches: list[dict], reason: str) -> list[str]:
     """A round's new batches that the data gate refused, out of the watch folder (so the
-    next round goes on with later batches) -> where they went."""
-    watch = Path(cfg.retrain.watch_dir).resolve()
-    return [str(quarantine(Path(b["path"]), watch, f"{b['name']}: refused by the data gate: "
-                           f"{reason}")[0]) for b in batches if Path(b["path"]).exists()]
+    next round goes on with later batches; the quarantined event for each) -> where they
+    went."""
+    watch, moved = Path(cfg.retrain.watch_dir).resolve(), []
+    for b in batches:
+        if not Path(b["path"]).exists():
+            continue
+        why = f"refused by the data gate: {reason}"
+        moved.append(str(quarantine(Path(b["path"]), watch, f"{b['name']}: {why}")[0]))
+        emit(QUARANTINED, PREFERENCES_RESOURCE + b["digest"], b["name"],
+             {OUTCOME_LABEL: "refused"}, {"reason": why})
+    return moved

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from flows.config import load_config
 from tasks.champion import labels
 from tasks.champion.collect import RECORD, experiment_for
-from tasks.champion.labels import import_dropped, import_labels
+from tasks.champion.labels import import_dropped, import_labels, quarantine_batches
 from tasks.tracking.tags import COLLECTION_TAG
 from tests.shared import TEST_CONFIG
 
@@ -165,3 +165,17 @@ def test_a_dropped_file_with_bad_rows_is_quarantined_and_batches_are_left_alone(
     (event, _, _, labels_, payload), = events
     assert event == "rlhf.preferences.quarantined" and labels_["rlhf.outcome"] == "refused"
     assert "row 4: choice 'maybe'" in payload["reason"]
+
+
+def test_batches_the_data_gate_refused_are_quarantined_with_the_event(setup):
+    cfg, _, _, events, watch = setup
+    path = watch / "pairs.jsonl"
+    pd.DataFrame([{"prompt": "p", "chosen": "", "rejected": "b"}]).to_json(
+        path, orient="records", lines=True)
+    (moved,) = quarantine_batches(cfg, [{"name": path.name, "path": str(path),
+                                         "digest": "ab12"}], "chosen is empty in row 1")
+    assert moved == str(watch.resolve() / "quarantine" / "pairs.jsonl") and not path.exists()
+    (event, resource, _, labels_, payload), = events
+    assert (event, resource) == ("rlhf.preferences.quarantined", "rlhf.preferences.ab12")
+    assert labels_ == {"rlhf.outcome": "refused"}
+    assert payload["reason"] == "refused by the data gate: chosen is empty in row 1"
