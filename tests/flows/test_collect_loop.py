@@ -141,7 +141,7 @@ def test_collect_deployment_writes_a_labelling_file_recorded_in_mlflow(loop):
     exp = mlflow.get_experiment_by_name("rlhf-test")
     (rec,) = [r for r in mlflow.search_runs([exp.experiment_id], filter_string=(
         f"tags.`rlhf.collection` = '{loop['first'].stem}'"))]
-    assert rec.data.metrics["collect/known"] == 16
+    assert rec.data.metrics["collect/known"] == 40  # collect.known_pairs
     assert rec.data.metrics["collect/rows"] == len(table)
     (dataset,) = rec.inputs.dataset_inputs
     assert {t.key: t.value for t in dataset.tags}["rlhf.policy_version"] == "rlhf-policy/1"
@@ -166,9 +166,15 @@ def test_an_import_starts_a_retrain_that_promotes_the_challenger(loop):
     assert run.state.type.value == "COMPLETED", loop["log"].read_text()[-3000:]
     batch = next((loop["tmp"] / "batches").glob("labelled-*.jsonl"))
     digest = file_digest(batch)  # what the retrain consumed
+    assert batch.name.startswith(f"labelled-{digest}-from-")  # matched to the lineage by eye
     assert run.name.startswith(f"retrain-rlhf-policy-v1-{digest[:8]}")
     champion = alias_version(loop["mlflow"], "rlhf-policy", CHAMPION)
     assert str(champion.version) == "2" and digest in json.loads(champion.tags["rlhf.batches"])
+    # promoted: no longer the challenger
+    assert "challenger" not in loop["mlflow"].get_registered_model("rlhf-policy").aliases
+    # the retrain's params are the settings its PPO ran with (retrain.ppo_iterations)
+    assert loop["mlflow"].get_run(champion.tags["rlhf.parent_run_id"]).data.params[
+        "ppo.iterations"] == "10"
     names = [e["event"] for e in loop["events"]]
     # the deployment's collection announces itself (the second, in-process collection's
     # event goes to whichever API this pytest process's event worker first connected to)
