@@ -10,13 +10,16 @@ labellers: the majority of their non-skip votes decides (an even split is a tie)
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from data_checks.files import FileError, file_format, read_local
+from data_checks.label_quality import Labeller, LabelRules, known_shortfall, labeller_kappa
 from data_checks.loading import DataError
 
 CHOICES = ("a", "b", "tie", "skip")
@@ -114,28 +117,76 @@ def _share(hits: Sequence[bool]) -> float | None:
     return sum(hits) / len(hits) if hits else None
 
 
-def label_figures(rows: Sequence[dict], decided: Mapping[str, dict],
-                  records: Mapping[str, dict]) -> dict:
-    """Label quality: the batch's and each labeller's agreement with the known answers (a/b
-    votes on known-answer pairs), the batch's agreement with the policy's reward model (its
-    scores of the two responses, on the other pairs) and the labellers' agreement rate."""
-    known = {pid: rec["known"] for pid, rec in records.items() if rec.get("known")}
+@dataclass(frozen=True)
+class LabelFigures:
+    """Label quality of one import: the batch's figures (the votes of the labellers kept)
+    and every labeller's (``labellers``; the held-back ones say why)."""
+
+    known_labelled: int  # known pairs whose majority answer was a or b
+    known_agreement: float | None  # ... the share of them that matched the known answer
+    rm_pairs: int  # other pairs answered a or b where the policy's RM scored the two apart
+    rm_agreement: float | None  # ... the share where the majority chose the RM's higher
+    agreement_rate: float | None  # mean top-choice share on pairs with 2+ non-skip votes
+    kappa: float | None  # Cohen's (two labellers) / Fleiss' (more) kappa on shared pairs
+    skip_rate: float  # skipped rows / rows, every labeller
+    labellers: tuple[Labeller, ...]
+
+    @property
+    def held_back(self) -> dict[str, str]:
+        return {lab.name: lab.held_back for lab in self.labellers if lab.held_back}
+
+    def metrics(self) -> dict[str, float]:
+        """``labels/*`` metric values (figures that exist), per labeller too."""
+        out = {"known_labelled": self.known_labelled, "known_agreement": self.known_agreement,
+               "rm_pairs": self.rm_pairs, "rm_agreement": self.rm_agreement,
+               "agreement_rate": self.agreement_rate, "kappa": self.kappa,
+               "skip_rate": self.skip_rate, "labellers": len(self.labellers),
+               "held_back": len(self.held_back)}
+        for lab in self.labellers:
+            name = metric_safe(lab.name)
+            out[f"known_agreement/{name}"] = lab.known_agreement
+            out[f"known_labelled/{name}"] = lab.known_labelled
+            out[f"skip_rate/{name}"] = lab.skip_rate
+        return {f"labels/{k}": float(v) for k, v in out.items() if v is not None}
+
+
+def metric_safe(name: str) -> str:
+    """A labeller's name as MLflow takes it in a metric key (an email's ``@`` -> ``_``)."""
+    return re.sub(r"[^\w\-. :/]", "_", name)
+
+
+def label_figures(rows: Sequence[dict], kept: Sequence[dict], decided: Mapping[str, dict],
+                  records: Mapping[str, dict], labellers: Sequence[Labeller]) -> LabelFigures:
+    """Label quality: the batch's agreement with the known answers (majority a/b of the kept
+    labellers' votes on known-answer pairs), with the policy's reward model (its scores of
+    the two responses, on the other pairs), the labellers' agreement rate (kept votes) and
+    kappa and skip rate (every row)."""
+    known = known_answers(records)
     batch_known = [decided[p]["choice"] == known[p] for p in decided
                    if p in known and decided[p]["choice"] in ("a", "b")]
-    per_labeller: dict[str, list[bool]] = defaultdict(list)
-    for r in rows:
-        if r["id"] in known and r["choice"] in ("a", "b"):
-            per_labeller[r["labeller"]].append(r["choice"] == known[r["id"]])
     rm_hits = []
     for pid, d in decided.items():
         rec = records[pid]
         if pid in known or d["choice"] not in ("a", "b") or rec.get("rm_a") == rec.get("rm_b"):
             continue
         rm_hits.append(d["choice"] == ("a" if rec["rm_a"] > rec["rm_b"] else "b"))
-    return {"known_labelled": len(batch_known), "known_agreement": _share(batch_known),
-            "rm_pairs": len(rm_hits), "rm_agreement": _share(rm_hits),
-            "agreement_rate": agreement_rate(decided),
-            "labeller_known_agreement": {k: _share(v) for k, v in sorted(per_labeller.items())}}
+    return LabelFigures(
+        known_labelled=len(batch_known), known_agreement=_share(batch_known),
+        rm_pairs=len(rm_hits), rm_agreement=_share(rm_hits),
+        agreement_rate=agreement_rate(decided), kappa=labeller_kappa(rows),
+        skip_rate=sum(r["choice"] == "skip" for r in rows) / len(rows) if rows else 0.0,
+        labellers=tuple(labellers))
+
+
+def known_answers(records: Mapping[str, dict]) -> dict[str, str]:
+    """{pair id: 'a' | 'b'} of the known-answer pairs among a collection's records."""
+    return {pid: rec["known"] for pid, rec in records.items() if rec.get("known")}
+
+
+def kept_rows(rows: Sequence[dict], labellers: Sequence[Labeller]) -> list[dict]:
+    """The rows of the labellers not held back (their votes are the ones that count)."""
+    out = {lab.name for lab in labellers if lab.held_back}
+    return [r for r in rows if r["labeller"] not in out]
 
 
 def preference_rows(decided: Mapping[str, dict], records: Mapping[str, dict]
@@ -157,19 +208,29 @@ def preference_rows(decided: Mapping[str, dict], records: Mapping[str, dict]
     return out, counts
 
 
-def quality_refusal(figures: Mapping, min_known: float, min_known_labelled: int,
-                    usual_rm: float | None, max_rm_drop: float) -> str | None:
+def quality_refusal(figures: LabelFigures, rules: LabelRules, usual_rm: float | None,
+                    max_rm_drop: float, usual_skip: float | None = None,
+                    max_skip_rise: float = 1.0) -> str | None:
     """One sentence saying why a batch is quarantined, with its figures; None: it passes.
-    The reward-model agreement is judged against the usual rate of earlier accepted batches
-    (``usual_rm``; none yet: not judged): on-policy labels are meant to disagree with the
-    reward model where the policy exploits it, so only a fall far below the usual counts."""
+    Every labeller held back, or too few known answers (or too many wrong) among the kept
+    votes, quarantines it. The reward-model agreement and the skip rate are judged against
+    the usual rates of earlier accepted batches (``usual_*``; none yet: not judged):
+    on-policy labels are meant to disagree with the reward model where the policy exploits
+    it, so only a fall far below the usual counts; a skip rate far above it is a labeller
+    dodging the work."""
     why = []
-    k = figures["known_agreement"]
-    if k is not None and figures["known_labelled"] >= min_known_labelled and k < min_known:
-        why.append(f"agreement with the known answers {k:.2f} on {figures['known_labelled']} "
-                   f"pairs is below {min_known}")
-    r = figures["rm_agreement"]
+    if figures.labellers and len(figures.held_back) == len(figures.labellers):
+        why.append("every labeller was held back (" + "; ".join(
+            f"{name}: {text}" for name, text in figures.held_back.items()) + ")")
+    else:
+        short = known_shortfall(figures.known_labelled, figures.known_agreement, rules)
+        if short:
+            why.append(short)
+    r = figures.rm_agreement
     if r is not None and usual_rm is not None and r < usual_rm - max_rm_drop:
-        why.append(f"agreement with the policy's reward model {r:.2f} on {figures['rm_pairs']} "
+        why.append(f"agreement with the policy's reward model {r:.2f} on {figures.rm_pairs} "
                    f"pairs is more than {max_rm_drop} below the usual {usual_rm:.2f}")
+    if usual_skip is not None and figures.skip_rate > usual_skip + max_skip_rise:
+        why.append(f"skip rate {figures.skip_rate:.2f} is more than {max_skip_rise} above the "
+                   f"usual {usual_skip:.2f}")
     return "; ".join(why) or None

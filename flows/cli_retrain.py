@@ -34,15 +34,9 @@ def _preflight(config) -> None:
 
 
 def cmd_demo_batch(args, config) -> int:
-    seed = args.seed if args.seed is not None else int(time.time())
+    seed = args.seed if args.seed is not None else config.seed  # recorded, never the clock
     if args.offline:
-        from rlhf_core.demo import write_preference_batch
-
-        n = args.n or 500
-        path = write_preference_batch(config.retrain.watch_dir, n, seed, args.degraded)
-        kind = "degraded (labels the judge reverses)" if args.degraded else "demo"
-        print(f"wrote {n} {kind} offline preference pairs to {path}")
-        return 0
+        return _demo_offline(args, config, seed)
     _preflight(config)
     if args.via == "label-studio":
         return _demo_via_label_studio(args, _with(config, "collect", num_prompts=args.n), seed)
@@ -89,6 +83,23 @@ def _collection_tasks(config, run_id: str) -> dict[int, str]:
 
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
     return read_link(client, client.get_run(run_id)).tasks
+def _demo_offline(args, config, seed: int) -> int:
+    """Generated pairs into the watch folder, announced as a labelled batch (the served
+    retrain's trigger starts a round on it, as on an import)."""
+    from rlhf_core.demo import write_preference_batch
+    from tasks.champion import events
+    from tasks.champion.batches import file_digest
+
+    n = args.n or 500
+    path = write_preference_batch(config.retrain.watch_dir, n, seed, args.degraded)
+    digest = file_digest(path)
+    kind = "degraded (labels the judge reverses)" if args.degraded else "demo"
+    print(f"wrote {n} {kind} offline preference pairs to {path} (batch digest {digest}; "
+          f"labelled by the demo judge with seed {seed})")
+    events.emit(events.LABELLED, events.PREFERENCES_RESOURCE + digest, path.name,
+                {events.IMPORTED_BY_LABEL: "import", events.LABELS_FILE_LABEL: path.name},
+                {"pairs": n, "offline": True, "degraded": args.degraded, "seed": seed})
+    return 0
 
 
 def _demo_on_policy(args, config, seed: int) -> int:
@@ -106,17 +117,17 @@ def _demo_on_policy(args, config, seed: int) -> int:
     table["labeller"] = "gold-judge-reversed" if args.degraded else "gold-judge"
     labelled = Path(out["paths"]["jsonl"]).with_suffix(".labelled.jsonl")
     table.to_json(labelled, orient="records", lines=True, force_ascii=False)
-    print(f"labelled by the demo's gold judge{' reversed' if args.degraded else ''}: "
-          f"{labelled}")
-    return _print_import(label_import(config=config, path=str(labelled)))
+    print(f"labelled by the demo's gold judge{' reversed' if args.degraded else ''} with seed "
+          f"{seed}: {labelled}")
+    return _print_import(label_import(config=config, path=str(labelled), labelling_seed=seed))
 
 
 def _print_import(out: dict) -> int:
     if out["status"] == "imported":
         print(f"imported {out['file']}: {out['text']}\npreference batch: {out['batch']}")
     elif out["status"] == "quarantined":
-        print(f"QUARANTINED {out['file']}: {out['reason']}\n{out['text']}\nmoved to "
-              f"{out['moved_to']}; nothing will train on it")
+        print(f"QUARANTINED {out['file']}: {out['reason']}\n{out['text']}\n{out['where']}; "
+              "nothing will train on it")
     else:
         print(f"{out['file']}: {out['status']} ({out['batch']})")
     return 0
@@ -186,6 +197,13 @@ def cmd_retrain(args, config) -> int:
     quiet_expected_failures()
     start = time.perf_counter()
     out = retrain(config=config, control=args.control)
+    if out["status"] == "skipped":  # exit 75 (EX_TEMPFAIL): nothing ran, try again later
+        from flows.errors import EX_TEMPFAIL
+
+        print(f"retrain: skipped: another retrain of this store is running: the slot "
+              f"{out['slot']} is held by {out['held_by']}; nothing trained (exit "
+              f"{EX_TEMPFAIL}: try again later, or set retrain.on_overlap=wait)")
+        return EX_TEMPFAIL
     lines = [f"retrain: {out['status']} ({time.perf_counter() - start:.1f} s)"]
     if out.get("reason"):
         lines.append(f"gate: {out['reason']}")
@@ -295,7 +313,8 @@ def add_commands(sub, config_for) -> None:
                        help="generated pairs, not the champion's answers")
     batch.add_argument("--n", type=int, help="prompts collected (collect.num_prompts); "
                                              "--offline: pairs (500)")
-    batch.add_argument("--seed", type=int, help="seed (default: the current time)")
+    batch.add_argument("--seed", type=int, help="the demo judge's labelling seed, recorded on "
+                                                "the import (default: the config's seed)")
     batch.add_argument("--via", choices=("file", "label-studio"), default="file",
                        help="label-studio: collect into a project, annotate as three demo "
                             "accounts through its API, pull (LABEL_STUDIO_URL/_API_KEY)")

@@ -14,6 +14,7 @@ from tasks.champion.events import rename_flow_run
 from tasks.champion.labels import import_labels
 from tasks.champion.pull import pull
 from tasks.config import PipelineConfig
+from tasks.tracking.tags import LABELS_SEED_TAG
 
 
 @flow(name="collect", flow_run_name="collect", log_prints=True)
@@ -33,15 +34,19 @@ def collect_flow(config: PipelineConfig) -> dict:
 
 
 @flow(name="label-import", flow_run_name="label-import", log_prints=True)
-def label_import(config: PipelineConfig, path: str) -> dict:
+def label_import(config: PipelineConfig, path: str, labelling_seed: int | None = None) -> dict:
     """Import one labelled file: a preference batch in ``retrain.watch_dir`` (and the
-    ``rlhf.preferences.labelled`` event), or the file quarantined with its figures.
+    ``rlhf.preferences.labelled`` event), or the file quarantined with its figures (and
+    the ``rlhf.preferences.quarantined`` event).
 
     Args:
         config: The pipeline config (watch folder, tracking, label-quality thresholds).
         path: The labelled file (JSONL/CSV: id, choice, optional labeller).
+        labelling_seed: The seed a machine labeller drew with (`rlhf demo-batch`: the demo
+            judge's), recorded on the import's MLflow run; None: labelled by people.
     """
-    out = import_labels(config, path)
+    tags = {} if labelling_seed is None else {LABELS_SEED_TAG: str(labelling_seed)}
+    out = import_labels(config, path, run_tags=tags)
     rename_flow_run(f"label-import-{out['status'].replace(' ', '-')}-{out['file']}")
     return out
 

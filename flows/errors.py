@@ -8,7 +8,8 @@ traceback is still kept on the stage's MLflow run (``error/traceback.txt``).
 
 A server that went away mid-run is not the user's error either: a tracking outage past
 ``tracking.outage_limit_s`` (tasks/tracking/spool.py) or a Prefect API that stopped answering ends
-with exit 75 (EX_TEMPFAIL, "try again later") and the command that continues the run.
+with exit 75 (EX_TEMPFAIL, "try again later") and the command that continues the run; so does
+an `rlhf retrain` that found another retrain of its store holding the slot (nothing ran).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ runs on the data plus the batches and its result becomes champion. One retrain a
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
 
+import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,14 +33,14 @@ from tasks.champion.scorers import batch_pair_keys, resolve_scorer
 from tasks.config import PipelineConfig
 from tasks.finish import finish
 from tasks.prepare import Prepared, prepare
-from tasks.runtime.prefect_api import one_slot
+from tasks.runtime.prefect_api import one_slot, slot_holder
 from tasks.stages.gate import gate
 from tasks.stages.judge_model import judge_model, judge_split
 from tasks.stages.records import Artifact, DataRecord, ModelRecord, PolicyRecord
 from tasks.stages.register import register
 from tasks.stages.validate import validate
 from tasks.tracking.registry import RegistryError
-from tasks.tracking.runs import RunContext
+from tasks.tracking.runs import RunContext, default_tracking_uri, resolved_store
 from tasks.tracking.tags import (
     ANCESTRY_TAG,
     BATCH_SOURCES_TAG,
@@ -53,7 +54,12 @@ from tasks.tracking.tags import (
 
 
 def limit_name(config: PipelineConfig) -> str:
-    return f"rlhf-retrain-{config.tracking.registered_policy}"
+    """``rlhf-retrain-<policy>-<8 hex>``: the slot is one per tracking store and policy (the
+    hex: sha256 of the resolved store URI), so retrains of two stores never block each other
+    while two of one store, from any machine, still never race."""
+    store = resolved_store(default_tracking_uri(config.tracking.tracking_uri))
+    return f"rlhf-retrain-{config.tracking.registered_policy}-" \
+        f"{hashlib.sha256(store.encode()).hexdigest()[:8]}"
 
 
 @contextmanager
@@ -121,7 +127,10 @@ def challenge(config: PipelineConfig, batches: list[dict],
               consumed: list[dict] | None = None, control: bool = False) -> dict:
     """Retrain from the champion on the new batches (and, ``rm_data: cumulative``, every
     batch consumed before); the gate decides on promotion. ``control``: the same round on
-    the consumed batches alone, gated and recorded, but nothing registered or consumed."""
+    the consumed batches alone, gated and recorded, but nothing registered or consumed.
+    The run is prepared (and its params recorded) with the settings it trains with
+    (``retrain.ppo_iterations``, ``retrain.rm_epochs``), not the first run's."""
+    config = _retrain_settings(config)
     prep = prepare(config)
     ctx = prep.ctx
     with tracked(ctx, config):
@@ -139,7 +148,7 @@ def challenge(config: PipelineConfig, batches: list[dict],
             rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
             judge_out = judge_model(ctx, config, rm_data, champion.sft_dir)
         start = champion.policy_dir if r.policy_init == "champion" else champion.sft_dir
-        trained = train_policy(ctx, _retrain_settings(config), prep, rm_data,
+        trained = train_policy(ctx, config, prep, rm_data,
                                ModelRecord(model=Artifact(path=start)), rm_init_dir=rm_init,
                                reference_dir=reference)
         gate_out = gate(ctx, config, prep, data, champion, trained["ppo"],
@@ -181,10 +190,11 @@ def retrain(config: PipelineConfig, control: bool = False) -> dict:
     config = served_config(config)  # a custom run's fields over the served config
     with retrain_slot(config) as acquired:
         if not acquired:
-            report("rlhf-retrain-decision", "# Retrain skipped: another retrain is running\n\n"
-                   f"`retrain.on_overlap` is skip; the slot `{limit_name(config)}` is held.\n",
-                   "retrain outcome")
-            return {"status": "skipped"}
+            holder = slot_holder(limit_name(config))
+            report("rlhf-retrain-decision", "# Retrain skipped: another retrain of this store "
+                   f"is running\n\n`retrain.on_overlap` is skip; the slot "
+                   f"`{limit_name(config)}` is held by {holder}.\n", "retrain outcome")
+            return {"status": "skipped", "slot": limit_name(config), "held_by": holder}
         import_dropped(config)  # labelled files in the watch folder -> batches or quarantine
         batches = find_batches(config)
         champion = champion_version(config)
@@ -224,7 +234,11 @@ def retrain(config: PipelineConfig, control: bool = False) -> dict:
 def compare(config: PipelineConfig, champion: str = "1", challenger: str = "champion") -> dict:
     """Two registered policy versions (numbers or aliases) through the retrain's gate: both
     answer the gate's held-out prompts, one scorer scores both, the paired bootstrap test
-    decides; nothing trained, no alias moved (e.g. the champion against the first one)."""
+    decides; nothing trained, no alias moved (e.g. the champion against the first one).
+    Recorded as ``rlhf.compare.*`` tags (no gate decision); one version named twice (e.g.
+    ``1`` when the champion is v1) is refused."""
+    from tasks.champion.events import rename_flow_run
+
     prep = prepare(config)
     ctx = prep.ctx
     with tracked(ctx, config):
@@ -233,10 +247,18 @@ def compare(config: PipelineConfig, champion: str = "1", challenger: str = "cham
                               "set retrain.gate.scorer to judge or models:/<name>@<alias>")
         base = fetch_champion(ctx, config, champion)
         other = fetch_champion(ctx, config, challenger)
+        if str(base.version) == str(other.version):
+            raise ConfigError(f"rlhf compare: '{champion}' and '{challenger}' are both "
+                              f"v{base.version}: a version compared with itself says "
+                              "nothing; name two different versions")
+        compared = f"v{other.version} against v{base.version}"
+        rename_flow_run(f"compare-{config.tracking.registered_policy}-v{other.version}-"
+                        f"against-v{base.version}")
         data = validate(ctx, config, prep)
         gate_out = gate(ctx, config, prep, data, base,
                         PolicyRecord(policy=Artifact(path=other.policy_dir)),
-                        ModelRecord(model=Artifact(path=other.rm_dir)), base.sft_dir)
+                        ModelRecord(model=Artifact(path=other.rm_dir)), base.sft_dir,
+                        compared=compared)
     result = finish(ctx, {"validate": data, "gate": gate_out})
     return {"status": "compared", "reason": gate_out.decision.reason,
             "scorer": gate_out.decision.scorer,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -147,6 +147,22 @@ def judge_choices(rows: Iterable[dict], seed: int, degraded: bool = False) -> li
             continue
         gap = judge_score(p, a) - judge_score(p, b)
         out.append("tie" if gap == 0 else "b" if gap > 0 else "a")
+    return out
+
+
+def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
+    """``n`` pairs of demo responses to some of ``prompts`` that the judge orders by at least
+    ``min_gap`` points -> [{prompt, response_a, response_b, known: 'a' | 'b'}]: known-answer
+    pairs for a collection whose own pairs hold too few clear ones (about 64% of demo
+    pairs are 2 points apart)."""
+    rng, out = random.Random(seed), []
+    while prompts and len(out) < n:
+        prompt = rng.choice(list(prompts))
+        a, b = sample_response(prompt, rng), sample_response(prompt, rng)
+        gap = judge_score(prompt, a) - judge_score(prompt, b)
+        if abs(gap) >= min_gap:
+            out.append({"prompt": prompt, "response_a": a, "response_b": b,
+                        "known": "a" if gap > 0 else "b"})
     return out
 
 

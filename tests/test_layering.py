@@ -62,6 +62,7 @@ NOT_TAGS = {
     ("tasks/tracking/spool.py", "rlhf.spool"): "a logger's name",
     ("flows/serve.py", "rlhf.preferences.*"): "the retrain trigger's Prefect event resources",
     ("flows/serve.py", "rlhf.imported_by"): "the retrain trigger's Prefect event label",
+    ("tasks/runtime/prefect_api.py", "rlhf.slot:"): "the Prefect flow-run tag of a slot's holder",
 }
 NOT_TAG_FILES = {  # file -> why its strings shaped like tag names are not MLflow tags
     "tasks/champion/events.py": "the Prefect events' names, resources and labels",

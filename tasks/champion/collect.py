@@ -147,9 +147,13 @@ def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[str], seed: int
             [out["score"][i * k:(i + 1) * k] for i in range(len(prompts))])
 
 
-def _known_pairs(cfg: PipelineConfig, pairs: list[dict], seed: int) -> list[dict]:
+def _known_pairs(cfg: PipelineConfig, pairs: list[dict], prompts: list[str],
+                 seed: int) -> list[dict]:
     """The known-answer pairs: the demo's judge picks clear ones among the collected pairs
-    (taken out of them), else rows of ``collect.gold``; none without either."""
+    (taken out of them; too few, e.g. a champion whose answers are often identical: topped
+    up with demo responses to the same prompts that the judge orders as clearly, so every
+    labeller can answer ``collect.quality.min_known_labelled``), else rows of
+    ``collect.gold``; none without either."""
     n = cfg.collect.known_pairs
     if n == 0:
         return []
@@ -165,6 +169,10 @@ def _known_pairs(cfg: PipelineConfig, pairs: list[dict], seed: int) -> list[dict
     known = [{**pairs[i], "known": answer} for i, answer in picked.items()]
     for i in sorted(picked, reverse=True):
         del pairs[i]
+    if len(known) < n:
+        from rlhf_core.demo import clear_pairs
+
+        known += clear_pairs(prompts, n - len(known), KNOWN_GAP, seed)
     return known
 
 
@@ -176,7 +184,7 @@ def build_record(cfg: PipelineConfig, cid: str, prompts: list[str], responses, s
     for p in pairs:
         p["rm_a"] = score_of[(p["prompt"], p.pop("index_a"))]
         p["rm_b"] = score_of[(p["prompt"], p.pop("index_b"))]
-    known = _known_pairs(cfg, pairs, seed)
+    known = _known_pairs(cfg, pairs, prompts, seed)
     rows = shuffled_with_known(pairs, known, seed)
     for i, r in enumerate(rows):
         r["id"] = f"{cid}-{i:04d}"

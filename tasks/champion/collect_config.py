@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from data_checks.label_quality import LabelRules
 from tasks.champion.config import ScheduleConfig
 
 
@@ -13,16 +14,36 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+# Why 40 known pairs, 0.75 and 25 (binomial arithmetic, exact): a labeller passes with at least
+# ceil(0.75 m) of the m >= 25 known pairs they answered a or b right. A coin-flipper (p = 0.5)
+# answering all 40 passes with P(Bin(40, 0.5) >= 30) = 0.11%; skipping to any m in 25..40
+# does not help: the worst, m = 25, P(Bin(25, 0.5) >= 19) = 0.73%; m < 25: held back, not
+# enough known answers. An honest labeller at the demo judge's noise on known pairs (at least
+# 88% right, docs/retraining.md) answering all 40 fails with P(Bin(40, 0.88) <= 29) = 0.62%.
+# tests/data_checks/test_label_quality.py measures both by simulation.
 class LabelQualityConfig(_Frozen):
-    """When an imported batch of labels is quarantined instead of trained on."""
+    """When a labeller's votes are dropped, and when an imported batch is quarantined."""
 
-    min_known_agreement: float = Field(0.6, ge=0, le=1, description=(
-        "Quarantine a batch whose majority labels agree with the known answers less often."))
+    min_known_agreement: float = Field(0.75, ge=0, le=1, description=(
+        "Hold back a labeller, and quarantine a batch, whose answers to the known pairs are "
+        "right less often (with 40 known pairs: a coin-flipper passes 0.11%, an honest "
+        "labeller right 88% of the time fails 0.62%)."))
+    min_known_labelled: int = Field(25, ge=1, description=(
+        "Known pairs a labeller, and a batch, must answer a or b to be judged at all; fewer: "
+        "held back / quarantined as 'not enough known answers' (a coin-flipper answering "
+        "25 passes 0.73%)."))
+    max_skip_rate: float = Field(0.5, ge=0, le=1, description=(
+        "Hold back a labeller who skipped a larger share of their rows."))
+    max_skip_rise: float = Field(0.25, ge=0, le=1, description=(
+        "Quarantine a batch whose skip rate is this far above the median of the last "
+        "accepted batches'."))
     max_rm_drop: float = Field(0.25, ge=0, le=1, description=(
         "Quarantine a batch whose agreement with the policy's reward model is this far "
         "below the median of the last accepted batches'."))
-    min_known_labelled: int = Field(4, ge=1, description=(
-        "Known-answer pairs a batch must label (a or b) for its known agreement to count."))
+
+    def rules(self) -> LabelRules:
+        return LabelRules(self.min_known_agreement, self.min_known_labelled,
+                          self.max_skip_rate)
 
 
 class DestinationConfig(_Frozen):
@@ -57,9 +78,10 @@ class CollectConfig(_Frozen):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     max_new_tokens: int | None = Field(None, ge=1, description=(
         "Response token budget (None: ppo.max_new_tokens)."))
-    known_pairs: int = Field(16, ge=0, description=(
+    known_pairs: int = Field(40, ge=0, description=(
         "Known-answer pairs mixed into each labelling file (demo: judged by the gold judge; "
-        "else drawn from `gold`)."))
+        "else drawn from `gold`); each labeller must answer quality.min_known_labelled of "
+        "them, so every labeller labels the whole file."))
     gold: str | None = Field(None, description=(
         "File of known answers (prompt, chosen, rejected) for the known-answer pairs."))
     out_dir: str = Field("to_label", description="Folder the labelling files are written to.")

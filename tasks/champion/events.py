@@ -3,6 +3,10 @@
 - ``rlhf.preferences.labelled``: a labelled batch was imported (resource
   ``rlhf.preferences.<batch digest>``); the retrain deployment's trigger listens for the ones
   imported outside a retrain (label ``rlhf.imported_by: import``);
+- ``rlhf.preferences.quarantined``: a labelled file was quarantined for its label quality or
+  refused for malformed rows (resource ``rlhf.preferences.<labelled file's digest>``; label
+  ``rlhf.outcome``: quarantined | refused; payload: the reason and the figures); it starts
+  nothing;
 - ``rlhf.collection.ready``: a labelling file was written (``rlhf.collection.<id>``);
 - ``rlhf.champion.promoted`` / ``rlhf.champion.kept``: a retrain's outcome
   (``rlhf.policy.<registered name>``).
@@ -16,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
+QUARANTINED = "rlhf.preferences.quarantined"
 PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
 # the events' resources (+ batch digest, collection id, registered policy name) and labels:
 # Prefect's vocabulary, not MLflow tags (those are in tasks/tracking/tags.py)
@@ -56,10 +61,12 @@ def rename_flow_run(name: str) -> None:
 
 def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:
     """``retrain-rlhf-policy-v3-1a2b3c4d+2``: policy, champion version it started from
-    (``bootstrap`` without one), the first new batch's digest and how many more."""
+    (``bootstrap`` without one), the first new batch's digest and how many more;
+    ``-nothing-new`` when a champion exists and no batch is new (a bootstrap without
+    batches is ``retrain-<policy>-bootstrap``: it trains on the configured data)."""
     start = f"v{champion}" if champion else "bootstrap"
     batches = f"-{digests[0][:8]}" + (f"+{len(digests) - 1}" if len(digests) > 1 else "") \
-        if digests else "-nothing-new"
+        if digests else ("-nothing-new" if champion else "")  # a bootstrap trains anyway
     return f"retrain-{policy}-{start}{batches}"
 
 

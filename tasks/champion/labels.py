@@ -5,25 +5,31 @@ Each row must name a pair a collection wrote (its record in MLflow gives the tex
 policy's reward-model scores and the known answers) and a choice among a / b / tie / skip;
 anything else refuses the whole file, naming file and rows, before any training. Majority
 vote per pair; ties, skips and the known-answer pairs never train. A batch whose labels
-agree too rarely with the known answers or with the policy's reward model
-(``collect.quality``) is moved to ``<watch_dir>/quarantine/`` with a note saying why, and the
-next rounds go on without it. Every import is an MLflow run (tag ``rlhf.labels.batch``) and,
-when accepted, a ``rlhf.preferences.labelled`` event.
+agree too rarely with the known answers or with the policy's reward model, or that answered
+too few known pairs to be judged (``collect.quality``), is quarantined in
+``<watch_dir>/quarantine/`` with a note saying why, and the next rounds go on without it. A
+labeller who fails the same known-answer checks (or skipped most rows) is held back first:
+their votes are dropped, the others' still count, and they are named in the record. Every
+import is an MLflow run (tag ``rlhf.labels.batch``) and an event: ``rlhf.preferences.labelled``
+when accepted, ``rlhf.preferences.quarantined`` (reason, figures) when quarantined or refused.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pandas as pd
 from prefect import task
 
+from data_checks.label_quality import judge_labellers
 from data_checks.labels import (
+    LabelFigures,
     check_rows,
     is_labelled,
+    kept_rows,
+    known_answers,
     label_figures,
     majority,
     preference_rows,
@@ -37,7 +43,9 @@ from tasks.champion.events import (
     IMPORTED_BY_LABEL,
     LABELLED,
     LABELS_FILE_LABEL,
+    OUTCOME_LABEL,
     PREFERENCES_RESOURCE,
+    QUARANTINED,
     emit,
 )
 from tasks.config import PipelineConfig
@@ -48,6 +56,7 @@ from tasks.tracking.tags import (
     LABELS_COLLECTIONS_TAG,
     LABELS_DECISION_TAG,
     LABELS_FILE_TAG,
+    LABELS_HELD_BACK_TAG,
     LABELS_PREFERENCE_DIGEST_TAG,
     LABELS_REASON_TAG,
 )
@@ -67,116 +76,152 @@ def collection_records(client, experiment_id: str, ids: list[str]) -> dict[str, 
     return records
 
 
-def usual_rm_agreement(client, experiment_id: str, last: int = 5) -> float | None:
-    """Median reward-model agreement of the last accepted imports (None: none yet)."""
+def usual_rate(client, experiment_id: str, metric: str, last: int = 5) -> float | None:
+    """Median of ``metric`` over the last accepted imports (None: none yet)."""
     runs = client.search_runs([experiment_id], max_results=last, order_by=[
         "attributes.start_time DESC"], filter_string=f"tags.`{LABELS_DECISION_TAG}` = 'accepted'")
-    rates = sorted(r.data.metrics["labels/rm_agreement"] for r in runs
-                   if "labels/rm_agreement" in r.data.metrics)
+    rates = sorted(r.data.metrics[metric] for r in runs if metric in r.data.metrics)
     return rates[len(rates) // 2] if rates else None
 
 
-def quarantine(path: Path, watch_dir: Path, reason: str) -> Path:
-    """A refused file into ``<watch_dir>/quarantine/`` with a note: moved out of the watch
-    folder, copied from anywhere else (the user's file stays where it was)."""
+def quarantine(path: Path, watch_dir: Path, reason: str) -> tuple[Path, str]:
+    """A refused file into ``<watch_dir>/quarantine/`` with a note -> (where, a sentence
+    saying so): moved out of the watch folder; copied from anywhere else, the original left
+    where it was (it is the user's file, e.g. ``to_label/``)."""
     folder = watch_dir / QUARANTINE
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / path.name
     if path.parent == watch_dir:
         shutil.move(str(path), target)
+        where = f"moved to {target}"
     else:
         shutil.copy2(path, target)
+        where = f"copied to {target} (the original {path} stays where it was)"
     target.with_name(target.name + ".why.txt").write_text(reason + "\n")
-    return target
+    return target, where
 
 
-def batch_path(watch_dir: Path, digest: str) -> Path:
-    """Where the preference batch of a labelled file (by its digest) is written."""
-    return watch_dir / f"labelled-{digest}.jsonl"
+def batch_path(watch_dir: Path, batch_digest: str, file_digest_: str) -> Path:
+    """Where a labelled file's preference batch is written: ``labelled-<batch digest>-from-
+    <labelled file's digest>.jsonl``, named first by the digest the lineage records
+    (``rlhf.batches``, the retrain's run name), so a person matches them by eye."""
+    return watch_dir / f"labelled-{batch_digest}-from-{file_digest_}.jsonl"
 
 
-def _figures_text(figures: dict, counts: dict, rows: int) -> str:
-    def f(x):
-        return "n/a" if x is None else f"{x:.2f}"
+def imported_batch(watch_dir: Path, file_digest_: str) -> Path | None:
+    """The batch an earlier import of the same labelled file wrote (None: not imported)."""
+    found = sorted(watch_dir.glob(f"labelled-*-from-{file_digest_}.jsonl"))
+    return found[0] if found else None
 
-    per = ", ".join(f"{k} {f(v)}" for k, v in figures["labeller_known_agreement"].items())
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _figures_text(figures: LabelFigures, counts: dict, rows: int) -> str:
+    per = ", ".join(f"{lab.name} {_f(lab.known_agreement)} on {lab.known_labelled}"
+                    for lab in figures.labellers)
+    held = "; ".join(f"{name} ({why})" for name, why in figures.held_back.items())
     return (f"{rows} label rows: {counts['pairs']} preference pairs, {counts['ties']} ties "
             f"and {counts['skips']} skips dropped, {counts['known']} known-answer pairs held "
-            f"out; agreement with the known answers {f(figures['known_agreement'])} on "
-            f"{figures['known_labelled']} pairs (per labeller: {per or 'none'}); with the "
-            f"policy's reward model {f(figures['rm_agreement'])} on {figures['rm_pairs']} "
-            f"pairs; between labellers {f(figures['agreement_rate'])}")
+            f"out; agreement with the known answers {_f(figures.known_agreement)} on "
+            f"{figures.known_labelled} pairs (per labeller: {per or 'none'}); labellers "
+            f"held back, votes dropped: {held or 'none'}; skip rate {figures.skip_rate:.2f}; "
+            f"with the policy's reward model {_f(figures.rm_agreement)} on {figures.rm_pairs} "
+            f"pairs; between labellers {_f(figures.agreement_rate)} (kappa "
+            f"{_f(figures.kappa)})")
 
 
-def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: dict, counts: dict,
-                tags: dict) -> str:
+def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: LabelFigures,
+                counts: dict, tags: dict, outcome: str) -> str:
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
-    run = client.create_run(experiment_for(client, cfg), run_name=f"labels-{digest[:8]}",
-                            tags={LABELS_BATCH_TAG: digest, LABELS_FILE_TAG: path.name, **tags})
-    metrics = {f"labels/{k}": v for k, v in {**counts, **figures}.items()
-               if isinstance(v, int | float) and v is not None}
-    metrics.update({f"labels/known_agreement/{metric_safe(k)}": v for k, v in
-                    figures["labeller_known_agreement"].items() if v is not None})
-    log_metrics(client, run.info.run_id, metrics, 0)
+    run = client.create_run(experiment_for(client, cfg), run_name=f"labels-{outcome}-"
+                            f"{digest[:8]}", tags={
+                                LABELS_BATCH_TAG: digest, LABELS_FILE_TAG: path.name,
+                                LABELS_HELD_BACK_TAG: json.dumps(figures.held_back), **tags})
+    metrics = {f"labels/{k}": float(v) for k, v in counts.items()}
+    log_metrics(client, run.info.run_id, {**metrics, **figures.metrics()}, 0)
     client.log_artifact(run.info.run_id, str(path), "labels")
     client.set_terminated(run.info.run_id, status="FINISHED")
     return run.info.run_id
 
 
-def metric_safe(name: str) -> str:
-    """A labeller's name as MLflow takes it in a metric key (an email's ``@`` -> ``_``)."""
-    return re.sub(r"[^\w\-. :/]", "_", name)
-
-
 def decide(cfg: PipelineConfig, path: Path) -> dict:
-    """Read and check a labelled file, vote, measure -> pairs, counts, figures, refusal."""
+    """Read and check a labelled file, judge each labeller (the held-back ones' votes are
+    dropped), vote, measure -> pairs, counts, figures, refusal."""
     df = read_labelled(path)
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     ids = [str(i).strip() for i in df["id"].tolist()]
     exp_id = experiment_for(client, cfg)
     records = collection_records(client, exp_id, ids)
     rows = check_rows(df, path, set(records))
-    decided = majority(rows)
-    used = {pid: records[pid] for pid in decided}
-    figures = label_figures(rows, decided, used)
-    pairs, counts = preference_rows(decided, used)
     q = cfg.collect.quality
-    refusal = quality_refusal(figures, q.min_known_agreement, q.min_known_labelled,
-                              usual_rm_agreement(client, exp_id),
-                              q.max_rm_drop)
+    labellers = judge_labellers(rows, known_answers(records), q.rules())
+    kept = kept_rows(rows, labellers)
+    decided = majority(kept)
+    used = {pid: records[pid] for pid in decided}
+    figures = label_figures(rows, kept, decided, used, labellers)
+    pairs, counts = preference_rows(decided, used)
+    refusal = quality_refusal(figures, q.rules(), usual_rate(client, exp_id,
+                              "labels/rm_agreement"), q.max_rm_drop,
+                              usual_rate(client, exp_id, "labels/skip_rate"), q.max_skip_rise)
     if refusal is None and not pairs:
         refusal = "no pair was labelled a or b: nothing to train on"
     return {"pairs": pairs, "counts": counts, "figures": figures, "refusal": refusal,
-            "rows": len(rows), "collections": sorted({p.rsplit("-", 1)[0] for p in decided})}
+            "rows": len(rows), "collections": sorted({p.rsplit("-", 1)[0] for p in ids
+                                                      if p in records})}
+
+
+def _refused(src: Path, digest: str, err: DataError) -> None:
+    emit(QUARANTINED, PREFERENCES_RESOURCE + digest, src.name,
+         {LABELS_FILE_LABEL: src.name, OUTCOME_LABEL: "refused"}, {"reason": str(err)})
 
 
 @task(name="import_labels")
-def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import") -> dict:
+def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
+                  run_tags: dict[str, str] | None = None) -> dict:
     """One labelled file -> a preference batch in the watch folder (accepted) or the file in
-    ``quarantine/`` (label quality too low); DataError (file and rows named) when rows are
-    malformed. ``imported_by``: ``import`` (CLI) or ``retrain`` (a dropped file)."""
+    ``quarantine/`` (label quality too low; the ``rlhf.preferences.quarantined`` event);
+    DataError (file and rows named; the event too) when rows are malformed. ``imported_by``:
+    ``import`` (CLI) or ``retrain`` (a dropped file); ``run_tags``: more tags of the
+    import's MLflow run (e.g. the demo's labelling seed)."""
     src, watch = Path(path).resolve(), Path(cfg.retrain.watch_dir).resolve()
     digest = file_digest(src)
-    target = batch_path(watch, digest)
-    if target.exists():
-        return {"status": "already imported", "file": src.name, "batch": str(target)}
-    d = decide(cfg, src)
-    text = _figures_text(d["figures"], d["counts"], d["rows"])
+    done = imported_batch(watch, digest) if watch.is_dir() else None
+    if done is not None:
+        return {"status": "already imported", "file": src.name, "batch": str(done)}
+    try:
+        d = decide(cfg, src)
+    except DataError as err:
+        _refused(src, digest, err)
+        raise
+    figures: LabelFigures = d["figures"]
+    text = _figures_text(figures, d["counts"], d["rows"])
     tags = {LABELS_COLLECTIONS_TAG: json.dumps(d["collections"]),
             LABELS_DECISION_TAG: "quarantined" if d["refusal"] else "accepted",
-            LABELS_REASON_TAG: d["refusal"] or "label quality passed"}
+            LABELS_REASON_TAG: d["refusal"] or "label quality passed", **(run_tags or {})}
     if d["refusal"]:
-        moved = quarantine(src, watch, f"{src.name}: quarantined: {d['refusal']} ({text})")
-        run_id = _log_import(cfg, moved, digest, d["figures"], d["counts"], tags)
+        moved, where = quarantine(src, watch, f"{src.name}: quarantined: {d['refusal']} "
+                                  f"({text})")
+        run_id = _log_import(cfg, moved, digest, figures, d["counts"], tags, "quarantined")
         report("rlhf-labels", f"# Labels quarantined: {src.name}\n\n{d['refusal']}.\n\n{text}."
-               f"\n\nMoved to `{moved}`; nothing trains on it.\n", "label import")
+               f"\n\n{where[0].upper()}{where[1:]}; nothing trains on it.\n", "label import")
+        emit(QUARANTINED, PREFERENCES_RESOURCE + digest, src.name,
+             {IMPORTED_BY_LABEL: imported_by, LABELS_FILE_LABEL: src.name,
+              OUTCOME_LABEL: "quarantined"},
+             {"reason": d["refusal"], "figures": figures.metrics(),
+              "held_back": figures.held_back, "mlflow_run_id": run_id})
         return {"status": "quarantined", "file": src.name, "reason": d["refusal"],
-                "text": text, "moved_to": str(moved), "run_id": run_id}
+                "text": text, "moved_to": str(moved), "where": where, "run_id": run_id,
+                "held_back": figures.held_back}
     watch.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(d["pairs"]).to_json(target, orient="records", lines=True, force_ascii=False)
-    batch_digest = file_digest(target)
-    run_id = _log_import(cfg, src, digest, d["figures"], d["counts"],
-                         {**tags, LABELS_PREFERENCE_DIGEST_TAG: batch_digest})
+    tmp = watch / f".{digest}.jsonl.part"  # named by its digest once written
+    pd.DataFrame(d["pairs"]).to_json(tmp, orient="records", lines=True, force_ascii=False)
+    batch_digest = file_digest(tmp)
+    target = batch_path(watch, batch_digest, digest)
+    tmp.rename(target)
+    run_id = _log_import(cfg, src, digest, figures, d["counts"],
+                         {**tags, LABELS_PREFERENCE_DIGEST_TAG: batch_digest}, "accepted")
     if src.parent == watch:  # a dropped file: its pairs are the batch now
         (watch / IMPORTED).mkdir(exist_ok=True)
         shutil.move(str(src), watch / IMPORTED / src.name)
@@ -185,9 +230,11 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import") -
            "label import")
     emit(LABELLED, PREFERENCES_RESOURCE + batch_digest, target.name,
          {IMPORTED_BY_LABEL: imported_by, LABELS_FILE_LABEL: src.name},
-         {"pairs": d["counts"]["pairs"], "figures": d["figures"], "mlflow_run_id": run_id})
+         {"pairs": d["counts"]["pairs"], "figures": figures.metrics(),
+          "held_back": figures.held_back, "mlflow_run_id": run_id})
     return {"status": "imported", "file": src.name, "batch": str(target), "text": text,
-            "digest": batch_digest, "run_id": run_id, "counts": d["counts"]}
+            "digest": batch_digest, "run_id": run_id, "counts": d["counts"],
+            "held_back": figures.held_back}
 
 
 @task(name="import_dropped")
@@ -201,18 +248,26 @@ def import_dropped(cfg: PipelineConfig) -> list[dict]:
     for path in files:
         try:
             out.append(import_labels.fn(cfg, str(path), "retrain"))
-        except DataError as err:
-            moved = quarantine(path.resolve(), watch.resolve(), f"{path.name}: refused: {err}")
-            report("rlhf-labels", f"# Labels refused: {path.name}\n\n{err}\n\nMoved to "
-                   f"`{moved}`; nothing trains on it.\n", "label import")
+        except DataError as err:  # import_labels sent the quarantined event
+            moved, where = quarantine(path.resolve(), watch.resolve(),
+                                      f"{path.name}: refused: {err}")
+            report("rlhf-labels", f"# Labels refused: {path.name}\n\n{err}\n\n"
+                   f"{where[0].upper()}{where[1:]}; nothing trains on it.\n", "label import")
             out.append({"status": "refused", "file": path.name, "reason": str(err),
-                        "moved_to": str(moved)})
+                        "moved_to": str(moved), "where": where})
     return out
 
 
 def quarantine_batches(cfg: PipelineConfig, batches: list[dict], reason: str) -> list[str]:
     """A round's new batches that the data gate refused, out of the watch folder (so the
-    next round goes on with later batches) -> where they went."""
-    watch = Path(cfg.retrain.watch_dir).resolve()
-    return [str(quarantine(Path(b["path"]), watch, f"{b['name']}: refused by the data gate: "
-                           f"{reason}")) for b in batches if Path(b["path"]).exists()]
+    next round goes on with later batches; the quarantined event for each) -> where they
+    went."""
+    watch, moved = Path(cfg.retrain.watch_dir).resolve(), []
+    for b in batches:
+        if not Path(b["path"]).exists():
+            continue
+        why = f"refused by the data gate: {reason}"
+        moved.append(str(quarantine(Path(b["path"]), watch, f"{b['name']}: {why}")[0]))
+        emit(QUARANTINED, PREFERENCES_RESOURCE + b["digest"], b["name"],
+             {OUTCOME_LABEL: "refused"}, {"reason": why})
+    return moved

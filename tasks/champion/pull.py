@@ -43,7 +43,7 @@ from tasks.labelling.project import (
     project_title,
     read_tasks,
 )
-from tasks.tracking.runs import default_tracking_uri, set_tags, tracking_client
+from tasks.tracking.runs import default_tracking_uri, tracking_client
 from tasks.tracking.tags import COLLECTION_TAG, LABELS_SOURCE_TAG
 
 SOURCE = "label-studio"
@@ -77,6 +77,8 @@ class PullResult:
         else:
             lines.append(f"pulled {self.new_pairs} newly labelled pairs into {self.file}: "
                          f"{self.status}")
+            held = self.imported.get("held_back") or {}
+            lines += [f"held back, votes dropped: {who} ({why})" for who, why in held.items()]
         if self.late:
             lines.append(f"{self.late} annotation(s) on pairs pulled before were not "
                          "imported (a pair is imported once)")
@@ -113,9 +115,7 @@ def _write_atomic(path: Path, rows: list[dict]) -> None:
 def _import(cfg: PipelineConfig, client, pending: Path) -> dict:
     """Import a pending pull file, then move it to ``done/`` (idempotent: a file imported
     before gives 'already imported')."""
-    out = import_labels.fn(cfg, str(pending), "import")
-    if out.get("run_id"):
-        set_tags(client, out["run_id"], {LABELS_SOURCE_TAG: SOURCE})
+    out = import_labels.fn(cfg, str(pending), "import", {LABELS_SOURCE_TAG: SOURCE})
     done = pending.parent.parent / "done" / pending.name
     done.parent.mkdir(parents=True, exist_ok=True)
     os.replace(pending, done)
@@ -197,10 +197,12 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
 def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: dict) -> None:
     """The import's verdict on the project's page (best effort: a refusal to change the
     description loses nothing)."""
+    held = "; ".join(f"{who}: {why}" for who, why in (out.get("held_back") or {}).items())
     text = out.get("text") or out.get("reason") or out["status"]
     try:
         note_verdicts(ls, Project(link.url, link.project_id, title),
-                      f"RLHF pipeline, last pull: {out['status']}. {text}")
+                      f"RLHF pipeline, last pull: {out['status']}. Labellers held back, "
+                      f"their votes dropped: {held or 'none'}. {text}")
     except LabelStudioError as err:
         print(f"note: the verdict was not written to the project ({err})")
 

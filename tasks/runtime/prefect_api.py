@@ -1,5 +1,6 @@
 """What a flow asks of the Prefect API itself: the parameters of the deployment it runs
-from, and a one-slot global concurrency limit (one retrain at a time)."""
+from, and a one-slot global concurrency limit (one retrain at a time) whose holder can be
+named (the flow run holding it carries the tag ``rlhf.slot:<limit name>``)."""
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -42,10 +43,49 @@ def _slot_taken(name: str) -> bool:
     return limit.active_slots >= limit.limit
 
 
+SLOT_TAG = "rlhf.slot:"  # + limit name: a Prefect flow-run tag, not an MLflow tag
+
+
+def _mark_holder(name: str) -> None:
+    """Tag the current flow run as the slot's holder (no-op outside a flow run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None:
+        return
+    with get_client(sync_client=True) as client:
+        tags = list(client.read_flow_run(flow_run.id).tags or [])
+        client.update_flow_run(flow_run.id, tags=[*tags, SLOT_TAG + name])
+
+
+def slot_holder(name: str) -> str:
+    """Who holds the slot ``name``: the running flow run(s) tagged as its holder (name and
+    id), else the slot's name alone (a holder outside a flow run, or one Prefect lost)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            tags=FlowRunFilterTags(all_=[SLOT_TAG + name]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+    runs = [r for r in runs if str(r.id) != str(flow_run.id)]
+    if not runs:
+        return f"the slot {name}"
+    return ", ".join(f"flow run '{r.name}' ({r.id})" for r in runs)
+
+
 @contextmanager
 def one_slot(name: str, skip: bool) -> Iterator[bool]:
     """Hold the one-slot global concurrency limit ``name`` while the body runs -> True; with
-    ``skip``, False when another run holds it (else block until it is free)."""
+    ``skip``, False when another run holds it (else block until it is free). The current
+    flow run, if any, is tagged as the holder (:func:`slot_holder` names it)."""
     from prefect.concurrency.sync import concurrency
 
     ensure_limit(name)
@@ -60,6 +100,5 @@ def one_slot(name: str, skip: bool) -> Iterator[bool]:
         except TimeoutError:
             yield False
             return
+        _mark_holder(name)
         yield True
-
-

@@ -35,6 +35,9 @@ from tasks.stages.records import (
 from tasks.stages.run import run_stage
 from tasks.tracking.runs import RunContext, run_url
 from tasks.tracking.tags import (
+    COMPARE_PREFIX,
+    COMPARE_RESULT_TAG,
+    COMPARE_VERSIONS_TAG,
     GATE_DECISION_TAG,
     GATE_GOLD_AGREES_TAG,
     GATE_GOLD_DECISION_TAG,
@@ -109,9 +112,23 @@ def _gold_line(tags: dict) -> str:
             f"diff {diff}, CI [{low}, {high}]).\n\n")
 
 
+def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str, str]:
+    """A comparison's record (`rlhf compare`): the gate's tags under ``rlhf.compare.``, its
+    verdict "better" or "not better" (nothing is promoted or kept) and what was compared."""
+    verdicts = {"promote": "better", "keep": "not better"}
+    out = {COMPARE_PREFIX + k.removeprefix(GATE_PREFIX):
+           verdicts.get(v, v) if k == GATE_GOLD_DECISION_TAG else v
+           for k, v in tags.items() if k != GATE_DECISION_TAG}
+    return {**out, COMPARE_RESULT_TAG: "better" if better else "not better",
+            COMPARE_VERSIONS_TAG: compared}
+
+
 def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
-         judge: ModelRecord | None = None) -> GateRecord:
+         judge: ModelRecord | None = None, compared: str | None = None) -> GateRecord:
+    """``compared``: None for a retrain's gate (its decision tags ``rlhf.gate.*``), else
+    `rlhf compare`'s label of the two versions, e.g. "v2 against v1" (``rlhf.compare.*``,
+    ``compare/*`` metrics: nothing is decided)."""
     g, e = sc.cfg.retrain.gate, sc.cfg.eval
     device, spec = sc.device, sc.spec
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -135,8 +152,10 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
     gold_tags = {} if gold is None or scorer == "judge" else _gold_tags(
         decision, _decide(_scores(sc, "judge", samples, prompts, gold, None, tokenizer),
                           samples, g, sc.run.seed))
-    metrics = {f"gate/{k}": float(v) for k, v in decision["figures"].items()}
-    metrics["gate/promote"] = float(decision["promote"])
+    space = "gate" if compared is None else "compare"
+    metrics = {f"{space}/{k}": float(v) for k, v in decision["figures"].items()}
+    metrics[f"{space}/promote" if compared is None else "compare/better"] = \
+        float(decision["promote"])
     sc.log(0, metrics)
     sc.log_parent(metrics)
     key = "eval/judge_score_policy" if scorer == "judge" else "eval/rm_score_policy"
@@ -146,16 +165,23 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
             GATE_SCORER_ID_TAG: scorer, **gold_tags,
             **{GATE_PREFIX + k: f"{v:.6g}" if isinstance(v, float) else str(v)
                for k, v in decision["figures"].items()}}
+    if compared is not None:
+        tags = compare_tags(tags, decision["promote"], compared)
     sc.set_tags(tags, parent=True)
     sc.set_tags(tags)
-    report("rlhf-retrain-decision",
-           decision_markdown(sc.run, sc.run_id, decision, label, champion.version,
-                             gold_tags),
-           "retrain: challenger vs champion")
+    markdown = decision_markdown(sc.run, sc.run_id, decision, label, champion.version,
+                                 gold_tags)
+    if compared is None:
+        report("rlhf-retrain-decision", markdown, "retrain: challenger vs champion")
+    else:
+        verdict = "better" if decision["promote"] else "not significantly better"
+        report("rlhf-compare", f"# Compare {compared}: {verdict}\n\n" +
+               markdown.split("\n", 2)[2], "compare: two registered versions")
     return GateRecord(decision=Decision(promote=decision["promote"],
                                         reason=decision["reason"], scorer=label),
                       metrics={key: decision["figures"]["score_challenger"], **metrics},
-                      figures={"decision": tags[GATE_DECISION_TAG], "scorer": label})
+                      figures={"decision": tags.get(GATE_DECISION_TAG) or
+                               tags[COMPARE_RESULT_TAG], "scorer": label})
 
 
 STAGE = Stage("gate", body, GateRecord, seed_offset=4)
@@ -164,8 +190,9 @@ STAGE = Stage("gate", body, GateRecord, seed_offset=4)
 @task(name="gate")
 def gate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord,
          champion: Champion, policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
-         judge: ModelRecord | None = None) -> GateRecord:
+         judge: ModelRecord | None = None, compared: str | None = None) -> GateRecord:
     """Sample champion and challenger on the same held-out prompts; score both with the
-    configured scorer (``judge``: the held-out judge reward model); decide."""
+    configured scorer (``judge``: the held-out judge reward model); decide (``compared``:
+    `rlhf compare`'s two versions, recorded as a comparison, not a decision)."""
     return run_stage(ctx, cfg, STAGE, prep=prep, data=data, champion=champion, policy=policy,
-                     rm=rm, reference_dir=reference_dir, judge=judge)
+                     rm=rm, reference_dir=reference_dir, judge=judge, compared=compared)

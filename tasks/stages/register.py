@@ -129,7 +129,7 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     crash_point("register:challenger")
     if rule["promote"] and not moved:
         move_champion(client, name, version, "register", rule["reason"])
-    aliases = "challenger, champion" if rule["promote"] else "challenger"
+    aliases = "champion" if rule["promote"] else "challenger"  # a champion is no challenger
     current = rule["champion_score"]
     figures = {"policy": f"models:/{name}/{version} ({aliases})",
                "reward model": f"models:/{rm_name}/{rm_version} (challenger)",

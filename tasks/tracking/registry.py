@@ -1,4 +1,5 @@
-"""Registry aliases of the policy: ``champion``, ``previous-champion``, ``challenger``.
+"""Registry aliases of the policy: ``champion``, ``previous-champion``, ``challenger`` (the
+latest version the gate kept: a promoted version loses it).
 
 Every move is recorded on the registered model (tag ``rlhf.alias_log``: the last moves as JSON
 lines, with who/what moved it and why) and on the version that became champion.
@@ -73,16 +74,21 @@ def _record(client: MlflowClient, name: str, entry: dict) -> None:
 def move_champion(client: MlflowClient, name: str, version: str | int, action: str,
                   reason: str) -> str | None:
     """``champion`` -> ``version``; the old champion keeps ``previous-champion`` -> its
-    version (None when there was none)."""
+    version (None when there was none). A ``challenger`` alias on ``version`` is removed:
+    it is no challenger once it is the champion."""
     version = str(version)
     old = alias_version(client, name, CHAMPION)
     before = None if old is None else str(old.version)  # MLflow 3 gives an int
     if before is not None and before != version:
         set_alias(client, name, PREVIOUS, before)
     set_alias(client, name, CHAMPION, version)
+    challenger = alias_version(client, name, CHALLENGER)
+    cleared = challenger is not None and str(challenger.version) == version
+    if cleared:
+        client.delete_registered_model_alias(name, CHALLENGER)
     client.set_model_version_tag(name, version, CHAMPION_SINCE_TAG, f"{action}: {reason}")
     _record(client, name, {"action": action, "champion": version, "before": before,
-                           "reason": reason})
+                           "reason": reason, **({"challenger": "removed"} if cleared else {})})
     return before
 
 

@@ -74,6 +74,15 @@ def default_tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
+def resolved_store(uri: str) -> str:
+    """The store a URI names, the same from any working folder: a local SQLite or file store
+    as its absolute path (a server URI as it is, the same on every machine)."""
+    for scheme in ("sqlite:///", "file://"):
+        if uri.startswith(scheme):
+            return scheme + str(Path(uri.removeprefix(scheme)).resolve())
+    return uri if "://" in uri else "file://" + str(Path(uri).resolve())
+
+
 def ensure_store(uri: str) -> None:
     """Create (migrate) a new local SQLite store under a file lock, so two pipelines started
     at once on a new store do not both run MLflow's schema migration (one would die with

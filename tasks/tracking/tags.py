@@ -60,6 +60,12 @@ GATE_SCORER_ID_TAG = "rlhf.gate.scorer_id"  # judge, judge_model, reward_model o
 GATE_GOLD_PREFIX = "rlhf.gate.gold."
 GATE_GOLD_DECISION_TAG = "rlhf.gate.gold.decision"
 GATE_GOLD_AGREES_TAG = "rlhf.gate.gold.agrees"
+# `rlhf compare` (its parent run and gate run): the gate's figures, reason and scorer under
+# this prefix instead of rlhf.gate. (rlhf.compare.reason, .ci_low, .gold.decision...); no
+# decision: nothing is promoted or kept
+COMPARE_PREFIX = "rlhf.compare."
+COMPARE_RESULT_TAG = "rlhf.compare.result"  # "better" or "not better" (the second version)
+COMPARE_VERSIONS_TAG = "rlhf.compare.versions"  # "v2 against v1"
 
 # --- stage runs --------------------------------------------------------------------------
 STAGE_TAG = "rlhf.stage"  # which stage a child run is
@@ -113,3 +119,7 @@ LABELS_DECISION_TAG = "rlhf.labels.decision"  # "accepted" or "quarantined"
 LABELS_REASON_TAG = "rlhf.labels.reason"
 LABELS_PREFERENCE_DIGEST_TAG = "rlhf.labels.preference_digest"  # the batch it wrote
 LABELS_SOURCE_TAG = "rlhf.labels.source"  # "label-studio" for a pull (else a file import)
+# labellers whose votes were dropped (too few or too many wrong known answers, or skipped
+# most rows): JSON {labeller: why}, {} when none
+LABELS_HELD_BACK_TAG = "rlhf.labels.held_back"
+LABELS_SEED_TAG = "rlhf.labels.seed"  # `rlhf demo-batch`: the seed the demo judge labelled with

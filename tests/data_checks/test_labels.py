@@ -6,9 +6,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from data_checks.label_quality import LabelRules, judge_labellers
 from data_checks.labels import (
+    LabelFigures,
     agreement_rate,
     check_rows,
+    kept_rows,
+    known_answers,
     label_figures,
     majority,
     preference_rows,
@@ -69,26 +73,50 @@ RECORDS = {"k1": {"prompt": "p", "response_a": "A", "response_b": "B", "known": 
                   "rm_a": 0.0, "rm_b": 1.0}}
 
 
+RULES = LabelRules(min_known_agreement=0.6, min_known_labelled=1, max_skip_rate=0.5)
+
+
 def test_figures_per_labeller_and_reward_model_agreement_and_known_pairs_never_train():
     votes = [("k1", "a", "ann"), ("k2", "b", "ann"), ("k1", "b", "bob"), ("k2", "a", "bob"),
              ("k1", "a", "cid"), ("n1", "a", "ann"), ("n2", "a", "ann"), ("n3", "tie", "ann")]
     rows = [{"id": i, "choice": c, "labeller": n} for i, c, n in votes]
-    decided = majority(rows)
-    figures = label_figures(rows, decided, RECORDS)
-    assert figures["labeller_known_agreement"] == {"ann": 1.0, "bob": 0.0, "cid": 1.0}
-    assert figures["known_agreement"] == 1.0 and figures["known_labelled"] == 1  # k2 a tie
-    assert figures["rm_agreement"] == 0.5 and figures["rm_pairs"] == 2
+    labellers = judge_labellers(rows, known_answers(RECORDS), RULES)
+    assert {lab.name: lab.known_agreement for lab in labellers} == \
+        {"ann": 1.0, "bob": 0.0, "cid": 1.0}
+    kept = kept_rows(rows, labellers)  # bob held back: his votes are dropped
+    assert {r["labeller"] for r in kept} == {"ann", "cid"}
+    decided = majority(kept)
+    figures = label_figures(rows, kept, decided, RECORDS, labellers)
+    assert figures.held_back == {"bob": "agreement with the known answers 0.00 on 2 pairs "
+                                        "is below 0.6"}
+    assert figures.known_agreement == 1.0 and figures.known_labelled == 2
+    assert figures.rm_agreement == 0.5 and figures.rm_pairs == 2
+    metrics = figures.metrics()
+    assert metrics["labels/known_agreement/bob"] == 0.0 and metrics["labels/held_back"] == 1
     pairs, counts = preference_rows(decided, RECORDS)
     assert pairs == [{"prompt": "p", "chosen": "good", "rejected": "bad"},
                      {"prompt": "q", "chosen": "x", "rejected": "y"}]
     assert counts == {"pairs": 2, "ties": 1, "skips": 0, "known": 2}
 
 
+def _figures(**kw):
+    base = {"known_agreement": 0.25, "known_labelled": 8, "rm_agreement": 0.3,
+            "rm_pairs": 100, "agreement_rate": None, "kappa": None, "skip_rate": 0.1,
+            "labellers": ()}
+    return LabelFigures(**{**base, **kw})
+
+
 def test_quality_refusal_names_the_figures():
-    figures = {"known_agreement": 0.25, "known_labelled": 8, "rm_agreement": 0.3,
-               "rm_pairs": 100}
-    text = quality_refusal(figures, 0.6, 4, usual_rm=0.7, max_rm_drop=0.25)
+    rules = LabelRules(0.6, 4, 0.5)
+    text = quality_refusal(_figures(), rules, usual_rm=0.7, max_rm_drop=0.25)
     assert "known answers 0.25 on 8 pairs is below 0.6" in text
     assert "reward model 0.30 on 100 pairs is more than 0.25 below the usual 0.70" in text
-    assert quality_refusal(figures, 0.6, 10, usual_rm=None, max_rm_drop=0.25) is None
-    assert quality_refusal({**figures, "known_agreement": 0.9}, 0.6, 4, 0.5, 0.25) is None
+    good = _figures(known_agreement=0.9)
+    assert quality_refusal(good, rules, 0.5, 0.25) is None
+    # too few known answers to judge: quarantined, not waved through
+    few = quality_refusal(_figures(known_agreement=0.0, known_labelled=3), rules, None, 0.25)
+    assert few == "not enough known answers: 3 known pairs answered a or b, fewer than 4"
+    skippy = _figures(known_agreement=0.9, skip_rate=0.6)
+    assert quality_refusal(skippy, rules, None, 0.25, usual_skip=None) is None
+    assert "skip rate 0.60 is more than 0.25 above the usual 0.05" in \
+        quality_refusal(skippy, rules, None, 0.25, usual_skip=0.05, max_skip_rise=0.25)

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.cli import main
 from rlhf_core.demo import judge_score
-from tasks.tracking.registry import CHAMPION, PREVIOUS
+from tasks.tracking.registry import CHALLENGER, CHAMPION, PREVIOUS
 from tasks.tracking.tags import ALIAS_LOG_TAG
 from tests.shared import label_agreement
 
@@ -17,9 +17,25 @@ def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_demo_batch_writes_good_and_degraded_pairs(tmp_path, capsys):
+def test_demo_batch_writes_good_and_degraded_pairs(tmp_path, capsys, monkeypatch):
+    from tasks.champion import events
+    from tasks.champion.batches import file_digest
+
+    sent = []
+    monkeypatch.setattr(events, "emit", lambda *a: sent.append(a))
     sets = ["--set", f"retrain.watch_dir={tmp_path}/in"]
     assert main(["demo-batch", "--offline", "--n", "300", "--seed", "5", *sets]) == 0
+    digest = file_digest(tmp_path / "in" / "batch-5.jsonl")
+    out = capsys.readouterr().out
+    assert f"(batch digest {digest}; labelled by the demo judge with seed 5)" in out
+    # announced as a labelled batch, as an import is: a served retrain starts on it
+    (event, resource, name, labels, payload), = sent
+    assert (event, resource, name) == ("rlhf.preferences.labelled",
+                                       f"rlhf.preferences.{digest}", "batch-5.jsonl")
+    assert labels["rlhf.imported_by"] == "import" and payload["seed"] == 5
+    # no --seed: the config's seed (the demo's 0 here), not the clock
+    assert main(["demo-batch", "--offline", "--n", "10", *sets]) == 0
+    assert (tmp_path / "in" / "batch-0.jsonl").exists() and sent[-1][4]["seed"] == 0
     assert main(["demo-batch", "--offline", "--n", "300", "--seed", "5", "--degraded",
                  *sets]) == 0
     good, bad = _rows(tmp_path / "in" / "batch-5.jsonl"), \
@@ -51,15 +67,18 @@ def test_promote_and_rollback_move_aliases_and_are_recorded(tmp_path):
     client, sets = _registry(tmp_path)
     assert main(["promote", "1", *sets]) == 0
     assert _aliases(client) == {CHAMPION: "1"}
+    client.set_registered_model_alias("rlhf-policy", CHALLENGER, "3")  # a kept challenger
     assert main(["promote", "3", "--reason", "judge says so", *sets]) == 0
     assert _aliases(client) == {CHAMPION: "3", PREVIOUS: "1"}
+    # promoted, it is no longer the challenger
+    assert CHALLENGER not in client.get_registered_model("rlhf-policy").aliases
     assert main(["rollback", *sets]) == 0
     assert _aliases(client) == {CHAMPION: "1", PREVIOUS: "3"}
     log = [json.loads(x) for x in
            client.get_registered_model("rlhf-policy").tags[ALIAS_LOG_TAG].splitlines()]
     assert [(e["action"], e["champion"], e["before"]) for e in log] == [
         ("promote", "1", None), ("promote", "3", "1"), ("rollback", "1", "3")]
-    assert log[1]["reason"] == "judge says so"
+    assert log[1]["reason"] == "judge says so" and log[1]["challenger"] == "removed"
     assert client.get_model_version("rlhf-policy", "1").tags["rlhf.champion_since"] \
         .startswith("rollback")
 

@@ -162,7 +162,7 @@ def test_collect_deployment_writes_a_labelling_file_recorded_in_mlflow(loop):
     exp = mlflow.get_experiment_by_name("rlhf-test")
     (rec,) = [r for r in mlflow.search_runs([exp.experiment_id], filter_string=(
         f"tags.`rlhf.collection` = '{loop['first'].stem}'"))]
-    assert rec.data.metrics["collect/known"] == 16
+    assert rec.data.metrics["collect/known"] == 40  # collect.known_pairs
     assert rec.data.metrics["collect/rows"] == len(table)
     (dataset,) = rec.inputs.dataset_inputs
     assert {t.key: t.value for t in dataset.tags}["rlhf.policy_version"] == "rlhf-policy/1"
@@ -185,13 +185,20 @@ def test_an_import_starts_a_retrain_that_promotes_the_challenger(loop):
     assert not loop["retrain"].schedules  # the event started it, not a schedule
     run = loop["retrain_run"]
     assert run.state.type.value == "COMPLETED", loop["log"].read_text()[-3000:]
-    digests = sorted(file_digest(b) for b in (loop["tmp"] / "batches").glob("labelled-*.jsonl"))
-    assert len(digests) == (2 if "demo" in loop else 1)  # what the retrain consumed
-    assert run.name.startswith("retrain-rlhf-policy-v1-")
+    batches = sorted((loop["tmp"] / "batches").glob("labelled-*.jsonl"))
+    digests = sorted(file_digest(b) for b in batches)  # what the retrain consumed
+    assert len(digests) == (2 if "demo" in loop else 1)
+    for batch in batches:  # matched to the lineage by eye
+        assert batch.name.startswith(f"labelled-{file_digest(batch)}-from-")
     assert any(run.name.startswith(f"retrain-rlhf-policy-v1-{d[:8]}") for d in digests)
     champion = alias_version(loop["mlflow"], "rlhf-policy", CHAMPION)
     assert str(champion.version) == "2"
     assert sorted(json.loads(champion.tags["rlhf.batches"])) == digests
+    # promoted: no longer the challenger
+    assert "challenger" not in loop["mlflow"].get_registered_model("rlhf-policy").aliases
+    # the retrain's params are the settings its PPO ran with (retrain.ppo_iterations)
+    assert loop["mlflow"].get_run(champion.tags["rlhf.parent_run_id"]).data.params[
+        "ppo.iterations"] == "10"
     names = [e["event"] for e in loop["events"]]
     # the deployment's collection announces itself (the second, in-process collection's
     # event goes to whichever API this pytest process's event worker first connected to)
@@ -207,6 +214,7 @@ def test_a_label_studio_pull_starts_the_retrain_and_a_second_pull_imports_nothin
     text = demo.stdout + demo.stderr
     assert "annotated" in text and "judge@rlhf.demo" in text
     assert "pairs labelled" in text and ": imported" in text
+    assert "held back, votes dropped: reversed@rlhf.demo" in text
     labelled = [e for e in loop["events"] if e["event"] == "rlhf.preferences.labelled"]
     assert len(labelled) == 1  # the pull's (the file import's went to the local API)
     again = loop["pull_again"]

@@ -107,11 +107,15 @@ def test_each_run_registered_its_own_versions_and_aliases_resolve(two_runs):
     register_ids = {r.info.run_id for r in register_runs.values()}
     assert register_ids <= set(versions)  # one version per run, from its own register run
     assert len({versions[i].version for i in register_ids}) == 2
-    challenger = client.get_model_version_by_alias(policy_name, "challenger")
     champion = client.get_model_version_by_alias(policy_name, "champion")
-    assert {challenger.run_id, champion.run_id} <= register_ids
+    assert champion.run_id in register_ids
+    # the other run's version is the challenger, unless it was promoted too (a champion is
+    # no challenger)
+    aliases = client.get_registered_model(policy_name).aliases
+    assert aliases.get("challenger") in (None, *(str(versions[i].version) for i in
+                                                 register_ids - {champion.run_id}))
     mlflow.set_tracking_uri(client.tracking_uri)  # weights come back from the served store
-    policy = mlflow.pyfunc.load_model(f"models:/{policy_name}@challenger")
+    policy = mlflow.pyfunc.load_model(f"models:/{policy_name}@champion")
     [answer] = policy.predict(pd.DataFrame({"prompt": ["hello , tell me about the weather ."]}),
                               params={"max_new_tokens": 4, "do_sample": False})
     assert isinstance(answer, str) and not answer.startswith("hello , tell me")

@@ -97,14 +97,14 @@ def test_registered_models_load_by_alias_and_work(served_run):
 
     result, client, cfg, _ = served_run
     register_run = result["stages"]["register"]["run_id"]
-    policy = client.get_model_version_by_alias(cfg.tracking.registered_policy, "challenger")
+    policy = client.get_model_version_by_alias(cfg.tracking.registered_policy, "champion")
     rm = client.get_model_version_by_alias(cfg.tracking.registered_reward_model, "challenger")
     assert policy.run_id == rm.run_id == register_run
     # through the server's REST API, as the UI asks: the parent run's "Registered models"
     assert {(policy.name, str(policy.version)), (rm.name, str(rm.version))} <= \
         registered_models_panel(client, result["parent_run_id"])
     mlflow.set_tracking_uri(client.tracking_uri)
-    policy = mlflow.pyfunc.load_model(f"models:/{cfg.tracking.registered_policy}@challenger")
+    policy = mlflow.pyfunc.load_model(f"models:/{cfg.tracking.registered_policy}@champion")
     [answer] = policy.predict(pd.DataFrame({"prompt": ["hello , tell me about the weather ."]}),
                               params={"max_new_tokens": 6, "do_sample": False})
     assert isinstance(answer, str) and not answer.startswith("hello , tell me")

@@ -57,7 +57,7 @@ def test_own_model_without_a_distinct_pad_runs_end_to_end(tmp_path, prefect_api,
     metrics = parent.data.metrics
     assert {"eval/rm_score_sft", "eval/rm_score_policy", "eval/kl_to_ref"} <= metrics.keys()
     assert not [k for k in metrics if k.startswith("eval/judge")]
-    version = client.get_model_version_by_alias("rlhf-policy", "challenger")
+    version = client.get_model_version_by_alias("rlhf-policy", "champion")  # the first
     assert version.run_id == by_stage["register"].info.run_id
     mlflow.set_tracking_uri(client.tracking_uri)
     model_dir = Path(mlflow.artifacts.download_artifacts(version.source, dst_path=tmp_path / "m"))

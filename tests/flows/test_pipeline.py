@@ -61,11 +61,11 @@ def test_policy_weights_changed_and_model_registered(pipeline_result):
     ppo_w = load_file(str(workdir / "ppo" / "policy" / "model.safetensors"))
     assert sft_w.keys() == ppo_w.keys()
     assert any(not torch.equal(sft_w[k], ppo_w[k]) for k in sft_w)
-    version = client.get_model_version_by_alias(cfg.tracking.registered_policy, "challenger")
+    version = client.get_model_version_by_alias(cfg.tracking.registered_policy, "champion")
     assert version.run_id == result["stages"]["register"]["run_id"]
     # the first registered policy is champion by the "no champion yet" rule, said in its tags
     assert version.tags["rlhf.register.decision"] == "first"
-    assert version.aliases and "champion" in version.aliases
+    assert version.aliases == ["champion"]  # promoted: no longer the challenger
     scorer = client.get_run(result["parent_run_id"]).data.tags["rlhf.eval.scorer"]
     assert scorer.startswith("judge:demo@16 prompts:"), scorer
 
@@ -75,9 +75,9 @@ def test_parent_run_shows_registered_versions(pipeline_result):
     reward-model versions; the versions still record the register run and the parent."""
     result, client, cfg = pipeline_result
     reg = result["stages"]["register"]
-    policy, rm = ((name, str(client.get_model_version_by_alias(name, "challenger").version))
-                  for name in (cfg.tracking.registered_policy,
-                               cfg.tracking.registered_reward_model))
+    policy, rm = ((name, str(client.get_model_version_by_alias(name, alias).version))
+                  for name, alias in ((cfg.tracking.registered_policy, "champion"),
+                                      (cfg.tracking.registered_reward_model, "challenger")))
     shown = registered_models_panel(client, result["parent_run_id"])
     assert {policy, rm} <= shown
     version = client.get_model_version(*policy)

@@ -45,11 +45,12 @@ def test_a_crash_inside_register_then_resume_registers_each_model_once(prefect_a
     for name in ("rlhf-policy", "rlhf-reward-model"):
         (version,) = client.search_model_versions(f"name = '{name}'")
         assert version.run_id == register.info.run_id
-        assert "challenger" in client.get_model_version(name, version.version).aliases
+        alias = "champion" if name == "rlhf-policy" else "challenger"  # a champion is no
+        assert alias in client.get_model_version(name, version.version).aliases  # challenger
     (policy,) = client.search_model_versions("name = 'rlhf-policy'")
     tags = client.get_model_version("rlhf-policy", policy.version).tags
     assert tags["rlhf.parent_run_id"] == run_id and tags["rlhf.register.decision"] == "first"
     model = client.get_registered_model("rlhf-policy")
-    assert model.aliases == {"champion": policy.version, "challenger": policy.version}
+    assert model.aliases == {"champion": policy.version}  # promoted: no longer challenger
     moves = [json.loads(x) for x in model.tags["rlhf.alias_log"].splitlines()]
     assert [m["champion"] for m in moves] == [str(policy.version)]  # moved once

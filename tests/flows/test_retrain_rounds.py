@@ -60,6 +60,12 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
     assert v2["rlhf.gate.scorer"] == "external scorer models:/rlhf-reward-model@challenger"
     run2 = client.get_run(v2["rlhf.parent_run_id"]).data.tags
     assert run2["rlhf.gate.gold.decision"] in ("promote", "keep")
+    # the retrain's params are the settings it trained with: a third of ppo.iterations
+    params = client.get_run(v2["rlhf.parent_run_id"]).data.params
+    ppo_run = client.get_run(v2["rlhf.ppo_run_id"])
+    assert params["ppo.iterations"] == ppo_run.data.params["ppo.iterations"] == str(
+        max(1, round(int(client.get_run(v1["rlhf.parent_run_id"]).data.params[
+            "ppo.iterations"]) / 3)))
     trained = json.loads(v2["rlhf.trained_on"])
     assert len(trained) == 2 and trained[0] == digest  # cumulative: the earlier batch too
     assert v2["rlhf.ancestry"] == "v1 -> v2" and v2["rlhf.started_from"] == "champion v1"
@@ -67,7 +73,7 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
 
 
 def _control_round_and_compare(tmp_path, client, first: str, second: str) -> None:
-    from flows.config import load_config
+    from flows.config import ConfigError, load_config
     from flows.retrain import compare, retrain
     from tasks.champion.batches import file_digest, find_batches
     from tasks.tracking.registry import CHAMPION, RegistryError, alias_version
@@ -87,8 +93,16 @@ def _control_round_and_compare(tmp_path, client, first: str, second: str) -> Non
     judged = load_config(TEST_CONFIG, [*_sets(tmp_path), "retrain.gate.scorer=judge"])
     with pytest.raises(RegistryError, match="has no version 9"):
         compare(config=judged, champion="9")
+    with pytest.raises(ConfigError, match=f"'{champion}' and 'champion' are both "
+                       f"v{champion}: a version compared with itself"):
+        compare(config=judged, champion=str(champion))  # the champion against itself
     res = compare(config=judged, champion="1", challenger="2")
     assert res["versions"] == ("1", "2") and res["scorer"] == "gold judge"
     tags = client.get_run(res["parent_run_id"]).data.tags
-    assert tags["rlhf.gate.decision"] in ("promote", "keep")
+    # a comparison's record: its own tags, no gate decision of a retrain
+    assert not [k for k in tags if k.startswith("rlhf.gate.")]
+    assert tags["rlhf.compare.result"] in ("better", "not better")
+    assert tags["rlhf.compare.versions"] == "v2 against v1" and "rlhf.compare.ci_low" in tags
+    metrics = client.get_run(res["parent_run_id"]).data.metrics
+    assert "compare/better" in metrics and "gate/promote" not in metrics
     assert alias_version(client, "rlhf-policy", CHAMPION).version == champion

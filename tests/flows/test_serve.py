@@ -102,12 +102,14 @@ def test_parameter_schema_has_typed_sections_with_descriptions(served):
 
 
 def test_schedule_starts_a_retrain_and_a_second_one_does_not_train(served):
+    from flows.retrain import limit_name  # one slot per store and policy
+
     client, deployment = served["client"], served["retrain"]
     deadline, first = time.time() + 240, None
     while time.time() < deadline and first is None:  # (f) nobody triggers this one
         running = [r for r in _runs_of(client, deployment.id)
                    if r.state and r.state.type.value == "RUNNING"]
-        limit = client.read_global_concurrency_limit_by_name("rlhf-retrain-rlhf-policy")
+        limit = client.read_global_concurrency_limit_by_name(limit_name(served["cfg"]))
         first = running[0] if running and limit.active_slots else None
         time.sleep(0.5)
     assert first is not None, served["log"].read_text()[-3000:]

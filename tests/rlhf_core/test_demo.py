@@ -230,3 +230,15 @@ def test_model_folder_loads_and_generates(assets):
     assert torch.equal(out[0, : ids.shape[1]], ids[0])
     assert ids.shape[1] < out.shape[1] <= ids.shape[1] + 5
     assert int(out.max()) < len(tok)
+
+
+def test_clear_pairs_are_ordered_by_the_judge_by_the_gap():
+    from rlhf_core.demo import clear_pairs, judge_score
+
+    prompts = ["tell me about cats :", "describe rain please :"]
+    pairs = clear_pairs(prompts, 30, 2.0, seed=1)
+    assert len(pairs) == 30 and {p["prompt"] for p in pairs} <= set(prompts)
+    for p in pairs:
+        gap = judge_score(p["prompt"], p["response_a"]) - judge_score(p["prompt"], p["response_b"])
+        assert abs(gap) >= 2.0 and p["known"] == ("a" if gap > 0 else "b")
+    assert clear_pairs(prompts, 30, 2.0, seed=1) == pairs  # seeded

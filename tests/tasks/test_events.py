@@ -12,6 +12,8 @@ def test_retrain_run_names_name_policy_champion_and_batches():
         "retrain-rlhf-policy-v3-1a2b3c4d+1"
     assert retrain_run_name("p", None, ["abcdef0123"]) == "retrain-p-bootstrap-abcdef01"
     assert retrain_run_name("p", "2", []) == "retrain-p-v2-nothing-new"
+    # a first champion trains on the configured data: it did not find "nothing new"
+    assert retrain_run_name("p", None, []) == "retrain-p-bootstrap"
 
 
 def test_outcomes_are_announced_as_promoted_or_kept(monkeypatch):
