@@ -165,9 +165,9 @@ def test_a_pull_stopped_midway_and_repeated_imports_the_batch_once(env, monkeypa
         annotate(env, link, who, truth)
     real = pull.import_labels.fn
 
-    def killed(cfg, path, imported_by):
+    def killed(*args):
         if stop_at == "after the import":
-            real(cfg, path, imported_by)
+            real(*args)
         raise KeyboardInterrupt  # the process stopped here
 
     monkeypatch.setattr(pull.import_labels, "fn", killed)
