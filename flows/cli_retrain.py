@@ -49,6 +49,8 @@ DEMO_LABELLERS = ("judge@rlhf.demo", "judge-2@rlhf.demo", "reversed@rlhf.demo")
 def _demo_via_label_studio(args, config, seed: int) -> int:
     """Collect into a Label Studio project, annotate every task through the API as three
     demo accounts (the hidden judge twice, with two seeds, and the judge reversed), pull."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import pandas as pd
 
     from flows.collect import collect_flow, label_pull
@@ -66,11 +68,13 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
     ls = connect(config)
     ids = accounts(ls, list(DEMO_LABELLERS))
     tasks = _collection_tasks(config, out["run_id"])
+    votes = []
     for n, email in enumerate(DEMO_LABELLERS):
         choices = judge_choices(rows, seed + n, degraded=email.startswith("reversed"))
         by_pair = {r["id"]: c for r, c in zip(rows, choices)}
-        for task_id, pair_id in tasks.items():
-            vote(ls, task_id, by_pair[pair_id], ids[email])
+        votes += [(task_id, by_pair[pair_id], ids[email]) for task_id, pair_id in tasks.items()]
+    with ThreadPoolExecutor(4) as pool:  # as labellers do: several at once
+        list(pool.map(lambda v: vote(ls, *v), votes))
     print(f"annotated {len(tasks)} tasks as {', '.join(DEMO_LABELLERS)} (the hidden judge, "
           f"seeds {seed} and {seed + 1}, and the judge reversed)")
     (result,) = label_pull(config=config, collection=out["collection"])

@@ -125,7 +125,7 @@ def loop(tmp_path_factory):
                 ls_env = {**env, URL_VAR: ls.url, KEY_VAR: ls.admin_key,
                           "PREFECT_LOGGING_LEVEL": "INFO"}
                 out["demo"] = _cli(["demo-batch", "--via", "label-studio", "--seed", "5",
-                                    *args], ls_env, tmp)
+                                    "--n", "32", *args], ls_env, tmp)
             out["retrain_run"] = wait_run(client, _triggered_run(client, retrain.id).id, 600)
             if ls is not None:
                 out["pull_again"] = _cli(["label", "pull", *args], ls_env, tmp)

@@ -239,8 +239,9 @@ def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
     children = servers.stage_children(client, parent)
     assert set(children) == set(STAGES)
     assert {r.info.status for r in children.values()} == {"FINISHED"}
-    for name in ("rlhf-policy", "rlhf-reward-model"):
-        assert client.get_model_version_by_alias(name, "challenger").run_id == \
+    # the first policy is promoted (champion, no longer challenger); the RM stays challenger
+    for name, alias in (("rlhf-policy", "champion"), ("rlhf-reward-model", "challenger")):
+        assert client.get_model_version_by_alias(name, alias).run_id == \
             children["register"].info.run_id
     assert parent.data.params["tracking.tracking_uri"] == url
 
