@@ -112,7 +112,7 @@ def _write_atomic(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _import(cfg: PipelineConfig, client, pending: Path) -> dict:
+def _import(cfg: PipelineConfig, pending: Path) -> dict:
     """Import a pending pull file, then move it to ``done/`` (idempotent: a file imported
     before gives 'already imported')."""
     out = import_labels.fn(cfg, str(pending), "import", {LABELS_SOURCE_TAG: SOURCE})
@@ -161,7 +161,7 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
     link = read_link(client, run)
     folder = _folder(cfg, cid)
     for pending in sorted((folder / "pending").glob("*.jsonl")):
-        _import(cfg, client, pending)  # a pull stopped midway: finish it first
+        _import(cfg, pending)  # a pull stopped midway: finish it first
     pulled = _pulled(folder)
     total = len(link.tasks)
     if len(pulled) >= total:
@@ -188,7 +188,7 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:12]
     pending = folder / "pending" / f"{cid}-pull-{digest}.jsonl"
     _write_atomic(pending, rows)
-    out = _import(cfg, client, pending)
+    out = _import(cfg, pending)
     _verdict(ls, link, title, out)
     return PullResult(status=out["status"], new_pairs=len(ready),
                       file=str(folder / "done" / pending.name), imported=out, **common)
