@@ -22,7 +22,11 @@ from tasks.labelling.project import (
     task_data,
 )
 from tasks.tracking.runs import set_tags
-from tasks.tracking.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG
+from tasks.tracking.tags import (
+    COLLECTION_FILE_TAG,
+    COLLECTION_LABEL_STUDIO_TAG,
+    COLLECTION_TAG,
+)
 
 LINK = "collection/label_studio.json"
 
@@ -88,8 +92,6 @@ def read_link(client, run) -> StudioLink:
     """The collection's Label Studio link; a collection written to files says so."""
     cid = run.data.tags.get(COLLECTION_TAG, "?")
     if COLLECTION_LABEL_STUDIO_TAG not in run.data.tags:
-        from tasks.tracking.tags import COLLECTION_FILE_TAG
-
         where = run.data.tags.get(COLLECTION_FILE_TAG, "its labelling file")
         raise LabelStudioError(f"collection {cid} was written to files ({where}), not to "
                                "Label Studio: fill its choice column and run `rlhf label "
