@@ -35,6 +35,8 @@ def base_env(home: Path) -> dict[str, str]:
                     f"sqlite+aiosqlite:///{home}/prefect.db",
                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
                 "PREFECT_RUNNER_POLL_FREQUENCY": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
+                # a 503 (database busy) is logged with its cause in the server's log
+                "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true",
                 "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"})
     return env
 
