@@ -145,31 +145,32 @@ def _label_studio_preflight(config) -> None:
 
 
 def cmd_collect(args, config) -> int:
-    from flows.collect import collect_flow
-    from flows.errors import quiet_expected_failures
-
     config = _with(config, "collect", policy=args.policy)
     if args.to or args.project:
         dest = config.collect.destination.model_copy(update={k: v for k, v in {
             "kind": args.to and args.to.replace("-", "_"), "project": args.project}.items()
             if v is not None})
         config = _with(config, "collect", destination=dest)
-    _preflight(config)
     if config.collect.destination.kind == "label_studio":
-        _label_studio_preflight(config)
+        _label_studio_preflight(config)  # before the servers' checks and torch's import
+    _preflight(config)
+    from flows.collect import collect_flow
+    from flows.errors import quiet_expected_failures
+
     quiet_expected_failures()
     collect_flow(config=config)
     return 0
 
 
 def cmd_label_pull(args, config) -> int:
-    from flows.collect import label_pull
-    from flows.errors import quiet_expected_failures
     from tasks.labelling.client import URL_VAR
 
-    _preflight(config)
     if os.environ.get(URL_VAR) or config.collect.destination.url:
-        _label_studio_preflight(config)
+        _label_studio_preflight(config)  # before the servers' checks and torch's import
+    _preflight(config)
+    from flows.collect import label_pull
+    from flows.errors import quiet_expected_failures
+
     quiet_expected_failures()
     out = label_pull(config=config, collection=args.collection, partial=args.partial)
     if not out:
