@@ -37,6 +37,7 @@ from flows.errors import (
 from flows.logins import Needs, login_out_of_uri, needs_of
 from flows.preflight import check_config, check_servers
 from flows.stopping import stop_signal, stop_within_seconds
+from tasks.tracking.last_run import last_parent_run
 from tasks.tracking.runs import run_page, runs_table_url
 from tasks.tracking.tags import SWEEP_TAG
 
@@ -281,8 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def kept(args) -> str:
     """What a pipeline run stopped mid-way keeps."""
-    tracking = sys.modules.get("tasks.tracking.runs")
-    run_id = tracking.last_parent_run() if tracking else None
+    run_id = last_parent_run()
     if run_id is None:
         return "no MLflow run was opened yet"
     return (f"run {run_id} keeps its finished stages and the last checkpoint of the stage it "
@@ -291,8 +291,7 @@ def kept(args) -> str:
 
 def continue_hint(args, until: str = "once the server answers") -> str:
     """The command that continues the pipeline run this process opened (``until``: when)."""
-    tracking = sys.modules.get("tasks.tracking.runs")
-    run_id = tracking.last_parent_run() if tracking else None
+    run_id = last_parent_run()
     if run_id is None or args.command != "run":
         return f"run the same command again {until}"
     return (f"{until}, continue it with: "
@@ -304,8 +303,7 @@ def stop_message(args, signum: int) -> str:
     name = signal.Signals(signum).name
     if args.command in ("serve", "stage-worker"):
         return f"stopped by {name}: no longer serving."
-    tracking = sys.modules.get("tasks.tracking.runs")  # imported once a run has opened
-    run_id = tracking.last_parent_run() if tracking else None
+    run_id = last_parent_run()
     if run_id is None:
         return f"stopped by {name} before an MLflow run was opened; nothing was trained."
     if args.command != "run":

@@ -7,6 +7,7 @@ child run finished with its output recorded (tag ``rlhf.output``) is skipped on 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.hardware import hardware_facts
 from tasks.redact import redact
+from tasks.tracking.last_run import note_parent_run
 from tasks.tracking.tags import (
     EXPERIMENT_KIND_TAG,
     HW_PREFIX,
@@ -29,6 +31,8 @@ from tasks.tracking.tags import (
     PARENT_TAG,
     STAGE_TAG,
 )
+
+_log = logging.getLogger("rlhf.tracking")
 
 
 class RunContext(BaseModel):
@@ -45,7 +49,7 @@ class RunContext(BaseModel):
     device: str = "auto"  # the stages' resolved model.device, for their rlhf.hw.gpu tag
 
     def model_post_init(self, _context: Any) -> None:
-        _LAST_PARENT[0] = self.parent_run_id  # for the CLI's message on a stop signal
+        note_parent_run(self.parent_run_id)  # for the CLI's message on a stop signal
 
     def client(self) -> MlflowClient:
         """A client whose calls wait at most ``outage_limit_s`` for a server that went away
@@ -60,13 +64,6 @@ class RunContext(BaseModel):
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-
-_LAST_PARENT: list[str | None] = [None]
-
-
-def last_parent_run() -> str | None:
-    """The parent run of the last run context made in this process (None before one)."""
-    return _LAST_PARENT[0]
 
 
 def default_tracking_uri(configured: str | None) -> str:
@@ -271,8 +268,9 @@ def mark_ended(client: MlflowClient, run_id: str) -> None:
     try:
         with _quick_if_outage():
             client.set_terminated(run_id, status=status)
-    except Exception:  # noqa: BLE001 - the original error is the one to report
-        pass
+    except Exception as err:  # noqa: BLE001 - the original error is the one to report
+        _log.warning("could not mark MLflow run %s %s (%s: %s); it stays RUNNING in the store "
+                     "and --resume reopens it", run_id, status, type(err).__name__, err)
 
 
 def _quick_if_outage():
@@ -291,8 +289,9 @@ def _keep_traceback(client: MlflowClient, run_id: str) -> None:
     try:
         with _quick_if_outage():
             client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")
-    except Exception:  # noqa: BLE001 - never hide the original error behind a logging one
-        pass
+    except Exception as err:  # noqa: BLE001 - never hide the original error behind a logging one
+        _log.warning("could not keep the traceback on MLflow run %s (%s: %s)", run_id,
+                     type(err).__name__, err)
 
 
 def record_output(ctx: RunContext, run_id: str, output: dict) -> dict:
