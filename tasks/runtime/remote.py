@@ -25,6 +25,7 @@ id>`` when that is set (else the head's ``tracking.workdir`` path: a shared file
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -40,6 +41,8 @@ from tasks.tracking.tags import (
     ROUTED_HOST_TAG,
     ROUTED_OUTPUT_TAG,
 )
+
+_log = logging.getLogger("rlhf.remote")
 
 WORKDIR_ENV = "RLHF_STAGE_WORKDIR"
 POLL_S = 1.0
@@ -125,8 +128,9 @@ def _cancel(flow_run_id) -> None:
             waiting = state.is_scheduled() or state.is_pending()
             client.set_flow_run_state(flow_run_id, Cancelled() if waiting else Cancelling(),
                                       force=True)
-    except Exception:  # noqa: BLE001 - never hide the stage's own error behind this one
-        pass
+    except Exception as err:  # noqa: BLE001 - never hide the stage's own error behind this one
+        _log.warning("could not cancel routed flow run %s (%s: %s); its worker may still run "
+                     "it", flow_run_id, type(err).__name__, err)
 
 
 class _Watched:

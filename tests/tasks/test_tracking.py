@@ -88,3 +88,27 @@ def test_the_tags_module_names_each_tag_once_and_mlflow_s_own_as_mlflow_does():
     assert all(v.endswith(".") == k.endswith("_PREFIX") for k, v in names.items())
     assert (tags.PARENT_TAG, tags.DATASET_CONTEXT_TAG) == (MLFLOW_PARENT_RUN_ID,
                                                            MLFLOW_DATASET_CONTEXT)
+
+
+def test_a_store_that_cannot_mark_the_run_ended_is_logged_not_raised(caplog):
+    """While a stage's error propagates, a store refusing the terminal status is named in the
+    log (the run stays RUNNING for --resume) and the stage's own error is the one raised."""
+    import logging
+
+    from tasks.tracking.runs import mark_ended
+
+    class Refusing:
+        def set_terminated(self, run_id, status):
+            raise ConnectionError("store gone")
+
+    caplog.set_level(logging.WARNING, logger="rlhf.tracking")
+    try:
+        try:
+            raise ValueError("the stage's own error")
+        except ValueError:
+            mark_ended(Refusing(), "run123")
+            raise
+    except ValueError as err:
+        assert str(err) == "the stage's own error"
+    (record,) = [r for r in caplog.records if r.name == "rlhf.tracking"]
+    assert "run123 FAILED" in record.getMessage() and "store gone" in record.getMessage()
