@@ -40,6 +40,14 @@ class ValidationReport:
     results_json: dict = field(default_factory=dict)
     chat: dict = field(default_factory=dict)  # conversational data: what prepare_chat did
     gx_context: object = field(default=None, repr=False)  # holds the results for Data Docs
+    gx_docs: Path | None = None  # a reused validation's Data Docs (data_checks/cache.py)
+    reused: str = ""  # the key of the passed validation this one reused ("" if it ran)
+    to_keep: tuple | None = field(default=None, repr=False)  # (cache, key, paths, out_dir)
+
+    def fields(self) -> dict:
+        """What a reuse restores (data_checks/cache.py)."""
+        return {"warnings": self.warnings, "stats": self.stats,
+                "results_json": self.results_json, "chat": self.chat}
 
     def expectation_counts(self) -> dict[str, tuple[int, int]]:
         """data set -> (expectations passed, expectations evaluated)."""
@@ -49,6 +57,9 @@ class ValidationReport:
 
     def summary_markdown(self) -> str:
         lines = [f"# Data validation: {'PASSED' if self.passed else 'FAILED'}", ""]
+        if self.reused:
+            lines += [f"Reused: the same data files, checks and tokenizer passed before "
+                      f"(validation key {self.reused[:16]}); the suites did not run again.", ""]
         lines += [f"- FAILED: {f}" for f in self.failures]
         lines += [f"- warning: {w}" for w in self.warnings]
         lines += ["", "| data | expectations passed | rows kept |", "|---|---|---|"]
@@ -253,22 +264,33 @@ def _chat_budget_hint(df: pd.DataFrame, tokenizer, cfg: ValidationConfig) -> str
 
 
 def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
-                   chat=None) -> ValidationReport:
+                   chat=None, cache=None) -> ValidationReport:
     """Load every source, validate, write cleaned JSONL files into ``out_dir``.
 
     ``chat``: the conversation renderer (rlhf_core/models/chat.py), used when any data set is
     conversational: every data set is then rendered with the tokenizer's chat template, whose
     EOS becomes the template's end-of-turn token (``report.chat`` says what changed).
+    ``cache``: where passed validations are kept and reused (data_checks/cache.py; None:
+    always run the suites).
     Raises DataError for malformed files; failed expectations come back in the report.
     """
+    from data_checks import cache as kept
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sources = {"sft": (data.sft, "sft"), "preference": (data.preference, "preference"),
                "prompts": (data.prompts, "prompts"),
                "eval_prompts": (data.eval_prompts, "prompts"),
                "preference_eval": (data.preference_eval, "preference")}
-    frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
     paths = {name: src.path for name, (src, _) in sources.items() if src}
+    key = cache and kept.validation_key({n: s for n, (s, _) in sources.items() if s},
+                                        tokenizer, cfg, chat is not None)
+    if key and (hit := kept.load(cache, key, paths, out)):
+        fields, gx_docs = hit
+        return ValidationReport(warnings=fields["warnings"], stats=fields["stats"],
+                                results_json=fields["results_json"], chat=fields["chat"],
+                                gx_docs=gx_docs, reused=key)
+    frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
     try:
         frames, chat_info = render_conversations(frames, {n: k for n, (_, k) in sources.items()},
                                                  tokenizer, chat, paths)
@@ -278,6 +300,10 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     if report.passed:
         for name, df in cleaned.items():
             df.to_json(out / f"{name}.jsonl", orient="records", lines=True, force_ascii=False)
+        # kept once its Data Docs are built (write_data_docs), if it still passes; never
+        # conversational data, whose rendering also changes the tokenizer's EOS
+        if key and not report.chat:
+            report.to_keep = (cache, key, paths, out)
     return report
 
 
@@ -310,7 +336,17 @@ def write_data_docs(report: ValidationReport, out_dir) -> Path:
     gx_link = ""
     if report.gx_context is not None:
         build_gx_docs(report.gx_context, out / "gx")
+    elif report.gx_docs is not None:  # a reused validation's
+        shutil.rmtree(out / "gx", ignore_errors=True)
+        shutil.copytree(report.gx_docs, out / "gx")
+    if (out / "gx" / "index.html").exists():
         gx_link = "<p><a href='gx/index.html'>great-expectations Data Docs</a></p>"
+    if report.passed and report.to_keep is not None:
+        from data_checks import cache as kept
+
+        cache, key, paths, cleaned_dir = report.to_keep
+        kept.keep(cache, key, report.fields(), paths, cleaned_dir,
+                  out / "gx" if gx_link else None)
     rows = []
     for name, res in report.results_json.items():
         for r in res.get("results", []):

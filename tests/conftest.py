@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the test server's telemetry fails offline and writes to its database while tests start
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Passed validations are reused within one test session (data_checks/cache.py), across its
+# workers and their subprocesses, in a folder of the session's own, never the user's cache;
+# the data_checks tests pass their own cache or none.
+os.environ.setdefault("RLHF_VALIDATION_CACHE", os.path.join(
+    tempfile.gettempdir(), "rlhf-test-validation-"
+    + os.environ.get("PYTEST_XDIST_TESTRUNUID", f"{os.getpid()}")))
 
 @pytest.fixture(autouse=True)
 def _mlflow_uris_restored():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prefect import task
 
+from data_checks.cache import validation_cache
 from data_checks.loading import DataError
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
@@ -19,7 +20,7 @@ from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord
 from tasks.stages.run import run_stage
 from tasks.tracking.runs import RunContext, run_url
-from tasks.tracking.tags import DATA_DIGEST_PREFIX, TOKENIZER_PREFIX
+from tasks.tracking.tags import DATA_DIGEST_PREFIX, TOKENIZER_PREFIX, VALIDATION_REUSED_TAG
 
 
 def report_artifact(ctx: RunContext, run_id: str, report) -> None:
@@ -69,8 +70,10 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
         tokenizer.chat_template = template
     record = ensure_special_tokens(tokenizer)
     out_dir = sc.dir
-    report = run_validation(prep.data, tokenizer,
-                            cfg.validation, out_dir, chat=chat)
+    report = run_validation(prep.data, tokenizer, cfg.validation, out_dir, chat=chat,
+                            cache=validation_cache())
+    if report.reused:
+        sc.set_tags({VALIDATION_REUSED_TAG: report.reused})
     # conversational data: EOS is now the template's end-of-turn token
     record.update({"eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id,
                    **{f"chat.{k}": v for k, v in report.chat.items()}})

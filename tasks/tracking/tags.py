@@ -71,6 +71,7 @@ COMPARE_VERSIONS_TAG = "rlhf.compare.versions"  # "v2 against v1"
 STAGE_TAG = "rlhf.stage"  # which stage a child run is
 OUTPUT_TAG = "rlhf.output"  # a finished stage's output record (JSON): a re-run skips it
 TOKENIZER_PREFIX = "rlhf.tokenizer."  # + a tokenizer fact (validate)
+VALIDATION_REUSED_TAG = "rlhf.validation.reused"  # validate: the key of the passed one reused
 CRITIC_SKIPPED_TAG = "rlhf.critic_skipped"  # why no critic was made
 CRITIC_SOURCE_TAG = "rlhf.critic_source"  # the reward model the critic starts from
 # a stage routed to another machine (tasks/runtime/remote.py)

@@ -1,0 +1,158 @@
+"""Reuse of a passed validation: the same data, checks and tokenizer give the same verdict.
+
+A validation that passed is kept under a key made of everything it depends on: each data
+file's bytes and source settings (not its path), the ``validation`` settings, the tokenizer
+(its serialised vocabulary, merges and special tokens, and the chat template), the
+great-expectations version and the source of this package. A later validation with the same
+key (a sweep's runs, a re-run, the configured data of a retrain round) copies the report, the
+cleaned files and GX's Data Docs instead of running the suites again, which saves the
+great-expectations import and its runs (seconds per process). Failed validations are never
+kept: their messages are made afresh, naming the files of the run at hand; nor is a
+validation of conversational data (rendering it also moves the tokenizer's EOS).
+
+Where: ``$RLHF_VALIDATION_CACHE`` (a folder; ``off`` turns reuse off), else
+``$XDG_CACHE_HOME/rlhf-ppo/validation`` (``~/.cache/...``). Only local files count: a hub
+dataset or a folder is validated every time, as is data over ``MAX_BYTES`` in all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+CACHE_ENV = "RLHF_VALIDATION_CACHE"
+MAX_BYTES = 64 * 2**20  # cleaned copies of larger data are not worth keeping twice
+_PACKAGE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class ValidationCache:
+    root: Path
+
+    def entry(self, key: str) -> Path:
+        return self.root / key
+
+
+def validation_cache() -> ValidationCache | None:
+    """The cache this process uses (None: reuse turned off)."""
+    where = os.environ.get(CACHE_ENV, "").strip()
+    if where.lower() in ("off", "0", "false", "no"):
+        return None
+    if not where:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        where = str(Path(base) / "rlhf-ppo" / "validation")
+    return ValidationCache(Path(where).expanduser())
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _tokenizer_identity(tokenizer) -> str | None:
+    """The tokenizer's serialised form (fast tokenizers only; None: not cacheable)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    return json.dumps([backend.to_str(), tokenizer.special_tokens_map,
+                       getattr(tokenizer, "chat_template", None),
+                       getattr(tokenizer, "model_max_length", None)], sort_keys=True,
+                      default=str)
+
+
+def _source_code() -> str:
+    h = hashlib.sha256()
+    for path in sorted(_PACKAGE.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def validation_key(sources: dict, tokenizer, cfg, chat: bool) -> str | None:
+    """The key of one validation, or None when it cannot be reused (a source that is not a
+    local file, data over MAX_BYTES, a tokenizer without a serialised form).
+
+    ``sources``: data set name -> its DataSource (pydantic model with a ``path``)."""
+    tok = _tokenizer_identity(tokenizer)
+    if tok is None:
+        return None
+    files, size = {}, 0
+    for name, src in sorted(sources.items()):
+        path = Path(src.path).expanduser()
+        if src.format == "hf" or not path.is_file():
+            return None
+        size += path.stat().st_size
+        if size > MAX_BYTES:
+            return None
+        files[name] = [_file_digest(path), path.suffix,
+                       src.model_dump(mode="json", exclude={"path"})]
+    try:
+        gx = metadata.version("great_expectations")
+    except metadata.PackageNotFoundError:
+        gx = "none"
+    blob = json.dumps({"files": files, "validation": cfg.model_dump(mode="json"),
+                       "tokenizer": hashlib.sha256(tok.encode()).hexdigest(), "chat": chat,
+                       "gx": gx, "code": _source_code()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _mark(name: str) -> str:
+    return "{{rlhf-path:" + name + "}}"
+
+
+def _unpath(text: str, paths: dict[str, str]) -> str:
+    for name, path in sorted(paths.items(), key=lambda kv: -len(kv[1])):
+        text = text.replace(path, _mark(name))
+    return text
+
+
+def _repath(text: str, paths: dict[str, str]) -> str:
+    for name, path in paths.items():
+        text = text.replace(_mark(name), path)
+    return text
+
+
+def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path):
+    """A kept validation -> (report fields, the folder of its GX Data Docs or None), with its
+    cleaned files copied into ``out_dir``; None when nothing is kept under ``key``."""
+    entry = cache.entry(key)
+    try:
+        fields = json.loads(_repath((entry / "report.json").read_text(encoding="utf-8"), paths))
+        for name in fields["cleaned"]:
+            shutil.copyfile(entry / "cleaned" / name, out_dir / name)
+    except (OSError, ValueError, KeyError):
+        return None
+    gx = entry / "gx"
+    return fields, (gx if gx.is_dir() else None)
+
+
+def keep(cache: ValidationCache, key: str, fields: dict, paths: dict[str, str], out_dir: Path,
+         gx_docs: Path | None) -> None:
+    """Keep a passed validation under ``key`` (written aside, then renamed into place: two
+    processes keeping the same key leave one whole entry). Never fails the validation."""
+    entry = cache.entry(key)
+    if entry.exists():
+        return
+    tmp = cache.root / f".{key}.{uuid.uuid4().hex}"
+    try:
+        (tmp / "cleaned").mkdir(parents=True)
+        cleaned = sorted(p.name for p in Path(out_dir).glob("*.jsonl"))
+        for name in cleaned:
+            shutil.copyfile(Path(out_dir) / name, tmp / "cleaned" / name)
+        if gx_docs is not None and gx_docs.is_dir():
+            shutil.copytree(gx_docs, tmp / "gx")
+        text = json.dumps({**fields, "cleaned": cleaned}, default=str)
+        (tmp / "report.json").write_text(_unpath(text, paths), encoding="utf-8")
+        os.replace(tmp, entry)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,75 @@
+"""A passed validation is reused for the same data files (wherever they lie), checks and
+tokenizer: the same report, cleaned files and Data Docs, without running the suites; any
+change of content, checks or tokenizer runs them again; a failure is never kept."""
+
+import json
+
+from data_checks.cache import CACHE_ENV, ValidationCache, validation_cache
+from data_checks.config import DataConfig, DataSource, ValidationConfig
+from data_checks.validate import run_validation, write_data_docs
+from tests.conftest import make_tokenizer
+from tests.shared import PREF, PROMPTS, SFT, write_jsonl
+
+CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8)
+
+
+def data_config(where, sft=SFT, pref=PREF, prompts=PROMPTS):
+    return DataConfig(**{role: DataSource(path=str(write_jsonl(where / f"{role}.jsonl", rows)))
+                         for role, rows in (("sft", sft), ("preference", pref),
+                                            ("prompts", prompts))})
+
+
+def _run(where, cache, cfg=CFG, tokenizer=None, **data):
+    where.mkdir(parents=True, exist_ok=True)
+    report = run_validation(data_config(where, **data), tokenizer or make_tokenizer(), cfg,
+                            where / "out", cache=cache)
+    return report, write_data_docs(report, where / "docs")
+
+
+def test_the_same_content_elsewhere_reuses_report_cleaned_files_and_data_docs(tmp_path):
+    cache = ValidationCache(tmp_path / "cache")
+    first, docs1 = _run(tmp_path / "a", cache)
+    assert first.passed and not first.reused and first.gx_context is not None
+    assert len(list((tmp_path / "cache").iterdir())) == 1  # kept once, whole
+    again, docs2 = _run(tmp_path / "b", cache)  # the same bytes in other files
+    assert again.passed and again.reused and again.gx_context is None
+    assert again.results_json == json.loads(json.dumps(first.results_json, default=str))
+    assert again.stats == first.stats and again.warnings == first.warnings
+    assert again.expectation_counts() == first.expectation_counts()
+    for name in ("sft", "preference", "prompts"):
+        assert (tmp_path / "b" / "out" / f"{name}.jsonl").read_bytes() == \
+            (tmp_path / "a" / "out" / f"{name}.jsonl").read_bytes()
+    assert len(list((docs2 / "gx" / "validations").rglob("*.html"))) == 3
+    assert "Reused" in again.summary_markdown() and "Reused" not in first.summary_markdown()
+
+
+def test_other_content_checks_or_tokenizer_run_the_suites_again(tmp_path):
+    cache = ValidationCache(tmp_path / "cache")
+    _run(tmp_path / "a", cache)
+    changed, _ = _run(tmp_path / "b", cache, sft=[*SFT, SFT[0]])  # one row more
+    assert changed.passed and not changed.reused
+    stricter, _ = _run(tmp_path / "c", cache, cfg=CFG.model_copy(update={"example_rows": 5}))
+    assert not stricter.reused
+    nopad, _ = _run(tmp_path / "d", cache, tokenizer=make_tokenizer(pad=False))
+    assert not nopad.reused
+    assert len(list((tmp_path / "cache").iterdir())) == 4
+
+
+def test_a_failed_validation_is_never_kept(tmp_path):
+    cache = ValidationCache(tmp_path / "cache")
+    bad = [{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]]
+    for where in ("a", "b"):
+        report, _ = _run(tmp_path / where, cache, pref=bad)
+        assert not report.passed and not report.reused
+        assert str(tmp_path / where / "preference.jsonl") in " ".join(report.failures)  # its own file
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_the_cache_folder_comes_from_the_environment_and_off_turns_it_off(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "here"))
+    assert validation_cache().root == tmp_path / "here"
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert validation_cache() is None
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert validation_cache().root == tmp_path / "xdg" / "rlhf-ppo" / "validation"
