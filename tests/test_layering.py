@@ -60,6 +60,8 @@ TAGS_MODULE = "tasks/tracking/tags.py"
 NOT_TAGS = {
     ("tasks/stages/progress.py", "rlhf.progress"): "a logger's name",
     ("tasks/tracking/spool.py", "rlhf.spool"): "a logger's name",
+    ("tasks/tracking/runs.py", "rlhf.tracking"): "a logger's name",
+    ("tasks/runtime/remote.py", "rlhf.remote"): "a logger's name",
     ("flows/serve.py", "rlhf.preferences.*"): "the retrain trigger's Prefect event resources",
     ("flows/serve.py", "rlhf.imported_by"): "the retrain trigger's Prefect event label",
     ("tasks/runtime/prefect_api.py", "rlhf.slot:"): "the Prefect flow-run tag of a slot's holder",
