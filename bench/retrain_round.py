@@ -82,7 +82,8 @@ def gate_tags(uri: str, parent_run_id: str) -> dict:
     from mlflow.tracking import MlflowClient
 
     tags = MlflowClient(uri).get_run(parent_run_id).data.tags
-    return {k: tags[f"rlhf.gate.{k}"] for k in ("decision", "diff_mean", "ci_low", "ci_high")
+    return {k: tags[f"rlhf.gate.{k}"] for k in ("decision", "diff_mean", "ci_low", "ci_high",
+                                                "kl_champion", "kl_challenger")
             if f"rlhf.gate.{k}" in tags}
 
 

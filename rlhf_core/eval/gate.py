@@ -83,6 +83,8 @@ def gate_decision(champion: GateSide, challenger: GateSide, rule: GateRule = Gat
     figures = {"n_prompts": n, "score_champion": _mean(champ),
                "score_challenger": _mean(chall), "eos_rate_champion": eos_champ,
                "eos_rate_challenger": eos_chall, "kl_challenger": kl, "margin": r.margin}
+    if champion.kl:  # the champion's own KL to the same reference, for comparison
+        figures["kl_champion"] = _mean(champion.kl)
     if not finite:
         return {"promote": False, "reason": "guard rail: non-finite score or KL",
                 "figures": figures}
