@@ -61,7 +61,8 @@ def test_a_failed_validation_is_never_kept(tmp_path):
     for where in ("a", "b"):
         report, _ = _run(tmp_path / where, cache, pref=bad)
         assert not report.passed and not report.reused
-        assert str(tmp_path / where / "preference.jsonl") in " ".join(report.failures)  # its own file
+        # its own file named
+        assert str(tmp_path / where / "preference.jsonl") in " ".join(report.failures)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
