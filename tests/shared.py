@@ -159,3 +159,15 @@ def dp_train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=No
         last = train_reward_model(model, tok, dp_rows(), cfg, cpu, gen, progress=False, dp=dp)
     return last, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
+
+
+def assert_decision_follows_figures(tags: dict, margin: float = 0.0,
+                                    prefix: str = "rlhf.gate.") -> str:
+    """The gate's recorded decision is the one its recorded figures lead to: promote exactly
+    when no guard rail failed and the interval's lower end is above ``margin`` (machine-free:
+    other CPUs give other figures, never another rule) -> the decision."""
+    decision, low = tags[prefix + "decision"], float(tags[prefix + "ci_low"])
+    # the gold judge's figures carry no reason: its guard rails are the gate's own
+    guarded = "guard rail" in tags.get(prefix + "reason", tags.get("rlhf.gate.reason", ""))
+    assert decision == ("promote" if low > margin and not guarded else "keep"), tags
+    return decision

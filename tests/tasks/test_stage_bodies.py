@@ -25,7 +25,7 @@ from tasks.stages.records import (
 from tasks.stages.table import DISTRIBUTED, STAGES
 from tasks.tracking.runs import RunContext
 from tests.fake_stage import FakeStageContext
-from tests.shared import PROMPTS, write_config, write_jsonl
+from tests.shared import PROMPTS, assert_decision_follows_figures, write_config, write_jsonl
 
 
 def _prepared(cfg, work, data, model_dir) -> Prepared:
@@ -212,5 +212,5 @@ def test_register_registers_both_models_and_makes_the_first_champion(chain):
 def test_gate_decides_with_the_judge_reward_model(chain):
     sc, rec = chain[3]["gate"]
     assert rec.decision.scorer == "held-out judge reward model"
-    assert sc.tags["rlhf.gate.decision"] in ("promote", "keep")
+    assert_decision_follows_figures(sc.tags, sc.cfg.retrain.gate.margin)
     assert sc.tags == sc.parent_tags and "gate/promote" in sc.metrics[0]
