@@ -102,7 +102,9 @@ def _control_round_and_compare(tmp_path, client, first: str, second: str) -> Non
     tags = client.get_run(res["parent_run_id"]).data.tags
     # a comparison's record: its own tags, no gate decision of a retrain
     assert not [k for k in tags if k.startswith("rlhf.gate.")]
-    assert tags["rlhf.compare.result"] in ("better", "not better")
+    better = float(tags["rlhf.compare.ci_low"]) > 0.0 and \
+        "guard rail" not in tags["rlhf.compare.reason"]  # the gate's rule on its own figures
+    assert tags["rlhf.compare.result"] == ("better" if better else "not better"), tags
     assert tags["rlhf.compare.versions"] == "v2 against v1" and "rlhf.compare.ci_low" in tags
     metrics = client.get_run(res["parent_run_id"]).data.metrics
     assert "compare/better" in metrics and "gate/promote" not in metrics
