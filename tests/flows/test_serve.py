@@ -115,18 +115,13 @@ def test_schedule_starts_a_retrain_and_a_second_one_does_not_train(served):
         time.sleep(0.5)
     assert first is not None, served["log"].read_text()[-3000:]
     assert "auto-scheduled" in first.tags
-    # another project's store: its retrain, on the same Prefect server, runs beside this one
-    other = served["tmp"] / "other"
-    other_sets = [f"tracking.tracking_uri=sqlite:///{other}/mlflow.db",
-                  f"tracking.workdir={other}/runs", f"retrain.watch_dir={other}/batches",
-                  "tracking.system_metrics=false", "ppo.iterations=1", "demo.n_eval=200",
-                  "retrain.gate.num_prompts=200"]
-    other.mkdir()
-    beside = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "retrain", "--config",
-         str(ROOT / "configs" / "test.yaml"), *[a for x in other_sets for a in ("--set", x)]],
-        env=served["env"], cwd=other, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+    (other := served["tmp"] / "other").mkdir()  # another store retrains beside this one
+    sets = [f"tracking.tracking_uri=sqlite:///{other}/mlflow.db", "ppo.iterations=1",
+            f"tracking.workdir={other}/runs", f"retrain.watch_dir={other}/batches",
+            "tracking.system_metrics=false", "demo.n_eval=200", "retrain.gate.num_prompts=200"]
+    beside = subprocess.Popen([sys.executable, "-m", "flows.cli", "retrain", "--config", str(
+        ROOT / "configs" / "test.yaml"), *[a for x in sets for a in ("--set", x)]], text=True,
+        env=served["env"], cwd=other, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     second = client.create_flow_run_from_deployment(deployment.id)  # (g) while it trains
     second = wait_run(client, second.id, timeout=240)
     # the deployment's concurrency limit cancels it before it starts (recorded as its
@@ -141,13 +136,10 @@ def test_schedule_starts_a_retrain_and_a_second_one_does_not_train(served):
     first = wait_run(client, first.id, timeout=300)
     assert first.state.type.value == "COMPLETED", served["log"].read_text()[-3000:]
     assert "first champion" in _decision(client, first.id)
-    beside_out = beside.communicate(timeout=600)[0]
-    assert beside.returncode == 0, beside_out[-3000:]
-    assert "retrain: bootstrapped" in beside_out, beside_out
+    out = beside.communicate(timeout=600)[0]  # its own slot: it trained, not skipped
+    assert beside.returncode == 0 and "retrain: bootstrapped" in out, out[-3000:]
     other_store = MlflowClient(f"sqlite:///{other}/mlflow.db")
     assert int(other_store.get_model_version_by_alias(POLICY, CHAMPION).version) == 1
-    assert limit_name(load_config(ROOT / "configs" / "test.yaml", other_sets)) != \
-        limit_name(served["cfg"])
     client.pause_deployment(deployment.id)  # no more scheduled runs while the rest runs
     assert deployment.global_concurrency_limit.limit == 1
     assert deployment.concurrency_options.collision_strategy.value == "CANCEL_NEW"
