@@ -3,11 +3,11 @@ command line (no server: Prefect's local ephemeral API) bootstraps a deliberatel
 champion (1 PPO iteration); a run of the `collect/test` deployment writes a labelling file;
 a second collection repeats none of its prompts; the demo's gold judge labels the first file
 and `rlhf label import` brings it in. With a real Label Studio server (its own venv), the
-import goes to Prefect's local API (no event reaches the server), and `rlhf demo-batch --via
-label-studio` collects into a project, annotates it as three demo accounts (one reversed)
-and pulls: the pull's `rlhf.preferences.labelled` event starts a run of the `retrain/test`
-deployment (no schedule involved), which promotes the challenger; a second pull imports
-nothing. Without Label Studio the file import's event starts it.
+import goes to another Prefect API (the session's test server: no event reaches this one),
+and `rlhf demo-batch --via label-studio` collects into a project, annotates it as three demo
+accounts (one reversed) and pulls: the pull's `rlhf.preferences.labelled` event starts a run
+of the `retrain/test` deployment (no schedule involved), which promotes the challenger; a
+second pull imports nothing. Without Label Studio the file import's event starts it.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _triggered_run(client, deployment_id, timeout: float = 120):
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory):
+def loop(tmp_path_factory, prefect_api):
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -117,8 +117,9 @@ def loop(tmp_path_factory):
             labelled = tmp / "labelled.jsonl"
             table.to_json(labelled, orient="records", lines=True)
             # with Label Studio, the pull below starts the retrain, not this import
+            other_api = {**base_env(tmp / "ephemeral"), "PREFECT_API_URL": prefect_api}
             out["import"] = _cli(["label", "import", str(labelled), *args],
-                                 base_env(tmp / "ephemeral") if ls else env, tmp)
+                                 other_api if ls else env, tmp)
             if ls is not None:
                 ls.accounts([])  # the admin's personal access token
                 # INFO: the pull's outcome is a line of the flow run's log

@@ -10,6 +10,7 @@ nothing registered, a new batch left new) and `compare` of two versions by the g
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,12 +28,14 @@ def _sets(tmp_path) -> list[str]:
             "demo.n_pref=300", "retrain.gate.scorer=judge_model"]
 
 
-def _rlhf(args: list[str], tmp_path) -> str:
+def _rlhf(args: list[str], tmp_path, api: str) -> str:
+    """`rlhf ARGS` against the session's Prefect API (no temporary server of its own)."""
     cmd = [sys.executable, "-m", "flows.cli", args[0], "--config", str(TEST_CONFIG)]
     for s in _sets(tmp_path):
         cmd += ["--set", s]
     cmd += args[1:]  # after the defaults above: a later --set wins
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PREFECT_API_URL": api})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -45,7 +48,7 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
                                                                               prefect_api):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     first = write_preference_batch(tmp_path / "watch", 200, 3)  # `rlhf demo-batch --offline`
-    assert "bootstrapped" in _rlhf(["retrain"], tmp_path)
+    assert "bootstrapped" in _rlhf(["retrain"], tmp_path, prefect_api)
     v1 = _tags(client, "1")
     boot = client.get_run(v1["rlhf.parent_run_id"]).data.tags
     assert int(boot["rlhf.judge_split.judge_pairs"]) > 0  # the first RM never saw them
@@ -54,7 +57,7 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
     first.unlink()  # consumed, then gone from the folder
     write_preference_batch(tmp_path / "watch", 200, 4)
     out = _rlhf(["retrain", "--set", "retrain.gate.scorer=models:/rlhf-reward-model@challenger"],
-                tmp_path)
+                tmp_path, prefect_api)
     assert "retrain: " in out
     v2 = _tags(client, "2")
     assert v2["rlhf.gate.scorer"] == "external scorer models:/rlhf-reward-model@challenger"
