@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flows.config import load_config  # noqa: E402
 from tasks.champion import labels, pull  # noqa: E402
 from tasks.champion.collect import RECORD, experiment_for  # noqa: E402
 from tasks.champion.studio import connect, send  # noqa: E402
+from tasks.configfile import load_config  # noqa: E402
 from tasks.labelling.project import accounts, vote  # noqa: E402
 from tasks.tracking.runs import tracking_client  # noqa: E402
 from tasks.tracking.tags import COLLECTION_TAG  # noqa: E402

@@ -52,7 +52,7 @@ def main(tmp: Path, point: str, limit_s: str | None = None, back_s: float | None
     env.pop("PREFECT_API_URL", None)
     log = tmp / "run.err"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=tmp, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp, env=env,
                                 stdout=subprocess.DEVNULL, stderr=err)
     try:
         while not pause.exists():
@@ -102,7 +102,7 @@ def main(tmp: Path, point: str, limit_s: str | None = None, back_s: float | None
         rc2 = None
         if rc != 0:
             with open(tmp / "resume.err", "w") as err:
-                rc2 = subprocess.run([sys.executable, "-m", "flows.cli", *resume], cwd=tmp,
+                rc2 = subprocess.run([sys.executable, "-m", "cli", *resume], cwd=tmp,
                                      env=env, stdout=subprocess.DEVNULL,
                                      stderr=err).returncode
         stages = {r.data.tags["rlhf.stage"]: r.info.status for r in client.search_runs(

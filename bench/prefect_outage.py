@@ -44,7 +44,7 @@ def main(tmp: Path) -> None:
         args += ["--set", item]
     log = tmp / "run.err"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=tmp, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp, env=env,
                                 stdout=subprocess.DEVNULL, stderr=err)
     try:
         while "ppo: step 2/" not in log.read_text():
@@ -63,7 +63,7 @@ def main(tmp: Path) -> None:
     command = shlex.split(last.split("continue it with: ")[1])[1:]
     env.pop("PREFECT_API_URL")
     start = time.time()
-    resumed = subprocess.run([sys.executable, "-m", "flows.cli", *command], cwd=tmp, env=env,
+    resumed = subprocess.run([sys.executable, "-m", "cli", *command], cwd=tmp, env=env,
                              capture_output=True, text=True)
     print(f"resume: exit {resumed.returncode} in {time.time() - start:.1f} s")
 

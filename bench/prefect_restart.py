@@ -74,7 +74,7 @@ def main() -> None:
             "stage": "bogus", "spec": {}}
     srv = server()
     log = tmp / "command.log"
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *cmd], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", *cmd], env=env,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=tmp)
     from prefect.client.orchestration import SyncPrefectClient
 

@@ -39,7 +39,7 @@ def rlhf(args: list[str], sets: list[str], prefect_home: Path) -> tuple[float, s
     """Run `rlhf ARGS --set ...` -> (wall seconds, stdout). Its own PREFECT_HOME: a retrain
     elsewhere on the machine holding the one-slot retrain limit in the shared local Prefect
     database would make this one skip."""
-    cmd = [sys.executable, "-m", "flows.cli", *args]
+    cmd = [sys.executable, "-m", "cli", *args]
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "PREFECT_HOME": str(prefect_home)}
@@ -104,7 +104,7 @@ def main() -> None:
             f"retrain.watch_dir={work}/watch", f"collect.out_dir={work}/to_label",
             "tracking.system_metrics=false", *args.set]
     config = ["--config", args.config] if args.config else []
-    from flows.config import load_config
+    from tasks.configfile import load_config
 
     cfg = load_config(Path(args.config) if args.config else ROOT / "configs" / "demo.yaml",
                       sets)

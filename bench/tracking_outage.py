@@ -42,7 +42,7 @@ def main(tmp: Path) -> None:
     env.pop("PREFECT_API_URL", None)
     log = tmp / "run.err"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=tmp, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp, env=env,
                                 stdout=subprocess.DEVNULL, stderr=err)
 
     def wait(text: str) -> float:

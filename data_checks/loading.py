@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from data_checks.adapters import AdapterError, adapt
-from data_checks.config import DataSource
+from data_checks.config import DataConfig, DataSource
 from data_checks.conversations import is_conversational, to_conversations
 from data_checks.files import FileError, check_regular, file_format, looks_local, read_local
 
@@ -137,3 +137,18 @@ def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
         raise DataError(f"{path}: column '{name}' must hold finite numbers; {len(bad)} rows "
                         f"do not: rows {shown} (e.g. {column.iloc[bad[0] - 1]!r})")
     return values.astype(float)
+
+
+KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
+         "eval_prompts": "prompts", "preference_eval": "preference"}
+
+
+def read_every_source(data: DataConfig | None) -> None:
+    """Read every configured source once so a malformed file fails here, before Prefect or
+    MLflow start, with the DataError naming the file and line (demo data is generated)."""
+    if data is None:
+        return
+    for name, kind in KINDS.items():
+        source = getattr(data, name)
+        if source is not None:
+            load_table(source, kind)

@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from prefect import flow
 
 from data_checks.validate import ValidationFailed
-from flows.config import ConfigError
 from flows.deployment import served_config
 from flows.wiring import run_pipeline, tracked, train_policy
 from tasks.champion.batches import (
@@ -31,6 +30,7 @@ from tasks.champion.batches import (
 )
 from tasks.champion.scorers import batch_pair_keys, resolve_scorer
 from tasks.config import PipelineConfig
+from tasks.configfile import ConfigError
 from tasks.finish import finish
 from tasks.prepare import Prepared, prepare
 from tasks.runtime.prefect_api import one_slot, slot_holder

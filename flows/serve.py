@@ -18,7 +18,6 @@ from prefect import flow
 from prefect.types.entrypoint import EntrypointType
 
 from data_checks.config import DataConfig, ValidationConfig
-from flows.config import ConfigError, _merge
 from flows.deployment import deployment_parameters
 from flows.wiring import run_pipeline
 from rlhf_core.config import (
@@ -31,6 +30,7 @@ from rlhf_core.config import (
 )
 from tasks.champion.events import LABELLED
 from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
+from tasks.configfile import ConfigError, _merge
 
 # the pipeline's config sections (the served pipeline's parameters); retrain and collect
 # belong to their own flows
@@ -188,12 +188,12 @@ def label_pull_deployment(config: PipelineConfig, name: str):
 
 def serve(config: PipelineConfig, name: str) -> None:
     """Serve the four deployments until interrupted (blocks), again after the Prefect
-    server comes back from an outage (flows/reconnect.py). Needs a Prefect server."""
+    server comes back from an outage (tasks/runtime/reconnect.py). Needs a Prefect server."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.reconnect import serve_until_stopped
     from flows.retrain import limit_name
     from tasks.runtime.prefect_api import ensure_limit
+    from tasks.runtime.reconnect import serve_until_stopped
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "

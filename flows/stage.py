@@ -67,11 +67,11 @@ def stage_deployment(name: str):
 
 def serve_stage(name: str) -> None:
     """Serve ``rlhf-stage/<name>`` from this machine until interrupted (blocks), again after
-    the Prefect server comes back from an outage (flows/reconnect.py)."""
+    the Prefect server comes back from an outage (tasks/runtime/reconnect.py)."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.config import ConfigError
-    from flows.reconnect import serve_until_stopped
+    from tasks.configfile import ConfigError
+    from tasks.runtime.reconnect import serve_until_stopped
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf stage-worker needs the pipeline's Prefect server: export "

@@ -10,9 +10,9 @@ from typing import Any
 
 from prefect import flow, task
 
-from flows.config import grid_points
 from flows.wiring import rl_stages, shared_stages
 from tasks.config import PipelineConfig
+from tasks.configfile import grid_points
 from tasks.finish import close_parent, fail_parent, finish
 from tasks.prepare import Prepared, prepare
 from tasks.stages.records import SharedStages

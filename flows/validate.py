@@ -5,28 +5,12 @@ from __future__ import annotations
 
 from prefect import flow
 
-from data_checks.config import DataConfig
-from data_checks.loading import load_table
 from tasks.config import PipelineConfig
 from tasks.finish import close_parent, fail_parent
 from tasks.prepare import prepare
 from tasks.stages.validate import validate
 from tasks.tracking.runs import tag_parent
 from tasks.tracking.tags import VALIDATE_ONLY_TAG
-
-KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
-         "eval_prompts": "prompts", "preference_eval": "preference"}
-
-
-def preflight(data: DataConfig | None) -> None:
-    """Read every configured source once so a malformed file fails here, before Prefect or
-    MLflow start, with the DataError naming the file and line (demo data is generated)."""
-    if data is None:
-        return
-    for name, kind in KINDS.items():
-        source = getattr(data, name)
-        if source is not None:
-            load_table(source, kind)
 
 
 @flow(name="rlhf_validate", flow_run_name=lambda: "rlhf-validate", log_prints=True)

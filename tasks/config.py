@@ -1,6 +1,6 @@
 """The pipeline config: every stage's frozen config composed into one (docs/design.md).
 
-Validated once at the CLI edge (flows/config.py loads and overrides it); tasks read their own
+Validated once at the CLI edge (tasks/configfile.py loads and overrides it); tasks read their own
 section and never write back. Derived values are methods, not fields.
 """
 

@@ -19,7 +19,7 @@ def test_each_list_of_hardware_tags_names_every_fact(doc):
 
 
 def test_the_readme_names_every_column_of_rlhf_runs():
-    from flows.cli_runs import RUN_COLUMNS
+    from cli.runs import RUN_COLUMNS
 
     text = ROOT.joinpath("README.md").read_text()
     para = text[text.index("`rlhf runs` prints one line per parent run"):]

@@ -1,5 +1,6 @@
-"""The house has one direction: CLI -> flows -> tasks -> rlhf_core and data_checks, flows only
-wire (no MLflow: its look-ups are tasks'), only tasks/tracking/ imports mlflow and names MLflow
+"""The house has one direction: cli -> flows -> tasks -> rlhf_core and data_checks, flows only
+wire (no MLflow: its look-ups are tasks'; every function in flows/ is a flow or is called by
+one), only tasks/tracking/ imports mlflow and names MLflow
 tags (tasks/tracking/tags.py), and no module imports itself back through others.
 Checked on the source (every import statement, including those inside functions), not on
 sys.modules, so a lazy import that a test never triggers is caught too."""
@@ -12,12 +13,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
-    "rlhf_core": {"tasks", "flows", "data_checks", "prefect", "mlflow", "great_expectations"},
-    "data_checks": {"tasks", "flows", "rlhf_core", "prefect", "mlflow"},
-    "tasks": {"flows"},
-    "flows": {"mlflow"},
+    "rlhf_core": {"cli", "tasks", "flows", "data_checks", "prefect", "mlflow",
+                  "great_expectations"},
+    "data_checks": {"cli", "tasks", "flows", "rlhf_core", "prefect", "mlflow"},
+    "tasks": {"cli", "flows"},
+    "flows": {"cli", "mlflow"},
+    "cli": {"mlflow"},
 }
-PACKAGES = ("flows", "tasks", "rlhf_core", "data_checks")
+PACKAGES = ("cli", "flows", "tasks", "rlhf_core", "data_checks")
 
 
 def imported_packages(source: str) -> set[str]:
@@ -284,3 +287,30 @@ def test_rlhf_core_layers_import_downwards_only():
     upward = {f"{layer} -> {other}" for layer, targets in graph.items() for other in targets
               if CORE_LAYERS.index(other) > CORE_LAYERS.index(layer)}
     assert not upward, sorted(upward)
+
+
+def test_flows_hold_flows_and_their_wiring_only():
+    """Every top-level function of flows/ is a Prefect flow, is called within flows/ (the
+    wiring the flows share), or serves them (``serve*``: what `rlhf serve` and `rlhf
+    stage-worker` run); a function only the command line or tests call belongs in cli/ or
+    below, as do config loading, preflight and the other runtime code."""
+    modules = {p: ast.parse(p.read_text()) for p in sorted((ROOT / "flows").rglob("*.py"))}
+    called: dict[str, set[str]] = {}
+    for path, tree in modules.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                called.setdefault(node.id, set()).add(path.name)
+            elif isinstance(node, ast.Attribute):
+                called.setdefault(node.attr, set()).add(path.name)
+    bad = []
+    for path, tree in modules.items():
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            is_flow = any("flow" == (d.func if isinstance(d, ast.Call) else d).id
+                          for d in node.decorator_list
+                          if isinstance(d.func if isinstance(d, ast.Call) else d, ast.Name))
+            # serve / serve_stage: how `rlhf serve` and `rlhf stage-worker` serve the flows
+            if not is_flow and node.name not in called and not node.name.startswith("serve"):
+                bad.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert not bad, bad

@@ -92,7 +92,7 @@ def rlhf_serve(env: dict, workdir: Path, args: list[str], command: str = "serve"
     server's API -> the process and its log (stopped on exit)."""
     log = workdir / f"{command}.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", command, *args], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", command, *args], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
     try:
         yield proc, log

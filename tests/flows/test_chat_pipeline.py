@@ -10,8 +10,8 @@ import torch
 import yaml
 from transformers import AutoTokenizer, GenerationConfig
 
-from flows.config import load_config
 from flows.pipeline import rlhf_pipeline
+from tasks.configfile import load_config
 from tests.shared import STAGES, parent_runs, write_jsonl
 
 TOPICS = ["cats", "dogs", "rain", "sun", "tea", "oceans", "weather", "the sun"]

@@ -1,4 +1,4 @@
-from flows.cli import main, summary_text
+from cli.main import main, summary_text
 
 
 def test_bad_override_exits_2_naming_the_field(capsys):
@@ -31,7 +31,7 @@ def test_on_a_tracking_server_the_summary_links_the_parent_runs_page():
 
 
 def test_nproc_sets_model_nproc_and_a_bad_one_exits_2(capsys):
-    from flows.cli import _config_for, build_parser
+    from cli.main import _config_for, build_parser
 
     assert _config_for(build_parser().parse_args(["run", "--nproc", "2"])).model.nproc == 2
     assert _config_for(build_parser().parse_args(["run"])).model.nproc == 1
@@ -45,7 +45,7 @@ def test_the_cli_and_its_read_only_commands_start_without_torch():
     import subprocess
     import sys
 
-    probe = ("import sys, flows.cli, flows.cli_runs, tasks.tracking.runs; "
+    probe = ("import sys, cli.main, cli.runs, tasks.tracking.runs; "
              "print(sorted(m for m in ('torch', 'transformers', 'prefect') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True)

@@ -11,8 +11,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.cli import build_parser, main, summary_text
-from flows.config import ConfigError, load_config
+from cli.main import build_parser, main, summary_text
+from tasks.configfile import ConfigError, load_config
 from tests.shared import ROOT, TEST_CONFIG
 
 

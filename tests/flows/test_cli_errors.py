@@ -17,7 +17,7 @@ CONFIG = ROOT / "configs" / "test.yaml"
 def rlhf(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_LOGGING_LEVEL": "INFO", **env}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -82,7 +82,7 @@ def test_data_gate_failure_is_a_sentence_with_rows_and_file_and_exit_1(tmp_path,
 
 def test_a_failure_after_the_parent_run_opened_marks_it_failed(tmp_path, monkeypatch):
     import tasks.prepare as prepare
-    from flows.config import load_config
+    from tasks.configfile import load_config
 
     def broken(*_):
         raise OSError("disk full")

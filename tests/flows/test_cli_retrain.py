@@ -6,7 +6,7 @@ import json
 
 from mlflow.tracking import MlflowClient
 
-from flows.cli import main
+from cli.main import main
 from rlhf_core.demo import judge_score
 from tasks.tracking.registry import CHALLENGER, CHAMPION, PREVIOUS
 from tasks.tracking.tags import ALIAS_LOG_TAG

@@ -4,7 +4,7 @@ message, no traceback, nothing started)."""
 
 import json
 
-from flows.cli import main
+from cli.main import main
 
 # imported outside capsys: Prefect binds its log handler to import-time stderr
 from flows.validate import rlhf_validate  # noqa: F401

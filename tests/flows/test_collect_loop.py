@@ -23,10 +23,10 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.config import load_config
 from rlhf_core.demo import judge_choices
 from tasks.champion.batches import file_digest
 from tasks.champion.collect import LABEL_COLUMNS, PROMPTS, collect
+from tasks.configfile import load_config
 from tasks.labelling.client import KEY_VAR, URL_VAR
 from tasks.tracking.registry import CHAMPION, alias_version
 from tests.flows.prefect_procs import (
@@ -45,7 +45,7 @@ SETS = ["tracking.system_metrics=false", "demo.n_eval=200", "retrain.gate.num_pr
 
 
 def _cli(args: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], env=env, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "cli", *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -93,7 +93,7 @@ def loop(tmp_path_factory, prefect_api):
     out, mlflow = {}, MlflowClient(uri)
     (tmp / "ephemeral").mkdir()  # the local ephemeral API's home and database
     # the bootstrap runs while the server and `rlhf serve` start
-    bootstrap = subprocess.Popen([sys.executable, "-m", "flows.cli", "retrain", *args],
+    bootstrap = subprocess.Popen([sys.executable, "-m", "cli", "retrain", *args],
                                  env=base_env(tmp / "ephemeral"), cwd=tmp, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     studio = label_studio_server(tmp) if (label_studio_venv() / "bin" / "label-studio") \

@@ -1,8 +1,8 @@
 import pytest
 
-from flows.cli import DEMO_CONFIG
-from flows.config import ConfigError, load_config
+from cli.main import DEMO_CONFIG
 from tasks.config import flatten
+from tasks.configfile import ConfigError, load_config
 
 
 def test_demo_config_loads_and_overrides_apply():

@@ -1,6 +1,6 @@
 """model.parallel: ddp by default, fsdp accepted, anything else refused naming the field."""
 
-from flows.cli import _config_for, build_parser, main
+from cli.main import _config_for, build_parser, main
 
 
 def test_parallel_defaults_to_ddp_and_a_bad_value_exits_2_naming_the_field(capsys):

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.config import load_config
 from tasks.champion import labels, pull
 from tasks.champion.collect import RECORD, experiment_for
 from tasks.champion.studio import LINK, refuse_studio_rows, send
+from tasks.configfile import load_config
 from tasks.labelling.client import KEY_VAR, URL_VAR, LabelStudio, LabelStudioError
 from tasks.tracking.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG
 from tests.labelstudio import label_studio_server

@@ -89,7 +89,7 @@ def rlhf_env(prefect_auth, mlflow_url: str, login=None, auth=AUTH_STRING) -> dic
 
 
 def run_args(*settings: str) -> list[str]:
-    args = [sys.executable, "-m", "flows.cli", "run", "--config", str(TEST_CONFIG)]
+    args = [sys.executable, "-m", "cli", "run", "--config", str(TEST_CONFIG)]
     for item in [*SETTINGS, *settings]:
         args += ["--set", item]
     return args
@@ -212,7 +212,7 @@ def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
     assert took < 30, took
     command = shlex.split(last.split("continue it with: ")[1])
     assert f"tracking.tracking_uri=http://alice:***@{host}" in command, command
-    command = [sys.executable, "-m", "flows.cli",
+    command = [sys.executable, "-m", "cli",
                *[a.replace("alice:***@", f"alice:{new_password}@") for a in command[1:]]]
     exp_id = servers.rest(url, "2.0/mlflow/experiments/get-by-name?experiment_name=rlhf-test",
                           ADMIN)["experiment"]["experiment_id"]
@@ -265,9 +265,9 @@ def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
 
 
 def test_a_login_in_the_uri_moves_into_mlflows_variables(monkeypatch):
-    from flows.config import load_config
-    from flows.logins import login_out_of_uri
+    from tasks.configfile import load_config
     from tasks.redact import redacted
+    from tasks.runtime.logins import login_out_of_uri
 
     for var in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(var, "")  # (restored after the test, set or not)

@@ -48,7 +48,7 @@ def _start_cli(run_name: str, workdir: Path, env: dict) -> subprocess.Popen:
     # two runs share the CPU cores (one thread each); the sizes matter not, the store does
     sets = [*CONCURRENT_RUN, f"tracking.run_name={run_name}", f"tracking.workdir={workdir}"]
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG),
+        [sys.executable, "-m", "cli", "run", "--config", str(CONFIG),
          *[a for s in sets for a in ("--set", s)]],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

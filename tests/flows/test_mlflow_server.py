@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.cli_runs import runs_table
-from flows.config import load_config
+from cli.runs import runs_table
+from tasks.configfile import load_config
 from tests import servers
 from tests.servers import artifact_paths, stage_children
 from tests.shared import PPO_METRICS, STAGES, registered_models_panel

@@ -42,7 +42,7 @@ def test_an_outage_in_evaluate_stops_with_the_resume_command(prefect_api, tmp_pa
            "RLHF_PAUSE_AT": "evaluate:scored", "RLHF_PAUSE_FILE": str(pause)}
     log = tmp_path / "run.err"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=tmp_path,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                                 env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.time() + 240
@@ -63,7 +63,7 @@ def test_an_outage_in_evaluate_stops_with_the_resume_command(prefect_api, tmp_pa
         command = shlex.split(last.split("continue it with: ")[1])
         server = servers.start_mlflow(store, tmp_path, port)
         env.pop("RLHF_PAUSE_AT")
-        resumed = subprocess.run([sys.executable, "-m", "flows.cli", *command[1:]],
+        resumed = subprocess.run([sys.executable, "-m", "cli", *command[1:]],
                                  cwd=tmp_path, env=env, capture_output=True, text=True,
                                  timeout=240)
         assert resumed.returncode == 0, resumed.stderr[-3000:]

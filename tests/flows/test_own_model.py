@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from flows.config import load_config
 from flows.pipeline import rlhf_pipeline
+from tasks.configfile import load_config
 from tests.conftest import make_tokenizer
 from tests.shared import parent_runs, write_config
 

@@ -7,7 +7,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from flows.config import load_config
+from tasks.configfile import load_config
 from tests.shared import PPO_METRICS, STAGES, registered_models_panel
 from tests.shared import TEST_CONFIG as CONFIG
 
@@ -24,7 +24,7 @@ def pipeline_result(tmp_path_factory, prefect_api):
 
 
 def cfg_value(dotted: str):
-    from flows.config import flatten
+    from tasks.configfile import flatten
 
     return flatten(load_config(CONFIG).model_dump(mode="json"))[dotted]
 

@@ -3,7 +3,7 @@ saying what is kept and the command that continues the run (no traceback)."""
 
 import httpx
 
-from flows import cli
+import cli.main as cli
 from tasks.tracking import last_run
 
 

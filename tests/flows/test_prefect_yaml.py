@@ -5,8 +5,8 @@ from pathlib import Path
 
 import yaml
 
-from flows.config import load_config
 from flows.serve import labels_trigger, served_parameters
+from tasks.configfile import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.cli import main
-from flows.config import ConfigError, load_config
-from flows.preflight import check_config, check_servers
+from cli.main import main
+from tasks.configfile import ConfigError, load_config
+from tasks.runtime.preflight import check_config, check_servers
 from tests.shared import ROOT, TEST_CONFIG
 
 
@@ -36,7 +36,7 @@ def silent_server():
 
 def rlhf(args, cwd, **env) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -18,7 +18,7 @@ from tests.shared import ROOT, TEST_CONFIG
 def rlhf_run(tmp_path, env, crash_at: str, *extra) -> subprocess.CompletedProcess:
     args = ["--set", f"tracking.workdir={tmp_path}/runs", "--set", "tracking.run_name=once",
             "--set", "tracking.system_metrics=false", *extra]
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config",
+    return subprocess.run([sys.executable, "-m", "cli", "run", "--config",
                            str(TEST_CONFIG), *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=600, env={**env, "RLHF_CRASH_AT": crash_at})
 

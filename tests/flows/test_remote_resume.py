@@ -14,7 +14,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from flows.config import load_config
+from tasks.configfile import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
@@ -36,7 +36,7 @@ def weights_hash(folder: Path) -> str:
 
 
 def rlhf_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG),
+    return subprocess.run([sys.executable, "-m", "cli", "run", "--config", str(CONFIG),
                            *[a for o in OVERRIDES for a in ("--set", o)], *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 

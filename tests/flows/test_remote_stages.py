@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.config import load_config
+from tasks.configfile import load_config
 from tests.flows.prefect_procs import base_env, stop, wait_deployment
 from tests.shared import child_runs_by_stage
 
@@ -44,7 +44,7 @@ def other_machine(prefect_api, tmp_path_factory):
            "RLHF_STAGE_WORKDIR": str(home / "stages")}
     log = home / "worker.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "stage-worker", "--name",
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "stage-worker", "--name",
                                  "other"], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=home)
     try:

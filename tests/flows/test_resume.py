@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from flows.config import load_config
+from tasks.configfile import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
@@ -51,7 +51,7 @@ def run_in_process(tmp: Path, name: str):
 
 def rlhf_cli(args: list[str], env: dict, crash_at: str | None) -> subprocess.CompletedProcess:
     env = {**env, "RLHF_CRASH_AT": crash_at or ""}
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG),
+    return subprocess.run([sys.executable, "-m", "cli", "run", "--config", str(CONFIG),
                            *[a for o in OVERRIDES for a in ("--set", o)], *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 

@@ -30,7 +30,7 @@ def _sets(tmp_path) -> list[str]:
 
 def _rlhf(args: list[str], tmp_path, api: str) -> str:
     """`rlhf ARGS` against the session's Prefect API (no temporary server of its own)."""
-    cmd = [sys.executable, "-m", "flows.cli", args[0], "--config", str(TEST_CONFIG)]
+    cmd = [sys.executable, "-m", "cli", args[0], "--config", str(TEST_CONFIG)]
     for s in _sets(tmp_path):
         cmd += ["--set", s]
     cmd += args[1:]  # after the defaults above: a later --set wins
@@ -77,9 +77,9 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
 
 
 def _control_round_and_compare(tmp_path, client, first: str, second: str) -> None:
-    from flows.config import ConfigError, load_config
     from flows.retrain import compare, retrain
     from tasks.champion.batches import file_digest, find_batches
+    from tasks.configfile import ConfigError, load_config
     from tasks.tracking.registry import CHAMPION, RegistryError, alias_version
 
     cfg = load_config(TEST_CONFIG, _sets(tmp_path))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from flows.config import load_config
 from flows.retrain import _retrain_settings
+from tasks.configfile import load_config
 from tests.shared import TEST_CONFIG
 
 

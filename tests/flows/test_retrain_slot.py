@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import threading
 
-from flows.cli import main
-from flows.config import load_config
-from flows.errors import EX_TEMPFAIL
+from cli.errors import EX_TEMPFAIL
+from cli.main import main
 from flows.retrain import limit_name, retrain_slot
+from tasks.configfile import load_config
 from tests.shared import TEST_CONFIG
 
 

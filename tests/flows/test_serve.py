@@ -27,10 +27,10 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.config import load_config
 from flows.serve import served_parameters
 from rlhf_core.demo import write_preference_batch
 from tasks.champion.batches import consumed_runs, file_digest
+from tasks.configfile import load_config
 from tasks.tracking.registry import CHAMPION, PREVIOUS, alias_version
 from tests.flows.prefect_procs import (
     ROOT,
@@ -119,7 +119,7 @@ def test_schedule_starts_a_retrain_and_a_second_one_does_not_train(served):
     sets = [f"tracking.tracking_uri=sqlite:///{other}/mlflow.db", "ppo.iterations=1",
             f"tracking.workdir={other}/runs", f"retrain.watch_dir={other}/batches",
             "tracking.system_metrics=false", "demo.n_eval=200", "retrain.gate.num_prompts=200"]
-    beside = subprocess.Popen([sys.executable, "-m", "flows.cli", "retrain", "--config", str(
+    beside = subprocess.Popen([sys.executable, "-m", "cli", "retrain", "--config", str(
         ROOT / "configs" / "test.yaml"), *[a for x in sets for a in ("--set", x)]], text=True,
         env=served["env"], cwd=other, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     second = client.create_flow_run_from_deployment(deployment.id)  # (g) while it trains

@@ -6,7 +6,7 @@ seconds.
 Prefect's runner rides out a short outage by itself (its client retries a refused connection
 for about a minute) and gives up after 3 failed polls in a row; with
 PREFECT_CLIENT_MAX_RETRIES=0 and a 1 s poll it gives up within seconds, so the test reaches
-the part that is ours (flows/reconnect.py) without waiting minutes.
+the part that is ours (tasks/runtime/reconnect.py) without waiting minutes.
 """
 
 from __future__ import annotations

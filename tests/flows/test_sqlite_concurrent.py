@@ -22,7 +22,7 @@ RUN_NAMES = ("lite-a", "lite-b")
 def _start(name: str, tmp: Path, env: dict) -> subprocess.Popen:
     sets = [*CONCURRENT_RUN, f"tracking.run_name={name}", f"tracking.workdir={tmp}/{name}"]
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG),
+        [sys.executable, "-m", "cli", "run", "--config", str(CONFIG),
          *[a for s in sets for a in ("--set", s)]],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -15,7 +15,7 @@ from tests.shared import ROOT, TEST_CONFIG
 
 STUCK = """
 import time
-from flows.stopping import stop_within_seconds
+from cli.stopping import stop_within_seconds
 with stop_within_seconds(lambda s: f"stopped by {s}; run R is kept"):
     try:
         print("ready", flush=True)
@@ -69,7 +69,7 @@ def test_sigterm_mid_ppo_marks_the_runs_killed_and_says_how_to_resume(prefect_ap
            "MLFLOW_TRACKING_URI": uri, "PREFECT_LOGGING_LEVEL": "INFO"}
     log = tmp_path / "err.txt"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=tmp_path,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                                 env=env, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.time() + 300
     while "ppo: step 2/500" not in log.read_text():

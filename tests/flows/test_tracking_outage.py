@@ -38,7 +38,7 @@ def rlhf(tmp: Path, name: str, uri: str, prefect_api: str, *extra: str,
            "MLFLOW_TRACKING_URI": uri, "PREFECT_LOGGING_LEVEL": "INFO"}
     log = tmp / f"{name}.err"
     with open(log, "a") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=tmp, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp, env=env,
                                 stdout=subprocess.DEVNULL, stderr=err)
     return proc, log
 

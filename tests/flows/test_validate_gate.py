@@ -5,8 +5,8 @@ itself: tests/flows/test_cli_validate.py.)"""
 import pytest
 
 from data_checks.validate import ValidationFailed
-from flows.config import load_config
 from flows.pipeline import rlhf_pipeline
+from tasks.configfile import load_config
 from tests.shared import PREF, parent_runs, write_config
 
 

@@ -4,9 +4,9 @@ with demo responses the judge orders as clearly, so every labeller can be judged
 
 from __future__ import annotations
 
-from flows.config import load_config
 from rlhf_core.demo import judge_score
 from tasks.champion.collect import build_record
+from tasks.configfile import load_config
 from tests.shared import TEST_CONFIG
 
 

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.config import load_config
 from tasks.champion import labels
 from tasks.champion.collect import RECORD, experiment_for
 from tasks.champion.labels import import_dropped, import_labels, quarantine_batches
+from tasks.configfile import load_config
 from tasks.tracking.tags import COLLECTION_TAG
 from tests.shared import TEST_CONFIG
 

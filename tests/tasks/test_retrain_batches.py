@@ -11,7 +11,6 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from data_checks.config import DataConfig, DataSource
-from flows.config import load_config
 from tasks.champion.batches import (
     Champion,
     add_batches,
@@ -20,6 +19,7 @@ from tasks.champion.batches import (
     mark_consumed,
 )
 from tasks.champion.collect import experiment_for
+from tasks.configfile import load_config
 from tasks.prepare import Prepared
 from tasks.tracking.runs import RunContext
 from tasks.tracking.tags import CONSUMED_TAG

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from data_checks.config import DataSource
-from flows.config import load_config
 from tasks.champion.batches import Champion
+from tasks.configfile import load_config
 from tasks.prepare import Prepared
 from tasks.stages.records import (
     Artifact,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import shlex
 import time
 
-from flows.config import ConfigError
-from flows.logins import Needs
-from flows.preflight import check_servers
+from tasks.configfile import ConfigError
 from tasks.redact import redact
+from tasks.runtime.logins import Needs
+from tasks.runtime.preflight import check_servers
 from tasks.tracking.queries import StoreError, pipeline_runs, run_lineage
 from tasks.tracking.runs import (
     default_tracking_uri,

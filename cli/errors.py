@@ -18,7 +18,7 @@ import logging
 
 from data_checks.loading import DataError
 from data_checks.validate import ValidationFailed
-from flows.config import ConfigError
+from tasks.configfile import ConfigError
 from tasks.identity import ResumeRefused
 from tasks.labelling.client import LabelStudioError
 from tasks.runtime.remote import RoutingError

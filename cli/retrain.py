@@ -27,8 +27,8 @@ def _with(config, section: str, **fields):
 
 def _preflight(config) -> None:
     """The MLflow store and (when PREFECT_API_URL is set) the Prefect API answer."""
-    from flows.logins import needs_of
-    from flows.preflight import check_servers
+    from tasks.runtime.logins import needs_of
+    from tasks.runtime.preflight import check_servers
 
     check_servers(config.tracking.tracking_uri, needs=needs_of(config))
 
@@ -53,8 +53,8 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
 
     import pandas as pd
 
+    from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow, label_pull
-    from flows.errors import quiet_expected_failures
     from rlhf_core.demo import judge_choices
     from tasks.champion.studio import connect
     from tasks.labelling.project import accounts, vote
@@ -110,8 +110,8 @@ def _demo_on_policy(args, config, seed: int) -> int:
     """Collect from the champion, label with the gold judge, import (as a person would)."""
     import pandas as pd
 
+    from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow, label_import
-    from flows.errors import quiet_expected_failures
     from rlhf_core.demo import judge_choices
 
     quiet_expected_failures()
@@ -154,8 +154,8 @@ def cmd_collect(args, config) -> int:
     if config.collect.destination.kind == "label_studio":
         _label_studio_preflight(config)  # before the servers' checks and torch's import
     _preflight(config)
+    from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow
-    from flows.errors import quiet_expected_failures
 
     quiet_expected_failures()
     collect_flow(config=config)
@@ -168,8 +168,8 @@ def cmd_label_pull(args, config) -> int:
     if os.environ.get(URL_VAR) or config.collect.destination.url:
         _label_studio_preflight(config)  # before the servers' checks and torch's import
     _preflight(config)
+    from cli.errors import quiet_expected_failures
     from flows.collect import label_pull
-    from flows.errors import quiet_expected_failures
 
     quiet_expected_failures()
     out = label_pull(config=config, collection=args.collection, partial=args.partial)
@@ -179,11 +179,11 @@ def cmd_label_pull(args, config) -> int:
 
 
 def cmd_label_import(args, config) -> int:
+    from cli.errors import quiet_expected_failures
     from flows.collect import label_import
-    from flows.errors import quiet_expected_failures
 
     if not Path(args.file).is_file():
-        from flows.config import ConfigError
+        from tasks.configfile import ConfigError
 
         raise ConfigError(f"{args.file}: no such labelled file")
     _preflight(config)
@@ -195,7 +195,7 @@ def cmd_label_import(args, config) -> int:
 
 
 def cmd_retrain(args, config) -> int:
-    from flows.errors import quiet_expected_failures
+    from cli.errors import quiet_expected_failures
     from flows.retrain import retrain
 
     _preflight(config)
@@ -203,7 +203,7 @@ def cmd_retrain(args, config) -> int:
     start = time.perf_counter()
     out = retrain(config=config, control=args.control)
     if out["status"] == "skipped":  # exit 75 (EX_TEMPFAIL): nothing ran, try again later
-        from flows.errors import EX_TEMPFAIL
+        from cli.errors import EX_TEMPFAIL
 
         print(f"retrain: skipped: another retrain of this store is running: the slot "
               f"{out['slot']} is held by {out['held_by']}; nothing trained (exit "
@@ -219,7 +219,7 @@ def cmd_retrain(args, config) -> int:
 
 
 def cmd_compare(args, config) -> int:
-    from flows.errors import quiet_expected_failures
+    from cli.errors import quiet_expected_failures
     from flows.retrain import compare
 
     _preflight(config)
@@ -233,8 +233,8 @@ def cmd_compare(args, config) -> int:
 
 def _tracking_uri(config) -> str:
     """The store the registry lives in, once it answers."""
-    from flows.logins import Needs
-    from flows.preflight import check_servers
+    from tasks.runtime.logins import Needs
+    from tasks.runtime.preflight import check_servers
     from tasks.tracking.runs import default_tracking_uri
 
     check_servers(config.tracking.tracking_uri, prefect=False,

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-from flows.preflight import no_answer
+from tasks.runtime.preflight import no_answer
 
 EVERY_ENV = "RLHF_RECONNECT_EVERY_S"
 

@@ -3,11 +3,11 @@
     rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID] [--nproc N]
     rlhf validate [--config FILE] [--set key=value ...]
     rlhf sweep [--config FILE] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--max-concurrent N]
-    rlhf runs [--experiment NAME] [--limit N]                  (flows/cli_runs.py)
+    rlhf runs [--experiment NAME] [--limit N]                  (cli/runs.py)
     rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
     rlhf stage-worker --name NAME
     rlhf collect | label import FILE | retrain | demo-batch | promote VERSION | rollback
-                                                    (flows/cli_retrain.py)
+                                                    (cli/retrain.py)
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
@@ -23,10 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from data_checks.validate import ValidationFailed
-from flows.cli_runs import check_resume_id, cmd_runs, resume_args
-from flows.config import load_config
-from flows.errors import (
+from cli.errors import (
     EX_TEMPFAIL,
     EXPECTED,
     OUTAGES,
@@ -34,9 +31,12 @@ from flows.errors import (
     prefect_gone,
     quiet_expected_failures,
 )
-from flows.logins import Needs, login_out_of_uri, needs_of
-from flows.preflight import check_config, check_servers
-from flows.stopping import stop_signal, stop_within_seconds
+from cli.runs import check_resume_id, cmd_runs, resume_args
+from cli.stopping import stop_signal, stop_within_seconds
+from data_checks.validate import ValidationFailed
+from tasks.configfile import load_config
+from tasks.runtime.logins import Needs, login_out_of_uri, needs_of
+from tasks.runtime.preflight import check_config, check_servers
 from tasks.tracking.last_run import last_parent_run
 from tasks.tracking.runs import run_page, runs_table_url
 from tasks.tracking.tags import SWEEP_TAG
@@ -99,10 +99,10 @@ def cmd_run(args) -> int:
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     if args.resume:
         check_resume_id(cfg, args.resume, args.argv)
+    from data_checks.loading import read_every_source
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
-    from flows.validate import preflight
 
-    preflight(cfg.data)
+    read_every_source(cfg.data)
     quiet_expected_failures()
     start = time.perf_counter()
     result = rlhf_pipeline(config=cfg, resume_run_id=args.resume)
@@ -114,9 +114,10 @@ def cmd_validate(args) -> int:
     cfg = _config_for(args)
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=Needs(cfg.tracking.experiment))
-    from flows.validate import preflight, rlhf_validate
+    from data_checks.loading import read_every_source
+    from flows.validate import rlhf_validate
 
-    preflight(cfg.data)
+    read_every_source(cfg.data)
     quiet_expected_failures()
     out = rlhf_validate(config=cfg)
     counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out["metrics"].items())
@@ -133,16 +134,16 @@ def cmd_validate(args) -> int:
 
 def cmd_sweep(args) -> int:
     cfg = _config_for(args)
-    from flows.config import grid_points, parse_grid
+    from tasks.configfile import grid_points, parse_grid
 
     grid = parse_grid(args.grid or [])
     seeds = [cfg.seed + i for i in range(args.seeds)]
     points = grid_points(cfg, grid, seeds)  # every point validated before anything runs
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
+    from data_checks.loading import read_every_source
     from flows.sweep import rlhf_sweep
-    from flows.validate import preflight
 
-    preflight(cfg.data)
+    read_every_source(cfg.data)
     start = time.perf_counter()
     out = rlhf_sweep(config=cfg, grid=grid, seeds=seeds, sweep_id=args.sweep_id,
                      max_concurrent=args.max_concurrent)
@@ -234,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "elsewhere: serve the rlhf-stage/NAME deployment (blocks)")
     stw.add_argument("--name", required=True, help="deployment name, e.g. gpu (rlhf-stage/gpu)")
     stw.set_defaults(func=cmd_stage_worker)
-    from flows.cli_retrain import add_commands
+    from cli.retrain import add_commands
 
     add_commands(sub, _config_for)
     return parser

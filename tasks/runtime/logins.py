@@ -1,5 +1,5 @@
 """Logins to shared servers, checked before anything starts (:func:`check_mlflow_login`,
-:func:`check_prefect_login`, called by flows/preflight.py's ``check_servers``).
+:func:`check_prefect_login`, called by tasks/runtime/preflight.py's ``check_servers``).
 
 MLflow's basic-auth app (``mlflow server --app-name basic-auth``) and a Prefect server with
 ``PREFECT_SERVER_API_AUTH_STRING`` both answer ``/health`` without a login, so a ping passes
@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.config import ConfigError
+from tasks.configfile import ConfigError
 
 USER_VAR, PASSWORD_VAR, TOKEN_VAR = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                                      "MLFLOW_TRACKING_TOKEN")

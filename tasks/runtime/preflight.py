@@ -14,9 +14,9 @@ import urllib.request
 from pathlib import Path
 
 from data_checks.files import looks_local
-from flows.config import ConfigError
-from flows.logins import Needs, check_mlflow_login, check_prefect_login
 from tasks.config import PipelineConfig
+from tasks.configfile import ConfigError
+from tasks.runtime.logins import Needs, check_mlflow_login, check_prefect_login
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -175,7 +175,7 @@ def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
     tracking.tracking_uri, else MLFLOW_TRACKING_URI, else ./mlflow.db) answers, or its
     folder can be written; and, with ``prefect``, the Prefect API that PREFECT_API_URL names
     answers on ``/health``. A server with logins then takes the login its client will send
-    and, with ``needs``, lets the user do what the command will do (flows/logins.py). Each
+    and, with ``needs``, lets the user do what the command will do (tasks/runtime/logins.py). Each
     check is one try of at most ``timeout_s`` seconds; a failure is a ConfigError of one
     sentence naming the URL, where it came from and what to check (exit 2). Every command
     that talks to MLflow or Prefect calls this first."""
