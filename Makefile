@@ -44,7 +44,7 @@ label-studio: $(LS_VENV)/template/label_studio.sqlite3
 # The project's own modules are byte-compiled first: with PYTHONDONTWRITEBYTECODE set (as on
 # this project's machines) every test's subprocess (CLI runs, flow runs, ranks) would otherwise
 # compile them again (about 0.3 s of CPU each, some hundred processes).
-PRECOMPILE = $(BIN)/python -m compileall -q flows tasks rlhf_core data_checks tests bench >/dev/null
+PRECOMPILE = $(BIN)/python -m compileall -q cli flows tasks rlhf_core data_checks tests bench >/dev/null
 TEST_WORKERS ?= 2
 test: install label-studio
 	$(PRECOMPILE)
