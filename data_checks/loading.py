@@ -139,6 +139,7 @@ def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
     return values.astype(float)
 
 
+# each data set of a DataConfig -> its schema (loading, validation and the preflight read)
 KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
          "eval_prompts": "prompts", "preference_eval": "preference"}
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import ConversationError, render_conversations
-from data_checks.loading import COLUMNS, DataError, load_table
+from data_checks.loading import COLUMNS, KINDS, DataError, load_table
 from data_checks.messages import failure_sentence
 from data_checks.text_checks import check_text
 from data_checks.tokenizer_checks import count_tokens
@@ -278,10 +278,7 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sources = {"sft": (data.sft, "sft"), "preference": (data.preference, "preference"),
-               "prompts": (data.prompts, "prompts"),
-               "eval_prompts": (data.eval_prompts, "prompts"),
-               "preference_eval": (data.preference_eval, "preference")}
+    sources = {name: (getattr(data, name), kind) for name, kind in KINDS.items()}
     paths = {name: src.path for name, (src, _) in sources.items() if src}
     key = cache and kept.validation_key({n: s for n, (s, _) in sources.items() if s},
                                         tokenizer, cfg, chat is not None)
