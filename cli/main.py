@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cli.errors import (
     EX_TEMPFAIL,
@@ -40,6 +41,9 @@ from tasks.runtime.preflight import check_config, check_servers
 from tasks.tracking.last_run import last_parent_run
 from tasks.tracking.runs import run_page, runs_table_url
 from tasks.tracking.tags import SWEEP_TAG
+
+if TYPE_CHECKING:
+    from tasks.results import PipelineResult
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -62,35 +66,40 @@ def _fmt(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def summary_text(result: dict, wall_s: float) -> str:
+def summary_text(result: PipelineResult, wall_s: float) -> str:
     """One screen: each stage, its wall time and key metrics, and the parent run."""
     lines = ["", "RLHF pipeline finished", "=" * 100,
              f"{'stage':<13}{'wall s':>8}  key metrics", "-" * 100]
-    for name, stage in result["stages"].items():
-        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in list(stage["metrics"].items())[:4])
-        wall = "skipped" if stage["skipped"] else f"{stage['wall_s']:.1f}"
+    for name, stage in result.stages.items():
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in list(stage.metrics.items())[:4])
+        wall = "skipped" if stage.skipped else f"{stage.wall_s:.1f}"
         lines.append(f"{name:<13}{wall:>8}  {shown}")
     lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
-              f"MLflow parent run: {result['parent_run_id']} "
-              f"(experiment {result['experiment_id']}, {result['tracking_uri']})",
+              f"MLflow parent run: {result.parent_run_id} "
+              f"(experiment {result.experiment_id}, {result.tracking_uri})",
               f"  view: {ui_hint(result)}",
-              f"  runs table: {runs_table_url(result['tracking_uri'], result['experiment_id'])}"]
+              f"  runs table: {runs_table_url(result.tracking_uri, result.experiment_id)}"]
     lines += [f"registered {what}: {ref}" for what, ref in registered(result).items()]
-    lines += [f"checkpoints: {result['workdir']}", ""]
+    lines += [f"checkpoints: {result.workdir}", ""]
     return "\n".join(lines)
 
 
-def ui_hint(result: dict) -> str:
+def ui_hint(result: PipelineResult) -> str:
     """Where to look: the run's page on a tracking server, else how to start the UI."""
-    uri = result["tracking_uri"]
-    return run_page(uri, result["experiment_id"], result["parent_run_id"]) or \
-        f"mlflow ui --backend-store-uri {uri}"
+    return run_page(result.tracking_uri, result.experiment_id, result.parent_run_id) or \
+        f"mlflow ui --backend-store-uri {result.tracking_uri}"
 
 
-def registered(result: dict) -> dict[str, str]:
-    """{'policy': 'models:/rlhf-policy/3 (challenger, champion)', ...} from the register stage."""
-    figures = result["stages"].get("register", {}).get("figures", {})
-    return {k: v for k, v in figures.items() if k in ("policy", "reward model")}
+def registered(result: PipelineResult) -> dict[str, str]:
+    """{'policy': 'models:/rlhf-policy/3 (challenger, champion)', ...}: the versions the
+    register stage registered (none when it registered nothing)."""
+    reg = result.registered
+    if reg is None or not reg.registered:
+        return {}
+    aliases = "champion" if reg.promoted else "challenger"  # a champion is no challenger
+    return {"policy": f"models:/{reg.model_name}/{reg.version} ({aliases})",
+            "reward model": f"models:/{reg.reward_model_name}/{reg.reward_model_version} "
+                            "(challenger)"}
 
 
 def cmd_run(args) -> int:
@@ -119,15 +128,16 @@ def cmd_validate(args) -> int:
 
     read_every_source(cfg.data)
     quiet_expected_failures()
-    out = rlhf_validate(config=cfg)
-    counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out["metrics"].items())
-    passed = ", ".join(f"{k.split('/')[0]} {v}" for k, v in out.get("figures", {}).items())
+    result = rlhf_validate(config=cfg)
+    out = result.data
+    counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out.metrics.items())
+    passed = ", ".join(f"{k.split('/')[0]} {v}" for k, v in out.figures.items())
     lines = ["", "data validation PASSED", f"expectations passed: {passed}",
              f"rows kept: {counts}"]
-    lines += [f"warning: {w}" for w in out["warnings"]]
-    lines += [f"cleaned data: {out['data_dir']}",
-              f"Data Docs: {out['data_dir']}/data_docs/index.html (GX: data_docs/gx/index.html)",
-              f"MLflow parent run: {out['parent_run_id']} ({out['tracking_uri']})", ""]
+    lines += [f"warning: {w}" for w in out.warnings]
+    lines += [f"cleaned data: {out.data.path}",
+              f"Data Docs: {out.data.path}/data_docs/index.html (GX: data_docs/gx/index.html)",
+              f"MLflow parent run: {result.parent_run_id} ({result.tracking_uri})", ""]
     print("\n".join(lines))
     return 0
 
@@ -147,11 +157,11 @@ def cmd_sweep(args) -> int:
     start = time.perf_counter()
     out = rlhf_sweep(config=cfg, grid=grid, seeds=seeds, sweep_id=args.sweep_id,
                      max_concurrent=args.max_concurrent)
-    print(f"\n{out['markdown']}\n{len(points)} points in {time.perf_counter() - start:.1f} s; "
-          f"sweep {out['sweep_id']}: MLflow run {out['parent_run_id']} ({out['tracking_uri']}), "
-          f"filter runs with tags.`{SWEEP_TAG}` = '{out['sweep_id']}'")
-    if out["failed"]:
-        print(f"failed points: {'; '.join(out['failed'])}", file=sys.stderr)
+    print(f"\n{out.markdown}\n{len(points)} points in {time.perf_counter() - start:.1f} s; "
+          f"sweep {out.sweep_id}: MLflow run {out.parent_run_id} ({out.tracking_uri}), "
+          f"filter runs with tags.`{SWEEP_TAG}` = '{out.sweep_id}'")
+    if out.failed:
+        print(f"failed points: {'; '.join(out.failed)}", file=sys.stderr)
         return 1
     return 0
 

@@ -202,18 +202,18 @@ def cmd_retrain(args, config) -> int:
     quiet_expected_failures()
     start = time.perf_counter()
     out = retrain(config=config, control=args.control)
-    if out["status"] == "skipped":  # exit 75 (EX_TEMPFAIL): nothing ran, try again later
+    if out.status == "skipped":  # exit 75 (EX_TEMPFAIL): nothing ran, try again later
         from cli.errors import EX_TEMPFAIL
 
         print(f"retrain: skipped: another retrain of this store is running: the slot "
-              f"{out['slot']} is held by {out['held_by']}; nothing trained (exit "
+              f"{out.slot} is held by {out.held_by}; nothing trained (exit "
               f"{EX_TEMPFAIL}: try again later, or set retrain.on_overlap=wait)")
         return EX_TEMPFAIL
-    lines = [f"retrain: {out['status']} ({time.perf_counter() - start:.1f} s)"]
-    if out.get("reason"):
-        lines.append(f"gate: {out['reason']}")
-    if out.get("parent_run_id"):
-        lines.append(f"MLflow parent run: {out['parent_run_id']} ({out['tracking_uri']})")
+    lines = [f"retrain: {out.status} ({time.perf_counter() - start:.1f} s)"]
+    if out.decision is not None:
+        lines.append(f"gate: {out.decision.reason}")
+    if out.run is not None:
+        lines.append(f"MLflow parent run: {out.run.parent_run_id} ({out.run.tracking_uri})")
     print("\n".join(lines))
     return 0
 
@@ -225,9 +225,9 @@ def cmd_compare(args, config) -> int:
     _preflight(config)
     quiet_expected_failures()
     out = compare(config=config, champion=args.champion, challenger=args.challenger)
-    a, b = out["versions"]
-    print(f"compare: v{b} against v{a}, scored by {out['scorer']}\ngate: {out['reason']}\n"
-          f"MLflow parent run: {out['parent_run_id']} ({out['tracking_uri']})")
+    print(f"compare: v{out.challenger} against v{out.champion}, scored by "
+          f"{out.decision.scorer}\ngate: {out.decision.reason}\n"
+          f"MLflow parent run: {out.run.parent_run_id} ({out.run.tracking_uri})")
     return 0
 
 

@@ -9,6 +9,7 @@ from prefect import flow
 
 from flows.wiring import run_pipeline
 from tasks.config import PipelineConfig
+from tasks.results import PipelineResult
 
 
 def _flow_run_name() -> str:
@@ -21,7 +22,7 @@ def _flow_run_name() -> str:
 
 
 @flow(name="rlhf_pipeline", flow_run_name=_flow_run_name, log_prints=True)
-def rlhf_pipeline(config: PipelineConfig, resume_run_id: str | None = None) -> dict:
+def rlhf_pipeline(config: PipelineConfig, resume_run_id: str | None = None) -> PipelineResult:
     """validate -> sft -> reward_model -> reward_norm -> critic_init -> ppo -> evaluate ->
     register, tracked in MLflow (one parent run, one child run per stage)."""
     return run_pipeline(config, resume_run_id)

@@ -191,7 +191,7 @@ def serve(config: PipelineConfig, name: str) -> None:
     server comes back from an outage (tasks/runtime/reconnect.py). Needs a Prefect server."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.retrain import limit_name
+    from tasks.champion.round import limit_name
     from tasks.runtime.prefect_api import ensure_limit
     from tasks.runtime.reconnect import serve_until_stopped
 

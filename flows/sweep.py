@@ -15,6 +15,7 @@ from tasks.config import PipelineConfig
 from tasks.configfile import grid_points
 from tasks.finish import close_parent, fail_parent, finish
 from tasks.prepare import Prepared, prepare
+from tasks.results import PipelineResult, SweepResult
 from tasks.stages.records import SharedStages
 from tasks.sweep import open_point_run, point_label, point_row, sweep_summary
 from tasks.tracking.runs import tag_parent
@@ -30,7 +31,7 @@ def _point_name() -> str:
 
 @flow(name="rlhf_sweep_point", flow_run_name=_point_name, log_prints=True)
 def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
-                shared: SharedStages, base_prep: Prepared) -> dict:
+                shared: SharedStages, base_prep: Prepared) -> PipelineResult:
     """critic_init -> ppo -> evaluate for one point, in its own MLflow parent run."""
     prep = open_point_run(config, base_prep, sweep_id, overrides)
     ctx = prep.ctx
@@ -44,7 +45,7 @@ def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str
 
 @task(name="sweep_point")
 def run_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
-              shared: SharedStages, base_prep: Prepared) -> dict:
+              shared: SharedStages, base_prep: Prepared) -> PipelineResult:
     """The point's child flow run, inside a task so points can run side by side."""
     return sweep_point(config, overrides, sweep_id, shared, base_prep)
 
@@ -57,7 +58,7 @@ def _sweep_name() -> str:
 
 @flow(name="rlhf_sweep", flow_run_name=_sweep_name, log_prints=True)
 def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[int] | None = None,
-               sweep_id: str | None = None, max_concurrent: int = 1) -> dict:
+               sweep_id: str | None = None, max_concurrent: int = 1) -> SweepResult:
     """Shared stages once, then every grid point x seed (``max_concurrent`` at a time), then
     the summary. ``grid``: {'ppo.kl_coef': [0.02, 0.05], ...}; ``seeds``: default [config.seed].
     """
@@ -88,5 +89,5 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
                 rows.append(point_row(overrides, None, state.message or state.name))
     summary = sweep_summary(ctx, rows)
     close_parent(ctx)
-    return {"sweep_id": sweep_id, "parent_run_id": ctx.parent_run_id,
-            "experiment_id": ctx.experiment_id, "tracking_uri": ctx.tracking_uri, **summary}
+    return SweepResult(sweep_id=sweep_id, parent_run_id=ctx.parent_run_id,
+                       experiment_id=ctx.experiment_id, tracking_uri=ctx.tracking_uri, **summary)

@@ -8,13 +8,14 @@ from prefect import flow
 from tasks.config import PipelineConfig
 from tasks.finish import close_parent, fail_parent
 from tasks.prepare import prepare
+from tasks.results import PipelineResult
 from tasks.stages.validate import validate
 from tasks.tracking.runs import tag_parent
 from tasks.tracking.tags import VALIDATE_ONLY_TAG
 
 
 @flow(name="rlhf_validate", flow_run_name=lambda: "rlhf-validate", log_prints=True)
-def rlhf_validate(config: PipelineConfig) -> dict:
+def rlhf_validate(config: PipelineConfig) -> PipelineResult:
     prep = prepare(config)
     ctx = prep.ctx
     tag_parent(ctx, {VALIDATE_ONLY_TAG: "true"})
@@ -24,6 +25,4 @@ def rlhf_validate(config: PipelineConfig) -> dict:
         fail_parent(ctx)
         raise
     close_parent(ctx)
-    return {"parent_run_id": ctx.parent_run_id, "tracking_uri": ctx.tracking_uri,
-            "workdir": ctx.workdir, "data_dir": out.data.path, "warnings": out.warnings,
-            "metrics": out.metrics, "figures": out.figures}
+    return PipelineResult.of(ctx, {"validate": out})

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from tasks.config import PipelineConfig
 from tasks.finish import fail_parent, finish
 from tasks.prepare import Prepared, prepare
+from tasks.results import PipelineResult
 from tasks.stages.critic_init import critic_init
 from tasks.stages.evaluate import evaluate
 from tasks.stages.ppo import ppo
@@ -94,8 +95,8 @@ def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
 
 def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
                  prep_hook: PrepHook | None = None, lineage: dict | None = None,
-                 data_hook: DataHook | None = None) -> dict:
-    """The whole pipeline in the current flow run -> the per-stage summary. ``prep_hook``
+                 data_hook: DataHook | None = None) -> PipelineResult:
+    """The whole pipeline in the current flow run -> its result (each stage's record). ``prep_hook``
     may change the prepared inputs (the retrain flow adds its batches to the data);
     ``data_hook`` the reward model's validated data (the retrain's judge split)."""
     prep = prepare(config, resume_run_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
+from tasks.results import PipelineResult
 from tasks.stages.records import StageRecord
 from tasks.tracking.runs import RunContext, find_stage_run, mark_ended
 
@@ -41,15 +42,11 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 
 
 @task(name="finish")
-def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> dict:
-    """Log the plots, close the parent run and return the per-stage summary."""
+def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> PipelineResult:
+    """Log the plots, close the parent run -> the run's result (each stage's record)."""
     plot_ppo_curves(ctx)
     close_parent(ctx)
-    stages = {name: {"wall_s": out.wall_s, "skipped": out.skipped, "run_id": out.run_id,
-                     "metrics": out.metrics, "figures": out.figures}
-              for name, out in outputs.items()}
-    return {"parent_run_id": ctx.parent_run_id, "experiment_id": ctx.experiment_id,
-            "tracking_uri": ctx.tracking_uri, "workdir": ctx.workdir, "stages": stages}
+    return PipelineResult.of(ctx, outputs)
 
 
 def close_parent(ctx: RunContext) -> None:

@@ -17,6 +17,7 @@ from prefect import task
 
 from tasks.config import PipelineConfig
 from tasks.prepare import Prepared, open_parent_run
+from tasks.results import PipelineResult
 from tasks.tracking.runs import RunContext, set_tags
 from tasks.tracking.tags import SWEEP_POINT_TAG, SWEEP_SHARED_RUN_TAG, SWEEP_TAG
 
@@ -44,16 +45,17 @@ def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
     return base_prep.model_copy(update={"ctx": ctx})
 
 
-def point_row(overrides: dict[str, Any], result: dict | None, error: str | None) -> dict:
-    """One summary row: the point's settings, status, evaluation, wall time, memory."""
+def point_row(overrides: dict[str, Any], result: PipelineResult | None,
+              error: str | None) -> dict[str, Any]:
+    """One row of the summary table: the point's settings, status, evaluation, wall time,
+    memory."""
     row: dict[str, Any] = {"point": point_label(overrides), **overrides}
     if result is None:
         return {**row, "status": "FAILED", "error": (error or "")[:300]}
-    stages = result["stages"]
-    metrics = {k: v for s in stages.values() for k, v in s["metrics"].items()}
+    metrics = result.metrics
     row.update({k: metrics[k] for k in COLUMNS if k in metrics})
-    row.update({"status": "FINISHED", "parent_run_id": result["parent_run_id"],
-                "wall_s": round(sum(s["wall_s"] for s in stages.values()), 1)})
+    row.update({"status": "FINISHED", "parent_run_id": result.parent_run_id,
+                "wall_s": result.wall_s})
     return row
 
 

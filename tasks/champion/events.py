@@ -17,7 +17,10 @@ Prefect does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.results import RetrainResult
 
 LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
 QUARANTINED = "rlhf.preferences.quarantined"
@@ -70,12 +73,15 @@ def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> s
     return f"retrain-{policy}-{start}{batches}"
 
 
-def announce_outcome(policy: str, result: dict) -> None:
+def announce_outcome(policy: str, result: RetrainResult) -> None:
     """``rlhf.champion.promoted`` (a first champion too) or ``rlhf.champion.kept`` for a
     retrain that trained; nothing for one that found nothing new or was skipped."""
-    status = result.get("status")
-    if status not in ("promoted", "kept", "bootstrapped"):
+    if not result.trained:
         return
-    payload = {k: result[k] for k in ("reason", "parent_run_id") if k in result}
-    emit(KEPT if status == "kept" else PROMOTED, POLICY_RESOURCE + policy, policy,
-         {OUTCOME_LABEL: status}, payload)
+    payload = {}
+    if result.decision is not None:
+        payload["reason"] = result.decision.reason
+    if result.run is not None:
+        payload["parent_run_id"] = result.run.parent_run_id
+    emit(KEPT if result.status == "kept" else PROMOTED, POLICY_RESOURCE + policy, policy,
+         {OUTCOME_LABEL: result.status}, payload)

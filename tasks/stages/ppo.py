@@ -4,8 +4,6 @@ sample tables, checkpoints; on ``model.nproc`` data-parallel ranks when it is ab
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 from prefect import task
 
@@ -74,7 +72,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     start_dir = sc.local(start.model, "the start policy")  # here, or downloaded from MLflow
     models = ppo_models(start_dir, reference_dir or start_dir, critic_dir,
                         sc.local(rm.model, "reward_model's model"), spec)
-    norm_stats = json.loads(sc.local(norm.stats_file, "reward_norm's statistics").read_text())
+    norm_stats = norm.stats  # the values reward_norm.json holds
     data_dir = sc.local(data.data, "validate's data")
     prompts = [encode(tokenizer, r["prompt"]) for r in read_jsonl(data_dir / "prompts.jsonl")]
     sft_rows = read_jsonl(data_dir / "sft.jsonl")

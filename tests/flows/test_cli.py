@@ -1,4 +1,6 @@
 from cli.main import main, summary_text
+from tasks.results import PipelineResult
+from tasks.stages.records import Artifact, ModelRecord, PolicyRecord
 
 
 def test_bad_override_exits_2_naming_the_field(capsys):
@@ -12,10 +14,10 @@ def test_missing_config_file_exits_2(tmp_path, capsys):
 
 
 def test_summary_lists_every_stage_and_the_parent_run():
-    result = {"parent_run_id": "abc123", "experiment_id": "1", "tracking_uri": "sqlite:///x.db",
-              "workdir": "/tmp/w",
-              "stages": {"sft": {"wall_s": 1.5, "skipped": False, "metrics": {"train/loss": 0.5}},
-                         "ppo": {"wall_s": 0.0, "skipped": True, "metrics": {}}}}
+    result = PipelineResult(
+        parent_run_id="abc123", experiment_id="1", tracking_uri="sqlite:///x.db",
+        workdir="/tmp/w", stages={"sft": ModelRecord(wall_s=1.5, metrics={"train/loss": 0.5}),
+                                  "ppo": PolicyRecord(policy=Artifact(path="/p"), skipped=True)})
     text = summary_text(result, 12.0)
     assert "abc123" in text and "train/loss=0.500" in text and "skipped" in text
     assert "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning" in text
@@ -23,8 +25,8 @@ def test_summary_lists_every_stage_and_the_parent_run():
 
 
 def test_on_a_tracking_server_the_summary_links_the_parent_runs_page():
-    result = {"parent_run_id": "abc123", "experiment_id": "7", "workdir": "/tmp/w",
-              "tracking_uri": "http://10.0.0.5:5000/", "stages": {}}
+    result = PipelineResult(parent_run_id="abc123", experiment_id="7", workdir="/tmp/w",
+                            tracking_uri="http://10.0.0.5:5000/", stages={})
     text = summary_text(result, 1.0)
     assert "view: http://10.0.0.5:5000/#/experiments/7/runs/abc123" in text
     assert "runs table: http://10.0.0.5:5000/#/experiments/7/runs?workflowType=" in text

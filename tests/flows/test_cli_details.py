@@ -13,6 +13,8 @@ from mlflow.tracking import MlflowClient
 
 from cli.main import build_parser, main, summary_text
 from tasks.configfile import ConfigError, load_config
+from tasks.results import PipelineResult
+from tasks.stages.records import RegisterRecord
 from tests.shared import ROOT, TEST_CONFIG
 
 
@@ -79,11 +81,10 @@ def test_a_bad_value_in_the_file_is_named_with_the_file(tmp_path):
 
 
 def test_summary_links_a_server_run_and_lists_the_registered_versions():
-    result = {"parent_run_id": "abc", "experiment_id": "3", "workdir": "/w",
-              "tracking_uri": "http://mlflow.example:5000/",
-              "stages": {"register": {"wall_s": 1.0, "skipped": False, "metrics": {},
-                                      "figures": {"policy": "models:/rlhf-policy/4 (challenger)",
-                                                  "reward model": "models:/rlhf-rm/2"}}}}
+    reg = RegisterRecord(registered=True, model_name="rlhf-policy", version=4,
+                         reward_model_name="rlhf-rm", reward_model_version=2, wall_s=1.0)
+    result = PipelineResult(parent_run_id="abc", experiment_id="3", workdir="/w",
+                            tracking_uri="http://mlflow.example:5000/", stages={"register": reg})
     text = summary_text(result, 1.0)
     assert "view: http://mlflow.example:5000/#/experiments/3/runs/abc" in text
     # the runs table in "Model training" mode, whatever the UI's switch remembers
@@ -91,7 +92,12 @@ def test_summary_links_a_server_run_and_lists_the_registered_versions():
         "machine_learning" in text
     assert "--backend-store-uri http" not in text
     assert "registered policy: models:/rlhf-policy/4 (challenger)" in text
-    assert "registered reward model: models:/rlhf-rm/2" in text
+    assert "registered reward model: models:/rlhf-rm/2 (challenger)" in text
+    promoted = result.model_copy(update={"stages": {"register": reg.model_copy(
+        update={"promoted": True})}})
+    assert "registered policy: models:/rlhf-policy/4 (champion)" in summary_text(promoted, 1.0)
+    nothing = result.model_copy(update={"stages": {"register": RegisterRecord(registered=False)}})
+    assert "registered" not in summary_text(nothing, 1.0)
 
 
 def test_run_names_start_with_the_time_and_the_experiment_opens_on_training_runs(tmp_path):

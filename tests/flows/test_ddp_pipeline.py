@@ -63,10 +63,10 @@ def test_killed_ranks_fail_the_stage_with_the_launchers_report(crashed_then_resu
 
 def test_resumed_two_rank_stages_log_once_per_step_and_checkpoint_once(crashed_then_resumed):
     _, result, client = crashed_then_resumed
-    assert result["stages"]["sft"]["skipped"] and not result["stages"]["reward_model"]["skipped"]
-    children = _children(client, result["parent_run_id"])
+    assert result.stages["sft"].skipped and not result.stages["reward_model"].skipped
+    children = _children(client, result.parent_run_id)
     assert all(r.info.status == "FINISHED" for r in children.values())
-    workdir = Path(result["workdir"])
+    workdir = Path(result.workdir)
     for stage in RANK_STAGES:
         run_id = children[stage].info.run_id
         for key in ("train/loss", "train/grad_norm", "train/lr"):
@@ -77,22 +77,22 @@ def test_resumed_two_rank_stages_log_once_per_step_and_checkpoint_once(crashed_t
         assert not list((workdir / stage / "ranks").glob("error_rank*"))
         artifacts = [a.path for a in client.list_artifacts(run_id, "checkpoint")]
         assert artifacts and len(artifacts) == len(set(artifacts))
-    parent = client.get_run(result["parent_run_id"]).data.metrics
+    parent = client.get_run(result.parent_run_id).data.metrics
     assert "eval/rm_accuracy" in parent and "eval/judge_win_rate" in parent
 
 
 def test_ppo_runs_on_two_ranks_and_rank_0_alone_logs_and_writes(crashed_then_resumed):
     _, result, client = crashed_then_resumed
-    run_id = _children(client, result["parent_run_id"])["ppo"].info.run_id
+    run_id = _children(client, result.parent_run_id)["ppo"].info.run_id
     for key in ("objective/kl", "objective/scores", "loss/policy_avg", "judge/score"):
         steps = [m.step for m in client.get_metric_history(run_id, key)]
         assert steps == [1, 2], (key, steps)  # once per iteration, not once per rank
-    ranks = Path(result["workdir"]) / "ppo" / "ranks"
+    ranks = Path(result.workdir) / "ppo" / "ranks"
     assert (ranks / "spec.json").exists() and (ranks / "output.json").exists()
     assert not list(ranks.glob("error_rank*"))
     samples = [a.path for a in client.list_artifacts(run_id, "samples")]
     assert samples == ["samples/all.json", "samples/iter_00001.json", "samples/iter_00002.json"]
-    assert result["stages"]["ppo"]["metrics"]["objective/kl"] == pytest.approx(
+    assert result.stages["ppo"].metrics["objective/kl"] == pytest.approx(
         client.get_metric_history(run_id, "objective/kl")[-1].value)
 
 
@@ -100,11 +100,11 @@ def test_rank_stages_record_the_threads_of_one_rank(crashed_then_resumed):
     """model.torch_threads=2 is each machine's budget: the parent run and the in-process
     stages record 2, the stages rank 0 tagged (2 ranks) record 1 thread each."""
     _, result, client = crashed_then_resumed
-    children = _children(client, result["parent_run_id"])
+    children = _children(client, result.parent_run_id)
     threads = {stage: run.data.tags["rlhf.hw.threads"] for stage, run in children.items()}
     assert threads == {**dict.fromkeys(children, "2"), **dict.fromkeys((*RANK_STAGES, "ppo"),
                                                                        "1")}
-    parent = client.get_run(result["parent_run_id"]).data.tags
+    parent = client.get_run(result.parent_run_id).data.tags
     assert parent["rlhf.hw.threads"] == "2"
     assert all(parent[f"rlhf.hw.{k}"] == run.data.tags[f"rlhf.hw.{k}"]
                for run in children.values() for k in ("cpu", "cpu_capability", "torch"))

@@ -27,11 +27,11 @@ def reduced_demo(tmp_path_factory, prefect_api):
     cfg = load_config(ROOT / "configs" / "demo.yaml",
                       [f"tracking.tracking_uri=sqlite:///{tmp}/mlflow.db",
                        f"tracking.workdir={tmp}/runs", *REDUCED])
-    return rlhf_pipeline(config=cfg)["stages"]
+    return rlhf_pipeline(config=cfg).stages
 
 
 def test_ppo_beats_sft_by_the_gold_judge(reduced_demo):
-    evaluation = reduced_demo["evaluate"]["metrics"]
+    evaluation = reduced_demo["evaluate"].metrics
     gain = evaluation["eval/judge_score_policy"] - evaluation["eval/judge_score_sft"]
     assert gain >= MIN_JUDGE_GAIN, evaluation
     assert evaluation["eval/judge_win_rate"] >= MIN_WIN_RATE, evaluation

@@ -37,7 +37,7 @@ def served_run(mlflow_server, prefect_api, tmp_path_factory):
 
 def test_run_tree_metrics_and_histories(served_run):
     result, client, cfg, _ = served_run
-    parent = client.get_run(result["parent_run_id"])
+    parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
     by_stage = stage_children(client, parent)
     assert sorted(by_stage) == sorted(STAGES)
@@ -70,7 +70,7 @@ def test_artifacts_tables_plots_and_checkpoints(served_run, tmp_path):
     import mlflow
 
     result, client, _, _ = served_run
-    parent = client.get_run(result["parent_run_id"])
+    parent = client.get_run(result.parent_run_id)
     by_stage = stage_children(client, parent)
     plot = client.download_artifacts(parent.info.run_id, "plots/ppo_curves.png", str(tmp_path))
     assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -96,13 +96,13 @@ def test_registered_models_load_by_alias_and_work(served_run):
     import mlflow
 
     result, client, cfg, _ = served_run
-    register_run = result["stages"]["register"]["run_id"]
+    register_run = result.stages["register"].run_id
     policy = client.get_model_version_by_alias(cfg.tracking.registered_policy, "champion")
     rm = client.get_model_version_by_alias(cfg.tracking.registered_reward_model, "challenger")
     assert policy.run_id == rm.run_id == register_run
     # through the server's REST API, as the UI asks: the parent run's "Registered models"
     assert {(policy.name, str(policy.version)), (rm.name, str(rm.version))} <= \
-        registered_models_panel(client, result["parent_run_id"])
+        registered_models_panel(client, result.parent_run_id)
     mlflow.set_tracking_uri(client.tracking_uri)
     policy = mlflow.pyfunc.load_model(f"models:/{cfg.tracking.registered_policy}@champion")
     [answer] = policy.predict(pd.DataFrame({"prompt": ["hello , tell me about the weather ."]}),
@@ -116,8 +116,8 @@ def test_registered_models_load_by_alias_and_work(served_run):
 def test_rlhf_runs_lists_the_run_with_its_metrics(served_run):
     result, client, _, _ = served_run
     text = runs_table("rlhf-test", 5, client.tracking_uri)
-    line = next(ln for ln in text.splitlines() if ln.startswith(result["parent_run_id"]))
-    parent = client.get_run(result["parent_run_id"])
+    line = next(ln for ln in text.splitlines() if ln.startswith(result.parent_run_id))
+    parent = client.get_run(result.parent_run_id)
     win = parent.data.metrics["eval/judge_win_rate"]
     assert "FINISHED" in line and f"{win:.3f}" in line and f" {parent.info.run_name} " in line
     assert f"{client.tracking_uri}/#/experiments/{parent.info.experiment_id}/runs?" \
@@ -131,7 +131,7 @@ def test_prefect_flow_run_name_and_stage_artifacts(served_run):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     result, client, cfg, _ = served_run
-    parent = client.get_run(result["parent_run_id"])
+    parent = client.get_run(result.parent_run_id)
     flow_run_id = parent.data.tags["rlhf.prefect_flow_run_id"]
     with get_client(sync_client=True) as prefect:
         flow_run = prefect.read_flow_run(flow_run_id)
@@ -142,7 +142,7 @@ def test_prefect_flow_run_name_and_stage_artifacts(served_run):
     for stage in STAGES:
         md = by_key[f"rlhf-{stage.replace('_', '-')}"]
         assert md.type == "markdown", stage
-        run_id = result["stages"][stage]["run_id"]
+        run_id = result.stages[stage].run_id
         link = f"{client.tracking_uri}/#/experiments/{parent.info.experiment_id}/runs/{run_id}"
         assert link in md.data and "| wall_s |" in md.data, stage
     assert "| eval/judge_win_rate |" in by_key["rlhf-evaluate"].data

@@ -31,7 +31,7 @@ def cfg_value(dotted: str):
 
 def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
     result, client, _ = pipeline_result
-    parent = client.get_run(result["parent_run_id"])
+    parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
     children = client.search_runs(
         [parent.info.experiment_id],
@@ -56,17 +56,17 @@ def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
 
 def test_policy_weights_changed_and_model_registered(pipeline_result):
     result, client, cfg = pipeline_result
-    workdir = Path(result["workdir"])
+    workdir = Path(result.workdir)
     sft_w = load_file(str(workdir / "sft" / "model" / "model.safetensors"))
     ppo_w = load_file(str(workdir / "ppo" / "policy" / "model.safetensors"))
     assert sft_w.keys() == ppo_w.keys()
     assert any(not torch.equal(sft_w[k], ppo_w[k]) for k in sft_w)
     version = client.get_model_version_by_alias(cfg.tracking.registered_policy, "champion")
-    assert version.run_id == result["stages"]["register"]["run_id"]
+    assert version.run_id == result.stages["register"].run_id
     # the first registered policy is champion by the "no champion yet" rule, said in its tags
     assert version.tags["rlhf.register.decision"] == "first"
     assert version.aliases == ["champion"]  # promoted: no longer the challenger
-    scorer = client.get_run(result["parent_run_id"]).data.tags["rlhf.eval.scorer"]
+    scorer = client.get_run(result.parent_run_id).data.tags["rlhf.eval.scorer"]
     assert scorer.startswith("judge:demo@16 prompts:"), scorer
 
 
@@ -74,23 +74,23 @@ def test_parent_run_shows_registered_versions(pipeline_result):
     """The parent run's "Registered models" panel in the MLflow 3 UI lists the policy and
     reward-model versions; the versions still record the register run and the parent."""
     result, client, cfg = pipeline_result
-    reg = result["stages"]["register"]
+    reg = result.stages["register"]
     policy, rm = ((name, str(client.get_model_version_by_alias(name, alias).version))
                   for name, alias in ((cfg.tracking.registered_policy, "champion"),
                                       (cfg.tracking.registered_reward_model, "challenger")))
-    shown = registered_models_panel(client, result["parent_run_id"])
+    shown = registered_models_panel(client, result.parent_run_id)
     assert {policy, rm} <= shown
     version = client.get_model_version(*policy)
-    assert version.run_id == reg["run_id"]
-    assert version.tags["rlhf.parent_run_id"] == result["parent_run_id"]
+    assert version.run_id == reg.run_id
+    assert version.tags["rlhf.parent_run_id"] == result.parent_run_id
 
 
 def test_rerun_with_same_id_skips_completed_stages(pipeline_result):
     from flows.pipeline import rlhf_pipeline
 
     result, client, cfg = pipeline_result
-    again = rlhf_pipeline(config=cfg, resume_run_id=result["parent_run_id"])
-    assert all(stage["skipped"] for stage in again["stages"].values())
-    ppo_run = result["stages"]["ppo"]["run_id"]
+    again = rlhf_pipeline(config=cfg, resume_run_id=result.parent_run_id)
+    assert all(stage.skipped for stage in again.stages.values())
+    ppo_run = result.stages["ppo"].run_id
     steps = [m.step for m in client.get_metric_history(ppo_run, "objective/kl")]
     assert steps == [1, 2, 3]

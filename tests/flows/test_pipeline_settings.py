@@ -34,7 +34,7 @@ def margin_no_judge_run(tmp_path_factory, prefect_api):
 
 
 def _children(client, result) -> dict:
-    parent = client.get_run(result["parent_run_id"])
+    parent = client.get_run(result.parent_run_id)
     runs = client.search_runs([parent.info.experiment_id],
                               f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     return {r.data.tags["rlhf.stage"]: r for r in runs}
@@ -42,7 +42,7 @@ def _children(client, result) -> dict:
 
 def test_margin_column_passes_the_gate_and_reaches_the_reward_loss(margin_no_judge_run):
     result, client = margin_no_judge_run
-    cleaned = Path(result["workdir"]) / "validate" / "preference.jsonl"
+    cleaned = Path(result.workdir) / "validate" / "preference.jsonl"
     assert json.loads(cleaned.read_text().splitlines()[0])["margin"] == MARGIN
     rm_run = _children(client, result)["reward_model"].info.run_id
     first_loss = client.get_metric_history(rm_run, "train/loss")[0].value
@@ -51,7 +51,7 @@ def test_margin_column_passes_the_gate_and_reaches_the_reward_loss(margin_no_jud
 
 def test_judge_none_means_no_judge_in_any_stage(margin_no_judge_run):
     result, client = margin_no_judge_run
-    runs = [client.get_run(result["parent_run_id"]), *_children(client, result).values()]
+    runs = [client.get_run(result.parent_run_id), *_children(client, result).values()]
     judged = [(r.data.tags.get("rlhf.stage", "parent"), k) for r in runs
               for k in r.data.metrics if "judge" in k or "gold" in k]
     assert judged == []

@@ -89,6 +89,6 @@ def test_resume_without_local_stage_folders_downloads_them(prefect_api, tmp_path
     # the same final policy as an uninterrupted run that kept its folders
     cfg = load_config(CONFIG, OVERRIDES + [f"tracking.tracking_uri=sqlite:///{tmp_path}/a.db",
                                            f"tracking.workdir={tmp_path}/a"])
-    reference = Path(rlhf_pipeline(config=cfg)["workdir"])
+    reference = Path(rlhf_pipeline(config=cfg).workdir)
     assert not (reference / "artifact_cache").exists()  # everything was local there
     assert weights_hash(workdir / "ppo" / "policy") == weights_hash(reference / "ppo" / "policy")

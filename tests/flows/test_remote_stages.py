@@ -79,7 +79,7 @@ def test_nodes_of_every_data_parallel_stage_run_on_the_other_machine(spread_run,
                                                                     other_machine):
     result, client, head = spread_run
     _, stages_root = other_machine
-    parent = result["parent_run_id"]
+    parent = result.parent_run_id
     there = stages_root / parent
     children = child_runs_by_stage(client, parent)
     for stage, metric in TRAINED.items():
@@ -95,7 +95,7 @@ def test_nodes_of_every_data_parallel_stage_run_on_the_other_machine(spread_run,
         # rank 0 (node 0, here) wrote the output; node 1 wrote none
         assert (head / "runs" / parent / stage / "ranks" / "output.json").exists(), stage
         assert not (there / stage / "ranks_node1" / "output.json").exists(), stage
-    assert "eval/rm_accuracy" in result["stages"]["reward_model"]["metrics"]
+    assert "eval/rm_accuracy" in result.stages["reward_model"].metrics
     assert children["evaluate"].info.status == "FINISHED"
     runs = _flow_runs(WORKER)
     assert set(runs) == {"sft-node1", "reward_model-node1", "ppo-node1"}

@@ -68,20 +68,20 @@ def test_rerun_from_the_recorded_config_gives_identical_weights(uninterrupted, t
     from flows.pipeline import rlhf_pipeline
 
     first = uninterrupted
-    client = MlflowClient(first["tracking_uri"])
-    parent = client.get_run(first["parent_run_id"])
+    client = MlflowClient(first.tracking_uri)
+    parent = client.get_run(first.parent_run_id)
     recorded = client.download_artifacts(parent.info.run_id, "config/resolved_config.json",
                                          str(tmp_path))
     for tag in ("rlhf.config_hash", "rlhf.seed", "rlhf.version.torch"):
         assert tag in parent.data.tags, tag
     second = rlhf_pipeline(config=load_config(Path(recorded), []))
-    assert second["parent_run_id"] != first["parent_run_id"]
-    assert policy_hash(Path(second["workdir"])) == policy_hash(Path(first["workdir"]))
+    assert second.parent_run_id != first.parent_run_id
+    assert policy_hash(Path(second.workdir)) == policy_hash(Path(first.workdir))
 
 
 def test_sigkill_at_five_points_then_resume_equals_uninterrupted(prefect_api, uninterrupted,
                                                                  tmp_path):
-    reference = policy_hash(Path(uninterrupted["workdir"]))
+    reference = policy_hash(Path(uninterrupted.workdir))
     uri = f"sqlite:///{tmp_path}/killed.db"
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
            "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}

@@ -86,8 +86,9 @@ def _control_round_and_compare(tmp_path, client, first: str, second: str) -> Non
     champion = alias_version(client, "rlhf-policy", CHAMPION).version
     waiting = file_digest(write_preference_batch(tmp_path / "watch", 100, 5))
     out = retrain(config=cfg, control=True)
-    assert out["status"] == "control"
-    tags = client.get_run(out["parent_run_id"]).data.tags
+    assert out.status == "control" and out.decision is not None
+    tags = client.get_run(out.run.parent_run_id).data.tags
+    assert out.decision.reason == tags["rlhf.gate.reason"]
     assert_decision_follows_figures(tags)
     # the control's reward model trained on the consumed batches, not the waiting one
     assert {b["digest"] for b in find_batches.fn(cfg)["new"]} == {waiting}
@@ -101,14 +102,14 @@ def _control_round_and_compare(tmp_path, client, first: str, second: str) -> Non
                        f"v{champion}: a version compared with itself"):
         compare(config=judged, champion=str(champion))  # the champion against itself
     res = compare(config=judged, champion="1", challenger="2")
-    assert res["versions"] == ("1", "2") and res["scorer"] == "gold judge"
-    tags = client.get_run(res["parent_run_id"]).data.tags
+    assert (res.champion, res.challenger) == (1, 2) and res.decision.scorer == "gold judge"
+    tags = client.get_run(res.run.parent_run_id).data.tags
     # a comparison's record: its own tags, no gate decision of a retrain
     assert not [k for k in tags if k.startswith("rlhf.gate.")]
     better = float(tags["rlhf.compare.ci_low"]) > 0.0 and \
         "guard rail" not in tags["rlhf.compare.reason"]  # the gate's rule on its own figures
     assert tags["rlhf.compare.result"] == ("better" if better else "not better"), tags
     assert tags["rlhf.compare.versions"] == "v2 against v1" and "rlhf.compare.ci_low" in tags
-    metrics = client.get_run(res["parent_run_id"]).data.metrics
+    metrics = client.get_run(res.run.parent_run_id).data.metrics
     assert "compare/better" in metrics and "gate/promote" not in metrics
     assert alias_version(client, "rlhf-policy", CHAMPION).version == champion

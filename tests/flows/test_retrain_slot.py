@@ -9,7 +9,7 @@ import threading
 
 from cli.errors import EX_TEMPFAIL
 from cli.main import main
-from flows.retrain import limit_name, retrain_slot
+from tasks.champion.round import limit_name, retrain_slot
 from tasks.configfile import load_config
 from tests.shared import TEST_CONFIG
 

@@ -103,7 +103,7 @@ def test_parameter_schema_has_typed_sections_with_descriptions(served):
 
 
 def test_schedule_starts_a_retrain_and_a_second_one_does_not_train(served):
-    from flows.retrain import limit_name  # one slot per store and policy
+    from tasks.champion.round import limit_name  # one slot per store and policy
 
     client, deployment = served["client"], served["retrain"]
     deadline, first = time.time() + 240, None

@@ -1,0 +1,139 @@
+"""A retrain round's decisions: its slot, the settings it trains with, which policy, reference
+and reward model it starts from, the lineage its version records, what is refused when the
+batches fail validation, and the Prefect report of each outcome. The retrain flow
+(flows/retrain.py) wires them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pydantic import BaseModel, ConfigDict
+
+from data_checks.validate import ValidationFailed
+from tasks.champion.batches import Champion, batch_rows_note, report
+from tasks.config import PipelineConfig
+from tasks.prepare import Prepared
+from tasks.runtime.prefect_api import one_slot
+from tasks.tracking.runs import default_tracking_uri, resolved_store
+from tasks.tracking.tags import (
+    ANCESTRY_TAG,
+    BATCH_SOURCES_TAG,
+    CHAMPION_VERSION_TAG,
+    GATE_SCORER_TAG,
+    LINEAGE_BATCHES_TAG,
+    SFT_RUN_TAG,
+    STARTED_FROM_TAG,
+    TRAINED_ON_TAG,
+)
+
+OUTCOME = "rlhf-retrain-decision"  # the Prefect artifact key of each round's outcome
+
+
+def limit_name(config: PipelineConfig) -> str:
+    """``rlhf-retrain-<policy>-<8 hex>``: the slot is one per tracking store and policy (the
+    hex: sha256 of the resolved store URI), so retrains of two stores never block each other
+    while two of one store, from any machine, still never race."""
+    store = resolved_store(default_tracking_uri(config.tracking.tracking_uri))
+    return f"rlhf-retrain-{config.tracking.registered_policy}-" \
+        f"{hashlib.sha256(store.encode()).hexdigest()[:8]}"
+
+
+@contextmanager
+def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
+    """Hold the retrain slot while the body runs -> True; False when another retrain holds
+    it and ``retrain.on_overlap`` is skip (wait: block until it is free)."""
+    with one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip") as held:
+        yield held
+
+
+def round_settings(config: PipelineConfig) -> PipelineConfig:
+    """``retrain.ppo_iterations`` (None: a third of ppo.iterations, the champion already had
+    them all) / ``retrain.rm_epochs`` over ppo.iterations / reward.epochs."""
+    r = config.retrain
+    iterations = r.ppo_iterations or max(1, round(config.ppo.iterations / 3))
+    update = {"ppo": config.ppo.model_copy(update={"iterations": iterations})}
+    if r.rm_epochs is not None:
+        update["reward"] = config.reward.model_copy(update={"epochs": r.rm_epochs})
+    return config.model_copy(update=update)
+
+
+class RoundStart(BaseModel):
+    """Where a challenge starts from, by ``retrain.policy_init``, ``retrain.reference`` and
+    ``retrain.rm_init``: the champion's policy or its SFT policy, its reward model or the
+    SFT trunk."""
+
+    model_config = ConfigDict(frozen=True)
+    policy: str
+    reference: str
+    rm_init: str
+
+
+def round_start(config: PipelineConfig, champion: Champion) -> RoundStart:
+    r = config.retrain
+    return RoundStart(
+        policy=champion.policy_dir if r.policy_init == "champion" else champion.sft_dir,
+        reference=champion.sft_dir if r.reference == "sft" else champion.policy_dir,
+        rm_init=champion.sft_dir if r.rm_init == "sft" else champion.rm_dir)
+
+
+def lineage_tags(prep: Prepared, digests: list[str], champion: Champion | None = None,
+                 scorer: str | None = None) -> dict[str, str]:
+    """The registered version's lineage: the batches it was trained on (and their sources),
+    what it descends from and, for a challenger, the champion and SFT run it started from
+    and the gate's scorer."""
+    tags = {LINEAGE_BATCHES_TAG: json.dumps(digests),
+            TRAINED_ON_TAG: json.dumps(prep.trained_on),
+            BATCH_SOURCES_TAG: json.dumps(prep.batch_sources),
+            ANCESTRY_TAG: champion.ancestry if champion else "",
+            STARTED_FROM_TAG: f"champion v{champion.version}" if champion else "none"}
+    if champion is not None:
+        tags.update({CHAMPION_VERSION_TAG: champion.version, SFT_RUN_TAG: champion.sft_run_id,
+                     GATE_SCORER_TAG: scorer or ""})
+    return tags
+
+
+@contextmanager
+def named_batch_rows(rows: list[dict]) -> Iterator[None]:
+    """A validation failure names the batch files of its rows, not only combined rows."""
+    try:
+        yield
+    except ValidationFailed as err:
+        raise ValidationFailed(f"{err}\n{batch_rows_note(rows)}") from None
+
+
+@contextmanager
+def refused_batches(config: PipelineConfig, digests_paths: list[dict],
+                    first: bool) -> Iterator[None]:
+    """New batches that fail validation in a challenge leave the watch folder for its
+    quarantine (the configured data passed before: the batches are at fault), so later
+    rounds go on with later batches; in a bootstrap (``first``) the configured data may be
+    at fault, and nothing moves."""
+    try:
+        yield
+    except ValidationFailed as err:
+        if first:
+            raise
+        from tasks.champion.labels import quarantine_batches
+
+        moved = quarantine_batches(config, digests_paths, str(err).splitlines()[0])
+        raise ValidationFailed(f"{err}\nquarantined: {', '.join(moved)}") from None
+
+
+def report_skipped(config: PipelineConfig, holder: str) -> None:
+    report(OUTCOME, "# Retrain skipped: another retrain of this store is running\n\n"
+           f"`retrain.on_overlap` is skip; the slot `{limit_name(config)}` is held by "
+           f"{holder}.\n", "retrain outcome")
+
+
+def report_nothing_new(config: PipelineConfig, consumed: int) -> None:
+    report(OUTCOME, f"# Retrain: nothing new\n\nNo new batch in `{config.retrain.watch_dir}` "
+           f"({consumed} consumed); nothing trained, champion unchanged.\n", "retrain outcome")
+
+
+def report_first_champion(batches: int, parent_run_id: str) -> None:
+    report(OUTCOME, f"# Retrain: first champion\n\nNo champion existed: the whole pipeline "
+           f"ran on the data and {batches} batch(es); its policy is champion.\n\nMLflow "
+           f"parent run: `{parent_run_id}`\n", "retrain outcome")
