@@ -31,6 +31,7 @@ from rlhf_core.config import (
 from tasks.champion.events import LABELLED
 from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
 from tasks.configfile import ConfigError, _merge
+from tasks.results import PipelineResult
 
 # the pipeline's config sections (the served pipeline's parameters); retrain and collect
 # belong to their own flows
@@ -82,7 +83,7 @@ def rlhf_pipeline_served(
     tracking: TrackingConfig = TrackingConfig(),
     routing: RoutingConfig = RoutingConfig(),
     resume_run_id: str | None = None,
-) -> dict:
+) -> PipelineResult:
     """The whole RLHF pipeline with the served config; fields you change override it.
 
     Args:

@@ -18,6 +18,7 @@ from tasks.common import setup_torch
 from tasks.config import PipelineConfig
 from tasks.runtime.launch import run_node
 from tasks.runtime.remote import local_context, record_routed
+from tasks.stages.records import StageRecord
 from tasks.stages.run import execute, typed_inputs
 from tasks.stages.table import DISTRIBUTED, STAGES
 from tasks.tracking.runs import RunContext, hardware_tags, set_tags
@@ -32,7 +33,7 @@ def _run_name() -> str:
 
 
 @flow(name="rlhf-stage", flow_run_name=_run_name, log_prints=True)
-def rlhf_stage(stage: str, spec: dict, node: dict | None = None) -> dict | None:
+def rlhf_stage(stage: str, spec: dict, node: dict | None = None) -> StageRecord | None:
     """Run one pipeline stage (or one node of it) on this machine.
 
     Args:
@@ -55,7 +56,7 @@ def rlhf_stage(stage: str, spec: dict, node: dict | None = None) -> dict | None:
     entry = STAGES[stage]
     out = execute(ctx, cfg, entry, spec["run_id"], typed_inputs(entry, spec["inputs"]))
     record_routed(ctx, spec["run_id"], out.model_dump(mode="json"))
-    return out.model_dump(mode="json")
+    return out
 
 
 def stage_deployment(name: str):
