@@ -83,10 +83,11 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
 
 def _collection_tasks(config, run_id: str) -> dict[int, str]:
     from tasks.champion.studio import read_link
+    from tasks.tracking.champion_store import collection_by_run_id
     from tasks.tracking.runs import default_tracking_uri, tracking_client
 
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
-    return read_link(client, client.get_run(run_id)).tasks
+    return read_link(client, collection_by_run_id(client, run_id)).tasks
 def _demo_offline(args, config, seed: int) -> int:
     """Generated pairs into the watch folder, announced as a labelled batch (the served
     retrain's trigger starts a round on it, as on an import)."""

@@ -6,7 +6,8 @@ from prefect import task
 
 from tasks.results import PipelineResult
 from tasks.stages.records import StageRecord
-from tasks.tracking.runs import RunContext, find_stage_run, mark_ended
+from tasks.tracking.parent_run import end_parent_run, log_parent_plot, stage_metric_histories
+from tasks.tracking.runs import RunContext, mark_ended
 
 CURVES = (("objective/scores", "normalised RM score"), ("objective/kl", "KL to reference"),
           ("judge/score", "gold judge score"))
@@ -19,11 +20,9 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run = find_stage_run(ctx, "ppo")
-    if run is None:
+    histories = stage_metric_histories(ctx, "ppo", [k for k, _ in CURVES])
+    if histories is None:
         return None
-    client = ctx.client()
-    histories = {k: client.get_metric_history(run.info.run_id, k) for k, _ in CURVES}
     present = [(k, label) for k, label in CURVES if histories[k]]
     if not present:
         return None
@@ -37,7 +36,7 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
     path = f"{ctx.workdir}/ppo_curves.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    client.log_artifact(ctx.parent_run_id, path, "plots")
+    log_parent_plot(ctx, path)
     return path
 
 
@@ -51,7 +50,7 @@ def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> PipelineResult:
 
 def close_parent(ctx: RunContext) -> None:
     """Mark the parent run FINISHED."""
-    ctx.client().set_terminated(ctx.parent_run_id, status="FINISHED")
+    end_parent_run(ctx, "FINISHED")
 
 
 def fail_parent(ctx: RunContext) -> None:

@@ -18,22 +18,28 @@ from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_dig
 from tasks.judge import resolve_judge_name
 from tasks.redact import redacted
 from tasks.runtime.remote import check_deployments
+from tasks.tracking.parent_run import (
+    create_parent_run,
+    end_parent_run,
+    end_run,
+    keep_resumed_config,
+    parent_runs,
+    reopen_run,
+    run_to_resume,
+)
 from tasks.tracking.runs import (
     RunContext,
     default_tracking_uri,
     ensure_experiment,
     ensure_store,
     hardware_tags,
-    log_params,
     set_tags,
     tracking_client,
 )
 from tasks.tracking.tags import (
     CONFIG_HASH_TAG,
     GIT_COMMIT_TAG,
-    PARENT_TAG,
     PREFECT_FLOW_RUN_TAG,
-    RESUMED_CONFIG_HASH_TAG,
     RUN_NAME_TAG,
     SEED_TAG,
     VERSION_PREFIX,
@@ -95,25 +101,19 @@ def _prefect_flow_run_id() -> str | None:
         return None
 
 
-def _find_parents(client, experiment_id, filter_string: str) -> list:
-    runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=20,
-                              order_by=["attributes.start_time DESC"])
-    return [r for r in runs if PARENT_TAG not in r.data.tags]
-
-
 def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None,
                digests: dict[str, str]):
     """The parent run to continue: same Prefect flow run (`prefect flow-run retry`), else
     same run name + config hash + data digests (when a run name is set). A run of that name
     made from other inputs is never continued: a new run starts, and the change is said."""
     if flow_run_id:
-        found = _find_parents(client, exp_id, f"tags.`{PREFECT_FLOW_RUN_TAG}` = '{flow_run_id}'")
+        found = parent_runs(client, exp_id, f"tags.`{PREFECT_FLOW_RUN_TAG}` = '{flow_run_id}'")
         if found:
             return found[0].info.run_id
     name = cfg.tracking.run_name
     if not name:
         return None
-    same_name = _find_parents(client, exp_id, f"tags.`{RUN_NAME_TAG}` = '{name}'")
+    same_name = parent_runs(client, exp_id, f"tags.`{RUN_NAME_TAG}` = '{name}'")
     for run in same_name:
         if not changed_inputs(run.data.tags, cfg, digests):
             return run.info.run_id
@@ -147,19 +147,16 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
     digests = input_digests(cfg)
     run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id, digests)
     if run_id is not None:
-        run = client.get_run(run_id)  # raises a clear MlflowException for a wrong id
+        run = run_to_resume(client, run_id)
         _check_resume(run, cfg, digests)
         exp_id = run.info.experiment_id
-        client.update_run(run_id, status="RUNNING")
+        reopen_run(client, run_id)
         if run.data.tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
             # resumed with changed settings (e.g. a lower LR after a non-finite loss): keep
             # the record of what the continuation ran with
-            client.log_dict(run_id, redacted(cfg.model_dump(mode="json")),
-                            f"config/resumed_config_{cfg.config_hash()}.json")
-            set_tags(client, run_id, {RESUMED_CONFIG_HASH_TAG: cfg.config_hash()})
+            keep_resumed_config(client, run_id, redacted(cfg.model_dump(mode="json")),
+                                cfg.config_hash())
     else:
-        run_id = client.create_run(exp_id, run_name=run_name).info.run_id
-        log_params(client, run_id, flatten(redacted(cfg.model_dump(mode="json"))))
         tags = {RUN_NAME_TAG: run_name, CONFIG_HASH_TAG: cfg.config_hash(),
                 SEED_TAG: str(cfg.seed), **package_versions(), **digest_tags(digests)}
         commit = git_commit()
@@ -167,9 +164,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
             tags[GIT_COMMIT_TAG] = commit
         if flow_run_id:
             tags[PREFECT_FLOW_RUN_TAG] = str(flow_run_id)
-        set_tags(client, run_id, tags)
-        client.log_dict(run_id, redacted(cfg.model_dump(mode="json")),
-                        "config/resolved_config.json")
+        config = redacted(cfg.model_dump(mode="json"))
+        run_id = create_parent_run(client, exp_id, run_name, flatten(config), tags, config)
     # the stages' thread count from here on, so each run's rlhf.hw.threads is the one used
     device = setup_torch(cfg.model)
     set_tags(client, run_id, hardware_tags(device))  # a resume records where it continues
@@ -177,7 +173,7 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError:
-        client.set_terminated(run_id, status="FAILED")
+        end_run(client, run_id, "FAILED")
         raise
     return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
                       workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress,
@@ -228,7 +224,7 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> Prepared:
     try:
         return _resolve_inputs(cfg, ctx)
     except BaseException:
-        ctx.client().set_terminated(ctx.parent_run_id, status="FAILED")
+        end_parent_run(ctx, "FAILED")
         raise
 
 

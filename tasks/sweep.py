@@ -18,7 +18,8 @@ from prefect import task
 from tasks.config import PipelineConfig
 from tasks.prepare import Prepared, open_parent_run
 from tasks.results import PipelineResult
-from tasks.tracking.runs import RunContext, set_tags
+from tasks.tracking.parent_run import log_parent_plot, log_sweep_summary
+from tasks.tracking.runs import RunContext, tag_parent
 from tasks.tracking.tags import SWEEP_POINT_TAG, SWEEP_SHARED_RUN_TAG, SWEEP_TAG
 
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..10 (beyond: normal 1.96)
@@ -39,9 +40,8 @@ def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
     and base model come from the sweep's shared run (nothing is generated again)."""
     ctx = open_parent_run(cfg, None)
     shared = base_prep.ctx
-    set_tags(ctx.client(), ctx.parent_run_id,
-             {SWEEP_TAG: sweep_id, SWEEP_POINT_TAG: json.dumps(overrides, sort_keys=True),
-              SWEEP_SHARED_RUN_TAG: shared.parent_run_id})
+    tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_POINT_TAG: json.dumps(overrides, sort_keys=True),
+                     SWEEP_SHARED_RUN_TAG: shared.parent_run_id})
     return base_prep.model_copy(update={"ctx": ctx})
 
 
@@ -139,23 +139,16 @@ def frontier_plot(rows: list[dict], metric: str, path: str) -> str | None:
 @task(name="sweep_summary")
 def sweep_summary(ctx: RunContext, rows: list[dict]) -> dict:
     """Table and frontier plot on the sweep's MLflow run and as Prefect artifacts."""
-    import pandas as pd
-
     from tasks.common import in_prefect_run
 
     metric = "eval/judge_win_rate" if any("eval/judge_win_rate" in r for r in rows) \
         else "eval/rm_score_policy"
     groups = aggregate(rows, metric)
-    client = ctx.client()
-    client.log_table(ctx.parent_run_id, data=pd.DataFrame(rows), artifact_file="sweep/points.json")
-    if groups:
-        client.log_table(ctx.parent_run_id, data=pd.DataFrame(groups),
-                         artifact_file="sweep/summary.json")
     markdown = summary_markdown(rows, groups, metric)
-    client.log_text(ctx.parent_run_id, markdown, "sweep/summary.md")
+    log_sweep_summary(ctx, rows, groups, markdown)
     plot = frontier_plot(rows, metric, f"{ctx.workdir}/sweep_frontier.png")
     if plot:
-        client.log_artifact(ctx.parent_run_id, plot, "plots")
+        log_parent_plot(ctx, plot)
     if in_prefect_run():
         from prefect.artifacts import create_markdown_artifact, create_table_artifact
 

@@ -314,3 +314,77 @@ def test_flows_hold_flows_and_their_wiring_only():
             if not is_flow and node.name not in called and not node.name.startswith("serve"):
                 bad.append(f"{path.relative_to(ROOT)}: {node.name}")
     assert not bad, bad
+
+
+# what hands out an MLflow client: RunContext.client(), tasks/tracking/runs.py's makers
+CLIENT_MAKERS = {"client", "tracking_client", "experiment_client", "MlflowClient"}
+
+
+def client_method_calls(source: str, methods: set[str] | None) -> list[str]:
+    """``line: receiver.method`` of each call in ``source`` of a method in ``methods`` (None:
+    any) on a client: what a client maker returns (``ctx.client()``, ``tracking_client(u)``,
+    ``experiment_client(u, e)[0]``), a name or attribute ending in ``client`` (``client``,
+    ``sc.client``, ``self._client``), or a name assigned from one of those in the module
+    (``c = ctx.client()``, ``c, exp = experiment_client(...)``)."""
+    tree = ast.parse(source)
+    aliases: set[str] = set()
+
+    def is_client(node: ast.AST) -> bool:
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else \
+                func.attr if isinstance(func, ast.Attribute) else None
+            return name in CLIENT_MAKERS
+        if isinstance(node, ast.Subscript):
+            return is_client(node.value)
+        name = node.id if isinstance(node, ast.Name) else \
+            node.attr if isinstance(node, ast.Attribute) else ""
+        return name.lower().endswith("client") or name in aliases
+
+    for _ in range(2):  # an alias of an alias
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and is_client(node.value):
+                for target in node.targets:
+                    first = target.elts[0] if isinstance(target, ast.Tuple) else target
+                    if isinstance(first, ast.Name):
+                        aliases.add(first.id)
+    return [f"{node.lineno}: {ast.unparse(node.func)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and (methods is None or node.func.attr in methods) and is_client(node.func.value)]
+
+
+def test_the_client_call_finder_sees_aliases_and_tells_prefect_apart():
+    source = ("def f(ctx, uri, client):\n    ctx.client().set_terminated('r')\n"
+              "    c = tracking_client(uri)\n    c.search_runs(['0'])\n"
+              "    d, exp = experiment_client(uri, 'e')\n    d.get_run('r')\n"
+              "    sc.client.log_text('r', 't', 'a')\n    sc.log_text('t', 'a')\n"
+              "    set_tags(ctx.client(), 'r', {})\n"
+              "    with get_client(sync_client=True) as client:\n"
+              "        client.update_flow_run('id', name='n')\n")
+    mlflow_methods = {"set_terminated", "search_runs", "get_run", "log_text"}
+    assert client_method_calls(source, mlflow_methods) == [
+        "2: ctx.client().set_terminated", "4: c.search_runs", "6: d.get_run",
+        "7: sc.client.log_text"]
+    assert "11: client.update_flow_run" in client_method_calls(source, None)
+
+
+def test_only_tasks_tracking_calls_the_mlflow_client():
+    """Outside tasks/tracking/ no code calls a method of MlflowClient (its public names, read
+    from mlflow at test time) on a client that tracking hands out: each MLflow call goes
+    through a tracking function named for what it does for the pipeline. The receiver is
+    what matters, not the method's name alone: StageContext's own ``log_text``... are
+    pipeline helpers, and Prefect's clients (tasks/runtime/, tasks/champion/events.py, also
+    named ``client``) call none of MlflowClient's methods (``read_flow_run``,
+    ``update_flow_run``...), so they are never flagged."""
+    from mlflow.tracking import MlflowClient
+
+    methods = {name for name in dir(MlflowClient) if not name.startswith("_")}
+    tracking = ROOT / "tasks" / "tracking"
+    files = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+             if tracking not in p.parents]
+    assert {"cli", "flows", "tasks"} <= {p.relative_to(ROOT).parts[0] for p in files}
+    bad = [f"{p.relative_to(ROOT)}:{call}" for p in files
+           for call in client_method_calls(p.read_text(), methods)]
+    assert not bad, bad
+    prefect = client_method_calls((ROOT / "tasks/champion/events.py").read_text(), None)
+    assert prefect, "the finder no longer sees the Prefect client of tasks/champion/events.py"

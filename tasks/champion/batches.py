@@ -16,26 +16,29 @@ from data_checks.loading import DataError, load_table
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
 from tasks.prepare import Prepared
+from tasks.tracking.champion_store import (
+    batch_collections,
+    consumed_batches,
+    consumed_copy,
+    record_consumed,
+)
 from tasks.tracking.datasets import TableInput, log_table_inputs
 from tasks.tracking.registry import (
     CHAMPION,
     RegistryError,
     alias_version,
+    download_policy,
     model_version,
-    version_stage_run,
 )
 from tasks.tracking.runs import (
     RunContext,
     default_tracking_uri,
-    experiment_client,
-    set_tags,
+    tag_parent,
+    tracking_client,
 )
 from tasks.tracking.tags import (
     ANCESTRY_TAG,
     BATCH_SOURCES_TAG,
-    CONSUMED_TAG,
-    LABELS_COLLECTIONS_TAG,
-    LABELS_PREFERENCE_DIGEST_TAG,
     RETRAIN_BATCHES_TAG,
     RETRAIN_CHAMPION_VERSION_TAG,
     RETRAIN_TAG,
@@ -43,7 +46,6 @@ from tasks.tracking.tags import (
 )
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
-CONSUMED_COPY = "consumed_batches"  # artifact folder: a copy of each batch a retrain consumed
 
 
 class GateError(ValueError):
@@ -55,22 +57,11 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def _client_and_experiment(cfg: PipelineConfig):
-    """A plain client of the configured store and the experiment's id there (None: none)."""
-    return experiment_client(default_tracking_uri(cfg.tracking.tracking_uri),
-                             cfg.tracking.experiment)
-
-
 def consumed_runs(cfg: PipelineConfig) -> dict[str, str]:
     """Digests of the batches that finished retrains consumed (tag on their parent runs) ->
     the run that consumed each (which keeps a copy of the file, ``consumed_batches/``)."""
-    client, exp_id = _client_and_experiment(cfg)
-    if exp_id is None:
-        return {}
-    runs = client.search_runs([exp_id], filter_string=f"tags.`{CONSUMED_TAG}` != ''",
-                              max_results=5000, order_by=["attributes.start_time ASC"])
-    return {d: r.info.run_id for r in runs if r.info.status == "FINISHED"
-            for d in json.loads(r.data.tags[CONSUMED_TAG])}
+    return consumed_batches(default_tracking_uri(cfg.tracking.tracking_uri),
+                            cfg.tracking.experiment)
 
 
 @task(name="find_batches")
@@ -100,18 +91,13 @@ def batch_file(ctx: RunContext, batch: dict) -> Path | None:
         return Path(batch["path"])
     if not batch.get("run_id"):
         return None
-    client, folder = ctx.client(), f"{CONSUMED_COPY}/{batch['digest']}"
-    files = [f.path for f in client.list_artifacts(batch["run_id"], folder)]
-    if not files:
-        return None
-    root = ctx.stage_dir("batches") / "consumed"
-    root.mkdir(parents=True, exist_ok=True)
-    return Path(client.download_artifacts(batch["run_id"], files[0], str(root)))
+    return consumed_copy(ctx, batch["run_id"], batch["digest"],
+                         ctx.stage_dir("batches") / "consumed")
 
 
 def champion_version(cfg: PipelineConfig):
     """The registered policy version holding ``champion``, or None."""
-    client, _ = _client_and_experiment(cfg)
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     return alias_version(client, cfg.tracking.registered_policy, CHAMPION)
 
 
@@ -140,16 +126,12 @@ def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) 
         raise RegistryError(f"'{name}' has no {'version ' if which.isdigit() else ''}{which}"
                             " in the MLflow registry")
     root = ctx.stage_dir("champion" if which == CHAMPION else f"version-{version.version}")
-    ppo_run = version_stage_run(client, version, "ppo")
-    rm_run = version_stage_run(client, version, "reward_model")
-    sft_run = version_stage_run(client, version, "sft")
+    got = download_policy(client, version, root, ("ppo", "reward_model", "sft"))
     out = Champion(
-        version=str(version.version), sft_run_id=sft_run,
+        version=str(version.version), sft_run_id=got["sft"][0],
         ancestry=version.tags.get(ANCESTRY_TAG, f"v{version.version}"),
-        policy_dir=client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
-        rm_dir=client.download_artifacts(rm_run, "checkpoint", str(root / "rm")),
-        sft_dir=client.download_artifacts(sft_run, "checkpoint", str(root / "sft")))
-    set_tags(client, ctx.parent_run_id, {RETRAIN_CHAMPION_VERSION_TAG: out.version})
+        policy_dir=got["ppo"][1], rm_dir=got["reward_model"][1], sft_dir=got["sft"][1])
+    tag_parent(ctx, {RETRAIN_CHAMPION_VERSION_TAG: out.version})
     return out
 
 
@@ -205,7 +187,7 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
     if champion is not None:
         update.update(base_model=champion.policy_dir, tokenizer=champion.policy_dir)
     out = prep.model_copy(update=update)
-    set_tags(ctx.client(), ctx.parent_run_id, {
+    tag_parent(ctx, {
         RETRAIN_TAG: "true", RETRAIN_BATCHES_TAG: json.dumps(
             [{"name": b["name"], "digest": b["digest"]} for b in batches]),
         TRAINED_ON_TAG: json.dumps(out.trained_on),
@@ -217,17 +199,10 @@ def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
     """Where each preference batch (by digest) came from: the collections its labels named
     (``v<champion version>-<id>``: collected from that policy version), else ``offline``
     (a file no label import wrote)."""
-    client, exp_id = _client_and_experiment(cfg)
-    out = {}
-    for digest in digests:
-        runs = [] if exp_id is None else client.search_runs(
-            [exp_id], max_results=1,
-            filter_string=f"tags.`{LABELS_PREFERENCE_DIGEST_TAG}` = '{digest}'")
-        names = json.loads(runs[0].data.tags.get(LABELS_COLLECTIONS_TAG, "[]")) \
-            if runs else []
-        out[digest] = ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
-                                for c in names) or "offline"
-    return out
+    named = batch_collections(default_tracking_uri(cfg.tracking.tracking_uri),
+                              cfg.tracking.experiment, digests)
+    return {digest: ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
+                              for c in names) or "offline" for digest, names in named.items()}
 
 
 def batch_rows_note(rows: list[dict]) -> str:
@@ -251,11 +226,7 @@ def mark_consumed(ctx: RunContext, batches: list[dict]) -> None:
     """Record the batches as consumed (read by the next retrain's find_batches), with a
     copy of each file on the run (``consumed_batches/<digest>/``) for later rounds."""
     log_batch_inputs(ctx, batches)
-    client = ctx.client()
-    for b in batches:
-        client.log_artifact(ctx.parent_run_id, b["path"], f"{CONSUMED_COPY}/{b['digest']}")
-    set_tags(ctx.client(), ctx.parent_run_id,
-             {CONSUMED_TAG: json.dumps([b["digest"] for b in batches])})
+    record_consumed(ctx, [(b["digest"], b["path"]) for b in batches])
 
 
 def report(key: str, markdown: str, description: str) -> None:

@@ -11,7 +11,6 @@ known answers) that an import checks labels against.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 import uuid
 from pathlib import Path
@@ -43,13 +42,20 @@ from tasks.champion.events import (
 from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge, resolve_judge_name
+from tasks.tracking.champion_store import (
+    collection_prompts,
+    log_collection_files,
+    open_collection_run,
+    pool_collections,
+)
 from tasks.tracking.datasets import TableInput, log_table_inputs
+from tasks.tracking.parent_run import end_run
 from tasks.tracking.registry import (
     RegistryError,
     _logged_model_id,
     alias_version,
+    download_policy,
     model_version,
-    version_stage_run,
 )
 from tasks.tracking.runs import (
     default_tracking_uri,
@@ -68,7 +74,6 @@ from tasks.tracking.tags import (
     POLICY_VERSION_INPUT_TAG,
 )
 
-RECORD, PROMPTS = "collection/record.json", "collection/prompts.json"
 KNOWN_GAP = 2.0  # judge points between a known-answer pair's sides (clear cases only)
 LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_version",
                  "temperature", "max_new_tokens", "choice", "labeller")
@@ -92,10 +97,8 @@ def resolve_version(client, name: str, ref: str):
 
 def download_version(client, version, root: Path) -> dict:
     """The version's policy checkpoint (with its tokenizer) and its reward model."""
-    ppo_run = version_stage_run(client, version, "ppo")
-    rm_run = version_stage_run(client, version, "reward_model")
-    return {"policy_dir": client.download_artifacts(ppo_run, "checkpoint/policy", str(root)),
-            "rm_dir": client.download_artifacts(rm_run, "checkpoint", str(root / "rm"))}
+    got = download_policy(client, version, root)
+    return {"policy_dir": got["ppo"][1], "rm_dir": got["reward_model"][1]}
 
 
 def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[str]]:
@@ -112,21 +115,6 @@ def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[str]]:
 
 def pool_digest(prompts: list[str]) -> str:
     return hashlib.sha256("\n".join(sorted(prompts)).encode()).hexdigest()[:16]
-
-
-def earlier_collections(client, experiment_id: str, digest: str) -> list:
-    runs = client.search_runs([experiment_id], max_results=5000,
-                              filter_string=f"tags.`{COLLECTION_POOL_DIGEST_TAG}` = '{digest}'")
-    return [r for r in runs if r.info.status == "FINISHED"]
-
-
-def used_prompts(client, runs: list) -> set[str]:
-    """Prompts the given collection runs used (their ``collection/prompts.json``)."""
-    used: set[str] = set()
-    for run in runs:
-        path = client.download_artifacts(run.info.run_id, PROMPTS)
-        used |= set(json.loads(Path(path).read_text()))
-    return used
 
 
 def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[str], seed: int
@@ -210,10 +198,7 @@ def log_collection(client, run_id: str, version, paths: dict[str, Path], rows: l
                    prompts: list[str]) -> None:
     """Artifacts of the collection run, and the labelling file as its dataset input beside
     the sampled policy's logged model."""
-    for path in paths.values():
-        client.log_artifact(run_id, str(path), "collection")
-    client.log_dict(run_id, rows, RECORD)
-    client.log_dict(run_id, prompts, PROMPTS)
+    log_collection_files(client, run_id, list(paths.values()), rows, prompts)
     table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
     ref = f"{version.name}/{version.version}"
     labelling = TableInput(table, str(paths["jsonl"]), paths["jsonl"].name,
@@ -247,17 +232,16 @@ def collect(cfg: PipelineConfig) -> dict:
     version = resolve_version(client, name, c.policy)
     pool_name, pool = prompt_pool(cfg)
     exp_id, digest = experiment_for(client, cfg), pool_digest(pool)
-    earlier = earlier_collections(client, exp_id, digest)
-    used = used_prompts(client, earlier)
+    earlier = pool_collections(client, exp_id, digest)
+    used = collection_prompts(client, earlier)
     prompts = fresh_prompts(pool, used, c.num_prompts)
     if not prompts:
         raise DataError(f"prompt pool {pool_name}: all {len(pool)} prompts were collected "
                         "before; add prompts or set collect.prompts to another file")
     cid = f"v{version.version}-{uuid.uuid4().hex[:8]}"
-    run = client.create_run(exp_id, run_name=f"collect-{name}-{cid}", tags={
+    run_id = open_collection_run(client, exp_id, f"collect-{name}-{cid}", {
         COLLECTION_TAG: cid, COLLECTION_POOL_DIGEST_TAG: digest, COLLECTION_POOL_TAG: pool_name,
         COLLECTION_POLICY_TAG: f"{name}/{version.version}"})
-    run_id = run.info.run_id
     try:
         root = Path(cfg.tracking.workdir) / "collect" / cid
         dirs = download_version(client, version, root)
@@ -281,9 +265,9 @@ def collect(cfg: PipelineConfig) -> dict:
         log_metrics(client, run_id, {f"collect/{k}": v for k, v in counts.items()}, 0)
         set_tags(client, run_id, {COLLECTION_FILE_TAG: str(paths["jsonl"].resolve())})
     except BaseException:
-        client.set_terminated(run_id, status="FAILED")
+        end_run(client, run_id, "FAILED")
         raise
-    client.set_terminated(run_id, status="FINISHED")
+    end_run(client, run_id, "FINISHED")
     _table_artifact(rows)
     out = {"collection": cid, "run_id": run_id, "policy": f"{name}/{version.version}",
            "paths": {k: str(v) for k, v in paths.items()}, "counts": counts,

@@ -38,7 +38,7 @@ from data_checks.labels import (
 )
 from data_checks.loading import DataError
 from tasks.champion.batches import BATCH_SUFFIXES, file_digest, report
-from tasks.champion.collect import RECORD, experiment_for
+from tasks.champion.collect import experiment_for
 from tasks.champion.events import (
     IMPORTED_BY_LABEL,
     LABELLED,
@@ -49,9 +49,14 @@ from tasks.champion.events import (
     emit,
 )
 from tasks.config import PipelineConfig
-from tasks.tracking.runs import default_tracking_uri, log_metrics, tracking_client
+from tasks.tracking.champion_store import (
+    accepted_import_metrics,
+    collection_record,
+    finished_collection,
+    record_label_import,
+)
+from tasks.tracking.runs import default_tracking_uri, tracking_client
 from tasks.tracking.tags import (
-    COLLECTION_TAG,
     LABELS_BATCH_TAG,
     LABELS_COLLECTIONS_TAG,
     LABELS_DECISION_TAG,
@@ -68,19 +73,16 @@ def collection_records(client, experiment_id: str, ids: list[str]) -> dict[str, 
     """The records of the collections the ids name (``<collection>-<nnnn>``) -> {id: pair}."""
     records = {}
     for cid in sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i}):
-        runs = client.search_runs([experiment_id], max_results=1, filter_string=(
-            f"tags.`{COLLECTION_TAG}` = '{cid}' and attributes.status = 'FINISHED'"))
-        if runs:
-            path = client.download_artifacts(runs[0].info.run_id, RECORD)
-            records.update({r["id"]: r for r in json.loads(Path(path).read_text())})
+        run = finished_collection(client, experiment_id, cid)
+        if run is not None:
+            records.update({r["id"]: r for r in collection_record(client, run)})
     return records
 
 
 def usual_rate(client, experiment_id: str, metric: str, last: int = 5) -> float | None:
     """Median of ``metric`` over the last accepted imports (None: none yet)."""
-    runs = client.search_runs([experiment_id], max_results=last, order_by=[
-        "attributes.start_time DESC"], filter_string=f"tags.`{LABELS_DECISION_TAG}` = 'accepted'")
-    rates = sorted(r.data.metrics[metric] for r in runs if metric in r.data.metrics)
+    rates = sorted(m[metric] for m in accepted_import_metrics(client, experiment_id, last)
+                   if metric in m)
     return rates[len(rates) // 2] if rates else None
 
 
@@ -135,15 +137,12 @@ def _figures_text(figures: LabelFigures, counts: dict, rows: int) -> str:
 def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: LabelFigures,
                 counts: dict, tags: dict, outcome: str) -> str:
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
-    run = client.create_run(experiment_for(client, cfg), run_name=f"labels-{outcome}-"
-                            f"{digest[:8]}", tags={
-                                LABELS_BATCH_TAG: digest, LABELS_FILE_TAG: path.name,
-                                LABELS_HELD_BACK_TAG: json.dumps(figures.held_back), **tags})
+    tags = {LABELS_BATCH_TAG: digest, LABELS_FILE_TAG: path.name,
+            LABELS_HELD_BACK_TAG: json.dumps(figures.held_back), **tags}
     metrics = {f"labels/{k}": float(v) for k, v in counts.items()}
-    log_metrics(client, run.info.run_id, {**metrics, **figures.metrics()}, 0)
-    client.log_artifact(run.info.run_id, str(path), "labels")
-    client.set_terminated(run.info.run_id, status="FINISHED")
-    return run.info.run_id
+    return record_label_import(client, experiment_for(client, cfg),
+                               f"labels-{outcome}-{digest[:8]}", tags,
+                               {**metrics, **figures.metrics()}, path)
 
 
 def decide(cfg: PipelineConfig, path: Path) -> dict:

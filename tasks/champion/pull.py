@@ -28,12 +28,7 @@ from pathlib import Path
 
 from tasks.champion.collect import experiment_for
 from tasks.champion.labels import import_labels
-from tasks.champion.studio import (
-    StudioLink,
-    collection_run,
-    read_link,
-    studio_collections,
-)
+from tasks.champion.studio import StudioLink, collection_run, read_link
 from tasks.config import PipelineConfig
 from tasks.labelling.client import URL_VAR, LabelStudio, LabelStudioError
 from tasks.labelling.project import (
@@ -43,6 +38,7 @@ from tasks.labelling.project import (
     project_title,
     read_tasks,
 )
+from tasks.tracking.champion_store import studio_collections
 from tasks.tracking.runs import default_tracking_uri, tracking_client
 from tasks.tracking.tags import COLLECTION_TAG, LABELS_SOURCE_TAG
 

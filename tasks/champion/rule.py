@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tasks.tracking.registry import CHAMPION, alias_version
-from tasks.tracking.tags import EVAL_SCORER_TAG, PARENT_TAG
+from tasks.tracking.registry import CHAMPION, alias_version, version_parent_run
+from tasks.tracking.tags import EVAL_SCORER_TAG
 
 
 def eval_scorer(judge_name: str, rm_run_id: str, prompts: list[str]) -> str:
@@ -39,8 +39,7 @@ def champion_evaluation(client, name: str) -> dict | None:
     version = alias_version(client, name, CHAMPION)
     if version is None:
         return None
-    run = client.get_run(version.run_id)
-    parent = client.get_run(run.data.tags.get(PARENT_TAG, version.run_id))
+    parent = version_parent_run(client, version)
     return {"version": str(version.version), "scorer": parent.data.tags.get(EVAL_SCORER_TAG),
             "metrics": dict(parent.data.metrics)}
 

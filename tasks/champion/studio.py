@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from tasks.config import PipelineConfig
 from tasks.labelling.client import LabelStudio, LabelStudioError
@@ -21,14 +20,18 @@ from tasks.labelling.project import (
     opaque_ref,
     task_data,
 )
+from tasks.tracking.champion_store import (
+    finished_collection,
+    log_studio_link,
+    studio_collection,
+    studio_link_text,
+)
 from tasks.tracking.runs import set_tags
 from tasks.tracking.tags import (
     COLLECTION_FILE_TAG,
     COLLECTION_LABEL_STUDIO_TAG,
     COLLECTION_TAG,
 )
-
-LINK = "collection/label_studio.json"
 
 
 @dataclass(frozen=True)
@@ -71,21 +74,20 @@ def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -
     link = StudioLink(ls.url, project.id, project.title,
                       {t: r["id"] for t, r in zip(ids, rows)},
                       {r["id"]: d for r, d in zip(rows, datas)})
-    client.log_dict(run_id, {**asdict(link), "tasks": {str(k): v for k, v in
-                                                        link.tasks.items()}}, LINK)
+    log_studio_link(client, run_id, {**asdict(link), "tasks": {str(k): v for k, v in
+                                                                link.tasks.items()}})
     set_tags(client, run_id, {COLLECTION_LABEL_STUDIO_TAG: link.page})
     return link
 
 
 def collection_run(client, experiment_id: str, cid: str):
     """The finished run of collection ``cid`` (LabelStudioError naming it when none)."""
-    runs = client.search_runs([experiment_id], max_results=1, filter_string=(
-        f"tags.`{COLLECTION_TAG}` = '{cid}' and attributes.status = 'FINISHED'"))
-    if not runs:
+    run = finished_collection(client, experiment_id, cid)
+    if run is None:
         raise LabelStudioError(f"no finished collection '{cid}' in this MLflow experiment "
                                "(`rlhf runs` lists runs; collection ids look like "
                                "v3-1a2b3c4d)")
-    return runs[0]
+    return run
 
 
 def read_link(client, run) -> StudioLink:
@@ -96,16 +98,7 @@ def read_link(client, run) -> StudioLink:
         raise LabelStudioError(f"collection {cid} was written to files ({where}), not to "
                                "Label Studio: fill its choice column and run `rlhf label "
                                f"import {where}`")
-    path = client.download_artifacts(run.info.run_id, LINK)
-    return StudioLink.read(Path(path).read_text())
-
-
-def studio_collections(client, experiment_id: str) -> list:
-    """Finished collections that went to Label Studio, oldest first."""
-    runs = client.search_runs([experiment_id], max_results=1000, order_by=[
-        "attributes.start_time ASC"], filter_string=(
-        f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%' and attributes.status = 'FINISHED'"))
-    return list(runs)
+    return StudioLink.read(studio_link_text(client, run))
 
 
 def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
@@ -122,11 +115,9 @@ def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
     client = tracking_client(uri)
     exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
     for cid in cids:
-        runs = client.search_runs([exp_id], max_results=1, filter_string=(
-            f"tags.`{COLLECTION_TAG}` = '{cid}' and "
-            f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%'"))
-        if runs:
+        run = studio_collection(client, exp_id, cid)
+        if run is not None:
             raise LabelStudioError(
                 f"{path}: its rows come from collection {cid}, which went to Label Studio "
-                f"({runs[0].data.tags[COLLECTION_LABEL_STUDIO_TAG]}): bring its labels in "
+                f"({run.data.tags[COLLECTION_LABEL_STUDIO_TAG]}): bring its labels in "
                 f"with `rlhf label pull {cid}` (a pair is imported once)")

@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 
 from tasks.config import PipelineConfig
-from tasks.tracking.runs import RunContext, default_tracking_uri, set_tags
+from tasks.tracking.runs import RunContext, default_tracking_uri, set_tags, stage_run_tags
 from tasks.tracking.tags import (
     NODES_TAG,
     ROUTED_FLOW_RUN_TAG,
@@ -185,7 +185,7 @@ def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, in
     except BaseException:
         _cancel(run.id)
         raise
-    tags = ctx.client().get_run(run_id).data.tags
+    tags = stage_run_tags(ctx, run_id)
     if ROUTED_OUTPUT_TAG not in tags:
         raise RemoteStageError(f"{label}: flow run {run.name} of {deployment} completed but "
                                f"left no output record (tag {ROUTED_OUTPUT_TAG}) on run {run_id}")

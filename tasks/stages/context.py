@@ -25,7 +25,14 @@ from tasks.common import checkpointer, metric_logger, setup_models, stop_on_outa
 from tasks.config import PipelineConfig
 from tasks.stages.progress import StageProgress
 from tasks.stages.records import Artifact, StageRecord
-from tasks.tracking.artifacts import local_copy, publish_path
+from tasks.tracking.artifacts import (
+    local_copy,
+    log_artifact,
+    log_artifacts,
+    log_table,
+    log_text,
+    publish_path,
+)
 from tasks.tracking.datasets import log_datasets
 from tasks.tracking.runs import RunContext, set_tags
 from tasks.tracking.spool import spool_for, spool_table
@@ -105,13 +112,13 @@ class StageContext:
         return publish_path(self.run, self.run_id, Path(path), artifact_path, logged)
 
     def log_artifacts(self, folder: str | Path, artifact_path: str) -> None:
-        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+        log_artifacts(self.client, self.run_id, folder, artifact_path)
 
     def log_artifact(self, path: str | Path, folder: str) -> None:
-        self.client.log_artifact(self.run_id, str(path), folder)
+        log_artifact(self.client, self.run_id, path, folder)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        log_text(self.client, self.run_id, text, artifact_file)
 
     def log_table(self, rows: pd.DataFrame, artifact_file: str, spooled: bool = False) -> None:
         """An MLflow table on the stage's run; ``spooled``: through the run's spool (sent
@@ -120,7 +127,7 @@ class StageContext:
             spool_table(spool_for(self.client, self.run_id, self.run.workdir), rows,
                         artifact_file)
         else:
-            self.client.log_table(self.run_id, data=rows, artifact_file=artifact_file)
+            log_table(self.client, self.run_id, rows, artifact_file)
 
     def log_datasets(self, files: dict[str, Path], context: str) -> dict[str, str]:
         """The data files as MLflow dataset inputs of the stage's and the parent run ->

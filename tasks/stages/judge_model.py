@@ -18,7 +18,8 @@ from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
 from tasks.stages.run import run_stage
 from tasks.tracking.artifacts import Artifact, local_copy
-from tasks.tracking.runs import RunContext, set_tags
+from tasks.tracking.parent_run import log_parent_folder
+from tasks.tracking.runs import RunContext, tag_parent
 from tasks.tracking.tags import (
     JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG,
     JUDGE_SPLIT_JUDGE_PAIRS_TAG,
@@ -63,12 +64,10 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
                          "(retrain.gate.judge_fraction)")
     _write_jsonl(target / "preference.jsonl", train)
     _write_jsonl(target / "judge_preference.jsonl", held)
-    client = ctx.client()
-    client.log_artifacts(ctx.parent_run_id, str(target), "judge_split/data")
-    set_tags(client, ctx.parent_run_id, {JUDGE_SPLIT_RM_PAIRS_TAG: str(len(train)),
-                                         JUDGE_SPLIT_JUDGE_PAIRS_TAG: str(len(held)),
-                                         JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG: str(
-                                             n_held - len(held))})
+    log_parent_folder(ctx, target, "judge_split/data")
+    tag_parent(ctx, {JUDGE_SPLIT_RM_PAIRS_TAG: str(len(train)),
+                     JUDGE_SPLIT_JUDGE_PAIRS_TAG: str(len(held)),
+                     JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG: str(n_held - len(held))})
     uri = f"runs:/{ctx.parent_run_id}/judge_split/data"
     return data.model_copy(update={"data": Artifact(path=str(target), uri=uri),
                                    "judge_rows": str(target / "judge_preference.jsonl")})

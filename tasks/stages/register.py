@@ -27,6 +27,7 @@ from tasks.tracking.registry import (
     move_champion,
     moved_to,
     set_alias,
+    set_version_tags,
     show_on_run,
 )
 from tasks.tracking.runs import RunContext, find_stage_run
@@ -119,8 +120,7 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     tags[ANCESTRY_TAG] = " -> ".join(x for x in (tags.get(ANCESTRY_TAG, ""), f"v{version}") if x)
     if decision is not None:
         tags[GATE_TAG] = decision.reason
-    for tag, value in tags.items():
-        client.set_model_version_tag(name, str(version), tag, value)
+    set_version_tags(client, name, version, tags)
     show_on_run(client, ctx.parent_run_id, [(name, version), (rm_name, rm_version)])
     sc.set_tags({REGISTER_DECISION_TAG: rule["decision"], REGISTER_REASON_TAG: rule["reason"]})
     sc.set_tags({ANCESTRY_TAG: tags[ANCESTRY_TAG]}, parent=True)

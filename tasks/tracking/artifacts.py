@@ -95,3 +95,22 @@ def _download(ctx: RunContext, uri: str, target: Path, where: str, recorded) -> 
         if not target.exists():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# StageContext's plain writes on a stage's run (files, text, tables that are no stage output)
+
+def log_artifacts(client, run_id: str, folder: str | Path, artifact_path: str) -> None:
+    client.log_artifacts(run_id, str(folder), artifact_path)
+
+
+def log_artifact(client, run_id: str, path: str | Path, folder: str) -> None:
+    client.log_artifact(run_id, str(path), folder)
+
+
+def log_text(client, run_id: str, text: str, artifact_file: str) -> None:
+    client.log_text(run_id, text, artifact_file)
+
+
+def log_table(client, run_id: str, rows, artifact_file: str) -> None:
+    """``rows`` (a pandas DataFrame) as MLflow's table ``artifact_file``."""
+    client.log_table(run_id, data=rows, artifact_file=artifact_file)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.tracking.tags import (
@@ -117,6 +118,13 @@ def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:
     return str(current.version), str(previous.version)
 
 
+def set_version_tags(client: MlflowClient, name: str, version: str | int,
+                     tags: dict[str, str]) -> None:
+    """Tags on the registered version ``version`` of ``name`` (its lineage and decision)."""
+    for tag, value in tags.items():
+        client.set_model_version_tag(name, str(version), tag, value)
+
+
 def show_on_run(client: MlflowClient, run_id: str, versions: list[tuple[str, str | int]]) -> None:
     """List registered versions in ``run_id``'s "Registered models" panel (MLflow 3 UI).
 
@@ -159,6 +167,29 @@ def version_stage_run(client: MlflowClient, version, stage: str) -> str:
     if not runs:
         raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its lineage")
     return runs[0].info.run_id
+
+
+def version_parent_run(client: MlflowClient, version):
+    """The pipeline (parent) run a registered version came from: its register run's parent
+    (the run itself when it has none)."""
+    run = client.get_run(version.run_id)
+    return client.get_run(run.data.tags.get(PARENT_TAG, version.run_id))
+
+
+# a stage's checkpoint in its run, and the folder under a download's root it goes to
+CHECKPOINTS = {"ppo": ("checkpoint/policy", "."), "reward_model": ("checkpoint", "rm"),
+               "sft": ("checkpoint", "sft")}
+
+
+def download_policy(client: MlflowClient, version, root: Path,
+                    stages: tuple[str, ...] = ("ppo", "reward_model")) -> dict[str, tuple]:
+    """A registered policy version's checkpoints under ``root`` (the PPO policy with its
+    tokenizer in ``root``, the reward model in ``rm/``, the SFT policy in ``sft/``) -> for
+    each of ``stages``: (the run it came from, the local folder)."""
+    runs = {stage: version_stage_run(client, version, stage) for stage in stages}
+    return {stage: (run, client.download_artifacts(run, CHECKPOINTS[stage][0],
+                                                   str(root / CHECKPOINTS[stage][1])))
+            for stage, run in runs.items()}
 
 
 def registered_by_run(client: MlflowClient, name: str, run_id: str) -> list:

@@ -294,6 +294,11 @@ def _keep_traceback(client: MlflowClient, run_id: str) -> None:
                      type(err).__name__, err)
 
 
+def stage_run_tags(ctx: RunContext, run_id: str) -> dict[str, str]:
+    """The tags on the stage run ``run_id`` (what another machine left on it)."""
+    return ctx.client().get_run(run_id).data.tags
+
+
 def record_output(ctx: RunContext, run_id: str, output: dict) -> dict:
     """Store the stage's small output reference on its run (read back by a re-run)."""
     ctx.client().set_tag(run_id, OUTPUT_TAG, json.dumps(output, sort_keys=True))

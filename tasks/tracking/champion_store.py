@@ -1,0 +1,167 @@
+"""What the champion wing keeps in MLflow: collection runs (their files, the pairs' record,
+the prompts they used, their Label Studio link), label-import runs, and the preference
+batches retrains consumed (a tag on the retrain's parent run, a copy of each file on it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from tasks.tracking.runs import RunContext, experiment_client, log_metrics, set_tags
+from tasks.tracking.tags import (
+    COLLECTION_LABEL_STUDIO_TAG,
+    COLLECTION_POOL_DIGEST_TAG,
+    COLLECTION_TAG,
+    CONSUMED_TAG,
+    LABELS_COLLECTIONS_TAG,
+    LABELS_DECISION_TAG,
+    LABELS_PREFERENCE_DIGEST_TAG,
+)
+
+RECORD, PROMPTS = "collection/record.json", "collection/prompts.json"
+LINK = "collection/label_studio.json"
+CONSUMED_COPY = "consumed_batches"  # artifact folder: a copy of each batch a retrain consumed
+
+
+# ---- collections -----------------------------------------------------------------------------
+def open_collection_run(client: MlflowClient, experiment_id: str, run_name: str,
+                        tags: dict[str, str]) -> str:
+    """A new collection run -> its id."""
+    return client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+
+
+def log_collection_files(client: MlflowClient, run_id: str, files: list[Path],
+                         rows: list[dict], prompts: list[str]) -> None:
+    """The labelling files (``collection/``), the pairs' record and the prompts used."""
+    for path in files:
+        client.log_artifact(run_id, str(path), "collection")
+    client.log_dict(run_id, rows, RECORD)
+    client.log_dict(run_id, prompts, PROMPTS)
+
+
+def pool_collections(client: MlflowClient, experiment_id: str, pool_digest: str) -> list:
+    """The finished collections of the prompt pool whose digest is ``pool_digest``."""
+    runs = client.search_runs([experiment_id], max_results=5000,
+                              filter_string=f"tags.`{COLLECTION_POOL_DIGEST_TAG}` = "
+                                            f"'{pool_digest}'")
+    return [r for r in runs if r.info.status == "FINISHED"]
+
+
+def collection_prompts(client: MlflowClient, runs: list) -> set[str]:
+    """Prompts the given collection runs used."""
+    used: set[str] = set()
+    for run in runs:
+        path = client.download_artifacts(run.info.run_id, PROMPTS)
+        used |= set(json.loads(Path(path).read_text()))
+    return used
+
+
+def finished_collection(client: MlflowClient, experiment_id: str, cid: str):
+    """The finished run of collection ``cid``, or None."""
+    runs = client.search_runs([experiment_id], max_results=1, filter_string=(
+        f"tags.`{COLLECTION_TAG}` = '{cid}' and attributes.status = 'FINISHED'"))
+    return runs[0] if runs else None
+
+
+def collection_by_run_id(client: MlflowClient, run_id: str):
+    """The collection run ``run_id``."""
+    return client.get_run(run_id)
+
+
+def collection_record(client: MlflowClient, run) -> list[dict]:
+    """A collection's pairs: texts, reward-model scores, known answers."""
+    return json.loads(Path(client.download_artifacts(run.info.run_id, RECORD)).read_text())
+
+
+def log_studio_link(client: MlflowClient, run_id: str, link: dict) -> None:
+    client.log_dict(run_id, link, LINK)
+
+
+def studio_link_text(client: MlflowClient, run) -> str:
+    """The Label Studio link a collection run keeps (JSON text)."""
+    return Path(client.download_artifacts(run.info.run_id, LINK)).read_text()
+
+
+def studio_collections(client: MlflowClient, experiment_id: str) -> list:
+    """Finished collections that went to Label Studio, oldest first."""
+    runs = client.search_runs([experiment_id], max_results=1000, order_by=[
+        "attributes.start_time ASC"], filter_string=(
+        f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%' and attributes.status = 'FINISHED'"))
+    return list(runs)
+
+
+def studio_collection(client: MlflowClient, experiment_id: str, cid: str):
+    """The run of collection ``cid`` when it went to Label Studio, else None."""
+    runs = client.search_runs([experiment_id], max_results=1, filter_string=(
+        f"tags.`{COLLECTION_TAG}` = '{cid}' and "
+        f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%'"))
+    return runs[0] if runs else None
+
+
+# ---- label imports -----------------------------------------------------------------------------
+def record_label_import(client: MlflowClient, experiment_id: str, run_name: str,
+                        tags: dict[str, str], metrics: dict[str, float], path: Path) -> str:
+    """A finished label-import run: its tags, figures and the file (``labels/``) -> its id."""
+    run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+    log_metrics(client, run_id, metrics, 0)
+    client.log_artifact(run_id, str(path), "labels")
+    client.set_terminated(run_id, status="FINISHED")
+    return run_id
+
+
+def accepted_import_metrics(client: MlflowClient, experiment_id: str,
+                            last: int) -> list[dict[str, float]]:
+    """The figures of the last ``last`` accepted label imports, newest first."""
+    runs = client.search_runs([experiment_id], max_results=last, order_by=[
+        "attributes.start_time DESC"], filter_string=f"tags.`{LABELS_DECISION_TAG}` = 'accepted'")
+    return [dict(r.data.metrics) for r in runs]
+
+
+def batch_collections(tracking_uri: str, experiment: str,
+                      digests: list[str]) -> dict[str, list[str]]:
+    """The collections named by the label import that wrote each preference batch (by
+    digest) -> {digest: collection ids} ([] when no import wrote it)."""
+    client, exp_id = experiment_client(tracking_uri, experiment)
+    out = {}
+    for digest in digests:
+        runs = [] if exp_id is None else client.search_runs(
+            [exp_id], max_results=1,
+            filter_string=f"tags.`{LABELS_PREFERENCE_DIGEST_TAG}` = '{digest}'")
+        out[digest] = json.loads(runs[0].data.tags.get(LABELS_COLLECTIONS_TAG, "[]")) \
+            if runs else []
+    return out
+
+
+# ---- consumed batches --------------------------------------------------------------------------
+def consumed_batches(tracking_uri: str, experiment: str) -> dict[str, str]:
+    """Digests of the batches that finished retrains consumed (tag on their parent runs) ->
+    the run that consumed each (which keeps a copy of the file, ``consumed_batches/``)."""
+    client, exp_id = experiment_client(tracking_uri, experiment)
+    if exp_id is None:
+        return {}
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{CONSUMED_TAG}` != ''",
+                              max_results=5000, order_by=["attributes.start_time ASC"])
+    return {d: r.info.run_id for r in runs if r.info.status == "FINISHED"
+            for d in json.loads(r.data.tags[CONSUMED_TAG])}
+
+
+def record_consumed(ctx: RunContext, batches: list[tuple[str, str]]) -> None:
+    """The batches, (digest, file) each, as consumed by the retrain's parent run: a copy of
+    each file (``consumed_batches/<digest>/``) and their digests as a tag."""
+    client = ctx.client()
+    for digest, path in batches:
+        client.log_artifact(ctx.parent_run_id, path, f"{CONSUMED_COPY}/{digest}")
+    set_tags(ctx.client(), ctx.parent_run_id, {CONSUMED_TAG: json.dumps([d for d, _ in batches])})
+
+
+def consumed_copy(ctx: RunContext, run_id: str, digest: str, root: Path) -> Path | None:
+    """The copy of batch ``digest`` that its consuming run ``run_id`` keeps, downloaded
+    under ``root`` (None: the run keeps none)."""
+    client = ctx.client()
+    files = [f.path for f in client.list_artifacts(run_id, f"{CONSUMED_COPY}/{digest}")]
+    if not files:
+        return None
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(client.download_artifacts(run_id, files[0], str(root)))
