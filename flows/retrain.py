@@ -158,7 +158,9 @@ def retrain(config: PipelineConfig, control: bool = False) -> RetrainResult:
         with refused_batches(config, batches["new"], first=champion is None):
             result = bootstrap(config, batches["new"]) if champion is None else \
                 challenge(config, batches["new"], batches["consumed"])
-        announce_outcome(config.tracking.registered_policy, result)
+        announce_outcome(config.tracking.registered_policy, result.status,
+                         result.decision and result.decision.reason,
+                         result.run and result.run.parent_run_id)
         return result
 
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny, field_validator
 
+from tasks.champion.events import TRAINED
 from tasks.stages.records import (
     DataRecord,
     Decision,
@@ -103,7 +104,7 @@ class RetrainResult(BaseModel):
     @property
     def trained(self) -> bool:
         """A round that trained a policy (and so announces its outcome)."""
-        return self.status in ("bootstrapped", "promoted", "kept")
+        return self.status in TRAINED
 
 
 class CompareResult(BaseModel):

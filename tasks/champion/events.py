@@ -17,14 +17,12 @@ Prefect does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from tasks.results import RetrainResult
+from typing import Any
 
 LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
 QUARANTINED = "rlhf.preferences.quarantined"
 PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
+TRAINED = ("bootstrapped", "promoted", "kept")  # the retrain outcomes that trained a policy
 # the events' resources (+ batch digest, collection id, registered policy name) and labels:
 # Prefect's vocabulary, not MLflow tags (those are in tasks/tracking/tags.py)
 PREFERENCES_RESOURCE, COLLECTION_RESOURCE = "rlhf.preferences.", "rlhf.collection."
@@ -73,15 +71,13 @@ def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> s
     return f"retrain-{policy}-{start}{batches}"
 
 
-def announce_outcome(policy: str, result: RetrainResult) -> None:
+def announce_outcome(policy: str, status: str, reason: str | None = None,
+                     parent_run_id: str | None = None) -> None:
     """``rlhf.champion.promoted`` (a first champion too) or ``rlhf.champion.kept`` for a
-    retrain that trained; nothing for one that found nothing new or was skipped."""
-    if not result.trained:
+    retrain that trained (``status``: a ``RetrainResult``'s); nothing for one that found
+    nothing new, was skipped or was a control round."""
+    if status not in TRAINED:
         return
-    payload = {}
-    if result.decision is not None:
-        payload["reason"] = result.decision.reason
-    if result.run is not None:
-        payload["parent_run_id"] = result.run.parent_run_id
-    emit(KEPT if result.status == "kept" else PROMOTED, POLICY_RESOURCE + policy, policy,
-         {OUTCOME_LABEL: result.status}, payload)
+    payload = {k: v for k, v in (("reason", reason), ("parent_run_id", parent_run_id)) if v}
+    emit(KEPT if status == "kept" else PROMOTED, POLICY_RESOURCE + policy, policy,
+         {OUTCOME_LABEL: status}, payload)

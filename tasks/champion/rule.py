@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from pydantic import BaseModel, ConfigDict
+
 from tasks.tracking.registry import CHAMPION, alias_version, version_parent_run
 from tasks.tracking.tags import EVAL_SCORER_TAG
 
@@ -44,26 +46,46 @@ def champion_evaluation(client, name: str) -> dict | None:
             "metrics": dict(parent.data.metrics)}
 
 
+class Decision(BaseModel):
+    """A champion decision: the retrain gate's verdict (``scorer``: who scored both
+    policies), the pipeline's own rule at register (``verdict``: first, beats, loses,
+    not-compared; ``champion_score``: the champion's score it was compared with), or a move
+    a resume finds already made."""
+
+    model_config = ConfigDict(frozen=True)
+    promote: bool
+    reason: str
+    scorer: str | None = None
+    verdict: str = ""
+    champion_score: float | None = None
+
+    @property
+    def register_tag(self) -> str:
+        """What register records as the version's decision: the rule's verdict, or
+        ``gate: promote`` / ``gate: keep`` for a gate's."""
+        return self.verdict or "gate: " + ("promote" if self.promote else "keep")
+
+
 def register_decision(champion: dict | None, scorer: str | None, key: str,
-                      score: float) -> dict:
-    """-> {"promote", "decision", "reason", "champion_score"}. decision is one of
-    ``first`` (no champion: promote), ``beats`` / ``loses`` (same scorer: compared),
-    ``not-compared`` (different or unknown scorers: champion stays)."""
+                      score: float) -> Decision:
+    """The rule's verdict is ``first`` (no champion: promote), ``beats`` / ``loses`` (same
+    scorer: compared), ``not-compared`` (different or unknown scorers: champion stays)."""
     if champion is None:
-        return {"promote": True, "decision": "first", "champion_score": None,
-                "reason": f"no champion yet: this policy becomes champion ({key} {score:.4g})"}
+        return Decision(promote=True, verdict="first",
+                        reason=f"no champion yet: this policy becomes champion ({key} "
+                               f"{score:.4g})")
     v, theirs = champion["version"], champion["scorer"]
     current = champion["metrics"].get(key)
     if scorer is None or theirs != scorer or current is None:
-        return {"promote": False, "decision": "not-compared", "champion_score": None,
-                "reason": f"not compared with champion v{v}: this run was scored by "
-                          f"{scorer or 'an unknown scorer'}, the champion by "
-                          f"{theirs or 'an unknown scorer'}; scores from different scorers "
-                          "(e.g. two reward models) are not comparable, so the champion "
-                          "stays (the retrain gate or `rlhf promote` moves it)"}
+        return Decision(promote=False, verdict="not-compared",
+                        reason=f"not compared with champion v{v}: this run was scored by "
+                               f"{scorer or 'an unknown scorer'}, the champion by "
+                               f"{theirs or 'an unknown scorer'}; scores from different "
+                               "scorers (e.g. two reward models) are not comparable, so the "
+                               "champion stays (the retrain gate or `rlhf promote` moves it)")
     promote = score > current
     word = "beats" if promote else "does not beat"
-    return {"promote": promote, "decision": "beats" if promote else "loses",
-            "champion_score": current,
-            "reason": f"{key} {score:.4g} {word} champion v{v}'s {current:.4g} (same scorer: "
-                      f"{scorer})"}
+    return Decision(promote=promote, verdict="beats" if promote else "loses",
+                    champion_score=current,
+                    reason=f"{key} {score:.4g} {word} champion v{v}'s {current:.4g} (same "
+                           f"scorer: {scorer})")

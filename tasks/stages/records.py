@@ -12,7 +12,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.champion.rule import Decision
 from tasks.tracking.artifacts import Artifact
+
+__all__ = ["Artifact", "Decision"]  # re-exported: the records' field types
 
 
 class StageRecord(BaseModel):
@@ -88,15 +91,6 @@ class EvalRecord(StageRecord):
     """evaluate: its metrics and the label of the scorer that produced the headline score."""
 
     scorer: str | None = None
-
-
-class Decision(BaseModel):
-    """The retrain gate's verdict."""
-
-    model_config = ConfigDict(frozen=True)
-    promote: bool
-    reason: str
-    scorer: str
 
 
 class GateRecord(StageRecord):

@@ -98,12 +98,13 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     # a resume after a crash in here: adopt this run's versions, or remove a partial set
     adopted = earlier_registration(client, (name, rm_name), run_id)
     moved = moved_to(client, name, adopted[0]) if adopted else None
-    rule = moved or register_decision(champion_evaluation(client, name),
-                                      getattr(evaluation, "scorer", None), key, score) \
-        if decision is None else \
-        {"promote": decision.promote, "reason": decision.reason,
-         "decision": "gate: " + ("promote" if decision.promote else "keep"),
-         "champion_score": None}
+    if moved:
+        rule = Decision(promote=True, verdict=moved[0], reason=moved[1])
+    elif decision is None:
+        rule = register_decision(champion_evaluation(client, name),
+                                 getattr(evaluation, "scorer", None), key, score)
+    else:
+        rule = decision
     card = policy_card(cfg, ctx.parent_run_id, evaluation.metrics)
     pause_point("register:log_models")
     version, rm_version = adopted or one_try(
@@ -115,30 +116,30 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
         # the server back: keep a whole set it took, or delete a partial one and log again
         lambda: earlier_registration(client, (name, rm_name), run_id))
     tags = {**lineage_tags(ctx, rm, policy, lineage),
-            REGISTER_DECISION_TAG: rule["decision"], REGISTER_REASON_TAG: rule["reason"]}
+            REGISTER_DECISION_TAG: rule.register_tag, REGISTER_REASON_TAG: rule.reason}
     # the chain of versions this one descends from: "v1 -> v2 -> v3"
     tags[ANCESTRY_TAG] = " -> ".join(x for x in (tags.get(ANCESTRY_TAG, ""), f"v{version}") if x)
     if decision is not None:
         tags[GATE_TAG] = decision.reason
     set_version_tags(client, name, version, tags)
     show_on_run(client, ctx.parent_run_id, [(name, version), (rm_name, rm_version)])
-    sc.set_tags({REGISTER_DECISION_TAG: rule["decision"], REGISTER_REASON_TAG: rule["reason"]})
+    sc.set_tags({REGISTER_DECISION_TAG: rule.register_tag, REGISTER_REASON_TAG: rule.reason})
     sc.set_tags({ANCESTRY_TAG: tags[ANCESTRY_TAG]}, parent=True)
     set_alias(client, name, CHALLENGER, version)
     set_alias(client, rm_name, CHALLENGER, rm_version)
     crash_point("register:challenger")
-    if rule["promote"] and not moved:
-        move_champion(client, name, version, "register", rule["reason"])
-    aliases = "champion" if rule["promote"] else "challenger"  # a champion is no challenger
-    current = rule["champion_score"]
+    if rule.promote and not moved:
+        move_champion(client, name, version, "register", rule.reason)
+    aliases = "champion" if rule.promote else "challenger"  # a champion is no challenger
+    current = rule.champion_score
     figures = {"policy": f"models:/{name}/{version} ({aliases})",
                "reward model": f"models:/{rm_name}/{rm_version} (challenger)",
-               "champion decision": rule["decision"],
+               "champion decision": rule.register_tag,
                "champion score before": f"{current:.4g}" if current is not None
-               else {"first": "none"}.get(rule["decision"], "not compared")}
+               else {"first": "none"}.get(rule.register_tag, "not compared")}
     return RegisterRecord(registered=True, model_name=name, version=int(version),
                           reward_model_name=rm_name, reward_model_version=int(rm_version),
-                          promoted=rule["promote"], metrics={key: score}, figures=figures)
+                          promoted=rule.promote, metrics={key: score}, figures=figures)
 
 
 STAGE = Stage("register", body, RegisterRecord)

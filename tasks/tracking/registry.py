@@ -220,13 +220,13 @@ def earlier_registration(client: MlflowClient, names: tuple[str, ...],
     return tuple(str(found[name][0].version) for name in names) if complete else None
 
 
-def moved_to(client: MlflowClient, name: str, version: str) -> dict | None:
-    """The decision recorded on ``version`` when it already holds ``champion`` with its
-    move recorded (a crash after the move: a resume does not move it again), else None."""
+def moved_to(client: MlflowClient, name: str, version: str) -> tuple[str, str] | None:
+    """The decision and reason recorded on ``version`` when it already holds ``champion``
+    with its move recorded (a crash after the move: a resume does not move it again), else
+    None."""
     holder = alias_version(client, name, CHAMPION)
     if holder is None or str(holder.version) != str(version) \
             or CHAMPION_SINCE_TAG not in holder.tags:
         return None
-    return {"promote": True, "decision": holder.tags.get(REGISTER_DECISION_TAG, "promote"),
-            "reason": holder.tags.get(REGISTER_REASON_TAG, "promoted before the resume"),
-            "champion_score": None}
+    return (holder.tags.get(REGISTER_DECISION_TAG, "promote"),
+            holder.tags.get(REGISTER_REASON_TAG, "promoted before the resume"))

@@ -31,15 +31,15 @@ def _champion(scorer, score, key=KEY):
 
 def test_no_champion_promotes_whatever_the_scorer():
     out = register_decision(None, None, KEY, -1.0)
-    assert (out["promote"], out["decision"]) == (True, "first")
+    assert (out.promote, out.verdict) == (True, "first")
 
 
 @pytest.mark.parametrize(("score", "promote", "decision"),
                          [(0.6, True, "beats"), (0.5, False, "loses"), (0.4, False, "loses")])
 def test_same_judge_same_prompts_compares_the_scores(score, promote, decision):
     out = register_decision(_champion(JUDGE, 0.5), JUDGE, KEY, score)
-    assert (out["promote"], out["decision"], out["champion_score"]) == (promote, decision, 0.5)
-    assert "0.5" in out["reason"] and JUDGE in out["reason"]
+    assert (out.promote, out.verdict, out.champion_score) == (promote, decision, 0.5)
+    assert "0.5" in out.reason and JUDGE in out.reason
 
 
 @pytest.mark.parametrize("theirs", [
@@ -51,14 +51,14 @@ def test_different_scorers_claim_no_comparison_and_keep_the_champion(theirs):
     ours = eval_scorer("none", "rm-run-2", PROMPTS)
     out = register_decision(_champion(theirs, -100.0, "eval/rm_score_policy"), ours,
                             "eval/rm_score_policy", 100.0)  # far "better": still not compared
-    assert (out["promote"], out["decision"], out["champion_score"]) == \
+    assert (out.promote, out.verdict, out.champion_score) == \
         (False, "not-compared", None)
-    assert "not comparable" in out["reason"] and "champion v3" in out["reason"]
+    assert "not comparable" in out.reason and "champion v3" in out.reason
 
 
 def test_champion_without_the_score_key_is_not_compared():
     out = register_decision(_champion(JUDGE, 0.5, "gate/score_challenger"), JUDGE, KEY, 0.9)
-    assert out["decision"] == "not-compared"
+    assert out.verdict == "not-compared"
 
 
 def _version(client, exp_id, name, scorer, score):
@@ -80,6 +80,14 @@ def test_champion_evaluation_reads_the_champions_parent_run(tmp_path):
     client.set_registered_model_alias("policy", "champion", v1)
     champ = champion_evaluation(client, "policy")
     assert champ == {"version": str(v1), "scorer": JUDGE, "metrics": {KEY: 0.5}}
-    assert register_decision(champ, JUDGE, KEY, 0.7)["promote"] is True  # judge: compared
+    assert register_decision(champ, JUDGE, KEY, 0.7).promote is True  # judge: compared
     ours = eval_scorer("none", "rm-run-9", PROMPTS)                       # no judge
-    assert register_decision(champ, ours, "eval/rm_score_policy", 0.7)["promote"] is False
+    assert register_decision(champ, ours, "eval/rm_score_policy", 0.7).promote is False
+
+
+def test_register_records_the_rules_verdict_or_the_gates():
+    from tasks.champion.rule import Decision
+
+    assert register_decision(None, None, KEY, 1.0).register_tag == "first"
+    assert Decision(promote=False, reason="r", scorer="judge").register_tag == "gate: keep"
+    assert Decision(promote=True, reason="r", scorer="judge").register_tag == "gate: promote"

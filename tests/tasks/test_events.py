@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from tasks.champion import events
 from tasks.champion.events import announce_outcome, retrain_run_name
-from tasks.results import PipelineResult, RetrainResult
-from tasks.stages.records import Decision
 
 
 def test_retrain_run_names_name_policy_champion_and_batches():
@@ -21,13 +19,11 @@ def test_retrain_run_names_name_policy_champion_and_batches():
 def test_outcomes_are_announced_as_promoted_or_kept(monkeypatch):
     sent = []
     monkeypatch.setattr(events, "emit", lambda *a: sent.append(a))
-    run = PipelineResult(parent_run_id="r1", experiment_id="1", tracking_uri="sqlite:///m.db",
-                         workdir="w", stages={})
-    announce_outcome("p", RetrainResult(status="kept", decision=Decision(
-        promote=False, reason="no significant win", scorer="judge")))
-    announce_outcome("p", RetrainResult(status="bootstrapped", run=run))
-    announce_outcome("p", RetrainResult(status="nothing new", consumed=2))
-    announce_outcome("p", RetrainResult(status="skipped", slot="s", held_by="h"))
+    announce_outcome("p", "kept", "no significant win")
+    announce_outcome("p", "bootstrapped", None, "r1")
+    announce_outcome("p", "nothing new")
+    announce_outcome("p", "skipped")
+    announce_outcome("p", "control", "a control round", "r2")
     assert [(s[0], s[1], s[3]["rlhf.outcome"]) for s in sent] == [
         ("rlhf.champion.kept", "rlhf.policy.p", "kept"),
         ("rlhf.champion.promoted", "rlhf.policy.p", "bootstrapped")]
