@@ -64,10 +64,10 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
     _label_studio_preflight(config)
     quiet_expected_failures()
     out = collect_flow(config=config)
-    rows = pd.read_json(out["paths"]["jsonl"], lines=True, dtype=False).to_dict("records")
+    rows = pd.read_json(out.paths["jsonl"], lines=True, dtype=False).to_dict("records")
     ls = connect(config)
     ids = accounts(ls, list(DEMO_LABELLERS))
-    tasks = _collection_tasks(config, out["run_id"])
+    tasks = _collection_tasks(config, out.run_id)
     votes = []
     for n, email in enumerate(DEMO_LABELLERS):
         choices = judge_choices(rows, seed + n, degraded=email.startswith("reversed"))
@@ -77,7 +77,7 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
         list(pool.map(lambda v: vote(ls, *v), votes))
     print(f"annotated {len(tasks)} tasks as {', '.join(DEMO_LABELLERS)} (the hidden judge, "
           f"seeds {seed} and {seed + 1}, and the judge reversed)")
-    (result,) = label_pull(config=config, collection=out["collection"])
+    (result,) = label_pull(config=config, collection=out.collection)
     return 0 if result.status in ("imported", "quarantined") else 1
 
 
@@ -117,24 +117,19 @@ def _demo_on_policy(args, config, seed: int) -> int:
 
     quiet_expected_failures()
     out = collect_flow(config=config)
-    table = pd.read_json(out["paths"]["jsonl"], lines=True, dtype=False)
+    table = pd.read_json(out.paths["jsonl"], lines=True, dtype=False)
     table["choice"] = judge_choices(table.to_dict("records"), seed, args.degraded)
     table["labeller"] = "gold-judge-reversed" if args.degraded else "gold-judge"
-    labelled = Path(out["paths"]["jsonl"]).with_suffix(".labelled.jsonl")
+    labelled = Path(out.paths["jsonl"]).with_suffix(".labelled.jsonl")
     table.to_json(labelled, orient="records", lines=True, force_ascii=False)
     print(f"labelled by the demo's gold judge{' reversed' if args.degraded else ''} with seed "
           f"{seed}: {labelled}")
     return _print_import(label_import(config=config, path=str(labelled), labelling_seed=seed))
 
 
-def _print_import(out: dict) -> int:
-    if out["status"] == "imported":
-        print(f"imported {out['file']}: {out['text']}\npreference batch: {out['batch']}")
-    elif out["status"] == "quarantined":
-        print(f"QUARANTINED {out['file']}: {out['reason']}\n{out['text']}\n{out['where']}; "
-              "nothing will train on it")
-    else:
-        print(f"{out['file']}: {out['status']} ({out['batch']})")
+def _print_import(out) -> int:
+    """A ``LabelImport``'s lines."""
+    print(out.summary())
     return 0
 
 

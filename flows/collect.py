@@ -9,16 +9,17 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 from prefect import flow
 
 from flows.deployment import served_config
-from tasks.champion.collect import collect, collection_text
+from tasks.champion.collect import collect
 from tasks.champion.events import rename_flow_run
 from tasks.champion.labels import import_labels
-from tasks.champion.pull import pull
+from tasks.champion.pull import PullResult, pull
+from tasks.champion.records import CollectResult, LabelImport
 from tasks.config import PipelineConfig
 from tasks.tracking.tags import LABELS_SEED_TAG
 
 
 @flow(name="collect", flow_run_name="collect", log_prints=True)
-def collect_flow(config: PipelineConfig) -> dict:
+def collect_flow(config: PipelineConfig) -> CollectResult:
     """Sample ``collect.policy`` (default: the champion) k times on fresh prompts of the
     pool and write the labelling file to ``collect.out_dir``.
 
@@ -28,13 +29,14 @@ def collect_flow(config: PipelineConfig) -> dict:
     """
     config = served_config(config)
     out = collect(config)
-    rename_flow_run(f"collect-{out['policy'].replace('/', '-v')}-{out['collection']}")
-    print(collection_text(out))
+    rename_flow_run(f"collect-{out.policy.replace('/', '-v')}-{out.collection}")
+    print(out.text())
     return out
 
 
 @flow(name="label-import", flow_run_name="label-import", log_prints=True)
-def label_import(config: PipelineConfig, path: str, labelling_seed: int | None = None) -> dict:
+def label_import(config: PipelineConfig, path: str,
+                 labelling_seed: int | None = None) -> LabelImport:
     """Import one labelled file: a preference batch in ``retrain.watch_dir`` (and the
     ``rlhf.preferences.labelled`` event), or the file quarantined with its figures (and
     the ``rlhf.preferences.quarantined`` event).
@@ -47,13 +49,13 @@ def label_import(config: PipelineConfig, path: str, labelling_seed: int | None =
     """
     tags = {} if labelling_seed is None else {LABELS_SEED_TAG: str(labelling_seed)}
     out = import_labels(config, path, run_tags=tags)
-    rename_flow_run(f"label-import-{out['status'].replace(' ', '-')}-{out['file']}")
+    rename_flow_run(f"label-import-{out.status.replace(' ', '-')}-{out.file}")
     return out
 
 
 @flow(name="label-pull", flow_run_name="label-pull", log_prints=True)
 def label_pull(config: PipelineConfig, collection: str | None = None,
-               partial: bool = False) -> list:
+               partial: bool = False) -> list[PullResult]:
     """Pull the finished annotations of a collection's Label Studio tasks (None: every
     collection that went to Label Studio): a preference batch once enough tasks are
     labelled, each pair exactly once.

@@ -20,6 +20,7 @@ from tasks.champion.batches import (
     find_batches,
     mark_consumed,
 )
+from tasks.champion.records import Batch
 from tasks.champion.round import (
     limit_name,
     lineage_tags,
@@ -48,7 +49,7 @@ from tasks.tracking.registry import RegistryError
 from tasks.tracking.runs import RunContext
 
 
-def bootstrap(config: PipelineConfig, batches: list[dict]) -> RetrainResult:
+def bootstrap(config: PipelineConfig, batches: list[Batch]) -> RetrainResult:
     """No champion yet: the whole pipeline on the data + batches; its result is champion.
     With the judge_model scorer, the judge's held-out pairs are kept from the reward model
     here already, so later challengers' judges share no pair with any RM before them."""
@@ -59,7 +60,7 @@ def bootstrap(config: PipelineConfig, batches: list[dict]) -> RetrainResult:
     def with_batches(ctx: RunContext, prep: Prepared) -> Prepared:
         out = add_batches(ctx, config, prep, batches)
         rows.extend(out.batch_rows)
-        lineage.update(lineage_tags(out, [b["digest"] for b in batches]))
+        lineage.update(lineage_tags(out, batches))
         run.update(ctx=ctx, judge=out.judge)
         return out
 
@@ -76,8 +77,8 @@ def bootstrap(config: PipelineConfig, batches: list[dict]) -> RetrainResult:
     return RetrainResult(status="bootstrapped", run=result)
 
 
-def challenge(config: PipelineConfig, batches: list[dict],
-              consumed: list[dict] | None = None, control: bool = False) -> RetrainResult:
+def challenge(config: PipelineConfig, batches: list[Batch],
+              consumed: list[Batch] | None = None, control: bool = False) -> RetrainResult:
     """Retrain from the champion on the new batches (and, ``rm_data: cumulative``, every
     batch consumed before); the gate decides on promotion. ``control``: the same round on
     the consumed batches alone, gated and recorded, but nothing registered or consumed.
@@ -105,7 +106,7 @@ def challenge(config: PipelineConfig, batches: list[dict],
         if control:
             result = finish(ctx, {"validate": data, **trained, "gate": gate_out})
             return RetrainResult(status="control", decision=decision, run=result)
-        lineage = lineage_tags(prep, [b["digest"] for b in batches], champion, decision.scorer)
+        lineage = lineage_tags(prep, batches, champion, decision.scorer)
         reg = register(ctx, config, trained["ppo"], gate_out, trained["reward_model"], data,
                        lineage=lineage, decision=decision)
         mark_consumed(ctx, batches)
@@ -148,16 +149,16 @@ def retrain(config: PipelineConfig, control: bool = False) -> RetrainResult:
                                     " has no champion to compare with")
             rename_flow_run(f"retrain-{config.tracking.registered_policy}-"
                             f"v{champion.version}-control")
-            return challenge(config, [], batches["consumed"], control=True)
+            return challenge(config, [], batches.consumed, control=True)
         rename_flow_run(retrain_run_name(config.tracking.registered_policy,
                                          champion and str(champion.version),
-                                         [b["digest"] for b in batches["new"]]))
-        if champion is not None and not batches["new"]:
-            report_nothing_new(config, len(batches["consumed"]))
-            return RetrainResult(status="nothing new", consumed=len(batches["consumed"]))
-        with refused_batches(config, batches["new"], first=champion is None):
-            result = bootstrap(config, batches["new"]) if champion is None else \
-                challenge(config, batches["new"], batches["consumed"])
+                                         [b.digest for b in batches.new]))
+        if champion is not None and not batches.new:
+            report_nothing_new(config, len(batches.consumed))
+            return RetrainResult(status="nothing new", consumed=len(batches.consumed))
+        with refused_batches(config, batches.new, first=champion is None):
+            result = bootstrap(config, batches.new) if champion is None else \
+                challenge(config, batches.new, batches.consumed)
         announce_outcome(config.tracking.registered_policy, result.status,
                          result.decision and result.decision.reason,
                          result.run and result.run.parent_run_id)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
 from data_checks.loading import DataError, load_table
+from tasks.champion.records import Batch, Batches
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
 from tasks.prepare import Prepared
@@ -65,33 +66,33 @@ def consumed_runs(cfg: PipelineConfig) -> dict[str, str]:
 
 
 @task(name="find_batches")
-def find_batches(cfg: PipelineConfig) -> dict:
-    """The watched folder's batch files -> {"new": [...], "consumed": [...]}, each
-    {"name", "path", "digest"}, in file-name order. A consumed batch whose file left the
-    folder is listed too, with ``path`` None and the ``run_id`` that keeps its copy."""
+def find_batches(cfg: PipelineConfig) -> Batches:
+    """The watched folder's batch files, new and consumed, in file-name order. A consumed
+    batch whose file left the folder is listed too, with ``path`` None and the ``run_id``
+    that keeps its copy."""
     folder = Path(cfg.retrain.watch_dir)
     files = sorted(p for p in folder.glob("*") if p.suffix in BATCH_SUFFIXES) \
         if folder.is_dir() else []
     done = consumed_runs(cfg)
-    out: dict[str, list] = {"new": [], "consumed": []}
+    new: list[Batch] = []
+    consumed: list[Batch] = []
     for path in files:
-        digest = file_digest(path)
-        entry = {"name": path.name, "path": str(path.resolve()), "digest": digest}
-        out["consumed" if digest in done else "new"].append(entry)
-    present = {b["digest"] for b in out["consumed"]}
-    out["consumed"] += [{"name": f"consumed-{d}", "path": None, "digest": d, "run_id": run}
-                        for d, run in done.items() if d not in present]
-    return out
+        batch = Batch(name=path.name, path=str(path.resolve()), digest=file_digest(path))
+        (consumed if batch.digest in done else new).append(batch)
+    present = {b.digest for b in consumed}
+    consumed += [Batch(name=f"consumed-{d}", digest=d, run_id=run)
+                 for d, run in done.items() if d not in present]
+    return Batches(new=new, consumed=consumed)
 
 
-def batch_file(ctx: RunContext, batch: dict) -> Path | None:
+def batch_file(ctx: RunContext, batch: Batch) -> Path | None:
     """A batch's file: in the watch folder, else the copy its consuming run logged
     (None: neither, e.g. consumed before copies were kept)."""
-    if batch.get("path") and Path(batch["path"]).is_file():
-        return Path(batch["path"])
-    if not batch.get("run_id"):
+    if batch.path and Path(batch.path).is_file():
+        return Path(batch.path)
+    if not batch.run_id:
         return None
-    return consumed_copy(ctx, batch["run_id"], batch["digest"],
+    return consumed_copy(ctx, batch.run_id, batch.digest,
                          ctx.stage_dir("batches") / "consumed")
 
 
@@ -148,17 +149,18 @@ def _check_gate_prompts(cfg: PipelineConfig, data: DataConfig) -> None:
 def _read_batch(ctx: RunContext, batch: dict) -> pd.DataFrame | None:
     path = batch_file(ctx, batch)
     if path is None:
-        print(f"consumed batch {batch['digest']}: no file and no copy in MLflow; left out")
+        print(f"consumed batch {batch.digest}: no file and no copy in MLflow; left out")
         return None
     try:
         return load_table(DataSource(path=str(path)), "preference")
     except DataError as err:
-        raise DataError(f"preference batch {batch['name']}: {err}") from None
+        raise DataError(f"preference batch {batch.name}: {err}") from None
 
 
 @task(name="add_batches")
-def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: list[dict],
-                champion: Champion | None = None, consumed: list[dict] | None = None) -> Prepared:
+def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: list[Batch],
+                champion: Champion | None = None,
+                consumed: list[Batch] | None = None) -> Prepared:
     """The retrain's inputs: preference data = the configured pairs and every batch earlier
     retrains consumed (``rm_data: cumulative``) + the new batches (``new_only``: the new
     batches alone); the champion's policy and tokenizer as the base. A batch that cannot be
@@ -176,11 +178,11 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
         frames.append(frame)
         used.append(batch)
         first = sum(len(f) for f in frames[:-1]) + 1
-        rows.append({"name": batch["name"], "first": first, "last": first + len(frame) - 1})
+        rows.append({"name": batch.name, "first": first, "last": first + len(frame) - 1})
     path = ctx.stage_dir("batches") / "preference.jsonl"
     pd.concat(frames, ignore_index=True).to_json(path, orient="records", lines=True,
                                                  force_ascii=False)
-    trained_on = [b["digest"] for b in used]
+    trained_on = [b.digest for b in used]
     update = {"data": data.model_copy(update={"preference": DataSource(path=str(path))}),
               "batch_rows": rows, "trained_on": trained_on,
               "batch_sources": batch_sources(cfg, trained_on)}
@@ -189,7 +191,7 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
     out = prep.model_copy(update=update)
     tag_parent(ctx, {
         RETRAIN_TAG: "true", RETRAIN_BATCHES_TAG: json.dumps(
-            [{"name": b["name"], "digest": b["digest"]} for b in batches]),
+            [{"name": b.name, "digest": b.digest} for b in batches]),
         TRAINED_ON_TAG: json.dumps(out.trained_on),
         BATCH_SOURCES_TAG: json.dumps(out.batch_sources)})
     return out
@@ -213,20 +215,20 @@ def batch_rows_note(rows: list[dict]) -> str:
         for r in rows)
 
 
-def log_batch_inputs(ctx: RunContext, batches: list[dict]) -> None:
+def log_batch_inputs(ctx: RunContext, batches: list[Batch]) -> None:
     """Each batch as an MLflow dataset input of the retrain run (name, source, digest)."""
-    tables = [TableInput(load_table(DataSource(path=b["path"]), "preference"), b["path"],
-                         b["name"], b["digest"]) for b in batches]
+    tables = [TableInput(load_table(DataSource(path=b.path), "preference"), b.path,
+                         b.name, b.digest) for b in batches]
     if tables:
         log_table_inputs(ctx.client(), ctx.parent_run_id, tables, "retrain_batch")
 
 
 @task(name="mark_consumed")
-def mark_consumed(ctx: RunContext, batches: list[dict]) -> None:
+def mark_consumed(ctx: RunContext, batches: list[Batch]) -> None:
     """Record the batches as consumed (read by the next retrain's find_batches), with a
     copy of each file on the run (``consumed_batches/<digest>/``) for later rounds."""
     log_batch_inputs(ctx, batches)
-    record_consumed(ctx, [(b["digest"], b["path"]) for b in batches])
+    record_consumed(ctx, [(b.digest, b.path) for b in batches])
 
 
 def report(key: str, markdown: str, description: str) -> None:

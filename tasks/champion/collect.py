@@ -39,6 +39,7 @@ from tasks.champion.events import (
     POLICY_VERSION_LABEL,
     emit,
 )
+from tasks.champion.records import CollectResult
 from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge, resolve_judge_name
@@ -221,7 +222,7 @@ def experiment_for(client, cfg: PipelineConfig) -> str:
 
 
 @task(name="collect")
-def collect(cfg: PipelineConfig) -> dict:
+def collect(cfg: PipelineConfig) -> CollectResult:
     """Sample ``collect.policy`` on the pool's next fresh prompts; write the labelling file
     to ``collect.out_dir``; record it in MLflow -> paths, counts, the collection run."""
     from data_checks.loading import DataError
@@ -269,26 +270,11 @@ def collect(cfg: PipelineConfig) -> dict:
         raise
     end_run(client, run_id, "FINISHED")
     _table_artifact(rows)
-    out = {"collection": cid, "run_id": run_id, "policy": f"{name}/{version.version}",
-           "paths": {k: str(v) for k, v in paths.items()}, "counts": counts,
-           "label_studio": page,
-           "wall_s": round(time.perf_counter() - start, 1)}
+    out = CollectResult(collection=cid, run_id=run_id, policy=f"{name}/{version.version}",
+                        paths={k: str(v) for k, v in paths.items()}, counts=counts,
+                        label_studio=page, wall_s=round(time.perf_counter() - start, 1))
     emit(COLLECTION_READY, COLLECTION_RESOURCE + cid, cid,
          {POLICY_LABEL: name, POLICY_VERSION_LABEL: str(version.version)},
-         {"file": out["paths"]["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id,
+         {"file": out.paths["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id,
           **({"label_studio": page} if page else {})})
     return out
-
-
-def collection_text(out: dict) -> str:
-    """What a collection did, in a few lines (CLI and flow log)."""
-    n = out["counts"]
-    return (f"collection {out['collection']} from {out['policy']}: {n['prompts']} fresh "
-            f"prompts ({n['pool_used']} of the pool's {n['pool']} now used), "
-            f"{n['candidates']} candidate pairs; dropped {n['empty']} with an empty side, "
-            f"{n['identical']} identical, {n['repeated']} repeated; {n['kept']} kept; "
-            f"{n['rows']} rows to label, {n['known']} of them known-answer pairs\n"
-            + (f"to label: Label Studio {out['label_studio']}, then `rlhf label pull "
-               f"{out['collection']}`" if out.get("label_studio") else
-               f"to label: {out['paths']['jsonl']} (or {out['paths']['csv']})")
-            + f"; MLflow run {out['run_id']}")

@@ -48,6 +48,7 @@ from tasks.champion.events import (
     QUARANTINED,
     emit,
 )
+from tasks.champion.records import Batch, LabelImport
 from tasks.config import PipelineConfig
 from tasks.tracking.champion_store import (
     accepted_import_metrics,
@@ -178,7 +179,7 @@ def _refused(src: Path, digest: str, err: DataError) -> None:
 
 @task(name="import_labels")
 def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
-                  run_tags: dict[str, str] | None = None) -> dict:
+                  run_tags: dict[str, str] | None = None) -> LabelImport:
     """One labelled file -> a preference batch in the watch folder (accepted) or the file in
     ``quarantine/`` (label quality too low; the ``rlhf.preferences.quarantined`` event);
     DataError (file and rows named; the event too) when rows are malformed. ``imported_by``:
@@ -188,7 +189,7 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
     digest = file_digest(src)
     done = imported_batch(watch, digest) if watch.is_dir() else None
     if done is not None:
-        return {"status": "already imported", "file": src.name, "batch": str(done)}
+        return LabelImport(status="already imported", file=src.name, batch=str(done))
     try:
         d = decide(cfg, src)
     except DataError as err:
@@ -210,9 +211,9 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
               OUTCOME_LABEL: "quarantined"},
              {"reason": d["refusal"], "figures": figures.metrics(),
               "held_back": figures.held_back, "mlflow_run_id": run_id})
-        return {"status": "quarantined", "file": src.name, "reason": d["refusal"],
-                "text": text, "moved_to": str(moved), "where": where, "run_id": run_id,
-                "held_back": figures.held_back}
+        return LabelImport(status="quarantined", file=src.name, reason=d["refusal"],
+                           text=text, moved_to=str(moved), where=where, run_id=run_id,
+                           held_back=figures.held_back)
     watch.mkdir(parents=True, exist_ok=True)
     tmp = watch / f".{digest}.jsonl.part"  # named by its digest once written
     pd.DataFrame(d["pairs"]).to_json(tmp, orient="records", lines=True, force_ascii=False)
@@ -231,13 +232,13 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
          {IMPORTED_BY_LABEL: imported_by, LABELS_FILE_LABEL: src.name},
          {"pairs": d["counts"]["pairs"], "figures": figures.metrics(),
           "held_back": figures.held_back, "mlflow_run_id": run_id})
-    return {"status": "imported", "file": src.name, "batch": str(target), "text": text,
-            "digest": batch_digest, "run_id": run_id, "counts": d["counts"],
-            "held_back": figures.held_back}
+    return LabelImport(status="imported", file=src.name, batch=str(target), text=text,
+                       digest=batch_digest, run_id=run_id, counts=d["counts"],
+                       held_back=figures.held_back)
 
 
 @task(name="import_dropped")
-def import_dropped(cfg: PipelineConfig) -> list[dict]:
+def import_dropped(cfg: PipelineConfig) -> list[LabelImport]:
     """Every labelled file in the watch folder imported (a retrain's first step); a file
     with malformed rows is quarantined with the error, so later rounds go on."""
     watch = Path(cfg.retrain.watch_dir)
@@ -252,21 +253,21 @@ def import_dropped(cfg: PipelineConfig) -> list[dict]:
                                       f"{path.name}: refused: {err}")
             report("rlhf-labels", f"# Labels refused: {path.name}\n\n{err}\n\n"
                    f"{where[0].upper()}{where[1:]}; nothing trains on it.\n", "label import")
-            out.append({"status": "refused", "file": path.name, "reason": str(err),
-                        "moved_to": str(moved), "where": where})
+            out.append(LabelImport(status="refused", file=path.name, reason=str(err),
+                                   moved_to=str(moved), where=where))
     return out
 
 
-def quarantine_batches(cfg: PipelineConfig, batches: list[dict], reason: str) -> list[str]:
+def quarantine_batches(cfg: PipelineConfig, batches: list[Batch], reason: str) -> list[str]:
     """A round's new batches that the data gate refused, out of the watch folder (so the
     next round goes on with later batches; the quarantined event for each) -> where they
     went."""
     watch, moved = Path(cfg.retrain.watch_dir).resolve(), []
     for b in batches:
-        if not Path(b["path"]).exists():
+        if not b.path or not Path(b.path).exists():
             continue
         why = f"refused by the data gate: {reason}"
-        moved.append(str(quarantine(Path(b["path"]), watch, f"{b['name']}: {why}")[0]))
-        emit(QUARANTINED, PREFERENCES_RESOURCE + b["digest"], b["name"],
+        moved.append(str(quarantine(Path(b.path), watch, f"{b.name}: {why}")[0]))
+        emit(QUARANTINED, PREFERENCES_RESOURCE + b.digest, b.name,
              {OUTCOME_LABEL: "refused"}, {"reason": why})
     return moved

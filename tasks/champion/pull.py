@@ -23,11 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.champion.collect import experiment_for
 from tasks.champion.labels import import_labels
+from tasks.champion.records import LabelImport
 from tasks.champion.studio import StudioLink, collection_run, read_link
 from tasks.config import PipelineConfig
 from tasks.labelling.client import URL_VAR, LabelStudio, LabelStudioError
@@ -57,7 +58,7 @@ class PullResult:
     late: int = 0  # annotations on pairs pulled before: not imported
     refused: tuple[str, ...] = ()
     file: str | None = None
-    imported: dict = field(default_factory=dict)  # what the import returned
+    imported: LabelImport | None = None  # what the import did
     page: str = ""
 
     def text(self) -> str:
@@ -73,7 +74,7 @@ class PullResult:
         else:
             lines.append(f"pulled {self.new_pairs} newly labelled pairs into {self.file}: "
                          f"{self.status}")
-            held = self.imported.get("held_back") or {}
+            held = self.imported.held_back if self.imported else {}
             lines += [f"held back, votes dropped: {who} ({why})" for who, why in held.items()]
         if self.late:
             lines.append(f"{self.late} annotation(s) on pairs pulled before were not "
@@ -108,7 +109,7 @@ def _write_atomic(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _import(cfg: PipelineConfig, pending: Path) -> dict:
+def _import(cfg: PipelineConfig, pending: Path) -> LabelImport:
     """Import a pending pull file, then move it to ``done/`` (idempotent: a file imported
     before gives 'already imported')."""
     out = import_labels.fn(cfg, str(pending), "import", {LABELS_SOURCE_TAG: SOURCE})
@@ -186,18 +187,18 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
     _write_atomic(pending, rows)
     out = _import(cfg, pending)
     _verdict(ls, link, title, out)
-    return PullResult(status=out["status"], new_pairs=len(ready),
+    return PullResult(status=out.status, new_pairs=len(ready),
                       file=str(folder / "done" / pending.name), imported=out, **common)
 
 
-def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: dict) -> None:
+def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: LabelImport) -> None:
     """The import's verdict on the project's page (best effort: a refusal to change the
     description loses nothing)."""
-    held = "; ".join(f"{who}: {why}" for who, why in (out.get("held_back") or {}).items())
-    text = out.get("text") or out.get("reason") or out["status"]
+    held = "; ".join(f"{who}: {why}" for who, why in out.held_back.items())
+    text = out.text or out.reason or out.status
     try:
         note_verdicts(ls, Project(link.url, link.project_id, title),
-                      f"RLHF pipeline, last pull: {out['status']}. Labellers held back, "
+                      f"RLHF pipeline, last pull: {out.status}. Labellers held back, "
                       f"their votes dropped: {held or 'none'}. {text}")
     except LabelStudioError as err:
         print(f"note: the verdict was not written to the project ({err})")

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from data_checks.validate import ValidationFailed
 from tasks.champion.batches import Champion, batch_rows_note, report
+from tasks.champion.records import Batch
 from tasks.config import PipelineConfig
 from tasks.prepare import Prepared
 from tasks.runtime.prefect_api import one_slot
@@ -79,12 +80,12 @@ def round_start(config: PipelineConfig, champion: Champion) -> RoundStart:
         rm_init=champion.sft_dir if r.rm_init == "sft" else champion.rm_dir)
 
 
-def lineage_tags(prep: Prepared, digests: list[str], champion: Champion | None = None,
+def lineage_tags(prep: Prepared, batches: list[Batch], champion: Champion | None = None,
                  scorer: str | None = None) -> dict[str, str]:
     """The registered version's lineage: the batches it was trained on (and their sources),
     what it descends from and, for a challenger, the champion and SFT run it started from
     and the gate's scorer."""
-    tags = {LINEAGE_BATCHES_TAG: json.dumps(digests),
+    tags = {LINEAGE_BATCHES_TAG: json.dumps([b.digest for b in batches]),
             TRAINED_ON_TAG: json.dumps(prep.trained_on),
             BATCH_SOURCES_TAG: json.dumps(prep.batch_sources),
             ANCESTRY_TAG: champion.ancestry if champion else "",
@@ -105,7 +106,7 @@ def named_batch_rows(rows: list[dict]) -> Iterator[None]:
 
 
 @contextmanager
-def refused_batches(config: PipelineConfig, digests_paths: list[dict],
+def refused_batches(config: PipelineConfig, batches: list[Batch],
                     first: bool) -> Iterator[None]:
     """New batches that fail validation in a challenge leave the watch folder for its
     quarantine (the configured data passed before: the batches are at fault), so later
@@ -118,7 +119,7 @@ def refused_batches(config: PipelineConfig, digests_paths: list[dict],
             raise
         from tasks.champion.labels import quarantine_batches
 
-        moved = quarantine_batches(config, digests_paths, str(err).splitlines()[0])
+        moved = quarantine_batches(config, batches, str(err).splitlines()[0])
         raise ValidationFailed(f"{err}\nquarantined: {', '.join(moved)}") from None
 
 

@@ -175,9 +175,9 @@ def test_collect_deployment_writes_a_labelling_file_recorded_in_mlflow(loop):
 def test_a_second_collection_repeats_no_prompt(loop):
     mlflow = loop["mlflow"]
     first = set(loop["table"]["prompt"])
-    second = json.loads(open(mlflow.download_artifacts(loop["second"]["run_id"], PROMPTS)).read())
+    second = json.loads(open(mlflow.download_artifacts(loop["second"].run_id, PROMPTS)).read())
     assert len(second) == 64 and not first & set(second)
-    assert loop["second"]["counts"]["pool_used"] == 128
+    assert loop["second"].counts["pool_used"] == 128
 
 
 def test_an_import_starts_a_retrain_that_promotes_the_challenger(loop):

@@ -142,17 +142,17 @@ def test_a_pull_waits_for_min_labelled_then_imports_each_pair_once(env):
     rows = [json.loads(x) for x in Path(first.file).read_text().splitlines()]
     assert len(rows) == 3 * N_PAIRS and {r["labeller"] for r in rows} == {GOOD, SECOND,
                                                                           REVERSED}
-    batch = [json.loads(x) for x in Path(first.imported["batch"]).read_text().splitlines()]
+    batch = [json.loads(x) for x in Path(first.imported.batch).read_text().splitlines()]
     assert len(batch) == N_PAIRS - N_KNOWN  # known answers never train
     by_prompt = {r["prompt"]: r["chosen"] for r in batch}
     assert all(by_prompt[f"prompt {i}"] == f"answer {truth(i)}{i}"
                for i in range(N_KNOWN, N_PAIRS))
     # the reversed labeller's votes are dropped and named; the others' train
-    assert list(first.imported["held_back"]) == [REVERSED]
+    assert list(first.imported.held_back) == [REVERSED]
     assert f"held back, votes dropped: {REVERSED}" in first.text()
     (event, *_), = env["events"]
     assert event == "rlhf.preferences.labelled"
-    run = env["client"].get_run(first.imported["run_id"])
+    run = env["client"].get_run(first.imported.run_id)
     assert run.data.tags["rlhf.labels.source"] == "label-studio"
     # a late annotation and a second pull: nothing imported again
     annotate(env, link, GOOD, lambda i: "tie", {sorted(link.tasks)[0]})

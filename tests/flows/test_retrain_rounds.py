@@ -91,7 +91,7 @@ def _control_round_and_compare(tmp_path, client, first: str, second: str) -> Non
     assert out.decision.reason == tags["rlhf.gate.reason"]
     assert_decision_follows_figures(tags)
     # the control's reward model trained on the consumed batches, not the waiting one
-    assert {b["digest"] for b in find_batches.fn(cfg)["new"]} == {waiting}
+    assert {b.digest for b in find_batches.fn(cfg).new} == {waiting}
     assert sorted(json.loads(tags["rlhf.trained_on"])) == sorted([first, second])
     assert len(client.search_model_versions("name='rlhf-policy'")) == 2  # nothing registered
     assert alias_version(client, "rlhf-policy", CHAMPION).version == champion

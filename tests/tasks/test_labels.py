@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from tasks.champion import labels
 from tasks.champion.collect import experiment_for
 from tasks.champion.labels import import_dropped, import_labels, quarantine_batches
+from tasks.champion.records import Batch
 from tasks.configfile import load_config
 from tasks.tracking.champion_store import RECORD
 from tasks.tracking.tags import COLLECTION_TAG
@@ -67,24 +68,24 @@ def test_good_labels_become_a_batch_without_the_known_pairs(setup):
     cfg, client, record, events, watch = setup
     src = _write(watch / "labelled.jsonl", record, _known_or_a)
     out = import_labels.fn(cfg, str(src), "retrain", run_tags={"rlhf.labels.seed": "7"})
-    assert out["status"] == "imported" and out["counts"]["known"] == N_KNOWN
-    batch = [json.loads(x) for x in open(out["batch"])]
+    assert out.status == "imported" and out.counts["known"] == N_KNOWN
+    batch = [json.loads(x) for x in open(out.batch)]
     assert len(batch) == N_PAIRS and all(r["chosen"].startswith("a") for r in batch)
     assert not {r["prompt"] for r in batch} & {f"p{i}" for i in range(N_KNOWN)}
     assert not src.exists() and (watch / "imported" / "labelled.jsonl").exists()
     # named first by the digest the lineage records, then by the labelled file's
-    assert Path(out["batch"]).name.startswith(f"labelled-{out['digest']}-from-")
+    assert Path(out.batch).name.startswith(f"labelled-{out.digest}-from-")
     (event, resource, name, labels_, _), = events
-    assert event == "rlhf.preferences.labelled" and resource == f"rlhf.preferences.{out['digest']}"
+    assert event == "rlhf.preferences.labelled" and resource == f"rlhf.preferences.{out.digest}"
     assert labels_["rlhf.imported_by"] == "retrain"
-    run = client.get_run(out["run_id"])
+    run = client.get_run(out.run_id)
     assert run.data.tags["rlhf.labels.decision"] == "accepted"
     assert run.data.tags["rlhf.labels.seed"] == "7"  # `rlhf demo-batch`: the judge's seed
     assert run.info.run_name == f"labels-accepted-{run.data.tags['rlhf.labels.batch'][:8]}"
     assert run.data.metrics["labels/known_agreement"] == 1.0
     assert run.data.metrics["labels/known_agreement/ann"] == 1.0
     again = _write(watch / "labelled.jsonl", record, _known_or_a)  # the same bytes again
-    assert import_labels.fn(cfg, str(again))["status"] == "already imported"
+    assert import_labels.fn(cfg, str(again)).status == "already imported"
 
 
 def test_labels_that_contradict_the_known_answers_are_quarantined(setup):
@@ -92,19 +93,19 @@ def test_labels_that_contradict_the_known_answers_are_quarantined(setup):
     src = _write(watch / "reversed.jsonl", record,
                  lambda r: {"a": "b", "b": "a"}[r["known"] or "a"])
     out = import_labels.fn(cfg, str(src))
-    assert out["status"] == "quarantined"
-    assert "ann: agreement with the known answers 0.00 on 6 pairs is below 0.75" in out["reason"]
+    assert out.status == "quarantined"
+    assert "ann: agreement with the known answers 0.00 on 6 pairs is below 0.75" in out.reason
     assert not src.exists() and not list(watch.glob("labelled-*"))
-    assert out["where"] == f"moved to {watch / 'quarantine' / 'reversed.jsonl'}"
+    assert out.where == f"moved to {watch / 'quarantine' / 'reversed.jsonl'}"
     why = (watch / "quarantine" / "reversed.jsonl.why.txt").read_text()
     assert "known answers 0.00" in why
-    run = client.get_run(out["run_id"])
+    run = client.get_run(out.run_id)
     assert run.data.tags["rlhf.labels.decision"] == "quarantined"
     assert run.info.run_name.startswith("labels-quarantined-")
     assert json.loads(run.data.tags["rlhf.labels.held_back"]).keys() == {"ann"}
     (event, _, _, labels_, payload), = events
     assert event == "rlhf.preferences.quarantined" and labels_["rlhf.outcome"] == "quarantined"
-    assert payload["reason"] == out["reason"]
+    assert payload["reason"] == out.reason
     assert payload["figures"]["labels/known_agreement/ann"] == 0.0
 
 
@@ -117,13 +118,13 @@ def test_a_labeller_who_skips_and_answers_few_known_pairs_is_not_waved_through(
     src = _write(outside / "dodged.jsonl", record, lambda r: (
         {"a": "b", "b": "a"}[r["known"]] if r["id"] in known else "skip"))
     out = import_labels.fn(cfg, str(src))
-    assert out["status"] == "quarantined"
+    assert out.status == "quarantined"
     assert "not enough known answers: 3 known pairs answered a or b, fewer than 4" in \
-        out["reason"]
-    assert out["reason"].startswith("every labeller was held back (ann: skipped 13 of 16 rows")
+        out.reason
+    assert out.reason.startswith("every labeller was held back (ann: skipped 13 of 16 rows")
     # copied from outside the watch folder, and the message says so
     assert src.exists() and (watch / "quarantine" / "dodged.jsonl").exists()
-    assert out["where"] == (f"copied to {watch / 'quarantine' / 'dodged.jsonl'} (the "
+    assert out.where == (f"copied to {watch / 'quarantine' / 'dodged.jsonl'} (the "
                             f"original {src} stays where it was)")
     assert events[0][0] == "rlhf.preferences.quarantined"
 
@@ -138,13 +139,13 @@ def test_a_bad_labeller_is_held_back_and_named_while_the_others_votes_train(setu
     src = watch.parent / "three.jsonl"
     pd.concat(frames).to_json(src, orient="records", lines=True)
     out = import_labels.fn(cfg, str(src))
-    assert out["status"] == "imported", out.get("reason")
-    assert out["held_back"] == {"eve": "agreement with the known answers 0.00 on 6 pairs is "
+    assert out.status == "imported", out.reason
+    assert out.held_back == {"eve": "agreement with the known answers 0.00 on 6 pairs is "
                                        "below 0.75"}
-    assert "labellers held back, votes dropped: eve (agreement" in out["text"]
-    batch = [json.loads(x) for x in open(out["batch"])]
+    assert "labellers held back, votes dropped: eve (agreement" in out.text
+    batch = [json.loads(x) for x in open(out.batch)]
     assert len(batch) == N_PAIRS and all(r["chosen"].startswith("a") for r in batch)
-    run = client.get_run(out["run_id"])
+    run = client.get_run(out.run_id)
     assert json.loads(run.data.tags["rlhf.labels.held_back"]).keys() == {"eve"}
     m = run.data.metrics
     assert m["labels/known_agreement/eve"] == 0.0 and m["labels/held_back"] == 1
@@ -161,7 +162,7 @@ def test_a_dropped_file_with_bad_rows_is_quarantined_and_batches_are_left_alone(
     pd.DataFrame([{"prompt": "p", "chosen": "a", "rejected": "b"}]).to_json(
         watch / "pairs.jsonl", orient="records", lines=True)
     (out,) = import_dropped.fn(cfg)
-    assert out["status"] == "refused" and "row 4: choice 'maybe'" in out["reason"]
+    assert out.status == "refused" and "row 4: choice 'maybe'" in out.reason
     assert (watch / "quarantine" / "bad.jsonl").exists() and (watch / "pairs.jsonl").exists()
     (event, _, _, labels_, payload), = events
     assert event == "rlhf.preferences.quarantined" and labels_["rlhf.outcome"] == "refused"
@@ -173,8 +174,8 @@ def test_batches_the_data_gate_refused_are_quarantined_with_the_event(setup):
     path = watch / "pairs.jsonl"
     pd.DataFrame([{"prompt": "p", "chosen": "", "rejected": "b"}]).to_json(
         path, orient="records", lines=True)
-    (moved,) = quarantine_batches(cfg, [{"name": path.name, "path": str(path),
-                                         "digest": "ab12"}], "chosen is empty in row 1")
+    (moved,) = quarantine_batches(cfg, [Batch(name=path.name, path=str(path), digest="ab12")],
+                                  "chosen is empty in row 1")
     assert moved == str(watch.resolve() / "quarantine" / "pairs.jsonl") and not path.exists()
     (event, resource, _, labels_, payload), = events
     assert (event, resource) == ("rlhf.preferences.quarantined", "rlhf.preferences.ab12")

@@ -19,6 +19,7 @@ from tasks.champion.batches import (
     mark_consumed,
 )
 from tasks.champion.collect import experiment_for
+from tasks.champion.records import Batch
 from tasks.configfile import load_config
 from tasks.prepare import Prepared
 from tasks.tracking.runs import RunContext
@@ -41,7 +42,7 @@ def _consume(client, exp_id, paths, tmp_path):
     run = client.create_run(exp_id)
     ctx = RunContext(tracking_uri=client.tracking_uri, experiment_id=exp_id,
                      parent_run_id=run.info.run_id, workdir=str(tmp_path / "w"), seed=0)
-    mark_consumed.fn(ctx, [{"name": p.name, "path": str(p), "digest": file_digest(p)}
+    mark_consumed.fn(ctx, [Batch(name=p.name, path=str(p), digest=file_digest(p))
                            for p in paths])
     client.set_terminated(run.info.run_id)
 
@@ -81,12 +82,13 @@ def _prompts(out):
 def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(tmp_path):
     cfg, client, ctx, prep = _setup(tmp_path)
     batches = find_batches.fn(cfg)
-    assert [b["name"] for b in batches["new"]] == ["c.jsonl"]
-    consumed = {b["name"]: b for b in batches["consumed"]}
-    assert set(consumed) == {"b.jsonl", f"consumed-{batches['consumed'][1]['digest']}"}
-    assert consumed["b.jsonl"]["path"] and batches["consumed"][1]["path"] is None
-    out = add_batches.fn(ctx, cfg, prep, batches["new"], CHAMPION,
-                         batches["consumed"])
+    assert [b.name for b in batches.new] == ["c.jsonl"]
+    consumed = {b.name: b for b in batches.consumed}
+    assert set(consumed) == {"b.jsonl", f"consumed-{batches.consumed[1].digest}"}
+    assert consumed["b.jsonl"].path and batches.consumed[1].path is None
+    assert batches.consumed[1].run_id  # the run that keeps its copy
+    out = add_batches.fn(ctx, cfg, prep, batches.new, CHAMPION,
+                         batches.consumed)
     names = _prompts(out)
     assert names.count("base") == 2 and names.count("second") == 4
     assert names.count("first") == 3 and names.count("new") == 5  # read from MLflow
@@ -100,6 +102,6 @@ def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(t
 def test_new_only_trains_on_the_new_batches_alone(tmp_path):
     cfg, _, ctx, prep = _setup(tmp_path, "new_only")
     batches = find_batches.fn(cfg)
-    out = add_batches.fn(ctx, cfg, prep, batches["new"], CHAMPION,
-                         batches["consumed"])
+    out = add_batches.fn(ctx, cfg, prep, batches.new, CHAMPION,
+                         batches.consumed)
     assert _prompts(out) == ["new"] * 5

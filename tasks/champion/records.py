@@ -1,0 +1,90 @@
+"""The champion wing's typed records: a preference batch, the batches a retrain finds, what
+a collection made and what a label import did. The flows, the CLI and the tests read their
+fields."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Batch(BaseModel):
+    """One preference batch: its file name, digest (sha256 of its bytes, 16 hex), its path
+    in the watch folder (None: a consumed batch whose file left it) and the retrain run that
+    consumed it and keeps a copy (None: not consumed, or consumed before copies were kept)."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    digest: str
+    path: str | None = None
+    run_id: str | None = None
+
+
+class Batches(BaseModel):
+    """The watch folder's batches: new ones and those earlier retrains consumed."""
+
+    model_config = ConfigDict(frozen=True)
+    new: list[Batch] = []
+    consumed: list[Batch] = []
+
+
+class CollectResult(BaseModel):
+    """One collection: its id (``v<version>-<8 hex>``), MLflow run, the policy it sampled
+    (``<name>/<version>``), the labelling files (``jsonl``, ``csv``), its counts, the Label
+    Studio project page it filled (None: files only) and its wall time."""
+
+    model_config = ConfigDict(frozen=True)
+    collection: str
+    run_id: str
+    policy: str
+    paths: dict[str, str]
+    counts: dict[str, int]
+    label_studio: str | None = None
+    wall_s: float = 0.0
+
+    def text(self) -> str:
+        """What the collection did, in a few lines (CLI and flow log)."""
+        n = self.counts
+        where = (f"to label: Label Studio {self.label_studio}, then `rlhf label pull "
+                 f"{self.collection}`" if self.label_studio else
+                 f"to label: {self.paths['jsonl']} (or {self.paths['csv']})")
+        return (f"collection {self.collection} from {self.policy}: {n['prompts']} fresh "
+                f"prompts ({n['pool_used']} of the pool's {n['pool']} now used), "
+                f"{n['candidates']} candidate pairs; dropped {n['empty']} with an empty side, "
+                f"{n['identical']} identical, {n['repeated']} repeated; {n['kept']} kept; "
+                f"{n['rows']} rows to label, {n['known']} of them known-answer pairs\n"
+                f"{where}; MLflow run {self.run_id}")
+
+
+ImportStatus = Literal["imported", "quarantined", "already imported", "refused"]
+
+
+class LabelImport(BaseModel):
+    """What importing one labelled file did: ``imported`` (the preference ``batch`` written,
+    its ``digest``), ``quarantined`` (label quality too low: ``reason``, where the file went),
+    ``already imported`` (the batch it made before) or ``refused`` (malformed rows, a
+    dropped file moved to quarantine). ``held_back``: labellers whose votes were dropped, and
+    why; ``counts``: the import's figures (pairs, known answers...)."""
+
+    model_config = ConfigDict(frozen=True)
+    status: ImportStatus
+    file: str
+    batch: str | None = None
+    digest: str | None = None
+    reason: str | None = None
+    text: str = ""
+    run_id: str | None = None
+    moved_to: str | None = None
+    where: str | None = None
+    counts: dict[str, int] = {}
+    held_back: dict[str, str] = {}
+
+    def summary(self) -> str:
+        """The CLI's lines for it."""
+        if self.status == "imported":
+            return f"imported {self.file}: {self.text}\npreference batch: {self.batch}"
+        if self.status == "quarantined":
+            return (f"QUARANTINED {self.file}: {self.reason}\n{self.text}\n{self.where}; "
+                    "nothing will train on it")
+        return f"{self.file}: {self.status} ({self.batch})"
