@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
+from tasks.stages.ppo import STAGE as PPO
 from tasks.stages.records import StageRecord
 from tasks.tracking.runs import RunContext, find_stage_run, mark_ended
 
@@ -18,7 +19,7 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run = find_stage_run(ctx, "ppo")
+    run = find_stage_run(ctx, PPO.name)
     if run is None:
         return None
     client = ctx.client()
