@@ -5,6 +5,7 @@ what each body logs is what its table entry declares (the names docs/design.md l
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from fnmatch import fnmatchcase
@@ -123,9 +124,24 @@ def test_the_table_names_each_stage_once_with_its_record_and_seed():
 
 
 def test_routable_stages_in_the_config_are_the_tables():
+    """tasks/config.py cannot import the table (an import circle): its copy is held here."""
     from tasks.config import ROUTABLE
 
-    assert set(ROUTABLE) == set(DISTRIBUTED)
+    assert ROUTABLE == DISTRIBUTED
+
+
+def test_each_stage_task_is_derived_from_its_table_entry():
+    """Named after the stage, its parameters ``ctx``, ``cfg`` and the body's inputs, one
+    Prefect task key per stage."""
+    keys = set()
+    for name, stage in STAGES.items():
+        task = getattr(sys.modules[stage.body.__module__], name)
+        assert task.name == name and task.fn.__name__ == name
+        assert list(inspect.signature(task).parameters) == \
+            ["ctx", "cfg", *(p.name for p in stage.inputs)]
+        assert task.description == sys.modules[stage.body.__module__].__doc__
+        keys.add(task.task_key)
+    assert len(keys) == len(STAGES)
 
 
 def test_recorded_inputs_come_back_as_the_records_the_body_names():
