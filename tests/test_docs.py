@@ -72,3 +72,15 @@ def test_the_stage_contract_lists_what_each_table_entry_declares():
         assert not missing, (name, missing)
         unknown = [n for n in named if not covered(n, every)]
         assert not unknown, (name, unknown)
+
+
+def test_the_pipeline_is_written_out_in_the_tables_order():
+    """docs/design.md's diagram and the README's task runs name the pipeline's stages."""
+    from tests.shared import pipeline_stages
+
+    order = ["prepare", *pipeline_stages(), "finish"]
+    design = ROOT.joinpath("docs/design.md").read_text()
+    assert re.findall(r"\w+", design.split("\n## The pipeline\n")[1].split("```")[1]) == order
+    readme = " ".join(ROOT.joinpath("README.md").read_text().split())
+    runs = readme.split("with its task runs: ", 1)[1].split(" (", 1)[0]
+    assert runs.split(", ") == order
