@@ -99,9 +99,9 @@ def stage_task(stage: Stage) -> Task:
         inputs = dict(bound.arguments)
         return run_stage(inputs.pop("ctx"), inputs.pop("cfg"), stage, **inputs)
 
-    run.__signature__ = signature  # type: ignore[attr-defined]
+    run.__signature__ = signature
     run.__name__ = run.__qualname__ = stage.name  # Prefect's task key: one per stage
     run.__module__ = stage.body.__module__
     run.__doc__ = sys.modules[stage.body.__module__].__doc__
-    run.__wrapped__ = stage.body  # type: ignore[attr-defined]  # inspect.getsource: the body's
+    run.__wrapped__ = stage.body  # what inspect.getsource, and so Prefect, reads as its source
     return task(name=stage.name)(run)
