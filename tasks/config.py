@@ -64,6 +64,10 @@ class TrackingConfig(BaseModel):
         "long for the server, then the run stops the same way.")
 
 
+# The stages the table marks ``ranks`` (tasks/stages/table.py DISTRIBUTED), copied here because
+# the table imports every stage body and the bodies import this module: deriving them here
+# would be an import circle, and would load torch before a config error can be answered.
+# tests/tasks/test_stage_bodies.py holds the copy equal to the table.
 ROUTABLE = ("sft", "reward_model", "ppo")
 
 
@@ -73,7 +77,7 @@ class RoutingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     stages: dict[str, str] = Field(
         {}, description="Stage -> the `rlhf-stage` deployment that runs it on another "
-        "machine's worker, e.g. {ppo: rlhf-stage/gpu}; sft, reward_model and ppo can be routed."
+        f"machine's worker, e.g. {{ppo: rlhf-stage/gpu}}; {', '.join(ROUTABLE)} can be routed."
     )
     nodes: str | None = Field(
         None, description="With model.nnodes > 1: the `rlhf-stage` deployment that starts "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.results import PipelineResult
+from tasks.stages.ppo import STAGE as PPO
 from tasks.stages.records import StageRecord
 from tasks.tracking.parent_run import end_parent_run, log_parent_plot, stage_metric_histories
 from tasks.tracking.runs import RunContext, mark_ended
@@ -20,7 +21,7 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    histories = stage_metric_histories(ctx, "ppo", [k for k, _ in CURVES])
+    histories = stage_metric_histories(ctx, PPO.name, [k for k, _ in CURVES])
     if histories is None:
         return None
     present = [(k, label) for k, label in CURVES if histories[k]]

@@ -11,15 +11,22 @@ from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "configs" / "test.yaml"  # the tiny end-to-end config
-STAGES = ["validate", "sft", "reward_model", "reward_norm", "critic_init", "ppo", "evaluate",
-          "register"]
-PPO_METRICS = ["objective/kl", "objective/entropy", "objective/non_score_reward",
-               "objective/rlhf_reward", "objective/scores", "policy/approxkl_avg",
-               "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
-               "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
-               "episode", "val/explained_variance", "objective/kl_coef",
-               "response/length_mean", "response/eos_rate", "time/rollout_s", "time/update_s",
-               "throughput/tokens_per_s"]
+
+
+def pipeline_stages() -> list[str]:
+    """The stages the pipeline flow runs: the table's, less the retrain's own."""
+    from tasks.stages.table import STAGES
+
+    return [name for name in STAGES if name not in ("judge_model", "gate")]
+
+
+def ppo_iteration_metrics() -> list[str]:
+    """What the ppo stage logs every iteration under the test configs (GAE, no KL loss term):
+    its table entry's metrics less the end's ``memory/*`` and the gold judge's ``judge/*``."""
+    from tasks.stages.table import STAGES
+
+    return [m for m in STAGES["ppo"].metrics
+            if not m.startswith(("memory/", "judge/")) and m != "loss/kl_loss_avg"]
 
 # smaller than configs/test.yaml, for tests of concurrent runs on one store (the point is the
 # shared store, not the training): 2 PPO iterations, 8 evaluation prompts, one thread per run

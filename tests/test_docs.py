@@ -1,5 +1,6 @@
-"""The guides list what the code records: every hardware tag a run gets, and every column of
-`rlhf runs`, in each place that lists them (no list that has fallen behind the code)."""
+"""The guides list what the code records: every hardware tag a run gets, every column of
+`rlhf runs`, and each stage's metrics and artifacts as its table entry declares them, in each
+place that lists them (no list that has fallen behind the code)."""
 
 import re
 from pathlib import Path
@@ -26,3 +27,60 @@ def test_the_readme_names_every_column_of_rlhf_runs():
     para = " ".join(para[:para.index("\n\n")].split())
     for _, label in RUN_COLUMNS:
         assert f"`{label}`" in para, label
+
+
+def stage_sections() -> dict[str, str]:
+    """docs/design.md's ``## Stages``: each ``### <stage>`` heading -> its text."""
+    text = ROOT.joinpath("docs/design.md").read_text()
+    part = text[text.index("\n## Stages\n"):]
+    part = part[:part.index("\n## ", 1)]
+    return {head.strip(): body for head, body in
+            (chunk.split("\n", 1) for chunk in part.split("\n### ")[1:])}
+
+
+def documented_names(text: str) -> tuple[set[str], set[str]]:
+    """(every backquoted name of a section, those that read as a metric or an artifact: a
+    ``/`` in them or a file's suffix, not a path on disk), a trailing ``/`` dropped and
+    ``<part>`` read as ``*``."""
+    quoted = set(re.findall(r"`([^`\s]+)`", text))
+    named = {n for n in quoted if not n.startswith(("~", "/", "$")) and (
+        "/" in n or re.search(r"\.(json|jsonl|md|txt|html|png)$", n))}
+    return tuple({re.sub(r"<[^>]+>", "*", n).rstrip("/") for n in names}
+                 for names in (quoted, named))
+
+
+def test_the_stage_contract_lists_what_each_table_entry_declares():
+    """docs/design.md has a section per stage of the table, in its order (and ``finish``);
+    each section names every metric and artifact its entry declares, and every such name it
+    gives is declared (by its stage, or by the stage it quotes; a name inside a declared
+    folder is fine): no stale or misspelt name."""
+    from fnmatch import fnmatchcase
+
+    from tasks.stages.table import STAGES
+
+    def covered(name: str, declared) -> bool:
+        return any(fnmatchcase(name, d) or fnmatchcase(d, name) or name.startswith(f"{d}/")
+                   for d in declared)
+
+    sections = stage_sections()
+    assert [name for name in sections if name != "finish"] == list(STAGES)
+    every = [d for stage in STAGES.values() for d in (*stage.metrics, *stage.artifacts)]
+    for name, stage in STAGES.items():
+        quoted, named = documented_names(sections[name])
+        missing = [d for d in (*stage.metrics, *stage.artifacts)
+                   if not any(fnmatchcase(d, n) for n in quoted)]
+        assert not missing, (name, missing)
+        unknown = [n for n in named if not covered(n, every)]
+        assert not unknown, (name, unknown)
+
+
+def test_the_pipeline_is_written_out_in_the_tables_order():
+    """docs/design.md's diagram and the README's task runs name the pipeline's stages."""
+    from tests.shared import pipeline_stages
+
+    order = ["prepare", *pipeline_stages(), "finish"]
+    design = ROOT.joinpath("docs/design.md").read_text()
+    assert re.findall(r"\w+", design.split("\n## The pipeline\n")[1].split("```")[1]) == order
+    readme = " ".join(ROOT.joinpath("README.md").read_text().split())
+    runs = readme.split("with its task runs: ", 1)[1].split(" (", 1)[0]
+    assert runs.split(", ") == order

@@ -9,6 +9,7 @@ machine's worker; a unit test runs it under a fake context with no server.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -40,10 +41,14 @@ from tasks.tracking.spool import spool_for, spool_table
 
 @dataclass(frozen=True)
 class Stage:
-    """One pipeline stage: its name (the child run's name and ``rlhf.stage`` tag), the
+    """One pipeline stage, all of it in one entry: its name (the child run's name, the
+    ``rlhf.stage`` tag and the Prefect task's name), its body and the record it returns, the
     config sections logged as its run's parameters, its seed offset from the run's seed
     (None: it draws no random numbers), whether it can run on torchrun ranks and on another
-    machine's worker (``routing.stages``), its body and the record it returns."""
+    machine's worker (``routing.stages``), and the metric names and artifact paths its body
+    logs (``fnmatch`` patterns where a part varies: ``samples/iter_*.json``). Its inputs are
+    the body's parameters after ``sc``; its Prefect task is derived from the entry
+    (tasks/stages/run.py ``stage_task``)."""
 
     name: str
     body: Callable[..., StageRecord | None]
@@ -51,6 +56,13 @@ class Stage:
     sections: tuple[str, ...] = ()
     seed_offset: int | None = None
     ranks: bool = False
+    metrics: tuple[str, ...] = ()
+    artifacts: tuple[str, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[inspect.Parameter, ...]:
+        """The body's parameters after ``sc``: what the stage is given."""
+        return tuple(inspect.signature(self.body).parameters.values())[1:]
 
 
 class StageContext:

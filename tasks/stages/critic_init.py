@@ -3,15 +3,11 @@ critic-free estimator has none, and the stage's run says so."""
 
 from __future__ import annotations
 
-from prefect import task
-
 from rlhf_core.models.checkpoint import save_scalar_model
 from rlhf_core.models.loader import load_scalar_model
-from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import ModelRecord
-from tasks.stages.run import run_stage
-from tasks.tracking.runs import RunContext
+from tasks.stages.run import stage_task
 from tasks.tracking.tags import CRITIC_SKIPPED_TAG, CRITIC_SOURCE_TAG
 
 
@@ -26,15 +22,12 @@ def body(sc: StageContext, rm: ModelRecord) -> ModelRecord:
     out_dir = save_scalar_model(model, sc.dir / "model")
     source = rm.model.uri or str(rm_dir)
     sc.set_tags({CRITIC_SOURCE_TAG: source})
-    n_params = sum(p.numel() for p in model.parameters())
-    return ModelRecord(model=sc.publish(out_dir, "checkpoint"), source=source,
-                       metrics={"critic/num_params": float(n_params)})
+    metrics = {"critic/num_params": float(sum(p.numel() for p in model.parameters()))}
+    sc.log(0, metrics)
+    return ModelRecord(model=sc.publish(out_dir, "checkpoint"), source=source, metrics=metrics)
 
 
-STAGE = Stage("critic_init", body, ModelRecord)
+STAGE = Stage("critic_init", body, ModelRecord, metrics=("critic/num_params",),
+              artifacts=("checkpoint",))
 
-
-@task(name="critic_init")
-def critic_init(ctx: RunContext, cfg: PipelineConfig, rm: ModelRecord) -> ModelRecord:
-    """The value model starts as a copy of the reward model (none without a critic)."""
-    return run_stage(ctx, cfg, STAGE, rm=rm)
+critic_init = stage_task(STAGE)

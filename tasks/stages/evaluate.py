@@ -4,21 +4,18 @@ reference, EOS rate and, where the data has one, the gold judge's win rate."""
 from __future__ import annotations
 
 import pandas as pd
-from prefect import task
 
 from rlhf_core.eval.evaluate import compare_policies, sample_policy
 from rlhf_core.faults import pause_point
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
 from tasks.champion.rule import eval_scorer
 from tasks.common import in_prefect_run, read_jsonl
-from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.progress import StageProgress
 from tasks.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
-from tasks.stages.run import run_stage
-from tasks.tracking.runs import RunContext
+from tasks.stages.run import stage_task
 from tasks.tracking.tags import EVAL_SCORER_TAG
 
 
@@ -48,7 +45,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
         path = data_dir / "prompts.jsonl"
     prompts = [r["prompt"] for r in read_jsonl(path)][: sc.cfg.eval.num_prompts]
     e = sc.cfg.eval
-    live = StageProgress("evaluate", 2)
+    live = StageProgress(sc.stage.name, 2)
     live(0)
     sft_samples = sample_policy(ref, None, rm_model, tokenizer, prompts, e.sampling,
                                 device=device, precision=spec.precision)
@@ -71,11 +68,13 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     return EvalRecord(metrics={**ordered, **metrics}, scorer=scorer)
 
 
-STAGE = Stage("evaluate", body, EvalRecord, sections=("eval",), seed_offset=3)
+# on this run and the parent run; the judge's figures where a gold judge exists
+STAGE = Stage("evaluate", body, EvalRecord, sections=("eval",), seed_offset=3,
+              metrics=("eval/rm_score_sft", "eval/rm_score_policy", "eval/kl_to_ref",
+                       "eval/eos_rate_sft", "eval/eos_rate_policy", "eval/length_sft",
+                       "eval/length_policy", "eval/num_prompts", "eval/judge_score_sft",
+                       "eval/judge_score_policy", "eval/judge_win_rate", "eval/rm_gain_z",
+                       "eval/judge_gain_z", "eval/rm_judge_gap_z", "eval/rm_judge_correlation"),
+              artifacts=("eval/side_by_side.json",))
 
-
-@task(name="evaluate")
-def evaluate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord,
-             sft: ModelRecord, rm: ModelRecord, policy: PolicyRecord) -> EvalRecord:
-    """Sample both policies on held-out prompts; RM score, KL, EOS rate, judge win rate."""
-    return run_stage(ctx, cfg, STAGE, prep=prep, data=data, sft=sft, rm=rm, policy=policy)
+evaluate = stage_task(STAGE)

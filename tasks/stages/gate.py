@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from prefect import task
-
 from rlhf_core.eval.evaluate import sample_policy
 from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
 from rlhf_core.eval.serving import score_rows
@@ -21,7 +19,6 @@ from tasks.champion.batches import Champion, GateError, report
 from tasks.champion.config import GateConfig
 from tasks.champion.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.common import read_jsonl
-from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
@@ -32,7 +29,7 @@ from tasks.stages.records import (
     ModelRecord,
     PolicyRecord,
 )
-from tasks.stages.run import run_stage
+from tasks.stages.run import stage_task
 from tasks.tracking.runs import RunContext, run_url
 from tasks.tracking.tags import (
     COMPARE_PREFIX,
@@ -126,9 +123,10 @@ def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str,
 def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None, compared: str | None = None) -> GateRecord:
-    """``compared``: None for a retrain's gate (its decision tags ``rlhf.gate.*``), else
-    `rlhf compare`'s label of the two versions, e.g. "v2 against v1" (``rlhf.compare.*``,
-    ``compare/*`` metrics: nothing is decided)."""
+    """``judge``: the held-out judge reward model (scorer ``judge_model``). ``compared``: None
+    for a retrain's gate (its decision tags ``rlhf.gate.*``), else `rlhf compare`'s label of
+    the two versions, e.g. "v2 against v1" (``rlhf.compare.*``, ``compare/*`` metrics: nothing
+    is decided)."""
     g, e = sc.cfg.retrain.gate, sc.cfg.eval
     device, spec = sc.device, sc.spec
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -184,15 +182,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
                                tags[COMPARE_RESULT_TAG], "scorer": label})
 
 
-STAGE = Stage("gate", body, GateRecord, seed_offset=4)
+# the decision's figures (rlhf_core/eval/gate.py) and gate/promote; compare/* for `rlhf compare`
+STAGE = Stage("gate", body, GateRecord, seed_offset=4, metrics=("gate/*", "compare/*"))
 
-
-@task(name="gate")
-def gate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord,
-         champion: Champion, policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
-         judge: ModelRecord | None = None, compared: str | None = None) -> GateRecord:
-    """Sample champion and challenger on the same held-out prompts; score both with the
-    configured scorer (``judge``: the held-out judge reward model); decide (``compared``:
-    `rlhf compare`'s two versions, recorded as a comparison, not a decision)."""
-    return run_stage(ctx, cfg, STAGE, prep=prep, data=data, champion=champion, policy=policy,
-                     rm=rm, reference_dir=reference_dir, judge=judge, compared=compared)
+gate = stage_task(STAGE)

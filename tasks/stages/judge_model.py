@@ -16,7 +16,8 @@ from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
-from tasks.stages.run import run_stage
+from tasks.stages.reward_model import TRAIN_METRICS
+from tasks.stages.run import stage_task
 from tasks.tracking.artifacts import Artifact, local_copy
 from tasks.tracking.parent_run import log_parent_folder
 from tasks.tracking.runs import RunContext, tag_parent
@@ -89,12 +90,7 @@ def body(sc: StageContext, data: DataRecord, init_dir: str) -> ModelRecord:
                        metrics={"judge/pairs": float(len(rows))})
 
 
-STAGE = Stage("judge_model", body, ModelRecord, seed_offset=7)
+STAGE = Stage("judge_model", body, ModelRecord, seed_offset=7, metrics=TRAIN_METRICS,
+              artifacts=("checkpoint",))
 
-
-@task(name="judge_model")
-def judge_model(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
-                init_dir: str) -> ModelRecord:
-    """Train the gate's judge reward model on the held-out pairs (fresh head on
-    ``init_dir``, the SFT policy)."""
-    return run_stage(ctx, cfg, STAGE, data=data, init_dir=init_dir)
+judge_model = stage_task(STAGE)

@@ -5,7 +5,6 @@ sample tables, checkpoints; on ``model.nproc`` data-parallel ranks when it is ab
 from __future__ import annotations
 
 import pandas as pd
-from prefect import task
 
 from rlhf_core.eval.evaluate import mean_std, rm_judge_gap
 from rlhf_core.models.checkpoint import save_policy, save_scalar_model
@@ -14,14 +13,12 @@ from rlhf_core.models.loader import load_tokenizer
 from rlhf_core.models.lora import merged, ppo_models
 from rlhf_core.ppo.ppo_dist import make_trainer
 from tasks.common import read_json, read_jsonl, write_json
-from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
 from tasks.runtime.memory import peak_memory, state_bytes
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
-from tasks.stages.run import run_stage
-from tasks.tracking.runs import RunContext
+from tasks.stages.run import stage_task
 
 
 def judge_monitor(judge_name: str):
@@ -60,9 +57,10 @@ def overoptimisation(judge_name: str, sft_rows: list[dict], norm_stats: dict):
 def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord, rm: ModelRecord,
          norm: NormRecord, critic: ModelRecord,
          reference_dir: str | None = None) -> PolicyRecord | None:
-    """In the task's process or on each torchrun rank: every rank rolls out its share of
-    each batch; only rank 0 logs, writes samples, checkpoints and the final models, and
-    returns the record."""
+    """PPO from the policy in ``start`` (KL reference: the same policy, or ``reference_dir``).
+    In the task's process or on each torchrun rank: every rank rolls out its share of each
+    batch; only rank 0 logs, writes samples, checkpoints and the final models, and returns
+    the record."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -120,14 +118,19 @@ def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dic
                         metrics={**{k: last[k] for k in keys if k in last}, **memory})
 
 
-STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=2, ranks=True)
+# per iteration (TRL's names; value metrics with a critic, loss/kl_loss_avg with ppo.kl_in_loss,
+# judge/* with a gold judge), then memory/* at the end (peak_gpu_gb on CUDA)
+STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=2, ranks=True,
+              metrics=("objective/kl", "objective/entropy", "objective/non_score_reward",
+                       "objective/rlhf_reward", "objective/scores", "objective/raw_scores",
+                       "objective/kl_coef", "policy/approxkl_avg", "policy/clipfrac_avg",
+                       "policy/entropy_avg", "loss/policy_avg", "loss/value_avg",
+                       "loss/kl_loss_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var",
+                       "val/num_eos_tokens", "val/explained_variance", "response/length_mean",
+                       "response/eos_rate", "lr", "episode", "time/rollout_s", "time/update_s",
+                       "throughput/tokens_per_s", "judge/score", "judge/rm_gain_z",
+                       "judge/judge_gain_z", "judge/rm_judge_gap_z", "memory/peak_rss_gb",
+                       "memory/peak_gpu_gb", "memory/model_state_gb"),
+              artifacts=("samples/iter_*.json", "samples/all.json", "checkpoint/policy"))
 
-
-@task(name="ppo")
-def ppo(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord, start: ModelRecord,
-        rm: ModelRecord, norm: NormRecord, critic: ModelRecord,
-        reference_dir: str | None = None) -> PolicyRecord:
-    """PPO iterations from the policy in ``start`` (reference: the same policy, or
-    ``reference_dir``)."""
-    return run_stage(ctx, cfg, STAGE, prep=prep, data=data, start=start, rm=rm, norm=norm,
-                     critic=critic, reference_dir=reference_dir)
+ppo = stage_task(STAGE)

@@ -4,8 +4,6 @@ pipeline's rule (tasks/champion/rule.py)."""
 
 from __future__ import annotations
 
-from prefect import task
-
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.models.loader import LoadSpec
 from tasks.champion.rule import champion_evaluation, register_decision, score_key
@@ -19,7 +17,8 @@ from tasks.stages.records import (
     RegisterRecord,
     StageRecord,
 )
-from tasks.stages.run import run_stage
+from tasks.stages.run import stage_task
+from tasks.stages.sft import STAGE as SFT
 from tasks.tracking.guarded import one_try
 from tasks.tracking.registry import (
     CHALLENGER,
@@ -76,7 +75,7 @@ def lineage_tags(ctx: RunContext, rm: ModelRecord, policy: PolicyRecord,
     from."""
     tags = {PIPELINE_RUN_TAG: ctx.parent_run_id, REWARD_MODEL_RUN_TAG: rm.run_id,
             PPO_RUN_TAG: policy.run_id, STARTED_FROM_TAG: "sft"}
-    sft_run = find_stage_run(ctx, "sft")
+    sft_run = find_stage_run(ctx, SFT.name)
     if sft_run is not None:
         tags[SFT_RUN_TAG] = sft_run.info.run_id
     tags.update({k: str(v) for k, v in (lineage or {}).items()})
@@ -86,7 +85,10 @@ def lineage_tags(ctx: RunContext, rm: ModelRecord, policy: PolicyRecord,
 def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: ModelRecord,
          data: DataRecord, lineage: dict | None = None,
          decision: Decision | None = None) -> RegisterRecord:
-    """``evaluation``: the evaluate (or gate) record whose headline score is compared."""
+    """``evaluation``: the evaluate (or gate) record whose headline score is compared;
+    ``decision``: the retrain gate's, else the pipeline's rule decides (no champion yet, or
+    the policy beats the champion's score by the same scorer on the same prompts). The old
+    champion keeps previous-champion."""
     cfg, ctx, run_id = sc.cfg, sc.run, sc.run_id
     if not cfg.tracking.register_models:
         return RegisterRecord(registered=False)
@@ -129,7 +131,7 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     set_alias(client, rm_name, CHALLENGER, rm_version)
     crash_point("register:challenger")
     if rule.promote and not moved:
-        move_champion(client, name, version, "register", rule.reason)
+        move_champion(client, name, version, sc.stage.name, rule.reason)
     aliases = "champion" if rule.promote else "challenger"  # a champion is no challenger
     current = rule.champion_score
     figures = {"policy": f"models:/{name}/{version} ({aliases})",
@@ -144,14 +146,4 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
 
 STAGE = Stage("register", body, RegisterRecord)
 
-
-@task(name="register")
-def register(ctx: RunContext, cfg: PipelineConfig, policy: PolicyRecord,
-             evaluation: StageRecord, rm: ModelRecord, data: DataRecord,
-             lineage: dict | None = None, decision: Decision | None = None) -> RegisterRecord:
-    """Register the policy and the reward model (alias challenger) with lineage tags. The
-    policy becomes champion when ``decision`` says so (retrain gate), else by the pipeline's
-    rule (tasks/champion/rule.py): no champion yet, or it beats the champion's evaluation
-    score by the same scorer on the same prompts; the old champion keeps previous-champion."""
-    return run_stage(ctx, cfg, STAGE, policy=policy, evaluation=evaluation, rm=rm, data=data,
-                     lineage=lineage, decision=decision)
+register = stage_task(STAGE)

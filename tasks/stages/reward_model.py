@@ -4,21 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
-
 from rlhf_core.models.checkpoint import save_scalar_model
 from rlhf_core.models.loader import load_scalar_model, load_tokenizer, new_scalar_model
 from rlhf_core.models.scoring import score_texts
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.reward import evaluate_reward_model, train_reward_model
 from tasks.common import read_jsonl
-from tasks.config import PipelineConfig
 from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
-from tasks.stages.run import run_stage
-from tasks.tracking.runs import RunContext
+from tasks.stages.run import stage_task
 
 
 def gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | None:
@@ -81,12 +77,14 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
                        metrics={**first, **metrics})
 
 
+# what train_reward_model logs every log_every steps (the judge model's too)
+TRAIN_METRICS = ("train/loss", "train/grad_norm", "train/lr", "train/accuracy", "train/margin",
+                 "train/chosen_reward", "train/rejected_reward")
 STAGE = Stage("reward_model", body, ModelRecord, sections=("reward", "model"), seed_offset=1,
-              ranks=True)
+              ranks=True,
+              metrics=(*TRAIN_METRICS, "eval/loss", "eval/accuracy", "eval/margin",
+                       "eval/chosen_reward", "eval/rejected_reward", "eval/rm_accuracy",
+                       "eval/rm_gold_accuracy"),
+              artifacts=("checkpoint",))
 
-
-@task(name="reward_model")
-def reward_model(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord,
-                 start: ModelRecord, init_dir: str | None = None) -> ModelRecord:
-    """Train a scalar-head RM on preference pairs, from the SFT checkpoint or ``init_dir``."""
-    return run_stage(ctx, cfg, STAGE, prep=prep, data=data, start=start, init_dir=init_dir)
+reward_model = stage_task(STAGE)

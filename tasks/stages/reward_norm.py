@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from rlhf_core.models.loader import load_scalar_model, load_tokenizer
 from rlhf_core.models.scoring import normalise_scores, reward_norm_stats, score_texts
 from tasks.common import read_jsonl, write_json
-from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord
-from tasks.stages.run import run_stage
-from tasks.tracking.runs import RunContext
+from tasks.stages.run import stage_task
 
 
 def body(sc: StageContext, data: DataRecord, rm: ModelRecord) -> NormRecord:
@@ -37,11 +33,8 @@ def body(sc: StageContext, data: DataRecord, rm: ModelRecord) -> NormRecord:
                       metrics=metrics)
 
 
-STAGE = Stage("reward_norm", body, NormRecord, sections=("reward_norm",))
+STAGE = Stage("reward_norm", body, NormRecord, sections=("reward_norm",),
+              metrics=("reward/mean", "reward/std", "reward/n", "reward/normalised_mean"),
+              artifacts=("reward_norm.json",))
 
-
-@task(name="reward_norm")
-def reward_norm(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
-                rm: ModelRecord) -> NormRecord:
-    """Score the SFT set (prompt + reference response); store {mean, std, n} as an artifact."""
-    return run_stage(ctx, cfg, STAGE, data=data, rm=rm)
+reward_norm = stage_task(STAGE)

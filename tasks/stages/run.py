@@ -1,15 +1,18 @@
 """Running a stage: skip it when its finished child run recorded an output, else open the
 child run and run the body in this process, on torchrun ranks (tasks/runtime/launch.py) or on
 another machine's worker (tasks/runtime/remote.py); record the typed output, its wall time and a
-Prefect summary artifact.
+Prefect summary artifact. Each stage's Prefect task is derived from its table entry here.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
 import time
 import typing
 from typing import Any
 
+from prefect import Task, task
 from pydantic import BaseModel
 
 from rlhf_core.faults import crash_point, pause_point
@@ -77,3 +80,28 @@ def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
                        if isinstance(t, type) and issubclass(t, BaseModel)), None)
         out[name] = record.model_validate(value) if record and value is not None else value
     return out
+
+
+def stage_task(stage: Stage) -> Task:
+    """The stage's Prefect task, named after it: ``task(ctx, cfg, *inputs)`` runs it through
+    :func:`run_stage`. Its signature is the body's inputs after ``ctx`` and ``cfg``, so callers
+    pass inputs by position or keyword and Prefect sees them as the task's parameters; its
+    description is the stage module's docstring, its source (Prefect's cache key) the body's."""
+    param = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter("ctx", param, annotation=RunContext),
+         inspect.Parameter("cfg", param, annotation=PipelineConfig), *stage.inputs],
+        return_annotation=stage.record)
+
+    def run(*args: Any, **kwargs: Any) -> StageRecord:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        inputs = dict(bound.arguments)
+        return run_stage(inputs.pop("ctx"), inputs.pop("cfg"), stage, **inputs)
+
+    run.__signature__ = signature
+    run.__name__ = run.__qualname__ = stage.name  # Prefect's task key: one per stage
+    run.__module__ = stage.body.__module__
+    run.__doc__ = sys.modules[stage.body.__module__].__doc__
+    run.__wrapped__ = stage.body  # what inspect.getsource, and so Prefect, reads as its source
+    return task(name=stage.name)(run)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from prefect import task
-
 from rlhf_core.models.checkpoint import save_policy
 from rlhf_core.models.loader import load_policy, load_tokenizer
 from rlhf_core.models.models import resize_for_tokenizer
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.sft import sft_eval_loss, train_sft
 from tasks.common import read_jsonl
-from tasks.config import PipelineConfig
 from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
-from tasks.stages.run import run_stage
-from tasks.tracking.runs import RunContext
+from tasks.stages.run import stage_task
 
 
 def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | None:
@@ -41,10 +37,9 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
                        metrics={"train/loss": last.get("train/loss", float("nan")), **metrics})
 
 
-STAGE = Stage("sft", body, ModelRecord, sections=("sft", "model"), seed_offset=0, ranks=True)
+STAGE = Stage("sft", body, ModelRecord, sections=("sft", "model"), seed_offset=0, ranks=True,
+              metrics=("train/loss", "train/grad_norm", "train/lr", "train/tokens",
+                       "sft/response_loss_train"),
+              artifacts=("checkpoint",))
 
-
-@task(name="sft")
-def sft(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, data: DataRecord) -> ModelRecord:
-    """Fine-tune the base model on the demonstrations; save it as the SFT policy."""
-    return run_stage(ctx, cfg, STAGE, prep=prep, data=data)
+sft = stage_task(STAGE)

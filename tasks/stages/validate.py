@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefect import task
-
 from data_checks.cache import validation_cache
-from data_checks.loading import DataError
+from data_checks.loading import KINDS, DataError
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
 from rlhf_core.models import chat
@@ -18,7 +16,7 @@ from tasks.config import PipelineConfig
 from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord
-from tasks.stages.run import run_stage
+from tasks.stages.run import stage_task
 from tasks.tracking.runs import RunContext, run_url
 from tasks.tracking.tags import DATA_DIGEST_PREFIX, TOKENIZER_PREFIX, VALIDATION_REUSED_TAG
 
@@ -106,10 +104,11 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
                  for name, (ok, n) in report.expectation_counts().items()})
 
 
-STAGE = Stage("validate", body, DataRecord, sections=("validation",))
+# each data set's row counts (data_checks/validate.py), then the SFT/preference length ratio
+COUNTS = ("n_rows", "n_in", "n_truncated", "n_dropped", "truncated_fraction", "dropped_fraction")
+STAGE = Stage("validate", body, DataRecord, sections=("validation",),
+              metrics=(*(f"{s}/{c}" for s in KINDS for c in COUNTS), "length_mismatch_ratio"),
+              artifacts=("data", "data/*.jsonl", "data/tokenizer", "data_docs",
+                         "validation_summary.md"))
 
-
-@task(name="validate")
-def validate(ctx: RunContext, cfg: PipelineConfig, prep: Prepared) -> DataRecord:
-    """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
-    return run_stage(ctx, cfg, STAGE, prep=prep)
+validate = stage_task(STAGE)

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from flows.pipeline import rlhf_pipeline
 from tasks.configfile import load_config
-from tests.shared import STAGES, parent_runs, write_jsonl
+from tests.shared import parent_runs, pipeline_stages, write_jsonl
 
 TOPICS = ["cats", "dogs", "rain", "sun", "tea", "oceans", "weather", "the sun"]
 HEADER = {"llama3": "<|start_header_id|>assistant<|end_header_id|>\n\n",
@@ -76,7 +76,7 @@ def test_every_stage_runs_on_conversations(chat_run):
     name, tmp, client, parent, runs = chat_run
     assert parent.info.status == "FINISHED"
     by_stage = {r.data.tags["rlhf.stage"]: r for r in runs if "rlhf.stage" in r.data.tags}
-    assert sorted(by_stage) == sorted(STAGES)
+    assert sorted(by_stage) == sorted(pipeline_stages())
     assert all(r.info.status == "FINISHED" for r in by_stage.values())
     tags = by_stage["validate"].data.tags
     assert tags["rlhf.tokenizer.chat.end_of_turn"] == tags["rlhf.tokenizer.eos_token"] == EOT[name]

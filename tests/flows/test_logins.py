@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import servers
 from tests.flows.prefect_procs import prefect_server
-from tests.shared import STAGES, TEST_CONFIG
+from tests.shared import TEST_CONFIG, pipeline_stages
 
 ADMIN = ("admin", f"admin-{secrets.token_hex(8)}")
 ALICE = ("alice", f"alice-{secrets.token_hex(8)}")          # EDIT on experiment and RM
@@ -237,7 +237,7 @@ def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
     assert parent.info.run_id == command[command.index("--resume") + 1]
     assert parent.info.status == "FINISHED"
     children = servers.stage_children(client, parent)
-    assert set(children) == set(STAGES)
+    assert set(children) == set(pipeline_stages())
     assert {r.info.status for r in children.values()} == {"FINISHED"}
     # the first policy is promoted (champion, no longer challenger); the RM stays challenger
     for name, alias in (("rlhf-policy", "champion"), ("rlhf-reward-model", "challenger")):

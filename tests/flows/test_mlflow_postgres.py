@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import servers
 from tests.servers import artifact_paths, stage_children
-from tests.shared import CONCURRENT_RUN, STAGES
+from tests.shared import CONCURRENT_RUN, pipeline_stages
 from tests.shared import TEST_CONFIG as CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ def test_both_concurrent_runs_finish_with_their_own_run_trees(two_runs):
         assert parent.data.tags["rlhf.run_name"] == name
         assert parent.info.artifact_uri.startswith("mlflow-artifacts:/"), parent.info.artifact_uri
         by_stage = stage_children(client, parent)
-        assert sorted(by_stage) == sorted(STAGES), name
+        assert sorted(by_stage) == sorted(pipeline_stages()), name
         assert all(r.info.status == "FINISHED" for r in by_stage.values()), name
         child_ids |= {r.info.run_id for r in by_stage.values()}
         ppo_id = by_stage["ppo"].info.run_id
@@ -90,7 +90,7 @@ def test_both_concurrent_runs_finish_with_their_own_run_trees(two_runs):
         for key in ("eval/rm_accuracy", "eval/judge_win_rate", "eval/kl_to_ref"):
             assert key in parent.data.metrics, (name, key)
         assert "checkpoint/policy/model.safetensors" in artifact_paths(client, ppo_id)
-    assert len(child_ids) == 2 * len(STAGES)  # no child run shared or lost
+    assert len(child_ids) == 2 * len(pipeline_stages())  # no child run shared or lost
 
 
 def test_each_run_registered_its_own_versions_and_aliases_resolve(two_runs):

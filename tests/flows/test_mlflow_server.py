@@ -12,8 +12,8 @@ from cli.runs import runs_table
 from tasks.configfile import load_config
 from tests import servers
 from tests.servers import artifact_paths, stage_children
-from tests.shared import PPO_METRICS, STAGES, registered_models_panel
 from tests.shared import TEST_CONFIG as CONFIG
+from tests.shared import pipeline_stages, ppo_iteration_metrics, registered_models_panel
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +40,10 @@ def test_run_tree_metrics_and_histories(served_run):
     parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
     by_stage = stage_children(client, parent)
-    assert sorted(by_stage) == sorted(STAGES)
+    assert sorted(by_stage) == sorted(pipeline_stages())
     assert all(r.info.status == "FINISHED" for r in by_stage.values())
     ppo_id = by_stage["ppo"].info.run_id
-    for name in PPO_METRICS + ["judge/score"]:
+    for name in ppo_iteration_metrics() + ["judge/score"]:
         assert [m.step for m in client.get_metric_history(ppo_id, name)] == [1, 2, 3], name
     sft_steps = [m.step for m in client.get_metric_history(by_stage["sft"].info.run_id,
                                                            "train/loss")]
@@ -139,7 +139,7 @@ def test_prefect_flow_run_name_and_stage_artifacts(served_run):
             flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     assert flow_run.name == f"rlhf-demo-gpt2-demo-data-{cfg.config_hash()[:6]}"
     by_key = {a.key: a for a in artifacts}
-    for stage in STAGES:
+    for stage in pipeline_stages():
         md = by_key[f"rlhf-{stage.replace('_', '-')}"]
         assert md.type == "markdown", stage
         run_id = result.stages[stage].run_id

@@ -8,8 +8,8 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from tasks.configfile import load_config
-from tests.shared import PPO_METRICS, STAGES, registered_models_panel
 from tests.shared import TEST_CONFIG as CONFIG
+from tests.shared import pipeline_stages, ppo_iteration_metrics, registered_models_panel
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
         [parent.info.experiment_id],
         filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     by_stage = {r.data.tags["rlhf.stage"]: r for r in children}
-    assert sorted(by_stage) == sorted(STAGES)
+    assert sorted(by_stage) == sorted(pipeline_stages())
     for stage, run in by_stage.items():
         assert run.info.status == "FINISHED", stage
         assert run.data.metrics, f"{stage} logged no metric"
@@ -46,7 +46,7 @@ def test_every_stage_has_a_child_run_with_metrics(pipeline_result):
     assert "sft.epochs" in by_stage["sft"].data.params
     assert "reward.use_margin" in by_stage["reward_model"].data.params
     assert "sft.epochs" not in by_stage["ppo"].data.params
-    for name in PPO_METRICS:
+    for name in ppo_iteration_metrics():
         history = client.get_metric_history(by_stage["ppo"].info.run_id, name)
         assert [m.step for m in history] == [1, 2, 3], name
     for key in ("eval/rm_accuracy", "eval/rm_score_sft", "eval/rm_score_policy",

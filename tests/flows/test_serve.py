@@ -42,7 +42,7 @@ from tests.flows.prefect_procs import (
     wait_run,
 )
 from tests.servers import stage_children
-from tests.shared import STAGES, registered_models_panel
+from tests.shared import pipeline_stages, registered_models_panel
 
 POOL = "rlhf-process"  # prefect.yaml's work pool
 SECTIONS = {"model", "data", "sft", "reward", "ppo", "eval", "tracking"}
@@ -392,7 +392,7 @@ def test_process_worker_runs_the_prefect_yaml_pipeline(served, yaml_deployed, tm
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert parents[0].data.params["ppo.iterations"] == "3"  # the override, not the demo's 60
     stages = stage_children(mlflow, parents[0])
-    assert sorted(stages) == sorted(STAGES)
+    assert sorted(stages) == sorted(pipeline_stages())
     assert all(r.info.status == "FINISHED" for r in stages.values())
     assert stages["reward_model"].data.tags["rlhf.routed.flow_run"].startswith(
         "rlhf-stage/gpu ")  # taken by the gpu-queue worker

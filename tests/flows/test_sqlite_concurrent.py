@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.shared import CONCURRENT_RUN, STAGES, child_runs_by_stage
+from tests.shared import CONCURRENT_RUN, child_runs_by_stage, pipeline_stages
 from tests.shared import TEST_CONFIG as CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,11 +54,11 @@ def test_two_runs_started_at_once_on_a_new_sqlite_store_both_finish(tmp_path, pr
         assert parent.info.status == "FINISHED", name
         assert parent.data.tags["rlhf.run_name"] == name
         by_stage = child_runs_by_stage(client, parent_id)
-        assert sorted(by_stage) == sorted(STAGES), name
+        assert sorted(by_stage) == sorted(pipeline_stages()), name
         assert all(r.info.status == "FINISHED" for r in by_stage.values()), name
         children |= {r.info.run_id for r in by_stage.values()}
         steps = [m.step for m in client.get_metric_history(by_stage["ppo"].info.run_id,
                                                            "objective/kl")]
         assert sorted(steps) == [1, 2], name  # its own iterations only
         assert "eval/judge_win_rate" in parent.data.metrics, name
-    assert len(children) == 2 * len(STAGES)  # no child run shared or lost
+    assert len(children) == 2 * len(pipeline_stages())  # no child run shared or lost

@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests import servers
-from tests.shared import PPO_METRICS, ROOT, TEST_CONFIG
+from tests.shared import ROOT, TEST_CONFIG, ppo_iteration_metrics
 
 ITERATIONS = 24
 SETTINGS = [f"ppo.iterations={ITERATIONS}", "ppo.checkpoint_every=2", "ppo.sample_every=1",
@@ -61,7 +61,7 @@ def ppo_history_once(uri: str) -> None:
     exp = client.get_experiment_by_name("rlhf-test")
     (ppo,) = client.search_runs([exp.experiment_id], "tags.`rlhf.stage` = 'ppo'")
     assert ppo.info.status == "FINISHED"
-    for key in PPO_METRICS:
+    for key in ppo_iteration_metrics():
         steps = [m.step for m in client.get_metric_history(ppo.info.run_id, key)]
         assert sorted(steps) == list(range(1, ITERATIONS + 1)), (key, steps)
     tables = servers.artifact_paths(client, ppo.info.run_id, "samples")

@@ -1,11 +1,14 @@
 """Each stage body under a fake StageContext (tests/fake_stage.py): no Prefect, no tracking
 server. The bodies run in pipeline order on the tiny GPT-2 and rows of tests/shared.py; each
-test checks the record the body returns and what it logged, tagged and published."""
+test checks the record the body returns and what it logged, tagged and published, and that
+what each body logs is what its table entry declares (the names docs/design.md lists)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,13 @@ from tasks.stages.records import (
 from tasks.stages.table import DISTRIBUTED, STAGES
 from tasks.tracking.runs import RunContext
 from tests.fake_stage import FakeStageContext
-from tests.shared import PROMPTS, assert_decision_follows_figures, write_config, write_jsonl
+from tests.shared import (
+    PREF,
+    PROMPTS,
+    assert_decision_follows_figures,
+    write_config,
+    write_jsonl,
+)
 
 
 def _prepared(cfg, work, data, model_dir) -> Prepared:
@@ -34,6 +43,23 @@ def _prepared(cfg, work, data, model_dir) -> Prepared:
                      parent_run_id="parent", workdir=str(work), seed=cfg.seed)
     return Prepared(ctx=ctx, data=data, base_model=str(model_dir), tokenizer=str(model_dir),
                     judge="none")
+
+
+def _runner(cfg, work: Path, done: dict):
+    """run(name, **inputs) -> the record of the stage's body under a fake context in
+    ``work``, kept in ``done[name]`` with the context (``cfg=``: another config)."""
+
+    def run(name: str, tracked: bool = False, cfg=cfg, **inputs):
+        sc = FakeStageContext(cfg, name, work, seed=cfg.seed, tracked=tracked)
+        done[name] = (sc, STAGES[name].body(sc, **inputs))
+        return done[name][1]
+
+    return run
+
+
+def _champion(sft: ModelRecord, rm: ModelRecord) -> Champion:
+    return Champion(version="1", sft_run_id=sft.run_id, ancestry="v1", policy_dir=sft.model.path,
+                    rm_dir=rm.model.path, sft_dir=sft.model.path)
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +72,7 @@ def chain(tmp_path_factory, tiny_model_dir):
     prep = _prepared(cfg, work, cfg.data.model_copy(update={"eval_prompts": eval_prompts}),
                      tiny_model_dir)
     done: dict = {}
-
-    def run(name: str, tracked: bool = False, **inputs):
-        sc = FakeStageContext(cfg, name, work, seed=cfg.seed, tracked=tracked)
-        done[name] = (sc, STAGES[name].body(sc, **inputs))
-        return done[name][1]
-
+    run = _runner(cfg, work, done)
     d = run("validate", prep=prep)
     s = run("sft", prep=prep, data=d)
     rm = run("reward_model", prep=prep, data=d, start=s)
@@ -63,11 +84,32 @@ def chain(tmp_path_factory, tiny_model_dir):
     held = Path(d.data.path) / "judge_preference.jsonl"
     held.write_text((Path(d.data.path) / "preference.jsonl").read_text())
     judge = run("judge_model", data=d, init_dir=s.model.path)
-    champion = Champion(version="1", sft_run_id=s.run_id, ancestry="v1",
-                        policy_dir=s.model.path, rm_dir=rm.model.path, sft_dir=s.model.path)
-    run("gate", prep=prep, data=d, champion=champion, policy=pol, rm=rm,
+    run("gate", prep=prep, data=d, champion=_champion(s, rm), policy=pol, rm=rm,
         reference_dir=s.model.path, judge=judge)
     return cfg, prep, work, done
+
+
+@pytest.fixture(scope="module")
+def judged(chain, tmp_path_factory):
+    """{stage: (fake context, record)} of the bodies whose logs change with a gold judge,
+    held-out pairs, a critic-free estimator with its KL in the loss, or `rlhf compare`."""
+    cfg, prep, _, done = chain
+    tmp = tmp_path_factory.mktemp("judged")
+    pairs = DataSource(path=str(write_jsonl(tmp / "pref_eval.jsonl", PREF)))
+    prep = prep.model_copy(update={"judge": "demo", "data": prep.data.model_copy(
+        update={"preference_eval": pairs})})
+    grpo = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={
+        "advantage_estimator": "grpo", "samples_per_prompt": 2, "kl_in_loss": True})})
+    s, norm, critic = (done[name][1] for name in ("sft", "reward_norm", "critic_init"))
+    out: dict = {}
+    run = _runner(cfg, tmp / "work", out)
+    d = run("validate", prep=prep)
+    rm = run("reward_model", prep=prep, data=d, start=s)
+    pol = run("ppo", cfg=grpo, prep=prep, data=d, start=s, rm=rm, norm=norm, critic=critic)
+    run("evaluate", prep=prep, data=d, sft=s, rm=rm, policy=pol)
+    run("gate", prep=prep, data=d, champion=_champion(s, rm), policy=pol, rm=rm,
+        reference_dir=s.model.path, compared="v2 against v1")
+    return out
 
 
 def test_the_table_names_each_stage_once_with_its_record_and_seed():
@@ -82,9 +124,24 @@ def test_the_table_names_each_stage_once_with_its_record_and_seed():
 
 
 def test_routable_stages_in_the_config_are_the_tables():
+    """tasks/config.py cannot import the table (an import circle): its copy is held here."""
     from tasks.config import ROUTABLE
 
-    assert set(ROUTABLE) == set(DISTRIBUTED)
+    assert ROUTABLE == DISTRIBUTED
+
+
+def test_each_stage_task_is_derived_from_its_table_entry():
+    """Named after the stage, its parameters ``ctx``, ``cfg`` and the body's inputs, one
+    Prefect task key per stage."""
+    keys = set()
+    for name, stage in STAGES.items():
+        task = getattr(sys.modules[stage.body.__module__], name)
+        assert task.name == name and task.fn.__name__ == name
+        assert list(inspect.signature(task).parameters) == \
+            ["ctx", "cfg", *(p.name for p in stage.inputs)]
+        assert task.description == sys.modules[stage.body.__module__].__doc__
+        keys.add(task.task_key)
+    assert len(keys) == len(STAGES)
 
 
 def test_recorded_inputs_come_back_as_the_records_the_body_names():
@@ -214,3 +271,36 @@ def test_gate_decides_with_the_judge_reward_model(chain):
     assert rec.decision.scorer == "held-out judge reward model"
     assert_decision_follows_figures(sc.tags, sc.cfg.retrain.gate.margin)
     assert sc.tags == sc.parent_tags and "gate/promote" in sc.metrics[0]
+
+
+def _logged(sc: FakeStageContext) -> tuple[set[str], set[str]]:
+    """(metric names, artifact paths) a body logged through its context: ``log``, ``live``
+    and ``log_parent``; ``publish``, ``log_artifact(s)``, ``log_text`` and ``log_table``."""
+    metrics = {k for step in sc.metrics.values() for k in step} | set(sc.parent_metrics)
+    return metrics, set(sc.artifacts) | set(sc.tables)
+
+
+def _matching(names, patterns) -> set[str]:
+    return {n for n in names if any(fnmatchcase(n, p) for p in patterns)}
+
+
+# declared names no body run here logs: the peak GPU memory needs CUDA
+UNREACHED = {"memory/peak_gpu_gb"}
+
+
+def test_each_body_logs_only_the_names_its_table_entry_declares(chain, judged):
+    for sc, _ in [*chain[3].values(), *judged.values()]:
+        metrics, artifacts = _logged(sc)
+        assert metrics - _matching(metrics, sc.stage.metrics) == set(), sc.stage.name
+        assert artifacts - _matching(artifacts, sc.stage.artifacts) == set(), sc.stage.name
+
+
+def test_every_name_a_table_entry_declares_is_logged_by_a_run_of_its_body(chain, judged):
+    logged: dict[str, tuple[set[str], set[str]]] = {name: (set(), set()) for name in STAGES}
+    for sc, _ in [*chain[3].values(), *judged.values()]:
+        for seen, names in zip(logged[sc.stage.name], _logged(sc)):
+            seen |= names
+    for name, stage in STAGES.items():
+        for declared, seen in zip((stage.metrics, stage.artifacts), logged[name]):
+            missing = {p for p in declared if not _matching(seen, [p])} - UNREACHED
+            assert not missing, (name, sorted(missing))
