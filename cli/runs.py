@@ -32,9 +32,9 @@ def check_resume_id(cfg, run_id: str, argv: list[str] | tuple = ("run",)) -> Non
         raise ConfigError(f"--resume {run_id}: the MLflow store at {uri} has no such run "
                           f"({str(err).splitlines()[0][:200]}). `rlhf runs` lists the runs; "
                           "MLFLOW_TRACKING_URI picks the store.") from None
-    parent = run["parent_run_id"]
+    parent = run.parent_run_id
     if parent:
-        stage = run["stage"] or "a stage's"
+        stage = run.stage or "a stage's"
         raise ConfigError(f"--resume {run_id}: that is the `{stage}` child run of the "
                           f"pipeline run {parent}; resume the pipeline run: "
                           f"{shlex.join(['rlhf', *resume_args(list(argv), parent)])}")
@@ -61,22 +61,22 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> 
         found = pipeline_runs(uri, experiment, limit)
     except StoreError as err:
         raise ConfigError(str(err)) from None
-    runs = found["runs"]
-    width = max([len(r["run_name"] or "") for r in runs] + [4]) + 2  # names stay whole
+    runs = found.runs
+    width = max([len(r.run_name or "") for r in runs] + [4]) + 2  # names stay whole
     head = f"{'run id':<34}{'name':<{width}}{'status':<10}{'started':<18}" + \
         "".join(f"{label:>8}" for _, label in RUN_COLUMNS)
     lines = [f"experiment '{experiment}' ({uri})", head, "-" * len(head)]
     for run in runs:
-        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run["start_time"] / 1000))
-        values = "".join(f"{run['metrics'][k]:>8.3f}" if k in run["metrics"] else f"{'-':>8}"
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.start_time / 1000))
+        values = "".join(f"{run.metrics[k]:>8.3f}" if k in run.metrics else f"{'-':>8}"
                          for k, _ in RUN_COLUMNS)
-        lines.append(f"{run['run_id']:<34}{run['run_name'] or '':<{width}}"
-                     f"{run['status']:<10}{started:<18}{values}")
+        lines.append(f"{run.run_id:<34}{run.run_name or '':<{width}}"
+                     f"{run.status:<10}{started:<18}{values}")
     if not runs:
         lines.append("(no pipeline runs yet: `rlhf run`)")
     where = "" if uri.startswith(("http://", "https://")) else \
         f" (after `mlflow ui --backend-store-uri {uri}`)"
-    lines.append(f"in the MLflow UI{where}: {runs_table_url(uri, found['experiment_id'])}")
+    lines.append(f"in the MLflow UI{where}: {runs_table_url(uri, found.experiment_id)}")
     return "\n".join(lines)
 
 

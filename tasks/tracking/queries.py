@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+from pydantic import BaseModel, ConfigDict
 
 from tasks.tracking.tags import CONFIG_HASH_TAG, PARENT_TAG, STAGE_TAG
 
@@ -28,10 +29,37 @@ def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
     return MlflowClient(uri)
 
 
-def run_lineage(tracking_uri: str, run_id: str) -> dict:
-    """Where a stored run sits, read without creating a store: {"parent_run_id": the
-    pipeline run it is a stage of (None for a pipeline run), "stage": its stage tag, else its
-    name}; StoreError when the store has no such run (or is not there)."""
+class RunPlace(BaseModel):
+    """Where a stored run sits: the pipeline run it is a stage of (None: a pipeline run)
+    and its stage (its stage tag, else its name)."""
+
+    model_config = ConfigDict(frozen=True)
+    parent_run_id: str | None
+    stage: str | None
+
+
+class PipelineRun(BaseModel):
+    """One pipeline (parent) run as `rlhf runs` lists it; ``start_time`` in ms."""
+
+    model_config = ConfigDict(frozen=True)
+    run_id: str
+    run_name: str | None
+    status: str
+    start_time: int
+    metrics: dict[str, float]
+
+
+class PipelineRuns(BaseModel):
+    """An experiment's id and its latest pipeline runs, newest first."""
+
+    model_config = ConfigDict(frozen=True)
+    experiment_id: str
+    runs: list[PipelineRun]
+
+
+def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
+    """Where a stored run sits, read without creating a store; StoreError when the store
+    has no such run (or is not there)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -39,15 +67,14 @@ def run_lineage(tracking_uri: str, run_id: str) -> dict:
     except MlflowException as err:
         raise StoreError(str(err)) from None
     tags = run.data.tags
-    return {"parent_run_id": tags.get(PARENT_TAG),
-            "stage": tags.get(STAGE_TAG, run.info.run_name)}
+    return RunPlace(parent_run_id=tags.get(PARENT_TAG),
+                    stage=tags.get(STAGE_TAG, run.info.run_name))
 
 
-def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> dict:
+def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> PipelineRuns:
     """The experiment's id and its latest ``limit`` pipeline (parent) runs, newest first,
-    read without creating a store: {"experiment_id", "runs": [{"run_id", "run_name",
-    "status", "start_time" (ms), "metrics"}]}; StoreError when there is no such store or
-    experiment, or the store cannot be read."""
+    read without creating a store; StoreError when there is no such store or experiment,
+    or the store cannot be read."""
     from mlflow.exceptions import MlflowException
 
     client = _read_only_client(tracking_uri)
@@ -61,7 +88,6 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> dict:
     except (MlflowException, OSError) as err:
         raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
                          f"{str(err).splitlines()[0][:300]}") from None
-    return {"experiment_id": exp.experiment_id,
-            "runs": [{"run_id": r.info.run_id, "run_name": r.info.run_name,
-                      "status": r.info.status, "start_time": r.info.start_time,
-                      "metrics": dict(r.data.metrics)} for r in runs]}
+    return PipelineRuns(experiment_id=exp.experiment_id, runs=[PipelineRun(
+        run_id=r.info.run_id, run_name=r.info.run_name, status=r.info.status,
+        start_time=r.info.start_time, metrics=dict(r.data.metrics)) for r in runs])
