@@ -36,6 +36,7 @@ from tests.flows.prefect_procs import (
     rlhf_serve,
     wait_deployment,
     wait_run,
+    with_migrated_db,
 )
 from tests.labelstudio import label_studio_server
 from tests.labelstudio import venv as label_studio_venv
@@ -91,7 +92,7 @@ def loop(tmp_path_factory, prefect_api):
     for item in sets:
         args += ["--set", item]
     out, mlflow = {}, MlflowClient(uri)
-    (tmp / "ephemeral").mkdir()  # the local ephemeral API's home and database
+    with_migrated_db(tmp / "ephemeral")  # the local ephemeral API's home and database
     # the bootstrap runs while the server and `rlhf serve` start
     bootstrap = subprocess.Popen([sys.executable, "-m", "cli", "retrain", *args],
                                  env=base_env(tmp / "ephemeral"), cwd=tmp, text=True,
