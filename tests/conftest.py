@@ -19,6 +19,16 @@ os.environ.setdefault("RLHF_VALIDATION_CACHE", os.path.join(
     tempfile.gettempdir(), "rlhf-test-validation-"
     + os.environ.get("PYTEST_XDIST_TESTRUNUID", f"{os.getpid()}")))
 
+@pytest.fixture(scope="session", autouse=True)
+def _mlflow_sqlite_stores_from_a_template():
+    """A new SQLite MLflow store of this process is a copy of one set up once (tests/stores.py)
+    rather than MLflow's whole migration history again."""
+    from tests.stores import sqlite_stores_from_a_template
+
+    with sqlite_stores_from_a_template():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _mlflow_uris_restored():
     """Each test leaves MLflow's process-wide URIs as it found them: ``mlflow.set_*_uri``
