@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.servers import stage_children
 from tests.shared import ROOT, TEST_CONFIG
+from tests.stores import seed_sqlite_store
 
 
 def rlhf_run(tmp_path, env, crash_at: str, *extra) -> subprocess.CompletedProcess:
@@ -27,6 +28,7 @@ def test_a_crash_inside_register_then_resume_registers_each_model_once(prefect_a
     uri = f"sqlite:///{tmp_path}/m.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": uri, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    seed_sqlite_store(uri)
     client = MlflowClient(uri)
     first = rlhf_run(tmp_path, env, "register:policy_version")
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]

@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from tasks.configfile import load_config
+from tests.stores import seed_sqlite_store
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
@@ -54,6 +55,7 @@ def test_resume_without_local_stage_folders_downloads_them(prefect_api, tmp_path
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
            "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     base = ["--set", f"tracking.workdir={tmp_path}/work", "--set", "tracking.run_name=remote"]
+    seed_sqlite_store(uri)
     proc = rlhf_cli(base, {**env, "RLHF_CRASH_AT": "after:reward_model"})
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     client = MlflowClient(uri)

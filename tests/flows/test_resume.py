@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from tasks.configfile import load_config
+from tests.stores import seed_sqlite_store
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
@@ -86,6 +87,7 @@ def test_sigkill_at_five_points_then_resume_equals_uninterrupted(prefect_api, un
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
            "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     base = ["--set", f"tracking.workdir={tmp_path}/killed", "--set", "tracking.run_name=kill"]
+    seed_sqlite_store(uri)
     client = MlflowClient(uri)
     run_id, finished_outputs = None, {}
     for i, point in enumerate(KILL_POINTS):

@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import servers
 from tests.shared import PPO_METRICS, ROOT, TEST_CONFIG
+from tests.stores import seed_sqlite_store
 
 ITERATIONS = 24
 SETTINGS = [f"ppo.iterations={ITERATIONS}", "ppo.checkpoint_every=2", "ppo.sample_every=1",
@@ -73,6 +74,7 @@ def uninterrupted(prefect_api, tmp_path_factory):
     """-> a function giving the final weights of the same run without an outage (trained
     beside the first test's run, one thread each, to keep the module short)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
+    seed_sqlite_store(f"sqlite:///{tmp}/m.db")
     proc, log = rlhf(tmp, "runs", f"sqlite:///{tmp}/m.db", prefect_api)
 
     def get() -> bytes:
