@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from contextlib import ExitStack
 
 import pytest
 
@@ -16,6 +18,16 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("RLHF_VALIDATION_CACHE", os.path.join(
     tempfile.gettempdir(), "rlhf-test-validation-"
     + os.environ.get("PYTEST_XDIST_TESTRUNUID", f"{os.getpid()}")))
+
+@pytest.fixture(scope="session", autouse=True)
+def _mlflow_sqlite_stores_from_a_template():
+    """A new SQLite MLflow store of this process is a copy of one set up once (tests/stores.py)
+    rather than MLflow's whole migration history again."""
+    from tests.stores import sqlite_stores_from_a_template
+
+    with sqlite_stores_from_a_template():
+        yield
+
 
 @pytest.fixture(autouse=True)
 def _mlflow_uris_restored():
@@ -75,11 +87,23 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def prefect_api():
-    """One Prefect test server for every flow test of the session -> its API URL."""
+    """One Prefect test server for every flow test of the session -> its API URL. Its
+    database starts as a copy of the session's migrated one (tests/flows/prefect_procs.py),
+    put where the harness's temporary folder keeps it, so the server skips the migrations."""
     from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.testing import utilities
 
-    with prefect_test_harness(server_startup_timeout=120):
+    from tests.flows.prefect_procs import migrated_db
+
+    def folder_with_migrated_db() -> str:
+        folder = tempfile.mkdtemp()
+        shutil.copyfile(migrated_db(), os.path.join(folder, "prefect-test.db"))
+        return folder
+
+    with ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as mp:  # only while the harness starts
+            mp.setattr(utilities, "mkdtemp", folder_with_migrated_db)
+            stack.enter_context(utilities.prefect_test_harness(server_startup_timeout=120))
         yield PREFECT_API_URL.value()
 
 

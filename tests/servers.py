@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.stores import seed_sqlite_store
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -62,6 +64,7 @@ def start_mlflow(backend_store_uri: str, folder: Path, port: int, workers: int =
     ``app_name``, e.g. ``basic-auth``, with ``env`` added to its environment) and wait until
     it answers -> its process (end it with :func:`stop`)."""
     mlflow_bin = Path(sys.executable).with_name("mlflow")
+    seed_sqlite_store(backend_store_uri)  # a new SQLite store: no migrations at its start
     log = folder / "mlflow-server.log"
     app = ["--app-name", app_name] if app_name else []
     proc = subprocess.Popen(

@@ -4,7 +4,10 @@ so no test module imports another. Fixtures built from these live in conftest.py
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
+from unittest import mock
 
 import yaml
 from mlflow.tracking import MlflowClient
@@ -39,6 +42,21 @@ SFT = [{"prompt": "tell me about cats :", "response": "cats are nice ."},
 PREF = [{"prompt": "tell me about cats :", "chosen": "cats are nice .", "rejected": "bad"},
         {"prompt": "tell me about rain :", "chosen": "rain is good .", "rejected": "sun"}]
 PROMPTS = [{"prompt": "tell me about sun :"}, {"prompt": "hello :"}]
+
+
+def rlhf_in_process(args: list[str], capfd, **env: str) -> subprocess.CompletedProcess:
+    """`rlhf ARGS` run by ``cli.main.main`` in this process, with ``env`` added to the
+    environment (all of it restored afterwards, with what main() set) -> its exit code and what
+    it wrote to stdout and stderr, caught at the file descriptors (a log handler's lines too).
+    For a run whose test is about what it does, not about being a process of its own (exit by
+    signal, a separate environment): it saves the new process's imports."""
+    from cli.main import main
+
+    capfd.readouterr()
+    with mock.patch.dict(os.environ, env):
+        code = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

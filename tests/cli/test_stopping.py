@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.servers import stage_children
 from tests.shared import ROOT, TEST_CONFIG
+from tests.stores import seed_sqlite_store
 
 STUCK = """
 import time
@@ -68,6 +69,7 @@ def test_sigterm_mid_ppo_marks_the_runs_killed_and_says_how_to_resume(prefect_ap
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": uri, "PREFECT_LOGGING_LEVEL": "INFO"}
     log = tmp_path / "err.txt"
+    seed_sqlite_store(uri)
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=tmp_path,
                                 env=env, stdout=subprocess.DEVNULL, stderr=err)

@@ -37,9 +37,11 @@ from tests.flows.prefect_procs import (
     rlhf_serve,
     wait_deployment,
     wait_run,
+    with_migrated_db,
 )
 from tests.labelstudio import label_studio_server
 from tests.labelstudio import venv as label_studio_venv
+from tests.stores import seed_sqlite_store
 
 SETS = ["tracking.system_metrics=false", "demo.n_eval=200", "retrain.gate.num_prompts=200",
         "ppo.iterations=1", "retrain.ppo_iterations=10", "collect.num_prompts=64"]
@@ -92,7 +94,8 @@ def loop(tmp_path_factory, prefect_api):
     for item in sets:
         args += ["--set", item]
     out, mlflow = {}, MlflowClient(uri)
-    (tmp / "ephemeral").mkdir()  # the local ephemeral API's home and database
+    seed_sqlite_store(uri)
+    with_migrated_db(tmp / "ephemeral")  # the local ephemeral API's home and database
     # the bootstrap runs while the server and `rlhf serve` start
     bootstrap = subprocess.Popen([sys.executable, "-m", "cli", "retrain", *args],
                                  env=base_env(tmp / "ephemeral"), cwd=tmp, text=True,

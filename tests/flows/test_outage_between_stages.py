@@ -16,7 +16,7 @@ import time
 from mlflow.tracking import MlflowClient
 
 from tests import servers
-from tests.shared import ROOT, TEST_CONFIG, pipeline_stages
+from tests.shared import ROOT, TEST_CONFIG, pipeline_stages, rlhf_in_process
 
 LIMIT_S = 3
 SETTINGS = ["ppo.iterations=2", "ppo.checkpoint_every=2", "tracking.progress=true",
@@ -26,7 +26,8 @@ SETTINGS = ["ppo.iterations=2", "ppo.checkpoint_every=2", "tracking.progress=tru
             f"tracking.outage_limit_s={LIMIT_S}"]
 
 
-def test_an_outage_in_evaluate_stops_with_the_resume_command(prefect_api, tmp_path):
+def test_an_outage_in_evaluate_stops_with_the_resume_command(prefect_api, tmp_path, capfd,
+                                                             threads_kept):
     port = servers.free_port()
     store = f"sqlite:///{tmp_path}/s.db"
     server = servers.start_mlflow(store, tmp_path, port)
@@ -60,10 +61,9 @@ def test_an_outage_in_evaluate_stops_with_the_resume_command(prefect_api, tmp_pa
         assert took < LIMIT_S + 20, took  # not MLflow's minutes of retries
         command = shlex.split(last.split("continue it with: ")[1])
         server = servers.start_mlflow(store, tmp_path, port)
-        env.pop("RLHF_PAUSE_AT")
-        resumed = subprocess.run([sys.executable, "-m", "cli", *command[1:]],
-                                 cwd=tmp_path, env=env, capture_output=True, text=True,
-                                 timeout=240)
+        # the command, run in this process (no new process needed to run it)
+        resumed = rlhf_in_process(command[1:], capfd, PREFECT_API_URL=prefect_api,
+                                  MLFLOW_TRACKING_URI=uri)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name("rlhf-test")

@@ -12,21 +12,27 @@ import sys
 from mlflow.tracking import MlflowClient
 
 from tests.servers import stage_children
-from tests.shared import ROOT, TEST_CONFIG
+from tests.shared import ROOT, TEST_CONFIG, rlhf_in_process
+from tests.stores import seed_sqlite_store
+
+
+def run_args(tmp_path, *extra) -> list[str]:
+    return ["run", "--config", str(TEST_CONFIG), "--set", f"tracking.workdir={tmp_path}/runs",
+            "--set", "tracking.run_name=once", "--set", "tracking.system_metrics=false", *extra]
 
 
 def rlhf_run(tmp_path, env, crash_at: str, *extra) -> subprocess.CompletedProcess:
-    args = ["--set", f"tracking.workdir={tmp_path}/runs", "--set", "tracking.run_name=once",
-            "--set", "tracking.system_metrics=false", *extra]
-    return subprocess.run([sys.executable, "-m", "cli", "run", "--config",
-                           str(TEST_CONFIG), *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600, env={**env, "RLHF_CRASH_AT": crash_at})
+    return subprocess.run([sys.executable, "-m", "cli", *run_args(tmp_path, *extra)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**env, "RLHF_CRASH_AT": crash_at})
 
 
-def test_a_crash_inside_register_then_resume_registers_each_model_once(prefect_api, tmp_path):
+def test_a_crash_inside_register_then_resume_registers_each_model_once(prefect_api, tmp_path,
+                                                                     capfd, threads_kept):
     uri = f"sqlite:///{tmp_path}/m.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api,
            "MLFLOW_TRACKING_URI": uri, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    seed_sqlite_store(uri)
     client = MlflowClient(uri)
     first = rlhf_run(tmp_path, env, "register:policy_version")
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
@@ -37,7 +43,10 @@ def test_a_crash_inside_register_then_resume_registers_each_model_once(prefect_a
     run_id = parent.info.run_id
     second = rlhf_run(tmp_path, env, "register:challenger", "--resume", run_id)
     assert second.returncode == -signal.SIGKILL, second.stderr[-3000:]
-    third = rlhf_run(tmp_path, env, "", "--resume", run_id)
+    # the resume that finishes runs in this process (no crash to survive: no new process)
+    third = rlhf_in_process(run_args(tmp_path, "--resume", run_id), capfd,
+                            PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=uri,
+                            RLHF_CRASH_AT="")
     assert third.returncode == 0, third.stderr[-3000:]
 
     register = stage_children(client, client.get_run(run_id))["register"]

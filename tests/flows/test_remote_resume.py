@@ -15,7 +15,8 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from tasks.configfile import load_config
-from tests.shared import pipeline_stages
+from tests.shared import pipeline_stages, rlhf_in_process
+from tests.stores import seed_sqlite_store
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
@@ -36,9 +37,12 @@ def weights_hash(folder: Path) -> str:
     return digest.hexdigest()
 
 
+def run_args(args: list[str]) -> list[str]:
+    return ["run", "--config", str(CONFIG), *[a for o in OVERRIDES for a in ("--set", o)], *args]
+
+
 def rlhf_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", "run", "--config", str(CONFIG),
-                           *[a for o in OVERRIDES for a in ("--set", o)], *args],
+    return subprocess.run([sys.executable, "-m", "cli", *run_args(args)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -48,13 +52,15 @@ def children(client: MlflowClient, parent) -> dict:
     return {r.data.tags["rlhf.stage"]: r for r in runs}
 
 
-def test_resume_without_local_stage_folders_downloads_them(prefect_api, tmp_path):
+def test_resume_without_local_stage_folders_downloads_them(prefect_api, tmp_path, capfd,
+                                                           threads_kept):
     from flows.pipeline import rlhf_pipeline
 
     uri = f"sqlite:///{tmp_path}/remote.db"
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
            "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     base = ["--set", f"tracking.workdir={tmp_path}/work", "--set", "tracking.run_name=remote"]
+    seed_sqlite_store(uri)
     proc = rlhf_cli(base, {**env, "RLHF_CRASH_AT": "after:reward_model"})
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     client = MlflowClient(uri)
@@ -67,7 +73,10 @@ def test_resume_without_local_stage_folders_downloads_them(prefect_api, tmp_path
     for stage in GONE:  # "another machine": the finished stages' folders are not here
         shutil.rmtree(workdir / stage)
 
-    proc = rlhf_cli(base + ["--resume", run_id], {**env, "RLHF_CRASH_AT": ""})
+    # the resume runs in this process, which never saw those folders (no new process needed)
+    proc = rlhf_in_process(run_args(base + ["--resume", run_id]), capfd,
+                           PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=uri,
+                           RLHF_CRASH_AT="")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     parent = client.get_run(run_id)

@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from tasks.configfile import load_config
-from tests.shared import pipeline_stages
+from tests.shared import pipeline_stages, rlhf_in_process
+from tests.stores import seed_sqlite_store
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
@@ -50,10 +51,13 @@ def run_in_process(tmp: Path, name: str):
     return rlhf_pipeline(config=cfg)
 
 
+def run_args(args: list[str]) -> list[str]:
+    return ["run", "--config", str(CONFIG), *[a for o in OVERRIDES for a in ("--set", o)], *args]
+
+
 def rlhf_cli(args: list[str], env: dict, crash_at: str | None) -> subprocess.CompletedProcess:
     env = {**env, "RLHF_CRASH_AT": crash_at or ""}
-    return subprocess.run([sys.executable, "-m", "cli", "run", "--config", str(CONFIG),
-                           *[a for o in OVERRIDES for a in ("--set", o)], *args],
+    return subprocess.run([sys.executable, "-m", "cli", *run_args(args)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -81,12 +85,13 @@ def test_rerun_from_the_recorded_config_gives_identical_weights(uninterrupted, t
 
 
 def test_sigkill_at_five_points_then_resume_equals_uninterrupted(prefect_api, uninterrupted,
-                                                                 tmp_path):
+                                                                 tmp_path, capfd, threads_kept):
     reference = policy_hash(Path(uninterrupted.workdir))
     uri = f"sqlite:///{tmp_path}/killed.db"
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
            "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
     base = ["--set", f"tracking.workdir={tmp_path}/killed", "--set", "tracking.run_name=kill"]
+    seed_sqlite_store(uri)
     client = MlflowClient(uri)
     run_id, finished_outputs = None, {}
     for i, point in enumerate(KILL_POINTS):
@@ -103,7 +108,10 @@ def test_sigkill_at_five_points_then_resume_equals_uninterrupted(prefect_api, un
         now = stage_outputs(workdir)
         assert all(now[p] == t for p, t in finished_outputs.items()), f"re-ran before {point}"
         finished_outputs = now
-    proc = rlhf_cli(base + ["--resume", run_id], env, crash_at=None)
+    # the resume that finishes runs in this process (no crash to survive: no new process)
+    proc = rlhf_in_process(run_args(base + ["--resume", run_id]), capfd,
+                           PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=uri,
+                           RLHF_CRASH_AT="")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
 

@@ -17,7 +17,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests import servers
-from tests.shared import ROOT, TEST_CONFIG, ppo_iteration_metrics
+from tests.shared import ROOT, TEST_CONFIG, ppo_iteration_metrics, rlhf_in_process
+from tests.stores import seed_sqlite_store
 
 ITERATIONS = 24
 SETTINGS = [f"ppo.iterations={ITERATIONS}", "ppo.checkpoint_every=2", "ppo.sample_every=1",
@@ -73,6 +74,7 @@ def uninterrupted(prefect_api, tmp_path_factory):
     """-> a function giving the final weights of the same run without an outage (trained
     beside the first test's run, one thread each, to keep the module short)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
+    seed_sqlite_store(f"sqlite:///{tmp}/m.db")
     proc, log = rlhf(tmp, "runs", f"sqlite:///{tmp}/m.db", prefect_api)
 
     def get() -> bytes:
@@ -117,7 +119,7 @@ def test_a_server_back_within_the_limit_leaves_a_complete_record(prefect_api, tm
 
 
 def test_a_longer_outage_stops_at_a_checkpoint_and_resumes(prefect_api, tmp_path,
-                                                           uninterrupted):
+                                                           uninterrupted, capfd, threads_kept):
     port, uri, server, proc, log = stopped_mid_ppo(tmp_path, prefect_api, 1)
     try:
         assert proc.wait(timeout=120) == 75, log.read_text()[-3000:]
@@ -126,8 +128,10 @@ def test_a_longer_outage_stops_at_a_checkpoint_and_resumes(prefect_api, tmp_path
         assert "Traceback" not in log.read_text()
         command = last.split("continue it with: ")[1]
         server = servers.start_mlflow(f"sqlite:///{tmp_path}/s.db", tmp_path, port)
-        proc, log = rlhf(tmp_path, "resumed", uri, prefect_api, args=shlex.split(command)[1:])
-        assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        # the command, run in this process (no new process needed to run it)
+        resumed = rlhf_in_process(shlex.split(command)[1:], capfd, PREFECT_API_URL=prefect_api,
+                                  MLFLOW_TRACKING_URI=uri)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
         ppo_history_once(uri)
     finally:
         proc.kill()

@@ -29,20 +29,23 @@ print(json.dumps(model.predict(pd.DataFrame({pairs}))))
 """
 
 
-@pytest.fixture
-def registered_rm(tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def registered_rm(tmp_path_factory, tiny_model_dir):
+    """A reward model logged and registered once for the tests below, which only read it."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from tasks.tracking.models import log_reward_model
+    from tasks.tracking.models import log_reward_model, mlflow_settings_kept
 
+    tmp_path = tmp_path_factory.mktemp("registered_rm")
     torch.manual_seed(0)
     rm_dir = ScalarHeadModel.from_causal_lm(tiny_model_dir).save(tmp_path / "rm")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    mlflow.set_tracking_uri(uri)
-    exp = mlflow.create_experiment("rm", artifact_location=(tmp_path / "art").as_uri())
-    with mlflow.start_run(experiment_id=exp):
-        version = log_reward_model(str(rm_dir), str(tiny_model_dir), "rm")
+    with mlflow_settings_kept():  # set up before, so outside, each test's own keeping
+        mlflow.set_tracking_uri(uri)
+        exp = mlflow.create_experiment("rm", artifact_location=(tmp_path / "art").as_uri())
+        with mlflow.start_run(experiment_id=exp):
+            version = log_reward_model(str(rm_dir), str(tiny_model_dir), "rm")
     MlflowClient(uri).set_registered_model_alias("rm", "challenger", version)
     expected = score_texts(ScalarHeadModel.load(rm_dir), load_tokenizer(str(tiny_model_dir)),
                            list(PAIRS["prompt"]), list(PAIRS["response"]), torch.device("cpu"))
