@@ -20,7 +20,7 @@ def test_rloo_pipeline_skips_the_critic_and_its_metrics(tmp_path, prefect_api):
     client = MlflowClient(uri)
     children = client.search_runs(
         [result.experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{result['parent_run_id']}'")
+        filter_string=f"tags.`mlflow.parentRunId` = '{result.parent_run_id}'")
     by_stage = {r.data.tags["rlhf.stage"]: r for r in children}
     critic = by_stage["critic_init"]
     assert critic.info.status == "FINISHED"
