@@ -2,7 +2,7 @@
 
 Each gets its own PREFECT_HOME and SQLite database under a temporary folder, a free port on
 127.0.0.1, and is ended by its own PID. A new database starts as a copy of one migrated once
-per test session (:func:`migrated_db`): a server then starts in about half the CPU.
+per Prefect version (:func:`migrated_db`): a server then starts in about half the CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +47,11 @@ def base_env(home: Path) -> dict[str, str]:
 
 
 def migrated_db() -> Path:
-    """A Prefect SQLite database migrated to the installed Prefect's head, made once per test
-    session (`prefect server database upgrade`, in a folder the session's xdist workers
-    share, under a lock) -> its path. Copy it; never open it."""
-    folder = Path(tempfile.gettempdir()) / ("rlhf-test-prefect-db-" + os.environ.get(
-        "PYTEST_XDIST_TESTRUNUID", str(os.getpid())))
+    """A Prefect SQLite database migrated to the installed Prefect's head -> its path. Made
+    once (`prefect server database upgrade`) per Prefect version on this machine, in a temp
+    folder that test sessions and their xdist workers share, under a lock, and kept (a fresh
+    CI machine makes it once). Copy it; never open it."""
+    folder = Path(tempfile.gettempdir()) / f"rlhf-test-prefect-db-{version('prefect')}"
     db = folder / "prefect.db"
     folder.mkdir(exist_ok=True)
     with open(folder / "lock", "w") as lock:
