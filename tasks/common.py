@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from prefect.artifacts import create_markdown_artifact
@@ -12,10 +13,11 @@ from transformers.utils import logging as hf_logging
 
 from rlhf_core.config import ModelConfig
 from rlhf_core.models.checkpoint import Checkpointer
-from rlhf_core.models.loader import LoadSpec
-from rlhf_core.models.models import resolve_device
 from tasks.tracking.runs import RunContext, StepLogger, run_url
 from tasks.tracking.spool import spool_for
+
+if TYPE_CHECKING:
+    from rlhf_core.models.loader import LoadSpec
 
 hf_logging.disable_progress_bar()  # per-file load/save bars drown the stage progress bars
 
@@ -39,6 +41,10 @@ def write_json(path: str | Path, obj) -> Path:
 
 
 def setup_torch(model_cfg: ModelConfig) -> torch.device:
+    """The thread count set, the device resolved (the model code is imported here, not with
+    this module: a process that loads no model, e.g. a label import, never pays for it)."""
+    from rlhf_core.models.models import resolve_device
+
     if model_cfg.torch_threads:
         torch.set_num_threads(model_cfg.torch_threads)
     return resolve_device(model_cfg.device)
@@ -47,6 +53,8 @@ def setup_torch(model_cfg: ModelConfig) -> torch.device:
 def setup_models(model_cfg: ModelConfig) -> tuple[torch.device, LoadSpec]:
     """The device and the one load spec (dtype, precision, attention, trust_remote_code,
     gradient checkpointing, LoRA) that every model and tokenizer load of a stage uses."""
+    from rlhf_core.models.loader import LoadSpec
+
     device = setup_torch(model_cfg)
     return device, LoadSpec.from_config(model_cfg, device)
 

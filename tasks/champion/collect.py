@@ -29,9 +29,6 @@ from rlhf_core.eval.collect import (
     pool_order,
     shuffled_with_known,
 )
-from rlhf_core.eval.evaluate import sample_policy
-from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
-from rlhf_core.train.optim import seed_everything
 from tasks.champion.events import (
     COLLECTION_READY,
     COLLECTION_RESOURCE,
@@ -120,7 +117,13 @@ def pool_digest(prompts: list[str]) -> str:
 
 def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[str], seed: int
              ) -> tuple[list[list[str]], list[list[float]]]:
-    """k responses per prompt and the policy's reward-model score of each -> [n][k] each."""
+    """k responses per prompt and the policy's reward-model score of each -> [n][k] each.
+    The model code is imported here: a label import or pull, which imports this module,
+    never loads a model."""
+    from rlhf_core.eval.evaluate import sample_policy
+    from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+    from rlhf_core.train.optim import seed_everything
+
     c, k = cfg.collect, cfg.collect.k
     device, spec = setup_models(cfg.model)
     tokenizer = load_tokenizer(dirs["policy_dir"], spec)
