@@ -36,7 +36,7 @@ def test_a_routed_stage_records_the_hardware_of_the_machine_that_ran_it(tmp_path
                                                         ranks=True))
     torch.set_num_threads(3)
     out = stage_flow.rlhf_stage.fn("ppo", stage_spec(ctx, cfg, "ppo", run_id, {}))
-    assert out["policy"] == {"path": "/gpu/ppo/policy", "uri": None}
+    assert out.policy == Artifact(path="/gpu/ppo/policy")
     facts = {f"rlhf.hw.{k}": v for k, v in {**hardware_facts("cpu"), "threads": "1"}.items()}
     assert {k: seen["tags"][k] for k in facts} == facts
     assert ROUTED_OUTPUT_TAG in client.get_run(run_id).data.tags
