@@ -2,7 +2,7 @@
 events and the tests: a :class:`PipelineResult` (the stage records by stage and where the run
 lives), a :class:`RetrainResult`, a :class:`CompareResult` and a :class:`SweepResult`.
 Nothing is parsed back out of a display string: a registered version is
-``result.registered.version``, a gate's verdict ``result.decision``."""
+``result.registered.version``, a retrain's gate verdict ``result.decision``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny, field_validator
 
-from tasks.champion.events import TRAINED
 from tasks.stages.records import (
     DataRecord,
     Decision,
-    GateRecord,
-    PolicyRecord,
     RegisterRecord,
     StageRecord,
 )
@@ -61,15 +58,6 @@ class PipelineResult(BaseModel):
         return self._stage("validate", DataRecord)
 
     @property
-    def policy(self) -> PolicyRecord | None:
-        """The ppo stage's record."""
-        return self._stage("ppo", PolicyRecord)
-
-    @property
-    def gate(self) -> GateRecord | None:
-        return self._stage("gate", GateRecord)
-
-    @property
     def registered(self) -> RegisterRecord | None:
         """The register stage's record (None: no register stage ran)."""
         return self._stage("register", RegisterRecord)
@@ -100,11 +88,6 @@ class RetrainResult(BaseModel):
     slot: str | None = None
     held_by: str | None = None
     consumed: int = 0
-
-    @property
-    def trained(self) -> bool:
-        """A round that trained a policy (and so announces its outcome)."""
-        return self.status in TRAINED
 
 
 class CompareResult(BaseModel):

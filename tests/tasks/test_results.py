@@ -30,8 +30,8 @@ def test_records_keep_their_class_through_json():
     assert back == result
     assert [type(r) for r in back.stages.values()] == [
         DataRecord, ModelRecord, PolicyRecord, GateRecord, RegisterRecord]
-    assert back.registered.version == 3 and back.gate.decision.promote is True
-    assert back.data.data.uri == "runs:/r/x" and back.policy.metrics == {"objective/kl": 0.1}
+    assert back.registered.version == 3 and back.stages["gate"].decision.promote is True
+    assert back.data.data.uri == "runs:/r/x" and back.stages["ppo"].metrics == {"objective/kl": 0.1}
 
 
 def test_figures_over_the_stages():
@@ -43,10 +43,7 @@ def test_figures_over_the_stages():
     assert empty.registered is None and empty.metrics == {} and empty.wall_s == 0.0
 
 
-def test_a_retrain_that_trained_is_told_apart():
-    assert RetrainResult(status="kept").trained
-    assert not RetrainResult(status="nothing new", consumed=3).trained
-    assert not RetrainResult(status="control", run=_result()).trained
+def test_a_retrain_result_keeps_its_run_through_json():
     back = RetrainResult.model_validate_json(RetrainResult(status="promoted", run=_result())
                                              .model_dump_json())
     assert back.run.registered.model_name == "m"
