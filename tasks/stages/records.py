@@ -25,6 +25,7 @@ class StageRecord(BaseModel):
     stage: str = ""
     run_id: str = ""
     wall_s: float = 0.0
+    peak_gpu_gb: float | None = None  # the CUDA allocator's peak in this process (on CUDA)
     skipped: bool = False
     metrics: dict[str, float] = {}
     figures: dict[str, Any] = {}
