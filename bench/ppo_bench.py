@@ -121,8 +121,8 @@ def profile_update(trainer) -> dict:
     trainer.update = profiled
     trainer.step()
     trainer.update = update
-    events = [e for e in held["prof"].key_averages()
-              if getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))]
+    kernel = torch.autograd.DeviceType.CUDA  # kernel rows only (operator rows repeat them)
+    events = [e for e in held["prof"].key_averages() if e.device_type == kernel]
 
     def busy(e):
         return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
