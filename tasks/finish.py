@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from prefect import task
+from prefect.utilities.annotations import quote
 
 from tasks.results import PipelineResult
+from tasks.stages.graph import latest
 from tasks.stages.ppo import STAGE as PPO
 from tasks.stages.records import StageRecord
 from tasks.tracking.parent_run import end_parent_run, log_parent_plot, stage_metric_histories
@@ -42,11 +44,18 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 
 
 @task(name="finish")
-def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> PipelineResult:
+def finish_task(ctx: RunContext, outputs: dict[str, StageRecord]) -> PipelineResult:
     """Log the plots, close the parent run -> the run's result (each stage's record)."""
     plot_ppo_curves(ctx)
     close_parent(ctx)
     return PipelineResult.of(ctx, outputs)
+
+
+def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> PipelineResult:
+    """The finish task after the run's last stages: its edges in the flow run's graph come
+    from the stages no other output derives from (register, in the pipeline), not from
+    every stage whose record it summarises (tasks/stages/graph.py)."""
+    return finish_task(quote(ctx), quote(outputs), wait_for=latest(outputs.values()))
 
 
 def close_parent(ctx: RunContext) -> None:

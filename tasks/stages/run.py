@@ -12,7 +12,7 @@ import time
 import typing
 from typing import Any
 
-from prefect import Task, task
+from prefect import Task
 from pydantic import BaseModel
 
 from rlhf_core.faults import crash_point, pause_point
@@ -21,6 +21,7 @@ from tasks.config import PipelineConfig
 from tasks.runtime.launch import run_ranks
 from tasks.runtime.remote import run_routed
 from tasks.stages.context import Stage, StageContext
+from tasks.stages.graph import direct_edges, note_made_from
 from tasks.stages.records import StageRecord
 from tasks.tracking.runs import RunContext, completed_output, record_output, stage_run
 from tasks.tracking.spool import resend_left
@@ -126,4 +127,15 @@ def stage_task(stage: Stage) -> Task:
     run.__module__ = stage.body.__module__
     run.__doc__ = sys.modules[stage.body.__module__].__doc__
     run.__wrapped__ = stage.body  # what inspect.getsource, and so Prefect, reads as its source
-    return task(name=stage.name)(run)
+    return StageTask(fn=run, name=stage.name)
+
+
+class StageTask(Task):
+    """A stage's Prefect task: called with its inputs, it draws an edge in the flow run's
+    graph from each task it directly depends on only (tasks/stages/graph.py)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        out = super().__call__(**direct_edges(dict(bound.arguments)))
+        note_made_from(out, bound.arguments.values())
+        return out
