@@ -68,7 +68,31 @@ def resolve_config(given: dict[str, Any], served: dict[str, Any]) -> tuple[Pipel
     return config, changed
 
 
-@flow(name="rlhf_pipeline", flow_run_name="rlhf-pipeline", log_prints=True)
+def run_label(changed: dict[str, Any], limit: int = 3) -> str:
+    """What a run changed, for its name: ``kl_coef=0.07 lr=1e-05`` (the field's last name;
+    the first ``limit`` changes, then ``+N``)."""
+    parts = [f"{key.rsplit('.', 1)[-1]}={value}" for key, value in list(changed.items())[:limit]]
+    if len(changed) > limit:
+        parts.append(f"+{len(changed) - limit}")
+    return " ".join(parts)
+
+
+def _served_run_name() -> str:
+    """``rlhf-<model>-<data>-<config hash>`` as a CLI run is named, plus what the run's form
+    changed from the served config (e.g. ``... kl_coef=0.07``), so runs tell apart in the
+    Runs list."""
+    from prefect.runtime import flow_run
+
+    given = {k: v for k, v in flow_run.parameters.items() if k in SECTIONS}
+    try:
+        config, changed = resolve_config(
+            given, deployment_parameters() or served_parameters(PipelineConfig()))
+    except Exception:  # an invalid form: the flow itself reports it
+        return "rlhf-pipeline"
+    return " ".join(filter(None, [f"rlhf-{config.short_name()}", run_label(changed)]))
+
+
+@flow(name="rlhf_pipeline", flow_run_name=_served_run_name, log_prints=True)
 def rlhf_pipeline_served(
     seed: int = 0,
     demo: DemoConfig = DemoConfig(),
