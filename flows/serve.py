@@ -32,6 +32,7 @@ from tasks.champion.events import LABELLED
 from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
 from tasks.configfile import ConfigError, _merge
 from tasks.results import PipelineResult
+from tasks.runtime.logins import login_out_of_uri
 
 # the pipeline's config sections (the served pipeline's parameters); retrain and collect
 # belong to their own flows
@@ -128,6 +129,7 @@ def rlhf_pipeline_served(
     given = {name: value for name, value in locals().items() if name in SECTIONS}
     served = deployment_parameters() or served_parameters(PipelineConfig())
     config, changed = resolve_config(given, served)
+    config = login_out_of_uri(config)  # a login typed into the form: out of the records
     if changed:
         print(f"overrides of the served config: {json.dumps(changed)}")
     return run_pipeline(config, resume_run_id)
