@@ -114,7 +114,9 @@ def rlhf_pipeline_served(
     Args:
         seed: Seed for every stage (data order, init, sampling).
         demo: The embedded demo: synthetic data with a gold judge and a tiny GPT-2.
-        data: Data sources: SFT demonstrations, preference pairs, prompts (empty: demo data).
+        data: Data sources; None runs on the demo's data. For yours, choose DataConfig and
+            give each source a path (a JSONL/CSV/Parquet file, a folder or a dataset id):
+            sft, preference and prompts, optionally eval_prompts and preference_eval.
         model: Base model and where to train it.
         validation: The data gate: token budgets and allowed truncated/dropped shares.
         sft: Supervised fine-tuning on the demonstrations.
@@ -124,7 +126,8 @@ def rlhf_pipeline_served(
         eval: Held-out evaluation of SFT vs PPO.
         tracking: MLflow experiment, registry names, checkpoints.
         routing: Stages on other machines' workers (rlhf-stage deployments).
-        resume_run_id: Continue this MLflow parent run (empty: a new run).
+        resume_run_id: Continue this MLflow parent run (its id, as `rlhf runs` lists it):
+            finished stages are skipped. Empty: a new run.
     """
     given = {name: value for name, value in locals().items() if name in SECTIONS}
     served = deployment_parameters() or served_parameters(PipelineConfig())
