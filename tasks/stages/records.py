@@ -104,6 +104,7 @@ class RegisterRecord(StageRecord):
     """register: the registered versions and whether the policy became champion."""
 
     registered: bool
+    reason: str = ""  # why the policy was (or was not) promoted
     model_name: str | None = None
     version: int | None = None
     reward_model_name: str | None = None
