@@ -8,7 +8,7 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 
 from prefect import flow
 
-from flows.deployment import served_config
+from flows.deployment import SERVED, served_config
 from tasks.champion.collect import collect
 from tasks.champion.events import rename_flow_run
 from tasks.champion.labels import import_labels
@@ -19,7 +19,7 @@ from tasks.tracking.tags import LABELS_SEED_TAG
 
 
 @flow(name="collect", flow_run_name="collect", log_prints=True)
-def collect_flow(config: PipelineConfig) -> CollectResult:
+def collect_flow(config: PipelineConfig = SERVED) -> CollectResult:
     """Sample ``collect.policy`` (default: the champion) k times on fresh prompts of the
     pool and write the labelling file to ``collect.out_dir``.
 
@@ -54,7 +54,7 @@ def label_import(config: PipelineConfig, path: str,
 
 
 @flow(name="label-pull", flow_run_name="label-pull", log_prints=True)
-def label_pull(config: PipelineConfig, collection: str | None = None,
+def label_pull(config: PipelineConfig = SERVED, collection: str | None = None,
                partial: bool = False) -> list[PullResult]:
     """Pull the finished annotations of a collection's Label Studio tasks (None: every
     collection that went to Label Studio): a preference batch once enough tasks are

@@ -8,6 +8,11 @@ from tasks.configfile import _merge
 from tasks.runtime.logins import login_out_of_uri
 from tasks.runtime.prefect_api import deployment_parameters
 
+# A served flow's ``config`` default: a run with no config given (the UI's Quick run, a
+# schedule) runs the served config; with a required ``config`` the UI's Quick run opened the
+# whole config form instead of running
+SERVED = PipelineConfig()
+
 
 def served_config(config: PipelineConfig) -> PipelineConfig:
     """A deployment run of a flow taking one ``config``: the fields it was given over the

@@ -12,7 +12,7 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 
 from prefect import flow
 
-from flows.deployment import served_config
+from flows.deployment import SERVED, served_config
 from flows.wiring import run_pipeline, tracked, train_policy
 from tasks.champion.batches import (
     add_batches,
@@ -117,7 +117,7 @@ def challenge(config: PipelineConfig, batches: list[Batch],
 
 
 @flow(name="retrain", flow_run_name="retrain", log_prints=True)
-def retrain(config: PipelineConfig, control: bool = False) -> RetrainResult:
+def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainResult:
     """Consume new preference batches from ``retrain.watch_dir``: retrain from the champion
     and promote the challenger only when the gate says so.
 

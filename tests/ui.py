@@ -100,11 +100,29 @@ def custom_run(page, srv: Served, field: str, value: str) -> str:
     raise TimeoutError("the Custom run form created no flow run")
 
 
-def _runs(srv: Served) -> list:
+def quick_run(page, srv: Served, deployment: str) -> str:
+    """The deployment's page -> Run -> Quick run (no form) -> the new flow run's id."""
+    dep_id = str(srv.client.read_deployment_by_name(deployment).id)
+    before = {str(r.id) for r in _runs(srv, dep_id)}
+    page.goto(f"{srv.prefect}/deployments/deployment/{dep_id}")
+    page.get_by_role("button", name="Run", exact=True).first.click()
+    page.get_by_text("Quick run", exact=True).first.click()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        new = [str(r.id) for r in _runs(srv, dep_id) if str(r.id) not in before]
+        if new:
+            return new[0]
+        if page.get_by_text("Run Deployment", exact=True).count():
+            raise AssertionError("Quick run opened the parameters form instead of running")
+        time.sleep(0.5)
+    raise TimeoutError(f"Quick run of {deployment} created no flow run")
+
+
+def _runs(srv: Served, deployment_id: str | None = None) -> list:
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     return srv.client.read_flow_runs(deployment_filter=DeploymentFilter(
-        id=DeploymentFilterId(any_=[srv.deployment_id])))
+        id=DeploymentFilterId(any_=[deployment_id or srv.deployment_id])))
 
 
 def flow_run_page(page, srv: Served, flow_run_id: str, shot: Path | None = None) -> str:

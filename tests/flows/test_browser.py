@@ -2,7 +2,9 @@
 UI) and a real MLflow tracking server: `rlhf serve`, Deployments -> the pipeline -> Run ->
 Custom run with ppo -> kl_coef changed, Submit; the run completes under a name that says what
 changed; its page shows the run's own summary artifact; MLflow's parent run page shows the
-changed param. Skipped, saying why, where Chromium or Playwright is missing."""
+changed param; the retrain deployment's Quick run runs the served config at once and, with no
+new batch, says how a batch is made. Skipped, saying why, where Chromium or Playwright is
+missing."""
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -40,3 +42,19 @@ def test_a_custom_run_from_the_form_reaches_mlflow_and_summarises_itself(session
     assert parent.info.run_id in summary  # the summary links the MLflow parent run
     assert ui.mlflow_param(page, srv.mlflow, exp.experiment_id, parent.info.run_id,
                            "ppo.kl_coef") == "0.07"
+
+
+def test_the_retrain_quick_run_runs_and_names_the_next_step(session):
+    """After the pipeline run above registered a champion: Quick run -> a round with nothing
+    new, whose decision artifact names how a batch is made."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    srv, page = session
+    run = wait_run(srv.client, ui.quick_run(page, srv, "retrain/test"), timeout=400)
+    assert run.state.type.value == "COMPLETED", srv.log.read_text()[-3000:]
+    assert run.name.endswith("-nothing-new"), run.name
+    notes = srv.client.read_artifacts(artifact_filter=ArtifactFilter(
+        flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    text = "\n".join(str(a.data) for a in notes)
+    for step in ("rlhf collect", "rlhf label pull", "rlhf demo-batch"):
+        assert step in text, text
