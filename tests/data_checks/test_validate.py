@@ -6,10 +6,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from data_checks.budget import cut_at_paragraph
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import DataError, load_table
 from data_checks.tokenizer_checks import ensure_special_tokens
-from data_checks.validate import run_validation, truncate_prompt, write_data_docs
+from data_checks.validate import run_validation, write_data_docs
 from tests.conftest import make_tokenizer
 from tests.shared import PREF, PROMPTS, SFT, write_jsonl
 
@@ -115,8 +116,8 @@ def test_saved_hf_dataset_loads(tmp_path):
 def test_prompt_cut_at_last_paragraph_that_fits():
     tok = make_tokenizer()
     prompt = "tell me about cats\nthe sun is nice\nthe rain is bad and good"
-    assert truncate_prompt(prompt, tok, 8) == "tell me about cats\nthe sun is nice"
-    assert truncate_prompt("tell me about cats the sun is nice", tok, 3) is None
+    assert cut_at_paragraph(prompt, tok, 8) == "tell me about cats\nthe sun is nice"
+    assert cut_at_paragraph("tell me about cats the sun is nice", tok, 3) is None
 
 
 def test_missing_or_eos_pad_gets_a_dedicated_pad_token():

@@ -1,0 +1,112 @@
+"""Tokenize once (data_checks/tokens.py): the gate's one batched pass gives every family's
+tokenizer the ids a per-text call gives, whatever the batch and the threads; a bad row at any
+place in a batch is named by its row."""
+
+import json
+
+import pandas as pd
+import pytest
+
+import data_checks.tokens as tokens_module
+from data_checks.config import DataConfig, DataSource, ValidationConfig
+from data_checks.conversations import render_conversations
+from data_checks.tokenizer_checks import ensure_special_tokens
+from data_checks.tokens import tokenize_frame
+from data_checks.validate import run_validation
+from rlhf_core.models import chat
+from rlhf_core.models.data import encode
+from tests.conftest import make_tokenizer
+from tests.families import CHAT_FAMILIES, FAMILIES, build_tokenizer
+from tests.shared import PROMPTS, SFT, write_jsonl
+
+TEXTS = ["hello world", "", "tell me about cats\n\nand dogs", "  the weather is nice  ",
+         "why? how can i help today", "unknown zzz ÿ 猫 🙂", "a\tb\r\nc", None,
+         "you are a helpful assistant " * 9]
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    """Batches of 3 texts: every fixture spans several tokenizer calls."""
+    monkeypatch.setattr(tokens_module, "BATCH", 3)
+
+
+def _family(name):
+    tok = build_tokenizer(FAMILIES[name])
+    ensure_special_tokens(tok)
+    return tok
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_plain_text_ids_are_the_per_text_encoding_for_every_family(name, small_batches):
+    tok = _family(name)
+    df = pd.DataFrame({"prompt": TEXTS, "response": TEXTS[::-1]})
+    got = tokenize_frame(df, tok)
+    for col in ("prompt", "response"):
+        want = [encode(tok, t) if isinstance(t, str) else [] for t in df[col]]
+        assert got.ids(col) == want
+        assert got.lengths(col).tolist() == [len(x) for x in want]
+    unk, every = tok.unk_token_id, [i for c in ("prompt", "response") for x in got.ids(c)
+                                    for i in x]
+    assert got.unknown_share() == (every.count(unk) / len(every) if unk is not None else 0.0)
+
+
+@pytest.mark.parametrize("name", CHAT_FAMILIES)
+def test_rendered_conversation_ids_are_the_per_text_encoding(name, small_batches):
+    tok = _family(name)
+    user = [{"role": "user", "content": t} for t in ("hi there", "tell me about rain",
+                                                    "and the sun?", "why", "cats")]
+    frames = {"sft": pd.DataFrame({"prompt": [[u] for u in user],
+                                   "response": ["sure", "rain is wet", "hot", "because", "meow"]}),
+              "prompts": pd.DataFrame({"prompt": [[u] for u in user]})}
+    rendered, _ = render_conversations(frames, {"sft": "sft", "prompts": "prompts"}, tok, chat,
+                                       {})
+    for df in rendered.values():
+        got = tokenize_frame(df, tok)
+        for col in got.columns:
+            assert got.ids(col) == [encode(tok, t) for t in df[col]]
+
+
+def test_ids_do_not_depend_on_the_batch_or_the_threads(monkeypatch):
+    tok = _family("gpt2")
+    df = pd.DataFrame({"prompt": TEXTS * 40})
+    one = tokenize_frame(df, tok).ids("prompt")
+    monkeypatch.setattr(tokens_module, "BATCH", 7)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    assert tokenize_frame(df, tok).ids("prompt") == one
+    assert tokens_module.os.environ["TOKENIZERS_PARALLELISM"] == "false"  # given back
+
+
+CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8)
+
+
+def _pairs(n):
+    words = "cats dogs rain sun tea the weather nice good".split()
+    return [{"prompt": f"tell me about {words[i % 9]} {words[(i // 9) % 9]} :",
+             "chosen": f"{words[i % 9]} is nice .", "rejected": "bad"} for i in range(n)]
+
+
+def _gate(tmp_path, pref):
+    tmp_path.mkdir()
+    data = DataConfig(sft=DataSource(path=str(write_jsonl(tmp_path / "sft.jsonl", SFT))),
+                      preference=DataSource(path=str(write_jsonl(tmp_path / "p.jsonl", pref))),
+                      prompts=DataSource(path=str(write_jsonl(tmp_path / "q.jsonl", PROMPTS))))
+    return run_validation(data, make_tokenizer(), CFG.model_copy(
+        update={"max_dropped_fraction": 1.0}), tmp_path / "out")
+
+
+@pytest.mark.parametrize("position", range(9))  # batches of 4: first, inside, last, next
+def test_a_bad_row_anywhere_in_a_batch_is_named_by_its_row(tmp_path, monkeypatch, position):
+    monkeypatch.setattr(tokens_module, "BATCH", 4)
+    pref = _pairs(9)
+    long = [dict(r) for r in pref]
+    long[position]["chosen"] = "cats are nice . " * 4  # over the budget: dropped
+    report = _gate(tmp_path / "long", long)
+    assert report.passed, report.failures
+    kept = [json.loads(x) for x in (tmp_path / "long" / "out" / "preference.jsonl")
+            .read_text().splitlines()]
+    assert kept == pref[:position] + pref[position + 1:]
+    blank = [dict(r) for r in pref]
+    blank[position]["prompt"] = None
+    report = _gate(tmp_path / "null", blank)
+    budget = [f for f in report.failures if "outside the token budget" in f]
+    assert budget and f"rows {position + 1} [" in budget[0], report.failures
