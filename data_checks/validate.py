@@ -20,7 +20,7 @@ import pandas as pd
 from data_checks.budget import TEXT_FIELDS, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import ConversationError, render_conversations
-from data_checks.loading import COLUMNS, KINDS, DataError, load_table
+from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_read
 from data_checks.messages import failure_sentence
 from data_checks.text_checks import check_text
 from data_checks.tokens import Tokenized, tokenize_frame
@@ -237,11 +237,15 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     key = cache and kept.validation_key({n: s for n, (s, _) in sources.items() if s},
                                         tokenizer, cfg, chat is not None)
     if key and (hit := kept.load(cache, key, paths, out)):
+        forget_reads()
         fields, gx_docs = hit
         return ValidationReport(warnings=fields["warnings"], stats=fields["stats"],
                                 results_json=fields["results_json"], chat=fields["chat"],
                                 gx_docs=gx_docs, reused=key)
-    frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
+    try:
+        frames = {name: take_read(src, kind) for name, (src, kind) in sources.items() if src}
+    finally:
+        forget_reads()
     try:
         frames, chat_info = render_conversations(frames, {n: k for n, (_, k) in sources.items()},
                                                  tokenizer, chat, paths)

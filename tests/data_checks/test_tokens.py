@@ -1,6 +1,6 @@
 """Tokenize once (data_checks/tokens.py): the gate's one batched pass gives every family's
 tokenizer the ids a per-text call gives, whatever the batch and the threads; a bad row at any
-place in a batch is named by its row."""
+place in a batch is named by its row; a file the CLI read ahead is not read again."""
 
 import json
 
@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 import data_checks.tokens as tokens_module
+from data_checks import files, loading
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.conversations import render_conversations
 from data_checks.tokenizer_checks import ensure_special_tokens
@@ -110,3 +111,21 @@ def test_a_bad_row_anywhere_in_a_batch_is_named_by_its_row(tmp_path, monkeypatch
     report = _gate(tmp_path / "null", blank)
     budget = [f for f in report.failures if "outside the token budget" in f]
     assert budget and f"rows {position + 1} [" in budget[0], report.failures
+
+
+def test_a_file_read_ahead_by_the_cli_is_parsed_once(tmp_path, monkeypatch):
+    data = DataConfig(sft=DataSource(path=str(write_jsonl(tmp_path / "sft.jsonl", SFT))),
+                      preference=DataSource(path=str(write_jsonl(tmp_path / "p.jsonl",
+                                                                 _pairs(4)))),
+                      prompts=DataSource(path=str(write_jsonl(tmp_path / "q.jsonl", PROMPTS))))
+    reads = []
+    real = files.read_local
+    monkeypatch.setattr(loading, "read_local", lambda p, *a: reads.append(p) or real(p, *a))
+    loading.read_every_source(data)
+    assert len(reads) == 3
+    assert run_validation(data, make_tokenizer(), CFG, tmp_path / "out").passed
+    assert len(reads) == 3 and not loading._READ  # taken, not read again
+    loading.read_every_source(data)
+    write_jsonl(tmp_path / "q.jsonl", PROMPTS[:1])  # changed after the read ahead
+    report = run_validation(data, make_tokenizer(), CFG, tmp_path / "out2")
+    assert len(reads) == 7 and report.stats["prompts/n_in"] == 1.0 and not loading._READ
