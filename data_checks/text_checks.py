@@ -53,6 +53,23 @@ def control_characters(label: str, df: pd.DataFrame) -> str | None:
             f"non-printing characters): rows {_rows(hits)}")
 
 
+# rows that repeat another in these columns are reported (the GX suite fails repeated pairs)
+DUPLICATE_KEYS = {"sft": ("prompt", "response"), "prompts": ("prompt",)}
+
+
+def duplicate_rows(label: str, df: pd.DataFrame, kind: str) -> str | None:
+    """A warning naming the rows that repeat an earlier row's DUPLICATE_KEYS[kind] (rows with
+    a null there are left to the suites), else None."""
+    columns = list(DUPLICATE_KEYS.get(kind, ()))
+    if not columns or not set(columns) <= set(df.columns):
+        return None
+    repeats = df[columns].notna().all(axis=1) & df.duplicated(subset=columns, keep="first")
+    if not repeats.any():
+        return None
+    return (f"{label}: {int(repeats.sum())} rows repeat another row's {' + '.join(columns)}: "
+            f"rows {_rows(repeats)} (kept; each copy weighs in training as one more row)")
+
+
 def check_text(label: str, df: pd.DataFrame, tokens: Tokenized, tokenizer,
                cfg: ValidationConfig, report, rendered: bool = False) -> None:
     """Add failures and warnings about the raw text of one data set to ``report``

@@ -22,7 +22,7 @@ from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import ConversationError, render_conversations
 from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_read
 from data_checks.messages import failure_sentence
-from data_checks.text_checks import check_text
+from data_checks.text_checks import check_text, duplicate_rows
 from data_checks.tokens import Tokenized, tokenize_frame
 
 
@@ -176,6 +176,8 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
     for name, df in frames.items():
         tokens = tokenize_frame(df, tokenizer)  # the one pass over this set's texts
         check_text(_label(name, paths), df, tokens, tokenizer, cfg, report, bool(chat))
+        if (repeated := duplicate_rows(_label(name, paths), df, _kind(name))) is not None:
+            report.warnings.append(repeated)
         kept, kept_tokens[name], counts = apply_length_budget(df, tokens, _kind(name),
                                                               tokenizer, cfg, not chat)
         cleaned[name] = kept

@@ -1,6 +1,7 @@
 """Tokenize once (data_checks/tokens.py): the gate's one batched pass gives every family's
 tokenizer the ids a per-text call gives, whatever the batch and the threads; a bad row at any
-place in a batch is named by its row; a file the CLI read ahead is not read again."""
+place in a batch is named by its row; a file the CLI read ahead is not read again; repeated
+SFT rows and PPO prompts are reported."""
 
 import json
 
@@ -129,3 +130,22 @@ def test_a_file_read_ahead_by_the_cli_is_parsed_once(tmp_path, monkeypatch):
     write_jsonl(tmp_path / "q.jsonl", PROMPTS[:1])  # changed after the read ahead
     report = run_validation(data, make_tokenizer(), CFG, tmp_path / "out2")
     assert len(reads) == 7 and report.stats["prompts/n_in"] == 1.0 and not loading._READ
+
+
+def test_repeated_sft_rows_and_prompts_are_reported_with_their_rows(tmp_path):
+    sft = [SFT[0], SFT[1], SFT[0], {**SFT[1], "response": "cats are nice ."}]
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[1], PROMPTS[1]]
+    data = DataConfig(sft=DataSource(path=str(write_jsonl(tmp_path / "sft.jsonl", sft))),
+                      preference=DataSource(path=str(write_jsonl(tmp_path / "p.jsonl",
+                                                                 _pairs(3)))),
+                      prompts=DataSource(path=str(write_jsonl(tmp_path / "q.jsonl", prompts))))
+    report = run_validation(data, make_tokenizer(), CFG, tmp_path / "out")
+    assert report.passed, report.failures  # reported, kept
+    sft_warning = [w for w in report.warnings if w.startswith("sft (")]
+    assert sft_warning == [f"sft ({tmp_path / 'sft.jsonl'}): 1 rows repeat another row's "
+                           "prompt + response: rows 3 (kept; each copy weighs in training as "
+                           "one more row)"]
+    assert any(w.startswith("prompts (") and "2 rows repeat another row's prompt: rows 3, 4"
+               in w for w in report.warnings), report.warnings
+    assert not any(w.startswith("preference") for w in report.warnings)
+    assert report.stats["prompts/n_rows"] == 4.0
