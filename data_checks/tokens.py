@@ -14,6 +14,7 @@ depend on the batch or the threads, which tests/data_checks/test_tokens.py check
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,19 +28,38 @@ TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
 IDS = pa.list_(pa.int32())
 
 
+@dataclass
+class _Threaded:
+    """Gates tokenizing now in this process (a sweep's points side by side), and the
+    TOKENIZERS_PARALLELISM setting from before the first of them."""
+
+    count: int = 0
+    before: str | None = None
+
+
+_THREADS, _THREADED = threading.Lock(), _Threaded()
+
+
 @contextmanager
 def tokenizer_threads() -> Iterator[None]:
     """Let a fast tokenizer encode a batch on every core (the CLI turns its threads off for
-    the rest of the run, where processes fork); the previous setting comes back after."""
-    before = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    the rest of the run, where processes fork); the setting before comes back when the last
+    gate tokenizing in this process is done."""
+    with _THREADS:
+        if _THREADED.count == 0:
+            _THREADED.before = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = "true"
+        _THREADED.count += 1
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = before
+        with _THREADS:
+            _THREADED.count -= 1
+            if _THREADED.count == 0:
+                if _THREADED.before is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = _THREADED.before
 
 
 def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:

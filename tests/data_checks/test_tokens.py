@@ -4,6 +4,7 @@ place in a batch is named by its row; a file the CLI read ahead is not read agai
 SFT rows and PPO prompts are reported."""
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -75,7 +76,16 @@ def test_ids_do_not_depend_on_the_batch_or_the_threads(monkeypatch):
     monkeypatch.setattr(tokens_module, "BATCH", 7)
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     assert tokenize_frame(df, tok).ids("prompt") == one
-    assert tokens_module.os.environ["TOKENIZERS_PARALLELISM"] == "false"  # given back
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"  # given back
+
+
+def test_the_threads_setting_comes_back_when_the_last_gate_is_done(monkeypatch):
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    with tokens_module.tokenizer_threads():
+        with tokens_module.tokenizer_threads():  # a sweep's second point, side by side
+            assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
 
 
 CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8)
