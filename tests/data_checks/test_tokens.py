@@ -71,11 +71,13 @@ def test_rendered_conversation_ids_are_the_per_text_encoding(name, small_batches
 
 def test_ids_do_not_depend_on_the_batch_or_the_threads(monkeypatch):
     tok = _family("gpt2")
-    df = pd.DataFrame({"prompt": TEXTS * 40})
-    one = tokenize_frame(df, tok).ids("prompt")
-    monkeypatch.setattr(tokens_module, "BATCH", 7)
+    texts = [t or "" for t in TEXTS * 40]
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
-    assert tokenize_frame(df, tok).ids("prompt") == one
+    one_thread = tokens_module.encode_batch(tok, texts)  # one call, one thread
+    threaded = tokenize_frame(pd.DataFrame({"prompt": texts}), tok)  # batches of 1,024
+    monkeypatch.setattr(tokens_module, "BATCH", 7)
+    assert threaded.ids("prompt") == one_thread
+    assert tokenize_frame(pd.DataFrame({"prompt": texts}), tok).ids("prompt") == one_thread
     assert os.environ["TOKENIZERS_PARALLELISM"] == "false"  # given back
 
 
