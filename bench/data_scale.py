@@ -15,8 +15,10 @@ the first 20k pairs) and a tiny GPT-2 are saved beside the data: GPT-2's convent
 BOS = UNK ``<|endoftext|>``, no PAD: the gate adds one).
 
 Each size is validated in a fresh `rlhf validate` process with the validation cache off and
-MLflow and Prefect local to the size's folder; the wall is the command's, the peak memory the
-largest resident set of the process tree (``ru_maxrss`` of the children). Writes
+MLflow and Prefect local to the size's folder, under ``/usr/bin/time -v``: the wall and CPU
+seconds are the command's, the peak memory its largest resident set (without time(1): the
+largest of this script's children so far). The tree measured is the one the script lies in:
+for a "before", run a copy of it inside an export of the older commit. Writes
 bench/results/data_scale-<time>.json (``--out`` to change); the data is kept under
 ``--workdir`` (default /tmp/rlhf-data-scale) and reused when it is there.
 """
