@@ -3,6 +3,7 @@ file and the line or column (never a raw traceback from inside a library)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -144,12 +145,54 @@ KINDS = {"sft": "sft", "preference": "preference", "prompts": "prompts",
          "eval_prompts": "prompts", "preference_eval": "preference"}
 
 
+@dataclass(frozen=True)
+class ReadKey:
+    """One local file as read: the source's settings, its schema and the file's identity."""
+
+    source: str  # DataSource as JSON
+    kind: str
+    path: str
+    size: int
+    mtime_ns: int
+
+
+# files read ahead by read_every_source, each handed once to the gate (take_read) so that a
+# file is parsed once per command, not once before Prefect starts and again in the gate
+_READ: dict[ReadKey, pd.DataFrame] = {}
+
+
+def _read_key(source: DataSource, kind: str) -> ReadKey | None:
+    path = Path(source.path).expanduser()
+    if not path.is_file():  # a hub dataset or a folder: read where it is used
+        return None
+    stat = path.stat()
+    return ReadKey(source.model_dump_json(), kind, str(path.resolve()), stat.st_size,
+                   stat.st_mtime_ns)
+
+
+def take_read(source: DataSource, kind: str) -> pd.DataFrame:
+    """The table of ``source``: the one read_every_source read when the file has not changed
+    since (size and modification time), else read now."""
+    key = _read_key(source, kind)
+    table = _READ.pop(key, None) if key is not None else None
+    return table if table is not None else load_table(source, kind)
+
+
+def forget_reads() -> None:
+    """Drop the tables read ahead and not taken (a reused validation never reads them)."""
+    _READ.clear()
+
+
 def read_every_source(data: DataConfig | None) -> None:
     """Read every configured source once so a malformed file fails here, before Prefect or
-    MLflow start, with the DataError naming the file and line (demo data is generated)."""
+    MLflow start, with the DataError naming the file and line (demo data is generated); the
+    tables wait for the gate in this process (take_read)."""
     if data is None:
         return
     for name, kind in KINDS.items():
         source = getattr(data, name)
         if source is not None:
-            load_table(source, kind)
+            table = load_table(source, kind)
+            key = _read_key(source, kind)
+            if key is not None:
+                _READ[key] = table

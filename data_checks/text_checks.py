@@ -9,6 +9,7 @@ import re
 import pandas as pd
 
 from data_checks.config import ValidationConfig
+from data_checks.tokens import Tokenized
 
 TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # C0 controls but \t \n \r, and DEL
@@ -52,30 +53,35 @@ def control_characters(label: str, df: pd.DataFrame) -> str | None:
             f"non-printing characters): rows {_rows(hits)}")
 
 
-def unknown_token_share(df: pd.DataFrame, tokenizer) -> float:
-    """Share of the text's tokens that are the tokenizer's unknown token (0 without one)."""
-    unk = tokenizer.unk_token_id
-    if unk is None:
-        return 0.0
-    texts = [t for col in _columns(df) for t in df[col].dropna().astype(str) if t]
-    if not texts:
-        return 0.0
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    total = sum(len(x) for x in ids)
-    return sum(i == unk for x in ids for i in x) / total if total else 0.0
+# rows that repeat another in these columns are reported (the GX suite fails repeated pairs)
+DUPLICATE_KEYS = {"sft": ("prompt", "response"), "prompts": ("prompt",)}
 
 
-def check_text(label: str, df: pd.DataFrame, tokenizer, cfg: ValidationConfig,
-               report, rendered: bool = False) -> None:
+def duplicate_rows(label: str, df: pd.DataFrame, kind: str) -> str | None:
+    """A warning naming the rows that repeat an earlier row's DUPLICATE_KEYS[kind] (rows with
+    a null there are left to the suites), else None."""
+    columns = list(DUPLICATE_KEYS.get(kind, ()))
+    if not columns or not set(columns) <= set(df.columns):
+        return None
+    repeats = df[columns].notna().all(axis=1) & df.duplicated(subset=columns, keep="first")
+    if not repeats.any():
+        return None
+    return (f"{label}: {int(repeats.sum())} rows repeat another row's {' + '.join(columns)}: "
+            f"rows {_rows(repeats)} (kept; each copy weighs in training as one more row)")
+
+
+def check_text(label: str, df: pd.DataFrame, tokens: Tokenized, tokenizer,
+               cfg: ValidationConfig, report, rendered: bool = False) -> None:
     """Add failures and warnings about the raw text of one data set to ``report``
-    (``rendered``: its prompts are rendered conversations)."""
+    (``tokens``: its texts tokenized, data_checks/tokens.py; ``rendered``: its prompts are
+    rendered conversations)."""
     report.failures += special_token_literals(label, df, tokenizer, rendered)
     control = control_characters(label, df)
     if control:
         (report.failures if cfg.control_characters == "refuse" else report.warnings).append(
             control + (" (validation.control_characters: refuse)"
                        if cfg.control_characters == "refuse" else ""))
-    share = unknown_token_share(df, tokenizer)
+    share = tokens.unknown_share()
     if share > cfg.unknown_token_warn_share:
         report.warnings.append(f"{label}: {share:.0%} of the tokens are the tokenizer's unknown "
                                "token: is this the right tokenizer for this text?")

@@ -17,10 +17,3 @@ def ensure_special_tokens(tokenizer) -> dict:
     return {"pad_added": added, "pad_token": tokenizer.pad_token,
             "pad_token_id": tokenizer.pad_token_id, "eos_token": tokenizer.eos_token,
             "eos_token_id": tokenizer.eos_token_id}
-
-
-def count_tokens(tokenizer, texts) -> list[int]:
-    texts = list(texts)
-    if not texts:  # fast tokenizers raise IndexError on an empty batch (every row dropped)
-        return []
-    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]

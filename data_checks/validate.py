@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from data_checks.budget import TEXT_FIELDS, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import ConversationError, render_conversations
-from data_checks.loading import COLUMNS, KINDS, DataError, load_table
+from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_read
 from data_checks.messages import failure_sentence
-from data_checks.text_checks import check_text
-from data_checks.tokenizer_checks import count_tokens
-
-TEXT_FIELDS = {"sft": ["response"], "preference": ["chosen", "rejected"], "prompts": []}
+from data_checks.text_checks import check_text, duplicate_rows
+from data_checks.tokens import Tokenized, tokenize_frame
 
 
 class ValidationFailed(Exception):
@@ -70,65 +69,14 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-def truncate_prompt(prompt: str, tokenizer, max_tokens: int) -> str | None:
-    """Cut at the last newline boundary whose head fits the budget (TL;DR recipe), else None."""
-    if count_tokens(tokenizer, [prompt])[0] <= max_tokens:
-        return prompt
-    cut = prompt.rfind("\n")
-    while cut > 0:
-        head = prompt[:cut]
-        if count_tokens(tokenizer, [head])[0] <= max_tokens:
-            return head
-        cut = prompt.rfind("\n", 0, cut)
-    return None
-
-
-def apply_length_budget(df: pd.DataFrame, kind: str, tokenizer, cfg: ValidationConfig,
-                        cut_prompts: bool = True):
-    """-> (kept rows, counts). Prompts cut at paragraph boundaries (``cut_prompts`` False, a
-    rendered conversation: never cut, since a cut would drop the template's assistant header at
-    its end; a long one is dropped); long responses dropped or truncated (the +1 is the EOS
-    every response gets)."""
-    n_in = len(df)
-    truncated = 0
-    prompts, fits = [], []
-    lengths = count_tokens(tokenizer, df["prompt"].fillna(""))  # one batch; cut only the long
-    for p, n in zip(df["prompt"], lengths):
-        long = isinstance(p, str) and n > cfg.max_prompt_tokens
-        cut = (truncate_prompt(p, tokenizer, cfg.max_prompt_tokens) if cut_prompts else None) \
-            if long else p
-        truncated += int(isinstance(p, str) and cut is not None and cut != p)
-        fits.append(not (isinstance(p, str) and cut is None))  # nulls go on to the suites
-        prompts.append(p if cut is None else cut)
-    df = df.assign(prompt=prompts)
-    keep = pd.Series(fits, index=df.index)
-    for col in TEXT_FIELDS[kind]:
-        texts = df[col].fillna("")
-        over = pd.Series(count_tokens(tokenizer, texts), index=df.index) + 1 \
-            > cfg.max_response_tokens
-        if cfg.long_response_policy == "drop":
-            keep &= ~over
-        else:
-            budget = cfg.max_response_tokens - 1
-            df[col] = [tokenizer.decode(tokenizer(t, add_special_tokens=False)["input_ids"]
-                                        [:budget]) if o else t for t, o in zip(texts, over)]
-            truncated += int(over.sum())
-    kept = df[keep].reset_index(drop=True)
-    n_dropped = n_in - len(kept)
-    return kept, {"n_in": n_in, "n_truncated": truncated, "n_dropped": n_dropped,
-                  "truncated_fraction": truncated / max(n_in, 1),
-                  "dropped_fraction": n_dropped / max(n_in, 1)}
-
-
-def _with_checks(df: pd.DataFrame, kind: str, tokenizer) -> pd.DataFrame:
-    """Derived columns the suites check: token lengths, chosen == rejected."""
-    out = df.copy()
-    out["prompt_tokens"] = count_tokens(tokenizer, out["prompt"].fillna(""))
-    for col in TEXT_FIELDS[kind]:
-        out[f"{col}_tokens"] = [n + 1 for n in count_tokens(tokenizer, out[col].fillna(""))]
+def _with_checks(df: pd.DataFrame, kind: str, tokens: Tokenized) -> pd.DataFrame:
+    """Derived columns the suites check: token lengths (responses with their EOS), chosen ==
+    rejected."""
+    checks = {"prompt_tokens": tokens.lengths("prompt"),
+              **{f"{col}_tokens": tokens.lengths(col) + 1 for col in TEXT_FIELDS[kind]}}
     if kind == "preference":
-        out["chosen_equals_rejected"] = out["chosen"] == out["rejected"]
-    return out
+        checks["chosen_equals_rejected"] = df["chosen"] == df["rejected"]
+    return df.assign(**checks)  # the text is shared with df, not copied
 
 
 def build_suite(kind: str, cfg: ValidationConfig):
@@ -178,9 +126,11 @@ def _kind(name: str) -> str:
         "sft" if name == "sft" else "prompts"
 
 
-def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
-               report: ValidationReport, paths: dict[str, str] | None = None) -> None:
-    """One GX validation definition per data set; results kept in the context's store."""
+def run_suites(frames: dict[str, pd.DataFrame], tokens: dict[str, Tokenized],
+               cfg: ValidationConfig, report: ValidationReport,
+               paths: dict[str, str] | None = None) -> None:
+    """One GX validation definition per data set (``tokens``: each one's, row for row);
+    results kept in the context's store."""
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
 
@@ -189,7 +139,7 @@ def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig
     run_id = RunIdentifier(run_name="rlhf-validate")  # one run id for every data set
     for name, df in frames.items():
         kind = _kind(name)
-        checked = _with_checks(df, kind, tokenizer)
+        checked = _with_checks(df, kind, tokens[name])
         batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
         suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
             [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
@@ -206,8 +156,8 @@ def run_suites(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig
     report.gx_context = context
 
 
-def _median_response_length(df: pd.DataFrame, col: str, tokenizer) -> float:
-    return float(pd.Series(count_tokens(tokenizer, df[col].fillna(""))).median())
+def _median_response_length(tokens: Tokenized, col: str) -> float:
+    return float(pd.Series(tokens.lengths(col)).median())
 
 
 def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
@@ -220,28 +170,32 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
     """
     paths = paths or {}
     report = ValidationReport(chat=dict(chat or {}))
-    cleaned = {}
+    cleaned, kept_tokens = {}, {}
     for name, df in frames.items():
-        check_text(_label(name, paths), df, tokenizer, cfg, report, bool(chat))
-        kept, counts = apply_length_budget(df, _kind(name), tokenizer, cfg, not chat)
+        tokens = tokenize_frame(df, tokenizer)  # the one pass over this set's texts
+        check_text(_label(name, paths), df, tokens, tokenizer, cfg, report, bool(chat))
+        if (repeated := duplicate_rows(_label(name, paths), df, _kind(name))) is not None:
+            report.warnings.append(repeated)
+        kept, kept_tokens[name], counts = apply_length_budget(df, tokens, _kind(name),
+                                                              tokenizer, cfg, not chat)
         cleaned[name] = kept
-        report.stats.update({f"{name}/{k}": float(v) for k, v in counts.items()})
+        report.stats.update(counts.stats(name))
         label, kept_n = _label(name, paths), len(kept)
-        if counts["truncated_fraction"] > cfg.max_truncated_fraction:
+        if counts.truncated_fraction > cfg.max_truncated_fraction:
             report.failures.append(
-                f"{label}: {counts['truncated_fraction']:.3f} of the {name} rows had their "
+                f"{label}: {counts.truncated_fraction:.3f} of the {name} rows had their "
                 f"prompt cut to the token budget, more than validation.max_truncated_fraction "
                 f"{cfg.max_truncated_fraction} (truncated fraction)")
-        if counts["dropped_fraction"] > cfg.max_dropped_fraction:
+        if counts.dropped_fraction > cfg.max_dropped_fraction:
             report.failures.append(
-                f"{label}: {counts['dropped_fraction']:.3f} of the {name} rows were dropped as "
+                f"{label}: {counts.dropped_fraction:.3f} of the {name} rows were dropped as "
                 f"over the token budget ({kept_n} kept), more than validation.max_dropped_fraction "
-                f"{cfg.max_dropped_fraction} (dropped fraction {counts['dropped_fraction']:.3f})"
-                + (_chat_budget_hint(df, tokenizer, cfg) if chat else ""))
-    run_suites(cleaned, tokenizer, cfg, report, paths)
+                f"{cfg.max_dropped_fraction} (dropped fraction {counts.dropped_fraction:.3f})"
+                + (_chat_budget_hint(tokens, cfg) if chat else ""))
+    run_suites(cleaned, kept_tokens, cfg, report, paths)
     if len(cleaned["sft"]) and len(cleaned["preference"]):
-        sft_len = _median_response_length(cleaned["sft"], "response", tokenizer)
-        pref_len = _median_response_length(cleaned["preference"], "chosen", tokenizer)
+        sft_len = _median_response_length(kept_tokens["sft"], "response")
+        pref_len = _median_response_length(kept_tokens["preference"], "chosen")
         ratio = max(sft_len, pref_len) / max(min(sft_len, pref_len), 1.0)
         report.stats["length_mismatch_ratio"] = ratio
         if ratio > cfg.length_mismatch_warn_ratio:
@@ -251,10 +205,10 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
     return report, cleaned
 
 
-def _chat_budget_hint(df: pd.DataFrame, tokenizer, cfg: ValidationConfig) -> str:
+def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig) -> str:
     """Where a rendered prompt is over budget: its row, its tokens with the template's, and
     the fix (a cut would drop the template's assistant header, so none is made)."""
-    lengths = count_tokens(tokenizer, df["prompt"].fillna(""))
+    lengths = tokens.lengths("prompt").tolist()
     over = [i for i, n in enumerate(lengths) if n > cfg.max_prompt_tokens]
     if not over:
         return ""
@@ -283,11 +237,15 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     key = cache and kept.validation_key({n: s for n, (s, _) in sources.items() if s},
                                         tokenizer, cfg, chat is not None)
     if key and (hit := kept.load(cache, key, paths, out)):
+        forget_reads()
         fields, gx_docs = hit
         return ValidationReport(warnings=fields["warnings"], stats=fields["stats"],
                                 results_json=fields["results_json"], chat=fields["chat"],
                                 gx_docs=gx_docs, reused=key)
-    frames = {name: load_table(src, kind) for name, (src, kind) in sources.items() if src}
+    try:
+        frames = {name: take_read(src, kind) for name, (src, kind) in sources.items() if src}
+    finally:
+        forget_reads()
     try:
         frames, chat_info = render_conversations(frames, {n: k for n, (_, k) in sources.items()},
                                                  tokenizer, chat, paths)
@@ -296,12 +254,21 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     report, cleaned = validate_datasets(frames, tokenizer, cfg, paths, chat_info)
     if report.passed:
         for name, df in cleaned.items():
-            df.to_json(out / f"{name}.jsonl", orient="records", lines=True, force_ascii=False)
+            write_cleaned(df, out / f"{name}.jsonl")
         # kept once its Data Docs are built (write_data_docs), if it still passes; never
         # conversational data, whose rendering also changes the tokenizer's EOS
         if key and not report.chat:
             report.to_keep = (cache, key, paths, out)
     return report
+
+
+def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000) -> None:
+    """``df.to_json(path, orient="records", lines=True)``, byte for byte, ``rows`` at a time
+    (pandas builds the whole text in memory first: 0.5 GB at 200k pairs)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for start in range(0, max(len(df), 1), rows):  # an empty frame writes one newline
+            fh.write(df.iloc[start: start + rows].to_json(orient="records", lines=True,
+                                                          force_ascii=False))
 
 
 def build_gx_docs(context, site_dir: Path) -> Path:

@@ -7,6 +7,7 @@ never in the data is never learned). PAD must differ from EOS: padding is masked
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 
 import torch
@@ -69,13 +70,18 @@ class ShuffledBatches:
     pass: ``next()`` stops at the end of a pass (the last batch of a pass may be short, the
     SFT and RM loops), ``take(count)`` runs on into the next pass (PPO's prompt batches).
     Its position is saveable, so a resumed run sees exactly the batches an uninterrupted one
-    would."""
+    would.
+
+    The saved position is small at any n: the generator's state when this pass's order was
+    drawn (a few KB), the pass number and the cursor; the order is drawn again from that
+    state on load, so no permutation of n indices is ever written (issue 37)."""
 
     def __init__(self, n: int, batch_size: int, generator: torch.Generator):
         if n < 1:
             raise ValueError("ShuffledBatches: no examples")
         self.n, self.batch_size, self.generator = n, batch_size, generator
         self.order, self.cursor = torch.empty(0, dtype=torch.long), 0
+        self.passes, self.pass_state = 0, None  # passes drawn; the generator's state before
 
     def next(self) -> torch.Tensor:
         return self._draw(self.batch_size)
@@ -90,14 +96,35 @@ class ShuffledBatches:
 
     def _draw(self, most: int) -> torch.Tensor:
         if self.cursor >= len(self.order):
+            self.pass_state = self.generator.get_state()
             self.order, self.cursor = torch.randperm(self.n, generator=self.generator), 0
+            self.passes += 1
         batch = self.order[self.cursor: self.cursor + most]
         self.cursor += len(batch)
         return batch
 
     def state_dict(self) -> dict:
-        return {"order": self.order.tolist(), "cursor": self.cursor}
+        """JSON-ready: n, the pass number, the generator state that drew this pass's order
+        (base64; None before the first draw) and the cursor in it."""
+        state = None if self.pass_state is None else \
+            base64.b64encode(self.pass_state.numpy().tobytes()).decode("ascii")
+        return {"n": self.n, "passes": self.passes, "pass_state": state,
+                "cursor": self.cursor}
 
     def load_state_dict(self, state: dict) -> None:
-        self.order = torch.tensor(state["order"], dtype=torch.long)
+        """Also reads the old form, which held the whole order (``order``)."""
         self.cursor = int(state["cursor"])
+        if "order" in state:
+            self.order = torch.tensor(state["order"], dtype=torch.long)
+            return
+        if int(state["n"]) != self.n:
+            raise ValueError(f"ShuffledBatches: the saved data order covers {state['n']} "
+                             f"examples, this data has {self.n} (did the data change?)")
+        self.passes, self.pass_state = int(state["passes"]), None
+        self.order = torch.empty(0, dtype=torch.long)
+        if state["pass_state"] is not None:
+            raw = base64.b64decode(state["pass_state"])
+            self.pass_state = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            replay = torch.Generator(device=self.generator.device)
+            replay.set_state(self.pass_state)
+            self.order = torch.randperm(self.n, generator=replay)

@@ -6,10 +6,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from data_checks.budget import cut_at_paragraph
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import DataError, load_table
 from data_checks.tokenizer_checks import ensure_special_tokens
-from data_checks.validate import run_validation, truncate_prompt, write_data_docs
+from data_checks.validate import run_validation, write_cleaned, write_data_docs
 from tests.conftest import make_tokenizer
 from tests.shared import PREF, PROMPTS, SFT, write_jsonl
 
@@ -115,8 +116,8 @@ def test_saved_hf_dataset_loads(tmp_path):
 def test_prompt_cut_at_last_paragraph_that_fits():
     tok = make_tokenizer()
     prompt = "tell me about cats\nthe sun is nice\nthe rain is bad and good"
-    assert truncate_prompt(prompt, tok, 8) == "tell me about cats\nthe sun is nice"
-    assert truncate_prompt("tell me about cats the sun is nice", tok, 3) is None
+    assert cut_at_paragraph(prompt, tok, 8) == "tell me about cats\nthe sun is nice"
+    assert cut_at_paragraph("tell me about cats the sun is nice", tok, 3) is None
 
 
 def test_missing_or_eos_pad_gets_a_dedicated_pad_token():
@@ -139,3 +140,12 @@ def test_the_demo_data_passes_the_gate_with_the_demo_settings(tmp_path):
     report = run_validation(data, tok, ValidationConfig(**demo["validation"]), tmp_path / "out")
     assert report.passed, report.failures
     assert report.stats["preference/n_rows"] == 2000 and report.stats["sft/n_dropped"] == 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 4, 5, 9])
+def test_cleaned_files_are_written_in_chunks_as_pandas_writes_them_whole(tmp_path, n):
+    df = pd.DataFrame({"prompt": [f"p {i}\né" if i % 3 else None for i in range(n)],
+                       "margin": [i / 3 for i in range(n)]})
+    df.to_json(tmp_path / "whole.jsonl", orient="records", lines=True, force_ascii=False)
+    write_cleaned(df, tmp_path / "chunks.jsonl", rows=4)
+    assert (tmp_path / "chunks.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()

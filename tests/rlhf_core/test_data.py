@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 
@@ -109,3 +111,39 @@ def test_take_resumes_from_state_across_a_pass_boundary():
     second = ShuffledBatches(10, 4, gen2)
     second.load_state_dict(first.state_dict())
     assert head + [second.take(4).tolist() for _ in range(2)] == expected
+
+
+def test_the_saved_position_is_small_at_any_size_and_resumes_the_same_order():
+    gen = torch.Generator().manual_seed(4)
+    big = ShuffledBatches(1_000_000, 8, gen)
+    head = [big.next() for _ in range(3)]
+    state = big.state_dict()
+    assert len(json.dumps(state)) < 8_000  # the generator's state, not 1M indices
+    again = ShuffledBatches(1_000_000, 8, torch.Generator().manual_seed(99))
+    again.load_state_dict(json.loads(json.dumps(state)))
+    assert torch.equal(again.order, big.order) and again.cursor == 24 == big.cursor
+    assert torch.equal(torch.cat(head), big.order[:24]) and again.passes == 1
+    fresh = ShuffledBatches(10, 4, torch.Generator())
+    fresh.load_state_dict(ShuffledBatches(10, 4, torch.Generator()).state_dict())
+    assert fresh.pass_state is None and len(fresh.order) == 0  # nothing drawn yet
+
+
+def test_an_old_checkpoint_with_the_whole_order_still_resumes():
+    gen = torch.Generator().manual_seed(5)
+    ref = _take(ShuffledBatches(10, 4, gen), 5)
+    gen = torch.Generator().manual_seed(5)
+    first = ShuffledBatches(10, 4, gen)
+    head = _take(first, 2)
+    old = {"order": first.order.tolist(), "cursor": first.cursor}  # the form before issue 37
+    gen2 = torch.Generator()
+    gen2.set_state(gen.get_state())
+    second = ShuffledBatches(10, 4, gen2)
+    second.load_state_dict(old)
+    assert head + _take(second, 3) == ref
+
+
+def test_a_saved_position_over_other_data_is_refused():
+    stream = ShuffledBatches(10, 4, torch.Generator().manual_seed(1))
+    stream.next()
+    with pytest.raises(ValueError, match="covers 10 examples, this data has 12"):
+        ShuffledBatches(12, 4, torch.Generator()).load_state_dict(stream.state_dict())

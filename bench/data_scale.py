@@ -1,0 +1,198 @@
+"""The data gate at real sizes (issue 37): seeded HH-style data and a byte-level BPE tokenizer
+at N preference pairs, then `rlhf validate` on it, timed, with its peak memory.
+
+    python bench/data_scale.py --pairs 20000                 # one size
+    python bench/data_scale.py --pairs 20000 --pairs 200000  # several, one table
+
+The data, per size N: N preference pairs (prompt 20-60 words, chosen and rejected 30-150
+words), N SFT rows (prompt, response) and N/4 PPO prompts, the sizes of the issue's run (about
+1.05M texts at 200k pairs). About 0.5% of the rows of each set are bad in the ways real data
+is, none of them failing the gate: a response far over the token budget (dropped), a prompt
+over it with a paragraph break (cut there), a control character (a warning). The words are
+pseudo-words drawn with Zipf frequencies from one seeded stream, so the first rows are the
+same at every size. The tokenizer (8k vocabulary, byte-level BPE trained with `tokenizers` on
+the first 20k pairs) and a tiny GPT-2 are saved beside the data: GPT-2's conventions (EOS =
+BOS = UNK ``<|endoftext|>``, no PAD: the gate adds one).
+
+Each size is validated in a fresh `rlhf validate` process with the validation cache off and
+MLflow and Prefect local to the size's folder, under ``/usr/bin/time -v``: the wall and CPU
+seconds are the command's, the peak memory its largest resident set (without time(1): the
+largest of this script's children so far). The tree measured is the one the script lies in:
+for a "before", run a copy of it inside an export of the older commit. Writes
+bench/results/data_scale-<time>.json (``--out`` to change); the data is kept under
+``--workdir`` (default /tmp/rlhf-data-scale) and reused when it is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+EOS = "<|endoftext|>"
+BAD_SHARE = 0.005
+SYLLABLES = ("ka ri to me an su lo ve pi da ne ru mo si te ha yu bo ze li go na fe wi "
+             "ul or en as it ex om ur ab ly").split()
+
+
+class Words:
+    """Pseudo-words with Zipf frequencies, drawn from one seeded stream."""
+
+    def __init__(self, seed: int, vocab: int = 6000):
+        self.rng = np.random.default_rng(seed)
+        lengths = self.rng.integers(1, 4, size=vocab)
+        picks = self.rng.integers(0, len(SYLLABLES), size=(vocab, 3))
+        words = {"".join(SYLLABLES[j] for j in row[:n]) for row, n in zip(picks, lengths)}
+        self.words = np.array(sorted(words))
+        ranks = np.arange(1, len(self.words) + 1)
+        self.p = (1.0 / ranks) / (1.0 / ranks).sum()
+        self.rng.shuffle(self.words)
+
+    def text(self, lo: int, hi: int) -> str:
+        n = int(self.rng.integers(lo, hi + 1))
+        return " ".join(self.words[self.rng.choice(len(self.words), size=n, p=self.p)])
+
+
+def _spoil(row: dict, col: str, words: Words, kind: int) -> dict:
+    """One bad row: 0 a response far over budget, 1 a prompt over it with a paragraph break,
+    2 a control character."""
+    if kind == 0 and col != "prompt":
+        row[col] = words.text(400, 450)
+    elif kind in (0, 1):
+        row["prompt"] = row["prompt"] + "\n" + words.text(300, 320)
+    else:
+        text = row[col]
+        row[col] = text[: len(text) // 2] + "\x07" + text[len(text) // 2:]
+    return row
+
+
+def write_data(root: Path, pairs: int, seed: int) -> dict[str, Path]:
+    """The three data sets at ``pairs`` preference pairs (see the module doc)."""
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {n: root / f"{n}.jsonl" for n in ("preference", "sft", "prompts")}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    words = Words(seed)
+    shapes = {"preference": (pairs, ("chosen", "rejected")), "sft": (pairs, ("response",)),
+              "prompts": (pairs // 4, ())}
+    for name, (n, replies) in shapes.items():
+        with open(paths[name], "w", encoding="utf-8") as fh:
+            for _ in range(n):
+                row = {"prompt": words.text(20, 60)}
+                row.update({c: words.text(30, 150) for c in replies})
+                if words.rng.random() < BAD_SHARE:
+                    kind = int(words.rng.integers(0, 3))
+                    row = _spoil(row, replies[0] if replies else "prompt", words, kind)
+                fh.write(json.dumps(row) + "\n")
+    return paths
+
+
+def write_model(root: Path, preference: Path, vocab: int = 8000) -> Path:
+    """Byte-level BPE (``vocab`` tokens) trained on the first 20k pairs, with a tiny GPT-2."""
+    out = root / "model"
+    if (out / "config.json").exists():
+        return out
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    def texts():
+        with open(preference, encoding="utf-8") as fh:
+            for i, line in enumerate(fh):
+                if i >= 20_000:
+                    return
+                row = json.loads(line)
+                yield from (row["prompt"], row["chosen"], row["rejected"])
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=[EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator(texts(), trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token=EOS, eos_token=EOS,
+                                  unk_token=EOS, model_max_length=1024)
+    tok.save_pretrained(out)
+    config = GPT2Config(vocab_size=len(tok) + 1, n_embd=64, n_layer=2, n_head=2,
+                        n_positions=1024, bos_token_id=tok.eos_token_id,
+                        eos_token_id=tok.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(out)
+    return out
+
+
+def write_config(root: Path, data: dict[str, Path], model: Path) -> Path:
+    cfg = {"seed": 0, "model": {"base_model": str(model), "device": "cpu"},
+           "data": {name: {"path": str(p)} for name, p in data.items()},
+           "validation": {"max_prompt_tokens": 128, "max_response_tokens": 256},
+           "tracking": {"experiment": "data-scale", "workdir": str(root / "runs"),
+                        "progress": False}}
+    path = root / "config.json"
+    path.write_text(json.dumps(cfg, indent=1))
+    return path
+
+
+def run_validate(root: Path, config: Path) -> dict:
+    """`rlhf validate --config config` in a fresh process under ``/usr/bin/time -v`` -> wall,
+    CPU seconds and peak resident memory of the process tree."""
+    env = {**os.environ, "RLHF_VALIDATION_CACHE": "off",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+           "PREFECT_HOME": str(root / "prefect"), "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env.pop("PREFECT_API_URL", None)
+    timed = Path("/usr/bin/time").exists()
+    cmd = (["/usr/bin/time", "-v"] if timed else []) + \
+        [sys.executable, "-m", "cli", "validate", "--config", str(config)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        print(out.stdout[-3000:], out.stderr[-3000:], sep="\n", file=sys.stderr)
+        raise SystemExit(f"rlhf validate failed (exit {out.returncode})")
+    peak_kib = after.ru_maxrss  # without time(1): the largest child so far
+    for line in out.stderr.splitlines():
+        if "Maximum resident set size" in line:
+            peak_kib = int(line.rsplit(":", 1)[1])
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "peak_rss_mb": round(peak_kib / 1024), "stdout_tail": out.stdout[-1500:]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, action="append", help="preference pairs (repeat)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/rlhf-data-scale"))
+    parser.add_argument("--label", default="", help="a name for this tree (before/after)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    rows = []
+    for pairs in args.pairs or [20_000]:
+        root = args.workdir / f"pairs_{pairs}_seed{args.seed}"
+        t0 = time.perf_counter()
+        data = write_data(root, pairs, args.seed)
+        model = write_model(root, data["preference"])
+        made = time.perf_counter() - t0
+        figures = run_validate(root, write_config(root, data, model))
+        rows.append({"pairs": pairs, "label": args.label, "data_s": round(made, 1), **figures,
+                     "cpu_s_per_10k_pairs": round(figures["cpu_s"] * 1e4 / pairs, 1)})
+        print(f"{pairs:>9,} pairs  validate {figures['wall_s']:7.1f} s wall "
+              f"{figures['cpu_s']:7.1f} CPU-s  peak {figures['peak_rss_mb']:6,} MB", flush=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or ROOT / "bench" / "results" / f"data_scale-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

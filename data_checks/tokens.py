@@ -1,0 +1,158 @@
+"""Tokenize once: every text of a data set goes through the tokenizer one time, in batches,
+and the gate's checks (unknown-token share, length budget, the suites' token lengths, the
+median response length) read the result instead of tokenizing again (issue 37).
+
+The result is Arrow: per text column ``c`` the columns ``c_ids`` (list<int32>: the ids of
+``tokenizer(text, add_special_tokens=False)``, what the stages encode; a null has none),
+``c_len`` (int32) and ``c_unk`` (int32: how many are the unknown token), and after the budget
+the flags ``c_cut`` (the prompt was cut at a paragraph boundary, or the response truncated).
+Batches are ``BATCH`` texts, each one tokenizer call without attention masks; the tokenizer
+may use every core for them (its own threads: each text is encoded alone, so the ids do not
+depend on the batch or the threads, which tests/data_checks/test_tokens.py checks).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+BATCH = 1024  # texts per tokenizer call: small enough that its encodings never pile up
+TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
+IDS = pa.list_(pa.int32())
+
+
+@dataclass
+class _Threaded:
+    """Gates tokenizing now in this process (a sweep's points side by side), and the
+    TOKENIZERS_PARALLELISM setting from before the first of them."""
+
+    count: int = 0
+    before: str | None = None
+
+
+_THREADS, _THREADED = threading.Lock(), _Threaded()
+
+
+@contextmanager
+def tokenizer_threads() -> Iterator[None]:
+    """Let a fast tokenizer encode a batch on every core (the CLI turns its threads off for
+    the rest of the run, where processes fork); the setting before comes back when the last
+    gate tokenizing in this process is done."""
+    with _THREADS:
+        if _THREADED.count == 0:
+            _THREADED.before = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = "true"
+        _THREADED.count += 1
+    try:
+        yield
+    finally:
+        with _THREADS:
+            _THREADED.count -= 1
+            if _THREADED.count == 0:
+                if _THREADED.before is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = _THREADED.before
+
+
+def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """``tokenizer(text, add_special_tokens=False)["input_ids"]`` of each text, in one call
+    that builds no attention mask or token type ids."""
+    if not texts:  # fast tokenizers raise IndexError on an empty batch
+        return []
+    return tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False,
+                     return_token_type_ids=False)["input_ids"]
+
+
+def _strings(column: pd.Series) -> list[str]:
+    """The texts to encode: '' for a null (no tokens, as the suites count it)."""
+    return [v if isinstance(v, str) else "" for v in column]
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """One data set's tokens, row for row with its frame (see the module doc)."""
+
+    table: pa.Table
+    columns: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def lengths(self, column: str) -> np.ndarray:
+        """Token count of each row's ``column`` (0 for a null), without EOS."""
+        return self.table.column(f"{column}_len").to_numpy()
+
+    def ids(self, column: str) -> list[list[int]]:
+        return self.table.column(f"{column}_ids").to_pylist()
+
+    def unknown_share(self) -> float:
+        """Share of all the text's tokens that are the unknown token (0 without one)."""
+        total = sum(int(self.lengths(c).sum()) for c in self.columns)
+        unknown = sum(int(self.table.column(f"{c}_unk").to_numpy().sum()) for c in self.columns)
+        return unknown / total if total else 0.0
+
+    def take(self, rows: np.ndarray) -> Tokenized:
+        """The rows at ``rows`` (indices), in that order."""
+        return Tokenized(self.table.take(pa.array(rows, type=pa.int64())), self.columns)
+
+    def replace(self, column: str, rows: np.ndarray, texts: list[str], tokenizer) -> Tokenized:
+        """Encode ``texts`` anew as ``column`` of ``rows`` (a cut prompt, a truncated
+        response) and flag them in ``<column>_cut``."""
+        table, n = self.table, self.table.num_rows
+        flags = np.zeros(n, dtype=bool) if f"{column}_cut" not in table.column_names else \
+            table.column(f"{column}_cut").to_numpy(zero_copy_only=False).copy()
+        flags[rows] = True
+        if len(rows):
+            fresh = _encoded(tokenizer, texts)
+            where = np.arange(n)
+            where[rows] = n + np.arange(len(rows))
+            for name in ("ids", "len", "unk"):
+                both = pa.concat_arrays([table.column(f"{column}_{name}").combine_chunks(),
+                                         fresh[name]])
+                table = table.set_column(table.schema.get_field_index(f"{column}_{name}"),
+                                         f"{column}_{name}", both.take(pa.array(where)))
+        return Tokenized(_set(table, f"{column}_cut", pa.array(flags)), self.columns)
+
+
+def _set(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    if name in table.column_names:
+        return table.set_column(table.schema.get_field_index(name), name, values)
+    return table.append_column(name, values)
+
+
+def _encoded(tokenizer, texts: list[str]) -> dict[str, pa.Array]:
+    """ids, len, unk of ``texts``, in batches of BATCH."""
+    unk = tokenizer.unk_token_id
+    ids, lengths, unknown = [pa.array([], type=IDS)], [], []
+    with tokenizer_threads():
+        for start in range(0, len(texts), BATCH):
+            batch = pa.array(encode_batch(tokenizer, texts[start: start + BATCH]), type=IDS)
+            offsets = batch.offsets.to_numpy()
+            ids.append(batch)
+            lengths.append(np.diff(offsets).astype(np.int32))
+            if unk is None:
+                unknown.append(np.zeros(len(batch), dtype=np.int32))
+                continue
+            hits = np.concatenate([[0], np.cumsum(batch.values.to_numpy() == unk)])
+            unknown.append((hits[offsets[1:]] - hits[offsets[:-1]]).astype(np.int32))
+    return {"ids": pa.concat_arrays(ids),
+            "len": pa.array(np.concatenate(lengths or [np.zeros(0, np.int32)])),
+            "unk": pa.array(np.concatenate(unknown or [np.zeros(0, np.int32)]))}
+
+
+def tokenize_frame(df: pd.DataFrame, tokenizer) -> Tokenized:
+    """Every text column of ``df`` (prompt, response, chosen, rejected), tokenized once."""
+    columns = tuple(c for c in TEXT_COLUMNS if c in df.columns)
+    arrays: dict[str, pa.Array] = {}
+    for col in columns:
+        for name, values in _encoded(tokenizer, _strings(df[col])).items():
+            arrays[f"{col}_{name}"] = values
+    return Tokenized(pa.table(arrays) if arrays else pa.table({}), columns)

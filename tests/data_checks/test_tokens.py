@@ -1,0 +1,163 @@
+"""Tokenize once (data_checks/tokens.py): the gate's one batched pass gives every family's
+tokenizer the ids a per-text call gives, whatever the batch and the threads; a bad row at any
+place in a batch is named by its row; a file the CLI read ahead is not read again; repeated
+SFT rows and PPO prompts are reported."""
+
+import json
+import os
+
+import pandas as pd
+import pytest
+
+import data_checks.tokens as tokens_module
+from data_checks import files, loading
+from data_checks.config import DataConfig, DataSource, ValidationConfig
+from data_checks.conversations import render_conversations
+from data_checks.tokenizer_checks import ensure_special_tokens
+from data_checks.tokens import tokenize_frame
+from data_checks.validate import run_validation
+from rlhf_core.models import chat
+from rlhf_core.models.data import encode
+from tests.conftest import make_tokenizer
+from tests.families import CHAT_FAMILIES, FAMILIES, build_tokenizer
+from tests.shared import PROMPTS, SFT, write_jsonl
+
+TEXTS = ["hello world", "", "tell me about cats\n\nand dogs", "  the weather is nice  ",
+         "why? how can i help today", "unknown zzz ÿ 猫 🙂", "a\tb\r\nc", None,
+         "you are a helpful assistant " * 9]
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    """Batches of 3 texts: every fixture spans several tokenizer calls."""
+    monkeypatch.setattr(tokens_module, "BATCH", 3)
+
+
+def _family(name):
+    tok = build_tokenizer(FAMILIES[name])
+    ensure_special_tokens(tok)
+    return tok
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_plain_text_ids_are_the_per_text_encoding_for_every_family(name, small_batches):
+    tok = _family(name)
+    df = pd.DataFrame({"prompt": TEXTS, "response": TEXTS[::-1]})
+    got = tokenize_frame(df, tok)
+    for col in ("prompt", "response"):
+        want = [encode(tok, t) if isinstance(t, str) else [] for t in df[col]]
+        assert got.ids(col) == want
+        assert got.lengths(col).tolist() == [len(x) for x in want]
+    unk, every = tok.unk_token_id, [i for c in ("prompt", "response") for x in got.ids(c)
+                                    for i in x]
+    assert got.unknown_share() == (every.count(unk) / len(every) if unk is not None else 0.0)
+
+
+@pytest.mark.parametrize("name", CHAT_FAMILIES)
+def test_rendered_conversation_ids_are_the_per_text_encoding(name, small_batches):
+    tok = _family(name)
+    user = [{"role": "user", "content": t} for t in ("hi there", "tell me about rain",
+                                                    "and the sun?", "why", "cats")]
+    frames = {"sft": pd.DataFrame({"prompt": [[u] for u in user],
+                                   "response": ["sure", "rain is wet", "hot", "because", "meow"]}),
+              "prompts": pd.DataFrame({"prompt": [[u] for u in user]})}
+    rendered, _ = render_conversations(frames, {"sft": "sft", "prompts": "prompts"}, tok, chat,
+                                       {})
+    for df in rendered.values():
+        got = tokenize_frame(df, tok)
+        for col in got.columns:
+            assert got.ids(col) == [encode(tok, t) for t in df[col]]
+
+
+def test_ids_do_not_depend_on_the_batch_or_the_threads(monkeypatch):
+    tok = _family("gpt2")
+    texts = [t or "" for t in TEXTS * 40]
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    one_thread = tokens_module.encode_batch(tok, texts)  # one call, one thread
+    threaded = tokenize_frame(pd.DataFrame({"prompt": texts}), tok)  # batches of 1,024
+    monkeypatch.setattr(tokens_module, "BATCH", 7)
+    assert threaded.ids("prompt") == one_thread
+    assert tokenize_frame(pd.DataFrame({"prompt": texts}), tok).ids("prompt") == one_thread
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"  # given back
+
+
+def test_the_threads_setting_comes_back_when_the_last_gate_is_done(monkeypatch):
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    with tokens_module.tokenizer_threads():
+        with tokens_module.tokenizer_threads():  # a sweep's second point, side by side
+            assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+
+
+CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8)
+
+
+def _pairs(n):
+    words = "cats dogs rain sun tea the weather nice good".split()
+    return [{"prompt": f"tell me about {words[i % 9]} {words[(i // 9) % 9]} :",
+             "chosen": f"{words[i % 9]} is nice .", "rejected": "bad"} for i in range(n)]
+
+
+def _gate(tmp_path, pref):
+    tmp_path.mkdir()
+    data = DataConfig(sft=DataSource(path=str(write_jsonl(tmp_path / "sft.jsonl", SFT))),
+                      preference=DataSource(path=str(write_jsonl(tmp_path / "p.jsonl", pref))),
+                      prompts=DataSource(path=str(write_jsonl(tmp_path / "q.jsonl", PROMPTS))))
+    return run_validation(data, make_tokenizer(), CFG.model_copy(
+        update={"max_dropped_fraction": 1.0}), tmp_path / "out")
+
+
+@pytest.mark.parametrize("position", range(9))  # batches of 4: first, inside, last, next
+def test_a_bad_row_anywhere_in_a_batch_is_named_by_its_row(tmp_path, monkeypatch, position):
+    monkeypatch.setattr(tokens_module, "BATCH", 4)
+    pref = _pairs(9)
+    long = [dict(r) for r in pref]
+    long[position]["chosen"] = "cats are nice . " * 4  # over the budget: dropped
+    report = _gate(tmp_path / "long", long)
+    assert report.passed, report.failures
+    kept = [json.loads(x) for x in (tmp_path / "long" / "out" / "preference.jsonl")
+            .read_text().splitlines()]
+    assert kept == pref[:position] + pref[position + 1:]
+    blank = [dict(r) for r in pref]
+    blank[position]["prompt"] = None
+    report = _gate(tmp_path / "null", blank)
+    budget = [f for f in report.failures if "outside the token budget" in f]
+    assert budget and f"rows {position + 1} [" in budget[0], report.failures
+
+
+def test_a_file_read_ahead_by_the_cli_is_parsed_once(tmp_path, monkeypatch):
+    data = DataConfig(sft=DataSource(path=str(write_jsonl(tmp_path / "sft.jsonl", SFT))),
+                      preference=DataSource(path=str(write_jsonl(tmp_path / "p.jsonl",
+                                                                 _pairs(4)))),
+                      prompts=DataSource(path=str(write_jsonl(tmp_path / "q.jsonl", PROMPTS))))
+    reads = []
+    real = files.read_local
+    monkeypatch.setattr(loading, "read_local", lambda p, *a: reads.append(p) or real(p, *a))
+    loading.read_every_source(data)
+    assert len(reads) == 3
+    assert run_validation(data, make_tokenizer(), CFG, tmp_path / "out").passed
+    assert len(reads) == 3 and not loading._READ  # taken, not read again
+    loading.read_every_source(data)
+    write_jsonl(tmp_path / "q.jsonl", PROMPTS[:1])  # changed after the read ahead
+    report = run_validation(data, make_tokenizer(), CFG, tmp_path / "out2")
+    assert len(reads) == 7 and report.stats["prompts/n_in"] == 1.0 and not loading._READ
+
+
+def test_repeated_sft_rows_and_prompts_are_reported_with_their_rows(tmp_path):
+    sft = [SFT[0], SFT[1], SFT[0], {**SFT[1], "response": "cats are nice ."}]
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[1], PROMPTS[1]]
+    data = DataConfig(sft=DataSource(path=str(write_jsonl(tmp_path / "sft.jsonl", sft))),
+                      preference=DataSource(path=str(write_jsonl(tmp_path / "p.jsonl",
+                                                                 _pairs(3)))),
+                      prompts=DataSource(path=str(write_jsonl(tmp_path / "q.jsonl", prompts))))
+    report = run_validation(data, make_tokenizer(), CFG, tmp_path / "out")
+    assert report.passed, report.failures  # reported, kept
+    sft_warning = [w for w in report.warnings if w.startswith("sft (")]
+    assert sft_warning == [f"sft ({tmp_path / 'sft.jsonl'}): 1 rows repeat another row's "
+                           "prompt + response: rows 3 (kept; each copy weighs in training as "
+                           "one more row)"]
+    assert any(w.startswith("prompts (") and "2 rows repeat another row's prompt: rows 3, 4"
+               in w for w in report.warnings), report.warnings
+    assert not any(w.startswith("preference") for w in report.warnings)
+    assert report.stats["prompts/n_rows"] == 4.0
