@@ -5,6 +5,7 @@ minutes of retries against a server that does not answer."""
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 
 from tasks.configfile import ConfigError
@@ -38,6 +39,10 @@ def check_resume_id(cfg, run_id: str, argv: list[str] | tuple = ("run",)) -> Non
         raise ConfigError(f"--resume {run_id}: that is the `{stage}` child run of the "
                           f"pipeline run {parent}; resume the pipeline run: "
                           f"{shlex.join(['rlhf', *resume_args(list(argv), parent)])}")
+    if run.status == "FINISHED":
+        print(f"rlhf: run {run_id} is finished: every stage is reused as recorded and nothing "
+              "trains again (a finished run's resume state, its mid-stage checkpoints, is "
+              "deleted unless tracking.keep_resume_state)", file=sys.stderr)
 
 
 def resume_args(args: list[str], run_id: str) -> list[str]:

@@ -109,4 +109,4 @@ def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
         outputs["register"] = register(ctx, config, outputs["ppo"], outputs["evaluate"],
                                        outputs["reward_model"], outputs["validate"],
                                        lineage=lineage)
-    return finish(ctx, outputs)
+    return finish(ctx, outputs, config.tracking.keep_resume_state)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import task
 
 from tasks.results import PipelineResult
+from tasks.retention import drop_resume_state
 from tasks.stages.ppo import STAGE as PPO
 from tasks.stages.records import StageRecord
 from tasks.tracking.parent_run import end_parent_run, log_parent_plot, stage_metric_histories
@@ -42,16 +45,27 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 
 
 @task(name="finish")
-def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> PipelineResult:
-    """Log the plots, close the parent run -> the run's result (each stage's record)."""
+def finish(ctx: RunContext, outputs: dict[str, StageRecord],
+           keep_resume_state: bool) -> PipelineResult:
+    """Log the plots, close the parent run, then delete its local resume state (the stages'
+    mid-stage checkpoints) unless ``keep_resume_state`` -> the run's result (each stage's
+    record)."""
     plot_ppo_curves(ctx)
-    close_parent(ctx)
+    close_finished(ctx, keep_resume_state)
     return PipelineResult.of(ctx, outputs)
 
 
 def close_parent(ctx: RunContext) -> None:
     """Mark the parent run FINISHED."""
     end_parent_run(ctx, "FINISHED")
+
+
+def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
+    """Mark the parent run FINISHED, then delete its resume state unless
+    ``keep_resume_state`` (tasks/retention.py: what stays)."""
+    close_parent(ctx)
+    if not keep_resume_state:
+        drop_resume_state(Path(ctx.workdir))
 
 
 def fail_parent(ctx: RunContext) -> None:

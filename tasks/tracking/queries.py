@@ -31,11 +31,12 @@ def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
 
 class RunPlace(BaseModel):
     """Where a stored run sits: the pipeline run it is a stage of (None: a pipeline run)
-    and its stage (its stage tag, else its name)."""
+    and its stage (its stage tag, else its name); its status (FINISHED, FAILED...)."""
 
     model_config = ConfigDict(frozen=True)
     parent_run_id: str | None
     stage: str | None
+    status: str
 
 
 class PipelineRun(BaseModel):
@@ -68,7 +69,7 @@ def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
         raise StoreError(str(err)) from None
     tags = run.data.tags
     return RunPlace(parent_run_id=tags.get(PARENT_TAG),
-                    stage=tags.get(STAGE_TAG, run.info.run_name))
+                    stage=tags.get(STAGE_TAG, run.info.run_name), status=run.info.status)
 
 
 def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> PipelineRuns:
