@@ -95,13 +95,18 @@ def resume_state_dirs(workdir: Path) -> list[Path]:
 
 
 def drop_resume_state(workdir: Path) -> Retention:
-    """Delete a finished run's resume state under ``workdir`` (one log line per folder)."""
+    """Delete a finished run's resume state under ``workdir`` (one log line per folder). A
+    folder that cannot be deleted is named and left; the run stays finished."""
     removed = []
     for path in resume_state_dirs(workdir):
         if TRASH in path.name:
             _delete(path)
             continue
-        gone = remove_tree(path)
+        try:
+            gone = remove_tree(path)
+        except OSError as err:
+            print(f"retention: could not delete {path} ({err}); it stays, the run finished")
+            continue
         print(f"retention: deleted {gone.path} ({gone.bytes} bytes): resume state of a "
               "finished run (tracking.keep_resume_state: false)")
         removed.append(gone)

@@ -2,6 +2,7 @@
 checkpoints) goes unless tracking.keep_resume_state; its outputs stay; a deletion killed after
 its rename leaves only a trash folder nothing reads, swept by the next one."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,20 @@ def test_closing_a_finished_run_drops_its_resume_state_unless_kept(finished_ctx,
     kept = sorted(p.parent.name for p in Path(ctx.workdir).rglob("checkpoints"))
     assert kept == (["ppo", "sft"] if keep else [])
     assert (Path(ctx.workdir) / "ppo" / "policy" / "model.safetensors").is_file()
+
+
+def test_a_folder_that_cannot_be_deleted_is_named_and_the_rest_goes(tmp_path, monkeypatch,
+                                                                     capsys):
+    run = _run_folder(tmp_path / "run")
+    real = os.replace
+
+    def refuse(src, dst):
+        if Path(src).parent.name == "sft":
+            raise PermissionError(13, "Permission denied")
+        return real(src, dst)
+
+    monkeypatch.setattr("tasks.retention.os.replace", refuse)
+    out = drop_resume_state(run)
+    assert [Path(r.path).parent.name for r in out.removed] == ["ppo"]
+    assert (run / "sft" / "checkpoints").is_dir()
+    assert f"could not delete {run / 'sft' / 'checkpoints'}" in capsys.readouterr().out
