@@ -32,9 +32,9 @@ from tasks.champion.labels import QUARANTINE
 from tasks.champion.pull import pulled_in_full
 from tasks.config import PipelineConfig
 from tasks.retention import TRASH, remove_tree, trash_in, tree_bytes
+from tasks.tracking.champion_store import consumed_batches
 from tasks.tracking.gc_store import (
     alias_runs,
-    consumed_digests,
     deleted_experiments,
     deleted_runs,
     keeps_consumed_copy,
@@ -164,7 +164,7 @@ def _batches(cfg: PipelineConfig, uri: str, now: float) -> list[Found]:
     days = cfg.retrain.gc_batch_age_days
     age = f"older than {days:g} days (retrain.gc_batch_age_days)"
     files = sorted(p for p in watch.iterdir() if p.is_file() and p.suffix in BATCH_SUFFIXES)
-    consumed = consumed_digests(uri, cfg.tracking.experiment) if files else {}
+    consumed = consumed_batches(uri, cfg.tracking.experiment) if files else {}
     out = []
     for path in files:
         run_id = consumed.get(file_digest(path))

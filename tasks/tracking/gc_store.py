@@ -5,7 +5,6 @@ tags), never by reading every run."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,6 @@ from tasks.tracking.champion_store import CONSUMED_COPY
 from tasks.tracking.runs import default_tracking_uri, tracking_client
 from tasks.tracking.tags import (
     COLLECTION_TAG,
-    CONSUMED_TAG,
     PARENT_TAG,
     PIPELINE_RUN_TAG,
     PULLED_ALL_TAG,
@@ -148,25 +146,6 @@ def purge_deleted_runs(tracking_uri: str, run_ids: list[str]) -> str:
         raise RuntimeError(f"mlflow gc failed (exit {proc.returncode}): "
                            f"{proc.stderr.strip().splitlines()[-1:] or ''}")
     return proc.stdout
-
-
-def consumed_digests(tracking_uri: str, experiment: str) -> dict[str, str]:
-    """Batch digest -> the finished retrain run that consumed it and keeps its copy
-    (selected by the consumed tag, server-side)."""
-    client = tracking_client(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return {}
-    out, token = {}, None
-    while True:
-        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token,
-                                  filter_string=f"tags.`{CONSUMED_TAG}` != '' and "
-                                                "attributes.status = 'FINISHED'")
-        for run in page:
-            out.update({d: run.info.run_id for d in json.loads(run.data.tags[CONSUMED_TAG])})
-        token = page.token
-        if not token:
-            return out
 
 
 def keeps_consumed_copy(tracking_uri: str, run_id: str, digest: str) -> bool:
