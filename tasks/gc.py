@@ -229,7 +229,7 @@ def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
             continue  # gone meanwhile (another gc)
         if item.kind == "pull record":
             mark_pulled_all(plan.tracking_uri, cfg.tracking.experiment, path.name, item.pairs)
-        remove_tree(path)
+        remove_tree(path, f"gc:{item.kind.replace(' ', '_')}")
         print(f"gc: deleted {item.line()}")
         done.append(item)
     if purge:

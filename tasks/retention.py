@@ -22,6 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from rlhf_core.faults import crash_point
+
 TRASH = ".trash-"
 RESUME_STATE = "checkpoints"  # a stage folder's mid-stage training-state checkpoints
 
@@ -62,12 +64,14 @@ def tree_bytes(path: Path) -> int:
     return total
 
 
-def remove_tree(path: Path) -> Removed:
+def remove_tree(path: Path, label: str = "retention") -> Removed:
     """Delete a file or folder: renamed to a ``.trash-`` sibling first (atomic), then
-    deleted, so a kill midway never leaves a half-deleted ``path``."""
+    deleted, so a kill midway never leaves a half-deleted ``path`` (crash point
+    ``remove:<label>``: killed between the two)."""
     size = tree_bytes(path)
     trash = path.with_name(f"{TRASH}{path.name}-{uuid.uuid4().hex[:8]}")
     os.replace(path, trash)
+    crash_point(f"remove:{label}")
     _delete(trash)
     return Removed(path=str(path), bytes=size)
 

@@ -7,6 +7,9 @@ over, and the next gc finishes it."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.champion.batches import file_digest
+from tasks.champion.batches import file_digest, find_batches
 from tasks.champion.pull import pull_collection
 from tasks.configfile import load_config
 from tasks.gc import apply_gc, plan_gc
@@ -26,7 +29,7 @@ from tasks.tracking.tags import (
     PIPELINE_RUN_TAG,
     PULLED_ALL_TAG,
 )
-from tests.shared import TEST_CONFIG, rlhf_in_process
+from tests.shared import ROOT, TEST_CONFIG, rlhf_in_process
 
 OLD = time.time() - 40 * 86400  # older than retrain.gc_batch_age_days (30)
 
@@ -190,6 +193,33 @@ def test_a_gc_killed_midway_leaves_only_trash_and_the_next_one_finishes(loop, tm
     assert "trash" in out and not list(runs.glob(".trash-*"))
     assert sorted(p.name for p in runs.iterdir()) == sorted(
         ids[r] for r in ("champion", "newest", "failed", "stopped", "prev"))
+    assert plan_gc(cfg, keep_runs=1).deletions == []
+
+
+@pytest.mark.parametrize("point", ["remove:gc:run_folder", "remove:gc:batch"])
+def test_a_gc_process_killed_after_a_rename_leaves_nothing_the_loop_trips_over(
+        loop, tmp_path, capfd, point):
+    cfg, client, ids, paths = loop
+    args = ["gc", "--config", str(TEST_CONFIG), "--keep-runs", "1", "--yes", *[
+        a for s in (f"tracking.tracking_uri={cfg.tracking.tracking_uri}",
+                    f"tracking.workdir={cfg.tracking.workdir}",
+                    f"retrain.watch_dir={cfg.retrain.watch_dir}",
+                    f"collect.out_dir={cfg.collect.out_dir}") for a in ("--set", s)]]
+    digests = {file_digest(paths["used"]), file_digest(paths["used_recent"])}
+    killed = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, text=True,
+                            capture_output=True, timeout=300,
+                            env={**os.environ, "RLHF_CRASH_AT": point})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert len(list(tmp_path.rglob(".trash-*"))) == 1  # the one renamed, whole
+    runs = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".trash-")]
+    assert all((p / "ppo" / "policy" / "model.safetensors").is_file() for p in runs)
+    # what the retrain reads next: the trash is no batch; a consumed batch whose file went
+    # is read from its run's copy
+    found = find_batches.fn(cfg)
+    assert [b.name for b in found.new] == ["new.jsonl"]
+    assert {b.digest for b in found.consumed} == digests
+    out = _gc(cfg, capfd, "--keep-runs", "1", "--yes")
+    assert not list(tmp_path.rglob(".trash-*")) and "gc: deleted trash" in out
     assert plan_gc(cfg, keep_runs=1).deletions == []
 
 
