@@ -107,7 +107,7 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
                              bytes=tree_bytes(path), reason="its run is marked deleted in MLflow"))
             continue
         elif run.status != "FINISHED":
-            why = f"{run.status}: resumable (`rlhf run --resume {run_id}`)"
+            why = f"{run.status}: kept until resumed, or deleted in MLflow (resume state)"
         else:
             finished.append((run.end_time or 0, run_id, path))
             continue
