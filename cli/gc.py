@@ -9,9 +9,11 @@ import argparse
 from pathlib import Path
 
 
-def gc_text(plan, applied: bool) -> str:
-    """The plan as the command prints it: what goes (or went), what stays and why."""
-    deletions, kept = plan.deletions, plan.kept
+def gc_text(plan, done: list | None = None) -> str:
+    """The plan as the command prints it: what would go (``done`` None: a dry run) or what
+    went, what stays and why."""
+    applied = done is not None
+    deletions, kept = (done if applied else plan.deletions), plan.kept
     total = sum(f.bytes for f in deletions) / 1e6
     verb = "deleted" if applied else "would delete"
     lines = [f"rlhf gc ({plan.tracking_uri}): {verb} {len(deletions)} item(s), "
@@ -40,9 +42,7 @@ def cmd_gc(args, config) -> int:
     if missing:
         raise ConfigError(missing)
     plan = plan_gc(config, keep_runs=args.keep_runs)
-    if args.yes:
-        apply_gc(config, plan)
-    print(gc_text(plan, applied=args.yes))
+    print(gc_text(plan, apply_gc(config, plan) if args.yes else None))
     return 0
 
 
