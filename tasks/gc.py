@@ -182,9 +182,12 @@ def _batches(cfg: PipelineConfig, uri: str, now: float) -> list[Found]:
                              reason=f"consumed by run {run_id} (which keeps its copy), {age}"))
     quarantined = watch / QUARANTINE
     for path in sorted(quarantined.iterdir()) if quarantined.is_dir() else []:
-        if path.is_file() and not path.name.startswith(TRASH) and _old(path, days, now):
-            out.append(Found(kind="batch", target=str(path), delete=True, bytes=tree_bytes(path),
-                             reason=f"quarantined, {age}"))
+        if not path.is_file() or path.name.startswith(TRASH):
+            continue
+        old = _old(path, days, now)
+        out.append(Found(kind="batch", target=str(path), delete=old,
+                         bytes=tree_bytes(path) if old else 0,
+                         reason=f"quarantined, {'' if old else 'not '}{age}"))
     return out + [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
                         reason="left by a deletion that was stopped midway")
                   for p in trash_in(watch) + trash_in(quarantined)]
