@@ -114,4 +114,8 @@ def drop_resume_state(workdir: Path) -> Retention:
         print(f"retention: deleted {gone.path} ({gone.bytes} bytes): resume state of a "
               "finished run (tracking.keep_resume_state: false)")
         removed.append(gone)
-    return Retention(workdir=str(workdir), removed=removed, kept_bytes=tree_bytes(workdir))
+    out = Retention(workdir=str(workdir), removed=removed, kept_bytes=tree_bytes(workdir))
+    if removed:
+        print(f"retention: {workdir} keeps {out.kept_bytes} bytes, the stages' outputs "
+              f"({out.freed_bytes} bytes of resume state deleted)")
+    return out

@@ -42,6 +42,7 @@ def test_drop_resume_state_deletes_every_checkpoint_folder_and_keeps_the_outputs
     assert out.freed_bytes == 4000 and out.kept_bytes == before - 4000 == tree_bytes(run)
     log = capsys.readouterr().out
     assert log.count("retention: deleted") == 2 and log.count("(2000 bytes)") == 2
+    assert f"retention: {run} keeps {out.kept_bytes} bytes" in log
     assert drop_resume_state(run).removed == []  # nothing left to find
 
 
