@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
+from prefect import task
 from pydantic import BaseModel, ConfigDict
 
 from tasks.champion.batches import BATCH_SUFFIXES, file_digest
@@ -218,6 +219,25 @@ def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None,
     found = [*_run_folders(cfg, uri, keep, needed), *mlflow_runs, *_batches(cfg, uri, now),
              *_pulls(cfg)]
     return GcPlan(tracking_uri=uri, found=found, notes=notes)
+
+
+class GcResult(BaseModel):
+    """What a gc run found (its plan) and what it deleted (empty: a dry run)."""
+
+    model_config = ConfigDict(frozen=True)
+    plan: GcPlan
+    deleted: list[Found]
+
+
+@task(name="gc")
+def collect_garbage(cfg: PipelineConfig, delete: bool) -> GcResult:
+    """Find what no longer serves and, with ``delete``, delete it (one log line each)."""
+    plan = plan_gc(cfg)
+    for item in plan.kept:
+        print(f"gc: kept {item.line()}")
+    for note in plan.notes:
+        print(f"gc: {note}")
+    return GcResult(plan=plan, deleted=apply_gc(cfg, plan) if delete else [])
 
 
 def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
