@@ -44,7 +44,6 @@ def test_a_failed_run_keeps_its_resume_state_and_a_finished_one_drops_it(prefect
     assert client.get_run(run_id).info.status == "FINISHED"
     assert str(client.get_model_version_by_alias("rlhf-policy", "champion").version) == "1"
     assert not list(folder.rglob("checkpoints"))
-    assert "retention: deleted" in resumed.stdout + resumed.stderr
     for output in ("sft/model/model.safetensors", "ppo/policy/model.safetensors",
                    "reward_model/model/head.safetensors", "validate/sft.jsonl"):
         assert (folder / output).is_file(), output
