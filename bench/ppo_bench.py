@@ -51,6 +51,9 @@ def parse_args(argv=None):
     parser.add_argument("--static-cache", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the update")
     parser.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: full training)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed iterations, profile one more update (CUDA): "
+                        "its kernels' busy time against its wall time, the top kernels")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     return parser.parse_args(argv)
 
@@ -67,7 +70,8 @@ def build_trainer(args, tmp: Path):
     tok = load_tokenizer(folder, spec)
     new_scalar_model(folder, LoadSpec()).save(tmp / "rm")  # reward model = critic init
     models = ppo_models(folder, folder, tmp / "rm", tmp / "rm", spec)
-    cfg = PPOConfig(iterations=args.warmup + args.iterations, rollout_batch_size=args.batch,
+    cfg = PPOConfig(iterations=args.warmup + args.iterations + args.profile,
+                    rollout_batch_size=args.batch,
                     num_minibatches=args.num_minibatches, ppo_epochs=args.epochs,
                     max_new_tokens=args.max_new_tokens, optim=OptimConfig(lr=1e-6),
                     micro_batch_size=args.micro_batch_size,
@@ -94,6 +98,43 @@ def iteration_flops(args, exp, recompute: bool) -> tuple[float, float]:
     return rollout, update
 
 
+def profile_update(trainer) -> dict:
+    """One more iteration with its update under torch.profiler: the GPU kernels' summed busy
+    time against the update's wall time (a launch-bound update keeps the GPU idle between
+    small kernels) and the ten kernels that take the most time."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    held, update = {}, trainer.update
+
+    def profiled(exp):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            out = update(exp)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            held["wall"] = time.perf_counter() - start
+        held["prof"] = prof
+        return out
+
+    trainer.update = profiled
+    trainer.step()
+    trainer.update = update
+    kernel = torch.autograd.DeviceType.CUDA  # kernel rows only (operator rows repeat them)
+    events = [e for e in held["prof"].key_averages() if e.device_type == kernel]
+
+    def busy(e):
+        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+
+    top = sorted(events, key=busy, reverse=True)[:10]
+    return {"profile_update_wall_s": held["wall"],
+            "profile_gpu_busy_s": sum(busy(e) for e in events) / 1e6,
+            "profile_kernel_launches": sum(e.count for e in events),
+            "profile_top_kernels": [[e.key[:80], round(busy(e) / 1e3, 1), e.count]
+                                    for e in top]}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     hf_logging.disable_progress_bar()
@@ -104,12 +145,15 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         trainer, spec = build_trainer(args, Path(tmp))
         n_params = sum(p.numel() for p in trainer.policy.parameters())
-        rows = []
+        rows, warmup = [], []
         for i in range(args.warmup + args.iterations):
             metrics, exp = trainer.step()
-            if i >= args.warmup:
+            if i < args.warmup:
+                warmup.append(metrics["time/rollout_s"] + metrics["time/update_s"])
+            else:
                 flops = iteration_flops(args, exp, trainer.settings.recompute_logprobs)
                 rows.append((metrics["time/rollout_s"], metrics["time/update_s"], *flops))
+        profiled = profile_update(trainer) if args.profile else {}
     peak = matmul_peak(args.device)
     rollout, update = median([r[0] for r in rows]), median([r[1] for r in rows])
     total = median([r[0] + r[1] for r in rows])
@@ -123,6 +167,7 @@ def main(argv=None) -> dict:
         "micro_batch_size": args.micro_batch_size, "lora_r": args.lora_r,
         "static_cache": args.static_cache, "compile": args.compile,
         "seconds_per_iteration": total, "all_iterations_s": [r[0] + r[1] for r in rows],
+        "warmup_iterations_s": warmup,
         "rollout_s": rollout, "update_s": update, "rollout_fraction": rollout / total,
         "achieved_tflops": (r_flops + u_flops) / total / 1e12,
         "update_tflops": u_flops / update / 1e12,
@@ -130,6 +175,7 @@ def main(argv=None) -> dict:
         "update_mfu": u_flops / update / peak, "iteration_mfu": (r_flops + u_flops) / total / peak,
         "peak_gpu_memory_gb": peak_memory_gb(args.device),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        **profiled,
     }
     print(json.dumps(result, indent=2))
     if args.json:

@@ -68,13 +68,17 @@ def _fmt(value) -> str:
 
 
 def summary_text(result: PipelineResult, wall_s: float) -> str:
-    """One screen: each stage, its wall time and key metrics, and the parent run."""
+    """One screen: each stage, its wall time (and on CUDA its peak GPU memory) and key
+    metrics, and the parent run."""
+    gpu = any(stage.peak_gpu_gb is not None for stage in result.stages.values())
     lines = ["", "RLHF pipeline finished", "=" * 100,
-             f"{'stage':<13}{'wall s':>8}  key metrics", "-" * 100]
+             f"{'stage':<13}{'wall s':>8}{'  GPU GB' if gpu else ''}  key metrics", "-" * 100]
     for name, stage in result.stages.items():
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in list(stage.metrics.items())[:4])
         wall = "skipped" if stage.skipped else f"{stage.wall_s:.1f}"
-        lines.append(f"{name:<13}{wall:>8}  {shown}")
+        peak = "-" if stage.peak_gpu_gb is None else f"{stage.peak_gpu_gb:.1f}"
+        peak = f"{peak:>8}" if gpu else ""
+        lines.append(f"{name:<13}{wall:>8}{peak}  {shown}")
     lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
               f"MLflow parent run: {result.parent_run_id} "
               f"(experiment {result.experiment_id}, {result.tracking_uri})",

@@ -44,11 +44,23 @@ class DataSource(_Frozen):
 
 
 class DataConfig(_Frozen):
-    sft: DataSource = Field(description="Demonstrations: prompt, response.")
-    preference: DataSource = Field(description="Pairs: prompt, chosen, rejected.")
-    prompts: DataSource = Field(description="PPO prompts: prompt.")
-    eval_prompts: DataSource | None = Field(None, description="Held-out prompts.")
-    preference_eval: DataSource | None = Field(None, description="Held-out pairs.")
+    sft: DataSource = Field(
+        description="Demonstrations: prompt, response columns (or TRL's messages), e.g. "
+        "path data/sft.jsonl.", examples=[{"path": "data/sft.jsonl"}])
+    preference: DataSource = Field(
+        description="Pairs: prompt, chosen, rejected columns, e.g. path data/pairs.parquet.",
+        examples=[{"path": "data/pairs.parquet"}])
+    prompts: DataSource = Field(
+        description="PPO prompts: a prompt column, e.g. path data/prompts.csv.",
+        examples=[{"path": "data/prompts.csv"}])
+    eval_prompts: DataSource | None = Field(
+        None, description="Held-out prompts for evaluation (None: the first PPO prompts; "
+        "a retrain's gate needs them), "
+        "e.g. path data/heldout.jsonl.", examples=[{"path": "data/heldout.jsonl"}])
+    preference_eval: DataSource | None = Field(
+        None, description="Held-out pairs for the reward model's accuracy (None: "
+        "reward.eval_fraction of the pairs), e.g. path data/pairs_eval.jsonl.",
+        examples=[{"path": "data/pairs_eval.jsonl"}])
 
 
 class ValidationConfig(_Frozen):

@@ -5,6 +5,7 @@ their flows, so it imports them, and they do not import serve.py back."""
 
 from tasks.config import PipelineConfig
 from tasks.configfile import _merge
+from tasks.runtime.logins import login_out_of_uri
 from tasks.runtime.prefect_api import deployment_parameters
 
 
@@ -12,7 +13,7 @@ def served_config(config: PipelineConfig) -> PipelineConfig:
     """A deployment run of a flow taking one ``config``: the fields it was given over the
     served config (outside a deployment run: ``config`` as given)."""
     served = deployment_parameters().get("config")
-    if not served:
-        return config
-    return PipelineConfig.model_validate(
-        _merge(served, config.model_dump(mode="json", exclude_unset=True)))
+    if served:
+        config = PipelineConfig.model_validate(
+            _merge(served, config.model_dump(mode="json", exclude_unset=True)))
+    return login_out_of_uri(config)  # a login typed into the form: out of the records

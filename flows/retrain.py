@@ -45,6 +45,7 @@ from tasks.stages.judge_model import judge_model, judge_split
 from tasks.stages.records import Artifact, DataRecord, ModelRecord, PolicyRecord
 from tasks.stages.register import register
 from tasks.stages.validate import validate
+from tasks.summary import publish_summary
 from tasks.tracking.registry import RegistryError
 from tasks.tracking.runs import RunContext
 
@@ -164,6 +165,10 @@ def retrain(config: PipelineConfig, control: bool = False) -> RetrainResult:
         announce_outcome(config.tracking.registered_policy, result.status,
                          result.decision and result.decision.reason,
                          result.run and result.run.parent_run_id)
+        if result.run is not None:
+            reason = result.decision.reason if result.decision else ""
+            publish_summary(result.run, f"retrain: {result.status}",
+                            f"Retrain {result.status}" + (f": {reason}" if reason else "."))
         return result
 
 

@@ -32,6 +32,7 @@ from tasks.champion.events import LABELLED
 from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
 from tasks.configfile import ConfigError, _merge
 from tasks.results import PipelineResult
+from tasks.runtime.logins import login_out_of_uri
 
 # the pipeline's config sections (the served pipeline's parameters); retrain and collect
 # belong to their own flows
@@ -68,7 +69,31 @@ def resolve_config(given: dict[str, Any], served: dict[str, Any]) -> tuple[Pipel
     return config, changed
 
 
-@flow(name="rlhf_pipeline", flow_run_name="rlhf-pipeline", log_prints=True)
+def run_label(changed: dict[str, Any], limit: int = 3) -> str:
+    """What a run changed, for its name: ``kl_coef=0.07 lr=1e-05`` (the field's last name;
+    the first ``limit`` changes, then ``+N``)."""
+    parts = [f"{key.rsplit('.', 1)[-1]}={value}" for key, value in list(changed.items())[:limit]]
+    if len(changed) > limit:
+        parts.append(f"+{len(changed) - limit}")
+    return " ".join(parts)
+
+
+def _served_run_name() -> str:
+    """``rlhf-<model>-<data>-<config hash>`` as a CLI run is named, plus what the run's form
+    changed from the served config (e.g. ``... kl_coef=0.07``), so runs tell apart in the
+    Runs list."""
+    from prefect.runtime import flow_run
+
+    given = {k: v for k, v in flow_run.parameters.items() if k in SECTIONS}
+    try:
+        config, changed = resolve_config(
+            given, deployment_parameters() or served_parameters(PipelineConfig()))
+    except Exception:  # an invalid form: the flow itself reports it
+        return "rlhf-pipeline"
+    return " ".join(filter(None, [f"rlhf-{config.short_name()}", run_label(changed)]))
+
+
+@flow(name="rlhf_pipeline", flow_run_name=_served_run_name, log_prints=True)
 def rlhf_pipeline_served(
     seed: int = 0,
     demo: DemoConfig = DemoConfig(),
@@ -89,7 +114,9 @@ def rlhf_pipeline_served(
     Args:
         seed: Seed for every stage (data order, init, sampling).
         demo: The embedded demo: synthetic data with a gold judge and a tiny GPT-2.
-        data: Data sources: SFT demonstrations, preference pairs, prompts (empty: demo data).
+        data: Data sources; None runs on the demo's data. For yours, choose DataConfig and
+            give each source a path (a JSONL/CSV/Parquet file, a folder or a dataset id):
+            sft, preference and prompts, optionally eval_prompts and preference_eval.
         model: Base model and where to train it.
         validation: The data gate: token budgets and allowed truncated/dropped shares.
         sft: Supervised fine-tuning on the demonstrations.
@@ -99,11 +126,13 @@ def rlhf_pipeline_served(
         eval: Held-out evaluation of SFT vs PPO.
         tracking: MLflow experiment, registry names, checkpoints.
         routing: Stages on other machines' workers (rlhf-stage deployments).
-        resume_run_id: Continue this MLflow parent run (empty: a new run).
+        resume_run_id: Continue this MLflow parent run (its id, as `rlhf runs` lists it):
+            finished stages are skipped. Empty: a new run.
     """
     given = {name: value for name, value in locals().items() if name in SECTIONS}
     served = deployment_parameters() or served_parameters(PipelineConfig())
     config, changed = resolve_config(given, served)
+    config = login_out_of_uri(config)  # a login typed into the form: out of the records
     if changed:
         print(f"overrides of the served config: {json.dumps(changed)}")
     return run_pipeline(config, resume_run_id)

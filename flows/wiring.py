@@ -23,6 +23,7 @@ from tasks.stages.reward_model import reward_model
 from tasks.stages.reward_norm import reward_norm
 from tasks.stages.sft import sft
 from tasks.stages.validate import validate
+from tasks.summary import publish_summary
 from tasks.tracking.runs import RunContext, system_metrics
 
 PrepHook = Callable[[RunContext, Prepared], Prepared]
@@ -109,4 +110,6 @@ def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
         outputs["register"] = register(ctx, config, outputs["ppo"], outputs["evaluate"],
                                        outputs["reward_model"], outputs["validate"],
                                        lineage=lineage)
-    return finish(ctx, outputs, config.tracking.keep_resume_state)
+    result = finish(ctx, outputs, config.tracking.keep_resume_state)
+    publish_summary(result, f"rlhf-{config.short_name()}")
+    return result

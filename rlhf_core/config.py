@@ -164,8 +164,9 @@ class PPOConfig(_Frozen):
         "(CUDA; transformers' cache_implementation='static')."
     )
     compile: bool = Field(
-        False, description="torch.compile the update's policy+value forward and backward "
-        "(CUDA; the first iterations pay the compile time)."
+        False, description="torch.compile the trained models' decoder blocks for the update "
+        "(static shapes: responses padded to max_new_tokens, prompts to a multiple of 16); "
+        "the first iteration pays the compile time."
     )
     advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_baseline"] = Field(
         "gae", description="gae: PPO with a critic (value model); rloo, grpo, "

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
+from prefect.utilities.annotations import quote
 
 from tasks.results import PipelineResult
 from tasks.retention import drop_resume_state
+from tasks.stages.graph import latest
 from tasks.stages.ppo import STAGE as PPO
 from tasks.stages.records import StageRecord
 from tasks.tracking.parent_run import end_parent_run, log_parent_plot, stage_metric_histories
@@ -45,14 +47,23 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 
 
 @task(name="finish")
-def finish(ctx: RunContext, outputs: dict[str, StageRecord],
-           keep_resume_state: bool) -> PipelineResult:
+def finish_task(ctx: RunContext, outputs: dict[str, StageRecord],
+                keep_resume_state: bool) -> PipelineResult:
     """Log the plots, close the parent run, then delete its local resume state (the stages'
     mid-stage checkpoints) unless ``keep_resume_state`` -> the run's result (each stage's
     record)."""
     plot_ppo_curves(ctx)
     close_finished(ctx, keep_resume_state)
     return PipelineResult.of(ctx, outputs)
+
+
+def finish(ctx: RunContext, outputs: dict[str, StageRecord],
+           keep_resume_state: bool) -> PipelineResult:
+    """The finish task after the run's last stages: its edges in the flow run's graph come
+    from the stages no other output derives from (register, in the pipeline), not from
+    every stage whose record it summarises (tasks/stages/graph.py)."""
+    return finish_task(quote(ctx), quote(outputs), keep_resume_state,
+                       wait_for=latest(outputs.values()))
 
 
 def close_parent(ctx: RunContext) -> None:

@@ -10,6 +10,7 @@ transformers' config classes at a few thousand parameters. Nothing is downloaded
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,7 +113,9 @@ def build_tokenizer(family: Family):
     return tok
 
 
-def build_model(family: Family, tokenizer, seed: int = 0):
+def build_model(family: Family, tokenizer, seed: int = 0, extra_sizes: dict | None = None):
+    """A random init of the family's architecture (a few thousand parameters, or the sizes
+    in ``extra_sizes``: the config's size fields, e.g. hidden_size and num_hidden_layers)."""
     import torch
     import transformers
 
@@ -124,8 +127,8 @@ def build_model(family: Family, tokenizer, seed: int = 0):
              }.get(family.config, dict(hidden_size=32, num_hidden_layers=1,
                                        num_attention_heads=2, intermediate_size=64,
                                        max_position_embeddings=128))
-    config = getattr(transformers, family.config)(vocab_size=len(tokenizer), **sizes, **ids,
-                                                  **family.model_kwargs)
+    kwargs = {**sizes, **ids, **family.model_kwargs, **(extra_sizes or {})}
+    config = getattr(transformers, family.config)(vocab_size=len(tokenizer), **kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     if family.stop:
@@ -134,11 +137,46 @@ def build_model(family: Family, tokenizer, seed: int = 0):
     return model
 
 
-def save_family(name: str, root: Path) -> Path:
-    """Build family ``name`` and save model + tokenizer in ``root/name`` (loads with Auto*)."""
+def save_family(name: str, root: Path, extra_sizes: dict | None = None) -> Path:
+    """Build family ``name`` and save model + tokenizer in ``root/name`` (loads with Auto*);
+    ``extra_sizes``: see :func:`build_model`."""
     family = FAMILIES[name]
     out = Path(root) / name
     tokenizer = build_tokenizer(family)
-    build_model(family, tokenizer).save_pretrained(out)
+    build_model(family, tokenizer, extra_sizes=extra_sizes).save_pretrained(out)
     tokenizer.save_pretrained(out)
+    return out
+
+
+TOPICS = ["cats", "dogs", "rain", "sun", "tea", "oceans", "weather", "the sun"]
+
+
+def chat_turns(i: int, last: str) -> list[dict]:
+    """Conversation ``i``: a system turn on odd i, a hello/hi exchange on every third, a
+    question about a topic, and the assistant's ``last`` answer (none when empty)."""
+    topic = TOPICS[i % len(TOPICS)]
+    head = [{"role": "system", "content": "you are a helpful assistant"}] if i % 2 else []
+    if i % 3 == 0:  # a multi-turn prompt
+        head += [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    return head + [{"role": "user", "content": f"tell me about {topic} {i}"}] + \
+        ([{"role": "assistant", "content": last}] if last else [])
+
+
+def write_chat_data(tmp: Path, n: int = 64) -> dict[str, str]:
+    """Conversational data in TRL's formats under ``tmp``: ``n`` SFT conversations
+    (messages), ``n`` implicit-prompt pairs with UltraFeedback-style scores, 32 prompts and
+    16 held-out prompts (prompt messages) -> {source: path}."""
+    good, bad = "sure , nice", "bad bad what why how"
+    sft = [{"messages": chat_turns(i, good)} for i in range(n)]
+    pref = [{"prompt": chat_turns(i, "")[-1]["content"], "chosen": chat_turns(i, good),
+             "rejected": chat_turns(i, bad), "score_chosen": 8.0, "score_rejected": 2.0}
+            for i in range(n)]
+    prompts = [{"prompt": chat_turns(i, "")} for i in range(n, n + 32)]
+    held_out = [{"prompt": chat_turns(i, "")} for i in range(n + 32, n + 48)]
+    out = {}
+    for name, rows in (("sft", sft), ("preference", pref), ("prompts", prompts),
+                       ("eval_prompts", held_out)):
+        path = Path(tmp) / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out[name] = str(path)
     return out

@@ -4,8 +4,6 @@ the value model."""
 
 from __future__ import annotations
 
-import torch
-
 from rlhf_core.masked import masked_mean
 from rlhf_core.ppo.ppo_math import (
     clipped_policy_loss,
@@ -22,8 +20,7 @@ def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantage
                extra_loss=None, kl_coef: float = 0.0):
     """The update's forward: policy (and, with a critic, value) on prompt | response
     [b, P+R] -> (loss, stats). ``extra_loss(logprobs, ref_logprobs, mask, kl_coef)`` is the
-    algorithm's own term (GRPO's KL loss). A pure function of tensors, so ``ppo.compile`` can
-    hand it to torch.compile whole."""
+    algorithm's own term (GRPO's KL loss)."""
     # log softmax(logits / T) once: the log-probs (as the rollout's logprobs_from_logits) and
     # the entropy of the sampled distribution
     logp = log_softmax_at(response_logits(policy, qr, pad_id, P), temperature)  # (b, R, V)
@@ -48,13 +45,3 @@ def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantage
             stats.update({f"loss/{k}_avg": v for k, v in extra_stats.items()})
     return loss, stats
 
-
-def compiled(fn):
-    """torch.compile with dynamic shapes (minibatches are trimmed to their longest response).
-    Inductor's coalescing analysis is off: on torch 2.11 it asserted on this graph with
-    dynamic shapes."""
-    import torch._inductor.config as inductor_config
-
-    if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
-        inductor_config.triton.coalesce_tiling_analysis = False
-    return torch.compile(fn, dynamic=True)

@@ -104,7 +104,7 @@ def _chunks(n: int, size: int | None) -> list[slice]:
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def _pad_to(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
+def pad_to(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
     """Right-pad dim 1 of [B, R, ...] to ``length``."""
     if t.shape[1] == length:
         return t
@@ -128,8 +128,8 @@ def generate_by_length(policy, prompt_ids: torch.Tensor, gen_config: GenerationC
         parts.append(generate(policy, prompt_ids[rows, prompt_ids.shape[1] - width:],
                               gen_config, pad_id))
     R = max(r.shape[1] for r, _ in parts)
-    responses = torch.cat([_pad_to(r, R, pad_id) for r, _ in parts])
-    logits = torch.cat([_pad_to(g, R, 0.0) for _, g in parts])
+    responses = torch.cat([pad_to(r, R, pad_id) for r, _ in parts])
+    logits = torch.cat([pad_to(g, R, 0.0) for _, g in parts])
     inverse = torch.argsort(order)
     return responses[inverse], logits[inverse]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,12 +27,14 @@ from rlhf_core.models.data import ShuffledBatches, left_pad
 from rlhf_core.models.models import PPOModels
 from rlhf_core.parallel.distributed import check_world_size
 from rlhf_core.ppo.algorithms import make_algorithm
-from rlhf_core.ppo.losses import compiled, ppo_losses
+from rlhf_core.ppo.compiled import CompiledBlocks, padded_width
+from rlhf_core.ppo.losses import ppo_losses
 from rlhf_core.ppo.ppo_math import AdaptiveKLController, FixedKLController, explained_variance
 from rlhf_core.ppo.rollout import (
     Experience,
     RolloutSettings,
     make_experience,
+    pad_to,
     sampling_config,
     to_autograd_tensors,
 )
@@ -110,7 +113,10 @@ class PPOTrainer:
         self.train_step = TrainStep(params, self.optimizer, self.scheduler,
                                     cfg.optim.max_grad_norm, precision, device, name="ppo")
         self.params = self.train_step.params
-        self._losses = compiled(ppo_losses) if cfg.compile else ppo_losses
+        # ppo.compile: the trained models' decoder blocks compiled for the update (static
+        # shapes: prompts padded to a multiple of 16, responses to max_new_tokens)
+        self.compiled = (CompiledBlocks([self.policy, self.value_model]) if cfg.compile
+                         else None)
         self.kl_ctl = make_kl_controller(cfg)
         self.iteration, self.episode = 0, 0
         self.world_size = 1  # data-parallel ranks (rlhf_core/ppo/ppo_dist.py sets it)
@@ -132,8 +138,10 @@ class PPOTrainer:
         chosen = self.prompt_stream.take(self.cfg.rollout_batch_size // k).tolist()
         prompts = left_pad([self.prompt_ids[i] for i in chosen for _ in range(k)],
                            self.tokenizer.pad_token_id)
-        if self.cfg.static_cache:  # one prompt width per 16 tokens: few static-cache shapes,
-            extra = -prompts.shape[1] % 16  # so the compiled decode step is rarely rebuilt
+        if self.cfg.static_cache or self.cfg.compile:
+            # one prompt width per 16 tokens: few shapes, so the compiled decode step and the
+            # compiled update blocks are rarely rebuilt
+            extra = padded_width(prompts.shape[1], 16) - prompts.shape[1]
             prompts = torch.nn.functional.pad(prompts, (extra, 0),
                                               value=self.tokenizer.pad_token_id)
         return prompts
@@ -190,7 +198,8 @@ class PPOTrainer:
                 recorded[key].append((share, value.detach()))
             return loss, self.world_size * share  # DDP averages the ranks' gradients
 
-        with trusted_masks():
+        compiled = self.compiled.active() if self.compiled is not None else nullcontext()
+        with trusted_masks(), compiled:
             for _ in range(cfg.ppo_epochs):
                 order = torch.randperm(len(lengths), generator=self.generator)
                 for start in range(0, len(order), cfg.minibatch_size):
@@ -222,16 +231,22 @@ class PPOTrainer:
     def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
         """Clipped policy loss (+ value loss with a critic, + the algorithm's extra term, minus
         the entropy bonus) on ``rows`` (CPU indices), trimmed to their longest response ``R``
-        -> (loss, stats)."""
+        (under ``ppo.compile`` padded back to ``max_new_tokens``: static shapes) -> (loss,
+        stats)."""
         cfg, P = self.cfg, exp.context_length
         idx = rows.to(self.device)
         policy, value_model = self.nets()
-        return self._losses(
-            policy, value_model, exp.query_responses[idx, : P + R],
-            exp.responses[idx, :R], exp.response_mask[idx, :R], exp.logprobs[idx, :R],
-            exp.advantages[idx, :R], exp.values[idx, :R], exp.returns[idx, :R],
-            exp.ref_logprobs[idx, :R], pad_id=self.tokenizer.pad_token_id, P=P,
-            temperature=cfg.temperature, clip_eps=cfg.clip_eps,
+        pad_id = self.tokenizer.pad_token_id
+        width = cfg.max_new_tokens if self.compiled is not None else R  # static shapes
+
+        def cut(t: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+            return pad_to(t[idx, :R], width, value)
+
+        return ppo_losses(
+            policy, value_model, pad_to(exp.query_responses[idx, : P + R], P + width, pad_id),
+            cut(exp.responses, pad_id), cut(exp.response_mask, False), cut(exp.logprobs),
+            cut(exp.advantages), cut(exp.values), cut(exp.returns), cut(exp.ref_logprobs),
+            pad_id=pad_id, P=P, temperature=cfg.temperature, clip_eps=cfg.clip_eps,
             clip_eps_value=cfg.clip_eps_value, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
             extra_loss=self.algorithm.extra_loss, kl_coef=self.kl_ctl.value)
 

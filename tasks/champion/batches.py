@@ -232,8 +232,11 @@ def mark_consumed(ctx: RunContext, batches: list[Batch]) -> None:
 
 
 def report(key: str, markdown: str, description: str) -> None:
-    """A Prefect markdown artifact (the retrain's outcome), when inside a flow run."""
-    print(markdown.strip().splitlines()[0].lstrip("# "))
+    """A Prefect markdown artifact (the retrain's outcome), when inside a flow run; its
+    heading and its next steps (lines from ``Next:``) printed."""
+    lines = markdown.strip().splitlines()
+    nxt = next((i for i, line in enumerate(lines) if line.startswith("Next:")), len(lines))
+    print("\n".join([lines[0].lstrip("# "), *lines[nxt:]]))
     if in_prefect_run():
         from prefect.artifacts import create_markdown_artifact
 

@@ -120,18 +120,35 @@ def refused_batches(config: PipelineConfig, batches: list[Batch],
         from tasks.champion.labels import quarantine_batches
 
         moved = quarantine_batches(config, batches, str(err).splitlines()[0])
-        raise ValidationFailed(f"{err}\nquarantined: {', '.join(moved)}") from None
+        raise ValidationFailed(
+            f"{err}\nquarantined: {', '.join(moved)} (next: fix the rows named above and "
+            f"drop the file into {config.retrain.watch_dir} again, or make a new batch)"
+        ) from None
 
 
 def report_skipped(config: PipelineConfig, holder: str) -> None:
     report(OUTCOME, "# Retrain skipped: another retrain of this store is running\n\n"
            f"`retrain.on_overlap` is skip; the slot `{limit_name(config)}` is held by "
-           f"{holder}.\n", "retrain outcome")
+           f"{holder}.\n\nNext: nothing to do, the running round consumes the new batches; "
+           "to queue rounds instead, set `retrain.on_overlap: wait`.\n", "retrain outcome")
+
+
+def next_batch_steps(config: PipelineConfig) -> str:
+    """How a preference batch is made, by name (the retrain consumes batches only)."""
+    watch = config.retrain.watch_dir
+    return ("Next: make a preference batch, then run the retrain again:\n"
+            "- collect responses to label: the `collect` deployment (Quick run) or "
+            "`rlhf collect`;\n"
+            "- labels from Label Studio: the `label-pull` deployment or `rlhf label pull`; "
+            f"a labelled file: `rlhf label import FILE` or drop it into `{watch}`;\n"
+            "- on the demo: `rlhf demo-batch` (collects from the champion and labels with the "
+            "demo's judge).\n")
 
 
 def report_nothing_new(config: PipelineConfig, consumed: int) -> None:
     report(OUTCOME, f"# Retrain: nothing new\n\nNo new batch in `{config.retrain.watch_dir}` "
-           f"({consumed} consumed); nothing trained, champion unchanged.\n", "retrain outcome")
+           f"({consumed} consumed); nothing trained, champion unchanged.\n\n"
+           + next_batch_steps(config), "retrain outcome")
 
 
 def report_first_champion(batches: int, parent_run_id: str) -> None:

@@ -13,7 +13,8 @@ sentence, exit 2. Nothing is created or deleted.
 
 A login written into a tracking URI (``http://bob:secret@host:5000``) is moved into the
 variables MLflow reads (:func:`login_out_of_uri`), so the URI that is recorded and shown
-carries none.
+carries none; a password left in any other URL of the config (a PostgreSQL tracking URI, a
+Label Studio URL) is refused before anything starts (:func:`refuse_secrets`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,29 @@ def split_login(uri: str) -> tuple[str, str | None, str | None]:
         urllib.parse.unquote(parts.password or "")
 
 
+# where each field that may hold a URI is better given (never recorded anywhere)
+SECRET_HOMES = {"tracking.tracking_uri": "MLFLOW_TRACKING_URI",
+                "collect.destination.url": "LABEL_STUDIO_URL"}
+
+
+def refuse_secrets(cfg) -> None:
+    """A config field still holding a password in a URL (a login the MLflow client cannot
+    take from its variables, e.g. a PostgreSQL URI ``postgresql://bob:secret@db/mlflow``)
+    would become a Prefect flow-run parameter and reach its database and UI: ConfigError of
+    one sentence naming the field and the environment variable to use instead."""
+    from tasks.config import flatten
+    from tasks.redact import URL_LOGIN, redact
+
+    for field, value in flatten(cfg.model_dump(mode="json")).items():
+        if isinstance(value, str) and URL_LOGIN.search(value):
+            home = SECRET_HOMES.get(field)
+            where = (f"set {home} to it instead (read from the environment, never recorded) "
+                     f"and leave {field} empty" if home else
+                     "give the password to the tool through its environment instead")
+            raise ConfigError(f"{field} holds a password ({redact(value)}), which would be "
+                              f"stored with the run's parameters: {where}")
+
+
 def login_out_of_uri(cfg=None):
     """Move a login written into the tracking server's URI (the config's
     tracking.tracking_uri, and $MLFLOW_TRACKING_URI) into MLFLOW_TRACKING_USERNAME /
@@ -76,14 +100,16 @@ def login_out_of_uri(cfg=None):
     bare, user, password = split_login(os.environ.get("MLFLOW_TRACKING_URI", ""))
     if user:
         os.environ.update({"MLFLOW_TRACKING_URI": bare, USER_VAR: user, PASSWORD_VAR: password})
-    if cfg is None or not cfg.tracking.tracking_uri:
+    if cfg is None:
         return cfg
-    bare, user, password = split_login(cfg.tracking.tracking_uri)
-    if not user:
-        return cfg
-    os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
-    tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
-    return cfg.model_copy(update={"tracking": tracking})
+    if cfg.tracking.tracking_uri:
+        bare, user, password = split_login(cfg.tracking.tracking_uri)
+        if user:
+            os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
+            tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
+            cfg = cfg.model_copy(update={"tracking": tracking})
+    refuse_secrets(cfg)  # what no variable can take
+    return cfg
 
 
 # -- MLflow ----------------------------------------------------------------------------------

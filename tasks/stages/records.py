@@ -25,6 +25,7 @@ class StageRecord(BaseModel):
     stage: str = ""
     run_id: str = ""
     wall_s: float = 0.0
+    peak_gpu_gb: float | None = None  # the CUDA allocator's peak in this process (on CUDA)
     skipped: bool = False
     metrics: dict[str, float] = {}
     figures: dict[str, Any] = {}
@@ -103,6 +104,7 @@ class RegisterRecord(StageRecord):
     """register: the registered versions and whether the policy became champion."""
 
     registered: bool
+    reason: str = ""  # why the policy was (or was not) promoted
     model_name: str | None = None
     version: int | None = None
     reward_model_name: str | None = None

@@ -141,7 +141,8 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
                else {"first": "none"}.get(rule.register_tag, "not compared")}
     return RegisterRecord(registered=True, model_name=name, version=int(version),
                           reward_model_name=rm_name, reward_model_version=int(rm_version),
-                          promoted=rule.promote, metrics={key: score}, figures=figures)
+                          promoted=rule.promote, reason=rule.reason, metrics={key: score},
+                          figures=figures)
 
 
 STAGE = Stage("register", body, RegisterRecord)

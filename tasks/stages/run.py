@@ -12,7 +12,7 @@ import time
 import typing
 from typing import Any
 
-from prefect import Task, task
+from prefect import Task
 from pydantic import BaseModel
 
 from rlhf_core.faults import crash_point, pause_point
@@ -21,6 +21,7 @@ from tasks.config import PipelineConfig
 from tasks.runtime.launch import run_ranks
 from tasks.runtime.remote import run_routed
 from tasks.stages.context import Stage, StageContext
+from tasks.stages.graph import direct_edges, note_made_from
 from tasks.stages.records import StageRecord
 from tasks.tracking.runs import RunContext, completed_output, record_output, stage_run
 from tasks.tracking.spool import resend_left
@@ -36,18 +37,40 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
     if done is not None:
         return stage.record.model_validate({**done, "skipped": True})
     start = time.perf_counter()
+    gpu = gpu_peak_tracked(ctx.device)
     resend_left(ctx.client(), ctx.workdir)  # a resume sends what a tracking outage left
     params = stage_params(cfg, *stage.sections) if stage.sections else None
     with stage_run(ctx, stage.name, params) as run_id:
         out = execute(ctx, cfg, stage, run_id, inputs)
         out = out.model_copy(update={"run_id": run_id, "stage": stage.name,
-                                     "wall_s": round(time.perf_counter() - start, 2)})
-        metric_logger(ctx, run_id)(0, {"time/stage_s": out.wall_s})
+                                     "wall_s": round(time.perf_counter() - start, 2),
+                                     "peak_gpu_gb": gpu_peak_gb() if gpu else None})
+        metric_logger(ctx, run_id)(0, {"time/stage_s": out.wall_s, **(
+            {"memory/stage_peak_gpu_gb": out.peak_gpu_gb} if gpu else {})})
         record_output(ctx, run_id, out.model_dump(mode="json"))
     crash_point(f"after:{stage.name}")
     stage_markdown(ctx, stage.name, run_id, {"wall_s": out.wall_s, **out.metrics,
                                               **out.figures})
     return out
+
+
+def gpu_peak_tracked(device: str) -> bool:
+    """On a CUDA device (``model.device`` cuda, or auto with CUDA present) reset the
+    allocator's peak, so the stage's own peak is read at its end -> whether it is tracked."""
+    import torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return False
+    torch.cuda.reset_peak_memory_stats()
+    return True
+
+
+def gpu_peak_gb() -> float:
+    """The CUDA allocator's peak since :func:`gpu_peak_tracked`, in GiB (this process's;
+    a stage on torchrun ranks or another machine reports that of its own processes)."""
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
 
 
 def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
@@ -104,4 +127,15 @@ def stage_task(stage: Stage) -> Task:
     run.__module__ = stage.body.__module__
     run.__doc__ = sys.modules[stage.body.__module__].__doc__
     run.__wrapped__ = stage.body  # what inspect.getsource, and so Prefect, reads as its source
-    return task(name=stage.name)(run)
+    return StageTask(fn=run, name=stage.name)
+
+
+class StageTask(Task):
+    """A stage's Prefect task: called with its inputs, it draws an edge in the flow run's
+    graph from each task it directly depends on only (tasks/stages/graph.py)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        out = super().__call__(**direct_edges(dict(bound.arguments)))
+        note_made_from(out, bound.arguments.values())
+        return out

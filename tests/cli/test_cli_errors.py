@@ -35,11 +35,17 @@ def assert_one_paragraph(proc, code: int, *needles: str) -> str:
     (["model.base_model=/nope"], ["model.base_model=/nope", "does not exist", "hub id"]),
     (["demo.enabled=false"], ["neither a `data:` section", "demo.enabled: true"]),
     (["model.base_model=not a hub id!"], ["neither an existing local folder nor a hub id"]),
+    # a password no variable of MLflow's can take: never a Prefect parameter, refused
+    (["tracking.tracking_uri=postgresql+psycopg://bob:s3cret@127.0.0.1:9/mlflow"],
+     ["tracking.tracking_uri holds a password", "bob:***@", "set MLFLOW_TRACKING_URI"]),
+    (["collect.destination.url=http://bob:s3cret@127.0.0.1:9"],
+     ["collect.destination.url holds a password", "set LABEL_STUDIO_URL"]),
 ])
 def test_bad_setting_fails_before_anything_starts(tmp_path, overrides, needles):
     sets = [a for o in overrides for a in ("--set", o)]
     proc = rlhf(["run", "--config", str(CONFIG), *sets], cwd=tmp_path)
     assert_one_paragraph(proc, 2, *needles)
+    assert "s3cret" not in proc.stdout + proc.stderr
     assert "Starting temporary server" not in proc.stderr  # Prefect never started
     assert list(tmp_path.iterdir()) == []  # no mlflow.db, no run folder
 

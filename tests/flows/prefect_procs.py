@@ -42,7 +42,10 @@ def base_env(home: Path) -> dict[str, str]:
                 "PREFECT_RUNNER_POLL_FREQUENCY": "1", "PREFECT_LOGGING_LEVEL": "WARNING",
                 # a 503 (database busy) is logged with its cause in the server's log
                 "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true",
-                "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"})
+                # the repository first, then what the caller had (packages installed there)
+                "PYTHONPATH": os.pathsep.join(
+                    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                "TOKENIZERS_PARALLELISM": "false"})
     return env
 
 

@@ -12,35 +12,12 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from flows.pipeline import rlhf_pipeline
 from tasks.configfile import load_config
-from tests.shared import parent_runs, pipeline_stages, write_jsonl
+from tests.families import write_chat_data
+from tests.shared import parent_runs, pipeline_stages
 
-TOPICS = ["cats", "dogs", "rain", "sun", "tea", "oceans", "weather", "the sun"]
 HEADER = {"llama3": "<|start_header_id|>assistant<|end_header_id|>\n\n",
           "qwen2": "<|im_start|>assistant\n"}
 EOT = {"llama3": "<|eot_id|>", "qwen2": "<|im_end|>"}
-
-
-def turns(i: int, last: str) -> list[dict]:
-    topic = TOPICS[i % len(TOPICS)]
-    head = [{"role": "system", "content": "you are a helpful assistant"}] if i % 2 else []
-    if i % 3 == 0:  # a multi-turn prompt
-        head += [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
-    return head + [{"role": "user", "content": f"tell me about {topic} {i}"}] + \
-        ([{"role": "assistant", "content": last}] if last else [])
-
-
-def write_data(tmp, n=64):
-    good, bad = "sure , nice", "bad bad what why how"
-    sft = [{"messages": turns(i, good)} for i in range(n)]
-    pref = [{"prompt": turns(i, "")[-1]["content"], "chosen": turns(i, good),
-             "rejected": turns(i, bad), "score_chosen": 8.0, "score_rejected": 2.0}
-            for i in range(n)]
-    prompts = [{"prompt": turns(i, "")} for i in range(n, n + 32)]
-    held_out = [{"prompt": turns(i, "")} for i in range(n + 32, n + 48)]
-    return {name: str(write_jsonl(tmp / f"{name}.jsonl", rows)) for name, rows in
-            (("sft", sft), ("preference", pref), ("prompts", prompts),
-             ("eval_prompts", held_out))}
-
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -50,7 +27,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def chat_run(request, tmp_path_factory, family_dir, prefect_api):
     tmp = tmp_path_factory.mktemp(f"chat_{request.param}")
     name, cuda = request.param.split("-")[0], request.param.endswith("cuda-bf16")
-    data = {k: {"path": v} for k, v in write_data(tmp).items()}
+    data = {k: {"path": v} for k, v in write_chat_data(tmp).items()}
     model = {"base_model": str(family_dir(name)), "device": "cuda" if cuda else "cpu"}
     if cuda:  # autocast in bf16 over fp32 master weights, as on a real GPU run
         model["precision"] = "bf16"

@@ -94,3 +94,46 @@ def test_rerun_with_same_id_skips_completed_stages(pipeline_result):
     ppo_run = result.stages["ppo"].run_id
     steps = [m.step for m in client.get_metric_history(ppo_run, "objective/kl")]
     assert steps == [1, 2, 3]
+
+
+def test_the_flow_run_graph_is_the_recipe(pipeline_result):
+    """Prefect's graph of the run (each task run's upstream inputs, read from its API): one
+    edge per direct data dependency, none from prepare into every stage and none from every
+    stage into finish."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    result, client, _ = pipeline_result
+    flow_run_id = client.get_run(result.parent_run_id).data.tags["rlhf.prefect_flow_run_id"]
+    with get_client(sync_client=True) as prefect:
+        task_runs = prefect.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    name = {str(t.id): t.name.rsplit("-", 1)[0]
+            for t in task_runs}
+    edges = sorted((name[str(inp.id)], name[str(t.id)]) for t in task_runs
+                   for inputs in t.task_inputs.values() for inp in inputs
+                   if getattr(inp, "input_type", "") == "task_run" and str(inp.id) in name)
+    assert edges == sorted([
+        ("prepare", "validate"), ("validate", "sft"), ("sft", "reward_model"),
+        ("reward_model", "reward_norm"), ("reward_model", "critic_init"),
+        ("reward_norm", "ppo"), ("critic_init", "ppo"), ("ppo", "evaluate"),
+        ("evaluate", "register"), ("register", "finish")])
+
+
+def test_the_run_has_its_own_summary_artifact(pipeline_result):
+    """Where a Prefect user lands: the flow run's own artifact (no task run) with the stage
+    table, the registry decision and why, and the MLflow links."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    result, client, _ = pipeline_result
+    flow_run_id = client.get_run(result.parent_run_id).data.tags["rlhf.prefect_flow_run_id"]
+    with get_client(sync_client=True) as prefect:
+        found = [a for a in prefect.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["rlhf-run-summary"]))) if str(a.flow_run_id) ==
+            flow_run_id]
+    assert len(found) == 1 and found[0].task_run_id is None, found
+    text = found[0].data
+    assert all(f"| {stage} | " in text for stage in pipeline_stages()), text
+    assert "promoted to champion" in text and result.registered.reason in text, text
+    assert result.parent_run_id in text and "workflowType=machine_learning" in text, text

@@ -316,6 +316,9 @@ def test_one_field_override_keeps_the_served_config_for_the_rest(served):
     assert params["ppo.kl_coef"] == "0.123"
     assert params["demo.enabled"] == "True" and params["ppo.iterations"] == "1"
     assert params["ppo.rollout_batch_size"] == "16"
+    # named as a CLI run is, plus what the form changed: runs tell apart in the Runs list
+    assert run.name.startswith("rlhf-demo-gpt2-demo-data-"), run.name
+    assert run.name.endswith(" kl_coef=0.123"), run.name
 
 
 @pytest.fixture(scope="module")

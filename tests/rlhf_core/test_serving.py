@@ -204,4 +204,6 @@ def test_served_models_run_on_the_gpu_like_on_the_cpu(chat, tmp_path):
     reply = {"role": "assistant", "content": "cats are nice"}
     on_gpu = score_rows(rm, tok, [CHAT, "hello"], [reply, "world"])
     on_cpu = score_rows(rm.cpu(), tok, [CHAT, "hello"], [reply, "world"])
-    assert on_gpu == pytest.approx(on_cpu, abs=1e-4)
+    # float32 matmuls run as TF32 on CUDA (rlhf_core/models/precision.py): 10 mantissa bits,
+    # so scores agree to about 1e-3 relative (seen: 1.8e-4 on an H100)
+    assert on_gpu == pytest.approx(on_cpu, rel=2e-3, abs=1e-3)

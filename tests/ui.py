@@ -1,0 +1,152 @@
+"""Driving the Prefect and MLflow UIs in headless Chromium as a newcomer does (Playwright's
+Python package with Debian's ``chromium``; Playwright downloads no browser here): the servers
+behind them (a Prefect server with its UI, an MLflow tracking server, ``rlhf serve``), the
+deployment's Custom run form, the flow run page and its artifacts, the MLflow run page and the
+compare view. Used by tests/flows/test_browser.py and bench/ui_screenshots.py."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.flows.prefect_procs import ROOT, free_port, prefect_server, rlhf_serve, wait_deployment
+from tests.servers import mlflow_server
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def missing() -> str | None:
+    """Why the browser cannot run here (None: it can)."""
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "Playwright's Python package is not installed (pip install playwright)"
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        return f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)"
+    return None
+
+
+@dataclass(frozen=True)
+class Served:
+    """The servers of one UI session: Prefect's UI and API, MLflow's, the deployment."""
+
+    prefect: str  # the UI's base URL (the API is under /api)
+    api: str
+    mlflow: str
+    deployment_id: str
+    client: object  # a SyncPrefectClient
+    log: Path
+
+
+@contextmanager
+def served(tmp: Path, sets: list[str] = ()) -> Iterator[Served]:
+    """An MLflow server, a Prefect server with its UI on a free port (the port given as the
+    server's setting, so the UI calls the same port), and ``rlhf serve`` of configs/test.yaml
+    tracking to that MLflow server."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    (tmp / "mlflow").mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    ui = {"PREFECT_UI_ENABLED": "true", "PREFECT_SERVER_API_PORT": str(port),
+          "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
+    with mlflow_server(f"sqlite:///{tmp}/mlflow.db", tmp / "mlflow") as mlflow_url, \
+            prefect_server(tmp / "server", ui, port=port) as (api, env):
+        env = {**env, "MLFLOW_TRACKING_URI": mlflow_url}
+        args = ["--config", str(ROOT / "configs" / "test.yaml"), "--name", "test",
+                "--set", f"tracking.workdir={tmp}/runs", "--set", "tracking.system_metrics=false"]
+        for item in sets:
+            args += ["--set", item]
+        with rlhf_serve(env, tmp, args) as (proc, log), SyncPrefectClient(api) as client:
+            deployment = wait_deployment(client, "rlhf_pipeline/test", proc, log)
+            yield Served(api.removesuffix("/api"), api, mlflow_url, str(deployment.id),
+                         client, log)
+
+
+@contextmanager
+def browser() -> Iterator[object]:
+    """A page of headless Chromium, 1400 x 1000."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(
+            executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        try:
+            yield chromium.new_page(viewport={"width": 1400, "height": 1000})
+        finally:
+            chromium.close()
+
+
+def custom_run(page, srv: Served, field: str, value: str) -> str:
+    """Deployments -> the pipeline -> Run -> Custom run: set the field labelled ``field``
+    (e.g. "Kl Coef") to ``value``, Submit -> the new flow run's id (read from the API)."""
+    before = {str(r.id) for r in _runs(srv)}
+    page.goto(f"{srv.prefect}/deployments/deployment/{srv.deployment_id}/run")
+    box = page.locator(f"xpath=//*[normalize-space(text())='{field} (Optional)']"
+                       "/following::input[1]")
+    box.wait_for(timeout=60_000)
+    box.fill(value)
+    page.get_by_role("button", name="Submit").last.click()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        new = [str(r.id) for r in _runs(srv) if str(r.id) not in before]
+        if new:
+            return new[0]
+        time.sleep(0.5)
+    raise TimeoutError("the Custom run form created no flow run")
+
+
+def _runs(srv: Served) -> list:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    return srv.client.read_flow_runs(deployment_filter=DeploymentFilter(
+        id=DeploymentFilterId(any_=[srv.deployment_id])))
+
+
+def flow_run_page(page, srv: Served, flow_run_id: str, shot: Path | None = None) -> str:
+    """The flow run's page (its graph first) -> the page's text; ``shot``: a screenshot."""
+    page.goto(f"{srv.prefect}/runs/flow-run/{flow_run_id}")
+    page.get_by_text("Task runs", exact=False).first.wait_for(timeout=60_000)
+    page.wait_for_timeout(2500)  # the graph draws after the page
+    if shot is not None:
+        page.screenshot(path=str(shot))
+    return page.inner_text("body")
+
+
+def run_summary(page, srv: Served, flow_run_id: str, shot: Path | None = None) -> str:
+    """Artifacts tab -> the run's own summary (``rlhf-run-summary``) -> its page's text."""
+    page.goto(f"{srv.prefect}/runs/flow-run/{flow_run_id}")
+    page.get_by_text("Artifacts", exact=True).first.click()
+    page.get_by_text("rlhf-run-summary", exact=True).first.click()
+    page.get_by_text("key figures", exact=False).first.wait_for(timeout=60_000)
+    if shot is not None:
+        page.screenshot(path=str(shot))
+    return page.inner_text("body")
+
+
+def mlflow_param(page, mlflow_url: str, experiment_id: str, run_id: str, key: str) -> str:
+    """The MLflow run page's Parameters table, searched for ``key`` -> its value."""
+    page.goto(f"{mlflow_url}/#/experiments/{experiment_id}/runs/{run_id}")
+    search = page.get_by_placeholder("Search parameters")
+    search.wait_for(timeout=60_000)
+    search.fill(key)
+    cell = page.get_by_text(key, exact=True).first
+    cell.wait_for(timeout=30_000)
+    row = cell.locator("xpath=ancestor::*[@role='row'][1]").inner_text().split("\n")
+    return row[row.index(key) + 1]
+
+
+def mlflow_compare(page, mlflow_url: str, experiment_id: str, run_ids: list[str],
+                   shot: Path | None = None) -> str:
+    """MLflow's compare view of ``run_ids`` -> its text; ``shot``: a screenshot."""
+    ids = ",".join(f'"{r}"' for r in run_ids)
+    page.goto(f"{mlflow_url}/#/compare-runs?runs=[{ids}]&experiments=[\"{experiment_id}\"]")
+    page.get_by_text("Parameters", exact=False).first.wait_for(timeout=60_000)
+    page.wait_for_timeout(2000)
+    if shot is not None:
+        page.screenshot(path=str(shot), full_page=True)
+    return page.inner_text("body")
