@@ -3,11 +3,12 @@
     rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID] [--nproc N]
     rlhf validate [--config FILE] [--set key=value ...]
     rlhf sweep [--config FILE] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--max-concurrent N]
-    rlhf runs [--experiment NAME] [--limit N]                  (cli/runs.py)
+    rlhf runs [--experiment NAME] [--limit N] [--page P]       (cli/runs.py)
     rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
     rlhf stage-worker --name NAME
     rlhf collect | label import FILE | retrain | demo-batch | promote VERSION | rollback
                                                     (cli/retrain.py)
+    rlhf gc [--config FILE] [--keep-runs N] [--yes]  (cli/gc.py)
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
@@ -238,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
     runs.add_argument("--limit", type=positive_int, default=10,
                       help="how many runs (newest first)")
+    runs.add_argument("--page", type=positive_int, default=1,
+                      help="which page of --limit runs (1: the newest; 2: the next ones...)")
     runs.set_defaults(func=cmd_runs)
     srv = sub.add_parser("serve", help="serve the pipeline, retrain and collect deployments "
                          "(blocks)")
@@ -249,9 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "elsewhere: serve the rlhf-stage/NAME deployment (blocks)")
     stw.add_argument("--name", required=True, help="deployment name, e.g. gpu (rlhf-stage/gpu)")
     stw.set_defaults(func=cmd_stage_worker)
+    from cli.gc import add_command as add_gc
     from cli.retrain import add_commands
 
     add_commands(sub, _config_for)
+    add_gc(sub, _config_for)
     return parser
 
 

@@ -5,6 +5,7 @@ minutes of retries against a server that does not answer."""
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 
 from tasks.configfile import ConfigError
@@ -38,6 +39,10 @@ def check_resume_id(cfg, run_id: str, argv: list[str] | tuple = ("run",)) -> Non
         raise ConfigError(f"--resume {run_id}: that is the `{stage}` child run of the "
                           f"pipeline run {parent}; resume the pipeline run: "
                           f"{shlex.join(['rlhf', *resume_args(list(argv), parent)])}")
+    if run.status == "FINISHED":
+        print(f"rlhf: run {run_id} is finished: every stage is reused as recorded and nothing "
+              "trains again (a finished run's resume state, its mid-stage checkpoints, is "
+              "deleted unless tracking.keep_resume_state)", file=sys.stderr)
 
 
 def resume_args(args: list[str], run_id: str) -> list[str]:
@@ -54,11 +59,13 @@ def resume_args(args: list[str], run_id: str) -> list[str]:
     return [*out, "--resume", run_id]
 
 
-def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> str:
-    """Recent pipeline (parent) runs of ``experiment`` with their key metrics, newest first."""
+def runs_table(experiment: str, limit: int, tracking_uri: str | None = None,
+               page: int = 1) -> str:
+    """Pipeline (parent) runs of ``experiment`` with their key metrics, newest first: page
+    ``page`` of ``limit`` runs."""
     uri = default_tracking_uri(tracking_uri)
     try:
-        found = pipeline_runs(uri, experiment, limit)
+        found = pipeline_runs(uri, experiment, limit, page)
     except StoreError as err:
         raise ConfigError(str(err)) from None
     runs = found.runs
@@ -73,7 +80,11 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> 
         lines.append(f"{run.run_id:<34}{run.run_name or '':<{width}}"
                      f"{run.status:<10}{started:<18}{values}")
     if not runs:
-        lines.append("(no pipeline runs yet: `rlhf run`)")
+        lines.append("(no pipeline runs yet: `rlhf run`)" if page == 1 else
+                     f"(no runs on page {page}: fewer than {(page - 1) * limit + 1} runs)")
+    if found.more:
+        lines.append(f"older runs: rlhf runs --experiment {experiment} --limit {limit} "
+                     f"--page {page + 1}")
     where = "" if uri.startswith(("http://", "https://")) else \
         f" (after `mlflow ui --backend-store-uri {uri}`)"
     lines.append(f"in the MLflow UI{where}: {runs_table_url(uri, found.experiment_id)}")
@@ -82,5 +93,5 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None) -> 
 
 def cmd_runs(args) -> int:
     check_servers(None, prefect=False, needs=Needs(args.experiment, write=False))
-    print(runs_table(args.experiment, args.limit))
+    print(runs_table(args.experiment, args.limit, page=args.page))
     return 0

@@ -105,13 +105,15 @@ def challenge(config: PipelineConfig, batches: list[Batch],
                         trained["reward_model"], start.reference, judge_out)
         decision = gate_out.decision
         if control:
-            result = finish(ctx, {"validate": data, **trained, "gate": gate_out})
+            result = finish(ctx, {"validate": data, **trained, "gate": gate_out},
+                            config.tracking.keep_resume_state)
             return RetrainResult(status="control", decision=decision, run=result)
         lineage = lineage_tags(prep, batches, champion, decision.scorer)
         reg = register(ctx, config, trained["ppo"], gate_out, trained["reward_model"], data,
                        lineage=lineage, decision=decision)
         mark_consumed(ctx, batches)
-    result = finish(ctx, {"validate": data, **trained, "gate": gate_out, "register": reg})
+    result = finish(ctx, {"validate": data, **trained, "gate": gate_out, "register": reg},
+                    config.tracking.keep_resume_state)
     return RetrainResult(status="promoted" if decision.promote else "kept", decision=decision,
                          run=result)
 
@@ -200,6 +202,6 @@ def compare(config: PipelineConfig, champion: str = "1",
                         PolicyRecord(policy=Artifact(path=other.policy_dir)),
                         ModelRecord(model=Artifact(path=other.rm_dir)), base.sft_dir,
                         compared=compared)
-    result = finish(ctx, {"validate": data, "gate": gate_out})
+    result = finish(ctx, {"validate": data, "gate": gate_out}, config.tracking.keep_resume_state)
     return CompareResult(champion=int(base.version), challenger=int(other.version),
                          decision=gate_out.decision, run=result)

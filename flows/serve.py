@@ -216,8 +216,21 @@ def label_pull_deployment(config: PipelineConfig, name: str):
                     "batches (each pair once); each batch starts a retrain.")
 
 
+def gc_deployment(config: PipelineConfig, name: str):
+    """`rlhf gc --yes` on ``tracking.gc_schedule`` (manual runs when None)."""
+    from flows.gc import gc_flow
+
+    return gc_flow.to_deployment(
+        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        schedules=as_schedules(config.tracking.gc_schedule),
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        description="Delete what no longer serves (older finished runs' folders, runs "
+                    "deleted in MLflow, old batches, pull records); never an alias's or a "
+                    "resumable run's.")
+
+
 def serve(config: PipelineConfig, name: str) -> None:
-    """Serve the four deployments until interrupted (blocks), again after the Prefect
+    """Serve the five deployments until interrupted (blocks), again after the Prefect
     server comes back from an outage (tasks/runtime/reconnect.py). Needs a Prefect server."""
     from prefect.settings import PREFECT_API_URL
 
@@ -232,6 +245,7 @@ def serve(config: PipelineConfig, name: str) -> None:
     serve_until_stopped(lambda: [pipeline_deployment(config, name),
                                  retrain_deployment(config, name),
                                  collect_deployment(config, name),
-                                 label_pull_deployment(config, name)],
-                        f"rlhf_pipeline/{name}, retrain/{name}, collect/{name} and "
-                        f"label-pull/{name}")
+                                 label_pull_deployment(config, name),
+                                 gc_deployment(config, name)],
+                        f"rlhf_pipeline/{name}, retrain/{name}, collect/{name}, "
+                        f"label-pull/{name} and gc/{name}")

@@ -13,7 +13,7 @@ from prefect import flow, task
 from flows.wiring import rl_stages, shared_stages
 from tasks.config import PipelineConfig
 from tasks.configfile import grid_points
-from tasks.finish import close_parent, fail_parent, finish
+from tasks.finish import close_finished, fail_parent, finish
 from tasks.prepare import Prepared, prepare
 from tasks.results import PipelineResult, SweepResult
 from tasks.stages.records import SharedStages
@@ -40,7 +40,7 @@ def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str
     except BaseException:
         fail_parent(ctx)
         raise
-    return finish(ctx, outputs)
+    return finish(ctx, outputs, config.tracking.keep_resume_state)
 
 
 @task(name="sweep_point")
@@ -88,6 +88,6 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
             else:
                 rows.append(point_row(overrides, None, state.message or state.name))
     summary = sweep_summary(ctx, rows)
-    close_parent(ctx)
+    close_finished(ctx, config.tracking.keep_resume_state)
     return SweepResult(sweep_id=sweep_id, parent_run_id=ctx.parent_run_id,
                        experiment_id=ctx.experiment_id, tracking_uri=ctx.tracking_uri, **summary)

@@ -110,6 +110,6 @@ def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
         outputs["register"] = register(ctx, config, outputs["ppo"], outputs["evaluate"],
                                        outputs["reward_model"], outputs["validate"],
                                        lineage=lineage)
-    result = finish(ctx, outputs)
+    result = finish(ctx, outputs, config.tracking.keep_resume_state)
     publish_summary(result, f"rlhf-{config.short_name()}")
     return result

@@ -6,7 +6,9 @@ between the rollout and the update of PPO iteration n, ``checkpoint:<stage>:<n>`
 checkpoint save (files written, not yet renamed into place), ``after:<stage>`` once a stage
 has finished and recorded its output, ``register:policy_version`` once the policy's version
 exists (the reward model's not yet), ``register:challenger`` once both versions are tagged and
-hold ``challenger``. Unset (the default), this is a no-op.
+hold ``challenger``, ``remove:<label>`` once a folder or file being deleted was renamed to
+its trash name, not yet deleted (``remove:retention``, ``remove:gc:run_folder``,
+``remove:gc:batch``...). Unset (the default), this is a no-op.
 """
 
 from __future__ import annotations

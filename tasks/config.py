@@ -23,7 +23,7 @@ from rlhf_core.config import (
     SFTConfig,
 )
 from tasks.champion.collect_config import CollectConfig
-from tasks.champion.config import RetrainConfig
+from tasks.champion.config import RetrainConfig, ScheduleConfig
 
 
 class DemoConfig(BaseModel):
@@ -54,6 +54,16 @@ class TrackingConfig(BaseModel):
     register_models: bool = Field(True, description="Register the final models.")
     progress: bool = Field(True, description="Show progress bars.")
     keep_checkpoints: int = Field(2, ge=1, description="Mid-stage checkpoints kept per stage.")
+    keep_resume_state: bool = Field(
+        False, description="Keep a finished run's resume state (the mid-stage checkpoints: "
+        "weights, optimizer, RNG, data position) in workdir; by default it is deleted once "
+        "the run is finished and its models registered. A failed or stopped run keeps it.")
+    gc_keep_runs: int = Field(
+        5, ge=0, description="`rlhf gc`: local folders of the newest N finished runs kept "
+        "in workdir; older ones go (an alias's run and unfinished runs always stay).")
+    gc_schedule: ScheduleConfig | None = Field(
+        None, description="`rlhf serve`: run `rlhf gc --yes` on this schedule (the "
+        "gc/<name> deployment); None: by hand only.")
     system_metrics: bool = Field(True, description="Log CPU/memory/GPU use on the parent run.")
     system_metrics_interval_s: float = Field(5.0, gt=0, description="Sampling interval.")
     outage_limit_s: float = Field(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import task
 from prefect.utilities.annotations import quote
 
 from tasks.results import PipelineResult
+from tasks.retention import drop_resume_state
 from tasks.stages.graph import latest
 from tasks.stages.ppo import STAGE as PPO
 from tasks.stages.records import StageRecord
@@ -44,23 +47,36 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 
 
 @task(name="finish")
-def finish_task(ctx: RunContext, outputs: dict[str, StageRecord]) -> PipelineResult:
-    """Log the plots, close the parent run -> the run's result (each stage's record)."""
+def finish_task(ctx: RunContext, outputs: dict[str, StageRecord],
+                keep_resume_state: bool) -> PipelineResult:
+    """Log the plots, close the parent run, then delete its local resume state (the stages'
+    mid-stage checkpoints) unless ``keep_resume_state`` -> the run's result (each stage's
+    record)."""
     plot_ppo_curves(ctx)
-    close_parent(ctx)
+    close_finished(ctx, keep_resume_state)
     return PipelineResult.of(ctx, outputs)
 
 
-def finish(ctx: RunContext, outputs: dict[str, StageRecord]) -> PipelineResult:
+def finish(ctx: RunContext, outputs: dict[str, StageRecord],
+           keep_resume_state: bool) -> PipelineResult:
     """The finish task after the run's last stages: its edges in the flow run's graph come
     from the stages no other output derives from (register, in the pipeline), not from
     every stage whose record it summarises (tasks/stages/graph.py)."""
-    return finish_task(quote(ctx), quote(outputs), wait_for=latest(outputs.values()))
+    return finish_task(quote(ctx), quote(outputs), keep_resume_state,
+                       wait_for=latest(outputs.values()))
 
 
 def close_parent(ctx: RunContext) -> None:
     """Mark the parent run FINISHED."""
     end_parent_run(ctx, "FINISHED")
+
+
+def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
+    """Mark the parent run FINISHED, then delete its resume state unless
+    ``keep_resume_state`` (tasks/retention.py: what stays)."""
+    close_parent(ctx)
+    if not keep_resume_state:
+        drop_resume_state(Path(ctx.workdir))
 
 
 def fail_parent(ctx: RunContext) -> None:

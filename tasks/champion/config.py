@@ -78,3 +78,7 @@ class RetrainConfig(_Frozen):
         "PPO iterations of a retrain, which continues from the champion (None: a third of "
         "ppo.iterations, at least 1)."))
     gate: GateConfig = Field(GateConfig())
+    gc_batch_age_days: float = Field(30.0, ge=0, description=(
+        "`rlhf gc`: consumed and quarantined batch files older than this many days are "
+        "deleted (a consumed batch's copy stays on the retrain run that consumed it); a "
+        "batch no retrain consumed always stays."))

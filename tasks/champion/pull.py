@@ -39,9 +39,14 @@ from tasks.labelling.project import (
     project_title,
     read_tasks,
 )
-from tasks.tracking.champion_store import studio_collections
+from tasks.tracking.champion_store import finished_collection, studio_collections
 from tasks.tracking.runs import default_tracking_uri, tracking_client
-from tasks.tracking.tags import COLLECTION_TAG, LABELS_SOURCE_TAG
+from tasks.tracking.tags import (
+    COLLECTION_LABEL_STUDIO_TAG,
+    COLLECTION_TAG,
+    LABELS_SOURCE_TAG,
+    PULLED_ALL_TAG,
+)
 
 SOURCE = "label-studio"
 
@@ -155,6 +160,10 @@ def _votes(link: StudioLink, tasks: dict, pulled: dict[str, list[dict]]
 def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> PullResult:
     """One pull of one collection (see the module's docstring)."""
     cid = run.data.tags[COLLECTION_TAG]
+    if PULLED_ALL_TAG in run.data.tags:  # every pair pulled; `rlhf gc` deleted its record
+        pairs = int(run.data.tags[PULLED_ALL_TAG])
+        return PullResult(cid, "done", pairs, pairs,
+                          page=run.data.tags.get(COLLECTION_LABEL_STUDIO_TAG, ""))
     link = read_link(client, run)
     folder = _folder(cfg, cid)
     for pending in sorted((folder / "pending").glob("*.jsonl")):
@@ -202,6 +211,30 @@ def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: LabelImport) ->
                       f"their votes dropped: {held or 'none'}. {text}")
     except LabelStudioError as err:
         print(f"note: the verdict was not written to the project ({err})")
+
+
+def pulled_in_full(cfg: PipelineConfig) -> list[tuple[str, Path, int]]:
+    """Collections whose every pair was pulled and imported, no pull pending: (id, its
+    ``pulls/`` record, its pairs). Their records serve no later pull once the collection's
+    run says so (:data:`PULLED_ALL_TAG`, set by `rlhf gc` before it deletes one)."""
+    root = Path(cfg.collect.out_dir) / "pulls"
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+        if root.is_dir() else []
+    if not folders:
+        return []
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
+    exp_id = experiment_for(client, cfg)
+    out = []
+    for folder in folders:
+        if list((folder / "pending").glob("*.jsonl")):
+            continue  # a pull stopped midway: the next pull finishes it
+        run = finished_collection(client, exp_id, folder.name)
+        if run is None or COLLECTION_LABEL_STUDIO_TAG not in run.data.tags:
+            continue
+        total = len(read_link(client, run).tasks)
+        if len(_pulled(folder)) >= total:
+            out.append((folder.name, folder, total))
+    return out
 
 
 def pull(cfg: PipelineConfig, collection: str | None = None,

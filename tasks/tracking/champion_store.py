@@ -25,6 +25,23 @@ LINK = "collection/label_studio.json"
 CONSUMED_COPY = "consumed_batches"  # artifact folder: a copy of each batch a retrain consumed
 
 
+def every_run(client: MlflowClient, experiment_id: str, filter_string: str,
+              order_by: list[str] | None = None) -> list:
+    """Every run of the experiment that ``filter_string`` selects (the store filters), page by
+    page: no cap on how many a long-lived loop has made."""
+    out, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=1000,
+                                  order_by=order_by, page_token=token)
+        out += list(page)
+        token = page.token
+        if not token:
+            return out
+
+
+FINISHED = "attributes.status = 'FINISHED'"
+
+
 # ---- collections -----------------------------------------------------------------------------
 def open_collection_run(client: MlflowClient, experiment_id: str, run_name: str,
                         tags: dict[str, str]) -> str:
@@ -43,10 +60,8 @@ def log_collection_files(client: MlflowClient, run_id: str, files: list[Path],
 
 def pool_collections(client: MlflowClient, experiment_id: str, pool_digest: str) -> list:
     """The finished collections of the prompt pool whose digest is ``pool_digest``."""
-    runs = client.search_runs([experiment_id], max_results=5000,
-                              filter_string=f"tags.`{COLLECTION_POOL_DIGEST_TAG}` = "
-                                            f"'{pool_digest}'")
-    return [r for r in runs if r.info.status == "FINISHED"]
+    return every_run(client, experiment_id,
+                     f"tags.`{COLLECTION_POOL_DIGEST_TAG}` = '{pool_digest}' and {FINISHED}")
 
 
 def collection_prompts(client: MlflowClient, runs: list) -> set[str]:
@@ -86,10 +101,9 @@ def studio_link_text(client: MlflowClient, run) -> str:
 
 def studio_collections(client: MlflowClient, experiment_id: str) -> list:
     """Finished collections that went to Label Studio, oldest first."""
-    runs = client.search_runs([experiment_id], max_results=1000, order_by=[
-        "attributes.start_time ASC"], filter_string=(
-        f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%' and attributes.status = 'FINISHED'"))
-    return list(runs)
+    return every_run(client, experiment_id,
+                     f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%' and {FINISHED}",
+                     ["attributes.start_time ASC"])
 
 
 def studio_collection(client: MlflowClient, experiment_id: str, cid: str):
@@ -141,10 +155,9 @@ def consumed_batches(tracking_uri: str, experiment: str) -> dict[str, str]:
     client, exp_id = experiment_client(tracking_uri, experiment)
     if exp_id is None:
         return {}
-    runs = client.search_runs([exp_id], filter_string=f"tags.`{CONSUMED_TAG}` != ''",
-                              max_results=5000, order_by=["attributes.start_time ASC"])
-    return {d: r.info.run_id for r in runs if r.info.status == "FINISHED"
-            for d in json.loads(r.data.tags[CONSUMED_TAG])}
+    runs = every_run(client, exp_id, f"tags.`{CONSUMED_TAG}` != '' and {FINISHED}",
+                     ["attributes.start_time ASC"])
+    return {d: r.info.run_id for r in runs for d in json.loads(r.data.tags[CONSUMED_TAG])}
 
 
 def record_consumed(ctx: RunContext, batches: list[tuple[str, str]]) -> None:

@@ -31,11 +31,12 @@ def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
 
 class RunPlace(BaseModel):
     """Where a stored run sits: the pipeline run it is a stage of (None: a pipeline run)
-    and its stage (its stage tag, else its name)."""
+    and its stage (its stage tag, else its name); its status (FINISHED, FAILED...)."""
 
     model_config = ConfigDict(frozen=True)
     parent_run_id: str | None
     stage: str | None
+    status: str
 
 
 class PipelineRun(BaseModel):
@@ -50,11 +51,13 @@ class PipelineRun(BaseModel):
 
 
 class PipelineRuns(BaseModel):
-    """An experiment's id and its latest pipeline runs, newest first."""
+    """An experiment's id and one page of its pipeline runs, newest first; ``more``: a
+    later page has runs."""
 
     model_config = ConfigDict(frozen=True)
     experiment_id: str
     runs: list[PipelineRun]
+    more: bool = False
 
 
 def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
@@ -68,13 +71,15 @@ def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
         raise StoreError(str(err)) from None
     tags = run.data.tags
     return RunPlace(parent_run_id=tags.get(PARENT_TAG),
-                    stage=tags.get(STAGE_TAG, run.info.run_name))
+                    stage=tags.get(STAGE_TAG, run.info.run_name), status=run.info.status)
 
 
-def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> PipelineRuns:
-    """The experiment's id and its latest ``limit`` pipeline (parent) runs, newest first,
-    read without creating a store; StoreError when there is no such store or experiment,
-    or the store cannot be read."""
+def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
+                  page: int = 1) -> PipelineRuns:
+    """The experiment's id and page ``page`` (``limit`` runs each) of its pipeline (parent)
+    runs, newest first, selected by the store (a tag filter and MLflow's page tokens: the
+    runs of earlier pages are skipped, not read), without creating a store; StoreError when
+    there is no such store or experiment, or the store cannot be read."""
     from mlflow.exceptions import MlflowException
 
     client = _read_only_client(tracking_uri)
@@ -82,12 +87,20 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int) -> PipelineRun
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
-        runs = client.search_runs([exp.experiment_id],
-                                  filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
-                                  order_by=["attributes.start_time DESC"], max_results=limit)
+        runs, token = [], None
+        for n in range(1, page + 1):
+            found = client.search_runs([exp.experiment_id],
+                                       filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
+                                       order_by=["attributes.start_time DESC"],
+                                       max_results=limit, page_token=token)
+            token = found.token
+            if n == page:
+                runs = found
+            elif not token:
+                break  # fewer pages than asked for
     except (MlflowException, OSError) as err:
         raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
                          f"{str(err).splitlines()[0][:300]}") from None
-    return PipelineRuns(experiment_id=exp.experiment_id, runs=[PipelineRun(
+    return PipelineRuns(experiment_id=exp.experiment_id, more=bool(token), runs=[PipelineRun(
         run_id=r.info.run_id, run_name=r.info.run_name, status=r.info.status,
         start_time=r.info.start_time, metrics=dict(r.data.metrics)) for r in runs])

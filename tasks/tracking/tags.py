@@ -110,6 +110,7 @@ COLLECTION_POLICY_TAG = "rlhf.collection.policy"  # <registered name>/<version>
 COLLECTION_FILE_TAG = "rlhf.collection.file"  # the labelling file
 # the Label Studio project's page its tasks went to (no credentials)
 COLLECTION_LABEL_STUDIO_TAG = "rlhf.collection.label_studio"
+PULLED_ALL_TAG = "rlhf.collection.pulled_all"  # `rlhf gc`: every pair pulled (its count)
 POLICY_VERSION_INPUT_TAG = "rlhf.policy_version"  # input tag of the labelling file's dataset
 
 # --- label-import runs (`rlhf label import`) ---------------------------------------------

@@ -41,6 +41,28 @@ def test_runs_limit_zero_is_a_usage_error_not_a_traceback(capsys):
     assert done.value.code == 2 and "must be 1 or more" in capsys.readouterr().err
 
 
+def test_runs_pages_through_the_pipeline_runs_newest_first(tmp_path, monkeypatch, capsys):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("rlhf-demo")
+    ids = [client.create_run(exp, start_time=1_000_000 * (n + 1), run_name=f"run-{n}",
+                             tags={"rlhf.config_hash": "h"}).info.run_id for n in range(5)]
+    client.create_run(exp, start_time=9_000_000, run_name="a-collection")  # no pipeline run
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+
+    def page(n: int) -> str:
+        assert main(["runs", "--limit", "2", "--page", str(n)]) == 0
+        return capsys.readouterr().out
+
+    first, second, third, fourth = page(1), page(2), page(3), page(4)
+    listed = [sorted((i for i in ids if i in text), key=text.index)
+              for text in (first, second, third)]
+    assert listed == [[ids[4], ids[3]], [ids[2], ids[1]], [ids[0]]]  # newest first
+    assert "a-collection" not in first
+    assert "--limit 2 --page 3" in second and "older runs" not in third
+    assert "(no runs on page 4: fewer than 7 runs)" in fourth
+
+
 def test_runs_gives_up_quickly_on_an_unreachable_server(monkeypatch, capsys):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

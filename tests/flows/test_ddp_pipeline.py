@@ -18,7 +18,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
 OVERRIDES = ["model.nproc=2", "model.torch_threads=2", "sft.log_every=1",
              "sft.checkpoint_every=2", "reward.log_every=1", "reward.checkpoint_every=2",
              "ppo.iterations=2", "ppo.sample_every=1", "ppo.num_samples=2",
-             "tracking.register_models=false"]
+             "tracking.register_models=false", "tracking.keep_resume_state=true"]
 RANK_STAGES = ("sft", "reward_model")
 
 

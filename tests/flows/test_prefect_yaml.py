@@ -22,6 +22,7 @@ def test_prefect_yaml_parameters_are_the_demo_config():
     assert retrain["concurrency_limit"]["limit"] == 1
     assert by_entry["flows/collect.py:collect_flow"]["parameters"] == retrain["parameters"]
     assert by_entry["flows/collect.py:label_pull"]["parameters"] == retrain["parameters"]
+    assert by_entry["flows/gc.py:gc_flow"]["parameters"] == retrain["parameters"]
     # the retrain deployment's trigger is the one `rlhf serve` gives it
     served = labels_trigger().model_dump(mode="json", exclude_unset=True)
     (trigger,) = retrain["triggers"]

@@ -19,10 +19,11 @@ from tests.stores import seed_sqlite_store
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
-# 4 SFT steps and 4 RM steps (checkpoints at step 2), 3 PPO iterations (checkpoints at 1, 2)
+# 4 SFT steps and 4 RM steps (checkpoints at step 2), 3 PPO iterations (checkpoints at 1, 2),
+# kept after the run finishes (tracking.keep_resume_state) for the checks below
 OVERRIDES = ["model.torch_threads=2", "sft.log_every=1", "sft.checkpoint_every=2",
              "reward.log_every=1", "reward.checkpoint_every=2", "ppo.checkpoint_every=1",
-             "tracking.register_models=false"]
+             "tracking.register_models=false", "tracking.keep_resume_state=true"]
 KILL_POINTS = ["sft:step:3", "reward_model:step:3", "after:reward_norm", "checkpoint:ppo:2",
                "ppo:rollout:3"]
 

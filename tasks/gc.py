@@ -1,0 +1,263 @@
+"""`rlhf gc`: find what no longer serves, then (only when asked) delete it, one log line each.
+
+What it finds, by kind:
+
+- ``run folder``: ``<tracking.workdir>/<run id>/`` of a FINISHED run beyond the newest
+  ``tracking.gc_keep_runs``; a failed, stopped or running run (resumable), a run an alias
+  needs (champion, challenger, previous-champion of the policy or the reward model: the
+  version's runs and their pipeline runs) and a folder the store has no run for are kept;
+- ``trash``: what a deletion stopped midway left (``.trash-*``, see tasks/retention.py);
+- ``mlflow run``: runs marked deleted in MLflow, removed by MLflow's own gc with their
+  artifacts (not those an alias needs; a tracking server's store is collected where it runs);
+- ``batch``: consumed batch files in ``retrain.watch_dir`` whose consuming run keeps a copy,
+  and quarantined files (with their notes), older than ``retrain.gc_batch_age_days``; a
+  batch no retrain consumed always stays;
+- ``pull record``: ``<collect.out_dir>/pulls/<collection>/`` of a collection whose every pair
+  was pulled and imported (its run is tagged first, so a later pull skips it).
+
+Every deletion renames first, then deletes (tasks/retention.py): a kill midway leaves a
+``.trash-`` name no command reads, and the next gc removes it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+from prefect import task
+from pydantic import BaseModel, ConfigDict
+
+from tasks.champion.batches import BATCH_SUFFIXES, file_digest
+from tasks.champion.labels import QUARANTINE
+from tasks.champion.pull import pulled_in_full
+from tasks.config import PipelineConfig
+from tasks.retention import TRASH, remove_tree, trash_in, tree_bytes
+from tasks.tracking.champion_store import consumed_batches
+from tasks.tracking.gc_store import (
+    alias_runs,
+    deleted_experiments,
+    deleted_runs,
+    keeps_consumed_copy,
+    mark_pulled_all,
+    purge_deleted_runs,
+    stored_runs,
+)
+from tasks.tracking.runs import default_tracking_uri
+
+Kind = Literal["run folder", "trash", "mlflow run", "batch", "pull record"]
+DAY_S = 86400.0
+
+
+class Found(BaseModel):
+    """One thing gc looked at: a path or a run id, whether it goes, and why (or why not)."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Kind
+    target: str
+    delete: bool
+    reason: str
+    bytes: int = 0
+    pairs: int = 0  # a pull record: its collection's pairs, all pulled
+
+    def line(self) -> str:
+        size = "" if not self.bytes else f" ({self.bytes / 1e6:.1f} MB)" \
+            if self.bytes >= 100_000 else f" ({self.bytes / 1e3:.1f} kB)"
+        return f"{self.kind} {self.target}{size}: {self.reason}"
+
+
+class GcPlan(BaseModel):
+    """Everything gc found, in the order it deletes; ``notes`` say what it could not do."""
+
+    model_config = ConfigDict(frozen=True)
+    tracking_uri: str
+    found: list[Found]
+    notes: list[str] = []
+
+    @property
+    def deletions(self) -> list[Found]:
+        return [f for f in self.found if f.delete]
+
+    @property
+    def kept(self) -> list[Found]:
+        return [f for f in self.found if not f.delete]
+
+
+def _is_run_id(name: str) -> bool:
+    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
+
+
+def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
+                 needed: dict[str, str]) -> list[Found]:
+    root = Path(cfg.tracking.workdir)
+    if not root.is_dir():
+        return []
+    out = [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
+                 reason="left by a deletion that was stopped midway") for p in trash_in(root)]
+    folders = {p.name: p for p in root.iterdir() if p.is_dir() and _is_run_id(p.name)}
+    runs = stored_runs(uri, sorted(folders))
+    finished = []
+    for run_id, path in sorted(folders.items()):
+        run = runs.get(run_id)
+        if run is None:
+            why = f"the store at {uri} has no run {run_id} (another store's?)"
+        elif run_id in needed:
+            why = f"needed by {needed[run_id]}"
+        elif run.deleted:
+            out.append(Found(kind="run folder", target=str(path), delete=True,
+                             bytes=tree_bytes(path), reason="its run is marked deleted in MLflow"))
+            continue
+        elif run.status != "FINISHED":
+            why = f"{run.status}: kept until resumed, or deleted in MLflow (resume state)"
+        else:
+            finished.append((run.end_time or 0, run_id, path))
+            continue
+        out.append(Found(kind="run folder", target=str(path), delete=False, reason=why))
+    finished.sort(reverse=True)  # newest first
+    for n, (ended, _, path) in enumerate(finished):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(ended / 1000))
+        if n < keep:
+            out.append(Found(kind="run folder", target=str(path), delete=False,
+                             reason=f"finished {when}, among the newest {keep} finished runs"))
+        else:
+            out.append(Found(kind="run folder", target=str(path), delete=True,
+                             bytes=tree_bytes(path), reason=f"finished {when}, older than the "
+                             f"newest {keep} finished runs (tracking.gc_keep_runs)"))
+    return out
+
+
+def _deleted_runs(uri: str, needed: dict[str, str]) -> tuple[list[Found], list[str]]:
+    runs = deleted_runs(uri)
+    if not runs:
+        return [], []
+    out = [Found(kind="mlflow run", target=r.run_id, delete=False,
+                 reason=f"marked deleted, but needed by "
+                        f"{needed.get(r.run_id) or needed[r.parent_run_id]}: restore it")
+           if r.run_id in needed or r.parent_run_id in needed else
+           Found(kind="mlflow run", target=r.run_id, delete=True,
+                 reason="marked deleted in MLflow: removed with its artifacts by `mlflow gc`")
+           for r in runs]
+    notes = []
+    if uri.startswith(("http://", "https://")):
+        ids = ",".join(f.target for f in out if f.delete)
+        out = [f.model_copy(update={"delete": False}) for f in out]
+        notes.append(f"runs marked deleted on the tracking server {uri} are collected where "
+                     f"it runs: `mlflow gc --backend-store-uri <its database> --run-ids {ids}`")
+    gone = deleted_experiments(uri)
+    if gone and any(not f.delete for f in out if f.kind == "mlflow run"):
+        out = [f.model_copy(update={"delete": False}) for f in out]
+        notes.append(f"experiments {', '.join(gone)} are marked deleted and `mlflow gc` would "
+                     "remove them whole, while a run above is needed: restore that run first")
+    elif gone and any(f.delete for f in out):
+        notes.append(f"`mlflow gc` also removes the experiments marked deleted: "
+                     f"{', '.join(gone)}")
+    return out, notes
+
+
+def _old(path: Path, max_age_days: float, now: float) -> bool:
+    return now - path.stat().st_mtime > max_age_days * DAY_S
+
+
+def _batches(cfg: PipelineConfig, uri: str, now: float) -> list[Found]:
+    watch = Path(cfg.retrain.watch_dir)
+    if not watch.is_dir():
+        return []
+    days = cfg.retrain.gc_batch_age_days
+    age = f"older than {days:g} days (retrain.gc_batch_age_days)"
+    files = sorted(p for p in watch.iterdir() if p.is_file() and p.suffix in BATCH_SUFFIXES)
+    consumed = consumed_batches(uri, cfg.tracking.experiment) if files else {}
+    out = []
+    for path in files:
+        run_id = consumed.get(file_digest(path))
+        if run_id is None:
+            out.append(Found(kind="batch", target=str(path), delete=False,
+                             reason="no retrain consumed it yet"))
+        elif not _old(path, days, now):
+            out.append(Found(kind="batch", target=str(path), delete=False,
+                             reason=f"consumed by run {run_id}, not {age}"))
+        elif not keeps_consumed_copy(uri, run_id, file_digest(path)):
+            out.append(Found(kind="batch", target=str(path), delete=False,
+                             reason=f"consumed by run {run_id}, which keeps no copy of it"))
+        else:
+            out.append(Found(kind="batch", target=str(path), delete=True, bytes=tree_bytes(path),
+                             reason=f"consumed by run {run_id} (which keeps its copy), {age}"))
+    quarantined = watch / QUARANTINE
+    for path in sorted(quarantined.iterdir()) if quarantined.is_dir() else []:
+        if not path.is_file() or path.name.startswith(TRASH):
+            continue
+        old = _old(path, days, now)
+        out.append(Found(kind="batch", target=str(path), delete=old,
+                         bytes=tree_bytes(path) if old else 0,
+                         reason=f"quarantined, {'' if old else 'not '}{age}"))
+    return out + [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
+                        reason="left by a deletion that was stopped midway")
+                  for p in trash_in(watch) + trash_in(quarantined)]
+
+
+def _pulls(cfg: PipelineConfig) -> list[Found]:
+    root = Path(cfg.collect.out_dir) / "pulls"
+    out = [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
+                 reason="left by a deletion that was stopped midway") for p in trash_in(root)]
+    return out + [Found(kind="pull record", target=str(folder), delete=True,
+                        bytes=tree_bytes(folder), pairs=pairs,
+                        reason=f"collection {cid}: all {pairs} pairs pulled and imported")
+                  for cid, folder, pairs in pulled_in_full(cfg)]
+
+
+def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None,
+            now: float | None = None) -> GcPlan:
+    """What gc would delete and what it keeps, and why (nothing is deleted here).
+    ``keep_runs``: newest finished run folders kept (default tracking.gc_keep_runs)."""
+    uri = default_tracking_uri(cfg.tracking.tracking_uri)
+    keep = cfg.tracking.gc_keep_runs if keep_runs is None else keep_runs
+    if keep < 0:
+        raise ValueError(f"keep {keep} finished runs? Give 0 or more")
+    now = time.time() if now is None else now
+    t = cfg.tracking
+    needed = alias_runs(uri, (t.registered_policy, t.registered_reward_model))
+    mlflow_runs, notes = _deleted_runs(uri, needed)
+    found = [*_run_folders(cfg, uri, keep, needed), *mlflow_runs, *_batches(cfg, uri, now),
+             *_pulls(cfg)]
+    return GcPlan(tracking_uri=uri, found=found, notes=notes)
+
+
+class GcResult(BaseModel):
+    """What a gc run found (its plan) and what it deleted (empty: a dry run)."""
+
+    model_config = ConfigDict(frozen=True)
+    plan: GcPlan
+    deleted: list[Found]
+
+
+@task(name="gc")
+def collect_garbage(cfg: PipelineConfig, delete: bool) -> GcResult:
+    """Find what no longer serves and, with ``delete``, delete it (one log line each)."""
+    plan = plan_gc(cfg)
+    for item in plan.kept:
+        print(f"gc: kept {item.line()}")
+    for note in plan.notes:
+        print(f"gc: {note}")
+    return GcResult(plan=plan, deleted=apply_gc(cfg, plan) if delete else [])
+
+
+def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
+    """Delete what ``plan`` marks for deletion, one log line each -> what went."""
+    done = []
+    purge = [f for f in plan.deletions if f.kind == "mlflow run"]
+    for item in plan.deletions:
+        if item.kind == "mlflow run":
+            continue
+        path = Path(item.target)
+        if not path.exists() and not path.is_symlink():
+            continue  # gone meanwhile (another gc)
+        if item.kind == "pull record":
+            mark_pulled_all(plan.tracking_uri, cfg.tracking.experiment, path.name, item.pairs)
+        remove_tree(path, f"gc:{item.kind.replace(' ', '_')}")
+        print(f"gc: deleted {item.line()}")
+        done.append(item)
+    if purge:
+        purge_deleted_runs(plan.tracking_uri, [f.target for f in purge])
+        for item in purge:
+            print(f"gc: deleted {item.line()}")
+        done += purge
+    return done

@@ -1,0 +1,121 @@
+"""What a finished run keeps on local disk, and deleting the rest without leaving a
+half-deleted folder behind.
+
+A pipeline run's folder, ``<tracking.workdir>/<run id>/``, holds its resume state (each
+training stage's ``checkpoints/step_<n>/``: weights, optimizer and scheduler state, RNG
+states, data position) beside its outputs (the stage folders' models, the cleaned data and
+Data Docs, the demo's generated assets, the curves). Resume state serves only a run that can
+still continue: once the run is FINISHED (its models registered), ``finish`` deletes it
+unless ``tracking.keep_resume_state``; a failed or stopped run keeps everything.
+
+Every deletion here first renames the folder to a ``.trash-`` sibling (one atomic rename),
+then deletes that: a kill in between leaves a trash folder that nothing reads (a checkpoint
+folder or run folder is either whole or gone), and the next deletion sweeps it away.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from rlhf_core.faults import crash_point
+
+TRASH = ".trash-"
+RESUME_STATE = "checkpoints"  # a stage folder's mid-stage training-state checkpoints
+
+
+class Removed(BaseModel):
+    """One deleted file or folder and the bytes it held."""
+
+    model_config = ConfigDict(frozen=True)
+    path: str
+    bytes: int
+
+
+class Retention(BaseModel):
+    """What dropping a finished run's resume state did: what went, and the bytes its folder
+    still holds."""
+
+    model_config = ConfigDict(frozen=True)
+    workdir: str
+    removed: list[Removed]
+    kept_bytes: int
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(r.bytes for r in self.removed)
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (a file: its size; missing: 0)."""
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(root) / name).lstat().st_size
+            except OSError:
+                pass  # gone meanwhile
+    return total
+
+
+def remove_tree(path: Path, label: str = "retention") -> Removed:
+    """Delete a file or folder: renamed to a ``.trash-`` sibling first (atomic), then
+    deleted, so a kill midway never leaves a half-deleted ``path`` (crash point
+    ``remove:<label>``: killed between the two)."""
+    size = tree_bytes(path)
+    trash = path.with_name(f"{TRASH}{path.name}-{uuid.uuid4().hex[:8]}")
+    os.replace(path, trash)
+    crash_point(f"remove:{label}")
+    _delete(trash)
+    return Removed(path=str(path), bytes=size)
+
+
+def _delete(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def trash_in(folder: Path) -> list[Path]:
+    """Leftovers of a deletion killed after its rename, directly in ``folder``."""
+    return sorted(folder.glob(f"{TRASH}*")) if folder.is_dir() else []
+
+
+def resume_state_dirs(workdir: Path) -> list[Path]:
+    """A run folder's resume state: each stage's ``checkpoints/`` (on any node's or rank's
+    stage folder), and trash a killed deletion left in them."""
+    if not workdir.is_dir():
+        return []
+    found = sorted(p for p in workdir.rglob(RESUME_STATE) if p.is_dir())
+    stages = sorted({p.parent for p in found} | {p for p in workdir.iterdir() if p.is_dir()})
+    return found + [t for stage in stages for t in trash_in(stage)]
+
+
+def drop_resume_state(workdir: Path) -> Retention:
+    """Delete a finished run's resume state under ``workdir`` (one log line per folder). A
+    folder that cannot be deleted is named and left; the run stays finished."""
+    removed = []
+    for path in resume_state_dirs(workdir):
+        if TRASH in path.name:
+            _delete(path)
+            continue
+        try:
+            gone = remove_tree(path)
+        except OSError as err:
+            print(f"retention: could not delete {path} ({err}); it stays, the run finished")
+            continue
+        print(f"retention: deleted {gone.path} ({gone.bytes} bytes): resume state of a "
+              "finished run (tracking.keep_resume_state: false)")
+        removed.append(gone)
+    out = Retention(workdir=str(workdir), removed=removed, kept_bytes=tree_bytes(workdir))
+    if removed:
+        print(f"retention: {workdir} keeps {out.kept_bytes} bytes, the stages' outputs "
+              f"({out.freed_bytes} bytes of resume state deleted)")
+    return out

@@ -1,0 +1,168 @@
+"""What `rlhf gc` asks the MLflow store: the state of the runs whose local folders it finds,
+the runs the registry's aliases need, the runs marked deleted; and MLflow's own garbage
+collection (`mlflow gc`) for those. Every look-up selects server-side (run ids, lifecycle,
+tags), never by reading every run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from tasks.tracking.champion_store import CONSUMED_COPY
+from tasks.tracking.registry import CHALLENGER, CHAMPION, PREVIOUS
+from tasks.tracking.runs import default_tracking_uri, tracking_client
+from tasks.tracking.tags import (
+    COLLECTION_TAG,
+    PARENT_TAG,
+    PIPELINE_RUN_TAG,
+    PULLED_ALL_TAG,
+    stage_run_tag,
+)
+
+CHUNK = 100  # run ids per `IN (...)` filter
+ALIASES = (CHAMPION, CHALLENGER, PREVIOUS)
+
+
+class StoredRun(BaseModel):
+    """A run as gc weighs it: status (FINISHED, FAILED, KILLED, RUNNING), lifecycle
+    (active or deleted), when it ended (ms; None while running)."""
+
+    model_config = ConfigDict(frozen=True)
+    run_id: str
+    experiment_id: str
+    parent_run_id: str | None  # a stage run's pipeline run
+    status: str
+    deleted: bool
+    end_time: int | None
+
+
+def _stored(run) -> StoredRun:
+    return StoredRun(run_id=run.info.run_id, experiment_id=run.info.experiment_id,
+                     parent_run_id=run.data.tags.get(PARENT_TAG), status=run.info.status,
+                     deleted=run.info.lifecycle_stage == "deleted",
+                     end_time=run.info.end_time)
+
+
+def _experiment_ids(client) -> list[str]:
+    from mlflow.entities import ViewType
+
+    return [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+
+
+def store_missing(configured: str | None) -> str | None:
+    """A sentence when the local store gc would read is not there (nothing to collect),
+    else None; gc never creates a store."""
+    uri = default_tracking_uri(configured)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return (f"no MLflow store at {uri}: nothing has run here yet, or set "
+                "MLFLOW_TRACKING_URI (or tracking.tracking_uri) to the store you mean")
+    return None
+
+
+def stored_runs(tracking_uri: str, run_ids: list[str]) -> dict[str, StoredRun]:
+    """The runs of ``run_ids`` the store has (deleted ones too), by id."""
+    from mlflow.entities import ViewType
+
+    client = tracking_client(tracking_uri)
+    experiments = _experiment_ids(client)
+    found: dict[str, StoredRun] = {}
+    for start in range(0, len(run_ids), CHUNK):
+        ids = ", ".join(f"'{r}'" for r in run_ids[start:start + CHUNK])
+        for run in client.search_runs(experiments, f"attributes.run_id IN ({ids})",
+                                      run_view_type=ViewType.ALL, max_results=CHUNK):
+            found[run.info.run_id] = _stored(run)
+    return found
+
+
+def alias_runs(tracking_uri: str, models: tuple[str, ...]) -> dict[str, str]:
+    """Run id -> which alias needs it, for every alias of ``models``: the version's register
+    run, its pipeline run, and the stage runs (and their pipeline runs) its lineage names
+    (a retrain's version reuses its first pipeline run's SFT run)."""
+    from mlflow.exceptions import MlflowException
+
+    client = tracking_client(tracking_uri)
+    need: dict[str, str] = {}
+    for name in models:
+        for alias in ALIASES:
+            try:
+                version = client.get_model_version_by_alias(name, alias)
+            except MlflowException:
+                continue
+            why = f"{name}@{alias} (v{version.version})"
+            runs = [version.run_id, version.tags.get(PIPELINE_RUN_TAG)] + [
+                version.tags.get(stage_run_tag(s)) for s in ("sft", "reward_model", "ppo")]
+            for run_id in filter(None, runs):
+                need.setdefault(run_id, why)
+                parent = _parent_of(client, run_id)
+                if parent:
+                    need.setdefault(parent, why)
+    return need
+
+
+def _parent_of(client, run_id: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id).data.tags.get(PARENT_TAG)
+    except MlflowException:
+        return None
+
+
+def deleted_runs(tracking_uri: str) -> list[StoredRun]:
+    """Every run marked deleted (MLflow keeps it, and its artifacts, until its gc)."""
+    from mlflow.entities import ViewType
+
+    client = tracking_client(tracking_uri)
+    experiments = _experiment_ids(client)
+    out, token = [], None
+    while True:
+        page = client.search_runs(experiments, run_view_type=ViewType.DELETED_ONLY,
+                                  max_results=1000, page_token=token)
+        out += [_stored(r) for r in page]
+        token = page.token
+        if not token:
+            return out
+
+
+def deleted_experiments(tracking_uri: str) -> list[str]:
+    """Experiments marked deleted: `mlflow gc` removes them, with their runs, too."""
+    from mlflow.entities import ViewType
+
+    client = tracking_client(tracking_uri)
+    return [e.experiment_id for e in client.search_experiments(view_type=ViewType.DELETED_ONLY)]
+
+
+def purge_deleted_runs(tracking_uri: str, run_ids: list[str]) -> str:
+    """MLflow's own garbage collection of runs marked deleted (`mlflow gc --run-ids`): their
+    metadata and artifacts -> what it printed. Only for a store this machine opens (a
+    database URI); a tracking server's store is collected where the server runs."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlflow", "gc", "--backend-store-uri", tracking_uri,
+         "--tracking-uri", tracking_uri, "--run-ids", ",".join(run_ids)],
+        capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mlflow gc failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip().splitlines()[-1:] or ''}")
+    return proc.stdout
+
+
+def keeps_consumed_copy(tracking_uri: str, run_id: str, digest: str) -> bool:
+    """Does the retrain run ``run_id`` keep its copy of batch ``digest``?"""
+    client = tracking_client(tracking_uri)
+    return bool(client.list_artifacts(run_id, f"{CONSUMED_COPY}/{digest}"))
+
+
+def mark_pulled_all(tracking_uri: str, experiment: str, cid: str, pairs: int) -> bool:
+    """Record on collection ``cid``'s run that every one of its ``pairs`` was pulled (so
+    `rlhf label pull` skips it without its ``pulls/`` record) -> False: no such run."""
+    client = tracking_client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = [] if exp is None else client.search_runs(
+        [exp.experiment_id], f"tags.`{COLLECTION_TAG}` = '{cid}'", max_results=1)
+    if not runs:
+        return False
+    client.set_tag(runs[0].info.run_id, PULLED_ALL_TAG, str(pairs))
+    return True
