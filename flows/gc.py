@@ -6,13 +6,13 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 
 from prefect import flow
 
-from flows.deployment import served_config
+from flows.deployment import SERVED, served_config
 from tasks.config import PipelineConfig
 from tasks.gc import GcResult, collect_garbage
 
 
 @flow(name="gc", flow_run_name="gc", log_prints=True)
-def gc_flow(config: PipelineConfig, delete: bool = True) -> GcResult:
+def gc_flow(config: PipelineConfig = SERVED, delete: bool = True) -> GcResult:
     """Delete what no longer serves: older finished runs' folders, runs marked deleted in
     MLflow, old consumed and quarantined batches, fully pulled collections' records; never
     what a registry alias or a resumable run needs, nor an unconsumed batch.

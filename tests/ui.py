@@ -81,41 +81,53 @@ def browser() -> Iterator[object]:
             chromium.close()
 
 
-def custom_run(page, srv: Served, field: str, value: str) -> str:
+def custom_run(page, srv: Served, field: str, value: str, tries: int = 3) -> str:
     """Deployments -> the pipeline -> Run -> Custom run: set the field labelled ``field``
-    (e.g. "Kl Coef") to ``value``, Submit -> the new flow run's id (read from the API)."""
+    (e.g. "Kl Coef") to ``value``, Submit -> the new flow run's id (read from the API). A
+    submit that leaves the form where it was (a form still loading on a busy machine, or
+    Prefect's "Failed to schedule flow run") is tried again, as a user would."""
     before = {str(r.id) for r in _runs(srv)}
-    page.goto(f"{srv.prefect}/deployments/deployment/{srv.deployment_id}/run")
-    box = page.locator(f"xpath=//*[normalize-space(text())='{field} (Optional)']"
-                       "/following::input[1]")
-    box.wait_for(timeout=60_000)
-    box.fill(value)
-    page.get_by_role("button", name="Submit").last.click()
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        new = [str(r.id) for r in _runs(srv) if str(r.id) not in before]
-        if new:
-            return new[0]
-        time.sleep(0.5)
-    raise TimeoutError("the Custom run form created no flow run")
+    form = f"{srv.prefect}/deployments/deployment/{srv.deployment_id}/run"
+    for _ in range(tries):
+        page.goto(form)
+        page.wait_for_load_state("networkidle", timeout=60_000)
+        box = page.locator(f"xpath=//*[normalize-space(text())='{field} (Optional)']"
+                           "/following::input[1]")
+        box.wait_for(timeout=60_000)
+        box.fill(value)
+        page.wait_for_timeout(500)
+        if box.input_value() != value:  # the form re-rendered over the typing
+            continue
+        page.get_by_role("button", name="Submit").last.click()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            new = [str(r.id) for r in _runs(srv) if str(r.id) not in before]
+            if new:
+                return new[0]
+            time.sleep(0.5)
+    raise TimeoutError(f"the Custom run form created no flow run in {tries} tries; the page "
+                       f"says: {page.inner_text('body')[-1500:]}")
 
 
-def quick_run(page, srv: Served, deployment: str) -> str:
-    """The deployment's page -> Run -> Quick run (no form) -> the new flow run's id."""
+def quick_run(page, srv: Served, deployment: str, tries: int = 3) -> str:
+    """The deployment's page -> Run -> Quick run (no form) -> the new flow run's id; a click
+    that creates no run (a page still loading) is tried again."""
     dep_id = str(srv.client.read_deployment_by_name(deployment).id)
     before = {str(r.id) for r in _runs(srv, dep_id)}
-    page.goto(f"{srv.prefect}/deployments/deployment/{dep_id}")
-    page.get_by_role("button", name="Run", exact=True).first.click()
-    page.get_by_text("Quick run", exact=True).first.click()
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        new = [str(r.id) for r in _runs(srv, dep_id) if str(r.id) not in before]
-        if new:
-            return new[0]
-        if page.get_by_text("Run Deployment", exact=True).count():
-            raise AssertionError("Quick run opened the parameters form instead of running")
-        time.sleep(0.5)
-    raise TimeoutError(f"Quick run of {deployment} created no flow run")
+    for _ in range(tries):
+        page.goto(f"{srv.prefect}/deployments/deployment/{dep_id}")
+        page.wait_for_load_state("networkidle", timeout=60_000)
+        page.get_by_role("button", name="Run", exact=True).first.click()
+        page.get_by_text("Quick run", exact=True).first.click()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            new = [str(r.id) for r in _runs(srv, dep_id) if str(r.id) not in before]
+            if new:
+                return new[0]
+            if page.get_by_text("Run Deployment", exact=True).count():
+                raise AssertionError("Quick run opened the parameters form instead of running")
+            time.sleep(0.5)
+    raise TimeoutError(f"Quick run of {deployment} created no flow run in {tries} tries")
 
 
 def _runs(srv: Served, deployment_id: str | None = None) -> list:

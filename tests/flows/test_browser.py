@@ -21,11 +21,18 @@ def session(tmp_path_factory):
         yield srv, page
 
 
-def test_a_custom_run_from_the_form_reaches_mlflow_and_summarises_itself(session):
+@pytest.fixture(scope="module")
+def custom(session):
+    """The Custom run with ppo -> kl_coef 0.07 (it registers the first champion)."""
     srv, page = session
-    flow_run_id = ui.custom_run(page, srv, "Kl Coef", "0.07")
-    run = wait_run(srv.client, flow_run_id, timeout=400)
+    run = wait_run(srv.client, ui.custom_run(page, srv, "Kl Coef", "0.07"), timeout=400)
     assert run.state.type.value == "COMPLETED", srv.log.read_text()[-3000:]
+    return run
+
+
+def test_a_custom_run_from_the_form_reaches_mlflow_and_summarises_itself(session, custom):
+    srv, page = session
+    run, flow_run_id = custom, str(custom.id)
     assert run.name.startswith("rlhf-demo-gpt2-demo-data-") and \
         run.name.endswith(" kl_coef=0.07"), run.name
 
@@ -44,7 +51,7 @@ def test_a_custom_run_from_the_form_reaches_mlflow_and_summarises_itself(session
                            "ppo.kl_coef") == "0.07"
 
 
-def test_the_retrain_quick_run_runs_and_names_the_next_step(session):
+def test_the_retrain_quick_run_runs_and_names_the_next_step(session, custom):
     """After the pipeline run above registered a champion: Quick run -> a round with nothing
     new, whose decision artifact names how a batch is made."""
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
