@@ -308,17 +308,14 @@ def test_one_field_override_keeps_the_served_config_for_the_rest(served):
     others are the served config's (demo on, 1 PPO iteration), not a bare config's defaults
     (a run with no parameters at all: the retrain runs above)."""
     client, deployment = served["client"], served["pipeline"]
-    run = client.create_flow_run_from_deployment(
-        deployment.id, parameters={"ppo": {"kl_coef": 0.123}})
-    run = wait_run(client, run.id)
+    run = wait_run(client, client.create_flow_run_from_deployment(
+        deployment.id, parameters={"ppo": {"kl_coef": 0.123}}).id)
     assert run.state.type.value == "COMPLETED", served["log"].read_text()[-3000:]
     params = _parent_params(served["mlflow"], run.id)
-    assert params["ppo.kl_coef"] == "0.123"
+    assert params["ppo.kl_coef"] == "0.123" and params["ppo.rollout_batch_size"] == "16"
     assert params["demo.enabled"] == "True" and params["ppo.iterations"] == "1"
-    assert params["ppo.rollout_batch_size"] == "16"
-    # named as a CLI run is, plus what the form changed: runs tell apart in the Runs list
-    assert run.name.startswith("rlhf-demo-gpt2-demo-data-"), run.name
-    assert run.name.endswith(" kl_coef=0.123"), run.name
+    name = run.name  # named as a CLI run is, plus what the form changed
+    assert name.startswith("rlhf-demo-gpt2-demo-data-") and name.endswith(" kl_coef=0.123")
 
 
 @pytest.fixture(scope="module")
