@@ -5,7 +5,7 @@ file's bytes and source settings (not its path), the ``validation`` settings, th
 (its serialised vocabulary, merges and special tokens, and the chat template), the
 great-expectations version and the source of this package. A later validation with the same
 key (a sweep's runs, a re-run, the configured data of a retrain round) copies the report, the
-cleaned files and GX's Data Docs instead of running the suites again, which saves the
+cleaned files (with their token ids) and GX's Data Docs instead of running the suites again, which saves the
 great-expectations import and its runs (seconds per process). Failed validations are never
 kept: their messages are made afresh, naming the files of the run at hand; nor is a
 validation of conversational data (rendering it also moves the tokenizer's EOS).
@@ -25,6 +25,8 @@ import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+from data_checks.token_files import SUFFIX
 
 CACHE_ENV = "RLHF_VALIDATION_CACHE"
 MAX_BYTES = 64 * 2**20  # cleaned copies of larger data are not worth keeping twice
@@ -145,6 +147,7 @@ def keep(cache: ValidationCache, key: str, fields: dict, paths: dict[str, str], 
     try:
         (tmp / "cleaned").mkdir(parents=True)
         cleaned = sorted(p.name for p in Path(out_dir).glob("*.jsonl"))
+        cleaned += sorted(p.name for p in Path(out_dir).glob(f"*{SUFFIX}"))
         for name in cleaned:
             shutil.copyfile(Path(out_dir) / name, tmp / "cleaned" / name)
         if gx_docs is not None and gx_docs.is_dir():

@@ -23,6 +23,7 @@ from data_checks.conversations import ConversationError, render_conversations
 from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_read
 from data_checks.messages import failure_sentence
 from data_checks.text_checks import check_text, duplicate_rows
+from data_checks.token_files import tokens_path, write_tokens
 from data_checks.tokens import Tokenized, tokenize_frame
 
 
@@ -166,7 +167,7 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
 
     Args: frames keyed sft / preference / prompts (/ eval_prompts / preference_eval); paths:
     the file of each (named in failures); chat: set when the frames are rendered conversations.
-    Returns: (report, cleaned frames).
+    Returns: (report, cleaned frames, their tokens row for row).
     """
     paths = paths or {}
     report = ValidationReport(chat=dict(chat or {}))
@@ -202,7 +203,7 @@ def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: Validatio
             report.warnings.append(f"median response length: SFT {sft_len:g} vs preference "
                                    f"(chosen) {pref_len:g} tokens, ratio {ratio:.2f}")
     report.passed = not report.failures
-    return report, cleaned
+    return report, cleaned, kept_tokens
 
 
 def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig) -> str:
@@ -219,7 +220,8 @@ def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig) -> str:
 
 def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
                    chat=None, cache=None) -> ValidationReport:
-    """Load every source, validate, write cleaned JSONL files into ``out_dir``.
+    """Load every source, validate, write cleaned JSONL files into ``out_dir``, each with its
+    token ids beside it (data_checks/token_files.py).
 
     ``chat``: the conversation renderer (rlhf_core/models/chat.py), used when any data set is
     conversational: every data set is then rendered with the tokenizer's chat template, whose
@@ -251,10 +253,11 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
                                                  tokenizer, chat, paths)
     except ConversationError as err:
         raise DataError(str(err)) from None
-    report, cleaned = validate_datasets(frames, tokenizer, cfg, paths, chat_info)
+    report, cleaned, tokens = validate_datasets(frames, tokenizer, cfg, paths, chat_info)
     if report.passed:
         for name, df in cleaned.items():
             write_cleaned(df, out / f"{name}.jsonl")
+            write_tokens(tokens[name].table, tokens_path(out / f"{name}.jsonl"))
         # kept once its Data Docs are built (write_data_docs), if it still passes; never
         # conversational data, whose rendering also changes the tokenizer's EOS
         if key and not report.chat:

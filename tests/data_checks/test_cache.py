@@ -36,9 +36,10 @@ def test_the_same_content_elsewhere_reuses_report_cleaned_files_and_data_docs(tm
     assert again.results_json == json.loads(json.dumps(first.results_json, default=str))
     assert again.stats == first.stats and again.warnings == first.warnings
     assert again.expectation_counts() == first.expectation_counts()
-    for name in ("sft", "preference", "prompts"):
-        assert (tmp_path / "b" / "out" / f"{name}.jsonl").read_bytes() == \
-            (tmp_path / "a" / "out" / f"{name}.jsonl").read_bytes()
+    for name in ("sft.jsonl", "preference.jsonl", "prompts.jsonl", "sft.tokens.arrow",
+                 "preference.tokens.arrow", "prompts.tokens.arrow"):
+        assert (tmp_path / "b" / "out" / name).read_bytes() == \
+            (tmp_path / "a" / "out" / name).read_bytes()
     assert len(list((docs2 / "gx" / "validations").rglob("*.html"))) == 3
     assert "Reused" in again.summary_markdown() and "Reused" not in first.summary_markdown()
 

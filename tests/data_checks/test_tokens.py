@@ -161,3 +161,32 @@ def test_repeated_sft_rows_and_prompts_are_reported_with_their_rows(tmp_path):
                in w for w in report.warnings), report.warnings
     assert not any(w.startswith("preference") for w in report.warnings)
     assert report.stats["prompts/n_rows"] == 4.0
+
+
+def test_the_token_files_beside_the_cleaned_files_are_their_per_text_encoding(tmp_path):
+    """What the stages read (data_checks/token_files.py): row for row with each cleaned file,
+    the ids ``encode`` gives of its texts, prompts cut to the budget included."""
+    from data_checks.token_files import ids_of, tokens_path
+    from tests.shared import PREF
+
+    long_prompt = {"prompt": "the first part\n\n" + "word " * 40, "response": "ok"}
+    data = DataConfig(**{role: DataSource(path=str(write_jsonl(tmp_path / f"{role}.jsonl",
+                                                               rows)))
+                         for role, rows in (("sft", SFT + [long_prompt]), ("preference", PREF),
+                                            ("prompts", PROMPTS))})
+    tok = make_tokenizer()
+    cfg = ValidationConfig(max_prompt_tokens=12, max_response_tokens=12,
+                           max_truncated_fraction=1.0)
+    report = run_validation(data, tok, cfg, tmp_path / "out")
+    assert report.passed, report.failures
+    for name, cols in (("sft", ("prompt", "response")),
+                       ("preference", ("prompt", "chosen", "rejected")),
+                       ("prompts", ("prompt",))):
+        cleaned = tmp_path / "out" / f"{name}.jsonl"
+        rows = [json.loads(line) for line in cleaned.read_text().splitlines() if line.strip()]
+        assert tokens_path(cleaned).is_file()
+        for col in cols:
+            assert ids_of(cleaned, col) == [encode(tok, r[col]) for r in rows], (name, col)
+    cut = [json.loads(x) for x in (tmp_path / "out" / "sft.jsonl").read_text().splitlines()]
+    assert any(r["prompt"] != long_prompt["prompt"] and r["response"] == "ok" for r in cut)
+    assert ids_of(tmp_path / "out" / "missing.jsonl", "prompt") is None

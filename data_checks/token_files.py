@@ -1,0 +1,95 @@
+"""The gate's token ids on disk, beside each cleaned file, for the stages to read (issue 37).
+
+``data/<name>.jsonl`` (a cleaned data set) has ``data/<name>.tokens.arrow`` beside it: an Arrow
+IPC file, row for row with the cleaned file, one column ``<c>_ids`` (list<int32>) per text
+column ``c`` of that set (prompt, response, chosen, rejected): the ids of
+``tokenizer(text, add_special_tokens=False)``, what rlhf_core/models/data.py's ``encode``
+gives, after the length budget's cuts. The stages read it memory-mapped instead of
+tokenizing the texts again; a cleaned file without one (an older run's) is encoded as before.
+
+The file is written in record batches (``TokenWriter``), so a gate that reads its data in
+chunks writes it chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+SUFFIX = ".tokens.arrow"
+IDS = pa.list_(pa.int32())
+
+
+def tokens_path(cleaned: Path | str) -> Path:
+    """``data/sft.jsonl`` -> ``data/sft.tokens.arrow``."""
+    cleaned = Path(cleaned)
+    return cleaned.with_name(cleaned.stem + SUFFIX)
+
+
+def id_columns(table: pa.Table) -> pa.Table:
+    """Only the ``<c>_ids`` columns of a gate's token table (data_checks/tokens.py)."""
+    names = [n for n in table.column_names if n.endswith("_ids")]
+    return table.select(names)
+
+
+class TokenWriter:
+    """Appends record batches of ``<c>_ids`` columns to ``path`` (written aside, renamed into
+    place on a clean exit: a killed gate leaves no half file under the real name)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self._tmp = self.path.with_name(self.path.name + ".part")
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._schema: pa.Schema | None = None
+
+    def write(self, table: pa.Table) -> None:
+        table = id_columns(table)
+        if self._writer is None:
+            self._schema = pa.schema([pa.field(n, IDS) for n in table.column_names])
+            self._writer = pa.ipc.new_file(str(self._tmp), self._schema)
+        self._writer.write_table(table.cast(self._schema))
+
+    def close(self, columns: tuple[str, ...] = ()) -> None:
+        """Finish the file; ``columns`` names the text columns of an empty set."""
+        if self._writer is None:
+            self.write(pa.table({f"{c}_ids": pa.array([], type=IDS) for c in columns}))
+        self._writer.close()
+        self._tmp.replace(self.path)
+
+    def __enter__(self) -> TokenWriter:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            if self._writer is not None:
+                self._writer.close()
+            self._tmp.unlink(missing_ok=True)
+
+
+def write_tokens(table: pa.Table, path: Path | str) -> Path:
+    """The whole token table of one cleaned set in one go."""
+    with TokenWriter(path) as out:
+        out.write(table)
+    return Path(path)
+
+
+def read_tokens(path: Path | str) -> pa.Table:
+    """The token table of a cleaned set, memory-mapped (nothing read until used)."""
+    source = pa.memory_map(str(path), "r")
+    return pa.ipc.open_file(source).read_all()
+
+
+def ids_of(cleaned: Path | str, column: str) -> list[list[int]] | None:
+    """The ids of ``column`` of each row of the cleaned file ``cleaned``; None where the
+    gate wrote no token file (an older run) or not that column."""
+    path = tokens_path(cleaned)
+    if not path.is_file():
+        return None
+    table = read_tokens(path)
+    name = f"{column}_ids"
+    if name not in table.column_names:
+        return None
+    return table.column(name).to_pylist()
