@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import lzma
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -77,18 +78,50 @@ def _objects(path: Path, items: list, what: str = "item") -> list[dict]:
 
 
 def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
-    rows = []
-    for number, line in enumerate(text.split("\n"), start=1):  # "\n" only, see module doc
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise FileError(f"{path} line {number}: invalid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise FileError(f"{path} line {number}: expected a JSON object")
-        rows.append(row)
+    rows = [_json_row(path, number, line)
+            for number, line in enumerate(text.split("\n"), start=1)  # "\n" only: module doc
+            if line.strip()]
     return pd.DataFrame(rows)
+
+
+def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
+    """A JSONL file as DataFrames of ``rows`` rows each, read a line at a time: the rows, line
+    numbers in errors and decoding of :func:`read_local` (whose whole-file read this is in
+    chunks), with memory bounded by one chunk."""
+    check_regular(path)
+    opener = COMPRESSIONS[compression] if compression else open
+    try:
+        with opener(path, "rb") as fh:
+            batch, number = [], 0
+            for number, raw in enumerate(fh, start=1):  # binary: split on b"\n" only
+                try:
+                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as err:
+                    raise FileError(f"{path} line {number}: not valid UTF-8 (byte "
+                                    f"0x{raw[err.start]:02x} at column {err.start + 1})") from None
+                if not line.strip():
+                    continue
+                batch.append(_json_row(path, number, line))
+                if len(batch) >= rows:
+                    yield pd.DataFrame(batch)
+                    batch = []
+            if number == 0:
+                raise FileError(f"{path}: file is empty")
+            if batch:
+                yield pd.DataFrame(batch)
+    except (OSError, EOFError, lzma.LZMAError) as err:
+        raise FileError(f"{path}: cannot decompress as {compression} ({err})" if compression
+                        else f"{path}: cannot read ({err})") from None
+
+
+def _json_row(path: Path, number: int, line: str) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise FileError(f"{path} line {number}: invalid JSON ({err.msg})") from None
+    if not isinstance(row, dict):
+        raise FileError(f"{path} line {number}: expected a JSON object")
+    return row
 
 
 def parse_json(path: Path, text: str) -> pd.DataFrame:

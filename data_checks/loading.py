@@ -3,6 +3,7 @@ file and the line or column (never a raw traceback from inside a library)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +12,14 @@ import pandas as pd
 from data_checks.adapters import AdapterError, adapt
 from data_checks.config import DataConfig, DataSource
 from data_checks.conversations import is_conversational, to_conversations
-from data_checks.files import FileError, check_regular, file_format, looks_local, read_local
+from data_checks.files import (
+    FileError,
+    check_regular,
+    file_format,
+    iter_jsonl,
+    looks_local,
+    read_local,
+)
 
 COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "rejected"],
            "prompts": ["prompt"]}
@@ -76,13 +84,26 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
     path = Path(source.path)
     if not path.exists() and looks_local(source.path):
         raise DataError(f"{path}: file not found")
-    df = _read_file(source, path).rename(columns=source.column_map)
+    df = _read_file(source, path)
+    if df.empty:
+        _schema(df.rename(columns=source.column_map), path)
+        raise DataError(f"{path}: no rows")
+    return _to_schema(df, source, kind, path)
+
+
+def _schema(df: pd.DataFrame, path: Path) -> None:
     doubled = sorted({str(c) for c in df.columns[df.columns.duplicated()]})
     if doubled:
         raise DataError(f"{path}: after column_map, more than one column is named "
                         f"{', '.join(doubled)} (map one source column to each name)")
-    if df.empty:
-        raise DataError(f"{path}: no rows")
+
+
+def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
+               offset: int = 0) -> pd.DataFrame:
+    """Rows of ``source`` as read -> exactly the internal columns of ``kind`` (``offset``: the
+    rows of the file before these, for the row numbers in errors)."""
+    df = df.rename(columns=source.column_map)
+    _schema(df, path)
     if source.style == "conversational" or (source.style == "plain" and is_conversational(df)):
         return _conversations(df.head(source.limit) if source.limit else df, kind, path)
     if source.style != "plain":
@@ -97,14 +118,64 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
     keep = COLUMNS[kind] + [c for c in OPTIONAL_COLUMNS.get(kind, []) if c in df.columns]
     df = df[keep].head(source.limit) if source.limit else df[keep]
     if "margin" in df.columns:
-        df["margin"] = finite_numbers(df["margin"], path, "margin")
+        df["margin"] = finite_numbers(df["margin"], path, "margin", offset)
     for col in COLUMNS[kind]:
         bad = df[col].map(lambda v: v is not None and not isinstance(v, str) and v == v)
         if bad.any():
             row = int(bad.idxmax())
-            raise DataError(f"{path} row {row + 1}: field '{col}' must be a string, got "
-                            f"{type(df[col].iloc[row]).__name__}")
+            raise DataError(f"{path} row {offset + row + 1}: field '{col}' must be a string, "
+                            f"got {type(df[col].iloc[row]).__name__}")
     return df.reset_index(drop=True)
+
+
+def streamable(source: DataSource) -> bool:
+    """A plain local JSONL file (compressed or not): read in chunks by :func:`iter_table`."""
+    path = Path(source.path).expanduser()
+    if source.format not in ("auto", "jsonl") or source.style != "plain" or not path.is_file():
+        return False
+    return file_format(path)[0] == "jsonl" or source.format == "jsonl"
+
+
+def iter_table(source: DataSource, kind: str, rows: int,
+               whole: bool = False) -> Iterator[pd.DataFrame]:
+    """``load_table(source, kind)`` in chunks of ``rows`` rows, concatenated equal to it, each
+    checked as it comes (errors name the file's line or row, as load_table's do). A plain
+    JSONL file is read ``rows`` lines at a time, so memory stays flat; any other source, and
+    conversational rows (whose rendering needs every row), is read whole and then sliced."""
+    if whole or not streamable(source):
+        table = load_table(source, kind)
+        for start in range(0, len(table), rows):
+            yield table.iloc[start: start + rows].reset_index(drop=True)
+        return
+    path = Path(source.path).expanduser()
+    seen, columns = 0, None
+    try:
+        for chunk in iter_jsonl(path, file_format(path)[1], rows):
+            if columns is None:
+                columns = list(chunk.columns)
+            else:  # a key missing from every row of a chunk is null there, as in one read
+                columns += [c for c in chunk.columns if c not in columns]
+                chunk = chunk.reindex(columns=columns)
+            if seen == 0 and is_conversational(chunk.rename(columns=source.column_map)):
+                raise _Conversational
+            if source.limit:
+                chunk = chunk.head(source.limit - seen)
+            table = _to_schema(chunk, source, kind, path, seen)
+            seen += len(table)
+            yield table
+            if source.limit and seen >= source.limit:
+                return
+    except _Conversational:
+        yield from iter_table(source, kind, rows, whole=True)
+        return
+    except FileError as err:
+        raise DataError(str(err)) from None
+    if seen == 0:
+        raise DataError(f"{path}: no rows")
+
+
+class _Conversational(Exception):
+    """A JSONL file whose rows are conversations: read whole (see iter_table)."""
 
 
 def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
@@ -118,8 +189,9 @@ def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
-    """A column of finite numbers as floats, else a DataError naming the rows that are not."""
+def finite_numbers(column: pd.Series, path: Path, name: str, offset: int = 0) -> pd.Series:
+    """A column of finite numbers as floats, else a DataError naming the rows that are not
+    (``offset``: rows of the file before these)."""
     import math
 
     def as_float(value) -> float | None:
@@ -132,11 +204,11 @@ def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
         return number if math.isfinite(number) else None
 
     values = column.map(as_float)
-    bad = [i + 1 for i, v in enumerate(values) if v is None or v != v]  # None may turn NaN
+    bad = [offset + i + 1 for i, v in enumerate(values) if v is None or v != v]  # None: NaN
     if bad:
         shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
         raise DataError(f"{path}: column '{name}' must hold finite numbers; {len(bad)} rows "
-                        f"do not: rows {shown} (e.g. {column.iloc[bad[0] - 1]!r})")
+                        f"do not: rows {shown} (e.g. {column.iloc[bad[0] - offset - 1]!r})")
     return values.astype(float)
 
 
@@ -178,21 +250,44 @@ def take_read(source: DataSource, kind: str) -> pd.DataFrame:
     return table if table is not None else load_table(source, kind)
 
 
+def take_chunks(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
+    """:func:`iter_table`, from the table read_every_source kept when there is one."""
+    key = _read_key(source, kind)
+    table = _READ.pop(key, None) if key is not None else None
+    if table is None:
+        yield from iter_table(source, kind, rows)
+        return
+    for start in range(0, len(table), rows):
+        yield table.iloc[start: start + rows].reset_index(drop=True)
+
+
 def forget_reads() -> None:
     """Drop the tables read ahead and not taken (a reused validation never reads them)."""
     _READ.clear()
 
 
+# a local file larger than this is not kept by read_every_source: its first chunk is checked
+# there, the rest as the gate streams it (same errors, naming the line)
+KEEP_BYTES = 32 * 2**20
+FIRST_ROWS = 2_000
+
+
 def read_every_source(data: DataConfig | None) -> None:
     """Read every configured source once so a malformed file fails here, before Prefect or
     MLflow start, with the DataError naming the file and line (demo data is generated); the
-    tables wait for the gate in this process (take_read)."""
+    tables wait for the gate in this process (take_read, take_chunks). A plain JSONL file over
+    KEEP_BYTES is only checked here up to its first FIRST_ROWS rows (the gate reads it in
+    chunks, so that memory does not grow with the data; a bad line further on fails there)."""
     if data is None:
         return
     for name, kind in KINDS.items():
         source = getattr(data, name)
-        if source is not None:
-            table = load_table(source, kind)
-            key = _read_key(source, kind)
-            if key is not None:
-                _READ[key] = table
+        if source is None:
+            continue
+        key = _read_key(source, kind)
+        if key is not None and key.size > KEEP_BYTES and streamable(source):
+            next(iter_table(source, kind, FIRST_ROWS), None)
+            continue
+        table = load_table(source, kind)
+        if key is not None:
+            _READ[key] = table

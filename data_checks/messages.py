@@ -37,6 +37,22 @@ def _what(kind: str, kwargs: dict, count) -> str:
     return f"{count} rows fail {kind} {kwargs}"
 
 
+def example_rows(df: pd.DataFrame, indices: list, n_examples: int) -> list[str]:
+    """'row 5: {...}' for the first ``n_examples`` of ``indices`` (row labels of ``df``) that
+    ``df`` holds."""
+    return [f"row {i + 1}: " + json.dumps({c: df.at[i, c] for c in df.columns
+                                           if c in SHOWN_COLUMNS}, default=str)[:200]
+            for i in indices[:n_examples] if isinstance(i, int) and i in df.index]
+
+
+def failure_text(label: str, kind: str, kwargs: dict, count, indices: list,
+                 examples: list[str]) -> str:
+    """The sentence of one failed expectation (see failure_sentence) from its parts."""
+    rows = f": rows {_rows(indices)}" if indices else ""
+    return f"{label}: {_what(kind, kwargs, count)}{rows} [{kind}]" + \
+        (f"; e.g. {'; '.join(examples)}" if examples else "")
+
+
 def failure_sentence(name: str, where: str | None, result, df: pd.DataFrame,
                      n_examples: int) -> str:
     """'preference (pairs.jsonl): 17 pairs have chosen == rejected: rows 1, 4, 9
@@ -46,10 +62,5 @@ def failure_sentence(name: str, where: str | None, result, df: pd.DataFrame,
     indices = list(result.result.get("unexpected_index_list") or [])
     count = result.result.get("unexpected_count", len(indices) or "some")
     label = f"{name} ({where})" if where else name
-    examples = "; ".join(
-        f"row {i + 1}: " + json.dumps({c: df.at[i, c] for c in df.columns
-                                       if c in SHOWN_COLUMNS}, default=str)[:200]
-        for i in indices[:n_examples] if isinstance(i, int) and i in df.index)
-    rows = f": rows {_rows(indices)}" if indices else ""
-    return f"{label}: {_what(cfg.type, kwargs, count)}{rows} [{cfg.type}]" + \
-        (f"; e.g. {examples}" if examples else "")
+    return failure_text(label, cfg.type, kwargs, count, indices,
+                        example_rows(df, indices, n_examples))

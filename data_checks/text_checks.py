@@ -1,11 +1,21 @@
 """Checks on the text itself, before any budget: special-token strings written literally
-(they would tokenise to EOS or PAD and end or mask a response), control characters, and text
-the tokenizer mostly cannot represent."""
+(they would tokenise to EOS or PAD and end or mask a response), control characters, text
+the tokenizer mostly cannot represent, and repeated rows.
+
+The gate reads a data set in chunks (data_checks/validate.py): :class:`TextTally` adds up each
+chunk's hits (a count and the first rows, numbered in the whole file) and says them once, as
+the one-frame functions below would for the whole set. Repeated rows are found across chunks
+by a 64-bit hash of each row's key columns (pandas' ``hash_pandas_object``), kept in a numpy
+array: 8 bytes a row; two different rows sharing a hash (odds about n^2/2^65, 3e-8 at 1M
+rows) would be named as a repeat.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from data_checks.config import ValidationConfig
@@ -85,3 +95,109 @@ def check_text(label: str, df: pd.DataFrame, tokens: Tokenized, tokenizer,
     if share > cfg.unknown_token_warn_share:
         report.warnings.append(f"{label}: {share:.0%} of the tokens are the tokenizer's unknown "
                                "token: is this the right tokenizer for this text?")
+
+
+@dataclass
+class Hits:
+    """Rows of a whole data set that hit one check: how many, and the first few (0-based)."""
+
+    count: int = 0
+    first: list[int] = field(default_factory=list)
+
+    def add(self, mask, offset: int) -> None:
+        rows = np.flatnonzero(np.asarray(mask, dtype=bool))
+        self.count += len(rows)
+        if len(self.first) <= 10:
+            self.first += (rows[: 11 - len(self.first)] + offset).tolist()
+
+    def rows(self, limit: int = 10) -> str:
+        """As ``_rows`` gives them for the whole set's mask."""
+        return ", ".join(str(i + 1) for i in self.first[:limit]) + \
+            (" ..." if self.count > limit else "")
+
+
+def row_hashes(df: pd.DataFrame, columns) -> np.ndarray:
+    """A uint64 hash of each row's ``columns`` (equal rows, equal hashes)."""
+    if not len(df):
+        return np.zeros(0, dtype=np.uint64)
+    return pd.util.hash_pandas_object(df[list(columns)], index=False).to_numpy(np.uint64)
+
+
+def repeats(hashes: np.ndarray, keep_first: bool = True) -> np.ndarray:
+    """Mask of the rows whose hash an earlier row has (``keep_first``) or any other row has
+    (False: every copy, as GX's compound-unique expectation counts them)."""
+    _, first, inverse, counts = np.unique(hashes, return_index=True, return_inverse=True,
+                                          return_counts=True)
+    if not keep_first:
+        return counts[inverse] > 1
+    mask = np.ones(len(hashes), dtype=bool)
+    mask[first] = False
+    return mask
+
+
+class TextTally:
+    """The text checks and repeated rows of one data set, chunk by chunk: ``add`` each chunk
+    (with its tokens and its first row's number in the set), then ``report`` once."""
+
+    def __init__(self, label: str, kind: str, tokenizer, cfg: ValidationConfig,
+                 rendered: bool = False):
+        self.label, self.kind, self.cfg, self.rendered = label, kind, cfg, rendered
+        self.specials = [(role, token) for role, token in
+                         (("EOS", tokenizer.eos_token), ("PAD", tokenizer.pad_token)) if token]
+        self.special_hits: dict[tuple[str, str], Hits] = {}
+        self.control = Hits()
+        self.total = self.unknown = 0
+        self.keys = DUPLICATE_KEYS.get(kind, ())
+        self.hashes: list[np.ndarray] = []
+        self.null_key: list[np.ndarray] = []
+
+    def add(self, df: pd.DataFrame, tokens: Tokenized, offset: int) -> None:
+        columns = _columns(df)
+        texts = {col: df[col].fillna("").astype(str) for col in columns}
+        for role, token in self.specials:
+            for col in columns[1 if self.rendered else 0:]:
+                hits = texts[col].str.contains(token, regex=False)
+                self.special_hits.setdefault((role, col), Hits()).add(hits, offset)
+        control = np.zeros(len(df), dtype=bool)
+        for col in columns:
+            control |= texts[col].str.contains(CONTROL).to_numpy(dtype=bool)
+        self.control.add(control, offset)
+        self.total += sum(int(tokens.lengths(c).sum()) for c in tokens.columns)
+        self.unknown += sum(int(tokens.table.column(f"{c}_unk").to_numpy().sum())
+                            for c in tokens.columns)
+        if self.keys and set(self.keys) <= set(df.columns):
+            self.hashes.append(row_hashes(df, self.keys))
+            self.null_key.append(~df[list(self.keys)].notna().all(axis=1).to_numpy(bool))
+
+    def report(self, report) -> None:
+        """Add the failures and warnings of the whole set to ``report``, in the order and
+        words of :func:`check_text` then :func:`duplicate_rows`."""
+        for role, token in self.specials:
+            for col in TEXT_COLUMNS:
+                hits = self.special_hits.get((role, col))
+                if hits and hits.count:
+                    report.failures.append(
+                        f"{self.label}: {hits.count} rows contain the tokenizer's {role} token "
+                        f"{token!r} literally in {col}: rows {hits.rows()} (it would end or "
+                        "mask the text; remove or escape it)")
+        if self.control.count:
+            text = (f"{self.label}: {self.control.count} rows contain control characters "
+                    f"(NUL or other non-printing characters): rows {self.control.rows()}")
+            if self.cfg.control_characters == "refuse":
+                report.failures.append(text + " (validation.control_characters: refuse)")
+            else:
+                report.warnings.append(text)
+        share = self.unknown / self.total if self.total else 0.0
+        if share > self.cfg.unknown_token_warn_share:
+            report.warnings.append(f"{self.label}: {share:.0%} of the tokens are the tokenizer's "
+                                   "unknown token: is this the right tokenizer for this text?")
+        if self.hashes:
+            hashes = np.concatenate(self.hashes)
+            nulls = np.concatenate(self.null_key)
+            repeated = Hits()
+            repeated.add(repeats(hashes) & ~nulls, 0)  # a null key: left to the suites
+            if repeated.count:
+                report.warnings.append(
+                    f"{self.label}: {repeated.count} rows repeat another row's "
+                    f"{' + '.join(self.keys)}: rows {repeated.rows()} (kept; each copy weighs "
+                    "in training as one more row)")

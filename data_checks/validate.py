@@ -9,22 +9,27 @@ Data Docs, built once, when ``write_data_docs`` asks for them.
 
 from __future__ import annotations
 
+import copy
 import html
 import json
 import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from data_checks.budget import TEXT_FIELDS, apply_length_budget
+from data_checks.budget import TEXT_FIELDS, BudgetCounts, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
-from data_checks.conversations import ConversationError, render_conversations
-from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_read
-from data_checks.messages import failure_sentence
-from data_checks.text_checks import check_text, duplicate_rows
-from data_checks.token_files import tokens_path, write_tokens
+from data_checks.conversations import ConversationError, is_conversational, render_conversations
+from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_chunks
+from data_checks.messages import example_rows, failure_text
+from data_checks.text_checks import TextTally, repeats, row_hashes
+from data_checks.token_files import TokenWriter, tokens_path
 from data_checks.tokens import Tokenized, tokenize_frame
+
+CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
 
 
 class ValidationFailed(Exception):
@@ -127,93 +132,252 @@ def _kind(name: str) -> str:
         "sft" if name == "sft" else "prompts"
 
 
-def run_suites(frames: dict[str, pd.DataFrame], tokens: dict[str, Tokenized],
-               cfg: ValidationConfig, report: ValidationReport,
-               paths: dict[str, str] | None = None) -> None:
-    """One GX validation definition per data set (``tokens``: each one's, row for row);
-    results kept in the context's store."""
-    import great_expectations as gx
+def _suite_context():
+    """-> (GX context, its pandas data source, the one run id of a one-chunk validation)."""
     from great_expectations.core.run_identifier import RunIdentifier
 
     context = _gx_context()
-    source = context.data_sources.add_pandas("rlhf")
-    run_id = RunIdentifier(run_name="rlhf-validate")  # one run id for every data set
-    for name, df in frames.items():
-        kind = _kind(name)
-        checked = _with_checks(df, kind, tokens[name])
-        batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
-        suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
-            [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
-        result = definition.run(batch_parameters={"dataframe": checked}, run_id=run_id,
-                                result_format={"result_format": "COMPLETE"})
-        report.results_json[name] = result.to_json_dict()
-        for r in result.results:
-            if not r.success:
-                report.failures.append(failure_sentence(name, (paths or {}).get(name), r,
-                                                        checked, cfg.example_rows))
-        report.stats[f"{name}/n_rows"] = float(len(df))
-    report.gx_context = context
+    return context, context.data_sources.add_pandas("rlhf"), \
+        RunIdentifier(run_name="rlhf-validate")
 
 
-def _median_response_length(tokens: Tokenized, col: str) -> float:
-    return float(pd.Series(tokens.lengths(col)).median())
+@dataclass
+class _Suite:
+    """One data set's GX validation, run on each of its cleaned chunks, results merged."""
+
+    name: str
+    label: str
+    definition: object
+    run_id: object
+    n_examples: int
+    results: list[dict] = field(default_factory=list)  # each chunk's result as JSON
+    examples: dict[int, list[str]] = field(default_factory=dict)  # expectation -> example rows
+    shown: dict[int, int] = field(default_factory=dict)  # expectation -> indices looked at
+
+    def run(self, checked: pd.DataFrame, first: int) -> None:
+        """Validate one chunk (``checked``: its cleaned rows with check columns, indexed by
+        their row in the data set; ``first``: that chunk's first row)."""
+        from great_expectations.core.run_identifier import RunIdentifier
+
+        run_id = self.run_id if first == 0 else RunIdentifier(
+            run_name=f"rlhf-validate rows {first + 1}-")
+        result = self.definition.run(batch_parameters={"dataframe": checked}, run_id=run_id,
+                                     result_format={"result_format": "COMPLETE"})
+        for j, r in enumerate(result.results):
+            if r.success:
+                continue
+            indices = list(r.result.get("unexpected_index_list") or [])
+            room = self.n_examples - self.shown.get(j, 0)
+            if room > 0:  # the first n_examples of the set's indices, as one run names them
+                self.examples.setdefault(j, []).extend(
+                    example_rows(checked, indices[:room], room))
+                self.shown[j] = self.shown.get(j, 0) + min(room, len(indices))
+        self.results.append(result.to_json_dict())
+
+    def merged(self, repeated: np.ndarray | None) -> dict:
+        """The chunks' results as one (counts summed, row lists joined); ``repeated``: the
+        rows that repeat another across the whole set, for the compound-unique expectation
+        (None: one chunk, GX saw them all)."""
+        if len(self.results) == 1 and repeated is None:
+            return self.results[0]
+        merged = copy.deepcopy(self.results[0])
+        for other in self.results[1:]:
+            for mine, theirs in zip(merged["results"], other["results"]):
+                mine["success"] = mine["success"] and theirs["success"]
+                for key, value in theirs.get("result", {}).items():
+                    if key.endswith("_count") and isinstance(value, int):
+                        mine["result"][key] = mine["result"].get(key, 0) + value
+                    elif isinstance(value, list) and key != "partial_unexpected_counts":
+                        mine["result"][key] = (mine["result"].get(key) or []) + value
+        for r in merged["results"]:
+            res = r.get("result", {})
+            if "partial_unexpected_list" in res:
+                res["partial_unexpected_list"] = res["partial_unexpected_list"][:20]
+            if r["expectation_config"]["type"] == "expect_compound_columns_to_be_unique" \
+                    and repeated is not None:
+                rows = np.flatnonzero(repeated).tolist()
+                r["success"] = not rows
+                res.update(unexpected_count=len(rows), unexpected_index_list=rows,
+                           partial_unexpected_index_list=rows[:20])
+            n, missing = res.get("element_count"), res.get("missing_count") or 0
+            if n and "unexpected_count" in res:
+                share = 100.0 * res["unexpected_count"]
+                res["unexpected_percent_total"] = share / n
+                if n - missing:
+                    res["unexpected_percent"] = share / (n - missing)
+                    res["unexpected_percent_nonmissing"] = share / (n - missing)
+        ok = sum(bool(r["success"]) for r in merged["results"])
+        stats = merged["statistics"]
+        stats.update(successful_expectations=ok,
+                     unsuccessful_expectations=stats["evaluated_expectations"] - ok,
+                     success_percent=100.0 * ok / max(stats["evaluated_expectations"], 1))
+        merged["success"] = ok == stats["evaluated_expectations"]
+        return merged
+
+    def failures(self, merged: dict) -> list[str]:
+        out = []
+        for j, r in enumerate(merged["results"]):
+            if r["success"]:
+                continue
+            cfg = r["expectation_config"]
+            kwargs = {k: v for k, v in cfg["kwargs"].items() if k != "batch_id"}
+            res = r.get("result", {})
+            indices = list(res.get("unexpected_index_list") or [])
+            count = res.get("unexpected_count", len(indices) or "some")
+            out.append(failure_text(self.label, cfg["type"], kwargs, count, indices,
+                                    self.examples.get(j, [])))
+        return out
 
 
-def validate_datasets(frames: dict[str, pd.DataFrame], tokenizer, cfg: ValidationConfig,
-                      paths: dict[str, str] | None = None, chat: dict | None = None):
-    """Budgets, then the GX suites, then fraction and length-mismatch checks.
+def _suite_for(context, source, run_id, name: str, cfg: ValidationConfig, label: str) -> _Suite:
+    import great_expectations as gx
 
-    Args: frames keyed sft / preference / prompts (/ eval_prompts / preference_eval); paths:
-    the file of each (named in failures); chat: set when the frames are rendered conversations.
-    Returns: (report, cleaned frames, their tokens row for row).
+    kind = _kind(name)
+    batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
+    suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
+        [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
+    definition = context.validation_definitions.add(
+        gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
+    return _Suite(name, label, definition, run_id, cfg.example_rows)
+
+
+def _median_response_length(lengths: list[np.ndarray]) -> float:
+    return float(pd.Series(np.concatenate(lengths) if lengths else []).median())
+
+
+@dataclass
+class _Cleaned:
+    """Where one data set's cleaned rows and token ids go, chunk by chunk: beside their real
+    names until the validation passes (a failed or killed gate leaves no cleaned file)."""
+
+    path: Path
+    columns: tuple[str, ...] = ()
+    rows: int = 0
+    empty: pd.DataFrame | None = None
+
+    def __post_init__(self):
+        self.part = self.path.with_name(self.path.name + ".part")
+        self.fh = open(self.part, "w", encoding="utf-8")
+        self.tokens = TokenWriter(tokens_path(self.path))
+
+    def write(self, kept: pd.DataFrame, tokens: Tokenized) -> None:
+        self.columns = tokens.columns
+        if len(kept):
+            _write_rows(kept, self.fh)
+            self.tokens.write(tokens.table)
+            self.rows += len(kept)
+        else:
+            self.empty = kept.iloc[:0]
+
+    def finish(self) -> None:
+        if not self.rows and self.empty is not None:
+            _write_rows(self.empty, self.fh)
+        self.fh.close()
+        self.tokens.close(self.columns)
+        self.part.replace(self.path)
+
+    def discard(self) -> None:
+        self.fh.close()
+        self.part.unlink(missing_ok=True)
+        self.tokens.__exit__(ValueError, None, None)
+
+
+def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
+                      cfg: ValidationConfig, paths: dict[str, str] | None = None,
+                      chat: dict | None = None, out_dir: Path | None = None):
+    """Per data set, chunk by chunk: tokenize once, the text checks, the budget and the GX
+    suite on the kept rows; then the fraction and length-mismatch checks over whole sets.
+
+    Args: chunks: each data set's rows (sft / preference / prompts / eval_prompts /
+    preference_eval) as successive DataFrames; paths: the file of each (named in failures);
+    chat: set when the rows are rendered conversations; out_dir: where the cleaned files and
+    their token ids go, kept only if the report passes (None: nowhere).
+    Returns: the report.
     """
     paths = paths or {}
     report = ValidationReport(chat=dict(chat or {}))
-    cleaned, kept_tokens = {}, {}
-    for name, df in frames.items():
-        tokens = tokenize_frame(df, tokenizer)  # the one pass over this set's texts
-        check_text(_label(name, paths), df, tokens, tokenizer, cfg, report, bool(chat))
-        if (repeated := duplicate_rows(_label(name, paths), df, _kind(name))) is not None:
-            report.warnings.append(repeated)
-        kept, kept_tokens[name], counts = apply_length_budget(df, tokens, _kind(name),
-                                                              tokenizer, cfg, not chat)
-        cleaned[name] = kept
-        report.stats.update(counts.stats(name))
-        label, kept_n = _label(name, paths), len(kept)
-        if counts.truncated_fraction > cfg.max_truncated_fraction:
-            report.failures.append(
-                f"{label}: {counts.truncated_fraction:.3f} of the {name} rows had their "
-                f"prompt cut to the token budget, more than validation.max_truncated_fraction "
-                f"{cfg.max_truncated_fraction} (truncated fraction)")
-        if counts.dropped_fraction > cfg.max_dropped_fraction:
-            report.failures.append(
-                f"{label}: {counts.dropped_fraction:.3f} of the {name} rows were dropped as "
-                f"over the token budget ({kept_n} kept), more than validation.max_dropped_fraction "
-                f"{cfg.max_dropped_fraction} (dropped fraction {counts.dropped_fraction:.3f})"
-                + (_chat_budget_hint(tokens, cfg) if chat else ""))
-    run_suites(cleaned, kept_tokens, cfg, report, paths)
-    if len(cleaned["sft"]) and len(cleaned["preference"]):
-        sft_len = _median_response_length(kept_tokens["sft"], "response")
-        pref_len = _median_response_length(kept_tokens["preference"], "chosen")
-        ratio = max(sft_len, pref_len) / max(min(sft_len, pref_len), 1.0)
-        report.stats["length_mismatch_ratio"] = ratio
-        if ratio > cfg.length_mismatch_warn_ratio:
-            report.warnings.append(f"median response length: SFT {sft_len:g} vs preference "
-                                   f"(chosen) {pref_len:g} tokens, ratio {ratio:.2f}")
-    report.passed = not report.failures
-    return report, cleaned, kept_tokens
+    context, source, run_id = _suite_context()
+    suites, n_rows, medians, sinks = [], {}, {"sft": [], "preference": []}, []
+    try:
+        for name, parts in chunks.items():
+            kind, label = _kind(name), _label(name, paths)
+            tally = TextTally(label, kind, tokenizer, cfg, bool(chat))
+            suite = _suite_for(context, source, run_id, name, cfg, label)
+            sink = _Cleaned(Path(out_dir) / f"{name}.jsonl") if out_dir is not None else None
+            sinks.append(sink)
+            n_in = n_cut = n_kept = 0
+            hint, kept_hashes = "", []
+            for df in parts:
+                tokens = tokenize_frame(df, tokenizer)  # the one pass over these texts
+                tally.add(df, tokens, n_in)
+                if chat and not hint:
+                    hint = _chat_budget_hint(tokens, cfg, n_in)
+                kept, kept_tokens, counts = apply_length_budget(df, tokens, kind, tokenizer,
+                                                                cfg, not chat)
+                kept.index = kept.index + n_in  # the rows' numbers in the set, for messages
+                suite.run(_with_checks(kept, kind, kept_tokens), n_in)
+                if kind == "preference":
+                    kept_hashes.append(row_hashes(kept, ("prompt", "chosen", "rejected")))
+                if name in medians:
+                    medians[name].append(kept_tokens.lengths(
+                        "response" if name == "sft" else "chosen"))
+                if sink is not None:
+                    sink.write(kept, kept_tokens)
+                n_in += counts.n_in
+                n_cut += counts.n_truncated
+                n_kept += len(kept)
+            tally.report(report)
+            counts = BudgetCounts(n_in, n_cut, n_in - n_kept)
+            report.stats.update(counts.stats(name))
+            if counts.truncated_fraction > cfg.max_truncated_fraction:
+                report.failures.append(
+                    f"{label}: {counts.truncated_fraction:.3f} of the {name} rows had their "
+                    f"prompt cut to the token budget, more than validation.max_truncated_"
+                    f"fraction {cfg.max_truncated_fraction} (truncated fraction)")
+            if counts.dropped_fraction > cfg.max_dropped_fraction:
+                report.failures.append(
+                    f"{label}: {counts.dropped_fraction:.3f} of the {name} rows were dropped as "
+                    f"over the token budget ({n_kept} kept), more than validation.max_dropped_"
+                    f"fraction {cfg.max_dropped_fraction} (dropped fraction "
+                    f"{counts.dropped_fraction:.3f})" + hint)
+            repeated = repeats(np.concatenate(kept_hashes), keep_first=False) \
+                if len(kept_hashes) > 1 else None
+            suites.append((suite, suite.merged(repeated)))
+            n_rows[name] = n_kept
+        for suite, merged in suites:
+            report.results_json[suite.name] = merged
+            report.failures += suite.failures(merged)
+            report.stats[f"{suite.name}/n_rows"] = float(n_rows[suite.name])
+        report.gx_context = context
+        if n_rows.get("sft") and n_rows.get("preference"):
+            sft_len = _median_response_length(medians["sft"])
+            pref_len = _median_response_length(medians["preference"])
+            ratio = max(sft_len, pref_len) / max(min(sft_len, pref_len), 1.0)
+            report.stats["length_mismatch_ratio"] = ratio
+            if ratio > cfg.length_mismatch_warn_ratio:
+                report.warnings.append(f"median response length: SFT {sft_len:g} vs "
+                                       f"preference (chosen) {pref_len:g} tokens, ratio "
+                                       f"{ratio:.2f}")
+        report.passed = not report.failures
+    except BaseException:
+        for sink in sinks:
+            if sink is not None:
+                sink.discard()
+        raise
+    for sink in sinks:
+        if sink is not None:
+            sink.finish() if report.passed else sink.discard()
+    return report
 
 
-def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig) -> str:
+def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig, offset: int = 0) -> str:
     """Where a rendered prompt is over budget: its row, its tokens with the template's, and
     the fix (a cut would drop the template's assistant header, so none is made)."""
     lengths = tokens.lengths("prompt").tolist()
     over = [i for i, n in enumerate(lengths) if n > cfg.max_prompt_tokens]
     if not over:
         return ""
-    return (f"; e.g. row {over[0] + 1}: its rendered prompt has {lengths[over[0]]} tokens, "
+    return (f"; e.g. row {offset + over[0] + 1}: its rendered prompt has {lengths[over[0]]} tokens, "
             "template included, and a cut would remove the template's assistant header, so "
             "conversations are never cut: raise validation.max_prompt_tokens or shorten them")
 
@@ -245,33 +409,56 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
                                 results_json=fields["results_json"], chat=fields["chat"],
                                 gx_docs=gx_docs, reused=key)
     try:
-        frames = {name: take_read(src, kind) for name, (src, kind) in sources.items() if src}
+        chunks = {name: take_chunks(src, kind, CHUNK_ROWS) for name, (src, kind) in
+                  sources.items() if src}
+        firsts = {name: next(parts, None) for name, parts in chunks.items()}
     finally:
         forget_reads()
-    try:
-        frames, chat_info = render_conversations(frames, {n: k for n, (_, k) in sources.items()},
-                                                 tokenizer, chat, paths)
-    except ConversationError as err:
-        raise DataError(str(err)) from None
-    report, cleaned, tokens = validate_datasets(frames, tokenizer, cfg, paths, chat_info)
-    if report.passed:
-        for name, df in cleaned.items():
-            write_cleaned(df, out / f"{name}.jsonl")
-            write_tokens(tokens[name].table, tokens_path(out / f"{name}.jsonl"))
-        # kept once its Data Docs are built (write_data_docs), if it still passes; never
-        # conversational data, whose rendering also changes the tokenizer's EOS
-        if key and not report.chat:
-            report.to_keep = (cache, key, paths, out)
+    kinds = {n: k for n, (_, k) in sources.items()}
+    if any(df is not None and is_conversational(df) for df in firsts.values()):
+        # conversations are rendered together (the template may move EOS): read whole
+        frames = {name: pd.concat([firsts[name], *chunks[name]], ignore_index=True)
+                  for name in chunks}
+        try:
+            frames, chat_info = render_conversations(frames, kinds, tokenizer, chat, paths)
+        except ConversationError as err:
+            raise DataError(str(err)) from None
+        parts = {name: _slices(df) for name, df in frames.items()}
+    else:
+        chat_info = {}
+        parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
+    report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out)
+    # kept once its Data Docs are built (write_data_docs), if it still passes; never
+    # conversational data, whose rendering also changes the tokenizer's EOS
+    if report.passed and key and not report.chat:
+        report.to_keep = (cache, key, paths, out)
     return report
+
+
+def _slices(df: pd.DataFrame) -> Iterator[pd.DataFrame]:
+    for start in range(0, max(len(df), 1), CHUNK_ROWS):
+        yield df.iloc[start: start + CHUNK_ROWS].reset_index(drop=True)
+
+
+def _prepend(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    if first is not None:
+        yield first
+    yield from rest
+
+
+def _write_rows(df: pd.DataFrame, fh, rows: int = 2_000) -> None:
+    """``df.to_json(orient="records", lines=True)`` into ``fh``, ``rows`` at a time (pandas
+    builds the whole text in memory first)."""
+    for start in range(0, max(len(df), 1), rows):  # an empty frame writes one newline
+        fh.write(df.iloc[start: start + rows].to_json(orient="records", lines=True,
+                                                      force_ascii=False))
 
 
 def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000) -> None:
     """``df.to_json(path, orient="records", lines=True)``, byte for byte, ``rows`` at a time
     (pandas builds the whole text in memory first: 0.5 GB at 200k pairs)."""
     with open(path, "w", encoding="utf-8") as fh:
-        for start in range(0, max(len(df), 1), rows):  # an empty frame writes one newline
-            fh.write(df.iloc[start: start + rows].to_json(orient="records", lines=True,
-                                                          force_ascii=False))
+        _write_rows(df, fh, rows)
 
 
 def build_gx_docs(context, site_dir: Path) -> Path:

@@ -134,6 +134,8 @@ def test_a_file_read_ahead_by_the_cli_is_parsed_once(tmp_path, monkeypatch):
     reads = []
     real = files.read_local
     monkeypatch.setattr(loading, "read_local", lambda p, *a: reads.append(p) or real(p, *a))
+    streamed = files.iter_jsonl  # the gate streams a file not read ahead
+    monkeypatch.setattr(loading, "iter_jsonl", lambda p, *a: reads.append(p) or streamed(p, *a))
     loading.read_every_source(data)
     assert len(reads) == 3
     assert run_validation(data, make_tokenizer(), CFG, tmp_path / "out").passed

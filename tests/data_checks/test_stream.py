@@ -1,0 +1,133 @@
+"""The gate in chunks (data_checks/validate.py, loading.py): a bad row at every place in a
+chunk (first, last, either side of a boundary) is named by its row or line; repeats are found
+across chunks; and chunked and one-chunk validation say and write the same."""
+
+import json
+
+import pytest
+
+import data_checks.loading as loading
+import data_checks.validate as validate
+from data_checks.config import DataConfig, DataSource, ValidationConfig
+from data_checks.loading import DataError
+from data_checks.token_files import read_tokens, tokens_path
+from data_checks.validate import run_validation
+from tests.conftest import make_tokenizer
+from tests.shared import PROMPTS, write_jsonl
+
+CFG = ValidationConfig(max_prompt_tokens=8, max_response_tokens=8, max_dropped_fraction=1.0)
+WORDS = "cats dogs rain sun tea the weather nice good".split()
+
+
+def _pairs(n):
+    return [{"prompt": f"tell me about {WORDS[i % 9]} {WORDS[(i // 9) % 9]} :",
+             "chosen": f"{WORDS[i % 9]} is nice .", "rejected": "bad"} for i in range(n)]
+
+
+def _sft(n):
+    return [{"prompt": f"tell me about {WORDS[i % 9]} {WORDS[(i // 9) % 9]} :",
+             "response": f"{WORDS[i % 9]} is good ."} for i in range(n)]
+
+
+def _gate(tmp, pref, sft=None, chunk=4, monkeypatch=None, cfg=CFG):
+    tmp.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(validate, "CHUNK_ROWS", chunk)
+    data = DataConfig(sft=DataSource(path=str(write_jsonl(tmp / "sft.jsonl", sft or _sft(6)))),
+                      preference=DataSource(path=str(write_jsonl(tmp / "p.jsonl", pref))),
+                      prompts=DataSource(path=str(write_jsonl(tmp / "q.jsonl", PROMPTS))))
+    return run_validation(data, make_tokenizer(), cfg, tmp / "out")
+
+
+# chunks of 4 rows over 10: rows 1 (first), 4 (last), 5 (after a boundary), 8, 9, 10 (last)
+POSITIONS = [0, 3, 4, 7, 8, 9]
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_a_bad_row_at_every_chunk_position_is_named_by_its_row(tmp_path, monkeypatch,
+                                                               position):
+    pref = _pairs(10)
+    pref[position]["rejected"] = pref[position]["chosen"]
+    report = _gate(tmp_path, pref, monkeypatch=monkeypatch)
+    same = [f for f in report.failures if "chosen == rejected" in f]
+    assert len(same) == 1 and f"1 pairs have chosen == rejected: rows {position + 1} [" \
+        in same[0], report.failures
+    assert f"e.g. row {position + 1}: " in same[0]
+    assert not (tmp_path / "out" / "preference.jsonl").exists()  # a failed gate writes none
+    assert not list((tmp_path / "out").glob("*.part"))
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_a_malformed_line_at_every_chunk_position_is_named_by_its_line(tmp_path, monkeypatch,
+                                                                      position):
+    monkeypatch.setattr(loading, "KEEP_BYTES", 0)  # the gate streams it (not read ahead)
+    lines = [json.dumps(r) for r in _pairs(10)]
+    lines[position] = lines[position][:-2]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    source = DataSource(path=str(tmp_path / "p.jsonl"))
+    with pytest.raises(DataError, match=rf"p.jsonl line {position + 1}: invalid JSON"):
+        list(loading.iter_table(source, "preference", 4))
+    lines[position] = json.dumps({**_pairs(10)[position], "chosen": 7})
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=rf"p.jsonl row {position + 1}: field 'chosen' must"):
+        list(loading.iter_table(source, "preference", 4))
+
+
+def test_chunks_concatenate_to_the_whole_read(tmp_path):
+    pref = _pairs(10)
+    del pref[6]["rejected"]  # a key missing from one row only
+    lines = [json.dumps(r) for r in pref]
+    (tmp_path / "p.jsonl").write_text("\ufeff" + "\n\n".join(lines) + "\n")  # BOM, blank lines
+    source = DataSource(path=str(tmp_path / "p.jsonl"))
+    import pandas as pd
+
+    whole = loading.load_table(source, "preference")
+    for rows in (1, 3, 4, 100):
+        chunks = list(loading.iter_table(source, "preference", rows))
+        assert [len(c) for c in chunks[:-1]] == [rows] * (len(chunks) - 1)
+        pd.testing.assert_frame_equal(pd.concat(chunks, ignore_index=True), whole,
+                                      check_dtype=False)  # a chunk of nulls: object
+    limited = DataSource(path=str(tmp_path / "p.jsonl"), limit=5)
+    assert len(pd.concat(loading.iter_table(limited, "preference", 2))) == 5
+
+
+def test_repeats_are_found_across_chunks(tmp_path, monkeypatch):
+    pref = _pairs(10)
+    pref[8] = dict(pref[1])  # rows 2 and 9: different chunks
+    sft = _sft(9)
+    sft[7] = dict(sft[0])
+    report = _gate(tmp_path, pref, sft=sft, monkeypatch=monkeypatch)
+    repeated = [f for f in report.failures if "repeat another row's" in f]
+    assert len(repeated) == 1 and "2 rows repeat another row's prompt + chosen + rejected: " \
+        "rows 2, 9 [" in repeated[0], report.failures
+    assert report.results_json["preference"]["success"] is False
+    assert any(w.startswith("sft (") and "1 rows repeat another row's prompt + response: rows 8 "
+               in w for w in report.warnings), report.warnings
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4])
+def test_chunked_and_whole_validation_agree(tmp_path, monkeypatch, chunk):
+    """Reports, cleaned files and token files, a passing and a failing set alike."""
+    pref = _pairs(11)
+    pref[2]["chosen"] = "cats are nice . " * 4  # over budget: dropped
+    pref[5]["prompt"] = "tell me\n" + "cats " * 10  # over budget: cut at the paragraph
+    pref[9]["chosen"] = "cats <|endoftext|> ."  # a special token written out: fails
+    pref[10]["rejected"] = "the dogs \x07 ."  # a control character: a warning
+    for fail in (False, True):
+        rows = pref if fail else pref[:9]
+        one = _gate(tmp_path / f"one{fail}", rows, chunk=1000, monkeypatch=monkeypatch)
+        many = _gate(tmp_path / f"many{fail}{chunk}", rows, chunk=chunk,
+                     monkeypatch=monkeypatch)
+        assert one.passed is not fail
+        assert [f.replace(f"many{fail}{chunk}", f"one{fail}") for f in many.failures] == \
+            one.failures
+        assert [w.replace(f"many{fail}{chunk}", f"one{fail}") for w in many.warnings] == \
+            one.warnings
+        assert many.stats == one.stats
+        assert many.expectation_counts() == one.expectation_counts()
+        for name in ("sft", "preference", "prompts"):
+            a = tmp_path / f"one{fail}" / "out" / f"{name}.jsonl"
+            b = tmp_path / f"many{fail}{chunk}" / "out" / f"{name}.jsonl"
+            assert a.exists() is b.exists() is (not fail)
+            if not fail:
+                assert a.read_bytes() == b.read_bytes()
+                assert read_tokens(tokens_path(a)).equals(read_tokens(tokens_path(b)))
