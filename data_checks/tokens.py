@@ -62,13 +62,43 @@ def tokenizer_threads() -> Iterator[None]:
                     os.environ["TOKENIZERS_PARALLELISM"] = _THREADED.before
 
 
+def _call(tokenizer, texts: list[str]) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
+                     return_token_type_ids=False)["input_ids"]
+
+
+def _plain_backend(tokenizer):
+    """The Rust tokenizer a fast tokenizer's call goes straight to (no subclass of
+    transformers' own adding Python steps around it), else None."""
+    from transformers import PreTrainedTokenizerBase
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    kind = type(tokenizer)
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not isinstance(tokenizer, TokenizersBackend) or \
+            not hasattr(backend, "encode_batch_fast") or \
+            kind._encode_plus is not TokenizersBackend._encode_plus or \
+            kind.__call__ is not PreTrainedTokenizerBase.__call__:
+        return None
+    return backend
+
+
 def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     """``tokenizer(text, add_special_tokens=False)["input_ids"]`` of each text, in one call
-    that builds no attention mask or token type ids."""
+    that builds no attention mask or token type ids. A fast tokenizer whose call is its Rust
+    tokenizer's ``encode_batch`` goes to that tokenizer's ``encode_batch_fast`` (the same ids,
+    without the character offsets nothing here reads), set up by a transformers call on the
+    batch's first text, whose ids it must give (else the whole batch goes through the
+    transformers call)."""
+    texts = list(texts)
     if not texts:  # fast tokenizers raise IndexError on an empty batch
         return []
-    return tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False,
-                     return_token_type_ids=False)["input_ids"]
+    backend = _plain_backend(tokenizer)
+    if backend is None:
+        return _call(tokenizer, texts)
+    first = _call(tokenizer, texts[:1])[0]  # sets truncation, padding, special-token splitting
+    ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    return ids if ids[0] == first else _call(tokenizer, texts)
 
 
 def _strings(column: pd.Series) -> list[str]:
