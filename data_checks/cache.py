@@ -4,15 +4,21 @@ A validation that passed is kept under a key made of everything it depends on: e
 file's bytes and source settings (not its path), the ``validation`` settings, the tokenizer
 (its serialised vocabulary, merges and special tokens, and the chat template), the
 great-expectations version and the source of this package. A later validation with the same
-key (a sweep's runs, a re-run, the configured data of a retrain round) copies the report, the
-cleaned files (with their token ids) and GX's Data Docs instead of running the suites again, which saves the
-great-expectations import and its runs (seconds per process). Failed validations are never
-kept: their messages are made afresh, naming the files of the run at hand; nor is a
-validation of conversational data (rendering it also moves the tokenizer's EOS).
+key (a sweep's runs, a re-run, the configured data of a retrain round) restores the report,
+the cleaned files (with their token ids) and GX's Data Docs instead of tokenizing and running
+the suites again. Failed validations are never kept: their messages are made afresh, naming
+the files of the run at hand; nor is a validation of conversational data (rendering it also
+moves the tokenizer's EOS).
+
+Data of any size is kept. The cleaned files and token files go between a run's folder and the
+cache as hard links where both lie on one file system (no bytes copied, whatever the size),
+else as copies (:func:`place`). A linked file is shared, which is safe because the gate and the
+cache only ever replace these files whole (written aside, renamed into place), never write
+into them. The key reads every data file's bytes once (SHA-256, about a second per 500 MB).
 
 Where: ``$RLHF_VALIDATION_CACHE`` (a folder; ``off`` turns reuse off), else
 ``$XDG_CACHE_HOME/rlhf-ppo/validation`` (``~/.cache/...``). Only local files count: a hub
-dataset or a folder is validated every time, as is data over ``MAX_BYTES`` in all.
+dataset or a folder is validated every time.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ from pathlib import Path
 from data_checks.token_files import SUFFIX
 
 CACHE_ENV = "RLHF_VALIDATION_CACHE"
-MAX_BYTES = 64 * 2**20  # cleaned copies of larger data are not worth keeping twice
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -80,19 +85,16 @@ def _source_code() -> str:
 
 def validation_key(sources: dict, tokenizer, cfg, chat: bool) -> str | None:
     """The key of one validation, or None when it cannot be reused (a source that is not a
-    local file, data over MAX_BYTES, a tokenizer without a serialised form).
+    local file, a tokenizer without a serialised form).
 
     ``sources``: data set name -> its DataSource (pydantic model with a ``path``)."""
     tok = _tokenizer_identity(tokenizer)
     if tok is None:
         return None
-    files, size = {}, 0
+    files = {}
     for name, src in sorted(sources.items()):
         path = Path(src.path).expanduser()
         if src.format == "hf" or not path.is_file():
-            return None
-        size += path.stat().st_size
-        if size > MAX_BYTES:
             return None
         files[name] = [_file_digest(path), path.suffix,
                        src.model_dump(mode="json", exclude={"path"})]
@@ -122,6 +124,23 @@ def _repath(text: str, paths: dict[str, str]) -> str:
     return text
 
 
+def place(source: Path, target: Path) -> str:
+    """``target`` becomes ``source``'s content: a hard link where the file system allows one,
+    else a copy (written aside, renamed into place) -> "link" or "copy"."""
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+    try:
+        try:
+            os.link(source, tmp)
+            how = "link"
+        except OSError:  # another file system, or one without links
+            shutil.copyfile(source, tmp)
+            how = "copy"
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return how
+
+
 def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path):
     """A kept validation -> (report fields, the folder of its GX Data Docs or None), with its
     cleaned files copied into ``out_dir``; None when nothing is kept under ``key``."""
@@ -129,7 +148,7 @@ def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path)
     try:
         fields = json.loads(_repath((entry / "report.json").read_text(encoding="utf-8"), paths))
         for name in fields["cleaned"]:
-            shutil.copyfile(entry / "cleaned" / name, out_dir / name)
+            place(entry / "cleaned" / name, out_dir / name)
     except (OSError, ValueError, KeyError):
         return None
     gx = entry / "gx"
@@ -149,7 +168,7 @@ def keep(cache: ValidationCache, key: str, fields: dict, paths: dict[str, str], 
         cleaned = sorted(p.name for p in Path(out_dir).glob("*.jsonl"))
         cleaned += sorted(p.name for p in Path(out_dir).glob(f"*{SUFFIX}"))
         for name in cleaned:
-            shutil.copyfile(Path(out_dir) / name, tmp / "cleaned" / name)
+            place(Path(out_dir) / name, tmp / "cleaned" / name)
         if gx_docs is not None and gx_docs.is_dir():
             shutil.copytree(gx_docs, tmp / "gx")
         text = json.dumps({**fields, "cleaned": cleaned}, default=str)

@@ -56,6 +56,34 @@ def test_other_content_checks_or_tokenizer_run_the_suites_again(tmp_path):
     assert len(list((tmp_path / "cache").iterdir())) == 4
 
 
+def test_kept_files_are_hard_links_else_copies(tmp_path, monkeypatch):
+    """No size limit: the cleaned and token files are linked, not copied, where one file
+    system holds both; elsewhere copied, and reused all the same."""
+    import data_checks.cache as cache_module
+
+    cache = ValidationCache(tmp_path / "cache")
+    first, _ = _run(tmp_path / "a", cache)
+    (entry,) = (tmp_path / "cache").iterdir()
+    for name in ("preference.jsonl", "preference.tokens.arrow"):
+        assert (entry / "cleaned" / name).stat().st_ino == \
+            (tmp_path / "a" / "out" / name).stat().st_ino
+    again, _ = _run(tmp_path / "b", cache)
+    assert again.reused and (tmp_path / "b" / "out" / "sft.jsonl").stat().st_ino == \
+        (entry / "cleaned" / "sft.jsonl").stat().st_ino
+
+    def no_links(*args):
+        raise OSError("cross-device link")
+
+    monkeypatch.setattr(cache_module.os, "link", no_links)
+    copied, _ = _run(tmp_path / "c", cache)
+    assert copied.reused
+    for name in ("sft.jsonl", "sft.tokens.arrow"):
+        ours, kept = tmp_path / "c" / "out" / name, entry / "cleaned" / name
+        assert ours.stat().st_ino != kept.stat().st_ino
+        assert ours.read_bytes() == kept.read_bytes()
+    assert not [p for p in (tmp_path / "c" / "out").iterdir() if p.name.startswith(".")]
+
+
 def test_a_failed_validation_is_never_kept(tmp_path):
     cache = ValidationCache(tmp_path / "cache")
     bad = [{**PREF[0], "rejected": PREF[0]["chosen"]}, PREF[1]]
