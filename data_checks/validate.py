@@ -30,6 +30,7 @@ from data_checks.token_files import TokenWriter, tokens_path
 from data_checks.tokens import Tokenized, tokenize_frame
 
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
+DROPPED_SHOWN = 1_000  # dropped rows kept per data set for the Data Docs (all are counted)
 
 
 class ValidationFailed(Exception):
@@ -47,12 +48,14 @@ class ValidationReport:
     gx_context: object = field(default=None, repr=False)  # holds the results for Data Docs
     gx_docs: Path | None = None  # a reused validation's Data Docs (data_checks/cache.py)
     reused: str = ""  # the key of the passed validation this one reused ("" if it ran)
+    # data set -> the first DROPPED_SHOWN rows the budget dropped ({"row": n, columns...})
+    dropped: dict[str, list[dict]] = field(default_factory=dict)
     to_keep: tuple | None = field(default=None, repr=False)  # (cache, key, paths, out_dir)
 
     def fields(self) -> dict:
         """What a reuse restores (data_checks/cache.py)."""
         return {"warnings": self.warnings, "stats": self.stats,
-                "results_json": self.results_json, "chat": self.chat}
+                "results_json": self.results_json, "chat": self.chat, "dropped": self.dropped}
 
     def expectation_counts(self) -> dict[str, tuple[int, int]]:
         """data set -> (expectations passed, expectations evaluated)."""
@@ -282,6 +285,18 @@ class _Cleaned:
         self.tokens.__exit__(ValueError, None, None)
 
 
+def _note_dropped(dropped: dict[str, list[dict]], name: str, df: pd.DataFrame,
+                  kept: np.ndarray, offset: int) -> None:
+    """Keep the rows of ``df`` not in ``kept`` (positions), as read, up to DROPPED_SHOWN."""
+    shown = dropped.setdefault(name, [])
+    room = DROPPED_SHOWN - len(shown)
+    if room <= 0 or len(kept) == len(df):
+        return
+    gone = np.setdiff1d(np.arange(len(df)), kept)[:room]
+    rows = df.iloc[gone].to_dict(orient="records")
+    shown += [{"row": offset + int(i) + 1, **row} for i, row in zip(gone, rows)]
+
+
 def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                       cfg: ValidationConfig, paths: dict[str, str] | None = None,
                       chat: dict | None = None, out_dir: Path | None = None):
@@ -314,6 +329,7 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                     hint = _chat_budget_hint(tokens, cfg, n_in)
                 kept, kept_tokens, counts = apply_length_budget(df, tokens, kind, tokenizer,
                                                                 cfg, not chat)
+                _note_dropped(report.dropped, name, df, kept.index.to_numpy(), n_in)
                 kept.index = kept.index + n_in  # the rows' numbers in the set, for messages
                 suite.run(_with_checks(kept, kind, kept_tokens), n_in)
                 if kind == "preference":
@@ -407,7 +423,8 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
         fields, gx_docs = hit
         return ValidationReport(warnings=fields["warnings"], stats=fields["stats"],
                                 results_json=fields["results_json"], chat=fields["chat"],
-                                gx_docs=gx_docs, reused=key)
+                                dropped=fields.get("dropped", {}), gx_docs=gx_docs,
+                                reused=key)
     try:
         chunks = {name: take_chunks(src, kind, CHUNK_ROWS) for name, (src, kind) in
                   sources.items() if src}
@@ -487,6 +504,13 @@ def write_data_docs(report: ValidationReport, out_dir) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report.results_json, indent=1, default=str))
+    shutil.rmtree(out / "dropped", ignore_errors=True)
+    for name, rows in report.dropped.items():
+        if rows:  # the rows the budget dropped, numbered as in the file (the first ones)
+            (out / "dropped").mkdir(exist_ok=True)
+            (out / "dropped" / f"{name}.jsonl").write_text(
+                "".join(json.dumps(r, default=str, ensure_ascii=False) + "\n" for r in rows),
+                encoding="utf-8")
     gx_link = ""
     if report.gx_context is not None:
         build_gx_docs(report.gx_context, out / "gx")

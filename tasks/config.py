@@ -64,6 +64,12 @@ class TrackingConfig(BaseModel):
     gc_schedule: ScheduleConfig | None = Field(
         None, description="`rlhf serve`: run `rlhf gc --yes` on this schedule (the "
         "gc/<name> deployment); None: by hand only.")
+    log_cleaned_data_max_mb: float = Field(
+        32.0, ge=0, description="validate: the cleaned data files (data/<set>.jsonl, together "
+        "up to this many MB) are also MLflow artifacts of the stage run, for stages on other "
+        "machines; larger data is not copied into MLflow on every run (its digest, row counts, "
+        "a sample and the dropped rows are; the files stay in the run folder, and other "
+        "machines need that folder). 0: never copy.")
     system_metrics: bool = Field(True, description="Log CPU/memory/GPU use on the parent run.")
     system_metrics_interval_s: float = Field(5.0, gt=0, description="Sampling interval.")
     outage_limit_s: float = Field(

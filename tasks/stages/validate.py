@@ -59,6 +59,25 @@ def chat_template(value: str | None) -> str | None:
     return path.read_text(encoding="utf-8") if "{" not in value else value
 
 
+SAMPLE_ROWS = 20  # rows of each cleaned set shown in data_docs/sample/
+
+
+def write_samples(out_dir: Path, sample_dir: Path) -> None:
+    """The first SAMPLE_ROWS lines of each cleaned set into ``sample_dir/<set>.jsonl``."""
+    for path in sorted(out_dir.glob("*.jsonl")):
+        sample_dir.mkdir(parents=True, exist_ok=True)
+        with open(path, encoding="utf-8") as fh:
+            head = [line for _, line in zip(range(SAMPLE_ROWS), fh)]
+        (sample_dir / path.name).write_text("".join(head), encoding="utf-8")
+
+
+def cleaned_copies(out_dir: Path, max_mb: float) -> list[Path]:
+    """The cleaned files to copy into MLflow: all of them while together at most ``max_mb``
+    MB (tracking.log_cleaned_data_max_mb), else none (never the token files)."""
+    files = sorted(out_dir.glob("*.jsonl"))
+    return files if sum(p.stat().st_size for p in files) <= max_mb * 2**20 else []
+
+
 def body(sc: StageContext, prep: Prepared) -> DataRecord:
     """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
     cfg = sc.cfg
@@ -79,6 +98,7 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
     sc.set_tags({TOKENIZER_PREFIX + k: str(v) for k, v in record.items()})
     require_margin(report, cfg, out_dir / "preference.jsonl")
     docs = write_data_docs(report, out_dir / "data_docs")
+    write_samples(out_dir, docs / "sample")
     sc.log_artifacts(docs, "data_docs")
     sc.log_text(report.summary_markdown(), "validation_summary.md")
     sc.log(0, report.stats)
@@ -92,8 +112,8 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
                  if (out_dir / f"{n}.jsonl").exists()}
         digests.update(sc.log_datasets(files, context))
     sc.set_tags({DATA_DIGEST_PREFIX + k: v for k, v in digests.items()}, parent=True)
-    for path in sorted(out_dir.glob("*.jsonl")):  # the cleaned data, for other machines
-        sc.log_artifact(path, "data")
+    for path in cleaned_copies(out_dir, cfg.tracking.log_cleaned_data_max_mb):
+        sc.log_artifact(path, "data")  # the cleaned data, for other machines
     tokenizer_art = sc.publish(out_dir / "tokenizer", "data/tokenizer")
     return DataRecord(
         data=sc.publish(out_dir, "data", logged=True), tokenizer=tokenizer_art,
@@ -104,7 +124,9 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
                  for name, (ok, n) in report.expectation_counts().items()})
 
 
-# each data set's row counts (data_checks/validate.py), then the SFT/preference length ratio
+# each data set's row counts (data_checks/validate.py), then the SFT/preference length ratio;
+# data/*.jsonl: the cleaned files, copied while small (tracking.log_cleaned_data_max_mb);
+# data_docs/ holds sample/<set>.jsonl and dropped/<set>.jsonl beside the Data Docs
 COUNTS = ("n_rows", "n_in", "n_truncated", "n_dropped", "truncated_fraction", "dropped_fraction")
 STAGE = Stage("validate", body, DataRecord, sections=("validation",),
               metrics=(*(f"{s}/{c}" for s in KINDS for c in COUNTS), "length_mismatch_ratio"),

@@ -171,8 +171,27 @@ def test_validate_cleans_the_data_and_saves_the_tokenizer(chain):
     assert rec.metrics["sft/n_rows"] == 2 and rec.figures
     assert sc.artifacts["data/tokenizer"] == rec.tokenizer.path
     assert "validation_summary.md" in sc.artifacts and "data_docs" in sc.artifacts
+    assert "data/sft.jsonl" in sc.artifacts  # small data: copied (log_cleaned_data_max_mb)
     assert sc.metrics[0]["sft/n_rows"] == 2
     assert "rlhf.tokenizer.eos_token" in sc.tags
+    assert sc.parent_tags["rlhf.data_digest.sft"] == "digest-of-sft.jsonl"
+
+
+def test_validate_logs_a_sample_and_copies_the_cleaned_files_only_while_small(tmp_path,
+                                                                           tiny_model_dir):
+    """tracking.log_cleaned_data_max_mb: at 0 no cleaned file goes to MLflow, yet the run
+    folder holds them and their token files, and data_docs/ holds a sample of each."""
+    cfg = load_config(write_config(tmp_path, tiny_model_dir),
+                      ["tracking.log_cleaned_data_max_mb=0"])
+    prep = _prepared(cfg, tmp_path / "work", cfg.data, tiny_model_dir)
+    sc = FakeStageContext(cfg, "validate", tmp_path / "work")
+    rec = STAGES["validate"].body(sc, prep=prep)
+    assert not [a for a in sc.artifacts if a.startswith("data/") and a.endswith(".jsonl")]
+    for name in ("sft", "preference", "prompts"):
+        cleaned = Path(rec.data.path) / f"{name}.jsonl"
+        assert cleaned.exists() and (Path(rec.data.path) / f"{name}.tokens.arrow").exists()
+        sample = Path(rec.data.path) / "data_docs" / "sample" / f"{name}.jsonl"
+        assert sample.read_text().splitlines() == cleaned.read_text().splitlines()[:20]
     assert sc.parent_tags["rlhf.data_digest.sft"] == "digest-of-sft.jsonl"
 
 

@@ -112,3 +112,36 @@ def test_a_store_that_cannot_mark_the_run_ended_is_logged_not_raised(caplog):
         assert str(err) == "the stage's own error"
     (record,) = [r for r in caplog.records if r.name == "rlhf.tracking"]
     assert "run123 FAILED" in record.getMessage() and "store gone" in record.getMessage()
+
+
+def test_a_large_data_file_is_logged_from_its_head_with_mlflow_s_digest_and_count(
+        store_uri, tmp_path, monkeypatch):
+    """Only the first rows are read (the count from the lines), yet the digest and profile
+    are those MLflow gives the whole table."""
+    import json as json_module
+
+    import mlflow.data.digest_utils as digest_utils
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    from tasks.tracking import datasets
+
+    monkeypatch.setattr(datasets, "SAMPLE_ROWS", 5)
+    monkeypatch.setattr(digest_utils, "MAX_ROWS", 5)
+    rows = [{"prompt": f"p{i}", "chosen": "c", "rejected": f"r{i % 3}", "margin": i / 2}
+            for i in range(12)]
+    data = tmp_path / "preference.jsonl"
+    data.write_text("".join(json_module.dumps(r) + "\n" for r in rows))
+    reads = []
+    real = pd.read_json
+    monkeypatch.setattr(pd, "read_json", lambda *a, **k: reads.append(k.get("nrows")) or
+                        real(*a, **k))
+    client = MlflowClient(store_uri)
+    run_id = client.create_run(client.create_experiment("big")).info.run_id
+    digests = datasets.log_datasets(client, [run_id], {"preference": data}, "training")
+    assert reads == [5]
+    whole = real(data, lines=True, dtype=False)
+    assert digests["preference"] == digest_utils.compute_pandas_digest(whole)
+    (logged,) = client.get_run(run_id).inputs.dataset_inputs
+    assert json_module.loads(logged.dataset.profile)["num_rows"] == 12
+    assert logged.dataset.digest == digests["preference"]
