@@ -131,3 +131,68 @@ def test_chunked_and_whole_validation_agree(tmp_path, monkeypatch, chunk):
             if not fail:
                 assert a.read_bytes() == b.read_bytes()
                 assert read_tokens(tokens_path(a)).equals(read_tokens(tokens_path(b)))
+
+
+KILLED = """
+import sys, time
+from pathlib import Path
+import data_checks.validate as validate
+from data_checks.config import DataConfig, DataSource
+from tests.conftest import make_tokenizer
+from tests.data_checks.test_stream import CFG
+
+where, stop_after = Path(sys.argv[1]), int(sys.argv[2])
+validate.CHUNK_ROWS = 4
+real, seen = validate.tokenize_frame, []
+
+
+def slow(df, tokenizer):  # after stop_after chunks: say so, then wait to be killed
+    if len(seen) == stop_after:
+        (where / "in_the_gate").write_text("")
+        time.sleep(600)
+    seen.append(len(df))
+    return real(df, tokenizer)
+
+
+validate.tokenize_frame = slow
+data = DataConfig(**{n: DataSource(path=str(where / f"{n}.jsonl"))
+                     for n in ("sft", "preference", "prompts")})
+validate.run_validation(data, make_tokenizer(), CFG, where / "out")
+"""
+
+
+@pytest.mark.parametrize("stop_after", [1, 4])  # in the SFT set, in the preference set
+def test_a_gate_killed_between_chunks_leaves_no_file_and_a_rerun_passes(tmp_path, stop_after):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    write_jsonl(tmp_path / "sft.jsonl", _sft(10))  # 3 chunks of 4 rows
+    write_jsonl(tmp_path / "preference.jsonl", _pairs(10))
+    write_jsonl(tmp_path / "prompts.jsonl", PROMPTS * 3)
+    root = Path(__file__).resolve().parents[2]
+    gate = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path), str(stop_after)],
+                            cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "in_the_gate").exists():
+            assert gate.poll() is None and time.monotonic() < deadline, "gate ended early"
+            time.sleep(0.1)
+        os.kill(gate.pid, signal.SIGKILL)
+    finally:
+        gate.wait()
+    out = tmp_path / "out"
+    assert not [p.name for p in out.iterdir() if not p.name.endswith(".part")]  # no half file
+    data = DataConfig(**{n: DataSource(path=str(tmp_path / f"{n}.jsonl"))
+                         for n in ("sft", "preference", "prompts")})
+    report = run_validation(data, make_tokenizer(), CFG, out)
+    assert report.passed, report.failures
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{n}{s}" for n in ("sft", "preference", "prompts") for s in (".jsonl", ".tokens.arrow"))
+    whole = run_validation(data, make_tokenizer(), CFG, tmp_path / "whole")
+    assert whole.stats == report.stats
+    for p in out.iterdir():
+        assert p.read_bytes() == (tmp_path / "whole" / p.name).read_bytes()
