@@ -1,5 +1,21 @@
 """The data gate: length budgets, great-expectations suites, a report, cleaned JSONL files.
 
+It streams: each data set comes in chunks of CHUNK_ROWS rows (data_checks/loading.py reads a
+plain JSONL file that many lines at a time), and each chunk is tokenized once, checked, cut to
+the budget, validated and written (cleaned rows and their token ids) before the next is read,
+so memory stays flat as the data grows. What spans chunks is added up: the text checks'
+counts and first rows (data_checks/text_checks.py), the budget's counts, the response lengths
+for the medians (4 bytes a row), and 64-bit row hashes for repeats.
+
+GX runs on every chunk with the whole suite (not on a sample): each chunk's cleaned rows, their
+index the rows' place in the data set, so GX's unexpected indices are the file's rows. The
+chunks' results are merged into one result per data set (counts summed, row lists joined,
+statistics recounted): ``results.json``, the summary and the failure messages read that.
+Uniqueness across chunks is the one expectation GX cannot see per chunk: the merged
+compound-unique result is recomputed from the row hashes of the whole set. GX's own Data Docs
+keep a validation page per chunk (run name ``rlhf-validate`` for the first, ``rlhf-validate
+rows N-`` for the others). Data of one chunk (the demo's) gives GX's result unchanged.
+
 GX 1.x pitfalls handled here: ``UnexpectedRowsExpectation`` does not run on pandas, and under
 pandas 3 text columns have dtype ``str``; so row-level facts (chosen == rejected, token
 lengths) are derived columns checked with plain column expectations. Each data set runs as a

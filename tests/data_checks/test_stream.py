@@ -123,6 +123,8 @@ def test_chunked_and_whole_validation_agree(tmp_path, monkeypatch, chunk):
         assert [w.replace(f"many{fail}{chunk}", f"one{fail}") for w in many.warnings] == \
             one.warnings
         assert many.stats == one.stats
+        assert many.dropped == one.dropped and [r["row"] for r in one.dropped["preference"]] \
+            == [3] and one.dropped["preference"][0]["chosen"] == pref[2]["chosen"]
         assert many.expectation_counts() == one.expectation_counts()
         for name in ("sft", "preference", "prompts"):
             a = tmp_path / f"one{fail}" / "out" / f"{name}.jsonl"
