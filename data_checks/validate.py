@@ -42,7 +42,7 @@ from data_checks.conversations import ConversationError, is_conversational, rend
 from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_chunks
 from data_checks.messages import example_rows, failure_text
 from data_checks.text_checks import TextTally, repeats, row_hashes
-from data_checks.token_files import TokenWriter, tokens_path
+from data_checks.token_files import TokenWriter, tokens_path, write_tokens
 from data_checks.tokens import Tokenized, tokenize_frame
 
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
@@ -270,33 +270,32 @@ class _Cleaned:
     names until the validation passes (a failed or killed gate leaves no cleaned file)."""
 
     path: Path
-    columns: tuple[str, ...] = ()
     rows: int = 0
-    empty: pd.DataFrame | None = None
+    empty: tuple | None = None  # an empty chunk's (rows, tokens): what an empty set writes
 
     def __post_init__(self):
         self.part = self.path.with_name(self.path.name + ".part")
-        self.fh = open(self.part, "w", encoding="utf-8")
+        self.part.write_text("", encoding="utf-8")
         self.tokens = TokenWriter(tokens_path(self.path))
 
     def write(self, kept: pd.DataFrame, tokens: Tokenized) -> None:
-        self.columns = tokens.columns
         if len(kept):
-            _write_rows(kept, self.fh)
+            write_cleaned(kept, self.part, append=True)
             self.tokens.write(tokens.table)
             self.rows += len(kept)
         else:
-            self.empty = kept.iloc[:0]
+            self.empty = (kept, tokens)
 
     def finish(self) -> None:
-        if not self.rows and self.empty is not None:
-            _write_rows(self.empty, self.fh)
-        self.fh.close()
-        self.tokens.close(self.columns)
+        if not self.rows and self.empty is not None:  # as one write of the empty set gives
+            write_cleaned(self.empty[0], self.part, append=True)
+            self.tokens.__exit__(ValueError, None, None)
+            write_tokens(self.empty[1].table, tokens_path(self.path))
+        else:
+            self.tokens.close()
         self.part.replace(self.path)
 
     def discard(self) -> None:
-        self.fh.close()
         self.part.unlink(missing_ok=True)
         self.tokens.__exit__(ValueError, None, None)
 
@@ -487,10 +486,12 @@ def _write_rows(df: pd.DataFrame, fh, rows: int = 2_000) -> None:
                                                       force_ascii=False))
 
 
-def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000) -> None:
+def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,
+                  append: bool = False) -> None:
     """``df.to_json(path, orient="records", lines=True)``, byte for byte, ``rows`` at a time
-    (pandas builds the whole text in memory first: 0.5 GB at 200k pairs)."""
-    with open(path, "w", encoding="utf-8") as fh:
+    (pandas builds the whole text in memory first: 0.5 GB at 200k pairs); ``append``: after
+    what ``path`` holds (the gate's chunks, one after another)."""
+    with open(path, "a" if append else "w", encoding="utf-8") as fh:
         _write_rows(df, fh, rows)
 
 

@@ -198,3 +198,22 @@ def test_a_gate_killed_between_chunks_leaves_no_file_and_a_rerun_passes(tmp_path
     assert whole.stats == report.stats
     for p in out.iterdir():
         assert p.read_bytes() == (tmp_path / "whole" / p.name).read_bytes()
+
+
+def test_a_set_whose_every_row_is_dropped_writes_what_one_write_of_it_would(tmp_path,
+                                                                            monkeypatch):
+    import pandas as pd
+
+    from data_checks.validate import write_cleaned
+
+    pref = _pairs(5)
+    for row in pref:
+        row["chosen"] = "cats are nice . " * 4  # over budget: every pair dropped
+    report = _gate(tmp_path, pref, chunk=2, monkeypatch=monkeypatch)
+    assert report.passed and report.stats["preference/n_rows"] == 0.0, report.failures
+    cleaned = tmp_path / "out" / "preference.jsonl"
+    write_cleaned(pd.DataFrame(columns=["prompt", "chosen", "rejected"]), tmp_path / "one")
+    assert cleaned.read_bytes() == (tmp_path / "one").read_bytes()
+    table = read_tokens(tokens_path(cleaned))
+    assert table.num_rows == 0 and table.column_names == ["prompt_ids", "chosen_ids",
+                                                          "rejected_ids"]
