@@ -429,6 +429,8 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.part"):  # a killed gate's unfinished files (_Cleaned)
+        stale.unlink()
     sources = {name: (getattr(data, name), kind) for name, kind in KINDS.items()}
     paths = {name: src.path for name, (src, _) in sources.items() if src}
     key = cache and kept.validation_key({n: s for n, (s, _) in sources.items() if s},
