@@ -93,9 +93,9 @@ def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
 def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
                   page: int = 1) -> PipelineRuns:
     """The experiment's id and page ``page`` (``limit`` runs each) of its pipeline (parent)
-    runs, newest first, selected by the store (a tag filter and MLflow's page tokens: the
-    runs of earlier pages are skipped, not read), without creating a store; StoreError when
-    there is no such store or experiment, or the store cannot be read."""
+    runs, newest first, selected by the store (a tag filter and an offset, or MLflow's page
+    tokens: the runs of earlier pages are skipped, not read), without creating a store;
+    StoreError when there is no such store or experiment, or the store cannot be read."""
     path = sqlite_file(tracking_uri)
     if path is not None and not path.exists():
         _read_only_client(tracking_uri)  # the StoreError that says there is no store
