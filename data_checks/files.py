@@ -14,8 +14,10 @@ import io
 import json
 import lzma
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is loaded by the readers, not by a caller of looks_local
+    import pandas as pd
 
 COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -77,6 +79,8 @@ def _objects(path: Path, items: list, what: str = "item") -> list[dict]:
 
 
 def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for number, line in enumerate(text.split("\n"), start=1):  # "\n" only, see module doc
         if not line.strip():
@@ -93,6 +97,8 @@ def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
 
 def parse_json(path: Path, text: str) -> pd.DataFrame:
     """One JSON array of objects, else JSON Lines."""
+    import pandas as pd
+
     if text.lstrip().startswith("["):
         try:
             items = json.loads(text)
@@ -106,6 +112,8 @@ def parse_json(path: Path, text: str) -> pd.DataFrame:
 
 
 def parse_csv(path: Path, text: str) -> pd.DataFrame:
+    import pandas as pd
+
     header = next(csv.reader(io.StringIO(text)), [])
     dupes = sorted({name for name in header if header.count(name) > 1})
     if dupes:
@@ -116,6 +124,8 @@ def parse_csv(path: Path, text: str) -> pd.DataFrame:
 
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
     """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame."""
+    import pandas as pd
+
     data = read_bytes(path, compression)
     if not data:
         raise FileError(f"{path}: file is empty")

@@ -20,15 +20,12 @@ import pandas as pd
 from data_checks.budget import TEXT_FIELDS, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import ConversationError, render_conversations
+from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_read
 from data_checks.messages import failure_sentence
 from data_checks.text_checks import check_text, duplicate_rows
 from data_checks.token_files import tokens_path, write_tokens
 from data_checks.tokens import Tokenized, tokenize_frame
-
-
-class ValidationFailed(Exception):
-    """A failed expectation; the message lists every failure with example rows."""
 
 
 @dataclass
