@@ -73,16 +73,6 @@ def pair_margins(rows: Sequence[dict], use_margin: bool) -> torch.Tensor | None:
 
 
 def train_reward_model(
-    model: ScalarHeadModel, tokenizer, rows: Sequence[dict], cfg: RewardConfig,
-    device: torch.device, generator: torch.Generator, **kwargs,
-) -> dict[str, float]:
-    """:func:`train_reward_pairs` on preference rows {prompt, chosen, rejected[, margin]}."""
-    margins = pair_margins(rows, cfg.use_margin)
-    return train_reward_pairs(model, encode_pairs(tokenizer, rows), margins,
-                              tokenizer.pad_token_id, cfg, device, generator, **kwargs)
-
-
-def train_reward_pairs(
     model: ScalarHeadModel, pairs: PairExamples, margins: torch.Tensor | None, pad_id: int,
     cfg: RewardConfig, device: torch.device, generator: torch.Generator, *,
     on_log: LogFn | None = None, progress: bool = True,
@@ -109,15 +99,7 @@ def train_reward_pairs(
 
 
 @torch.inference_mode()
-def evaluate_reward_model(model: ScalarHeadModel, tokenizer, rows: Sequence[dict],
-                          device: torch.device, batch_size: int = 64) -> dict[str, float]:
-    """Held-out accuracy, loss and mean margin on preference rows."""
-    return evaluate_reward_pairs(model, encode_pairs(tokenizer, rows), tokenizer.pad_token_id,
-                                 device, batch_size)
-
-
-@torch.inference_mode()
-def evaluate_reward_pairs(model: ScalarHeadModel, pairs: PairExamples, pad_id: int,
+def evaluate_reward_model(model: ScalarHeadModel, pairs: PairExamples, pad_id: int,
                           device: torch.device, batch_size: int = 64) -> dict[str, float]:
     """Held-out accuracy, loss and mean margin on ``pairs``."""
     model.eval()

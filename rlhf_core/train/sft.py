@@ -68,14 +68,7 @@ def sft_batch(examples, pad_id: int, device: torch.device):
     return ids, ids != pad_id, labels
 
 
-def train_sft(model, tokenizer, rows: Sequence[dict], cfg: SFTConfig, device: torch.device,
-              generator: torch.Generator, **kwargs) -> dict[str, float]:
-    """:func:`train_sft_examples` on text rows {prompt, response} (EOS appended here)."""
-    return train_sft_examples(model, encode_sft_rows(tokenizer, rows, cfg.loss_on),
-                              tokenizer.pad_token_id, cfg, device, generator, **kwargs)
-
-
-def train_sft_examples(
+def train_sft(
     model, examples: SFTExamples, pad_id: int, cfg: SFTConfig, device: torch.device,
     generator: torch.Generator, *, on_log: LogFn | None = None, progress: bool = True,
     checkpointer: Checkpointer | None = None, precision: str = "fp32",
@@ -114,16 +107,8 @@ def train_sft_examples(
 
 
 @torch.inference_mode()
-def sft_eval_loss(model, tokenizer, rows: Sequence[dict], device: torch.device,
+def sft_eval_loss(model, examples: SFTExamples, pad_id: int, device: torch.device,
                   batch_size: int = 64) -> float:
-    """Token-averaged response loss on held-out rows."""
-    return sft_examples_loss(model, encode_sft_rows(tokenizer, rows, "response"),
-                             tokenizer.pad_token_id, device, batch_size)
-
-
-@torch.inference_mode()
-def sft_examples_loss(model, examples: SFTExamples, pad_id: int, device: torch.device,
-                      batch_size: int = 64) -> float:
     """Token-averaged response loss on held-out examples (their loss_on: response)."""
     examples = examples.with_loss_on("response")
     model.eval()

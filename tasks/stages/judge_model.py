@@ -14,7 +14,7 @@ from data_checks.token_files import read_tokens, tokens_path, write_tokens
 from rlhf_core.eval.gate import held_out_for_judge, pair_key
 from rlhf_core.models.checkpoint import save_scalar_model
 from rlhf_core.models.loader import load_tokenizer, new_scalar_model
-from rlhf_core.train.reward import pair_margins, train_reward_pairs
+from rlhf_core.train.reward import pair_margins, train_reward_model
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
@@ -105,7 +105,7 @@ def body(sc: StageContext, data: DataRecord, init_dir: str) -> ModelRecord:
     model = new_scalar_model(init_dir, spec)
     epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
     reward = cfg.reward.model_copy(update={"epochs": epochs})
-    train_reward_pairs(model, pairs, margins, tokenizer.pad_token_id, reward, device,
+    train_reward_model(model, pairs, margins, tokenizer.pad_token_id, reward, device,
                        generator, on_log=sc.log, progress=False, precision=spec.precision)
     out_dir = save_scalar_model(model, sc.dir / "model")
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"),

@@ -16,9 +16,9 @@ from rlhf_core.models.scoring import score_texts
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.reward import (
     PairExamples,
-    evaluate_reward_pairs,
+    evaluate_reward_model,
     pair_margins,
-    train_reward_pairs,
+    train_reward_model,
 )
 from tasks.common import read_jsonl
 from tasks.judge import resolve_judge
@@ -98,12 +98,12 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     pairs, held_out = split.train, split.held_out
     ck = sc.checkpointer({"model": model}, cfg.reward.checkpoint_every)
     live = sc.live(total_steps(len(pairs), cfg.reward.batch_size, cfg.reward.epochs))
-    train_reward_pairs(model, pairs, split.margins, tokenizer.pad_token_id, cfg.reward, device,
+    train_reward_model(model, pairs, split.margins, tokenizer.pad_token_id, cfg.reward, device,
                        generator, on_log=live, progress=sc.progress, checkpointer=ck,
                        precision=spec.precision, dp=sc.dp)
     if not sc.is_main:
         return None
-    metrics = evaluate_reward_pairs(model, held_out, tokenizer.pad_token_id, device)
+    metrics = evaluate_reward_model(model, held_out, tokenizer.pad_token_id, device)
     # against the held-out labels always; against the gold judge where one exists
     first = {"eval/rm_accuracy": metrics["eval/accuracy"]}
     gold = gold_accuracy(model, tokenizer, split.held_rows, prep.judge, device)

@@ -12,8 +12,8 @@ import pyarrow as pa
 from data_checks.token_files import read_tokens, tokens_path
 from rlhf_core.models.data import encode
 from rlhf_core.models.ragged import RaggedIds
-from rlhf_core.train.reward import PairExamples
-from rlhf_core.train.sft import SFTExamples
+from rlhf_core.train.reward import PairExamples, encode_pairs
+from rlhf_core.train.sft import SFTExamples, encode_sft_rows
 from tasks.common import read_jsonl
 
 
@@ -59,11 +59,15 @@ def text_ids(cleaned: Path | str, columns: tuple[str, ...], tokenizer) -> list[R
 
 def sft_examples(cleaned: Path | str, tokenizer, loss_on: str) -> SFTExamples:
     """SFT's (input_ids, labels) per row of the cleaned SFT file."""
-    prompts, responses = text_ids(cleaned, ("prompt", "response"), tokenizer)
-    return SFTExamples(prompts, responses, tokenizer.eos_token_id, loss_on)
+    ids = read_ids(cleaned, ("prompt", "response"))
+    if ids is None:
+        return encode_sft_rows(tokenizer, read_jsonl(cleaned), loss_on)
+    return SFTExamples(*ids, tokenizer.eos_token_id, loss_on)
 
 
 def preference_pairs(cleaned: Path | str, tokenizer) -> PairExamples:
     """The reward model's (chosen_ids, rejected_ids) per row of a cleaned preference file."""
-    return PairExamples(*text_ids(cleaned, ("prompt", "chosen", "rejected"), tokenizer),
-                        tokenizer.eos_token_id)
+    ids = read_ids(cleaned, ("prompt", "chosen", "rejected"))
+    if ids is None:
+        return encode_pairs(tokenizer, read_jsonl(cleaned))
+    return PairExamples(*ids, tokenizer.eos_token_id)
