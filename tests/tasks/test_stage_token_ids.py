@@ -153,3 +153,41 @@ def test_sft_killed_mid_run_resumes_from_the_token_ids_to_the_same_weights(gated
     weights = [(Path(r.model.path) / "model.safetensors").read_bytes()
                for r in (reference, resumed)]
     assert weights[0] == weights[1]
+
+
+def test_the_judge_split_gives_each_part_its_own_rows_token_ids(tmp_path):
+    """The split rewrites preference.jsonl: the whole set's token file copied beside it would
+    belong to other rows; each part gets its rows' ids instead."""
+    import json
+
+    import pyarrow as pa
+    from mlflow.tracking import MlflowClient
+
+    from data_checks.token_files import read_tokens, write_tokens
+    from tasks.stages.judge_model import judge_split
+    from tasks.stages.records import Artifact, DataRecord
+    from tests.shared import TEST_CONFIG
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("gate")
+    ctx = RunContext(tracking_uri=uri, experiment_id=exp,
+                     parent_run_id=client.create_run(exp).info.run_id,
+                     workdir=str(tmp_path / "w"), seed=0)
+    src = tmp_path / "data"
+    src.mkdir()
+    rows = [{"prompt": f"p{i}", "chosen": f"good {i}", "rejected": f"bad {i}"}
+            for i in range(300)]
+    (src / "preference.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ids = pa.array([[i] for i in range(300)], type=pa.list_(pa.int32()))
+    write_tokens(pa.table({"prompt_ids": ids, "chosen_ids": ids, "rejected_ids": ids}),
+                 tokens_path(src / "preference.jsonl"))
+    cfg = load_config(TEST_CONFIG, ["retrain.gate.judge_fraction=0.25"])
+    out = judge_split.fn(ctx, cfg, DataRecord(data=Artifact(path=str(src)),
+                                              tokenizer=Artifact(path="t")))
+    for name in ("preference", "judge_preference"):
+        cleaned = Path(out.data.path) / f"{name}.jsonl"
+        written = [int(json.loads(x)["prompt"][1:]) for x in open(cleaned)]
+        table = read_tokens(tokens_path(cleaned))
+        assert 0 < len(written) < 300
+        assert table.column("chosen_ids").to_pylist() == [[i] for i in written], name
