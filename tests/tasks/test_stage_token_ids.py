@@ -191,3 +191,29 @@ def test_the_judge_split_gives_each_part_its_own_rows_token_ids(tmp_path):
         table = read_tokens(tokens_path(cleaned))
         assert 0 < len(written) < 300
         assert table.column("chosen_ids").to_pylist() == [[i] for i in written], name
+
+
+def test_the_reward_models_split_takes_ids_and_margins_of_the_same_rows(tmp_path):
+    """No held-out file: the first eval_fraction of the pairs are held out, the rest train,
+    with their margins (reward.use_margin) read from the same rows as the ids."""
+    import pyarrow as pa
+
+    from data_checks.token_files import write_tokens
+    from rlhf_core.config import RewardConfig
+    from rlhf_core.models.data import encode, encode_pair
+    from tasks.stages.reward_model import preference_split
+    from tests.conftest import make_tokenizer
+
+    tok = make_tokenizer()
+    rng = random.Random(1)
+    rows = [{"prompt": _text(rng, 5), "chosen": _text(rng, 5), "rejected": _text(rng, 5),
+             "margin": float(i)} for i in range(40)]
+    write_jsonl(tmp_path / "preference.jsonl", rows)
+    write_tokens(pa.table({f"{c}_ids": [encode(tok, r[c]) for r in rows]
+                           for c in ("prompt", "chosen", "rejected")}),
+                 tokens_path(tmp_path / "preference.jsonl"))
+    split = preference_split(tmp_path, tok, RewardConfig(use_margin=True, eval_fraction=0.25))
+    pairs = [encode_pair(tok, r["prompt"], r["chosen"], r["rejected"]) for r in rows]
+    assert list(split.held_out) == pairs[:10] and list(split.train) == pairs[10:]
+    assert split.margins.tolist() == [r["margin"] for r in rows[10:]]
+    assert split.held_rows() == rows[:10]
