@@ -3,8 +3,12 @@ up. Writes the records a retrain round leaves in an MLflow store, without traini
 (the resolved config as ~150 params, its tags, the consumed batch's digest), eight stage child
 runs with their metrics, a registered policy version with its tags and the champion alias
 moved, and the batch file in the watched folder. Then times, as a user runs them, `rlhf retrain`
-with nothing new (its own "decided in" figure and the whole command) and `rlhf runs`, on the
-store with one round and after ``--rounds`` rounds.
+with nothing new (its own "decided in" figure and the whole command), `rlhf runs` and
+`rlhf compare 1 2`, on the store with one round and after ``--rounds`` rounds.
+
+`rlhf compare` needs two versions with real checkpoints: before the simulated rounds one tiny
+pipeline run (configs/test.yaml) registers v1 of the policy, and v1's run and lineage are
+registered again as v2 (the same models: the figure is the command's cost, not a verdict).
 
     python bench/long_life.py --rounds 200 --out /tmp/long_life [--json result.json]
 """
@@ -37,6 +41,8 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--repeats", type=int, default=3, help="timed commands per point")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-compare", action="store_true",
+                    help="skip `rlhf compare` (and the real pipeline run it needs)")
     return ap.parse_args(argv)
 
 
@@ -74,6 +80,25 @@ def write_round(client, exp_id: str, i: int, params: dict, out: Path) -> None:
         client.set_registered_model_alias("rlhf-policy", "champion", version.version)
 
 
+# `rlhf compare` scores with the demo's judge; the tiny config holds 16 held-out prompts
+COMPARE_SETS = ("retrain.gate.scorer=judge", "retrain.gate.min_prompts=16")
+
+
+def real_versions(out: Path, env: dict, client) -> None:
+    """v1: registered by one tiny pipeline run; v2: v1's run and lineage registered again."""
+    sets = [a for s in settings(out) for a in ("--set", s)]
+    proc = subprocess.run([sys.executable, "-m", "cli", "run", "--config",
+                           str(ROOT / "configs" / "test.yaml"), *sets], env=env, cwd=ROOT,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the pipeline run for `rlhf compare` failed:\n{proc.stderr[-2000:]}")
+    import mlflow
+
+    mlflow.set_tracking_uri(client.tracking_uri)  # the registry finds v1's logged model there
+    v1 = client.get_model_version("rlhf-policy", "1")
+    client.create_model_version("rlhf-policy", v1.source, run_id=v1.run_id, tags=v1.tags)
+
+
 def timed(cmd: list[str], env: dict, repeats: int) -> tuple[float, float | None, str]:
     """Median wall time of ``cmd``, the median "(N.N s)" it printed (retrain's own decision
     time), its last output line."""
@@ -92,9 +117,14 @@ def timed(cmd: list[str], env: dict, repeats: int) -> tuple[float, float | None,
     return med, (sorted(decided)[len(decided) // 2] if decided else None), last
 
 
-def measure(out: Path, repeats: int) -> dict:
+def bench_env() -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}
     env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def measure(out: Path, repeats: int, compare: bool) -> dict:
+    env = bench_env()
     sets = [a for s in settings(out) for a in ("--set", s)]
     config = ["--config", str(ROOT / "configs" / "test.yaml")]
     retrain_wall, decided, line = timed([sys.executable, "-m", "cli", "retrain", *config, *sets],
@@ -103,9 +133,14 @@ def measure(out: Path, repeats: int) -> dict:
                              "--limit", "20"],
                             {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{out}/mlflow.db"},
                             repeats)
-    return {"retrain_wall_s": round(retrain_wall, 2), "retrain_decided_s": decided,
-            "retrain_says": line, "runs_wall_s": round(runs_wall, 2),
-            "store_bytes": (out / "mlflow.db").stat().st_size}
+    result = {"retrain_wall_s": round(retrain_wall, 2), "retrain_decided_s": decided,
+              "retrain_says": line, "runs_wall_s": round(runs_wall, 2)}
+    if compare:
+        cmp_sets = [a for s in COMPARE_SETS for a in ("--set", s)]
+        compare_wall, _, _ = timed([sys.executable, "-m", "cli", "compare", *config, *sets,
+                                    *cmp_sets, "1", "2"], env, repeats)
+        result["compare_wall_s"] = round(compare_wall, 2)
+    return {**result, "store_bytes": (out / "mlflow.db").stat().st_size}
 
 
 def main(argv=None) -> dict:
@@ -118,23 +153,27 @@ def main(argv=None) -> dict:
     client = MlflowClient(cfg.tracking.tracking_uri)
     exp_id = client.get_experiment_by_name("long-life")
     exp_id = exp_id.experiment_id if exp_id else client.create_experiment("long-life")
+    if not args.no_compare:
+        real_versions(args.out, bench_env(), client)
     if not client.search_registered_models(filter_string="name = 'rlhf-policy'"):
         client.create_registered_model("rlhf-policy")
     write_round(client, exp_id, 0, params, args.out)
-    result = {"rounds": args.rounds, "one_round": measure(args.out, args.repeats)}
+    compare = not args.no_compare
+    result = {"rounds": args.rounds, "one_round": measure(args.out, args.repeats, compare)}
     print("1 round:", result["one_round"], flush=True)
     start = time.perf_counter()
     for i in range(1, args.rounds):
         write_round(client, exp_id, i, params, args.out)
     result["write_s"] = round(time.perf_counter() - start, 1)
-    result["after"] = measure(args.out, args.repeats)
+    result["after"] = measure(args.out, args.repeats, compare)
     one, after = result["one_round"], result["after"]
     result["store_bytes_per_round"] = (after["store_bytes"] - one["store_bytes"]) // max(
         1, args.rounds - 1)
     print(f"{args.rounds} rounds:", after)
     print(f"retrain decided in {one['retrain_decided_s']} s -> {after['retrain_decided_s']} s; "
           f"command {one['retrain_wall_s']} -> {after['retrain_wall_s']} s; rlhf runs "
-          f"{one['runs_wall_s']} -> {after['runs_wall_s']} s; store "
+          f"{one['runs_wall_s']} -> {after['runs_wall_s']} s; rlhf compare "
+          f"{one.get('compare_wall_s')} -> {after.get('compare_wall_s')} s; store "
           f"{result['store_bytes_per_round']} bytes per round")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -10,20 +10,21 @@ A server that went away mid-run is not the user's error either: a tracking outag
 ``tracking.outage_limit_s`` (tasks/tracking/spool.py) or a Prefect API that stopped answering ends
 with exit 75 (EX_TEMPFAIL, "try again later") and the command that continues the run; so does
 an `rlhf retrain` that found another retrain of its store holding the slot (nothing ran).
+
+The error classes come from modules that import nothing heavy: every command loads this
+module, and `rlhf runs` must not pay for pandas, MLflow or torch to name them.
 """
 
 from __future__ import annotations
 
 import logging
 
-from data_checks.loading import DataError
-from data_checks.validate import ValidationFailed
+from data_checks.errors import DataError, ValidationFailed
 from tasks.configfile import ConfigError
 from tasks.identity import ResumeRefused
 from tasks.labelling.client import LabelStudioError
-from tasks.runtime.remote import RoutingError
-from tasks.tracking.registry import RegistryError
-from tasks.tracking.spool import TrackingOutage
+from tasks.runtime.errors import RoutingError
+from tasks.tracking.errors import RegistryError, TrackingOutage
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there;
 # a Label Studio server that does not answer or refuses the key)

@@ -35,12 +35,12 @@ from cli.errors import (
 )
 from cli.runs import check_resume_id, cmd_runs, resume_args
 from cli.stopping import stop_signal, stop_within_seconds
-from data_checks.validate import ValidationFailed
+from data_checks.errors import ValidationFailed
 from tasks.configfile import load_config
 from tasks.runtime.logins import Needs, login_out_of_uri, needs_of
 from tasks.runtime.preflight import check_config, check_servers
+from tasks.tracking.addresses import run_page, runs_table_url
 from tasks.tracking.last_run import last_parent_run
-from tasks.tracking.runs import run_page, runs_table_url
 from tasks.tracking.tags import SWEEP_TAG
 
 if TYPE_CHECKING:

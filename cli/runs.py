@@ -12,11 +12,8 @@ from tasks.configfile import ConfigError
 from tasks.redact import redact
 from tasks.runtime.logins import Needs
 from tasks.runtime.preflight import check_servers
+from tasks.tracking.addresses import default_tracking_uri, runs_table_url
 from tasks.tracking.queries import StoreError, pipeline_runs, run_lineage
-from tasks.tracking.runs import (
-    default_tracking_uri,
-    runs_table_url,
-)
 
 RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
                ("eval/rm_gold_accuracy", "rm_gold"),

@@ -1,18 +1,80 @@
-"""Typed configs for the data gate: where the data comes from and what it must satisfy."""
+"""Typed configs for the data gate: where the data comes from and what it must satisfy.
+
+In a form (Prefect's Custom run builds one from these models' JSON schema) a data source is
+its fields, never a choice between the source and "None": a source whose path is left empty
+is no source (an optional one stays unset; all of them empty: the demo's data), so the schema
+marks no path required and offers no null branch, and the validators below read an empty
+path as None before anything else checks it.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+REQUIRED_SOURCES = ("sft", "preference", "prompts")
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+def blank_source(value: Any) -> bool:
+    """A source a form left empty: None, or a mapping without a path."""
+    if isinstance(value, Mapping):
+        return not str(value.get("path") or "").strip()
+    return value is None
+
+
+def blank_data(value: Any) -> bool:
+    """Data sources a form left empty (every source blank): the demo's data."""
+    if isinstance(value, Mapping):
+        return all(blank_source(v) for v in value.values())
+    return value is None
+
+
+def blank_data_form() -> dict[str, Any]:
+    """The demo's data (``data: None``) as a form holds it: every required source's path
+    empty (what a deployment stores, since its form offers no None)."""
+    return {name: {"path": ""} for name in REQUIRED_SOURCES}
+
+
+def no_null_branch(schema: dict[str, Any]) -> None:
+    """``anyOf: [X, null]`` -> X in the JSON schema: a form shows X's fields (left empty:
+    None), not a choice whose "None" side reads 'Property is type "None"'."""
+    options = [o for o in schema.pop("anyOf", []) if o.get("type") != "null"]
+    if len(options) == 1:
+        schema.update(options[0])
+    elif options:
+        schema["anyOf"] = options
+    if schema.get("default", 0) is None:
+        del schema["default"]
+
+
+class NoNullBranch:
+    """``Annotated[X | None, NoNullBranch()]``: ``no_null_branch`` where ``json_schema_extra``
+    cannot go (a flow parameter, whose field Prefect builds with its own extras)."""
+
+    def __get_pydantic_json_schema__(self, core_schema, handler) -> dict[str, Any]:
+        schema = handler(core_schema)
+        no_null_branch(schema)
+        return schema
+
+
+def _source_form(schema: dict[str, Any]) -> None:
+    schema["required"] = [n for n in schema.get("required", []) if n != "path"]
+    if not schema["required"]:
+        del schema["required"]
+    no_null_branch(schema["properties"]["limit"])
+
+
 class DataSource(_Frozen):
-    path: str = Field(description="Local .jsonl/.json/.csv/.parquet file, folder, or dataset id.")
+    model_config = ConfigDict(json_schema_extra=_source_form)
+
+    path: str = Field(description="Local .jsonl/.json/.csv/.parquet file, folder, or dataset "
+                      "id; empty: no source.")
     format: Literal["auto", "jsonl", "csv", "parquet", "hf"] = Field(
         "auto", description="auto: by file extension; hf: datasets.load_dataset / load_from_disk."
     )
@@ -40,10 +102,16 @@ class DataSource(_Frozen):
             raise ValueError("column_map maps several source columns onto one name: " +
                              "; ".join(f"{', '.join(v)} -> {t}" for t, v in sources.items()))
         return value
-    limit: int | None = Field(None, ge=1, description="Read at most N rows.")
+    limit: int | None = Field(None, ge=1, description="Read at most N rows (empty: all).")
+
+
+def _data_form(schema: dict[str, Any]) -> None:
+    schema.pop("required", None)  # an empty path is checked by the validators, by name
 
 
 class DataConfig(_Frozen):
+    model_config = ConfigDict(json_schema_extra=_data_form)
+
     sft: DataSource = Field(
         description="Demonstrations: prompt, response columns (or TRL's messages), e.g. "
         "path data/sft.jsonl.", examples=[{"path": "data/sft.jsonl"}])
@@ -54,13 +122,29 @@ class DataConfig(_Frozen):
         description="PPO prompts: a prompt column, e.g. path data/prompts.csv.",
         examples=[{"path": "data/prompts.csv"}])
     eval_prompts: DataSource | None = Field(
-        None, description="Held-out prompts for evaluation (None: the first PPO prompts; "
+        None, description="Held-out prompts for evaluation (empty: the first PPO prompts; "
         "a retrain's gate needs them), "
-        "e.g. path data/heldout.jsonl.", examples=[{"path": "data/heldout.jsonl"}])
+        "e.g. path data/heldout.jsonl.", examples=[{"path": "data/heldout.jsonl"}],
+        json_schema_extra=no_null_branch)
     preference_eval: DataSource | None = Field(
-        None, description="Held-out pairs for the reward model's accuracy (None: "
+        None, description="Held-out pairs for the reward model's accuracy (empty: "
         "reward.eval_fraction of the pairs), e.g. path data/pairs_eval.jsonl.",
-        examples=[{"path": "data/pairs_eval.jsonl"}])
+        examples=[{"path": "data/pairs_eval.jsonl"}], json_schema_extra=no_null_branch)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_paths(cls, value: Any) -> Any:
+        """An optional source with an empty path is unset; a required one is an error that
+        names it."""
+        if not isinstance(value, Mapping):
+            return value
+        missing = [n for n in REQUIRED_SOURCES if blank_source(value.get(n))]
+        if missing:
+            raise ValueError(
+                f"data.{', data.'.join(missing)}: no path given; give sft, preference and "
+                "prompts each a path (or leave every data path empty for the demo's data)")
+        return {k: (None if k not in REQUIRED_SOURCES and blank_source(v) else v)
+                for k, v in value.items()}
 
 
 class ValidationConfig(_Frozen):

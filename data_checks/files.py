@@ -15,8 +15,10 @@ import json
 import lzma
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is loaded by the readers, not by a caller of looks_local
+    import pandas as pd
 
 COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -78,6 +80,8 @@ def _objects(path: Path, items: list, what: str = "item") -> list[dict]:
 
 
 def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
+    import pandas as pd
+
     rows = [_json_row(path, number, line)
             for number, line in enumerate(text.split("\n"), start=1)  # "\n" only: module doc
             if line.strip()]
@@ -88,6 +92,8 @@ def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.Da
     """A JSONL file as DataFrames of ``rows`` rows each, read a line at a time: the rows, line
     numbers in errors and decoding of :func:`read_local` (whose whole-file read this is in
     chunks), with memory bounded by one chunk."""
+    import pandas as pd
+
     check_regular(path)
     opener = COMPRESSIONS[compression] if compression else open
     try:
@@ -126,6 +132,8 @@ def _json_row(path: Path, number: int, line: str) -> dict:
 
 def parse_json(path: Path, text: str) -> pd.DataFrame:
     """One JSON array of objects, else JSON Lines."""
+    import pandas as pd
+
     if text.lstrip().startswith("["):
         try:
             items = json.loads(text)
@@ -139,6 +147,8 @@ def parse_json(path: Path, text: str) -> pd.DataFrame:
 
 
 def parse_csv(path: Path, text: str) -> pd.DataFrame:
+    import pandas as pd
+
     header = next(csv.reader(io.StringIO(text)), [])
     dupes = sorted({name for name in header if header.count(name) > 1})
     if dupes:
@@ -149,6 +159,8 @@ def parse_csv(path: Path, text: str) -> pd.DataFrame:
 
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
     """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame."""
+    import pandas as pd
+
     data = read_bytes(path, compression)
     if not data:
         raise FileError(f"{path}: file is empty")

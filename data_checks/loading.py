@@ -12,6 +12,7 @@ import pandas as pd
 from data_checks.adapters import AdapterError, adapt
 from data_checks.config import DataConfig, DataSource
 from data_checks.conversations import is_conversational, to_conversations
+from data_checks.errors import DataError
 from data_checks.files import (
     FileError,
     check_regular,
@@ -25,10 +26,6 @@ COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "re
            "prompts": ["prompt"]}
 # kept when present: a per-pair margin for the reward loss (reward.use_margin)
 OPTIONAL_COLUMNS = {"preference": ["margin"]}
-
-
-class DataError(ValueError):
-    """Malformed input; the message names the file and the line, row or column."""
 
 
 def _read_file(source: DataSource, path: Path) -> pd.DataFrame:

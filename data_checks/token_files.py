@@ -81,15 +81,3 @@ def read_tokens(path: Path | str) -> pa.Table:
     source = pa.memory_map(str(path), "r")
     return pa.ipc.open_file(source).read_all()
 
-
-def ids_of(cleaned: Path | str, column: str) -> list[list[int]] | None:
-    """The ids of ``column`` of each row of the cleaned file ``cleaned``; None where the
-    gate wrote no token file (an older run) or not that column."""
-    path = tokens_path(cleaned)
-    if not path.is_file():
-        return None
-    table = read_tokens(path)
-    name = f"{column}_ids"
-    if name not in table.column_names:
-        return None
-    return table.column(name).to_pylist()

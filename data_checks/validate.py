@@ -39,6 +39,7 @@ import pandas as pd
 from data_checks.budget import TEXT_FIELDS, BudgetCounts, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import ConversationError, is_conversational, render_conversations
+from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_chunks
 from data_checks.messages import example_rows, failure_text
 from data_checks.text_checks import TextTally, repeats, row_hashes
@@ -47,10 +48,6 @@ from data_checks.tokens import Tokenized, tokenize_frame
 
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
 DROPPED_SHOWN = 1_000  # dropped rows kept per data set for the Data Docs (all are counted)
-
-
-class ValidationFailed(Exception):
-    """A failed expectation; the message lists every failure with example rows."""
 
 
 @dataclass

@@ -12,12 +12,13 @@ signature, so the annotations must be the classes themselves.
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow
 from prefect.types.entrypoint import EntrypointType
+from pydantic import BeforeValidator
 
-from data_checks.config import DataConfig, ValidationConfig
+from data_checks.config import DataConfig, NoNullBranch, ValidationConfig, blank_data
 from flows.deployment import deployment_parameters
 from flows.wiring import run_pipeline
 from rlhf_core.config import (
@@ -38,10 +39,14 @@ from tasks.runtime.logins import login_out_of_uri
 # belong to their own flows
 SECTIONS = tuple(name for name in PipelineConfig.model_fields if name not in ("retrain", "collect"))
 
+# the form's data section: its sources' fields (every path left empty: the demo's data)
+FormData = Annotated[DataConfig | None, BeforeValidator(lambda v: None if blank_data(v) else v),
+                     NoNullBranch()]
+
 
 def served_parameters(config: PipelineConfig) -> dict[str, Any]:
     """The deployment's stored parameter values: the served config, section by section."""
-    dump = config.model_dump(mode="json")
+    dump = config.form_dump()
     return {name: dump[name] for name in SECTIONS}
 
 
@@ -97,7 +102,7 @@ def _served_run_name() -> str:
 def rlhf_pipeline_served(
     seed: int = 0,
     demo: DemoConfig = DemoConfig(),
-    data: DataConfig | None = None,
+    data: FormData = None,
     model: ModelConfig = ModelConfig(),
     validation: ValidationConfig = ValidationConfig(),
     sft: SFTConfig = SFTConfig(),
@@ -114,9 +119,9 @@ def rlhf_pipeline_served(
     Args:
         seed: Seed for every stage (data order, init, sampling).
         demo: The embedded demo: synthetic data with a gold judge and a tiny GPT-2.
-        data: Data sources; None runs on the demo's data. For yours, choose DataConfig and
-            give each source a path (a JSONL/CSV/Parquet file, a folder or a dataset id):
-            sft, preference and prompts, optionally eval_prompts and preference_eval.
+        data: Data sources; every path left empty runs on the demo's data. For yours, give
+            sft, preference and prompts each a path (a JSONL/CSV/Parquet file, a folder or a
+            dataset id), optionally eval_prompts and preference_eval too.
         model: Base model and where to train it.
         validation: The data gate: token budgets and allowed truncated/dropped shares.
         sft: Supervised fine-tuning on the demonstrations.
@@ -173,7 +178,7 @@ def retrain_deployment(config: PipelineConfig, name: str):
     strategy = ConcurrencyLimitStrategy.CANCEL_NEW if config.retrain.on_overlap == "skip" \
         else ConcurrencyLimitStrategy.ENQUEUE
     return retrain.to_deployment(
-        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
         schedules=schedules(config), entrypoint_type=EntrypointType.MODULE_PATH,
         triggers=[labels_trigger()],
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=strategy),
@@ -196,7 +201,7 @@ def collect_deployment(config: PipelineConfig, name: str):
     from flows.collect import collect_flow
 
     return collect_flow.to_deployment(
-        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
         schedules=schedules(config, "collect"), entrypoint_type=EntrypointType.MODULE_PATH,
         description=f"Sample {config.collect.policy} on fresh prompts into a labelling file "
                     f"in {config.collect.out_dir}.")
@@ -209,7 +214,7 @@ def label_pull_deployment(config: PipelineConfig, name: str):
 
     dest = config.collect.destination
     return label_pull.to_deployment(
-        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
         schedules=as_schedules(dest.pull_schedule) if dest.kind == "label_studio" else None,
         entrypoint_type=EntrypointType.MODULE_PATH,
         description="Finished Label Studio annotations of the collections -> preference "
@@ -221,7 +226,7 @@ def gc_deployment(config: PipelineConfig, name: str):
     from flows.gc import gc_flow
 
     return gc_flow.to_deployment(
-        name=name, parameters={"config": config.model_dump(mode="json")}, tags=["rlhf"],
+        name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
         schedules=as_schedules(config.tracking.gc_schedule),
         entrypoint_type=EntrypointType.MODULE_PATH,
         description="Delete what no longer serves (older finished runs' folders, runs "

@@ -13,7 +13,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from data_checks.config import DataConfig, ValidationConfig
+from data_checks.config import (
+    DataConfig,
+    ValidationConfig,
+    blank_data,
+    blank_data_form,
+    no_null_branch,
+)
 from rlhf_core.config import (
     EvalConfig,
     ModelConfig,
@@ -133,7 +139,8 @@ class PipelineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     seed: int = Field(0, description="Seed for every stage (data order, init, sampling).")
     demo: DemoConfig = Field(DemoConfig())
-    data: DataConfig | None = Field(None, description="Data sources (None: demo data).")
+    data: DataConfig | None = Field(None, description="Data sources (every path empty: the "
+                                    "demo's data).", json_schema_extra=no_null_branch)
     model: ModelConfig = Field(ModelConfig())
     validation: ValidationConfig = Field(ValidationConfig())
     sft: SFTConfig = Field(SFTConfig())
@@ -145,6 +152,20 @@ class PipelineConfig(BaseModel):
     retrain: RetrainConfig = Field(RetrainConfig(), description="Scheduled retraining.")
     collect: CollectConfig = Field(CollectConfig(), description="On-policy collection, labels.")
     routing: RoutingConfig = Field(RoutingConfig(), description="Stages on other machines.")
+
+    def form_dump(self) -> dict[str, Any]:
+        """The config as a deployment stores it for its form (JSON; the demo's data as every
+        data path empty, which reads back as None)."""
+        dump = self.model_dump(mode="json")
+        if dump["data"] is None:
+            dump["data"] = blank_data_form()
+        return dump
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _demo_when_empty(cls, value: Any) -> Any:
+        """Every data path left empty (a form's untouched data section): the demo's data."""
+        return None if blank_data(value) else value
 
     @model_validator(mode="after")
     def _nodes_started_somewhere(self) -> PipelineConfig:

@@ -167,8 +167,8 @@ def dp_train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=No
     from rlhf_core.config import OptimConfig, RewardConfig, SFTConfig
     from rlhf_core.models.checkpoint import Checkpointer
     from rlhf_core.models.loader import LoadSpec, load_tokenizer
-    from rlhf_core.train.reward import train_reward_model
-    from rlhf_core.train.sft import train_sft
+    from rlhf_core.train.reward import encode_pairs, train_reward_model
+    from rlhf_core.train.sft import encode_sft_rows, train_sft
 
     optim = OptimConfig(lr=1e-2, warmup_ratio=0.0, schedule="constant")
     tok = load_tokenizer(model_dir, LoadSpec())
@@ -177,11 +177,14 @@ def dp_train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=No
     if stage == "sft":
         ck = None if ck_root is None else Checkpointer(ck_root, {"model": model}, every=1)
         cfg = SFTConfig(batch_size=batch_size, epochs=1, optim=optim, log_every=1)
-        last = train_sft(model, tok, dp_rows(), cfg, cpu, gen, on_log=on_log, progress=False,
-                         checkpointer=ck, dp=dp)
+        examples = encode_sft_rows(tok, dp_rows(), cfg.loss_on)
+        last = train_sft(model, examples, tok.pad_token_id, cfg, cpu, gen, on_log=on_log,
+                         progress=False, checkpointer=ck, dp=dp)
     else:
         cfg = RewardConfig(batch_size=batch_size, epochs=1, optim=optim)
-        last = train_reward_model(model, tok, dp_rows(), cfg, cpu, gen, progress=False, dp=dp)
+        pairs = encode_pairs(tok, dp_rows())
+        last = train_reward_model(model, pairs, None, tok.pad_token_id, cfg, cpu, gen,
+                                  progress=False, dp=dp)
     return last, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 

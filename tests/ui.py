@@ -81,6 +81,18 @@ def browser() -> Iterator[object]:
             chromium.close()
 
 
+def form_section(page, srv: Served, section: str, after: str) -> str:
+    """The text of the Custom run form from the section labelled ``section`` up to the one
+    labelled ``after`` (e.g. "data" up to "model")."""
+    page.goto(f"{srv.prefect}/deployments/deployment/{srv.deployment_id}/run")
+    page.wait_for_load_state("networkidle", timeout=60_000)
+    page.locator(f"xpath=//*[normalize-space(text())='{after} (Optional)']").wait_for(
+        timeout=60_000)
+    text = page.inner_text("body")
+    start = text.index(f"\n{section} (Optional)\n")
+    return text[start: text.index(f"\n{after} (Optional)\n", start)]
+
+
 def custom_run(page, srv: Served, field: str, value: str, tries: int = 3) -> str:
     """Deployments -> the pipeline -> Run -> Custom run: set the field labelled ``field``
     (e.g. "Kl Coef") to ``value``, Submit -> the new flow run's id (read from the API). A

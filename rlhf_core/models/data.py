@@ -20,18 +20,31 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def sft_example(prompt: list[int], response: list[int], eos_id: int,
+                loss_on: str = "response") -> tuple[list[int], list[int]]:
+    """Ids -> (input_ids, labels): prompt + response + EOS; prompt labels ignored unless
+    'all'."""
+    r = response + [eos_id]
+    labels = (prompt if loss_on == "all" else [IGNORE_INDEX] * len(prompt)) + r
+    return prompt + r, labels
+
+
 def encode_sft(tokenizer, prompt: str, response: str, loss_on: str = "response"):
-    """-> (input_ids, labels): prompt + response + EOS; prompt labels ignored unless 'all'."""
-    p, r = encode(tokenizer, prompt), encode(tokenizer, response) + [tokenizer.eos_token_id]
-    labels = (p if loss_on == "all" else [IGNORE_INDEX] * len(p)) + r
-    return p + r, labels
+    """Texts -> (input_ids, labels) of :func:`sft_example`."""
+    return sft_example(encode(tokenizer, prompt), encode(tokenizer, response),
+                       tokenizer.eos_token_id, loss_on)
+
+
+def pair_example(prompt: list[int], chosen: list[int], rejected: list[int],
+                 eos_id: int) -> tuple[list[int], list[int]]:
+    """Ids -> (chosen_ids, rejected_ids), each prompt + completion + EOS."""
+    return prompt + chosen + [eos_id], prompt + rejected + [eos_id]
 
 
 def encode_pair(tokenizer, prompt: str, chosen: str, rejected: str):
-    """-> (chosen_ids, rejected_ids), each prompt + completion + EOS."""
-    p = encode(tokenizer, prompt)
-    eos = [tokenizer.eos_token_id]
-    return p + encode(tokenizer, chosen) + eos, p + encode(tokenizer, rejected) + eos
+    """Texts -> (chosen_ids, rejected_ids) of :func:`pair_example`."""
+    return pair_example(encode(tokenizer, prompt), encode(tokenizer, chosen),
+                        encode(tokenizer, rejected), tokenizer.eos_token_id)
 
 
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:

@@ -33,13 +33,22 @@ def score_texts(model: ScalarHeadModel, tokenizer, prompts: Sequence[str],
                 responses: Sequence[str], device: torch.device,
                 batch_size: int = 64) -> torch.Tensor:
     """RM score of prompt + response + EOS for each pair -> [N] float32 on CPU."""
-    model.eval()
     eos = [tokenizer.eos_token_id]
     seqs = [encode(tokenizer, p) + encode(tokenizer, r) + eos for p, r in zip(prompts, responses)]
+    return score_ids(model, seqs, tokenizer.pad_token_id, device, batch_size)
+
+
+@torch.inference_mode()
+def score_ids(model: ScalarHeadModel, seqs: Sequence[Sequence[int]], pad_id: int,
+              device: torch.device, batch_size: int = 64) -> torch.Tensor:
+    """RM score of each id sequence (prompt + response + EOS) -> [N] float32 on CPU; the
+    sequences of a batch are read when it is scored."""
+    model.eval()
     out = []
     for start in range(0, len(seqs), batch_size):
-        ids = right_pad(seqs[start: start + batch_size], tokenizer.pad_token_id).to(device)
-        out.append(score_padded(model, ids, tokenizer.pad_token_id).float().cpu())
+        batch = [seqs[i] for i in range(start, min(start + batch_size, len(seqs)))]
+        ids = right_pad(batch, pad_id).to(device)
+        out.append(score_padded(model, ids, pad_id).float().cpu())
     return torch.cat(out) if out else torch.empty(0)
 
 

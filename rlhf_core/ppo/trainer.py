@@ -94,7 +94,8 @@ class PPOTrainer:
             frozen.eval().requires_grad_(False)
         self.policy.train()
         self.tokenizer, self.cfg, self.device = tokenizer, cfg, device
-        self.prompt_ids, self.norm_stats, self.generator = list(prompt_ids), norm_stats, generator
+        # a Sequence: a RaggedIds makes the ids of a batch's prompts when they are drawn
+        self.prompt_ids, self.norm_stats, self.generator = prompt_ids, norm_stats, generator
         self.settings = RolloutSettings(
             temperature=cfg.temperature, kl_estimator=cfg.kl_estimator,
             missing_eos_penalty=cfg.missing_eos_penalty, divide_by_std=divide_by_std,

@@ -13,8 +13,9 @@ import torch
 
 from rlhf_core.config import RewardConfig
 from rlhf_core.models.checkpoint import Checkpointer
-from rlhf_core.models.data import encode_pair, right_pad
+from rlhf_core.models.data import encode, pair_example, right_pad
 from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.models.ragged import RaggedIds
 from rlhf_core.models.scoring import score_padded
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.loop import train_steps
@@ -22,9 +23,31 @@ from rlhf_core.train.losses import bradley_terry_loss
 from rlhf_core.train.optim import LogFn
 
 
+class PairExamples(Sequence):
+    """(chosen_ids, rejected_ids) of pair i, built when asked from its prompt, chosen and
+    rejected ids: :func:`~rlhf_core.models.data.pair_example`, what ``encode_pair`` gives."""
+
+    def __init__(self, prompts: RaggedIds, chosen: RaggedIds, rejected: RaggedIds,
+                 eos_id: int):
+        if not len(prompts) == len(chosen) == len(rejected):
+            raise ValueError(f"PairExamples: {len(prompts)} prompts, {len(chosen)} chosen, "
+                             f"{len(rejected)} rejected")
+        self.prompts, self.chosen, self.rejected, self.eos_id = \
+            prompts, chosen, rejected, eos_id
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return PairExamples(self.prompts[i], self.chosen[i], self.rejected[i], self.eos_id)
+        return pair_example(self.prompts[i], self.chosen[i], self.rejected[i], self.eos_id)
+
+
 def _pair_scores(model, pairs, idx, pad_id, device, margins=None):
-    chosen = [pairs[i][0] for i in idx]
-    rejected = [pairs[i][1] for i in idx]
+    both = [pairs[i] for i in idx.tolist()]
+    chosen = [p[0] for p in both]
+    rejected = [p[1] for p in both]
     ids = right_pad(chosen + rejected, pad_id).to(device)  # [2B, T]: one forward for both
     scores = score_padded(model, ids, pad_id)
     n = len(chosen)
@@ -32,28 +55,40 @@ def _pair_scores(model, pairs, idx, pad_id, device, margins=None):
     return scores[:n], scores[n:], margin
 
 
-def encode_pairs(tokenizer, rows: Sequence[dict]) -> list[tuple[list[int], list[int]]]:
-    return [encode_pair(tokenizer, r["prompt"], r["chosen"], r["rejected"]) for r in rows]
+def encode_pairs(tokenizer, rows: Sequence[dict]) -> PairExamples:
+    """Preference rows -> their pairs, one tokenizer call per text (the stages read the
+    gate's token ids instead where there are some)."""
+    ids = [RaggedIds.from_lists([encode(tokenizer, r[c]) for r in rows])
+           for c in ("prompt", "chosen", "rejected")]
+    return PairExamples(*ids, tokenizer.eos_token_id)
+
+
+def pair_margins(rows: Sequence[dict], use_margin: bool) -> torch.Tensor | None:
+    """[N] the rows' margins with ``reward.use_margin``, else None."""
+    if not use_margin:
+        return None
+    if any("margin" not in r for r in rows):
+        raise ValueError("reward.use_margin is set but some preference rows have no 'margin'")
+    return torch.tensor([float(r["margin"]) for r in rows])
 
 
 def train_reward_model(
-    model: ScalarHeadModel, tokenizer, rows: Sequence[dict], cfg: RewardConfig,
-    device: torch.device, generator: torch.Generator, *, on_log: LogFn | None = None,
-    progress: bool = True, checkpointer: Checkpointer | None = None, precision: str = "fp32",
+    model: ScalarHeadModel, pairs: PairExamples, margins: torch.Tensor | None, pad_id: int,
+    cfg: RewardConfig, device: torch.device, generator: torch.Generator, *,
+    on_log: LogFn | None = None, progress: bool = True,
+    checkpointer: Checkpointer | None = None, precision: str = "fp32",
     dp: DataParallel | None = None,
 ) -> dict[str, float]:
-    """Train ``model`` in place on preference rows {prompt, chosen, rejected[, margin]};
+    """Train ``model`` in place on ``pairs`` (``margins`` [N] with ``cfg.use_margin``);
     ``dp``: this rank trains on its shard of each global batch of pairs (DDP)."""
-    pairs = encode_pairs(tokenizer, rows)
-    if cfg.use_margin and any("margin" not in r for r in rows):
-        raise ValueError("reward.use_margin is set but some preference rows have no 'margin'")
-    margins = torch.tensor([float(r["margin"]) for r in rows]) if cfg.use_margin else None
+    if cfg.use_margin and (margins is None or len(margins) != len(pairs)):
+        raise ValueError("reward.use_margin is set but the pairs have no margins")
+    margins = margins if cfg.use_margin else None
     model.to(device)
     net = dp.wrap(model) if dp is not None else model
 
     def loss_fn(idx: torch.Tensor):
-        rc, rr, margin = _pair_scores(net, pairs, idx, tokenizer.pad_token_id, device,
-                                      margins)
+        rc, rr, margin = _pair_scores(net, pairs, idx, pad_id, device, margins)
         loss, stats = bradley_terry_loss(rc, rr, margin)
         return loss, {f"train/{k}": float(v) for k, v in stats.items()}
 
@@ -64,15 +99,14 @@ def train_reward_model(
 
 
 @torch.inference_mode()
-def evaluate_reward_model(model: ScalarHeadModel, tokenizer, rows: Sequence[dict],
+def evaluate_reward_model(model: ScalarHeadModel, pairs: PairExamples, pad_id: int,
                           device: torch.device, batch_size: int = 64) -> dict[str, float]:
-    """Held-out accuracy, loss and mean margin on preference rows."""
+    """Held-out accuracy, loss and mean margin on ``pairs``."""
     model.eval()
-    pairs = encode_pairs(tokenizer, rows)
     chosen, rejected = [], []
     for start in range(0, len(pairs), batch_size):
-        idx = list(range(start, min(start + batch_size, len(pairs))))
-        rc, rr, _ = _pair_scores(model, pairs, idx, tokenizer.pad_token_id, device)
+        idx = torch.arange(start, min(start + batch_size, len(pairs)))
+        rc, rr, _ = _pair_scores(model, pairs, idx, pad_id, device)
         chosen.append(rc.float().cpu())
         rejected.append(rr.float().cpu())
     model.train()

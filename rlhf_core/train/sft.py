@@ -8,20 +8,57 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from rlhf_core.config import SFTConfig
 from rlhf_core.models.checkpoint import Checkpointer
-from rlhf_core.models.data import IGNORE_INDEX, encode_sft, right_pad
+from rlhf_core.models.data import IGNORE_INDEX, encode, right_pad, sft_example
+from rlhf_core.models.ragged import RaggedIds
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.loop import train_steps
 from rlhf_core.train.losses import sft_loss
 from rlhf_core.train.optim import LogFn
 
 
-def encode_sft_rows(tokenizer, rows: Sequence[dict], loss_on: str):
-    """rows of {prompt, response} -> list of (input_ids, labels)."""
-    return [encode_sft(tokenizer, r["prompt"], r["response"], loss_on) for r in rows]
+class SFTExamples(Sequence):
+    """(input_ids, labels) of row i, built when asked from its prompt and response ids:
+    :func:`~rlhf_core.models.data.sft_example`, what ``encode_sft`` gives of the texts."""
+
+    def __init__(self, prompts: RaggedIds, responses: RaggedIds, eos_id: int,
+                 loss_on: str = "response"):
+        if len(prompts) != len(responses):
+            raise ValueError(f"SFTExamples: {len(prompts)} prompts, {len(responses)} responses")
+        self.prompts, self.responses, self.eos_id, self.loss_on = \
+            prompts, responses, eos_id, loss_on
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return SFTExamples(self.prompts[i], self.responses[i], self.eos_id, self.loss_on)
+        return sft_example(self.prompts[i], self.responses[i], self.eos_id, self.loss_on)
+
+    def with_loss_on(self, loss_on: str) -> SFTExamples:
+        return SFTExamples(self.prompts, self.responses, self.eos_id, loss_on)
+
+    def supervised_tokens(self) -> torch.Tensor:
+        """[N] int64: each example's labels after the shift (``labels[1:]``) that are not
+        ignored, the tokens its loss is a mean over."""
+        p = torch.from_numpy(self.prompts.lengths())
+        r = torch.from_numpy(self.responses.lengths())
+        if self.loss_on == "all":
+            return p + r  # every label but the first (p + r + 1 of them)
+        return r + 1 - (p == 0).long()  # response + EOS, less the first when no prompt
+
+
+def encode_sft_rows(tokenizer, rows: Sequence[dict], loss_on: str) -> SFTExamples:
+    """rows of {prompt, response} -> their (input_ids, labels), one tokenizer call per text
+    (the stages read the gate's token ids instead where there are some)."""
+    ids = {c: RaggedIds.from_lists([encode(tokenizer, r[c]) for r in rows])
+           for c in ("prompt", "response")}
+    return SFTExamples(ids["prompt"], ids["response"], tokenizer.eos_token_id, loss_on)
 
 
 def sft_batch(examples, pad_id: int, device: torch.device):
@@ -32,30 +69,31 @@ def sft_batch(examples, pad_id: int, device: torch.device):
 
 
 def train_sft(
-    model, tokenizer, rows: Sequence[dict], cfg: SFTConfig, device: torch.device,
+    model, examples: SFTExamples, pad_id: int, cfg: SFTConfig, device: torch.device,
     generator: torch.Generator, *, on_log: LogFn | None = None, progress: bool = True,
     checkpointer: Checkpointer | None = None, precision: str = "fp32",
     dp: DataParallel | None = None,
 ) -> dict[str, float]:
-    """Fine-tune ``model`` in place on ``rows``; returns the final metrics.
+    """Fine-tune ``model`` in place on ``examples``; returns the final metrics.
 
     Args:
-        rows: dicts with 'prompt' and 'response' (text; EOS appended here).
+        examples: (input_ids, labels) per row; each batch's are built when it is drawn.
         generator: CPU generator for the data order (reproducible).
         on_log: called as on_log(step, metrics) every cfg.log_every steps.
         checkpointer: periodic training-state checkpoints; resumes from the latest one.
         precision: fp32 | bf16 | fp16 (resolved; see rlhf_core.models.precision).
         dp: data parallel: this rank trains on its shard of each global batch (DDP).
     """
-    examples = encode_sft_rows(tokenizer, rows, cfg.loss_on)
+    if examples.loss_on != cfg.loss_on:
+        raise ValueError(f"SFT examples built for loss_on={examples.loss_on!r}, "
+                         f"sft.loss_on is {cfg.loss_on!r}")
     model.to(device)
-    pad_id = tokenizer.pad_token_id
     net = dp.wrap(model) if dp is not None else model
     # supervised (shifted) tokens per example: the loss is a mean over these
-    n_tokens = [sum(label != IGNORE_INDEX for label in e[1][1:]) for e in examples]
+    n_tokens = examples.supervised_tokens().numpy()
 
     def loss_fn(idx: torch.Tensor):
-        ids, mask, labels = sft_batch([examples[i] for i in idx], pad_id, device)
+        ids, mask, labels = sft_batch([examples[i] for i in idx.tolist()], pad_id, device)
         logits = net(input_ids=ids, attention_mask=mask, use_cache=False).logits
         loss, stats = sft_loss(logits, labels)
         return loss, {"train/tokens": float(stats["num_tokens"])}
@@ -64,20 +102,20 @@ def train_sft(
                        generator, name="sft", log_every=cfg.log_every, on_log=on_log,
                        checkpointer=checkpointer, progress=progress, precision=precision,
                        device=device, dp=dp, net=net,
-                       count=lambda idx: float(sum(n_tokens[i] for i in idx)),
+                       count=lambda idx: float(np.sum(n_tokens[idx.numpy()])),
                        summed=("train/tokens",))
 
 
 @torch.inference_mode()
-def sft_eval_loss(model, tokenizer, rows: Sequence[dict], device: torch.device,
+def sft_eval_loss(model, examples: SFTExamples, pad_id: int, device: torch.device,
                   batch_size: int = 64) -> float:
-    """Token-averaged response loss on held-out rows."""
+    """Token-averaged response loss on held-out examples (their loss_on: response)."""
+    examples = examples.with_loss_on("response")
     model.eval()
-    examples = encode_sft_rows(tokenizer, rows, "response")
     total, count = 0.0, 0
     for start in range(0, len(examples), batch_size):
-        ids, mask, labels = sft_batch(examples[start: start + batch_size],
-                                      tokenizer.pad_token_id, device)
+        batch = [examples[i] for i in range(start, min(start + batch_size, len(examples)))]
+        ids, mask, labels = sft_batch(batch, pad_id, device)
         loss, stats = sft_loss(model(input_ids=ids, attention_mask=mask).logits, labels)
         total += float(loss) * float(stats["num_tokens"])
         count += int(stats["num_tokens"])

@@ -34,6 +34,7 @@ import warnings
 from pathlib import Path
 
 from tasks.config import PipelineConfig
+from tasks.runtime.errors import RoutingError
 from tasks.tracking.runs import RunContext, default_tracking_uri, set_tags, stage_run_tags
 from tasks.tracking.tags import (
     NODES_TAG,
@@ -46,11 +47,6 @@ _log = logging.getLogger("rlhf.remote")
 
 WORKDIR_ENV = "RLHF_STAGE_WORKDIR"
 POLL_S = 1.0
-
-
-class RoutingError(ValueError):
-    """A routing setting that cannot work (no Prefect server, no such deployment): raised
-    before any run is opened."""
 
 
 class RemoteStageError(RuntimeError):

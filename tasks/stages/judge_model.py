@@ -5,19 +5,23 @@ training pair with the reward model the challenger was optimised against."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
+import pyarrow as pa
 from prefect import task
 
+from data_checks.token_files import read_tokens, tokens_path, write_tokens
 from rlhf_core.eval.gate import held_out_for_judge, pair_key
 from rlhf_core.models.checkpoint import save_scalar_model
 from rlhf_core.models.loader import load_tokenizer, new_scalar_model
-from rlhf_core.train.reward import train_reward_model
+from rlhf_core.train.reward import pair_margins, train_reward_model
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
 from tasks.stages.reward_model import TRAIN_METRICS
 from tasks.stages.run import stage_task
+from tasks.stages.token_data import preference_pairs
 from tasks.tracking.artifacts import Artifact, local_copy
 from tasks.tracking.parent_run import log_parent_folder
 from tasks.tracking.runs import RunContext, tag_parent
@@ -35,9 +39,23 @@ def _write_jsonl(path, rows: list[dict]) -> None:
         fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def _split_rows(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
+def _split_rows(rows: list[dict], fraction: float) -> tuple[list[int], list[int]]:
+    """-> (the reward model's row numbers, the judge's)."""
     held = [held_out_for_judge(r, fraction) for r in rows]
-    return [r for r, h in zip(rows, held) if not h], [r for r, h in zip(rows, held) if h]
+    return [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h]
+
+
+def _split_tokens(source: Path, target: Path, parts: dict[str, list[int]]) -> None:
+    """The gate's token ids of ``source``'s preference set, taken row for row like its
+    rows: one token file beside each file of ``parts`` (name -> row numbers); none where
+    the source had none (the stages encode the texts then)."""
+    tokens = tokens_path(source / "preference.jsonl")
+    if not tokens.is_file():
+        return
+    table = read_tokens(tokens)
+    for name, rows in parts.items():
+        write_tokens(table.take(pa.array(rows, type=pa.int64())),
+                     tokens_path(target / f"{name}.jsonl"))
 
 
 @task(name="judge_split")
@@ -53,18 +71,20 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(source, target)
-    train, held = _split_rows(read_jsonl(source / "preference.jsonl"),
-                              cfg.retrain.gate.judge_fraction)
+    rows = read_jsonl(source / "preference.jsonl")
+    train, held = _split_rows(rows, cfg.retrain.gate.judge_fraction)
     n_held = len(held)
     if cfg.retrain.gate.judge_data == "configured" and batch_keys:
         from_batches = set(batch_keys)
-        held = [r for r in held if pair_key(r) not in from_batches]
+        held = [i for i in held if pair_key(rows[i]) not in from_batches]
     if not train or not held:
         raise ValueError(f"judge split: {len(train)} pairs for the reward model and "
                          f"{len(held)} for the judge; both need some "
                          "(retrain.gate.judge_fraction)")
-    _write_jsonl(target / "preference.jsonl", train)
-    _write_jsonl(target / "judge_preference.jsonl", held)
+    _write_jsonl(target / "preference.jsonl", [rows[i] for i in train])
+    _write_jsonl(target / "judge_preference.jsonl", [rows[i] for i in held])
+    # the copied token file was the whole set's: each part gets its own rows' ids
+    _split_tokens(source, target, {"preference": train, "judge_preference": held})
     log_parent_folder(ctx, target, "judge_split/data")
     tag_parent(ctx, {JUDGE_SPLIT_RM_PAIRS_TAG: str(len(train)),
                      JUDGE_SPLIT_JUDGE_PAIRS_TAG: str(len(held)),
@@ -79,15 +99,17 @@ def body(sc: StageContext, data: DataRecord, init_dir: str) -> ModelRecord:
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
-    rows = read_jsonl(sc.local(data.data, "the judge split") / "judge_preference.jsonl")
+    path = sc.local(data.data, "the judge split") / "judge_preference.jsonl"
+    pairs = preference_pairs(path, tokenizer)  # the gate's ids, else encoded here
+    margins = pair_margins(read_jsonl(path), True) if cfg.reward.use_margin else None
     model = new_scalar_model(init_dir, spec)
     epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
     reward = cfg.reward.model_copy(update={"epochs": epochs})
-    train_reward_model(model, tokenizer, rows, reward, device, generator, on_log=sc.log,
-                       progress=False, precision=spec.precision)
+    train_reward_model(model, pairs, margins, tokenizer.pad_token_id, reward, device,
+                       generator, on_log=sc.log, progress=False, precision=spec.precision)
     out_dir = save_scalar_model(model, sc.dir / "model")
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"),
-                       metrics={"judge/pairs": float(len(rows))})
+                       metrics={"judge/pairs": float(len(pairs))})
 
 
 STAGE = Stage("judge_model", body, ModelRecord, seed_offset=7, metrics=TRAIN_METRICS,

@@ -4,11 +4,13 @@ sample tables, checkpoints; on ``model.nproc`` data-parallel ranks when it is ab
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import pandas as pd
 
 from rlhf_core.eval.evaluate import mean_std, rm_judge_gap
 from rlhf_core.models.checkpoint import save_policy, save_scalar_model
-from rlhf_core.models.data import encode
 from rlhf_core.models.loader import load_tokenizer
 from rlhf_core.models.lora import merged, ppo_models
 from rlhf_core.ppo.ppo_dist import make_trainer
@@ -19,6 +21,7 @@ from tasks.runtime.memory import peak_memory, state_bytes
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
 from tasks.stages.run import stage_task
+from tasks.stages.token_data import text_ids
 
 
 def judge_monitor(judge_name: str):
@@ -34,14 +37,15 @@ def judge_monitor(judge_name: str):
     return monitor
 
 
-def overoptimisation(judge_name: str, sft_rows: list[dict], norm_stats: dict):
+def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_stats: dict):
     """metrics -> the RM-vs-judge gap of an iteration (``judge/rm_judge_gap_z``: the RM's and
     the judge's mean gains over the SFT demonstrations, in their standard deviations), and
-    rows -> each sample row with its judge score; None without a judge."""
+    rows -> each sample row with its judge score; None without a judge. ``sft_rows`` reads
+    the SFT rows, only where there is a judge."""
     judge = resolve_judge(judge_name)
     if judge is None:
         return None
-    judge_base = mean_std([judge(r["prompt"], r["response"], True) for r in sft_rows])
+    judge_base = mean_std([judge(r["prompt"], r["response"], True) for r in sft_rows()])
     rm_base = (norm_stats["mean"], norm_stats["std"])
 
     def add(metrics: dict, rows: list[dict] | None) -> dict:
@@ -72,8 +76,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
                         sc.local(rm.model, "reward_model's model"), spec)
     norm_stats = norm.stats  # the values reward_norm.json holds
     data_dir = sc.local(data.data, "validate's data")
-    prompts = [encode(tokenizer, r["prompt"]) for r in read_jsonl(data_dir / "prompts.jsonl")]
-    sft_rows = read_jsonl(data_dir / "sft.jsonl")
+    # the gate's token ids (memory-mapped; a batch's prompts read when drawn), else encoded
+    prompts = text_ids(data_dir / "prompts.jsonl", ("prompt",), tokenizer)[0]
     trainer = make_trainer(models, tokenizer=tokenizer, prompt_ids=prompts, cfg=cfg.ppo,
                            norm_stats=norm_stats, device=device, generator=generator,
                            divide_by_std=cfg.reward_norm.divide_by_std,
@@ -81,7 +85,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save
     samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
     log = sc.live(cfg.ppo.iterations)  # MLflow, progress artifact, log line
-    judged = overoptimisation(prep.judge, sft_rows, norm_stats)
+    judged = overoptimisation(prep.judge, partial(read_jsonl, data_dir / "sft.jsonl"),
+                              norm_stats)
 
     def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
         metrics = judged(metrics, rows) if judged else metrics

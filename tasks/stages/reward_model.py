@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+import torch
+
+from rlhf_core.config import RewardConfig
 from rlhf_core.models.checkpoint import save_scalar_model
 from rlhf_core.models.loader import load_scalar_model, load_tokenizer, new_scalar_model
 from rlhf_core.models.scoring import score_texts
 from rlhf_core.train.loop import total_steps
-from rlhf_core.train.reward import evaluate_reward_model, train_reward_model
+from rlhf_core.train.reward import (
+    PairExamples,
+    evaluate_reward_model,
+    pair_margins,
+    train_reward_model,
+)
 from tasks.common import read_jsonl
 from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
 from tasks.stages.run import stage_task
+from tasks.stages.token_data import preference_pairs
 
 
-def gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | None:
-    """RM accuracy against the gold judge's ordering (where a judge exists), ties skipped."""
+def gold_accuracy(model, tokenizer, held_rows: Callable[[], list[dict]], judge_name: str,
+                  device) -> float | None:
+    """RM accuracy against the gold judge's ordering (where a judge exists), ties skipped;
+    ``held_rows`` reads the held-out rows' texts (only with a judge)."""
     judge = resolve_judge(judge_name)
+    rows = held_rows() if judge is not None else []
     if judge is None or not rows:
         return None
     chosen = score_texts(model, tokenizer, [r["prompt"] for r in rows],
@@ -36,6 +51,38 @@ def gold_accuracy(model, tokenizer, rows, judge_name: str, device) -> float | No
     return hits / n if n else None
 
 
+@dataclass(frozen=True)
+class PreferenceSplit:
+    """The reward model's training pairs (and their margins with ``reward.use_margin``), its
+    held-out pairs, and how to read the held-out rows' texts (for the gold judge only)."""
+
+    train: PairExamples
+    held_out: PairExamples
+    margins: torch.Tensor | None
+    held_rows: Callable[[], list[dict]]
+
+
+def preference_split(data_dir: Path, tokenizer, cfg: RewardConfig) -> PreferenceSplit:
+    """``preference_eval.jsonl`` held out where there is one, else the first
+    ``reward.eval_fraction`` of ``preference.jsonl``. The ids are the gate's (memory-mapped),
+    else the texts encoded here; the texts are read only for margins and the judge."""
+    path, eval_path = data_dir / "preference.jsonl", data_dir / "preference_eval.jsonl"
+    pairs = preference_pairs(path, tokenizer)
+    if eval_path.exists():
+        train_from, held_out = 0, preference_pairs(eval_path, tokenizer)
+        held_rows = partial(read_jsonl, eval_path)
+    else:
+        train_from = max(1, int(len(pairs) * cfg.eval_fraction))
+        pairs, held_out = pairs[train_from:], pairs[:train_from]
+        held_rows = partial(_head, path, train_from)
+    margins = pair_margins(read_jsonl(path)[train_from:], True) if cfg.use_margin else None
+    return PreferenceSplit(pairs, held_out, margins, held_rows)
+
+
+def _head(path: Path, n: int) -> list[dict]:
+    return read_jsonl(path)[:n]
+
+
 def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
          init_dir: str | None = None) -> ModelRecord | None:
     """In the task's process or on each torchrun rank. Initialised from ``start``'s trunk
@@ -47,25 +94,19 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     init = init_dir or sc.local(start.model, "sft's model")
     model = load_scalar_model(init, spec) if (Path(init) / "scalar_head.json").exists() \
         else new_scalar_model(init, spec)
-    data_dir = sc.local(data.data, "validate's data")
-    rows = read_jsonl(data_dir / "preference.jsonl")
-    eval_path = data_dir / "preference_eval.jsonl"
-    if eval_path.exists():
-        held_out = read_jsonl(eval_path)
-    else:
-        n_eval = max(1, int(len(rows) * cfg.reward.eval_fraction))
-        rows, held_out = rows[n_eval:], rows[:n_eval]
+    split = preference_split(sc.local(data.data, "validate's data"), tokenizer, cfg.reward)
+    pairs, held_out = split.train, split.held_out
     ck = sc.checkpointer({"model": model}, cfg.reward.checkpoint_every)
-    live = sc.live(total_steps(len(rows), cfg.reward.batch_size, cfg.reward.epochs))
-    train_reward_model(model, tokenizer, rows, cfg.reward, device, generator, on_log=live,
-                       progress=sc.progress, checkpointer=ck, precision=spec.precision,
-                       dp=sc.dp)
+    live = sc.live(total_steps(len(pairs), cfg.reward.batch_size, cfg.reward.epochs))
+    train_reward_model(model, pairs, split.margins, tokenizer.pad_token_id, cfg.reward, device,
+                       generator, on_log=live, progress=sc.progress, checkpointer=ck,
+                       precision=spec.precision, dp=sc.dp)
     if not sc.is_main:
         return None
-    metrics = evaluate_reward_model(model, tokenizer, held_out, device)
+    metrics = evaluate_reward_model(model, held_out, tokenizer.pad_token_id, device)
     # against the held-out labels always; against the gold judge where one exists
     first = {"eval/rm_accuracy": metrics["eval/accuracy"]}
-    gold = gold_accuracy(model, tokenizer, held_out, prep.judge, device)
+    gold = gold_accuracy(model, tokenizer, split.held_rows, prep.judge, device)
     if gold is not None:
         first["eval/rm_gold_accuracy"] = gold
     metrics.update(first)

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from rlhf_core.models.loader import load_scalar_model, load_tokenizer
-from rlhf_core.models.scoring import normalise_scores, reward_norm_stats, score_texts
-from tasks.common import read_jsonl, write_json
+from rlhf_core.models.ragged import Joined
+from rlhf_core.models.scoring import normalise_scores, reward_norm_stats, score_ids
+from tasks.common import write_json
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord
 from tasks.stages.run import stage_task
+from tasks.stages.token_data import text_ids
 
 
 def body(sc: StageContext, data: DataRecord, rm: ModelRecord) -> NormRecord:
@@ -16,10 +18,11 @@ def body(sc: StageContext, data: DataRecord, rm: ModelRecord) -> NormRecord:
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
     model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
                               trainable=False).to(device)
-    rows = read_jsonl(sc.local(data.data, "validate's data") / "sft.jsonl")
-    rows = rows[: cfg.reward_norm.max_samples] if cfg.reward_norm.max_samples else rows
-    scores = score_texts(model, tokenizer, [r["prompt"] for r in rows],
-                         [r["response"] for r in rows], device, cfg.reward_norm.batch_size)
+    prompts, responses = text_ids(sc.local(data.data, "validate's data") / "sft.jsonl",
+                                  ("prompt", "response"), tokenizer)
+    n = cfg.reward_norm.max_samples or len(prompts)
+    seqs = Joined([prompts[:n], responses[:n]], [tokenizer.eos_token_id])  # prompt+response+EOS
+    scores = score_ids(model, seqs, tokenizer.pad_token_id, device, cfg.reward_norm.batch_size)
     stats = reward_norm_stats(scores)
     normalised = normalise_scores(scores, stats, cfg.reward_norm.divide_by_std)
     check = float(normalised.mean())

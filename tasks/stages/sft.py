@@ -7,11 +7,11 @@ from rlhf_core.models.loader import load_policy, load_tokenizer
 from rlhf_core.models.models import resize_for_tokenizer
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.sft import sft_eval_loss, train_sft
-from tasks.common import read_jsonl
 from tasks.prepare import Prepared
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
 from tasks.stages.run import stage_task
+from tasks.stages.token_data import sft_examples
 
 
 def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | None:
@@ -22,16 +22,20 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
     model = load_policy(prep.base_model, spec)
     resize_for_tokenizer(model, tokenizer)
-    rows = read_jsonl(sc.local(data.data, "validate's data") / "sft.jsonl")
+    # the gate's token ids (memory-mapped), else the texts encoded here
+    examples = sft_examples(sc.local(data.data, "validate's data") / "sft.jsonl", tokenizer,
+                            cfg.sft.loss_on)
     ck = sc.checkpointer({"model": model}, cfg.sft.checkpoint_every)
-    live = sc.live(total_steps(len(rows), cfg.sft.batch_size, cfg.sft.epochs))
-    last = train_sft(model, tokenizer, rows, cfg.sft, device, generator, on_log=live,
-                     progress=sc.progress, checkpointer=ck, precision=spec.precision, dp=sc.dp)
+    live = sc.live(total_steps(len(examples), cfg.sft.batch_size, cfg.sft.epochs))
+    last = train_sft(model, examples, tokenizer.pad_token_id, cfg.sft, device, generator,
+                     on_log=live, progress=sc.progress, checkpointer=ck,
+                     precision=spec.precision, dp=sc.dp)
     if not sc.is_main:
         return None
     out_dir = save_policy(model, tokenizer, sc.dir / "model")
     sc.log_artifacts(out_dir, "checkpoint")
-    metrics = {"sft/response_loss_train": sft_eval_loss(model, tokenizer, rows[:256], device)}
+    metrics = {"sft/response_loss_train": sft_eval_loss(model, examples[:256],
+                                                        tokenizer.pad_token_id, device)}
     sc.log(0, metrics)
     return ModelRecord(model=sc.publish(out_dir, "checkpoint", logged=True),
                        metrics={"train/loss": last.get("train/loss", float("nan")), **metrics})

@@ -1,15 +1,29 @@
 """Read-only look-ups for the CLI (`rlhf runs`, the `--resume` check): they never create a
-store, and say in one sentence what the store could not answer."""
+store, and say in one sentence what the store could not answer.
+
+`rlhf runs` on a local SQLite store reads it with plain SQL through Python's sqlite3
+(read-only), so the command does not load MLflow and its SQLAlchemy store (seconds of imports
+on a small machine): the tables MLflow's SQLAlchemy store writes (experiments, runs, tags,
+latest_metrics), ordered and paged as that store's search_runs does (runs without a start time
+last, then newest first, then by run id; one row past the page says a later page exists). A
+store not read so (no such table or column, an experiment name held twice by workspaces, a URI
+with options, a server) is asked through MLflow's client.
+"""
 
 from __future__ import annotations
 
 import os
+import sqlite3
+import urllib.parse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict
 
-from tasks.tracking.tags import CONFIG_HASH_TAG, PARENT_TAG, STAGE_TAG
+from tasks.tracking.tags import CONFIG_HASH_TAG, MLFLOW_RUN_NAME_TAG, PARENT_TAG, STAGE_TAG
+
+if TYPE_CHECKING:  # MLflow is loaded by the look-ups that use it, not by `rlhf runs`
+    from mlflow.tracking import MlflowClient
 
 
 class StoreError(ValueError):
@@ -26,6 +40,8 @@ def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
     if uri.startswith(("http://", "https://")):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+    from mlflow.tracking import MlflowClient
+
     return MlflowClient(uri)
 
 
@@ -51,11 +67,11 @@ class PipelineRun(BaseModel):
 
 
 class PipelineRuns(BaseModel):
-    """An experiment's id and one page of its pipeline runs, newest first; ``more``: a
-    later page has runs."""
+    """An experiment's id (None: the store has no such experiment) and one page of its
+    pipeline runs, newest first; ``more``: a later page has runs."""
 
     model_config = ConfigDict(frozen=True)
-    experiment_id: str
+    experiment_id: str | None
     runs: list[PipelineRun]
     more: bool = False
 
@@ -77,9 +93,17 @@ def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
 def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
                   page: int = 1) -> PipelineRuns:
     """The experiment's id and page ``page`` (``limit`` runs each) of its pipeline (parent)
-    runs, newest first, selected by the store (a tag filter and MLflow's page tokens: the
-    runs of earlier pages are skipped, not read), without creating a store; StoreError when
-    there is no such store or experiment, or the store cannot be read."""
+    runs, newest first, selected by the store (a tag filter and an offset, or MLflow's page
+    tokens: the runs of earlier pages are skipped, not read), without creating a store;
+    StoreError when there is no such store or experiment, or the store cannot be read."""
+    path = sqlite_file(tracking_uri)
+    if path is not None and not path.exists():
+        _read_only_client(tracking_uri)  # the StoreError that says there is no store
+    found = None if path is None else _pipeline_runs_sql(path, experiment, limit, page)
+    if found is not None:
+        if found.experiment_id is None:
+            raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
+        return found
     from mlflow.exceptions import MlflowException
 
     client = _read_only_client(tracking_uri)
@@ -104,3 +128,55 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
     return PipelineRuns(experiment_id=exp.experiment_id, more=bool(token), runs=[PipelineRun(
         run_id=r.info.run_id, run_name=r.info.run_name, status=r.info.status,
         start_time=r.info.start_time, metrics=dict(r.data.metrics)) for r in runs])
+
+
+RUN_PAGE_SQL = """
+SELECT r.run_uuid, r.name, r.status, r.start_time,
+       (SELECT n.value FROM tags n WHERE n.run_uuid = r.run_uuid AND n.key = ?)
+FROM runs r
+WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'
+  AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?
+              AND t.value != '')
+ORDER BY CASE WHEN r.start_time IS NULL THEN 1 ELSE 0 END, r.start_time DESC, r.run_uuid
+LIMIT ? OFFSET ?"""
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The file of a plain ``sqlite:///`` URI (None for anything else, or a URI with
+    options)."""
+    if not uri.startswith("sqlite:///") or "?" in uri:
+        return None
+    return Path(uri.removeprefix("sqlite:///"))
+
+
+def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int
+                       ) -> PipelineRuns | None:
+    """``pipeline_runs`` read with SQL from the SQLite file at ``path`` (module doc); None:
+    a store not read so."""
+    try:
+        con = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True,
+                              timeout=10)
+    except sqlite3.Error:
+        return None
+    try:
+        with con:
+            ids = con.execute("SELECT experiment_id FROM experiments WHERE name = ?",
+                              (experiment,)).fetchall()
+            if len(ids) != 1:
+                return None if ids else PipelineRuns(experiment_id=None, runs=[])
+            rows = con.execute(RUN_PAGE_SQL, (MLFLOW_RUN_NAME_TAG, ids[0][0], CONFIG_HASH_TAG,
+                                              limit + 1, (page - 1) * limit)).fetchall()
+            metrics: dict[str, dict[str, float]] = {row[0]: {} for row in rows[:limit]}
+            marks = ",".join("?" * len(metrics))
+            for run_id, key, value, is_nan in con.execute(
+                    "SELECT run_uuid, key, value, is_nan FROM latest_metrics "
+                    f"WHERE run_uuid IN ({marks})", list(metrics)):
+                metrics[run_id][key] = float("nan") if is_nan else float(value)
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    return PipelineRuns(experiment_id=str(ids[0][0]), more=len(rows) > limit, runs=[
+        PipelineRun(run_id=run_id, run_name=name or tag_name, status=status,
+                    start_time=start, metrics=metrics[run_id])
+        for run_id, name, status, start, tag_name in rows[:limit]])

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tasks.tracking.errors import RegistryError
 from tasks.tracking.tags import (
     ALIAS_LOG_TAG,
     CHAMPION_SINCE_TAG,
@@ -28,10 +29,6 @@ if TYPE_CHECKING:  # mlflow is imported where used: the CLI imports this module 
 
 CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
 LOG_KEEP = 20
-
-
-class RegistryError(ValueError):
-    """A promote/rollback that cannot be done (no such version, nothing to roll back to)."""
 
 
 def set_alias(client: MlflowClient, name: str, alias: str, version, attempts: int = 5) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -23,6 +22,11 @@ from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.hardware import hardware_facts
 from tasks.redact import redact
+from tasks.tracking.addresses import (  # noqa: F401  (re-exported)
+    default_tracking_uri,
+    run_page,
+    runs_table_url,
+)
 from tasks.tracking.last_run import note_parent_run
 from tasks.tracking.tags import (
     EXPERIMENT_KIND_TAG,
@@ -64,11 +68,6 @@ class RunContext(BaseModel):
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-
-
-def default_tracking_uri(configured: str | None) -> str:
-    """Config value, else $MLFLOW_TRACKING_URI, else a SQLite file in the working folder."""
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
 def resolved_store(uri: str) -> str:
@@ -305,30 +304,9 @@ def record_output(ctx: RunContext, run_id: str, output: dict) -> dict:
     return output
 
 
-LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
-
-
-def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
-    """The experiment's runs table in the MLflow UI's "Model training" mode: the UI's own
-    GenAI/Model training switch, kept in the browser and GenAI by default, would otherwise
-    open a first visit on the traces overview whatever the experiment's kind tag says. A
-    local store: where `mlflow ui` serves it."""
-    base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
-        else LOCAL_UI
-    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-
-
 def tag_parent(ctx: RunContext, tags: dict[str, Any]) -> None:
     """Tags on the pipeline's parent run (values as text)."""
     set_tags(ctx.client(), ctx.parent_run_id, tags)
-
-
-def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The run's page in the MLflow UI of a tracking server; None for a local store (no UI
-    runs until `mlflow ui` is started on it)."""
-    if not tracking_uri.startswith(("http://", "https://")):
-        return None
-    return f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def run_url(ctx: RunContext, run_id: str) -> str:

@@ -34,17 +34,12 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tasks.tracking.errors import TrackingOutage
 from tasks.tracking.tables import log_table_file
 
 log = logging.getLogger("rlhf.spool")
 RETRIES_ENV, TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"
 _ENV_LOCK = threading.RLock()  # (a guarded call inside a fail_fast block)
-
-
-class TrackingOutage(Exception):  # noqa: N818 - a stop, named after its cause
-    """The tracking server has not answered for longer than the outage limit."""
-
-    until = "once the server answers"  # when the run can be continued
 
 
 class LoginRefused(TrackingOutage):

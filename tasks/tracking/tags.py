@@ -9,6 +9,7 @@ written anywhere else in tasks/ and flows/.
 
 # --- MLflow's own ------------------------------------------------------------------------
 PARENT_TAG = "mlflow.parentRunId"  # a child (stage) run's parent: MLflow nests runs by it
+MLFLOW_RUN_NAME_TAG = "mlflow.runName"  # the run name, read when the name column is empty
 # MLflow 3's UI opens an experiment of a model-development kind on its runs table, not on its
 # GenAI (traces) view
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"

@@ -1,6 +1,6 @@
-"""CLI and tracking details a user trips on: --version, --help, read-only `rlhf runs`, errors
-that name the --set override or the unknown run id, the summary's links and registered models,
-run names, the experiment kind, and a new SQLite store opened by several runs at once."""
+"""CLI and tracking details a user trips on: --version, --help, read-only and light `rlhf runs`,
+errors that name the --set override or the unknown run id, the summary's links and registered
+models, run names, the experiment kind, and a new SQLite store opened by several runs at once."""
 
 import os
 import socket
@@ -61,6 +61,23 @@ def test_runs_pages_through_the_pipeline_runs_newest_first(tmp_path, monkeypatch
     assert "a-collection" not in first
     assert "--limit 2 --page 3" in second and "older runs" not in third
     assert "(no runs on page 4: fewer than 7 runs)" in fourth
+
+
+def test_runs_on_a_sqlite_store_loads_no_mlflow_pandas_or_torch(tmp_path):
+    """`rlhf runs` reads a local store with SQL: a fresh interpreter that ran it has not
+    imported MLflow, pandas, torch or Prefect, and lists the run."""
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("rlhf-demo"), run_name="round-1",
+                            tags={"rlhf.config_hash": "h"})
+    client.log_metric(run.info.run_id, "eval/kl_to_ref", 0.25)
+    probe = ("import sys; from cli.main import main; code = main(['runs']); print(sorted(m for "
+             "m in ('mlflow', 'pandas', 'torch', 'transformers', 'prefect') if m in sys.modules"
+             "), code)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=ROOT, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    assert out.stdout.strip().splitlines()[-1] == "[] 0"
+    assert run.info.run_id in out.stdout and "round-1" in out.stdout and "0.250" in out.stdout
 
 
 def test_runs_gives_up_quickly_on_an_unreachable_server(monkeypatch, capsys):

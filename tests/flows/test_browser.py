@@ -1,6 +1,6 @@
 """The newcomer's path through the UIs, in headless Chromium against a real Prefect server (its
 UI) and a real MLflow tracking server: `rlhf serve`, Deployments -> the pipeline -> Run ->
-Custom run with ppo -> kl_coef changed, Submit; the run completes under a name that says what
+Custom run (its data section says what to enter) with ppo -> kl_coef changed, Submit; the run completes under a name that says what
 changed; its page shows the run's own summary artifact; MLflow's parent run page shows the
 changed param; the retrain deployment's Quick run runs the served config at once and, with no
 new batch, says how a batch is made. Skipped, saying why, where Chromium or Playwright is
@@ -19,6 +19,18 @@ pytestmark = pytest.mark.skipif(ui.missing() is not None, reason=ui.missing() or
 def session(tmp_path_factory):
     with ui.served(tmp_path_factory.mktemp("browser")) as srv, ui.browser() as page:
         yield srv, page
+
+
+def test_the_forms_data_section_says_what_to_enter(session):
+    """Each source a path to fill, with an example; no 'Property is type "None"' choice."""
+    srv, page = session
+    data = ui.form_section(page, srv, "data", "model")
+    assert "Property is type" not in data and "None" not in data, data
+    assert "every path left empty runs on the demo's data" in data
+    for source, example in (("Sft", "data/sft.jsonl"), ("Preference", "data/pairs.parquet"),
+                            ("Prompts", "data/prompts.csv"), ("Eval Prompts", "heldout.jsonl"),
+                            ("Preference Eval", "pairs_eval.jsonl")):
+        assert f"{source} (Optional)" in data and example in data, source
 
 
 @pytest.fixture(scope="module")

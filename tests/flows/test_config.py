@@ -50,3 +50,48 @@ def test_column_map_onto_one_name_twice_is_refused():
         load_config(None, ["data.sft.path=a.jsonl", "data.preference.path=b.jsonl",
                            "data.prompts.path=c.jsonl",
                            "data.sft.column_map={q1: prompt, q2: prompt}"])
+
+
+def _nulls(schema) -> list[str]:
+    """Where a JSON schema offers a "null" branch (a form's 'Property is type "None"')."""
+    if isinstance(schema, dict):
+        here = ["here"] if schema.get("type") == "null" else []
+        return here + [f"{k}.{w}" for k, v in schema.items() for w in _nulls(v)]
+    if isinstance(schema, list):
+        return [f"{i}.{w}" for i, v in enumerate(schema) for w in _nulls(v)]
+    return []
+
+
+def test_the_forms_data_sections_are_fields_to_fill_not_a_choice_of_none():
+    """Custom run of the pipeline (its ``data`` parameter) and of retrain and collect (their
+    ``config``): the data section shows each source's fields, described, with no None branch
+    and no required path; left empty it is the demo's data, half filled an error naming
+    what is missing."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.retrain import retrain as rlhf_retrain
+    from flows.serve import rlhf_pipeline_served
+
+    pipeline = parameter_schema(rlhf_pipeline_served).model_dump()
+    retrain = parameter_schema(rlhf_retrain).model_dump()
+    for schema in (pipeline, retrain):
+        defs = schema["definitions"]
+        assert _nulls(defs["DataConfig"]) == [] and _nulls(defs["DataSource"]) == []
+        assert "required" not in defs["DataSource"] and "required" not in defs["DataConfig"]
+        for source in ("sft", "preference", "prompts", "eval_prompts", "preference_eval"):
+            assert "e.g. path data/" in defs["DataConfig"]["properties"][source]["description"]
+    assert _nulls(pipeline["properties"]["data"]) == []
+    assert "empty" in pipeline["properties"]["data"]["description"]
+    assert _nulls(retrain["definitions"]["PipelineConfig"]["properties"]["data"]) == []
+
+    untouched = {name: {"format": "auto", "column_map": {}} for name in
+                 ("sft", "preference", "prompts", "eval_prompts", "preference_eval")}
+    assert rlhf_pipeline_served.validate_parameters({"data": untouched})["data"] is None
+    given = {**untouched, **{n: {"path": f"{n}.jsonl"} for n in ("sft", "preference", "prompts")}}
+    data = rlhf_pipeline_served.validate_parameters({"data": given})["data"]
+    assert data.sft.path == "sft.jsonl" and data.eval_prompts is None
+    with pytest.raises(Exception, match=r"data\.prompts: no path given"):
+        rlhf_pipeline_served.validate_parameters({"data": {**given, "prompts": {"path": " "}}})
+    cfg = load_config(DEMO_CONFIG, ["data.sft.path=", "data.preference.path=",
+                                    "data.prompts.path="])
+    assert cfg.data is None

@@ -18,7 +18,7 @@ def test_prefect_yaml_parameters_are_the_demo_config():
     assert by_entry["flows/serve.py:rlhf_pipeline_served"]["parameters"] == \
         served_parameters(cfg)
     retrain = by_entry["flows/retrain.py:retrain"]
-    assert retrain["parameters"] == {"config": cfg.model_dump(mode="json")}
+    assert retrain["parameters"] == {"config": cfg.form_dump()}
     assert retrain["concurrency_limit"]["limit"] == 1
     assert by_entry["flows/collect.py:collect_flow"]["parameters"] == retrain["parameters"]
     assert by_entry["flows/collect.py:label_pull"]["parameters"] == retrain["parameters"]

@@ -12,14 +12,19 @@ from rlhf_core.models.checkpoint import Checkpointer, atomic_dir, capture_rng, r
 from rlhf_core.models.data import encode
 from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo.trainer import PPOTrainer
-from rlhf_core.train.reward import train_reward_model
-from rlhf_core.train.sft import train_sft
+from rlhf_core.train.reward import encode_pairs, train_reward_model
+from rlhf_core.train.sft import encode_sft_rows, train_sft
 
 CPU = torch.device("cpu")
 SFT_ROWS = [{"prompt": f"tell me about {w} :", "response": f"the {w} is good ."}
             for w in ["cats", "dogs", "rain", "sun", "trees", "cats and dogs", "the rain"]]
 PREF_ROWS = [{"prompt": r["prompt"], "chosen": r["response"], "rejected": "no ."}
              for r in SFT_ROWS]
+
+
+def _sft_data(tok, cfg):
+    """(examples, pad id): what train_sft takes, of SFT_ROWS."""
+    return encode_sft_rows(tok, SFT_ROWS, cfg.loss_on), tok.pad_token_id
 
 
 class Interrupt(Exception):
@@ -135,7 +140,8 @@ def _sft_run(model_dir, tok, ck_root, on_log=None):
     model = load_causal_lm(model_dir)
     cfg = SFTConfig(epochs=3, batch_size=3, log_every=1, optim=OptimConfig(lr=1e-2))
     ck = Checkpointer(ck_root, {"model": model}, every=2)
-    train_sft(model, tok, SFT_ROWS, cfg, CPU, torch.Generator().manual_seed(0), on_log=on_log,
+    train_sft(model, *_sft_data(tok, cfg), cfg, CPU,
+              torch.Generator().manual_seed(0), on_log=on_log,
               progress=False, checkpointer=ck)
     return weights(model)
 
@@ -159,7 +165,8 @@ def _rm_run(model_dir, tok, ck_root, on_log=None):
     model = ScalarHeadModel.from_causal_lm(model_dir)
     cfg = RewardConfig(epochs=2, batch_size=2, log_every=1, optim=OptimConfig(lr=1e-2))
     ck = Checkpointer(ck_root, {"model": model}, every=3)
-    train_reward_model(model, tok, PREF_ROWS, cfg, CPU, torch.Generator().manual_seed(1),
+    train_reward_model(model, encode_pairs(tok, PREF_ROWS), None, tok.pad_token_id, cfg, CPU,
+                       torch.Generator().manual_seed(1),
                        on_log=on_log, progress=False, checkpointer=ck)
     return weights(model)
 
@@ -234,14 +241,15 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tiny_
     cfg = SFTConfig(epochs=2, batch_size=3, optim=OptimConfig(lr=1e-2))
     ck = Checkpointer(tmp_path, {"model": model}, every=2)
     with pytest.raises(FloatingPointError, match="non-finite sft loss at step 3"):
-        train_sft(model, tok, SFT_ROWS, cfg, CPU, torch.Generator().manual_seed(0),
+        train_sft(model, *_sft_data(tok, cfg), cfg, CPU,
+              torch.Generator().manual_seed(0),
                   progress=False, checkpointer=ck)
     good = ck.latest()
     assert good.name == "step_00000002"
     # after a config change (lower LR) the run continues from the last good checkpoint
     model2 = load_causal_lm(tiny_model_dir)
     logged = []
-    train_sft(model2, tok, SFT_ROWS, cfg.model_copy(update={"optim": OptimConfig(lr=1e-3),
+    train_sft(model2, *_sft_data(tok, cfg), cfg.model_copy(update={"optim": OptimConfig(lr=1e-3),
                                                             "log_every": 1}),
               CPU, torch.Generator().manual_seed(0), on_log=lambda s, m: logged.append((s, m)),
               progress=False, checkpointer=Checkpointer(tmp_path, {"model": model2}, every=2))
@@ -274,7 +282,8 @@ def test_non_finite_gradient_names_the_step_before_any_weight_changes(tiny_model
     cfg = SFTConfig(epochs=2, batch_size=3, optim=OptimConfig(lr=1e-2))
     _poison_gradients(model, from_forward=3)
     with pytest.raises(FloatingPointError, match="non-finite sft gradient norm at step 3"):
-        train_sft(model, tok, SFT_ROWS, cfg, CPU, torch.Generator().manual_seed(0),
+        train_sft(model, *_sft_data(tok, cfg), cfg, CPU,
+              torch.Generator().manual_seed(0),
                   progress=False)
     assert all(torch.isfinite(p).all() for p in model.parameters())  # not applied
 

@@ -1,0 +1,90 @@
+"""Id lists held flat, indexed without a Python list per row.
+
+A data set's token ids arrive as Arrow list columns (the gate's token files, read
+memory-mapped): per record batch, a flat ``values`` array and ``offsets`` into it, row ``i``
+being ``values[offsets[i]:offsets[i + 1]]``. :class:`RaggedIds` keeps exactly that, so a
+stage over 200k rows makes the ids of a batch when the batch is drawn, not of every row up
+front; :class:`Joined` concatenates the i-th ids of several columns (and a tail such as EOS)
+the same way.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class RaggedIds(Sequence):
+    """N id lists: ``chunks`` of (values [total], offsets [n + 1]) each, offsets indexing
+    values (Arrow's list layout; the arrays may be read-only views of a mapped file).
+    ``ids[i]`` -> list[int]; ``ids[a:b]`` -> a RaggedIds over the same arrays (no copy)."""
+
+    def __init__(self, chunks: Sequence[tuple[np.ndarray, np.ndarray]]):
+        self._chunks = [(np.asarray(v), np.asarray(o)) for v, o in chunks
+                        if len(o) > 1]
+        self._starts = list(itertools.accumulate((len(o) - 1 for _, o in self._chunks),
+                                                 initial=0))
+
+    @classmethod
+    def from_lists(cls, lists: Sequence[Sequence[int]]) -> RaggedIds:
+        """The same ids from Python lists (what a stage encodes when the gate left none)."""
+        lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+        offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64,
+                             count=int(offsets[-1]))
+        return cls([(values, offsets)])
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self._slice(*i.indices(len(self))[:2]) if i.step in (None, 1) else \
+                RaggedIds.from_lists([self[j] for j in range(len(self))[i]])
+        n = len(self)
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"RaggedIds: row {i} of {n}")
+        c = bisect.bisect_right(self._starts, i) - 1
+        values, offsets = self._chunks[c]
+        j = i - self._starts[c]
+        return values[offsets[j]: offsets[j + 1]].tolist()
+
+    def _slice(self, start: int, stop: int) -> RaggedIds:
+        out = []
+        for (values, offsets), first in zip(self._chunks, self._starts):
+            a, b = max(start - first, 0), min(stop - first, len(offsets) - 1)
+            if a < b:
+                out.append((values, offsets[a: b + 1]))
+        return RaggedIds(out)
+
+    def lengths(self) -> np.ndarray:
+        """[N] int64: the length of each id list."""
+        parts = [np.diff(o).astype(np.int64) for _, o in self._chunks]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+class Joined(Sequence):
+    """Row i: ``parts[0][i] + parts[1][i] + ... + tail`` (e.g. prompt + response + [EOS])."""
+
+    def __init__(self, parts: Sequence[RaggedIds], tail: Sequence[int] = ()):
+        if len({len(p) for p in parts}) > 1:
+            raise ValueError(f"Joined: columns of unequal lengths {[len(p) for p in parts]}")
+        self.parts, self.tail = tuple(parts), list(tail)
+
+    def __len__(self) -> int:
+        return len(self.parts[0]) if self.parts else 0
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Joined([p[i] for p in self.parts], self.tail)
+        out: list[int] = []
+        for part in self.parts:
+            out += part[i]
+        return out + self.tail

@@ -1,0 +1,33 @@
+"""Where a store and its pages are, as text: the tracking URI in use and the MLflow UI's
+links. Imports no MLflow, so that the CLI prints them without loading it."""
+
+from __future__ import annotations
+
+import os
+
+from tasks.redact import redact
+
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
+
+
+def default_tracking_uri(configured: str | None) -> str:
+    """Config value, else $MLFLOW_TRACKING_URI, else a SQLite file in the working folder."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+
+
+def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
+    """The experiment's runs table in the MLflow UI's "Model training" mode: the UI's own
+    GenAI/Model training switch, kept in the browser and GenAI by default, would otherwise
+    open a first visit on the traces overview whatever the experiment's kind tag says. A
+    local store: where `mlflow ui` serves it."""
+    base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
+        else LOCAL_UI
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in the MLflow UI of a tracking server; None for a local store (no UI
+    runs until `mlflow ui` is started on it)."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    return f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
