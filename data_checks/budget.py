@@ -58,7 +58,8 @@ def cut_at_paragraph(prompt: str, tokenizer, max_tokens: int) -> str | None:
 
 def apply_length_budget(df: pd.DataFrame, tokens: Tokenized, kind: str, tokenizer,
                         cfg: ValidationConfig, cut_prompts: bool = True):
-    """-> (kept rows indexed by their position in ``df``, their tokens, BudgetCounts). Prompts cut at paragraph boundaries
+    """-> (kept rows indexed by their position in ``df``, their tokens, BudgetCounts).
+    Prompts cut at paragraph boundaries
     (``cut_prompts`` False, a rendered conversation: never cut, since a cut would drop the
     template's assistant header at its end; a long one is dropped); long responses dropped or
     truncated (the +1 is the EOS every response gets). Nulls go on to the suites."""

@@ -405,7 +405,8 @@ def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig, offset: int = 0)
     over = [i for i, n in enumerate(lengths) if n > cfg.max_prompt_tokens]
     if not over:
         return ""
-    return (f"; e.g. row {offset + over[0] + 1}: its rendered prompt has {lengths[over[0]]} tokens, "
+    row = offset + over[0] + 1
+    return (f"; e.g. row {row}: its rendered prompt has {lengths[over[0]]} tokens, "
             "template included, and a cut would remove the template's assistant header, so "
             "conversations are never cut: raise validation.max_prompt_tokens or shorten them")
 

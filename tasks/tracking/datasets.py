@@ -73,7 +73,7 @@ def pandas_digest(head, rows: int) -> str:
     from mlflow.data.digest_utils import get_normalized_md5_digest
 
     trimmed = head.head(SAMPLE_ROWS)
-    strings = trimmed.columns[(trimmed.map(type) == str).all(axis=0)]
+    strings = trimmed.columns[trimmed.map(lambda v: isinstance(v, str)).all(axis=0)]
     numbers = trimmed.select_dtypes(include=[np.number]).columns
     trimmed = trimmed[strings.union(numbers)]
     return get_normalized_md5_digest([pd.util.hash_pandas_object(trimmed).values,

@@ -1,10 +1,10 @@
 """The newcomer's path through the UIs, in headless Chromium against a real Prefect server (its
 UI) and a real MLflow tracking server: `rlhf serve`, Deployments -> the pipeline -> Run ->
-Custom run (its data section says what to enter) with ppo -> kl_coef changed, Submit; the run completes under a name that says what
-changed; its page shows the run's own summary artifact; MLflow's parent run page shows the
-changed param; the retrain deployment's Quick run runs the served config at once and, with no
-new batch, says how a batch is made. Skipped, saying why, where Chromium or Playwright is
-missing."""
+Custom run (its data section says what to enter) with ppo -> kl_coef changed, Submit; the
+run completes under a name that says what changed; its page shows the run's own summary
+artifact; MLflow's parent run page shows the changed param; the retrain deployment's Quick
+run runs the served config at once and, with no new batch, says how a batch is made. Skipped,
+saying why, where Chromium or Playwright is missing."""
 
 import pytest
 from mlflow.tracking import MlflowClient
