@@ -166,6 +166,59 @@ def run_validate(root: Path, config: Path) -> dict:
             "peak_rss_mb": round(peak_kib / 1024), "stdout_tail": out.stdout[-1500:]}
 
 
+STEPS = 20  # SFT and reward-model steps of --pipeline (the issue's run)
+
+
+def run_pipeline(root: Path, config: Path, pairs: int) -> dict:
+    """`rlhf run --config config` with 20 SFT and 20 reward-model steps, one PPO iteration and
+    no registration, in a fresh process under ``/usr/bin/time -v`` -> its wall, CPU and peak
+    memory, and from MLflow's records: the first SFT step's time after the command started,
+    and each training stage's first step after that stage started (its child run's start and
+    its first ``train/loss`` point, logged every step here)."""
+    from mlflow.tracking import MlflowClient
+
+    epochs = STEPS * 16 / (pairs * 0.9)  # batch 16; 10% of the pairs held out by the RM
+    env = {**os.environ, "RLHF_VALIDATION_CACHE": "off",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+           "PREFECT_HOME": str(root / "prefect"), "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env.pop("PREFECT_API_URL", None)
+    sets = [f"sft.epochs={epochs:.8f}", f"reward.epochs={epochs:.8f}", "sft.log_every=1",
+            "reward.log_every=1", "ppo.iterations=1", "ppo.rollout_batch_size=16",
+            "eval.num_prompts=16", "tracking.register_models=false",
+            "tracking.experiment=data-scale-pipeline", f"tracking.run_name=bench-{time.time():.0f}"]
+    timed = Path("/usr/bin/time").exists()
+    cmd = (["/usr/bin/time", "-v"] if timed else []) + \
+        [sys.executable, "-m", "cli", "run", "--config", str(config)] + \
+        [arg for item in sets for arg in ("--set", item)]
+    start_ms = time.time() * 1000
+    start = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        print(out.stdout[-3000:], out.stderr[-3000:], sep="\n", file=sys.stderr)
+        raise SystemExit(f"rlhf run failed (exit {out.returncode})")
+    peak_kib = next((int(line.rsplit(":", 1)[1]) for line in out.stderr.splitlines()
+                     if "Maximum resident set size" in line), 0)
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("data-scale-pipeline")
+    runs = client.search_runs([exp.experiment_id], f"attributes.start_time >= {int(start_ms)}")
+    stages = {r.data.tags.get("rlhf.stage"): r for r in runs}
+    figures = {"pipeline_wall_s": round(wall, 1), "pipeline_peak_rss_mb": round(peak_kib / 1024)}
+    for stage in ("validate", "sft", "reward_model", "ppo"):
+        run = stages.get(stage)
+        if run is None:
+            continue
+        figures[f"{stage}_start_after_command_s"] = round((run.info.start_time - start_ms) / 1e3,
+                                                          1)
+        if stage in ("sft", "reward_model"):
+            first = min(m.timestamp for m in client.get_metric_history(run.info.run_id,
+                                                                        "train/loss"))
+            figures[f"{stage}_first_step_after_stage_start_s"] = round(
+                (first - run.info.start_time) / 1e3, 1)
+            figures[f"{stage}_first_step_after_command_s"] = round((first - start_ms) / 1e3, 1)
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, action="append", help="preference pairs (repeat)")
@@ -173,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/rlhf-data-scale"))
     parser.add_argument("--label", default="", help="a name for this tree (before/after)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--pipeline", action="store_true",
+                        help="also `rlhf run` (20 SFT and reward-model steps, one PPO "
+                        "iteration): each stage's time to its first step")
     args = parser.parse_args(argv)
     rows = []
     for pairs in args.pairs or [20_000]:
@@ -182,10 +238,14 @@ def main(argv: list[str] | None = None) -> int:
         model = write_model(root, data["preference"])
         made = time.perf_counter() - t0
         figures = run_validate(root, write_config(root, data, model))
-        rows.append({"pairs": pairs, "label": args.label, "data_s": round(made, 1), **figures,
-                     "cpu_s_per_10k_pairs": round(figures["cpu_s"] * 1e4 / pairs, 1)})
         print(f"{pairs:>9,} pairs  validate {figures['wall_s']:7.1f} s wall "
               f"{figures['cpu_s']:7.1f} CPU-s  peak {figures['peak_rss_mb']:6,} MB", flush=True)
+        if args.pipeline:
+            figures.update(run_pipeline(root, root / "config.json", pairs))
+            print("  ".join(f"{k} {v}" for k, v in figures.items() if k.startswith(
+                ("pipeline", "sft", "reward_model", "ppo"))), flush=True)
+        rows.append({"pairs": pairs, "label": args.label, "data_s": round(made, 1), **figures,
+                     "cpu_s_per_10k_pairs": round(figures["cpu_s"] * 1e4 / pairs, 1)})
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "bench" / "results" / f"data_scale-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
