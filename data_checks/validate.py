@@ -14,18 +14,12 @@ statistics recounted): ``results.json``, the summary and the failure messages re
 Uniqueness across chunks is the one expectation GX cannot see per chunk: the merged
 compound-unique result is recomputed from the row hashes of the whole set. GX's own Data Docs
 keep a validation page per chunk (run name ``rlhf-validate`` for the first, ``rlhf-validate
-rows N-`` for the others). Data of one chunk (the demo's) gives GX's result unchanged.
-
-GX 1.x pitfalls handled here: ``UnexpectedRowsExpectation`` does not run on pandas, and under
-pandas 3 text columns have dtype ``str``; so row-level facts (chosen == rejected, token
-lengths) are derived columns checked with plain column expectations. Each data set runs as a
-GX ``ValidationDefinition`` in an ephemeral context, whose results store then feeds GX's own
-Data Docs, built once, when ``write_data_docs`` asks for them.
+rows N-`` for the others). Data of one chunk (the demo's) gives GX's result unchanged. The GX
+side (suites, the merge, Data Docs) is data_checks/suites.py.
 """
 
 from __future__ import annotations
 
-import copy
 import html
 import json
 import shutil
@@ -40,8 +34,8 @@ from data_checks.budget import TEXT_FIELDS, BudgetCounts, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import ConversationError, is_conversational, render_conversations
 from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
-from data_checks.loading import COLUMNS, KINDS, DataError, forget_reads, take_chunks
-from data_checks.messages import example_rows, failure_text
+from data_checks.loading import KINDS, DataError, forget_reads, take_chunks
+from data_checks.suites import build_gx_docs, kind_of, suite_context, suite_for
 from data_checks.text_checks import TextTally, repeats, row_hashes
 from data_checks.token_files import TokenWriter, tokens_path, write_tokens
 from data_checks.tokens import Tokenized, tokenize_frame
@@ -101,160 +95,8 @@ def _with_checks(df: pd.DataFrame, kind: str, tokens: Tokenized) -> pd.DataFrame
     return df.assign(**checks)  # the text is shared with df, not copied
 
 
-def build_suite(kind: str, cfg: ValidationConfig):
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-
-    suite = gx.ExpectationSuite(name=f"rlhf_{kind}")
-    for col in COLUMNS[kind]:
-        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
-        suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col, min_value=1))
-        suite.add_expectation(gxe.ExpectColumnValuesToNotMatchRegex(column=col,
-                                                                   regex=r"^\s*$"))
-    suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
-        column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
-    for col in TEXT_FIELDS[kind]:
-        suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
-            column=f"{col}_tokens", min_value=1, max_value=cfg.max_response_tokens))
-    if kind == "preference":
-        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(
-            column="chosen_equals_rejected", value_set=[False]))
-        suite.add_expectation(gxe.ExpectCompoundColumnsToBeUnique(
-            column_list=["prompt", "chosen", "rejected"]))
-    return suite
-
-
-def _gx_context():
-    """In-memory GX context: no default docs site, no "Calculating Metrics" progress bars."""
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    return gx.get_context(mode="ephemeral", project_config=DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(),
-        progress_bars=ProgressBarsConfig(globally=False)))
-
-
 def _label(name: str, paths: dict[str, str]) -> str:
     return f"{name} ({paths[name]})" if name in paths else name
-
-
-def _kind(name: str) -> str:
-    """Frame name (sft, preference, prompts, eval_prompts, preference_eval) -> its schema."""
-    return "preference" if name.startswith("preference") else \
-        "sft" if name == "sft" else "prompts"
-
-
-def _suite_context():
-    """-> (GX context, its pandas data source, the one run id of a one-chunk validation)."""
-    from great_expectations.core.run_identifier import RunIdentifier
-
-    context = _gx_context()
-    return context, context.data_sources.add_pandas("rlhf"), \
-        RunIdentifier(run_name="rlhf-validate")
-
-
-@dataclass
-class _Suite:
-    """One data set's GX validation, run on each of its cleaned chunks, results merged."""
-
-    name: str
-    label: str
-    definition: object
-    run_id: object
-    n_examples: int
-    results: list[dict] = field(default_factory=list)  # each chunk's result as JSON
-    examples: dict[int, list[str]] = field(default_factory=dict)  # expectation -> example rows
-    shown: dict[int, int] = field(default_factory=dict)  # expectation -> indices looked at
-
-    def run(self, checked: pd.DataFrame, first: int) -> None:
-        """Validate one chunk (``checked``: its cleaned rows with check columns, indexed by
-        their row in the data set; ``first``: that chunk's first row)."""
-        from great_expectations.core.run_identifier import RunIdentifier
-
-        run_id = self.run_id if first == 0 else RunIdentifier(
-            run_name=f"rlhf-validate rows {first + 1}-")
-        result = self.definition.run(batch_parameters={"dataframe": checked}, run_id=run_id,
-                                     result_format={"result_format": "COMPLETE"})
-        for j, r in enumerate(result.results):
-            if r.success:
-                continue
-            indices = list(r.result.get("unexpected_index_list") or [])
-            room = self.n_examples - self.shown.get(j, 0)
-            if room > 0:  # the first n_examples of the set's indices, as one run names them
-                self.examples.setdefault(j, []).extend(
-                    example_rows(checked, indices[:room], room))
-                self.shown[j] = self.shown.get(j, 0) + min(room, len(indices))
-        self.results.append(result.to_json_dict())
-
-    def merged(self, repeated: np.ndarray | None) -> dict:
-        """The chunks' results as one (counts summed, row lists joined); ``repeated``: the
-        rows that repeat another across the whole set, for the compound-unique expectation
-        (None: one chunk, GX saw them all)."""
-        if len(self.results) == 1 and repeated is None:
-            return self.results[0]
-        merged = copy.deepcopy(self.results[0])
-        for other in self.results[1:]:
-            for mine, theirs in zip(merged["results"], other["results"]):
-                mine["success"] = mine["success"] and theirs["success"]
-                for key, value in theirs.get("result", {}).items():
-                    if key.endswith("_count") and isinstance(value, int):
-                        mine["result"][key] = mine["result"].get(key, 0) + value
-                    elif isinstance(value, list) and key != "partial_unexpected_counts":
-                        mine["result"][key] = (mine["result"].get(key) or []) + value
-        for r in merged["results"]:
-            res = r.get("result", {})
-            if "partial_unexpected_list" in res:
-                res["partial_unexpected_list"] = res["partial_unexpected_list"][:20]
-            if r["expectation_config"]["type"] == "expect_compound_columns_to_be_unique" \
-                    and repeated is not None:
-                rows = np.flatnonzero(repeated).tolist()
-                r["success"] = not rows
-                res.update(unexpected_count=len(rows), unexpected_index_list=rows,
-                           partial_unexpected_index_list=rows[:20])
-            n, missing = res.get("element_count"), res.get("missing_count") or 0
-            if n and "unexpected_count" in res:
-                share = 100.0 * res["unexpected_count"]
-                res["unexpected_percent_total"] = share / n
-                if n - missing:
-                    res["unexpected_percent"] = share / (n - missing)
-                    res["unexpected_percent_nonmissing"] = share / (n - missing)
-        ok = sum(bool(r["success"]) for r in merged["results"])
-        stats = merged["statistics"]
-        stats.update(successful_expectations=ok,
-                     unsuccessful_expectations=stats["evaluated_expectations"] - ok,
-                     success_percent=100.0 * ok / max(stats["evaluated_expectations"], 1))
-        merged["success"] = ok == stats["evaluated_expectations"]
-        return merged
-
-    def failures(self, merged: dict) -> list[str]:
-        out = []
-        for j, r in enumerate(merged["results"]):
-            if r["success"]:
-                continue
-            cfg = r["expectation_config"]
-            kwargs = {k: v for k, v in cfg["kwargs"].items() if k != "batch_id"}
-            res = r.get("result", {})
-            indices = list(res.get("unexpected_index_list") or [])
-            count = res.get("unexpected_count", len(indices) or "some")
-            out.append(failure_text(self.label, cfg["type"], kwargs, count, indices,
-                                    self.examples.get(j, [])))
-        return out
-
-
-def _suite_for(context, source, run_id, name: str, cfg: ValidationConfig, label: str) -> _Suite:
-    import great_expectations as gx
-
-    kind = _kind(name)
-    batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
-    suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
-        [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
-    definition = context.validation_definitions.add(
-        gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
-    return _Suite(name, label, definition, run_id, cfg.example_rows)
 
 
 def _median_response_length(lengths: list[np.ndarray]) -> float:
@@ -323,13 +165,13 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
     """
     paths = paths or {}
     report = ValidationReport(chat=dict(chat or {}))
-    context, source, run_id = _suite_context()
+    context, source, run_id = suite_context()
     suites, n_rows, medians, sinks = [], {}, {"sft": [], "preference": []}, []
     try:
         for name, parts in chunks.items():
-            kind, label = _kind(name), _label(name, paths)
+            kind, label = kind_of(name), _label(name, paths)
             tally = TextTally(label, kind, tokenizer, cfg, bool(chat))
-            suite = _suite_for(context, source, run_id, name, cfg, label)
+            suite = suite_for(context, source, run_id, name, cfg, label)
             sink = _Cleaned(Path(out_dir) / f"{name}.jsonl") if out_dir is not None else None
             sinks.append(sink)
             n_in = n_cut = n_kept = 0
@@ -493,26 +335,6 @@ def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,
     what ``path`` holds (the gate's chunks, one after another)."""
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         _write_rows(df, fh, rows)
-
-
-def build_gx_docs(context, site_dir: Path) -> Path:
-    """GX's own Data Docs site (index, one page per suite and per validation) in ``site_dir``,
-    rendered from the validation results ``context`` stores."""
-    if site_dir.exists():
-        shutil.rmtree(site_dir)
-    site = {"class_name": "SiteBuilder", "show_how_to_buttons": False,
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                              "base_directory": str(site_dir.resolve())},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
-    if "rlhf" in context.get_site_names():
-        context.update_data_docs_site("rlhf", site)
-    else:
-        context.add_data_docs_site("rlhf", site)
-    context.build_data_docs(site_names=["rlhf"])
-    for decoration in (site_dir / "static").rglob("*"):  # 4 MB of stock GIFs and fonts
-        if decoration.suffix in (".gif", ".otf"):
-            decoration.unlink()
-    return site_dir / "index.html"
 
 
 def write_data_docs(report: ValidationReport, out_dir) -> Path:
