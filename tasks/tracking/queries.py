@@ -106,29 +106,37 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
         return found
     from mlflow.exceptions import MlflowException
 
-    client = _read_only_client(tracking_uri)
     try:
-        exp = client.get_experiment_by_name(experiment)
-        if exp is None:
-            raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
-        runs, token = [], None
-        for n in range(1, page + 1):
-            found = client.search_runs([exp.experiment_id],
-                                       filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
-                                       order_by=["attributes.start_time DESC"],
-                                       max_results=limit, page_token=token)
-            token = found.token
-            if n == page:
-                runs = found
-            elif not token:
-                break  # fewer pages than asked for
+        found = _pipeline_runs_client(_read_only_client(tracking_uri), experiment, limit, page)
     except (MlflowException, OSError) as err:
         raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
                          f"{str(err).splitlines()[0][:300]}") from None
+    if found is None:
+        raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
+    return found
+
+
+def _pipeline_runs_client(client: MlflowClient, experiment: str, limit: int,
+                          page: int) -> PipelineRuns | None:
+    """``pipeline_runs`` through MLflow's client, following its page tokens (None: no such
+    experiment)."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs, token = [], None
+    for n in range(1, page + 1):
+        found = client.search_runs([exp.experiment_id],
+                                   filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
+                                   order_by=["attributes.start_time DESC"],
+                                   max_results=limit, page_token=token)
+        token = found.token
+        if n == page:
+            runs = found
+        elif not token:
+            break  # fewer pages than asked for
     return PipelineRuns(experiment_id=exp.experiment_id, more=bool(token), runs=[PipelineRun(
         run_id=r.info.run_id, run_name=r.info.run_name, status=r.info.status,
         start_time=r.info.start_time, metrics=dict(r.data.metrics)) for r in runs])
-
 
 RUN_PAGE_SQL = """
 SELECT r.run_uuid, r.name, r.status, r.start_time,

@@ -9,8 +9,8 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from tasks.tracking.queries import (
-    PipelineRun,
     PipelineRuns,
+    _pipeline_runs_client,
     _pipeline_runs_sql,
     pipeline_runs,
     sqlite_file,
@@ -19,21 +19,9 @@ from tasks.tracking.tags import CONFIG_HASH_TAG, PARENT_TAG, STAGE_TAG
 
 
 def reference(client: MlflowClient, experiment: str, limit: int, page: int) -> PipelineRuns:
-    """The page as MLflow's search_runs gives it, following its page tokens."""
-    exp = client.get_experiment_by_name(experiment)
-    token, found = None, []
-    for n in range(1, page + 1):
-        found = client.search_runs([exp.experiment_id],
-                                   filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
-                                   order_by=["attributes.start_time DESC"],
-                                   max_results=limit, page_token=token)
-        token = found.token
-        if n < page and not token:
-            found = []
-            break
-    return PipelineRuns(experiment_id=exp.experiment_id, more=bool(token), runs=[PipelineRun(
-        run_id=r.info.run_id, run_name=r.info.run_name, status=r.info.status,
-        start_time=r.info.start_time, metrics=dict(r.data.metrics)) for r in found])
+    """The page as MLflow's search_runs gives it, following its page tokens (the client path
+    of pipeline_runs, which any store but a plain SQLite file takes)."""
+    return _pipeline_runs_client(client, experiment, limit, page)
 
 
 def comparable(page: PipelineRuns) -> tuple:
