@@ -65,7 +65,7 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _tokenizer_identity(tokenizer) -> str | None:
+def tokenizer_identity(tokenizer) -> str | None:
     """The tokenizer's serialised form (fast tokenizers only; None: not cacheable)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
@@ -88,7 +88,7 @@ def validation_key(sources: dict, tokenizer, cfg, chat: bool) -> str | None:
     local file, a tokenizer without a serialised form).
 
     ``sources``: data set name -> its DataSource (pydantic model with a ``path``)."""
-    tok = _tokenizer_identity(tokenizer)
+    tok = tokenizer_identity(tokenizer)
     if tok is None:
         return None
     files = {}

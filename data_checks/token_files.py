@@ -81,3 +81,59 @@ def read_tokens(path: Path | str) -> pa.Table:
     source = pa.memory_map(str(path), "r")
     return pa.ipc.open_file(source).read_all()
 
+
+
+class ChunkTokens:
+    """A gate's tokenized chunks, kept on disk while it runs, so a gate killed (or stopped by
+    a malformed row) and run again reads the token ids of every chunk it finished instead of
+    tokenizing it again.
+
+    One Arrow IPC file per chunk, ``<folder>/<set>-<chunk>.arrow``, under the key of what it
+    was made from: the chunk's text columns (names and every value) and ``salt`` (the
+    tokenizer's serialised form). A chunk whose text or tokenizer changed misses and is
+    tokenized anew. Files are written aside and renamed into place (a kill leaves no half
+    file); the gate removes the folder once it has reached a verdict (:meth:`clear`).
+    """
+
+    def __init__(self, folder: Path | str, salt: str):
+        self.folder = Path(folder)
+        self.salt = salt.encode()
+
+    def key(self, texts: dict[str, list[str]]) -> str:
+        import hashlib
+
+        h = hashlib.sha256(self.salt)
+        for column, values in texts.items():
+            array = pa.array(values, type=pa.large_string())
+            h.update(b"\0" + column.encode() + b"\0" + str(len(array)).encode())
+            for buffer in array.buffers()[1:]:  # offsets, then the text's bytes
+                if buffer is not None:
+                    h.update(buffer)
+        return h.hexdigest()
+
+    def _file(self, name: str, index: int) -> Path:
+        return self.folder / f"{name}-{index:05d}.arrow"
+
+    def get(self, name: str, index: int, key: str) -> pa.Table | None:
+        """The table kept for chunk ``index`` of set ``name`` if it was made under ``key``."""
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(self._file(name, index)), "r"))
+        except (OSError, pa.ArrowInvalid):
+            return None
+        if (reader.schema.metadata or {}).get(b"rlhf.key") != key.encode():
+            return None
+        return reader.read_all().replace_schema_metadata(None)
+
+    def put(self, name: str, index: int, key: str, table: pa.Table) -> None:
+        path = self._file(name, index)
+        tmp = path.with_name(path.name + ".part")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        table = table.replace_schema_metadata({"rlhf.key": key})
+        with pa.ipc.new_file(str(tmp), table.schema) as out:
+            out.write_table(table)
+        tmp.replace(path)
+
+    def clear(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -178,11 +178,17 @@ def _encoded(tokenizer, texts: list[str]) -> dict[str, pa.Array]:
             "unk": pa.array(np.concatenate(unknown or [np.zeros(0, np.int32)]))}
 
 
+def frame_texts(df: pd.DataFrame) -> dict[str, list[str]]:
+    """The texts :func:`tokenize_frame` encodes: each text column of ``df`` (prompt,
+    response, chosen, rejected), '' for a null."""
+    return {col: _strings(df[col]) for col in TEXT_COLUMNS if col in df.columns}
+
+
 def tokenize_frame(df: pd.DataFrame, tokenizer) -> Tokenized:
     """Every text column of ``df`` (prompt, response, chosen, rejected), tokenized once."""
-    columns = tuple(c for c in TEXT_COLUMNS if c in df.columns)
+    texts = frame_texts(df)
     arrays: dict[str, pa.Array] = {}
-    for col in columns:
-        for name, values in _encoded(tokenizer, _strings(df[col])).items():
+    for col, strings in texts.items():
+        for name, values in _encoded(tokenizer, strings).items():
             arrays[f"{col}_{name}"] = values
-    return Tokenized(pa.table(arrays) if arrays else pa.table({}), columns)
+    return Tokenized(pa.table(arrays) if arrays else pa.table({}), tuple(texts))

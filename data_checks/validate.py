@@ -37,11 +37,12 @@ from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.loading import KINDS, DataError, forget_reads, take_chunks
 from data_checks.suites import build_gx_docs, kind_of, suite_context, suite_for
 from data_checks.text_checks import TextTally, repeats, row_hashes
-from data_checks.token_files import TokenWriter, tokens_path, write_tokens
-from data_checks.tokens import Tokenized, tokenize_frame
+from data_checks.token_files import ChunkTokens, TokenWriter, tokens_path, write_tokens
+from data_checks.tokens import Tokenized, frame_texts, tokenize_frame
 
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
 DROPPED_SHOWN = 1_000  # dropped rows kept per data set for the Data Docs (all are counted)
+CHUNKS = ".chunks"  # the folder (in the cleaned files' one) of a running gate's chunk tokens
 
 
 @dataclass
@@ -151,16 +152,33 @@ def _note_dropped(dropped: dict[str, list[dict]], name: str, df: pd.DataFrame,
     shown += [{"row": offset + int(i) + 1, **row} for i, row in zip(gone, rows)]
 
 
+def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None, name: str,
+               index: int) -> Tokenized:
+    """Chunk ``index`` of set ``name``, tokenized, or its tokens as a killed gate kept them."""
+    texts = frame_texts(df) if store is not None else {}
+    if not texts:
+        return tokenize_frame(df, tokenizer)
+    key = store.key(texts)
+    table = store.get(name, index, key)
+    if table is not None:
+        return Tokenized(table, tuple(texts))
+    tokens = tokenize_frame(df, tokenizer)
+    store.put(name, index, key, tokens.table)
+    return tokens
+
+
 def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                       cfg: ValidationConfig, paths: dict[str, str] | None = None,
-                      chat: dict | None = None, out_dir: Path | None = None):
+                      chat: dict | None = None, out_dir: Path | None = None,
+                      chunk_tokens: ChunkTokens | None = None):
     """Per data set, chunk by chunk: tokenize once, the text checks, the budget and the GX
     suite on the kept rows; then the fraction and length-mismatch checks over whole sets.
 
     Args: chunks: each data set's rows (sft / preference / prompts / eval_prompts /
     preference_eval) as successive DataFrames; paths: the file of each (named in failures);
     chat: set when the rows are rendered conversations; out_dir: where the cleaned files and
-    their token ids go, kept only if the report passes (None: nowhere).
+    their token ids go, kept only if the report passes (None: nowhere); chunk_tokens: where
+    each chunk's tokens are kept until the verdict (a rerun after a kill reads them).
     Returns: the report.
     """
     paths = paths or {}
@@ -176,8 +194,8 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
             sinks.append(sink)
             n_in = n_cut = n_kept = 0
             hint, kept_hashes = "", []
-            for df in parts:
-                tokens = tokenize_frame(df, tokenizer)  # the one pass over these texts
+            for index, df in enumerate(parts):
+                tokens = _tokenize(df, tokenizer, chunk_tokens, name, index)  # the one pass
                 tally.add(df, tokens, n_in)
                 if chat and not hint:
                     hint = _chat_budget_hint(tokens, cfg, n_in)
@@ -263,6 +281,9 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     EOS becomes the template's end-of-turn token (``report.chat`` says what changed).
     ``cache``: where passed validations are kept and reused (data_checks/cache.py; None:
     always run the suites).
+    Each chunk's tokens are kept in ``out_dir/.chunks/`` until the verdict, so a gate killed
+    or stopped by a malformed row and run again tokenizes only the chunks it had not finished,
+    or whose text changed (data_checks/token_files.py's ChunkTokens).
     Raises DataError for malformed files; failed expectations come back in the report.
     """
     from data_checks import cache as kept
@@ -301,7 +322,11 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     else:
         chat_info = {}
         parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
-    report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out)
+    identity = kept.tokenizer_identity(tokenizer)
+    chunk_tokens = ChunkTokens(out / CHUNKS, identity) if identity is not None else None
+    report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out, chunk_tokens)
+    if chunk_tokens is not None:  # a verdict: nothing left to resume
+        chunk_tokens.clear()
     # kept once its Data Docs are built (write_data_docs), if it still passes; never
     # conversational data, whose rendering also changes the tokenizer's EOS
     if report.passed and key and not report.chat:

@@ -163,8 +163,22 @@ validate.run_validation(data, make_tokenizer(), CFG, where / "out")
 """
 
 
+def _counting(monkeypatch) -> list[int]:
+    """Chunks of 4 rows, and the row count of every chunk tokenized from now on."""
+    monkeypatch.setattr(validate, "CHUNK_ROWS", 4)
+    real, calls = validate.tokenize_frame, []
+
+    def counted(df, tokenizer):
+        calls.append(len(df))
+        return real(df, tokenizer)
+
+    monkeypatch.setattr(validate, "tokenize_frame", counted)
+    return calls
+
+
 @pytest.mark.parametrize("stop_after", [1, 4])  # in the SFT set, in the preference set
-def test_a_gate_killed_between_chunks_leaves_no_file_and_a_rerun_passes(tmp_path, stop_after):
+def test_a_gate_killed_between_chunks_resumes_without_tokenizing_its_chunks_again(
+        tmp_path, monkeypatch, stop_after):
     import os
     import signal
     import subprocess
@@ -187,17 +201,46 @@ def test_a_gate_killed_between_chunks_leaves_no_file_and_a_rerun_passes(tmp_path
     finally:
         gate.wait()
     out = tmp_path / "out"
-    assert not [p.name for p in out.iterdir() if not p.name.endswith(".part")]  # no half file
+    assert not [p.name for p in out.iterdir() if not p.name.endswith(".part")
+                and p.name != validate.CHUNKS]  # no half file
+    assert len(list((out / validate.CHUNKS).glob("*.arrow"))) == stop_after
     data = DataConfig(**{n: DataSource(path=str(tmp_path / f"{n}.jsonl"))
                          for n in ("sft", "preference", "prompts")})
+    calls = _counting(monkeypatch)
     report = run_validation(data, make_tokenizer(), CFG, out)
     assert report.passed, report.failures
-    assert sorted(p.name for p in out.iterdir()) == sorted(
+    resumed, calls[:] = list(calls), []
+    assert sorted(p.name for p in out.iterdir()) == sorted(  # the kept chunks are gone
         f"{n}{s}" for n in ("sft", "preference", "prompts") for s in (".jsonl", ".tokens.arrow"))
     whole = run_validation(data, make_tokenizer(), CFG, tmp_path / "whole")
+    assert len(calls) > len(resumed) == len(calls) - stop_after  # only the unfinished chunks
+    assert resumed == calls[stop_after:]
     assert whole.stats == report.stats
     for p in out.iterdir():
         assert p.read_bytes() == (tmp_path / "whole" / p.name).read_bytes()
+
+
+def test_a_gate_stopped_by_a_malformed_line_tokenizes_only_the_changed_chunk_again(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(loading, "KEEP_BYTES", 0)  # read as it streams, not ahead
+    write_jsonl(tmp_path / "sft.jsonl", _sft(10))
+    write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    lines = [json.dumps(r) for r in _pairs(10)]
+    good, lines[6] = lines[6], lines[6][:-2]  # row 7: the second chunk of the pairs
+    (tmp_path / "preference.jsonl").write_text("\n".join(lines) + "\n")
+    data = DataConfig(**{n: DataSource(path=str(tmp_path / f"{n}.jsonl"))
+                         for n in ("sft", "preference", "prompts")})
+    calls = _counting(monkeypatch)
+    with pytest.raises(DataError, match="preference.jsonl line 7: invalid JSON"):
+        run_validation(data, make_tokenizer(), CFG, tmp_path / "out")
+    assert calls == [4, 4, 2, 4]  # the SFT set, then the pairs' first chunk
+    lines[6] = good
+    (tmp_path / "preference.jsonl").write_text("\n".join(lines) + "\n")
+    calls[:] = []
+    report = run_validation(data, make_tokenizer(), CFG, tmp_path / "out")
+    assert report.passed, report.failures
+    assert calls == [4, 2, len(PROMPTS)]  # from the fixed chunk on
+    assert not (tmp_path / "out" / validate.CHUNKS).exists()  # a verdict: none kept
 
 
 def test_a_set_whose_every_row_is_dropped_writes_what_one_write_of_it_would(tmp_path,

@@ -196,3 +196,28 @@ def test_the_token_files_beside_the_cleaned_files_are_their_per_text_encoding(tm
     cut = [json.loads(x) for x in (tmp_path / "out" / "sft.jsonl").read_text().splitlines()]
     assert any(r["prompt"] != long_prompt["prompt"] and r["response"] == "ok" for r in cut)
     assert ids_of(tmp_path / "out" / "missing.jsonl", "prompt") is None
+
+
+def test_kept_chunk_tokens_come_back_only_under_their_key(tmp_path):
+    import pyarrow as pa
+
+    from data_checks.token_files import ChunkTokens
+
+    store = ChunkTokens(tmp_path / "chunks", salt="tokenizer A")
+    texts = {"prompt": ["a b", ""], "response": ["c", "d e"]}
+    key = store.key(texts)
+    table = pa.table({"prompt_ids": pa.array([[1, 2], []], type=pa.list_(pa.int32()))})
+    assert store.get("sft", 0, key) is None
+    store.put("sft", 0, key, table)
+    assert store.get("sft", 0, key).equals(table)
+    assert store.get("sft", 1, key) is None and store.get("preference", 0, key) is None
+    others = [{"prompt": ["a b", ""], "response": ["c", "d f"]},  # one text changed
+              {"prompt": ["a b", ""], "chosen": ["c", "d e"]},  # a column renamed
+              {"prompt": ["a", "b"], "response": ["c", "d e"]},  # the same bytes, cut apart
+              {"prompt": ["a b", ""]}]
+    assert len({key, *map(store.key, others)}) == 5
+    assert ChunkTokens(tmp_path / "chunks", salt="tokenizer B").key(texts) != key
+    (tmp_path / "chunks" / "sft-00000.arrow").write_bytes(b"half a file")
+    assert store.get("sft", 0, key) is None
+    store.clear()
+    assert not (tmp_path / "chunks").exists()
