@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rlhf_core.memory import HeapTrimmer
 from rlhf_core.models.data import encode, last_real_index, right_pad
 from rlhf_core.models.models import ScalarHeadModel
 
@@ -44,11 +45,12 @@ def score_ids(model: ScalarHeadModel, seqs: Sequence[Sequence[int]], pad_id: int
     """RM score of each id sequence (prompt + response + EOS) -> [N] float32 on CPU; the
     sequences of a batch are read when it is scored."""
     model.eval()
-    out = []
+    out, heap = [], HeapTrimmer()
     for start in range(0, len(seqs), batch_size):
         batch = [seqs[i] for i in range(start, min(start + batch_size, len(seqs)))]
         ids = right_pad(batch, pad_id).to(device)
         out.append(score_padded(model, ids, pad_id).float().cpu())
+        heap.tick()
     return torch.cat(out) if out else torch.empty(0)
 
 

@@ -22,6 +22,7 @@ import torch
 from rlhf_core.config import PPOConfig
 from rlhf_core.faults import crash_point
 from rlhf_core.masked import trusted_masks
+from rlhf_core.memory import HeapTrimmer
 from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.data import ShuffledBatches, left_pad
 from rlhf_core.models.models import PPOModels
@@ -351,8 +352,10 @@ class PPOTrainer:
                 last = self._load_loop_state(restored[1])
         bar = tqdm(total=self.cfg.iterations, initial=self.iteration, desc="ppo",
                    disable=not progress, leave=False)
+        heap = HeapTrimmer()
         while self.iteration < self.cfg.iterations:
             last, exp = self.step()
+            heap.tick()
             if monitor is not None:
                 prompts, responses = self.decode(exp)
                 last.update(monitor(prompts, responses, exp.has_eos.tolist()))

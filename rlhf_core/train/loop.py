@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from rlhf_core.config import OptimConfig
 from rlhf_core.faults import crash_point
+from rlhf_core.memory import HeapTrimmer
 from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.data import ShuffledBatches
 from rlhf_core.parallel.distributed import CountFn, DataParallel, check_world_size
@@ -91,6 +92,7 @@ def train_steps(
         last = extra["last"]
     bar = tqdm(total=total, initial=step, desc=name, disable=not (progress and main),
                leave=False)
+    heap = HeapTrimmer()
     while step < total:
         (idx, weight, n_local), out = shards.split(sampler.next()), {}
 
@@ -102,6 +104,7 @@ def train_steps(
         loss, extras = out["loss"], out["extras"]
         step += 1
         bar.update(1)
+        heap.tick()
         metrics = {"train/loss": loss.item(), **extras}
         if dp is not None:
             metrics = dp.global_metrics(metrics, n_local, summed)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from rlhf_core.config import RewardConfig
+from rlhf_core.memory import HeapTrimmer
 from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.data import encode, pair_example, right_pad
 from rlhf_core.models.models import ScalarHeadModel
@@ -103,12 +104,13 @@ def evaluate_reward_model(model: ScalarHeadModel, pairs: PairExamples, pad_id: i
                           device: torch.device, batch_size: int = 64) -> dict[str, float]:
     """Held-out accuracy, loss and mean margin on ``pairs``."""
     model.eval()
-    chosen, rejected = [], []
+    chosen, rejected, heap = [], [], HeapTrimmer()
     for start in range(0, len(pairs), batch_size):
         idx = torch.arange(start, min(start + batch_size, len(pairs)))
         rc, rr, _ = _pair_scores(model, pairs, idx, pad_id, device)
         chosen.append(rc.float().cpu())
         rejected.append(rr.float().cpu())
+        heap.tick()
     model.train()
     loss, stats = bradley_terry_loss(torch.cat(chosen), torch.cat(rejected))
     return {"eval/loss": float(loss), **{f"eval/{k}": float(v) for k, v in stats.items()}}

@@ -16,6 +16,7 @@ from prefect import Task
 from pydantic import BaseModel
 
 from rlhf_core.faults import crash_point, pause_point
+from rlhf_core.memory import trim_heap
 from tasks.common import metric_logger, stage_markdown, stage_params
 from tasks.config import PipelineConfig
 from tasks.runtime.launch import run_ranks
@@ -42,6 +43,7 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
     params = stage_params(cfg, *stage.sections) if stage.sections else None
     with stage_run(ctx, stage.name, params) as run_id:
         out = execute(ctx, cfg, stage, run_id, inputs)
+        release_memory()
         out = out.model_copy(update={"run_id": run_id, "stage": stage.name,
                                      "wall_s": round(time.perf_counter() - start, 2),
                                      "peak_gpu_gb": gpu_peak_gb() if gpu else None})
@@ -52,6 +54,19 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
     stage_markdown(ctx, stage.name, run_id, {"wall_s": out.wall_s, **out.metrics,
                                               **out.figures})
     return out
+
+
+def release_memory() -> None:
+    """Hand what a finished stage freed back to the OS before the next stage allocates: its
+    cycles collected, Arrow's memory pool (the gate's tables) and glibc's heaps trimmed
+    (rlhf_core/memory.py)."""
+    import gc
+
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    trim_heap()
 
 
 def gpu_peak_tracked(device: str) -> bool:
