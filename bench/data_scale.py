@@ -219,6 +219,62 @@ def run_pipeline(root: Path, config: Path, pairs: int) -> dict:
     return figures
 
 
+def run_gate_resume(root: Path, config: Path, pairs: int) -> dict:
+    """`rlhf run` SIGKILLed in its gate once all but two chunks are tokenized (their token ids
+    kept in ``validate/.chunks/``), then `rlhf run --resume` in the same run: the resumed
+    gate's wall (the stage's ``time/stage_s``) and how many chunks were kept. The resumed run
+    is stopped once its gate is done (``RLHF_CRASH_AT=after:validate``)."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    chunks = sum(-(-n // 25_000) for n in (pairs, pairs, pairs // 4))
+    env = {**os.environ, "RLHF_VALIDATION_CACHE": "off",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+           "PREFECT_HOME": str(root / "prefect"), "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env.pop("PREFECT_API_URL", None)
+    cmd = [sys.executable, "-m", "cli", "run", "--config", str(config), "--set",
+           "tracking.experiment=data-scale-resume"]
+    runs = root / "runs"
+    before = set(runs.iterdir()) if runs.exists() else set()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    folder = None
+    while proc.poll() is None:
+        new = set(runs.iterdir()) - before if runs.exists() else set()
+        folder = next(iter(new), None)
+        if folder and len(list((folder / "validate" / ".chunks").glob("*.arrow"))) >= \
+                chunks - 2:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    proc.wait()
+    if folder is None or proc.returncode != -signal.SIGKILL:
+        raise SystemExit("the gate ended before it could be killed")
+    kept = len(list((folder / "validate" / ".chunks").glob("*.arrow")))
+    log = root / "resume.log"
+    with open(log, "w") as fh:  # not a pipe: the run's Prefect server outlives its SIGKILL
+        resumed = subprocess.Popen(cmd + ["--resume", folder.name], cwd=ROOT, stdout=fh,
+                                   stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**env, "RLHF_CRASH_AT": "after:validate"})
+        resumed.wait()
+    for group in (proc.pid, resumed.pid):  # what the two killed runs left running
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    child = client.search_runs(
+        [client.get_experiment_by_name("data-scale-resume").experiment_id],
+        f"tags.`mlflow.parentRunId` = '{folder.name}' and tags.`rlhf.stage` = 'validate'")
+    walls = child and client.get_metric_history(child[0].info.run_id, "time/stage_s")
+    if not walls:
+        print(log.read_text()[-3000:], file=sys.stderr)
+        raise SystemExit("the resumed gate did not finish")
+    return {"resume_chunks_total": chunks, "resume_chunks_kept": kept,
+            "resumed_gate_s": round(walls[-1].value, 1)}  # the resumed run's stage wall
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, action="append", help="preference pairs (repeat)")
@@ -229,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", action="store_true",
                         help="also `rlhf run` (20 SFT and reward-model steps, one PPO "
                         "iteration): each stage's time to its first step")
+    parser.add_argument("--resume", action="store_true",
+                        help="also kill `rlhf run` in its gate two chunks before the end and "
+                        "time the resumed gate")
     args = parser.parse_args(argv)
     rows = []
     for pairs in args.pairs or [20_000]:
@@ -244,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
             figures.update(run_pipeline(root, root / "config.json", pairs))
             print("  ".join(f"{k} {v}" for k, v in figures.items() if k.startswith(
                 ("pipeline", "sft", "reward_model", "ppo"))), flush=True)
+        if args.resume:
+            figures.update(run_gate_resume(root, root / "config.json", pairs))
+            print(f"  resumed gate {figures['resumed_gate_s']} s, "
+                  f"{figures['resume_chunks_kept']} of {figures['resume_chunks_total']} "
+                  "chunks kept", flush=True)
         rows.append({"pairs": pairs, "label": args.label, "data_s": round(made, 1), **figures,
                      "cpu_s_per_10k_pairs": round(figures["cpu_s"] * 1e4 / pairs, 1)})
     stamp = time.strftime("%Y%m%d-%H%M%S")
