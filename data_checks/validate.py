@@ -34,6 +34,7 @@ from data_checks.budget import TEXT_FIELDS, BudgetCounts, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import ConversationError, is_conversational, render_conversations
 from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
+from data_checks.files import write_cleaned
 from data_checks.loading import KINDS, DataError, forget_reads, take_chunks
 from data_checks.suites import build_gx_docs, kind_of, suite_context, suite_for
 from data_checks.text_checks import TextTally, repeats, row_hashes
@@ -343,23 +344,6 @@ def _prepend(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame]) -> Iterat
     if first is not None:
         yield first
     yield from rest
-
-
-def _write_rows(df: pd.DataFrame, fh, rows: int = 2_000) -> None:
-    """``df.to_json(orient="records", lines=True)`` into ``fh``, ``rows`` at a time (pandas
-    builds the whole text in memory first)."""
-    for start in range(0, max(len(df), 1), rows):  # an empty frame writes one newline
-        fh.write(df.iloc[start: start + rows].to_json(orient="records", lines=True,
-                                                      force_ascii=False))
-
-
-def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,
-                  append: bool = False) -> None:
-    """``df.to_json(path, orient="records", lines=True)``, byte for byte, ``rows`` at a time
-    (pandas builds the whole text in memory first: 0.5 GB at 200k pairs); ``append``: after
-    what ``path`` holds (the gate's chunks, one after another)."""
-    with open(path, "a" if append else "w", encoding="utf-8") as fh:
-        _write_rows(df, fh, rows)
 
 
 def write_data_docs(report: ValidationReport, out_dir) -> Path:
