@@ -3,6 +3,7 @@ at N preference pairs, then `rlhf validate` on it, timed, with its peak memory.
 
     python bench/data_scale.py --pairs 20000                 # one size
     python bench/data_scale.py --pairs 20000 --pairs 200000  # several, one table
+    python bench/data_scale.py --pairs 200000 --retrain 5000  # + a retrain round's gate
 
 The data, per size N: N preference pairs (prompt 20-60 words, chosen and rejected 30-150
 words), N SFT rows (prompt, response) and N/4 PPO prompts, the sizes of the issue's run (about
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -84,15 +86,20 @@ def write_data(root: Path, pairs: int, seed: int) -> dict[str, Path]:
     shapes = {"preference": (pairs, ("chosen", "rejected")), "sft": (pairs, ("response",)),
               "prompts": (pairs // 4, ())}
     for name, (n, replies) in shapes.items():
-        with open(paths[name], "w", encoding="utf-8") as fh:
-            for _ in range(n):
-                row = {"prompt": words.text(20, 60)}
-                row.update({c: words.text(30, 150) for c in replies})
-                if words.rng.random() < BAD_SHARE:
-                    kind = int(words.rng.integers(0, 3))
-                    row = _spoil(row, replies[0] if replies else "prompt", words, kind)
-                fh.write(json.dumps(row) + "\n")
+        _write_rows(paths[name], words, n, replies)
     return paths
+
+
+def _write_rows(path: Path, words: Words, n: int, replies: tuple[str, ...]) -> Path:
+    with open(path, "w", encoding="utf-8") as fh:
+        for _ in range(n):
+            row = {"prompt": words.text(20, 60)}
+            row.update({c: words.text(30, 150) for c in replies})
+            if words.rng.random() < BAD_SHARE:
+                kind = int(words.rng.integers(0, 3))
+                row = _spoil(row, replies[0] if replies else "prompt", words, kind)
+            fh.write(json.dumps(row) + "\n")
+    return path
 
 
 def write_model(root: Path, preference: Path, vocab: int = 8000) -> Path:
@@ -139,12 +146,14 @@ def write_config(root: Path, data: dict[str, Path], model: Path) -> Path:
     return path
 
 
-def run_validate(root: Path, config: Path) -> dict:
+def run_validate(root: Path, config: Path, cache: Path | None = None,
+                 log_level: str = "WARNING") -> dict:
     """`rlhf validate --config config` in a fresh process under ``/usr/bin/time -v`` -> wall,
-    CPU seconds and peak resident memory of the process tree."""
-    env = {**os.environ, "RLHF_VALIDATION_CACHE": "off",
+    CPU seconds and peak resident memory of the process tree (``cache``: the validation cache
+    it uses; None: off), and how many chunks it tokenized and read from the cache."""
+    env = {**os.environ, "RLHF_VALIDATION_CACHE": str(cache) if cache else "off",
            "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
-           "PREFECT_HOME": str(root / "prefect"), "PREFECT_LOGGING_LEVEL": "WARNING"}
+           "PREFECT_HOME": str(root / "prefect"), "PREFECT_LOGGING_LEVEL": log_level}
     env.pop("PREFECT_API_URL", None)
     timed = Path("/usr/bin/time").exists()
     cmd = (["/usr/bin/time", "-v"] if timed else []) + \
@@ -162,8 +171,49 @@ def run_validate(root: Path, config: Path) -> dict:
         if "Maximum resident set size" in line:
             peak_kib = int(line.rsplit(":", 1)[1])
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    chunks = re.search(r"tokenized (\d+) chunks? of data; (\d+) chunks? came",
+                       out.stdout + out.stderr)
     return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "peak_rss_mb": round(peak_kib / 1024), "stdout_tail": out.stdout[-1500:]}
+            "peak_rss_mb": round(peak_kib / 1024), "stdout_tail": out.stdout[-1500:],
+            **({"chunks_tokenized": int(chunks[1]), "chunks_from_cache": int(chunks[2])}
+               if chunks else {})}
+
+
+def run_retrain_gate(root: Path, config: Path, batch_pairs: int, seed: int) -> dict:
+    """A retrain round's gate: `rlhf validate` with a fresh validation cache on the configured
+    data (the first round: everything tokenized, the chunks kept), then on the next round's
+    data (the configured pairs and a new batch of ``batch_pairs`` in one file, written by the
+    retrain's own tasks/champion/batches.py ``write_round_pairs``) twice: with that cache,
+    and with the cache off (every chunk tokenized, as before chunks were kept)."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT))  # this tree's packages, whatever the working folder
+    from data_checks.config import DataSource
+    from data_checks.loading import load_table
+    from tasks.champion.batches import write_round_pairs
+
+    cache = root / "retrain-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    first = run_validate(root, config, cache, "INFO")  # INFO: the stage's chunk counts
+    cfg = json.loads(config.read_text())
+    batch = _write_rows(root / f"batch_{batch_pairs}.jsonl", Words(seed + 1), batch_pairs,
+                        ("chosen", "rejected"))
+    pairs = root / "round" / "preference.jsonl"
+    pairs.parent.mkdir(exist_ok=True)
+    write_round_pairs(pairs, DataSource(path=cfg["data"]["preference"]["path"]),
+                      [(batch.name, load_table(DataSource(path=str(batch)), "preference"))])
+    cfg["data"]["preference"]["path"] = str(pairs)
+    round_config = root / "round" / "config.json"
+    round_config.write_text(json.dumps(cfg, indent=1))
+    warm = run_validate(root, round_config, cache, "INFO")
+    cold = run_validate(root, round_config, None, "INFO")
+    shutil.rmtree(cache, ignore_errors=True)
+    return {"retrain_batch_pairs": batch_pairs, "first_round_gate_s": first["wall_s"],
+            "round_gate_s": warm["wall_s"], "round_gate_cpu_s": warm["cpu_s"],
+            "round_gate_peak_rss_mb": warm["peak_rss_mb"],
+            "round_chunks_tokenized": warm.get("chunks_tokenized"),
+            "round_chunks_from_cache": warm.get("chunks_from_cache"),
+            "round_gate_cache_off_s": cold["wall_s"], "round_gate_cache_off_cpu_s": cold["cpu_s"]}
 
 
 STEPS = 20  # SFT and reward-model steps of --pipeline (the issue's run)
@@ -288,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="also kill `rlhf run` in its gate two chunks before the end and "
                         "time the resumed gate")
+    parser.add_argument("--retrain", type=int, metavar="PAIRS",
+                        help="also a retrain round's gate with a new batch of PAIRS pairs: "
+                        "with the validation cache (the first round's chunks kept) and "
+                        "without")
     args = parser.parse_args(argv)
     rows = []
     for pairs in args.pairs or [20_000]:
@@ -308,6 +362,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  resumed gate {figures['resumed_gate_s']} s, "
                   f"{figures['resume_chunks_kept']} of {figures['resume_chunks_total']} "
                   "chunks kept", flush=True)
+        if args.retrain:
+            figures.update(run_retrain_gate(root, root / "config.json", args.retrain,
+                                            args.seed))
+            print(f"  retrain round (+{args.retrain:,} pairs): gate "
+                  f"{figures['round_gate_s']} s with the cache "
+                  f"({figures['round_chunks_tokenized']} chunks tokenized, "
+                  f"{figures['round_chunks_from_cache']} from the cache), "
+                  f"{figures['round_gate_cache_off_s']} s without", flush=True)
         rows.append({"pairs": pairs, "label": args.label, "data_s": round(made, 1), **figures,
                      "cpu_s_per_10k_pairs": round(figures["cpu_s"] * 1e4 / pairs, 1)})
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -16,6 +16,12 @@ else as copies (:func:`place`). A linked file is shared, which is safe because t
 cache only ever replace these files whole (written aside, renamed into place), never write
 into them. The key reads every data file's bytes once (SHA-256, about a second per 500 MB).
 
+Below a whole validation, the cache keeps every tokenized chunk of data (``chunks/``, named
+by the key of its texts and the tokenizer: data_checks/token_files.py's ChunkTokens), passed
+or not: a validation that misses (a retrain round's preference file, the last round's with
+the new batch appended) tokenizes only the chunks no gate tokenized before. ``rlhf gc``
+removes entries and chunks unused for ``tracking.gc_cache_age_days``.
+
 Where: ``$RLHF_VALIDATION_CACHE`` (a folder; ``off`` turns reuse off), else
 ``$XDG_CACHE_HOME/rlhf-ppo/validation`` (``~/.cache/...``). Only local files count: a hub
 dataset or a folder is validated every time.
@@ -35,6 +41,7 @@ from pathlib import Path
 from data_checks.token_files import SUFFIX
 
 CACHE_ENV = "RLHF_VALIDATION_CACHE"
+CHUNKS = "chunks"  # the folder, in the cache, of tokenized chunks
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -74,6 +81,28 @@ def tokenizer_identity(tokenizer) -> str | None:
                        getattr(tokenizer, "chat_template", None),
                        getattr(tokenizer, "model_max_length", None)], sort_keys=True,
                       default=str)
+
+
+def encoding_identity(tokenizer) -> str | None:
+    """What a text's token ids depend on (data_checks/tokens.py's ``tokenize_frame``): the
+    serialised tokenizer without its truncation and padding settings (which encoding a text
+    alone never uses), the unknown token and the tokenizer's class, and the source of
+    data_checks/tokens.py. Narrower than :func:`tokenizer_identity`: a tokenizer saved with a
+    policy (a retrain round's champion's) and loaded again has the same one. None: not a
+    fast tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = {k: v for k, v in json.loads(backend.to_str()).items()
+            if k not in ("truncation", "padding")}
+    code = hashlib.sha256((_PACKAGE / "tokens.py").read_bytes()).hexdigest()
+    return json.dumps([spec, tokenizer.unk_token_id, type(tokenizer).__qualname__, code],
+                      sort_keys=True, default=str)
+
+
+def chunk_folder(cache: ValidationCache) -> Path:
+    """Where the cache keeps tokenized chunks (data_checks/token_files.py's ChunkTokens)."""
+    return cache.root / CHUNKS
 
 
 def _source_code() -> str:
@@ -149,6 +178,7 @@ def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path)
         fields = json.loads(_repath((entry / "report.json").read_text(encoding="utf-8"), paths))
         for name in fields["cleaned"]:
             place(entry / "cleaned" / name, out_dir / name)
+        os.utime(entry)  # last used now (rlhf gc)
     except (OSError, ValueError, KeyError):
         return None
     gx = entry / "gx"

@@ -13,6 +13,8 @@ chunks writes it chunk by chunk.
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -84,15 +86,18 @@ def read_tokens(path: Path | str) -> pa.Table:
 
 
 class ChunkTokens:
-    """A gate's tokenized chunks, kept on disk while it runs, so a gate killed (or stopped by
-    a malformed row) and run again reads the token ids of every chunk it finished instead of
-    tokenizing it again.
+    """Tokenized chunks kept on disk under the key of what they were made from, so a gate
+    reads the token ids of a chunk it (or an earlier gate) already tokenized instead of
+    tokenizing it again: a gate killed (or stopped by a malformed row) and run again, or a
+    retrain round whose preference file is the last round's with the new batch appended.
 
-    One Arrow IPC file per chunk, ``<folder>/<set>-<chunk>.arrow``, under the key of what it
-    was made from: the chunk's text columns (names and every value) and ``salt`` (the
-    tokenizer's serialised form). A chunk whose text or tokenizer changed misses and is
-    tokenized anew. Files are written aside and renamed into place (a kill leaves no half
-    file); the gate removes the folder once it has reached a verdict (:meth:`clear`).
+    One Arrow IPC file per chunk, ``<folder>/<key>.arrow``; the key hashes the chunk's text
+    columns (names and every value) and ``salt`` (what the encoding depends on:
+    data_checks/cache.py's ``encoding_identity``). A chunk whose text or tokenizer changed
+    misses and is tokenized anew. Files are written aside and renamed into place (a kill
+    leaves no half file); reading one sets its modification time (its last use, which
+    ``rlhf gc`` reads). A gate's own store (no validation cache) is removed at its verdict
+    (:meth:`clear`).
     """
 
     def __init__(self, folder: Path | str, salt: str):
@@ -111,27 +116,33 @@ class ChunkTokens:
                     h.update(buffer)
         return h.hexdigest()
 
-    def _file(self, name: str, index: int) -> Path:
-        return self.folder / f"{name}-{index:05d}.arrow"
+    def file(self, key: str) -> Path:
+        return self.folder / f"{key}.arrow"
 
-    def get(self, name: str, index: int, key: str) -> pa.Table | None:
-        """The table kept for chunk ``index`` of set ``name`` if it was made under ``key``."""
+    def get(self, key: str) -> pa.Table | None:
+        """The table kept under ``key``, or None."""
+        path = self.file(key)
         try:
-            reader = pa.ipc.open_file(pa.memory_map(str(self._file(name, index)), "r"))
+            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+            if (reader.schema.metadata or {}).get(b"rlhf.key") != key.encode():
+                return None
+            table = reader.read_all().replace_schema_metadata(None)
+            os.utime(path)  # last used now
         except (OSError, pa.ArrowInvalid):
             return None
-        if (reader.schema.metadata or {}).get(b"rlhf.key") != key.encode():
-            return None
-        return reader.read_all().replace_schema_metadata(None)
+        return table
 
-    def put(self, name: str, index: int, key: str, table: pa.Table) -> None:
-        path = self._file(name, index)
-        tmp = path.with_name(path.name + ".part")
+    def put(self, key: str, table: pa.Table) -> None:
+        path = self.file(key)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
         self.folder.mkdir(parents=True, exist_ok=True)
         table = table.replace_schema_metadata({"rlhf.key": key})
-        with pa.ipc.new_file(str(tmp), table.schema) as out:
-            out.write_table(table)
-        tmp.replace(path)
+        try:
+            with pa.ipc.new_file(str(tmp), table.schema) as out:
+                out.write_table(table)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def clear(self) -> None:
         import shutil

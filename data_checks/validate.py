@@ -24,7 +24,7 @@ import html
 import json
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ from data_checks.conversations import ConversationError, is_conversational, rend
 from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.files import write_cleaned
 from data_checks.loading import KINDS, DataError, forget_reads, take_chunks
+from data_checks.report import ValidationReport
 from data_checks.suites import build_gx_docs, kind_of, suite_context, suite_for
 from data_checks.text_checks import TextTally, repeats, row_hashes
 from data_checks.token_files import ChunkTokens, TokenWriter, tokens_path, write_tokens
@@ -44,47 +45,6 @@ from data_checks.tokens import Tokenized, frame_texts, tokenize_frame
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
 DROPPED_SHOWN = 1_000  # dropped rows kept per data set for the Data Docs (all are counted)
 CHUNKS = ".chunks"  # the folder (in the cleaned files' one) of a running gate's chunk tokens
-
-
-@dataclass
-class ValidationReport:
-    passed: bool = True
-    failures: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=dict)
-    results_json: dict = field(default_factory=dict)
-    chat: dict = field(default_factory=dict)  # conversational data: what prepare_chat did
-    gx_context: object = field(default=None, repr=False)  # holds the results for Data Docs
-    gx_docs: Path | None = None  # a reused validation's Data Docs (data_checks/cache.py)
-    reused: str = ""  # the key of the passed validation this one reused ("" if it ran)
-    # data set -> the first DROPPED_SHOWN rows the budget dropped ({"row": n, columns...})
-    dropped: dict[str, list[dict]] = field(default_factory=dict)
-    to_keep: tuple | None = field(default=None, repr=False)  # (cache, key, paths, out_dir)
-
-    def fields(self) -> dict:
-        """What a reuse restores (data_checks/cache.py)."""
-        return {"warnings": self.warnings, "stats": self.stats,
-                "results_json": self.results_json, "chat": self.chat, "dropped": self.dropped}
-
-    def expectation_counts(self) -> dict[str, tuple[int, int]]:
-        """data set -> (expectations passed, expectations evaluated)."""
-        return {name: (res["statistics"]["successful_expectations"],
-                       res["statistics"]["evaluated_expectations"])
-                for name, res in self.results_json.items()}
-
-    def summary_markdown(self) -> str:
-        lines = [f"# Data validation: {'PASSED' if self.passed else 'FAILED'}", ""]
-        if self.reused:
-            lines += [f"Reused: the same data files, checks and tokenizer passed before "
-                      f"(validation key {self.reused[:16]}); the suites did not run again.", ""]
-        lines += [f"- FAILED: {f}" for f in self.failures]
-        lines += [f"- warning: {w}" for w in self.warnings]
-        lines += ["", "| data | expectations passed | rows kept |", "|---|---|---|"]
-        lines += [f"| {name} | {ok}/{n} | {self.stats.get(f'{name}/n_rows', 0):g} |"
-                  for name, (ok, n) in self.expectation_counts().items()]
-        lines += ["", "| figure | value |", "|---|---|"]
-        lines += [f"| {k} | {v:g} |" for k, v in sorted(self.stats.items())]
-        return "\n".join(lines)
 
 
 def _with_checks(df: pd.DataFrame, kind: str, tokens: Tokenized) -> pd.DataFrame:
@@ -153,18 +113,18 @@ def _note_dropped(dropped: dict[str, list[dict]], name: str, df: pd.DataFrame,
     shown += [{"row": offset + int(i) + 1, **row} for i, row in zip(gone, rows)]
 
 
-def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None, name: str,
-               index: int) -> Tokenized:
-    """Chunk ``index`` of set ``name``, tokenized, or its tokens as a killed gate kept them."""
+def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
+              report: ValidationReport) -> Tokenized:
+    """A chunk, tokenized, or its tokens as an earlier (or a killed) gate kept them."""
     texts = frame_texts(df) if store is not None else {}
-    if not texts:
-        return tokenize_frame(df, tokenizer)
-    key = store.key(texts)
-    table = store.get(name, index, key)
+    table = store.get(key := store.key(texts)) if texts else None
     if table is not None:
+        report.chunks_kept += 1
         return Tokenized(table, tuple(texts))
+    report.chunks_tokenized += 1
     tokens = tokenize_frame(df, tokenizer)
-    store.put(name, index, key, tokens.table)
+    if texts:
+        store.put(key, tokens.table)
     return tokens
 
 
@@ -195,8 +155,8 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
             sinks.append(sink)
             n_in = n_cut = n_kept = 0
             hint, kept_hashes = "", []
-            for index, df in enumerate(parts):
-                tokens = _tokenize(df, tokenizer, chunk_tokens, name, index)  # the one pass
+            for df in parts:
+                tokens = _tokenize(df, tokenizer, chunk_tokens, report)  # the one pass
                 tally.add(df, tokens, n_in)
                 if chat and not hint:
                     hint = _chat_budget_hint(tokens, cfg, n_in)
@@ -282,9 +242,13 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     EOS becomes the template's end-of-turn token (``report.chat`` says what changed).
     ``cache``: where passed validations are kept and reused (data_checks/cache.py; None:
     always run the suites).
-    Each chunk's tokens are kept in ``out_dir/.chunks/`` until the verdict, so a gate killed
-    or stopped by a malformed row and run again tokenizes only the chunks it had not finished,
-    or whose text changed (data_checks/token_files.py's ChunkTokens).
+    Each chunk's tokens are kept under the key of its texts and the tokenizer
+    (data_checks/token_files.py's ChunkTokens): in the cache's ``chunks/`` (``rlhf gc``
+    removes those unused for ``tracking.gc_cache_age_days``), else in ``out_dir/.chunks/``
+    until the verdict. A gate killed or stopped by a malformed row and run again tokenizes
+    only the chunks it had not finished, or whose text changed; with the cache, a retrain
+    round's preference file (the last round's with the new batch appended) only the chunks
+    from the last round's last full chunk on.
     Raises DataError for malformed files; failed expectations come back in the report.
     """
     from data_checks import cache as kept
@@ -323,10 +287,11 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     else:
         chat_info = {}
         parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
-    identity = kept.tokenizer_identity(tokenizer)
-    chunk_tokens = ChunkTokens(out / CHUNKS, identity) if identity is not None else None
+    identity = kept.encoding_identity(tokenizer)
+    folder = kept.chunk_folder(cache) if cache is not None else out / CHUNKS
+    chunk_tokens = ChunkTokens(folder, identity) if identity is not None else None
     report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out, chunk_tokens)
-    if chunk_tokens is not None:  # a verdict: nothing left to resume
+    if chunk_tokens is not None and cache is None:  # a verdict: nothing left to resume
         chunk_tokens.clear()
     # kept once its Data Docs are built (write_data_docs), if it still passes; never
     # conversational data, whose rendering also changes the tokenizer's EOS

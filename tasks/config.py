@@ -67,6 +67,9 @@ class TrackingConfig(BaseModel):
     gc_keep_runs: int = Field(
         5, ge=0, description="`rlhf gc`: local folders of the newest N finished runs kept "
         "in workdir; older ones go (an alias's run and unfinished runs always stay).")
+    gc_cache_age_days: float = Field(
+        30.0, ge=0, description="`rlhf gc`: passed validations and tokenized chunks in the "
+        "validation cache ($RLHF_VALIDATION_CACHE) unused for this many days go.")
     gc_schedule: ScheduleConfig | None = Field(
         None, description="`rlhf serve`: run `rlhf gc --yes` on this schedule (the "
         "gc/<name> deployment); None: by hand only.")

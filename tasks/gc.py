@@ -13,7 +13,10 @@ What it finds, by kind:
   and quarantined files (with their notes), older than ``retrain.gc_batch_age_days``; a
   batch no retrain consumed always stays;
 - ``pull record``: ``<collect.out_dir>/pulls/<collection>/`` of a collection whose every pair
-  was pulled and imported (its run is tagged first, so a later pull skips it).
+  was pulled and imported (its run is tagged first, so a later pull skips it);
+- ``cache``: passed validations and tokenized chunks in the validation cache
+  (data_checks/cache.py, ``$RLHF_VALIDATION_CACHE``) unused, neither read nor written, for
+  ``tracking.gc_cache_age_days``; a later gate that would have read one tokenizes again.
 
 Every deletion renames first, then deletes (tasks/retention.py): a kill midway leaves a
 ``.trash-`` name no command reads, and the next gc removes it.
@@ -28,6 +31,7 @@ from typing import Literal
 from prefect import task
 from pydantic import BaseModel, ConfigDict
 
+from data_checks.cache import chunk_folder, validation_cache
 from tasks.champion.batches import BATCH_SUFFIXES, file_digest
 from tasks.champion.labels import QUARANTINE
 from tasks.champion.pull import pulled_in_full
@@ -45,7 +49,7 @@ from tasks.tracking.gc_store import (
 )
 from tasks.tracking.runs import default_tracking_uri
 
-Kind = Literal["run folder", "trash", "mlflow run", "batch", "pull record"]
+Kind = Literal["run folder", "trash", "mlflow run", "batch", "pull record", "cache"]
 DAY_S = 86400.0
 
 
@@ -204,6 +208,42 @@ def _pulls(cfg: PipelineConfig) -> list[Found]:
                   for cid, folder, pairs in pulled_in_full(cfg)]
 
 
+def _is_key(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
+def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
+    """The validation cache's passed validations and tokenized chunks unused (read or
+    written) for ``tracking.gc_cache_age_days``, one line each; those in use in one line."""
+    cache = validation_cache()
+    if cache is None or not cache.root.is_dir():
+        return []
+    days = cfg.tracking.gc_cache_age_days
+    chunks = chunk_folder(cache)
+    items = [p for p in cache.root.iterdir() if p.is_dir() and _is_key(p.name)]
+    items += [p for p in chunks.iterdir() if p.suffix == ".arrow" and _is_key(p.stem)] \
+        if chunks.is_dir() else []
+    out, used = [], []
+    for path in sorted(items):
+        if not _old(path, days, now):
+            used.append(path)
+            continue
+        what = "tokenized chunk" if path.parent == chunks else "passed validation"
+        out.append(Found(kind="cache", target=str(path), delete=True, bytes=tree_bytes(path),
+                         reason=f"{what} unused for {days:g} days "
+                                "(tracking.gc_cache_age_days)"))
+    if used:
+        n = sum(p.parent == chunks for p in used)
+        out.append(Found(kind="cache", target=str(cache.root), delete=False,
+                         reason=f"{len(used) - n} passed validations and {n} tokenized chunks "
+                                f"used within {days:g} days"))
+    leftovers = [p for folder in (cache.root, chunks) if folder.is_dir()
+                 for p in folder.iterdir() if p.name.startswith(".") and _old(p, 1, now)]
+    return out + [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
+                        reason="left by a write or deletion stopped midway, a day ago or more")
+                  for p in sorted(leftovers)]
+
+
 def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None,
             now: float | None = None) -> GcPlan:
     """What gc would delete and what it keeps, and why (nothing is deleted here).
@@ -217,7 +257,7 @@ def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None,
     needed = alias_runs(uri, (t.registered_policy, t.registered_reward_model))
     mlflow_runs, notes = _deleted_runs(uri, needed)
     found = [*_run_folders(cfg, uri, keep, needed), *mlflow_runs, *_batches(cfg, uri, now),
-             *_pulls(cfg)]
+             *_pulls(cfg), *_cache(cfg, now)]
     return GcPlan(tracking_uri=uri, found=found, notes=notes)
 
 

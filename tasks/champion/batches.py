@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +13,8 @@ from prefect import task
 from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
-from data_checks.loading import DataError, load_table
+from data_checks.files import write_cleaned
+from data_checks.loading import DataError, iter_table, load_table
 from tasks.champion.records import Batch, Batches
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
@@ -67,21 +69,24 @@ def consumed_runs(cfg: PipelineConfig) -> dict[str, str]:
 
 @task(name="find_batches")
 def find_batches(cfg: PipelineConfig) -> Batches:
-    """The watched folder's batch files, new and consumed, in file-name order. A consumed
-    batch whose file left the folder is listed too, with ``path`` None and the ``run_id``
-    that keeps its copy."""
+    """The watched folder's new batch files, in file-name order, and every consumed batch in
+    the order the retrains consumed them (so each round's preference file begins with the
+    last round's: add_batches), from its file in the folder, else (``path`` None) from the
+    copy that its consuming run (``run_id``) keeps."""
     folder = Path(cfg.retrain.watch_dir)
     files = sorted(p for p in folder.glob("*") if p.suffix in BATCH_SUFFIXES) \
         if folder.is_dir() else []
-    done = consumed_runs(cfg)
+    done = consumed_runs(cfg)  # in the order consumed
     new: list[Batch] = []
-    consumed: list[Batch] = []
+    present: dict[str, Batch] = {}
     for path in files:
         batch = Batch(name=path.name, path=str(path.resolve()), digest=file_digest(path))
-        (consumed if batch.digest in done else new).append(batch)
-    present = {b.digest for b in consumed}
-    consumed += [Batch(name=f"consumed-{d}", digest=d, run_id=run)
-                 for d, run in done.items() if d not in present]
+        if batch.digest not in done:
+            new.append(batch)
+        elif batch.digest not in present:
+            present[batch.digest] = batch.model_copy(update={"run_id": done[batch.digest]})
+    consumed = [present.get(d) or Batch(name=f"consumed-{d}", digest=d, run_id=run)
+                for d, run in done.items()]
     return Batches(new=new, consumed=consumed)
 
 
@@ -157,31 +162,53 @@ def _read_batch(ctx: RunContext, batch: dict) -> pd.DataFrame | None:
         raise DataError(f"preference batch {batch.name}: {err}") from None
 
 
+COMBINE_ROWS = 25_000  # rows of the configured pairs read and written at a time
+
+
+def write_round_pairs(path: Path, configured: DataSource | None,
+                      batches: Iterable[tuple[str, pd.DataFrame]]) -> list[dict]:
+    """A round's preference file: the ``configured`` pairs (None: none), read and written a
+    chunk at a time (flat memory at any size), then each batch, in order -> where each batch
+    sits in the file (1-based rows, as the gate names them)."""
+    path.write_text("", encoding="utf-8")
+    n = 0  # rows written so far
+    if configured is not None:
+        for chunk in iter_table(configured, "preference", COMBINE_ROWS):
+            write_cleaned(chunk, path, append=True)
+            n += len(chunk)
+    rows = []
+    for name, frame in batches:
+        write_cleaned(frame, path, append=True)
+        rows.append({"name": name, "first": n + 1, "last": n + len(frame)})
+        n += len(frame)
+    return rows
+
+
 @task(name="add_batches")
 def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: list[Batch],
                 champion: Champion | None = None,
                 consumed: list[Batch] | None = None) -> Prepared:
     """The retrain's inputs: preference data = the configured pairs and every batch earlier
     retrains consumed (``rm_data: cumulative``) + the new batches (``new_only``: the new
-    batches alone); the champion's policy and tokenizer as the base. A batch that cannot be
-    read stops the run here, naming the file and row."""
+    batches alone), one file in that order: a round's file is the last round's with the new
+    batches appended, so its gate reads every full chunk of the last one from the validation
+    cache (data_checks/cache.py) and tokenizes only what follows. The champion's policy and
+    tokenizer as the base. A batch that cannot be read stops the run here, naming the file
+    and row."""
     data = prep.data
     _check_gate_prompts(cfg, data)
     only_new = cfg.retrain.rm_data == "new_only" and champion is not None
-    frames = [] if only_new else [load_table(data.preference, "preference")]
-    rows = []  # where each batch sits in the combined file (1-based rows, as the gate says)
-    used = []
-    for batch in [*([] if only_new else consumed or []), *batches]:
-        frame = _read_batch(ctx, batch)
-        if frame is None:
-            continue
-        frames.append(frame)
-        used.append(batch)
-        first = sum(len(f) for f in frames[:-1]) + 1
-        rows.append({"name": batch.name, "first": first, "last": first + len(frame) - 1})
     path = ctx.stage_dir("batches") / "preference.jsonl"
-    pd.concat(frames, ignore_index=True).to_json(path, orient="records", lines=True,
-                                                 force_ascii=False)
+    used = []
+
+    def frames():
+        for batch in [*([] if only_new else consumed or []), *batches]:
+            frame = _read_batch(ctx, batch)
+            if frame is not None:
+                used.append(batch)
+                yield batch.name, frame
+
+    rows = write_round_pairs(path, None if only_new else data.preference, frames())
     trained_on = [b.digest for b in used]
     update = {"data": data.model_copy(update={"preference": DataSource(path=str(path))}),
               "batch_rows": rows, "trained_on": trained_on,

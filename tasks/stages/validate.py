@@ -91,6 +91,8 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
                             cache=validation_cache())
     if report.reused:
         sc.set_tags({VALIDATION_REUSED_TAG: report.reused})
+    elif report.chunks_kept:
+        print(f"validate: {report.chunks_line()}", flush=True)
     # conversational data: EOS is now the template's end-of-turn token
     record.update({"eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id,
                    **{f"chat.{k}": v for k, v in report.chat.items()}})

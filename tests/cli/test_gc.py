@@ -223,6 +223,47 @@ def test_a_gc_process_killed_after_a_rename_leaves_nothing_the_loop_trips_over(
     assert plan_gc(cfg, keep_runs=1).deletions == []
 
 
+def test_gc_removes_validations_and_chunks_the_cache_has_not_used_for_its_age(
+        loop, tmp_path, capfd, monkeypatch):
+    """The validation cache grows with every new data set and retrain round: what no gate
+    read or wrote for tracking.gc_cache_age_days (30) goes; what a gate still reads stays
+    (a read sets the age again: tests/data_checks), as does what gc does not know."""
+    from data_checks.cache import CACHE_ENV, ValidationCache, chunk_folder
+
+    cfg, *_ = loop
+    cache = ValidationCache(tmp_path / "cache")
+    monkeypatch.setenv(CACHE_ENV, str(cache.root))
+    chunks = chunk_folder(cache)
+    chunks.mkdir(parents=True)
+    made = {}
+    for name, hexdigit, age_days in (("old", "a", 40), ("recent", "b", 3)):
+        entry = cache.entry(hexdigit * 64)
+        (entry / "cleaned").mkdir(parents=True)
+        (entry / "report.json").write_text("{}")
+        chunk = chunks / f"{hexdigit * 63}1.arrow"
+        chunk.write_bytes(b"x" * 2000)
+        for path in (entry, chunk):
+            os.utime(path, (time.time() - age_days * 86400,) * 2)
+        made[name] = (entry, chunk)
+    stopped = chunks / ".abc.arrow.1234.part"  # a put killed before its rename
+    stopped.write_bytes(b"half")
+    os.utime(stopped, (OLD, OLD))
+    mine = cache.root / "notes.txt"  # not the cache's: never touched
+    mine.write_text("mine")
+    os.utime(mine, (OLD, OLD))
+    plan = plan_gc(cfg, keep_runs=99)
+    assert sorted(f.target for f in plan.deletions if str(cache.root) in f.target) == sorted(
+        [str(p) for p in made["old"]] + [str(stopped)])
+    out = _gc(cfg, capfd, "--keep-runs", "99", "--yes")
+    assert f"gc: deleted cache {made['old'][1]} (2.0 kB): tokenized chunk unused for 30 " \
+        "days (tracking.gc_cache_age_days)" in out
+    assert f"keep   cache {cache.root}: 1 passed validations and 1 tokenized chunks used " \
+        "within 30 days" in out
+    assert not any(p.exists() for p in [*made["old"], stopped])
+    assert all(p.exists() for p in [*made["recent"], mine])
+    assert not [f for f in plan_gc(cfg, keep_runs=99).deletions if f.kind == "cache"]
+
+
 def test_gc_refuses_a_negative_count_and_a_missing_store(tmp_path, capfd):
     with pytest.raises(SystemExit) as stopped:
         rlhf_in_process(["gc", "--keep-runs", "-1"], capfd)

@@ -4,7 +4,7 @@ change of content, checks or tokenizer runs them again; a failure is never kept.
 
 import json
 
-from data_checks.cache import CACHE_ENV, ValidationCache, validation_cache
+from data_checks.cache import CACHE_ENV, CHUNKS, ValidationCache, validation_cache
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.validate import run_validation, write_data_docs
 from tests.conftest import make_tokenizer
@@ -19,6 +19,12 @@ def data_config(where, sft=SFT, pref=PREF, prompts=PROMPTS):
                                             ("prompts", prompts))})
 
 
+def entries(cache: ValidationCache) -> list:
+    """The cache's kept validations (not its tokenized chunks)."""
+    root = cache.root
+    return [p for p in root.iterdir() if p.name != CHUNKS] if root.exists() else []
+
+
 def _run(where, cache, cfg=CFG, tokenizer=None, **data):
     where.mkdir(parents=True, exist_ok=True)
     report = run_validation(data_config(where, **data), tokenizer or make_tokenizer(), cfg,
@@ -30,8 +36,12 @@ def test_the_same_content_elsewhere_reuses_report_cleaned_files_and_data_docs(tm
     cache = ValidationCache(tmp_path / "cache")
     first, docs1 = _run(tmp_path / "a", cache)
     assert first.passed and not first.reused and first.gx_context is not None
-    assert len(list((tmp_path / "cache").iterdir())) == 1  # kept once, whole
+    assert len(entries(cache)) == 1  # kept once, whole
+    import os
+
+    os.utime(entries(cache)[0], (1, 1))
     again, docs2 = _run(tmp_path / "b", cache)  # the same bytes in other files
+    assert entries(cache)[0].stat().st_mtime > 1  # a reuse is a use (rlhf gc reads it)
     assert again.passed and again.reused and again.gx_context is None
     assert again.results_json == json.loads(json.dumps(first.results_json, default=str))
     assert again.stats == first.stats and again.warnings == first.warnings
@@ -53,7 +63,7 @@ def test_other_content_checks_or_tokenizer_run_the_suites_again(tmp_path):
     assert not stricter.reused
     nopad, _ = _run(tmp_path / "d", cache, tokenizer=make_tokenizer(pad=False))
     assert not nopad.reused
-    assert len(list((tmp_path / "cache").iterdir())) == 4
+    assert len(entries(cache)) == 4
 
 
 def test_kept_files_are_hard_links_else_copies(tmp_path, monkeypatch):
@@ -63,7 +73,7 @@ def test_kept_files_are_hard_links_else_copies(tmp_path, monkeypatch):
 
     cache = ValidationCache(tmp_path / "cache")
     first, _ = _run(tmp_path / "a", cache)
-    (entry,) = (tmp_path / "cache").iterdir()
+    (entry,) = entries(cache)
     for name in ("preference.jsonl", "preference.tokens.arrow"):
         assert (entry / "cleaned" / name).stat().st_ino == \
             (tmp_path / "a" / "out" / name).stat().st_ino
@@ -92,7 +102,7 @@ def test_a_failed_validation_is_never_kept(tmp_path):
         assert not report.passed and not report.reused
         # its own file named
         assert str(tmp_path / where / "preference.jsonl") in " ".join(report.failures)
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert not entries(cache)
 
 
 def test_the_cache_folder_comes_from_the_environment_and_off_turns_it_off(monkeypatch, tmp_path):

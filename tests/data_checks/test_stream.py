@@ -243,6 +243,34 @@ def test_a_gate_stopped_by_a_malformed_line_tokenizes_only_the_changed_chunk_aga
     assert not (tmp_path / "out" / validate.CHUNKS).exists()  # a verdict: none kept
 
 
+def test_with_the_cache_a_file_with_rows_appended_tokenizes_only_its_new_chunks(
+        tmp_path, monkeypatch):
+    """A retrain round's preference file is the last round's with the new batch appended:
+    every full chunk of the last round's file is read from the cache, and so are the
+    unchanged sets; the result is what a gate without the cache writes."""
+    from data_checks.cache import ValidationCache
+
+    cache = ValidationCache(tmp_path / "cache")
+    write_jsonl(tmp_path / "sft.jsonl", _sft(10))
+    write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    data = DataConfig(**{n: DataSource(path=str(tmp_path / f"{n}.jsonl"))
+                         for n in ("sft", "preference", "prompts")})
+    calls = _counting(monkeypatch)
+    write_jsonl(tmp_path / "preference.jsonl", _pairs(10))  # chunks of 4, 4, 2
+    assert run_validation(data, make_tokenizer(), CFG, tmp_path / "one", cache=cache).passed
+    assert calls == [4, 4, 2, 4, 4, 2, len(PROMPTS)]
+    calls[:] = []
+    write_jsonl(tmp_path / "preference.jsonl", _pairs(15))  # 5 pairs appended: 4, 4, 4, 3
+    report = run_validation(data, make_tokenizer(), CFG, tmp_path / "two", cache=cache)
+    assert report.passed and not report.reused, report.failures
+    assert calls == [4, 3]  # rows 9-15 of the pairs; the rest came from the cache
+    assert not (tmp_path / "two" / validate.CHUNKS).exists()  # the cache's chunks, not a gate's
+    whole = run_validation(data, make_tokenizer(), CFG, tmp_path / "whole")
+    assert whole.stats == report.stats
+    for p in (tmp_path / "whole").iterdir():
+        assert p.read_bytes() == (tmp_path / "two" / p.name).read_bytes(), p.name
+
+
 def test_a_set_whose_every_row_is_dropped_writes_what_one_write_of_it_would(tmp_path,
                                                                             monkeypatch):
     import pandas as pd

@@ -199,6 +199,8 @@ def test_the_token_files_beside_the_cleaned_files_are_their_per_text_encoding(tm
 
 
 def test_kept_chunk_tokens_come_back_only_under_their_key(tmp_path):
+    import os
+
     import pyarrow as pa
 
     from data_checks.token_files import ChunkTokens
@@ -207,17 +209,38 @@ def test_kept_chunk_tokens_come_back_only_under_their_key(tmp_path):
     texts = {"prompt": ["a b", ""], "response": ["c", "d e"]}
     key = store.key(texts)
     table = pa.table({"prompt_ids": pa.array([[1, 2], []], type=pa.list_(pa.int32()))})
-    assert store.get("sft", 0, key) is None
-    store.put("sft", 0, key, table)
-    assert store.get("sft", 0, key).equals(table)
-    assert store.get("sft", 1, key) is None and store.get("preference", 0, key) is None
+    assert store.get(key) is None
+    store.put(key, table)
+    os.utime(store.file(key), (1, 1))
+    assert store.get(key).equals(table)
+    assert store.file(key).stat().st_mtime > 1  # a read is a use (rlhf gc reads it)
     others = [{"prompt": ["a b", ""], "response": ["c", "d f"]},  # one text changed
               {"prompt": ["a b", ""], "chosen": ["c", "d e"]},  # a column renamed
               {"prompt": ["a", "b"], "response": ["c", "d e"]},  # the same bytes, cut apart
               {"prompt": ["a b", ""]}]
     assert len({key, *map(store.key, others)}) == 5
+    assert all(store.get(store.key(t)) is None for t in others)
     assert ChunkTokens(tmp_path / "chunks", salt="tokenizer B").key(texts) != key
-    (tmp_path / "chunks" / "sft-00000.arrow").write_bytes(b"half a file")
-    assert store.get("sft", 0, key) is None
+    store.file(key).write_bytes(b"half a file")
+    assert store.get(key) is None
+    store.put(key, table)
+    store.file(key).rename(store.file(store.key(others[0])))  # a file under another's name
+    assert store.get(store.key(others[0])) is None
+    assert [p.name for p in (tmp_path / "chunks").iterdir()] == [f"{store.key(others[0])}.arrow"]
     store.clear()
     assert not (tmp_path / "chunks").exists()
+
+
+def test_the_encoding_identity_survives_a_save_and_load_and_tells_tokenizers_apart(tmp_path):
+    """A retrain round loads the champion's saved tokenizer: its chunks must hit what the
+    first run's tokenizer made; another vocabulary must not."""
+    from transformers import AutoTokenizer
+
+    from data_checks.cache import encoding_identity
+
+    tok = make_tokenizer()
+    tok("cats are nice", add_special_tokens=False)  # a call sets truncation and padding
+    tok.save_pretrained(tmp_path / "saved")
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "saved")
+    assert encoding_identity(loaded) == encoding_identity(tok) is not None
+    assert encoding_identity(make_tokenizer(pad=False)) != encoding_identity(tok)

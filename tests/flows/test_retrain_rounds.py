@@ -59,6 +59,9 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
     out = _rlhf(["retrain", "--set", "retrain.gate.scorer=models:/rlhf-reward-model@challenger"],
                 tmp_path, prefect_api)
     assert "retrain: " in out
+    # the champion's saved tokenizer reads what the first round's gate tokenized: only the
+    # preference file (one chunk, a batch appended) is tokenized again
+    assert "validate: tokenized 1 chunk of data; " in out, out[-3000:]
     v2 = _tags(client, "2")
     assert v2["rlhf.gate.scorer"] == "external scorer models:/rlhf-reward-model@challenger"
     run2 = client.get_run(v2["rlhf.parent_run_id"]).data.tags

@@ -83,10 +83,10 @@ def test_cumulative_trains_on_every_consumed_batch_even_one_whose_file_is_gone(t
     cfg, client, ctx, prep = _setup(tmp_path)
     batches = find_batches.fn(cfg)
     assert [b.name for b in batches.new] == ["c.jsonl"]
-    consumed = {b.name: b for b in batches.consumed}
-    assert set(consumed) == {"b.jsonl", f"consumed-{batches.consumed[1].digest}"}
-    assert consumed["b.jsonl"].path and batches.consumed[1].path is None
-    assert batches.consumed[1].run_id  # the run that keeps its copy
+    gone, kept = batches.consumed  # in the order consumed, the file gone or not
+    assert (gone.name, kept.name) == (f"consumed-{gone.digest}", "b.jsonl")
+    assert kept.path and gone.path is None
+    assert gone.run_id and kept.run_id  # the runs that keep their copies
     out = add_batches.fn(ctx, cfg, prep, batches.new, CHAMPION,
                          batches.consumed)
     names = _prompts(out)
@@ -105,3 +105,27 @@ def test_new_only_trains_on_the_new_batches_alone(tmp_path):
     out = add_batches.fn(ctx, cfg, prep, batches.new, CHAMPION,
                          batches.consumed)
     assert _prompts(out) == ["new"] * 5
+
+
+def test_a_rounds_file_is_the_last_rounds_with_the_new_batches_appended(tmp_path,
+                                                                         monkeypatch):
+    """So the next round's gate reads the last one's chunks from the validation cache: the
+    consumed batches in the order consumed (a file that left the folder keeps its place, a
+    consumed file named to sort first does not move), the configured pairs streamed."""
+    import tasks.champion.batches as batches_module
+
+    monkeypatch.setattr(batches_module, "COMBINE_ROWS", 1)  # the configured pairs row by row
+    cfg, client, ctx, prep = _setup(tmp_path)
+    batches = find_batches.fn(cfg)
+    last = add_batches.fn(ctx, cfg, prep, batches.new, CHAMPION, batches.consumed)
+    last_text = open(last.data.preference.path).read()
+    assert _prompts(last) == ["base"] * 2 + ["first"] * 3 + ["second"] * 4 + ["new"] * 5
+    assert [(r["first"], r["last"]) for r in last.batch_rows] == [(3, 5), (6, 9), (10, 14)]
+    _consume(client, experiment_for(client, cfg), [tmp_path / "watch" / "c.jsonl"], tmp_path)
+    (tmp_path / "watch" / "b.jsonl").rename(tmp_path / "watch" / "0-b.jsonl")
+    _pairs(tmp_path / "watch" / "d.jsonl", "newer", 2)
+    batches = find_batches.fn(cfg)
+    ctx = ctx.model_copy(update={"workdir": str(tmp_path / "w3")})
+    out = add_batches.fn(ctx, cfg, prep, batches.new, CHAMPION, batches.consumed)
+    text = open(out.data.preference.path).read()
+    assert text.startswith(last_text) and _prompts(out)[14:] == ["newer"] * 2
