@@ -367,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                                             args.seed))
             print(f"  retrain round (+{args.retrain:,} pairs): gate "
                   f"{figures['round_gate_s']} s with the cache "
-                  f"({figures['round_chunks_tokenized']} chunks tokenized, "
-                  f"{figures['round_chunks_from_cache']} from the cache), "
+                  f"(chunks tokenized: {figures['round_chunks_tokenized']}, "
+                  f"from the cache: {figures['round_chunks_from_cache']}), "
                   f"{figures['round_gate_cache_off_s']} s without", flush=True)
         rows.append({"pairs": pairs, "label": args.label, "data_s": round(made, 1), **figures,
                      "cpu_s_per_10k_pairs": round(figures["cpu_s"] * 1e4 / pairs, 1)})

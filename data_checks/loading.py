@@ -54,6 +54,12 @@ def _read_file(source: DataSource, path: Path) -> pd.DataFrame:
 
 
 def _read_hf(source: DataSource) -> pd.DataFrame:
+    return _load_hf(source).to_pandas()
+
+
+def _load_hf(source: DataSource):
+    """A hub dataset or one saved with save_to_disk, as a (memory-mapped) ``datasets.Dataset``
+    of the configured split."""
     import datasets
 
     path = Path(source.path)
@@ -73,7 +79,7 @@ def _read_hf(source: DataSource) -> pd.DataFrame:
         if source.split not in ds:
             raise DataError(f"{source.path}: no split '{source.split}' (found: {list(ds)})")
         ds = ds[source.split]
-    return ds.to_pandas()
+    return ds
 
 
 def load_table(source: DataSource, kind: str) -> pd.DataFrame:
@@ -125,29 +131,78 @@ def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
     return df.reset_index(drop=True)
 
 
-def streamable(source: DataSource) -> bool:
-    """A plain local JSONL file (compressed or not): read in chunks by :func:`iter_table`."""
+def _streamed_format(source: DataSource) -> str | None:
+    """How a plain source is read in chunks: "jsonl" (a local JSONL file, compressed or not),
+    "parquet" (a local uncompressed Parquet file, a row group's batches at a time), "hf" (a
+    hub dataset or one saved to disk: memory-mapped Arrow, converted a chunk at a time);
+    None: read whole (CSV, JSON, a compressed Parquet file, a dataset in another style)."""
+    if source.style != "plain":
+        return None
     path = Path(source.path).expanduser()
-    if source.format not in ("auto", "jsonl") or source.style != "plain" or not path.is_file():
-        return False
-    return file_format(path)[0] == "jsonl" or source.format == "jsonl"
+    detected, compression = file_format(path)
+    fmt = detected if source.format == "auto" else source.format
+    if fmt == "hf" or (fmt is None and not looks_local(source.path)):
+        return "hf"
+    if not path.is_file():
+        return None
+    if fmt == "jsonl" or (fmt == "parquet" and compression is None):
+        return fmt
+    return None
+
+
+def streamable(source: DataSource) -> bool:
+    """A source :func:`iter_table` reads in chunks (see :func:`_streamed_format`)."""
+    return _streamed_format(source) is not None
+
+
+def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFrame]:
+    """The source's rows as stored, ``rows`` at a time."""
+    path = Path(source.path).expanduser()
+    if fmt == "jsonl":
+        yield from iter_jsonl(path, file_format(path)[1], rows)
+        return
+    if fmt == "hf":
+        try:
+            batches = _load_hf(source).to_pandas(batch_size=rows, batched=True)
+        except DataError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            raise DataError(f"{source.path}: cannot load dataset ({type(err).__name__}: "
+                            f"{err})") from None
+        yield from batches
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        check_regular(path)
+        parts = pq.ParquetFile(path).iter_batches(batch_size=rows)
+        for batch in parts:
+            yield pa.Table.from_batches([batch]).to_pandas()
+    except FileError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow raises many types
+        raise DataError(f"{path}: cannot read as parquet ({type(err).__name__}: {err})") \
+            from None
 
 
 def iter_table(source: DataSource, kind: str, rows: int,
                whole: bool = False) -> Iterator[pd.DataFrame]:
     """``load_table(source, kind)`` in chunks of ``rows`` rows, concatenated equal to it, each
     checked as it comes (errors name the file's line or row, as load_table's do). A plain
-    JSONL file is read ``rows`` lines at a time, so memory stays flat; any other source, and
-    conversational rows (whose rendering needs every row), is read whole and then sliced."""
-    if whole or not streamable(source):
+    JSONL or Parquet file, or a hub dataset, is read ``rows`` rows at a time, so memory stays
+    flat; any other source, and conversational rows (whose rendering needs every row), is read
+    whole and then sliced."""
+    fmt = None if whole else _streamed_format(source)
+    if fmt is None:
         table = load_table(source, kind)
         for start in range(0, len(table), rows):
             yield table.iloc[start: start + rows].reset_index(drop=True)
         return
-    path = Path(source.path).expanduser()
+    path = Path(source.path).expanduser() if fmt != "hf" else Path(source.path)
     seen, columns = 0, None
     try:
-        for chunk in iter_jsonl(path, file_format(path)[1], rows):
+        for chunk in _raw_chunks(source, fmt, rows):
             if columns is None:
                 columns = list(chunk.columns)
             else:  # a key missing from every row of a chunk is null there, as in one read
@@ -272,9 +327,10 @@ FIRST_ROWS = 2_000
 def read_every_source(data: DataConfig | None) -> None:
     """Read every configured source once so a malformed file fails here, before Prefect or
     MLflow start, with the DataError naming the file and line (demo data is generated); the
-    tables wait for the gate in this process (take_read, take_chunks). A plain JSONL file over
-    KEEP_BYTES is only checked here up to its first FIRST_ROWS rows (the gate reads it in
-    chunks, so that memory does not grow with the data; a bad line further on fails there)."""
+    tables wait for the gate in this process (take_read, take_chunks). A JSONL or Parquet file
+    over KEEP_BYTES, and a hub dataset, is only checked here up to its first FIRST_ROWS rows
+    (the gate reads it in chunks, so that memory does not grow with the data; a bad row
+    further on fails there)."""
     if data is None:
         return
     for name, kind in KINDS.items():
@@ -282,7 +338,7 @@ def read_every_source(data: DataConfig | None) -> None:
         if source is None:
             continue
         key = _read_key(source, kind)
-        if key is not None and key.size > KEEP_BYTES and streamable(source):
+        if streamable(source) and (key is None or key.size > KEEP_BYTES):
             next(iter_table(source, kind, FIRST_ROWS), None)
             continue
         table = load_table(source, kind)

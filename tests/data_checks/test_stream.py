@@ -90,6 +90,37 @@ def test_chunks_concatenate_to_the_whole_read(tmp_path):
     assert len(pd.concat(loading.iter_table(limited, "preference", 2))) == 5
 
 
+def test_parquet_files_and_saved_datasets_are_read_in_chunks_too(tmp_path, monkeypatch):
+    """Real preference sets often come as Parquet or hub datasets: they stream like JSONL
+    (never read whole), concatenate to the whole read, and a bad row is named by its row."""
+    import pandas as pd
+    from datasets import Dataset
+
+    pref = _pairs(10)
+    pd.DataFrame(pref).to_parquet(tmp_path / "p.parquet", row_group_size=3)
+    Dataset.from_list(pref).save_to_disk(str(tmp_path / "ds"))
+    sources = [DataSource(path=str(tmp_path / "p.parquet")),
+               DataSource(path=str(tmp_path / "ds"), format="hf")]
+    wholes = [loading.load_table(s, "preference") for s in sources]
+    monkeypatch.setattr(loading, "load_table", None)  # a whole read would fail
+    for source, whole in zip(sources, wholes):
+        for rows in (1, 4, 100):
+            chunks = list(loading.iter_table(source, "preference", rows))
+            assert [len(c) for c in chunks] == [min(rows, 10 - i) for i in range(0, 10, rows)]
+            pd.testing.assert_frame_equal(pd.concat(chunks, ignore_index=True), whole)
+    monkeypatch.undo()
+    margins = [1.0] * 8 + [float("inf"), 1.0]  # row 9's margin is not finite
+    pd.DataFrame(pref).assign(margin=margins).to_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=r"bad.parquet: column 'margin' must hold finite "
+                       r"numbers; 1 rows do not: rows 9 "):
+        list(loading.iter_table(DataSource(path=str(tmp_path / "bad.parquet")), "preference",
+                                4))
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not parquet")
+    with pytest.raises(DataError, match="broken.parquet: cannot read as parquet"):
+        list(loading.iter_table(DataSource(path=str(tmp_path / "broken.parquet")),
+                                "preference", 4))
+
+
 def test_repeats_are_found_across_chunks(tmp_path, monkeypatch):
     pref = _pairs(10)
     pref[8] = dict(pref[1])  # rows 2 and 9: different chunks
