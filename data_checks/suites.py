@@ -164,6 +164,26 @@ class ChunkedSuite:
         return out
 
 
+def one_page_per_set(context, merged: list[tuple[ChunkedSuite, dict]]) -> None:
+    """GX's Data Docs then show one validation page per data set, of its merged result (every
+    row), under its first chunk's run; the later chunks' results leave the context's store."""
+    from great_expectations.core.expectation_validation_result import (
+        ExpectationSuiteValidationResultSchema,
+    )
+
+    store = context.validation_results_store
+    by_batch = {f"rlhf-{suite.name}": result for suite, result in merged
+                if len(suite.results) > 1}
+    for key in store.list_keys():
+        _, run_name, _, batch = key.to_tuple()
+        if batch not in by_batch:
+            continue
+        if run_name == "rlhf-validate":
+            store.set(key, ExpectationSuiteValidationResultSchema().load(by_batch[batch]))
+        else:
+            store.remove_key(key)
+
+
 def suite_for(context, source, run_id, name: str, cfg: ValidationConfig,
               label: str) -> ChunkedSuite:
     """The GX validation of data set ``name`` (its kind's suite, added once per context)."""

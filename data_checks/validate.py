@@ -10,12 +10,11 @@ for the medians (4 bytes a row), and 64-bit row hashes for repeats.
 GX runs on every chunk with the whole suite (not on a sample): each chunk's cleaned rows, their
 index the rows' place in the data set, so GX's unexpected indices are the file's rows. The
 chunks' results are merged into one result per data set (counts summed, row lists joined,
-statistics recounted): ``results.json``, the summary and the failure messages read that.
-Uniqueness across chunks is the one expectation GX cannot see per chunk: the merged
-compound-unique result is recomputed from the row hashes of the whole set. GX's own Data Docs
-keep a validation page per chunk (run name ``rlhf-validate`` for the first, ``rlhf-validate
-rows N-`` for the others). Data of one chunk (the demo's) gives GX's result unchanged. The GX
-side (suites, the merge, Data Docs) is data_checks/suites.py.
+statistics recounted): ``results.json``, the summary, the failure messages and GX's own Data
+Docs (one validation page per data set) show that. Uniqueness across chunks is the one
+expectation GX cannot see per chunk: the merged compound-unique result is recomputed from the
+row hashes of the whole set. Data of one chunk (the demo's) gives GX's result unchanged. The
+GX side (suites, the merge, Data Docs) is data_checks/suites.py.
 """
 
 from __future__ import annotations
@@ -37,7 +36,13 @@ from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.files import write_cleaned
 from data_checks.loading import KINDS, DataError, forget_reads, take_chunks
 from data_checks.report import ValidationReport
-from data_checks.suites import build_gx_docs, kind_of, suite_context, suite_for
+from data_checks.suites import (
+    build_gx_docs,
+    kind_of,
+    one_page_per_set,
+    suite_context,
+    suite_for,
+)
 from data_checks.text_checks import TextTally, repeats, row_hashes
 from data_checks.token_files import ChunkTokens, TokenWriter, tokens_path, write_tokens
 from data_checks.tokens import Tokenized, frame_texts, tokenize_frame
@@ -197,6 +202,7 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
             report.results_json[suite.name] = merged
             report.failures += suite.failures(merged)
             report.stats[f"{suite.name}/n_rows"] = float(n_rows[suite.name])
+        one_page_per_set(context, suites)
         report.gx_context = context
         if n_rows.get("sft") and n_rows.get("preference"):
             sft_len = _median_response_length(medians["sft"])

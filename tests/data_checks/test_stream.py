@@ -3,6 +3,7 @@ chunk (first, last, either side of a boundary) is named by its row or line; repe
 across chunks; and chunked and one-chunk validation say and write the same."""
 
 import json
+import re
 
 import pytest
 
@@ -133,6 +134,17 @@ def test_repeats_are_found_across_chunks(tmp_path, monkeypatch):
     assert report.results_json["preference"]["success"] is False
     assert any(w.startswith("sft (") and "1 rows repeat another row's prompt + response: rows 8 "
                in w for w in report.warnings), report.warnings
+    # GX's Data Docs: one validation page per set (not per chunk), of the merged result
+    from data_checks.validate import write_data_docs
+
+    docs = write_data_docs(report, tmp_path / "docs")
+    pages = sorted((docs / "gx" / "validations").rglob("*.html"))
+    assert [p.name for p in pages] == ["rlhf-preference.html", "rlhf-prompts.html",
+                                       "rlhf-sft.html"], pages
+    page = " ".join(re.sub(r"<[^>]+>", " ", pages[0].read_text()).split())
+    assert "Status: Failed" in page and "Unsuccessful Expectations 1" in page
+    # the repeats across chunks, of the whole set's rows (not one chunk's 4 or 2)
+    assert "2 unexpected values found. 20% of 10 total rows." in page, page[:3000]
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 4])
