@@ -49,7 +49,7 @@ class ValidationReport:
             lines += [f"Reused: the same data files, checks and tokenizer passed before "
                       f"(validation key {self.reused[:16]}); the suites did not run again.", ""]
         if self.chunks_kept:
-            lines += [self.chunks_line()[0].upper() + self.chunks_line()[1:] + ".", ""]
+            lines += [self.chunks_line().capitalize() + ".", ""]
         lines += [f"- FAILED: {f}" for f in self.failures]
         lines += [f"- warning: {w}" for w in self.warnings]
         lines += ["", "| data | expectations passed | rows kept |", "|---|---|---|"]

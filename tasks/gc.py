@@ -87,8 +87,9 @@ class GcPlan(BaseModel):
         return [f for f in self.found if not f.delete]
 
 
-def _is_run_id(name: str) -> bool:
-    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
+def _is_hex(name: str, length: int) -> bool:
+    """A run id (32 hex digits) or a validation cache key (64)."""
+    return len(name) == length and all(c in "0123456789abcdef" for c in name)
 
 
 def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
@@ -98,7 +99,7 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
         return []
     out = [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
                  reason="left by a deletion that was stopped midway") for p in trash_in(root)]
-    folders = {p.name: p for p in root.iterdir() if p.is_dir() and _is_run_id(p.name)}
+    folders = {p.name: p for p in root.iterdir() if p.is_dir() and _is_hex(p.name, 32)}
     runs = stored_runs(uri, sorted(folders))
     finished = []
     for run_id, path in sorted(folders.items()):
@@ -208,10 +209,6 @@ def _pulls(cfg: PipelineConfig) -> list[Found]:
                   for cid, folder, pairs in pulled_in_full(cfg)]
 
 
-def _is_key(name: str) -> bool:
-    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
-
-
 def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
     """The validation cache's passed validations and tokenized chunks unused (read or
     written) for ``tracking.gc_cache_age_days``, one line each; those in use in one line."""
@@ -220,8 +217,8 @@ def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
         return []
     days = cfg.tracking.gc_cache_age_days
     chunks = chunk_folder(cache)
-    items = [p for p in cache.root.iterdir() if p.is_dir() and _is_key(p.name)]
-    items += [p for p in chunks.iterdir() if p.suffix == ".arrow" and _is_key(p.stem)] \
+    items = [p for p in cache.root.iterdir() if p.is_dir() and _is_hex(p.name, 64)]
+    items += [p for p in chunks.iterdir() if p.suffix == ".arrow" and _is_hex(p.stem, 64)] \
         if chunks.is_dir() else []
     out, used = [], []
     for path in sorted(items):
