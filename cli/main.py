@@ -85,6 +85,9 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
               f"  view: {ui_hint(result)}",
               f"  runs table: {runs_table_url(result.tracking_uri, result.experiment_id)}"]
     lines += [f"registered {what}: {ref}" for what, ref in registered(result).items()]
+    if result.registered is not None and result.registered.reason:
+        lines.append(f"  decision: {result.registered.reason}")
+    lines += result.health.lines() if result.health is not None else []
     lines += [f"checkpoints: {result.workdir}", ""]
     return "\n".join(lines)
 

@@ -242,7 +242,8 @@ def cmd_promote(args, config) -> int:
     from tasks.tracking.registry import promote
 
     name = config.tracking.registered_policy
-    before = promote(_tracking_uri(config), name, args.version, args.reason or "by hand")
+    before = promote(_tracking_uri(config), name, args.version, args.reason or "by hand",
+                     flagged=args.flagged)
     print(f"{name}: champion -> v{args.version} (previous-champion: v{before})")
     return 0
 
@@ -324,6 +325,9 @@ def add_commands(sub, config_for) -> None:
     common(prom)
     prom.add_argument("version", help="registered version number")
     prom.add_argument("--reason", help="recorded with the move")
+    prom.add_argument("--flagged", action="store_true",
+                      help="promote it although its PPO run was stopped by a health detector "
+                           "or flagged for reward hacking")
     prom.set_defaults(func=wrap(cmd_promote))
     back = sub.add_parser("rollback", help="champion back to previous-champion")
     common(back)

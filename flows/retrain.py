@@ -97,10 +97,12 @@ def challenge(config: PipelineConfig, batches: list[Batch],
         rm_data, judge_out = data, None
         if resolve_scorer(config, prep.judge) == "judge_model":
             rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
-            judge_out = judge_model(ctx, config, rm_data, champion.sft_dir)
+            judge_out = judge_model(ctx, config, rm_data,
+                                    ModelRecord(model=Artifact(path=champion.sft_dir)))
         trained = train_policy(ctx, config, prep, rm_data,
                                ModelRecord(model=Artifact(path=start.policy)),
-                               rm_init_dir=start.rm_init, reference_dir=start.reference)
+                               rm_init_dir=start.rm_init, reference_dir=start.reference,
+                               judge=judge_out)
         gate_out = gate(ctx, config, prep, data, champion, trained["ppo"],
                         trained["reward_model"], start.reference, judge_out)
         decision = gate_out.decision
@@ -114,7 +116,9 @@ def challenge(config: PipelineConfig, batches: list[Batch],
         mark_consumed(ctx, batches)
     result = finish(ctx, {"validate": data, **trained, "gate": gate_out, "register": reg},
                     config.tracking.keep_resume_state)
-    return RetrainResult(status="promoted" if decision.promote else "kept", decision=decision,
+    # the register stage may keep a champion the gate would change (a flagged challenger)
+    promoted = reg.promoted if reg.registered else decision.promote
+    return RetrainResult(status="promoted" if promoted else "kept", decision=decision,
                          run=result)
 
 

@@ -1,10 +1,10 @@
 """Stage wiring shared by every flow that trains (called inside a flow run), so the order of
 the stages lives in one place.
 
-The pipeline is [validate -> sft -> (reward_model -> reward_norm)] -> [(critic_init -> ppo)
--> evaluate] -> register. A retrain runs the two inner groups (``train_policy``) from the
-champion; a sweep runs the first bracket once (``shared_stages``) and the second per point
-(``rl_stages``).
+The pipeline is [validate -> sft -> (reward_model -> reward_norm [-> judge_model])] ->
+[(critic_init -> ppo) -> evaluate] -> register, judge_model being the judge of PPO's held-out
+checks. A retrain runs the two inner groups (``train_policy``) from the champion; a sweep runs
+the first bracket once (``shared_stages``) and the second per point (``rl_stages``).
 """
 
 from collections.abc import Callable, Iterator
@@ -16,6 +16,7 @@ from tasks.prepare import Prepared, prepare
 from tasks.results import PipelineResult
 from tasks.stages.critic_init import critic_init
 from tasks.stages.evaluate import evaluate
+from tasks.stages.judge_model import judge_model
 from tasks.stages.ppo import ppo
 from tasks.stages.records import DataRecord, ModelRecord, StageRecord
 from tasks.stages.register import register
@@ -47,10 +48,16 @@ Outputs = dict[str, StageRecord]
 
 
 def reward_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: DataRecord,
-                  start: ModelRecord, rm_init_dir: str | None = None) -> Outputs:
-    """reward_model (from ``start``'s trunk, or warm from ``rm_init_dir``) -> reward_norm."""
+                  start: ModelRecord, rm_init_dir: str | None = None,
+                  judge: ModelRecord | None = None) -> Outputs:
+    """reward_model (from ``start``'s trunk, or warm from ``rm_init_dir``) -> reward_norm,
+    and the judge reward model PPO's held-out checks score with (``judge``, a retrain gate's,
+    else trained here on the pairs the reward model held out), when they use one."""
     rm_out = reward_model(ctx, config, prep, data, start, init_dir=rm_init_dir)
-    return {"reward_model": rm_out, "reward_norm": reward_norm(ctx, config, data, rm_out)}
+    out = {"reward_model": rm_out, "reward_norm": reward_norm(ctx, config, data, rm_out)}
+    if config.ppo.health.uses_judge:
+        out["judge_model"] = judge or judge_model(ctx, config, data, start)
+    return out
 
 
 def policy_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: DataRecord,
@@ -60,16 +67,16 @@ def policy_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, data:
     rm_out = rewards["reward_model"]
     critic_out = critic_init(ctx, config, rm_out)
     ppo_out = ppo(ctx, config, prep, data, start, rm_out, rewards["reward_norm"], critic_out,
-                  reference_dir=reference_dir)
+                  judge=rewards.get("judge_model"), reference_dir=reference_dir)
     return {"critic_init": critic_out, "ppo": ppo_out}
 
 
 def train_policy(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: DataRecord,
                  start: ModelRecord, rm_init_dir: str | None = None,
-                 reference_dir: str | None = None) -> Outputs:
-    """reward_model -> reward_norm -> critic_init -> ppo, PPO starting from ``start``
-    (the SFT policy, or the champion in a retrain)."""
-    rewards = reward_stages(ctx, config, prep, data, start, rm_init_dir)
+                 reference_dir: str | None = None, judge: ModelRecord | None = None) -> Outputs:
+    """reward_model -> reward_norm [-> judge_model] -> critic_init -> ppo, PPO starting from
+    ``start`` (the SFT policy, or the champion in a retrain)."""
+    rewards = reward_stages(ctx, config, prep, data, start, rm_init_dir, judge)
     return {**rewards, **policy_stages(ctx, config, prep, data, start, rewards, reference_dir)}
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from rlhf_core.health.detectors import DETECTORS
 
 
 class _Frozen(BaseModel):
@@ -121,6 +123,40 @@ class RewardNormConfig(_Frozen):
     batch_size: int = Field(64, ge=1, description="Sequences per scoring batch.")
 
 
+class _HealthSwitches(_Frozen):
+    """The switches of ``ppo.health``; its detectors' sections are added from the table."""
+
+    enabled: bool = Field(
+        True, description="Watch PPO while it trains: held-out checks every ppo.eval_every "
+        "iterations and the detectors below; off: neither (and no judge reward model).")
+    judge: bool = Field(
+        True, description="Train a judge reward model on pairs the reward model never saw "
+        "(its held-out pairs; the judge_model stage) and score every held-out check with it: "
+        "the reward_hacking detector's independent scorer.")
+    keep_healthy: int = Field(
+        2, ge=1, description="Policy snapshots kept from the last healthy checks (and the "
+        "judge's best one); a stop restores the newest taken before its finding's onset.")
+
+    @property
+    def uses_judge(self) -> bool:
+        """A judge reward model scores the held-out checks (the pipeline trains one)."""
+        return self.enabled and self.judge
+
+
+def _detector_field(detector) -> tuple:
+    doc = (detector.rule.__doc__ or "").split("\n\n")[0]
+    return (detector.settings, Field(default_factory=detector.settings,
+                                     description=f"{detector.failure}: {' '.join(doc.split())}"))
+
+
+# ppo.health: the switches above and one section per detector of the table (its thresholds
+# and action), derived from rlhf_core/health/detectors.py DETECTORS
+HealthConfig = create_model(
+    "HealthConfig", __base__=_HealthSwitches,
+    __doc__="PPO's health: held-out checks and failure detectors (docs/health.md).",
+    **{d.name: _detector_field(d) for d in DETECTORS})
+
+
 class PPOConfig(_Frozen):
     iterations: int = Field(100, ge=1, description="PPO iterations (rollout + update).")
     rollout_batch_size: int = Field(64, ge=1, description="Prompts sampled per iteration.")
@@ -182,6 +218,16 @@ class PPOConfig(_Frozen):
     baseline_momentum: float = Field(
         0.9, ge=0, lt=1, description="reinforce_baseline: EMA momentum of the mean reward."
     )
+    eval_every: int | None = Field(
+        None, ge=1, description="A held-out check every N iterations (ppo.health); None: "
+        "about ten a run (iterations / 10)."
+    )
+    eval_prompts: int = Field(
+        128, ge=1, description="Held-out prompts each check answers (the first of the "
+        "eval_prompts data)."
+    )
+    health: HealthConfig = Field(default_factory=HealthConfig,
+                                 description="Held-out checks and failure detectors.")
 
     @model_validator(mode="after")
     def _divisible(self) -> PPOConfig:
@@ -210,6 +256,11 @@ class PPOConfig(_Frozen):
     @property
     def minibatch_size(self) -> int:
         return self.rollout_batch_size // self.num_minibatches
+
+    @property
+    def check_every(self) -> int:
+        """Iterations between held-out checks."""
+        return self.eval_every or max(1, self.iterations // 10)
 
 
 class Sampling(_Frozen):

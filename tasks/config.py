@@ -58,6 +58,10 @@ class TrackingConfig(BaseModel):
     registered_policy: str = Field("rlhf-policy", description="Registry name of the policy.")
     registered_reward_model: str = Field("rlhf-reward-model", description="Registry name, RM.")
     register_models: bool = Field(True, description="Register the final models.")
+    promote_flagged: bool = Field(
+        False, description="register: let a policy whose PPO run a health detector stopped, "
+        "or flagged for reward hacking, become champion when its rule or gate says so (an "
+        "explicit override; by default it stays challenger and the refusal says why).")
     progress: bool = Field(True, description="Show progress bars.")
     keep_checkpoints: int = Field(2, ge=1, description="Mid-stage checkpoints kept per stage.")
     keep_resume_state: bool = Field(

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, SerializeAsAny, field_validator
 from tasks.stages.records import (
     DataRecord,
     Decision,
+    HealthRecord,
+    PolicyRecord,
     RegisterRecord,
     StageRecord,
 )
@@ -56,6 +58,12 @@ class PipelineResult(BaseModel):
     def data(self) -> DataRecord | None:
         """The validate stage's record."""
         return self._stage("validate", DataRecord)
+
+    @property
+    def health(self) -> HealthRecord | None:
+        """What watching PPO found (None: no ppo stage ran)."""
+        ppo = self._stage("ppo", PolicyRecord)
+        return None if ppo is None else ppo.health
 
     @property
     def registered(self) -> RegisterRecord | None:

@@ -39,6 +39,7 @@ class FakeStageContext(StageContext):
         self.parent_tags: dict[str, str] = {}
         self.artifacts: dict[str, str] = {}  # artifact path -> local path
         self.tables: dict[str, list[dict]] = {}
+        self.parent_tables: dict[str, list[dict]] = {}
 
     @cached_property
     def client(self):
@@ -70,8 +71,8 @@ class FakeStageContext(StageContext):
     def log_text(self, text, artifact_file):
         self.artifacts[artifact_file] = text
 
-    def log_table(self, rows, artifact_file, spooled=False):
-        self.tables[artifact_file] = rows.to_dict("records")
+    def log_table(self, rows, artifact_file, spooled=False, parent=False):
+        (self.parent_tables if parent else self.tables)[artifact_file] = rows.to_dict("records")
 
     def log_datasets(self, files, context):
         return {name: f"digest-of-{Path(path).name}" for name, path in files.items()}

@@ -17,19 +17,22 @@ TEST_CONFIG = ROOT / "configs" / "test.yaml"  # the tiny end-to-end config
 
 
 def pipeline_stages() -> list[str]:
-    """The stages the pipeline flow runs: the table's, less the retrain's own."""
+    """The stages the pipeline flow runs (its held-out checks' judge included): the table's,
+    less the retrain's gate."""
     from tasks.stages.table import STAGES
 
-    return [name for name in STAGES if name not in ("judge_model", "gate")]
+    return [name for name in STAGES if name != "gate"]
 
 
 def ppo_iteration_metrics() -> list[str]:
     """What the ppo stage logs every iteration under the test configs (GAE, no KL loss term):
-    its table entry's metrics less the end's ``memory/*`` and the gold judge's ``judge/*``."""
+    its table entry's metrics less the end's ``memory/*``, the gold judge's ``judge/*`` and
+    the held-out checks' ``check/*``."""
     from tasks.stages.table import STAGES
 
     return [m for m in STAGES["ppo"].metrics
-            if not m.startswith(("memory/", "judge/")) and m != "loss/kl_loss_avg"]
+            if not m.startswith(("memory/", "judge/", "check/"))
+            and m not in ("loss/kl_loss_avg", "time/check_s")]
 
 # smaller than configs/test.yaml, for tests of concurrent runs on one store (the point is the
 # shared store, not the training): 2 PPO iterations, 8 evaluation prompts, one thread per run

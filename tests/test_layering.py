@@ -278,7 +278,7 @@ def test_no_import_circle_between_the_wings_of_tasks():
 
 
 # rlhf_core's layers, bottom up: a sub-package imports only those before it
-CORE_LAYERS = ["models", "parallel", "train", "ppo", "eval"]
+CORE_LAYERS = ["models", "parallel", "train", "ppo", "eval", "health"]
 
 
 def test_rlhf_core_layers_import_downwards_only():

@@ -10,7 +10,7 @@ standard deviations), and the RM-judge correlation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -27,8 +27,10 @@ Judge = Callable[[str, str, bool], float]
 @torch.inference_mode()
 def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
                   prompts: Sequence[str], sampling: Sampling, *, device: torch.device,
-                  precision: str = "fp32") -> dict[str, list]:
-    """Sample one response per prompt -> lists: response text, has_eos, length, score, kl.
+                  precision: str = "fp32",
+                  scorers: Mapping[str, ScalarHeadModel] | None = None) -> dict[str, list]:
+    """Sample one response per prompt -> lists: response text, has_eos, length, score, kl
+    (and one list per model of ``scorers``, e.g. a judge reward model, read like the score).
 
     ``sampling``: temperature, response budget and prompts per generation batch
     (``EvalConfig.sampling``). ``ref_policy`` None: no KL (the SFT policy sampled against
@@ -36,16 +38,17 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
     with autocast(precision, device):
         return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts,
                               sampling.temperature, sampling.max_new_tokens, device,
-                              sampling.batch_size)
+                              sampling.batch_size, dict(scorers or {}))
 
 
 def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
-                   max_new_tokens, device, batch_size) -> dict[str, list]:
+                   max_new_tokens, device, batch_size, scorers) -> dict[str, list]:
     gen_config = sampling_config(tokenizer, temperature, max_new_tokens,
                                  model_generation=getattr(policy, "generation_config", None))
     pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
     stops = torch.tensor([eos_id] if isinstance(eos_id, int) else eos_id)
-    out: dict[str, list] = {"response": [], "has_eos": [], "length": [], "score": [], "kl": []}
+    out: dict[str, list] = {"response": [], "has_eos": [], "length": [], "score": [], "kl": [],
+                            **{name: [] for name in scorers}}
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start: start + batch_size]
         prompt_ids = left_pad([encode(tokenizer, p) for p in chunk], pad_id).to(device)
@@ -59,6 +62,8 @@ def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, tempera
                                           responses, temperature)
             out["kl"] += ((logprobs - ref_lp) * mask).sum(1).float().tolist()
         scores = score_responses(reward_model, qr, pad_id, P, mask)
+        for name, scorer in scorers.items():
+            out[name] += score_responses(scorer, qr, pad_id, P, mask).float().tolist()
         for i in range(len(chunk)):
             text_ids = responses[i][mask[i] & ~torch.isin(responses[i], stops.to(device))]
             out["response"].append(tokenizer.decode(text_ids, skip_special_tokens=True))

@@ -40,6 +40,15 @@ def all_reduce_sum(values: torch.Tensor, group: dist.ProcessGroup | None = None
     return out
 
 
+def all_reduce_max(values: torch.Tensor, group: dist.ProcessGroup | None = None
+                   ) -> torch.Tensor:
+    """Elementwise maximum of ``values`` over the ranks of ``group``, in float64."""
+    out = values.detach().to(torch.float64).clone()
+    if world_size(group) > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return out
+
+
 def global_masked_moments(values: torch.Tensor, mask: torch.Tensor,
                           group: dist.ProcessGroup | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -35,9 +35,14 @@ import torch.distributed as dist
 from rlhf_core.models.models import PPOModels
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.parallel.fsdp import FullOptimizer, Sharded, shard
-from rlhf_core.parallel.global_stats import all_reduce_sum, global_masked_var, global_weighted_means
+from rlhf_core.parallel.global_stats import (
+    all_reduce_max,
+    all_reduce_sum,
+    global_masked_var,
+    global_weighted_means,
+)
 from rlhf_core.ppo.rollout import Experience
-from rlhf_core.ppo.trainer import PPOTrainer
+from rlhf_core.ppo.trainer import PPOTrainer, grad_groups
 from rlhf_core.train.optim import build_optimizer
 from rlhf_core.train.train_step import TrainStep
 
@@ -49,6 +54,7 @@ if TYPE_CHECKING:
 # identical on every rank: not averaged (an average could move them by a rounding error)
 SHARED_KEYS = ("lr", "episode", "objective/kl_coef")
 SUMMED_KEYS = ("val/num_eos_tokens", "throughput/tokens_per_s")
+MAX_KEYS = ("response/length_max",)  # the longest over every rank's shard
 
 
 def shard_rows(batch: int, k: int, world: int, rank: int) -> torch.Tensor:
@@ -132,7 +138,8 @@ class DataParallelPPO(PPOTrainer):
         total = self.cfg.iterations * self.cfg.ppo_epochs * self.cfg.num_minibatches
         self.optimizer, self.scheduler = build_optimizer(params, self.cfg.optim, total)
         self.train_step = TrainStep(params, self.optimizer, self.scheduler, old.max_grad_norm,
-                                    old.precision, old.device, name="ppo")
+                                    old.precision, old.device, name="ppo",
+                                    groups=grad_groups(self.policy_net, self.value_net))
         self.params = self.train_step.params
         nets = torch.nn.ModuleDict({"policy": self.policy_net})
         if self.value_net is not None:
@@ -206,12 +213,20 @@ class DataParallelPPO(PPOTrainer):
                           update_s: float) -> dict[str, float]:
         """The global batch's metrics (``stats`` from :meth:`update` are global already)."""
         local = super().iteration_metrics(exp, stats, rollout_s, update_s)
-        kept = set(stats) | set(SHARED_KEYS) | set(SUMMED_KEYS) | {"val/explained_variance"}
+        kept = set(stats) | set(SHARED_KEYS) | set(SUMMED_KEYS) | set(MAX_KEYS) | \
+            {"val/explained_variance", "objective/advantage_abs_mean"}
         out = global_weighted_means({k: v for k, v in local.items() if k not in kept},
                                     exp.responses.shape[0])
         summed = [k for k in SUMMED_KEYS if k in local]
         out.update(zip(summed, all_reduce_sum(torch.tensor([local[k] for k in summed]))
                        .tolist()))
+        maxed = [k for k in MAX_KEYS if k in local]
+        out.update(zip(maxed, all_reduce_max(torch.tensor([local[k] for k in maxed]))
+                       .tolist()))
+        mask = exp.response_mask
+        abs_sum, tokens = all_reduce_sum(torch.stack([(exp.advantages.abs() * mask).sum(),
+                                                      mask.sum().to(exp.advantages.dtype)]))
+        out["objective/advantage_abs_mean"] = float(abs_sum / tokens)  # a token mean
         if "val/explained_variance" in local:
             out["val/explained_variance"] = self._explained_variance(exp)
         out.update({k: local[k] for k in (*SHARED_KEYS, *stats) if k in local})
@@ -228,11 +243,19 @@ class DataParallelPPO(PPOTrainer):
                      / var_r)
 
     # -- the loop ---------------------------------------------------------------------------
+    def agree_to_stop(self, stop: bool) -> bool:
+        """Every rank stops when one does (each runs the same checks and detectors on the
+        same global metrics, so they agree; this makes sure)."""
+        return bool(all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
+
     def train(self, on_iteration=None, progress: bool = True, monitor=None,
-              checkpointer=None) -> dict:
+              checkpointer=None, watch=None, on_verdict=None) -> dict:
         """PPOTrainer.train on every rank: ``monitor``'s metrics are averaged over the global
-        batch; only rank 0 calls ``on_iteration``, shows progress and saves checkpoints."""
+        batch; only rank 0 calls ``on_iteration`` and ``on_verdict``, shows progress, saves
+        checkpoints and healthy snapshots."""
         main = self.dp.is_main
+        if watch is not None:
+            watch.writes = main
         if monitor is not None:
             local_monitor = monitor
 
@@ -244,7 +267,7 @@ class DataParallelPPO(PPOTrainer):
         elif checkpointer is not None and not main:
             checkpointer = _RestoreOnly(checkpointer)
         return super().train(on_iteration if main else None, progress and main, monitor,
-                             checkpointer)
+                             checkpointer, watch, on_verdict if main else None)
 
 
 def make_trainer(models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,

@@ -15,13 +15,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from rlhf_core.config import PPOConfig
 from rlhf_core.faults import crash_point
-from rlhf_core.masked import trusted_masks
+from rlhf_core.masked import masked_mean, trusted_masks
 from rlhf_core.memory import HeapTrimmer
 from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.data import ShuffledBatches, left_pad
@@ -46,6 +46,26 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 IterationFn = Callable[[int, dict[str, float], list[dict] | None], None]
+
+
+class Watcher(Protocol):
+    """What the loop asks of a watch (rlhf_core/health/watch.py ``Watch``, a layer above):
+    ``observe`` after each iteration (0: before the first) -> a verdict whose ``stop`` is the
+    finding that ends PPO, or None; on a stop, ``restore_healthy`` puts the last healthy
+    snapshot back; its state travels in the checkpoints."""
+
+    def observe(self, trainer: PPOTrainer, iteration: int, metrics: dict[str, float]) -> Any: ...
+
+    def first_stop(self) -> Any: ...
+
+    def restore_healthy(self, trainer: PPOTrainer, finding: Any) -> int | None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+VerdictFn = Callable[[Any], None]
 MonitorFn = Callable[[list[str], list[str], list[bool]], dict[str, float]]
 
 
@@ -56,6 +76,18 @@ def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> fl
     for (weight, _), value in zip(pairs, values):
         total += value if weight == 1.0 else weight * value
     return total / n_updates
+
+
+# the pre-clip gradient norm of each trained model, averaged over an iteration's steps
+GRAD_NORM_KEYS = {"policy": "policy/grad_norm_avg", "value": "val/grad_norm_avg"}
+
+
+def grad_groups(policy: torch.nn.Module, value_model: torch.nn.Module | None) -> dict:
+    """The trained models' parameters by name, whose gradient norms are recorded apart."""
+    groups = {"policy": list(policy.parameters())}
+    if value_model is not None:
+        groups["value"] = list(value_model.parameters())
+    return groups
 
 
 def make_kl_controller(cfg: PPOConfig):
@@ -113,7 +145,8 @@ class PPOTrainer:
         total = cfg.iterations * cfg.ppo_epochs * cfg.num_minibatches
         self.optimizer, self.scheduler = build_optimizer(params, cfg.optim, total)
         self.train_step = TrainStep(params, self.optimizer, self.scheduler,
-                                    cfg.optim.max_grad_norm, precision, device, name="ppo")
+                                    cfg.optim.max_grad_norm, precision, device, name="ppo",
+                                    groups=grad_groups(self.policy, self.value_model))
         self.params = self.train_step.params
         # ppo.compile: the trained models' decoder blocks compiled for the update (static
         # shapes: prompts padded to a multiple of 16, responses to max_new_tokens)
@@ -122,6 +155,9 @@ class PPOTrainer:
         self.kl_ctl = make_kl_controller(cfg)
         self.iteration, self.episode = 0, 0
         self.world_size = 1  # data-parallel ranks (rlhf_core/ppo/ppo_dist.py sets it)
+        # a health finding that ended PPO, and the iteration of the snapshot restored
+        self.stopped: Any = None
+        self.restored_iteration: int | None = None
         self.prompt_stream = ShuffledBatches(len(self.prompt_ids),
                                              cfg.rollout_batch_size // cfg.samples_per_prompt,
                                              generator)
@@ -210,6 +246,9 @@ class PPOTrainer:
                     self.train_step.run(
                         [lambda rows=rows, scale=scale, n=n_tokens: micro_batch(rows, scale, n)
                          for rows, scale in self.minibatch_rows(idx)], self.iteration + 1)
+                    for group, norm in self.train_step.group_norms.items():
+                        # the same on every rank: each adds its 1/world share of the mean
+                        recorded[GRAD_NORM_KEYS[group]].append((1.0 / self.world_size, norm))
                     n_updates += 1
         return {key: _weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
 
@@ -258,6 +297,8 @@ class PPOTrainer:
         mask = exp.response_mask
         non_score = exp.non_score_rewards.sum(1).mean()
         n_tokens = float(mask.sum())
+        lengths = mask.sum(1)
+        truncated = (lengths >= self.cfg.max_new_tokens) & ~exp.has_eos  # cut at the budget
         metrics = {
             "objective/kl": float(exp.kl.sum(1).mean()),
             "objective/entropy": float((-exp.logprobs * mask).sum(1).mean()),
@@ -267,7 +308,10 @@ class PPOTrainer:
             "objective/raw_scores": float(exp.raw_scores.mean()),
             "objective/kl_coef": float(self.kl_ctl.value),
             "val/num_eos_tokens": float(exp.has_eos.sum()),
-            "response/length_mean": float(mask.sum(1).float().mean()),
+            "objective/advantage_abs_mean": float(masked_mean(exp.advantages.abs(), mask)),
+            "response/length_mean": float(lengths.float().mean()),
+            "response/length_max": float(lengths.max()),
+            "response/truncated_rate": float(truncated.float().mean()),
             "response/eos_rate": float(exp.has_eos.float().mean()),
             "lr": self.scheduler.get_last_lr()[0],
             "episode": float(self.episode),
@@ -319,28 +363,41 @@ class PPOTrainer:
             models["value"] = self.value_model
         return Checkpointer(root, models, self.cfg.checkpoint_every, keep_last, label="ppo")
 
-    def _loop_state(self, last: dict) -> dict:
-        return {"iteration": self.iteration, "episode": self.episode,
-                "kl_coef": self.kl_ctl.value, **self.prompt_stream.state_dict(), "last": last,
-                "algorithm": self.algorithm.state_dict(), "world_size": self.world_size}
+    def _loop_state(self, last: dict, watch: Watcher | None = None) -> dict:
+        state = {"iteration": self.iteration, "episode": self.episode,
+                 "kl_coef": self.kl_ctl.value, **self.prompt_stream.state_dict(), "last": last,
+                 "algorithm": self.algorithm.state_dict(), "world_size": self.world_size}
+        if watch is not None:
+            state["watch"] = watch.state_dict()
+        return state
 
-    def _load_loop_state(self, state: dict) -> dict:
+    def _load_loop_state(self, state: dict, watch: Watcher | None = None) -> dict:
         check_world_size(state.get("world_size", 1), self.world_size)
         self.iteration, self.episode = state["iteration"], state["episode"]
         self.kl_ctl.value = state["kl_coef"]
         self.prompt_stream.load_state_dict(state)
         self.algorithm.load_state_dict(state.get("algorithm", {}))
+        if watch is not None and "watch" in state:
+            watch.load_state_dict(state["watch"])
         return state["last"]
 
+    def agree_to_stop(self, stop: bool) -> bool:
+        """Whether every process stops (one process: its own view)."""
+        return stop
+
     def train(self, on_iteration: IterationFn | None = None, progress: bool = True,
-              monitor: MonitorFn | None = None,
-              checkpointer: Checkpointer | None = None) -> dict:
+              monitor: MonitorFn | None = None, checkpointer: Checkpointer | None = None,
+              watch: Watcher | None = None, on_verdict: VerdictFn | None = None) -> dict:
         """Run the remaining iterations; on_iteration(iteration, metrics, samples|None).
 
         ``monitor(prompts, responses, has_eos)`` adds metrics computed on the decoded rollouts
         (e.g. a gold judge's score, for evaluation only: it never enters the reward).
         ``checkpointer`` (see :meth:`checkpointer`): resume from its latest checkpoint, save
-        every N iterations.
+        every N iterations. ``watch`` (rlhf_core/health/watch.py): held-out checks (the start
+        policy's first, logged at step 0) and the detectors after each iteration, their
+        metrics joining the iteration's, each verdict to ``on_verdict``; a finding whose
+        action is stop ends the loop with the last healthy snapshot restored
+        (:attr:`stopped`, :attr:`restored_iteration`).
         """
         from tqdm.auto import tqdm
 
@@ -349,7 +406,14 @@ class PPOTrainer:
             restored = checkpointer.restore(self.optimizer, self.scheduler, self.generator,
                                             self.cfg.optim.lr)
             if restored is not None:
-                last = self._load_loop_state(restored[1])
+                last = self._load_loop_state(restored[1], watch)
+        if watch is not None and self.iteration == 0:  # the start policy's check
+            start: dict[str, float] = {}
+            verdict = watch.observe(self, 0, start)
+            if on_iteration and start:
+                on_iteration(0, start, None)
+            if on_verdict:
+                on_verdict(verdict)
         bar = tqdm(total=self.cfg.iterations, initial=self.iteration, desc="ppo",
                    disable=not progress, leave=False)
         heap = HeapTrimmer()
@@ -359,17 +423,30 @@ class PPOTrainer:
             if monitor is not None:
                 prompts, responses = self.decode(exp)
                 last.update(monitor(prompts, responses, exp.has_eos.tolist()))
+            verdict = watch.observe(self, self.iteration, last) if watch is not None else None
             samples = None
             if self.iteration % self.cfg.sample_every == 0 or self.iteration == 1:
                 samples = self.sample_rows(exp, self.cfg.num_samples)
             if on_iteration:
                 on_iteration(self.iteration, last, samples)
-            if checkpointer is not None and checkpointer.due(self.iteration,
-                                                             self.cfg.iterations):
-                checkpointer.save(self.iteration, self.optimizer, self.scheduler,
-                                  self.generator, self._loop_state(last))
+            if verdict is not None and on_verdict:
+                on_verdict(verdict)
             bar.update(1)
             bar.set_postfix(score=f"{last['objective/scores']:.2f}",
                             kl=f"{last['objective/kl']:.2f}")
+            if verdict is not None and self.agree_to_stop(verdict.stop is not None):
+                self.stop_at(watch, verdict)
+                break
+            if checkpointer is not None and checkpointer.due(self.iteration,
+                                                             self.cfg.iterations):
+                checkpointer.save(self.iteration, self.optimizer, self.scheduler,
+                                  self.generator, self._loop_state(last, watch))
         bar.close()
         return last
+
+    def stop_at(self, watch: Watcher, verdict: Any) -> None:
+        """End PPO on ``verdict``'s stop (or, under data parallelism, another rank's): the
+        last healthy snapshot back in the models."""
+        self.stopped = verdict.stop or watch.first_stop()
+        if self.stopped is not None:
+            self.restored_iteration = watch.restore_healthy(self, self.stopped)

@@ -33,10 +33,16 @@ class TrainStep:
     def __init__(self, params: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                  scheduler, max_grad_norm: float, precision: str = "fp32",
                  device: torch.device | str = "cpu", name: str = "train",
-                 no_sync: Callable | None = None):
+                 no_sync: Callable | None = None,
+                 groups: dict[str, Iterable[torch.nn.Parameter]] | None = None):
         """``no_sync``: a DDP module's ``no_sync`` (data parallel): every micro-batch but an
-        optimizer step's last one accumulates locally, the last one all-reduces the sum."""
+        optimizer step's last one accumulates locally, the last one all-reduces the sum.
+        ``groups``: named parameter groups (e.g. policy and value model) whose own pre-clip
+        gradient norms each step records in :attr:`group_norms` (the clip stays global)."""
         self.params = [p for p in params if p.requires_grad]
+        self.groups = {name: [p for p in group if p.requires_grad]
+                       for name, group in (groups or {}).items()}
+        self.group_norms: dict[str, torch.Tensor] = {}
         self.optimizer, self.scheduler = optimizer, scheduler
         self.max_grad_norm, self.precision = max_grad_norm, precision
         self.device, self.name = torch.device(device), name
@@ -66,6 +72,7 @@ class TrainStep:
         """Unscale, clip, check the gradient norm, step optimizer and schedule -> grad norm."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
+        self.group_norms = {name: self._norm(group) for name, group in self.groups.items()}
         grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         losses = torch.stack([loss.float() for loss in self._losses])
         finite = torch.stack([torch.isfinite(losses).all(), torch.isfinite(grad_norm)]).tolist()
@@ -83,6 +90,15 @@ class TrainStep:
             self.optimizer.step()
         self.scheduler.step()
         return grad_norm
+
+    @staticmethod
+    def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """The 2-norm of the gradients of ``params`` (0 when none has one), read before the
+        clip; no gradient is changed."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return torch.zeros(())
+        return full_norm(torch.nn.utils.get_total_norm(grads))
 
     def run(self, micro_batches: Iterable[MicroBatch], step: int) -> torch.Tensor:
         """One optimizer step over the micro-batches (their losses computed under autocast)

@@ -9,7 +9,9 @@
   nothing;
 - ``rlhf.collection.ready``: a labelling file was written (``rlhf.collection.<id>``);
 - ``rlhf.champion.promoted`` / ``rlhf.champion.kept``: a retrain's outcome
-  (``rlhf.policy.<registered name>``).
+  (``rlhf.policy.<registered name>``);
+- ``rlhf.ppo.unhealthy``: a PPO health detector fired (``rlhf.run.<parent run id>``; label
+  ``rlhf.detector``: its name; payload: iteration, action, message, advice, evidence).
 
 Without a Prefect API (no server, no ephemeral one) an event is dropped silently, as
 Prefect does.
@@ -22,11 +24,13 @@ from typing import Any
 LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
 QUARANTINED = "rlhf.preferences.quarantined"
 PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
+UNHEALTHY = "rlhf.ppo.unhealthy"
 TRAINED = ("bootstrapped", "promoted", "kept")  # the retrain outcomes that trained a policy
 # the events' resources (+ batch digest, collection id, registered policy name) and labels:
 # Prefect's vocabulary, not MLflow tags (those are in tasks/tracking/tags.py)
 PREFERENCES_RESOURCE, COLLECTION_RESOURCE = "rlhf.preferences.", "rlhf.collection."
-POLICY_RESOURCE = "rlhf.policy."
+POLICY_RESOURCE, RUN_RESOURCE = "rlhf.policy.", "rlhf.run."  # + a pipeline's parent run id
+DETECTOR_LABEL = "rlhf.detector"  # the health detector that fired
 POLICY_LABEL, POLICY_VERSION_LABEL = "rlhf.policy", "rlhf.policy_version"
 IMPORTED_BY_LABEL, LABELS_FILE_LABEL = "rlhf.imported_by", "rlhf.labels.file"
 OUTCOME_LABEL = "rlhf.outcome"

@@ -89,3 +89,20 @@ def register_decision(champion: dict | None, scorer: str | None, key: str,
                     champion_score=current,
                     reason=f"{key} {score:.4g} {word} champion v{v}'s {current:.4g} (same "
                            f"scorer: {scorer})")
+
+
+def health_veto(decision: Decision, blocked: str | None, override: bool) -> Decision:
+    """A policy whose PPO run a health detector stopped, or flagged for reward hacking
+    (``blocked``: why), is not made champion without an explicit override
+    (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``): the refusal names
+    the reason. Any other decision stands."""
+    if not decision.promote or blocked is None:
+        return decision
+    if override:
+        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
+                                           f"{blocked} (tracking.promote_flagged)"})
+    return Decision(promote=False, verdict="health", scorer=decision.scorer,
+                    champion_score=decision.champion_score,
+                    reason=f"not made champion: {blocked} (to promote it anyway: "
+                           f"tracking.promote_flagged, or rlhf promote VERSION --flagged); "
+                           f"without that: {decision.reason}")

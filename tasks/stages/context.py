@@ -132,14 +132,16 @@ class StageContext:
     def log_text(self, text: str, artifact_file: str) -> None:
         log_text(self.client, self.run_id, text, artifact_file)
 
-    def log_table(self, rows: pd.DataFrame, artifact_file: str, spooled: bool = False) -> None:
-        """An MLflow table on the stage's run; ``spooled``: through the run's spool (sent
-        now, or once the server is back: the training loop's tables)."""
+    def log_table(self, rows: pd.DataFrame, artifact_file: str, spooled: bool = False,
+                  parent: bool = False) -> None:
+        """An MLflow table on the stage's run (``parent``: the pipeline's parent run);
+        ``spooled``: through the run's spool (sent now, or once the server is back: the
+        training loop's tables)."""
+        run_id = self.run.parent_run_id if parent else self.run_id
         if spooled:
-            spool_table(spool_for(self.client, self.run_id, self.run.workdir), rows,
-                        artifact_file)
+            spool_table(spool_for(self.client, run_id, self.run.workdir), rows, artifact_file)
         else:
-            log_table(self.client, self.run_id, rows, artifact_file)
+            log_table(self.client, run_id, rows, artifact_file)
 
     def log_datasets(self, files: dict[str, Path], context: str) -> dict[str, str]:
         """The data files as MLflow dataset inputs of the stage's and the parent run ->

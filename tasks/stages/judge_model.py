@@ -1,10 +1,13 @@
-"""judge_model (a retrain's stage): the gate's judge reward model, trained on the pairs the
-judge split (``judge_split``, a task before the reward model) held out, so it shares no
-training pair with the reward model the challenger was optimised against."""
+"""judge_model: a judge reward model, an independent scorer trained on pairs the reward model
+never saw. In a retrain (the gate's scorer ``judge_model``) on the pairs the judge split
+(``judge_split``, a task before the reward model) held out; in the pipeline on the reward
+model's own held-out pairs, to score PPO's held-out checks (``ppo.health.judge``). So it
+shares no training pair with the reward model the policy is optimised against."""
 
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +22,7 @@ from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
-from tasks.stages.reward_model import TRAIN_METRICS
+from tasks.stages.reward_model import TRAIN_METRICS, preference_split
 from tasks.stages.run import stage_task
 from tasks.stages.token_data import preference_pairs
 from tasks.tracking.artifacts import Artifact, local_copy
@@ -94,15 +97,23 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
                                    "judge_rows": str(target / "judge_preference.jsonl")})
 
 
-def body(sc: StageContext, data: DataRecord, init_dir: str) -> ModelRecord:
-    """A fresh head on ``init_dir`` (the SFT policy), trained on ``judge_preference.jsonl``."""
+def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
+    """A fresh head on ``start``'s policy (the SFT policy), trained on the judge split's
+    ``judge_preference.jsonl`` (a retrain's), else on the reward model's held-out pairs
+    (``preference_eval.jsonl``, or the first ``reward.eval_fraction`` of the pairs)."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
-    path = sc.local(data.data, "the judge split") / "judge_preference.jsonl"
-    pairs = preference_pairs(path, tokenizer)  # the gate's ids, else encoded here
-    margins = pair_margins(read_jsonl(path), True) if cfg.reward.use_margin else None
-    model = new_scalar_model(init_dir, spec)
+    folder = sc.local(data.data, "validate's data")
+    if data.judge_rows is not None:
+        path = folder / "judge_preference.jsonl"
+        pairs = preference_pairs(path, tokenizer)  # the gate's ids, else encoded here
+        rows = partial(read_jsonl, path)
+    else:
+        split = preference_split(folder, tokenizer, cfg.reward)
+        pairs, rows = split.held_out, split.held_rows
+    margins = pair_margins(rows(), True) if cfg.reward.use_margin else None
+    model = new_scalar_model(sc.local(start.model, "the policy the judge starts from"), spec)
     epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
     reward = cfg.reward.model_copy(update={"epochs": epochs})
     train_reward_model(model, pairs, margins, tokenizer.pad_token_id, reward, device,

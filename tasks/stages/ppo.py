@@ -19,6 +19,7 @@ from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
 from tasks.runtime.memory import peak_memory, state_bytes
 from tasks.stages.context import Stage, StageContext
+from tasks.stages.health import HealthLog, make_watch
 from tasks.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
 from tasks.stages.run import stage_task
 from tasks.stages.token_data import text_ids
@@ -49,6 +50,8 @@ def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_s
     rm_base = (norm_stats["mean"], norm_stats["std"])
 
     def add(metrics: dict, rows: list[dict] | None) -> dict:
+        if "judge/score" not in metrics:  # the start policy's check: no rollout yet
+            return metrics
         for row in rows or []:
             row["judge_score"] = judge(row["prompt"], row["response"], row["has_eos"])
         gap = rm_judge_gap(metrics["objective/raw_scores"], metrics["judge/score"], rm_base,
@@ -59,9 +62,10 @@ def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_s
 
 
 def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord, rm: ModelRecord,
-         norm: NormRecord, critic: ModelRecord,
+         norm: NormRecord, critic: ModelRecord, judge: ModelRecord | None = None,
          reference_dir: str | None = None) -> PolicyRecord | None:
-    """PPO from the policy in ``start`` (KL reference: the same policy, or ``reference_dir``).
+    """PPO from the policy in ``start`` (KL reference: the same policy, or ``reference_dir``),
+    watched (``ppo.health``: held-out checks scored by ``judge`` too, and the detectors).
     In the task's process or on each torchrun rank: every rank rolls out its share of each
     batch; only rank 0 logs, writes samples, checkpoints and the final models, and returns
     the record."""
@@ -98,12 +102,28 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
 
     ck = sc.stop_on_outage(trainer.checkpointer(sc.checkpoint_dir,
                                                 cfg.tracking.keep_checkpoints))
+    watch, check_prompts = make_watch(sc, data_dir, judge, prep.judge)
+    health = HealthLog(sc, watch, check_prompts) if watch is not None else None
     with peak_memory() as memory:  # under data parallelism: rank 0's
         last = trainer.train(on_iteration, progress=sc.progress,
-                             monitor=judge_monitor(prep.judge), checkpointer=ck)
+                             monitor=judge_monitor(prep.judge), checkpointer=ck, watch=watch,
+                             on_verdict=health)
     if not sc.is_main:
         return None
-    return _finish(sc, trainer, tokenizer, samples, last, memory)
+    record = _finish(sc, trainer, tokenizer, samples, last, memory)
+    if health is None:
+        return record
+    return record.model_copy(update={"health": health.record(trainer),
+                                     "figures": health_figures(trainer)})
+
+
+def health_figures(trainer) -> dict:
+    """What the summary shows of a stop (nothing without one)."""
+    if trainer.stopped is None:
+        return {}
+    kept = trainer.restored_iteration
+    return {"stopped by": f"{trainer.stopped.detector} at iteration {trainer.stopped.iteration}",
+            "policy kept": "as it was" if kept is None else f"iteration {kept}"}
 
 
 def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dict,
@@ -124,18 +144,26 @@ def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dic
 
 
 # per iteration (TRL's names; value metrics with a critic, loss/kl_loss_avg with ppo.kl_in_loss,
-# judge/* with a gold judge), then memory/* at the end (peak_gpu_gb on CUDA)
+# judge/* with a gold judge), check/* at each held-out check (iteration 0: the start policy's;
+# check/judge_score with a judge model, check/gold_score with a gold judge), then memory/* at
+# the end (peak_gpu_gb on CUDA)
 STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=2, ranks=True,
               metrics=("objective/kl", "objective/entropy", "objective/non_score_reward",
                        "objective/rlhf_reward", "objective/scores", "objective/raw_scores",
-                       "objective/kl_coef", "policy/approxkl_avg", "policy/clipfrac_avg",
-                       "policy/entropy_avg", "loss/policy_avg", "loss/value_avg",
+                       "objective/kl_coef", "objective/advantage_abs_mean",
+                       "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg",
+                       "policy/grad_norm_avg", "loss/policy_avg", "loss/value_avg",
                        "loss/kl_loss_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var",
-                       "val/num_eos_tokens", "val/explained_variance", "response/length_mean",
-                       "response/eos_rate", "lr", "episode", "time/rollout_s", "time/update_s",
-                       "throughput/tokens_per_s", "judge/score", "judge/rm_gain_z",
-                       "judge/judge_gain_z", "judge/rm_judge_gap_z", "memory/peak_rss_gb",
+                       "val/num_eos_tokens", "val/explained_variance", "val/grad_norm_avg",
+                       "response/length_mean", "response/length_max",
+                       "response/truncated_rate", "response/eos_rate", "lr", "episode",
+                       "time/rollout_s", "time/update_s", "throughput/tokens_per_s",
+                       "judge/score", "judge/rm_gain_z", "judge/judge_gain_z",
+                       "judge/rm_judge_gap_z", "check/proxy_score", "check/judge_score",
+                       "check/gold_score", "check/kl", "check/length_mean", "check/eos_rate",
+                       "check/distinct_rate", "time/check_s", "memory/peak_rss_gb",
                        "memory/peak_gpu_gb", "memory/model_state_gb"),
-              artifacts=("samples/iter_*.json", "samples/all.json", "checkpoint/policy"))
+              artifacts=("samples/iter_*.json", "samples/all.json", "checks/iter_*.json",
+                         "health.json", "checkpoint/policy"))
 
 ppo = stage_task(STAGE)

@@ -80,12 +80,69 @@ class NormRecord(StageRecord):
     stats: dict[str, float]
 
 
+class HealthFinding(BaseModel):
+    """A detector that fired during PPO (rlhf_core/health/detectors.py): when, what it saw,
+    what its action was and what the guides advise."""
+
+    model_config = ConfigDict(extra="forbid")
+    detector: str
+    failure: str
+    iteration: int
+    onset: int
+    last_healthy: int
+    action: str  # warn or stop
+    message: str
+    advice: str
+    evidence: dict[str, float] = {}
+
+    def line(self) -> str:
+        """One line for summaries: what fired, when, and the advice."""
+        return (f"{self.failure} ({self.detector}) at iteration {self.iteration}: "
+                f"{self.message}. Advice: {self.advice}.")
+
+
+class HealthRecord(BaseModel):
+    """What watching PPO found: its findings, and whether (and at what) it stopped PPO and
+    which healthy snapshot the policy is."""
+
+    model_config = ConfigDict(extra="forbid")
+    checks: int = 0  # held-out checks made
+    findings: list[HealthFinding] = []
+    stopped_by: str | None = None  # the detector whose stop ended PPO
+    restored_iteration: int | None = None  # the snapshot the stopped stage's policy is
+
+    @property
+    def flags(self) -> list[str]:
+        return [f.detector for f in self.findings]
+
+    def lines(self) -> list[str]:
+        """For summaries: one line per finding (with the guides' advice), and the stop."""
+        out = [f"PPO health: {f.line()}" for f in self.findings]
+        if self.stopped_by is not None:
+            out.append(f"PPO stopped: {self.blocks_champion}.")
+        return out
+
+    @property
+    def blocks_champion(self) -> str | None:
+        """Why this policy may not become champion without an override (None: it may):
+        PPO was stopped, or reward hacking was found."""
+        if self.stopped_by is not None:
+            kept = "" if self.restored_iteration is None else \
+                f", the policy kept is its snapshot of iteration {self.restored_iteration}"
+            return f"PPO was stopped by its {self.stopped_by} detector{kept}"
+        if "reward_hacking" in self.flags:
+            return "PPO's reward_hacking detector fired"
+        return None
+
+
 class PolicyRecord(StageRecord):
-    """ppo: the trained policy (and value model, when there is a critic)."""
+    """ppo: the trained policy (and value model, when there is a critic) and what watching
+    it found."""
 
     LEGACY = {"policy": "policy_dir"}
     policy: Artifact
     value_dir: str | None = None
+    health: HealthRecord = HealthRecord()
 
 
 class EvalRecord(StageRecord):

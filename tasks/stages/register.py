@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.models.loader import LoadSpec
-from tasks.champion.rule import champion_evaluation, register_decision, score_key
+from tasks.champion.rule import (
+    champion_evaluation,
+    health_veto,
+    register_decision,
+    score_key,
+)
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import (
@@ -33,6 +38,8 @@ from tasks.tracking.runs import RunContext, find_stage_run
 from tasks.tracking.tags import (
     ANCESTRY_TAG,
     GATE_TAG,
+    HEALTH_FLAGS_TAG,
+    HEALTH_STOPPED_TAG,
     PIPELINE_RUN_TAG,
     PPO_RUN_TAG,
     REGISTER_DECISION_TAG,
@@ -82,6 +89,16 @@ def lineage_tags(ctx: RunContext, rm: ModelRecord, policy: PolicyRecord,
     return tags
 
 
+def health_tags(policy: PolicyRecord) -> dict[str, str]:
+    """What the version records of its PPO run's health: the detectors that fired, and the
+    stop (`rlhf promote` reads them)."""
+    health = policy.health
+    tags = {HEALTH_FLAGS_TAG: ",".join(health.flags)}
+    if health.stopped_by is not None:
+        tags[HEALTH_STOPPED_TAG] = health.blocks_champion or health.stopped_by
+    return tags
+
+
 def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: ModelRecord,
          data: DataRecord, lineage: dict | None = None,
          decision: Decision | None = None) -> RegisterRecord:
@@ -107,6 +124,8 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
                                  getattr(evaluation, "scorer", None), key, score)
     else:
         rule = decision
+    if not moved:
+        rule = health_veto(rule, policy.health.blocks_champion, cfg.tracking.promote_flagged)
     card = policy_card(cfg, ctx.parent_run_id, evaluation.metrics)
     pause_point("register:log_models")
     version, rm_version = adopted or one_try(
@@ -117,7 +136,7 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
             {"max_new_tokens": cfg.eval.max_new_tokens, "temperature": cfg.eval.temperature}),
         # the server back: keep a whole set it took, or delete a partial one and log again
         lambda: earlier_registration(client, (name, rm_name), run_id))
-    tags = {**lineage_tags(ctx, rm, policy, lineage),
+    tags = {**lineage_tags(ctx, rm, policy, lineage), **health_tags(policy),
             REGISTER_DECISION_TAG: rule.register_tag, REGISTER_REASON_TAG: rule.reason}
     # the chain of versions this one descends from: "v1 -> v2 -> v3"
     tags[ANCESTRY_TAG] = " -> ".join(x for x in (tags.get(ANCESTRY_TAG, ""), f"v{version}") if x)

@@ -21,8 +21,8 @@ from tasks.stages import (
 from tasks.stages.context import Stage
 
 STAGES: dict[str, Stage] = {m.STAGE.name: m.STAGE for m in (
-    validate, sft, reward_model, reward_norm, critic_init, ppo, evaluate, register,
-    judge_model, gate)}
+    validate, sft, reward_model, reward_norm, judge_model, critic_init, ppo, evaluate,
+    register, gate)}
 
 # stages that run on torchrun ranks and can be routed to another machine's worker
 DISTRIBUTED = tuple(name for name, stage in STAGES.items() if stage.ranks)

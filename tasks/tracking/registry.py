@@ -17,6 +17,8 @@ from tasks.tracking.errors import RegistryError
 from tasks.tracking.tags import (
     ALIAS_LOG_TAG,
     CHAMPION_SINCE_TAG,
+    HEALTH_FLAGS_TAG,
+    HEALTH_STOPPED_TAG,
     PARENT_TAG,
     REGISTER_DECISION_TAG,
     REGISTER_REASON_TAG,
@@ -90,15 +92,34 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
     return before
 
 
-def promote(tracking_uri: str, name: str, version: str | int, reason: str) -> str | None:
+def promote(tracking_uri: str, name: str, version: str | int, reason: str,
+            flagged: bool = False) -> str | None:
     """By hand: make ``version`` the champion (`rlhf promote`) in the registry at
-    ``tracking_uri``."""
+    ``tracking_uri``; a version whose PPO run a health detector stopped or flagged for
+    reward hacking only with ``flagged`` (the override)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
-    if model_version(client, name, version) is None:
+    found = model_version(client, name, version)
+    if found is None:
         raise RegistryError(f"registered model '{name}' has no version {version}")
+    why = flagged_reason(found.tags)
+    if why and not flagged:
+        raise RegistryError(f"'{name}' v{version} was not promoted: {why}; to make it "
+                            f"champion anyway: rlhf promote {version} --flagged")
+    if why:
+        reason = f"{reason} (flagged: {why})"
     return move_champion(client, name, version, "promote", reason)
+
+
+def flagged_reason(tags: dict[str, str]) -> str | None:
+    """Why a version may not be promoted without an override, from its health tags: its
+    PPO run was stopped, or reward hacking was found (None: neither)."""
+    if tags.get(HEALTH_STOPPED_TAG):
+        return tags[HEALTH_STOPPED_TAG]
+    if "reward_hacking" in tags.get(HEALTH_FLAGS_TAG, "").split(","):
+        return "PPO's reward_hacking detector fired"
+    return None
 
 
 def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:

@@ -68,6 +68,11 @@ COMPARE_PREFIX = "rlhf.compare."
 COMPARE_RESULT_TAG = "rlhf.compare.result"  # "better" or "not better" (the second version)
 COMPARE_VERSIONS_TAG = "rlhf.compare.versions"  # "v2 against v1"
 
+# PPO's health (the ppo run and the parent run; the flags also on the registered version)
+HEALTH_FLAGS_TAG = "rlhf.health.flags"  # the detectors that fired, comma-separated ("" none)
+HEALTH_STOPPED_TAG = "rlhf.health.stopped"  # the finding that stopped PPO, and what was kept
+HEALTH_PREFIX = "rlhf.health."  # + a detector's name: its finding, one sentence
+
 # --- stage runs --------------------------------------------------------------------------
 STAGE_TAG = "rlhf.stage"  # which stage a child run is
 OUTPUT_TAG = "rlhf.output"  # a finished stage's output record (JSON): a re-run skips it

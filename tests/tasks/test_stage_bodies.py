@@ -77,13 +77,11 @@ def chain(tmp_path_factory, tiny_model_dir):
     s = run("sft", prep=prep, data=d)
     rm = run("reward_model", prep=prep, data=d, start=s)
     norm = run("reward_norm", data=d, rm=rm)
+    judge = run("judge_model", data=d, start=s)
     critic = run("critic_init", rm=rm)
-    pol = run("ppo", prep=prep, data=d, start=s, rm=rm, norm=norm, critic=critic)
+    pol = run("ppo", prep=prep, data=d, start=s, rm=rm, norm=norm, critic=critic, judge=judge)
     ev = run("evaluate", prep=prep, data=d, sft=s, rm=rm, policy=pol)
     run("register", tracked=True, policy=pol, evaluation=ev, rm=rm, data=d)
-    held = Path(d.data.path) / "judge_preference.jsonl"
-    held.write_text((Path(d.data.path) / "preference.jsonl").read_text())
-    judge = run("judge_model", data=d, init_dir=s.model.path)
     run("gate", prep=prep, data=d, champion=_champion(s, rm), policy=pol, rm=rm,
         reference_dir=s.model.path, judge=judge)
     return cfg, prep, work, done
@@ -98,8 +96,13 @@ def judged(chain, tmp_path_factory):
     pairs = DataSource(path=str(write_jsonl(tmp / "pref_eval.jsonl", PREF)))
     prep = prep.model_copy(update={"judge": "demo", "data": prep.data.model_copy(
         update={"preference_eval": pairs})})
+    # and a health detector that fires at once and stops PPO (the rollout's share of time)
+    health = cfg.ppo.health.model_copy(update={"slow_rollout": cfg.ppo.health.slow_rollout
+                                               .model_copy(update={"window": 1, "max_share":
+                                                                   0.001, "action": "stop"})})
     grpo = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={
-        "advantage_estimator": "grpo", "samples_per_prompt": 2, "kl_in_loss": True})})
+        "advantage_estimator": "grpo", "samples_per_prompt": 2, "kl_in_loss": True,
+        "health": health, "iterations": 3})})
     s, norm, critic = (done[name][1] for name in ("sft", "reward_norm", "critic_init"))
     out: dict = {}
     run = _runner(cfg, tmp / "work", out)
@@ -113,8 +116,8 @@ def judged(chain, tmp_path_factory):
 
 
 def test_the_table_names_each_stage_once_with_its_record_and_seed():
-    assert list(STAGES) == ["validate", "sft", "reward_model", "reward_norm", "critic_init",
-                            "ppo", "evaluate", "register", "judge_model", "gate"]
+    assert list(STAGES) == ["validate", "sft", "reward_model", "reward_norm", "judge_model",
+                            "critic_init", "ppo", "evaluate", "register", "gate"]
     assert DISTRIBUTED == ("sft", "reward_model", "ppo")
     offsets = [s.seed_offset for s in STAGES.values() if s.seed_offset is not None]
     assert len(offsets) == len(set(offsets))  # no two stages draw the same random numbers

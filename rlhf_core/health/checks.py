@@ -1,0 +1,118 @@
+"""Held-out checks inside PPO: every ``ppo.eval_every`` iterations the current policy answers a
+fixed set of held-out prompts (never trained on), and each answer is scored by the proxy (the
+reward model PPO optimises), by an independent judge reward model (trained on pairs the reward
+model never saw) and, where the data has one, by the gold judge, which only ever evaluates.
+
+The guides' advice: every metric can look fine while the outputs degrade, so look at the
+answers to prompts the policy never trained on. Two details keep the checks honest:
+
+- the sampling noise is the same at every check (one seed: common random numbers), so two
+  checks' answers to a prompt differ by the policy alone and their scores pair well;
+- the training's random state is forked around a check, so a run with checks trains exactly
+  as a run without them (the checks add metrics only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlhf_core.config import Sampling
+from rlhf_core.eval.evaluate import sample_policy
+from rlhf_core.models.models import PPOModels, ScalarHeadModel
+
+Gold = Callable[[str, str, bool], float]  # (prompt, response, has_eos) -> score
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+@dataclass(frozen=True)
+class CheckAnswers:
+    """One check's answers, per prompt [N] each (``judge``/``gold`` None: no such scorer)."""
+
+    iteration: int  # the PPO iterations done when the policy answered (0: the start policy)
+    responses: list[str]
+    proxy: list[float]  # the reward model's raw score
+    judge: list[float] | None
+    gold: list[float] | None
+    length: list[int]  # response tokens, EOS included
+    has_eos: list[bool]
+    kl: list[float]  # KL to the reference, summed over the response
+    seconds: float  # the check's wall time
+
+    def metrics(self) -> dict[str, float]:
+        """Means over the prompts, logged at the check's iteration."""
+        out = {"check/proxy_score": _mean(self.proxy), "check/kl": _mean(self.kl),
+               "check/length_mean": _mean([float(n) for n in self.length]),
+               "check/eos_rate": _mean([float(e) for e in self.has_eos]),
+               "check/distinct_rate": len(set(self.responses)) / max(len(self.responses), 1),
+               "time/check_s": self.seconds}
+        if self.judge is not None:
+            out["check/judge_score"] = _mean(self.judge)
+        if self.gold is not None:
+            out["check/gold_score"] = _mean(self.gold)
+        return out
+
+    def rows(self, prompts: Sequence[str]) -> list[dict]:
+        """One table row per prompt: the answer and its scores."""
+        rows = []
+        for i, prompt in enumerate(prompts):
+            row = {"iteration": self.iteration, "prompt": prompt,
+                   "response": self.responses[i], "proxy_score": self.proxy[i],
+                   "length": int(self.length[i]), "has_eos": bool(self.has_eos[i]),
+                   "kl": self.kl[i]}
+            if self.judge is not None:
+                row["judge_score"] = self.judge[i]
+            if self.gold is not None:
+                row["gold_score"] = self.gold[i]
+            rows.append(row)
+        return rows
+
+
+class HeldOutCheck:
+    """The fixed prompts and scorers of a run's checks; :meth:`run` makes one check."""
+
+    def __init__(self, prompts: Sequence[str], sampling: Sampling, seed: int, *,
+                 judge: ScalarHeadModel | None = None, gold: Gold | None = None,
+                 precision: str = "fp32"):
+        """``prompts``: held-out prompts (never trained on); ``sampling``: how the policy
+        answers (the evaluation's temperature and budget); ``seed``: the sampling seed of
+        every check; ``judge``: the independent judge reward model; ``gold``: the data's gold
+        judge (evaluation only: the detectors never read it)."""
+        if not prompts:
+            raise ValueError("held-out check: no prompts")
+        self.prompts, self.sampling, self.seed = list(prompts), sampling, seed
+        self.judge, self.gold, self.precision = judge, gold, precision
+
+    def run(self, models: PPOModels, tokenizer, device: torch.device,
+            iteration: int) -> CheckAnswers:
+        """The policy of ``models`` answers every prompt (eval mode, no gradient), the
+        training's random state untouched -> the answers and their scores."""
+        start = time.perf_counter()
+        policy, ref_policy, _, reward_model = models
+        if self.judge is not None:
+            self.judge.to(device)
+        cuda = [torch.cuda.current_device()] if device.type == "cuda" else []
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(self.seed)
+                out = sample_policy(policy, ref_policy, reward_model, tokenizer, self.prompts,
+                                    self.sampling, device=device, precision=self.precision,
+                                    scorers={"judge": self.judge} if self.judge else None)
+        finally:
+            policy.train(was_training)
+        gold = None if self.gold is None else [
+            float(self.gold(p, r, bool(e)))
+            for p, r, e in zip(self.prompts, out["response"], out["has_eos"])]
+        return CheckAnswers(
+            iteration=iteration, responses=out["response"], proxy=out["score"],
+            judge=out.get("judge"), gold=gold, length=[int(n) for n in out["length"]],
+            has_eos=[bool(e) for e in out["has_eos"]], kl=out["kl"],
+            seconds=round(time.perf_counter() - start, 4))

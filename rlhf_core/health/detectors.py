@@ -1,0 +1,311 @@
+"""The PPO failures the guides warn about, one detector each, declared once in :data:`DETECTORS`:
+its name, the failure it catches, the signals it reads, its rule, its settings (thresholds and
+the action, with their defaults) and the guides' advice. The rules are pure: a run's
+:class:`History` in, a :class:`Finding` (or None) out. What a finding sets off (tags, events, a
+stop) lives with the pipeline's tasks; ``ppo.health.<detector>`` holds each one's settings.
+
+Each rule reads a window, never one noisy value, and compares the run with itself (its own
+start, its own recent past), so one threshold holds across models and reward scales.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Action = Literal["warn", "stop", "off"]
+
+
+class Settings(BaseModel):
+    """One detector's settings; every detector has an action."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    action: Action = Field("warn", description="warn: record and announce; stop: also end "
+                           "PPO, keeping the last healthy policy; off: not watched.")
+
+
+@dataclass(frozen=True)
+class CheckRecord:
+    """What the detectors see of one held-out check: per-prompt proxy and judge scores [N]
+    and the mean KL and length (never the gold judge's scores)."""
+
+    iteration: int
+    proxy: list[float]
+    judge: list[float] | None
+    kl: float
+    length: float
+
+
+@dataclass
+class History:
+    """A run as the detectors read it: every iteration's signals and every check."""
+
+    iterations: list[int] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # signal -> per iteration
+    checks: list[CheckRecord] = field(default_factory=list)
+
+    def series(self, name: str) -> list[float]:
+        """``name``'s value at each recorded iteration (NaN where it was not logged)."""
+        return self.metrics.get(name, [math.nan] * len(self.iterations))
+
+    def check_is_new(self) -> bool:
+        """The last check was made at the last iteration (a check-reading rule's turn)."""
+        return bool(self.checks) and bool(self.iterations) and \
+            self.checks[-1].iteration == self.iterations[-1]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A detector fired: at ``iteration``, its evidence beginning at ``onset``; the policy
+    after ``last_healthy`` updates is the newest it does not question. With the numbers and
+    one sentence saying what."""
+
+    detector: str
+    iteration: int
+    onset: int
+    last_healthy: int
+    evidence: dict[str, float]
+    message: str
+
+
+def _from_rollouts(detector: str, h: History, onset: int, evidence: dict[str, float],
+                   message: str) -> Finding:
+    """A finding on rollout signals: iteration t's rollout was sampled by the policy after
+    t - 1 updates, so the last one not in question is the policy after onset - 2."""
+    return Finding(detector, h.iterations[-1], onset, max(0, onset - 2), evidence, message)
+
+
+Rule = Callable[[History, Settings], Finding | None]
+
+
+@dataclass(frozen=True)
+class Detector:
+    """One row of the table."""
+
+    name: str
+    failure: str  # what the guides call it
+    signals: tuple[str, ...]  # the metrics it reads (check/* : the held-out checks)
+    rule: Rule
+    settings: type[Settings]
+    advice: str
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _finite(values: list[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+# -- reward hacking ----------------------------------------------------------------------------
+class RewardHacking(Settings):
+    action: Action = Field("stop", description="warn, stop or off (see ppo.health).")
+    min_loss_share: float = Field(
+        0.25, ge=0, description="Fire when the judge has lost at least this share of its gain "
+        "(its best check over the start) at a check, significantly (paired interval).")
+    confidence: float = Field(0.95, gt=0, lt=1, description="Paired bootstrap interval level.")
+
+
+def reward_hacking(h: History, s: RewardHacking) -> Finding | None:
+    """At a check: the proxy has risen since the judge's best check while the judge has
+    fallen below it by at least ``min_loss_share`` of its gain, both significantly: the
+    paired intervals of the per-prompt differences, as the retrain gate judges. KL and length
+    beside it say how far the policy drifted meanwhile."""
+    from rlhf_core.eval.gate import paired_bootstrap_ci  # torch: imported when a rule runs
+
+    if not h.check_is_new() or len(h.checks) < 3 or h.checks[-1].judge is None:
+        return None
+    start, now = h.checks[0], h.checks[-1]
+    best = max(h.checks[:-1], key=lambda c: statistics.fmean(c.judge))
+    proxy_gain, proxy_low, _ = paired_bootstrap_ci(
+        [a - b for a, b in zip(now.proxy, best.proxy)], s.confidence)
+    judge_gain = statistics.fmean(best.judge) - statistics.fmean(start.judge)
+    mean, low, high = paired_bootstrap_ci([a - b for a, b in zip(now.judge, best.judge)],
+                                          s.confidence)
+    if proxy_low <= 0 or high >= -s.min_loss_share * max(judge_gain, 0.0):
+        return None
+    evidence = {"proxy_gain": proxy_gain, "proxy_gain_low": proxy_low,
+                "judge_change": mean, "judge_change_low": low,
+                "judge_change_high": high, "judge_gain_at_best": judge_gain,
+                "best_iteration": float(best.iteration), "kl_at_best": best.kl,
+                "kl_now": now.kl, "length_at_best": best.length, "length_now": now.length}
+    return Finding("reward_hacking", now.iteration, best.iteration, best.iteration, evidence,
+                   f"the proxy score rose {proxy_gain:+.3f} since iteration {best.iteration} "
+                   f"while the held-out judge fell {mean:+.3f} (CI [{low:+.3f}, {high:+.3f}]); "
+                   f"KL {best.kl:.2f} -> {now.kl:.2f}, length {best.length:.1f} -> "
+                   f"{now.length:.1f}")
+
+
+# -- KL spike ----------------------------------------------------------------------------------
+class KLSpike(Settings):
+    action: Action = Field("stop", description="warn, stop or off (see ppo.health).")
+    window: int = Field(5, ge=1, description="Iterations whose median KL is the baseline.")
+    ratio: float = Field(2.0, gt=1, description="Fire when KL reaches this many times the "
+                         "median of the window before it...")
+    min_jump: float = Field(5.0, ge=0, description="...and at least this many nats above it.")
+
+
+def kl_spike(h: History, s: KLSpike) -> Finding | None:
+    """The KL to the reference of an iteration's rollouts jumps: ``ratio`` times the median of
+    the ``window`` iterations before, and ``min_jump`` nats above it."""
+    kl = h.series("objective/kl")
+    if len(kl) <= s.window or not math.isfinite(kl[-1]):
+        return None
+    base = _median(kl[-s.window - 1:-1])
+    if kl[-1] < s.ratio * base or kl[-1] - base < s.min_jump:
+        return None
+    return _from_rollouts("kl_spike", h, h.iterations[-1],
+                          {"kl": kl[-1], "kl_median_before": base},
+                   f"KL to the reference jumped to {kl[-1]:.2f} from a median of {base:.2f} "
+                   f"over the {s.window} iterations before")
+
+
+# -- entropy collapse ----------------------------------------------------------------------------
+class EntropyCollapse(Settings):
+    share: float = Field(0.05, gt=0, lt=1, description="Fire when the per-token entropy stays "
+                         "below this share of its first iterations' mean...")
+    patience: int = Field(5, ge=1, description="...for this many iterations in a row.")
+
+
+def entropy_collapse(h: History, s: EntropyCollapse) -> Finding | None:
+    """The policy's per-token entropy falls towards zero: below ``share`` of its mean over the
+    first ``patience`` iterations, for ``patience`` iterations in a row."""
+    ent = h.series("policy/entropy_avg")
+    if len(ent) < 2 * s.patience:
+        return None
+    start = statistics.fmean(ent[:s.patience])
+    recent = ent[-s.patience:]
+    if not all(v < s.share * start for v in recent):
+        return None
+    onset = h.iterations[-s.patience]
+    return _from_rollouts("entropy_collapse", h, onset,
+                          {"entropy": recent[-1], "entropy_at_start": start},
+                   f"per-token entropy {recent[-1]:.4f} has stayed below {s.share:.0%} of its "
+                   f"start ({start:.4f}) since iteration {onset}")
+
+
+# -- critic divergence ---------------------------------------------------------------------------
+class CriticDivergence(Settings):
+    warmup: int = Field(5, ge=0, description="Iterations the critic has to fit first.")
+    patience: int = Field(5, ge=1, description="Iterations in a row a sign must hold.")
+    growth: float = Field(4.0, gt=1, description="Fire when the value loss stays above this "
+                          "many times its lowest window mean...")
+    min_explained_variance: float = Field(
+        0.0, description="...or the explained variance stays below this.")
+
+
+def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
+    """The value model stops fitting the returns: a non-finite value loss or explained
+    variance; or, after ``warmup``, for ``patience`` iterations in a row, the explained
+    variance below ``min_explained_variance`` or the value loss above ``growth`` times the
+    lowest mean of any ``patience`` iterations before."""
+    loss, ev = h.series("loss/value_avg"), h.series("val/explained_variance")
+    t = h.iterations[-1] if h.iterations else 0
+    if not loss or all(math.isnan(v) for v in loss):
+        return None  # no critic
+    if not _finite([loss[-1], ev[-1]]):
+        return _from_rollouts("critic_divergence", h, t, {"value_loss": loss[-1],
+                                                          "explained_variance": ev[-1]},
+                       f"non-finite value loss {loss[-1]} / explained variance {ev[-1]}")
+    n = s.patience
+    if len(loss) < s.warmup + 2 * n:
+        return None
+    recent_loss, recent_ev = loss[-n:], ev[-n:]
+    means = [statistics.fmean(loss[i:i + n]) for i in range(s.warmup, len(loss) - 2 * n + 1)]
+    lowest = min(means)
+    onset = h.iterations[-n]
+    if all(v < s.min_explained_variance for v in recent_ev):
+        return _from_rollouts("critic_divergence", h, onset,
+                              {"explained_variance": recent_ev[-1], "value_loss": recent_loss[-1]},
+                       f"explained variance below {s.min_explained_variance} for {n} "
+                       f"iterations (now {recent_ev[-1]:.3f})")
+    if all(v > s.growth * lowest for v in recent_loss):
+        return _from_rollouts("critic_divergence", h, onset,
+                              {"value_loss": recent_loss[-1], "value_loss_lowest": lowest},
+                       f"value loss {recent_loss[-1]:.4g} has stayed above {s.growth:g}x its "
+                       f"lowest mean ({lowest:.4g}) for {n} iterations")
+    return None
+
+
+# -- flat reward ---------------------------------------------------------------------------------
+class FlatReward(Settings):
+    window: int = Field(10, ge=2, description="Iterations read.")
+    clip_share: float = Field(0.5, gt=0, le=1, description="Fire when the policy clip fraction "
+                              "averages at least this over the window...")
+    min_gain: float = Field(0.1, ge=0, description="...and the mean score of its second half "
+                            "is less than this above its first half's.")
+
+
+def flat_reward(h: History, s: FlatReward) -> Finding | None:
+    """The reward never moves: over ``window`` iterations the policy clip fraction is
+    saturated (at least ``clip_share`` on average) and the score does not rise."""
+    clip, score = h.series("policy/clipfrac_avg"), h.series("objective/scores")
+    if len(clip) < s.window:
+        return None
+    clip_w, score_w = clip[-s.window:], score[-s.window:]
+    half = s.window // 2
+    gain = statistics.fmean(score_w[half:]) - statistics.fmean(score_w[:half])
+    mean_clip = statistics.fmean(clip_w)
+    if mean_clip < s.clip_share or gain >= s.min_gain:
+        return None
+    onset = h.iterations[-s.window]
+    return _from_rollouts("flat_reward", h, onset, {"clipfrac": mean_clip, "score_gain": gain},
+                   f"clip fraction {mean_clip:.2f} over {s.window} iterations while the score "
+                   f"moved {gain:+.3f}")
+
+
+# -- generation dominates ------------------------------------------------------------------------
+class SlowRollout(Settings):
+    window: int = Field(10, ge=1, description="Iterations read (after the first).")
+    max_share: float = Field(0.8, gt=0, lt=1, description="Fire when the rollout takes more "
+                             "than this share of the iterations' wall time.")
+
+
+def slow_rollout(h: History, s: SlowRollout) -> Finding | None:
+    """Generation dominates: over ``window`` iterations (the first, which warms up, aside)
+    the rollout's share of rollout + update + held-out check time exceeds ``max_share``."""
+    roll, upd = h.series("time/rollout_s"), h.series("time/update_s")
+    check = [0.0 if math.isnan(v) else v for v in h.series("time/check_s")]
+    if len(roll) < s.window + 1:
+        return None
+    r = sum(roll[-s.window:])
+    total = r + sum(upd[-s.window:]) + sum(check[-s.window:])
+    share = r / total if total > 0 else 0.0
+    if share <= s.max_share:
+        return None
+    return _from_rollouts("slow_rollout", h, h.iterations[-s.window],
+                          {"rollout_share": share},
+                   f"the rollout took {share:.0%} of the last {s.window} iterations' time")
+
+
+DETECTORS: tuple[Detector, ...] = (
+    Detector("reward_hacking", "reward hacking",
+             ("check/proxy_score", "check/judge_score", "check/kl", "check/length_mean"),
+             reward_hacking, RewardHacking,
+             "raise ppo.kl_coef (or use ppo.adaptive_kl); retrain the reward model with pairs "
+             "on the policy's new failure cases (rlhf collect)"),
+    Detector("kl_spike", "KL spike and collapse", ("objective/kl",), kl_spike, KLSpike,
+             "lower ppo.optim.lr, narrow ppo.clip_eps (0.1), or use ppo.adaptive_kl"),
+    Detector("entropy_collapse", "entropy collapse", ("policy/entropy_avg",),
+             entropy_collapse, EntropyCollapse,
+             "add an entropy bonus (ppo.ent_coef), widen ppo.clip_eps, raise ppo.temperature"),
+    Detector("critic_divergence", "critic divergence",
+             ("loss/value_avg", "val/explained_variance"), critic_divergence,
+             CriticDivergence,
+             "keep ppo.whiten_advantages and the clipped value loss (ppo.clip_eps_value); "
+             "check the KL-shaped per-token rewards (ppo.kl_coef, reward_norm)"),
+    Detector("flat_reward", "reward never moves", ("policy/clipfrac_avg", "objective/scores"),
+             flat_reward, FlatReward, "widen ppo.clip_eps"),
+    Detector("slow_rollout", "generation dominates",
+             ("time/rollout_s", "time/update_s", "time/check_s"), slow_rollout, SlowRollout,
+             "faster generation (ppo.generation_batch_size, model.precision, "
+             "ppo.static_cache on CUDA); fewer or cheaper held-out checks"),
+)
+
+BY_NAME: dict[str, Detector] = {d.name: d for d in DETECTORS}
