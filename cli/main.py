@@ -256,10 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     stw.add_argument("--name", required=True, help="deployment name, e.g. gpu (rlhf-stage/gpu)")
     stw.set_defaults(func=cmd_stage_worker)
     from cli.gc import add_command as add_gc
+    from cli.notify import add_command as add_notify
     from cli.retrain import add_commands
 
     add_commands(sub, _config_for)
     add_gc(sub, _config_for)
+    add_notify(sub)
     return parser
 
 

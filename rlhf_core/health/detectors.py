@@ -158,7 +158,7 @@ def kl_spike(h: History, s: KLSpike) -> Finding | None:
     if len(kl) <= s.window or not math.isfinite(kl[-1]):
         return None
     base = _median(kl[-s.window - 1:-1])
-    if kl[-1] < s.ratio * base or kl[-1] - base < s.min_jump:
+    if not math.isfinite(base) or kl[-1] < s.ratio * base or kl[-1] - base < s.min_jump:
         return None
     return _from_rollouts("kl_spike", h, h.iterations[-1],
                           {"kl": kl[-1], "kl_median_before": base},
@@ -181,6 +181,8 @@ def entropy_collapse(h: History, s: EntropyCollapse) -> Finding | None:
         return None
     start = statistics.fmean(ent[:s.patience])
     recent = ent[-s.patience:]
+    if not _finite([start, *recent]):
+        return None
     if not all(v < s.share * start for v in recent):
         return None
     onset = h.iterations[-s.patience]
@@ -214,17 +216,18 @@ def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
                                                           "explained_variance": ev[-1]},
                        f"non-finite value loss {loss[-1]} / explained variance {ev[-1]}")
     n = s.patience
-    if len(loss) < s.warmup + 2 * n:
+    if len(loss) < s.warmup + n:
         return None
     recent_loss, recent_ev = loss[-n:], ev[-n:]
-    means = [statistics.fmean(loss[i:i + n]) for i in range(s.warmup, len(loss) - 2 * n + 1)]
-    lowest = min(means)
     onset = h.iterations[-n]
     if all(v < s.min_explained_variance for v in recent_ev):
         return _from_rollouts("critic_divergence", h, onset,
                               {"explained_variance": recent_ev[-1], "value_loss": recent_loss[-1]},
                        f"explained variance below {s.min_explained_variance} for {n} "
                        f"iterations (now {recent_ev[-1]:.3f})")
+    if len(loss) < s.warmup + 2 * n:
+        return None
+    lowest = min(statistics.fmean(loss[i:i + n]) for i in range(s.warmup, len(loss) - 2 * n + 1))
     if all(v > s.growth * lowest for v in recent_loss):
         return _from_rollouts("critic_divergence", h, onset,
                               {"value_loss": recent_loss[-1], "value_loss_lowest": lowest},
@@ -249,6 +252,8 @@ def flat_reward(h: History, s: FlatReward) -> Finding | None:
     if len(clip) < s.window:
         return None
     clip_w, score_w = clip[-s.window:], score[-s.window:]
+    if not _finite(clip_w + score_w):
+        return None
     half = s.window // 2
     gain = statistics.fmean(score_w[half:]) - statistics.fmean(score_w[:half])
     mean_clip = statistics.fmean(clip_w)
@@ -273,6 +278,8 @@ def slow_rollout(h: History, s: SlowRollout) -> Finding | None:
     roll, upd = h.series("time/rollout_s"), h.series("time/update_s")
     check = [0.0 if math.isnan(v) else v for v in h.series("time/check_s")]
     if len(roll) < s.window + 1:
+        return None
+    if not _finite(roll[-s.window:] + upd[-s.window:]):
         return None
     r = sum(roll[-s.window:])
     total = r + sum(upd[-s.window:]) + sum(check[-s.window:])

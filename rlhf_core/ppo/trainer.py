@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlhf_core.config import PPOConfig
 from rlhf_core.faults import crash_point
-from rlhf_core.masked import masked_mean, trusted_masks
+from rlhf_core.masked import trusted_masks
 from rlhf_core.memory import HeapTrimmer
 from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.data import ShuffledBatches, left_pad
@@ -29,8 +29,10 @@ from rlhf_core.models.models import PPOModels
 from rlhf_core.parallel.distributed import check_world_size
 from rlhf_core.ppo.algorithms import make_algorithm
 from rlhf_core.ppo.compiled import CompiledBlocks, padded_width
+from rlhf_core.ppo.hooks import IterationFn, MonitorFn, VerdictFn, Watcher
 from rlhf_core.ppo.losses import ppo_losses
-from rlhf_core.ppo.ppo_math import AdaptiveKLController, FixedKLController, explained_variance
+from rlhf_core.ppo.ppo_math import AdaptiveKLController, FixedKLController
+from rlhf_core.ppo.report import decode_rollouts, rollout_metrics, sample_rows
 from rlhf_core.ppo.rollout import (
     Experience,
     RolloutSettings,
@@ -44,29 +46,6 @@ from rlhf_core.train.train_step import TrainStep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-IterationFn = Callable[[int, dict[str, float], list[dict] | None], None]
-
-
-class Watcher(Protocol):
-    """What the loop asks of a watch (rlhf_core/health/watch.py ``Watch``, a layer above):
-    ``observe`` after each iteration (0: before the first) -> a verdict whose ``stop`` is the
-    finding that ends PPO, or None; on a stop, ``restore_healthy`` puts the last healthy
-    snapshot back; its state travels in the checkpoints."""
-
-    def observe(self, trainer: PPOTrainer, iteration: int, metrics: dict[str, float]) -> Any: ...
-
-    def first_stop(self) -> Any: ...
-
-    def restore_healthy(self, trainer: PPOTrainer, finding: Any) -> int | None: ...
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-VerdictFn = Callable[[Any], None]
-MonitorFn = Callable[[list[str], list[str], list[bool]], dict[str, float]]
 
 
 def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> float:
@@ -293,66 +272,28 @@ class PPOTrainer:
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:
-        """TRL's metric names (sums over tokens, means over the batch) plus ours."""
-        mask = exp.response_mask
-        non_score = exp.non_score_rewards.sum(1).mean()
-        n_tokens = float(mask.sum())
-        lengths = mask.sum(1)
-        truncated = (lengths >= self.cfg.max_new_tokens) & ~exp.has_eos  # cut at the budget
-        metrics = {
-            "objective/kl": float(exp.kl.sum(1).mean()),
-            "objective/entropy": float((-exp.logprobs * mask).sum(1).mean()),
-            "objective/non_score_reward": float(non_score),
-            "objective/rlhf_reward": float(non_score + exp.scores.mean()),
-            "objective/scores": float(exp.scores.mean()),
-            "objective/raw_scores": float(exp.raw_scores.mean()),
+        """TRL's metric names (sums over tokens, means over the batch) plus ours: the
+        rollout's (rlhf_core/ppo/report.py), the loop's and the update's ``stats``."""
+        metrics = rollout_metrics(exp, self.cfg.max_new_tokens, self.value_model is not None)
+        n_tokens = float(exp.response_mask.sum())
+        metrics.update({
             "objective/kl_coef": float(self.kl_ctl.value),
-            "val/num_eos_tokens": float(exp.has_eos.sum()),
-            "objective/advantage_abs_mean": float(masked_mean(exp.advantages.abs(), mask)),
-            "response/length_mean": float(lengths.float().mean()),
-            "response/length_max": float(lengths.max()),
-            "response/truncated_rate": float(truncated.float().mean()),
-            "response/eos_rate": float(exp.has_eos.float().mean()),
             "lr": self.scheduler.get_last_lr()[0],
             "episode": float(self.episode),
             "time/rollout_s": rollout_s,
             "time/update_s": update_s,
             "throughput/tokens_per_s": n_tokens / max(rollout_s + update_s, 1e-9),
-        }
-        if self.value_model is not None:
-            metrics["val/explained_variance"] = float(
-                explained_variance(exp.values, exp.returns, mask))
+        })
         metrics.update(stats)
         return metrics
 
     def decode(self, exp: Experience, n: int | None = None) -> tuple[list[str], list[str]]:
-        """Prompt and response texts of the first n rollouts (special tokens dropped from the
-        response; kept in the prompt, where a chat prompt's turn markers show its turns and a
-        plain prompt has none)."""
-        prompts, responses = [], []
-        P, pad = exp.context_length, self.tokenizer.pad_token_id
-        for i in range(exp.responses.shape[0] if n is None else min(n, exp.responses.shape[0])):
-            prompt = exp.query_responses[i, :P]
-            prompts.append(self.tokenizer.decode(prompt[prompt != pad], skip_special_tokens=False))
-            response = exp.responses[i][exp.response_mask[i]]
-            responses.append(self.tokenizer.decode(response, skip_special_tokens=True))
-        return prompts, responses
+        """Prompt and response texts of the first n rollouts."""
+        return decode_rollouts(self.tokenizer, exp, n)
 
     def sample_rows(self, exp: Experience, n: int) -> list[dict]:
         """A few rollouts as table rows (prompt, response, scores, KL, has_eos, iteration)."""
-        rows = []
-        prompts, responses = self.decode(exp, n)
-        for i in range(len(prompts)):
-            rows.append({
-                "iteration": self.iteration,
-                "prompt": prompts[i],
-                "response": responses[i],
-                "score": float(exp.raw_scores[i]),
-                "normalised_score": float(exp.scores[i]),
-                "kl": float(exp.kl[i].sum()),
-                "has_eos": bool(exp.has_eos[i]),
-            })
-        return rows
+        return sample_rows(self.tokenizer, exp, n, self.iteration)
 
     # -- checkpoints ------------------------------------------------------------------------
     def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:

@@ -91,3 +91,68 @@ def test_register_records_the_rules_verdict_or_the_gates():
     assert register_decision(None, None, KEY, 1.0).register_tag == "first"
     assert Decision(promote=False, reason="r", scorer="judge").register_tag == "gate: keep"
     assert Decision(promote=True, reason="r", scorer="judge").register_tag == "gate: promote"
+
+
+# -- a policy PPO's health watch flagged ------------------------------------------------------
+STOPPED = "PPO was stopped by its kl_spike detector, the policy kept is its snapshot of " \
+    "iteration 12"
+
+
+def test_a_flagged_policy_is_not_made_champion_and_the_refusal_says_why():
+    from tasks.champion.rule import Decision, health_veto
+
+    first = register_decision(None, JUDGE, KEY, 1.0)
+    vetoed = health_veto(first, STOPPED, override=False)
+    assert vetoed.promote is False and vetoed.register_tag == "health"
+    assert vetoed.reason.startswith(f"not made champion: {STOPPED}")
+    assert "tracking.promote_flagged" in vetoed.reason and first.reason in vetoed.reason
+    gate = Decision(promote=True, reason="significant win", scorer="judge")
+    assert health_veto(gate, STOPPED, override=False).promote is False
+    # the override promotes, saying so; a healthy policy and a kept champion pass untouched
+    forced = health_veto(first, STOPPED, override=True)
+    assert forced.promote is True and "promoted although PPO was stopped" in forced.reason
+    assert health_veto(first, None, override=False) == first
+    kept = Decision(promote=False, reason="no significant win", scorer="judge")
+    assert health_veto(kept, STOPPED, override=False) == kept
+
+
+def test_the_health_record_says_what_blocks_a_champion():
+    from tasks.stages.records import HealthFinding, HealthRecord
+
+    def finding(detector):
+        return HealthFinding(detector=detector, failure="f", iteration=9, onset=8,
+                             last_healthy=6, action="warn", message="m", advice="a")
+
+    assert HealthRecord().blocks_champion is None
+    assert HealthRecord(findings=[finding("entropy_collapse")]).blocks_champion is None
+    assert HealthRecord(findings=[finding("reward_hacking")]).blocks_champion == \
+        "PPO's reward_hacking detector fired"
+    stopped = HealthRecord(findings=[finding("kl_spike")], stopped_by="kl_spike",
+                           restored_iteration=12)
+    assert stopped.blocks_champion == STOPPED
+    assert stopped.lines() == ["PPO health: f (kl_spike) at iteration 9: m. Advice: a.",
+                               f"PPO stopped: {STOPPED}."]
+
+
+def test_rlhf_promote_refuses_a_flagged_version_without_flagged(tmp_path):
+    from tasks.tracking.errors import RegistryError
+    from tasks.tracking.registry import CHAMPION, alias_version, promote
+    from tasks.tracking.tags import HEALTH_FLAGS_TAG, HEALTH_STOPPED_TAG
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp_id = client.create_experiment("e", artifact_location=str(tmp_path / "art"))
+    client.create_registered_model("policy")
+    v1 = _version(client, exp_id, "policy", JUDGE, 0.5)
+    client.set_model_version_tag("policy", v1, HEALTH_FLAGS_TAG, "kl_spike")
+    client.set_model_version_tag("policy", v1, HEALTH_STOPPED_TAG, STOPPED)
+    with pytest.raises(RegistryError, match=f"v{v1} was not promoted: {STOPPED}; .*"
+                       f"rlhf promote {v1} --flagged"):
+        promote(uri, "policy", v1, "by hand")
+    assert alias_version(client, "policy", CHAMPION) is None
+    promote(uri, "policy", v1, "by hand", flagged=True)
+    assert str(alias_version(client, "policy", CHAMPION).version) == str(v1)
+    v2 = _version(client, exp_id, "policy", JUDGE, 0.6)
+    client.set_model_version_tag("policy", v2, HEALTH_FLAGS_TAG, "entropy_collapse")
+    promote(uri, "policy", v2, "by hand")  # a warning alone does not block
+    assert str(alias_version(client, "policy", CHAMPION).version) == str(v2)

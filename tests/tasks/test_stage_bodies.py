@@ -109,7 +109,11 @@ def judged(chain, tmp_path_factory):
     d = run("validate", prep=prep)
     rm = run("reward_model", prep=prep, data=d, start=s)
     pol = run("ppo", cfg=grpo, prep=prep, data=d, start=s, rm=rm, norm=norm, critic=critic)
-    run("evaluate", prep=prep, data=d, sft=s, rm=rm, policy=pol)
+    ev = run("evaluate", prep=prep, data=d, sft=s, rm=rm, policy=pol)
+    # the stopped policy, registered under a new name (the rule would make it first champion)
+    fresh = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(
+        update={"registered_policy": "flagged-policy"})})
+    run("register", tracked=True, cfg=fresh, policy=pol, evaluation=ev, rm=rm, data=d)
     run("gate", prep=prep, data=d, champion=_champion(s, rm), policy=pol, rm=rm,
         reference_dir=s.model.path, compared="v2 against v1")
     return out
@@ -286,6 +290,35 @@ def test_register_registers_both_models_and_makes_the_first_champion(chain):
     assert int(version.version) == rec.version
     assert version.tags["rlhf.ppo_run_id"] == chain[3]["ppo"][1].run_id
     assert sc.parent_tags["rlhf.ancestry"] == f"v{rec.version}"
+
+
+def test_a_stopped_ppo_keeps_a_healthy_snapshot_and_says_so_everywhere(judged):
+    sc, rec = judged["ppo"]
+    health = rec.health
+    assert health.stopped_by == "slow_rollout" and health.flags == ["slow_rollout"]
+    (finding,) = health.findings
+    assert finding.action == "stop" and finding.iteration == 2 and finding.advice
+    assert health.restored_iteration == 0 and health.checks == 3  # iterations 0, 1, 2
+    assert rec.figures == {"stopped by": "slow_rollout at iteration 2",
+                           "policy kept": "iteration 0"}
+    for tags, tables in ((sc.tags, sc.tables), (sc.parent_tags, sc.parent_tables)):
+        assert tags["rlhf.health.flags"] == "slow_rollout"
+        assert tags["rlhf.health.slow_rollout"] == finding.message
+        assert tags["rlhf.health.stopped"].startswith("stopped at iteration 2 by slow_rollout")
+        assert [r["detector"] for r in tables["health.json"]] == ["slow_rollout"]
+    assert sorted(t for t in sc.tables if t.startswith("checks/")) == \
+        ["checks/iter_00000.json", "checks/iter_00001.json", "checks/iter_00002.json"]
+
+
+def test_register_keeps_a_stopped_policy_from_champion_and_says_why(judged):
+    sc, rec = judged["register"]
+    assert rec.registered and not rec.promoted
+    assert rec.reason.startswith("not made champion: PPO was stopped by its slow_rollout")
+    version = sc.client.get_model_version("flagged-policy", str(rec.version))
+    assert version.tags["rlhf.register.decision"] == "health"
+    assert version.tags["rlhf.health.flags"] == "slow_rollout"
+    assert "stopped by its slow_rollout" in version.tags["rlhf.health.stopped"]
+    assert "champion" not in version.aliases
 
 
 def test_gate_decides_with_the_judge_reward_model(chain):

@@ -1,0 +1,295 @@
+"""PPO's health detectors against the demo's gold judge, on the 2-core CPU.
+
+    python bench/health.py run --out DIR                  # every case: real `rlhf run`s
+    python bench/health.py run --out DIR --cases seed-0,lr-x30
+    python bench/health.py report --out DIR [--replay]     # the tables (and the picture)
+
+Healthy runs: the demo at its defaults for seeds 0-9, and a few sane variations (a higher and
+a lower KL coefficient, the adaptive KL controller, a lower learning rate, RLOO, twice the
+iterations). Induced failures, one per detector: ``kl_coef`` 0 with long training (reward
+hacking), the learning rate x30 (a KL spike), a low temperature with a high learning rate
+(entropy collapse), an unclipped value loss with rewards x100 (critic divergence: a missing
+EOS scores -100 and the budget is short), a clip range of 1e-4 (the reward never moves), one
+prompt per generate call (generation dominates). Each runs with every detector's action
+``warn``, so the whole run is recorded; ``hacking-stop`` is the hacking run with the default
+actions, which stops it.
+
+Ground truth. Reward hacking: the gold judge (which never trains anything) at the held-out
+checks; its onset is the first check where the gold score is ``GOLD_MARGIN`` below its running
+peak while the proxy score is above its value at that peak. The other failures: their own
+defining metric leaving the range every healthy run kept it in (KL above the healthy runs'
+highest, entropy below their lowest, value loss above their highest after the critic's first
+``WARMUP`` iterations, clip fraction above their highest, the rollout's share of time above
+their highest). Detection: the iteration of the detector's finding. A false alarm: any finding
+on a healthy run. The held-out checks' cost: their time over the ppo stage's, at the defaults.
+
+``report --replay`` runs the detectors again on the recorded runs with the settings in the
+code now (a calibration aid: the figures to publish are the online ones). Each case's record
+is ``DIR/<case>.json``; the report is ``DIR/report.json`` and ``DIR/hacking.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WARN_ALL = [f"ppo.health.{d}.action=warn" for d in (
+    "reward_hacking", "kl_spike", "entropy_collapse", "critic_divergence", "flat_reward",
+    "slow_rollout")]
+HEALTHY = {**{f"seed-{i}": [f"seed={i}"] for i in range(10)},
+           "kl-0.1": ["ppo.kl_coef=0.1"], "kl-0.02": ["ppo.kl_coef=0.02"],
+           "adaptive-kl": ["ppo.adaptive_kl=true"], "lr-half": ["ppo.optim.lr=2.5e-4"],
+           "rloo": ["ppo.advantage_estimator=rloo", "ppo.samples_per_prompt=4"],
+           "long": ["ppo.iterations=120", "ppo.eval_every=6"]}
+FAILURES = {  # case -> (the detector it should set off, overrides)
+    "hacking": ("reward_hacking", ["ppo.kl_coef=0", "ppo.iterations=240", "ppo.eval_every=6"]),
+    "lr-x30": ("kl_spike", ["ppo.optim.lr=1.5e-2"]),
+    "entropy": ("entropy_collapse", ["ppo.temperature=0.3", "ppo.optim.lr=5e-3"]),
+    "critic": ("critic_divergence", ["ppo.clip_eps_value=1e6", "ppo.missing_eos_penalty=-100",
+                                     "ppo.max_new_tokens=10"]),
+    "flat": ("flat_reward", ["ppo.clip_eps=1e-4"]),
+    "slow-rollout": ("slow_rollout", ["ppo.generation_batch_size=1"]),
+}
+STOPPED = {"hacking-stop": ["ppo.kl_coef=0", "ppo.iterations=240", "ppo.eval_every=6"]}
+GOLD_MARGIN = 0.3  # gold points below its running peak: the hacking onset
+WARMUP = 5  # iterations the critic has to fit before its value loss counts
+DEFINING = {"kl_spike": ("objective/kl", max), "entropy_collapse": ("policy/entropy_avg", min),
+            "critic_divergence": ("loss/value_avg", max),
+            "flat_reward": ("policy/clipfrac_avg", max), "slow_rollout": ("rollout_share", max)}
+SERIES = ("objective/kl", "objective/scores", "objective/raw_scores", "objective/entropy",
+          "policy/entropy_avg", "policy/clipfrac_avg", "loss/value_avg",
+          "val/explained_variance", "response/length_mean", "time/rollout_s", "time/update_s",
+          "time/check_s", "judge/score", "check/proxy_score", "check/judge_score",
+          "check/gold_score", "check/kl", "check/length_mean", "time/stage_s")
+
+
+def run_case(name: str, overrides: list[str], out: Path) -> dict:
+    """One `rlhf run` of the demo with ``overrides`` in ``out/<name>`` -> its record."""
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [str(ROOT / ".venv" / "bin" / "rlhf"), "run"]
+    for item in [*overrides, "tracking.progress=false", "tracking.experiment=health-bench",
+                 f"tracking.run_name=health-{name}", "tracking.system_metrics=false"]:
+        cmd += ["--set", item]
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db", "PATH": "/usr/bin:/bin",
+           "HOME": str(folder), "PREFECT_HOME": str(folder / "prefect"),
+           "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    (folder / "stdout.log").write_text(proc.stdout + proc.stderr)
+    found = re.search(r"MLflow parent run: (\w+)", proc.stdout)
+    if proc.returncode != 0 or found is None:
+        raise SystemExit(f"{name}: rlhf run failed ({proc.returncode}); see {folder}/stdout.log")
+    record = read_run(f"sqlite:///{folder}/mlflow.db", found.group(1))
+    record.update(name=name, overrides=overrides, wall_s=round(wall, 1))
+    (out / f"{name}.json").write_text(json.dumps(record))
+    return record
+
+
+def read_run(uri: str, parent: str) -> dict:
+    """The parent run's eval metrics and the ppo run's series, checks and findings."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    client = MlflowClient(uri)
+    run = client.get_run(parent)
+    (ppo,) = client.search_runs([run.info.experiment_id],
+                                f"tags.`mlflow.parentRunId` = '{parent}' and "
+                                "tags.`rlhf.stage` = 'ppo'")
+    pid = ppo.info.run_id
+    series = {key: {m.step: m.value for m in client.get_metric_history(pid, key)}
+              for key in SERIES}
+    checks = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for item in client.list_artifacts(pid, "checks"):
+            table = json.loads(Path(client.download_artifacts(pid, item.path, tmp)).read_text())
+            rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+            checks.append({"iteration": rows[0]["iteration"],
+                           **{k: [r.get(f"{k}_score") for r in rows]
+                              for k in ("proxy", "judge", "gold")},
+                           "kl": [r["kl"] for r in rows], "length": [r["length"] for r in rows]})
+    findings = _health_table(client, pid)
+    return {"parent_run_id": parent, "eval": dict(run.data.metrics), "series": series,
+            "checks": sorted(checks, key=lambda c: c["iteration"]), "findings": findings,
+            "stopped": ppo.data.tags.get("rlhf.health.stopped")}
+
+
+def _health_table(client, run_id: str) -> list[dict]:
+    names = [a.path for a in client.list_artifacts(run_id)]
+    if "health.json" not in names:
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        table = json.loads(Path(client.download_artifacts(run_id, "health.json", tmp))
+                           .read_text())
+    return [dict(zip(table["columns"], row)) for row in table["data"]]
+
+
+# -- analysis ----------------------------------------------------------------------------------
+def iterations(rec: dict) -> list[int]:
+    return sorted(int(k) for k in rec["series"]["objective/kl"])
+
+
+def value(rec: dict, key: str, it: int) -> float:
+    if key == "rollout_share":
+        roll, upd = (rec["series"][k].get(str(it), math.nan) for k in
+                     ("time/rollout_s", "time/update_s"))
+        check = rec["series"]["time/check_s"].get(str(it), 0.0)
+        return roll / (roll + upd + check)
+    return rec["series"][key].get(str(it), math.nan)
+
+
+def healthy_envelope(healthy: list[dict]) -> dict[str, float]:
+    """Each defining metric's extreme over every healthy run (after the first iterations)."""
+    out = {}
+    for detector, (key, pick) in DEFINING.items():
+        skip = WARMUP if detector in ("critic_divergence", "flat_reward", "slow_rollout") else 0
+        values = [value(r, key, it) for r in healthy for it in iterations(r)[skip:]]
+        out[detector] = pick(v for v in values if not math.isnan(v))
+    return out
+
+
+def hacking_onset(rec: dict) -> tuple[int | None, dict]:
+    """The first check where the gold score sits GOLD_MARGIN below its running peak while the
+    proxy is above its value at that peak -> (iteration, the gold curve's figures)."""
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    peak, onset = None, None
+    for c in rec["checks"]:
+        gold, proxy = mean(c["gold"]), mean(c["proxy"])
+        if peak is None or gold > peak[1]:
+            peak = (c["iteration"], gold, proxy)
+        elif onset is None and gold < peak[1] - GOLD_MARGIN and proxy > peak[2]:
+            onset = c["iteration"]
+    start = mean(rec["checks"][0]["gold"])
+    return onset, {"gold_start": start, "gold_peak": peak[1], "gold_peak_iteration": peak[0]}
+
+
+def defining_onset(rec: dict, detector: str, bound: float) -> int | None:
+    key, pick = DEFINING[detector]
+    for it in iterations(rec):
+        v = value(rec, key, it)
+        if detector in ("critic_divergence", "flat_reward", "slow_rollout") and it <= WARMUP:
+            continue
+        if (pick is max and v > bound) or (pick is min and v < bound) or \
+                (detector == "critic_divergence" and not math.isfinite(v)):
+            return it
+    return None
+
+
+def first(findings: list[dict], detector: str) -> dict | None:
+    return next((f for f in findings if f["detector"] == detector), None)
+
+
+def report(out: Path, replay: bool) -> dict:
+    records = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
+               if p.stem != "report"}
+    if replay:
+        for rec in records.values():
+            rec["findings"] = replayed(rec)
+    healthy = [records[n] for n in HEALTHY if n in records]
+    bounds = healthy_envelope(healthy) if healthy else {}
+    rows = []
+    for name, (detector, _) in FAILURES.items():
+        rec = records.get(name)
+        if rec is None:
+            continue
+        found = first(rec["findings"], detector)
+        if detector == "reward_hacking":
+            onset, extra = hacking_onset(rec)
+        else:
+            onset, extra = defining_onset(rec, detector, bounds[detector]), {}
+        row = {"case": name, "detector": detector, "onset": onset,
+               "detected": found["iteration"] if found else None,
+               "first_finding": (rec["findings"][0]["detector"], rec["findings"][0]["iteration"])
+               if rec["findings"] else None, **extra}
+        if found and onset is not None:
+            row["latency"] = found["iteration"] - onset
+        if detector == "reward_hacking" and found:
+            row.update(gold_at(rec, found))
+        rows.append(row)
+    alarms = {n: [(f["detector"], f["iteration"]) for f in records[n]["findings"]]
+              for n in HEALTHY if n in records}
+    cost = [sum(r["series"]["time/check_s"].values()) / r["series"]["time/stage_s"]["0"]
+            for r in healthy if r["series"]["time/stage_s"]]
+    result = {"bounds": bounds, "failures": rows, "false_alarms": alarms,
+              "check_share_of_ppo": cost, "stopped": stopped_figures(records)}
+    (out / "report.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def gold_at(rec: dict, finding: dict) -> dict:
+    """Where a stop at ``finding`` would leave the gold score: the check it restores."""
+    kept = finding.get("last_healthy", finding["iteration"])
+    checks = [c for c in rec["checks"] if c["iteration"] <= kept]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return {"gold_at_kept_check": mean(checks[-1]["gold"]) if checks else None,
+            "kept_iteration": checks[-1]["iteration"] if checks else None,
+            "gold_at_end": mean(rec["checks"][-1]["gold"])}
+
+
+def stopped_figures(records: dict) -> dict:
+    """The stopped hacking run against the unstopped one: the evaluation of the policy each
+    registered (256 held-out prompts, the gold judge)."""
+    stop, full = records.get("hacking-stop"), records.get("hacking")
+    if stop is None or full is None:
+        return {}
+    keys = ("eval/judge_score_policy", "eval/judge_win_rate", "eval/kl_to_ref")
+    return {"stopped": {k: stop["eval"].get(k) for k in keys}, "reason": stop["stopped"],
+            "unstopped": {k: full["eval"].get(k) for k in keys}}
+
+
+def replayed(rec: dict) -> list[dict]:
+    """The detectors (the code's settings now) on the recorded run, iteration by iteration."""
+    from rlhf_core.config import PPOConfig
+    from rlhf_core.health.checks import CheckAnswers
+    from rlhf_core.health.monitor import HealthMonitor
+
+    settings = PPOConfig().health
+    monitor = HealthMonitor(settings)
+    checks = {c["iteration"]: c for c in rec["checks"]}
+    out = []
+    for it in [0, *iterations(rec)]:
+        metrics = {k: v[str(it)] for k, v in rec["series"].items() if str(it) in v}
+        c = checks.get(it)
+        answers = None if c is None else CheckAnswers(
+            it, [""] * len(c["proxy"]), c["proxy"], c["judge"] if c["judge"][0] is not None
+            else None, None, c["length"], [True] * len(c["proxy"]), c["kl"], 0.0)
+        for f in monitor.observe(it, metrics, answers):
+            out.append({"detector": f.detector, "iteration": f.iteration,
+                        "last_healthy": f.last_healthy, "message": f.message})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("run", "report"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
+    parser.add_argument("--replay", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.what == "run":
+        cases = {**{n: o + WARN_ALL for n, o in HEALTHY.items()},
+                 **{n: o + WARN_ALL for n, (_, o) in FAILURES.items()}, **STOPPED}
+        chosen = args.cases.split(",") if args.cases else list(cases)
+        for name in chosen:
+            rec = run_case(name, cases[name], args.out)
+            print(f"{name}: {rec['wall_s']} s, findings "
+                  f"{[(f['detector'], f['iteration']) for f in rec['findings']]}", flush=True)
+    print(json.dumps(report(args.out, args.replay), indent=1))
+
+
+if __name__ == "__main__":
+    main()

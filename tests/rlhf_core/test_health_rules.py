@@ -1,0 +1,202 @@
+"""The health detectors' rules on hand-made traces, each against what a person reading the
+numbers would say: fires on the failure's signature, silent on the healthy shape next to it;
+the monitor reports a detector once and resumes from its state as if never stopped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlhf_core.config import PPOConfig
+from rlhf_core.health.checks import CheckAnswers
+from rlhf_core.health.detectors import (
+    DETECTORS,
+    CheckRecord,
+    CriticDivergence,
+    EntropyCollapse,
+    FlatReward,
+    History,
+    KLSpike,
+    RewardHacking,
+    SlowRollout,
+    critic_divergence,
+    entropy_collapse,
+    flat_reward,
+    kl_spike,
+    reward_hacking,
+    slow_rollout,
+)
+from rlhf_core.health.monitor import HealthMonitor
+
+
+def trace(**series: list[float]) -> History:
+    n = len(next(iter(series.values())))
+    return History(list(range(1, n + 1)), {k: list(v) for k, v in series.items()})
+
+
+# -- KL spike ---------------------------------------------------------------------------------
+def test_kl_spike_fires_on_a_jump_and_names_the_median_before():
+    found = kl_spike(trace(**{"objective/kl": [1.0, 1.2, 1.1, 1.3, 1.2, 9.0]}), KLSpike())
+    assert found is not None and found.iteration == 6 and found.onset == 6
+    assert found.evidence == {"kl": 9.0, "kl_median_before": 1.2}
+    assert found.last_healthy == 4  # iteration 6's rollout came from the policy after 5
+
+
+@pytest.mark.parametrize("kl", [
+    [0.5 * i for i in range(20)],  # steady growth
+    [0.1, 0.1, 0.1, 0.1, 0.1, 0.5],  # 5x, but 0.4 nats
+    [10.0, 10.0, 10.0, 10.0, 10.0, 18.0],  # +8 nats, but 1.8x
+    [1.0, 1.0, 1.0, 9.0],  # a jump before a whole window
+])
+def test_kl_spike_stays_silent_on_growth_small_jumps_and_short_runs(kl):
+    h = trace(**{"objective/kl": kl})
+    assert all(kl_spike(History(h.iterations[:i], {"objective/kl": kl[:i]}), KLSpike()) is None
+               for i in range(1, len(kl) + 1))
+
+
+# -- entropy collapse -------------------------------------------------------------------------
+def test_entropy_collapse_needs_patience_iterations_below_the_share():
+    start, low = [1.0] * 5, [0.04] * 5
+    found = entropy_collapse(trace(**{"policy/entropy_avg": start + low}), EntropyCollapse())
+    assert found is not None and found.onset == 6 and found.iteration == 10
+    assert entropy_collapse(trace(**{"policy/entropy_avg": start + [0.04] * 4 + [0.2]}),
+                            EntropyCollapse()) is None
+    # a healthy run's entropy falls a lot too (to a sixth in the demo), not to 5 %
+    assert entropy_collapse(trace(**{"policy/entropy_avg": start + [0.15] * 30}),
+                            EntropyCollapse()) is None
+
+
+# -- critic divergence ------------------------------------------------------------------------
+def test_critic_divergence_on_non_finite_values_at_once():
+    h = trace(**{"loss/value_avg": [1.0, math.nan], "val/explained_variance": [0.5, 0.5]})
+    assert critic_divergence(h, CriticDivergence()).evidence["value_loss"] != 1.0
+
+
+def test_critic_divergence_on_negative_explained_variance_after_warmup():
+    ev = [-1.0] * 3 + [0.8] * 5 + [-0.2] * 5
+    h = trace(**{"loss/value_avg": [0.5] * 13, "val/explained_variance": ev})
+    found = critic_divergence(h, CriticDivergence())
+    assert found is not None and found.onset == 9
+    warm = trace(**{"loss/value_avg": [0.5] * 13, "val/explained_variance": [-1.0] * 5 +
+                    [0.8] * 8})  # a critic warm-started from the RM: negative at first
+    assert critic_divergence(warm, CriticDivergence()) is None
+
+
+def test_critic_divergence_on_a_growing_value_loss_not_a_falling_one():
+    falling = [3.0 / (i + 1) for i in range(20)]
+    ev = [0.9] * 20
+    assert critic_divergence(trace(**{"loss/value_avg": falling,
+                                      "val/explained_variance": ev}), CriticDivergence()) is None
+    grows = falling[:12] + [5.0] * 5
+    found = critic_divergence(trace(**{"loss/value_avg": grows,
+                                       "val/explained_variance": ev[:17]}), CriticDivergence())
+    lowest = min(sum(grows[i:i + 5]) / 5 for i in range(5, 8))
+    assert found is not None and found.evidence["value_loss_lowest"] == pytest.approx(lowest)
+
+
+def test_critic_divergence_is_silent_without_a_critic():
+    assert critic_divergence(trace(**{"objective/kl": [1.0] * 20}), CriticDivergence()) is None
+
+
+# -- flat reward ------------------------------------------------------------------------------
+@pytest.mark.parametrize("clip, scores, fires", [
+    ([0.9] * 10, [0.0] * 10, True),  # every ratio clipped, nothing learned
+    ([0.9] * 10, [0.1 * i for i in range(10)], False),  # clipped a lot but improving
+    ([0.01] * 10, [0.0] * 10, False),  # a healthy plateau: little clipping
+])
+def test_flat_reward_needs_a_saturated_clip_and_a_flat_score(clip, scores, fires):
+    found = flat_reward(trace(**{"policy/clipfrac_avg": clip, "objective/scores": scores}),
+                        FlatReward())
+    assert (found is not None) == fires
+
+
+# -- slow rollout -----------------------------------------------------------------------------
+def test_slow_rollout_reads_the_share_of_time_after_the_first_iteration():
+    fast_first = {"time/rollout_s": [50.0] + [1.0] * 10, "time/update_s": [1.0] * 11}
+    assert slow_rollout(trace(**fast_first), SlowRollout()) is None
+    slow = {"time/rollout_s": [9.0] * 11, "time/update_s": [1.0] * 11,
+            "time/check_s": [math.nan] * 11}
+    found = slow_rollout(trace(**slow), SlowRollout())
+    assert found is not None and found.evidence["rollout_share"] == pytest.approx(0.9)
+    checked = {**slow, "time/check_s": [20.0] * 11}  # the checks' time counts as time
+    assert slow_rollout(trace(**checked), SlowRollout()) is None
+
+
+# -- reward hacking ---------------------------------------------------------------------------
+def checks(*sides: tuple[float, float], n: int = 40, kl: float = 1.0) -> list[CheckRecord]:
+    """Checks at iterations 0, 5, 10...: per-prompt proxy and judge scores around the given
+    means (a fixed zig-zag, so the paired differences are exact and small)."""
+    wiggle = [0.05 * ((i % 5) - 2) for i in range(n)]
+    return [CheckRecord(5 * k, [p + w for w in wiggle], [j - w for w in wiggle], kl * k,
+                        10.0 + k) for k, (p, j) in enumerate(sides)]
+
+
+def hacking_trace(cs: list[CheckRecord]) -> History:
+    return History([c.iteration for c in cs[1:]], {}, cs)
+
+
+def test_reward_hacking_fires_when_the_proxy_rises_and_the_judge_falls_from_its_best():
+    h = hacking_trace(checks((0.0, 0.0), (1.0, 1.0), (2.0, 0.5)))
+    found = reward_hacking(h, RewardHacking())
+    assert found is not None and found.iteration == 10
+    assert found.onset == found.last_healthy == 5  # the judge's best check
+    assert found.evidence["judge_change"] == pytest.approx(-0.5)
+    assert found.evidence["proxy_gain"] == pytest.approx(1.0)
+    assert found.evidence["kl_at_best"] == 1.0 and found.evidence["kl_now"] == 2.0
+
+
+@pytest.mark.parametrize("sides", [
+    ((0.0, 0.0), (1.0, 1.0), (0.8, 0.5)),  # both fall: not hacking (maybe a collapse)
+    ((0.0, 0.0), (1.0, 1.0), (2.0, 0.9)),  # the judge lost 10 % of its gain: noise, plateau
+    ((0.0, 0.0), (1.0, 1.0), (2.0, 1.5)),  # both rise
+])
+def test_reward_hacking_stays_silent_otherwise(sides):
+    assert reward_hacking(hacking_trace(checks(*sides)), RewardHacking()) is None
+
+
+def test_reward_hacking_needs_a_judge_and_a_new_check():
+    cs = checks((0.0, 0.0), (1.0, 1.0), (2.0, 0.5))
+    blind = [CheckRecord(c.iteration, c.proxy, None, c.kl, c.length) for c in cs]
+    assert reward_hacking(hacking_trace(blind), RewardHacking()) is None
+    later = History([5, 10, 11], {}, cs)  # the last check was not made at the last iteration
+    assert reward_hacking(later, RewardHacking()) is None
+
+
+# -- the table and the monitor ----------------------------------------------------------------
+def test_every_detector_has_settings_an_action_and_advice_in_the_config():
+    health = PPOConfig().health
+    for d in DETECTORS:
+        assert getattr(health, d.name) == d.settings() and d.advice and d.signals
+        assert d.settings().action in ("warn", "stop")
+    assert {d.name for d in DETECTORS} == {"reward_hacking", "kl_spike", "entropy_collapse",
+                                           "critic_divergence", "flat_reward", "slow_rollout"}
+
+
+def _feed(monitor: HealthMonitor, kl: list[float], start: int = 1) -> list:
+    found = []
+    for i, value in enumerate(kl, start):
+        found += monitor.observe(i, {"objective/kl": value})
+    return found
+
+
+def test_the_monitor_reports_a_detector_once_and_resumes_from_its_state():
+    kl = [1.0] * 6 + [9.0, 9.5, 30.0, 60.0]
+    whole = HealthMonitor(PPOConfig().health)
+    assert [f.detector for f in _feed(whole, kl)] == ["kl_spike"]
+    first = HealthMonitor(PPOConfig().health)
+    _feed(first, kl[:4])
+    resumed = HealthMonitor(PPOConfig().health)
+    resumed.load_state_dict(first.state_dict())
+    assert _feed(resumed, kl[4:], start=5) == whole.findings
+
+
+def test_off_detectors_are_not_watched_and_the_gold_judge_is_never_seen():
+    health = PPOConfig().health
+    off = health.model_copy(update={"kl_spike": health.kl_spike.model_copy(
+        update={"action": "off"})})
+    assert _feed(HealthMonitor(off), [1.0] * 6 + [9.0]) == []
+    monitor = HealthMonitor(health)
+    answers = CheckAnswers(0, ["a"], [1.0], [2.0], [3.0], [4], [True], [0.5], 0.1)
+    monitor.observe(0, {}, answers)
+    assert monitor.history.checks == [CheckRecord(0, [1.0], [2.0], 0.5, 4.0)]
