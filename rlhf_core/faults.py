@@ -2,12 +2,13 @@
 SIGKILL when the run reaches that point (comma-separate several names).
 
 Points: ``<stage>:step:<n>`` after optimizer step n of sft/reward_model, ``ppo:rollout:<n>``
-between the rollout and the update of PPO iteration n, ``checkpoint:<stage>:<n>`` inside a
-checkpoint save (files written, not yet renamed into place), ``after:<stage>`` once a stage
-has finished and recorded its output, ``register:policy_version`` once the policy's version
-exists (the reward model's not yet), ``register:challenger`` once both versions are tagged and
-hold ``challenger``, ``remove:<label>`` once a folder or file being deleted was renamed to
-its trash name, not yet deleted (``remove:retention``, ``remove:gc:run_folder``,
+between the rollout and the update of PPO iteration n, ``ppo:check:<n>`` once the held-out
+check after iteration n has answered (its metrics not yet logged), ``checkpoint:<stage>:<n>``
+inside a checkpoint save (files written, not yet renamed into place), ``after:<stage>`` once a
+stage has finished and recorded its output, ``register:policy_version`` once the policy's
+version exists (the reward model's not yet), ``register:challenger`` once both versions are
+tagged and hold ``challenger``, ``remove:<label>`` once a folder or file being deleted was
+renamed to its trash name, not yet deleted (``remove:retention``, ``remove:gc:run_folder``,
 ``remove:gc:batch``...). Unset (the default), this is a no-op.
 """
 

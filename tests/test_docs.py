@@ -84,3 +84,21 @@ def test_the_pipeline_is_written_out_in_the_tables_order():
     readme = " ".join(ROOT.joinpath("README.md").read_text().split())
     runs = readme.split("with its task runs: ", 1)[1].split(" (", 1)[0]
     assert runs.split(", ") == order
+
+
+def test_the_detector_table_in_docs_is_the_code_s():
+    """docs/health.md's table has a row per detector of rlhf_core/health/detectors.py, naming
+    its failure, every signal, each setting with its default, its action and its advice."""
+    from rlhf_core.health.detectors import DETECTORS
+
+    doc = ROOT.joinpath("docs/health.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in doc.splitlines()
+            if line.startswith("| `")}
+    assert list(rows) == [d.name for d in DETECTORS]
+    for d in DETECTORS:
+        row, defaults = rows[d.name], d.settings()
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert cells[1] == d.failure and cells[-2] == defaults.action and cells[-1] == d.advice
+        assert all(f"`{s}`" in cells[2] for s in d.signals), (d.name, d.signals)
+        for name, value in defaults.model_dump(exclude={"action"}).items():
+            assert f"`{name}` ({value:g})" in cells[3], (d.name, name, value)

@@ -108,44 +108,63 @@ class RewardHacking(Settings):
     action: Action = Field("stop", description="warn, stop or off (see ppo.health).")
     min_loss_share: float = Field(
         0.25, ge=0, description="Fire when the judge has lost at least this share of its gain "
-        "(its best check over the start) at a check, significantly (paired interval).")
+        "(its best check over the start) at a check, significantly (paired interval)...")
+    kl_growth: float = Field(
+        2.0, gt=1, description="...or when, since the check before, the KL to the reference "
+        "grew this many times...")
+    min_kl_jump: float = Field(
+        5.0, ge=0, description="...and this many nats, for a proxy gain the judge does not "
+        "confirm.")
     confidence: float = Field(0.95, gt=0, lt=1, description="Paired bootstrap interval level.")
 
 
-def reward_hacking(h: History, s: RewardHacking) -> Finding | None:
-    """At a check: the proxy has risen since the judge's best check while the judge has
-    fallen below it by at least ``min_loss_share`` of its gain, both significantly: the
-    paired intervals of the per-prompt differences, as the retrain gate judges. KL and length
-    beside it say how far the policy drifted meanwhile."""
+def _paired(now: list[float], then: list[float], confidence: float) -> tuple[float, ...]:
+    """Mean of now - then per prompt and its percentile-bootstrap interval (the gate's)."""
     from rlhf_core.eval.gate import paired_bootstrap_ci  # torch: imported when a rule runs
 
+    return paired_bootstrap_ci([a - b for a, b in zip(now, then)], confidence)
+
+
+def reward_hacking(h: History, s: RewardHacking) -> Finding | None:
+    """At a check, the proxy has risen (its paired interval above 0, as the retrain gate
+    judges) while the judge disagrees: since the judge's best check it has fallen by at least
+    ``min_loss_share`` of its gain (its interval below that); or, since the check before, it
+    has not risen (its interval reaching 0) while the KL to the reference grew ``kl_growth``
+    times and ``min_kl_jump`` nats. KL and length beside it say how far the policy drifted."""
     if not h.check_is_new() or len(h.checks) < 3 or h.checks[-1].judge is None:
         return None
-    start, now = h.checks[0], h.checks[-1]
+    start, prev, now = h.checks[0], h.checks[-2], h.checks[-1]
     best = max(h.checks[:-1], key=lambda c: statistics.fmean(c.judge))
-    proxy_gain, proxy_low, _ = paired_bootstrap_ci(
-        [a - b for a, b in zip(now.proxy, best.proxy)], s.confidence)
     judge_gain = statistics.fmean(best.judge) - statistics.fmean(start.judge)
-    mean, low, high = paired_bootstrap_ci([a - b for a, b in zip(now.judge, best.judge)],
-                                          s.confidence)
-    if proxy_low <= 0 or high >= -s.min_loss_share * max(judge_gain, 0.0):
-        return None
-    evidence = {"proxy_gain": proxy_gain, "proxy_gain_low": proxy_low,
-                "judge_change": mean, "judge_change_low": low,
-                "judge_change_high": high, "judge_gain_at_best": judge_gain,
-                "best_iteration": float(best.iteration), "kl_at_best": best.kl,
-                "kl_now": now.kl, "length_at_best": best.length, "length_now": now.length}
-    return Finding("reward_hacking", now.iteration, best.iteration, best.iteration, evidence,
-                   f"the proxy score rose {proxy_gain:+.3f} since iteration {best.iteration} "
-                   f"while the held-out judge fell {mean:+.3f} (CI [{low:+.3f}, {high:+.3f}]); "
-                   f"KL {best.kl:.2f} -> {now.kl:.2f}, length {best.length:.1f} -> "
-                   f"{now.length:.1f}")
+    proxy = _paired(now.proxy, best.proxy, s.confidence)
+    judge = _paired(now.judge, best.judge, s.confidence)
+    if proxy[1] > 0 and judge[2] < -s.min_loss_share * max(judge_gain, 0.0):
+        since, how = best, (f"the held-out judge fell {judge[0]:+.3f} (CI [{judge[1]:+.3f}, "
+                            f"{judge[2]:+.3f}]) from its best")
+    else:
+        proxy = _paired(now.proxy, prev.proxy, s.confidence)
+        judge = _paired(now.judge, prev.judge, s.confidence)
+        drift = now.kl >= s.kl_growth * prev.kl and now.kl - prev.kl >= s.min_kl_jump
+        if not (proxy[1] > 0 and judge[1] <= 0 and drift):
+            return None
+        since, how = prev, (f"the held-out judge did not confirm it ({judge[0]:+.3f}, CI "
+                            f"[{judge[1]:+.3f}, {judge[2]:+.3f}])")
+    evidence = {"proxy_gain": proxy[0], "proxy_gain_low": proxy[1], "judge_change": judge[0],
+                "judge_change_low": judge[1], "judge_change_high": judge[2],
+                "judge_gain_at_best": judge_gain, "since_iteration": float(since.iteration),
+                "kl_then": since.kl, "kl_now": now.kl, "length_then": since.length,
+                "length_now": now.length}
+    return Finding("reward_hacking", now.iteration, since.iteration, since.iteration, evidence,
+                   f"the proxy score rose {proxy[0]:+.3f} since iteration {since.iteration} "
+                   f"while {how}; KL {since.kl:.2f} -> {now.kl:.2f}, length "
+                   f"{since.length:.1f} -> {now.length:.1f}")
 
 
 # -- KL spike ----------------------------------------------------------------------------------
 class KLSpike(Settings):
     action: Action = Field("stop", description="warn, stop or off (see ppo.health).")
-    window: int = Field(5, ge=1, description="Iterations whose median KL is the baseline.")
+    window: int = Field(5, ge=1, description="Iterations before whose median KL is the "
+                        "baseline (fewer at the start of a run).")
     ratio: float = Field(2.0, gt=1, description="Fire when KL reaches this many times the "
                          "median of the window before it...")
     min_jump: float = Field(5.0, ge=0, description="...and at least this many nats above it.")
@@ -153,9 +172,10 @@ class KLSpike(Settings):
 
 def kl_spike(h: History, s: KLSpike) -> Finding | None:
     """The KL to the reference of an iteration's rollouts jumps: ``ratio`` times the median of
-    the ``window`` iterations before, and ``min_jump`` nats above it."""
+    the ``window`` iterations before (as many as there are, from the second iteration on: a
+    policy can collapse in one update), and ``min_jump`` nats above it."""
     kl = h.series("objective/kl")
-    if len(kl) <= s.window or not math.isfinite(kl[-1]):
+    if len(kl) < 2 or not math.isfinite(kl[-1]):
         return None
     base = _median(kl[-s.window - 1:-1])
     if not math.isfinite(base) or kl[-1] < s.ratio * base or kl[-1] - base < s.min_jump:
@@ -169,17 +189,17 @@ def kl_spike(h: History, s: KLSpike) -> Finding | None:
 # -- entropy collapse ----------------------------------------------------------------------------
 class EntropyCollapse(Settings):
     share: float = Field(0.05, gt=0, lt=1, description="Fire when the per-token entropy stays "
-                         "below this share of its first iterations' mean...")
+                         "below this share of its first iterations' highest...")
     patience: int = Field(5, ge=1, description="...for this many iterations in a row.")
 
 
 def entropy_collapse(h: History, s: EntropyCollapse) -> Finding | None:
-    """The policy's per-token entropy falls towards zero: below ``share`` of its mean over the
-    first ``patience`` iterations, for ``patience`` iterations in a row."""
+    """The policy's per-token entropy falls towards zero: below ``share`` of its highest over
+    the first ``patience`` iterations, for ``patience`` iterations in a row."""
     ent = h.series("policy/entropy_avg")
-    if len(ent) < 2 * s.patience:
+    if len(ent) <= s.patience:
         return None
-    start = statistics.fmean(ent[:s.patience])
+    start = max(ent[:s.patience])
     recent = ent[-s.patience:]
     if not _finite([start, *recent]):
         return None

@@ -20,6 +20,7 @@ import torch
 from pydantic import BaseModel
 from safetensors.torch import load_file, save_file
 
+from rlhf_core.faults import crash_point
 from rlhf_core.health.checks import CheckAnswers, HeldOutCheck
 from rlhf_core.health.detectors import Finding
 from rlhf_core.health.monitor import HealthMonitor
@@ -69,6 +70,7 @@ class Watch:
         if self.due(iteration):
             verdict.check = self.check.run(trainer.models, trainer.tokenizer, trainer.device,
                                            iteration)
+            crash_point(f"ppo:check:{iteration}")
             metrics.update(verdict.check.metrics())
         verdict.findings = self.monitor.observe(iteration, metrics, verdict.check)
         stops = [f for f in verdict.findings if self.monitor.action(f) == "stop"]

@@ -171,14 +171,16 @@ class RegisterRecord(StageRecord):
 
 class SharedStages(BaseModel):
     """What a sweep computes once and every point reuses (validate -> sft -> reward_model ->
-    reward_norm)."""
+    reward_norm, and the held-out checks' judge_model when PPO's health watch uses one)."""
 
     model_config = ConfigDict(frozen=True)
     validate_: DataRecord = Field(alias="validate")
     sft: ModelRecord
     reward_model: ModelRecord
     reward_norm: NormRecord
+    judge_model: ModelRecord | None = None
 
     def outputs(self) -> dict[str, StageRecord]:
-        return {"validate": self.validate_, "sft": self.sft, "reward_model": self.reward_model,
-                "reward_norm": self.reward_norm}
+        out = {"validate": self.validate_, "sft": self.sft, "reward_model": self.reward_model,
+               "reward_norm": self.reward_norm}
+        return out if self.judge_model is None else {**out, "judge_model": self.judge_model}

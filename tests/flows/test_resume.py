@@ -1,6 +1,7 @@
-"""Crash anywhere, resume, get the same bits: the pipeline process is SIGKILLed at five
+"""Crash anywhere, resume, get the same bits: the pipeline process is SIGKILLed at six
 points (mid-SFT, mid-reward-model, between stages, during a checkpoint save, mid-PPO
-iteration), resumed each time, and compared with uninterrupted runs."""
+iteration, during PPO's held-out check), resumed each time, and compared with uninterrupted
+runs."""
 
 import hashlib
 import os
@@ -25,7 +26,7 @@ OVERRIDES = ["model.torch_threads=2", "sft.log_every=1", "sft.checkpoint_every=2
              "reward.log_every=1", "reward.checkpoint_every=2", "ppo.checkpoint_every=1",
              "tracking.register_models=false", "tracking.keep_resume_state=true"]
 KILL_POINTS = ["sft:step:3", "reward_model:step:3", "after:reward_norm", "checkpoint:ppo:2",
-               "ppo:rollout:3"]
+               "ppo:rollout:3", "ppo:check:3"]
 
 
 def policy_hash(workdir: Path) -> str:
@@ -85,8 +86,8 @@ def test_rerun_from_the_recorded_config_gives_identical_weights(uninterrupted, t
     assert policy_hash(Path(second.workdir)) == policy_hash(Path(first.workdir))
 
 
-def test_sigkill_at_five_points_then_resume_equals_uninterrupted(prefect_api, uninterrupted,
-                                                                 tmp_path, capfd, threads_kept):
+def test_sigkill_at_six_points_then_resume_equals_uninterrupted(prefect_api, uninterrupted,
+                                                                tmp_path, capfd, threads_kept):
     reference = policy_hash(Path(uninterrupted.workdir))
     uri = f"sqlite:///{tmp_path}/killed.db"
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,

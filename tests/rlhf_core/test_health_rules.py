@@ -36,6 +36,11 @@ def trace(**series: list[float]) -> History:
 
 
 # -- KL spike ---------------------------------------------------------------------------------
+def test_kl_spike_fires_on_a_collapse_in_the_first_update():
+    found = kl_spike(trace(**{"objective/kl": [0.0, 12.0]}), KLSpike())
+    assert found is not None and found.iteration == 2 and found.last_healthy == 0
+
+
 def test_kl_spike_fires_on_a_jump_and_names_the_median_before():
     found = kl_spike(trace(**{"objective/kl": [1.0, 1.2, 1.1, 1.3, 1.2, 9.0]}), KLSpike())
     assert found is not None and found.iteration == 6 and found.onset == 6
@@ -47,7 +52,7 @@ def test_kl_spike_fires_on_a_jump_and_names_the_median_before():
     [0.5 * i for i in range(20)],  # steady growth
     [0.1, 0.1, 0.1, 0.1, 0.1, 0.5],  # 5x, but 0.4 nats
     [10.0, 10.0, 10.0, 10.0, 10.0, 18.0],  # +8 nats, but 1.8x
-    [1.0, 1.0, 1.0, 9.0],  # a jump before a whole window
+    [0.0, 0.4, 0.6, 0.9, 1.5, 2.8, 3.7, 4.3],  # a healthy start: fast, but a few nats a step
 ])
 def test_kl_spike_stays_silent_on_growth_small_jumps_and_short_runs(kl):
     h = trace(**{"objective/kl": kl})
@@ -62,6 +67,9 @@ def test_entropy_collapse_needs_patience_iterations_below_the_share():
     assert found is not None and found.onset == 6 and found.iteration == 10
     assert entropy_collapse(trace(**{"policy/entropy_avg": start + [0.04] * 4 + [0.2]}),
                             EntropyCollapse()) is None
+    collapse = [0.4, 0.016] + [0.0] * 4  # at once, in the first update
+    found = entropy_collapse(trace(**{"policy/entropy_avg": collapse}), EntropyCollapse())
+    assert found is not None and found.onset == 2 and found.iteration == 6
     # a healthy run's entropy falls a lot too (to a sixth in the demo), not to 5 %
     assert entropy_collapse(trace(**{"policy/entropy_avg": start + [0.15] * 30}),
                             EntropyCollapse()) is None
@@ -143,7 +151,21 @@ def test_reward_hacking_fires_when_the_proxy_rises_and_the_judge_falls_from_its_
     assert found.onset == found.last_healthy == 5  # the judge's best check
     assert found.evidence["judge_change"] == pytest.approx(-0.5)
     assert found.evidence["proxy_gain"] == pytest.approx(1.0)
-    assert found.evidence["kl_at_best"] == 1.0 and found.evidence["kl_now"] == 2.0
+    assert found.evidence["kl_then"] == 1.0 and found.evidence["kl_now"] == 2.0
+    assert "from its best" in found.message
+
+
+def test_reward_hacking_fires_on_a_kl_bought_gain_the_judge_does_not_confirm():
+    cs = checks((0.0, 0.0), (1.0, 1.0), (2.0, 1.0))
+    cs[2] = CheckRecord(10, cs[2].proxy, cs[1].judge, 12.0, 14.0)  # KL 1 -> 12
+    found = reward_hacking(hacking_trace(cs), RewardHacking())
+    assert found is not None and found.last_healthy == 5
+    assert "did not confirm it" in found.message and found.evidence["kl_now"] == 12.0
+    cs[2] = CheckRecord(10, cs[2].proxy, cs[1].judge, 5.0, 14.0)  # +4 nats: not enough
+    assert reward_hacking(hacking_trace(cs), RewardHacking()) is None
+    confirmed = [j + 0.5 for j in cs[1].judge]  # the judge gains too: KL well spent
+    cs[2] = CheckRecord(10, cs[2].proxy, confirmed, 12.0, 14.0)
+    assert reward_hacking(hacking_trace(cs), RewardHacking()) is None
 
 
 @pytest.mark.parametrize("sides", [
