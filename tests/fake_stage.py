@@ -72,7 +72,9 @@ class FakeStageContext(StageContext):
         self.artifacts[artifact_file] = text
 
     def log_table(self, rows, artifact_file, spooled=False, parent=False):
-        (self.parent_tables if parent else self.tables)[artifact_file] = rows.to_dict("records")
+        """As MLflow does: rows logged again to a run's table are appended to it."""
+        tables = self.parent_tables if parent else self.tables
+        tables[artifact_file] = tables.get(artifact_file, []) + rows.to_dict("records")
 
     def log_datasets(self, files, context):
         return {name: f"digest-of-{Path(path).name}" for name, path in files.items()}

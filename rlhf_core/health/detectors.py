@@ -214,28 +214,30 @@ def entropy_collapse(h: History, s: EntropyCollapse) -> Finding | None:
 
 # -- critic divergence ---------------------------------------------------------------------------
 class CriticDivergence(Settings):
-    warmup: int = Field(5, ge=0, description="Iterations the critic has to fit first.")
-    patience: int = Field(5, ge=1, description="Iterations in a row a sign must hold.")
-    growth: float = Field(4.0, gt=1, description="Fire when the value loss stays above this "
-                          "many times its lowest window mean...")
+    warmup: int = Field(1, ge=0, description="First iterations not read (a critic warm-started "
+                        "from the reward model explains little of its first returns).")
+    patience: int = Field(4, ge=1, description="Iterations a sign must hold.")
     min_explained_variance: float = Field(
-        0.0, description="...or the explained variance stays below this.")
+        0.0, description="Fire when the explained variance stays below this...")
+    growth: float = Field(4.0, gt=1, description="...or the value loss's median over the "
+                          "last iterations is above this many times its lowest mean before.")
 
 
 def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
     """The value model stops fitting the returns: a non-finite value loss or explained
-    variance; or, after ``warmup``, for ``patience`` iterations in a row, the explained
-    variance below ``min_explained_variance`` or the value loss above ``growth`` times the
-    lowest mean of any ``patience`` iterations before."""
+    variance at once; or, after ``warmup``, the explained variance below
+    ``min_explained_variance`` for ``patience`` iterations in a row, or the median value loss
+    of the last ``patience`` iterations above ``growth`` times the lowest mean of any
+    ``patience`` iterations before them (a median: one good iteration does not hide a critic
+    that keeps failing)."""
     loss, ev = h.series("loss/value_avg"), h.series("val/explained_variance")
-    t = h.iterations[-1] if h.iterations else 0
     if not loss or all(math.isnan(v) for v in loss):
         return None  # no critic
+    t, n = h.iterations[-1], s.patience
     if not _finite([loss[-1], ev[-1]]):
         return _from_rollouts("critic_divergence", h, t, {"value_loss": loss[-1],
                                                           "explained_variance": ev[-1]},
-                       f"non-finite value loss {loss[-1]} / explained variance {ev[-1]}")
-    n = s.patience
+                              f"non-finite value loss {loss[-1]} / explained variance {ev[-1]}")
     if len(loss) < s.warmup + n:
         return None
     recent_loss, recent_ev = loss[-n:], ev[-n:]
@@ -243,23 +245,24 @@ def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
     if all(v < s.min_explained_variance for v in recent_ev):
         return _from_rollouts("critic_divergence", h, onset,
                               {"explained_variance": recent_ev[-1], "value_loss": recent_loss[-1]},
-                       f"explained variance below {s.min_explained_variance} for {n} "
-                       f"iterations (now {recent_ev[-1]:.3f})")
+                              f"explained variance below {s.min_explained_variance:g} for {n} "
+                              f"iterations (now {recent_ev[-1]:.3f})")
     if len(loss) < s.warmup + 2 * n:
         return None
     lowest = min(statistics.fmean(loss[i:i + n]) for i in range(s.warmup, len(loss) - 2 * n + 1))
-    if all(v > s.growth * lowest for v in recent_loss):
+    median = _median(recent_loss)
+    if median > s.growth * lowest:
         return _from_rollouts("critic_divergence", h, onset,
-                              {"value_loss": recent_loss[-1], "value_loss_lowest": lowest},
-                       f"value loss {recent_loss[-1]:.4g} has stayed above {s.growth:g}x its "
-                       f"lowest mean ({lowest:.4g}) for {n} iterations")
+                              {"value_loss_median": median, "value_loss_lowest": lowest},
+                              f"the value loss's median over {n} iterations, {median:.4g}, is "
+                              f"{median / lowest:.1f}x its lowest mean ({lowest:.4g})")
     return None
 
 
 # -- flat reward ---------------------------------------------------------------------------------
 class FlatReward(Settings):
     window: int = Field(10, ge=2, description="Iterations read.")
-    clip_share: float = Field(0.5, gt=0, le=1, description="Fire when the policy clip fraction "
+    clip_share: float = Field(0.25, gt=0, le=1, description="Fire when the policy clip fraction "
                               "averages at least this over the window...")
     min_gain: float = Field(0.1, ge=0, description="...and the mean score of its second half "
                             "is less than this above its first half's.")

@@ -112,8 +112,9 @@ class HealthLog:
         log.warning("ppo: %s", record.line())
         tags = {HEALTH_FLAGS_TAG: ",".join(f.detector for f in found),
                 HEALTH_PREFIX + finding.detector: record.message[:5000]}
-        table = pd.DataFrame([{**f.model_dump(exclude={"evidence"}),
-                               "evidence": json.dumps(f.evidence)} for f in found])
+        # MLflow appends a table's rows to the file the run holds: one row per finding
+        table = pd.DataFrame([{**record.model_dump(exclude={"evidence"}),
+                               "evidence": json.dumps(record.evidence)}])
         for parent in (False, True):
             self.sc.set_tags(tags, parent=parent)
         run = self.sc.run

@@ -12,7 +12,10 @@ from rlhf_core.ppo.trainer import PPOTrainer
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :"]
 NORM = {"mean": 0.0, "std": 1.0, "n": 1}
-VALUE_KEYS = ("loss/value_avg", "val/clipfrac_avg", "val/explained_variance")
+VALUE_KEYS = ("loss/value_avg", "val/clipfrac_avg", "val/explained_variance",
+              "val/grad_norm_avg")
+DIAGNOSTICS = ("objective/advantage_abs_mean", "policy/grad_norm_avg", "response/length_max",
+               "response/truncated_rate")
 
 
 def trainer_for(tiny_model_dir, with_critic: bool, **kw):
@@ -46,6 +49,8 @@ def test_critic_free_step_moves_policy_without_value_metrics(tiny_model_dir, est
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
     assert trainer.value_model is None
     assert "value" not in trainer.checkpointer("unused").models
+    # the guides' diagnostics, for every algorithm (a critic's gradient norm with a critic)
+    assert all(metrics[k] >= 0 for k in DIAGNOSTICS) and "val/grad_norm_avg" not in metrics
 
 
 def test_groups_of_k_share_a_prompt_and_advantages_sum_to_zero(tiny_model_dir):
@@ -65,7 +70,38 @@ def test_gae_is_the_default_and_keeps_its_critic(tiny_model_dir):
     trainer = trainer_for(tiny_model_dir, True)
     seen = []
     trainer.train(lambda i, m, s: seen.append(m), progress=False)
-    assert all(k in seen[-1] for k in VALUE_KEYS)
+    assert all(k in seen[-1] for k in VALUE_KEYS + DIAGNOSTICS)
+
+
+def test_the_diagnostics_against_naive_references(tiny_model_dir):
+    """Each model's gradient norm before the clip, mean |advantage| over the response
+    tokens, the longest response and the share cut at the budget, recomputed by hand."""
+    trainer = trainer_for(tiny_model_dir, True, max_new_tokens=3, ppo_epochs=1,
+                          num_minibatches=1)
+    norms: dict[str, list[float]] = {"policy": [], "value": []}
+    run = trainer.train_step.run
+
+    def spy(micro_batches, step):
+        out = run(micro_batches, step)  # the norms as the step saw them, before the clip
+        for name, model in (("policy", trainer.policy), ("value", trainer.value_model)):
+            grads = [p.grad.double().pow(2).sum() for p in model.parameters()
+                     if p.grad is not None]
+            norms[name].append(float(sum(grads)) ** 0.5)
+        return out
+
+    # the clip (max_grad_norm 1) scales the gradients in place: undo it to read the pre-clip
+    trainer.train_step.max_grad_norm = 1e9
+    trainer.train_step.run = spy
+    metrics, exp = trainer.step()
+    assert metrics["policy/grad_norm_avg"] == pytest.approx(norms["policy"][0], rel=1e-5)
+    assert metrics["val/grad_norm_avg"] == pytest.approx(norms["value"][0], rel=1e-5)
+    mask = exp.response_mask
+    tokens = [abs(float(a)) for a, m in zip(exp.advantages.flatten(), mask.flatten()) if m]
+    assert metrics["objective/advantage_abs_mean"] == pytest.approx(sum(tokens) / len(tokens))
+    lengths = [int(row.sum()) for row in mask]
+    assert metrics["response/length_max"] == max(lengths)
+    cut = [n == 3 and not bool(e) for n, e in zip(lengths, exp.has_eos)]
+    assert metrics["response/truncated_rate"] == pytest.approx(sum(cut) / len(cut))
 
 
 def test_value_model_must_match_the_estimator(tiny_model_dir):

@@ -49,3 +49,38 @@ def test_lora_ppo_trains_adapters_and_leaves_reference_and_reward_alone(tiny_mod
         torch.testing.assert_close(final_policy(input_ids=ids).logits, after, atol=1e-5,
                                    rtol=1e-5)
     assert not hasattr(final_policy, "peft_config")
+
+
+def test_a_healthy_snapshot_of_lora_holds_the_adapters_and_restores_them(tiny_model_dir,
+                                                                          tmp_path):
+    """With LoRA a snapshot keeps the trained weights only (adapters, the value head), and a
+    stop puts them back: the policy answers as it did at that check."""
+    from safetensors.torch import load_file
+
+    from rlhf_core.health.detectors import Finding
+    from rlhf_core.health.watch import Watch
+
+    spec = LoadSpec.from_config(ModelConfig(lora=LoraSettings(r=4, alpha=8)), "cpu")
+    torch.manual_seed(0)
+    new_scalar_model(tiny_model_dir, spec).save(tmp_path / "rm")
+    models = ppo_models(tiny_model_dir, tiny_model_dir, tmp_path / "rm", tmp_path / "rm", spec)
+    tok = load_tokenizer(tiny_model_dir, spec)
+    cfg = PPOConfig(iterations=3, rollout_batch_size=4, num_minibatches=1, ppo_epochs=2,
+                    max_new_tokens=6, optim=OptimConfig(lr=1e-2))
+    tr = PPOTrainer(models, tokenizer=tok, prompt_ids=[encode(tok, p) for p in PROMPTS],
+                    cfg=cfg, norm_stats={"mean": 0.0, "std": 1.0, "n": 1},
+                    device=torch.device("cpu"), generator=torch.Generator().manual_seed(0))
+    watch = Watch(cfg.health, None, 1, tmp_path / "healthy")
+    ids = torch.tensor([encode(tok, PROMPTS[2])])
+    tr.step()
+    watch._snapshot(tr, 1)  # as a healthy check after iteration 1 would
+    with torch.no_grad():
+        at_1 = models.policy(input_ids=ids).logits
+    saved = load_file(str(tmp_path / "healthy" / "iter_00000001" / "policy.safetensors"))
+    assert saved and all("lora_" in name for name in saved)  # no frozen base weight
+    tr.step()
+    with torch.no_grad():
+        assert not torch.equal(models.policy(input_ids=ids).logits, at_1)
+    assert watch.restore_healthy(tr, Finding("kl_spike", 2, 2, 1, {}, "x")) == 1
+    with torch.no_grad():
+        assert torch.equal(models.policy(input_ids=ids).logits, at_1)
