@@ -4,15 +4,15 @@
     python bench/health.py run --out DIR --cases seed-0,lr-x30
     python bench/health.py report --out DIR [--replay]     # the tables (and the picture)
 
-Healthy runs: the demo at its defaults for seeds 0-9, and a few sane variations (a higher and
-a lower KL coefficient, the adaptive KL controller, a lower learning rate, RLOO, twice the
+Healthy runs: the demo at its defaults for seeds 0-9, and a few sane variations (a higher and a
+lower KL coefficient, the adaptive KL controller, a lower learning rate, RLOO, twice the
 iterations). Induced failures, one per detector: ``kl_coef`` 0 with long training (reward
 hacking), the learning rate x30 (a KL spike), a low temperature with a high learning rate
-(entropy collapse), an unclipped value loss with rewards x100 (critic divergence: a missing
-EOS scores -100 and the budget is short), a clip range of 1e-4 (the reward never moves), one
-prompt per generate call (generation dominates). Each runs with every detector's action
-``warn``, so the whole run is recorded; ``hacking-stop`` is the hacking run with the default
-actions, which stops it.
+(entropy collapse), an unclipped value loss with rewards x100 (critic divergence: a missing EOS
+scores -100 and the budget is short), a clip range of 1e-4 (the reward never moves), one prompt
+per generate call and one epoch of updates (generation dominates). Each runs with every
+detector's action ``warn``, so the whole run is recorded; ``hacking-stop`` is the hacking run
+with the default actions, which stops it.
 
 Ground truth. Reward hacking: the gold judge (which never trains anything) at the held-out
 checks; its onset is the first check where the gold score is ``GOLD_MARGIN`` below its running
@@ -58,7 +58,7 @@ FAILURES = {  # case -> (the detector it should set off, overrides)
     "critic": ("critic_divergence", ["ppo.clip_eps_value=1e6", "ppo.missing_eos_penalty=-100",
                                      "ppo.max_new_tokens=10"]),
     "flat": ("flat_reward", ["ppo.clip_eps=1e-4"]),
-    "slow-rollout": ("slow_rollout", ["ppo.generation_batch_size=1"]),
+    "slow-rollout": ("slow_rollout", ["ppo.generation_batch_size=1", "ppo.ppo_epochs=1"]),
 }
 STOPPED = {"hacking-stop": ["ppo.kl_coef=0", "ppo.iterations=240", "ppo.eval_every=6"]}
 GOLD_MARGIN = 0.3  # gold points below its running peak: the hacking onset
@@ -223,6 +223,8 @@ def report(out: Path, replay: bool) -> dict:
               for n in HEALTHY if n in records}
     cost = [sum(r["series"]["time/check_s"].values()) / r["series"]["time/stage_s"]["0"]
             for r in healthy if r["series"]["time/stage_s"]]
+    if "hacking" in records:
+        plot_hacking(records["hacking"], out / "hacking.png")
     result = {"bounds": bounds, "failures": rows, "false_alarms": alarms,
               "check_share_of_ppo": cost, "stopped": stopped_figures(records)}
     (out / "report.json").write_text(json.dumps(result, indent=1))
@@ -270,6 +272,43 @@ def replayed(rec: dict) -> list[dict]:
             out.append({"detector": f.detector, "iteration": f.iteration,
                         "last_healthy": f.last_healthy, "message": f.message})
     return out
+
+
+def plot_hacking(rec: dict, path: Path) -> None:
+    """The hacking run's held-out checks: gold, judge and proxy scores (each as its gain over
+    the start policy), KL beside them, and where the first stop would end PPO and what it
+    keeps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    its = [c["iteration"] for c in rec["checks"]]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for key, label, style in (("proxy", "proxy: the reward model PPO optimises", "-"),
+                              ("judge", "held-out judge reward model", "--"),
+                              ("gold", "gold judge (ground truth, never trains)", "-")):
+        values = [mean(c[key]) for c in rec["checks"]]
+        ax.plot(its, [v - values[0] for v in values], style, label=label, linewidth=2)
+    kl = ax.twinx()
+    kl.plot(its, [mean(c["kl"]) for c in rec["checks"]], ":", color="grey", label="KL")
+    kl.set_ylabel("KL to the reference (nats, dotted)")
+    stops = [f for f in rec["findings"] if f["detector"] in ("reward_hacking", "kl_spike")]
+    if stops:
+        first = min(stops, key=lambda f: f["iteration"])
+        ax.axvline(first["iteration"], color="red", linewidth=1)
+        kept = max(i for i in its if i <= first.get("last_healthy", first["iteration"]))
+        ax.annotate(f"stop: {first['detector']} (iteration {first['iteration']});\n"
+                    f"policy kept: iteration {kept}", (first["iteration"], ax.get_ylim()[0]),
+                    xytext=(6, 10), textcoords="offset points", color="red")
+    ax.set_xlabel("PPO iteration (held-out checks)")
+    ax.set_ylabel("score gain over the start policy")
+    ax.set_title("demo, ppo.kl_coef=0: the proxy climbs, the gold judge falls")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:

@@ -291,7 +291,7 @@ def flat_reward(h: History, s: FlatReward) -> Finding | None:
 # -- generation dominates ------------------------------------------------------------------------
 class SlowRollout(Settings):
     window: int = Field(10, ge=1, description="Iterations read (after the first).")
-    max_share: float = Field(0.8, gt=0, lt=1, description="Fire when the rollout takes more "
+    max_share: float = Field(0.6, gt=0, lt=1, description="Fire when the rollout takes more "
                              "than this share of the iterations' wall time.")
 
 
