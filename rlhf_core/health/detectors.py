@@ -107,7 +107,7 @@ def _finite(values: list[float]) -> bool:
 class RewardHacking(Settings):
     action: Action = Field("stop", description="warn, stop or off (see ppo.health).")
     min_loss_share: float = Field(
-        0.25, ge=0, description="Fire when the judge has lost at least this share of its gain "
+        0.1, ge=0, description="Fire when the judge has lost at least this share of its gain "
         "(its best check over the start) at a check, significantly (paired interval)...")
     kl_growth: float = Field(
         2.0, gt=1, description="...or when, since the check before, the KL to the reference "

@@ -171,7 +171,7 @@ def test_reward_hacking_fires_on_a_kl_bought_gain_the_judge_does_not_confirm():
 
 @pytest.mark.parametrize("sides", [
     ((0.0, 0.0), (1.0, 1.0), (0.8, 0.5)),  # both fall: not hacking (maybe a collapse)
-    ((0.0, 0.0), (1.0, 1.0), (2.0, 0.9)),  # the judge lost 10 % of its gain: noise, plateau
+    ((0.0, 0.0), (1.0, 1.0), (2.0, 0.95)),  # the judge lost 5 % of its gain: a plateau
     ((0.0, 0.0), (1.0, 1.0), (2.0, 1.5)),  # both rise
 ])
 def test_reward_hacking_stays_silent_otherwise(sides):
