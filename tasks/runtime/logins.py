@@ -291,3 +291,22 @@ def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
     raise ConfigError(f"{where} refused the login read from {read} (HTTP {status} {why}); "
                       f"check it against the server's PREFECT_SERVER_API_AUTH_STRING (or "
                       "the API key's access).")
+
+
+# -- who answers -----------------------------------------------------------------------------
+def login_name(first: str = "mlflow") -> str:
+    """Who is acting, as an approval records it: the MLflow login (user name), or the user
+    part of Prefect's auth string, in that order (``first`` "prefect": Prefect's first),
+    else the OS user. A token alone names nobody."""
+    import getpass
+
+    auth = os.environ.get(AUTH_STRING_VAR)
+    if not auth:
+        from prefect.settings import PREFECT_API_AUTH_STRING
+
+        auth = PREFECT_API_AUTH_STRING.value()
+        auth = auth.get_secret_value() if hasattr(auth, "get_secret_value") else auth
+    prefect = auth.split(":", 1)[0] if auth and ":" in auth else None
+    mlflow = mlflow_credentials()[1]
+    names = (prefect, mlflow) if first == "prefect" else (mlflow, prefect)
+    return next((n for n in names if n), None) or getpass.getuser()

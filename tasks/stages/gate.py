@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+import pandas as pd
+
 from rlhf_core.eval.evaluate import sample_policy
 from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
 from rlhf_core.eval.serving import score_rows
@@ -120,6 +122,19 @@ def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str,
             COMPARE_VERSIONS_TAG: compared}
 
 
+SIDE_BY_SIDE = "gate/side_by_side.json"  # every held-out prompt: both answers, both scores
+
+
+def side_by_side(prompts: list[str], samples: dict, scores: dict) -> pd.DataFrame:
+    """One row per held-out prompt, in order: the champion's and the challenger's answers and
+    the shared scorer's score of each (the approval form shows the first few)."""
+    return pd.DataFrame({"prompt": prompts,
+                         "champion": list(samples["champion"]["response"]),
+                         "challenger": list(samples["challenger"]["response"]),
+                         "score_champion": scores["champion"],
+                         "score_challenger": scores["challenger"]})
+
+
 def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None, compared: str | None = None) -> GateRecord:
@@ -150,6 +165,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
     gold_tags = {} if gold is None or scorer == "judge" else _gold_tags(
         decision, _decide(_scores(sc, "judge", samples, prompts, gold, None, tokenizer),
                           samples, g, sc.run.seed))
+    sc.log_table(side_by_side(prompts, samples, scores), SIDE_BY_SIDE)
     space = "gate" if compared is None else "compare"
     metrics = {f"{space}/{k}": float(v) for k, v in decision["figures"].items()}
     metrics[f"{space}/promote" if compared is None else "compare/better"] = \
@@ -182,7 +198,9 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
                                tags[COMPARE_RESULT_TAG], "scorer": label})
 
 
-# the decision's figures (rlhf_core/eval/gate.py) and gate/promote; compare/* for `rlhf compare`
-STAGE = Stage("gate", body, GateRecord, seed_offset=4, metrics=("gate/*", "compare/*"))
+# the decision's figures (rlhf_core/eval/gate.py) and gate/promote; compare/* for `rlhf compare`;
+# both policies' answers side by side
+STAGE = Stage("gate", body, GateRecord, seed_offset=4, metrics=("gate/*", "compare/*"),
+              artifacts=(SIDE_BY_SIDE,))
 
 gate = stage_task(STAGE)
