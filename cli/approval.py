@@ -43,8 +43,21 @@ def waiting_lines(out, argv: list[str]) -> list[str]:
             f"  approve: {approve}", f"  reject:  {reject}"]
 
 
+def _tracking_uri(config) -> str:
+    """The store the candidate lives in, once it answers and the login may write there: the
+    answer goes on the round's run (the experiment) and the version, and moves and removes
+    the registered policy's aliases (MANAGE on it, on a server with logins)."""
+    from tasks.runtime.logins import Needs
+    from tasks.runtime.preflight import check_servers
+    from tasks.tracking.runs import default_tracking_uri
+
+    t = config.tracking
+    check_servers(t.tracking_uri, prefect=False, needs=Needs(
+        t.experiment, models=(t.registered_policy,), managed=(t.registered_policy,)))
+    return default_tracking_uri(t.tracking_uri)
+
+
 def cmd_answer(args, config, decision: str) -> int:
-    from cli.retrain import _tracking_uri
     from tasks.champion.approval import answer
     from tasks.champion.waiting import tell_waiting_run
     from tasks.tracking.runs import tracking_client

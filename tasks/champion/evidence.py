@@ -24,41 +24,42 @@ def _num(figures: dict[str, str], key: str, signed: bool = False) -> str:
         return value
 
 
-def figure_rows(ev: RoundEvidence) -> list[str]:
-    """The evidence table's rows (markdown)."""
+def figure_lines(ev: RoundEvidence) -> list[str]:
+    """The evidence, one bullet per figure (markdown: the form is narrow)."""
     f, level = ev.figures, f"{float(ev.confidence):.0%}"
-    n = f.get("n_prompts", "?")
-    rows = [
-        ("paired win rate (prompts the candidate wins; a tie counts half)",
-         f"{_num(f, 'win_rate')}, {level} CI [{_num(f, 'win_rate_low')}, "
-         f"{_num(f, 'win_rate_high')}] over {n} prompts"),
-        (f"held-out judge's gain ({ev.scorer})",
-         f"{_num(f, 'diff_mean', True)}, {level} CI [{_num(f, 'ci_low', True)}, "
-         f"{_num(f, 'ci_high', True)}] (champion {_num(f, 'score_champion')} -> candidate "
-         f"{_num(f, 'score_challenger')})"),
-    ]
+    lines = [
+        f"- **paired win rate**: {_num(f, 'win_rate')}, {level} CI [{_num(f, 'win_rate_low')}, "
+        f"{_num(f, 'win_rate_high')}] over {f.get('n_prompts', '?')} prompts (the share "
+        "the candidate wins; a tie counts half)",
+        f"- **held-out judge's gain** ({ev.scorer}): {_num(f, 'diff_mean', True)}, {level} "
+        f"CI [{_num(f, 'ci_low', True)}, {_num(f, 'ci_high', True)}] (champion "
+        f"{_num(f, 'score_champion')} -> candidate {_num(f, 'score_challenger')})"]
     if ev.gold:
-        rows.append(("the gold judge would have decided",
-                     f"{ev.gold.get('decision', '?')}: {_num(ev.gold, 'diff_mean', True)}, "
-                     f"CI [{_num(ev.gold, 'ci_low', True)}, {_num(ev.gold, 'ci_high', True)}]"))
-    rows += [
-        ("KL to the reference", f"candidate {_num(f, 'kl_challenger')}, champion "
-                                f"{_num(f, 'kl_champion')} (the gate's cap {ev.max_kl})"),
-        ("EOS rate", f"candidate {_num(f, 'eos_rate_challenger')}, champion "
-                     f"{_num(f, 'eos_rate_champion')}"),
-        ("health flags", ", ".join(ev.health_flags) or "none"),
-    ]
-    return [f"| {_cell(k)} | {_cell(v, 240)} |" for k, v in rows]
+        g = ev.gold
+        lines.append(f"- **the gold judge** would have decided {g.get('decision', '?')}: "
+                     f"{_num(g, 'diff_mean', True)}, CI [{_num(g, 'ci_low', True)}, "
+                     f"{_num(g, 'ci_high', True)}]")
+    lines += [
+        f"- **KL to the reference**: candidate {_num(f, 'kl_challenger')}, champion "
+        f"{_num(f, 'kl_champion')} (the gate's cap {ev.max_kl})",
+        f"- **EOS rate**: candidate {_num(f, 'eos_rate_challenger')}, champion "
+        f"{_num(f, 'eos_rate_champion')}",
+        f"- **health flags**: {', '.join(ev.health_flags) or 'none'}"]
+    return lines
 
 
-def side_by_side_rows(ev: RoundEvidence, champion: str, version: str) -> list[str]:
+def side_by_side_lines(ev: RoundEvidence, champion: str, version: str) -> list[str]:
+    """The first answers side by side: each prompt, then both answers with their scores."""
     if not ev.side_by_side:
         return ["(the gate run kept no side-by-side table)"]
-    head = [f"| prompt | champion v{champion} | candidate v{version} |", "|---|---|---|"]
-    return head + [
-        f"| {_cell(r['prompt'], 120)} | {_cell(r['champion'])} ({float(r['score_champion']):.2f})"
-        f" | {_cell(r['challenger'])} ({float(r['score_challenger']):.2f}) |"
-        for r in ev.side_by_side]
+    out = []
+    for n, r in enumerate(ev.side_by_side, 1):
+        out += [f"{n}. {_cell(r['prompt'], 120)}",
+                f"    - champion v{champion} ({float(r['score_champion']):.2f}): "
+                f"{_cell(r['champion'])}",
+                f"    - candidate v{version} ({float(r['score_challenger']):.2f}): "
+                f"{_cell(r['challenger'])}"]
+    return out
 
 
 def evidence_markdown(cand: Candidate, ev: RoundEvidence, tracking_uri: str) -> str:
@@ -73,11 +74,11 @@ def evidence_markdown(cand: Candidate, ev: RoundEvidence, tracking_uri: str) -> 
     return "\n".join([
         f"## Candidate v{cand.version} of `{cand.name}` against champion v{champion}", "",
         f"The gate says **promote**: {_cell(ev.reason, 400)}", "",
-        "| evidence | value |", "|---|---|", *figure_rows(ev), "",
-        f"**Side by side**: the first {len(ev.side_by_side)} of {ev.n_side_by_side} held-out "
-        "prompts (score by the same scorer in brackets; every prompt: the gate run's "
-        "`gate/side_by_side.json`)", "",
-        *side_by_side_rows(ev, champion, cand.version), "",
+        *figure_lines(ev), "",
+        f"**Side by side**, the first {len(ev.side_by_side)} of {ev.n_side_by_side} held-out "
+        "prompts (each answer's score by the same scorer; every prompt: the gate run's "
+        "`gate/side_by_side.json`):", "",
+        *side_by_side_lines(ev, champion, cand.version), "",
         f"MLflow{local}: {links}", "",
         f"Answer by **{cand.deadline}** (`retrain.approval_timeout_h`); no answer by then "
         f"keeps champion v{champion}. From a terminal: `rlhf approve {cand.version} "

@@ -229,8 +229,8 @@ def test_the_evidence_reads_the_rounds_figures_and_flags(store):
     assert ev.figures["win_rate"] == "0.62" and ev.health_flags == ["kl_spike"]
     assert ev.champion_run_id is not None and ev.side_by_side == []
     text = evidence_markdown(cand, ev, uri)
-    assert "| paired win rate" in text and "0.620" in text and "| health flags | kl_spike |" \
-        in text and "compare-runs" in text and f"rlhf approve {cand.version}" in text
+    assert "- **paired win rate**: 0.620" in text and "- **health flags**: kl_spike" in text
+    assert "compare-runs" in text and f"rlhf approve {cand.version}" in text
 
 
 def test_approval_none_holds_nothing():
