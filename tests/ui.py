@@ -204,8 +204,13 @@ def approval_form(page, srv: Served, flow_run_id: str, shot: Path | None = None)
     page.get_by_text("Resume Flow Run", exact=True).wait_for(timeout=60_000)
     page.get_by_text("Reason", exact=True).wait_for(timeout=60_000)
     page.wait_for_timeout(1000)
-    if shot is not None:
-        page.screenshot(path=str(shot))
+    if shot is not None:  # the form alone: from its title to its buttons
+        top = page.get_by_text("Resume Flow Run", exact=True).bounding_box()
+        end = page.get_by_role("button", name="Submit").last.bounding_box()
+        left, bottom = top["x"] - 20, end["y"] + end["height"] + 20
+        page.screenshot(path=str(shot), clip={
+            "x": left, "y": top["y"] - 20, "width": end["x"] + end["width"] + 20 - left,
+            "height": bottom - top["y"] + 20})
         page.set_viewport_size({"width": 1400, "height": 1000})
     return page.locator("[role=dialog]").last.inner_text() if page.locator(
         "[role=dialog]").count() else page.inner_text("body")

@@ -24,6 +24,14 @@ from pydantic import BaseModel, ConfigDict
 from rlhf_core.faults import crash_point
 from tasks.champion import events
 from tasks.runtime.logins import login_name
+from tasks.runtime.waiting import (
+    ApprovalForm,
+    close_waiting,
+    pause_key,
+    prefect_api,
+    run_state,
+    stored_answer,
+)
 from tasks.tracking.approvals import (
     PENDING,
     Answer,
@@ -39,6 +47,7 @@ from tasks.tracking.approvals import (
 from tasks.tracking.errors import ApprovalError
 from tasks.tracking.registry import CHAMPION, alias_version, move_champion
 
+ENDED = ("CANCELLED", "CRASHED", "FAILED")  # a flow run's states that will not run again
 SETTLE_ENV = "RLHF_APPROVAL_SETTLE_S"  # an answer kept but not carried out: left this long
 WORDS = {"approve": "approved", "reject": "rejected", "timeout": "timed out"}
 
@@ -136,13 +145,11 @@ def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
     """Keep ``given`` unless an answer is kept already (or the deadline passed first:
     the timeout), then carry the kept answer out unless that is done (``given`` None: carry
     out the answer kept)."""
-    if given is not None and cand.answer is None and cand.overdue:
-        claim_answer(client, cand, timed_out(cand))
-        cand = candidate(client, cand.name, cand.version)
-    kept = claim_answer(client, cand, given) if given is not None and cand.answer is None \
-        else cand.answer
-    if given is not None and kept != given:
-        cand = _wait_for_keeper(client, cand)
+    kept = cand.answer
+    if kept is None and given is not None:
+        kept = claim_answer(client, cand, timed_out(cand) if cand.overdue else given)
+    if given is not None and kept != given and kept.decision != "timeout":
+        cand = _wait_for_keeper(client, cand)  # another process kept it: let it finish
     before = champion_now(client, cand.name)
     if cand.status != PENDING:
         return Outcome(candidate=cand, answer=kept, given=given, done_now=False,
@@ -202,8 +209,6 @@ def answer(client, name: str, version: str | None, decision: str, reason: str, v
            by: str | None = None) -> Outcome:
     """A person's answer (``decision`` approve or reject) to candidate ``version`` (None:
     the only one waiting), kept and carried out unless one came first."""
-    from tasks.champion.waiting import form_left
-
     cand = pick(client, name, version)
     left = form_left(cand) if cand.status == PENDING and cand.answer is None else None
     if left is not None:  # answered on its form first, and its flow run ended without it
@@ -222,8 +227,6 @@ def settle_waiting(client, name: str) -> list[Outcome]:
     that its flow run will not carry out (the run ended without it: cancelled by the
     deployment's concurrency limit, crashed), and a deadline passed with no answer (its
     flow run, still waiting, is ended "Timed out")."""
-    from tasks.champion.waiting import form_left, timed_out_run
-
     out = []
     for cand in waiting_candidates(client, name):
         if cand.answer is not None:
@@ -237,3 +240,25 @@ def settle_waiting(client, name: str) -> list[Outcome]:
             out.append(carry_out(client, cand, timed_out(cand)))
             timed_out_run(cand, out[-1])
     return out
+
+
+def form_answer(form: ApprovalForm) -> Answer:
+    return Answer(decision=form.decision.lower(), reason=form.reason, by=who("prefect-ui"),
+                  via="prefect-ui")
+
+
+def form_left(cand: Candidate) -> Answer | None:
+    """The answer a served round's form stored that its flow run ended without carrying
+    out (the run was cancelled by the deployment's concurrency limit, or crashed)."""
+    if not cand.flow_run_id or prefect_api() is None:
+        return None
+    if run_state(cand.flow_run_id)[0] not in ENDED:
+        return None
+    form = stored_answer(cand.flow_run_id, pause_key(cand.version))
+    return None if form is None else form_answer(form)
+
+
+def timed_out_run(cand: Candidate, outcome: Outcome) -> None:
+    """A served round still waiting at its deadline ends Completed, "Timed out"."""
+    if cand.flow_run_id and prefect_api() is not None:
+        close_waiting(cand.flow_run_id, "Timed out", outcome.text())

@@ -7,6 +7,8 @@ from __future__ import annotations
 from tasks.tracking.addresses import compare_url, run_page
 from tasks.tracking.approvals import Candidate, RoundEvidence
 
+SIDE_BY_SIDE = "gate/side_by_side.json"  # the gate run's table: each prompt, both answers
+
 
 def _cell(text, limit: int = 160) -> str:
     """A table cell: one line, no pipe, cut at ``limit`` characters."""

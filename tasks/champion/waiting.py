@@ -23,31 +23,24 @@ from tasks.champion.approval import (
     carry_out,
     champion_now,
     check_current,
+    form_answer,
     settle_waiting,
-    who,
 )
-from tasks.champion.evidence import evidence_markdown
+from tasks.champion.evidence import SIDE_BY_SIDE, evidence_markdown
+from tasks.champion.rule import Decision
 from tasks.config import PipelineConfig
 from tasks.results import RetrainResult
 from tasks.runtime.waiting import (
-    ApprovalForm,
     ask,
-    close_waiting,
     key_version,
     pause_key,
     prefect_api,
     resume_with,
     resumed_key,
-    run_state,
-    stored_answer,
     this_flow_run,
 )
-from tasks.stages.gate import SIDE_BY_SIDE
-from tasks.stages.records import Decision
 from tasks.tracking.approvals import (
     PENDING,
-    Answer,
-    Candidate,
     candidate,
     note_flow_run,
     round_evidence,
@@ -57,29 +50,6 @@ from tasks.tracking.runs import default_tracking_uri, tracking_client
 
 CHECK_ENV = "RLHF_APPROVAL_CHECK_S"  # how often `rlhf serve` settles waiting candidates
 GRACE_S = 600  # Prefect fails a wait this long after the deadline, if nothing ended it first
-ENDED = ("CANCELLED", "CRASHED", "FAILED")
-
-
-def form_answer(form: ApprovalForm) -> Answer:
-    return Answer(decision=form.decision.lower(), reason=form.reason, by=who("prefect-ui"),
-                  via="prefect-ui")
-
-
-def form_left(cand: Candidate) -> Answer | None:
-    """The answer a served round's form stored that its flow run ended without carrying
-    out (the run was cancelled by the deployment's concurrency limit, or crashed)."""
-    if not cand.flow_run_id or prefect_api() is None:
-        return None
-    if run_state(cand.flow_run_id)[0] not in ENDED:
-        return None
-    form = stored_answer(cand.flow_run_id, pause_key(cand.version))
-    return None if form is None else form_answer(form)
-
-
-def timed_out_run(cand: Candidate, outcome: Outcome) -> None:
-    """A served round still waiting at its deadline ends Completed, "Timed out"."""
-    if cand.flow_run_id and prefect_api() is not None:
-        close_waiting(cand.flow_run_id, "Timed out", outcome.text())
 
 
 def held_for_approval(config: PipelineConfig, decision: Decision) -> Decision:

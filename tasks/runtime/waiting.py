@@ -96,14 +96,6 @@ def stored_answer(flow_run_id: str, key: str) -> ApprovalForm | None:
     return ApprovalForm.model_validate(json.loads(value))
 
 
-def evidence_shown(flow_run_id: str, key: str) -> str:
-    """The evidence the form of approval ``key`` shows above it."""
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return json.loads(client.read_flow_run_input(flow_run_id, _keyset(key)["description"]))
-
-
 def run_state(flow_run_id: str) -> tuple[str, str]:
     """(state type, state name) of a flow run, e.g. ("PAUSED", "Suspended")."""
     from prefect.client.orchestration import get_client

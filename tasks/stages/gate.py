@@ -19,6 +19,7 @@ from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokeniz
 from rlhf_core.train.optim import seed_everything
 from tasks.champion.batches import Champion, GateError, report
 from tasks.champion.config import GateConfig
+from tasks.champion.evidence import SIDE_BY_SIDE
 from tasks.champion.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.common import read_jsonl
 from tasks.judge import resolve_judge
@@ -120,9 +121,6 @@ def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str,
            for k, v in tags.items() if k != GATE_DECISION_TAG}
     return {**out, COMPARE_RESULT_TAG: "better" if better else "not better",
             COMPARE_VERSIONS_TAG: compared}
-
-
-SIDE_BY_SIDE = "gate/side_by_side.json"  # every held-out prompt: both answers, both scores
 
 
 def side_by_side(prompts: list[str], samples: dict, scores: dict) -> pd.DataFrame:
