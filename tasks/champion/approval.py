@@ -108,10 +108,13 @@ class Outcome(BaseModel):
             head += f" (no answer by {c.deadline})"
         else:
             head += f" by {a.by} ({a.via}, {a.at}): {a.reason}"
-        moved = a.decision == "approve"
-        where = (f"champion v{self.champion_before} -> v{c.version} (previous-champion: "
-                 f"v{self.champion_before})" if moved and self.champion_before else
-                 f"champion v{c.version}" if moved else f"champion v{self.champion} stays")
+        before = self.champion_before
+        if a.decision == "approve" and self.done_now and before and before != c.version:
+            where = f"champion v{before} -> v{c.version} (previous-champion: v{before})"
+        elif a.decision != "approve" and self.done_now:
+            where = f"champion v{self.champion} stays"
+        else:
+            where = f"champion v{self.champion}"
         lines = [f"{head}; {where}"]
         if self.given is None and self.done_now:
             lines.append("carried out now: the process that kept this answer stopped first")

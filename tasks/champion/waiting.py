@@ -137,8 +137,8 @@ def resumed_round(config: PipelineConfig) -> RetrainResult | None:
             and not cand.overdue:
         check_current(client, cand)
     outcome = carry_out(client, cand, given) if given is not None else Outcome(
-        candidate=cand, answer=kept, done_now=False, champion_before=None,
-        champion=None)
+        candidate=cand, answer=kept, done_now=False, champion_before=cand.gated_against,
+        champion=champion_now(client, cand.name))
     print(outcome.text())
     return RetrainResult(status=WORDS[outcome.answer.decision], candidate=int(cand.version),
                          answer=outcome.text())

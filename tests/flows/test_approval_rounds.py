@@ -3,7 +3,8 @@ tiny config (the session's Prefect API, MLflow at tmp_path) with ``retrain.appro
 required``. A round whose gate says promote ends "awaiting approval" with the commands that
 answer it, the champion unmoved and the round shown waiting by `rlhf runs`; `rlhf approve`
 (no version: the only candidate) makes the candidate champion, once; the next round's
-candidate is rejected and the champion stays. Each answer is on the version's tags and the
+candidate is rejected and the champion stays; a third left past its deadline is timed out,
+and an approval after it changes nothing. Each answer is on the version's tags and the
 round's run, and its events reach the Prefect server. The gate is told to promote (a margin
 far below any difference, no guard rail): the point is the sign-off, not the win."""
 
@@ -101,10 +102,23 @@ def test_a_cli_round_waits_for_approve_then_the_next_is_rejected(tmp_path, round
     assert client.get_model_version(NAME, "3").tags["rlhf.approval.status"] == "rejected"
     nothing = rounds("approve", "--reason", "x", more=required, code=2)
     assert "no candidate waits for approval (champion: v2)" in nothing
+
+    write_preference_batch(tmp_path / "watch", 100, 6)  # a round nobody answers in time
+    assert "retrain: awaiting approval" in rounds(
+        "retrain", more=[*required, "retrain.approval_timeout_h=0.002"])  # 7 s
+    deadline = client.get_model_version(NAME, "4").tags["rlhf.approval.deadline"]
+    while time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) <= deadline:
+        time.sleep(1)
+    late = rounds("approve", "4", "--reason", "sorry, late", more=required, code=2)
+    assert f"v4 timed out (no answer by {deadline}); champion v2" in late, late
+    assert "your answer (approve) came after it and was not taken; nothing changed" in late
+    assert client.get_model_version(NAME, "4").tags["rlhf.approval.status"] == "timed-out"
+    assert _aliases(client) == {CHAMPION: "2", PREVIOUS: "1", "challenger": "4"}
     expected = sorted([
         ("rlhf.champion.promoted", ""), ("rlhf.champion.approval-requested", "2"),
         ("rlhf.champion.approved", "2"), ("rlhf.champion.approval-requested", "3"),
-        ("rlhf.champion.rejected", "3")])
+        ("rlhf.champion.rejected", "3"), ("rlhf.champion.approval-requested", "4"),
+        ("rlhf.champion.timed-out", "4")])
     deadline = time.time() + 60  # the server stores events as they come, a moment later
     while _events(prefect_api, since) != expected and time.time() < deadline:
         time.sleep(1)

@@ -154,6 +154,8 @@ def test_a_round_waits_on_its_form_without_a_process_and_approve_promotes_once(s
                   "compare this round with the champion's", "rlhf approve 2", "Decision",
                   "Reason"):
         assert shown in form, (shown, form)
+    compare = s.page.get_by_role("link", name="compare this round with the champion's")
+    compare = compare.get_attribute("href")
     ui.answer_form(s.page, "Approve", "the answers read better")
     done = wait_run(s.srv.client, run.id, 600)
     assert done.state.type.value == "COMPLETED", s.srv.log.read_text()[-3000:]
@@ -163,6 +165,12 @@ def test_a_round_waits_on_its_form_without_a_process_and_approve_promotes_once(s
             tags["rlhf.approval.reason"]) == ("approved", "prefect-ui", "the answers read better")
     assert tags["rlhf.approval.flow_run_id"] == str(run.id)
     assert "approved" in _artifact(s, run.id, "rlhf-run-summary")
+    s.page.goto(compare)  # the form's link: MLflow's compare view of the two rounds
+    s.page.get_by_text("Parameters", exact=False).first.wait_for(timeout=60_000)
+    s.page.wait_for_timeout(2000)
+    shown = s.page.inner_text("body")
+    champion_round = s.mlflow.get_model_version(NAME, "1").tags["rlhf.parent_run_id"]
+    assert tags["rlhf.parent_run_id"] in shown and champion_round in shown, shown[:2000]
 
 
 def _artifact(s: Session, flow_run_id, key: str) -> str:
@@ -204,7 +212,13 @@ def test_the_form_and_the_cli_at_once_promote_once(session):
     assert done.state.type.value == "COMPLETED", s.srv.log.read_text()[-3000:]
     assert _champion(s.mlflow) == "4" and _moves(s.mlflow, "approve") == 2  # v2, then v4
     tags = s.mlflow.get_model_version(NAME, "4").tags
-    assert tags["rlhf.approval.reason"] in ("from the terminal", "from the form")
+    kept = tags["rlhf.approval.reason"]
+    assert kept in ("from the terminal", "from the form")
+    # both tell the one answer kept; the round's summary too
+    assert "v4 approved by" in cli[0].stdout and f": {kept}" in cli[0].stdout, cli[0].stdout
+    summary = _artifact(s, run.id, "rlhf-run-summary")
+    assert f": {kept}" in summary and "v4 -> v4" not in summary, summary
+    assert "champion v2 -> v4" in summary or "champion v4" in summary, summary
 
 
 def test_a_round_left_past_its_deadline_ends_timed_out_and_keeps_the_champion(session):

@@ -167,26 +167,33 @@ def test_answers_at_once_keep_one_and_promote_once(store, sent):
 
 def test_a_kill_between_the_answer_and_the_alias_move_is_finished_later(store, sent,
                                                                       monkeypatch):
+    """`rlhf approve` killed once its answer is kept, before the alias moves: the next
+    `rlhf approve` (here in this process) finds the answer and, once the killed one's time
+    has passed, carries it out: one promotion, the first answer's."""
+    import getpass
+
+    from tests.shared import TEST_CONFIG
+
     client, add, uri = store
     v = add()
-    code = ("import sys; from mlflow.tracking import MlflowClient; "
-            "from tasks.champion import approval; "
-            f"approval.answer(MlflowClient({uri!r}), {NAME!r}, {v!r}, 'approve', 'ship it', "
-            "'cli', by='frank')")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cli", "approve", v, "--reason", "ship it",
+                          "--config", str(TEST_CONFIG), "--set",
+                          f"tracking.tracking_uri={uri}"], cwd=ROOT, capture_output=True,
                          text=True, timeout=300,
                          env={**os.environ, "RLHF_CRASH_AT": "approval:answered"})
-    assert out.returncode == -9, out.stderr[-2000:]
+    assert out.returncode == -9, out.stdout[-2000:] + out.stderr[-2000:]
     run = candidate(client, NAME, v).parent_run_id
-    assert json.loads(client.get_run(run).data.params[APPROVAL_ANSWER_PARAM])["by"] == "frank"
+    kept = json.loads(client.get_run(run).data.params[APPROVAL_ANSWER_PARAM])
+    assert (kept["by"], kept["reason"]) == (getpass.getuser(), "ship it")
     assert _aliases(client)[CHAMPION] == "1"  # killed before the move
     assert candidate(client, NAME, v).status == "pending"
     monkeypatch.setenv(approval.SETTLE_ENV, "0.5")  # the killed one gets half a second
     again = approval.answer(client, NAME, None, "approve", "retry", "cli", by="grace")
-    assert again.done_now and again.answer.by == "frank" and again.agrees
+    assert again.done_now and again.answer.reason == "ship it" and again.agrees
     assert "came after it and was not taken" in again.text()
     assert _aliases(client)[CHAMPION] == v
     assert [m["action"] for m in _moves(client)].count("approve") == 1
+    assert [e[0] for e in sent] == ["rlhf.champion.approved"]
 
 
 def test_the_keeper_finishes_an_answer_left_half_done(store, sent, monkeypatch):
