@@ -209,6 +209,35 @@ def test_the_keeper_finishes_an_answer_left_half_done(store, sent, monkeypatch):
     assert candidate(client, NAME, v).status == "rejected" and sent[0][0].endswith("rejected")
 
 
+def test_the_keeper_takes_a_form_answer_its_run_ended_without_and_ends_late_waits(
+        store, sent, monkeypatch):
+    """A served round's Resume stored its answer but the run was cancelled before carrying
+    it out (the deployment's concurrency limit): the keeper carries it out as the form's.
+    Another round still waiting at its deadline: timed out, and its flow run ended."""
+    from tasks.runtime.waiting import ApprovalForm
+    from tasks.tracking.approvals import note_flow_run
+
+    client, add, _ = store
+    answered, late = add(), add(hours=-0.001)
+    note_flow_run(client, candidate(client, NAME, answered), "run-answered")
+    note_flow_run(client, candidate(client, NAME, late), "run-late")
+    states = {"run-answered": "CANCELLED", "run-late": "PAUSED"}
+    closed = []
+    monkeypatch.setattr(approval, "prefect_api", lambda: "http://prefect")
+    monkeypatch.setattr(approval, "run_state", lambda run: (states[run], ""))
+    monkeypatch.setattr(approval, "stored_answer", lambda run, key: ApprovalForm(
+        decision="Approve", reason="looks right") if run == "run-answered" else None)
+    monkeypatch.setattr(approval, "close_waiting", lambda *a: closed.append(a))
+    first, second = approval.settle_waiting(client, NAME)
+    assert (first.answer.decision, first.answer.via, first.answer.reason) == (
+        "approve", "prefect-ui", "looks right")
+    assert _aliases(client)[CHAMPION] == answered
+    assert second.answer.decision == "timeout"
+    assert [(run, name) for run, name, _ in closed] == [("run-late", "Timed out")]
+    assert "timed out (no answer by" in closed[0][2]
+    assert [e[0] for e in sent] == ["rlhf.champion.approved", "rlhf.champion.timed-out"]
+
+
 def test_which_candidate_an_answer_is_for(store, sent):
     client, add, _ = store
     with pytest.raises(ApprovalError, match="no candidate waits for approval .champion: v1"):
