@@ -84,6 +84,17 @@ def lineage_tags(ctx: RunContext, rm: ModelRecord, policy: PolicyRecord,
     return tags
 
 
+def _champion_or_candidate(sc: StageContext, version: str, rule: Decision, held: bool) -> None:
+    """The promoted version becomes champion, or (``held``: retrain.approval required) a
+    candidate that waits for a person's approval."""
+    name = sc.cfg.tracking.registered_policy
+    if held:
+        request_approval(sc.client, name, version, sc.run.parent_run_id,
+                         sc.cfg.retrain.approval_timeout_h)
+    else:
+        move_champion(sc.client, name, version, sc.stage.name, rule.reason)
+
+
 def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: ModelRecord,
          data: DataRecord, lineage: dict | None = None,
          decision: Decision | None = None) -> RegisterRecord:
@@ -132,12 +143,9 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     set_alias(client, name, CHALLENGER, version)
     set_alias(client, rm_name, CHALLENGER, rm_version)
     crash_point("register:challenger")
-    held = rule.promote and rule.hold and not moved  # a person approves it first
-    if held:
-        request_approval(client, name, version, ctx.parent_run_id,
-                         cfg.retrain.approval_timeout_h)
-    elif rule.promote and not moved:
-        move_champion(client, name, version, sc.stage.name, rule.reason)
+    held = rule.promote and rule.hold and not moved
+    if rule.promote and not moved:
+        _champion_or_candidate(sc, version, rule, held)
     # a champion is no challenger
     aliases = "candidate, challenger" if held else "champion" if rule.promote else "challenger"
     current = rule.champion_score

@@ -58,6 +58,23 @@ def rounds(tmp_path, capfd, prefect_api):
     return run
 
 
+def _a_round_nobody_answers_in_time(tmp_path, rounds, client, required: list[str]) -> None:
+    """v4 waits 7 s; an approval after that finds it timed out, and changes nothing."""
+    import time
+
+    write_preference_batch(tmp_path / "watch", 100, 6)
+    assert "retrain: awaiting approval" in rounds(
+        "retrain", more=[*required, "retrain.approval_timeout_h=0.002"])
+    deadline = client.get_model_version(NAME, "4").tags["rlhf.approval.deadline"]
+    while time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) <= deadline:
+        time.sleep(1)
+    late = rounds("approve", "4", "--reason", "sorry, late", more=required, code=2)
+    assert f"v4 timed out (no answer by {deadline}); champion v2" in late, late
+    assert "your answer (approve) came after it and was not taken; nothing changed" in late
+    assert client.get_model_version(NAME, "4").tags["rlhf.approval.status"] == "timed-out"
+    assert _aliases(client) == {CHAMPION: "2", PREVIOUS: "1", "challenger": "4"}
+
+
 def test_a_cli_round_waits_for_approve_then_the_next_is_rejected(tmp_path, rounds, capfd,
                                                                 prefect_api):
     import time
@@ -102,18 +119,7 @@ def test_a_cli_round_waits_for_approve_then_the_next_is_rejected(tmp_path, round
     assert client.get_model_version(NAME, "3").tags["rlhf.approval.status"] == "rejected"
     nothing = rounds("approve", "--reason", "x", more=required, code=2)
     assert "no candidate waits for approval (champion: v2)" in nothing
-
-    write_preference_batch(tmp_path / "watch", 100, 6)  # a round nobody answers in time
-    assert "retrain: awaiting approval" in rounds(
-        "retrain", more=[*required, "retrain.approval_timeout_h=0.002"])  # 7 s
-    deadline = client.get_model_version(NAME, "4").tags["rlhf.approval.deadline"]
-    while time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) <= deadline:
-        time.sleep(1)
-    late = rounds("approve", "4", "--reason", "sorry, late", more=required, code=2)
-    assert f"v4 timed out (no answer by {deadline}); champion v2" in late, late
-    assert "your answer (approve) came after it and was not taken; nothing changed" in late
-    assert client.get_model_version(NAME, "4").tags["rlhf.approval.status"] == "timed-out"
-    assert _aliases(client) == {CHAMPION: "2", PREVIOUS: "1", "challenger": "4"}
+    _a_round_nobody_answers_in_time(tmp_path, rounds, client, required)
     expected = sorted([
         ("rlhf.champion.promoted", ""), ("rlhf.champion.approval-requested", "2"),
         ("rlhf.champion.approved", "2"), ("rlhf.champion.approval-requested", "3"),
