@@ -8,6 +8,7 @@
     rlhf stage-worker --name NAME
     rlhf collect | label import FILE | retrain | demo-batch | promote VERSION | rollback
                                                     (cli/retrain.py)
+    rlhf approve [VERSION] --reason TEXT | reject [VERSION] --reason TEXT  (cli/approval.py)
     rlhf gc [--config FILE] [--keep-runs N] [--yes]  (cli/gc.py)
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
@@ -255,11 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "elsewhere: serve the rlhf-stage/NAME deployment (blocks)")
     stw.add_argument("--name", required=True, help="deployment name, e.g. gpu (rlhf-stage/gpu)")
     stw.set_defaults(func=cmd_stage_worker)
+    from cli.approval import add_commands as add_answers
     from cli.gc import add_command as add_gc
     from cli.notify import add_command as add_notify
     from cli.retrain import add_commands
 
     add_commands(sub, _config_for)
+    add_answers(sub, _config_for)
     add_gc(sub, _config_for)
     add_notify(sub)
     return parser

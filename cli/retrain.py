@@ -210,6 +210,10 @@ def cmd_retrain(args, config) -> int:
         lines.append(f"gate: {out.decision.reason}")
     if out.run is not None:
         lines.append(f"MLflow parent run: {out.run.parent_run_id} ({out.run.tracking_uri})")
+    if out.status == "awaiting approval":
+        from cli.approval import waiting_lines
+
+        lines += waiting_lines(out, getattr(args, "argv", []))
     print("\n".join(lines))
     return 0
 

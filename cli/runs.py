@@ -74,11 +74,15 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None,
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.start_time / 1000))
         values = "".join(f"{run.metrics[k]:>8.3f}" if k in run.metrics else f"{'-':>8}"
                          for k, _ in RUN_COLUMNS)
+        status = "AWAITING" if run.approval == "pending" else run.status  # a person's answer
         lines.append(f"{run.run_id:<34}{run.run_name or '':<{width}}"
-                     f"{run.status:<10}{started:<18}{values}")
+                     f"{status:<10}{started:<18}{values}")
     if not runs:
         lines.append("(no pipeline runs yet: `rlhf run`)" if page == 1 else
                      f"(no runs on page {page}: fewer than {(page - 1) * limit + 1} runs)")
+    lines += [f"AWAITING {r.run_id}: candidate v{r.candidate} waits for a person's answer: "
+              f"rlhf approve {r.candidate} --reason ... | rlhf reject {r.candidate} --reason ..."
+              for r in runs if r.approval == "pending"]
     if found.more:
         lines.append(f"older runs: rlhf runs --experiment {experiment} --limit {limit} "
                      f"--page {page + 1}")

@@ -34,6 +34,14 @@ from tasks.champion.round import (
     round_start,
 )
 from tasks.champion.scorers import batch_pair_keys, resolve_scorer
+from tasks.champion.waiting import (
+    ask_for_approval,
+    awaiting_text,
+    held_for_approval,
+    publish_answer,
+    resumed_round,
+    settle_approvals,
+)
 from tasks.config import PipelineConfig
 from tasks.configfile import ConfigError
 from tasks.finish import finish
@@ -105,7 +113,7 @@ def challenge(config: PipelineConfig, batches: list[Batch],
                                judge=judge_out)
         gate_out = gate(ctx, config, prep, data, champion, trained["ppo"],
                         trained["reward_model"], start.reference, judge_out)
-        decision = gate_out.decision
+        decision = held_for_approval(config, gate_out.decision)
         if control:
             result = finish(ctx, {"validate": data, **trained, "gate": gate_out},
                             config.tracking.keep_resume_state)
@@ -116,6 +124,9 @@ def challenge(config: PipelineConfig, batches: list[Batch],
         mark_consumed(ctx, batches)
     result = finish(ctx, {"validate": data, **trained, "gate": gate_out, "register": reg},
                     config.tracking.keep_resume_state)
+    if reg.awaiting_approval:
+        return RetrainResult(status="awaiting approval", decision=decision, run=result,
+                             candidate=reg.version)
     # the register stage may keep a champion the gate would change (a flagged challenger)
     promoted = reg.promoted if reg.registered else decision.promote
     return RetrainResult(status="promoted" if promoted else "kept", decision=decision,
@@ -139,6 +150,11 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
     from tasks.champion.labels import import_dropped
 
     config = served_config(config)  # a custom run's fields over the served config
+    answered = resumed_round(config)  # a served round resumed with a person's answer
+    if answered is not None:
+        publish_answer(config, answered)
+        return answered
+    settle_approvals(config)  # deadlines passed, answers left half done
     with retrain_slot(config) as acquired:
         if not acquired:
             holder = slot_holder(limit_name(config))
@@ -171,9 +187,12 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
                          result.run and result.run.parent_run_id)
         if result.run is not None:
             reason = result.decision.reason if result.decision else ""
-            publish_summary(result.run, f"retrain: {result.status}",
-                            f"Retrain {result.status}" + (f": {reason}" if reason else "."))
-        return result
+            publish_summary(result.run, f"retrain: {result.status}", awaiting_text(
+                config, result) or f"Retrain {result.status}" + (f": {reason}" if reason
+                                                                  else "."))
+    if result.status == "awaiting approval":
+        return ask_for_approval(config, result)  # served: the process ends here until answered
+    return result
 
 
 @flow(name="compare", flow_run_name="compare", log_prints=True)

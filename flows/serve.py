@@ -240,6 +240,7 @@ def serve(config: PipelineConfig, name: str) -> None:
     from prefect.settings import PREFECT_API_URL
 
     from tasks.champion.round import limit_name
+    from tasks.champion.waiting import keeper
     from tasks.runtime.prefect_api import ensure_limit
     from tasks.runtime.reconnect import serve_until_stopped
 
@@ -247,10 +248,11 @@ def serve(config: PipelineConfig, name: str) -> None:
         raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "
                           "`export PREFECT_API_URL=http://127.0.0.1:4200/api`")
     ensure_limit(limit_name(config))
-    serve_until_stopped(lambda: [pipeline_deployment(config, name),
-                                 retrain_deployment(config, name),
-                                 collect_deployment(config, name),
-                                 label_pull_deployment(config, name),
-                                 gc_deployment(config, name)],
-                        f"rlhf_pipeline/{name}, retrain/{name}, collect/{name}, "
-                        f"label-pull/{name} and gc/{name}")
+    with keeper(config):  # retrain.approval required: deadlines, answers left half done
+        serve_until_stopped(lambda: [pipeline_deployment(config, name),
+                                     retrain_deployment(config, name),
+                                     collect_deployment(config, name),
+                                     label_pull_deployment(config, name),
+                                     gc_deployment(config, name)],
+                            f"rlhf_pipeline/{name}, retrain/{name}, collect/{name}, "
+                            f"label-pull/{name} and gc/{name}")

@@ -82,12 +82,15 @@ class PipelineResult(BaseModel):
 
 
 RetrainStatus = Literal["bootstrapped", "promoted", "kept", "control", "skipped",
-                        "nothing new"]
+                        "nothing new", "awaiting approval", "approved", "rejected",
+                        "timed out"]
 
 
 class RetrainResult(BaseModel):
     """A retrain round: what it did, the gate's decision (a challenge), the tracked run (a
-    round that trained), the slot's holder (skipped) or the consumed count (nothing new)."""
+    round that trained), the slot's holder (skipped) or the consumed count (nothing new);
+    with ``retrain.approval: required``, the candidate's version and, once answered, what
+    the answer came to."""
 
     model_config = ConfigDict(frozen=True)
     status: RetrainStatus
@@ -96,6 +99,8 @@ class RetrainResult(BaseModel):
     slot: str | None = None
     held_by: str | None = None
     consumed: int = 0
+    candidate: int | None = None  # the version waiting for (or given) a person's answer
+    answer: str | None = None  # what the answer came to (an answered round)
 
 
 class CompareResult(BaseModel):

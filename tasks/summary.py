@@ -59,3 +59,15 @@ def publish_summary(result: PipelineResult, title: str, outcome: str | None = No
         return
     create_markdown_artifact(key=KEY, markdown=summary_markdown(result, title, outcome),
                              description="the run: stages, decision, MLflow links")
+
+
+def publish_text(title: str, text: str) -> None:
+    """A summary of ``title`` and ``text`` alone (a round resumed with a person's answer:
+    its stages ran before it waited), as the flow run's artifact; nothing outside a run."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None or TaskRunContext.get() is not None:
+        return
+    create_markdown_artifact(key=KEY, markdown=f"# {title}\n\n{text}\n",
+                             description="the run: what the answer came to")

@@ -192,3 +192,36 @@ def mlflow_compare(page, mlflow_url: str, experiment_id: str, run_ids: list[str]
     if shot is not None:
         page.screenshot(path=str(shot), full_page=True)
     return page.inner_text("body")
+
+
+def approval_form(page, srv: Served, flow_run_id: str, shot: Path | None = None) -> str:
+    """A suspended flow run's page -> Resume -> the form's text (the evidence above it);
+    ``shot``: a screenshot of the form, the page made tall enough to show it whole."""
+    if shot is not None:
+        page.set_viewport_size({"width": 1400, "height": 1800})
+    page.goto(f"{srv.prefect}/runs/flow-run/{flow_run_id}")
+    page.get_by_role("button", name="Resume").first.click()
+    page.get_by_text("Resume Flow Run", exact=True).wait_for(timeout=60_000)
+    page.get_by_text("Reason", exact=True).wait_for(timeout=60_000)
+    page.wait_for_timeout(1000)
+    if shot is not None:  # the form alone: from its title to its buttons
+        top = page.get_by_text("Resume Flow Run", exact=True).bounding_box()
+        end = page.get_by_role("button", name="Submit").last.bounding_box()
+        left, bottom = top["x"] - 20, end["y"] + end["height"] + 20
+        page.screenshot(path=str(shot), clip={
+            "x": left, "y": top["y"] - 20, "width": end["x"] + end["width"] + 20 - left,
+            "height": bottom - top["y"] + 20})
+        page.set_viewport_size({"width": 1400, "height": 1000})
+    return page.locator("[role=dialog]").last.inner_text() if page.locator(
+        "[role=dialog]").count() else page.inner_text("body")
+
+
+def answer_form(page, decision: str, reason: str) -> None:
+    """In the open Resume form: choose ``decision`` (Approve or Reject), type ``reason``,
+    Submit."""
+    select = page.locator(".p-select-button__control").last
+    select.focus()  # a click leaves the options closed; the arrow key opens them
+    page.keyboard.press("ArrowDown")
+    page.get_by_role("option", name=decision, exact=True).click()
+    page.locator("textarea").last.fill(reason)
+    page.get_by_role("button", name="Submit").last.click()

@@ -16,18 +16,38 @@ from dataclasses import dataclass
 import torch
 
 
+def _bootstrap_mean(values: torch.Tensor, confidence: float, n_bootstrap: int,
+                    seed: int) -> tuple[float, float, float]:
+    """Mean of ``values`` [N] and its percentile-bootstrap interval -> (mean, low, high)."""
+    if values.numel() == 0:
+        raise ValueError("bootstrap: no values")
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, values.numel(), (n_bootstrap, values.numel()), generator=gen)  # [B, N]
+    means = values[idx].mean(dim=1)  # [B]
+    alpha = (1.0 - confidence) / 2
+    low, high = torch.quantile(means, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
+    return float(values.mean()), float(low), float(high)
+
+
 def paired_bootstrap_ci(diffs: Sequence[float], confidence: float = 0.95,
                         n_bootstrap: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``diffs`` [N] and its percentile-bootstrap interval -> (mean, low, high)."""
     d = torch.as_tensor(list(diffs), dtype=torch.float64)
     if d.numel() == 0:
         raise ValueError("paired_bootstrap_ci: no differences")
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, d.numel(), (n_bootstrap, d.numel()), generator=gen)  # [B, N]
-    means = d[idx].mean(dim=1)  # [B]
-    alpha = (1.0 - confidence) / 2
-    low, high = torch.quantile(means, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
-    return float(d.mean()), float(low), float(high)
+    return _bootstrap_mean(d, confidence, n_bootstrap, seed)
+
+
+def paired_win_rate(diffs: Sequence[float], confidence: float = 0.95, n_bootstrap: int = 2000,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """Share of prompts the challenger wins, d_i > 0 (a tie, d_i = 0, counts half), over
+    ``diffs`` [N], with its percentile-bootstrap interval (the same resamples as
+    :func:`paired_bootstrap_ci` for one seed) -> (rate, low, high)."""
+    if not diffs:
+        raise ValueError("paired_win_rate: no differences")
+    wins = torch.as_tensor([1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in diffs],
+                           dtype=torch.float64)  # [N]
+    return _bootstrap_mean(wins, confidence, n_bootstrap, seed)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -88,9 +108,11 @@ def gate_decision(champion: GateSide, challenger: GateSide, rule: GateRule = Gat
     if not finite:
         return {"promote": False, "reason": "guard rail: non-finite score or KL",
                 "figures": figures}
-    mean, low, high = paired_bootstrap_ci([b - a for a, b in zip(champ, chall)],
-                                          r.confidence, r.n_bootstrap, seed)
+    diffs = [b - a for a, b in zip(champ, chall)]
+    mean, low, high = paired_bootstrap_ci(diffs, r.confidence, r.n_bootstrap, seed)
     figures.update({"diff_mean": mean, "ci_low": low, "ci_high": high})
+    rate, rate_low, rate_high = paired_win_rate(diffs, r.confidence, r.n_bootstrap, seed)
+    figures.update({"win_rate": rate, "win_rate_low": rate_low, "win_rate_high": rate_high})
     ci = (f"mean diff {mean:+.3f}, {r.confidence:.0%} CI [{low:+.3f}, {high:+.3f}] over {n} "
           "prompts")
     failed = []

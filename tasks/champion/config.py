@@ -78,6 +78,13 @@ class RetrainConfig(_Frozen):
         "PPO iterations of a retrain, which continues from the champion (None: a third of "
         "ppo.iterations, at least 1)."))
     gate: GateConfig = Field(GateConfig())
+    approval: Literal["none", "required"] = Field("none", description=(
+        "none: the gate's promote moves champion at once; required: the challenger is "
+        "registered as candidate and champion moves only when a person approves (the flow "
+        "run's form in the Prefect UI, or `rlhf approve`)."))
+    approval_timeout_h: float = Field(72.0, gt=0, description=(
+        "Hours a candidate waits for an answer; none by then keeps the champion "
+        "(recorded as timed out)."))
     gc_batch_age_days: float = Field(30.0, ge=0, description=(
         "`rlhf gc`: consumed and quarantined batch files older than this many days are "
         "deleted (a consumed batch's copy stays on the retrain run that consumed it); a "

@@ -12,6 +12,10 @@
   (``rlhf.policy.<registered name>``);
 - ``rlhf.ppo.unhealthy``: a PPO health detector fired (``rlhf.run.<parent run id>``; label
   ``rlhf.detector``: its name; payload: iteration, action, message, advice, evidence).
+- ``rlhf.champion.approval-requested``: a round's candidate waits for a person
+  (``retrain.approval: required``), then ``rlhf.champion.approved``, ``.rejected`` or
+  ``.timed-out`` when it is answered (label ``rlhf.policy_version``: the candidate; payload:
+  who, when, through what, why, the round's MLflow run).
 
 Without a Prefect API (no server, no ephemeral one) an event is dropped silently, as
 Prefect does.
@@ -25,6 +29,9 @@ LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready
 QUARANTINED = "rlhf.preferences.quarantined"
 PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
 UNHEALTHY = "rlhf.ppo.unhealthy"
+APPROVAL_REQUESTED = "rlhf.champion.approval-requested"
+ANSWERED = {"approve": "rlhf.champion.approved", "reject": "rlhf.champion.rejected",
+            "timeout": "rlhf.champion.timed-out"}
 TRAINED = ("bootstrapped", "promoted", "kept")  # the retrain outcomes that trained a policy
 # the events' resources (+ batch digest, collection id, registered policy name) and labels:
 # Prefect's vocabulary, not MLflow tags (those are in tasks/tracking/tags.py)
@@ -85,3 +92,9 @@ def announce_outcome(policy: str, status: str, reason: str | None = None,
     payload = {k: v for k, v in (("reason", reason), ("parent_run_id", parent_run_id)) if v}
     emit(KEPT if status == "kept" else PROMOTED, POLICY_RESOURCE + policy, policy,
          {OUTCOME_LABEL: status}, payload)
+
+
+def announce_approval(event: str, policy: str, version: str, payload: dict[str, Any]) -> None:
+    """An approval event (requested, approved, rejected, timed-out) of candidate ``version``."""
+    emit(event, POLICY_RESOURCE + policy, policy, {POLICY_VERSION_LABEL: str(version)},
+         {k: v for k, v in payload.items() if v is not None})

@@ -58,12 +58,15 @@ class Decision(BaseModel):
     scorer: str | None = None
     verdict: str = ""
     champion_score: float | None = None
+    hold: bool = False  # promote, once a person approves (retrain.approval: required)
 
     @property
     def register_tag(self) -> str:
         """What register records as the version's decision: the rule's verdict, or
-        ``gate: promote`` / ``gate: keep`` for a gate's."""
-        return self.verdict or "gate: " + ("promote" if self.promote else "keep")
+        ``gate: promote`` / ``gate: keep`` for a gate's (``gate: promote, awaiting
+        approval`` when held for a person)."""
+        held = ", awaiting approval" if self.hold else ""
+        return self.verdict or "gate: " + ("promote" if self.promote else "keep") + held
 
 
 def register_decision(champion: dict | None, scorer: str | None, key: str,

@@ -41,11 +41,13 @@ NO_CREATE = ("DENY", "NO_PERMISSIONS")
 @dataclass(frozen=True)
 class Needs:
     """What a command will do on the MLflow server: read (or, with ``write``, log runs in)
-    ``experiment``, and register versions of ``models``."""
+    ``experiment``, register versions of ``models``, and remove aliases of ``managed``
+    (which MLflow's auth app lets MANAGE do, not EDIT)."""
 
     experiment: str | None = None
     write: bool = True
     models: tuple[str, ...] = ()
+    managed: tuple[str, ...] = ()
 
 
 def needs_of(cfg, write: bool = True) -> Needs:
@@ -200,7 +202,7 @@ def check_mlflow_login(uri: str, source: str, needs: Needs | None,
     if needs.experiment:
         _check_experiment(server, needs, auth_app and not admin)
     for name in needs.models:
-        _check_model(server, name, auth_app and not admin)
+        _check_model(server, name, auth_app and not admin, manage=name in needs.managed)
 
 
 def _forbidden(server: _Mlflow, what: str, has: str | None, needs: str) -> ConfigError:
@@ -233,7 +235,7 @@ def _check_experiment(server: _Mlflow, needs: Needs, levels: bool) -> None:
                              "EDIT (to log runs in it)")
 
 
-def _check_model(server: _Mlflow, name: str, levels: bool) -> None:
+def _check_model(server: _Mlflow, name: str, levels: bool, manage: bool = False) -> None:
     what = f"the registered model '{name}'"
     status, _ = server.get("2.0/mlflow/registered-models/get", name=name)
     if status == 403:
@@ -247,6 +249,9 @@ def _check_model(server: _Mlflow, name: str, levels: bool) -> None:
                              f"to create {what} (it does not exist yet)")
     elif status == 200:
         level = server.permission("registered_model", name)
+        if manage and level and level != "MANAGE":
+            raise _forbidden(server, what, level, "MANAGE (to move and remove its aliases, "
+                             "as approving or rejecting a candidate does)")
         if level and level not in WRITES:
             raise _forbidden(server, what, level,
                              "EDIT (to register versions of it and set its aliases)")
@@ -291,3 +296,22 @@ def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
     raise ConfigError(f"{where} refused the login read from {read} (HTTP {status} {why}); "
                       f"check it against the server's PREFECT_SERVER_API_AUTH_STRING (or "
                       "the API key's access).")
+
+
+# -- who answers -----------------------------------------------------------------------------
+def login_name(first: str = "mlflow") -> str:
+    """Who is acting, as an approval records it: the MLflow login (user name), or the user
+    part of Prefect's auth string, in that order (``first`` "prefect": Prefect's first),
+    else the OS user. A token alone names nobody."""
+    import getpass
+
+    auth = os.environ.get(AUTH_STRING_VAR)
+    if not auth:
+        from prefect.settings import PREFECT_API_AUTH_STRING
+
+        auth = PREFECT_API_AUTH_STRING.value()
+        auth = auth.get_secret_value() if hasattr(auth, "get_secret_value") else auth
+    prefect = auth.split(":", 1)[0] if auth and ":" in auth else None
+    mlflow = mlflow_credentials()[1]
+    names = (prefect, mlflow) if first == "prefect" else (mlflow, prefect)
+    return next((n for n in names if n), None) or getpass.getuser()

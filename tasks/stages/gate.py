@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+import pandas as pd
+
 from rlhf_core.eval.evaluate import sample_policy
 from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
 from rlhf_core.eval.serving import score_rows
@@ -17,6 +19,7 @@ from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokeniz
 from rlhf_core.train.optim import seed_everything
 from tasks.champion.batches import Champion, GateError, report
 from tasks.champion.config import GateConfig
+from tasks.champion.evidence import SIDE_BY_SIDE
 from tasks.champion.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.common import read_jsonl
 from tasks.judge import resolve_judge
@@ -120,6 +123,16 @@ def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str,
             COMPARE_VERSIONS_TAG: compared}
 
 
+def side_by_side(prompts: list[str], samples: dict, scores: dict) -> pd.DataFrame:
+    """One row per held-out prompt, in order: the champion's and the challenger's answers and
+    the shared scorer's score of each (the approval form shows the first few)."""
+    return pd.DataFrame({"prompt": prompts,
+                         "champion": list(samples["champion"]["response"]),
+                         "challenger": list(samples["challenger"]["response"]),
+                         "score_champion": scores["champion"],
+                         "score_challenger": scores["challenger"]})
+
+
 def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None, compared: str | None = None) -> GateRecord:
@@ -150,6 +163,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
     gold_tags = {} if gold is None or scorer == "judge" else _gold_tags(
         decision, _decide(_scores(sc, "judge", samples, prompts, gold, None, tokenizer),
                           samples, g, sc.run.seed))
+    sc.log_table(side_by_side(prompts, samples, scores), SIDE_BY_SIDE)
     space = "gate" if compared is None else "compare"
     metrics = {f"{space}/{k}": float(v) for k, v in decision["figures"].items()}
     metrics[f"{space}/promote" if compared is None else "compare/better"] = \
@@ -182,7 +196,9 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
                                tags[COMPARE_RESULT_TAG], "scorer": label})
 
 
-# the decision's figures (rlhf_core/eval/gate.py) and gate/promote; compare/* for `rlhf compare`
-STAGE = Stage("gate", body, GateRecord, seed_offset=4, metrics=("gate/*", "compare/*"))
+# the decision's figures (rlhf_core/eval/gate.py) and gate/promote; compare/* for `rlhf compare`;
+# both policies' answers side by side
+STAGE = Stage("gate", body, GateRecord, seed_offset=4, metrics=("gate/*", "compare/*"),
+              artifacts=(SIDE_BY_SIDE,))
 
 gate = stage_task(STAGE)

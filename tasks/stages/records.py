@@ -167,6 +167,7 @@ class RegisterRecord(StageRecord):
     reward_model_name: str | None = None
     reward_model_version: int | None = None
     promoted: bool = False
+    awaiting_approval: bool = False  # registered as candidate: champion moves on approval
 
 
 class SharedStages(BaseModel):

@@ -1,11 +1,13 @@
 """register: log and register the policy and the reward model (alias challenger) with
 lineage tags; the policy becomes champion when the retrain's gate says so, else by the
-pipeline's rule (tasks/champion/rule.py)."""
+pipeline's rule (tasks/champion/rule.py). With ``retrain.approval: required`` a gate's
+promote makes it ``candidate`` instead, waiting for a person (tasks/champion/approval.py)."""
 
 from __future__ import annotations
 
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.models.loader import LoadSpec
+from tasks.champion.approval import request_approval
 from tasks.champion.rule import (
     champion_evaluation,
     health_veto,
@@ -99,6 +101,17 @@ def health_tags(policy: PolicyRecord) -> dict[str, str]:
     return tags
 
 
+def _champion_or_candidate(sc: StageContext, version: str, rule: Decision, held: bool) -> None:
+    """The promoted version becomes champion, or (``held``: retrain.approval required) a
+    candidate that waits for a person's approval."""
+    name = sc.cfg.tracking.registered_policy
+    if held:
+        request_approval(sc.client, name, version, sc.run.parent_run_id,
+                         sc.cfg.retrain.approval_timeout_h)
+    else:
+        move_champion(sc.client, name, version, sc.stage.name, rule.reason)
+
+
 def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: ModelRecord,
          data: DataRecord, lineage: dict | None = None,
          decision: Decision | None = None) -> RegisterRecord:
@@ -149,9 +162,11 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     set_alias(client, name, CHALLENGER, version)
     set_alias(client, rm_name, CHALLENGER, rm_version)
     crash_point("register:challenger")
+    held = rule.promote and rule.hold and not moved
     if rule.promote and not moved:
-        move_champion(client, name, version, sc.stage.name, rule.reason)
-    aliases = "champion" if rule.promote else "challenger"  # a champion is no challenger
+        _champion_or_candidate(sc, version, rule, held)
+    # a champion is no challenger
+    aliases = "candidate, challenger" if held else "champion" if rule.promote else "challenger"
     current = rule.champion_score
     figures = {"policy": f"models:/{name}/{version} ({aliases})",
                "reward model": f"models:/{rm_name}/{rm_version} (challenger)",
@@ -160,8 +175,8 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
                else {"first": "none"}.get(rule.register_tag, "not compared")}
     return RegisterRecord(registered=True, model_name=name, version=int(version),
                           reward_model_name=rm_name, reward_model_version=int(rm_version),
-                          promoted=rule.promote, reason=rule.reason, metrics={key: score},
-                          figures=figures)
+                          promoted=rule.promote and not held, awaiting_approval=held,
+                          reason=rule.reason, metrics={key: score}, figures=figures)
 
 
 STAGE = Stage("register", body, RegisterRecord)

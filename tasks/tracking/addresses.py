@@ -31,3 +31,16 @@ def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
     if not tracking_uri.startswith(("http://", "https://")):
         return None
     return f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def compare_url(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> str:
+    """MLflow's compare view of ``run_ids`` (of one experiment); a local store: where
+    `mlflow ui` serves it."""
+    base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
+        else LOCAL_UI
+    import urllib.parse
+
+    def listed(ids: list[str]) -> str:  # ["a","b"], percent-encoded (it sits in markdown)
+        return urllib.parse.quote("[" + ",".join(f'"{i}"' for i in ids) + "]", safe=",")
+
+    return f"{base}/#/compare-runs?runs={listed(run_ids)}&experiments={listed([experiment_id])}"

@@ -12,3 +12,8 @@ class TrackingOutage(Exception):  # noqa: N818 - a stop, named after its cause
     """The tracking server has not answered for longer than the outage limit."""
 
     until = "once the server answers"  # when the run can be continued
+
+
+class ApprovalError(RegistryError):
+    """An answer that cannot be taken: no candidate waits, several do and none was named,
+    the version named is no candidate, or the champion moved since its gate (approve)."""

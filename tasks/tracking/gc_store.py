@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tasks.tracking.champion_store import CONSUMED_COPY
-from tasks.tracking.registry import CHALLENGER, CHAMPION, PREVIOUS
+from tasks.tracking.registry import CANDIDATE, CHALLENGER, CHAMPION, PREVIOUS
 from tasks.tracking.runs import default_tracking_uri, tracking_client
 from tasks.tracking.tags import (
     COLLECTION_TAG,
@@ -23,7 +23,7 @@ from tasks.tracking.tags import (
 )
 
 CHUNK = 100  # run ids per `IN (...)` filter
-ALIASES = (CHAMPION, CHALLENGER, PREVIOUS)
+ALIASES = (CHAMPION, CHALLENGER, PREVIOUS, CANDIDATE)
 
 
 class StoredRun(BaseModel):

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.tracking.tags import CONFIG_HASH_TAG, MLFLOW_RUN_NAME_TAG, PARENT_TAG, STAGE_TAG
+from tasks.tracking.tags import (
+    APPROVAL_STATUS_TAG,
+    APPROVAL_VERSION_TAG,
+    CONFIG_HASH_TAG,
+    MLFLOW_RUN_NAME_TAG,
+    PARENT_TAG,
+    STAGE_TAG,
+)
 
 if TYPE_CHECKING:  # MLflow is loaded by the look-ups that use it, not by `rlhf runs`
     from mlflow.tracking import MlflowClient
@@ -64,6 +71,8 @@ class PipelineRun(BaseModel):
     status: str
     start_time: int
     metrics: dict[str, float]
+    approval: str | None = None  # a retrain's candidate: pending, approved, rejected, timed-out
+    candidate: str | None = None  # that candidate's version
 
 
 class PipelineRuns(BaseModel):
@@ -136,11 +145,15 @@ def _pipeline_runs_client(client: MlflowClient, experiment: str, limit: int,
             break  # fewer pages than asked for
     return PipelineRuns(experiment_id=exp.experiment_id, more=bool(token), runs=[PipelineRun(
         run_id=r.info.run_id, run_name=r.info.run_name, status=r.info.status,
-        start_time=r.info.start_time, metrics=dict(r.data.metrics)) for r in runs])
+        start_time=r.info.start_time, metrics=dict(r.data.metrics),
+        approval=r.data.tags.get(APPROVAL_STATUS_TAG),
+        candidate=r.data.tags.get(APPROVAL_VERSION_TAG)) for r in runs])
 
 RUN_PAGE_SQL = """
 SELECT r.run_uuid, r.name, r.status, r.start_time,
-       (SELECT n.value FROM tags n WHERE n.run_uuid = r.run_uuid AND n.key = ?)
+       (SELECT n.value FROM tags n WHERE n.run_uuid = r.run_uuid AND n.key = ?),
+       (SELECT a.value FROM tags a WHERE a.run_uuid = r.run_uuid AND a.key = ?),
+       (SELECT v.value FROM tags v WHERE v.run_uuid = r.run_uuid AND v.key = ?)
 FROM runs r
 WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active'
   AND EXISTS (SELECT 1 FROM tags t WHERE t.run_uuid = r.run_uuid AND t.key = ?
@@ -172,8 +185,9 @@ def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int
                               (experiment,)).fetchall()
             if len(ids) != 1:
                 return None if ids else PipelineRuns(experiment_id=None, runs=[])
-            rows = con.execute(RUN_PAGE_SQL, (MLFLOW_RUN_NAME_TAG, ids[0][0], CONFIG_HASH_TAG,
-                                              limit + 1, (page - 1) * limit)).fetchall()
+            rows = con.execute(RUN_PAGE_SQL, (
+                MLFLOW_RUN_NAME_TAG, APPROVAL_STATUS_TAG, APPROVAL_VERSION_TAG, ids[0][0],
+                CONFIG_HASH_TAG, limit + 1, (page - 1) * limit)).fetchall()
             metrics: dict[str, dict[str, float]] = {row[0]: {} for row in rows[:limit]}
             marks = ",".join("?" * len(metrics))
             for run_id, key, value, is_nan in con.execute(
@@ -186,5 +200,6 @@ def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int
         con.close()
     return PipelineRuns(experiment_id=str(ids[0][0]), more=len(rows) > limit, runs=[
         PipelineRun(run_id=run_id, run_name=name or tag_name, status=status,
-                    start_time=start, metrics=metrics[run_id])
-        for run_id, name, status, start, tag_name in rows[:limit]])
+                    start_time=start, metrics=metrics[run_id], approval=approval,
+                    candidate=version)
+        for run_id, name, status, start, tag_name, approval, version in rows[:limit]])

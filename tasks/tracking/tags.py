@@ -96,6 +96,19 @@ LINEAGE_BATCHES_TAG = "rlhf.batches"  # the retrain's new batches (digests)
 REGISTER_DECISION_TAG = "rlhf.register.decision"
 REGISTER_REASON_TAG = "rlhf.register.reason"
 CHAMPION_SINCE_TAG = "rlhf.champion_since"  # on a version that became champion: how, why
+# a person's sign-off of a retrain's candidate (retrain.approval: required): on the candidate
+# version and on its round's parent run
+APPROVAL_STATUS_TAG = "rlhf.approval.status"  # pending, approved, rejected or timed-out
+APPROVAL_DEADLINE_TAG = "rlhf.approval.deadline"  # ISO UTC: no answer by then keeps champion
+APPROVAL_BY_TAG = "rlhf.approval.by"  # the Prefect or MLflow login that answered, else OS user
+APPROVAL_AT_TAG = "rlhf.approval.at"  # when the answer came (ISO UTC)
+APPROVAL_REASON_TAG = "rlhf.approval.reason"
+APPROVAL_VIA_TAG = "rlhf.approval.via"  # prefect-ui, cli or timeout
+APPROVAL_VERSION_TAG = "rlhf.approval.version"  # on the round's run: its candidate's version
+APPROVAL_FLOW_RUN_TAG = "rlhf.approval.flow_run_id"  # the Prefect flow run waiting for it
+# a param, not a tag: the first answer (JSON) on the round's parent run. MLflow refuses to
+# change a param's value, so of two answers at once exactly one is kept
+APPROVAL_ANSWER_PARAM = "rlhf.approval.answer"
 ALIAS_LOG_TAG = "rlhf.alias_log"  # on the registered model: its last alias moves (JSON lines)
 
 

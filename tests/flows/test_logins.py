@@ -33,6 +33,7 @@ ADMIN = ("admin", f"admin-{secrets.token_hex(8)}")
 ALICE = ("alice", f"alice-{secrets.token_hex(8)}")          # EDIT on experiment and RM
 READER = ("reader", f"reader-{secrets.token_hex(8)}")       # READ only (the default)
 NOREG = ("noreg", f"noreg-{secrets.token_hex(8)}")          # EDIT on the experiment only
+APPROVER = ("carol", f"carol-{secrets.token_hex(8)}")       # MANAGE on a policy she approves
 AUTH_STRING = f"team:{secrets.token_hex(8)}"
 SETTINGS = ["ppo.iterations=2", "tracking.system_metrics=false", "demo.n_sft=64",
             "demo.n_pref=64", "demo.n_eval=8", "demo.n_pref_eval=16", "eval.num_prompts=8",
@@ -262,6 +263,59 @@ def test_a_run_with_logins_stops_when_its_password_changes_and_resumes(
              if secret in content]
     assert not leaks, leaks
     print(f"\nsearched {len(recorded)} records for the passwords; times: {TIMES}")
+
+
+def test_rlhf_approve_on_a_server_with_logins_records_the_login(mlflow_auth, prefect_auth,
+                                                               tmp_path, monkeypatch):
+    """A candidate waiting on the basic-auth server (made as the admin, on a policy of its
+    own): a read-only login, and one that may edit the policy but not remove its aliases
+    (EDIT, not MANAGE), are refused before anything is written; carol's approval (MANAGE)
+    makes it champion and is recorded as hers."""
+    from tasks.champion.approval import request_approval
+    from tasks.tracking.registry import CHAMPION, move_champion
+    from tasks.tracking.tags import CHAMPION_VERSION_TAG, PIPELINE_RUN_TAG
+
+    url, _ = mlflow_auth
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", ADMIN[1])
+    admin, name = MlflowClient(url), "approval-policy"
+    exp = admin.get_experiment_by_name("rlhf-test").experiment_id
+    admin.create_registered_model(name)
+    versions = []
+    for _ in range(2):
+        run = admin.create_run(exp).info.run_id
+        admin.set_terminated(run)
+        versions.append(admin.create_model_version(name, f"runs:/{run}/model", run).version)
+        admin.set_model_version_tag(name, versions[-1], PIPELINE_RUN_TAG, run)
+    move_champion(admin, name, versions[0], "register", "first")
+    admin.set_model_version_tag(name, versions[1], CHAMPION_VERSION_TAG, str(versions[0]))
+    request_approval(admin, name, versions[1], run, 72)
+    servers.rest(url, "2.0/mlflow/users/create", ADMIN, "POST",  # alice's password may
+                 {"username": APPROVER[0], "password": APPROVER[1]})  # have changed already
+    servers.rest(url, "3.0/mlflow/users/permissions/grant", ADMIN, "POST", {
+        "username": APPROVER[0], "resource_type": "experiment", "resource_id": exp,
+        "permission": "EDIT"})
+    for user, level in ((APPROVER, "MANAGE"), (NOREG, "EDIT")):
+        servers.rest(url, "3.0/mlflow/users/permissions/grant", ADMIN, "POST", {
+            "username": user[0], "resource_type": "registered_model", "resource_id": name,
+            "permission": level})
+    args = [sys.executable, "-m", "cli", "approve", "--reason", "read the evidence",
+            "--config", str(TEST_CONFIG), "--set", f"tracking.registered_policy={name}"]
+    for login, says in ((READER, "user 'reader' has READ on the experiment"),
+                        (NOREG, f"user 'noreg' has EDIT on the registered model '{name}'")):
+        refused = subprocess.run(args, cwd=tmp_path, env=rlhf_env(prefect_auth, url, login),
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr[-2000:]
+    assert "needs MANAGE (to move and remove its aliases" in refused.stderr
+    assert str(admin.get_model_version_by_alias(name, CHAMPION).version) == str(versions[0])
+    done = subprocess.run(args, cwd=tmp_path, env=rlhf_env(prefect_auth, url, APPROVER),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "approved by carol (cli" in done.stdout, done.stdout
+    assert str(admin.get_model_version_by_alias(name, CHAMPION).version) == str(versions[1])
+    tags = admin.get_model_version(name, versions[1]).tags
+    assert (tags["rlhf.approval.by"], tags["rlhf.approval.status"]) == ("carol", "approved")
+    assert admin.get_run(run).data.tags["rlhf.approval.by"] == "carol"
 
 
 def test_a_login_in_the_uri_moves_into_mlflows_variables(monkeypatch):

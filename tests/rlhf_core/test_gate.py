@@ -7,7 +7,13 @@ import random
 import pytest
 import torch
 
-from rlhf_core.eval.gate import GateRule, GateSide, gate_decision, paired_bootstrap_ci
+from rlhf_core.eval.gate import (
+    GateRule,
+    GateSide,
+    gate_decision,
+    paired_bootstrap_ci,
+    paired_win_rate,
+)
 
 
 def _naive_ci(d, confidence, n_bootstrap, seed):
@@ -40,6 +46,24 @@ def test_constant_difference_has_a_point_interval_and_empty_is_an_error():
     assert paired_bootstrap_ci([0.25] * 10) == pytest.approx((0.25, 0.25, 0.25))
     with pytest.raises(ValueError, match="no differences"):
         paired_bootstrap_ci([])
+
+
+def test_win_rate_counts_wins_and_half_ties_with_the_same_resamples_as_the_mean():
+    d = [1.0, -2.0, 0.0, 3.0, 0.5, -0.1, 0.0, 2.0]
+    wins = [1.0, 0.0, 0.5, 1.0, 1.0, 0.0, 0.5, 1.0]  # a tie counts half
+    assert paired_win_rate(d, 0.9, 300, seed=4) == pytest.approx(_naive_ci(wins, 0.9, 300, 4))
+    assert paired_win_rate(d)[0] == pytest.approx(5 / 8)
+    assert paired_win_rate([0.2] * 12) == pytest.approx((1.0, 1.0, 1.0))
+    with pytest.raises(ValueError, match="no differences"):
+        paired_win_rate([])
+
+
+def test_the_decision_reports_the_paired_win_rate_and_its_interval():
+    f = gate_decision(*_case(shift=0.5))["figures"]
+    assert 0.5 < f["win_rate_low"] <= f["win_rate"] <= f["win_rate_high"] <= 1.0
+    champ, chall = _case(shift=0.5)
+    won = sum(b > a for a, b in zip(champ.scores, chall.scores)) / len(champ.scores)
+    assert f["win_rate"] == pytest.approx(won)
 
 
 def _case(n=200, shift=1.0, noise=1.0, eos_champ=1.0, eos_chall=1.0, kl=1.0, seed=0):

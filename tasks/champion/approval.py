@@ -1,0 +1,267 @@
+"""A person signs off the champion (``retrain.approval: required``): the answers and what
+they do.
+
+A round whose gate says promote registers its policy as ``candidate`` (register); the
+champion moves only on an approval. Answers come from the served round's Prefect form, from
+`rlhf approve` / `rlhf reject`, or from the deadline (``retrain.approval_timeout_h``). The
+first answer is kept (MLflow keeps one: tasks/tracking/approvals.py), and whoever kept it
+carries it out: an approval moves ``champion`` (the old one keeps ``previous-champion``),
+then ``candidate`` leaves the version, the event is sent and the tags record the answer, the
+status last. A later answer changes nothing and is told what was decided; one that finds an
+answer kept but not carried out waits for the process that kept it (``RLHF_APPROVAL_SETTLE_S``,
+30 s, after the answer) and then finishes it itself: a process killed between the answer and
+the alias move is resumed by the next answer, `rlhf approve`, a retrain round or the served
+keeper (:func:`settle_waiting`). An answer after the deadline finds the timeout kept.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pydantic import BaseModel, ConfigDict
+
+from rlhf_core.faults import crash_point
+from tasks.champion import events
+from tasks.runtime.logins import login_name
+from tasks.runtime.waiting import (
+    ApprovalForm,
+    close_waiting,
+    pause_key,
+    prefect_api,
+    run_state,
+    stored_answer,
+)
+from tasks.tracking.approvals import (
+    PENDING,
+    Answer,
+    Candidate,
+    candidate,
+    claim_answer,
+    mark_waiting,
+    record_decided,
+    release_candidate_alias,
+    utc_seconds,
+    waiting_candidates,
+)
+from tasks.tracking.errors import ApprovalError
+from tasks.tracking.registry import CHAMPION, alias_version, move_champion
+
+ENDED = ("CANCELLED", "CRASHED", "FAILED")  # a flow run's states that will not run again
+SETTLE_ENV = "RLHF_APPROVAL_SETTLE_S"  # an answer kept but not carried out: left this long
+WORDS = {"approve": "approved", "reject": "rejected", "timeout": "timed out"}
+
+
+def settle_after_s() -> float:
+    return float(os.environ.get(SETTLE_ENV) or 30)
+
+
+def who(via: str) -> str:
+    """Who answers: the Prefect login first for the form, the MLflow login first for the
+    CLI, else the other, else the OS user."""
+    return login_name("prefect" if via == "prefect-ui" else "mlflow")
+
+
+def deadline_in(hours: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + hours * 3600))
+
+
+def request_approval(client, name: str, version: str | int, parent_run_id: str,
+                     hours: float) -> str:
+    """Version ``version`` waits for a person (``candidate``, status pending) until
+    ``hours`` from now -> its deadline (a register resumed after a crash keeps the first)."""
+    found = candidate(client, name, version)
+    if found is not None and found.status != PENDING:
+        return found.deadline  # answered already: nothing to ask again
+    deadline = found.deadline if found is not None else deadline_in(hours)
+    mark_waiting(client, name, version, parent_run_id, deadline)
+    return deadline
+
+
+def champion_now(client, name: str) -> str | None:
+    holder = alias_version(client, name, CHAMPION)
+    return None if holder is None else str(holder.version)
+
+
+class Outcome(BaseModel):
+    """What an answer came to: the candidate, the answer kept, the one given (None: a kept
+    answer carried out), whether this call carried it out, and the champion before and
+    after."""
+
+    model_config = ConfigDict(frozen=True)
+    candidate: Candidate
+    answer: Answer
+    given: Answer | None = None
+    done_now: bool
+    champion_before: str | None
+    champion: str | None
+
+    @property
+    def agrees(self) -> bool:
+        """The kept decision is the one given (or none was given)."""
+        return self.given is None or self.given.decision == self.answer.decision
+
+    def text(self) -> str:
+        c, a = self.candidate, self.answer
+        head = f"{c.name} v{c.version} {WORDS[a.decision]}"
+        if a.decision == "timeout":
+            head += f" (no answer by {c.deadline})"
+        else:
+            head += f" by {a.by} ({a.via}, {a.at}): {a.reason}"
+        before = self.champion_before
+        if a.decision == "approve" and self.done_now and before and before != c.version:
+            where = f"champion v{before} -> v{c.version} (previous-champion: v{before})"
+        elif a.decision != "approve" and self.done_now:
+            where = f"champion v{self.champion} stays"
+        else:
+            where = f"champion v{self.champion}"
+        lines = [f"{head}; {where}"]
+        if self.given is None and self.done_now:
+            lines.append("carried out now: the process that kept this answer stopped first")
+        elif self.given is not None and not self.done_now:
+            lines.append(f"it was {WORDS[a.decision]} before this answer: nothing changed")
+        if self.given is not None and self.given != a:
+            lines.append(f"your answer ({self.given.decision}) came after it and was not "
+                         "taken" + ("" if self.agrees else "; nothing changed"))
+        return "\n".join(lines)
+
+
+def timed_out(cand: Candidate) -> Answer:
+    return Answer(decision="timeout", reason=f"no answer by the deadline {cand.deadline}",
+                  by="rlhf", via="timeout", at=cand.deadline)
+
+
+def _wait_for_keeper(client, cand: Candidate) -> Candidate:
+    """The candidate once the process that kept its answer carried it out, or once
+    ``settle_after_s`` has passed since that answer (the process is taken to be gone)."""
+    while True:
+        now = candidate(client, cand.name, cand.version)
+        if now.status != PENDING or now.answer is None:
+            return now
+        left = settle_after_s() - (time.time() - utc_seconds(now.answer.at))
+        if left <= 0:
+            return now
+        time.sleep(min(1.0, left))
+
+
+def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
+    """Keep ``given`` unless an answer is kept already (or the deadline passed first:
+    the timeout), then carry the kept answer out unless that is done (``given`` None: carry
+    out the answer kept)."""
+    kept = cand.answer
+    if kept is None and given is not None:
+        kept = claim_answer(client, cand, timed_out(cand) if cand.overdue else given)
+    if given is not None and kept != given and kept.decision != "timeout":
+        cand = _wait_for_keeper(client, cand)  # another process kept it: let it finish
+    before = champion_now(client, cand.name)
+    if cand.status != PENDING:
+        return Outcome(candidate=cand, answer=kept, given=given, done_now=False,
+                       champion_before=before, champion=before)
+    crash_point("approval:answered")
+    if kept.decision == "approve" and before != cand.version:
+        move_champion(client, cand.name, cand.version, "approve",
+                      f"approved by {kept.by} ({kept.via}): {kept.reason}")
+    release_candidate_alias(client, cand.name, cand.version)
+    events.announce_approval(events.ANSWERED[kept.decision], cand.name, cand.version, {
+        "by": kept.by, "at": kept.at, "via": kept.via, "reason": kept.reason,
+        "parent_run_id": cand.parent_run_id, "champion_before": before})
+    record_decided(client, cand, kept)
+    return Outcome(candidate=cand, answer=kept, given=given, done_now=True,
+                   champion_before=before, champion=champion_now(client, cand.name))
+
+
+def pick(client, name: str, version: str | None) -> Candidate:
+    """The candidate an answer is for: ``version``, else the only one waiting."""
+    if version is not None:
+        found = candidate(client, name, version)
+        if found is None:
+            raise ApprovalError(f"'{name}' v{version} is no candidate for approval (only a "
+                                "retrain round with retrain.approval: required makes one); "
+                                f"{waiting_line(client, name)}")
+        return found
+    waiting = waiting_candidates(client, name)
+    if len(waiting) == 1:
+        return waiting[0]
+    raise ApprovalError(f"'{name}': {waiting_line(client, name)}" + (
+        "; name one: rlhf approve VERSION --reason ... (or rlhf reject)" if waiting else ""))
+
+
+def waiting_line(client, name: str) -> str:
+    """Which candidates wait: each with the champion it was compared with and its
+    deadline."""
+    waiting = waiting_candidates(client, name)
+    if not waiting:
+        return f"no candidate waits for approval (champion: v{champion_now(client, name)})"
+    return f"{len(waiting)} candidate(s) wait for approval: " + "; ".join(
+        f"v{c.version} (compared with champion v{c.gated_against}, round run "
+        f"{c.parent_run_id}, deadline {c.deadline})" for c in waiting)
+
+
+def check_current(client, cand: Candidate) -> None:
+    """An approval needs the champion the candidate was compared with still in place."""
+    now = champion_now(client, cand.name)
+    if cand.gated_against and now not in (cand.gated_against, cand.version):
+        raise ApprovalError(
+            f"'{cand.name}' v{cand.version} was compared with champion v{cand.gated_against}"
+            f", but the champion is now v{now}: approving it would promote a policy never "
+            f"compared with v{now}. Reject it (rlhf reject {cand.version} --reason ...), or "
+            f"compare the two first (rlhf compare {now} {cand.version})")
+
+
+def answer(client, name: str, version: str | None, decision: str, reason: str, via: str,
+           by: str | None = None) -> Outcome:
+    """A person's answer (``decision`` approve or reject) to candidate ``version`` (None:
+    the only one waiting), kept and carried out unless one came first."""
+    cand = pick(client, name, version)
+    left = form_left(cand) if cand.status == PENDING and cand.answer is None else None
+    if left is not None:  # answered on its form first, and its flow run ended without it
+        carry_out(client, cand, left)
+        cand = candidate(client, name, cand.version)
+    given = Answer(decision=decision, reason=reason, by=by or who(via), via=via)
+    if cand.status == PENDING and cand.answer is None and decision == "approve" \
+            and not cand.overdue:
+        check_current(client, cand)
+    return carry_out(client, cand, given)
+
+
+def settle_waiting(client, name: str) -> list[Outcome]:
+    """Carry out what waits on nobody: an answer kept by a process that stopped before it
+    was carried out (``settle_after_s`` after it), an answer a served round's form stored
+    that its flow run will not carry out (the run ended without it: cancelled by the
+    deployment's concurrency limit, crashed), and a deadline passed with no answer (its
+    flow run, still waiting, is ended "Timed out")."""
+    out = []
+    for cand in waiting_candidates(client, name):
+        if cand.answer is not None:
+            if time.time() - utc_seconds(cand.answer.at) >= settle_after_s():
+                out.append(carry_out(client, cand, None))
+            continue
+        form = form_left(cand)
+        if form is not None:
+            out.append(carry_out(client, cand, form))
+        elif cand.overdue:
+            out.append(carry_out(client, cand, timed_out(cand)))
+            timed_out_run(cand, out[-1])
+    return out
+
+
+def form_answer(form: ApprovalForm) -> Answer:
+    return Answer(decision=form.decision.lower(), reason=form.reason, by=who("prefect-ui"),
+                  via="prefect-ui")
+
+
+def form_left(cand: Candidate) -> Answer | None:
+    """The answer a served round's form stored that its flow run ended without carrying
+    out (the run was cancelled by the deployment's concurrency limit, or crashed)."""
+    if not cand.flow_run_id or prefect_api() is None:
+        return None
+    if run_state(cand.flow_run_id)[0] not in ENDED:
+        return None
+    form = stored_answer(cand.flow_run_id, pause_key(cand.version))
+    return None if form is None else form_answer(form)
+
+
+def timed_out_run(cand: Candidate, outcome: Outcome) -> None:
+    """A served round still waiting at its deadline ends Completed, "Timed out"."""
+    if cand.flow_run_id and prefect_api() is not None:
+        close_waiting(cand.flow_run_id, "Timed out", outcome.text())

@@ -1,0 +1,194 @@
+"""A round's candidate waits for a person: what the retrain flow and `rlhf serve` call.
+
+After a round whose gate says promote (``retrain.approval: required``), :func:`ask_for_approval`
+sends ``rlhf.champion.approval-requested`` and, in a served run, suspends the flow run with
+the form and its evidence (tasks/runtime/waiting.py); the process ends there. Resumed, the
+run starts again and :func:`resumed_round` takes the answer, carries it out
+(tasks/champion/approval.py) and says what it came to. `rlhf serve` keeps a thread
+(:func:`keeper`) that ends waits whose deadline passed and finishes answers left half done.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tasks.champion import events
+from tasks.champion.approval import (
+    WORDS,
+    Outcome,
+    carry_out,
+    champion_now,
+    check_current,
+    form_answer,
+    settle_waiting,
+)
+from tasks.champion.evidence import SIDE_BY_SIDE, evidence_markdown
+from tasks.champion.rule import Decision
+from tasks.config import PipelineConfig
+from tasks.results import RetrainResult
+from tasks.runtime.waiting import (
+    ask,
+    key_version,
+    pause_key,
+    prefect_api,
+    resume_with,
+    resumed_key,
+    this_flow_run,
+)
+from tasks.tracking.approvals import (
+    PENDING,
+    candidate,
+    note_flow_run,
+    round_evidence,
+    utc_seconds,
+)
+from tasks.tracking.runs import default_tracking_uri, tracking_client
+
+CHECK_ENV = "RLHF_APPROVAL_CHECK_S"  # how often `rlhf serve` settles waiting candidates
+GRACE_S = 600  # Prefect fails a wait this long after the deadline, if nothing ended it first
+
+
+def held_for_approval(config: PipelineConfig, decision: Decision) -> Decision:
+    """The gate's decision, held for a person when it promotes and ``retrain.approval`` is
+    required."""
+    if config.retrain.approval == "required" and decision.promote:
+        return decision.model_copy(update={"hold": True})
+    return decision
+
+
+def awaiting_text(config: PipelineConfig, result: RetrainResult) -> str | None:
+    """A round's outcome while its candidate waits, with the ways to answer (None: a round
+    that waits for nobody)."""
+    if result.status != "awaiting approval":
+        return None
+    name = config.tracking.registered_policy
+    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
+    cand = candidate(client, name, str(result.candidate))
+    v = cand.version
+    return (f"Retrain awaiting approval: candidate `models:/{name}/{v}` (alias `candidate`)"
+            f"; the gate: {cand.gate_reason}. Champion v{champion_now(client, name)} stays "
+            f"until a person approves, by {cand.deadline}: the flow run's Resume form (a "
+            f"served round), or `rlhf approve {v} --reason \"...\"` / `rlhf reject {v} "
+            "--reason \"...\"`.")
+
+
+def settle_approvals(config: PipelineConfig) -> None:
+    """Before a round (``retrain.approval: required``): end waits whose deadline passed and
+    finish answers left half done."""
+    if config.retrain.approval != "required":
+        return
+    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
+    for outcome in settle_waiting(client, config.tracking.registered_policy):
+        print(outcome.text())
+
+
+def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
+    """A resumed round's outcome: the retrain's outcome artifact and the run's summary."""
+    from tasks.champion.batches import report
+    from tasks.champion.round import OUTCOME
+    from tasks.summary import publish_text
+
+    title = f"Retrain {answered.status}: candidate v{answered.candidate}"
+    report(OUTCOME, f"# {title}\n\n{answered.answer}\n", "retrain outcome")
+    publish_text(f"retrain: {answered.status}", answered.answer or "")
+
+
+def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainResult:
+    """A round's candidate waits: the event; a served run then suspends with the form (its
+    process ends here until the answer); any other run returns ``result``."""
+    uri = default_tracking_uri(config.tracking.tracking_uri)
+    client = tracking_client(uri)
+    cand = candidate(client, config.tracking.registered_policy, str(result.candidate))
+    flow_run_id, served = this_flow_run()
+    events.announce_approval(events.APPROVAL_REQUESTED, cand.name, cand.version, {
+        "deadline": cand.deadline, "parent_run_id": cand.parent_run_id,
+        "gated_against": cand.gated_against, "flow_run_id": flow_run_id if served else None})
+    if not served:
+        return result
+    note_flow_run(client, cand, flow_run_id)
+    evidence = evidence_markdown(cand, round_evidence(client, cand, SIDE_BY_SIDE), uri)
+    print(f"waiting for a person: candidate v{cand.version}, answer by {cand.deadline} "
+          "(this flow run's Resume form, or rlhf approve / rlhf reject)")
+    ask(pause_key(cand.version), evidence, utc_seconds(cand.deadline) - time.time() + GRACE_S)
+    return result  # not reached in a served run: the process ends in ask()
+
+
+def resumed_round(config: PipelineConfig) -> RetrainResult | None:
+    """This flow run waited for an answer and was resumed: carry the answer out -> the
+    round's result (None: a run that never waited)."""
+    if config.retrain.approval != "required":  # (a resumed run has the same parameters)
+        return None
+    key = resumed_key()
+    if key is None:
+        return None
+    form = ask(key)  # the stored answer, at once
+    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
+    cand = candidate(client, config.tracking.registered_policy, key_version(key))
+    given = form_answer(form)
+    kept = cand.answer
+    if cand.status != PENDING and kept and (kept.decision, kept.reason) == \
+            (given.decision, given.reason):  # resumed by the answer that decided (the CLI)
+        given = None
+    elif cand.status == PENDING and kept is None and given.decision == "approve" \
+            and not cand.overdue:
+        check_current(client, cand)
+    outcome = carry_out(client, cand, given) if given is not None else Outcome(
+        candidate=cand, answer=kept, done_now=False, champion_before=cand.gated_against,
+        champion=champion_now(client, cand.name))
+    print(outcome.text())
+    return RetrainResult(status=WORDS[outcome.answer.decision], candidate=int(cand.version),
+                         answer=outcome.text())
+
+
+@contextmanager
+def keeper(config: PipelineConfig) -> Iterator[None]:
+    """While the body runs (`rlhf serve`), every ``RLHF_APPROVAL_CHECK_S`` seconds (60)
+    settle the served registry's waiting candidates in a thread: deadlines passed, answers
+    left half done (only with ``retrain.approval: required``)."""
+    if config.retrain.approval != "required":
+        yield
+        return
+    every = float(os.environ.get(CHECK_ENV) or 60)
+    stop = threading.Event()
+    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
+
+    def loop() -> None:
+        failing = False
+        while not stop.wait(every):
+            try:
+                for outcome in settle_waiting(client, config.tracking.registered_policy):
+                    print(f"rlhf: {outcome.text()}", flush=True)
+                failing = False
+            except Exception as err:  # noqa: BLE001 - a server away: try again next time
+                if not failing:
+                    print(f"rlhf: approvals not settled ({type(err).__name__}: {err}); "
+                          f"trying every {every:g} s", flush=True)
+                failing = True
+
+    thread = threading.Thread(target=loop, name="rlhf-approvals", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def tell_waiting_run(outcome: Outcome) -> str | None:
+    """A served round still waiting on its form for what is now decided: resume it with
+    that answer (it ends saying what was decided) -> a line saying so (None: no run waits)."""
+    cand, kept = outcome.candidate, outcome.answer
+    if not cand.flow_run_id or kept.decision == "timeout":
+        return None
+    where = f"the round's flow run {cand.flow_run_id}"
+    if prefect_api() is None:
+        return (f"{where} may still wait on its Prefect form: with PREFECT_API_URL set to "
+                "its server, run this command again to end it (else it ends at the deadline)")
+    try:
+        resumed = resume_with(cand.flow_run_id, kept.decision.capitalize(), kept.reason)
+    except Exception as err:  # noqa: BLE001 - the answer is kept in MLflow either way
+        return f"{where} was not resumed ({type(err).__name__}: {err}); it ends at the deadline"
+    return f"{where} resumed with this answer" if resumed else None
