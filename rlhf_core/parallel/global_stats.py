@@ -31,22 +31,23 @@ def world_size(group: dist.ProcessGroup | None = None) -> int:
     return dist.get_world_size(group)
 
 
+def _all_reduce(values: torch.Tensor, op, group: dist.ProcessGroup | None) -> torch.Tensor:
+    out = values.detach().to(torch.float64).clone()
+    if world_size(group) > 1:
+        dist.all_reduce(out, op=op, group=group)
+    return out
+
+
 def all_reduce_sum(values: torch.Tensor, group: dist.ProcessGroup | None = None
                    ) -> torch.Tensor:
     """Sum of ``values`` over the ranks of ``group``, in float64 (a new tensor)."""
-    out = values.detach().to(torch.float64).clone()
-    if world_size(group) > 1:
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
-    return out
+    return _all_reduce(values, dist.ReduceOp.SUM, group)
 
 
 def all_reduce_max(values: torch.Tensor, group: dist.ProcessGroup | None = None
                    ) -> torch.Tensor:
     """Elementwise maximum of ``values`` over the ranks of ``group``, in float64."""
-    out = values.detach().to(torch.float64).clone()
-    if world_size(group) > 1:
-        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
-    return out
+    return _all_reduce(values, dist.ReduceOp.MAX, group)
 
 
 def global_masked_moments(values: torch.Tensor, mask: torch.Tensor,
