@@ -33,7 +33,8 @@ from cli.errors import (
     prefect_gone,
     quiet_expected_failures,
 )
-from cli.runs import check_resume_id, cmd_runs, resume_args
+from cli.resume import overrides_of, resume_config
+from cli.runs import cmd_runs, resume_args
 from cli.stopping import stop_signal, stop_within_seconds
 from data_checks.errors import ValidationFailed
 from tasks.configfile import load_config
@@ -51,9 +52,7 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 def _config_for(args) -> object:
     """The user's file, else the embedded demo config; then --set overrides."""
-    path = args.config or DEMO_CONFIG
-    nproc = [] if getattr(args, "nproc", None) is None else [f"model.nproc={args.nproc}"]
-    return login_out_of_uri(load_config(path, (args.set or []) + nproc))
+    return login_out_of_uri(load_config(args.config or DEMO_CONFIG, overrides_of(args)))
 
 
 def positive_int(text: str) -> int:
@@ -108,11 +107,9 @@ def registered(result: PipelineResult) -> dict[str, str]:
 
 
 def cmd_run(args) -> int:
-    cfg = _config_for(args)
+    cfg = resume_config(args) if args.resume else _config_for(args)
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
-    if args.resume:
-        check_resume_id(cfg, args.resume, args.argv)
     from data_checks.loading import read_every_source
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
 
@@ -216,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config field, e.g. --set ppo.kl_coef=0.1 (repeatable)")
-    run.add_argument("--resume", metavar="RUN_ID", help="continue this MLflow parent run")
+    run.add_argument("--resume", metavar="RUN_ID",
+                     help="continue this MLflow parent run, with the config it recorded "
+                          "(--set changes a key on purpose)")
     run.add_argument("--nproc", type=int, metavar="N",
                      help="data-parallel ranks for SFT, reward model and PPO (sets model.nproc)")
     run.set_defaults(func=cmd_run)

@@ -20,10 +20,13 @@ RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
                ("eval/kl_to_ref", "kl"), ("eval/eos_rate_policy", "eos"))
 
 
-def check_resume_id(cfg, run_id: str, argv: list[str] | tuple = ("run",)) -> None:
-    """--resume names a parent run the store has (checked before Prefect starts); ``argv``,
-    the command's arguments, are repeated in the hint for a stage's child run id."""
-    uri = default_tracking_uri(cfg.tracking.tracking_uri)
+def check_resume_id(configured: str | None, run_id: str,
+                    argv: list[str] | tuple = ("run",)) -> None:
+    """--resume names a parent run the store has (``configured``: the store a config or
+    --set names, else MLFLOW_TRACKING_URI's, else ./mlflow.db; checked before Prefect
+    starts); ``argv``, the command's arguments, are repeated in the hint for a stage's child
+    run id."""
+    uri = default_tracking_uri(configured)
     try:
         run = run_lineage(uri, run_id)
     except StoreError as err:
