@@ -70,6 +70,10 @@ class TrackingConfig(BaseModel):
     gc_cache_age_days: float = Field(
         30.0, ge=0, description="`rlhf gc`: passed validations and tokenized chunks in the "
         "validation cache ($RLHF_VALIDATION_CACHE) unused for this many days go.")
+    gc_deleted_age_days: float = Field(
+        7.0, ge=0, description="`rlhf gc`: a run marked deleted in MLflow (the UI's Delete) "
+        "is purged, with its stage runs and artifacts, only this many days after its "
+        "deletion; until then it can be restored in the UI. 0: at the next gc.")
     gc_schedule: ScheduleConfig | None = Field(
         None, description="`rlhf serve`: run `rlhf gc --yes` on this schedule (the "
         "gc/<name> deployment); None: by hand only.")

@@ -12,3 +12,9 @@ class TrackingOutage(Exception):  # noqa: N818 - a stop, named after its cause
     """The tracking server has not answered for longer than the outage limit."""
 
     until = "once the server answers"  # when the run can be continued
+
+
+class PurgeFailed(Exception):  # noqa: N818 - a stop, named after its cause
+    """MLflow's gc (`mlflow gc`) failed on runs that are still there."""
+
+    until = "once the store answers"
