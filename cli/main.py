@@ -38,6 +38,7 @@ from cli.runs import cmd_runs, resume_args
 from cli.stopping import stop_signal, stop_within_seconds
 from data_checks.errors import ValidationFailed
 from tasks.configfile import load_config
+from tasks.redact import redact
 from tasks.runtime.logins import Needs, login_out_of_uri, needs_of
 from tasks.runtime.preflight import check_config, check_servers
 from tasks.tracking.addresses import run_page, runs_table_url
@@ -80,7 +81,7 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
         lines.append(f"{name:<13}{wall:>8}{peak}  {shown}")
     lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
               f"MLflow parent run: {result.parent_run_id} "
-              f"(experiment {result.experiment_id}, {result.tracking_uri})",
+              f"(experiment {result.experiment_id}, {redact(result.tracking_uri)})",
               f"  view: {ui_hint(result)}",
               f"  runs table: {runs_table_url(result.tracking_uri, result.experiment_id)}"]
     lines += [f"registered {what}: {ref}" for what, ref in registered(result).items()]
@@ -91,7 +92,7 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
 def ui_hint(result: PipelineResult) -> str:
     """Where to look: the run's page on a tracking server, else how to start the UI."""
     return run_page(result.tracking_uri, result.experiment_id, result.parent_run_id) or \
-        f"mlflow ui --backend-store-uri {result.tracking_uri}"
+        f"mlflow ui --backend-store-uri {redact(result.tracking_uri)}"
 
 
 def registered(result: PipelineResult) -> dict[str, str]:
@@ -139,7 +140,7 @@ def cmd_validate(args) -> int:
     lines += [f"warning: {w}" for w in out.warnings]
     lines += [f"cleaned data: {out.data.path}",
               f"Data Docs: {out.data.path}/data_docs/index.html (GX: data_docs/gx/index.html)",
-              f"MLflow parent run: {result.parent_run_id} ({result.tracking_uri})", ""]
+              f"MLflow parent run: {result.parent_run_id} ({redact(result.tracking_uri)})", ""]
     print("\n".join(lines))
     return 0
 
@@ -160,7 +161,7 @@ def cmd_sweep(args) -> int:
     out = rlhf_sweep(config=cfg, grid=grid, seeds=seeds, sweep_id=args.sweep_id,
                      max_concurrent=args.max_concurrent)
     print(f"\n{out.markdown}\n{len(points)} points in {time.perf_counter() - start:.1f} s; "
-          f"sweep {out.sweep_id}: MLflow run {out.parent_run_id} ({out.tracking_uri}), "
+          f"sweep {out.sweep_id}: MLflow run {out.parent_run_id} ({redact(out.tracking_uri)}), "
           f"filter runs with tags.`{SWEEP_TAG}` = '{out.sweep_id}'")
     if out.failed:
         print(f"failed points: {'; '.join(out.failed)}", file=sys.stderr)

@@ -30,7 +30,7 @@ def check_resume_id(configured: str | None, run_id: str,
     try:
         run = run_lineage(uri, run_id)
     except StoreError as err:
-        raise ConfigError(f"--resume {run_id}: the MLflow store at {uri} has no such run "
+        raise ConfigError(f"--resume {run_id}: the MLflow store at {redact(uri)} has no such run "
                           f"({str(err).splitlines()[0][:200]}). `rlhf runs` lists the runs; "
                           "MLFLOW_TRACKING_URI picks the store.") from None
     parent = run.parent_run_id
@@ -72,7 +72,7 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None,
     width = max([len(r.run_name or "") for r in runs] + [4]) + 2  # names stay whole
     head = f"{'run id':<34}{'name':<{width}}{'status':<10}{'started':<18}" + \
         "".join(f"{label:>8}" for _, label in RUN_COLUMNS)
-    lines = [f"experiment '{experiment}' ({uri})", head, "-" * len(head)]
+    lines = [f"experiment '{experiment}' ({redact(uri)})", head, "-" * len(head)]
     for run in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.start_time / 1000))
         values = "".join(f"{run.metrics[k]:>8.3f}" if k in run.metrics else f"{'-':>8}"
@@ -86,7 +86,7 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None,
         lines.append(f"older runs: rlhf runs --experiment {experiment} --limit {limit} "
                      f"--page {page + 1}")
     where = "" if uri.startswith(("http://", "https://")) else \
-        f" (after `mlflow ui --backend-store-uri {uri}`)"
+        f" (after `mlflow ui --backend-store-uri {redact(uri)}`)"
     lines.append(f"in the MLflow UI{where}: {runs_table_url(uri, found.experiment_id)}")
     return "\n".join(lines)
 

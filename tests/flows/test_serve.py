@@ -20,6 +20,7 @@ clears and the degraded one does not (measured: +0.29 to +0.66, CI lower ends -0
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -314,8 +315,12 @@ def test_one_field_override_keeps_the_served_config_for_the_rest(served):
     params = _parent_params(served["mlflow"], run.id)
     assert params["ppo.kl_coef"] == "0.123" and params["ppo.rollout_batch_size"] == "16"
     assert params["demo.enabled"] == "True" and params["ppo.iterations"] == "1"
-    name = run.name  # named as a CLI run is, plus what the form changed
-    assert name.startswith("rlhf-demo-gpt2-demo-data-") and name.endswith(" kl_coef=0.123")
+    name = run.name  # named as a CLI run is, plus what the form changed; MLflow's the same
+    assert re.fullmatch(r"\d{8}-\d{6}-demo-gpt2-demo-data-\w{6} kl_coef=0\.123", name), name
+    mlflow = served["mlflow"]
+    (parent,) = mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()],
+                                   filter_string=f"tags.`rlhf.prefect_flow_run_id` = '{run.id}'")
+    assert parent.info.run_name == name
 
 
 @pytest.fixture(scope="module")
