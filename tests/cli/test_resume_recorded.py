@@ -88,8 +88,11 @@ def killed_in_the_gate(proc: subprocess.Popen, runs: Path, timeout_s: float = 60
 def own(tmp_path, prefect_api):
     """(config file, environment of the commands, MLflow client)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # a validation cache of its own: a gate another test passed on the same data is reused
+    # whole, and writes nothing to kill it at
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
-           "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+           "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
+           "RLHF_VALIDATION_CACHE": str(tmp_path / "validation_cache")}
     return own_config(tmp_path), env, MlflowClient(uri)
 
 
@@ -105,9 +108,8 @@ def test_bare_resume_continues_from_the_runs_own_config_after_kills_in_gate_sft_
         _, err = proc.communicate(timeout=900)
         assert proc.returncode == -signal.SIGKILL, f"{point}: {err[-3000:]}"
         assert "changed since it began" not in err
-    finished = rlhf_in_process(["run", "--resume", run_id], capfd,
-                               **{k: env[k] for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")},
-                               RLHF_CRASH_AT="")
+    finished = rlhf_in_process(["run", "--resume", run_id], capfd, **{k: env[k] for k in (
+        "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "RLHF_VALIDATION_CACHE")}, RLHF_CRASH_AT="")
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "Traceback" not in finished.stderr
 
