@@ -32,7 +32,7 @@ def main() -> None:
             ui.browser() as page:
         runs = []
         for value in ("0.07", "0.1"):
-            run = wait_run(srv.client, ui.custom_run(page, srv, "Kl Coef", value), 400)
+            run = wait_run(srv.client, ui.custom_run(page, srv, {"Kl Coef": value}), 400)
             print(run.name, run.state.type.value)
             runs.append(run)
         ui.flow_run_page(page, srv, str(runs[-1].id), args.out / "prefect-flow-run.png")

@@ -23,8 +23,9 @@ from data_checks.errors import DataError, ValidationFailed
 from tasks.configfile import ConfigError
 from tasks.identity import ResumeRefused
 from tasks.labelling.client import LabelStudioError
+from tasks.owners import StoreBusy
 from tasks.runtime.errors import RoutingError
-from tasks.tracking.errors import RegistryError, TrackingOutage
+from tasks.tracking.errors import PurgeFailed, RegistryError, TrackingOutage
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there;
 # a Label Studio server that does not answer or refuses the key)
@@ -32,7 +33,9 @@ USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingErr
                 LabelStudioError)
 GATE_ERRORS = (ValidationFailed,)                       # exit 1: the data gate said no
 EXPECTED = USAGE_ERRORS + GATE_ERRORS
-OUTAGES = (TrackingOutage,)                             # exit 75: resume when it is back
+# exit 75: resume when it is back; a gc that waited too long for another, or whose MLflow
+# gc failed, is run again later
+OUTAGES = (TrackingOutage, StoreBusy, PurgeFailed)
 EX_TEMPFAIL = 75
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 

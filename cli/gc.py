@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tasks.redact import redact
+
 
 def gc_text(plan, done: list | None = None) -> str:
     """The plan as the command prints it: what would go (``done`` None: a dry run) or what
@@ -16,7 +18,7 @@ def gc_text(plan, done: list | None = None) -> str:
     deletions, kept = (done if applied else plan.deletions), plan.kept
     total = sum(f.bytes for f in deletions) / 1e6
     verb = "deleted" if applied else "would delete"
-    lines = [f"rlhf gc ({plan.tracking_uri}): {verb} {len(deletions)} item(s), "
+    lines = [f"rlhf gc ({redact(plan.tracking_uri)}): {verb} {len(deletions)} item(s), "
              f"{total:.1f} MB"]
     if not applied:
         lines += [f"  delete {f.line()}" for f in deletions]
@@ -31,7 +33,7 @@ def gc_text(plan, done: list | None = None) -> str:
 
 def cmd_gc(args, config) -> int:
     from tasks.configfile import ConfigError
-    from tasks.gc import apply_gc, plan_gc
+    from tasks.gc import apply_gc, one_gc_of, plan_gc
     from tasks.runtime.logins import Needs
     from tasks.runtime.preflight import check_servers
     from tasks.tracking.gc_store import store_missing
@@ -41,8 +43,12 @@ def cmd_gc(args, config) -> int:
     missing = store_missing(config.tracking.tracking_uri)
     if missing:
         raise ConfigError(missing)
-    plan = plan_gc(config, keep_runs=args.keep_runs)
-    print(gc_text(plan, apply_gc(config, plan) if args.yes else None))
+    if not args.yes:  # a dry run changes nothing, not even the lock file
+        print(gc_text(plan_gc(config, keep_runs=args.keep_runs)))
+        return 0
+    with one_gc_of(config):  # a second gc of the store waits for this one
+        plan = plan_gc(config, keep_runs=args.keep_runs)
+        print(gc_text(plan, apply_gc(config, plan)))
     return 0
 
 

@@ -34,10 +34,12 @@ from cli.errors import (
     prefect_gone,
     quiet_expected_failures,
 )
-from cli.runs import check_resume_id, cmd_runs, resume_args
+from cli.resume import overrides_of, resume_config
+from cli.runs import cmd_runs, resume_args
 from cli.stopping import stop_signal, stop_within_seconds
 from data_checks.errors import ValidationFailed
 from tasks.configfile import load_config
+from tasks.redact import redact
 from tasks.runtime.logins import Needs, login_out_of_uri, needs_of
 from tasks.runtime.preflight import check_config, check_servers
 from tasks.tracking.addresses import run_page, runs_table_url
@@ -52,9 +54,7 @@ DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 def _config_for(args) -> object:
     """The user's file, else the embedded demo config; then --set overrides."""
-    path = args.config or DEMO_CONFIG
-    nproc = [] if getattr(args, "nproc", None) is None else [f"model.nproc={args.nproc}"]
-    return login_out_of_uri(load_config(path, (args.set or []) + nproc))
+    return login_out_of_uri(load_config(args.config or DEMO_CONFIG, overrides_of(args)))
 
 
 def positive_int(text: str) -> int:
@@ -82,7 +82,7 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
         lines.append(f"{name:<13}{wall:>8}{peak}  {shown}")
     lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
               f"MLflow parent run: {result.parent_run_id} "
-              f"(experiment {result.experiment_id}, {result.tracking_uri})",
+              f"(experiment {result.experiment_id}, {redact(result.tracking_uri)})",
               f"  view: {ui_hint(result)}",
               f"  runs table: {runs_table_url(result.tracking_uri, result.experiment_id)}"]
     lines += [f"registered {what}: {ref}" for what, ref in registered(result).items()]
@@ -96,7 +96,7 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
 def ui_hint(result: PipelineResult) -> str:
     """Where to look: the run's page on a tracking server, else how to start the UI."""
     return run_page(result.tracking_uri, result.experiment_id, result.parent_run_id) or \
-        f"mlflow ui --backend-store-uri {result.tracking_uri}"
+        f"mlflow ui --backend-store-uri {redact(result.tracking_uri)}"
 
 
 def registered(result: PipelineResult) -> dict[str, str]:
@@ -112,11 +112,9 @@ def registered(result: PipelineResult) -> dict[str, str]:
 
 
 def cmd_run(args) -> int:
-    cfg = _config_for(args)
+    cfg = resume_config(args) if args.resume else _config_for(args)
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
-    if args.resume:
-        check_resume_id(cfg, args.resume, args.argv)
     from data_checks.loading import read_every_source
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
 
@@ -146,7 +144,7 @@ def cmd_validate(args) -> int:
     lines += [f"warning: {w}" for w in out.warnings]
     lines += [f"cleaned data: {out.data.path}",
               f"Data Docs: {out.data.path}/data_docs/index.html (GX: data_docs/gx/index.html)",
-              f"MLflow parent run: {result.parent_run_id} ({result.tracking_uri})", ""]
+              f"MLflow parent run: {result.parent_run_id} ({redact(result.tracking_uri)})", ""]
     print("\n".join(lines))
     return 0
 
@@ -167,7 +165,7 @@ def cmd_sweep(args) -> int:
     out = rlhf_sweep(config=cfg, grid=grid, seeds=seeds, sweep_id=args.sweep_id,
                      max_concurrent=args.max_concurrent)
     print(f"\n{out.markdown}\n{len(points)} points in {time.perf_counter() - start:.1f} s; "
-          f"sweep {out.sweep_id}: MLflow run {out.parent_run_id} ({out.tracking_uri}), "
+          f"sweep {out.sweep_id}: MLflow run {out.parent_run_id} ({redact(out.tracking_uri)}), "
           f"filter runs with tags.`{SWEEP_TAG}` = '{out.sweep_id}'")
     if out.failed:
         print(f"failed points: {'; '.join(out.failed)}", file=sys.stderr)
@@ -220,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config field, e.g. --set ppo.kl_coef=0.1 (repeatable)")
-    run.add_argument("--resume", metavar="RUN_ID", help="continue this MLflow parent run")
+    run.add_argument("--resume", metavar="RUN_ID",
+                     help="continue this MLflow parent run, with the config it recorded "
+                          "(--set changes a key on purpose)")
     run.add_argument("--nproc", type=int, metavar="N",
                      help="data-parallel ranks for SFT, reward model and PPO (sets model.nproc)")
     run.set_defaults(func=cmd_run)

@@ -17,6 +17,8 @@ import os
 import time
 from pathlib import Path
 
+from tasks.redact import redact
+
 
 def _with(config, section: str, **fields):
     """``config`` with some fields of one section replaced (flags over --set)."""
@@ -209,7 +211,8 @@ def cmd_retrain(args, config) -> int:
     if out.decision is not None:
         lines.append(f"gate: {out.decision.reason}")
     if out.run is not None:
-        lines.append(f"MLflow parent run: {out.run.parent_run_id} ({out.run.tracking_uri})")
+        lines.append(f"MLflow parent run: {out.run.parent_run_id} "
+                     f"({redact(out.run.tracking_uri)})")
     if out.status == "awaiting approval":
         from cli.approval import waiting_lines
 
@@ -227,7 +230,7 @@ def cmd_compare(args, config) -> int:
     out = compare(config=config, champion=args.champion, challenger=args.challenger)
     print(f"compare: v{out.challenger} against v{out.champion}, scored by "
           f"{out.decision.scorer}\ngate: {out.decision.reason}\n"
-          f"MLflow parent run: {out.run.parent_run_id} ({out.run.tracking_uri})")
+          f"MLflow parent run: {out.run.parent_run_id} ({redact(out.run.tracking_uri)})")
     return 0
 
 

@@ -20,14 +20,17 @@ RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
                ("eval/kl_to_ref", "kl"), ("eval/eos_rate_policy", "eos"))
 
 
-def check_resume_id(cfg, run_id: str, argv: list[str] | tuple = ("run",)) -> None:
-    """--resume names a parent run the store has (checked before Prefect starts); ``argv``,
-    the command's arguments, are repeated in the hint for a stage's child run id."""
-    uri = default_tracking_uri(cfg.tracking.tracking_uri)
+def check_resume_id(configured: str | None, run_id: str,
+                    argv: list[str] | tuple = ("run",)) -> None:
+    """--resume names a parent run the store has (``configured``: the store a config or
+    --set names, else MLFLOW_TRACKING_URI's, else ./mlflow.db; checked before Prefect
+    starts); ``argv``, the command's arguments, are repeated in the hint for a stage's child
+    run id."""
+    uri = default_tracking_uri(configured)
     try:
         run = run_lineage(uri, run_id)
     except StoreError as err:
-        raise ConfigError(f"--resume {run_id}: the MLflow store at {uri} has no such run "
+        raise ConfigError(f"--resume {run_id}: the MLflow store at {redact(uri)} has no such run "
                           f"({str(err).splitlines()[0][:200]}). `rlhf runs` lists the runs; "
                           "MLFLOW_TRACKING_URI picks the store.") from None
     parent = run.parent_run_id
@@ -69,7 +72,7 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None,
     width = max([len(r.run_name or "") for r in runs] + [4]) + 2  # names stay whole
     head = f"{'run id':<34}{'name':<{width}}{'status':<10}{'started':<18}" + \
         "".join(f"{label:>8}" for _, label in RUN_COLUMNS)
-    lines = [f"experiment '{experiment}' ({uri})", head, "-" * len(head)]
+    lines = [f"experiment '{experiment}' ({redact(uri)})", head, "-" * len(head)]
     for run in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.start_time / 1000))
         values = "".join(f"{run.metrics[k]:>8.3f}" if k in run.metrics else f"{'-':>8}"
@@ -87,7 +90,7 @@ def runs_table(experiment: str, limit: int, tracking_uri: str | None = None,
         lines.append(f"older runs: rlhf runs --experiment {experiment} --limit {limit} "
                      f"--page {page + 1}")
     where = "" if uri.startswith(("http://", "https://")) else \
-        f" (after `mlflow ui --backend-store-uri {uri}`)"
+        f" (after `mlflow ui --backend-store-uri {redact(uri)}`)"
     lines.append(f"in the MLflow UI{where}: {runs_table_url(uri, found.experiment_id)}")
     return "\n".join(lines)
 

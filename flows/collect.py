@@ -10,11 +10,11 @@ from prefect import flow
 
 from flows.deployment import SERVED, served_config
 from tasks.champion.collect import collect
-from tasks.champion.events import rename_flow_run
 from tasks.champion.labels import import_labels
 from tasks.champion.pull import PullResult, pull
 from tasks.champion.records import CollectResult, LabelImport
 from tasks.config import PipelineConfig
+from tasks.runtime.prefect_api import rename_flow_run
 from tasks.tracking.tags import LABELS_SEED_TAG
 
 

@@ -9,15 +9,18 @@ from prefect import flow
 
 from flows.wiring import run_pipeline
 from tasks.config import PipelineConfig
+from tasks.prepare import pipeline_run_name
 from tasks.results import PipelineResult
+from tasks.runtime.prefect_api import flow_run_name
 
 
 def _flow_run_name() -> str:
+    """The MLflow parent run's name to be (tasks/prepare.py pipeline_run_name)."""
     from prefect.runtime import flow_run
 
     cfg = flow_run.parameters.get("config")
     if isinstance(cfg, PipelineConfig):
-        return f"rlhf-{cfg.short_name()}"
+        return pipeline_run_name(cfg)
     return "rlhf"
 
 
@@ -25,4 +28,4 @@ def _flow_run_name() -> str:
 def rlhf_pipeline(config: PipelineConfig, resume_run_id: str | None = None) -> PipelineResult:
     """validate -> sft -> reward_model -> reward_norm -> critic_init -> ppo -> evaluate ->
     register, tracked in MLflow (one parent run, one child run per stage)."""
-    return run_pipeline(config, resume_run_id)
+    return run_pipeline(config, resume_run_id, run_name=flow_run_name())

@@ -47,7 +47,7 @@ from tasks.configfile import ConfigError
 from tasks.finish import finish
 from tasks.prepare import Prepared, prepare
 from tasks.results import CompareResult, RetrainResult
-from tasks.runtime.prefect_api import slot_holder
+from tasks.runtime.prefect_api import flow_run_name, rename_flow_run, slot_holder
 from tasks.stages.gate import gate
 from tasks.stages.judge_model import judge_model, judge_split
 from tasks.stages.records import Artifact, DataRecord, ModelRecord, PolicyRecord
@@ -80,7 +80,7 @@ def bootstrap(config: PipelineConfig, batches: list[Batch]) -> RetrainResult:
 
     with named_batch_rows(rows):
         result = run_pipeline(config, prep_hook=with_batches, lineage=lineage,
-                              data_hook=split)
+                              data_hook=split, run_name=flow_run_name())
     mark_consumed(run["ctx"], batches)
     report_first_champion(len(batches), result.parent_run_id)
     return RetrainResult(status="bootstrapped", run=result)
@@ -94,7 +94,7 @@ def challenge(config: PipelineConfig, batches: list[Batch],
     The run is prepared (and its params recorded) with the settings it trains with
     (``retrain.ppo_iterations``, ``retrain.rm_epochs``), not the first run's."""
     config = round_settings(config)
-    prep = prepare(config)
+    prep = prepare(config, run_name=flow_run_name())
     ctx = prep.ctx
     with tracked(ctx, config):
         champion = fetch_champion(ctx, config)
@@ -146,7 +146,7 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
             no alias moved. It shows what a round's new labels add.
     """
     from tasks.champion.batches import champion_version
-    from tasks.champion.events import announce_outcome, rename_flow_run, retrain_run_name
+    from tasks.champion.events import announce_outcome, retrain_run_name
     from tasks.champion.labels import import_dropped
 
     config = served_config(config)  # a custom run's fields over the served config
@@ -187,7 +187,7 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
                          result.run and result.run.parent_run_id)
         if result.run is not None:
             reason = result.decision.reason if result.decision else ""
-            publish_summary(result.run, f"retrain: {result.status}", awaiting_text(
+            publish_summary(result.run, f"{result.run.run_name}: {result.status}", awaiting_text(
                 config, result) or f"Retrain {result.status}" + (f": {reason}" if reason
                                                                   else "."))
     if result.status == "awaiting approval":
@@ -203,8 +203,6 @@ def compare(config: PipelineConfig, champion: str = "1",
     decides; nothing trained, no alias moved (e.g. the champion against the first one).
     Recorded as ``rlhf.compare.*`` tags (no gate decision); one version named twice (e.g.
     ``1`` when the champion is v1) is refused."""
-    from tasks.champion.events import rename_flow_run
-
     prep = prepare(config)
     ctx = prep.ctx
     with tracked(ctx, config):

@@ -32,8 +32,11 @@ from rlhf_core.config import (
 from tasks.champion.events import LABELLED
 from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
 from tasks.configfile import ConfigError, _merge
+from tasks.prepare import pipeline_run_name
+from tasks.redact import redact, redacted
 from tasks.results import PipelineResult
 from tasks.runtime.logins import login_out_of_uri
+from tasks.runtime.prefect_api import flow_run_name
 
 # the pipeline's config sections (the served pipeline's parameters); retrain and collect
 # belong to their own flows
@@ -76,17 +79,19 @@ def resolve_config(given: dict[str, Any], served: dict[str, Any]) -> tuple[Pipel
 
 def run_label(changed: dict[str, Any], limit: int = 3) -> str:
     """What a run changed, for its name: ``kl_coef=0.07 lr=1e-05`` (the field's last name;
-    the first ``limit`` changes, then ``+N``)."""
-    parts = [f"{key.rsplit('.', 1)[-1]}={value}" for key, value in list(changed.items())[:limit]]
+    the first ``limit`` changes, then ``+N``; a password in a URL shown as ``***``, as in
+    MLflow's params)."""
+    parts = [f"{key.rsplit('.', 1)[-1]}={redact(str(value))}"
+             for key, value in list(changed.items())[:limit]]
     if len(changed) > limit:
         parts.append(f"+{len(changed) - limit}")
     return " ".join(parts)
 
 
 def _served_run_name() -> str:
-    """``rlhf-<model>-<data>-<config hash>`` as a CLI run is named, plus what the run's form
-    changed from the served config (e.g. ``... kl_coef=0.07``), so runs tell apart in the
-    Runs list."""
+    """The run's name as a CLI run is named (start time, model, data, config hash), plus
+    what the run's form changed from the served config (e.g. ``... kl_coef=0.07``), so runs
+    tell apart in the Runs list; its MLflow parent run takes the same name."""
     from prefect.runtime import flow_run
 
     given = {k: v for k, v in flow_run.parameters.items() if k in SECTIONS}
@@ -95,7 +100,7 @@ def _served_run_name() -> str:
             given, deployment_parameters() or served_parameters(PipelineConfig()))
     except Exception:  # an invalid form: the flow itself reports it
         return "rlhf-pipeline"
-    return " ".join(filter(None, [f"rlhf-{config.short_name()}", run_label(changed)]))
+    return pipeline_run_name(config, run_label(changed))
 
 
 @flow(name="rlhf_pipeline", flow_run_name=_served_run_name, log_prints=True)
@@ -112,7 +117,7 @@ def rlhf_pipeline_served(
     eval: EvalConfig = EvalConfig(),
     tracking: TrackingConfig = TrackingConfig(),
     routing: RoutingConfig = RoutingConfig(),
-    resume_run_id: str | None = None,
+    resume_run_id: str = "",
 ) -> PipelineResult:
     """The whole RLHF pipeline with the served config; fields you change override it.
 
@@ -139,8 +144,13 @@ def rlhf_pipeline_served(
     config, changed = resolve_config(given, served)
     config = login_out_of_uri(config)  # a login typed into the form: out of the records
     if changed:
-        print(f"overrides of the served config: {json.dumps(changed)}")
-    return run_pipeline(config, resume_run_id)
+        print(overrides_line(changed))
+    return run_pipeline(config, resume_run_id or None, run_name=flow_run_name())
+
+
+def overrides_line(changed: dict[str, Any]) -> str:
+    """What a run changed of the served config, for its log (passwords in URLs hidden)."""
+    return f"overrides of the served config: {json.dumps(redacted(changed))}"
 
 
 def pipeline_deployment(config: PipelineConfig, name: str):

@@ -7,16 +7,26 @@ from prefect import flow
 
 from tasks.config import PipelineConfig
 from tasks.finish import close_parent, fail_parent
-from tasks.prepare import prepare
+from tasks.prepare import pipeline_run_name, prepare
 from tasks.results import PipelineResult
+from tasks.runtime.prefect_api import flow_run_name
 from tasks.stages.validate import validate
 from tasks.tracking.runs import tag_parent
 from tasks.tracking.tags import VALIDATE_ONLY_TAG
 
 
-@flow(name="rlhf_validate", flow_run_name=lambda: "rlhf-validate", log_prints=True)
+def _flow_run_name() -> str:
+    """The MLflow parent run's name to be, ``-validate`` added."""
+    from prefect.runtime import flow_run
+
+    cfg = flow_run.parameters.get("config")
+    return f"{pipeline_run_name(cfg)}-validate" if isinstance(cfg, PipelineConfig) \
+        else "rlhf-validate"
+
+
+@flow(name="rlhf_validate", flow_run_name=_flow_run_name, log_prints=True)
 def rlhf_validate(config: PipelineConfig) -> PipelineResult:
-    prep = prepare(config)
+    prep = prepare(config, run_name=flow_run_name())
     ctx = prep.ctx
     tag_parent(ctx, {VALIDATE_ONLY_TAG: "true"})
     try:

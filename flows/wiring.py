@@ -14,6 +14,7 @@ from tasks.config import PipelineConfig
 from tasks.finish import fail_parent, finish
 from tasks.prepare import Prepared, prepare
 from tasks.results import PipelineResult
+from tasks.runtime.prefect_api import rename_flow_run
 from tasks.stages.critic_init import critic_init
 from tasks.stages.evaluate import evaluate
 from tasks.stages.judge_model import judge_model
@@ -103,12 +104,17 @@ def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
 
 def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
                  prep_hook: PrepHook | None = None, lineage: dict | None = None,
-                 data_hook: DataHook | None = None) -> PipelineResult:
+                 data_hook: DataHook | None = None,
+                 run_name: str | None = None) -> PipelineResult:
     """The whole pipeline in the current flow run -> its result (each stage's record). ``prep_hook``
     may change the prepared inputs (the retrain flow adds its batches to the data);
-    ``data_hook`` the reward model's validated data (the retrain's judge split)."""
-    prep = prepare(config, resume_run_id)
+    ``data_hook`` the reward model's validated data (the retrain's judge split).
+    ``run_name``: the flow run's name, given to a new MLflow parent run; a resumed run keeps
+    its own, which the flow run then takes (one name in both UIs)."""
+    prep = prepare(config, resume_run_id, run_name)
     ctx = prep.ctx
+    if run_name and ctx.run_name != run_name:
+        rename_flow_run(ctx.run_name)
     if prep_hook is not None:
         prep = prep_hook(ctx, prep)
     with tracked(ctx, config):
@@ -118,5 +124,5 @@ def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
                                        outputs["reward_model"], outputs["validate"],
                                        lineage=lineage)
     result = finish(ctx, outputs, config.tracking.keep_resume_state)
-    publish_summary(result, f"rlhf-{config.short_name()}")
+    publish_summary(result, result.run_name)
     return result

@@ -39,7 +39,9 @@ def pause_point(name: str, timeout_s: float = 600.0) -> None:
     $RLHF_PAUSE_AT, write ``name`` to the file $RLHF_PAUSE_FILE and wait (up to
     ``timeout_s``) until that file is removed. Points: ``before:<stage>`` (before a stage
     looks up or opens its run), ``evaluate:scored`` (evaluate's figures computed, not yet
-    logged), ``register:log_models`` (before the models are logged and registered)."""
+    logged), ``register:log_models`` (before the models are logged and registered),
+    ``gc:delete`` (`rlhf gc --yes` holds its store's gc lock, has planned, deletes nothing
+    yet)."""
     import time
     from pathlib import Path
 

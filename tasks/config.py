@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from data_checks.config import (
     DataConfig,
@@ -26,16 +26,16 @@ from rlhf_core.config import (
     PPOConfig,
     RewardConfig,
     RewardNormConfig,
+    Section,
     SFTConfig,
 )
 from tasks.champion.collect_config import CollectConfig
 from tasks.champion.config import RetrainConfig, ScheduleConfig
 
 
-class DemoConfig(BaseModel):
+class DemoConfig(Section):
     """The embedded demo: synthetic assistant language, gold judge, tiny GPT-2."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     enabled: bool = Field(False, description="Generate demo data and a tiny base model.")
     n_sft: int = Field(2000, ge=1, description="SFT demonstrations.")
     n_pref: int = Field(2000, ge=1, description="Preference pairs.")
@@ -47,8 +47,7 @@ class DemoConfig(BaseModel):
     n_head: int = Field(4, ge=1, description="Tiny GPT-2 heads.")
 
 
-class TrackingConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+class TrackingConfig(Section):
     experiment: str = Field("rlhf", description="MLflow experiment name.")
     tracking_uri: str | None = Field(
         None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db."
@@ -74,9 +73,13 @@ class TrackingConfig(BaseModel):
     gc_cache_age_days: float = Field(
         30.0, ge=0, description="`rlhf gc`: passed validations and tokenized chunks in the "
         "validation cache ($RLHF_VALIDATION_CACHE) unused for this many days go.")
+    gc_deleted_age_days: float = Field(
+        7.0, ge=0, description="`rlhf gc`: a run marked deleted in MLflow (the UI's Delete) "
+        "is purged, with its stage runs and artifacts, only this many days after its "
+        "deletion; until then it can be restored in the UI. 0: at the next gc.")
     gc_schedule: ScheduleConfig | None = Field(
         None, description="`rlhf serve`: run `rlhf gc --yes` on this schedule (the "
-        "gc/<name> deployment); None: by hand only.")
+        "gc/<name> deployment); None (left empty): by hand only.")
     log_cleaned_data_max_mb: float = Field(
         32.0, ge=0, description="validate: the cleaned data files (data/<set>.jsonl, together "
         "up to this many MB) are also MLflow artifacts of the stage run, for stages on other "
@@ -100,10 +103,9 @@ class TrackingConfig(BaseModel):
 ROUTABLE = ("sft", "reward_model", "ppo")
 
 
-class RoutingConfig(BaseModel):
+class RoutingConfig(Section):
     """Stages that run on another machine's Prefect worker (tasks/runtime/remote.py)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     stages: dict[str, str] = Field(
         {}, description="Stage -> the `rlhf-stage` deployment that runs it on another "
         f"machine's worker, e.g. {{ppo: rlhf-stage/gpu}}; {', '.join(ROUTABLE)} can be routed."
@@ -140,10 +142,9 @@ def _deployment_name(field: str, name: str) -> str:
     return name
 
 
-class PipelineConfig(BaseModel):
+class PipelineConfig(Section):
     """Everything one pipeline run needs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     seed: int = Field(0, description="Seed for every stage (data order, init, sampling).")
     demo: DemoConfig = Field(DemoConfig())
     data: DataConfig | None = Field(None, description="Data sources (every path empty: the "
@@ -162,9 +163,9 @@ class PipelineConfig(BaseModel):
 
     def form_dump(self) -> dict[str, Any]:
         """The config as a deployment stores it for its form (JSON; the demo's data as every
-        data path empty, which reads back as None)."""
-        dump = self.model_dump(mode="json")
-        if dump["data"] is None:
+        data path empty, which reads back as None; an empty input's None left out)."""
+        dump = self.form_values()
+        if self.data is None:
             dump["data"] = blank_data_form()
         return dump
 

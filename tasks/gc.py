@@ -7,8 +7,13 @@ What it finds, by kind:
   needs (champion, challenger, previous-champion of the policy or the reward model: the
   version's runs and their pipeline runs) and a folder the store has no run for are kept;
 - ``trash``: what a deletion stopped midway left (``.trash-*``, see tasks/retention.py);
-- ``mlflow run``: runs marked deleted in MLflow, removed by MLflow's own gc with their
-  artifacts (not those an alias needs; a tracking server's store is collected where it runs);
+- ``leftover``: what a killed gate or stage left in a kept run folder (``*.part`` files, a
+  checkpoint save's ``.<name>.tmp``, a killed `rlhf validate`'s chunks), once no live process
+  owns the folder (tasks/owners.py);
+- ``mlflow run``: runs marked deleted in MLflow ``tracking.gc_deleted_age_days`` ago or
+  more, each pipeline run with the runs under it, removed by MLflow's own gc with their
+  artifacts and empty folders (tasks/gc_deleted.py; not those an alias needs; a tracking
+  server's store is collected where it runs);
 - ``batch``: consumed batch files in ``retrain.watch_dir`` whose consuming run keeps a copy,
   and quarantined files (with their notes), older than ``retrain.gc_batch_age_days``; a
   batch no retrain consumed always stays;
@@ -19,77 +24,51 @@ What it finds, by kind:
   ``tracking.gc_cache_age_days``; a later gate that would have read one tokenizes again.
 
 Every deletion renames first, then deletes (tasks/retention.py): a kill midway leaves a
-``.trash-`` name no command reads, and the next gc removes it.
+``.trash-`` name no command reads, and the next gc removes it. One gc of a store runs at a
+time: a second waits for the first, then finds what is left.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Literal
 
 from prefect import task
 from pydantic import BaseModel, ConfigDict
 
 from data_checks.cache import chunk_folder, validation_cache
+from data_checks.validate import CHUNKS as GATE_CHUNKS
+from rlhf_core.faults import pause_point
 from tasks.champion.batches import BATCH_SUFFIXES, file_digest
 from tasks.champion.labels import QUARANTINE
 from tasks.champion.pull import pulled_in_full
 from tasks.config import PipelineConfig
+from tasks.gc_deleted import deleted_run_items, purge
+from tasks.gc_items import DAY_S, Found, GcPlan, is_hex
+from tasks.owners import one_gc, owner_lock_kept, unowned
 from tasks.retention import TRASH, remove_tree, trash_in, tree_bytes
 from tasks.tracking.champion_store import consumed_batches
 from tasks.tracking.gc_store import (
     alias_runs,
-    deleted_experiments,
-    deleted_runs,
     keeps_consumed_copy,
     mark_pulled_all,
-    purge_deleted_runs,
     stored_runs,
 )
-from tasks.tracking.runs import default_tracking_uri
+from tasks.tracking.runs import default_tracking_uri, resolved_store
 
-Kind = Literal["run folder", "trash", "mlflow run", "batch", "pull record", "cache"]
-DAY_S = 86400.0
-
-
-class Found(BaseModel):
-    """One thing gc looked at: a path or a run id, whether it goes, and why (or why not)."""
-
-    model_config = ConfigDict(frozen=True)
-    kind: Kind
-    target: str
-    delete: bool
-    reason: str
-    bytes: int = 0
-    pairs: int = 0  # a pull record: its collection's pairs, all pulled
-
-    def line(self) -> str:
-        size = "" if not self.bytes else f" ({self.bytes / 1e6:.1f} MB)" \
-            if self.bytes >= 100_000 else f" ({self.bytes / 1e3:.1f} kB)"
-        return f"{self.kind} {self.target}{size}: {self.reason}"
+# what a killed gate or stage leaves in a run folder: unfinished files (the gate's cleaned
+# data and token ids, a chunk being put) and a checkpoint save's temporary folder
+LEFTOVERS = ("*.part", ".*.tmp")
 
 
-class GcPlan(BaseModel):
-    """Everything gc found, in the order it deletes; ``notes`` say what it could not do."""
-
-    model_config = ConfigDict(frozen=True)
-    tracking_uri: str
-    found: list[Found]
-    notes: list[str] = []
-
-    @property
-    def deletions(self) -> list[Found]:
-        return [f for f in self.found if f.delete]
-
-    @property
-    def kept(self) -> list[Found]:
-        return [f for f in self.found if not f.delete]
-
-
-def _is_hex(name: str, length: int) -> bool:
-    """A run id (32 hex digits) or a validation cache key (64)."""
-    return len(name) == length and all(c in "0123456789abcdef" for c in name)
+@contextmanager
+def one_gc_of(cfg: PipelineConfig) -> Iterator[None]:
+    """One gc at a time of the config's store (tasks/owners.py): a second waits for it."""
+    with one_gc(resolved_store(default_tracking_uri(cfg.tracking.tracking_uri))):
+        yield
 
 
 def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
@@ -99,7 +78,7 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
         return []
     out = [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
                  reason="left by a deletion that was stopped midway") for p in trash_in(root)]
-    folders = {p.name: p for p in root.iterdir() if p.is_dir() and _is_hex(p.name, 32)}
+    folders = {p.name: p for p in root.iterdir() if p.is_dir() and is_hex(p.name, 32)}
     runs = stored_runs(uri, sorted(folders))
     finished = []
     for run_id, path in sorted(folders.items()):
@@ -118,12 +97,14 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
             finished.append((run.end_time or 0, run_id, path))
             continue
         out.append(Found(kind="run folder", target=str(path), delete=False, reason=why))
+        out += _leftovers(path, run)
     finished.sort(reverse=True)  # newest first
-    for n, (ended, _, path) in enumerate(finished):
+    for n, (ended, run_id, path) in enumerate(finished):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(ended / 1000))
         if n < keep:
             out.append(Found(kind="run folder", target=str(path), delete=False,
                              reason=f"finished {when}, among the newest {keep} finished runs"))
+            out += _leftovers(path, runs[run_id])
         else:
             out.append(Found(kind="run folder", target=str(path), delete=True,
                              bytes=tree_bytes(path), reason=f"finished {when}, older than the "
@@ -131,32 +112,31 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
     return out
 
 
-def _deleted_runs(uri: str, needed: dict[str, str]) -> tuple[list[Found], list[str]]:
-    runs = deleted_runs(uri)
-    if not runs:
-        return [], []
-    out = [Found(kind="mlflow run", target=r.run_id, delete=False,
-                 reason=f"marked deleted, but needed by "
-                        f"{needed.get(r.run_id) or needed[r.parent_run_id]}: restore it")
-           if r.run_id in needed or r.parent_run_id in needed else
-           Found(kind="mlflow run", target=r.run_id, delete=True,
-                 reason="marked deleted in MLflow: removed with its artifacts by `mlflow gc`")
-           for r in runs]
-    notes = []
-    if uri.startswith(("http://", "https://")):
-        ids = ",".join(f.target for f in out if f.delete)
-        out = [f.model_copy(update={"delete": False}) for f in out]
-        notes.append(f"runs marked deleted on the tracking server {uri} are collected where "
-                     f"it runs: `mlflow gc --backend-store-uri <its database> --run-ids {ids}`")
-    gone = deleted_experiments(uri)
-    if gone and any(not f.delete for f in out if f.kind == "mlflow run"):
-        out = [f.model_copy(update={"delete": False}) for f in out]
-        notes.append(f"experiments {', '.join(gone)} are marked deleted and `mlflow gc` would "
-                     "remove them whole, while a run above is needed: restore that run first")
-    elif gone and any(f.delete for f in out):
-        notes.append(f"`mlflow gc` also removes the experiments marked deleted: "
-                     f"{', '.join(gone)}")
-    return out, notes
+def _leftovers(folder: Path, run, now: float | None = None) -> list[Found]:
+    """What a killed gate or stage left in a kept run folder (LEFTOVERS; and a killed `rlhf
+    validate`'s tokenized chunks, which only a resume would read and such a run never has
+    one), once no live process owns the folder (tasks/owners.py); in a folder without an
+    owner lock (an older run's), those a day old or more."""
+    found = {p for pattern in LEFTOVERS for p in folder.rglob(pattern)}
+    if run is not None and run.validate_only:
+        found |= {p for p in folder.glob(f"*/{GATE_CHUNKS}") if p.is_dir()}
+    paths = sorted(p for p in found if not any(q in p.parents for q in found))
+    if not paths:
+        return []
+    if owner_lock_kept(folder):
+        with unowned(folder) as free:
+            pass
+        if not free:
+            return [Found(kind="leftover", target=str(folder), delete=False,
+                          reason="a live process owns the run folder (a stage runs in it): "
+                                 f"its {len(paths)} unfinished file(s) stay")]
+        why = "no live process owns the run folder"
+    else:
+        now = time.time() if now is None else now
+        paths = [p for p in paths if _old(p, 1, now)]
+        why = "a day old or more, in a run folder no stage has locked"
+    return [Found(kind="leftover", target=str(p), delete=True, bytes=tree_bytes(p),
+                  reason=f"left by a killed gate or stage; {why}") for p in paths]
 
 
 def _old(path: Path, max_age_days: float, now: float) -> bool:
@@ -217,8 +197,8 @@ def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
         return []
     days = cfg.tracking.gc_cache_age_days
     chunks = chunk_folder(cache)
-    items = [p for p in cache.root.iterdir() if p.is_dir() and _is_hex(p.name, 64)]
-    items += [p for p in chunks.iterdir() if p.suffix == ".arrow" and _is_hex(p.stem, 64)] \
+    items = [p for p in cache.root.iterdir() if p.is_dir() and is_hex(p.name, 64)]
+    items += [p for p in chunks.iterdir() if p.suffix == ".arrow" and is_hex(p.stem, 64)] \
         if chunks.is_dir() else []
     out, used = [], []
     for path in sorted(items):
@@ -252,7 +232,7 @@ def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None,
     now = time.time() if now is None else now
     t = cfg.tracking
     needed = alias_runs(uri, (t.registered_policy, t.registered_reward_model))
-    mlflow_runs, notes = _deleted_runs(uri, needed)
+    mlflow_runs, notes = deleted_run_items(uri, needed, t.gc_deleted_age_days, now)
     found = [*_run_folders(cfg, uri, keep, needed), *mlflow_runs, *_batches(cfg, uri, now),
              *_pulls(cfg), *_cache(cfg, now)]
     return GcPlan(tracking_uri=uri, found=found, notes=notes)
@@ -268,33 +248,60 @@ class GcResult(BaseModel):
 
 @task(name="gc")
 def collect_garbage(cfg: PipelineConfig, delete: bool) -> GcResult:
-    """Find what no longer serves and, with ``delete``, delete it (one log line each)."""
-    plan = plan_gc(cfg)
-    for item in plan.kept:
-        print(f"gc: kept {item.line()}")
-    for note in plan.notes:
-        print(f"gc: {note}")
-    return GcResult(plan=plan, deleted=apply_gc(cfg, plan) if delete else [])
+    """Find what no longer serves and, with ``delete``, delete it (one log line each); one
+    deleting gc of the store at a time."""
+    with one_gc_of(cfg) if delete else nullcontext():
+        plan = plan_gc(cfg)
+        for item in plan.kept:
+            print(f"gc: kept {item.line()}")
+        for note in plan.notes:
+            print(f"gc: {note}")
+        return GcResult(plan=plan, deleted=apply_gc(cfg, plan) if delete else [])
 
 
 def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
     """Delete what ``plan`` marks for deletion, one log line each -> what went."""
+    pause_point("gc:delete")
     done = []
-    purge = [f for f in plan.deletions if f.kind == "mlflow run"]
     for item in plan.deletions:
         if item.kind == "mlflow run":
             continue
         path = Path(item.target)
         if not path.exists() and not path.is_symlink():
             continue  # gone meanwhile (another gc)
-        if item.kind == "pull record":
-            mark_pulled_all(plan.tracking_uri, cfg.tracking.experiment, path.name, item.pairs)
-        remove_tree(path, f"gc:{item.kind.replace(' ', '_')}")
+        if item.kind == "leftover":
+            if not _sweep(cfg, path):
+                continue
+        else:
+            if item.kind == "pull record":
+                mark_pulled_all(plan.tracking_uri, cfg.tracking.experiment, path.name,
+                                item.pairs)
+            remove_tree(path, f"gc:{item.kind.replace(' ', '_')}")
         print(f"gc: deleted {item.line()}")
         done.append(item)
-    if purge:
-        purge_deleted_runs(plan.tracking_uri, [f.target for f in purge])
-        for item in purge:
-            print(f"gc: deleted {item.line()}")
-        done += purge
-    return done
+    return done + purge(plan.tracking_uri, [f for f in plan.deletions
+                                            if f.kind == "mlflow run"])
+
+
+def _sweep(cfg: PipelineConfig, path: Path) -> bool:
+    """Delete a leftover while holding its run folder's owner lock (none: a day-old file in
+    an older run's folder) -> False when a process took the folder since the plan."""
+    root = Path(cfg.tracking.workdir)
+    folder = root / path.relative_to(root).parts[0]
+    if owner_lock_kept(folder):
+        with unowned(folder) as free:
+            if not free:
+                print(f"gc: kept {path}: a process owns its run folder again")
+                return False
+            _remove_leftover(path)
+        return True
+    _remove_leftover(path)
+    return True
+
+
+def _remove_leftover(path: Path) -> None:
+    """Deleted in place: a leftover cut short is still one, named as before."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -92,6 +92,14 @@ def default_run_name(cfg: PipelineConfig) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.short_name()}"
 
 
+def pipeline_run_name(cfg: PipelineConfig, changes: str = "") -> str:
+    """The name of a new pipeline run, one label in every place that shows it (MLflow's
+    parent run, the Prefect flow run, the run's summary): ``tracking.run_name``, else the
+    start time, model, data and config hash, and what a served run's form changed
+    (``changes``, e.g. ``kl_coef=0.07``)."""
+    return cfg.tracking.run_name or " ".join(filter(None, [default_run_name(cfg), changes]))
+
+
 def _prefect_flow_run_id() -> str | None:
     try:
         from prefect.runtime import flow_run
@@ -136,20 +144,23 @@ def _check_resume(run, cfg: PipelineConfig, digests: dict[str, str]) -> None:
             "tracking.run_name).")
 
 
-def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContext:
-    """Create the parent run, or reopen it (``resume_run_id``, or same run name + config)."""
+def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
+                    run_name: str | None = None) -> RunContext:
+    """Create the parent run, or reopen it (``resume_run_id``, or same run name + config).
+    A new run is named ``tracking.run_name``, else ``run_name`` (the flow run's), else by
+    default; a reopened one keeps its name."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     ensure_store(uri)
     client = tracking_client(uri)
     exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
-    run_name = cfg.tracking.run_name or default_run_name(cfg)
+    run_name = cfg.tracking.run_name or run_name or default_run_name(cfg)
     flow_run_id = _prefect_flow_run_id()
     digests = input_digests(cfg)
     run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id, digests)
     if run_id is not None:
         run = run_to_resume(client, run_id)
         _check_resume(run, cfg, digests)
-        exp_id = run.info.experiment_id
+        exp_id, run_name = run.info.experiment_id, run.info.run_name or run_name
         reopen_run(client, run_id)
         if run.data.tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
             # resumed with changed settings (e.g. a lower LR after a non-finite loss): keep
@@ -177,7 +188,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None) -> RunContex
         raise
     return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
                       workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress,
-                      outage_limit_s=cfg.tracking.outage_limit_s, device=device.type)
+                      outage_limit_s=cfg.tracking.outage_limit_s, device=device.type,
+                      run_name=run_name)
 
 
 def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
@@ -215,12 +227,14 @@ def check_inputs_present(cfg: PipelineConfig) -> None:
 
 
 @task(name="prepare")
-def prepare(cfg: PipelineConfig, resume_run_id: str | None = None) -> Prepared:
-    """Open the parent run; resolve data sources and the base model (demo when asked). Any
-    failure once the parent run exists marks it FAILED."""
+def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
+            run_name: str | None = None) -> Prepared:
+    """Open the parent run (a new one named ``run_name``, the flow run's, unless
+    ``tracking.run_name`` is set); resolve data sources and the base model (demo when
+    asked). Any failure once the parent run exists marks it FAILED."""
     check_inputs_present(cfg)
     check_deployments(cfg)  # stages on other machines: their deployments exist
-    ctx = open_parent_run(cfg, resume_run_id)
+    ctx = open_parent_run(cfg, resume_run_id, run_name)
     try:
         return _resolve_inputs(cfg, ctx)
     except BaseException:

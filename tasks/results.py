@@ -31,6 +31,7 @@ class PipelineResult(BaseModel):
     tracking_uri: str
     workdir: str
     stages: dict[str, SerializeAsAny[StageRecord]]
+    run_name: str = ""  # the MLflow parent run's name (and its Prefect flow run's)
 
     @field_validator("stages", mode="before")
     @classmethod
@@ -48,7 +49,8 @@ class PipelineResult(BaseModel):
     @classmethod
     def of(cls, ctx: RunContext, stages: dict[str, StageRecord]) -> PipelineResult:
         return cls(parent_run_id=ctx.parent_run_id, experiment_id=ctx.experiment_id,
-                   tracking_uri=ctx.tracking_uri, workdir=ctx.workdir, stages=stages)
+                   tracking_uri=ctx.tracking_uri, workdir=ctx.workdir, stages=stages,
+                   run_name=ctx.run_name)
 
     def _stage(self, name: str, kind: type) -> Any:
         out = self.stages.get(name)

@@ -4,6 +4,7 @@ MLflow parent run and to the experiment's runs table in "Model training" mode.""
 
 from __future__ import annotations
 
+from tasks.redact import redact
 from tasks.results import PipelineResult
 from tasks.tracking.runs import run_page, runs_table_url
 
@@ -32,7 +33,7 @@ def summary_markdown(result: PipelineResult, title: str, outcome: str | None = N
     links, the stage table."""
     page = run_page(result.tracking_uri, result.experiment_id, result.parent_run_id)
     parent = f"[{result.parent_run_id}]({page})" if page else \
-        f"`{result.parent_run_id}` (`mlflow ui --backend-store-uri {result.tracking_uri}`)"
+        f"`{result.parent_run_id}` (`mlflow ui --backend-store-uri {redact(result.tracking_uri)}`)"
     table = runs_table_url(result.tracking_uri, result.experiment_id)
     rows = []
     for name, stage in result.stages.items():

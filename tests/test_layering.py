@@ -373,9 +373,9 @@ def test_only_tasks_tracking_calls_the_mlflow_client():
     from mlflow at test time) on a client that tracking hands out: each MLflow call goes
     through a tracking function named for what it does for the pipeline. The receiver is
     what matters, not the method's name alone: StageContext's own ``log_text``... are
-    pipeline helpers, and Prefect's clients (tasks/runtime/, tasks/champion/events.py, also
-    named ``client``) call none of MlflowClient's methods (``read_flow_run``,
-    ``update_flow_run``...), so they are never flagged."""
+    pipeline helpers, and Prefect's clients (tasks/runtime/, also named ``client``) call none
+    of MlflowClient's methods (``read_flow_run``, ``update_flow_run``...), so they are never
+    flagged."""
     from mlflow.tracking import MlflowClient
 
     methods = {name for name in dir(MlflowClient) if not name.startswith("_")}
@@ -386,5 +386,5 @@ def test_only_tasks_tracking_calls_the_mlflow_client():
     bad = [f"{p.relative_to(ROOT)}:{call}" for p in files
            for call in client_method_calls(p.read_text(), methods)]
     assert not bad, bad
-    prefect = client_method_calls((ROOT / "tasks/champion/events.py").read_text(), None)
-    assert prefect, "the finder no longer sees the Prefect client of tasks/champion/events.py"
+    prefect = client_method_calls((ROOT / "tasks/runtime/prefect_api.py").read_text(), None)
+    assert prefect, "the finder no longer sees the Prefect client of tasks/runtime/prefect_api.py"

@@ -43,10 +43,10 @@ class Served:
 
 
 @contextmanager
-def served(tmp: Path, sets: list[str] = ()) -> Iterator[Served]:
+def served(tmp: Path, sets: list[str] = (), log_level: str = "WARNING") -> Iterator[Served]:
     """An MLflow server, a Prefect server with its UI on a free port (the port given as the
     server's setting, so the UI calls the same port), and ``rlhf serve`` of configs/test.yaml
-    tracking to that MLflow server."""
+    tracking to that MLflow server, its flow runs logging at ``log_level``."""
     from prefect.client.orchestration import SyncPrefectClient
 
     (tmp / "mlflow").mkdir(parents=True, exist_ok=True)
@@ -55,7 +55,7 @@ def served(tmp: Path, sets: list[str] = ()) -> Iterator[Served]:
           "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     with mlflow_server(f"sqlite:///{tmp}/mlflow.db", tmp / "mlflow") as mlflow_url, \
             prefect_server(tmp / "server", ui, port=port) as (api, env):
-        env = {**env, "MLFLOW_TRACKING_URI": mlflow_url}
+        env = {**env, "MLFLOW_TRACKING_URI": mlflow_url, "PREFECT_LOGGING_LEVEL": log_level}
         args = ["--config", str(ROOT / "configs" / "test.yaml"), "--name", "test",
                 "--set", f"tracking.workdir={tmp}/runs", "--set", "tracking.system_metrics=false"]
         for item in sets:
@@ -93,22 +93,34 @@ def form_section(page, srv: Served, section: str, after: str) -> str:
     return text[start: text.index(f"\n{after} (Optional)\n", start)]
 
 
-def custom_run(page, srv: Served, field: str, value: str, tries: int = 3) -> str:
-    """Deployments -> the pipeline -> Run -> Custom run: set the field labelled ``field``
-    (e.g. "Kl Coef") to ``value``, Submit -> the new flow run's id (read from the API). A
-    submit that leaves the form where it was (a form still loading on a busy machine, or
-    Prefect's "Failed to schedule flow run") is tried again, as a user would."""
+def custom_run_form(page, srv: Served) -> str:
+    """The whole Custom run form of the pipeline deployment, as text."""
+    page.goto(f"{srv.prefect}/deployments/deployment/{srv.deployment_id}/run")
+    page.wait_for_load_state("networkidle", timeout=60_000)
+    page.locator("xpath=//*[normalize-space(text())='resume_run_id (Optional)']").wait_for(
+        timeout=60_000)
+    return page.inner_text("body")
+
+
+def custom_run(page, srv: Served, values: dict[str, str], tries: int = 3) -> str:
+    """Deployments -> the pipeline -> Run -> Custom run: set each field labelled as a key of
+    ``values`` (e.g. "Kl Coef") to its value, Submit -> the new flow run's id (read from the
+    API). A submit that leaves the form where it was (a form still loading on a busy machine,
+    or Prefect's "Failed to schedule flow run") is tried again, as a user would."""
     before = {str(r.id) for r in _runs(srv)}
     form = f"{srv.prefect}/deployments/deployment/{srv.deployment_id}/run"
     for _ in range(tries):
         page.goto(form)
         page.wait_for_load_state("networkidle", timeout=60_000)
-        box = page.locator(f"xpath=//*[normalize-space(text())='{field} (Optional)']"
-                           "/following::input[1]")
-        box.wait_for(timeout=60_000)
-        box.fill(value)
-        page.wait_for_timeout(500)
-        if box.input_value() != value:  # the form re-rendered over the typing
+        typed = True
+        for field, value in values.items():
+            box = page.locator(f"xpath=//*[normalize-space(text())='{field} (Optional)']"
+                               "/following::*[self::input or self::textarea][1]")
+            box.wait_for(timeout=60_000)
+            box.fill(value)
+            page.wait_for_timeout(500)
+            typed &= box.input_value() == value
+        if not typed:  # the form re-rendered over the typing
             continue
         page.get_by_role("button", name="Submit").last.click()
         deadline = time.time() + 60
@@ -167,6 +179,27 @@ def run_summary(page, srv: Served, flow_run_id: str, shot: Path | None = None) -
     page.get_by_text("key figures", exact=False).first.wait_for(timeout=60_000)
     if shot is not None:
         page.screenshot(path=str(shot))
+    return page.inner_text("body")
+
+
+def summary_markdown(srv: Served, flow_run_id: str) -> str:
+    """The run's own summary artifact (``rlhf-run-summary``) as markdown, from the API."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    found = srv.client.read_artifacts(artifact_filter=ArtifactFilter(
+        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return next(str(a.data) for a in found if a.key == "rlhf-run-summary")
+
+
+def mlflow_run_page(page, url: str) -> str:
+    """An MLflow run page, opened in a browser that never set the UI's GenAI / Model
+    training switch -> its text (the left bar has "Model registry" in Model training mode,
+    "Observability" in GenAI mode)."""
+    page.goto(url)
+    page.evaluate("window.localStorage.clear()")
+    page.goto(url)
+    page.get_by_text("Model metrics", exact=True).first.wait_for(timeout=60_000)
+    page.wait_for_timeout(1500)
     return page.inner_text("body")
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from data_checks.label_quality import LabelRules
+from rlhf_core.config import Section
 from tasks.champion.config import ScheduleConfig
 
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+_Frozen = Section
 
 
 # Why 40 known pairs, 0.75 and 25 (binomial arithmetic, exact): a labeller passes with at least

@@ -5,14 +5,16 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from rlhf_core.config import Section, defaults_in_words
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_Frozen = Section
 
 
 class ScheduleConfig(_Frozen):
+    model_config = ConfigDict(json_schema_extra=defaults_in_words)  # empty: no schedule
+
     cron: str | None = Field(None, description="Cron expression, e.g. '0 3 * * 1'.")
     timezone: str = Field("UTC", description="Time zone of the cron expression.")
     interval_s: float | None = Field(None, gt=0, description="Or: run every N seconds.")

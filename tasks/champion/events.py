@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.redact import redacted
+
 LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
 QUARANTINED = "rlhf.preferences.quarantined"
 PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
@@ -52,23 +54,13 @@ def emit(event: str, resource_id: str, name: str, labels: dict[str, str] | None 
 
     from tasks.common import in_prefect_run
 
-    resource = {"prefect.resource.id": resource_id, "prefect.resource.name": name,
-                **(labels or {})}
-    sent = emit_event(event=event, resource=resource, payload=payload or {})
+    # what a user gave (a file, a reason quoting a setting) is shown as MLflow params are
+    resource = redacted({"prefect.resource.id": resource_id, "prefect.resource.name": name,
+                         **(labels or {})})
+    sent = emit_event(event=event, resource=resource, payload=redacted(payload or {}))
     if sent is not None and not in_prefect_run():
         EventsWorker.drain_all(timeout=30)
-    print(f"event {event}: {name}")
-
-
-def rename_flow_run(name: str) -> None:
-    """Give the current flow run a name that says what it did (no-op outside a run)."""
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import flow_run
-
-    if flow_run.id is None:
-        return
-    with get_client(sync_client=True) as client:
-        client.update_flow_run(flow_run.id, name=name[:100])
+    print(f"event {event}: {resource['prefect.resource.name']}")
 
 
 def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:

@@ -1,6 +1,7 @@
 """What a flow asks of the Prefect API itself: the parameters of the deployment it runs
-from, and a one-slot global concurrency limit (one retrain at a time) whose holder can be
-named (the flow run holding it carries the tag ``rlhf.slot:<limit name>``)."""
+from, its own flow run's name (read and changed), and a one-slot global concurrency limit
+(one retrain at a time) whose holder can be named (the flow run holding it carries the tag
+``rlhf.slot:<limit name>``)."""
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -16,6 +17,29 @@ def deployment_parameters() -> dict[str, Any]:
         return {}
     with get_client(sync_client=True) as client:
         return dict(client.read_deployment(deployment.id).parameters or {})
+
+
+def flow_run_name() -> str | None:
+    """The current flow run's name (None outside a flow run)."""
+    from prefect.runtime import flow_run
+
+    return flow_run.name if flow_run.id is not None else None
+
+
+def rename_flow_run(name: str) -> None:
+    """Give the current flow run a name that says what it did (no-op outside a run); the
+    run's own context takes it too, so :func:`flow_run_name` reads it back."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=name[:100])
+    ctx = FlowRunContext.get()
+    if ctx is not None and ctx.flow_run is not None:
+        ctx.flow_run.name = name[:100]
 
 
 def ensure_limit(name: str) -> None:

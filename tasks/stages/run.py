@@ -19,6 +19,7 @@ from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.memory import trim_heap
 from tasks.common import metric_logger, stage_markdown, stage_params
 from tasks.config import PipelineConfig
+from tasks.owners import owning
 from tasks.runtime.launch import run_ranks
 from tasks.runtime.remote import run_routed
 from tasks.stages.context import Stage, StageContext
@@ -88,15 +89,17 @@ def gpu_peak_gb() -> float:
 def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
             inputs: dict[str, Any]) -> StageRecord:
     """The body in this process, on ``model.nproc`` torchrun ranks (a stage that can), or on
-    the worker ``routing.stages`` names."""
+    the worker ``routing.stages`` names; this process owns the run folder meanwhile (what a
+    killed stage leaves there is swept only once no live process owns it: tasks/owners.py)."""
     routed = cfg.routing.stages.get(stage.name)
-    if routed:
-        return stage.record.model_validate(
-            run_routed(ctx, cfg, stage.name, run_id, inputs_json(inputs), routed))
-    if stage.ranks and (cfg.model.nproc > 1 or cfg.model.nnodes > 1):
-        return stage.record.model_validate(
-            run_ranks(ctx, cfg, stage.name, run_id, inputs_json(inputs)))
-    return stage.body(StageContext(ctx, cfg, stage, run_id), **inputs)
+    with owning(ctx.workdir):
+        if routed:
+            return stage.record.model_validate(
+                run_routed(ctx, cfg, stage.name, run_id, inputs_json(inputs), routed))
+        if stage.ranks and (cfg.model.nproc > 1 or cfg.model.nnodes > 1):
+            return stage.record.model_validate(
+                run_ranks(ctx, cfg, stage.name, run_id, inputs_json(inputs)))
+        return stage.body(StageContext(ctx, cfg, stage, run_id), **inputs)
 
 
 def inputs_json(inputs: dict[str, Any]) -> dict[str, Any]:

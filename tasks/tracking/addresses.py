@@ -15,22 +15,28 @@ def default_tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
+# every MLflow UI link opens in "Model training" mode: the UI's own GenAI/Model training
+# switch, kept in the browser and GenAI by default, would otherwise show a first visit the
+# traces overview and a run page in GenAI mode, whatever the experiment's kind tag says; the
+# URL's parameter wins over the switch for that page
+TRAINING_MODE = "workflowType=machine_learning"
+
+
 def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
-    """The experiment's runs table in the MLflow UI's "Model training" mode: the UI's own
-    GenAI/Model training switch, kept in the browser and GenAI by default, would otherwise
-    open a first visit on the traces overview whatever the experiment's kind tag says. A
-    local store: where `mlflow ui` serves it."""
+    """The experiment's runs table in the MLflow UI's "Model training" mode. A local store:
+    where `mlflow ui` serves it."""
     base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
         else LOCAL_UI
-    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    return f"{base}/#/experiments/{experiment_id}/runs?{TRAINING_MODE}"
 
 
 def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The run's page in the MLflow UI of a tracking server; None for a local store (no UI
-    runs until `mlflow ui` is started on it)."""
+    """The run's page in the MLflow UI of a tracking server, in "Model training" mode; None
+    for a local store (no UI runs until `mlflow ui` is started on it)."""
     if not tracking_uri.startswith(("http://", "https://")):
         return None
-    return f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}" \
+        f"?{TRAINING_MODE}"
 
 
 def compare_url(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> str:
@@ -43,4 +49,5 @@ def compare_url(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> st
     def listed(ids: list[str]) -> str:  # ["a","b"], percent-encoded (it sits in markdown)
         return urllib.parse.quote("[" + ",".join(f'"{i}"' for i in ids) + "]", safe=",")
 
-    return f"{base}/#/compare-runs?runs={listed(run_ids)}&experiments={listed([experiment_id])}"
+    return (f"{base}/#/compare-runs?runs={listed(run_ids)}&experiments={listed([experiment_id])}"
+            f"&{TRAINING_MODE}")

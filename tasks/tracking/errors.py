@@ -17,3 +17,9 @@ class TrackingOutage(Exception):  # noqa: N818 - a stop, named after its cause
 class ApprovalError(RegistryError):
     """An answer that cannot be taken: no candidate waits, several do and none was named,
     the version named is no candidate, or the champion moved since its gate (approve)."""
+
+
+class PurgeFailed(Exception):  # noqa: N818 - a stop, named after its cause
+    """MLflow's gc (`mlflow gc`) failed on runs that are still there."""
+
+    until = "once the store answers"

@@ -5,6 +5,7 @@ tags), never by reading every run."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tasks.tracking.champion_store import CONSUMED_COPY
+from tasks.tracking.errors import PurgeFailed
 from tasks.tracking.registry import CANDIDATE, CHALLENGER, CHAMPION, PREVIOUS
 from tasks.tracking.runs import default_tracking_uri, tracking_client
 from tasks.tracking.tags import (
@@ -19,6 +21,7 @@ from tasks.tracking.tags import (
     PARENT_TAG,
     PIPELINE_RUN_TAG,
     PULLED_ALL_TAG,
+    VALIDATE_ONLY_TAG,
     stage_run_tag,
 )
 
@@ -28,7 +31,8 @@ ALIASES = (CHAMPION, CHALLENGER, PREVIOUS, CANDIDATE)
 
 class StoredRun(BaseModel):
     """A run as gc weighs it: status (FINISHED, FAILED, KILLED, RUNNING), lifecycle
-    (active or deleted), when it ended (ms; None while running)."""
+    (active or deleted), when it ended (ms; None while running), whether it is a run of
+    `rlhf validate` (never resumed), and where its artifacts are."""
 
     model_config = ConfigDict(frozen=True)
     run_id: str
@@ -37,13 +41,18 @@ class StoredRun(BaseModel):
     status: str
     deleted: bool
     end_time: int | None
+    validate_only: bool = False
+    artifact_uri: str | None = None
+    deleted_time: int | None = None  # ms; a deleted run's, where the store records it
 
 
 def _stored(run) -> StoredRun:
     return StoredRun(run_id=run.info.run_id, experiment_id=run.info.experiment_id,
                      parent_run_id=run.data.tags.get(PARENT_TAG), status=run.info.status,
                      deleted=run.info.lifecycle_stage == "deleted",
-                     end_time=run.info.end_time)
+                     end_time=run.info.end_time,
+                     validate_only=run.data.tags.get(VALIDATE_ONLY_TAG) == "true",
+                     artifact_uri=run.info.artifact_uri)
 
 
 def _experiment_ids(client) -> list[str]:
@@ -112,7 +121,8 @@ def _parent_of(client, run_id: str) -> str | None:
 
 
 def deleted_runs(tracking_uri: str) -> list[StoredRun]:
-    """Every run marked deleted (MLflow keeps it, and its artifacts, until its gc)."""
+    """Every run marked deleted (MLflow keeps it, and its artifacts, until its gc), with
+    when it was deleted where the store records it."""
     from mlflow.entities import ViewType
 
     client = tracking_client(tracking_uri)
@@ -124,7 +134,49 @@ def deleted_runs(tracking_uri: str) -> list[StoredRun]:
         out += [_stored(r) for r in page]
         token = page.token
         if not token:
-            return out
+            break
+    when = deletion_times(tracking_uri, [r.run_id for r in out])
+    return [r.model_copy(update={"deleted_time": when.get(r.run_id)}) for r in out]
+
+
+def deletion_times(tracking_uri: str, run_ids: list[str]) -> dict[str, int]:
+    """When each of ``run_ids`` was marked deleted (ms), as a database store records it
+    (the time `mlflow gc --older-than` reads); empty for a store that does not."""
+    if not run_ids or tracking_uri.startswith(("http://", "https://")):
+        return {}
+    from mlflow.store.tracking.dbmodels.models import SqlRun
+    from mlflow.tracking._tracking_service.utils import _get_store
+
+    store = _get_store(tracking_uri)
+    if not hasattr(store, "ManagedSessionMaker"):
+        return {}
+    out = {}
+    with store.ManagedSessionMaker() as session:
+        for start in range(0, len(run_ids), CHUNK):
+            rows = session.query(SqlRun.run_uuid, SqlRun.deleted_time).filter(
+                SqlRun.run_uuid.in_(run_ids[start:start + CHUNK])).all()
+            out.update({run_id: int(t) for run_id, t in rows if t is not None})
+    return out
+
+
+def stage_runs(tracking_uri: str, parents: list[str]) -> dict[str, list[StoredRun]]:
+    """Every run under each of ``parents`` (its stage runs, and theirs), active or
+    deleted, by parent."""
+    from mlflow.entities import ViewType
+
+    client = tracking_client(tracking_uri)
+    experiments = _experiment_ids(client)
+    out: dict[str, list[StoredRun]] = {}
+    for parent in parents:
+        found, todo = [], [parent]
+        while todo:
+            above = todo.pop()
+            runs = client.search_runs(experiments, f"tags.`{PARENT_TAG}` = '{above}'",
+                                      run_view_type=ViewType.ALL, max_results=1000)
+            found += [_stored(r) for r in runs]
+            todo += [r.info.run_id for r in runs]
+        out[parent] = found
+    return out
 
 
 def deleted_experiments(tracking_uri: str) -> list[str]:
@@ -135,18 +187,52 @@ def deleted_experiments(tracking_uri: str) -> list[str]:
     return [e.experiment_id for e in client.search_experiments(view_type=ViewType.DELETED_ONLY)]
 
 
-def purge_deleted_runs(tracking_uri: str, run_ids: list[str]) -> str:
-    """MLflow's own garbage collection of runs marked deleted (`mlflow gc --run-ids`): their
-    metadata and artifacts -> what it printed. Only for a store this machine opens (a
-    database URI); a tracking server's store is collected where the server runs."""
+def purge_runs(tracking_uri: str, run_ids: list[str]) -> list[str]:
+    """MLflow's own garbage collection (`mlflow gc --run-ids`) of ``run_ids``, their
+    metadata and artifacts: those still active (the stage runs of a deleted pipeline run)
+    are marked deleted first; those already gone (another gc's) are skipped; the empty
+    artifact folders they leave go too -> the ids purged. Only for a store this machine
+    opens (a database URI); a tracking server's store is collected where the server runs.
+    PurgeFailed, one sentence, when MLflow's gc fails."""
+    client = tracking_client(tracking_uri)
+    present = stored_runs(tracking_uri, run_ids)
+    for run in present.values():
+        if not run.deleted:
+            client.delete_run(run.run_id)
+    ids = [r for r in run_ids if r in present]
+    if not ids:
+        return []
     proc = subprocess.run(
         [sys.executable, "-m", "mlflow", "gc", "--backend-store-uri", tracking_uri,
-         "--tracking-uri", tracking_uri, "--run-ids", ",".join(run_ids)],
+         "--tracking-uri", tracking_uri, "--run-ids", ",".join(ids)],
         capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise RuntimeError(f"mlflow gc failed (exit {proc.returncode}): "
-                           f"{proc.stderr.strip().splitlines()[-1:] or ''}")
-    return proc.stdout
+        left = stored_runs(tracking_uri, ids)
+        if left:
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise PurgeFailed(f"MLflow's gc of {len(left)} deleted run(s) at {tracking_uri} "
+                              f"failed ({why[:300]}); they stay marked deleted")
+    for run in present.values():
+        drop_empty_folder(run.artifact_uri)
+    return ids
+
+
+def drop_empty_folder(artifact_uri: str | None) -> None:
+    """A purged run's local artifact folder (``<experiment>/<run id>/``, MLflow's gc leaves
+    it empty), when nothing is left in it."""
+    if not artifact_uri or not artifact_uri.startswith(("file://", "/")):
+        return
+    from urllib.parse import unquote, urlparse
+
+    path = Path(unquote(urlparse(artifact_uri).path))
+    folder = path.parent if path.name == "artifacts" else path
+    if not folder.is_dir():
+        return
+    for root, _, _ in sorted(os.walk(folder), key=lambda w: -len(w[0])):  # deepest first
+        try:
+            Path(root).rmdir()  # only an empty folder
+        except OSError:
+            pass
 
 
 def keeps_consumed_copy(tracking_uri: str, run_id: str, digest: str) -> bool:

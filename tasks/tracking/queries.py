@@ -26,6 +26,7 @@ from tasks.tracking.tags import (
     CONFIG_HASH_TAG,
     MLFLOW_RUN_NAME_TAG,
     PARENT_TAG,
+    RESUMED_CONFIG_HASH_TAG,
     STAGE_TAG,
 )
 
@@ -97,6 +98,30 @@ def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
     tags = run.data.tags
     return RunPlace(parent_run_id=tags.get(PARENT_TAG),
                     stage=tags.get(STAGE_TAG, run.info.run_name), status=run.info.status)
+
+
+def recorded_config(tracking_uri: str, run_id: str) -> tuple[dict, str]:
+    """The config a pipeline run recorded in MLflow: the one its last resume with changed
+    settings ran with (``config/resumed_config_<hash>.json``), else the one it began with
+    (``config/resolved_config.json``) -> (the config as JSON, its artifact path);
+    StoreError when the run has none or it cannot be read."""
+    import json
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    client = _read_only_client(tracking_uri)
+    try:
+        resumed = client.get_run(run_id).data.tags.get(RESUMED_CONFIG_HASH_TAG)
+    except MlflowException as err:
+        raise StoreError(str(err).splitlines()[0][:200]) from None
+    path = f"config/resumed_config_{resumed}.json" if resumed else "config/resolved_config.json"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            return json.loads(Path(client.download_artifacts(run_id, path, tmp)).read_text()), path
+    except (MlflowException, OSError, ValueError) as err:
+        raise StoreError(f"run {run_id} has no readable {path} in MLflow "
+                         f"({str(err).splitlines()[0][:200]})") from None
 
 
 def pipeline_runs(tracking_uri: str, experiment: str, limit: int,

@@ -51,6 +51,7 @@ class RunContext(BaseModel):
     progress: bool = True
     outage_limit_s: float = 600.0
     device: str = "auto"  # the stages' resolved model.device, for their rlhf.hw.gpu tag
+    run_name: str = ""  # the parent run's name: the same in MLflow, Prefect and the summary
 
     def model_post_init(self, _context: Any) -> None:
         note_parent_run(self.parent_run_id)  # for the CLI's message on a stop signal

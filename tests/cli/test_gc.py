@@ -8,6 +8,7 @@ over, and the next gc finishes it."""
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -53,6 +54,13 @@ def _version(client, name: str, parent: str, alias: str) -> None:
     client.set_registered_model_alias(name, alias, version.version)
 
 
+def deleted_days_ago(db: Path, run_id: str, days: float) -> None:
+    """Date a run's deletion back (the store records when the UI's Delete was pressed)."""
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE runs SET deleted_time = ? WHERE run_uuid = ?",
+                    (int((time.time() - days * 86400) * 1000), run_id))
+
+
 @pytest.fixture
 def loop(tmp_path):
     """The store and folders -> (config, client, run ids by role, paths by role)."""
@@ -73,8 +81,9 @@ def loop(tmp_path):
     _version(client, "rlhf-policy", ids["champion"], "champion")
     _version(client, "rlhf-policy", ids["prev"], "previous-champion")
     client.log_text(ids["deleted"], "x" * 500, "checkpoint/model.txt")
-    for role in ("deleted", "prev"):  # the user deleted both; an alias needs prev
+    for role in ("deleted", "prev"):  # the user deleted both, 10 days ago; an alias needs prev
         client.delete_run(ids[role])
+        deleted_days_ago(tmp_path / "mlflow.db", ids[role], 10)
     paths = _batches(client, exp, tmp_path)
     paths["pulls"] = _pull_record(client, exp, tmp_path)
     return cfg, client, ids, paths

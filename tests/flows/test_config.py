@@ -1,7 +1,7 @@
 import pytest
 
 from cli.main import DEMO_CONFIG
-from tasks.config import flatten
+from tasks.config import PipelineConfig, flatten
 from tasks.configfile import ConfigError, load_config
 
 
@@ -95,3 +95,42 @@ def test_the_forms_data_sections_are_fields_to_fill_not_a_choice_of_none():
     cfg = load_config(DEMO_CONFIG, ["data.sft.path=", "data.preference.path=",
                                     "data.prompts.path="])
     assert cfg.data is None
+
+
+def test_no_optional_field_of_the_forms_is_a_choice_of_none():
+    """Custom run of the pipeline (every section) and of retrain: an ``X | None`` field left
+    None by default is X's own input (left empty: None); only a field whose default is a
+    value keeps its None choice (ppo.missing_eos_penalty: None turns the EOS trick off;
+    collect.destination.pull_schedule: None stops the pulls)."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.retrain import retrain as rlhf_retrain
+    from flows.serve import rlhf_pipeline_served
+
+    for flow_, allowed in ((rlhf_pipeline_served, {"PPOConfig.missing_eos_penalty"}),
+                           (rlhf_retrain, {"PPOConfig.missing_eos_penalty",
+                                           "DestinationConfig.pull_schedule"})):
+        schema = parameter_schema(flow_).model_dump()
+        nulls = {f"{name}.{field}" for name, d in schema["definitions"].items()
+                 for field, prop in d.get("properties", {}).items() if _nulls(prop)}
+        nulls |= {name for name, prop in schema["properties"].items() if _nulls(prop)}
+        assert nulls == allowed, flow_.name
+    lora = parameter_schema(rlhf_pipeline_served).model_dump()["definitions"]["LoraSettings"]
+    assert not [p for p in lora["properties"].values() if "default" in p]  # empty: LoRA off
+    assert "Empty: 16." in lora["properties"]["r"]["description"]
+
+
+def test_what_a_form_leaves_empty_is_none():
+    """An untouched optional input ("") and an untouched optional section are None; a section
+    with one field filled in is on, its other fields at their defaults."""
+    form = {"model": {"tokenizer": "", "torch_threads": None, "lora": {"target_modules": []}},
+            "tracking": {"run_name": "", "gc_schedule": {"cron": "", "interval_s": None}},
+            "routing": {"nodes": ""}}
+    cfg = PipelineConfig.model_validate(form)
+    assert cfg.model.tokenizer is None and cfg.model.lora is None
+    assert cfg.tracking.run_name is None and cfg.tracking.gc_schedule is None
+    assert cfg.routing.nodes is None
+    on = PipelineConfig.model_validate({"model": {"lora": {"r": 8}},
+                                        "tracking": {"gc_schedule": {"cron": "0 4 * * *"}}})
+    assert on.model.lora.r == 8 and on.model.lora.alpha == 32.0
+    assert on.tracking.gc_schedule.timezone == "UTC"

@@ -137,13 +137,17 @@ def test_prefect_flow_run_name_and_stage_artifacts(served_run):
         flow_run = prefect.read_flow_run(flow_run_id)
         artifacts = prefect.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-    assert flow_run.name == f"rlhf-demo-gpt2-demo-data-{cfg.config_hash()[:6]}"
+    # one name in both UIs and the run's summary
+    assert flow_run.name == parent.info.run_name and \
+        flow_run.name.endswith(f"-demo-gpt2-demo-data-{cfg.config_hash()[:6]}")
     by_key = {a.key: a for a in artifacts}
+    assert by_key["rlhf-run-summary"].data.startswith(f"# {flow_run.name}\n")
     for stage in pipeline_stages():
         md = by_key[f"rlhf-{stage.replace('_', '-')}"]
         assert md.type == "markdown", stage
         run_id = result.stages[stage].run_id
-        link = f"{client.tracking_uri}/#/experiments/{parent.info.experiment_id}/runs/{run_id}"
+        link = f"{client.tracking_uri}/#/experiments/{parent.info.experiment_id}/runs/{run_id}" \
+            "?workflowType=machine_learning"  # opens in "Model training" mode
         assert link in md.data and "| wall_s |" in md.data, stage
     assert "| eval/judge_win_rate |" in by_key["rlhf-evaluate"].data
     assert f"models:/{cfg.tracking.registered_policy}/" in by_key["rlhf-register"].data

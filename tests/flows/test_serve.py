@@ -20,6 +20,7 @@ clears and the degraded one does not (measured: +0.29 to +0.66, CI lower ends -0
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -295,12 +296,12 @@ def test_c_degraded_batch_keeps_champion_and_says_why(served, retrain_cases):
     assert challenger.tags["rlhf.gate"] == tags["rlhf.gate.reason"]
 
 
-def _parent_params(mlflow_client: MlflowClient, flow_run_id) -> dict:
+def _parent_run(mlflow_client: MlflowClient, flow_run_id):
     runs = mlflow_client.search_runs(
         [e.experiment_id for e in mlflow_client.search_experiments()],
         filter_string=f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
     assert len(runs) == 1, runs
-    return runs[0].data.params
+    return runs[0]
 
 
 def test_one_field_override_keeps_the_served_config_for_the_rest(served):
@@ -311,11 +312,13 @@ def test_one_field_override_keeps_the_served_config_for_the_rest(served):
     run = wait_run(client, client.create_flow_run_from_deployment(
         deployment.id, parameters={"ppo": {"kl_coef": 0.123}}).id)
     assert run.state.type.value == "COMPLETED", served["log"].read_text()[-3000:]
-    params = _parent_params(served["mlflow"], run.id)
+    parent = _parent_run(served["mlflow"], run.id)
+    params = parent.data.params
     assert params["ppo.kl_coef"] == "0.123" and params["ppo.rollout_batch_size"] == "16"
     assert params["demo.enabled"] == "True" and params["ppo.iterations"] == "1"
-    name = run.name  # named as a CLI run is, plus what the form changed
-    assert name.startswith("rlhf-demo-gpt2-demo-data-") and name.endswith(" kl_coef=0.123")
+    name = run.name  # named as a CLI run is, plus what the form changed; MLflow's the same
+    assert re.fullmatch(r"\d{8}-\d{6}-demo-gpt2-demo-data-\w{6} kl_coef=0\.123", name), name
+    assert parent.info.run_name == name
 
 
 @pytest.fixture(scope="module")
