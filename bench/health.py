@@ -77,13 +77,13 @@ def run_case(name: str, overrides: list[str], out: Path) -> dict:
     """One `rlhf run` of the demo with ``overrides`` in ``out/<name>`` -> its record."""
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [str(ROOT / ".venv" / "bin" / "rlhf"), "run"]
+    cmd = [sys.executable, "-m", "cli", "run"]  # the tree this script lies in (PYTHONPATH)
     for item in [*overrides, "tracking.progress=false", "tracking.experiment=health-bench",
                  f"tracking.run_name=health-{name}", "tracking.system_metrics=false"]:
         cmd += ["--set", item]
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db", "PATH": "/usr/bin:/bin",
            "HOME": str(folder), "PREFECT_HOME": str(folder / "prefect"),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
