@@ -1,7 +1,7 @@
 """PPO's health detectors against the demo's gold judge, on the 2-core CPU.
 
     python bench/health.py run --out DIR                  # every case: real `rlhf run`s
-    python bench/health.py run --out DIR --cases seed-0,lr-x30
+    python bench/health.py run --out DIR --cases seed-0,lr-x30 [--threads 1]
     python bench/health.py report --out DIR [--replay]     # the tables (and the picture)
 
 Healthy runs: the demo at its defaults for seeds 0-9, and a few sane variations (a higher and a
@@ -316,14 +316,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--replay", action="store_true")
+    parser.add_argument("--threads", type=int,
+                        help="model.torch_threads of every run (two runners side by side: 1)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "run":
         cases = {**{n: o + WARN_ALL for n, o in HEALTHY.items()},
                  **{n: o + WARN_ALL for n, (_, o) in FAILURES.items()}, **STOPPED}
         chosen = args.cases.split(",") if args.cases else list(cases)
+        threads = [f"model.torch_threads={args.threads}"] if args.threads else []
         for name in chosen:
-            rec = run_case(name, cases[name], args.out)
+            if (args.out / f"{name}.json").exists():  # recorded already: a rerun goes on
+                continue
+            rec = run_case(name, cases[name] + threads, args.out)
             print(f"{name}: {rec['wall_s']} s, findings "
                   f"{[(f['detector'], f['iteration']) for f in rec['findings']]}", flush=True)
     print(json.dumps(report(args.out, args.replay), indent=1))
