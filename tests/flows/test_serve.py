@@ -160,14 +160,14 @@ def _retrain_parents(mlflow: MlflowClient) -> list:
     return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
 
 
-def _parent_of(mlflow: MlflowClient, flow_run_id) -> str | None:
-    """The MLflow parent run a Prefect flow run made (tag rlhf.prefect_flow_run_id)."""
-    exp = mlflow.get_experiment_by_name("rlhf-test")
-    runs = [r for r in mlflow.search_runs([exp.experiment_id], filter_string=(
-        f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'"))
+def _parent_run(mlflow: MlflowClient, flow_run_id):
+    """The MLflow parent run a Prefect flow run made (tag rlhf.prefect_flow_run_id), or None."""
+    runs = [r for r in mlflow.search_runs(
+        [e.experiment_id for e in mlflow.search_experiments()],
+        filter_string=f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
         if "mlflow.parentRunId" not in r.data.tags]
     assert len(runs) <= 1, runs
-    return runs[0].info.run_id if runs else None
+    return runs[0] if runs else None
 
 
 def _write_bad_batch(batches) -> str:
@@ -190,9 +190,10 @@ def retrain_cases(served):
     out, wall, batches = {}, {}, served["tmp"] / "batches"
 
     def record(name, run):
+        parent = _parent_run(mlflow, run.id)
         out[name] = {"state": run.state.type.value, "message": run.state.message or "",
                      "decision": _decision(client, run.id),
-                     "parent_run_id": _parent_of(mlflow, run.id)}
+                     "parent_run_id": parent.info.run_id if parent else None}
         out[f"{name}/champion"] = alias_version(mlflow, POLICY, CHAMPION)
         out[f"{name}/parents"] = len(_retrain_parents(mlflow))
 
@@ -294,14 +295,6 @@ def test_c_degraded_batch_keeps_champion_and_says_why(served, retrain_cases):
     assert float(tags["rlhf.gate.ci_low"]) <= 1.5 and "margin 1.5" in tags["rlhf.gate.reason"]
     challenger = mlflow.get_model_version_by_alias(POLICY, "challenger")
     assert challenger.tags["rlhf.gate"] == tags["rlhf.gate.reason"]
-
-
-def _parent_run(mlflow_client: MlflowClient, flow_run_id):
-    runs = mlflow_client.search_runs(
-        [e.experiment_id for e in mlflow_client.search_experiments()],
-        filter_string=f"tags.`rlhf.prefect_flow_run_id` = '{flow_run_id}'")
-    assert len(runs) == 1, runs
-    return runs[0]
 
 
 def test_one_field_override_keeps_the_served_config_for_the_rest(served):
