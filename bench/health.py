@@ -241,14 +241,18 @@ def gold_at(rec: dict, finding: dict) -> dict:
 
 
 def stopped_figures(records: dict) -> dict:
-    """The stopped hacking run against the unstopped one: the evaluation of the policy each
+    """Each stopped hacking run against the unstopped one: the evaluation of the policy each
     registered (256 held-out prompts, the gold judge)."""
-    stop, full = records.get("hacking-stop"), records.get("hacking")
-    if stop is None or full is None:
+    full = records.get("hacking")
+    if full is None:
         return {}
     keys = ("eval/judge_score_policy", "eval/judge_win_rate", "eval/kl_to_ref")
-    return {"stopped": {k: stop["eval"].get(k) for k in keys}, "reason": stop["stopped"],
-            "unstopped": {k: full["eval"].get(k) for k in keys}}
+    out = {"unstopped": {k: full["eval"].get(k) for k in keys}}
+    for name in STOPPED:
+        if name in records:
+            out[name] = {**{k: records[name]["eval"].get(k) for k in keys},
+                         "reason": records[name]["stopped"]}
+    return out
 
 
 def replayed(rec: dict) -> list[dict]:

@@ -165,25 +165,31 @@ class KLSpike(Settings):
     action: Action = Field("stop", description="warn, stop or off (see ppo.health).")
     window: int = Field(5, ge=1, description="Iterations before whose median KL is the "
                         "baseline (fewer at the start of a run).")
-    ratio: float = Field(2.0, gt=1, description="Fire when KL reaches this many times the "
+    ratio: float = Field(3.0, gt=1, description="Fire when KL reaches this many times the "
                          "median of the window before it...")
-    min_jump: float = Field(5.0, ge=0, description="...and at least this many nats above it.")
+    min_jump: float = Field(5.0, ge=0, description="...and at least this many nats above it...")
+    persist: int = Field(2, ge=1, description="...for this many iterations in a row (a single "
+                         "iteration's jump that falls back is noise).")
 
 
 def kl_spike(h: History, s: KLSpike) -> Finding | None:
-    """The KL to the reference of an iteration's rollouts jumps: ``ratio`` times the median of
-    the ``window`` iterations before (as many as there are, from the second iteration on: a
-    policy can collapse in one update), and ``min_jump`` nats above it."""
+    """The KL to the reference of the rollouts jumps and stays up: ``persist`` iterations in a
+    row each at least ``ratio`` times the median of the ``window`` iterations before the first
+    of them (as many as there are, from the second iteration on: a policy can collapse in one
+    update) and ``min_jump`` nats above it."""
     kl = h.series("objective/kl")
-    if len(kl) < 2 or not math.isfinite(kl[-1]):
+    first = len(kl) - s.persist
+    if first < 1 or not _finite(kl[first:]):
         return None
-    base = _median(kl[-s.window - 1:-1])
-    if not math.isfinite(base) or kl[-1] < s.ratio * base or kl[-1] - base < s.min_jump:
+    base = _median(kl[max(0, first - s.window):first])
+    if not math.isfinite(base) or any(v < s.ratio * base or v - base < s.min_jump
+                                       for v in kl[first:]):
         return None
-    return _from_rollouts("kl_spike", h, h.iterations[-1],
-                          {"kl": kl[-1], "kl_median_before": base},
-                   f"KL to the reference jumped to {kl[-1]:.2f} from a median of {base:.2f} "
-                   f"over the {s.window} iterations before")
+    return _from_rollouts("kl_spike", h, h.iterations[first],
+                          {"kl": kl[-1], "kl_at_onset": kl[first], "kl_median_before": base},
+                          f"KL to the reference jumped to {kl[first]:.2f} from a median of "
+                          f"{base:.2f} over the {s.window} iterations before and stayed up "
+                          f"({kl[-1]:.2f} at iteration {h.iterations[-1]})")
 
 
 # -- entropy collapse ----------------------------------------------------------------------------
