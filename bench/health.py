@@ -21,7 +21,9 @@ defining metric leaving the range every healthy run kept it in (KL above the hea
 highest, entropy below their lowest, value loss above their highest after the critic's first
 ``WARMUP`` iterations, clip fraction above their highest, the rollout's share of time above
 their highest). Detection: the iteration of the detector's finding. A false alarm: any finding
-on a healthy run. The held-out checks' cost: their time over the ppo stage's, at the defaults.
+on a healthy run, except reward hacking found at or after a gold onset (a run at sane
+settings that hacks by the gold judge is reported apart). The held-out checks' cost: their
+time over the ppo stage's, at the defaults.
 
 ``report --replay`` runs the detectors again on the recorded runs with the settings in the
 code now (a calibration aid: the figures to publish are the online ones). Each case's record
@@ -218,13 +220,22 @@ def report(out: Path, replay: bool) -> dict:
         if detector == "reward_hacking" and found:
             row.update(gold_at(rec, found))
         rows.append(row)
-    alarms = {n: [(f["detector"], f["iteration"]) for f in records[n]["findings"]]
-              for n in HEALTHY if n in records}
+    alarms, gold_hacking = {}, {}
+    for n in (n for n in HEALTHY if n in records):  # a run at sane settings can still hack:
+        onset, extra = hacking_onset(records[n])   # the gold judge says whether it did
+        if onset is not None:
+            found = first(records[n]["findings"], "reward_hacking")
+            gold_hacking[n] = {"onset": onset, "detected": found and found["iteration"],
+                               **extra, **(gold_at(records[n], found) if found else {})}
+        alarms[n] = [(f["detector"], f["iteration"]) for f in records[n]["findings"]
+                     if not (f["detector"] == "reward_hacking" and onset is not None
+                             and f["iteration"] >= onset)]
     cost = [sum(r["series"]["time/check_s"].values()) / r["series"]["time/stage_s"]["0"]
             for r in healthy if r["series"]["time/stage_s"]]
     if "hacking" in records:
         plot_hacking(records["hacking"], out / "hacking.png")
     result = {"bounds": bounds, "failures": rows, "false_alarms": alarms,
+              "gold_hacking_in_healthy_runs": gold_hacking,
               "check_share_of_ppo": cost, "stopped": stopped_figures(records)}
     (out / "report.json").write_text(json.dumps(result, indent=1))
     return result
@@ -307,7 +318,7 @@ def plot_hacking(rec: dict, path: Path) -> None:
                     xytext=(6, 10), textcoords="offset points", color="red")
     ax.set_xlabel("PPO iteration (held-out checks)")
     ax.set_ylabel("score gain over the start policy")
-    ax.set_title("demo, ppo.kl_coef=0: the proxy climbs, the gold judge falls")
+    ax.set_title("demo, ppo.kl_coef=0: the proxy climbs, the gold judge does not follow")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
