@@ -153,10 +153,12 @@ def _no_markers(prompt: list[dict], replies: list[str], markers: list[str]) -> N
 
 
 def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
-                  label: str) -> pd.DataFrame:
+                  where: str) -> pd.DataFrame:
+    """Conversational rows -> rendered prompt and reply strings, the index (the rows' places,
+    which errors name) kept."""
     rows = []
     markers = [t for t in (eot, tokenizer.pad_token) if t]
-    for number, row in enumerate(df.to_dict(orient="records"), start=1):
+    for label, row in zip(df.index, df.to_dict(orient="records")):
         try:
             prompt = messages(row["prompt"], "prompt")
             _no_markers(prompt, [_reply(row[c], c) for c in REPLY_FIELDS[kind]], markers)
@@ -168,10 +170,10 @@ def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
                                              eot)
         except ValueError as err:  # the renderer's ChatError, or a ConversationError
             raise ConversationError(
-                f"{label} row {number}: {err}. Fix the row, or set model.chat_template to a "
-                "template that renders it") from None
+                f"{where} row {int(label) + 1}: {err}. Fix the row, or set model.chat_template "
+                "to a template that renders it") from None
         rows.append(out)
-    return pd.DataFrame(rows, columns=df.columns)
+    return pd.DataFrame(rows, columns=df.columns, index=df.index)
 
 
 def render_conversations(frames: dict[str, pd.DataFrame], kinds: dict[str, str], tokenizer,

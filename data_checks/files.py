@@ -28,6 +28,15 @@ class FileError(ValueError):
     """A file that cannot be read as data; the message names it (the caller adds nothing)."""
 
 
+def lines_index(numbers: list[int]) -> pd.Index:
+    """The index of rows read from the file lines ``numbers`` (1-based): each row's label is
+    its line - 1, so that ``label + 1``, the number every message of the gate shows, is the
+    line (data_checks/loading.py: rows are named as the file has them)."""
+    import pandas as pd
+
+    return pd.Index([n - 1 for n in numbers], dtype="int64")
+
+
 def looks_local(value: str) -> bool:
     """A path on this machine rather than a hub dataset id: absolute, ./ ../ or ~, a known data
     file extension (compressed or not), more than one '/', a backslash, or it exists here."""
@@ -82,23 +91,24 @@ def _objects(path: Path, items: list, what: str = "item") -> list[dict]:
 def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
     import pandas as pd
 
-    rows = [_json_row(path, number, line)
-            for number, line in enumerate(text.split("\n"), start=1)  # "\n" only: module doc
-            if line.strip()]
-    return pd.DataFrame(rows)
+    numbered = [(number, line) for number, line in enumerate(text.split("\n"), start=1)
+                if line.strip()]  # "\n" only: module doc
+    return pd.DataFrame([_json_row(path, number, line) for number, line in numbered],
+                        index=lines_index([number for number, _ in numbered]))
 
 
 def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
     """A JSONL file as DataFrames of ``rows`` rows each, read a line at a time: the rows, line
     numbers in errors and decoding of :func:`read_local` (whose whole-file read this is in
-    chunks), with memory bounded by one chunk."""
+    chunks), with memory bounded by one chunk; each frame is indexed by its rows' lines
+    (:func:`lines_index`)."""
     import pandas as pd
 
     check_regular(path)
     opener = COMPRESSIONS[compression] if compression else open
     try:
         with opener(path, "rb") as fh:
-            batch, number = [], 0
+            batch, numbers, number = [], [], 0
             for number, raw in enumerate(fh, start=1):  # binary: split on b"\n" only
                 try:
                     line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -108,13 +118,14 @@ def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.Da
                 if not line.strip():
                     continue
                 batch.append(_json_row(path, number, line))
+                numbers.append(number)
                 if len(batch) >= rows:
-                    yield pd.DataFrame(batch)
-                    batch = []
+                    yield pd.DataFrame(batch, index=lines_index(numbers))
+                    batch, numbers = [], []
             if number == 0:
                 raise FileError(f"{path}: file is empty")
             if batch:
-                yield pd.DataFrame(batch)
+                yield pd.DataFrame(batch, index=lines_index(numbers))
     except (OSError, EOFError, lzma.LZMAError) as err:
         raise FileError(f"{path}: cannot decompress as {compression} ({err})" if compression
                         else f"{path}: cannot read ({err})") from None

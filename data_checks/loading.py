@@ -1,5 +1,10 @@
 """Load SFT / preference / prompt data into one internal schema, with errors that name the
-file and the line or column (never a raw traceback from inside a library)."""
+file and the line or column (never a raw traceback from inside a library).
+
+Rows are named as the file has them: the frames the gate reads (:func:`iter_table`) are
+indexed so that ``label + 1`` is the row's line in a JSONL or CSV file (data_checks/files.py's
+``lines_index``; a CSV row's first line, the header being line 1) and its row in a Parquet
+file, a JSON array or a dataset; every message of the gate shows that number."""
 
 from __future__ import annotations
 
@@ -84,6 +89,11 @@ def _load_hf(source: DataSource):
 
 def load_table(source: DataSource, kind: str) -> pd.DataFrame:
     """Read ``source`` -> DataFrame with exactly the internal columns of ``kind``."""
+    return _numbered_table(source, kind).reset_index(drop=True)
+
+
+def _numbered_table(source: DataSource, kind: str) -> pd.DataFrame:
+    """:func:`load_table`, indexed by the rows' places in the file (module doc)."""
     path = Path(source.path)
     if not path.exists() and looks_local(source.path):
         raise DataError(f"{path}: file not found")
@@ -101,10 +111,9 @@ def _schema(df: pd.DataFrame, path: Path) -> None:
                         f"{', '.join(doubled)} (map one source column to each name)")
 
 
-def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
-               offset: int = 0) -> pd.DataFrame:
-    """Rows of ``source`` as read -> exactly the internal columns of ``kind`` (``offset``: the
-    rows of the file before these, for the row numbers in errors)."""
+def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path) -> pd.DataFrame:
+    """Rows of ``source`` as read -> exactly the internal columns of ``kind``, the index kept
+    (the rows' places in the file, which errors name)."""
     df = df.rename(columns=source.column_map)
     _schema(df, path)
     if source.style == "conversational" or (source.style == "plain" and is_conversational(df)):
@@ -121,14 +130,14 @@ def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
     keep = COLUMNS[kind] + [c for c in OPTIONAL_COLUMNS.get(kind, []) if c in df.columns]
     df = df[keep].head(source.limit) if source.limit else df[keep]
     if "margin" in df.columns:
-        df["margin"] = finite_numbers(df["margin"], path, "margin", offset)
+        df["margin"] = finite_numbers(df["margin"], path, "margin")
     for col in COLUMNS[kind]:
         bad = df[col].map(lambda v: v is not None and not isinstance(v, str) and v == v)
         if bad.any():
-            row = int(bad.idxmax())
-            raise DataError(f"{path} row {offset + row + 1}: field '{col}' must be a string, "
-                            f"got {type(df[col].iloc[row]).__name__}")
-    return df.reset_index(drop=True)
+            row = bad.idxmax()
+            raise DataError(f"{path} row {int(row) + 1}: field '{col}' must be a string, "
+                            f"got {type(df[col].loc[row]).__name__}")
+    return df
 
 
 def _streamed_format(source: DataSource) -> str | None:
@@ -156,7 +165,8 @@ def streamable(source: DataSource) -> bool:
 
 
 def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFrame]:
-    """The source's rows as stored, ``rows`` at a time."""
+    """The source's rows as stored, ``rows`` at a time, indexed by their places (module
+    doc)."""
     path = Path(source.path).expanduser()
     if fmt == "jsonl":
         yield from iter_jsonl(path, file_format(path)[1], rows)
@@ -169,7 +179,7 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
         except Exception as err:  # noqa: BLE001
             raise DataError(f"{source.path}: cannot load dataset ({type(err).__name__}: "
                             f"{err})") from None
-        yield from batches
+        yield from _counted(batches)
         return
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -177,8 +187,7 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
     try:
         check_regular(path)
         parts = pq.ParquetFile(path).iter_batches(batch_size=rows)
-        for batch in parts:
-            yield pa.Table.from_batches([batch]).to_pandas()
+        yield from _counted(pa.Table.from_batches([batch]).to_pandas() for batch in parts)
     except FileError:
         raise
     except Exception as err:  # noqa: BLE001 - pyarrow raises many types
@@ -186,18 +195,28 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
             from None
 
 
+def _counted(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Frames of successive rows, indexed by their row in the whole (0-based)."""
+    seen = 0
+    for frame in frames:
+        frame.index = pd.RangeIndex(seen, seen + len(frame))
+        seen += len(frame)
+        yield frame
+
+
 def iter_table(source: DataSource, kind: str, rows: int,
                whole: bool = False) -> Iterator[pd.DataFrame]:
     """``load_table(source, kind)`` in chunks of ``rows`` rows, concatenated equal to it, each
-    checked as it comes (errors name the file's line or row, as load_table's do). A plain
+    checked as it comes (errors name the file's line or row, as load_table's do), indexed by
+    the rows' places in the file (module doc). A plain
     JSONL or Parquet file, or a hub dataset, is read ``rows`` rows at a time, so memory stays
     flat; any other source, and conversational rows (whose rendering needs every row), is read
     whole and then sliced."""
     fmt = None if whole else _streamed_format(source)
     if fmt is None:
-        table = load_table(source, kind)
+        table = _numbered_table(source, kind)
         for start in range(0, len(table), rows):
-            yield table.iloc[start: start + rows].reset_index(drop=True)
+            yield table.iloc[start: start + rows]
         return
     path = Path(source.path).expanduser() if fmt != "hf" else Path(source.path)
     seen, columns = 0, None
@@ -212,7 +231,7 @@ def iter_table(source: DataSource, kind: str, rows: int,
                 raise _Conversational
             if source.limit:
                 chunk = chunk.head(source.limit - seen)
-            table = _to_schema(chunk, source, kind, path, seen)
+            table = _to_schema(chunk, source, kind, path)
             seen += len(table)
             yield table
             if source.limit and seen >= source.limit:
@@ -238,12 +257,12 @@ def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
         raise DataError(str(err)) from None
     if "margin" in df.columns:
         df["margin"] = finite_numbers(df["margin"], path, "margin")
-    return df.reset_index(drop=True)
+    return df
 
 
-def finite_numbers(column: pd.Series, path: Path, name: str, offset: int = 0) -> pd.Series:
+def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
     """A column of finite numbers as floats, else a DataError naming the rows that are not
-    (``offset``: rows of the file before these)."""
+    (by their labels: the rows' places in the file)."""
     import math
 
     def as_float(value) -> float | None:
@@ -256,11 +275,11 @@ def finite_numbers(column: pd.Series, path: Path, name: str, offset: int = 0) ->
         return number if math.isfinite(number) else None
 
     values = column.map(as_float)
-    bad = [offset + i + 1 for i, v in enumerate(values) if v is None or v != v]  # None: NaN
+    bad = [row for row, v in values.items() if v is None or v != v]  # None: NaN
     if bad:
-        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
+        shown = ", ".join(str(int(r) + 1) for r in bad[:5]) + (" ..." if len(bad) > 5 else "")
         raise DataError(f"{path}: column '{name}' must hold finite numbers; {len(bad)} rows "
-                        f"do not: rows {shown} (e.g. {column.iloc[bad[0] - offset - 1]!r})")
+                        f"do not: rows {shown} (e.g. {column.loc[bad[0]]!r})")
     return values.astype(float)
 
 
@@ -299,7 +318,7 @@ def take_read(source: DataSource, kind: str) -> pd.DataFrame:
     since (size and modification time), else read now."""
     key = _read_key(source, kind)
     table = _READ.pop(key, None) if key is not None else None
-    return table if table is not None else load_table(source, kind)
+    return table.reset_index(drop=True) if table is not None else load_table(source, kind)
 
 
 def take_chunks(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
@@ -310,7 +329,7 @@ def take_chunks(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFra
         yield from iter_table(source, kind, rows)
         return
     for start in range(0, len(table), rows):
-        yield table.iloc[start: start + rows].reset_index(drop=True)
+        yield table.iloc[start: start + rows]
 
 
 def forget_reads() -> None:
@@ -341,6 +360,6 @@ def read_every_source(data: DataConfig | None) -> None:
         if streamable(source) and (key is None or key.size > KEEP_BYTES):
             next(iter_table(source, kind, FIRST_ROWS), None)
             continue
-        table = load_table(source, kind)
+        table = _numbered_table(source, kind)
         if key is not None:
             _READ[key] = table

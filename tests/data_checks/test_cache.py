@@ -59,7 +59,7 @@ def test_other_content_checks_or_tokenizer_run_the_suites_again(tmp_path):
     _run(tmp_path / "a", cache)
     changed, _ = _run(tmp_path / "b", cache, sft=[*SFT, SFT[0]])  # one row more
     assert changed.passed and not changed.reused
-    stricter, _ = _run(tmp_path / "c", cache, cfg=CFG.model_copy(update={"example_rows": 5}))
+    stricter, _ = _run(tmp_path / "c", cache, cfg=CFG.model_copy(update={"example_rows": 2}))
     assert not stricter.reused
     nopad, _ = _run(tmp_path / "d", cache, tokenizer=make_tokenizer(pad=False))
     assert not nopad.reused
