@@ -19,6 +19,7 @@ the renderer it is given. Errors name the file, the row (1-based) and the field.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -176,32 +177,29 @@ def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
     return pd.DataFrame(rows, columns=df.columns, index=df.index)
 
 
-def render_conversations(frames: dict[str, pd.DataFrame], kinds: dict[str, str], tokenizer,
-                         chat, labels: dict[str, str]) -> tuple[dict[str, pd.DataFrame], dict]:
-    """When any data set is conversational, render every one with the chat template.
-
-    ``chat``: the renderer (rlhf_core/models/chat.py: prepare_chat, render_prompt, render_reply,
-    check_bos); ``prepare_chat`` checks the template and makes the tokenizer's EOS its
-    end-of-turn token. -> (frames of prompt/reply strings, what prepare_chat did), or the
-    frames unchanged and {} for plain data. Raises ConversationError naming file and row.
-    """
-    chatty = [name for name, df in frames.items() if is_conversational(df)]
-    if not chatty:
-        return frames, {}
-    first = labels.get(chatty[0], chatty[0])
+def start_chat(tokenizer, chat, where: str) -> dict:
+    """Ready ``tokenizer`` for conversations once per gate (``chat``: the renderer,
+    rlhf_core/models/chat.py, whose ``prepare_chat`` checks the template and makes the
+    tokenizer's EOS its end-of-turn token) -> what prepare_chat did; ConversationError naming
+    ``where`` (the first conversational set) when it cannot."""
     if chat is None:
-        raise ConversationError(f"{first}: conversational data needs a chat renderer")
+        raise ConversationError(f"{where}: conversational data needs a chat renderer")
     try:
-        info = chat.prepare_chat(tokenizer)
+        return chat.prepare_chat(tokenizer)
     except ValueError as err:
-        raise ConversationError(f"{first}: conversational data, but {err}") from None
-    rendered = {}
-    for name, df in frames.items():
-        if name not in chatty:
+        raise ConversationError(f"{where}: conversational data, but {err}") from None
+
+
+def render_chunks(chunks: Iterable[pd.DataFrame], kind: str, tokenizer, chat, info: dict,
+                  where: str, converted: bool) -> Iterator[pd.DataFrame]:
+    """One data set's chunks rendered with the chat template, one at a time (``converted``:
+    its rows are already prompt messages and replies, data_checks/loading.py's; else plain
+    rows, whose prompt becomes one user message). Raises ConversationError naming the file
+    and the row."""
+    for df in chunks:
+        if not converted:
             try:
-                df = to_conversations(df, kinds[name], labels.get(name, name))
+                df = to_conversations(df, kind, where)
             except ValueError as err:
                 raise ConversationError(str(err)) from None
-        rendered[name] = _render_frame(df, kinds[name], tokenizer, chat, info["end_of_turn"],
-                                       labels.get(name, name))
-    return rendered, info
+        yield _render_frame(df, kind, tokenizer, chat, info["end_of_turn"], where)

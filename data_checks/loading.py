@@ -8,6 +8,9 @@ file, a JSON array or a dataset; every message of the gate shows that number."""
 
 from __future__ import annotations
 
+import lzma
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +22,11 @@ from data_checks.config import DataConfig, DataSource
 from data_checks.conversations import is_conversational, to_conversations
 from data_checks.errors import DataError
 from data_checks.files import (
+    COMPRESSIONS,
     FileError,
     check_regular,
     file_format,
+    iter_csv,
     iter_jsonl,
     looks_local,
     read_local,
@@ -111,12 +116,14 @@ def _schema(df: pd.DataFrame, path: Path) -> None:
                         f"{', '.join(doubled)} (map one source column to each name)")
 
 
-def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path) -> pd.DataFrame:
+def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
+               chat: bool | None = None) -> pd.DataFrame:
     """Rows of ``source`` as read -> exactly the internal columns of ``kind``, the index kept
-    (the rows' places in the file, which errors name)."""
+    (the rows' places in the file, which errors name); ``chat``: whether the rows are
+    conversations (None: as :func:`_is_chat` finds them)."""
     df = df.rename(columns=source.column_map)
     _schema(df, path)
-    if source.style == "conversational" or (source.style == "plain" and is_conversational(df)):
+    if _is_chat(source, df) if chat is None else chat:
         return _conversations(df.head(source.limit) if source.limit else df, kind, path)
     if source.style != "plain":
         try:
@@ -140,13 +147,20 @@ def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path) -> p
     return df
 
 
+def _is_chat(source: DataSource, renamed: pd.DataFrame) -> bool:
+    """Whether rows of ``source`` (columns mapped) are conversations (data_checks/
+    conversations.py): by its style, or found so in its first rows."""
+    return source.style == "conversational" or (source.style == "plain"
+                                                 and is_conversational(renamed))
+
+
 def _streamed_format(source: DataSource) -> str | None:
-    """How a plain source is read in chunks: "jsonl" (a local JSONL file, compressed or not),
-    "parquet" (a local uncompressed Parquet file, a row group's batches at a time), "hf" (a
-    hub dataset or one saved to disk: memory-mapped Arrow, converted a chunk at a time);
-    None: read whole (CSV, JSON, a compressed Parquet file, a dataset in another style)."""
-    if source.style != "plain":
-        return None
+    """How a source is read in chunks, in any style (conversations, adapters: both convert
+    row by row): "jsonl" and "csv" (a local file, compressed or not, a line at a time),
+    "parquet" (a local Parquet file, a row group's batches at a time; one compressed whole,
+    .parquet.gz, is first decompressed to a temporary file), "hf" (a hub dataset or one saved
+    to disk: memory-mapped Arrow, converted a chunk at a time); None: read whole (a JSON file,
+    one array)."""
     path = Path(source.path).expanduser()
     detected, compression = file_format(path)
     fmt = detected if source.format == "auto" else source.format
@@ -154,9 +168,7 @@ def _streamed_format(source: DataSource) -> str | None:
         return "hf"
     if not path.is_file():
         return None
-    if fmt == "jsonl" or (fmt == "parquet" and compression is None):
-        return fmt
-    return None
+    return fmt if fmt in ("jsonl", "csv", "parquet") else None
 
 
 def streamable(source: DataSource) -> bool:
@@ -168,8 +180,12 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
     """The source's rows as stored, ``rows`` at a time, indexed by their places (module
     doc)."""
     path = Path(source.path).expanduser()
+    compression = file_format(path)[1]
     if fmt == "jsonl":
-        yield from iter_jsonl(path, file_format(path)[1], rows)
+        yield from iter_jsonl(path, compression, rows)
+        return
+    if fmt == "csv":
+        yield from iter_csv(path, compression, rows)
         return
     if fmt == "hf":
         try:
@@ -181,17 +197,31 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
                             f"{err})") from None
         yield from _counted(batches)
         return
+    check_regular(path)
+    if compression is None:
+        yield from _parquet_frames(path, path, rows)
+        return
+    with tempfile.TemporaryDirectory(prefix="rlhf-parquet-") as folder:
+        plain = Path(folder) / path.stem  # pairs.parquet.gz -> pairs.parquet
+        try:
+            with COMPRESSIONS[compression](path, "rb") as src, open(plain, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (OSError, EOFError, lzma.LZMAError) as err:
+            raise DataError(f"{path}: cannot decompress as {compression} ({err})") from None
+        yield from _parquet_frames(plain, path, rows)
+
+
+def _parquet_frames(path: Path, named: Path, rows: int) -> Iterator[pd.DataFrame]:
+    """A Parquet file ``rows`` rows at a time (its pages' codecs are pyarrow's to read);
+    errors name the file ``named``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        check_regular(path)
         parts = pq.ParquetFile(path).iter_batches(batch_size=rows)
         yield from _counted(pa.Table.from_batches([batch]).to_pandas() for batch in parts)
-    except FileError:
-        raise
     except Exception as err:  # noqa: BLE001 - pyarrow raises many types
-        raise DataError(f"{path}: cannot read as parquet ({type(err).__name__}: {err})") \
+        raise DataError(f"{named}: cannot read as parquet ({type(err).__name__}: {err})") \
             from None
 
 
@@ -204,22 +234,21 @@ def _counted(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         yield frame
 
 
-def iter_table(source: DataSource, kind: str, rows: int,
-               whole: bool = False) -> Iterator[pd.DataFrame]:
+def iter_table(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
     """``load_table(source, kind)`` in chunks of ``rows`` rows, concatenated equal to it, each
     checked as it comes (errors name the file's line or row, as load_table's do), indexed by
-    the rows' places in the file (module doc). A plain
-    JSONL or Parquet file, or a hub dataset, is read ``rows`` rows at a time, so memory stays
-    flat; any other source, and conversational rows (whose rendering needs every row), is read
-    whole and then sliced."""
-    fmt = None if whole else _streamed_format(source)
+    the rows' places in the file (module doc). A local JSONL, CSV or Parquet file (compressed
+    or not) or a dataset is read ``rows`` rows at a time (_streamed_format), so memory stays
+    flat; conversations too (whether a set is conversational, its first chunk says). A JSON
+    file is read whole and then sliced."""
+    fmt = _streamed_format(source)
     if fmt is None:
         table = _numbered_table(source, kind)
         for start in range(0, len(table), rows):
             yield table.iloc[start: start + rows]
         return
     path = Path(source.path).expanduser() if fmt != "hf" else Path(source.path)
-    seen, columns = 0, None
+    seen, columns, chat = 0, None, None
     try:
         for chunk in _raw_chunks(source, fmt, rows):
             if columns is None:
@@ -227,26 +256,19 @@ def iter_table(source: DataSource, kind: str, rows: int,
             else:  # a key missing from every row of a chunk is null there, as in one read
                 columns += [c for c in chunk.columns if c not in columns]
                 chunk = chunk.reindex(columns=columns)
-            if seen == 0 and is_conversational(chunk.rename(columns=source.column_map)):
-                raise _Conversational
+            if chat is None:  # the first chunk says for the whole set
+                chat = _is_chat(source, chunk.rename(columns=source.column_map))
             if source.limit:
                 chunk = chunk.head(source.limit - seen)
-            table = _to_schema(chunk, source, kind, path)
+            table = _to_schema(chunk, source, kind, path, chat)
             seen += len(table)
             yield table
             if source.limit and seen >= source.limit:
                 return
-    except _Conversational:
-        yield from iter_table(source, kind, rows, whole=True)
-        return
     except FileError as err:
         raise DataError(str(err)) from None
     if seen == 0:
         raise DataError(f"{path}: no rows")
-
-
-class _Conversational(Exception):
-    """A JSONL file whose rows are conversations: read whole (see iter_table)."""
 
 
 def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
@@ -346,10 +368,10 @@ FIRST_ROWS = 2_000
 def read_every_source(data: DataConfig | None) -> None:
     """Read every configured source once so a malformed file fails here, before Prefect or
     MLflow start, with the DataError naming the file and line (demo data is generated); the
-    tables wait for the gate in this process (take_read, take_chunks). A JSONL or Parquet file
-    over KEEP_BYTES, and a hub dataset, is only checked here up to its first FIRST_ROWS rows
-    (the gate reads it in chunks, so that memory does not grow with the data; a bad row
-    further on fails there)."""
+    tables wait for the gate in this process (take_read, take_chunks). A local file over
+    KEEP_BYTES (JSONL, CSV or Parquet, compressed or not, plain or conversations), and a hub
+    dataset, is only checked here up to its first FIRST_ROWS rows (the gate reads it in
+    chunks, so that memory does not grow with the data; a bad row further on fails there)."""
     if data is None:
         return
     for name, kind in KINDS.items():

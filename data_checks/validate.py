@@ -19,9 +19,6 @@ GX side (suites, the merge, Data Docs) is data_checks/suites.py.
 
 from __future__ import annotations
 
-import html
-import json
-import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +28,19 @@ import pandas as pd
 
 from data_checks.budget import TEXT_FIELDS, BudgetCounts, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
-from data_checks.conversations import ConversationError, is_conversational, render_conversations
+from data_checks.conversations import (
+    ConversationError,
+    is_conversational,
+    render_chunks,
+    start_chat,
+)
+from data_checks.data_docs import write_data_docs  # noqa: F401  (re-exported)
 from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.files import write_cleaned
 from data_checks.loading import KINDS, DataError, forget_reads, take_chunks
 from data_checks.messages import example_row, example_rows
 from data_checks.report import ValidationReport
 from data_checks.suites import (
-    build_gx_docs,
     kind_of,
     one_page_per_set,
     suite_context,
@@ -295,6 +297,8 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     if key and (hit := kept.load(cache, key, paths, out)):
         forget_reads()
         fields, gx_docs = hit
+        if fields["chat"]:  # the tokenizer as the kept gate left it: EOS its end-of-turn
+            chat.prepare_chat(tokenizer)
         return ValidationReport(warnings=fields["warnings"], stats=fields["stats"],
                                 results_json=fields["results_json"], chat=fields["chat"],
                                 dropped=fields.get("dropped", {}), gx_docs=gx_docs,
@@ -305,84 +309,40 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
         firsts = {name: next(parts, None) for name, parts in chunks.items()}
     finally:
         forget_reads()
-    kinds = {n: k for n, (_, k) in sources.items()}
-    if any(df is not None and is_conversational(df) for df in firsts.values()):
-        # conversations are rendered together (the template may move EOS): read whole
-        frames = {name: pd.concat([firsts[name], *chunks[name]]) for name in chunks}
+    parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
+    chatty = [n for n, df in firsts.items() if df is not None and is_conversational(df)]
+    chat_info = {}
+    if chatty:  # every set rendered with the template, chunk by chunk, once EOS is moved
         try:
-            frames, chat_info = render_conversations(frames, kinds, tokenizer, chat, paths)
+            chat_info = start_chat(tokenizer, chat, paths.get(chatty[0], chatty[0]))
         except ConversationError as err:
             raise DataError(str(err)) from None
-        parts = {name: _slices(df) for name, df in frames.items()}
-    else:
-        chat_info = {}
-        parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
+        parts = {name: _rendered(render_chunks(rows, sources[name][1], tokenizer, chat,
+                                               chat_info, paths.get(name, name), name in chatty))
+                 for name, rows in parts.items()}
     identity = kept.encoding_identity(tokenizer)
     folder = kept.chunk_folder(cache) if cache is not None else out / CHUNKS
     chunk_tokens = ChunkTokens(folder, identity) if identity is not None else None
     report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out, chunk_tokens)
     if chunk_tokens is not None and cache is None:  # a verdict: nothing left to resume
         chunk_tokens.clear()
-    # kept once its Data Docs are built (write_data_docs), if it still passes; never
-    # conversational data, whose rendering also changes the tokenizer's EOS
-    if report.passed and key and not report.chat:
+    # kept once its Data Docs are built (write_data_docs), if it still passes (a reuse of
+    # conversational data moves the tokenizer's EOS as this gate did: report.chat)
+    if report.passed and key:
         report.to_keep = (cache, key, paths, out)
     return report
 
 
-def _slices(df: pd.DataFrame) -> Iterator[pd.DataFrame]:
-    for start in range(0, max(len(df), 1), CHUNK_ROWS):
-        yield df.iloc[start: start + CHUNK_ROWS]
+def _rendered(items: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Rendered chunks (data_checks/conversations.py's render_chunks), a ConversationError a
+    DataError naming the file and the row."""
+    try:
+        yield from items
+    except ConversationError as err:
+        raise DataError(str(err)) from None
 
 
 def _prepend(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     if first is not None:
         yield first
     yield from rest
-
-
-def write_data_docs(report: ValidationReport, out_dir) -> Path:
-    """``results.json``, GX's Data Docs under ``gx/`` and a one-page summary ``index.html``
-    (every expectation and its outcome, plus the budget failures GX does not see)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report.results_json, indent=1, default=str))
-    shutil.rmtree(out / "dropped", ignore_errors=True)
-    for name, rows in report.dropped.items():
-        if rows:  # the rows the budget dropped, numbered as in the file (the first ones)
-            (out / "dropped").mkdir(exist_ok=True)
-            (out / "dropped" / f"{name}.jsonl").write_text(
-                "".join(json.dumps(r, default=str, ensure_ascii=False) + "\n" for r in rows),
-                encoding="utf-8")
-    gx_link = ""
-    if report.gx_context is not None:
-        build_gx_docs(report.gx_context, out / "gx")
-    elif report.gx_docs is not None:  # a reused validation's
-        shutil.rmtree(out / "gx", ignore_errors=True)
-        shutil.copytree(report.gx_docs, out / "gx")
-    if (out / "gx" / "index.html").exists():
-        gx_link = "<p><a href='gx/index.html'>great-expectations Data Docs</a></p>"
-    if report.passed and report.to_keep is not None:
-        from data_checks import cache as kept
-
-        cache, key, paths, cleaned_dir = report.to_keep
-        kept.keep(cache, key, report.fields(), paths, cleaned_dir,
-                  out / "gx" if gx_link else None)
-    rows = []
-    for name, res in report.results_json.items():
-        for r in res.get("results", []):
-            cfg = r["expectation_config"]
-            kwargs = {k: v for k, v in cfg["kwargs"].items() if k != "batch_id"}
-            ok = "pass" if r["success"] else "FAIL"
-            rows.append(f"<tr class='{ok}'><td>{html.escape(name)}</td><td>{cfg['type']}</td>"
-                        f"<td>{html.escape(json.dumps(kwargs))}</td><td>{ok}</td>"
-                        f"<td>{r['result'].get('unexpected_count', '')}</td></tr>")
-    page = ("<html><head><meta charset='utf-8'><title>Data validation</title><style>"
-            "td{padding:2px 8px}.FAIL{background:#fdd}.pass{background:#dfd}</style></head>"
-            f"<body><h1>Data validation: {'PASSED' if report.passed else 'FAILED'}</h1>"
-            + "".join(f"<p>FAILED: {html.escape(f)}</p>" for f in report.failures)
-            + "".join(f"<p>warning: {html.escape(w)}</p>" for w in report.warnings) + gx_link
-            + "<table><tr><th>data</th><th>expectation</th><th>arguments</th><th>result</th>"
-            "<th>unexpected</th></tr>" + "".join(rows) + "</table></body></html>")
-    (out / "index.html").write_text(page)
-    return out
