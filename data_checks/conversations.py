@@ -20,6 +20,7 @@ the renderer it is given. Errors name the file, the row (1-based) and the field.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -156,25 +157,49 @@ def _no_markers(prompt: list[dict], replies: list[str], markers: list[str]) -> N
 def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
                   where: str) -> pd.DataFrame:
     """Conversational rows -> rendered prompt and reply strings, the index (the rows' places,
-    which errors name) kept."""
-    rows = []
+    which errors name) kept. The chunk's prompts, and its whole conversations for each reply
+    column, are each rendered in one go (``chat.render_many``)."""
+    rows, cols = df.to_dict(orient="records"), REPLY_FIELDS[kind]
     markers = [t for t in (eot, tokenizer.pad_token) if t]
-    for label, row in zip(df.index, df.to_dict(orient="records")):
-        try:
+    prompts, replies = [], {col: [] for col in cols}
+    for label, row in zip(df.index, rows):
+        with _named(where, label):
             prompt = messages(row["prompt"], "prompt")
-            _no_markers(prompt, [_reply(row[c], c) for c in REPLY_FIELDS[kind]], markers)
-            text = chat.render_prompt(tokenizer, prompt)
+            answers = [_reply(row[col], col) for col in cols]
+            _no_markers(prompt, answers, markers)
+        prompts.append(prompt)
+        for col, answer in zip(cols, answers):
+            replies[col].append(answer)
+    try:
+        texts = chat.render_many(tokenizer, prompts, True)
+        wholes = {col: chat.render_many(tokenizer, [[*p, {"role": "assistant", "content": r}]
+                                                    for p, r in zip(prompts, replies[col])],
+                                        False) for col in cols}
+    except ValueError:  # a conversation the template refuses: found row by row below
+        texts = wholes = None
+    out = []
+    for i, (label, row) in enumerate(zip(df.index, rows)):
+        with _named(where, label):
+            text = texts[i] if texts else chat.render_prompt(tokenizer, prompts[i])
             chat.check_bos(tokenizer, text)
-            out = {**row, "prompt": text}
-            for col in REPLY_FIELDS[kind]:
-                out[col] = chat.render_reply(tokenizer, prompt, _reply(row[col], col), text,
-                                             eot)
-        except ValueError as err:  # the renderer's ChatError, or a ConversationError
-            raise ConversationError(
-                f"{where} row {int(label) + 1}: {err}. Fix the row, or set model.chat_template "
-                "to a template that renders it") from None
-        rows.append(out)
-    return pd.DataFrame(rows, columns=df.columns, index=df.index)
+            row = {**row, "prompt": text}
+            for col in cols:
+                row[col] = chat.reply_text(tokenizer, wholes[col][i], text, eot) if wholes \
+                    else chat.render_reply(tokenizer, prompts[i], replies[col][i], text, eot)
+        out.append(row)
+    return pd.DataFrame(out, columns=df.columns, index=df.index)
+
+
+@contextmanager
+def _named(where: str, label) -> Iterator[None]:
+    """A ValueError (the renderer's ChatError, a ConversationError) in the block becomes a
+    ConversationError naming the file and the row."""
+    try:
+        yield
+    except ValueError as err:
+        raise ConversationError(
+            f"{where} row {int(label) + 1}: {err}. Fix the row, or set model.chat_template "
+            "to a template that renders it") from None
 
 
 def start_chat(tokenizer, chat, where: str) -> dict:

@@ -156,6 +156,7 @@ def test_a_conversational_rerun_reuses_the_gate_and_tokenizes_nothing(tmp_path, 
     real = validate.tokenize_frame
     monkeypatch.setattr(validate, "tokenize_frame", None)  # any tokenizing would fail
     monkeypatch.setattr(chat, "render_prompt", None)  # and any rendering
+    monkeypatch.setattr(chat, "render_many", None)
     tok = _chat_tokenizer()
     again = gate(tmp_path / "b", tok)
     assert again.passed and again.reused and again.chat == json.loads(json.dumps(first.chat))
