@@ -4,6 +4,7 @@ at N preference pairs, then `rlhf validate` on it, timed, with its peak memory.
     python bench/data_scale.py --pairs 20000                 # one size
     python bench/data_scale.py --pairs 20000 --pairs 200000  # several, one table
     python bench/data_scale.py --pairs 200000 --retrain 5000  # + a retrain round's gate
+    python bench/data_scale.py --pairs 200000 --format csv --format conversational  # formats
 
 The data, per size N: N preference pairs (prompt 20-60 words, chosen and rejected 30-150
 words), N SFT rows (prompt, response) and N/4 PPO prompts, the sizes of the issue's run (about
@@ -37,6 +38,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/data_formats.py
+from data_formats import CHAT_TEMPLATE, FORMATS, write_format  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = "<|endoftext|>"
@@ -135,8 +139,10 @@ def write_model(root: Path, preference: Path, vocab: int = 8000) -> Path:
     return out
 
 
-def write_config(root: Path, data: dict[str, Path], model: Path) -> Path:
-    cfg = {"seed": 0, "model": {"base_model": str(model), "device": "cpu"},
+def write_config(root: Path, data: dict[str, Path], model: Path,
+                 chat_template: str | None = None) -> Path:
+    cfg = {"seed": 0, "model": {"base_model": str(model), "device": "cpu",
+                                **({"chat_template": chat_template} if chat_template else {})},
            "data": {name: {"path": str(p)} for name, p in data.items()},
            "validation": {"max_prompt_tokens": 128, "max_response_tokens": 256},
            "tracking": {"experiment": "data-scale", "workdir": str(root / "runs"),
@@ -331,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/rlhf-data-scale"))
     parser.add_argument("--label", default="", help="a name for this tree (before/after)")
+    parser.add_argument("--format", action="append", choices=FORMATS,
+                        help="the data's format (repeat; default plain JSONL)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--pipeline", action="store_true",
                         help="also `rlhf run` (20 SFT and reward-model steps, one PPO "
@@ -344,14 +352,18 @@ def main(argv: list[str] | None = None) -> int:
                         "without")
     args = parser.parse_args(argv)
     rows = []
-    for pairs in args.pairs or [20_000]:
+    for pairs, fmt in [(p, f) for p in args.pairs or [20_000] for f in args.format or
+                       ["plain"]]:
         root = args.workdir / f"pairs_{pairs}_seed{args.seed}"
         t0 = time.perf_counter()
         data = write_data(root, pairs, args.seed)
         model = write_model(root, data["preference"])
+        if fmt != "plain":  # its own data, runs and stores
+            data, root = write_format(data, fmt, root / fmt), root / fmt
         made = time.perf_counter() - t0
-        figures = run_validate(root, write_config(root, data, model))
-        print(f"{pairs:>9,} pairs  validate {figures['wall_s']:7.1f} s wall "
+        figures = run_validate(root, write_config(
+            root, data, model, CHAT_TEMPLATE if fmt == "conversational" else None))
+        print(f"{pairs:>9,} pairs  {fmt:>14}  validate {figures['wall_s']:7.1f} s wall "
               f"{figures['cpu_s']:7.1f} CPU-s  peak {figures['peak_rss_mb']:6,} MB", flush=True)
         if args.pipeline:
             figures.update(run_pipeline(root, root / "config.json", pairs))
@@ -370,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"(chunks tokenized: {figures['round_chunks_tokenized']}, "
                   f"from the cache: {figures['round_chunks_from_cache']}), "
                   f"{figures['round_gate_cache_off_s']} s without", flush=True)
-        rows.append({"pairs": pairs, "label": args.label, "data_s": round(made, 1), **figures,
+        rows.append({"pairs": pairs, "format": fmt, "label": args.label,
+                     "data_s": round(made, 1), **figures,
                      "cpu_s_per_10k_pairs": round(figures["cpu_s"] * 1e4 / pairs, 1)})
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "bench" / "results" / f"data_scale-{stamp}.json"

@@ -80,6 +80,8 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
         peak = "-" if stage.peak_gpu_gb is None else f"{stage.peak_gpu_gb:.1f}"
         peak = f"{peak:>8}" if gpu else ""
         lines.append(f"{name:<13}{wall:>8}{peak}  {shown}")
+    lines += [f"data warning: {w}" for w in getattr(result.stages.get("validate"), "warnings",
+                                                     None) or []]
     lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
               f"MLflow parent run: {result.parent_run_id} "
               f"(experiment {result.experiment_id}, {redact(result.tracking_uri)})",

@@ -90,15 +90,16 @@ def _hh_row(row: dict, kind: str) -> dict:
 
 
 def map_rows(df: pd.DataFrame, convert, kind: str, path: Path, what: str) -> pd.DataFrame:
-    """``convert(row, kind)`` over every row; a ValueError it raises becomes an AdapterError
-    naming the file, the row (1-based) and ``what`` the rows were read as."""
+    """``convert(row, kind)`` over every row, the index kept; a ValueError it raises becomes an
+    AdapterError naming the file, the row (its label + 1: its place in the file,
+    data_checks/loading.py) and ``what`` the rows were read as."""
     rows = []
-    for number, row in enumerate(df.to_dict(orient="records"), start=1):
+    for label, row in zip(df.index, df.to_dict(orient="records")):
         try:
             rows.append(convert(row, kind))
         except ValueError as err:
-            raise AdapterError(f"{path} row {number} ({what}): {err}") from None
-    return pd.DataFrame(rows)
+            raise AdapterError(f"{path} row {int(label) + 1} ({what}): {err}") from None
+    return pd.DataFrame(rows, index=df.index)
 
 
 def adapt(df: pd.DataFrame, style: str, kind: str, path: Path) -> pd.DataFrame:

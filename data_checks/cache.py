@@ -7,8 +7,10 @@ great-expectations version and the source of this package. A later validation wi
 key (a sweep's runs, a re-run, the configured data of a retrain round) restores the report,
 the cleaned files (with their token ids) and GX's Data Docs instead of tokenizing and running
 the suites again. Failed validations are never kept: their messages are made afresh, naming
-the files of the run at hand; nor is a validation of conversational data (rendering it also
-moves the tokenizer's EOS).
+the files of the run at hand. A validation of conversational data is kept like any other (its
+key covers the chat template, part of the tokenizer's identity); its reuse moves the
+tokenizer's EOS to the template's end-of-turn token as the kept gate did, and renders and
+tokenizes nothing.
 
 Data of any size is kept. The cleaned files and token files go between a run's folder and the
 cache as hard links where both lie on one file system (no bytes copied, whatever the size),

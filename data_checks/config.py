@@ -158,7 +158,7 @@ class ValidationConfig(_Frozen):
     length_mismatch_warn_ratio: float = Field(
         1.5, ge=1, description="Warn when SFT/preference median response lengths differ more."
     )
-    example_rows: int = Field(3, ge=1, description="Example rows shown per failure.")
+    example_rows: int = Field(5, ge=1, description="Example rows shown per failure.")
     control_characters: Literal["warn", "refuse"] = Field(
         "warn", description="Text with NUL or other control characters: warn or refuse.")
     unknown_token_warn_share: float = Field(

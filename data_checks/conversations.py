@@ -19,6 +19,8 @@ the renderer it is given. Errors name the file, the row (1-based) and the field.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -153,53 +155,76 @@ def _no_markers(prompt: list[dict], replies: list[str], markers: list[str]) -> N
 
 
 def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
-                  label: str) -> pd.DataFrame:
-    rows = []
+                  where: str) -> pd.DataFrame:
+    """Conversational rows -> rendered prompt and reply strings, the index (the rows' places,
+    which errors name) kept. The chunk's prompts, and its whole conversations for each reply
+    column, are each rendered in one go (``chat.render_many``)."""
+    rows, cols = df.to_dict(orient="records"), REPLY_FIELDS[kind]
     markers = [t for t in (eot, tokenizer.pad_token) if t]
-    for number, row in enumerate(df.to_dict(orient="records"), start=1):
-        try:
+    prompts, replies = [], {col: [] for col in cols}
+    for label, row in zip(df.index, rows):
+        with _named(where, label):
             prompt = messages(row["prompt"], "prompt")
-            _no_markers(prompt, [_reply(row[c], c) for c in REPLY_FIELDS[kind]], markers)
-            text = chat.render_prompt(tokenizer, prompt)
-            chat.check_bos(tokenizer, text)
-            out = {**row, "prompt": text}
-            for col in REPLY_FIELDS[kind]:
-                out[col] = chat.render_reply(tokenizer, prompt, _reply(row[col], col), text,
-                                             eot)
-        except ValueError as err:  # the renderer's ChatError, or a ConversationError
-            raise ConversationError(
-                f"{label} row {number}: {err}. Fix the row, or set model.chat_template to a "
-                "template that renders it") from None
-        rows.append(out)
-    return pd.DataFrame(rows, columns=df.columns)
-
-
-def render_conversations(frames: dict[str, pd.DataFrame], kinds: dict[str, str], tokenizer,
-                         chat, labels: dict[str, str]) -> tuple[dict[str, pd.DataFrame], dict]:
-    """When any data set is conversational, render every one with the chat template.
-
-    ``chat``: the renderer (rlhf_core/models/chat.py: prepare_chat, render_prompt, render_reply,
-    check_bos); ``prepare_chat`` checks the template and makes the tokenizer's EOS its
-    end-of-turn token. -> (frames of prompt/reply strings, what prepare_chat did), or the
-    frames unchanged and {} for plain data. Raises ConversationError naming file and row.
-    """
-    chatty = [name for name, df in frames.items() if is_conversational(df)]
-    if not chatty:
-        return frames, {}
-    first = labels.get(chatty[0], chatty[0])
-    if chat is None:
-        raise ConversationError(f"{first}: conversational data needs a chat renderer")
+            answers = [_reply(row[col], col) for col in cols]
+            _no_markers(prompt, answers, markers)
+        prompts.append(prompt)
+        for col, answer in zip(cols, answers):
+            replies[col].append(answer)
     try:
-        info = chat.prepare_chat(tokenizer)
+        texts = chat.render_many(tokenizer, prompts, True)
+        wholes = {col: chat.render_many(tokenizer, [[*p, {"role": "assistant", "content": r}]
+                                                    for p, r in zip(prompts, replies[col])],
+                                        False) for col in cols}
+    except ValueError:  # a conversation the template refuses: found row by row below
+        texts = wholes = None
+    out = []
+    for i, (label, row) in enumerate(zip(df.index, rows)):
+        with _named(where, label):
+            text = texts[i] if texts else chat.render_prompt(tokenizer, prompts[i])
+            chat.check_bos(tokenizer, text)
+            row = {**row, "prompt": text}
+            for col in cols:
+                row[col] = chat.reply_text(tokenizer, wholes[col][i], text, eot) if wholes \
+                    else chat.render_reply(tokenizer, prompts[i], replies[col][i], text, eot)
+        out.append(row)
+    return pd.DataFrame(out, columns=df.columns, index=df.index)
+
+
+@contextmanager
+def _named(where: str, label) -> Iterator[None]:
+    """A ValueError (the renderer's ChatError, a ConversationError) in the block becomes a
+    ConversationError naming the file and the row."""
+    try:
+        yield
     except ValueError as err:
-        raise ConversationError(f"{first}: conversational data, but {err}") from None
-    rendered = {}
-    for name, df in frames.items():
-        if name not in chatty:
+        raise ConversationError(
+            f"{where} row {int(label) + 1}: {err}. Fix the row, or set model.chat_template "
+            "to a template that renders it") from None
+
+
+def start_chat(tokenizer, chat, where: str) -> dict:
+    """Ready ``tokenizer`` for conversations once per gate (``chat``: the renderer,
+    rlhf_core/models/chat.py, whose ``prepare_chat`` checks the template and makes the
+    tokenizer's EOS its end-of-turn token) -> what prepare_chat did; ConversationError naming
+    ``where`` (the first conversational set) when it cannot."""
+    if chat is None:
+        raise ConversationError(f"{where}: conversational data needs a chat renderer")
+    try:
+        return chat.prepare_chat(tokenizer)
+    except ValueError as err:
+        raise ConversationError(f"{where}: conversational data, but {err}") from None
+
+
+def render_chunks(chunks: Iterable[pd.DataFrame], kind: str, tokenizer, chat, info: dict,
+                  where: str, converted: bool) -> Iterator[pd.DataFrame]:
+    """One data set's chunks rendered with the chat template, one at a time (``converted``:
+    its rows are already prompt messages and replies, data_checks/loading.py's; else plain
+    rows, whose prompt becomes one user message). Raises ConversationError naming the file
+    and the row."""
+    for df in chunks:
+        if not converted:
             try:
-                df = to_conversations(df, kinds[name], labels.get(name, name))
+                df = to_conversations(df, kind, where)
             except ValueError as err:
                 raise ConversationError(str(err)) from None
-        rendered[name] = _render_frame(df, kinds[name], tokenizer, chat, info["end_of_turn"],
-                                       labels.get(name, name))
-    return rendered, info
+        yield _render_frame(df, kind, tokenizer, chat, info["end_of_turn"], where)

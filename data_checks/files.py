@@ -28,6 +28,15 @@ class FileError(ValueError):
     """A file that cannot be read as data; the message names it (the caller adds nothing)."""
 
 
+def lines_index(numbers: list[int]) -> pd.Index:
+    """The index of rows read from the file lines ``numbers`` (1-based): each row's label is
+    its line - 1, so that ``label + 1``, the number every message of the gate shows, is the
+    line (data_checks/loading.py: rows are named as the file has them)."""
+    import pandas as pd
+
+    return pd.Index([n - 1 for n in numbers], dtype="int64")
+
+
 def looks_local(value: str) -> bool:
     """A path on this machine rather than a hub dataset id: absolute, ./ ../ or ~, a known data
     file extension (compressed or not), more than one '/', a backslash, or it exists here."""
@@ -82,23 +91,24 @@ def _objects(path: Path, items: list, what: str = "item") -> list[dict]:
 def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
     import pandas as pd
 
-    rows = [_json_row(path, number, line)
-            for number, line in enumerate(text.split("\n"), start=1)  # "\n" only: module doc
-            if line.strip()]
-    return pd.DataFrame(rows)
+    numbered = [(number, line) for number, line in enumerate(text.split("\n"), start=1)
+                if line.strip()]  # "\n" only: module doc
+    return pd.DataFrame([_json_row(path, number, line) for number, line in numbered],
+                        index=lines_index([number for number, _ in numbered]))
 
 
 def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
     """A JSONL file as DataFrames of ``rows`` rows each, read a line at a time: the rows, line
     numbers in errors and decoding of :func:`read_local` (whose whole-file read this is in
-    chunks), with memory bounded by one chunk."""
+    chunks), with memory bounded by one chunk; each frame is indexed by its rows' lines
+    (:func:`lines_index`)."""
     import pandas as pd
 
     check_regular(path)
     opener = COMPRESSIONS[compression] if compression else open
     try:
         with opener(path, "rb") as fh:
-            batch, number = [], 0
+            batch, numbers, number = [], [], 0
             for number, raw in enumerate(fh, start=1):  # binary: split on b"\n" only
                 try:
                     line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -108,13 +118,14 @@ def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.Da
                 if not line.strip():
                     continue
                 batch.append(_json_row(path, number, line))
+                numbers.append(number)
                 if len(batch) >= rows:
-                    yield pd.DataFrame(batch)
-                    batch = []
+                    yield pd.DataFrame(batch, index=lines_index(numbers))
+                    batch, numbers = [], []
             if number == 0:
                 raise FileError(f"{path}: file is empty")
             if batch:
-                yield pd.DataFrame(batch)
+                yield pd.DataFrame(batch, index=lines_index(numbers))
     except (OSError, EOFError, lzma.LZMAError) as err:
         raise FileError(f"{path}: cannot decompress as {compression} ({err})" if compression
                         else f"{path}: cannot read ({err})") from None
@@ -146,28 +157,87 @@ def parse_json(path: Path, text: str) -> pd.DataFrame:
     return parse_jsonl(path, text)
 
 
-def parse_csv(path: Path, text: str) -> pd.DataFrame:
-    import pandas as pd
+# cells pandas' read_csv reads as missing by default (keep_default_na), "" among them
+CSV_NULLS = frozenset(["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan",
+                       "1.#IND", "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a",
+                       "nan", "null"])
 
-    header = next(csv.reader(io.StringIO(text)), [])
-    dupes = sorted({name for name in header if header.count(name) > 1})
+
+def _decoded_lines(path: Path, lines: Iterator[bytes]) -> Iterator[str]:
+    """Each line as text (a byte-order mark skipped), or a FileError naming line and column."""
+    for number, raw in enumerate(lines, start=1):
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise FileError(f"{path} line {number}: not valid UTF-8 (byte "
+                            f"0x{raw[err.start]:02x} at column {err.start + 1})") from None
+
+
+def _csv_header(path: Path, names: list[str]) -> list[str]:
+    dupes = sorted({name for name in names if names.count(name) > 1})
     if dupes:
         raise FileError(f"{path}: duplicate column names in the header: {', '.join(dupes)} "
                         "(each column must be named once)")
-    return pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=True)
+    return [name or f"Unnamed: {i}" for i, name in enumerate(names)]
+
+
+def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
+    """A CSV file (a header, then one row per record) as DataFrames of ``rows`` rows, read a
+    line at a time, each indexed by its rows' first lines (:func:`lines_index`; the header is
+    line 1). As pandas' ``read_csv(dtype=str)`` reads it: text cells, missing ones (an empty
+    cell, "NA", "null", ...: CSV_NULLS) None, blank lines skipped, a short row filled with
+    None; a row with more cells than the header is an error naming its line."""
+    import pandas as pd
+
+    check_regular(path)
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # long texts are data
+    opener = COMPRESSIONS[compression] if compression else open
+    try:
+        with opener(path, "rb") as fh:
+            reader = csv.reader(_decoded_lines(path, fh))
+            header = None
+            batch, starts, before, total = [], [], 0, 0
+            for record in reader:
+                start, before = before + 1, reader.line_num
+                if not record:
+                    continue  # a blank line
+                if header is None:
+                    header = _csv_header(path, record)
+                    continue
+                if len(record) > len(header):
+                    raise FileError(f"{path} line {start}: cannot read as csv (expected "
+                                    f"{len(header)} fields, saw {len(record)})")
+                batch.append([None if v in CSV_NULLS else v for v in record]
+                             + [None] * (len(header) - len(record)))
+                starts.append(start)
+                total += 1
+                if len(batch) >= rows:
+                    yield pd.DataFrame(batch, columns=header, index=lines_index(starts))
+                    batch, starts = [], []
+            if header is None:
+                raise FileError(f"{path}: file is empty")
+            if batch or not total:  # a header alone: no rows, its columns
+                yield pd.DataFrame(batch, columns=header, index=lines_index(starts))
+    except csv.Error as err:
+        raise FileError(f"{path} line {reader.line_num}: cannot read as csv ({err})") from None
+    except (OSError, EOFError, lzma.LZMAError) as err:
+        raise FileError(f"{path}: cannot decompress as {compression} ({err})" if compression
+                        else f"{path}: cannot read ({err})") from None
 
 
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
     """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame."""
     import pandas as pd
 
+    if fmt == "csv":  # one chunk of every row
+        return next(iter_csv(path, compression, 2**62))
     data = read_bytes(path, compression)
     if not data:
         raise FileError(f"{path}: file is empty")
     if fmt == "parquet":
         return pd.read_parquet(io.BytesIO(data))
     text = decode(path, data)
-    return {"jsonl": parse_jsonl, "json": parse_json, "csv": parse_csv}[fmt](path, text)
+    return {"jsonl": parse_jsonl, "json": parse_json}[fmt](path, text)
 
 
 def _write_rows(df: pd.DataFrame, fh, rows: int = 2_000) -> None:

@@ -1,8 +1,16 @@
 """Load SFT / preference / prompt data into one internal schema, with errors that name the
-file and the line or column (never a raw traceback from inside a library)."""
+file and the line or column (never a raw traceback from inside a library).
+
+Rows are named as the file has them: the frames the gate reads (:func:`iter_table`) are
+indexed so that ``label + 1`` is the row's line in a JSONL or CSV file (data_checks/files.py's
+``lines_index``; a CSV row's first line, the header being line 1) and its row in a Parquet
+file, a JSON array or a dataset; every message of the gate shows that number."""
 
 from __future__ import annotations
 
+import lzma
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +22,11 @@ from data_checks.config import DataConfig, DataSource
 from data_checks.conversations import is_conversational, to_conversations
 from data_checks.errors import DataError
 from data_checks.files import (
+    COMPRESSIONS,
     FileError,
     check_regular,
     file_format,
+    iter_csv,
     iter_jsonl,
     looks_local,
     read_local,
@@ -84,6 +94,11 @@ def _load_hf(source: DataSource):
 
 def load_table(source: DataSource, kind: str) -> pd.DataFrame:
     """Read ``source`` -> DataFrame with exactly the internal columns of ``kind``."""
+    return _numbered_table(source, kind).reset_index(drop=True)
+
+
+def _numbered_table(source: DataSource, kind: str) -> pd.DataFrame:
+    """:func:`load_table`, indexed by the rows' places in the file (module doc)."""
     path = Path(source.path)
     if not path.exists() and looks_local(source.path):
         raise DataError(f"{path}: file not found")
@@ -102,12 +117,13 @@ def _schema(df: pd.DataFrame, path: Path) -> None:
 
 
 def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
-               offset: int = 0) -> pd.DataFrame:
-    """Rows of ``source`` as read -> exactly the internal columns of ``kind`` (``offset``: the
-    rows of the file before these, for the row numbers in errors)."""
+               chat: bool | None = None) -> pd.DataFrame:
+    """Rows of ``source`` as read -> exactly the internal columns of ``kind``, the index kept
+    (the rows' places in the file, which errors name); ``chat``: whether the rows are
+    conversations (None: as :func:`_is_chat` finds them)."""
     df = df.rename(columns=source.column_map)
     _schema(df, path)
-    if source.style == "conversational" or (source.style == "plain" and is_conversational(df)):
+    if _is_chat(source, df) if chat is None else chat:
         return _conversations(df.head(source.limit) if source.limit else df, kind, path)
     if source.style != "plain":
         try:
@@ -121,23 +137,30 @@ def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
     keep = COLUMNS[kind] + [c for c in OPTIONAL_COLUMNS.get(kind, []) if c in df.columns]
     df = df[keep].head(source.limit) if source.limit else df[keep]
     if "margin" in df.columns:
-        df["margin"] = finite_numbers(df["margin"], path, "margin", offset)
+        df["margin"] = finite_numbers(df["margin"], path, "margin")
     for col in COLUMNS[kind]:
         bad = df[col].map(lambda v: v is not None and not isinstance(v, str) and v == v)
         if bad.any():
-            row = int(bad.idxmax())
-            raise DataError(f"{path} row {offset + row + 1}: field '{col}' must be a string, "
-                            f"got {type(df[col].iloc[row]).__name__}")
-    return df.reset_index(drop=True)
+            row = bad.idxmax()
+            raise DataError(f"{path} row {int(row) + 1}: field '{col}' must be a string, "
+                            f"got {type(df[col].loc[row]).__name__}")
+    return df
+
+
+def _is_chat(source: DataSource, renamed: pd.DataFrame) -> bool:
+    """Whether rows of ``source`` (columns mapped) are conversations (data_checks/
+    conversations.py): by its style, or found so in its first rows."""
+    return source.style == "conversational" or (source.style == "plain"
+                                                 and is_conversational(renamed))
 
 
 def _streamed_format(source: DataSource) -> str | None:
-    """How a plain source is read in chunks: "jsonl" (a local JSONL file, compressed or not),
-    "parquet" (a local uncompressed Parquet file, a row group's batches at a time), "hf" (a
-    hub dataset or one saved to disk: memory-mapped Arrow, converted a chunk at a time);
-    None: read whole (CSV, JSON, a compressed Parquet file, a dataset in another style)."""
-    if source.style != "plain":
-        return None
+    """How a source is read in chunks, in any style (conversations, adapters: both convert
+    row by row): "jsonl" and "csv" (a local file, compressed or not, a line at a time),
+    "parquet" (a local Parquet file, a row group's batches at a time; one compressed whole,
+    .parquet.gz, is first decompressed to a temporary file), "hf" (a hub dataset or one saved
+    to disk: memory-mapped Arrow, converted a chunk at a time); None: read whole (a JSON file,
+    one array)."""
     path = Path(source.path).expanduser()
     detected, compression = file_format(path)
     fmt = detected if source.format == "auto" else source.format
@@ -145,9 +168,7 @@ def _streamed_format(source: DataSource) -> str | None:
         return "hf"
     if not path.is_file():
         return None
-    if fmt == "jsonl" or (fmt == "parquet" and compression is None):
-        return fmt
-    return None
+    return fmt if fmt in ("jsonl", "csv", "parquet") else None
 
 
 def streamable(source: DataSource) -> bool:
@@ -156,10 +177,15 @@ def streamable(source: DataSource) -> bool:
 
 
 def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFrame]:
-    """The source's rows as stored, ``rows`` at a time."""
+    """The source's rows as stored, ``rows`` at a time, indexed by their places (module
+    doc)."""
     path = Path(source.path).expanduser()
+    compression = file_format(path)[1]
     if fmt == "jsonl":
-        yield from iter_jsonl(path, file_format(path)[1], rows)
+        yield from iter_jsonl(path, compression, rows)
+        return
+    if fmt == "csv":
+        yield from iter_csv(path, compression, rows)
         return
     if fmt == "hf":
         try:
@@ -169,38 +195,60 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
         except Exception as err:  # noqa: BLE001
             raise DataError(f"{source.path}: cannot load dataset ({type(err).__name__}: "
                             f"{err})") from None
-        yield from batches
+        yield from _counted(batches)
         return
+    check_regular(path)
+    if compression is None:
+        yield from _parquet_frames(path, path, rows)
+        return
+    with tempfile.TemporaryDirectory(prefix="rlhf-parquet-") as folder:
+        plain = Path(folder) / path.stem  # pairs.parquet.gz -> pairs.parquet
+        try:
+            with COMPRESSIONS[compression](path, "rb") as src, open(plain, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (OSError, EOFError, lzma.LZMAError) as err:
+            raise DataError(f"{path}: cannot decompress as {compression} ({err})") from None
+        yield from _parquet_frames(plain, path, rows)
+
+
+def _parquet_frames(path: Path, named: Path, rows: int) -> Iterator[pd.DataFrame]:
+    """A Parquet file ``rows`` rows at a time (its pages' codecs are pyarrow's to read);
+    errors name the file ``named``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        check_regular(path)
         parts = pq.ParquetFile(path).iter_batches(batch_size=rows)
-        for batch in parts:
-            yield pa.Table.from_batches([batch]).to_pandas()
-    except FileError:
-        raise
+        yield from _counted(pa.Table.from_batches([batch]).to_pandas() for batch in parts)
     except Exception as err:  # noqa: BLE001 - pyarrow raises many types
-        raise DataError(f"{path}: cannot read as parquet ({type(err).__name__}: {err})") \
+        raise DataError(f"{named}: cannot read as parquet ({type(err).__name__}: {err})") \
             from None
 
 
-def iter_table(source: DataSource, kind: str, rows: int,
-               whole: bool = False) -> Iterator[pd.DataFrame]:
+def _counted(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Frames of successive rows, indexed by their row in the whole (0-based)."""
+    seen = 0
+    for frame in frames:
+        frame.index = pd.RangeIndex(seen, seen + len(frame))
+        seen += len(frame)
+        yield frame
+
+
+def iter_table(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
     """``load_table(source, kind)`` in chunks of ``rows`` rows, concatenated equal to it, each
-    checked as it comes (errors name the file's line or row, as load_table's do). A plain
-    JSONL or Parquet file, or a hub dataset, is read ``rows`` rows at a time, so memory stays
-    flat; any other source, and conversational rows (whose rendering needs every row), is read
-    whole and then sliced."""
-    fmt = None if whole else _streamed_format(source)
+    checked as it comes (errors name the file's line or row, as load_table's do), indexed by
+    the rows' places in the file (module doc). A local JSONL, CSV or Parquet file (compressed
+    or not) or a dataset is read ``rows`` rows at a time (_streamed_format), so memory stays
+    flat; conversations too (whether a set is conversational, its first chunk says). A JSON
+    file is read whole and then sliced."""
+    fmt = _streamed_format(source)
     if fmt is None:
-        table = load_table(source, kind)
+        table = _numbered_table(source, kind)
         for start in range(0, len(table), rows):
-            yield table.iloc[start: start + rows].reset_index(drop=True)
+            yield table.iloc[start: start + rows]
         return
     path = Path(source.path).expanduser() if fmt != "hf" else Path(source.path)
-    seen, columns = 0, None
+    seen, columns, chat = 0, None, None
     try:
         for chunk in _raw_chunks(source, fmt, rows):
             if columns is None:
@@ -208,26 +256,19 @@ def iter_table(source: DataSource, kind: str, rows: int,
             else:  # a key missing from every row of a chunk is null there, as in one read
                 columns += [c for c in chunk.columns if c not in columns]
                 chunk = chunk.reindex(columns=columns)
-            if seen == 0 and is_conversational(chunk.rename(columns=source.column_map)):
-                raise _Conversational
+            if chat is None:  # the first chunk says for the whole set
+                chat = _is_chat(source, chunk.rename(columns=source.column_map))
             if source.limit:
                 chunk = chunk.head(source.limit - seen)
-            table = _to_schema(chunk, source, kind, path, seen)
+            table = _to_schema(chunk, source, kind, path, chat)
             seen += len(table)
             yield table
             if source.limit and seen >= source.limit:
                 return
-    except _Conversational:
-        yield from iter_table(source, kind, rows, whole=True)
-        return
     except FileError as err:
         raise DataError(str(err)) from None
     if seen == 0:
         raise DataError(f"{path}: no rows")
-
-
-class _Conversational(Exception):
-    """A JSONL file whose rows are conversations: read whole (see iter_table)."""
 
 
 def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
@@ -238,12 +279,12 @@ def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
         raise DataError(str(err)) from None
     if "margin" in df.columns:
         df["margin"] = finite_numbers(df["margin"], path, "margin")
-    return df.reset_index(drop=True)
+    return df
 
 
-def finite_numbers(column: pd.Series, path: Path, name: str, offset: int = 0) -> pd.Series:
+def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
     """A column of finite numbers as floats, else a DataError naming the rows that are not
-    (``offset``: rows of the file before these)."""
+    (by their labels: the rows' places in the file)."""
     import math
 
     def as_float(value) -> float | None:
@@ -256,11 +297,11 @@ def finite_numbers(column: pd.Series, path: Path, name: str, offset: int = 0) ->
         return number if math.isfinite(number) else None
 
     values = column.map(as_float)
-    bad = [offset + i + 1 for i, v in enumerate(values) if v is None or v != v]  # None: NaN
+    bad = [row for row, v in values.items() if v is None or v != v]  # None: NaN
     if bad:
-        shown = ", ".join(map(str, bad[:5])) + (" ..." if len(bad) > 5 else "")
+        shown = ", ".join(str(int(r) + 1) for r in bad[:5]) + (" ..." if len(bad) > 5 else "")
         raise DataError(f"{path}: column '{name}' must hold finite numbers; {len(bad)} rows "
-                        f"do not: rows {shown} (e.g. {column.iloc[bad[0] - offset - 1]!r})")
+                        f"do not: rows {shown} (e.g. {column.loc[bad[0]]!r})")
     return values.astype(float)
 
 
@@ -299,7 +340,7 @@ def take_read(source: DataSource, kind: str) -> pd.DataFrame:
     since (size and modification time), else read now."""
     key = _read_key(source, kind)
     table = _READ.pop(key, None) if key is not None else None
-    return table if table is not None else load_table(source, kind)
+    return table.reset_index(drop=True) if table is not None else load_table(source, kind)
 
 
 def take_chunks(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
@@ -310,7 +351,7 @@ def take_chunks(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFra
         yield from iter_table(source, kind, rows)
         return
     for start in range(0, len(table), rows):
-        yield table.iloc[start: start + rows].reset_index(drop=True)
+        yield table.iloc[start: start + rows]
 
 
 def forget_reads() -> None:
@@ -327,10 +368,10 @@ FIRST_ROWS = 2_000
 def read_every_source(data: DataConfig | None) -> None:
     """Read every configured source once so a malformed file fails here, before Prefect or
     MLflow start, with the DataError naming the file and line (demo data is generated); the
-    tables wait for the gate in this process (take_read, take_chunks). A JSONL or Parquet file
-    over KEEP_BYTES, and a hub dataset, is only checked here up to its first FIRST_ROWS rows
-    (the gate reads it in chunks, so that memory does not grow with the data; a bad row
-    further on fails there)."""
+    tables wait for the gate in this process (take_read, take_chunks). A local file over
+    KEEP_BYTES (JSONL, CSV or Parquet, compressed or not, plain or conversations), and a hub
+    dataset, is only checked here up to its first FIRST_ROWS rows (the gate reads it in
+    chunks, so that memory does not grow with the data; a bad row further on fails there)."""
     if data is None:
         return
     for name, kind in KINDS.items():
@@ -341,6 +382,6 @@ def read_every_source(data: DataConfig | None) -> None:
         if streamable(source) and (key is None or key.size > KEEP_BYTES):
             next(iter_table(source, kind, FIRST_ROWS), None)
             continue
-        table = load_table(source, kind)
+        table = _numbered_table(source, kind)
         if key is not None:
             _READ[key] = table

@@ -37,11 +37,16 @@ def _what(kind: str, kwargs: dict, count) -> str:
     return f"{count} rows fail {kind} {kwargs}"
 
 
+def example_row(number: int, row: dict) -> str:
+    """'row 5: {"prompt": ...}': the row's text columns as JSON, cut at 200 characters."""
+    return f"row {number}: " + json.dumps({c: v for c, v in row.items() if c in SHOWN_COLUMNS},
+                                          default=str, ensure_ascii=False)[:200]
+
+
 def example_rows(df: pd.DataFrame, indices: list, n_examples: int) -> list[str]:
-    """'row 5: {...}' for the first ``n_examples`` of ``indices`` (row labels of ``df``) that
-    ``df`` holds."""
-    return [f"row {i + 1}: " + json.dumps({c: df.at[i, c] for c in df.columns
-                                           if c in SHOWN_COLUMNS}, default=str)[:200]
+    """'row 5: {...}' for the first ``n_examples`` of ``indices`` (row labels of ``df``: the
+    number shown is the label + 1, the row's place in the file) that ``df`` holds."""
+    return [example_row(i + 1, {c: df.at[i, c] for c in df.columns})
             for i in indices[:n_examples] if isinstance(i, int) and i in df.index]
 
 

@@ -109,10 +109,10 @@ class ChunkedSuite:
                 self.shown[j] = self.shown.get(j, 0) + min(room, len(indices))
         self.results.append(result.to_json_dict())
 
-    def merged(self, repeated: np.ndarray | None) -> dict:
+    def merged(self, repeated: np.ndarray | None, examples: list[str] | None = None) -> dict:
         """The chunks' results as one (counts summed, row lists joined); ``repeated``: the
-        rows that repeat another across the whole set, for the compound-unique expectation
-        (None: one chunk, GX saw them all)."""
+        labels of the rows that repeat another across the whole set, for the compound-unique
+        expectation, and ``examples`` of them (None: one chunk, GX saw them all)."""
         if len(self.results) == 1 and repeated is None:
             return self.results[0]
         merged = copy.deepcopy(self.results[0])
@@ -130,7 +130,8 @@ class ChunkedSuite:
                 res["partial_unexpected_list"] = res["partial_unexpected_list"][:20]
             if r["expectation_config"]["type"] == "expect_compound_columns_to_be_unique" \
                     and repeated is not None:
-                rows = np.flatnonzero(repeated).tolist()
+                rows = [int(row) for row in repeated]
+                self.examples[merged["results"].index(r)] = list(examples or [])
                 r["success"] = not rows
                 res.update(unexpected_count=len(rows), unexpected_index_list=rows,
                            partial_unexpected_index_list=rows[:20])

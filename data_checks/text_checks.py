@@ -3,8 +3,9 @@
 the tokenizer mostly cannot represent, and repeated rows.
 
 The gate reads a data set in chunks (data_checks/validate.py): :class:`TextTally` adds up each
-chunk's hits (a count and the first rows, numbered in the whole file) and says them once, as
-the one-frame functions below would for the whole set. Repeated rows are found across chunks
+chunk's hits (a count, the first rows and a few example rows, named by their labels: their
+places in the file, data_checks/loading.py) and says them once, as the one-frame functions
+below would for the whole set. Repeated rows are found across chunks
 by a 64-bit hash of each row's key columns (pandas' ``hash_pandas_object``), kept in a numpy
 array: 8 bytes a row; two different rows sharing a hash (odds about n^2/2^65, 3e-8 at 1M
 rows) would be named as a repeat.
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from data_checks.config import ValidationConfig
+from data_checks.messages import example_rows
 from data_checks.tokens import Tokenized
 
 TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
@@ -99,16 +101,28 @@ def check_text(label: str, df: pd.DataFrame, tokens: Tokenized, tokenizer,
 
 @dataclass
 class Hits:
-    """Rows of a whole data set that hit one check: how many, and the first few (0-based)."""
+    """Rows of a whole data set that hit one check: how many, the first few (their labels:
+    ``label + 1`` is the number shown) and up to ``n_examples`` of them as example rows."""
 
     count: int = 0
     first: list[int] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
+    n_examples: int = 0
 
-    def add(self, mask, offset: int) -> None:
+    def add(self, mask, labels: np.ndarray, df: pd.DataFrame | None = None) -> None:
+        """``mask``: the hits among rows labelled ``labels``; ``df``: those rows (indexed by
+        ``labels``), for example rows."""
         rows = np.flatnonzero(np.asarray(mask, dtype=bool))
         self.count += len(rows)
         if len(self.first) <= 10:
-            self.first += (rows[: 11 - len(self.first)] + offset).tolist()
+            self.first += np.asarray(labels)[rows[: 11 - len(self.first)]].tolist()
+        room = self.n_examples - len(self.examples)
+        if df is not None and room > 0 and len(rows):
+            self.examples += example_rows(df, df.index[rows[:room]].tolist(), room)
+
+    def e_g(self) -> str:
+        """'; e.g. row 5: {...}; row 9: {...}' (nothing without examples)."""
+        return f"; e.g. {'; '.join(self.examples)}" if self.examples else ""
 
     def rows(self, limit: int = 10) -> str:
         """As ``_rows`` gives them for the whole set's mask."""
@@ -145,29 +159,34 @@ class TextTally:
         self.specials = [(role, token) for role, token in
                          (("EOS", tokenizer.eos_token), ("PAD", tokenizer.pad_token)) if token]
         self.special_hits: dict[tuple[str, str], Hits] = {}
-        self.control = Hits()
+        self.control = Hits(n_examples=cfg.example_rows)
         self.total = self.unknown = 0
         self.keys = DUPLICATE_KEYS.get(kind, ())
         self.hashes: list[np.ndarray] = []
         self.null_key: list[np.ndarray] = []
+        self.labels: list[np.ndarray] = []
 
-    def add(self, df: pd.DataFrame, tokens: Tokenized, offset: int) -> None:
+    def add(self, df: pd.DataFrame, tokens: Tokenized) -> None:
+        """One chunk, indexed by its rows' labels (data_checks/loading.py)."""
+        labels = df.index.to_numpy()
         columns = _columns(df)
         texts = {col: df[col].fillna("").astype(str) for col in columns}
         for role, token in self.specials:
             for col in columns[1 if self.rendered else 0:]:
-                hits = texts[col].str.contains(token, regex=False)
-                self.special_hits.setdefault((role, col), Hits()).add(hits, offset)
+                hits = texts[col].str.contains(token, regex=False).to_numpy(dtype=bool)
+                self.special_hits.setdefault(
+                    (role, col), Hits(n_examples=self.cfg.example_rows)).add(hits, labels, df)
         control = np.zeros(len(df), dtype=bool)
         for col in columns:
             control |= texts[col].str.contains(CONTROL).to_numpy(dtype=bool)
-        self.control.add(control, offset)
+        self.control.add(control, labels, df)
         self.total += sum(int(tokens.lengths(c).sum()) for c in tokens.columns)
         self.unknown += sum(int(tokens.table.column(f"{c}_unk").to_numpy().sum())
                             for c in tokens.columns)
         if self.keys and set(self.keys) <= set(df.columns):
             self.hashes.append(row_hashes(df, self.keys))
             self.null_key.append(~df[list(self.keys)].notna().all(axis=1).to_numpy(bool))
+            self.labels.append(labels)
 
     def report(self, report) -> None:
         """Add the failures and warnings of the whole set to ``report``, in the order and
@@ -179,12 +198,13 @@ class TextTally:
                     report.failures.append(
                         f"{self.label}: {hits.count} rows contain the tokenizer's {role} token "
                         f"{token!r} literally in {col}: rows {hits.rows()} (it would end or "
-                        "mask the text; remove or escape it)")
+                        "mask the text; remove or escape it)" + hits.e_g())
         if self.control.count:
             text = (f"{self.label}: {self.control.count} rows contain control characters "
                     f"(NUL or other non-printing characters): rows {self.control.rows()}")
             if self.cfg.control_characters == "refuse":
-                report.failures.append(text + " (validation.control_characters: refuse)")
+                report.failures.append(text + " (validation.control_characters: refuse)"
+                                       + self.control.e_g())
             else:
                 report.warnings.append(text)
         share = self.unknown / self.total if self.total else 0.0
@@ -195,9 +215,52 @@ class TextTally:
             hashes = np.concatenate(self.hashes)
             nulls = np.concatenate(self.null_key)
             repeated = Hits()
-            repeated.add(repeats(hashes) & ~nulls, 0)  # a null key: left to the suites
+            repeated.add(repeats(hashes) & ~nulls,  # a null key: left to the suites
+                         np.concatenate(self.labels))
             if repeated.count:
                 report.warnings.append(
                     f"{self.label}: {repeated.count} rows repeat another row's "
                     f"{' + '.join(self.keys)}: rows {repeated.rows()} (kept; each copy weighs "
                     "in training as one more row)")
+
+
+class Repeats:
+    """Rows of one data set that repeat another in ``columns`` (the GX suite's compound-unique
+    check), across chunks: ``add`` each chunk's kept rows (indexed by their labels); then
+    :meth:`labels` names every copy, and ``examples`` holds the first ``n_examples`` rows
+    seen to repeat an earlier one (each copy's text is the same). While examples are missing,
+    the hashes seen so far are kept sorted, to find a repeat of an earlier chunk's row."""
+
+    def __init__(self, columns, n_examples: int):
+        self.columns, self.n_examples = tuple(columns), n_examples
+        self.hashes: list[np.ndarray] = []
+        self._labels: list[np.ndarray] = []
+        self.seen = np.zeros(0, dtype=np.uint64)
+        self.examples: list[str] = []
+
+    def add(self, df: pd.DataFrame) -> None:
+        hashes = row_hashes(df, self.columns)
+        self.hashes.append(hashes)
+        self._labels.append(df.index.to_numpy(dtype=np.int64))
+        room = self.n_examples - len(self.examples)
+        if room <= 0 or not len(hashes):
+            return
+        earlier = np.zeros(len(hashes), dtype=bool)
+        if len(self.seen):
+            at = np.minimum(np.searchsorted(self.seen, hashes), len(self.seen) - 1)
+            earlier = self.seen[at] == hashes
+        hits = np.flatnonzero(earlier | pd.Series(hashes).duplicated().to_numpy())[:room]
+        self.examples += example_rows(df, df.index[hits].tolist(), room)
+        if len(self.examples) < self.n_examples:
+            self.seen = np.sort(np.concatenate([self.seen, hashes]))
+
+    @property
+    def chunks(self) -> int:
+        return len(self.hashes)
+
+    def labels(self) -> np.ndarray:
+        """The labels of every row whose hash another row has, in file order."""
+        if not self.hashes:
+            return np.zeros(0, dtype=np.int64)
+        mask = repeats(np.concatenate(self.hashes), keep_first=False)
+        return np.concatenate(self._labels)[mask]

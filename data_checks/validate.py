@@ -19,9 +19,6 @@ GX side (suites, the merge, Data Docs) is data_checks/suites.py.
 
 from __future__ import annotations
 
-import html
-import json
-import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +28,25 @@ import pandas as pd
 
 from data_checks.budget import TEXT_FIELDS, BudgetCounts, apply_length_budget
 from data_checks.config import DataConfig, ValidationConfig
-from data_checks.conversations import ConversationError, is_conversational, render_conversations
+from data_checks.conversations import (
+    ConversationError,
+    is_conversational,
+    render_chunks,
+    start_chat,
+)
+from data_checks.data_docs import write_data_docs  # noqa: F401  (re-exported)
 from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.files import write_cleaned
 from data_checks.loading import KINDS, DataError, forget_reads, take_chunks
+from data_checks.messages import example_row, example_rows
 from data_checks.report import ValidationReport
 from data_checks.suites import (
-    build_gx_docs,
     kind_of,
     one_page_per_set,
     suite_context,
     suite_for,
 )
-from data_checks.text_checks import TextTally, repeats, row_hashes
+from data_checks.text_checks import Repeats, TextTally
 from data_checks.token_files import ChunkTokens, TokenWriter, tokens_path, write_tokens
 from data_checks.tokens import Tokenized, frame_texts, tokenize_frame
 
@@ -107,15 +110,29 @@ class _Cleaned:
 
 
 def _note_dropped(dropped: dict[str, list[dict]], name: str, df: pd.DataFrame,
-                  kept: np.ndarray, offset: int) -> None:
-    """Keep the rows of ``df`` not in ``kept`` (positions), as read, up to DROPPED_SHOWN."""
+                  kept: np.ndarray) -> None:
+    """Keep the rows of ``df`` not in ``kept`` (positions), as read, up to DROPPED_SHOWN,
+    each with its number in the file."""
     shown = dropped.setdefault(name, [])
     room = DROPPED_SHOWN - len(shown)
     if room <= 0 or len(kept) == len(df):
         return
     gone = np.setdiff1d(np.arange(len(df)), kept)[:room]
     rows = df.iloc[gone].to_dict(orient="records")
-    shown += [{"row": offset + int(i) + 1, **row} for i, row in zip(gone, rows)]
+    shown += [{"row": int(df.index[i]) + 1, **row} for i, row in zip(gone, rows)]
+
+
+def _cut_rows(kept: pd.DataFrame, tokens: Tokenized) -> np.ndarray:
+    """Positions in ``kept`` of the rows the budget cut (a prompt or a response)."""
+    cut = np.zeros(len(kept), dtype=bool)
+    for column in tokens.table.column_names:
+        if column.endswith("_cut"):
+            cut |= tokens.table.column(column).to_numpy(zero_copy_only=False)
+    return np.flatnonzero(cut)
+
+
+def _e_g(examples: list[str]) -> str:
+    return f"; e.g. {'; '.join(examples)}" if examples else ""
 
 
 def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
@@ -159,19 +176,23 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
             sink = _Cleaned(Path(out_dir) / f"{name}.jsonl") if out_dir is not None else None
             sinks.append(sink)
             n_in = n_cut = n_kept = 0
-            hint, kept_hashes = "", []
-            for df in parts:
+            hint, cut_examples = "", []
+            pairs = Repeats(("prompt", "chosen", "rejected"), cfg.example_rows)
+            for df in parts:  # indexed by the rows' places in the file (loading.py)
                 tokens = _tokenize(df, tokenizer, chunk_tokens, report)  # the one pass
-                tally.add(df, tokens, n_in)
+                tally.add(df, tokens)
                 if chat and not hint:
-                    hint = _chat_budget_hint(tokens, cfg, n_in)
+                    hint = _chat_budget_hint(tokens, cfg, df.index)
                 kept, kept_tokens, counts = apply_length_budget(df, tokens, kind, tokenizer,
                                                                 cfg, not chat)
-                _note_dropped(report.dropped, name, df, kept.index.to_numpy(), n_in)
-                kept.index = kept.index + n_in  # the rows' numbers in the set, for messages
+                _note_dropped(report.dropped, name, df, kept.index.to_numpy())
+                kept.index = df.index[kept.index.to_numpy()]  # the rows' places, for messages
+                if len(cut_examples) < cfg.example_rows:
+                    cut = kept.index[_cut_rows(kept, kept_tokens)].tolist()
+                    cut_examples += example_rows(kept, cut, cfg.example_rows - len(cut_examples))
                 suite.run(_with_checks(kept, kind, kept_tokens), n_in)
                 if kind == "preference":
-                    kept_hashes.append(row_hashes(kept, ("prompt", "chosen", "rejected")))
+                    pairs.add(kept)
                 if name in medians:
                     medians[name].append(kept_tokens.lengths(
                         "response" if name == "sft" else "chosen"))
@@ -187,16 +208,17 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                 report.failures.append(
                     f"{label}: {counts.truncated_fraction:.3f} of the {name} rows had their "
                     f"prompt cut to the token budget, more than validation.max_truncated_"
-                    f"fraction {cfg.max_truncated_fraction} (truncated fraction)")
+                    f"fraction {cfg.max_truncated_fraction} (truncated fraction)"
+                    + _e_g(cut_examples))
             if counts.dropped_fraction > cfg.max_dropped_fraction:
                 report.failures.append(
                     f"{label}: {counts.dropped_fraction:.3f} of the {name} rows were dropped as "
                     f"over the token budget ({n_kept} kept), more than validation.max_dropped_"
                     f"fraction {cfg.max_dropped_fraction} (dropped fraction "
-                    f"{counts.dropped_fraction:.3f})" + hint)
-            repeated = repeats(np.concatenate(kept_hashes), keep_first=False) \
-                if len(kept_hashes) > 1 else None
-            suites.append((suite, suite.merged(repeated)))
+                    f"{counts.dropped_fraction:.3f})" + (hint or _e_g(
+                        _dropped_examples(report.dropped.get(name, []), cfg.example_rows))))
+            repeated = pairs.labels() if pairs.chunks > 1 else None
+            suites.append((suite, suite.merged(repeated, pairs.examples)))
             n_rows[name] = n_kept
         for suite, merged in suites:
             report.results_json[suite.name] = merged
@@ -225,14 +247,19 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
     return report
 
 
-def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig, offset: int = 0) -> str:
+def _dropped_examples(dropped: list[dict], n: int) -> list[str]:
+    """'row 7: {...}' of the first ``n`` rows the budget dropped (_note_dropped)."""
+    return [example_row(row["row"], row) for row in dropped[:n]]
+
+
+def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig, labels: pd.Index) -> str:
     """Where a rendered prompt is over budget: its row, its tokens with the template's, and
     the fix (a cut would drop the template's assistant header, so none is made)."""
     lengths = tokens.lengths("prompt").tolist()
     over = [i for i, n in enumerate(lengths) if n > cfg.max_prompt_tokens]
     if not over:
         return ""
-    row = offset + over[0] + 1
+    row = int(labels[over[0]]) + 1
     return (f"; e.g. row {row}: its rendered prompt has {lengths[over[0]]} tokens, "
             "template included, and a cut would remove the template's assistant header, so "
             "conversations are never cut: raise validation.max_prompt_tokens or shorten them")
@@ -270,6 +297,8 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     if key and (hit := kept.load(cache, key, paths, out)):
         forget_reads()
         fields, gx_docs = hit
+        if fields["chat"]:  # the tokenizer as the kept gate left it: EOS its end-of-turn
+            chat.prepare_chat(tokenizer)
         return ValidationReport(warnings=fields["warnings"], stats=fields["stats"],
                                 results_json=fields["results_json"], chat=fields["chat"],
                                 dropped=fields.get("dropped", {}), gx_docs=gx_docs,
@@ -280,85 +309,40 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
         firsts = {name: next(parts, None) for name, parts in chunks.items()}
     finally:
         forget_reads()
-    kinds = {n: k for n, (_, k) in sources.items()}
-    if any(df is not None and is_conversational(df) for df in firsts.values()):
-        # conversations are rendered together (the template may move EOS): read whole
-        frames = {name: pd.concat([firsts[name], *chunks[name]], ignore_index=True)
-                  for name in chunks}
+    parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
+    chatty = [n for n, df in firsts.items() if df is not None and is_conversational(df)]
+    chat_info = {}
+    if chatty:  # every set rendered with the template, chunk by chunk, once EOS is moved
         try:
-            frames, chat_info = render_conversations(frames, kinds, tokenizer, chat, paths)
+            chat_info = start_chat(tokenizer, chat, paths.get(chatty[0], chatty[0]))
         except ConversationError as err:
             raise DataError(str(err)) from None
-        parts = {name: _slices(df) for name, df in frames.items()}
-    else:
-        chat_info = {}
-        parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
+        parts = {name: _rendered(render_chunks(rows, sources[name][1], tokenizer, chat,
+                                               chat_info, paths.get(name, name), name in chatty))
+                 for name, rows in parts.items()}
     identity = kept.encoding_identity(tokenizer)
     folder = kept.chunk_folder(cache) if cache is not None else out / CHUNKS
     chunk_tokens = ChunkTokens(folder, identity) if identity is not None else None
     report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out, chunk_tokens)
     if chunk_tokens is not None and cache is None:  # a verdict: nothing left to resume
         chunk_tokens.clear()
-    # kept once its Data Docs are built (write_data_docs), if it still passes; never
-    # conversational data, whose rendering also changes the tokenizer's EOS
-    if report.passed and key and not report.chat:
+    # kept once its Data Docs are built (write_data_docs), if it still passes (a reuse of
+    # conversational data moves the tokenizer's EOS as this gate did: report.chat)
+    if report.passed and key:
         report.to_keep = (cache, key, paths, out)
     return report
 
 
-def _slices(df: pd.DataFrame) -> Iterator[pd.DataFrame]:
-    for start in range(0, max(len(df), 1), CHUNK_ROWS):
-        yield df.iloc[start: start + CHUNK_ROWS].reset_index(drop=True)
+def _rendered(items: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """Rendered chunks (data_checks/conversations.py's render_chunks), a ConversationError a
+    DataError naming the file and the row."""
+    try:
+        yield from items
+    except ConversationError as err:
+        raise DataError(str(err)) from None
 
 
 def _prepend(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     if first is not None:
         yield first
     yield from rest
-
-
-def write_data_docs(report: ValidationReport, out_dir) -> Path:
-    """``results.json``, GX's Data Docs under ``gx/`` and a one-page summary ``index.html``
-    (every expectation and its outcome, plus the budget failures GX does not see)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report.results_json, indent=1, default=str))
-    shutil.rmtree(out / "dropped", ignore_errors=True)
-    for name, rows in report.dropped.items():
-        if rows:  # the rows the budget dropped, numbered as in the file (the first ones)
-            (out / "dropped").mkdir(exist_ok=True)
-            (out / "dropped" / f"{name}.jsonl").write_text(
-                "".join(json.dumps(r, default=str, ensure_ascii=False) + "\n" for r in rows),
-                encoding="utf-8")
-    gx_link = ""
-    if report.gx_context is not None:
-        build_gx_docs(report.gx_context, out / "gx")
-    elif report.gx_docs is not None:  # a reused validation's
-        shutil.rmtree(out / "gx", ignore_errors=True)
-        shutil.copytree(report.gx_docs, out / "gx")
-    if (out / "gx" / "index.html").exists():
-        gx_link = "<p><a href='gx/index.html'>great-expectations Data Docs</a></p>"
-    if report.passed and report.to_keep is not None:
-        from data_checks import cache as kept
-
-        cache, key, paths, cleaned_dir = report.to_keep
-        kept.keep(cache, key, report.fields(), paths, cleaned_dir,
-                  out / "gx" if gx_link else None)
-    rows = []
-    for name, res in report.results_json.items():
-        for r in res.get("results", []):
-            cfg = r["expectation_config"]
-            kwargs = {k: v for k, v in cfg["kwargs"].items() if k != "batch_id"}
-            ok = "pass" if r["success"] else "FAIL"
-            rows.append(f"<tr class='{ok}'><td>{html.escape(name)}</td><td>{cfg['type']}</td>"
-                        f"<td>{html.escape(json.dumps(kwargs))}</td><td>{ok}</td>"
-                        f"<td>{r['result'].get('unexpected_count', '')}</td></tr>")
-    page = ("<html><head><meta charset='utf-8'><title>Data validation</title><style>"
-            "td{padding:2px 8px}.FAIL{background:#fdd}.pass{background:#dfd}</style></head>"
-            f"<body><h1>Data validation: {'PASSED' if report.passed else 'FAILED'}</h1>"
-            + "".join(f"<p>FAILED: {html.escape(f)}</p>" for f in report.failures)
-            + "".join(f"<p>warning: {html.escape(w)}</p>" for w in report.warnings) + gx_link
-            + "<table><tr><th>data</th><th>expectation</th><th>arguments</th><th>result</th>"
-            "<th>unexpected</th></tr>" + "".join(rows) + "</table></body></html>")
-    (out / "index.html").write_text(page)
-    return out

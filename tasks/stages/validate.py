@@ -105,8 +105,9 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
     sc.log_text(report.summary_markdown(), "validation_summary.md")
     sc.log(0, report.stats)
     report_artifact(sc.run, sc.run_id, report)
-    if not report.passed:
-        raise ValidationFailed("data validation failed:\n" + "\n".join(report.failures))
+    if not report.passed:  # the warnings too: the terminal shows this text whole
+        raise ValidationFailed("data validation failed:\n" + "\n".join(
+            report.failures + [f"warning: {w}" for w in report.warnings]))
     digests = {}
     for context, names in (("training", ("sft", "preference", "prompts")),
                            ("evaluation", ("eval_prompts", "preference_eval"))):

@@ -8,7 +8,7 @@ from cli.main import main
 
 # imported outside capsys: Prefect binds its log handler to import-time stderr
 from flows.validate import rlhf_validate  # noqa: F401
-from tests.shared import PREF, parent_runs, write_config
+from tests.shared import PREF, SFT, parent_runs, write_config
 
 
 def _markdown_artifact(flow_run_id: str):
@@ -69,11 +69,15 @@ def test_validate_passes_on_good_data_and_logs_docs(tmp_path, tiny_model_dir, ca
 def test_validate_fails_with_exit_1_naming_every_failed_expectation(tmp_path, tiny_model_dir,
                                                                     capsys, prefect_api):
     bad = [{**PREF[0], "rejected": PREF[0]["chosen"]}, {**PREF[1], "chosen": ""}]
-    config = write_config(tmp_path, tiny_model_dir, pref=bad)
+    sft = "".join(json.dumps(row) + "\n" for row in (SFT[0], SFT[1], SFT[0]))
+    config = write_config(tmp_path, tiny_model_dir, pref=bad, sft_text=sft)
     assert main(["validate", "--config", str(config)]) == 1
     err = capsys.readouterr().err
     assert "1 pairs have chosen == rejected: rows 1" in err and "empty chosen" in err
     assert "row 1" in err and "Traceback" not in err
+    # the warnings of a failed gate reach the terminal too
+    assert "warning: sft (" in err and "1 rows repeat another row's prompt + response: " \
+        "rows 3 (kept" in err
     client, parents, runs = parent_runs(tmp_path)
     assert parents[0].info.status == "FAILED"
     (child,) = [r for r in runs if r.data.tags.get("rlhf.stage") == "validate"]

@@ -109,7 +109,7 @@ CASES = [
      "column 'margin' must hold finite numbers; 1 rows do not: rows 1 (e.g. 'big')"),
     ("margin_infinite_in_csv", "preference",
      frame(pd.DataFrame([{**PREF[0], "margin": "1.5"}, {**PREF[1], "margin": "inf"}]), ".csv"),
-     "rows 2 (e.g. 'inf')"),
+     "rows 3 (e.g. 'inf')"),
     ("margin_nan_and_missing", "preference",
      rows([{**PREF[0], "margin": float("nan")}, PREF[1]]), "2 rows do not: rows 1, 2"),
     ("csv_duplicate_columns", "sft", text("prompt,response,response\na,b,c\n", ".csv"),
@@ -141,7 +141,7 @@ CASES = [
      "1 rows have a response of whitespace only: rows 2"),
     ("empty_csv_cell", "sft",
      frame(pd.DataFrame({"prompt": ["hello :", "tell me :"], "response": ["nice .", None]}),
-           ".csv"), "1 rows have no response (null or missing): rows 2"),
+           ".csv"), "1 rows have no response (null or missing): rows 3"),  # line 3
     ("long_chosen_dropped", "preference", rows([{**PREF[0], "chosen": LONG}, PREF[1]]),
      "0.500 of the preference rows were dropped as over the token budget (1 kept)"),
     ("every_pair_over_budget", "preference",

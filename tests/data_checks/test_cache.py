@@ -59,7 +59,7 @@ def test_other_content_checks_or_tokenizer_run_the_suites_again(tmp_path):
     _run(tmp_path / "a", cache)
     changed, _ = _run(tmp_path / "b", cache, sft=[*SFT, SFT[0]])  # one row more
     assert changed.passed and not changed.reused
-    stricter, _ = _run(tmp_path / "c", cache, cfg=CFG.model_copy(update={"example_rows": 5}))
+    stricter, _ = _run(tmp_path / "c", cache, cfg=CFG.model_copy(update={"example_rows": 2}))
     assert not stricter.reused
     nopad, _ = _run(tmp_path / "d", cache, tokenizer=make_tokenizer(pad=False))
     assert not nopad.reused
@@ -113,3 +113,60 @@ def test_the_cache_folder_comes_from_the_environment_and_off_turns_it_off(monkey
     monkeypatch.delenv(CACHE_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert validation_cache().root == tmp_path / "xdg" / "rlhf-ppo" / "validation"
+
+
+def _chat_tokenizer(template=None):
+    from data_checks.tokenizer_checks import ensure_special_tokens
+    from tests.families import FAMILIES, build_tokenizer
+
+    tok = build_tokenizer(FAMILIES["qwen2"])
+    if template:
+        tok.chat_template = template
+    ensure_special_tokens(tok)
+    return tok
+
+
+CHATS = {"sft": [{"messages": [{"role": "user", "content": f"hello {i}"},
+                               {"role": "assistant", "content": f"sure {i}"}]} for i in range(3)],
+         "pref": [{"prompt": [{"role": "user", "content": f"hi {i}"}],
+                   "chosen": [{"role": "assistant", "content": "sure thanks"}],
+                   "rejected": [{"role": "assistant", "content": "bad"}]} for i in range(3)],
+         "prompts": [{"prompt": [{"role": "user", "content": "why rain"}]}]}
+
+
+def test_a_conversational_rerun_reuses_the_gate_and_tokenizes_nothing(tmp_path, monkeypatch):
+    import data_checks.validate as validate
+    from rlhf_core.models import chat
+    from tests.families import CHATML_TEMPLATE
+
+    cache = ValidationCache(tmp_path / "cache")
+    cfg = ValidationConfig(max_prompt_tokens=64, max_response_tokens=16)
+
+    def gate(where, tok):
+        where.mkdir(parents=True, exist_ok=True)
+        data = data_config(where, sft=CHATS["sft"], pref=CHATS["pref"],
+                           prompts=CHATS["prompts"])
+        report = run_validation(data, tok, cfg, where / "out", chat=chat, cache=cache)
+        write_data_docs(report, where / "docs")
+        return report
+
+    first_tok = _chat_tokenizer()
+    first = gate(tmp_path / "a", first_tok)
+    assert first.passed and first.chat and not first.reused and first.chunks_tokenized == 3
+    real = validate.tokenize_frame
+    monkeypatch.setattr(validate, "tokenize_frame", None)  # any tokenizing would fail
+    monkeypatch.setattr(chat, "render_prompt", None)  # and any rendering
+    monkeypatch.setattr(chat, "render_many", None)
+    tok = _chat_tokenizer()
+    again = gate(tmp_path / "b", tok)
+    assert again.passed and again.reused and again.chat == json.loads(json.dumps(first.chat))
+    assert tok.eos_token == first_tok.eos_token == "<|im_end|>"  # moved as the first gate did
+    for name in ("sft.jsonl", "preference.jsonl", "sft.tokens.arrow"):
+        assert (tmp_path / "b" / "out" / name).read_bytes() == \
+            (tmp_path / "a" / "out" / name).read_bytes()
+    monkeypatch.undo()
+    monkeypatch.setattr(validate, "tokenize_frame", real)
+    other = _chat_tokenizer(CHATML_TEMPLATE.replace("You are a helpful assistant.",
+                                                    "You are a kind assistant."))
+    changed = gate(tmp_path / "c", other)  # another template: the key differs
+    assert changed.passed and not changed.reused and changed.chunks_tokenized == 3

@@ -12,7 +12,7 @@ import pytest
 import data_checks.tokens as tokens_module
 from data_checks import files, loading
 from data_checks.config import DataConfig, DataSource, ValidationConfig
-from data_checks.conversations import render_conversations
+from data_checks.conversations import render_chunks, start_chat
 from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.tokens import tokenize_frame
 from data_checks.validate import run_validation
@@ -61,9 +61,9 @@ def test_rendered_conversation_ids_are_the_per_text_encoding(name, small_batches
     frames = {"sft": pd.DataFrame({"prompt": [[u] for u in user],
                                    "response": ["sure", "rain is wet", "hot", "because", "meow"]}),
               "prompts": pd.DataFrame({"prompt": [[u] for u in user]})}
-    rendered, _ = render_conversations(frames, {"sft": "sft", "prompts": "prompts"}, tok, chat,
-                                       {})
-    for df in rendered.values():
+    info = start_chat(tok, chat, "test")
+    for kind, frame in frames.items():
+        (df,) = render_chunks([frame], kind, tok, chat, info, kind, True)
         got = tokenize_frame(df, tok)
         for col in got.columns:
             assert got.ids(col) == [encode(tok, t) for t in df[col]]

@@ -97,3 +97,32 @@ def test_resize_for_tokenizer_keeps_the_models_stop_tokens():
     assert model.get_input_embeddings().num_embeddings == len(tok)
     assert sorted(model.generation_config.eos_token_id) == sorted(ids)
     assert model.config.eos_token_id == tok.eos_token_id == ids[1]
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "mistral"])
+def test_many_conversations_render_as_each_alone(name):
+    from rlhf_core.models import chat
+
+    tok = chat_tokenizer(name)
+    user = CONV[1:2]
+    convs = [CONV[1:] if name == "mistral" else CONV, user,
+             [{"role": "user", "content": "a \x00rlhf-end-of-conversation\x00 b"}],  # the marker
+             [*user, {"role": "assistant", "content": " spaced  "}, *user]]
+    for generation_prompt in (True, False):
+        one_by_one = [chat._apply(tok, c, generation_prompt) for c in convs]
+        assert chat.render_many(tok, convs, generation_prompt) == one_by_one
+        assert chat.render_many(tok, convs[:2] + convs[3:], generation_prompt) == \
+            one_by_one[:2] + one_by_one[3:]
+    calls = []
+    real = chat._apply
+    chat._apply = lambda *a: calls.append(a) or real(*a)
+    try:  # the loop renders them; one by one only the first and last, to check it
+        assert chat.render_many(tok, convs[:2] + convs[3:], True) == \
+            [real(tok, c, True) for c in convs[:2] + convs[3:]]
+    finally:
+        chat._apply = real
+    assert len(calls) == 2
+    assert chat.render_many(tok, [], True) == []
+    if name == "mistral":  # a conversation the template refuses: the error is its own
+        with pytest.raises(ChatError, match="Conversation roles must alternate"):
+            chat.render_many(tok, [user, [*user, *user]], True)
