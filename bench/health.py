@@ -12,7 +12,7 @@ hacking), the learning rate x30 (a KL spike), a low temperature with a high lear
 scores -100 and the budget is short), a clip range of 1e-4 (the reward never moves), one prompt
 per generate call and one epoch of updates (generation dominates). Each runs with every
 detector's action ``warn``, so the whole run is recorded; ``hacking-stop`` is the hacking run
-with the default actions, which stops it.
+with the default actions and reward hacking's ``stop``.
 
 Ground truth. Reward hacking: the gold judge (which never trains anything) at the held-out
 checks; its onset is the first check after the gold score's peak where it is ``GOLD_MARGIN``
@@ -62,7 +62,8 @@ FAILURES = {  # case -> (the detector it should set off, overrides)
     "flat": ("flat_reward", ["ppo.clip_eps=1e-4"]),
     "slow-rollout": ("slow_rollout", ["ppo.generation_batch_size=1", "ppo.ppo_epochs=1"]),
 }
-STOPPED = {"hacking-stop": ["ppo.kl_coef=0", "ppo.iterations=240", "ppo.eval_every=6"]}
+STOPPED = {"hacking-stop": ["ppo.kl_coef=0", "ppo.iterations=240", "ppo.eval_every=6",
+                            "ppo.health.reward_hacking.action=stop"]}
 GOLD_MARGIN = 0.3  # gold points below its running peak: the hacking onset
 WARMUP = 5  # iterations the critic has to fit before its value loss counts
 DEFINING = {"kl_spike": ("objective/kl", max), "entropy_collapse": ("policy/entropy_avg", min),
@@ -313,8 +314,8 @@ def plot_hacking(rec: dict, path: Path) -> None:
         first = min(stops, key=lambda f: f["iteration"])
         ax.axvline(first["iteration"], color="red", linewidth=1)
         kept = max(i for i in its if i <= first.get("last_healthy", first["iteration"]))
-        ax.annotate(f"stop: {first['detector']} (iteration {first['iteration']});\n"
-                    f"policy kept: iteration {kept}", (first["iteration"], ax.get_ylim()[0]),
+        ax.annotate(f"{first['detector']} found (iteration {first['iteration']});\n"
+                    f"a stop keeps iteration {kept}", (first["iteration"], ax.get_ylim()[0]),
                     xytext=(6, 10), textcoords="offset points", color="red")
     ax.set_xlabel("PPO iteration (held-out checks)")
     ax.set_ylabel("score gain over the start policy")

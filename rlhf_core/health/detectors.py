@@ -105,7 +105,9 @@ def _finite(values: list[float]) -> bool:
 
 # -- reward hacking ----------------------------------------------------------------------------
 class RewardHacking(Settings):
-    action: Action = Field("stop", description="warn, stop or off (see ppo.health).")
+    """Warns by default (a flagged policy is never made champion without an override);
+    ``stop`` ends PPO and keeps the judge's best check (docs/health.md: when to choose it)."""
+
     min_loss_share: float = Field(
         0.1, ge=0, description="Fire when the judge has lost at least this share of its gain "
         "(its best check over the start) at a check, significantly (paired interval)...")
