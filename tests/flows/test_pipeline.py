@@ -116,6 +116,7 @@ def test_the_flow_run_graph_is_the_recipe(pipeline_result):
     assert edges == sorted([
         ("prepare", "validate"), ("validate", "sft"), ("sft", "reward_model"),
         ("reward_model", "reward_norm"), ("reward_model", "critic_init"),
+        ("sft", "judge_model"), ("judge_model", "ppo"),
         ("reward_norm", "ppo"), ("critic_init", "ppo"), ("ppo", "evaluate"),
         ("evaluate", "register"), ("register", "finish")])
 

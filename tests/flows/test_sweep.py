@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 from tasks.configfile import ConfigError, grid_points, load_config, parse_grid
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
-SHARED = {"validate", "sft", "reward_model", "reward_norm"}
+SHARED = {"validate", "sft", "reward_model", "reward_norm", "judge_model"}  # + health's judge
 
 
 @pytest.fixture(scope="module")
