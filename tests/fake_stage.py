@@ -55,7 +55,7 @@ class FakeStageContext(StageContext):
     def log_parent(self, metrics):
         self.parent_metrics.update(metrics)
 
-    def set_tags(self, tags, parent=False):
+    def set_tags(self, tags, parent=False, spooled=False):
         (self.parent_tags if parent else self.tags).update(tags)
 
     def publish(self, path, artifact_path, logged=False):
@@ -72,9 +72,11 @@ class FakeStageContext(StageContext):
         self.artifacts[artifact_file] = text
 
     def log_table(self, rows, artifact_file, spooled=False, parent=False):
-        """As MLflow does: rows logged again to a run's table are appended to it."""
+        """As MLflow does: rows logged again to a run's table are appended to it; a spooled
+        table replaces the file."""
         tables = self.parent_tables if parent else self.tables
-        tables[artifact_file] = tables.get(artifact_file, []) + rows.to_dict("records")
+        kept = [] if spooled else tables.get(artifact_file, [])
+        tables[artifact_file] = kept + rows.to_dict("records")
 
     def log_datasets(self, files, context):
         return {name: f"digest-of-{Path(path).name}" for name, path in files.items()}

@@ -180,8 +180,17 @@ class StageContext:
         return self.log if self.dp is not None else StageProgress(self.stage.name, total,
                                                                   self.log)
 
-    def set_tags(self, tags: dict[str, str], parent: bool = False) -> None:
-        set_tags(self.client, self.run.parent_run_id if parent else self.run_id, tags)
+    def set_tags(self, tags: dict[str, str], parent: bool = False,
+                 spooled: bool = False) -> None:
+        """Tags on the stage's run (``parent``: the parent run); ``spooled``: through the
+        run's spool, in order with the training loop's writes (those of a loop that must not
+        stop for a tracking server away)."""
+        run_id = self.run.parent_run_id if parent else self.run_id
+        if spooled:
+            spool_for(self.client, run_id, self.run.workdir).write(
+                {"kind": "batch", "tags": [[k, str(v)] for k, v in tags.items()]})
+        else:
+            set_tags(self.client, run_id, tags)
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -112,14 +112,13 @@ class HealthLog:
         log.warning("ppo: %s", record.line())
         tags = {HEALTH_FLAGS_TAG: ",".join(f.detector for f in found),
                 HEALTH_PREFIX + finding.detector: record.message[:5000]}
-        # MLflow appends a table's rows to the file the run holds: one row per finding
-        table = pd.DataFrame([{**record.model_dump(exclude={"evidence"}),
-                               "evidence": json.dumps(record.evidence)}])
-        for parent in (False, True):
-            self.sc.set_tags(tags, parent=parent)
+        # the whole table each time (a spooled table replaces the file the run holds)
+        table = pd.DataFrame([{**f.model_dump(exclude={"evidence"}),
+                               "evidence": json.dumps(f.evidence)} for f in found])
+        for parent in (False, True):  # spooled: a finding during an outage waits with the rest
+            self.sc.set_tags(tags, parent=parent, spooled=True)
+            self.sc.log_table(table, "health.json", parent=parent, spooled=True)
         run = self.sc.run
-        for parent in (False, True):
-            self.sc.log_table(table, "health.json", parent=parent)
         if not (in_prefect_run() or prefect_api_url()[0]):
             return  # a torchrun rank of a run on Prefect's temporary API: nobody to tell
         emit(UNHEALTHY, RUN_RESOURCE + run.parent_run_id, f"ppo: {record.failure}",
@@ -142,8 +141,9 @@ class HealthLog:
             text = (f"stopped at iteration {stopped.iteration} by {stopped.detector}: "
                     f"{stopped.message}; kept {kept}")
             for parent in (False, True):
-                self.sc.set_tags({HEALTH_STOPPED_TAG: text[:5000]}, parent=parent)
+                self.sc.set_tags({HEALTH_STOPPED_TAG: text[:5000]}, parent=parent,
+                                 spooled=True)
         elif not record.findings:
             for parent in (False, True):
-                self.sc.set_tags({HEALTH_FLAGS_TAG: ""}, parent=parent)
+                self.sc.set_tags({HEALTH_FLAGS_TAG: ""}, parent=parent, spooled=True)
         return record

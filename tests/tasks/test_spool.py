@@ -5,6 +5,8 @@ stage; and the sample-table tag stays within MLflow's cap."""
 import json
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -13,8 +15,9 @@ from mlflow.protos.databricks_pb2 import PERMISSION_DENIED, UNAUTHENTICATED
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
+from tasks.stages.context import StageContext
 from tasks.tracking.runs import StepLogger
-from tasks.tracking.spool import LoginRefused, Spool, TrackingOutage, spool_table
+from tasks.tracking.spool import LoginRefused, Spool, TrackingOutage, spool_for, spool_table
 from tasks.tracking.tables import bounded
 
 
@@ -70,6 +73,34 @@ def test_writes_wait_in_order_and_are_sent_once(run, tmp_path):
     assert [a.path for a in client.list_artifacts(run_id, "samples")] == \
         ["samples/iter_00002.json"]
     assert not (tmp_path / "spool" / f"{run_id}.jsonl").exists()
+
+
+def test_a_stages_spooled_tags_and_tables_wait_for_the_server(run, tmp_path):
+    """What the PPO loop writes besides metrics (a health finding's tags and table) waits in
+    the spool while the server is away, never stopping the stage, and lands once it is back."""
+    client, parent = run
+    child = client.create_run(client.get_run(parent).info.experiment_id).info.run_id
+    ctx = SimpleNamespace(client=lambda: client, workdir=tmp_path, parent_run_id=parent)
+    sc = StageContext(ctx, None, None, child)
+    client.down = True
+    for flags in ("kl_spike", "kl_spike,entropy_collapse"):
+        table = pd.DataFrame([{"detector": d} for d in flags.split(",")])
+        for on_parent in (False, True):
+            sc.set_tags({"rlhf.health.flags": flags}, parent=on_parent, spooled=True)
+            sc.log_table(table, "health.json", parent=on_parent, spooled=True)
+    spools = [spool_for(client, r, tmp_path) for r in (child, parent)]
+    assert [len(s.pending()) for s in spools] == [4, 4]
+    assert "rlhf.health.flags" not in client.get_run(parent).data.tags
+    client.down = False
+    assert all(s.flush() for s in spools)
+    for run_id in (child, parent):
+        assert client.get_run(run_id).data.tags["rlhf.health.flags"] == \
+            "kl_spike,entropy_collapse"
+        table = json.loads(Path(client.download_artifacts(run_id, "health.json",
+                                                          str(tmp_path))).read_text())
+        assert table["data"] == [["kl_spike"], ["entropy_collapse"]]
+    for s in spools:
+        s.close()
 
 
 def test_a_server_that_hangs_does_not_hold_up_the_writes(run, tmp_path):
