@@ -226,7 +226,9 @@ class CriticDivergence(Settings):
                         "from the reward model explains little of its first returns).")
     patience: int = Field(4, ge=1, description="Iterations a sign must hold.")
     min_explained_variance: float = Field(
-        0.0, description="Fire when the explained variance stays below this...")
+        0.1, description="Fire when the explained variance stays below this (a critic that "
+        "explains almost none of the returns: a fitting one passes it within a few "
+        "iterations)...")
     growth: float = Field(4.0, gt=1, description="...or the value loss's median over the "
                           "last iterations is above this many times its lowest mean before.")
 

@@ -97,6 +97,22 @@ def test_critic_divergence_on_negative_explained_variance_after_warmup():
     assert critic_divergence(warm, CriticDivergence()) is None  # then now and then only
 
 
+def test_critic_divergence_on_a_critic_that_never_fits_not_a_slow_start():
+    """Explained variance hovering at zero (the benchmark's unclipped critic on rewards x100)
+    is found; one that starts below zero and passes 0.1 within the window (every healthy
+    seed's start) is not."""
+    stuck = [0.0, -0.04, 0.0, -0.01, 0.09, 0.07, 0.01]
+    found = [critic_divergence(trace(**{"loss/value_avg": [1.0] * n,
+                                        "val/explained_variance": stuck[:n]}),
+                               CriticDivergence()) for n in range(1, 8)]
+    first = next(f for f in found if f is not None)  # as soon as 4 iterations after warmup
+    assert (first.iteration, first.onset) == (5, 2) and found.index(first) == 4
+    slow = [-5.2, -0.47, 0.04, 0.09, 0.24, 0.43, 0.40, 0.68]
+    assert all(critic_divergence(trace(**{"loss/value_avg": [1.0] * n,
+                                          "val/explained_variance": slow[:n]}),
+                                 CriticDivergence()) is None for n in range(1, 9))
+
+
 def test_critic_divergence_on_a_growing_value_loss_not_a_falling_one():
     falling = [3.0 / (i + 1) for i in range(20)]
     ev = [0.9] * 20
