@@ -86,7 +86,9 @@ def run_case(name: str, overrides: list[str], out: Path) -> dict:
         cmd += ["--set", item]
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{folder}/mlflow.db", "PATH": "/usr/bin:/bin",
            "HOME": str(folder), "PREFECT_HOME": str(folder / "prefect"),
-           "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+           "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT),
+           # a busy machine (two runners side by side) can take minutes to start Prefect
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "900"}
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
