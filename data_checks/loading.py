@@ -213,12 +213,13 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
 
 def _parquet_frames(path: Path, named: Path, rows: int) -> Iterator[pd.DataFrame]:
     """A Parquet file ``rows`` rows at a time (its pages' codecs are pyarrow's to read);
-    errors name the file ``named``."""
+    errors name the file ``named``. Without pre-buffering: a pre-buffering reader keeps every
+    row group it has read until it is closed, so its memory grows with the file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        parts = pq.ParquetFile(path).iter_batches(batch_size=rows)
+        parts = pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=rows)
         yield from _counted(pa.Table.from_batches([batch]).to_pandas() for batch in parts)
     except Exception as err:  # noqa: BLE001 - pyarrow raises many types
         raise DataError(f"{named}: cannot read as parquet ({type(err).__name__}: {err})") \
