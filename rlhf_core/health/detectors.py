@@ -169,7 +169,8 @@ class KLSpike(Settings):
                         "baseline (fewer at the start of a run).")
     ratio: float = Field(3.0, gt=1, description="Fire when KL reaches this many times the "
                          "median of the window before it...")
-    min_jump: float = Field(5.0, ge=0, description="...and at least this many nats above it...")
+    min_jump: float = Field(10.0, ge=0, description="...and at least this many nats above it "
+                            "(a healthy start can climb 5 nats in one update)...")
     persist: int = Field(2, ge=1, description="...for this many iterations in a row (a single "
                          "iteration's jump that falls back is noise).")
 

@@ -43,11 +43,11 @@ def test_kl_spike_fires_on_a_collapse_in_the_first_update_that_stays():
 
 
 def test_kl_spike_fires_on_a_jump_that_stays_and_names_the_median_before():
-    kl = [1.0, 1.2, 1.1, 1.3, 1.2, 9.0, 8.0]
+    kl = [1.0, 1.2, 1.1, 1.3, 1.2, 14.0, 13.0]
     assert kl_spike(trace(**{"objective/kl": kl[:6]}), KLSpike()) is None  # one iteration
     found = kl_spike(trace(**{"objective/kl": kl}), KLSpike())
     assert found is not None and found.iteration == 7 and found.onset == 6
-    assert found.evidence == {"kl": 8.0, "kl_at_onset": 9.0, "kl_median_before": 1.2}
+    assert found.evidence == {"kl": 13.0, "kl_at_onset": 14.0, "kl_median_before": 1.2}
     assert found.last_healthy == 4  # iteration 6's rollout came from the policy after 5
     once = KLSpike(persist=1)
     assert kl_spike(trace(**{"objective/kl": kl[:6]}), once).iteration == 6
@@ -59,6 +59,7 @@ def test_kl_spike_fires_on_a_jump_that_stays_and_names_the_median_before():
     [10.0, 10.0, 10.0, 10.0, 10.0, 18.0],  # +8 nats, but 1.8x
     [0.0, 0.4, 0.6, 0.9, 1.5, 2.8, 3.7, 4.3],  # a healthy start: fast, but a few nats a step
     [0.0, 0.99, 1.4, 1.94, 9.63, 3.76, 5.82, 5.85],  # a healthy demo seed: one jump, back down
+    [0.0, 0.37, 0.76, 1.86, 5.91, 6.02, 4.31, 4.46],  # twice the iterations: +5.5 nats, stays
 ])
 def test_kl_spike_stays_silent_on_growth_small_jumps_and_short_runs(kl):
     h = trace(**{"objective/kl": kl})
@@ -240,7 +241,7 @@ def test_off_detectors_are_not_watched_and_the_gold_judge_is_never_seen():
     health = PPOConfig().health
     off = health.model_copy(update={"kl_spike": health.kl_spike.model_copy(
         update={"action": "off"})})
-    spike = [1.0] * 6 + [9.0, 9.5]
+    spike = [1.0] * 6 + [14.0, 14.5]
     assert _feed(HealthMonitor(off), spike) == [] and _feed(HealthMonitor(health), spike)
     monitor = HealthMonitor(health)
     answers = CheckAnswers(0, ["a"], [1.0], [2.0], [3.0], [4], [True], [0.5], 0.1)
