@@ -36,7 +36,7 @@ from tasks.tracking.artifacts import (
 )
 from tasks.tracking.datasets import log_datasets
 from tasks.tracking.runs import RunContext, set_tags
-from tasks.tracking.spool import spool_for, spool_table
+from tasks.tracking.spool import spool_for, spool_table, spool_tags
 
 
 @dataclass(frozen=True)
@@ -187,8 +187,7 @@ class StageContext:
         stop for a tracking server away)."""
         run_id = self.run.parent_run_id if parent else self.run_id
         if spooled:
-            spool_for(self.client, run_id, self.run.workdir).write(
-                {"kind": "batch", "tags": [[k, str(v)] for k, v in tags.items()]})
+            spool_tags(spool_for(self.client, run_id, self.run.workdir), tags)
         else:
             set_tags(self.client, run_id, tags)
 

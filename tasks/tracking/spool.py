@@ -283,6 +283,11 @@ def resend_left(client: MlflowClient, workdir: str | Path) -> None:
         spool_for(client, path.stem, workdir)
 
 
+def spool_tags(spool: Spool, tags: dict[str, str]) -> None:
+    """Set ``tags`` on the spool's run through the spool (in order with its other writes)."""
+    spool.write({"kind": "batch", "tags": [[k, str(v)] for k, v in tags.items()]})
+
+
 def spool_table(spool: Spool, rows, artifact_file: str) -> None:
     """Log ``rows`` (a DataFrame) as the MLflow table ``artifact_file`` of the spool's run,
     through the spool (the JSON waits in the spool's folder while the server is away)."""
