@@ -124,16 +124,20 @@ def sample_response(prompt: str, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
-    """'a' or 'b', drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature)."""
-    diff = (judge_score(prompt, a) - judge_score(prompt, b)) / BT_TEMPERATURE
+def bt_choice(prompt: str, a: str, b: str, rng: random.Random,
+              length_bias: float = 0.0) -> str:
+    """'a' or 'b', drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature);
+    ``length_bias``: a labeller who also likes longer replies, by that many points a word."""
+    gap = judge_score(prompt, a) - judge_score(prompt, b)
+    diff = (gap + length_bias * (len(a.split()) - len(b.split()))) / BT_TEMPERATURE
     p_a = 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0)))
     return "a" if rng.random() < p_a else "b"
 
 
-def bt_label(prompt: str, a: str, b: str, rng: random.Random) -> tuple[str, str]:
+def bt_label(prompt: str, a: str, b: str, rng: random.Random,
+             length_bias: float = 0.0) -> tuple[str, str]:
     """(chosen, rejected) drawn as :func:`bt_choice` draws."""
-    return (a, b) if bt_choice(prompt, a, b, rng) == "a" else (b, a)
+    return (a, b) if bt_choice(prompt, a, b, rng, length_bias) == "a" else (b, a)
 
 
 def judge_choices(rows: Iterable[dict], seed: int, degraded: bool = False) -> list[str]:
@@ -166,13 +170,13 @@ def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> li
     return out
 
 
-def _pairs(n: int, rng: random.Random, held_out: bool) -> list[dict]:
+def _pairs(n: int, rng: random.Random, held_out: bool, length_bias: float = 0.0) -> list[dict]:
     rows = []
     while len(rows) < n:
         prompt = sample_prompt(rng, held_out)
         a, b = sample_response(prompt, rng), sample_response(prompt, rng)
         if a != b:
-            chosen, rejected = bt_label(prompt, a, b, rng)
+            chosen, rejected = bt_label(prompt, a, b, rng, length_bias)
             rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
     return rows
 
@@ -184,9 +188,14 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def generate_demo_data(out_dir: str | Path, seed: int = 0,
-                       sizes: DemoSizes = DemoSizes()) -> dict[str, Path]:
-    """Write sft / preference / prompts / eval_prompts / preference_eval JSONL files."""
+def generate_demo_data(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
+                       rm_length_bias: float = 0.0) -> dict[str, Path]:
+    """Write sft / preference / prompts / eval_prompts / preference_eval JSONL files.
+
+    ``rm_length_bias``: the reward model's pairs (``preference``) are labelled by a rater who
+    also likes longer replies, by that many points a word; the held-out pairs
+    (``preference_eval``, the judge's) keep the plain judge. A reward model with a flaw its
+    judge does not share: the reward-hacking study of the health benchmark."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -199,7 +208,8 @@ def generate_demo_data(out_dir: str | Path, seed: int = 0,
     eval_prompts = [held[i % len(held)] for i in range(sizes.n_eval)]
     return {
         "sft": _write_jsonl(out / "sft.jsonl", sft),
-        "preference": _write_jsonl(out / "preference.jsonl", _pairs(sizes.n_pref, rng, False)),
+        "preference": _write_jsonl(out / "preference.jsonl", _pairs(sizes.n_pref, rng, False,
+                                                                   rm_length_bias)),
         "prompts": _write_jsonl(out / "prompts.jsonl",
                                 [{"prompt": sample_prompt(rng)} for _ in range(sizes.n_prompts)]),
         "eval_prompts": _write_jsonl(out / "eval_prompts.jsonl",
@@ -249,10 +259,10 @@ def build_demo_model(tokenizer, out_dir: str | Path, n_layer: int = 2, n_embd: i
 
 
 def build_demo_assets(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
-                      **model_kwargs) -> dict[str, Path]:
+                      rm_length_bias: float = 0.0, **model_kwargs) -> dict[str, Path]:
     """Data under out_dir/data, tokenizer + tiny GPT-2 under out_dir/base_model."""
     root = Path(out_dir)
-    paths = generate_demo_data(root / "data", seed, sizes)
+    paths = generate_demo_data(root / "data", seed, sizes, rm_length_bias)
     texts = [value for p in paths.values() for line in p.read_text().splitlines()
              for value in json.loads(line).values()]
     tok = build_demo_tokenizer(texts, root / "base_model")

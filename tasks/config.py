@@ -42,6 +42,10 @@ class DemoConfig(Section):
     n_prompts: int = Field(1024, ge=1, description="PPO training prompts.")
     n_eval: int = Field(256, ge=1, description="Held-out evaluation prompts.")
     n_pref_eval: int = Field(500, ge=1, description="Held-out preference pairs.")
+    rm_length_bias: float = Field(
+        0.0, ge=0, description="The reward model's pairs are labelled by a rater who also "
+        "likes longer replies, by this many points a word (the held-out pairs, the judge's, "
+        "are not): a reward model with a flaw to exploit, for the health benchmark.")
     n_layer: int = Field(2, ge=1, description="Tiny GPT-2 layers.")
     n_embd: int = Field(64, ge=8, description="Tiny GPT-2 width.")
     n_head: int = Field(4, ge=1, description="Tiny GPT-2 heads.")

@@ -205,8 +205,8 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
     d = cfg.demo
     sizes = DemoSizes(n_sft=d.n_sft, n_pref=d.n_pref, n_prompts=d.n_prompts, n_eval=d.n_eval,
                       n_pref_eval=d.n_pref_eval)
-    paths = build_demo_assets(root, seed=cfg.seed, sizes=sizes, n_layer=d.n_layer,
-                              n_embd=d.n_embd, n_head=d.n_head)
+    paths = build_demo_assets(root, seed=cfg.seed, sizes=sizes, rm_length_bias=d.rm_length_bias,
+                              n_layer=d.n_layer, n_embd=d.n_embd, n_head=d.n_head)
     out = {k: str(v) for k, v in paths.items()}
     from tasks.common import write_json
 

@@ -117,6 +117,24 @@ def test_label_agreement_of_generated_preferences(default_data):
     assert 0.75 <= label_agreement(_rows(default_data["preference_eval"])) <= 0.95
 
 
+def _longer_chosen(rows: list[dict]) -> float:
+    return statistics.fmean(len(r["chosen"].split()) > len(r["rejected"].split()) for r in rows)
+
+
+def test_a_length_biased_rater_labels_only_the_reward_models_pairs(tmp_path, default_data):
+    biased = generate_demo_data(tmp_path, seed=0, rm_length_bias=1.0)
+    for name in ("sft", "prompts", "eval_prompts", "preference_eval"):  # the judge's pairs too
+        assert biased[name].read_bytes() == default_data[name].read_bytes(), name
+    plain, rated = _rows(default_data["preference"]), _rows(biased["preference"])
+    # the same pairs, drawn with the same random numbers: only some labels turn
+    assert [{r["chosen"], r["rejected"]} for r in rated] == \
+        [{r["chosen"], r["rejected"]} for r in plain]
+    assert _longer_chosen(rated) > _longer_chosen(plain) + 0.15
+    assert label_agreement(rated) < label_agreement(plain)  # the gold judge agrees less
+    assert generate_demo_data(tmp_path / "zero", seed=0, rm_length_bias=0.0)[
+        "preference"].read_bytes() == default_data["preference"].read_bytes()
+
+
 def test_best_response_beats_the_average_demonstration(default_data):
     sft = _rows(default_data["sft"])
     demo_mean = statistics.mean(judge_score(r["prompt"], r["response"]) for r in sft)
