@@ -7,23 +7,27 @@
 Healthy runs: the demo at its defaults for seeds 0-9, and a few sane variations (a higher and a
 lower KL coefficient, the adaptive KL controller, a lower learning rate, RLOO, twice the
 iterations). Induced failures, one per detector: ``kl_coef`` 0 with long training (reward
-hacking), the learning rate x30 (a KL spike), a low temperature with a high learning rate
-(entropy collapse), an unclipped value loss with rewards x100 (critic divergence: a missing EOS
-scores -100 and the budget is short), a clip range of 1e-4 (the reward never moves), one prompt
-per generate call and one epoch of updates (generation dominates). Each runs with every
-detector's action ``warn``, so the whole run is recorded; ``hacking-stop`` is the hacking run
-with the default actions and reward hacking's ``stop``.
+hacking), a reward model whose rater also liked longer replies (``demo.rm_length_bias``: a flaw
+the judge's pairs do not have; reward hacking again), the learning rate x30 (a KL spike), a low
+temperature with a high learning rate (entropy collapse), an unclipped value loss with rewards
+x100 (critic divergence: a missing EOS scores -100 and the budget is short), a clip range of
+1e-4 (the reward never moves), one prompt per generate call and one epoch of updates (generation
+dominates). Each runs with every detector's action ``warn``, so the whole run is recorded;
+``hacking-stop`` is the hacking run with the default actions and reward hacking's ``stop``.
 
 Ground truth. Reward hacking: the gold judge (which never trains anything) at the held-out
 checks; its onset is the first check after the gold score's peak where it is ``GOLD_MARGIN``
-below that peak while the proxy score is above its value at the peak. The other failures: their own
+below that peak while the proxy score is above its value at the peak (the start is the peak of
+a run whose gold score never rises ``GOLD_MARGIN`` above it). The other failures: their own
 defining metric leaving the range every healthy run kept it in (KL above the healthy runs'
 highest, entropy below their lowest, value loss above their highest after the critic's first
 ``WARMUP`` iterations, clip fraction above their highest, the rollout's share of time above
 their highest). Detection: the iteration of the detector's finding. A false alarm: any finding
 on a healthy run, except reward hacking found at or after a gold onset (a run at sane
 settings that hacks by the gold judge is reported apart). The held-out checks' cost: their
-time over the ppo stage's, at the defaults.
+time over the ppo stage's, at the defaults. How well each scorer can see a change: between two
+consecutive checks, the share of the answers that changed (the gold score moved) whose score
+moved the gold judge's way (0.5 is a coin).
 
 ``report --replay`` runs the detectors again on the recorded runs with the settings in the
 code now (a calibration aid: the figures to publish are the online ones). Each case's record
@@ -55,6 +59,8 @@ HEALTHY = {**{f"seed-{i}": [f"seed={i}"] for i in range(10)},
            "long": ["ppo.iterations=120", "ppo.eval_every=6"]}
 FAILURES = {  # case -> (the detector it should set off, overrides)
     "hacking": ("reward_hacking", ["ppo.kl_coef=0", "ppo.iterations=240", "ppo.eval_every=6"]),
+    "hacking-length": ("reward_hacking", ["demo.rm_length_bias=0.5", "ppo.iterations=120",
+                                          "ppo.eval_every=6"]),
     "lr-x30": ("kl_spike", ["ppo.optim.lr=1.5e-2"]),
     "entropy": ("entropy_collapse", ["ppo.temperature=0.3", "ppo.optim.lr=5e-3"]),
     "critic": ("critic_divergence", ["ppo.clip_eps_value=1e6", "ppo.missing_eos_penalty=-100",
@@ -169,10 +175,14 @@ def healthy_envelope(healthy: list[dict]) -> dict[str, float]:
 def hacking_onset(rec: dict) -> tuple[int | None, dict]:
     """The first check after the gold score's peak (the best the run ever reaches) where it
     sits GOLD_MARGIN below that peak while the proxy is above its value there ->
-    (iteration, the gold curve's figures). A dip the run recovers from is not the onset."""
+    (iteration, the gold curve's figures). A dip the run recovers from is not the onset. A run
+    whose gold score never rises GOLD_MARGIN above its start hacks from the start: its peak is
+    the start."""
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     golds = [(c["iteration"], mean(c["gold"]), mean(c["proxy"])) for c in rec["checks"]]
     peak = max(golds, key=lambda g: g[1])
+    if peak[1] < golds[0][1] + GOLD_MARGIN:
+        peak = golds[0]
     onset = next((it for it, gold, proxy in golds if it > peak[0]
                   and gold < peak[1] - GOLD_MARGIN and proxy > peak[2]), None)
     return onset, {"gold_start": golds[0][1], "gold_peak": peak[1],
@@ -235,13 +245,30 @@ def report(out: Path, replay: bool) -> dict:
                              and f["iteration"] >= onset)]
     cost = [sum(r["series"]["time/check_s"].values()) / r["series"]["time/stage_s"]["0"]
             for r in healthy if r["series"]["time/stage_s"]]
+    agreement = {n: {k: agreement_with_gold(r, k) for k in ("proxy", "judge")}
+                 for n, r in records.items()}
     if "hacking" in records:
         plot_hacking(records["hacking"], out / "hacking.png")
     result = {"bounds": bounds, "failures": rows, "false_alarms": alarms,
               "gold_hacking_in_healthy_runs": gold_hacking,
-              "check_share_of_ppo": cost, "stopped": stopped_figures(records)}
+              "check_share_of_ppo": cost, "stopped": stopped_figures(records),
+              "agreement_with_gold": agreement}
     (out / "report.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def agreement_with_gold(rec: dict, scorer: str) -> float | None:
+    """Between consecutive checks, per prompt: of the answers whose gold score moved, the
+    share whose ``scorer`` score moved the same way (None: no such answer)."""
+    same = moved = 0
+    for then, now in zip(rec["checks"], rec["checks"][1:]):
+        if then[scorer][0] is None:
+            return None
+        for g0, g1, s0, s1 in zip(then["gold"], now["gold"], then[scorer], now[scorer]):
+            if g1 != g0:
+                moved += 1
+                same += (g1 > g0) == (s1 > s0) and s1 != s0
+    return round(same / moved, 3) if moved else None
 
 
 def gold_at(rec: dict, finding: dict) -> dict:
