@@ -1,0 +1,155 @@
+"""Other judges on the health benchmark's recorded runs: does a stronger judge see more?
+
+    python bench/health.py run --out DIR                 # the recorded runs, first
+    python bench/health_judges.py --out DIR --pairs 2000  # a judge on more held-out pairs
+    python bench/health_judges.py --out DIR --members 4   # the mean of four judges (seeds)
+
+The judge changes nothing PPO does (the checks leave training bit-identical), so a run with
+another judge gives the same answers at every check: only their judge scores differ. For each
+data seed this trains the judge as the ``judge_model`` stage does (the demo config, the run's
+SFT policy, the stage's seed), scores every recorded check answer with it, writes the records
+with those scores to ``DIR-<variant>/`` and replays the detectors there
+(``bench/health.py report --replay``). With ``--pairs 500 --members 1`` the judge is the
+pipeline's own and the scores are the recorded ones to within float rounding (the largest
+change is printed: 1.4e-6 on seeds 1 and 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import health  # noqa: E402  (bench/health.py, beside this file)
+
+MEMBER_SEED_STRIDE = 1000  # judge k of an ensemble: the stage's seed + k * this
+
+
+def data_seed(rec: dict) -> int:
+    """The ``seed=`` of a recorded case (0 where it sets none)."""
+    return next((int(o.split("=", 1)[1]) for o in rec["overrides"] if o.startswith("seed=")),
+                0)
+
+
+def train_judge(run_dir: Path, seed: int, pairs: int, member: int, tmp: Path):
+    """The judge_model stage's judge for ``seed``'s demo data with ``pairs`` held-out pairs
+    (the run's validated pairs when that is what it had), started from the run's SFT policy."""
+    import torch
+
+    from rlhf_core.demo import DemoSizes, generate_demo_data
+    from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
+    from rlhf_core.train.optim import seed_everything
+    from rlhf_core.train.reward import pair_margins, train_reward_model
+    from tasks.configfile import load_config
+    from tasks.stages.judge_model import STAGE
+    from tasks.stages.reward_model import preference_split
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml", [f"seed={seed}"])
+    spec = LoadSpec()
+    tokenizer = load_tokenizer(run_dir / "validate" / "tokenizer", spec)
+    folder = run_dir / "validate"
+    if pairs != cfg.demo.n_pref_eval:
+        folder = tmp / f"data-{seed}-{pairs}"
+        generate_demo_data(folder, seed, DemoSizes(n_pref_eval=pairs))
+    generator = seed_everything(seed + STAGE.seed_offset + MEMBER_SEED_STRIDE * member)
+    split = preference_split(folder, tokenizer, cfg.reward)
+    margins = pair_margins(split.held_rows(), True) if cfg.reward.use_margin else None
+    judge = new_scalar_model(run_dir / "sft" / "model", spec)
+    epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
+    train_reward_model(judge, split.held_out, margins, tokenizer.pad_token_id,
+                       cfg.reward.model_copy(update={"epochs": epochs}),
+                       torch.device("cpu"), generator, progress=False)
+    return judge.eval(), tokenizer
+
+
+def score_checks(judge, tokenizer, case_dir: Path) -> dict[int, list[float]]:
+    """The judge's score of every recorded check answer of a case -> {iteration: [N]}, one
+    answer at a time (the prompt, the response and its EOS, as the check scored them)."""
+    import torch
+
+    from rlhf_core.models.data import encode
+    from rlhf_core.ppo.rollout import score_responses
+
+    (checks,) = glob.glob(str(case_dir / "mlruns" / "*" / "artifacts" / "checks"))
+    out = {}
+    for path in sorted(Path(checks).glob("iter_*.json")):
+        table = json.loads(path.read_text())
+        rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+        scores = []
+        with torch.inference_mode():
+            for r in rows:
+                prompt = encode(tokenizer, r["prompt"])
+                response = encode(tokenizer, r["response"])
+                response += [tokenizer.eos_token_id] if r["has_eos"] else []
+                ids = torch.tensor([prompt + response])
+                mask = torch.ones(1, len(response), dtype=torch.bool)
+                scores.append(float(score_responses(judge, ids, tokenizer.pad_token_id,
+                                                    len(prompt), mask)[0]))
+        out[rows[0]["iteration"]] = scores
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="bench/health.py's DIR")
+    parser.add_argument("--pairs", type=int, default=500, help="held-out pairs per judge")
+    parser.add_argument("--members", type=int, default=1, help="judges (seeds), mean score")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    records = {p.stem: json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))
+               if p.stem != "report"}
+    target = args.out.with_name(f"{args.out.name}-judge-{args.pairs}x{args.members}")
+    target.mkdir(exist_ok=True)
+    by_seed: dict[int, list[str]] = {}
+    for name, rec in records.items():
+        by_seed.setdefault(data_seed(rec), []).append(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed, names in sorted(by_seed.items()):
+            run_dir = Path(glob.glob(str(args.out / names[0] / "rlhf_runs" / "*"))[0])
+            sums: dict[str, dict[int, list[float]]] = {}
+            for member in range(args.members):
+                judge, tokenizer = train_judge(run_dir, seed, args.pairs, member, Path(tmp))
+                for name in names:
+                    got = score_checks(judge, tokenizer, args.out / name)
+                    acc = sums.setdefault(name, {})
+                    for it, scores in got.items():
+                        acc[it] = [a + s for a, s in zip(acc.get(it, [0.0] * len(scores)),
+                                                         scores)]
+            for name in names:
+                rec = json.loads(json.dumps(records[name]))
+                gap = 0.0
+                for check in rec["checks"]:
+                    new = [s / args.members for s in sums[name][check["iteration"]]]
+                    gap = max([gap, *(abs(a - b) for a, b in zip(new, check["judge"]))])
+                    check["judge"] = new
+                (target / f"{name}.json").write_text(json.dumps(rec))
+                print(f"seed {seed} {name}: largest change of a judge score {gap:.4g}",
+                      flush=True)
+    result = health.report(target, replay=True)
+    summary = {
+        "reward_hacking": [(r["case"], r["onset"], r["detected"]) for r in result["failures"]
+                           if r["detector"] == "reward_hacking"],
+        "false_alarms": {n: a for n, a in result["false_alarms"].items() if a},
+        "judge_agreement_healthy": [
+            result["agreement_with_gold"][n]["judge"] for n in health.HEALTHY
+            if n in result["agreement_with_gold"]]}
+    agree = summary["judge_agreement_healthy"]
+    if agree:
+        summary["judge_agreement_healthy"] = {"min": min(agree), "max": max(agree),
+                                              "median": statistics.median(agree)}
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
