@@ -42,14 +42,15 @@ def data_seed(rec: dict) -> int:
 def train_judge(run_dir: Path, seed: int, pairs: int, member: int, tmp: Path):
     """The judge_model stage's judge for ``seed``'s demo data with ``pairs`` held-out pairs
     (the run's validated pairs when that is what it had), started from the run's SFT policy."""
+    import dataclasses
+
     import torch
 
-    from rlhf_core.demo import DemoSizes, generate_demo_data
-    from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
+    from rlhf_core.demo import generate_demo_data
+    from rlhf_core.models.loader import LoadSpec, load_tokenizer
     from rlhf_core.train.optim import seed_everything
-    from rlhf_core.train.reward import pair_margins, train_reward_model
     from tasks.configfile import load_config
-    from tasks.stages.judge_model import STAGE
+    from tasks.stages.judge_model import STAGE, fit_judge
     from tasks.stages.reward_model import preference_split
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [f"seed={seed}"])
@@ -58,15 +59,11 @@ def train_judge(run_dir: Path, seed: int, pairs: int, member: int, tmp: Path):
     folder = run_dir / "validate"
     if pairs != cfg.demo.n_pref_eval:
         folder = tmp / f"data-{seed}-{pairs}"
-        generate_demo_data(folder, seed, DemoSizes(n_pref_eval=pairs))
+        generate_demo_data(folder, seed, dataclasses.replace(cfg.demo.sizes(), n_pref_eval=pairs))
     generator = seed_everything(seed + STAGE.seed_offset + MEMBER_SEED_STRIDE * member)
     split = preference_split(folder, tokenizer, cfg.reward)
-    margins = pair_margins(split.held_rows(), True) if cfg.reward.use_margin else None
-    judge = new_scalar_model(run_dir / "sft" / "model", spec)
-    epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
-    train_reward_model(judge, split.held_out, margins, tokenizer.pad_token_id,
-                       cfg.reward.model_copy(update={"epochs": epochs}),
-                       torch.device("cpu"), generator, progress=False)
+    judge = fit_judge(run_dir / "sft" / "model", split.held_out, split.held_rows,
+                      tokenizer.pad_token_id, cfg, spec, torch.device("cpu"), generator)
     return judge.eval(), tokenizer
 
 

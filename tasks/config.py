@@ -29,6 +29,7 @@ from rlhf_core.config import (
     Section,
     SFTConfig,
 )
+from rlhf_core.demo import DemoSizes
 from tasks.champion.collect_config import CollectConfig
 from tasks.champion.config import RetrainConfig, ScheduleConfig
 
@@ -49,6 +50,11 @@ class DemoConfig(Section):
     n_layer: int = Field(2, ge=1, description="Tiny GPT-2 layers.")
     n_embd: int = Field(64, ge=8, description="Tiny GPT-2 width.")
     n_head: int = Field(4, ge=1, description="Tiny GPT-2 heads.")
+
+    def sizes(self) -> DemoSizes:
+        """How many rows of each demo file to generate."""
+        return DemoSizes(n_sft=self.n_sft, n_pref=self.n_pref, n_prompts=self.n_prompts,
+                         n_eval=self.n_eval, n_pref_eval=self.n_pref_eval)
 
 
 class TrackingConfig(Section):

@@ -43,13 +43,11 @@ def source_digest(path: str) -> str:
 
 
 def _demo_digests(cfg: PipelineConfig) -> dict[str, str]:
-    from rlhf_core.demo import DemoSizes, generate_demo_data
+    from rlhf_core.demo import generate_demo_data
 
     d = cfg.demo
-    sizes = DemoSizes(n_sft=d.n_sft, n_pref=d.n_pref, n_prompts=d.n_prompts, n_eval=d.n_eval,
-                      n_pref_eval=d.n_pref_eval)
     with tempfile.TemporaryDirectory() as tmp:
-        paths = generate_demo_data(tmp, cfg.seed, sizes, d.rm_length_bias)
+        paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias)
         return {role: source_digest(str(path)) for role, path in paths.items()}
 
 

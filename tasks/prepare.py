@@ -194,7 +194,7 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
 
 def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
     """Generate (once) the demo data, tokenizer and tiny base model under workdir/demo."""
-    from rlhf_core.demo import DemoSizes, build_demo_assets
+    from rlhf_core.demo import build_demo_assets
 
     root = workdir / "demo"
     marker = root / "assets.json"
@@ -203,9 +203,7 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
 
         return json.loads(marker.read_text())
     d = cfg.demo
-    sizes = DemoSizes(n_sft=d.n_sft, n_pref=d.n_pref, n_prompts=d.n_prompts, n_eval=d.n_eval,
-                      n_pref_eval=d.n_pref_eval)
-    paths = build_demo_assets(root, seed=cfg.seed, sizes=sizes, rm_length_bias=d.rm_length_bias,
+    paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(), rm_length_bias=d.rm_length_bias,
                               n_layer=d.n_layer, n_embd=d.n_embd, n_head=d.n_head)
     out = {k: str(v) for k, v in paths.items()}
     from tasks.common import write_json

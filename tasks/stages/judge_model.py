@@ -7,16 +7,19 @@ shares no training pair with the reward model the policy is optimised against.""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
+import torch
 from prefect import task
 
 from data_checks.token_files import read_tokens, tokens_path, write_tokens
 from rlhf_core.eval.gate import held_out_for_judge, pair_key
 from rlhf_core.models.checkpoint import save_scalar_model
-from rlhf_core.models.loader import load_tokenizer, new_scalar_model
+from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
+from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.train.reward import pair_margins, train_reward_model
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
@@ -97,6 +100,21 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
                                    "judge_rows": str(target / "judge_preference.jsonl")})
 
 
+def fit_judge(start_dir: Path, pairs, rows: Callable[[], list[dict]], pad_id: int,
+              cfg: PipelineConfig, spec: LoadSpec, device: torch.device,
+              generator: torch.Generator, on_log=None) -> ScalarHeadModel:
+    """A fresh scalar head on ``start_dir``'s policy, trained as the reward model is on the
+    judge's ``pairs`` (``rows``: their texts, read for margins) for
+    ``retrain.gate.judge_epochs`` (else the reward model's epochs)."""
+    margins = pair_margins(rows(), True) if cfg.reward.use_margin else None
+    model = new_scalar_model(start_dir, spec)
+    epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
+    reward = cfg.reward.model_copy(update={"epochs": epochs})
+    train_reward_model(model, pairs, margins, pad_id, reward, device, generator,
+                       on_log=on_log, progress=False, precision=spec.precision)
+    return model
+
+
 def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
     """A fresh head on ``start``'s policy (the SFT policy), trained on the judge split's
     ``judge_preference.jsonl`` (a retrain's), else on the reward model's held-out pairs
@@ -112,12 +130,8 @@ def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
     else:
         split = preference_split(folder, tokenizer, cfg.reward)
         pairs, rows = split.held_out, split.held_rows
-    margins = pair_margins(rows(), True) if cfg.reward.use_margin else None
-    model = new_scalar_model(sc.local(start.model, "the policy the judge starts from"), spec)
-    epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
-    reward = cfg.reward.model_copy(update={"epochs": epochs})
-    train_reward_model(model, pairs, margins, tokenizer.pad_token_id, reward, device,
-                       generator, on_log=sc.log, progress=False, precision=spec.precision)
+    model = fit_judge(sc.local(start.model, "the policy the judge starts from"), pairs, rows,
+                      tokenizer.pad_token_id, cfg, spec, device, generator, on_log=sc.log)
     out_dir = save_scalar_model(model, sc.dir / "model")
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"),
                        metrics={"judge/pairs": float(len(pairs))})
