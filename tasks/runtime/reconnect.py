@@ -12,8 +12,12 @@ the command would then exit with status 1.
 ``/health`` every ``RLHF_RECONNECT_EVERY_S`` seconds (default 5) and, once it answers, builds
 the deployments anew and serves them (registering them again keeps their ids and unpauses
 them). A failed request while the API answers (a 5xx, or a Runner that gave up just as the
-server came back) serves again after the same wait. Any other error ends the command as
-before. A stop signal ends it at any point, the server there or not.
+server came back) serves again after the same wait, doubled for each such failure in a row
+up to ``MAX_FACTOR`` times: a server that answers /health but fails requests (a server on
+SQLite answers 503 when two writes collide) is not asked to register every deployment again
+each second, and one that recovers is not left waiting long. Serving that lasted
+``STEADY_S`` starts the count anew. Any other error
+ends the command as before. A stop signal ends it at any point, the server there or not.
 
 Not handled: the Runner's cancellation observer (a websocket, then polling) gives up early in
 an outage; if the Runner itself rides the outage out, cancelling a flow run from the UI
@@ -31,10 +35,18 @@ from collections.abc import Callable, Iterator
 from tasks.runtime.preflight import no_answer
 
 EVERY_ENV = "RLHF_RECONNECT_EVERY_S"
+MAX_FACTOR = 4  # the longest wait after failed requests in a row: this many times every_s()
+STEADY_S = 60.0  # serving this long before failing is not "in a row"
 
 
 def every_s() -> float:
     return float(os.environ.get(EVERY_ENV) or 5)
+
+
+def failed_wait_s(in_a_row: int) -> float:
+    """The wait before serving again after the ``in_a_row``-th failed request in a row
+    (1, 2, ...): ``every_s()``, doubled each time, at most ``MAX_FACTOR`` times it."""
+    return every_s() * min(2 ** (in_a_row - 1), MAX_FACTOR)
 
 
 def _say(text: str) -> None:
@@ -90,11 +102,12 @@ def serve_until_stopped(deployments: Callable[[], list], what: str) -> None:
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
-    first = True
+    first, in_a_row = True, 0
     while True:
         # the Runner installs its own SIGTERM handler and leaves it there: put ours back so
         # a SIGTERM while we wait for the server still ends the command
         handler = signal.getsignal(signal.SIGTERM)
+        started = time.monotonic()
         try:
             prefect_serve(*deployments(), print_starting_message=first)
             return  # a stop signal: prefect.serve returns (or SystemExit passes through)
@@ -107,10 +120,13 @@ def serve_until_stopped(deployments: Callable[[], list], what: str) -> None:
             signal.signal(signal.SIGTERM, handler)
             first = False
         if problem is None:  # back already (while the runner gave up), or just back
+            in_a_row = 1 if time.monotonic() - started >= STEADY_S else in_a_row + 1
+            wait = failed_wait_s(in_a_row)
             _say(f"Prefect API at {url} failed a request ({why}); serving {what} again in "
-                 f"{every_s():g} s")
-            time.sleep(every_s())
+                 f"{wait:g} s")
+            time.sleep(wait)
             continue
+        in_a_row = 0
         lost = time.monotonic()
         _say(f"Prefect API at {url} not answering ({problem}); retrying every "
              f"{every_s():g} s")

@@ -155,10 +155,11 @@ def wait_deployment(client, name: str, proc, log: Path, timeout: float = 180):
 
 def wait_run(client, run_id, timeout: float = 300):
     """Poll the flow run until it is terminal -> the run."""
-    deadline = time.time() + timeout
+    deadline, run = time.time() + timeout, None
     while time.time() < deadline:
         run = client.read_flow_run(run_id)
         if run.state is not None and run.state.type.value in TERMINAL:
             return run
         time.sleep(1)
-    raise TimeoutError(f"flow run {run_id} not finished after {timeout} s")
+    state = run.state if run is not None else None
+    raise TimeoutError(f"flow run {run_id} not finished after {timeout} s (last state: {state})")
