@@ -3,6 +3,7 @@
     python bench/health.py run --out DIR                 # the recorded runs, first
     python bench/health_judges.py --out DIR --pairs 2000  # a judge on more held-out pairs
     python bench/health_judges.py --out DIR --members 4   # the mean of four judges (seeds)
+    python bench/health_judges.py --out DIR --gold-noise 2 [--draw 1]  # gold + N(0, 2)
 
 The judge changes nothing PPO does (the checks leave training bit-identical), so a run with
 another judge gives the same answers at every check: only their judge scores differ. For each
@@ -12,6 +13,11 @@ with those scores to ``DIR-<variant>/`` and replays the detectors there
 (``bench/health.py report --replay``). With ``--pairs 500 --members 1`` the judge is the
 pipeline's own and the scores are the recorded ones to within float rounding (the largest
 change is printed: 1.4e-6 on seeds 1 and 2).
+
+``--gold-noise SIGMA`` trains nothing: the judge is the gold score plus independent normal
+noise (per answer and check, drawn from ``--draw``'s seed), a scorer whose errors owe nothing
+to the reward model's. It measures the rule apart from the judge: how the detectors fare
+with a scorer of a given agreement with the gold judge.
 """
 
 from __future__ import annotations
@@ -99,15 +105,45 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="bench/health.py's DIR")
     parser.add_argument("--pairs", type=int, default=500, help="held-out pairs per judge")
     parser.add_argument("--members", type=int, default=1, help="judges (seeds), mean score")
+    parser.add_argument("--gold-noise", type=float, default=None, metavar="SIGMA",
+                        help="no judge trained: the gold score + N(0, SIGMA) per answer")
+    parser.add_argument("--draw", type=int, default=0, help="--gold-noise: the noise's seed")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    records = {p.stem: json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))
+               if p.stem != "report"}
+    if args.gold_noise is None:
+        target = args.out.with_name(f"{args.out.name}-judge-{args.pairs}x{args.members}")
+        target.mkdir(exist_ok=True)
+        rescore(records, args, target)
+    else:
+        target = args.out.with_name(
+            f"{args.out.name}-gold-noise-{args.gold_noise:g}-{args.draw}")
+        target.mkdir(exist_ok=True)
+        for name, rec in records.items():
+            noisy = noisy_gold(rec, args.gold_noise, f"{name}:{args.draw}")
+            (target / f"{name}.json").write_text(json.dumps(noisy))
+    print(json.dumps(summarise(health.report(target, replay=True)), indent=1))
+
+
+def noisy_gold(rec: dict, sigma: float, key: str) -> dict:
+    """``rec`` with every check's judge score the gold score + N(0, sigma), drawn from a
+    generator seeded by ``key`` (the same draws on every machine)."""
+    import random
+    import zlib
+
+    rng = random.Random(zlib.crc32(f"{key}:{sigma}".encode()))
+    rec = json.loads(json.dumps(rec))
+    for check in rec["checks"]:
+        check["judge"] = [g + rng.gauss(0.0, sigma) for g in check["gold"]]
+    return rec
+
+
+def rescore(records: dict[str, dict], args, target: Path) -> None:
+    """Each case's check answers scored by judges trained as the stage trains its own."""
     import torch
 
     torch.set_num_threads(args.threads)
-    records = {p.stem: json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))
-               if p.stem != "report"}
-    target = args.out.with_name(f"{args.out.name}-judge-{args.pairs}x{args.members}")
-    target.mkdir(exist_ok=True)
     by_seed: dict[int, list[str]] = {}
     for name, rec in records.items():
         by_seed.setdefault(data_seed(rec), []).append(name)
@@ -133,10 +169,17 @@ def main() -> None:
                 (target / f"{name}.json").write_text(json.dumps(rec))
                 print(f"seed {seed} {name}: largest change of a judge score {gap:.4g}",
                       flush=True)
-    result = health.report(target, replay=True)
+
+
+def summarise(result: dict) -> dict:
+    """The replayed report's reward-hacking figures: (case, onset, found) of each induced
+    case and each healthy run the gold judge calls over-optimised, the false alarms and the
+    judge's agreement with the gold judge on the healthy runs."""
     summary = {
         "reward_hacking": [(r["case"], r["onset"], r["detected"]) for r in result["failures"]
                            if r["detector"] == "reward_hacking"],
+        "healthy_over_optimised": [(n, v["onset"], v["detected"]) for n, v in
+                                   result["gold_hacking_in_healthy_runs"].items()],
         "false_alarms": {n: a for n, a in result["false_alarms"].items() if a},
         "judge_agreement_healthy": [
             result["agreement_with_gold"][n]["judge"] for n in health.HEALTHY
@@ -145,7 +188,7 @@ def main() -> None:
     if agree:
         summary["judge_agreement_healthy"] = {"min": min(agree), "max": max(agree),
                                               "median": statistics.median(agree)}
-    print(json.dumps(summary, indent=1))
+    return summary
 
 
 if __name__ == "__main__":
