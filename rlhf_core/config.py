@@ -10,10 +10,11 @@ README § Differences from TRL); the demo config overrides the sizes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from rlhf_core.health.detectors import DETECTORS
 
@@ -199,17 +200,35 @@ class _HealthSwitches(_Frozen):
         True, description="Watch PPO while it trains: held-out checks every ppo.eval_every "
         "iterations and the detectors below; off: neither (and no judge reward model).")
     judge: bool = Field(
-        True, description="Train a judge reward model on pairs the reward model never saw "
-        "(its held-out pairs; the judge_model stage) and score every held-out check with it: "
-        "the reward_hacking detector's independent scorer.")
+        True, description="Score every held-out check with an independent scorer (below): "
+        "the reward_hacking detector's.")
+    scorer: str = Field(
+        "judge_model", description="The independent scorer: judge_model (a judge reward "
+        "model trained on pairs the reward model never saw: its held-out pairs; the "
+        "judge_model stage) or models:/<name>@<alias> (a registered MLflow pyfunc scoring "
+        "prompt, response: a larger reward model, an LLM judge).")
     keep_healthy: int = Field(
         2, ge=1, description="Policy snapshots kept from the last healthy checks (and the "
         "judge's best one); a stop restores the newest taken before its finding's onset.")
 
+    @field_validator("scorer")
+    @classmethod
+    def _known_scorer(cls, v: str) -> str:
+        if v == "judge_model" or re.fullmatch(r"models:/[^/@\s]+@[^/@\s]+", v):
+            return v
+        raise ValueError(f"ppo.health.scorer {v!r}: expected judge_model or "
+                         "models:/<name>@<alias>")
+
     @property
     def uses_judge(self) -> bool:
         """A judge reward model scores the held-out checks (the pipeline trains one)."""
-        return self.enabled and self.judge
+        return self.enabled and self.judge and self.scorer == "judge_model"
+
+    @property
+    def external_scorer(self) -> str | None:
+        """The registered scorer (``models:/...``) of the held-out checks, if one is."""
+        return self.scorer if self.enabled and self.judge and self.scorer != "judge_model" \
+            else None
 
 
 def _detector_field(detector) -> tuple:

@@ -224,6 +224,19 @@ def check_inputs_present(cfg: PipelineConfig) -> None:
         raise ValueError(f"tracking.workdir={workdir} is a file, not a folder")
 
 
+def check_registered_scorer(cfg: PipelineConfig) -> None:
+    """The held-out checks' registered scorer (``ppo.health.scorer: models:/...``) exists in
+    the run's registry, before any training starts."""
+    uri = cfg.ppo.health.external_scorer
+    if uri is None:
+        return
+    from tasks.tracking.models import registered_alias_problem
+
+    problem = registered_alias_problem(uri, default_tracking_uri(cfg.tracking.tracking_uri))
+    if problem is not None:
+        raise ValueError(f"ppo.health.scorer={uri}: {problem}")
+
+
 @task(name="prepare")
 def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
             run_name: str | None = None) -> Prepared:
@@ -232,6 +245,7 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
     asked). Any failure once the parent run exists marks it FAILED."""
     check_inputs_present(cfg)
     check_deployments(cfg)  # stages on other machines: their deployments exist
+    check_registered_scorer(cfg)
     ctx = open_parent_run(cfg, resume_run_id, run_name)
     try:
         return _resolve_inputs(cfg, ctx)

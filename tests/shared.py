@@ -202,3 +202,14 @@ def assert_decision_follows_figures(tags: dict, margin: float = 0.0,
     guarded = "guard rail" in tags.get(prefix + "reason", tags.get("rlhf.gate.reason", ""))
     assert decision == ("promote" if low > margin and not guarded else "keep"), tags
     return decision
+
+
+def length_scorer():
+    """A stand-in external judge, as an MLflow pyfunc: the longer response scores higher."""
+    import mlflow.pyfunc
+
+    class LengthScorer(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input, params=None):
+            return [float(len(r)) for r in model_input["response"]]
+
+    return LengthScorer()

@@ -1,7 +1,8 @@
 """Held-out checks inside PPO: every ``ppo.eval_every`` iterations the current policy answers a
 fixed set of held-out prompts (never trained on), and each answer is scored by the proxy (the
-reward model PPO optimises), by an independent judge reward model (trained on pairs the reward
-model never saw) and, where the data has one, by the gold judge, which only ever evaluates.
+reward model PPO optimises), by an independent scorer (a judge reward model trained on pairs the
+reward model never saw, or a scorer of text given by the caller: a larger reward model, an LLM
+judge) and, where the data has one, by the gold judge, which only ever evaluates.
 
 The guides' advice: every metric can look fine while the outputs degrade, so look at the
 answers to prompts the policy never trained on. Two details keep the checks honest:
@@ -25,6 +26,7 @@ from rlhf_core.eval.evaluate import sample_policy
 from rlhf_core.models.models import PPOModels, ScalarHeadModel
 
 Gold = Callable[[str, str, bool], float]  # (prompt, response, has_eos) -> score
+TextScorer = Callable[[list[str], list[str]], list[float]]  # (prompts, responses) -> scores
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -78,16 +80,21 @@ class HeldOutCheck:
     """The fixed prompts and scorers of a run's checks; :meth:`run` makes one check."""
 
     def __init__(self, prompts: Sequence[str], sampling: Sampling, seed: int, *,
-                 judge: ScalarHeadModel | None = None, gold: Gold | None = None,
-                 precision: str = "fp32"):
+                 judge: ScalarHeadModel | None = None, external: TextScorer | None = None,
+                 gold: Gold | None = None, precision: str = "fp32"):
         """``prompts``: held-out prompts (never trained on); ``sampling``: how the policy
         answers (the evaluation's temperature and budget); ``seed``: the sampling seed of
-        every check; ``judge``: the independent judge reward model; ``gold``: the data's gold
-        judge (evaluation only: the detectors never read it)."""
+        every check; the independent scorer: ``judge``, a judge reward model, or
+        ``external``, a scorer of the prompts' and answers' text (at most one);
+        ``gold``: the data's gold judge (evaluation only: the detectors never read it)."""
         if not prompts:
             raise ValueError("held-out check: no prompts")
+        if judge is not None and external is not None:
+            raise ValueError("held-out check: a judge reward model or an external scorer, "
+                             "not both")
         self.prompts, self.sampling, self.seed = list(prompts), sampling, seed
-        self.judge, self.gold, self.precision = judge, gold, precision
+        self.judge, self.external, self.gold = judge, external, gold
+        self.precision = precision
 
     def run(self, models: PPOModels, tokenizer, device: torch.device,
             iteration: int) -> CheckAnswers:
@@ -111,8 +118,14 @@ class HeldOutCheck:
         gold = None if self.gold is None else [
             float(self.gold(p, r, bool(e)))
             for p, r, e in zip(self.prompts, out["response"], out["has_eos"])]
+        judged = out.get("judge")
+        if self.external is not None:
+            judged = [float(v) for v in self.external(self.prompts, list(out["response"]))]
+            if len(judged) != len(self.prompts):
+                raise ValueError(f"held-out check: the external scorer gave {len(judged)} "
+                                 f"scores for {len(self.prompts)} answers")
         return CheckAnswers(
             iteration=iteration, responses=out["response"], proxy=out["score"],
-            judge=out.get("judge"), gold=gold, length=[int(n) for n in out["length"]],
+            judge=judged, gold=gold, length=[int(n) for n in out["length"]],
             has_eos=[bool(e) for e in out["has_eos"]], kl=out["kl"],
             seconds=round(time.perf_counter() - start, 4))

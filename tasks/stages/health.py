@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +25,7 @@ from rlhf_core.health.detectors import BY_NAME, Finding
 from rlhf_core.health.watch import Verdict, Watch
 from rlhf_core.models.loader import load_scalar_model
 from tasks.champion.events import DETECTOR_LABEL, RUN_RESOURCE, UNHEALTHY, emit
+from tasks.champion.scorers import external_scores, load_external
 from tasks.common import in_prefect_run, read_jsonl
 from tasks.judge import resolve_judge
 from tasks.runtime.preflight import prefect_api_url
@@ -58,14 +60,19 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
         log.warning("ppo: no eval_prompts data: the held-out checks answer %d training "
                     "prompts (give data.eval_prompts for prompts the policy never trains on)",
                     len(prompts))
-    model = None
-    if judge is not None and judge.model is not None:
+    model = external = None
+    if cfg.health.external_scorer is None and judge is not None and judge.model is not None:
         # a load draws initial weights first: fork the RNG, so training samples as without
         with torch.random.fork_rng(devices=[]):
             model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
                                       trainable=False)
+    if cfg.health.external_scorer is not None:
+        with torch.random.fork_rng(devices=[]):
+            scorer = load_external(cfg.health.external_scorer, sc.run.tracking_uri)
+        external = partial(external_scores, scorer)
     check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model,
-                         gold=resolve_judge(gold_name), precision=sc.spec.precision)
+                         external=external, gold=resolve_judge(gold_name),
+                         precision=sc.spec.precision)
     return Watch(cfg.health, check, cfg.check_every, sc.dir / "healthy"), prompts
 
 

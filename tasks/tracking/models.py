@@ -79,6 +79,25 @@ def load_pyfunc(uri: str, tracking_uri: str):
         return mlflow.pyfunc.load_model(uri)
 
 
+def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
+    """Why ``models:/<name>@<alias>`` is not a version of the registry that
+    :func:`load_pyfunc` reads (None: it is)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    name, alias = uri.removeprefix("models:/").split("@", 1)
+    with mlflow_pointed_at(tracking_uri):
+        import mlflow
+
+        registry = mlflow.get_registry_uri()
+        try:
+            MlflowClient().get_model_version_by_alias(name, alias)
+            return None
+        except MlflowException as err:
+            return (f"no version of registered model '{name}' holds alias '{alias}' in the "
+                    f"registry at {registry} ({str(err).splitlines()[0][:160]})")
+
+
 def policy_signature(max_new_tokens: int, temperature: float):
     """prompt (text or messages) -> answer, with the request params and their defaults (the
     run's evaluation settings; no seed: each request draws anew)."""

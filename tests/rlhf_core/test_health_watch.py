@@ -166,3 +166,28 @@ def test_a_kill_during_a_check_resumes_bit_for_bit(tiny_model_dir, tmp_path):
     assert w_second.kept == w_whole.kept
     assert sorted(p.name for p in (tmp_path / "b" / "healthy").iterdir()) == \
         [f"iter_{i:08d}" for i in w_whole.kept]
+
+
+def test_an_external_scorer_scores_each_checks_answers_as_the_judge(tiny_model_dir):
+    """A scorer of text (a larger reward model, an LLM judge) in the judge's place: it gets
+    the prompts and the answers, and its scores are the check's judge scores."""
+    t = trainer(tiny_model_dir)
+    seen = []
+
+    def by_length(prompts, responses):
+        seen.append((list(prompts), list(responses)))
+        return [float(len(r)) for r in responses]
+
+    sampling = Sampling(temperature=0.7, max_new_tokens=6, batch_size=4)
+    check = HeldOutCheck(PROMPTS[:4], sampling, 7, external=by_length)
+    answers = check.run(t.models, t.tokenizer, CPU, 0)
+    assert seen == [(PROMPTS[:4], answers.responses)]
+    assert answers.judge == [float(len(r)) for r in answers.responses]
+    assert answers.metrics()["check/judge_score"] == pytest.approx(
+        sum(answers.judge) / len(answers.judge))
+    short = HeldOutCheck(PROMPTS[:4], sampling, 7, external=lambda p, r: [0.0])
+    with pytest.raises(ValueError, match="gave 1 scores for 4 answers"):
+        short.run(t.models, t.tokenizer, CPU, 0)
+    with pytest.raises(ValueError, match="not both"):
+        HeldOutCheck(PROMPTS[:4], sampling, 7, external=by_length,
+                     judge=ScalarHeadModel.from_causal_lm(tiny_model_dir))

@@ -22,7 +22,7 @@ from tasks.stages.judge_model import judge_split
 from tasks.stages.records import Artifact, DataRecord
 from tasks.tracking.runs import RunContext
 from tests.fake_stage import FakeStageContext
-from tests.shared import TEST_CONFIG
+from tests.shared import TEST_CONFIG, length_scorer
 
 
 def _rows(n):
@@ -129,20 +129,13 @@ def test_a_batchs_held_out_pairs_train_neither_model_unless_judge_data_all(tmp_p
         assert held_batch <= judge and tags["rlhf.judge_split.batch_pairs_held"] == "0"
 
 
-class LengthScorer(mlflow.pyfunc.PythonModel):
-    """A stand-in external judge: the longer response scores higher."""
-
-    def predict(self, context, model_input, params=None):
-        return [float(len(r)) for r in model_input["response"]]
-
-
 def test_external_scorer_scores_both_sides_and_leaves_mlflow_settings_alone(
         tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client, ctx = _ctx(tmp_path, uri)
     mlflow.set_tracking_uri(uri)
     with mlflow.start_run(experiment_id=ctx.experiment_id):
-        info = mlflow.pyfunc.log_model(name="scorer", python_model=LengthScorer(),
+        info = mlflow.pyfunc.log_model(name="scorer", python_model=length_scorer(),
                                        registered_model_name="big-judge")
     client.set_registered_model_alias("big-judge", "prod", info.registered_model_version)
     elsewhere = f"sqlite:///{tmp_path}/other.db"

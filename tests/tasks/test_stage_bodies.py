@@ -32,6 +32,7 @@ from tests.shared import (
     PREF,
     PROMPTS,
     assert_decision_follows_figures,
+    length_scorer,
     write_config,
     write_jsonl,
 )
@@ -359,3 +360,39 @@ def test_every_name_a_table_entry_declares_is_logged_by_a_run_of_its_body(chain,
         for declared, seen in zip((stage.metrics, stage.artifacts), logged[name]):
             missing = {p for p in declared if not _matching(seen, [p])} - UNREACHED
             assert not missing, (name, sorted(missing))
+
+
+def test_a_registered_scorer_scores_the_held_out_checks_in_the_judges_place(chain, tmp_path):
+    """``ppo.health.scorer: models:/<name>@<alias>``: no judge reward model; the registered
+    pyfunc scores every check's answers; a missing alias stops the run before it starts."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from tasks.prepare import check_registered_scorer
+    from tasks.tracking.models import mlflow_pointed_at
+
+    cfg, prep, _, done = chain
+    uri = f"sqlite:///{tmp_path}/mlflow.db"  # where the fake context's stage runs track
+    with mlflow_pointed_at(uri), mlflow.start_run():
+        info = mlflow.pyfunc.log_model(name="scorer", python_model=length_scorer(),
+                                       registered_model_name="len-judge")
+    MlflowClient(uri).set_registered_model_alias("len-judge", "prod",
+                                                 info.registered_model_version)
+    health = cfg.ppo.health.model_copy(update={"scorer": "models:/len-judge@prod"})
+    scored = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={"health": health,
+                                                                      "iterations": 2}),
+                                    "tracking": cfg.tracking.model_copy(
+                                        update={"tracking_uri": uri})})
+    assert not scored.ppo.health.uses_judge  # the pipeline trains no judge_model
+    check_registered_scorer(scored)
+    missing = scored.model_copy(update={"ppo": scored.ppo.model_copy(update={
+        "health": health.model_copy(update={"scorer": "models:/len-judge@nope"})})})
+    with pytest.raises(ValueError, match="ppo.health.scorer=models:/len-judge@nope: no version"):
+        check_registered_scorer(missing)
+    inputs = {k: done[k][1] for k in ("sft", "reward_model", "reward_norm", "critic_init")}
+    sc = FakeStageContext(scored, "ppo", tmp_path, seed=cfg.seed)
+    STAGES["ppo"].body(sc, prep=prep, data=done["validate"][1], start=inputs["sft"],
+                       rm=inputs["reward_model"], norm=inputs["reward_norm"],
+                       critic=inputs["critic_init"])
+    rows = sc.tables["checks/iter_00002.json"]
+    assert [r["judge_score"] for r in rows] == [float(len(r["response"])) for r in rows]
