@@ -363,6 +363,8 @@ def main() -> None:
     parser.add_argument("--replay", action="store_true")
     parser.add_argument("--threads", type=int,
                         help="model.torch_threads of every run (two runners side by side: 1)")
+    parser.add_argument("--scorer-noise", type=float, metavar="SIGMA",
+                        help="checks scored by the gold judge + N(0, SIGMA) (noisy_gold.py)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "run":
@@ -373,7 +375,14 @@ def main() -> None:
         for name in chosen:
             if (args.out / f"{name}.json").exists():  # recorded already: a rerun goes on
                 continue
-            rec = run_case(name, cases[name] + threads, args.out)
+            scorer = []
+            if args.scorer_noise is not None:  # registered in the store the run tracks to
+                from noisy_gold import register
+
+                (args.out / name).mkdir(parents=True, exist_ok=True)
+                uri = register(f"sqlite:///{args.out / name}/mlflow.db", args.scorer_noise)
+                scorer = [f"ppo.health.scorer={uri}"]
+            rec = run_case(name, cases[name] + threads + scorer, args.out)
             print(f"{name}: {rec['wall_s']} s, findings "
                   f"{[(f['detector'], f['iteration']) for f in rec['findings']]}", flush=True)
     print(json.dumps(report(args.out, args.replay), indent=1))
