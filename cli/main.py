@@ -119,7 +119,9 @@ def cmd_run(args) -> int:
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     from data_checks.loading import read_every_source
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
+    from tasks.prepare import check_registered_scorer
 
+    check_registered_scorer(cfg)  # before Prefect starts; the flow checks again
     read_every_source(cfg.data)
     quiet_expected_failures()
     start = time.perf_counter()

@@ -230,11 +230,12 @@ def check_registered_scorer(cfg: PipelineConfig) -> None:
     uri = cfg.ppo.health.external_scorer
     if uri is None:
         return
+    from tasks.tracking.errors import RegistryError
     from tasks.tracking.models import registered_alias_problem
 
     problem = registered_alias_problem(uri, default_tracking_uri(cfg.tracking.tracking_uri))
     if problem is not None:
-        raise ValueError(f"ppo.health.scorer={uri}: {problem}")
+        raise RegistryError(f"ppo.health.scorer={uri}: {problem}")
 
 
 @task(name="prepare")

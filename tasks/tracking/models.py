@@ -7,6 +7,7 @@ send (``rlhf_core/eval/serving.py`` does the work)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import warnings
@@ -86,16 +87,24 @@ def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
     from mlflow.exceptions import MlflowException
 
     name, alias = uri.removeprefix("models:/").split("@", 1)
-    with mlflow_pointed_at(tracking_uri):
-        import mlflow
+    from mlflow.store.db import utils as store_utils
 
-        registry = mlflow.get_registry_uri()
-        try:
-            MlflowClient().get_model_version_by_alias(name, alias)
-            return None
-        except MlflowException as err:
-            return (f"no version of registered model '{name}' holds alias '{alias}' in the "
-                    f"registry at {registry} ({str(err).splitlines()[0][:160]})")
+    quiet = logging.getLogger(store_utils.__name__)  # a new SQLite store says so
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        with mlflow_pointed_at(tracking_uri):
+            import mlflow
+
+            registry = mlflow.get_registry_uri()
+            try:
+                MlflowClient().get_model_version_by_alias(name, alias)
+                return None
+            except MlflowException as err:
+                return (f"no version of registered model '{name}' holds alias '{alias}' in "
+                        f"the registry at {registry} ({str(err).splitlines()[0][:160]})")
+    finally:
+        quiet.setLevel(level)
 
 
 def policy_signature(max_new_tokens: int, temperature: float):

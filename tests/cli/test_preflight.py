@@ -166,3 +166,17 @@ def test_resume_with_a_stage_child_run_id_names_the_parent(tmp_path, capsys):
     assert f"--resume {child}: that is the `sft` child run of the pipeline run {parent}" in err
     assert f"rlhf run --config {TEST_CONFIG} --set tracking.tracking_uri={uri} --resume " \
            f"{parent}" in err
+
+
+def test_a_health_scorer_missing_from_the_registry_is_refused_before_prefect(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = rlhf(["run", "--config", str(TEST_CONFIG), "--set",
+                 "ppo.health.scorer=models:/big-judge@prod", "--set",
+                 f"tracking.tracking_uri={uri}", "--set",
+                 f"tracking.workdir={tmp_path}/runs"], tmp_path,
+                PREFECT_HOME=str(tmp_path / "prefect"))
+    line = one_sentence(proc)
+    assert line.startswith("rlhf: ppo.health.scorer=models:/big-judge@prod: no version of "
+                           "registered model 'big-judge' holds alias 'prod' in the registry")
+    assert not (tmp_path / "runs").exists()  # nothing trained, no run folder
+    assert "temporary server" not in proc.stdout + proc.stderr  # Prefect never started
