@@ -121,12 +121,12 @@ def main() -> None:
             f"{args.out.name}-gold-noise-{args.gold_noise:g}-{args.draw}")
         target.mkdir(exist_ok=True)
         for name, rec in records.items():
-            noisy = noisy_gold(rec, args.gold_noise, f"{name}:{args.draw}")
+            noisy = with_noisy_gold_judge(rec, args.gold_noise, f"{name}:{args.draw}")
             (target / f"{name}.json").write_text(json.dumps(noisy))
     print(json.dumps(summarise(health.report(target, replay=True)), indent=1))
 
 
-def noisy_gold(rec: dict, sigma: float, key: str) -> dict:
+def with_noisy_gold_judge(rec: dict, sigma: float, key: str) -> dict:
     """``rec`` with every check's judge score the gold score + N(0, sigma), drawn from a
     generator seeded by ``key`` (the same draws on every machine)."""
     import random

@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from rlhf_core.health.detectors import DETECTORS
 
+# a registered MLflow pyfunc scorer, as ppo.health.scorer and retrain.gate.scorer name one
+REGISTERED_SCORER = re.compile(r"models:/[^/@\s]+@[^/@\s]+")
+
 
 def empty_input_for_none(schema: dict[str, Any]) -> None:
     """The JSON schema of a section (what Prefect's Custom run form draws): each ``X | None``
@@ -214,7 +217,7 @@ class _HealthSwitches(_Frozen):
     @field_validator("scorer")
     @classmethod
     def _known_scorer(cls, v: str) -> str:
-        if v == "judge_model" or re.fullmatch(r"models:/[^/@\s]+@[^/@\s]+", v):
+        if v == "judge_model" or REGISTERED_SCORER.fullmatch(v):
             return v
         raise ValueError(f"ppo.health.scorer {v!r}: expected judge_model or "
                          "models:/<name>@<alias>")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from rlhf_core.config import Section, defaults_in_words
+from rlhf_core.config import REGISTERED_SCORER, Section, defaults_in_words
 
 _Frozen = Section
 
@@ -53,7 +52,7 @@ class GateConfig(_Frozen):
     @classmethod
     def _known_scorer(cls, v: str) -> str:
         if v in ("auto", "judge", "judge_model", "reward_model") or \
-                re.fullmatch(r"models:/[^/@\s]+@[^/@\s]+", v):
+                REGISTERED_SCORER.fullmatch(v):
             return v
         raise ValueError(f"retrain.gate.scorer {v!r}: expected auto, judge, judge_model, "
                          "reward_model or models:/<name>@<alias>")

@@ -15,9 +15,9 @@ them). A failed request while the API answers (a 5xx, or a Runner that gave up j
 server came back) serves again after the same wait, doubled for each such failure in a row
 up to ``MAX_FACTOR`` times: a server that answers /health but fails requests (a server on
 SQLite answers 503 when two writes collide) is not asked to register every deployment again
-each second, and one that recovers is not left waiting long. Serving that lasted
-``STEADY_S`` starts the count anew. Any other error
-ends the command as before. A stop signal ends it at any point, the server there or not.
+each second, and one that recovers is not left waiting long. Serving that lasted ``STEADY_S``
+starts the count anew. Any other error ends the command as before. A stop signal ends it at
+any point, the server there or not.
 
 Not handled: the Runner's cancellation observer (a websocket, then polling) gives up early in
 an outage; if the Runner itself rides the outage out, cancelling a flow run from the UI

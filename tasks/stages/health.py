@@ -61,15 +61,15 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
                     "prompts (give data.eval_prompts for prompts the policy never trains on)",
                     len(prompts))
     model = external = None
-    if cfg.health.external_scorer is None and judge is not None and judge.model is not None:
-        # a load draws initial weights first: fork the RNG, so training samples as without
-        with torch.random.fork_rng(devices=[]):
-            model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
-                                      trainable=False)
+    # a load may draw (initial weights first): fork the RNG, so training samples as without
     if cfg.health.external_scorer is not None:
         with torch.random.fork_rng(devices=[]):
             scorer = load_external(cfg.health.external_scorer, sc.run.tracking_uri)
         external = partial(external_scores, scorer)
+    elif judge is not None and judge.model is not None:
+        with torch.random.fork_rng(devices=[]):
+            model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
+                                      trainable=False)
     check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model,
                          external=external, gold=resolve_judge(gold_name),
                          precision=sc.spec.precision)

@@ -83,26 +83,22 @@ def load_pyfunc(uri: str, tracking_uri: str):
 def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
     """Why ``models:/<name>@<alias>`` is not a version of the registry that
     :func:`load_pyfunc` reads (None: it is)."""
+    import mlflow
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    name, alias = uri.removeprefix("models:/").split("@", 1)
     from mlflow.store.db import utils as store_utils
 
+    from tasks.tracking.registry import alias_version
+
+    name, alias = uri.removeprefix("models:/").split("@", 1)
     quiet = logging.getLogger(store_utils.__name__)  # a new SQLite store says so
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
         with mlflow_pointed_at(tracking_uri):
-            import mlflow
-
-            registry = mlflow.get_registry_uri()
-            try:
-                MlflowClient().get_model_version_by_alias(name, alias)
+            if alias_version(MlflowClient(), name, alias) is not None:
                 return None
-            except MlflowException as err:
-                return (f"no version of registered model '{name}' holds alias '{alias}' in "
-                        f"the registry at {registry} ({str(err).splitlines()[0][:160]})")
+            return (f"no version of registered model '{name}' holds alias '{alias}' in the "
+                    f"registry at {mlflow.get_registry_uri()}")
     finally:
         quiet.setLevel(level)
 
