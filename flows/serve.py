@@ -38,6 +38,8 @@ from tasks.results import PipelineResult
 from tasks.runtime.logins import login_out_of_uri
 from tasks.runtime.prefect_api import flow_run_name
 
+# what `rlhf serve` serves, in the order it registers them (each as <flow>/<name>)
+SERVED_FLOWS = ("rlhf_pipeline", "retrain", "collect", "label-pull", "gc")
 # the pipeline's config sections (the served pipeline's parameters); retrain and collect
 # belong to their own flows
 SECTIONS = tuple(name for name in PipelineConfig.model_fields if name not in ("retrain", "collect"))
@@ -244,6 +246,13 @@ def gc_deployment(config: PipelineConfig, name: str):
                     "resumable run's.")
 
 
+def served_deployments(config: PipelineConfig, name: str) -> list:
+    """The deployments `rlhf serve` serves, in SERVED_FLOWS' order."""
+    return [pipeline_deployment(config, name), retrain_deployment(config, name),
+            collect_deployment(config, name), label_pull_deployment(config, name),
+            gc_deployment(config, name)]
+
+
 def serve(config: PipelineConfig, name: str) -> None:
     """Serve the five deployments until interrupted (blocks), again after the Prefect
     server comes back from an outage (tasks/runtime/reconnect.py). Needs a Prefect server."""
@@ -259,10 +268,5 @@ def serve(config: PipelineConfig, name: str) -> None:
                           "`export PREFECT_API_URL=http://127.0.0.1:4200/api`")
     ensure_limit(limit_name(config))
     with keeper(config):  # retrain.approval required: deadlines, answers left half done
-        serve_until_stopped(lambda: [pipeline_deployment(config, name),
-                                     retrain_deployment(config, name),
-                                     collect_deployment(config, name),
-                                     label_pull_deployment(config, name),
-                                     gc_deployment(config, name)],
-                            f"rlhf_pipeline/{name}, retrain/{name}, collect/{name}, "
-                            f"label-pull/{name} and gc/{name}")
+        serve_until_stopped(lambda: served_deployments(config, name),
+                            ", ".join(f"{flow}/{name}" for flow in SERVED_FLOWS))

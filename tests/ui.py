@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.serve import SERVED_FLOWS
 from tests.flows.prefect_procs import ROOT, free_port, prefect_server, rlhf_serve, wait_deployment
 from tests.servers import mlflow_server
 
@@ -61,7 +62,10 @@ def served(tmp: Path, sets: list[str] = (), log_level: str = "WARNING") -> Itera
         for item in sets:
             args += ["--set", item]
         with rlhf_serve(env, tmp, args) as (proc, log), SyncPrefectClient(api) as client:
+            # serve registers its deployments one after another: wait for the last too
             deployment = wait_deployment(client, "rlhf_pipeline/test", proc, log)
+            for flow in SERVED_FLOWS[1:]:
+                wait_deployment(client, f"{flow}/test", proc, log)
             yield Served(api.removesuffix("/api"), api, mlflow_url, str(deployment.id),
                          client, log)
 

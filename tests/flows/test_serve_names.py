@@ -5,7 +5,13 @@ import re
 
 from prefect.runtime import flow_run
 
-from flows.serve import _served_run_name, overrides_line, run_label
+from flows.serve import (
+    SERVED_FLOWS,
+    _served_run_name,
+    overrides_line,
+    run_label,
+    served_deployments,
+)
 from tasks.config import PipelineConfig
 
 STAMP = r"\d{8}-\d{6}-"  # the start time leads, as in MLflow's run name
@@ -42,3 +48,10 @@ def test_a_password_typed_into_the_form_shows_as_stars(monkeypatch):
         "s3cret" not in name
     line = overrides_line({"tracking.tracking_uri": uri})
     assert "carol:***@127.0.0.1:5011" in line and "s3cret" not in line
+
+
+def test_served_flows_lists_what_serve_registers_in_its_order():
+    """Tests wait for each of SERVED_FLOWS before they read one (serve registers them one by
+    one), so the list must be serve's own."""
+    names = [(d.flow_name, d.name) for d in served_deployments(PipelineConfig(), "x")]
+    assert names == [(flow, "x") for flow in SERVED_FLOWS]
