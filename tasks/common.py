@@ -6,20 +6,18 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from prefect.artifacts import create_markdown_artifact
 from prefect.context import get_run_context
-from transformers.utils import logging as hf_logging
 
 from rlhf_core.config import ModelConfig
-from rlhf_core.models.checkpoint import Checkpointer
 from tasks.tracking.runs import RunContext, StepLogger, run_url
 from tasks.tracking.spool import spool_for
 
-if TYPE_CHECKING:
-    from rlhf_core.models.loader import LoadSpec
+if TYPE_CHECKING:  # torch and the model code load with the first model, not this module
+    import torch
 
-hf_logging.disable_progress_bar()  # per-file load/save bars drown the stage progress bars
+    from rlhf_core.models.checkpoint import Checkpointer
+    from rlhf_core.models.loader import LoadSpec
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -43,6 +41,8 @@ def write_json(path: str | Path, obj) -> Path:
 def setup_torch(model_cfg: ModelConfig) -> torch.device:
     """The thread count set, the device resolved (the model code is imported here, not with
     this module: a process that loads no model, e.g. a label import, never pays for it)."""
+    import torch
+
     from rlhf_core.models.models import resolve_device
 
     if model_cfg.torch_threads:
@@ -116,4 +116,6 @@ def checkpoint_dir(ctx: RunContext, stage: str) -> Path:
 
 def checkpointer(ctx: RunContext, keep: int, stage: str, models: dict, every: int):
     """Mid-stage training-state checkpoints in :func:`checkpoint_dir`."""
+    from rlhf_core.models.checkpoint import Checkpointer
+
     return Checkpointer(checkpoint_dir(ctx, stage), models, every, keep, label=stage)

@@ -17,10 +17,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from rlhf_core.models.chat import stop_token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+hf_logging.disable_progress_bar()  # per-file load/save bars drown the stages' own bars
 
 
 def resolve_device(device: str) -> torch.device:

@@ -80,6 +80,22 @@ def test_runs_on_a_sqlite_store_loads_no_mlflow_pandas_or_torch(tmp_path):
     assert run.info.run_id in out.stdout and "round-1" in out.stdout and "0.250" in out.stdout
 
 
+def test_gc_and_the_label_flows_load_no_torch(tmp_path):
+    """`rlhf gc` and the label commands' flows (import, pull, collect's module) move files and
+    talk to servers: a fresh interpreter that ran a dry `rlhf gc` and imported flows.collect
+    has not imported torch or transformers (their import alone is seconds of CPU)."""
+    uri = f"sqlite:///{tmp_path}/m.db"
+    MlflowClient(uri).create_experiment("rlhf-demo")
+    probe = ("import sys; from cli.main import main; code = main(['gc', '--set', "
+             f"'tracking.tracking_uri={uri}', '--set', 'tracking.workdir={tmp_path}/runs']); "
+             "import flows.collect, tasks.gc; print(sorted(m for m in ('torch', 'transformers')"
+             " if m in sys.modules), code)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip().splitlines()[-1] == "[] 0", out.stdout + out.stderr
+    assert "would delete 0 item(s)" in out.stdout
+
+
 def test_runs_gives_up_quickly_on_an_unreachable_server(monkeypatch, capsys):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
