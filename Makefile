@@ -51,7 +51,7 @@ test: install label-studio
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder
 
-# The fast lane (under 2 minutes): the core math and models, the data gate, the task-level
+# The fast lane (about 6 minutes on 2 cores): the core math and models, the data gate, the task-level
 # units and the layering rules; no Prefect server, no end-to-end pipeline, no test marked
 # slow (bit-for-bit resume of whole stages). `make test` (CI) runs everything.
 FAST_TESTS = tests/rlhf_core tests/data_checks tests/tasks tests/test_layering.py tests/test_sources.py
