@@ -117,11 +117,12 @@ def cmd_run(args) -> int:
     cfg = resume_config(args) if args.resume else _config_for(args)
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
-    from data_checks.loading import read_every_source
-    from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
     from tasks.prepare import check_registered_scorer
 
     check_registered_scorer(cfg)  # before Prefect starts; the flow checks again
+    from data_checks.loading import read_every_source
+    from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
+
     read_every_source(cfg.data)
     quiet_expected_failures()
     start = time.perf_counter()
