@@ -255,10 +255,27 @@ def approval_form(page, srv: Served, flow_run_id: str, shot: Path | None = None)
 
 def answer_form(page, decision: str, reason: str) -> None:
     """In the open Resume form: choose ``decision`` (Approve or Reject), type ``reason``,
-    Submit."""
+    Submit, and wait until the form has closed (the server took the answer). On a loaded
+    machine a choice or a click can be lost while the form is still settling: the answer is
+    given again, up to three times, and a form still open after that raises with what it
+    shows, instead of leaving the run waiting."""
     select = page.locator(".p-select-button__control").last
-    select.focus()  # a click leaves the options closed; the arrow key opens them
-    page.keyboard.press("ArrowDown")
-    page.get_by_role("option", name=decision, exact=True).click()
-    page.locator("textarea").last.fill(reason)
-    page.get_by_role("button", name="Submit").last.click()
+    title = page.get_by_text("Resume Flow Run", exact=True)
+    shown = ""
+    for _ in range(3):
+        for _ in range(5):
+            select.focus()  # a click leaves the options closed; the arrow key opens them
+            page.keyboard.press("ArrowDown")
+            page.get_by_role("option", name=decision, exact=True).click()
+            page.wait_for_timeout(300)
+            if decision in select.inner_text():
+                break
+        page.locator("textarea").last.fill(reason)
+        page.get_by_role("button", name="Submit").last.click()
+        try:
+            title.wait_for(state="hidden", timeout=30_000)
+            return
+        except Exception:  # playwright's TimeoutError: the form is still open
+            shown = page.locator("[role=dialog]").last.inner_text() if page.locator(
+                "[role=dialog]").count() else page.inner_text("body")
+    raise AssertionError(f"the Resume form is still open after three answers: {shown}")

@@ -127,6 +127,16 @@ def _moves(client: MlflowClient, action: str) -> int:
     return [json.loads(x)["action"] for x in log.splitlines() if x].count(action)
 
 
+def _taken(s: Session, flow_run_id, timeout: float = 120) -> None:
+    """The form's answer reached the server: the run leaves Suspended within ``timeout``
+    (else the page's text, where the UI says why, instead of a wait for the whole round)."""
+    deadline = time.time() + timeout
+    while s.srv.client.read_flow_run(flow_run_id).state.name == "Suspended":
+        assert time.time() < deadline, ("still Suspended after the form's Submit",
+                                        s.page.inner_text("body")[-3000:])
+        time.sleep(1)
+
+
 def _champion(client: MlflowClient) -> str:
     return str(client.get_model_version_by_alias(NAME, CHAMPION).version)
 
@@ -157,6 +167,7 @@ def test_a_round_waits_on_its_form_without_a_process_and_approve_promotes_once(s
     compare = s.page.get_by_role("link", name="compare this round with the champion's")
     compare = compare.get_attribute("href")
     ui.answer_form(s.page, "Approve", "the answers read better")
+    _taken(s, run.id)
     done = wait_run(s.srv.client, run.id, 600)
     assert done.state.type.value == "COMPLETED", s.srv.log.read_text()[-3000:]
     assert _champion(s.mlflow) == "2" and _moves(s.mlflow, "approve") == 1
