@@ -3,6 +3,7 @@ from, its own flow run's name (read and changed), and a one-slot global concurre
 (one retrain at a time) whose holder can be named (the flow run holding it carries the tag
 ``rlhf.slot:<limit name>``)."""
 
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -67,6 +68,8 @@ def _slot_taken(name: str) -> bool:
     return limit.active_slots >= limit.limit
 
 
+SLOW_ANSWER_S = 120.0  # how long a skipping caller keeps asking for a slot that reads free
+
 SLOT_TAG = "rlhf.slot:"  # + limit name: a Prefect flow-run tag, not an MLflow tag
 
 
@@ -84,7 +87,8 @@ def _mark_holder(name: str) -> None:
 
 def slot_holder(name: str) -> str:
     """Who holds the slot ``name``: the running flow run(s) tagged as its holder (name and
-    id), else the slot's name alone (a holder outside a flow run, or one Prefect lost)."""
+    id), else a sentence saying none can be named (a holder outside a flow run, or one
+    Prefect lost: the slot frees itself when the holder's lease ends)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -101,28 +105,34 @@ def slot_holder(name: str) -> str:
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
     runs = [r for r in runs if str(r.id) != str(flow_run.id)]
     if not runs:
-        return f"the slot {name}"
+        return ("a holder Prefect cannot name (not a running flow run: the slot frees itself "
+                "within 5 minutes of its holder's end)")
     return ", ".join(f"flow run '{r.name}' ({r.id})" for r in runs)
 
 
 @contextmanager
 def one_slot(name: str, skip: bool) -> Iterator[bool]:
     """Hold the one-slot global concurrency limit ``name`` while the body runs -> True; with
-    ``skip``, False when another run holds it (else block until it is free). The current
-    flow run, if any, is tagged as the holder (:func:`slot_holder` names it)."""
+    ``skip``, False when another run holds it (else block until it is free); a request that
+    times out while the slot still reads free (a loaded server answering late) is made again.
+    The current flow run, if any, is tagged as the holder (:func:`slot_holder` names it)."""
     from prefect.concurrency.sync import concurrency
 
     ensure_limit(name)
-    if skip and _slot_taken(name):
-        yield False
-        return
-    with ExitStack() as stack:
-        try:  # skip: the slot was free a moment ago; the timeout only bounds a lost race (a
-            # 1 s bound skipped free-slot runs when a loaded server answered slowly)
-            stack.enter_context(concurrency(name, occupy=1, strict=True,
-                                            timeout_seconds=15.0 if skip else None))
-        except TimeoutError:
+    deadline = time.monotonic() + SLOW_ANSWER_S
+    while True:
+        if skip and _slot_taken(name):
             yield False
             return
-        _mark_holder(name)
-        yield True
+        with ExitStack() as stack:
+            try:  # skip: the slot was free a moment ago; the timeout only bounds a lost race
+                stack.enter_context(concurrency(name, occupy=1, strict=True,
+                                                timeout_seconds=15.0 if skip else None))
+            except TimeoutError:  # a holder came first, or a loaded server answered late:
+                if time.monotonic() < deadline:  # the slot is read again, and asked again
+                    continue
+                yield False
+                return
+            _mark_holder(name)
+            yield True
+            return

@@ -11,6 +11,7 @@ from cli.errors import EX_TEMPFAIL
 from cli.main import main
 from tasks.champion.round import limit_name, retrain_slot
 from tasks.configfile import load_config
+from tasks.runtime.prefect_api import slot_holder
 from tests.shared import TEST_CONFIG
 
 
@@ -60,3 +61,26 @@ def test_a_held_slot_skips_its_store_only_and_the_cli_exits_75_naming_the_holder
     assert "nothing trained" in out
     with retrain_slot(a) as again:  # released with the holder's run
         assert again
+
+
+def test_a_late_answer_for_a_free_slot_is_asked_again_not_taken_for_a_holder(
+        tmp_path, prefect_api, monkeypatch):
+    import prefect.concurrency.sync as prefect_sync
+
+    a = _cfg(f"sqlite:///{tmp_path}/a/mlflow.db")
+    real, calls = prefect_sync.concurrency, []
+
+    def late_once(*args, **kwargs):  # the first request times out, as on a loaded server
+        calls.append(kwargs.get("timeout_seconds"))
+        if len(calls) == 1:
+            raise TimeoutError("timed out after 15 s")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prefect_sync, "concurrency", late_once)
+    with retrain_slot(a) as held:
+        assert held
+    assert calls == [15.0, 15.0]
+    monkeypatch.setattr(prefect_sync, "concurrency", real)
+    with retrain_slot(a) as again:  # and it was released
+        assert again
+    assert slot_holder(limit_name(a)).startswith("a holder Prefect cannot name")  # none runs
