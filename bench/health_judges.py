@@ -3,6 +3,7 @@
     python bench/health.py run --out DIR                 # the recorded runs, first
     python bench/health_judges.py --out DIR --pairs 2000  # a judge on more held-out pairs
     python bench/health_judges.py --out DIR --members 4   # the mean of four judges (seeds)
+    python bench/health_judges.py --out DIR --perturbed 1000  # + pairs with one corruption
     python bench/health_judges.py --out DIR --gold-noise 2 [--draw 1]  # gold + N(0, 2)
 
 The judge changes nothing PPO does (the checks leave training bit-identical), so a run with
@@ -13,6 +14,11 @@ with those scores to ``DIR-<variant>/`` and replays the detectors there
 (``bench/health.py report --replay``). With ``--pairs 500 --members 1`` the judge is the
 pipeline's own and the scores are the recorded ones to within float rounding (the largest
 change is printed: 1.4e-6 on seeds 1 and 2).
+
+``--perturbed N`` adds N held-out pairs to the judge's: a demo answer against the same answer
+with one generic corruption (a word of the demo's vocabulary inserted, a word repeated or
+dropped, two neighbours swapped), labelled by the demo's rater as every pair is. It asks
+whether a judge shown such edits sees the ones a policy makes.
 
 ``--gold-noise SIGMA`` trains nothing: the judge is the gold score plus independent normal
 noise (per answer and check, drawn from ``--draw``'s seed), a scorer whose errors owe nothing
@@ -45,7 +51,35 @@ def data_seed(rec: dict) -> int:
                 0)
 
 
-def train_judge(run_dir: Path, seed: int, pairs: int, member: int, tmp: Path):
+def perturbation_pairs(n: int, seed: int) -> list[dict]:
+    """``n`` pairs on held-out prompts: a demo answer and the same answer with one corruption,
+    (chosen, rejected) drawn by the demo's rater (a Bradley-Terry draw on the gold judge)."""
+    import random
+
+    from rlhf_core.demo import bt_label, sample_prompt, sample_response, vocabulary
+
+    rng, words, rows = random.Random(f"perturbed:{seed}"), vocabulary(), []
+    while len(rows) < n:
+        prompt = sample_prompt(rng, held_out=True)
+        answer = sample_response(prompt, rng).split()
+        edited, at, kind = list(answer), rng.randrange(len(answer)), rng.randrange(4)
+        if kind == 0:
+            edited.insert(rng.randrange(len(answer) + 1), rng.choice(words))
+        elif kind == 1:
+            edited.insert(at, answer[at])
+        elif kind == 2 and len(answer) > 1:
+            del edited[at]
+        elif at + 1 < len(answer):
+            edited[at], edited[at + 1] = edited[at + 1], edited[at]
+        a, b = " ".join(answer), " ".join(edited)
+        if a != b:
+            chosen, rejected = bt_label(prompt, *((a, b) if rng.random() < 0.5 else (b, a)), rng)
+            rows.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return rows
+
+
+def train_judge(run_dir: Path, seed: int, pairs: int, member: int, tmp: Path,
+                perturbed: int = 0):
     """The judge_model stage's judge for ``seed``'s demo data with ``pairs`` held-out pairs
     (the run's validated pairs when that is what it had), started from the run's SFT policy."""
     import dataclasses
@@ -63,9 +97,11 @@ def train_judge(run_dir: Path, seed: int, pairs: int, member: int, tmp: Path):
     spec = LoadSpec()
     tokenizer = load_tokenizer(run_dir / "validate" / "tokenizer", spec)
     folder = run_dir / "validate"
-    if pairs != cfg.demo.n_pref_eval:
+    if pairs != cfg.demo.n_pref_eval or perturbed:
         folder = tmp / f"data-{seed}-{pairs}"
         generate_demo_data(folder, seed, dataclasses.replace(cfg.demo.sizes(), n_pref_eval=pairs))
+        with open(folder / "preference_eval.jsonl", "a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(row) + "\n" for row in perturbation_pairs(perturbed, seed))
     generator = seed_everything(seed + STAGE.seed_offset + MEMBER_SEED_STRIDE * member)
     split = preference_split(folder, tokenizer, cfg.reward)
     judge = fit_judge(run_dir / "sft" / "model", split.held_out, split.held_rows,
@@ -105,6 +141,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="bench/health.py's DIR")
     parser.add_argument("--pairs", type=int, default=500, help="held-out pairs per judge")
     parser.add_argument("--members", type=int, default=1, help="judges (seeds), mean score")
+    parser.add_argument("--perturbed", type=int, default=0,
+                        help="held-out pairs added: an answer against itself with one edit")
     parser.add_argument("--gold-noise", type=float, default=None, metavar="SIGMA",
                         help="no judge trained: the gold score + N(0, SIGMA) per answer")
     parser.add_argument("--draw", type=int, default=0, help="--gold-noise: the noise's seed")
@@ -113,7 +151,8 @@ def main() -> None:
     records = {p.stem: json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))
                if p.stem != "report"}
     if args.gold_noise is None:
-        target = args.out.with_name(f"{args.out.name}-judge-{args.pairs}x{args.members}")
+        target = args.out.with_name(f"{args.out.name}-judge-{args.pairs}x{args.members}"
+                                    + (f"+{args.perturbed}" if args.perturbed else ""))
         target.mkdir(exist_ok=True)
         rescore(records, args, target)
     else:
@@ -152,7 +191,8 @@ def rescore(records: dict[str, dict], args, target: Path) -> None:
             run_dir = Path(glob.glob(str(args.out / names[0] / "rlhf_runs" / "*"))[0])
             sums: dict[str, dict[int, list[float]]] = {}
             for member in range(args.members):
-                judge, tokenizer = train_judge(run_dir, seed, args.pairs, member, Path(tmp))
+                judge, tokenizer = train_judge(run_dir, seed, args.pairs, member, Path(tmp),
+                                               args.perturbed)
                 for name in names:
                     got = score_checks(judge, tokenizer, args.out / name)
                     acc = sums.setdefault(name, {})
