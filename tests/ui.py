@@ -249,6 +249,11 @@ def approval_form(page, srv: Served, flow_run_id: str, shot: Path | None = None)
             "x": left, "y": top["y"] - 20, "width": end["x"] + end["width"] + 20 - left,
             "height": bottom - top["y"] + 20})
         page.set_viewport_size({"width": 1400, "height": 1000})
+    return _dialog_text(page)
+
+
+def _dialog_text(page) -> str:
+    """The open dialog's text, else the page's."""
     return page.locator("[role=dialog]").last.inner_text() if page.locator(
         "[role=dialog]").count() else page.inner_text("body")
 
@@ -276,6 +281,5 @@ def answer_form(page, decision: str, reason: str) -> None:
             title.wait_for(state="hidden", timeout=30_000)
             return
         except Exception:  # playwright's TimeoutError: the form is still open
-            shown = page.locator("[role=dialog]").last.inner_text() if page.locator(
-                "[role=dialog]").count() else page.inner_text("body")
+            shown = _dialog_text(page)
     raise AssertionError(f"the Resume form is still open after three answers: {shown}")

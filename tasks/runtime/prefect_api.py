@@ -125,7 +125,7 @@ def one_slot(name: str, skip: bool) -> Iterator[bool]:
             yield False
             return
         with ExitStack() as stack:
-            try:  # skip: the slot was free a moment ago; the timeout only bounds a lost race
+            try:  # skip: the slot read free a moment ago; the timeout bounds a lost race
                 stack.enter_context(concurrency(name, occupy=1, strict=True,
                                                 timeout_seconds=15.0 if skip else None))
             except TimeoutError:  # a holder came first, or a loaded server answered late:
