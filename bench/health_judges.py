@@ -3,6 +3,7 @@
     python bench/health.py run --out DIR                 # the recorded runs, first
     python bench/health_judges.py --out DIR --pairs 2000  # a judge on more held-out pairs
     python bench/health_judges.py --out DIR --members 4   # the mean of four judges (seeds)
+                                                          #   and their disagreement
     python bench/health_judges.py --out DIR --perturbed 1000  # + pairs with one corruption
     python bench/health_judges.py --out DIR --gold-noise 2 [--draw 1]  # gold + N(0, 2)
 
@@ -14,6 +15,10 @@ with those scores to ``DIR-<variant>/`` and replays the detectors there
 (``bench/health.py report --replay``). With ``--pairs 500 --members 1`` the judge is the
 pipeline's own and the scores are the recorded ones to within float rounding (the largest
 change is printed: 1.4e-6 on seeds 1 and 2).
+
+With ``--members K`` each answer's judge score is the mean of K judges (the stage's seed, then
+that seed + 1000, + 2000, ...), and ``judge_spread`` the standard deviation of their K scores:
+the ensembles' reading of "the scorers disagree where the policy left their data".
 
 ``--perturbed N`` adds N held-out pairs to the judge's: a demo answer against the same answer
 with one generic corruption (a word of the demo's vocabulary inserted, a word repeated or
@@ -162,7 +167,9 @@ def main() -> None:
         for name, rec in records.items():
             noisy = with_noisy_gold_judge(rec, args.gold_noise, f"{name}:{args.draw}")
             (target / f"{name}.json").write_text(json.dumps(noisy))
-    print(json.dumps(summarise(health.report(target, replay=True)), indent=1))
+    rescored = {p.stem: json.loads(p.read_text()) for p in sorted(target.glob("*.json"))
+                if p.stem in records}
+    print(json.dumps(summarise(health.report(target, replay=True), rescored), indent=1))
 
 
 def with_noisy_gold_judge(rec: dict, sigma: float, key: str) -> dict:
@@ -189,32 +196,33 @@ def rescore(records: dict[str, dict], args, target: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for seed, names in sorted(by_seed.items()):
             run_dir = Path(glob.glob(str(args.out / names[0] / "rlhf_runs" / "*"))[0])
-            sums: dict[str, dict[int, list[float]]] = {}
+            members: dict[str, dict[int, list[list[float]]]] = {}
             for member in range(args.members):
                 judge, tokenizer = train_judge(run_dir, seed, args.pairs, member, Path(tmp),
                                                args.perturbed)
                 for name in names:
                     got = score_checks(judge, tokenizer, args.out / name)
-                    acc = sums.setdefault(name, {})
                     for it, scores in got.items():
-                        acc[it] = [a + s for a, s in zip(acc.get(it, [0.0] * len(scores)),
-                                                         scores)]
+                        members.setdefault(name, {}).setdefault(it, []).append(scores)
             for name in names:
                 rec = json.loads(json.dumps(records[name]))
                 gap = 0.0
                 for check in rec["checks"]:
-                    new = [s / args.members for s in sums[name][check["iteration"]]]
+                    per_answer = list(zip(*members[name][check["iteration"]]))
+                    new = [statistics.fmean(s) for s in per_answer]
                     gap = max([gap, *(abs(a - b) for a, b in zip(new, check["judge"]))])
                     check["judge"] = new
+                    check["judge_spread"] = [statistics.pstdev(s) for s in per_answer]
                 (target / f"{name}.json").write_text(json.dumps(rec))
                 print(f"seed {seed} {name}: largest change of a judge score {gap:.4g}",
                       flush=True)
 
 
-def summarise(result: dict) -> dict:
+def summarise(result: dict, records: dict[str, dict]) -> dict:
     """The replayed report's reward-hacking figures: (case, onset, found) of each induced
     case and each healthy run the gold judge calls over-optimised, the false alarms and the
-    judge's agreement with the gold judge on the healthy runs."""
+    judge's agreement with the gold judge on the healthy runs; with several judges, their
+    disagreement at each check (``records``: the rescored cases)."""
     summary = {
         "reward_hacking": [(r["case"], r["onset"], r["detected"]) for r in result["failures"]
                            if r["detector"] == "reward_hacking"],
@@ -224,6 +232,14 @@ def summarise(result: dict) -> dict:
         "judge_agreement_healthy": [
             result["agreement_with_gold"][n]["judge"] for n in health.HEALTHY
             if n in result["agreement_with_gold"]]}
+    spread = {n: [(c["iteration"], round(statistics.fmean(c["judge_spread"]), 2))
+                  for c in rec["checks"]] for n, rec in records.items()
+              if rec["checks"] and "judge_spread" in rec["checks"][0]}
+    if spread:  # the members' disagreement: the mean over answers of their scores' std
+        summary["judge_spread"] = {n: spread[n] for n in ("hacking", "hacking-length")
+                                   if n in spread}
+        healthy = [s for n in health.HEALTHY if n in spread for _, s in spread[n]]
+        summary["judge_spread_healthy"] = {"min": min(healthy), "max": max(healthy)}
     agree = summary["judge_agreement_healthy"]
     if agree:
         summary["judge_agreement_healthy"] = {"min": min(agree), "max": max(agree),
