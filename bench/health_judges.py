@@ -212,7 +212,8 @@ def rescore(records: dict[str, dict], args, target: Path) -> None:
                     new = [statistics.fmean(s) for s in per_answer]
                     gap = max([gap, *(abs(a - b) for a, b in zip(new, check["judge"]))])
                     check["judge"] = new
-                    check["judge_spread"] = [statistics.pstdev(s) for s in per_answer]
+                    if args.members > 1:
+                        check["judge_spread"] = [statistics.pstdev(s) for s in per_answer]
                 (target / f"{name}.json").write_text(json.dumps(rec))
                 print(f"seed {seed} {name}: largest change of a judge score {gap:.4g}",
                       flush=True)
