@@ -69,6 +69,7 @@ def _slot_taken(name: str) -> bool:
 
 
 SLOW_ANSWER_S = 120.0  # how long a skipping caller keeps asking for a slot that reads free
+LEASE_S = 300.0  # a held slot's lease, renewed while its holder lives (Prefect's default)
 
 SLOT_TAG = "rlhf.slot:"  # + limit name: a Prefect flow-run tag, not an MLflow tag
 
@@ -106,7 +107,7 @@ def slot_holder(name: str) -> str:
     runs = [r for r in runs if str(r.id) != str(flow_run.id)]
     if not runs:
         return ("a holder Prefect cannot name (not a running flow run: the slot frees itself "
-                "within 5 minutes of its holder's end)")
+                f"within {LEASE_S / 60:g} minutes of its holder's end)")
     return ", ".join(f"flow run '{r.name}' ({r.id})" for r in runs)
 
 
@@ -127,7 +128,8 @@ def one_slot(name: str, skip: bool) -> Iterator[bool]:
         with ExitStack() as stack:
             try:  # skip: the slot read free a moment ago; the timeout bounds a lost race
                 stack.enter_context(concurrency(name, occupy=1, strict=True,
-                                                timeout_seconds=15.0 if skip else None))
+                                                timeout_seconds=15.0 if skip else None,
+                                                lease_duration=LEASE_S))
             except TimeoutError:  # a holder came first, or a loaded server answered late:
                 if time.monotonic() < deadline:  # the slot is read again, and asked again
                     continue
