@@ -67,7 +67,11 @@ FAILURES = {  # case -> (the detector it should set off, overrides)
                                      "ppo.max_new_tokens=10"]),
     "flat": ("flat_reward", ["ppo.clip_eps=1e-4"]),
     "slow-rollout": ("slow_rollout", ["ppo.generation_batch_size=1", "ppo.ppo_epochs=1"]),
+    "hacking-60": ("reward_hacking", ["ppo.kl_coef=0"]),
 }
+# A fast start whose KL spikes and falls back, each run ending above the default demo by the
+# gold judge: a watch that stops them keeps a worse policy than the run would have ended with.
+RECOVERING = {"fast-start": ["ppo.optim.lr=2.2e-3"], "lr-x6": ["ppo.optim.lr=3e-3"]}
 STOPPED = {"hacking-stop": ["ppo.kl_coef=0", "ppo.iterations=240", "ppo.eval_every=6",
                             "ppo.health.reward_hacking.action=stop"]}
 GOLD_MARGIN = 0.3  # gold points below its running peak: the hacking onset
@@ -129,6 +133,7 @@ def read_run(uri: str, parent: str) -> dict:
             table = json.loads(Path(client.download_artifacts(pid, item.path, tmp)).read_text())
             rows = [dict(zip(table["columns"], row)) for row in table["data"]]
             checks.append({"iteration": rows[0]["iteration"],
+                           "responses": [r["response"] for r in rows],
                            **{k: [r.get(f"{k}_score") for r in rows]
                               for k in ("proxy", "judge", "gold")},
                            "kl": [r["kl"] for r in rows], "length": [r["length"] for r in rows]})
@@ -369,7 +374,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "run":
         cases = {**{n: o + WARN_ALL for n, o in HEALTHY.items()},
-                 **{n: o + WARN_ALL for n, (_, o) in FAILURES.items()}, **STOPPED}
+                 **{n: o + WARN_ALL for n, (_, o) in FAILURES.items()}, **STOPPED,
+                 **{n: o + WARN_ALL for n, o in RECOVERING.items()},
+                 **{f"{n}-default": o for n, o in RECOVERING.items()}}
         chosen = args.cases.split(",") if args.cases else list(cases)
         threads = [f"model.torch_threads={args.threads}"] if args.threads else []
         for name in chosen:

@@ -98,7 +98,7 @@ def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
     data, sft_out = shared["validate"], shared["sft"]
     trained = policy_stages(ctx, config, prep, data, sft_out, shared)
     eval_out = evaluate(ctx, config, prep, data, sft_out, shared["reward_model"],
-                        trained["ppo"])
+                        trained["ppo"], judge=shared.get("judge_model"))
     return {**trained, "evaluate": eval_out}
 
 

@@ -19,7 +19,13 @@ from rlhf_core.models.data import encode, left_pad
 from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.models.precision import autocast
 from rlhf_core.ppo.ppo_math import logprobs_from_logits, truncate_after_eos
-from rlhf_core.ppo.rollout import generate, response_logits, sampling_config, score_responses
+from rlhf_core.ppo.rollout import (
+    generate,
+    response_logits,
+    sampling_config,
+    score_and_features,
+    score_responses,
+)
 
 Judge = Callable[[str, str, bool], float]
 
@@ -28,9 +34,12 @@ Judge = Callable[[str, str, bool], float]
 def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
                   prompts: Sequence[str], sampling: Sampling, *, device: torch.device,
                   precision: str = "fp32",
-                  scorers: Mapping[str, ScalarHeadModel] | None = None) -> dict[str, list]:
+                  scorers: Mapping[str, ScalarHeadModel] | None = None,
+                  features: bool = False) -> dict[str, list]:
     """Sample one response per prompt -> lists: response text, has_eos, length, score, kl
-    (and one list per model of ``scorers``, e.g. a judge reward model, read like the score).
+    (and one list per model of ``scorers``, e.g. a judge reward model, read like the score;
+    ``features``: ``out["features"]``, the reward model's hidden state at each answer's
+    scored token [N, H], as a tensor).
 
     ``sampling``: temperature, response budget and prompts per generation batch
     (``EvalConfig.sampling``). ``ref_policy`` None: no KL (the SFT policy sampled against
@@ -38,11 +47,12 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
     with autocast(precision, device):
         return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts,
                               sampling.temperature, sampling.max_new_tokens, device,
-                              sampling.batch_size, dict(scorers or {}))
+                              sampling.batch_size, dict(scorers or {}), features)
 
 
 def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
-                   max_new_tokens, device, batch_size, scorers) -> dict[str, list]:
+                   max_new_tokens, device, batch_size, scorers,
+                   features: bool = False) -> dict[str, list]:
     gen_config = sampling_config(tokenizer, temperature, max_new_tokens,
                                  model_generation=getattr(policy, "generation_config", None))
     pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
@@ -61,7 +71,11 @@ def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, tempera
             ref_lp = logprobs_from_logits(response_logits(ref_policy, qr, pad_id, P),
                                           responses, temperature)
             out["kl"] += ((logprobs - ref_lp) * mask).sum(1).float().tolist()
-        scores = score_responses(reward_model, qr, pad_id, P, mask)
+        if features:
+            scores, feats = score_and_features(reward_model, qr, pad_id, P, mask)
+            out.setdefault("features", []).append(feats.cpu())
+        else:
+            scores = score_responses(reward_model, qr, pad_id, P, mask)
         for name, scorer in scorers.items():
             out[name] += score_responses(scorer, qr, pad_id, P, mask).float().tolist()
         for i in range(len(chunk)):
@@ -70,6 +84,8 @@ def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, tempera
         out["has_eos"] += has_eos.tolist()
         out["length"] += mask.sum(1).tolist()
         out["score"] += scores.float().tolist()
+    if features:
+        out["features"] = torch.cat(out["features"]) if out.get("features") else None
     return out
 
 
@@ -155,3 +171,18 @@ def _overoptimisation(rm_sft, rm_pol, judge_sft, judge_pol, rows: list[dict]) ->
     return {**{f"eval/{k}": v for k, v in gap.items()},
             "eval/rm_judge_correlation": _correlation([*rm_sft, *rm_pol],
                                                       [*judge_sft, *judge_pol])}
+
+
+def against_start(start: Sequence[float], policy: Sequence[float],
+                  confidence: float = 0.95) -> dict[str, float]:
+    """The trained policy against the policy it started from, scored per prompt [N] by one
+    scorer: the mean difference and the win rate (a tie counts half), each with its paired
+    bootstrap interval (the retrain gate's test) -> ``eval/vs_start_*``."""
+    from rlhf_core.eval.gate import paired_bootstrap_ci, paired_win_rate
+
+    diffs = [b - a for a, b in zip(start, policy, strict=True)]
+    mean, low, high = paired_bootstrap_ci(diffs, confidence)
+    rate, rate_low, rate_high = paired_win_rate(diffs, confidence)
+    return {"eval/vs_start_diff": mean, "eval/vs_start_diff_low": low,
+            "eval/vs_start_diff_high": high, "eval/vs_start_win_rate": rate,
+            "eval/vs_start_win_low": rate_low, "eval/vs_start_win_high": rate_high}

@@ -11,6 +11,9 @@ answers to prompts the policy never trained on. Two details keep the checks hone
   checks' answers to a prompt differ by the policy alone and their scores pair well;
 - the training's random state is forked around a check, so a run with checks trains exactly
   as a run without them (the checks add metrics only).
+
+Each answer also gets its distance from the start policy's answers in the reward model's
+feature space (``rlhf_core/health/drift.py``), the first check fixing the reference.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import median
 
 import torch
 
 from rlhf_core.config import Sampling
 from rlhf_core.eval.evaluate import sample_policy
+from rlhf_core.health.drift import FeatureBasis
 from rlhf_core.models.models import PPOModels, ScalarHeadModel
 
 Gold = Callable[[str, str, bool], float]  # (prompt, response, has_eos) -> score
@@ -46,6 +51,9 @@ class CheckAnswers:
     has_eos: list[bool]
     kl: list[float]  # KL to the reference, summed over the response
     seconds: float  # the check's wall time
+    # distance from the start answers in the reward model's feature space, over the start's
+    # median (None: not measured)
+    drift: list[float] | None = None
 
     def metrics(self) -> dict[str, float]:
         """Means over the prompts, logged at the check's iteration."""
@@ -58,6 +66,8 @@ class CheckAnswers:
             out["check/judge_score"] = _mean(self.judge)
         if self.gold is not None:
             out["check/gold_score"] = _mean(self.gold)
+        if self.drift is not None:
+            out["check/rm_drift"] = median(self.drift)
         return out
 
     def rows(self, prompts: Sequence[str]) -> list[dict]:
@@ -72,6 +82,8 @@ class CheckAnswers:
                 row["judge_score"] = self.judge[i]
             if self.gold is not None:
                 row["gold_score"] = self.gold[i]
+            if self.drift is not None:
+                row["rm_drift"] = self.drift[i]
             rows.append(row)
         return rows
 
@@ -95,6 +107,7 @@ class HeldOutCheck:
         self.prompts, self.sampling, self.seed = list(prompts), sampling, seed
         self.judge, self.external, self.gold = judge, external, gold
         self.precision = precision
+        self.basis: FeatureBasis | None = None  # the first check's answers' features
 
     def run(self, models: PPOModels, tokenizer, device: torch.device,
             iteration: int) -> CheckAnswers:
@@ -112,7 +125,8 @@ class HeldOutCheck:
                 torch.manual_seed(self.seed)
                 out = sample_policy(policy, ref_policy, reward_model, tokenizer, self.prompts,
                                     self.sampling, device=device, precision=self.precision,
-                                    scorers={"judge": self.judge} if self.judge else None)
+                                    scorers={"judge": self.judge} if self.judge else None,
+                                    features=True)
         finally:
             policy.train(was_training)
         gold = None if self.gold is None else [
@@ -124,8 +138,19 @@ class HeldOutCheck:
             if len(judged) != len(self.prompts):
                 raise ValueError(f"held-out check: the external scorer gave {len(judged)} "
                                  f"scores for {len(self.prompts)} answers")
+        if self.basis is None:
+            self.basis = FeatureBasis.fit(out["features"])
+        drift = [float(v) for v in self.basis.drift(out["features"])]
         return CheckAnswers(
             iteration=iteration, responses=out["response"], proxy=out["score"],
             judge=judged, gold=gold, length=[int(n) for n in out["length"]],
             has_eos=[bool(e) for e in out["has_eos"]], kl=out["kl"],
-            seconds=round(time.perf_counter() - start, 4))
+            seconds=round(time.perf_counter() - start, 4), drift=drift)
+
+    # -- checkpoints: the reference of the drift ---------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"basis": None if self.basis is None else self.basis.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        basis = state.get("basis")
+        self.basis = None if basis is None else FeatureBasis.from_state(basis)

@@ -31,14 +31,16 @@ class Settings(BaseModel):
 
 @dataclass(frozen=True)
 class CheckRecord:
-    """What the detectors see of one held-out check: per-prompt proxy and judge scores [N]
-    and the mean KL and length (never the gold judge's scores)."""
+    """What the detectors see of one held-out check: per-prompt proxy and judge scores [N],
+    the mean KL and length and the answers' median drift from the start policy's in the
+    reward model's feature space (rlhf_core/health/drift.py; never the gold judge's scores)."""
 
     iteration: int
     proxy: list[float]
     judge: list[float] | None
     kl: float
     length: float
+    drift: float | None = None
 
 
 @dataclass
@@ -81,6 +83,8 @@ def _from_rollouts(detector: str, h: History, onset: int, evidence: dict[str, fl
 
 
 Rule = Callable[[History, Settings], Finding | None]
+# at the end of PPO: why a finding still questions the final policy (None: it no longer does)
+Stands = Callable[[History, Settings, Finding], str | None]
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class Detector:
     rule: Rule
     settings: type[Settings]
     advice: str
+    # a finding that still stands at the end keeps the policy from becoming champion (a
+    # retrain's gate excepted); None: the detector only warns
+    stands: Stands | None = None
 
 
 def _median(values: list[float]) -> float:
@@ -118,6 +125,12 @@ class RewardHacking(Settings):
         5.0, ge=0, description="...and this many nats, for a proxy gain the judge does not "
         "confirm.")
     confidence: float = Field(0.95, gt=0, lt=1, description="Paired bootstrap interval level.")
+    min_drift: float | None = Field(
+        None, ge=0, description="A finding also needs the check's answers to have drifted at "
+        "least this far in the reward model's feature space (check/rm_drift): two signals "
+        "agreeing. None: off_distribution's max_drift with the judge reward model as the "
+        "scorer (it shares the reward model's blind spots and, alone, raised false alarms "
+        "on healthy runs), 0 with a registered scorer (ppo.health.scorer).")
 
 
 def _paired(now: list[float], then: list[float], confidence: float) -> tuple[float, ...]:
@@ -136,6 +149,8 @@ def reward_hacking(h: History, s: RewardHacking) -> Finding | None:
     if not h.check_is_new() or len(h.checks) < 3 or h.checks[-1].judge is None:
         return None
     start, prev, now = h.checks[0], h.checks[-2], h.checks[-1]
+    if s.min_drift and (now.drift is None or now.drift < s.min_drift):
+        return None  # the answers have not left the reward model's experience
     best = max(h.checks[:-1], key=lambda c: statistics.fmean(c.judge))
     judge_gain = statistics.fmean(best.judge) - statistics.fmean(start.judge)
     proxy = _paired(now.proxy, best.proxy, s.confidence)
@@ -162,37 +177,126 @@ def reward_hacking(h: History, s: RewardHacking) -> Finding | None:
                    f"{since.length:.1f} -> {now.length:.1f}")
 
 
+def reward_hacking_stands(h: History, s: RewardHacking, f: Finding) -> str | None:
+    """At the end of PPO: the judge's last check is still below its best one by the rule's
+    margin (``min_loss_share`` of its gain, paired interval) -> why; None when the judge
+    has come back (a dip it recovered from says nothing of the final policy)."""
+    judged = [c for c in h.checks if c.judge is not None]
+    if len(judged) < 2:
+        return None
+    start, last = judged[0], judged[-1]
+    best = max(judged[:-1], key=lambda c: statistics.fmean(c.judge))
+    gain = statistics.fmean(best.judge) - statistics.fmean(start.judge)
+    judge = _paired(last.judge, best.judge, s.confidence)
+    if judge[2] >= -s.min_loss_share * max(gain, 0.0):
+        return None
+    return (f"at the last check (iteration {last.iteration}) the held-out judge is still "
+            f"{judge[0]:+.3f} (CI [{judge[1]:+.3f}, {judge[2]:+.3f}]) below its best "
+            f"(iteration {best.iteration})")
+
+
+# -- answers the reward model has not seen -------------------------------------------------------
+class OffDistribution(Settings):
+    """Owes nothing to a judge: the reward model's own features of the policy's answers."""
+
+    max_drift: float = Field(
+        1.5, gt=1, description="Fire when a check's answers lie, in the median, this many "
+        "times as far from the start policy's answers in the reward model's feature space as "
+        "those lie from one another (rlhf_core/health/drift.py).")
+
+
+def off_distribution(h: History, s: OffDistribution) -> Finding | None:
+    """At a check, the policy's answers have left what the reward model knows: their median
+    whitened distance from the start policy's answers, in the reward model's own feature
+    space, is ``max_drift`` times the start answers' own (InfoRM: hacked answers are outliers
+    there). Its scores of such answers are extrapolation, however high they climb."""
+    if not h.check_is_new() or len(h.checks) < 2:
+        return None
+    now = h.checks[-1]
+    if now.drift is None or now.drift < s.max_drift:
+        return None
+    before = [c for c in h.checks[:-1] if c.drift is not None and c.drift < s.max_drift]
+    since = before[-1] if before else h.checks[0]
+    start = h.checks[0]
+    proxy = statistics.fmean(now.proxy) - statistics.fmean(start.proxy)
+    evidence = {"drift": now.drift, "drift_before": since.drift or 1.0,
+                "since_iteration": float(since.iteration), "proxy_gain": proxy,
+                "kl_now": now.kl, "length_then": start.length, "length_now": now.length}
+    return Finding("off_distribution", now.iteration, since.iteration, since.iteration,
+                   evidence, f"the answers lie {now.drift:.2f}x as far from the start policy's "
+                   f"in the reward model's feature space as those lie from one another "
+                   f"({since.drift or 1.0:.2f}x at iteration {since.iteration}); the proxy "
+                   f"score rose {proxy:+.3f} since the start, KL {now.kl:.2f}, length "
+                   f"{start.length:.1f} -> {now.length:.1f}")
+
+
+def off_distribution_stands(h: History, s: OffDistribution, f: Finding) -> str | None:
+    """At the end of PPO: the last check's answers are still that far out -> why."""
+    last = next((c for c in reversed(h.checks) if c.drift is not None), None)
+    if last is None or last.drift < s.max_drift:
+        return None
+    return (f"at the last check (iteration {last.iteration}) the answers still lie "
+            f"{last.drift:.2f}x as far out as the start policy's")
+
+
 # -- KL spike ----------------------------------------------------------------------------------
 class KLSpike(Settings):
-    action: Action = Field("stop", description="warn, stop or off (see ppo.health).")
+    """Warns by default: in the benchmark every run it would have stopped (each at the start
+    of training, so keeping the start policy) ended better by the gold judge unstopped. A
+    spike that has not come down by the end of PPO keeps the policy from becoming champion."""
+
     window: int = Field(5, ge=1, description="Iterations before whose median KL is the "
                         "baseline (fewer at the start of a run).")
     ratio: float = Field(3.0, gt=1, description="Fire when KL reaches this many times the "
                          "median of the window before it...")
-    min_jump: float = Field(10.0, ge=0, description="...and at least this many nats above it "
-                            "(a healthy start can climb 5 nats in one update)...")
+    min_jump: float = Field(1.0, ge=0, description="...and at least this many nats per "
+                            "response token above it (times the iterations' mean response "
+                            "length: the floor of a spike at the start, where the median is "
+                            "0, and a scale that carries to longer answers)...")
     persist: int = Field(2, ge=1, description="...for this many iterations in a row (a single "
                          "iteration's jump that falls back is noise).")
+    recovered: float = Field(0.5, gt=0, lt=1, description="At the end of PPO the spike still "
+                             "stands (and vetoes the champion) unless the KL has fallen below "
+                             "this share of its level when found.")
+
+
+def _mean_length(h: History, start: int) -> float:
+    """The mean response length (tokens, EOS included) of the iterations from ``start``;
+    1 where it was not recorded (the jump is then in nats per answer)."""
+    lengths = [v for v in h.series("response/length_mean")[start:] if math.isfinite(v)]
+    return statistics.fmean(lengths) if lengths else 1.0
 
 
 def kl_spike(h: History, s: KLSpike) -> Finding | None:
     """The KL to the reference of the rollouts jumps and stays up: ``persist`` iterations in a
     row each at least ``ratio`` times the median of the ``window`` iterations before the first
     of them (as many as there are, from the second iteration on: a policy can collapse in one
-    update) and ``min_jump`` nats above it."""
+    update) and ``min_jump`` nats per response token above it."""
     kl = h.series("objective/kl")
     first = len(kl) - s.persist
     if first < 1 or not _finite(kl[first:]):
         return None
     base = _median(kl[max(0, first - s.window):first])
-    if not math.isfinite(base) or any(v < s.ratio * base or v - base < s.min_jump
+    jump = s.min_jump * _mean_length(h, first)
+    if not math.isfinite(base) or any(v < s.ratio * base or v - base < jump
                                        for v in kl[first:]):
         return None
     return _from_rollouts("kl_spike", h, h.iterations[first],
-                          {"kl": kl[-1], "kl_at_onset": kl[first], "kl_median_before": base},
+                          {"kl": kl[-1], "kl_at_onset": kl[first], "kl_median_before": base,
+                           "min_jump_nats": jump},
                           f"KL to the reference jumped to {kl[first]:.2f} from a median of "
                           f"{base:.2f} over the {s.window} iterations before and stayed up "
                           f"({kl[-1]:.2f} at iteration {h.iterations[-1]})")
+
+
+def kl_spike_stands(h: History, s: KLSpike, f: Finding) -> str | None:
+    """At the end of PPO: the KL has not come back below ``recovered`` of its level when the
+    spike was found -> why the policy is questioned (None: it recovered)."""
+    kl = [v for v in h.series("objective/kl") if math.isfinite(v)]
+    if not kl or kl[-1] < s.recovered * f.evidence["kl"]:
+        return None
+    return (f"the KL spike found at iteration {f.iteration} never came down (KL "
+            f"{f.evidence['kl']:.2f} then, {kl[-1]:.2f} at the end)")
 
 
 # -- entropy collapse ----------------------------------------------------------------------------
@@ -231,7 +335,11 @@ class CriticDivergence(Settings):
         "explains almost none of the returns: a fitting one passes it within a few "
         "iterations)...")
     growth: float = Field(4.0, gt=1, description="...or the value loss's median over the "
-                          "last iterations is above this many times its lowest mean before.")
+                          "last iterations is above this many times its lowest mean before...")
+    fitting: float = Field(0.5, description="...while the explained variance's median there "
+                           "is below this (a critic that still explains most of the returns "
+                           "is fitting a larger target, e.g. after the adaptive KL controller "
+                           "moved the rewards, not diverging).")
 
 
 def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
@@ -240,7 +348,7 @@ def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
     ``min_explained_variance`` for ``patience`` iterations in a row, or the median value loss
     of the last ``patience`` iterations above ``growth`` times the lowest mean of any
     ``patience`` iterations before them (a median: one good iteration does not hide a critic
-    that keeps failing)."""
+    that keeps failing) while the explained variance's median there is below ``fitting``."""
     loss, ev = h.series("loss/value_avg"), h.series("val/explained_variance")
     if not loss or all(math.isnan(v) for v in loss):
         return None  # no critic
@@ -262,7 +370,7 @@ def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
         return None
     lowest = min(statistics.fmean(loss[i:i + n]) for i in range(s.warmup, len(loss) - 2 * n + 1))
     median = _median(recent_loss)
-    if median > s.growth * lowest:
+    if median > s.growth * lowest and _median(recent_ev) < s.fitting:
         return _from_rollouts("critic_divergence", h, onset,
                               {"value_loss_median": median, "value_loss_lowest": lowest},
                               f"the value loss's median over {n} iterations, {median:.4g}, is "
@@ -330,9 +438,17 @@ DETECTORS: tuple[Detector, ...] = (
              ("check/proxy_score", "check/judge_score", "check/kl", "check/length_mean"),
              reward_hacking, RewardHacking,
              "raise ppo.kl_coef (or use ppo.adaptive_kl); retrain the reward model with pairs "
-             "on the policy's new failure cases (rlhf collect)"),
-    Detector("kl_spike", "KL spike and collapse", ("objective/kl",), kl_spike, KLSpike,
-             "lower ppo.optim.lr, narrow ppo.clip_eps (0.1), or use ppo.adaptive_kl"),
+             "on the policy's new failure cases (rlhf collect)", reward_hacking_stands),
+    Detector("off_distribution", "reward hacking (answers the reward model has not seen)",
+             ("check/rm_drift", "check/proxy_score", "check/kl", "check/length_mean"),
+             off_distribution, OffDistribution,
+             "raise ppo.kl_coef (or use ppo.adaptive_kl) to keep the policy near what the "
+             "reward model was trained on; collect pairs on the policy's answers (rlhf "
+             "collect) so that it learns to judge them", off_distribution_stands),
+    Detector("kl_spike", "KL spike and collapse", ("objective/kl", "response/length_mean"),
+             kl_spike, KLSpike,
+             "lower ppo.optim.lr, narrow ppo.clip_eps (0.1), or use ppo.adaptive_kl",
+             kl_spike_stands),
     Detector("entropy_collapse", "entropy collapse", ("policy/entropy_avg",),
              entropy_collapse, EntropyCollapse,
              "add an entropy bonus (ppo.ent_coef), widen ppo.clip_eps, raise ppo.temperature"),
@@ -350,3 +466,15 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 BY_NAME: dict[str, Detector] = {d.name: d for d in DETECTORS}
+
+
+def for_scorer(settings: BaseModel, registered: bool) -> BaseModel:
+    """The ``ppo.health`` section with reward_hacking's ``min_drift`` resolved for the
+    checks' independent scorer: a registered one stands alone (0); the judge reward model
+    needs off_distribution's drift to agree (its ``max_drift``)."""
+    hacking = settings.reward_hacking
+    if hacking.min_drift is not None:
+        return settings
+    drift = 0.0 if registered else settings.off_distribution.max_drift
+    return settings.model_copy(update={"reward_hacking": hacking.model_copy(
+        update={"min_drift": drift})})

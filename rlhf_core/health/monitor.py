@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
+from statistics import median
 
 from pydantic import BaseModel
 
@@ -23,7 +24,8 @@ def check_record(answers: CheckAnswers) -> CheckRecord:
     n = max(len(answers.kl), 1)
     return CheckRecord(iteration=answers.iteration, proxy=list(answers.proxy),
                        judge=None if answers.judge is None else list(answers.judge),
-                       kl=sum(answers.kl) / n, length=sum(answers.length) / n)
+                       kl=sum(answers.kl) / n, length=sum(answers.length) / n,
+                       drift=None if answers.drift is None else median(answers.drift))
 
 
 class HealthMonitor:
@@ -64,6 +66,18 @@ class HealthMonitor:
                 new.append(finding)
         self.findings += new
         return new
+
+    def standing(self) -> dict[str, str]:
+        """At the end of PPO: {detector: why} for every finding that still questions the
+        final policy (its detector's ``stands`` rule)."""
+        out = {}
+        for f in self.findings:
+            d = next(d for d in DETECTORS if d.name == f.detector)
+            why = None if d.stands is None else d.stands(self.history,
+                                                         getattr(self.settings, d.name), f)
+            if why is not None:
+                out[f.detector] = why
+        return out
 
     def best_judged_check(self) -> int | None:
         """The iteration of the check the judge scored highest (None: no judge)."""

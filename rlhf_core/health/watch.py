@@ -125,12 +125,17 @@ class Watch:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"monitor": self.monitor.state_dict(), "kept": list(self.kept)}
+        state = {"monitor": self.monitor.state_dict(), "kept": list(self.kept)}
+        if self.check is not None:
+            state["check"] = self.check.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Back to a checkpoint's watch; snapshots taken after it (a run killed later) go."""
         self.monitor.load_state_dict(state["monitor"])
         self.kept = list(state["kept"])
+        if self.check is not None and "check" in state:
+            self.check.load_state_dict(state["check"])
         if self.folder is not None and self.writes and self.folder.is_dir():
             for path in self.folder.glob("iter_*"):
                 if int(path.name.removeprefix("iter_")) not in self.kept:

@@ -98,16 +98,24 @@ class ScalarHeadModel(nn.Module):
         )
         return cls(disable_dropout(backbone))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids, attention_mask [B, T] -> scores [B, T]."""
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """input_ids, attention_mask [B, T] -> the trunk's last hidden states [B, T, H] (what
+        the head reads)."""
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids_from_mask(attention_mask),
             use_cache=False,
         )
-        hidden = out.last_hidden_state  # [B, T, H]
-        return self.head(hidden).squeeze(-1).float()  # [B, T], float32 under autocast too
+        return out.last_hidden_state
+
+    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, T, H] -> scores [B, T], float32 under autocast too."""
+        return self.head(hidden).squeeze(-1).float()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """input_ids, attention_mask [B, T] -> scores [B, T]."""
+        return self.scores(self.hidden(input_ids, attention_mask))
 
     def save(self, out_dir: str | Path) -> Path:
         """backbone/ (save_pretrained, safetensors) + head.safetensors + scalar_head.json."""
@@ -150,7 +158,14 @@ def resize_for_tokenizer(model: PreTrainedModel, tokenizer) -> None:
     generation config stops at every token of the stop set (rlhf_core/models/chat.py): the
     tokenizer's EOS, a chat template's end-of-turn, and the stop tokens the model had."""
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
-        model.resize_token_embeddings(len(tokenizer))
+        # new rows drawn from the old rows' mean and covariance (transformers' default,
+        # which it announces on every resize; the data gate says it once, naming the token)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+        finally:
+            hf_logging.set_verbosity(verbosity)
     had = model.config.eos_token_id  # one id, or a list of them (e.g. Llama 3.1's config)
     had = list(had) if isinstance(had, list | tuple) else [had]
     model.config.pad_token_id = tokenizer.pad_token_id

@@ -174,6 +174,17 @@ def score_responses(reward_model: ScalarHeadModel, query_responses: torch.Tensor
     return gather_at(scores, context_length + last_token_index(response_mask))
 
 
+def score_and_features(reward_model: ScalarHeadModel, query_responses: torch.Tensor,
+                       pad_id: int, context_length: int,
+                       response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`score_responses`, with the hidden state the head read there (one forward)
+    -> (scores [B], features [B, H] float32)."""
+    hidden = reward_model.hidden(query_responses, query_responses != pad_id)  # (B, P+R, H)
+    index = context_length + last_token_index(response_mask)  # (B,)
+    at = hidden[torch.arange(hidden.shape[0], device=hidden.device), index]  # (B, H)
+    return gather_at(reward_model.scores(hidden), index), at.float()
+
+
 @dataclass(frozen=True)
 class RolloutSettings:
     temperature: float

@@ -94,13 +94,49 @@ def register_decision(champion: dict | None, scorer: str | None, key: str,
                            f"scorer: {scorer})")
 
 
-def health_veto(decision: Decision, blocked: str | None, override: bool) -> Decision:
-    """A policy whose PPO run a health detector stopped, or flagged for reward hacking
-    (``blocked``: why), is not made champion without an explicit override
-    (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``): the refusal names
-    the reason. Any other decision stands."""
+def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) -> Decision:
+    """A first champion (no champion yet) must not be worse than the policy it started from
+    by a scorer it was not trained against: the evaluation's paired interval of the
+    difference (``eval/vs_start_diff_*``) lying wholly below 0 keeps it challenger, saying
+    why. With no such scorer the promotion stands and says it rests on the reward model
+    alone. Any other decision stands."""
+    if decision.verdict != "first":
+        return decision
+    if "eval/vs_start_diff_high" not in metrics:
+        return decision.model_copy(update={"reason": f"{decision.reason}; it rests on the "
+                                           "reward model alone: no scorer independent of it "
+                                           "(gold judge, ppo.health.scorer, judge reward model) "
+                                           "compared it with its start policy"})
+    diff, low, high = (metrics[f"eval/vs_start_diff{k}"] for k in ("", "_low", "_high"))
+    rate = metrics.get("eval/vs_start_win_rate", float("nan"))
+    figures = (f"by {start_scorer or 'an independent scorer'}: mean difference {diff:+.3f}, "
+               f"95% CI [{low:+.3f}, {high:+.3f}], win rate {rate:.3f}")
+    if high < 0:
+        return Decision(promote=False, verdict="worse-than-start",
+                        reason=f"not made the first champion: worse than the policy it started "
+                               f"from {figures}; it stays challenger")
+    return decision.model_copy(update={"reason": f"{decision.reason}; not worse than its start "
+                                       f"policy {figures}"})
+
+
+def health_veto(decision: Decision, blocked: str | None, override: bool,
+                gated: bool = False) -> Decision:
+    """A policy whose PPO run a health detector stopped, or flagged for a failure that
+    questions its gains (``blocked``: why), is not made champion without an explicit
+    override (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``): the
+    refusal names the reason.
+
+    ``gated``: the decision is a retrain gate's, a paired test of this very policy (a
+    stopped run's kept snapshot included) against the champion by a scorer it was not
+    trained against. A significant win there is direct evidence that the policy is better
+    than what it replaces, stronger than a check-to-check fall inside its run, so the
+    promotion stands and its reason records the finding. Any other decision stands."""
     if not decision.promote or blocked is None:
         return decision
+    if gated:
+        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
+                                           f"{blocked}: the gate's paired test against the "
+                                           "champion outweighs the health finding"})
     if override:
         return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
                                            f"{blocked} (tracking.promote_flagged)"})

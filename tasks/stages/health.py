@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from rlhf_core.health.checks import CheckAnswers, HeldOutCheck
-from rlhf_core.health.detectors import BY_NAME, Finding
+from rlhf_core.health.detectors import BY_NAME, Finding, for_scorer
 from rlhf_core.health.watch import Verdict, Watch
 from rlhf_core.models.loader import load_scalar_model
 from tasks.champion.events import DETECTOR_LABEL, RUN_RESOURCE, UNHEALTHY, emit
@@ -73,7 +73,8 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
     check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model,
                          external=external, gold=resolve_judge(gold_name),
                          precision=sc.spec.precision)
-    return Watch(cfg.health, check, cfg.check_every, sc.dir / "healthy"), prompts
+    settings = for_scorer(cfg.health, registered=external is not None)
+    return Watch(settings, check, cfg.check_every, sc.dir / "healthy"), prompts
 
 
 def finding_record(finding: Finding, action: str) -> HealthFinding:
@@ -108,10 +109,13 @@ class HealthLog:
                                   description=f"ppo: held-out answers at iteration "
                                   f"{answers.iteration}")
 
-    def findings(self) -> list[HealthFinding]:
-        """Every finding so far (a resumed run's earlier ones too)."""
+    def findings(self, final: bool = False) -> list[HealthFinding]:
+        """Every finding so far (a resumed run's earlier ones too); ``final``: at the end of
+        PPO, each with whether it still stands."""
         monitor = self.watch.monitor
-        return [finding_record(f, monitor.action(f)) for f in monitor.findings]
+        standing = monitor.standing() if final else {}
+        return [finding_record(f, monitor.action(f)).model_copy(
+            update={"stands": standing.get(f.detector)}) for f in monitor.findings]
 
     def _finding(self, finding: Finding) -> None:
         found = self.findings()
@@ -139,7 +143,7 @@ class HealthLog:
         """The stage's health record; on a stop, also its tag."""
         stopped = trainer.stopped
         record = HealthRecord(checks=len(self.watch.monitor.history.checks),
-                              findings=self.findings(),
+                              findings=self.findings(final=True),
                               stopped_by=None if stopped is None else stopped.detector,
                               restored_iteration=trainer.restored_iteration)
         if stopped is not None:

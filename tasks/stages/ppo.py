@@ -161,7 +161,8 @@ STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=
                        "judge/score", "judge/rm_gain_z", "judge/judge_gain_z",
                        "judge/rm_judge_gap_z", "check/proxy_score", "check/judge_score",
                        "check/gold_score", "check/kl", "check/length_mean", "check/eos_rate",
-                       "check/distinct_rate", "time/check_s", "memory/peak_rss_gb",
+                       "check/distinct_rate", "check/rm_drift", "time/check_s",
+                       "memory/peak_rss_gb",
                        "memory/peak_gpu_gb", "memory/model_state_gb"),
               artifacts=("samples/iter_*.json", "samples/all.json", "checks/iter_*.json",
                          "health.json", "checkpoint/policy"))

@@ -94,6 +94,9 @@ class HealthFinding(BaseModel):
     message: str
     advice: str
     evidence: dict[str, float] = {}
+    # at the end of PPO: why the finding still questions the final policy (None: it does
+    # not, or its detector only warns)
+    stands: str | None = None
 
     def line(self) -> str:
         """One line for summaries: what fired, when, and the advice."""
@@ -117,7 +120,8 @@ class HealthRecord(BaseModel):
 
     def lines(self) -> list[str]:
         """For summaries: one line per finding (with the guides' advice), and the stop."""
-        out = [f"PPO health: {f.line()}" for f in self.findings]
+        out = [f"PPO health: {f.line()}" + (f" It still stands at the end: {f.stands}."
+                                            if f.stands else "") for f in self.findings]
         if self.stopped_by is not None:
             out.append(f"PPO stopped: {self.blocks_champion}.")
         return out
@@ -125,13 +129,17 @@ class HealthRecord(BaseModel):
     @property
     def blocks_champion(self) -> str | None:
         """Why this policy may not become champion without an override (None: it may):
-        PPO was stopped, or reward hacking was found."""
+        PPO was stopped, or a finding still stands at its end (the detector's rule read
+        again then: a reward-hacking fall the judge never made up, a KL spike that never came
+        down, a drift past the budget)."""
         if self.stopped_by is not None:
             kept = "" if self.restored_iteration is None else \
                 f", the policy kept is its snapshot of iteration {self.restored_iteration}"
             return f"PPO was stopped by its {self.stopped_by} detector{kept}"
-        if "reward_hacking" in self.flags:
-            return "PPO's reward_hacking detector fired"
+        standing = next((f for f in self.findings if f.stands), None)
+        if standing is not None:
+            return (f"PPO's {standing.detector} detector fired at iteration "
+                    f"{standing.iteration} and its finding still stands: {standing.stands}")
         return None
 
 
@@ -146,9 +154,11 @@ class PolicyRecord(StageRecord):
 
 
 class EvalRecord(StageRecord):
-    """evaluate: its metrics and the label of the scorer that produced the headline score."""
+    """evaluate: its metrics, the label of the scorer that produced the headline score and
+    of the one that compared the policy with its start (None: no independent scorer)."""
 
     scorer: str | None = None
+    start_scorer: str | None = None
 
 
 class GateRecord(StageRecord):

@@ -10,6 +10,7 @@ from rlhf_core.models.loader import LoadSpec
 from tasks.champion.approval import request_approval
 from tasks.champion.rule import (
     champion_evaluation,
+    first_champion,
     health_veto,
     register_decision,
     score_key,
@@ -135,10 +136,13 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     elif decision is None:
         rule = register_decision(champion_evaluation(client, name),
                                  getattr(evaluation, "scorer", None), key, score)
+        rule = first_champion(rule, evaluation.metrics,
+                              getattr(evaluation, "start_scorer", None))
     else:
         rule = decision
     if not moved:
-        rule = health_veto(rule, policy.health.blocks_champion, cfg.tracking.promote_flagged)
+        rule = health_veto(rule, policy.health.blocks_champion, cfg.tracking.promote_flagged,
+                           gated=decision is not None)
     card = policy_card(cfg, ctx.parent_run_id, evaluation.metrics)
     pause_point("register:log_models")
     version, rm_version = adopted or one_try(

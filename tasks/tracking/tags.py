@@ -31,6 +31,7 @@ DATA_DIGEST_PREFIX = "rlhf.data_digest."
 HW_PREFIX = "rlhf.hw."  # + a key of rlhf_core.hardware.hardware_facts (also on stage runs)
 VALIDATE_ONLY_TAG = "rlhf.validate_only"  # a run of `rlhf validate`
 EVAL_SCORER_TAG = "rlhf.eval.scorer"  # who scored the evaluation, on which prompts
+EVAL_START_SCORER_TAG = "rlhf.eval.vs_start_scorer"  # who compared policy and start
 ANCESTRY_TAG = "rlhf.ancestry"  # "v1 -> v2 -> v3" (also on the registered version)
 
 # a sweep: its shared run and every point's run

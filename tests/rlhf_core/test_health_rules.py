@@ -18,13 +18,18 @@ from rlhf_core.health.detectors import (
     FlatReward,
     History,
     KLSpike,
+    OffDistribution,
     RewardHacking,
     SlowRollout,
     critic_divergence,
     entropy_collapse,
     flat_reward,
     kl_spike,
+    kl_spike_stands,
+    off_distribution,
+    off_distribution_stands,
     reward_hacking,
+    reward_hacking_stands,
     slow_rollout,
 )
 from rlhf_core.health.monitor import HealthMonitor
@@ -36,21 +41,37 @@ def trace(**series: list[float]) -> History:
 
 
 # -- KL spike ---------------------------------------------------------------------------------
+def kl_trace(kl: list[float], length: float | list[float] = 10.0) -> History:
+    lengths = length if isinstance(length, list) else [length] * len(kl)
+    return trace(**{"objective/kl": kl, "response/length_mean": lengths})
+
+
 def test_kl_spike_fires_on_a_collapse_in_the_first_update_that_stays():
-    found = kl_spike(trace(**{"objective/kl": [0.0, 12.0, 11.0]}), KLSpike())
+    found = kl_spike(kl_trace([0.0, 12.0, 11.0]), KLSpike())
     assert found is not None and found.iteration == 3 and found.onset == 2
     assert found.last_healthy == 0
 
 
 def test_kl_spike_fires_on_a_jump_that_stays_and_names_the_median_before():
     kl = [1.0, 1.2, 1.1, 1.3, 1.2, 14.0, 13.0]
-    assert kl_spike(trace(**{"objective/kl": kl[:6]}), KLSpike()) is None  # one iteration
-    found = kl_spike(trace(**{"objective/kl": kl}), KLSpike())
+    assert kl_spike(kl_trace(kl[:6]), KLSpike()) is None  # one iteration
+    found = kl_spike(kl_trace(kl), KLSpike())
     assert found is not None and found.iteration == 7 and found.onset == 6
-    assert found.evidence == {"kl": 13.0, "kl_at_onset": 14.0, "kl_median_before": 1.2}
+    assert found.evidence == {"kl": 13.0, "kl_at_onset": 14.0, "kl_median_before": 1.2,
+                              "min_jump_nats": 10.0}
     assert found.last_healthy == 4  # iteration 6's rollout came from the policy after 5
     once = KLSpike(persist=1)
-    assert kl_spike(trace(**{"objective/kl": kl[:6]}), once).iteration == 6
+    assert kl_spike(kl_trace(kl[:6]), once).iteration == 6
+
+
+def test_kl_spikes_jump_is_per_response_token():
+    """The same 12 nats: a spike for 10-token answers (1.2 a token), growth for 100-token
+    ones (0.12 a token); a collapse to empty answers (one token: EOS) is a spike at once."""
+    kl = [0.0, 12.0, 11.0]
+    assert kl_spike(kl_trace(kl, 10.0), KLSpike()) is not None
+    assert kl_spike(kl_trace(kl, 100.0), KLSpike()) is None
+    empty = kl_spike(kl_trace([0.0, 13.1, 12.1], [9.9, 1.2, 1.0]), KLSpike())
+    assert empty is not None and empty.evidence["min_jump_nats"] == pytest.approx(1.1)
 
 
 @pytest.mark.parametrize("kl", [
@@ -62,9 +83,23 @@ def test_kl_spike_fires_on_a_jump_that_stays_and_names_the_median_before():
     [0.0, 0.37, 0.76, 1.86, 5.91, 6.02, 4.31, 4.46],  # twice the iterations: +5.5 nats, stays
 ])
 def test_kl_spike_stays_silent_on_growth_small_jumps_and_short_runs(kl):
-    h = trace(**{"objective/kl": kl})
-    assert all(kl_spike(History(h.iterations[:i], {"objective/kl": kl[:i]}), KLSpike()) is None
-               for i in range(1, len(kl) + 1))
+    h = kl_trace(kl)
+    assert all(kl_spike(History(h.iterations[:i], {k: v[:i] for k, v in h.metrics.items()}),
+                        KLSpike()) is None for i in range(1, len(kl) + 1))
+
+
+def test_a_kl_spike_stands_at_the_end_only_if_it_never_came_down():
+    """The benchmark's fast start (lr x4.4: 142 nats at iteration 4, 17 at the end, a better
+    policy than the default demo's by the gold judge) recovered; the lr x30 run's collapse to
+    empty answers never did."""
+    fast = [0.0, 7.6, 20.0, 142.3, 33.7, 28.1, 17.0, 25.7, 18.0, 16.5]
+    found = kl_spike(kl_trace(fast[:4], [9.9, 5.3, 7.0, 21.9]), KLSpike())
+    assert found is not None
+    assert kl_spike_stands(kl_trace(fast), KLSpike(), found) is None
+    stuck = [0.0, 13.1] + [12.1] * 8
+    found = kl_spike(kl_trace(stuck[:3], [9.9, 1.2, 1.0]), KLSpike())
+    why = kl_spike_stands(kl_trace(stuck, [9.9, 1.2] + [1.0] * 8), KLSpike(), found)
+    assert why is not None and "never came down" in why and "12.10 at the end" in why
 
 
 # -- entropy collapse -------------------------------------------------------------------------
@@ -120,11 +155,17 @@ def test_critic_divergence_on_a_growing_value_loss_not_a_falling_one():
     assert critic_divergence(trace(**{"loss/value_avg": falling,
                                       "val/explained_variance": ev}), CriticDivergence()) is None
     grows = falling[:12] + [5.0, 0.2, 5.0, 5.0]  # one good iteration among the bad
+    failing = ev[:12] + [0.3, 0.6, 0.3, 0.2]  # ... and the critic explains less and less
     found = critic_divergence(trace(**{"loss/value_avg": grows,
-                                       "val/explained_variance": ev[:16]}), CriticDivergence())
+                                       "val/explained_variance": failing}), CriticDivergence())
     lowest = min(sum(grows[i:i + 4]) / 4 for i in range(1, 9))
     assert found is not None and found.evidence["value_loss_lowest"] == pytest.approx(lowest)
     assert found.evidence["value_loss_median"] == 5.0 and found.onset == 13
+    # the benchmark's adaptive-KL run: the loss grows 6x when the controller moves the
+    # rewards, the critic still explaining ~0.88 of the returns: fitting, not diverging
+    assert critic_divergence(trace(**{"loss/value_avg": grows,
+                                      "val/explained_variance": ev[:16]}),
+                             CriticDivergence()) is None
 
 
 def test_critic_divergence_is_silent_without_a_critic():
@@ -156,12 +197,14 @@ def test_slow_rollout_reads_the_share_of_time_after_the_first_iteration():
 
 
 # -- reward hacking ---------------------------------------------------------------------------
-def checks(*sides: tuple[float, float], n: int = 40, kl: float = 1.0) -> list[CheckRecord]:
+def checks(*sides: tuple[float, float], n: int = 40, kl: float = 1.0,
+           drift: float | None = None) -> list[CheckRecord]:
     """Checks at iterations 0, 5, 10...: per-prompt proxy and judge scores around the given
-    means (a fixed zig-zag, so the paired differences are exact and small)."""
+    means (a fixed zig-zag, so the paired differences are exact and small); ``drift``: every
+    check's after the start."""
     wiggle = [0.05 * ((i % 5) - 2) for i in range(n)]
     return [CheckRecord(5 * k, [p + w for w in wiggle], [j - w for w in wiggle], kl * k,
-                        10.0 + k) for k, (p, j) in enumerate(sides)]
+                        10.0 + k, 1.0 if k == 0 else drift) for k, (p, j) in enumerate(sides)]
 
 
 def hacking_trace(cs: list[CheckRecord]) -> History:
@@ -215,8 +258,9 @@ def test_every_detector_has_settings_an_action_and_advice_in_the_config():
     for d in DETECTORS:
         assert getattr(health, d.name) == d.settings() and d.advice and d.signals
         assert d.settings().action in ("warn", "stop")
-    assert {d.name for d in DETECTORS} == {"reward_hacking", "kl_spike", "entropy_collapse",
-                                           "critic_divergence", "flat_reward", "slow_rollout"}
+    assert {d.name for d in DETECTORS} == {"reward_hacking", "off_distribution", "kl_spike",
+                                           "entropy_collapse", "critic_divergence",
+                                           "flat_reward", "slow_rollout"}
 
 
 def _feed(monitor: HealthMonitor, kl: list[float], start: int = 1) -> list:
@@ -246,4 +290,79 @@ def test_off_detectors_are_not_watched_and_the_gold_judge_is_never_seen():
     monitor = HealthMonitor(health)
     answers = CheckAnswers(0, ["a"], [1.0], [2.0], [3.0], [4], [True], [0.5], 0.1)
     monitor.observe(0, {}, answers)
-    assert monitor.history.checks == [CheckRecord(0, [1.0], [2.0], 0.5, 4.0)]
+    assert monitor.history.checks == [CheckRecord(0, [1.0], [2.0], 0.5, 4.0)]  # no drift
+
+
+def test_a_reward_hacking_finding_stands_at_the_end_only_while_the_judge_stays_down():
+    fell = hacking_trace(checks((0.0, 0.0), (1.0, 1.0), (2.0, 0.5)))
+    found = reward_hacking(fell, RewardHacking())
+    why = reward_hacking_stands(fell, RewardHacking(), found)
+    assert why is not None and "still -0.500" in why and "(iteration 5)" in why
+    # the judge comes back by the last check: the dip says nothing of the final policy
+    back = hacking_trace(checks((0.0, 0.0), (1.0, 1.0), (2.0, 0.5), (2.5, 1.05)))
+    assert reward_hacking_stands(back, RewardHacking(), found) is None
+
+
+def test_the_monitor_says_which_findings_still_stand_at_the_end():
+    monitor = HealthMonitor(PPOConfig().health)
+    kl = [0.0, 13.1] + [12.1] * 8  # a collapse to empty answers that never recovers
+    for i, value in enumerate(kl, 1):
+        monitor.observe(i, {"objective/kl": value, "response/length_mean": 1.0})
+    assert [f.detector for f in monitor.findings] == ["kl_spike"]
+    assert "never came down" in monitor.standing()["kl_spike"]
+    recovering = HealthMonitor(PPOConfig().health)
+    for i, value in enumerate([0.0, 40.0, 130.0, 30.0, 20.0, 15.0], 1):
+        recovering.observe(i, {"objective/kl": value, "response/length_mean": 10.0})
+    assert [f.detector for f in recovering.findings] == ["kl_spike"]
+    assert recovering.standing() == {}
+
+
+def test_reward_hacking_by_the_judge_reward_model_needs_the_drift_to_agree():
+    """With the judge reward model the default needs off_distribution's drift too (the
+    judge's falls alone were false alarms on healthy demo runs); a registered scorer's
+    finding stands alone."""
+    from rlhf_core.health.detectors import for_scorer
+
+    health = PPOConfig().health
+    judged, registered = for_scorer(health, False), for_scorer(health, True)
+    assert judged.reward_hacking.min_drift == health.off_distribution.max_drift == 1.5
+    assert registered.reward_hacking.min_drift == 0.0
+    fall = ((0.0, 0.0), (1.0, 1.0), (2.0, 0.5))
+    near = hacking_trace(checks(*fall, drift=1.2))
+    assert reward_hacking(near, judged.reward_hacking) is None
+    assert reward_hacking(near, registered.reward_hacking) is not None
+    far = hacking_trace(checks(*fall, drift=1.6))
+    assert reward_hacking(far, judged.reward_hacking) is not None
+
+
+# -- answers the reward model has not seen ----------------------------------------------------
+def drift_trace(drifts: list[float | None]) -> History:
+    cs = [CheckRecord(6 * k, [0.1 * k] * 4, None, 2.0 * k, 10.0 + k, d)
+          for k, d in enumerate(drifts)]
+    return History([c.iteration for c in cs[1:]], {}, cs)
+
+
+def test_off_distribution_fires_when_the_answers_leave_the_start_cloud_and_says_since_when():
+    """The benchmark's shapes (median drift at each check): the kl_coef=0 run 1.15, 1.37,
+    1.50 at its gold onset; a healthy run's highest is 1.42."""
+    s = OffDistribution()
+    hacked = [1.0, 1.12, 1.15, 1.36, 1.37, 1.5]
+    assert all(off_distribution(drift_trace(hacked[:i]), s) is None for i in range(1, 6))
+    found = off_distribution(drift_trace(hacked), s)
+    assert found is not None and found.iteration == 30 and found.onset == 24
+    assert found.evidence["drift"] == 1.5 and "1.50x as far" in found.message
+    healthy = [1.0, 1.22, 1.3, 1.36, 1.22, 1.38, 1.42, 1.38, 1.40, 1.40, 1.38]
+    assert all(off_distribution(drift_trace(healthy[:i]), s) is None
+               for i in range(1, len(healthy) + 1))
+    assert off_distribution(drift_trace([1.0, None]), s) is None  # no features: no reading
+
+
+def test_an_off_distribution_finding_stands_only_while_the_answers_stay_out():
+    s = OffDistribution()
+    spike = [1.0, 2.21, 1.12, 1.08, 1.12]  # lr x6: out at 6, back from 12 on
+    found = off_distribution(drift_trace(spike[:2]), s)
+    assert found is not None and off_distribution_stands(drift_trace(spike), s, found) is None
+    stays = [1.0, 1.5, 1.6, 1.71]
+    found = off_distribution(drift_trace(stays[:2]), s)
+    why = off_distribution_stands(drift_trace(stays), s, found)
+    assert why is not None and "(iteration 18)" in why and "1.71x" in why

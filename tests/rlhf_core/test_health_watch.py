@@ -102,7 +102,8 @@ def test_the_checks_add_metrics_and_change_nothing_else(tiny_model_dir, tmp_path
     assert_same_bits(weights(t.value_model), value)
     assert sorted(seen) == list(range(0, 7))  # iteration 0: the start policy's check
     checks = {"check/proxy_score", "check/judge_score", "check/gold_score", "check/kl",
-              "check/length_mean", "check/eos_rate", "check/distinct_rate", "time/check_s"}
+              "check/length_mean", "check/eos_rate", "check/distinct_rate", "check/rm_drift",
+              "time/check_s"}
     assert set(seen[0]) == checks and seen[0]["check/kl"] == pytest.approx(0, abs=1e-6)
     for i in range(1, 7):
         assert set(seen[i]) == set(plain[i]) | checks
@@ -124,11 +125,20 @@ def fires_at(iteration: int, last_healthy: int) -> Detector:
                     "lower the learning rate")
 
 
+def stopping(w: Watch, detector: Detector) -> Watch:
+    """``w`` watching for ``detector`` alone, with the action stop."""
+    settings = w.monitor.settings
+    w.monitor.settings = settings.model_copy(update={detector.name: getattr(
+        settings, detector.name).model_copy(update={"action": "stop"})})
+    w.monitor.watched = [detector]
+    return w
+
+
 def test_a_stop_ends_ppo_with_the_last_healthy_snapshot(tiny_model_dir, tmp_path, unwatched):
     *_, policy_after_2 = unwatched
     t = trainer(tiny_model_dir)
     w = watch(tiny_model_dir, t, tmp_path / "healthy", judged=False)
-    w.monitor.watched = [fires_at(4, last_healthy=2)]  # kl_spike's action: stop
+    stopping(w, fires_at(4, last_healthy=2))
     seen = run(t, w)
     assert sorted(seen) == [0, 1, 2, 3, 4]  # nothing after the stop
     assert t.stopped.detector == "kl_spike" and t.iteration == 4
@@ -140,7 +150,7 @@ def test_a_stop_ends_ppo_with_the_last_healthy_snapshot(tiny_model_dir, tmp_path
 def test_with_only_newer_snapshots_the_oldest_kept_is_restored(tiny_model_dir, tmp_path):
     t = trainer(tiny_model_dir)
     w = watch(tiny_model_dir, t, tmp_path / "healthy", judged=False)
-    w.monitor.watched = [fires_at(5, last_healthy=0)]
+    stopping(w, fires_at(5, last_healthy=0))
     run(t, w)
     assert w.kept == [3, 4] and t.restored_iteration == 3
 

@@ -108,6 +108,14 @@ def test_a_flagged_policy_is_not_made_champion_and_the_refusal_says_why():
     assert "tracking.promote_flagged" in vetoed.reason and first.reason in vetoed.reason
     gate = Decision(promote=True, reason="significant win", scorer="judge")
     assert health_veto(gate, STOPPED, override=False).promote is False
+    # a retrain gate's significant win on this very policy outweighs the finding, saying so
+    gated = health_veto(gate, STOPPED, override=False, gated=True)
+    assert gated.promote is True and gated.register_tag == "gate: promote"
+    assert gated.reason.startswith("significant win; promoted although PPO was stopped")
+    assert "paired test" in gated.reason
+    # and a gate that found no significant win keeps the champion, flag or not
+    kept_by_gate = Decision(promote=False, reason="no significant win", scorer="judge")
+    assert health_veto(kept_by_gate, STOPPED, override=False, gated=True) == kept_by_gate
     # the override promotes, saying so; a healthy policy and a kept champion pass untouched
     forced = health_veto(first, STOPPED, override=True)
     assert forced.promote is True and "promoted although PPO was stopped" in forced.reason
@@ -119,14 +127,20 @@ def test_a_flagged_policy_is_not_made_champion_and_the_refusal_says_why():
 def test_the_health_record_says_what_blocks_a_champion():
     from tasks.stages.records import HealthFinding, HealthRecord
 
-    def finding(detector):
+    def finding(detector, stands=None):
         return HealthFinding(detector=detector, failure="f", iteration=9, onset=8,
-                             last_healthy=6, action="warn", message="m", advice="a")
+                             last_healthy=6, action="warn", message="m", advice="a",
+                             stands=stands)
 
     assert HealthRecord().blocks_champion is None
     assert HealthRecord(findings=[finding("entropy_collapse")]).blocks_champion is None
-    assert HealthRecord(findings=[finding("reward_hacking")]).blocks_champion == \
-        "PPO's reward_hacking detector fired"
+    # a finding blocks only while it still stands at the end of PPO
+    assert HealthRecord(findings=[finding("reward_hacking")]).blocks_champion is None
+    standing = HealthRecord(findings=[finding("entropy_collapse"),
+                                      finding("reward_hacking", "the judge is still down")])
+    assert standing.blocks_champion == ("PPO's reward_hacking detector fired at iteration 9 "
+                                        "and its finding still stands: the judge is still down")
+    assert standing.lines()[1].endswith("It still stands at the end: the judge is still down.")
     stopped = HealthRecord(findings=[finding("kl_spike")], stopped_by="kl_spike",
                            restored_iteration=12)
     assert stopped.blocks_champion == STOPPED
@@ -156,3 +170,41 @@ def test_rlhf_promote_refuses_a_flagged_version_without_flagged(tmp_path):
     client.set_model_version_tag("policy", v2, HEALTH_FLAGS_TAG, "entropy_collapse")
     promote(uri, "policy", v2, "by hand")  # a warning alone does not block
     assert str(alias_version(client, "policy", CHAMPION).version) == str(v2)
+
+
+# -- a first champion must not be worse than its start ----------------------------------------
+def test_a_first_champion_worse_than_its_start_stays_challenger_and_says_why():
+    from tasks.champion.rule import Decision, first_champion
+
+    first = register_decision(None, JUDGE, KEY, 1.0)
+    # the full fine-tuning SmolLM2 run: loses 70% of prompts to its SFT start
+    worse = {"eval/vs_start_diff": -1.29, "eval/vs_start_diff_low": -1.6,
+             "eval/vs_start_diff_high": -0.98, "eval/vs_start_win_rate": 0.297}
+    kept = first_champion(first, worse, "the gold judge")
+    assert kept.promote is False and kept.register_tag == "worse-than-start"
+    assert "worse than the policy it started from by the gold judge" in kept.reason
+    assert "[-1.600, -0.980]" in kept.reason and "stays challenger" in kept.reason
+    # an interval reaching 0 is not evidence of worse: it becomes champion, saying so
+    even = {**worse, "eval/vs_start_diff_high": 0.02}
+    promoted = first_champion(first, even, "the gold judge")
+    assert promoted.promote is True and "not worse than its start policy" in promoted.reason
+    # with no independent scorer it is promoted, but the reason says what it rests on
+    alone = first_champion(first, {}, None)
+    assert alone.promote is True and "rests on the reward model alone" in alone.reason
+    # a decision against a champion is not the first champion's rule
+    gate = Decision(promote=True, reason="significant win", scorer="judge")
+    assert first_champion(gate, worse, "the gold judge") == gate
+
+
+def test_against_start_is_the_paired_difference_and_win_rate_with_intervals():
+    from rlhf_core.eval.evaluate import against_start
+
+    start, policy = [0.0, 1.0, 2.0, 3.0] * 8, [1.0, 1.0, 1.0, 4.0] * 8
+    out = against_start(start, policy)
+    assert out["eval/vs_start_diff"] == pytest.approx(0.25)  # +1, 0, -1, +1
+    assert out["eval/vs_start_win_rate"] == pytest.approx((1 + 0.5 + 0 + 1) / 4)
+    assert out["eval/vs_start_diff_low"] <= 0.25 <= out["eval/vs_start_diff_high"]
+    assert out["eval/vs_start_win_low"] <= out["eval/vs_start_win_rate"] <= \
+        out["eval/vs_start_win_high"]
+    with pytest.raises(ValueError):
+        against_start([1.0, 2.0], [1.0])

@@ -1,0 +1,71 @@
+"""How far the policy's answers lie from its start policy's in the reward model's own feature
+space: the hidden state its head reads to score an answer.
+
+A reward model is only trustworthy on answers like those it was trained on; answers that hack
+it tend to be outliers among its features (InfoRM, Miao et al. 2024, who measure it in an
+information-bottleneck latent space; here the reward model's last hidden state, whitened).
+The start policy's answers at the first held-out check fix the reference: their mean, their
+top principal directions (a quarter as many as there are answers, so the covariance is
+estimated from four answers a direction at least) and the typical (median) distance among
+them. Every later check's answer gets its distance in that whitened space over the typical
+one: about 1 while the policy answers like its start, growing as it leaves. Scale-free (a
+ratio to the run's own start), so one threshold holds for any reward model and model width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+COMPONENTS_SHARE = 0.25  # principal directions per answer of the first check
+
+
+@dataclass(frozen=True)
+class FeatureBasis:
+    """The start answers' feature distribution: mean [H], principal directions [k, H], the
+    standard deviation along each [k], and the median whitened distance of the start answers
+    themselves (the unit of :meth:`drift`)."""
+
+    mean: torch.Tensor
+    directions: torch.Tensor
+    scale: torch.Tensor
+    typical: float
+
+    @classmethod
+    def fit(cls, features: torch.Tensor, share: float = COMPONENTS_SHARE) -> FeatureBasis:
+        """features [N, H] (N >= 2) of the start policy's answers -> their basis."""
+        if features.ndim != 2 or features.shape[0] < 2:
+            raise ValueError(f"feature basis: need [N >= 2, H] features, got "
+                             f"{tuple(features.shape)}")
+        x = features.double()
+        mean = x.mean(0)
+        _, s, vh = torch.linalg.svd(x - mean, full_matrices=False)  # s [min(N, H)]
+        scale = s / (x.shape[0] - 1) ** 0.5
+        k = max(1, min(int(x.shape[0] * share), int((scale > 1e-8 * scale[0]).sum())))
+        if scale[0] <= 0:
+            raise ValueError("feature basis: the start answers' features are all the same")
+        # contiguous copies: a resumed run's basis (read back from JSON) computes alike
+        directions, scale = vh[:k].contiguous(), scale[:k].contiguous()
+        basis = cls(mean, directions, scale, 1.0)
+        return cls(mean, directions, scale, float(basis.distance(features).median()))
+
+    def distance(self, features: torch.Tensor) -> torch.Tensor:
+        """features [N, H] -> whitened distance from the start answers' mean [N]."""
+        z = ((features.double() - self.mean) @ self.directions.T) / self.scale  # [N, k]
+        return z.norm(dim=1)
+
+    def drift(self, features: torch.Tensor) -> torch.Tensor:
+        """features [N, H] -> each answer's distance over the start answers' median [N]."""
+        return self.distance(features) / max(self.typical, 1e-12)
+
+    # -- checkpoints: plain lists (JSON) ---------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.tolist(), "directions": self.directions.tolist(),
+                "scale": self.scale.tolist(), "typical": self.typical}
+
+    @classmethod
+    def from_state(cls, state: dict) -> FeatureBasis:
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+        return cls(as_tensor(state["mean"]), as_tensor(state["directions"]),
+                   as_tensor(state["scale"]), float(state["typical"]))
