@@ -181,7 +181,7 @@ def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
     for i, (label, row) in enumerate(zip(df.index, rows)):
         with _named(where, label):
             text = texts[i] if texts else chat.render_prompt(tokenizer, prompts[i])
-            chat.check_bos(tokenizer, text)
+            chat.check_bos(tokenizer, text, prompts[i])
             row = {**row, "prompt": text}
             for col in cols:
                 row[col] = chat.reply_text(tokenizer, wholes[col][i], text, eot) if wholes \

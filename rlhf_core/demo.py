@@ -181,21 +181,48 @@ def _pairs(n: int, rng: random.Random, held_out: bool, length_bias: float = 0.0)
     return rows
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+def _write_jsonl(path: Path, rows: list[dict], chat: bool = False) -> Path:
+    rows = [chat_row(r) for r in rows] if chat else rows
     with open(path, "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
     return path
 
 
+def user_request(prompt: str) -> str:
+    """A demo prompt's request alone, for a chat template to frame:
+    "user : please describe cats briefly assistant :" -> "please describe cats briefly"."""
+    words = prompt.split()
+    if words[:2] == ["user", ":"]:
+        words = words[2:]
+    if words[-2:] == SEPARATOR.split():
+        words = words[:-2]
+    return " ".join(words)
+
+
+def chat_row(row: dict) -> dict:
+    """A plain demo row in TRL's conversational format: the request as the user's message,
+    each reply as the assistant's (``prompt``/``chosen``/``rejected``/``messages``)."""
+    user = [{"role": "user", "content": user_request(row["prompt"])}]
+    if "response" in row:
+        return {"messages": [*user, {"role": "assistant", "content": row["response"]}]}
+    out = {"prompt": user}
+    for key in ("chosen", "rejected"):
+        if key in row:
+            out[key] = [{"role": "assistant", "content": row[key]}]
+    return out
+
+
 def generate_demo_data(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
-                       rm_length_bias: float = 0.0) -> dict[str, Path]:
+                       rm_length_bias: float = 0.0, chat: bool = False) -> dict[str, Path]:
     """Write sft / preference / prompts / eval_prompts / preference_eval JSONL files.
 
     ``rm_length_bias``: the reward model's pairs (``preference``) are labelled by a rater who
     also likes longer replies, by that many points a word; the held-out pairs
     (``preference_eval``, the judge's) keep the plain judge. A reward model with a flaw its
-    judge does not share: the reward-hacking study of the health benchmark."""
+    judge does not share: the reward-hacking study of the health benchmark. ``chat``: the same
+    rows as conversations (:func:`chat_row`), for a chat model's template to render; the
+    gold judge reads the rendered prompt as it reads the plain one."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -206,17 +233,15 @@ def generate_demo_data(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = De
     held = list(_pool(True))
     rng.shuffle(held)
     eval_prompts = [held[i % len(held)] for i in range(sizes.n_eval)]
-    return {
-        "sft": _write_jsonl(out / "sft.jsonl", sft),
-        "preference": _write_jsonl(out / "preference.jsonl", _pairs(sizes.n_pref, rng, False,
-                                                                   rm_length_bias)),
-        "prompts": _write_jsonl(out / "prompts.jsonl",
-                                [{"prompt": sample_prompt(rng)} for _ in range(sizes.n_prompts)]),
-        "eval_prompts": _write_jsonl(out / "eval_prompts.jsonl",
-                                     [{"prompt": p} for p in eval_prompts]),
-        "preference_eval": _write_jsonl(out / "preference_eval.jsonl",
-                                        _pairs(sizes.n_pref_eval, rng, True)),
+    files = {
+        "sft": sft,
+        "preference": _pairs(sizes.n_pref, rng, False, rm_length_bias),
+        "prompts": [{"prompt": sample_prompt(rng)} for _ in range(sizes.n_prompts)],
+        "eval_prompts": [{"prompt": p} for p in eval_prompts],
+        "preference_eval": _pairs(sizes.n_pref_eval, rng, True),
     }
+    return {role: _write_jsonl(out / f"{role}.jsonl", rows, chat)
+            for role, rows in files.items()}
 
 
 def vocabulary() -> list[str]:
@@ -259,10 +284,14 @@ def build_demo_model(tokenizer, out_dir: str | Path, n_layer: int = 2, n_embd: i
 
 
 def build_demo_assets(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
-                      rm_length_bias: float = 0.0, **model_kwargs) -> dict[str, Path]:
-    """Data under out_dir/data, tokenizer + tiny GPT-2 under out_dir/base_model."""
+                      rm_length_bias: float = 0.0, chat: bool = False, with_model: bool = True,
+                      **model_kwargs) -> dict[str, Path]:
+    """Data under out_dir/data, tokenizer + tiny GPT-2 under out_dir/base_model
+    (``with_model`` False: the data alone, for a base model of the user's)."""
     root = Path(out_dir)
-    paths = generate_demo_data(root / "data", seed, sizes, rm_length_bias)
+    paths = generate_demo_data(root / "data", seed, sizes, rm_length_bias, chat)
+    if not with_model:
+        return paths
     texts = [value for p in paths.values() for line in p.read_text().splitlines()
              for value in json.loads(line).values()]
     tok = build_demo_tokenizer(texts, root / "base_model")

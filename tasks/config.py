@@ -35,7 +35,8 @@ from tasks.champion.config import RetrainConfig, ScheduleConfig
 
 
 class DemoConfig(Section):
-    """The embedded demo: synthetic assistant language, gold judge, tiny GPT-2."""
+    """The embedded demo: synthetic assistant language, gold judge, tiny GPT-2 (or the data
+    alone, for ``model.base_model``)."""
 
     enabled: bool = Field(False, description="Generate demo data and a tiny base model.")
     n_sft: int = Field(2000, ge=1, description="SFT demonstrations.")
@@ -47,6 +48,9 @@ class DemoConfig(Section):
         0.0, ge=0, description="The reward model's pairs are labelled by a rater who also "
         "likes longer replies, by this many points a word (the held-out pairs, the judge's, "
         "are not): a reward model with a flaw to exploit, for the health benchmark.")
+    chat: bool = Field(False, description="The demo's rows as conversations (user and "
+                       "assistant messages) for a chat model's template, e.g. with "
+                       "model.base_model an instruct model (configs/smollm2.yaml).")
     n_layer: int = Field(2, ge=1, description="Tiny GPT-2 layers.")
     n_embd: int = Field(64, ge=8, description="Tiny GPT-2 width.")
     n_head: int = Field(4, ge=1, description="Tiny GPT-2 heads.")

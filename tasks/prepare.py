@@ -12,6 +12,7 @@ from prefect import task
 from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
+from rlhf_core.models.sources import resolve_model_source
 from tasks.common import setup_torch
 from tasks.config import PipelineConfig, flatten
 from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
@@ -193,7 +194,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
 
 
 def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
-    """Generate (once) the demo data, tokenizer and tiny base model under workdir/demo."""
+    """Generate (once) the demo data under workdir/demo, and the tokenizer and tiny base
+    model unless ``model.base_model`` names the user's own."""
     from rlhf_core.demo import build_demo_assets
 
     root = workdir / "demo"
@@ -204,6 +206,7 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
         return json.loads(marker.read_text())
     d = cfg.demo
     paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(), rm_length_bias=d.rm_length_bias,
+                              chat=d.chat, with_model=not cfg.model.base_model,
                               n_layer=d.n_layer, n_embd=d.n_embd, n_head=d.n_head)
     out = {k: str(v) for k, v in paths.items()}
     from tasks.common import write_json
@@ -269,5 +272,7 @@ def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> Prepared:
                 eval_prompts=DataSource(path=assets["eval_prompts"]),
                 preference_eval=DataSource(path=assets["preference_eval"]),
             )
-    return Prepared(ctx=ctx, data=data, base_model=base_model,
-                    tokenizer=cfg.model.tokenizer or base_model, judge=judge)
+    # a GGUF file (or a package's) becomes its cached Hugging Face folder, made once
+    base_model = resolve_model_source(base_model)
+    tokenizer = resolve_model_source(cfg.model.tokenizer) if cfg.model.tokenizer else base_model
+    return Prepared(ctx=ctx, data=data, base_model=base_model, tokenizer=tokenizer, judge=judge)

@@ -204,20 +204,38 @@ def prepare_chat(tokenizer) -> dict:
     return {"end_of_turn": eot, "end_of_turn_id": eot_id, "eos_before": before}
 
 
-def check_bos(tokenizer, prompt_text: str) -> None:
-    """A rendered prompt holds at most one BOS token. The pipeline tokenises rendered text
+def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict] | None = None) -> None:
+    """A rendered prompt holds no more BOS tokens than the template itself writes for
+    ``messages``' roles (once, for most; one per message where the BOS is a turn marker,
+    as a ChatML tokenizer's ``<|im_start|>`` is). The pipeline tokenises rendered text
     without adding special tokens, so the tokenizer's own BOS never doubles the template's;
-    a second one can only come from the data. (A BOS that is also the EOS, GPT-2's, ends
+    another one can only come from the data. (A BOS that is also the EOS, GPT-2's, ends
     turns too: not counted.)"""
     bos = tokenizer.bos_token_id
     if bos is None or bos == tokenizer.eos_token_id or \
             prompt_text.count(tokenizer.bos_token) <= 1:  # a special token: its text, once
         return
     count = encode(tokenizer, prompt_text).count(bos)
-    if count > 1:
+    allowed = 1 if messages is None else _template_bos(tokenizer, tuple(m["role"]
+                                                                       for m in messages))
+    if count > allowed:
+        wrote = "one" if allowed == 1 else str(allowed)
         raise ChatError(f"the rendered prompt holds {count} BOS tokens "
-                        f"({tokenizer.bos_token!r}): the template writes one and the row holds "
-                        "another; remove it from the row's messages")
+                        f"({tokenizer.bos_token!r}): the template writes {wrote} and the row "
+                        "holds another; remove it from the row's messages")
+
+
+_BOS_WRITTEN: dict[tuple, int] = {}  # (tokenizer, template, roles) -> BOS tokens written
+
+
+def _template_bos(tokenizer, roles: tuple[str, ...]) -> int:
+    """How many BOS tokens the template writes for a prompt of these roles (at least 1)."""
+    key = (id(tokenizer), getattr(tokenizer, "chat_template", None), roles)
+    if key not in _BOS_WRITTEN:
+        probe = [{"role": role, "content": _PROBE} for role in roles]
+        text = render_prompt(tokenizer, probe)
+        _BOS_WRITTEN[key] = max(1, encode(tokenizer, text).count(tokenizer.bos_token_id))
+    return _BOS_WRITTEN[key]
 
 
 def stop_token_ids(tokenizer, generation_config=None) -> int | list[int]:

@@ -24,13 +24,23 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 def check_model_source(field: str, value: str | None) -> None:
     if not value:
         return
+    from rlhf_core.models.sources import PACKAGE_PREFIX, ModelSourceError, gguf_file
+
+    try:  # a GGUF file, a package's file, or a folder holding one GGUF file
+        if gguf_file(value) is not None:
+            return
+    except ModelSourceError as err:
+        raise ConfigError(f"{field}={err}") from None
+    if value.startswith(PACKAGE_PREFIX):
+        raise ConfigError(f"{field}={value}: not a .gguf file; a package's file is read as "
+                          "a GGUF model (give a folder path for any other model)")
     if looks_local(value):
         path = Path(value).expanduser()
         if not path.is_dir():
             what = "is a file, not a model folder" if path.exists() else "does not exist"
             raise ConfigError(f"{field}={value}: the folder {what}. Give a local model folder "
-                              "(with config.json) or a hub id such as 'gpt2' or "
-                              "'EleutherAI/pythia-160m'.")
+                              "(with config.json), a .gguf file or a hub id such as 'gpt2' "
+                              "or 'EleutherAI/pythia-160m'.")
         if field == "model.base_model" and not (path / "config.json").exists():
             raise ConfigError(f"{field}={value}: no config.json in the folder, so it is not a "
                               "Hugging Face model folder (save one with save_pretrained).")

