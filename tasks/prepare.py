@@ -12,7 +12,7 @@ from prefect import task
 from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
-from rlhf_core.models.sources import resolve_model_source
+from rlhf_core.models.sources import cached_digest, resolve_model_source
 from tasks.common import setup_torch
 from tasks.config import PipelineConfig, flatten
 from tasks.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
@@ -61,6 +61,9 @@ class Prepared(BaseModel):
     base_model: str
     tokenizer: str
     judge: str
+    # what model.base_model said and, for a GGUF file, its digest: an adapter over the base
+    # names it so (rlhf_core/models/adapters.py), None for the demo's tiny model
+    base_source: dict[str, str] | None = None
     # a retrain's: rows of the combined preference file by batch, the batches' digests and
     # where each came from
     batch_rows: list[dict] = []
@@ -205,9 +208,10 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
 
         return json.loads(marker.read_text())
     d = cfg.demo
-    paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(), rm_length_bias=d.rm_length_bias,
-                              chat=d.chat, with_model=not cfg.model.base_model,
-                              n_layer=d.n_layer, n_embd=d.n_embd, n_head=d.n_head)
+    paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(),
+                              rm_length_bias=d.rm_length_bias, chat=d.chat, system=d.system,
+                              with_model=not cfg.model.base_model, n_layer=d.n_layer,
+                              n_embd=d.n_embd, n_head=d.n_head)
     out = {k: str(v) for k, v in paths.items()}
     from tasks.common import write_json
 
@@ -248,6 +252,12 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
     ``tracking.run_name`` is set); resolve data sources and the base model (demo when
     asked). Any failure once the parent run exists marks it FAILED."""
     check_inputs_present(cfg)
+    rates = cfg.from_scratch_rates()
+    if rates:
+        print(f"warning: {', '.join(rates)}: learning rates for a model trained from scratch, "
+              f"on the pretrained base {cfg.model.base_model}; pretrained models fine-tune at "
+              "about 1e-6 to 5e-5 in full and ten times that with model.lora "
+              "(configs/smollm2.yaml)", flush=True)
     check_deployments(cfg)  # stages on other machines: their deployments exist
     check_registered_scorer(cfg)
     ctx = open_parent_run(cfg, resume_run_id, run_name)
@@ -273,6 +283,12 @@ def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> Prepared:
                 preference_eval=DataSource(path=assets["preference_eval"]),
             )
     # a GGUF file (or a package's) becomes its cached Hugging Face folder, made once
+    source = cfg.model.base_model
     base_model = resolve_model_source(base_model)
     tokenizer = resolve_model_source(cfg.model.tokenizer) if cfg.model.tokenizer else base_model
-    return Prepared(ctx=ctx, data=data, base_model=base_model, tokenizer=tokenizer, judge=judge)
+    named = None
+    if source:
+        digest = cached_digest(base_model)
+        named = {"source": source, **({"sha256": digest} if digest else {})}
+    return Prepared(ctx=ctx, data=data, base_model=base_model, tokenizer=tokenizer, judge=judge,
+                    base_source=named)

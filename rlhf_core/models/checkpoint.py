@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from rlhf_core.faults import crash_point
 
@@ -104,6 +104,34 @@ def restore_rng(state: dict, generator: torch.Generator | None = None) -> None:
         generator.set_state(state["generator"])
 
 
+def _partly_frozen(model: torch.nn.Module) -> bool:
+    return any(not p.requires_grad for p in model.parameters())
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """A model's weights as safetensors: all of them, or only the trained ones where some are
+    frozen (LoRA: the adapters and heads, not the base)."""
+    if not _partly_frozen(model):
+        save_model(model, str(path))
+        return
+    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()
+               if p.requires_grad}, str(path))
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Inverse of :func:`save_weights`; a trained weight the file lacks is an error."""
+    if not _partly_frozen(model):
+        load_model(model, str(path))
+        return
+    tensors = load_file(str(path))
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    if trained - set(tensors) or set(tensors) - trained:
+        raise ValueError(f"{path}: its weights do not match the model's trained ones "
+                         f"(missing {sorted(trained - set(tensors))[:3]}, unexpected "
+                         f"{sorted(set(tensors) - trained)[:3]})")
+    model.load_state_dict(tensors, strict=False)
+
+
 class Checkpointer:
     """Training-state checkpoints of one stage under ``root/step_XXXXXXXX``.
 
@@ -146,7 +174,7 @@ class Checkpointer:
         target = self.root / f"step_{step:08d}"
         with atomic_dir(target, crash_label=f"{self.label}:{step}") as tmp:
             for name, model in self.models.items():
-                save_model(model, str(tmp / f"{name}.safetensors"))
+                save_weights(model, tmp / f"{name}.safetensors")
             torch.save({"optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(),
                         "rng": capture_rng(generator)}, tmp / STATE_FILE)
@@ -168,7 +196,7 @@ class Checkpointer:
         if path is None:
             return None
         for name, model in self.models.items():
-            load_model(model, str(path / f"{name}.safetensors"))
+            load_weights(model, path / f"{name}.safetensors")
         state = torch.load(path / STATE_FILE, weights_only=True)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])

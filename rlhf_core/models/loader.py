@@ -16,6 +16,12 @@ from pathlib import Path
 import torch
 
 from rlhf_core.config import LoraSettings, ModelConfig
+from rlhf_core.models.adapters import (
+    is_adapter_folder,
+    load_adapted_causal_lm,
+    load_adapted_scalar,
+    trunk_of,
+)
 from rlhf_core.models.models import (
     ScalarHeadModel,
     load_causal_lm,
@@ -107,22 +113,33 @@ def _finish(model, spec: LoadSpec, trainable: bool):
 
 
 def load_policy(name_or_path: str | Path, spec: LoadSpec, trainable: bool = True):
-    """A causal LM (policy to train, or a frozen reference / evaluation policy)."""
-    model = load_causal_lm(name_or_path, spec.param_dtype(trainable), spec.trust_remote_code,
-                           **spec.hf_kwargs())
+    """A causal LM (policy to train, or a frozen reference / evaluation policy); an adapter
+    folder (a LoRA stage's output) loads with its chain merged."""
+    args = (spec.param_dtype(trainable), spec.trust_remote_code)
+    if is_adapter_folder(name_or_path):
+        model = load_adapted_causal_lm(name_or_path, *args, **spec.hf_kwargs())
+    else:
+        model = load_causal_lm(name_or_path, *args, **spec.hf_kwargs())
     return _finish(model, spec, trainable)
 
 
 def load_scalar_model(model_dir: str | Path, spec: LoadSpec,
                       trainable: bool = True) -> ScalarHeadModel:
-    """A saved scalar-head model (reward model, critic)."""
-    model = ScalarHeadModel.load(model_dir, spec.param_dtype(trainable), spec.trust_remote_code,
-                                 **spec.hf_kwargs())
+    """A saved scalar-head model (reward model, critic); an adapter folder merged."""
+    args = (spec.param_dtype(trainable), spec.trust_remote_code)
+    if is_adapter_folder(model_dir):
+        model = load_adapted_scalar(model_dir, *args, **spec.hf_kwargs())
+    else:
+        model = ScalarHeadModel.load(model_dir, *args, **spec.hf_kwargs())
     return _finish(model, spec, trainable)
 
 
 def new_scalar_model(name_or_path: str | Path, spec: LoadSpec) -> ScalarHeadModel:
     """A fresh scalar head on a causal LM's trunk (the reward model before training)."""
+    if is_adapter_folder(name_or_path):
+        trunk = trunk_of(name_or_path, spec.param_dtype(True), spec.trust_remote_code,
+                         **spec.hf_kwargs())
+        return _finish(ScalarHeadModel(trunk), spec, True)
     model = ScalarHeadModel.from_causal_lm(name_or_path, spec.param_dtype(True),
                                            spec.trust_remote_code, **spec.hf_kwargs())
     return _finish(model, spec, True)

@@ -1,5 +1,8 @@
 """PPO's four models, full or as LoRA adapters over frozen bases (``model.lora``, needs peft).
 
+Every trained stage takes adapters the same way (:func:`add_lora` for a policy,
+:func:`adapt_scalar` for a reward model) and saves them alone (rlhf_core/models/adapters.py).
+
 Full: policy and critic are trained copies (fp32 master weights), reference and reward model
 frozen copies in the compute dtype. LoRA: the policy is adapters over the frozen SFT model and
 the reference is that same model with the adapters switched off; the critic is adapters (and a
@@ -76,10 +79,8 @@ def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Pa
     return PPOModels(policy, AdaptersOff(policy), value, reward)
 
 
-def merged(policy, value: ScalarHeadModel | None):
-    """The models to save: LoRA adapters merged into their bases (no-op for full models)."""
-    if hasattr(policy, "merge_and_unload"):
-        policy = policy.merge_and_unload()
-    if value is not None and hasattr(value.backbone, "merge_and_unload"):
-        value = ScalarHeadModel(value.backbone.merge_and_unload(), value.head)
-    return policy, value
+def adapt_scalar(model: ScalarHeadModel, settings) -> ScalarHeadModel:
+    """A scalar model to train under LoRA: adapters on its trunk, its head trained in full
+    (float32 master weights)."""
+    return ScalarHeadModel(add_lora(model.backbone, settings),
+                           model.head.float().requires_grad_(True))

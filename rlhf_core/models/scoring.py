@@ -4,7 +4,8 @@ reward-norm stage and the served reward model.
 
 The reward is read at the EOS token (the last real token) of prompt + completion + EOS.
 Normalisation statistics are an explicit artifact ``{mean, std, n}`` from scoring the SFT
-set, applied by a pure function.
+set, applied by a pure function, and to the critic's warm-started head
+(:func:`normalise_head`).
 """
 
 from __future__ import annotations
@@ -69,3 +70,18 @@ def normalise_scores(scores: torch.Tensor, stats: dict[str, float],
     if divide_by_std:
         out = out / max(stats["std"], 1e-8)
     return out
+
+
+@torch.no_grad()
+def normalise_head(head: torch.nn.Linear, stats: dict[str, float],
+                   divide_by_std: bool = False) -> None:
+    """A critic warm-started from the reward model predicts raw reward-model scores, while the
+    returns it is trained on are normalised (:func:`normalise_scores`): shift (and scale) its
+    head in place so that it starts on the returns' scale, as the reference code of README §
+    Sources [RM] starts its value model from a reward model whose gain and bias normalise
+    it. Without this a reward model whose SFT mean sits many standard deviations
+    from 0 starts the critic that far off, and its explained variance stays negative for
+    the whole of a short run."""
+    scale = 1.0 / max(stats["std"], 1e-8) if divide_by_std else 1.0
+    head.bias.sub_(stats["mean"]).mul_(scale)
+    head.weight.mul_(scale)

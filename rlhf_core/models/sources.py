@@ -127,6 +127,12 @@ def _convert(path: Path, out: Path, digest: str) -> None:
              time.perf_counter() - start, sum(p.numel() for p in model.parameters()))
 
 
+def cached_digest(folder: str | Path) -> str | None:
+    """The SHA-256 of the GGUF file a cached folder was made from (None: not such a folder)."""
+    marker = Path(folder) / MARKER
+    return json.loads(marker.read_text())["sha256"] if marker.exists() else None
+
+
 def resolve_model_source(source: str, cache: Path | None = None) -> str:
     """A base model or tokenizer source -> what ``from_pretrained`` loads: a GGUF file (or
     ``package:`` file) becomes its cached folder; a hub id or a folder is returned as is."""

@@ -1,4 +1,5 @@
-"""critic_init: the value model starts as a copy of the reward model, named explicitly; a
+"""critic_init: the value model starts as a copy of the reward model, named explicitly (with
+``model.lora``, the reward model's own folder, which PPO adapts: nothing copied); a
 critic-free estimator has none, and the stage's run says so."""
 
 from __future__ import annotations
@@ -18,9 +19,14 @@ def body(sc: StageContext, rm: ModelRecord) -> ModelRecord:
         sc.set_tags({CRITIC_SKIPPED_TAG: reason})
         return ModelRecord(figures={"critic": reason})
     rm_dir = sc.local(rm.model, "reward_model's model")
+    source = rm.model.uri or str(rm_dir)
+    if sc.spec.lora is not None:  # PPO adapts the reward model's own folder: no copy
+        sc.set_tags({CRITIC_SOURCE_TAG: source})
+        return ModelRecord(model=rm.model, source=source,
+                           figures={"critic": "the reward model's adapter and head (LoRA: "
+                                    "PPO adds the critic's own adapter; nothing copied)"})
     model = load_scalar_model(rm_dir, sc.spec)  # float32: an exact copy
     out_dir = save_scalar_model(model, sc.dir / "model")
-    source = rm.model.uri or str(rm_dir)
     sc.set_tags({CRITIC_SOURCE_TAG: source})
     metrics = {"critic/num_params": float(sum(p.numel() for p in model.parameters()))}
     sc.log(0, metrics)

@@ -17,15 +17,15 @@ from prefect import task
 
 from data_checks.token_files import read_tokens, tokens_path, write_tokens
 from rlhf_core.eval.gate import held_out_for_judge, pair_key
-from rlhf_core.models.checkpoint import save_scalar_model
 from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
+from rlhf_core.models.lora import adapt_scalar
 from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.train.reward import pair_margins, train_reward_model
 from tasks.common import read_jsonl
 from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import DataRecord, ModelRecord
-from tasks.stages.reward_model import TRAIN_METRICS, preference_split
+from tasks.stages.reward_model import TRAIN_METRICS, preference_split, save_scalar
 from tasks.stages.run import stage_task
 from tasks.stages.token_data import preference_pairs
 from tasks.tracking.artifacts import Artifact, local_copy
@@ -108,6 +108,8 @@ def fit_judge(start_dir: Path, pairs, rows: Callable[[], list[dict]], pad_id: in
     ``retrain.gate.judge_epochs`` (else the reward model's epochs)."""
     margins = pair_margins(rows(), True) if cfg.reward.use_margin else None
     model = new_scalar_model(start_dir, spec)
+    if spec.lora is not None:
+        model = adapt_scalar(model, spec.lora)
     epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
     reward = cfg.reward.model_copy(update={"epochs": epochs})
     train_reward_model(model, pairs, margins, pad_id, reward, device, generator,
@@ -132,7 +134,8 @@ def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
         pairs, rows = split.held_out, split.held_rows
     model = fit_judge(sc.local(start.model, "the policy the judge starts from"), pairs, rows,
                       tokenizer.pad_token_id, cfg, spec, device, generator, on_log=sc.log)
-    out_dir = save_scalar_model(model, sc.dir / "model")
+    out_dir = save_scalar(model, sc.dir / "model", sc.local(start.model, "the start policy"),
+                          spec)
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"),
                        metrics={"judge/pairs": float(len(pairs))})
 

@@ -10,9 +10,11 @@ from functools import partial
 import pandas as pd
 
 from rlhf_core.eval.evaluate import mean_std, rm_judge_gap
+from rlhf_core.models.adapters import save_policy_adapter, save_scalar_adapter
 from rlhf_core.models.checkpoint import save_policy, save_scalar_model
 from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.lora import merged, ppo_models
+from rlhf_core.models.lora import ppo_models
+from rlhf_core.models.scoring import normalise_head
 from rlhf_core.ppo.ppo_dist import make_trainer
 from tasks.common import read_json, read_jsonl, write_json
 from tasks.judge import resolve_judge
@@ -79,6 +81,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     models = ppo_models(start_dir, reference_dir or start_dir, critic_dir,
                         sc.local(rm.model, "reward_model's model"), spec)
     norm_stats = norm.stats  # the values reward_norm.json holds
+    if models.value_model is not None:  # the critic starts on the returns' scale
+        normalise_head(models.value_model.head, norm_stats, cfg.reward_norm.divide_by_std)
     data_dir = sc.local(data.data, "validate's data")
     # the gate's token ids (memory-mapped; a batch's prompts read when drawn), else encoded
     prompts = text_ids(data_dir / "prompts.jsonl", ("prompt",), tokenizer)[0]
@@ -110,7 +114,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
                              on_verdict=health)
     if not sc.is_main:
         return None
-    record = _finish(sc, trainer, tokenizer, samples, last, memory)
+    record = _finish(sc, trainer, tokenizer, samples, last, memory, start_dir, critic_dir)
     if health is None:
         return record
     return record.model_copy(update={"health": health.record(trainer),
@@ -127,16 +131,24 @@ def health_figures(trainer) -> dict:
 
 
 def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dict,
-            memory: dict) -> PolicyRecord:
-    """Memory metrics, the final policy (and critic), the sample table -> the record."""
+            memory: dict, start_dir, critic_dir) -> PolicyRecord:
+    """Memory metrics, the final policy (and critic; with LoRA their adapters over
+    ``start_dir`` and ``critic_dir``), the sample table -> the record."""
     memory["memory/model_state_gb"] = state_bytes(
         trainer.policy, trainer.ref_policy, trainer.value_model, trainer.reward_model,
         optimizer=trainer.optimizer) / 2**30
     sc.log(0, memory)  # not through the progress: it would read 0% again
-    final_policy, final_value = merged(trainer.policy, trainer.value_model)
-    policy_dir = save_policy(final_policy, tokenizer, sc.dir / "policy")
-    value_dir = None if final_value is None else \
-        str(save_scalar_model(final_value, sc.dir / "value_model"))
+    policy, value = trainer.policy, trainer.value_model
+    if sc.spec.lora is None:
+        policy_dir = save_policy(policy, tokenizer, sc.dir / "policy")
+        value_dir = None if value is None else \
+            str(save_scalar_model(value, sc.dir / "value_model"))
+    else:  # the adapters over the start policy and the critic's start, alone
+        rows = policy.get_input_embeddings().num_embeddings
+        policy_dir = save_policy_adapter(policy, tokenizer, sc.dir / "policy", start_dir,
+                                         rows)
+        value_dir = None if value is None else \
+            str(save_scalar_adapter(value, sc.dir / "value_model", critic_dir))
     sc.log_table(pd.DataFrame(samples), "samples/all.json", spooled=True)
     keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
     return PolicyRecord(policy=sc.publish(policy_dir, "checkpoint/policy"), value_dir=value_dir,

@@ -10,8 +10,10 @@ from pathlib import Path
 import torch
 
 from rlhf_core.config import RewardConfig
+from rlhf_core.models.adapters import save_scalar_adapter
 from rlhf_core.models.checkpoint import save_scalar_model
 from rlhf_core.models.loader import load_scalar_model, load_tokenizer, new_scalar_model
+from rlhf_core.models.lora import adapt_scalar
 from rlhf_core.models.scoring import score_texts
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.reward import (
@@ -94,6 +96,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     init = init_dir or sc.local(start.model, "sft's model")
     model = load_scalar_model(init, spec) if (Path(init) / "scalar_head.json").exists() \
         else new_scalar_model(init, spec)
+    if spec.lora is not None:  # adapters on the trunk, the head in full
+        model = adapt_scalar(model, spec.lora)
     split = preference_split(sc.local(data.data, "validate's data"), tokenizer, cfg.reward)
     pairs, held_out = split.train, split.held_out
     ck = sc.checkpointer({"model": model}, cfg.reward.checkpoint_every)
@@ -103,19 +107,30 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
                        precision=spec.precision, dp=sc.dp)
     if not sc.is_main:
         return None
+    sc.say(f"scoring {len(held_out)} held-out pairs")
     metrics = evaluate_reward_model(model, held_out, tokenizer.pad_token_id, device)
     # against the held-out labels always; against the gold judge where one exists
     first = {"eval/rm_accuracy": metrics["eval/accuracy"]}
+    if prep.judge != "none":
+        sc.say("their accuracy against the gold judge's order")
     gold = gold_accuracy(model, tokenizer, split.held_rows, prep.judge, device)
     if gold is not None:
         first["eval/rm_gold_accuracy"] = gold
     metrics.update(first)
     sc.log(0, metrics)
     sc.log_parent(first)
-    out_dir = save_scalar_model(model, sc.dir / "model")
+    sc.say("saving the model" + (" (its LoRA adapter and head)" if spec.lora else ""))
+    out_dir = save_scalar(model, sc.dir / "model", init, spec)
     sc.log_artifacts(out_dir, "checkpoint")
     return ModelRecord(model=sc.publish(out_dir, "checkpoint", logged=True),
                        metrics={**first, **metrics})
+
+
+def save_scalar(model, target: Path, init: str | Path, spec) -> Path:
+    """A trained scalar model: whole, or (``model.lora``) its adapter and head over ``init``."""
+    if spec.lora is None:
+        return save_scalar_model(model, target)
+    return save_scalar_adapter(model, target, init)
 
 
 # what train_reward_model logs every log_every steps (the judge model's too)

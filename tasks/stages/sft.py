@@ -1,9 +1,11 @@
-"""sft: fine-tune the base model on the demonstrations; save it as the SFT policy."""
+"""sft: fine-tune the base model on the demonstrations; save it as the SFT policy (with
+``model.lora``: its adapter alone, naming the base model)."""
 
 from __future__ import annotations
 
+from rlhf_core.models.adapters import save_policy_adapter
 from rlhf_core.models.checkpoint import save_policy
-from rlhf_core.models.loader import load_policy, load_tokenizer
+from rlhf_core.models.loader import add_lora, load_policy, load_tokenizer
 from rlhf_core.models.models import resize_for_tokenizer
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.sft import sft_eval_loss, train_sft
@@ -21,7 +23,10 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
     model = load_policy(prep.base_model, spec)
+    base_rows = model.get_input_embeddings().num_embeddings
     resize_for_tokenizer(model, tokenizer)
+    if spec.lora is not None:  # adapters over the frozen base, saved alone
+        model = add_lora(model, spec.lora)
     # the gate's token ids (memory-mapped), else the texts encoded here
     examples = sft_examples(sc.local(data.data, "validate's data") / "sft.jsonl", tokenizer,
                             cfg.sft.loss_on)
@@ -32,8 +37,14 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
                      precision=spec.precision, dp=sc.dp)
     if not sc.is_main:
         return None
-    out_dir = save_policy(model, tokenizer, sc.dir / "model")
+    sc.say("saving the model" + (" (its LoRA adapter)" if spec.lora else ""))
+    if spec.lora is None:
+        out_dir = save_policy(model, tokenizer, sc.dir / "model")
+    else:
+        out_dir = save_policy_adapter(model, tokenizer, sc.dir / "model", prep.base_model,
+                                      base_rows, prep.base_source)
     sc.log_artifacts(out_dir, "checkpoint")
+    sc.say(f"the response loss of {min(len(examples), 256)} training examples")
     metrics = {"sft/response_loss_train": sft_eval_loss(model, examples[:256],
                                                         tokenizer.pad_token_id, device)}
     sc.log(0, metrics)

@@ -1,7 +1,8 @@
 """The pipeline's MLflow models, both logged as code (MLflow's models-from-code) with
 ``rlhf_core`` beside them: the policy, a pyfunc that answers prompts with their completion
 (``tasks/tracking/policy_pyfunc.py``), and the scalar-head reward model, a pyfunc that scores
-(prompt, response) pairs (``tasks/tracking/reward_pyfunc.py``). A prompt is text or a list of
+(prompt, response) pairs (``tasks/tracking/reward_pyfunc.py``); a LoRA run's are its
+adapters and heads, the base model named by source and digest. A prompt is text or a list of
 messages; the signatures say so, and the policy's carries the sampling params a request may
 send (``rlhf_core/eval/serving.py`` does the work)."""
 
@@ -130,8 +131,22 @@ def reward_signature():
                           outputs=Schema([ColSpec("double")]))
 
 
+def _served_folder(folder: str, tmp: str, name: str) -> tuple[str, list[str]]:
+    """What to log of a model folder -> (folder, extra requirements): a LoRA adapter folder
+    becomes its self-contained bundle (adapters and heads, the base model named by source
+    and digest: rlhf_core/models/adapters.py), which needs peft (and gguf for a GGUF base)
+    where it is served; any other folder is logged as it is."""
+    from rlhf_core.models.adapters import bundle, is_adapter_folder
+
+    if not is_adapter_folder(folder):
+        return folder, []
+    out = bundle(folder, Path(tmp) / name)
+    text = "\n".join(p.read_text() for p in out.rglob("rlhf_lora.json"))
+    return str(out), ["peft"] + (["gguf"] if ".gguf" in text else [])
+
+
 def _log_code_model(name: str, script: Path, artifacts: dict, signature, registered: str,
-                    trust_remote_code: bool) -> str:
+                    trust_remote_code: bool, extra: list[str] | None = None) -> str:
     import mlflow.pyfunc
 
     with warnings.catch_warnings():
@@ -143,7 +158,7 @@ def _log_code_model(name: str, script: Path, artifacts: dict, signature, registe
             code_paths=[str(Path(rlhf_core.__file__).parent)], signature=signature,
             registered_model_name=registered,
             model_config={"trust_remote_code": trust_remote_code},
-            pip_requirements=REQUIREMENTS,
+            pip_requirements=REQUIREMENTS + (extra or []),
         )
     return info.registered_model_version
 
@@ -156,15 +171,18 @@ def log_policy(policy_dir: str, name: str, generation: dict, card: str,
     with tempfile.TemporaryDirectory() as tmp:
         card_file = Path(tmp) / "model_card.md"
         card_file.write_text(card)
+        folder, extra = _served_folder(policy_dir, tmp, "policy")
         return _log_code_model(
-            "policy", POLICY_SCRIPT, {"policy": policy_dir, "model_card": str(card_file)},
+            "policy", POLICY_SCRIPT, {"policy": folder, "model_card": str(card_file)},
             policy_signature(generation["max_new_tokens"], generation["temperature"]), name,
-            trust_remote_code)
+            trust_remote_code, extra)
 
 
 def log_reward_model(model_dir: str, tokenizer_dir: str, name: str,
                      trust_remote_code: bool = False) -> str:
     """Log (in the active run) and register the reward model -> registered version."""
-    return _log_code_model("reward_model", PYFUNC_SCRIPT,
-                           {"reward_model": model_dir, "tokenizer": tokenizer_dir},
-                           reward_signature(), name, trust_remote_code)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, extra = _served_folder(model_dir, tmp, "reward_model")
+        return _log_code_model("reward_model", PYFUNC_SCRIPT,
+                               {"reward_model": folder, "tokenizer": tokenizer_dir},
+                               reward_signature(), name, trust_remote_code, extra)

@@ -21,7 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LOADERS = {"load_policy", "load_scalar_model", "new_scalar_model", "load_tokenizer",
            "ppo_models"}
 # the only modules allowed to call from_pretrained: the loader's two layers
-ALLOWED = {ROOT / "rlhf_core" / "models" / f for f in ("models.py", "loader.py", "lora.py")}
+# the loader and what it calls: the model classes, LoRA, adapter folders (peft's own
+# from_pretrained of an adapter), and a GGUF file's one-time conversion (float32, no spec)
+ALLOWED = {ROOT / "rlhf_core" / "models" / f
+           for f in ("models.py", "loader.py", "lora.py", "adapters.py", "sources.py")}
 
 
 def is_checkpointing(model) -> bool:

@@ -5,9 +5,16 @@ import pytest
 import torch
 
 from rlhf_core.config import LoraSettings, ModelConfig, OptimConfig, PPOConfig
+from rlhf_core.models.adapters import save_policy_adapter, save_scalar_adapter
 from rlhf_core.models.data import encode
-from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
-from rlhf_core.models.lora import merged, ppo_models
+from rlhf_core.models.loader import (
+    LoadSpec,
+    load_policy,
+    load_scalar_model,
+    load_tokenizer,
+    new_scalar_model,
+)
+from rlhf_core.models.lora import ppo_models
 from rlhf_core.ppo.trainer import PPOTrainer
 
 pytest.importorskip("peft")
@@ -44,11 +51,21 @@ def test_lora_ppo_trains_adapters_and_leaves_reference_and_reward_alone(tiny_mod
         assert torch.equal(ref(input_ids=ids).logits, ref_before)
         assert torch.equal(reward(ids, mask), reward_before)
         assert not torch.equal(policy(input_ids=ids).logits, ref_before)
-        after = policy(input_ids=ids).logits
-        final_policy, final_value = merged(policy, value)
+        after, value_after = policy(input_ids=ids).logits, value(ids, mask)
+    # saved alone (adapters, the value head) over the folders they adapt; loaded back merged
+    save_policy_adapter(policy, tok, tmp_path / "policy", tiny_model_dir,
+                        policy.get_input_embeddings().num_embeddings)
+    save_scalar_adapter(value, tmp_path / "value", tmp_path / "rm")
+    full = LoadSpec()
+    final_policy = load_policy(tmp_path / "policy", full, trainable=False)
+    final_value = load_scalar_model(tmp_path / "value", full, trainable=False)
+    with torch.no_grad():
         torch.testing.assert_close(final_policy(input_ids=ids).logits, after, atol=1e-5,
                                    rtol=1e-5)
+        torch.testing.assert_close(final_value(ids, mask), value_after, atol=1e-5, rtol=1e-5)
     assert not hasattr(final_policy, "peft_config")
+    weights = sorted(p.name for p in (tmp_path / "policy").glob("*.safetensors"))
+    assert weights == ["adapter_model.safetensors"]  # no copy of the frozen base
 
 
 def test_a_healthy_snapshot_of_lora_holds_the_adapters_and_restores_them(tiny_model_dir,

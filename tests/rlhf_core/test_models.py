@@ -1,3 +1,4 @@
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -63,3 +64,22 @@ def test_scalar_head_load_names_missing_file(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="head.safetensors|backbone"):
         ScalarHeadModel.load(tmp_path)
+
+
+@pytest.mark.parametrize("divide", [False, True])
+def test_a_normalised_critic_head_predicts_the_normalised_reward(divide):
+    """The critic starts as a copy of the reward model; with its head normalised it outputs
+    exactly what PPO's returns are built from, r - mean (or (r - mean) / std)."""
+    import copy
+
+    from rlhf_core.models.scoring import normalise_head, normalise_scores
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 1)
+    critic = copy.deepcopy(head)
+    stats = {"mean": 4.17, "std": 0.44, "n": 256}
+    normalise_head(critic, stats, divide)
+    hidden = torch.randn(5, 8)
+    with torch.no_grad():
+        expected = normalise_scores(head(hidden), stats, divide)
+        assert torch.allclose(critic(hidden), expected, atol=1e-5)

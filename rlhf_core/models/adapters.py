@@ -1,0 +1,198 @@
+"""Stage outputs under LoRA (``model.lora``): a folder holding only what the stage trained (the
+adapter, and a scalar model's head) and the name of the model it adapts, never a copy of the
+frozen weights.
+
+``rlhf_lora.json`` says what the folder is: ``kind`` (``causal_lm`` or ``scalar``), ``base``
+(the folder or hub id it adapts: another adapter folder, a plain Hugging Face folder, a hub id;
+a relative path is read from this folder) and, for the first adapter over a base model,
+``source`` and ``sha256`` (what ``model.base_model`` said, e.g. a GGUF file in a package, and
+its digest), so that another machine can rebuild the base where the path does not exist. The
+chain SFT -> PPO policy, or SFT -> reward model -> value model, loads as one merged model
+(each adapter merged in turn: one copy of the weights in memory, as fast as a full model).
+
+When the tokenizer gained tokens (a dedicated PAD), the resized embedding rows are the one
+frozen tensor an adapter folder keeps (``embeddings.safetensors``).
+
+:func:`bundle` makes a self-contained copy for MLflow: the chain nested inside the folder and
+the base model named by source and digest (copied only when it has no source to rebuild it
+from), so a registered policy serves anywhere the base can be had.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlhf_core.models.checkpoint import atomic_dir
+from rlhf_core.models.models import ScalarHeadModel, load_causal_lm
+from rlhf_core.models.sources import PACKAGE_PREFIX, resolve_model_source
+
+META = "rlhf_lora.json"
+EMBEDDINGS = "embeddings.safetensors"
+_HEAD_FILES = ("head.safetensors", "scalar_head.json")
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    return (Path(path) / META).is_file()
+
+
+def read_meta(folder: str | Path) -> dict:
+    return json.loads((Path(folder) / META).read_text())
+
+
+def base_of(folder: str | Path) -> str:
+    """What an adapter folder adapts, as ``from_pretrained`` loads it: its ``base`` where that
+    exists (a relative one read from the folder), else the ``source`` rebuilt (a GGUF file
+    dequantized into the model cache, checked against ``sha256``), else the hub id."""
+    folder, meta = Path(folder), read_meta(folder)
+    base = meta["base"]
+    path = Path(base) if Path(base).is_absolute() else folder / base
+    if path.is_dir():
+        return str(path)
+    source = meta.get("source")
+    if source:
+        resolved = resolve_model_source(source)
+        digest = meta.get("sha256")
+        if digest and digest[:16] not in Path(resolved).name:
+            raise ValueError(f"{folder}: its base {source!r} now has another digest than the "
+                             f"adapter was trained on ({digest[:16]}...)")
+        return resolved
+    if base.startswith((".", "/")) or Path(base).suffix:
+        raise FileNotFoundError(f"{folder}: its base model {base} is not here (and "
+                                f"{META} names no source to rebuild it from)")
+    return base  # a hub id
+
+
+def _is_scalar(path: str | Path) -> bool:
+    return (Path(path) / "scalar_head.json").is_file()
+
+
+def _vocab_rows(model) -> int:
+    return model.get_input_embeddings().num_embeddings
+
+
+def _save_embeddings(model, base_rows: int, tmp: Path) -> None:
+    """The resized embedding rows (input, and output when untied), if the vocabulary grew."""
+    if _vocab_rows(model) == base_rows:
+        return
+    tensors = {"input": model.get_input_embeddings().weight.detach().contiguous().cpu()}
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None and out.weight.data_ptr() != tensors["input"].data_ptr() and \
+            out.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
+        tensors["output"] = out.weight.detach().contiguous().cpu()
+    save_file(tensors, str(tmp / EMBEDDINGS))
+
+
+def _load_embeddings(model, folder: Path) -> None:
+    path = folder / EMBEDDINGS
+    if not path.exists():
+        return
+    tensors = load_file(str(path))
+    model.resize_token_embeddings(tensors["input"].shape[0], mean_resizing=False)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(tensors["input"])
+        if "output" in tensors:
+            model.get_output_embeddings().weight.copy_(tensors["output"])
+
+
+def _meta(kind: str, base: str | Path, source: dict | None) -> str:
+    return json.dumps({"kind": kind, "base": str(base), **(source or {})}, indent=1)
+
+
+def save_policy_adapter(peft_model, tokenizer, target: str | Path, base: str | Path,
+                        base_rows: int, source: dict | None = None) -> Path:
+    """A LoRA policy's adapter (and tokenizer) over ``base`` (``base_rows``: its embedding
+    rows before any resize), atomically."""
+    with atomic_dir(target) as tmp:
+        peft_model.save_pretrained(str(tmp), save_embedding_layers=False)
+        tokenizer.save_pretrained(str(tmp))
+        _save_embeddings(peft_model.get_base_model(), base_rows, tmp)
+        (tmp / META).write_text(_meta("causal_lm", base, source))
+    return Path(target)
+
+
+def save_scalar_adapter(model: ScalarHeadModel, target: str | Path, base: str | Path) -> Path:
+    """A scalar model whose trunk carries a LoRA adapter: the adapter and the head."""
+    with atomic_dir(target) as tmp:
+        model.backbone.save_pretrained(str(tmp), save_embedding_layers=False)
+        head = {k: v.detach().contiguous().cpu() for k, v in model.head.state_dict().items()}
+        save_file(head, str(tmp / "head.safetensors"))
+        (tmp / "scalar_head.json").write_text(json.dumps(
+            {"hidden_size": model.backbone.config.hidden_size, "kind": "scalar_head"}))
+        (tmp / META).write_text(_meta("scalar", base, None))
+    return Path(target)
+
+
+def _merge(model, folder: Path):
+    from peft import PeftModel
+
+    _load_embeddings(model, folder)
+    return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+
+
+def load_adapted_causal_lm(folder: str | Path, dtype: str = "float32",
+                           trust_remote_code: bool = False, **hf_kwargs):
+    """An adapter folder's policy, its chain merged -> a plain causal LM."""
+    base = base_of(folder)
+    if is_adapter_folder(base):
+        model = load_adapted_causal_lm(base, dtype, trust_remote_code, **hf_kwargs)
+    else:
+        model = load_causal_lm(base, dtype, trust_remote_code, **hf_kwargs)
+    return _merge(model, Path(folder))
+
+
+def trunk_of(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
+             **hf_kwargs):
+    """The transformer trunk a scalar model sits on, from a scalar model's folder or a causal
+    LM's (adapter folders merged)."""
+    if _is_scalar(path):
+        if is_adapter_folder(path):
+            return load_adapted_scalar(path, dtype, trust_remote_code, **hf_kwargs).backbone
+        return ScalarHeadModel.load(path, dtype, trust_remote_code, **hf_kwargs).backbone
+    if is_adapter_folder(path):
+        return load_adapted_causal_lm(path, dtype, trust_remote_code, **hf_kwargs).base_model
+    return load_causal_lm(path, dtype, trust_remote_code, **hf_kwargs).base_model
+
+
+def load_adapted_scalar(folder: str | Path, dtype: str = "float32",
+                        trust_remote_code: bool = False, **hf_kwargs) -> ScalarHeadModel:
+    """An adapter folder's scalar model: its trunk's chain merged, its own head."""
+    folder = Path(folder)
+    trunk = _merge(trunk_of(base_of(folder), dtype, trust_remote_code, **hf_kwargs), folder)
+    head = torch.nn.Linear(trunk.config.hidden_size, 1)
+    head.load_state_dict(load_file(str(folder / "head.safetensors")))
+    return ScalarHeadModel(trunk, head)
+
+
+def _portable(source: str | None) -> bool:
+    """A base model another machine can rebuild from its name: a hub id, a package's file,
+    a GGUF file (checked by digest); not a folder of this machine's."""
+    if not source:
+        return False
+    if source.startswith(PACKAGE_PREFIX) or source.endswith(".gguf"):
+        return True
+    return not (source.startswith((".", "/", "~")) or Path(source).expanduser().exists())
+
+
+def bundle(folder: str | Path, target: str | Path) -> Path:
+    """A self-contained copy of an adapter folder under ``target``: each base that is an
+    adapter folder nested as ``base/``; the base model named by its source (a hub id, a GGUF
+    file rebuilt by digest), or copied where it has none."""
+    folder, target = Path(folder), Path(target)
+    shutil.copytree(folder, target, ignore=shutil.ignore_patterns(META, "README.md"))
+    meta = read_meta(folder)
+    base = base_of(folder)
+    if is_adapter_folder(base):
+        bundle(base, target / "base")
+        meta["base"] = "base"
+    elif _portable(meta.get("source")):
+        meta["base"] = meta["source"]  # rebuilt where it is loaded (base_of)
+    elif Path(base).is_dir():
+        shutil.copytree(base, target / "base")
+        meta["base"] = "base"
+    (target / META).write_text(json.dumps(meta, indent=1))
+    return target
