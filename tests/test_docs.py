@@ -101,4 +101,5 @@ def test_the_detector_table_in_docs_is_the_code_s():
         assert cells[1] == d.failure and cells[-2] == defaults.action and cells[-1] == d.advice
         assert all(f"`{s}`" in cells[2] for s in d.signals), (d.name, d.signals)
         for name, value in defaults.model_dump(exclude={"action"}).items():
-            assert f"`{name}` ({value:g})" in cells[3], (d.name, name, value)
+            shown = "auto" if value is None else format(value, "g")
+            assert f"`{name}` ({shown})" in cells[3], (d.name, name, value)

@@ -35,11 +35,13 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
                   prompts: Sequence[str], sampling: Sampling, *, device: torch.device,
                   precision: str = "fp32",
                   scorers: Mapping[str, ScalarHeadModel] | None = None,
-                  features: bool = False) -> dict[str, list]:
+                  features: bool = False,
+                  on_batch: Callable[[int], None] | None = None) -> dict[str, list]:
     """Sample one response per prompt -> lists: response text, has_eos, length, score, kl
     (and one list per model of ``scorers``, e.g. a judge reward model, read like the score;
     ``features``: ``out["features"]``, the reward model's hidden state at each answer's
-    scored token [N, H], as a tensor).
+    scored token [N, H], as a tensor; ``on_batch(n)``: after each generation batch, the
+    prompts answered so far).
 
     ``sampling``: temperature, response budget and prompts per generation batch
     (``EvalConfig.sampling``). ``ref_policy`` None: no KL (the SFT policy sampled against
@@ -47,12 +49,12 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
     with autocast(precision, device):
         return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts,
                               sampling.temperature, sampling.max_new_tokens, device,
-                              sampling.batch_size, dict(scorers or {}), features)
+                              sampling.batch_size, dict(scorers or {}), features, on_batch)
 
 
 def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
                    max_new_tokens, device, batch_size, scorers,
-                   features: bool = False) -> dict[str, list]:
+                   features: bool = False, on_batch=None) -> dict[str, list]:
     gen_config = sampling_config(tokenizer, temperature, max_new_tokens,
                                  model_generation=getattr(policy, "generation_config", None))
     pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
@@ -84,6 +86,8 @@ def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, tempera
         out["has_eos"] += has_eos.tolist()
         out["length"] += mask.sum(1).tolist()
         out["score"] += scores.float().tolist()
+        if on_batch is not None:
+            on_batch(len(out["score"]))
     if features:
         out["features"] = torch.cat(out["features"]) if out.get("features") else None
     return out

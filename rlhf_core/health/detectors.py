@@ -208,8 +208,9 @@ class OffDistribution(Settings):
 def off_distribution(h: History, s: OffDistribution) -> Finding | None:
     """At a check, the policy's answers have left what the reward model knows: their median
     whitened distance from the start policy's answers, in the reward model's own feature
-    space, is ``max_drift`` times the start answers' own (InfoRM: hacked answers are outliers
-    there). Its scores of such answers are extrapolation, however high they climb."""
+    space, is ``max_drift`` times the start answers' own (README § Sources [InfoRM]: hacked
+    answers are outliers there). Its scores of such answers are extrapolation, however high
+    they climb."""
     if not h.check_is_new() or len(h.checks) < 2:
         return None
     now = h.checks[-1]
@@ -435,7 +436,8 @@ def slow_rollout(h: History, s: SlowRollout) -> Finding | None:
 
 DETECTORS: tuple[Detector, ...] = (
     Detector("reward_hacking", "reward hacking",
-             ("check/proxy_score", "check/judge_score", "check/kl", "check/length_mean"),
+             ("check/proxy_score", "check/judge_score", "check/kl", "check/length_mean",
+              "check/rm_drift"),
              reward_hacking, RewardHacking,
              "raise ppo.kl_coef (or use ppo.adaptive_kl); retrain the reward model with pairs "
              "on the policy's new failure cases (rlhf collect)", reward_hacking_stands),

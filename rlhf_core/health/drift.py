@@ -2,8 +2,8 @@
 space: the hidden state its head reads to score an answer.
 
 A reward model is only trustworthy on answers like those it was trained on; answers that hack
-it tend to be outliers among its features (InfoRM, Miao et al. 2024, who measure it in an
-information-bottleneck latent space; here the reward model's last hidden state, whitened).
+it tend to be outliers among its features (README § Sources [InfoRM], measured there in an
+information-bottleneck latent space; here in the reward model's last hidden state, whitened).
 The start policy's answers at the first held-out check fix the reference: their mean, their
 top principal directions (a quarter as many as there are answers, so the covariance is
 estimated from four answers a direction at least) and the typical (median) distance among

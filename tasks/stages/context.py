@@ -10,6 +10,7 @@ machine's worker; a unit test runs it under a fake context with no server.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -37,6 +38,8 @@ from tasks.tracking.artifacts import (
 from tasks.tracking.datasets import log_datasets
 from tasks.tracking.runs import RunContext, set_tags
 from tasks.tracking.spool import spool_for, spool_table, spool_tags
+
+BIG_UPLOAD = 10 * 2**20  # bytes: an artifact upload from this size on is announced
 
 
 @dataclass(frozen=True)
@@ -118,13 +121,33 @@ class StageContext:
         from MLflow once (``what`` names it in the error)."""
         return local_copy(self.run, artifact, what)
 
+    def say(self, message: str) -> None:
+        """One line of what the stage is doing now (in the log and the Prefect UI): the work
+        between and after its progress bars, so no minute passes silently."""
+        print(f"{self.stage.name}: {message}", flush=True)
+
+    def _announced(self, path: Path, artifact_path: str) -> Callable[[], None]:
+        """Say a large upload is starting -> a callable that says when it ended."""
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) \
+            if path.is_dir() else path.stat().st_size if path.exists() else 0
+        if size < BIG_UPLOAD:
+            return lambda: None
+        start = time.perf_counter()
+        self.say(f"logging {artifact_path} to MLflow ({size / 2**20:.0f} MB)")
+        return lambda: self.say(f"logged {artifact_path} in {time.perf_counter() - start:.0f} s")
+
     def publish(self, path: str | Path, artifact_path: str, logged: bool = False) -> Artifact:
         """Log ``path`` (unless ``logged``) as the artifact ``artifact_path`` of the stage's
         run -> the typed output field."""
-        return publish_path(self.run, self.run_id, Path(path), artifact_path, logged)
+        done = (lambda: None) if logged else self._announced(Path(path), artifact_path)
+        out = publish_path(self.run, self.run_id, Path(path), artifact_path, logged)
+        done()
+        return out
 
     def log_artifacts(self, folder: str | Path, artifact_path: str) -> None:
+        done = self._announced(Path(folder), artifact_path)
         log_artifacts(self.client, self.run_id, folder, artifact_path)
+        done()
 
     def log_artifact(self, path: str | Path, folder: str) -> None:
         log_artifact(self.client, self.run_id, path, folder)

