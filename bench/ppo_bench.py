@@ -32,6 +32,7 @@ from bench.shapes import (  # noqa: E402
     matmul_peak,
     median,
     peak_memory_gb,
+    real_shape,
 )
 from rlhf_core.config import LoraSettings, ModelConfig, OptimConfig, PPOConfig  # noqa: E402
 from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model  # noqa: E402
@@ -59,8 +60,14 @@ def parse_args(argv=None):
 
 
 def build_trainer(args, tmp: Path):
-    folder, prompts = build_shape(tmp, args.n_layer, args.n_embd, args.vocab,
-                                  n_positions=64 + args.max_new_tokens, seed=args.seed)
+    if args.model:
+        folder, prompts, shape = real_shape(args.model, tmp)
+        args.n_layer, args.n_embd, args.vocab = shape["n_layer"], shape["n_embd"], shape["vocab"]
+        args.layer_params = shape["layer_params"]
+    else:
+        folder, prompts = build_shape(tmp, args.n_layer, args.n_embd, args.vocab,
+                                      n_positions=64 + args.max_new_tokens, seed=args.seed)
+        args.layer_params = None
     lora = LoraSettings(r=args.lora_r, alpha=2.0 * args.lora_r) if args.lora_r else None
     model_cfg = ModelConfig(device=args.device, precision=args.precision,
                             attn_implementation=args.attn,
@@ -90,8 +97,8 @@ def iteration_flops(args, exp, recompute: bool) -> tuple[float, float]:
     B, T = exp.query_responses.shape
     R = exp.responses.shape[1]
     L, d, V = args.n_layer, args.n_embd, args.vocab
-    policy_fwd = forward_flops(L, d, V, B, T, R + 1)
-    scalar_fwd = forward_flops(L, d, 0, B, T, 0)
+    policy_fwd = forward_flops(L, d, V, B, T, R + 1, args.layer_params)
+    scalar_fwd = forward_flops(L, d, 0, B, T, 0, args.layer_params)
     # generate ~ one policy forward; + reference, value, reward (+ policy when recomputed)
     rollout = policy_fwd * (3 if recompute else 2) + 2 * scalar_fwd
     update = args.epochs * 3 * (policy_fwd + scalar_fwd)  # forward + backward (2x)
@@ -160,7 +167,7 @@ def main(argv=None) -> dict:
     r_flops, u_flops = rows[-1][2], rows[-1][3]
     result = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "shape": f"{args.n_layer}x{args.n_embd}", "params": n_params,
+        "shape": args.model or f"{args.n_layer}x{args.n_embd}", "params": n_params,
         "precision": spec.precision, "batch": args.batch, "new_tokens": args.max_new_tokens,
         "minibatches": args.num_minibatches, "epochs": args.epochs,
         "gradient_checkpointing": args.gradient_checkpointing,

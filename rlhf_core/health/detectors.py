@@ -335,6 +335,11 @@ class CriticDivergence(Settings):
         0.1, description="Fire when the explained variance stays below this (a critic that "
         "explains almost none of the returns: a fitting one passes it within a few "
         "iterations)...")
+    improving: float = Field(
+        0.25, ge=0, le=1, description="...unless, never above it yet, its median there has "
+        "closed this share of the gap from its first reading (the warm start's) up to it (a "
+        "critic warm-started far from the returns, as a real model's reward model puts it, "
+        "still climbing)...")
     growth: float = Field(4.0, gt=1, description="...or the value loss's median over the "
                           "last iterations is above this many times its lowest mean before...")
     fitting: float = Field(0.5, description="...while the explained variance's median there "
@@ -346,8 +351,9 @@ class CriticDivergence(Settings):
 def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
     """The value model stops fitting the returns: a non-finite value loss or explained
     variance at once; or, after ``warmup``, the explained variance below
-    ``min_explained_variance`` for ``patience`` iterations in a row, or the median value loss
-    of the last ``patience`` iterations above ``growth`` times the lowest mean of any
+    ``min_explained_variance`` for ``patience`` iterations in a row without climbing (their
+    median not ``improving`` of the way from its first reading up to it), or the median value
+    loss of the last ``patience`` iterations above ``growth`` times the lowest mean of any
     ``patience`` iterations before them (a median: one good iteration does not hide a critic
     that keeps failing) while the explained variance's median there is below ``fitting``."""
     loss, ev = h.series("loss/value_avg"), h.series("val/explained_variance")
@@ -362,7 +368,11 @@ def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
         return None
     recent_loss, recent_ev = loss[-n:], ev[-n:]
     onset = h.iterations[-n]
-    if all(v < s.min_explained_variance for v in recent_ev):
+    first, floor = ev[0], s.min_explained_variance  # the warm start's own reading
+    # a critic that never fitted yet and is climbing from its warm start is still fitting
+    climbing = all(v < floor for v in ev) and \
+        _median(recent_ev) >= first + s.improving * (floor - first)
+    if all(v < floor for v in recent_ev) and not climbing:
         return _from_rollouts("critic_divergence", h, onset,
                               {"explained_variance": recent_ev[-1], "value_loss": recent_loss[-1]},
                               f"explained variance below {s.min_explained_variance:g} for {n} "

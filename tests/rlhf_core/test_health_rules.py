@@ -366,3 +366,22 @@ def test_an_off_distribution_finding_stands_only_while_the_answers_stay_out():
     found = off_distribution(drift_trace(stays[:2]), s)
     why = off_distribution_stands(drift_trace(stays), s, found)
     assert why is not None and "(iteration 18)" in why and "1.71x" in why
+
+
+def test_a_critic_climbing_from_a_poor_warm_start_is_not_diverging():
+    """SmolLM2 with LoRA (PPO lr 2e-4): the critic, warm-started from a reward model that never
+    scored partial answers, explains -14x at first and climbs to about -0.9 in 12 iterations;
+    at lr 5e-5 it stays between -18 and -4 (not climbing: a warning); the benchmark's
+    unclipped critic on rewards x100 falls from 0 to -2.9 (found at 5, as before)."""
+    def fired(ev):
+        return next((i for i in range(1, len(ev) + 1) if critic_divergence(
+            trace(**{"loss/value_avg": [1.0] * i, "val/explained_variance": ev[:i]}),
+            CriticDivergence()) is not None), None)
+
+    climbing = [-14.16, -5.91, -5.81, -6.41, -2.92, -1.76, -3.93, -1.11, -2.44, -0.69, -0.97,
+                -0.88]
+    stuck = [-14.16, -10.31, -14.34, -18.38, -17.22, -4.57, -8.2, -16.57, -7.23, -7.27, -13.31,
+             -3.83]
+    induced = [-0.0, -0.01, -0.0, -1.86, -2.87, -0.1, 0.0, 0.07, 0.1, 0.22]
+    assert fired(climbing) is None
+    assert fired(stuck) == 5 and fired(induced) == 5
