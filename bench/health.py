@@ -3,6 +3,7 @@
     python bench/health.py run --out DIR                  # every case: real `rlhf run`s
     python bench/health.py run --out DIR --cases seed-0,lr-x30 [--threads 1]
     python bench/health.py report --out DIR [--replay]     # the tables (and the picture)
+    python bench/health.py retrain --out DIR --seeds 7,8   # bootstrap + first on-policy round
 
 Healthy runs: the demo at its defaults for seeds 0-9, and a few sane variations (a higher and a
 lower KL coefficient, the adaptive KL controller, a lower learning rate, RLOO, twice the
@@ -228,7 +229,7 @@ def report(out: Path, replay: bool) -> dict:
                if p.stem != "report"}
     if replay:
         for rec in records.values():
-            rec["findings"] = replayed(rec)
+            rec["findings"], rec["standing"] = replayed(rec)
     healthy = [records[n] for n in HEALTHY if n in records]
     bounds = healthy_envelope(healthy) if healthy else {}
     rows = []
@@ -267,6 +268,7 @@ def report(out: Path, replay: bool) -> dict:
     if "hacking" in records:
         plot_hacking(records["hacking"], out / "hacking.png")
     decisions = {n: {"decision": r.get("register", {}).get("decision"),
+                     "standing_at_end": r.get("standing"),
                      "win_rate": r["eval"].get("eval/judge_win_rate"),
                      "gold": r["eval"].get("eval/judge_score_policy")}
                  for n, r in records.items()}
@@ -317,8 +319,9 @@ def stopped_figures(records: dict) -> dict:
     return out
 
 
-def replayed(rec: dict) -> list[dict]:
-    """The detectors (the code's settings now) on the recorded run, iteration by iteration."""
+def replayed(rec: dict) -> tuple[list[dict], list[str]]:
+    """The detectors (the code's settings now) on the recorded run, iteration by iteration ->
+    (their findings, the detectors whose finding still stands at the end: a veto)."""
     from rlhf_core.config import PPOConfig
     from rlhf_core.health.checks import CheckAnswers
     from rlhf_core.health.detectors import for_scorer
@@ -338,7 +341,7 @@ def replayed(rec: dict) -> list[dict]:
         for f in monitor.observe(it, metrics, answers):
             out.append({"detector": f.detector, "iteration": f.iteration,
                         "last_healthy": f.last_healthy, "message": f.message})
-    return out
+    return out, sorted(monitor.standing())
 
 
 def plot_hacking(rec: dict, path: Path) -> None:
@@ -378,9 +381,34 @@ def plot_hacking(rec: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def retrain_rounds(out: Path, seeds: list[int]) -> dict:
+    """Per seed, the bootstrap then the first on-policy round (bench/retrain_round.py --runs
+    1) -> {seed: the round's gate verdict, health flags and status}: the watch must not
+    overturn a significant gate win, and a round without one is still kept."""
+    result = {}
+    for seed in seeds:
+        path = out / f"retrain-seed-{seed}.json"
+        if not path.exists():
+            subprocess.run([sys.executable, str(ROOT / "bench" / "retrain_round.py"), "--runs",
+                            "1", "--set", f"seed={seed}", "--workdir",
+                            str(out / f"retrain-seed-{seed}"), "--out", str(path)], check=True,
+                           capture_output=True)
+        rows = json.loads(path.read_text())["rows"]
+        boot = next(r for r in rows if r["kind"] == "bootstrap")
+        (round1,) = [r for r in rows if r["kind"] == "retrain"]
+        result[seed] = {"bootstrap": boot.get("status"),
+                        "bootstrap_health_flags": boot.get("health_flags", ""),
+                        **{k: round1.get(k) for k in ("status", "decision", "diff_mean",
+                                                      "ci_low", "ci_high", "health_flags")}}
+        print(f"retrain seed {seed}: {result[seed]}", flush=True)
+    (out / "retrain.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("run", "report"))
+    parser.add_argument("what", choices=("run", "report", "retrain"))
+    parser.add_argument("--seeds", default="7,8", help="retrain: the seeds")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--replay", action="store_true")
@@ -390,6 +418,9 @@ def main() -> None:
                         help="checks scored by the gold judge + N(0, SIGMA) (noisy_gold.py)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.what == "retrain":
+        retrain_rounds(args.out, [int(x) for x in args.seeds.split(",")])
+        return
     if args.what == "run":
         cases = {**{n: o + WARN_ALL for n, o in HEALTHY.items()},
                  **{n: o + WARN_ALL for n, (_, o) in FAILURES.items()}, **STOPPED,

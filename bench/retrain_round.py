@@ -78,13 +78,17 @@ def parse(stdout: str) -> dict:
 
 
 def gate_tags(uri: str, parent_run_id: str) -> dict:
-    """The gate's decision, mean difference and CI from the run's tags."""
+    """The gate's decision, mean difference and CI from the run's tags, and the health
+    watch's flags."""
     from mlflow.tracking import MlflowClient
 
     tags = MlflowClient(uri).get_run(parent_run_id).data.tags
-    return {k: tags[f"rlhf.gate.{k}"] for k in ("decision", "diff_mean", "ci_low", "ci_high",
-                                                "kl_champion", "kl_challenger")
-            if f"rlhf.gate.{k}" in tags}
+    out = {k: tags[f"rlhf.gate.{k}"] for k in ("decision", "diff_mean", "ci_low", "ci_high",
+                                               "kl_champion", "kl_challenger")
+           if f"rlhf.gate.{k}" in tags}
+    if "rlhf.health.flags" in tags:  # what PPO's health watch found in the round
+        out["health_flags"] = tags["rlhf.health.flags"]
+    return out
 
 
 def main() -> None:
@@ -99,6 +103,7 @@ def main() -> None:
     p.add_argument("--compare", action="store_true", help="the champion against v1 at the end")
     args = p.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="retrain-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{work}/mlflow.db"
     sets = [f"tracking.tracking_uri={uri}", f"tracking.workdir={work}/work",
             f"retrain.watch_dir={work}/watch", f"collect.out_dir={work}/to_label",

@@ -130,8 +130,8 @@ class HealthRecord(BaseModel):
     def blocks_champion(self) -> str | None:
         """Why this policy may not become champion without an override (None: it may):
         PPO was stopped, or a finding still stands at its end (the detector's rule read
-        again then: a reward-hacking fall the judge never made up, a KL spike that never came
-        down, a drift past the budget)."""
+        again then: a reward-hacking fall the judge never made up, answers still off the
+        reward model's distribution)."""
         if self.stopped_by is not None:
             kept = "" if self.restored_iteration is None else \
                 f", the policy kept is its snapshot of iteration {self.restored_iteration}"

@@ -25,7 +25,6 @@ from rlhf_core.health.detectors import (
     entropy_collapse,
     flat_reward,
     kl_spike,
-    kl_spike_stands,
     off_distribution,
     off_distribution_stands,
     reward_hacking,
@@ -86,20 +85,6 @@ def test_kl_spike_stays_silent_on_growth_small_jumps_and_short_runs(kl):
     h = kl_trace(kl)
     assert all(kl_spike(History(h.iterations[:i], {k: v[:i] for k, v in h.metrics.items()}),
                         KLSpike()) is None for i in range(1, len(kl) + 1))
-
-
-def test_a_kl_spike_stands_at_the_end_only_if_it_never_came_down():
-    """The benchmark's fast start (lr x4.4: 142 nats at iteration 4, 17 at the end, a better
-    policy than the default demo's by the gold judge) recovered; the lr x30 run's collapse to
-    empty answers never did."""
-    fast = [0.0, 7.6, 20.0, 142.3, 33.7, 28.1, 17.0, 25.7, 18.0, 16.5]
-    found = kl_spike(kl_trace(fast[:4], [9.9, 5.3, 7.0, 21.9]), KLSpike())
-    assert found is not None
-    assert kl_spike_stands(kl_trace(fast), KLSpike(), found) is None
-    stuck = [0.0, 13.1] + [12.1] * 8
-    found = kl_spike(kl_trace(stuck[:3], [9.9, 1.2, 1.0]), KLSpike())
-    why = kl_spike_stands(kl_trace(stuck, [9.9, 1.2] + [1.0] * 8), KLSpike(), found)
-    assert why is not None and "never came down" in why and "12.10 at the end" in why
 
 
 # -- entropy collapse -------------------------------------------------------------------------
@@ -304,17 +289,24 @@ def test_a_reward_hacking_finding_stands_at_the_end_only_while_the_judge_stays_d
 
 
 def test_the_monitor_says_which_findings_still_stand_at_the_end():
-    monitor = HealthMonitor(PPOConfig().health)
-    kl = [0.0, 13.1] + [12.1] * 8  # a collapse to empty answers that never recovers
-    for i, value in enumerate(kl, 1):
-        monitor.observe(i, {"objective/kl": value, "response/length_mean": 1.0})
-    assert [f.detector for f in monitor.findings] == ["kl_spike"]
-    assert "never came down" in monitor.standing()["kl_spike"]
-    recovering = HealthMonitor(PPOConfig().health)
-    for i, value in enumerate([0.0, 40.0, 130.0, 30.0, 20.0, 15.0], 1):
-        recovering.observe(i, {"objective/kl": value, "response/length_mean": 10.0})
-    assert [f.detector for f in recovering.findings] == ["kl_spike"]
-    assert recovering.standing() == {}
+    """A reward-hacking fall the judge never made up stands; a KL spike never does alone (the
+    benchmark's fast start keeps 14 nats after its spike and is the best run of all)."""
+    health = PPOConfig().health
+    monitor = HealthMonitor(health)
+    fell = checks((0.0, 0.0), (1.0, 1.0), (2.0, 0.5))
+    for c in fell:
+        monitor.observe(c.iteration, {"objective/kl": 0.1 * c.iteration,
+                                      "response/length_mean": 10.0},
+                        CheckAnswers(c.iteration, [""] * 40, c.proxy, c.judge, None,
+                                     [10] * 40, [True] * 40, [c.kl] * 40, 0.0))
+    assert [f.detector for f in monitor.findings] == ["reward_hacking"]
+    assert "still -0.500" in monitor.standing()["reward_hacking"]
+    spiked = HealthMonitor(health)
+    for i, value in enumerate([0.0, 23.4, 10.9, 38.2, 13.4, 14.2, 13.2], 1):
+        spiked.observe(i, {"objective/kl": value, "response/length_mean": 8.0})
+    assert [f.detector for f in spiked.findings] == ["kl_spike"]
+    assert spiked.standing() == {}
+
 
 
 def test_reward_hacking_by_the_judge_reward_model_needs_the_drift_to_agree():
