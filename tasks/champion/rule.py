@@ -120,7 +120,7 @@ def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) 
 
 
 def health_veto(decision: Decision, blocked: str | None, override: bool,
-                gated: bool = False) -> Decision:
+                gated: bool = False, bootstrap: bool = False) -> Decision:
     """A policy whose PPO run a health detector stopped, or flagged for a failure that
     questions its gains (``blocked``: why), is not made champion without an explicit
     override (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``): the
@@ -130,9 +130,20 @@ def health_veto(decision: Decision, blocked: str | None, override: bool,
     stopped run's kept snapshot included) against the champion by a scorer it was not
     trained against. A significant win there is direct evidence that the policy is better
     than what it replaces, stronger than a check-to-check fall inside its run, so the
-    promotion stands and its reason records the finding. Any other decision stands."""
+    promotion stands and its reason records the finding.
+
+    ``bootstrap``: the first champion of a retrain loop (no champion to test against, the
+    first-champion rule passed): the finding is recorded and the policy becomes champion, as
+    the loop's next rounds are there to correct it (pairs collected on its own answers) and
+    every later move passes the gate; without it no round could ever start. Any other
+    decision stands."""
     if not decision.promote or blocked is None:
         return decision
+    if bootstrap:
+        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
+                                           f"{blocked}: a retrain's first champion (the next "
+                                           "rounds collect pairs on its answers and every "
+                                           "move after passes the gate)"})
     if gated:
         return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
                                            f"{blocked}: the gate's paired test against the "

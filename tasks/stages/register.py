@@ -141,8 +141,10 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     else:
         rule = decision
     if not moved:
+        # a retrain's run (its lineage) without a gate decision is the loop's bootstrap
         rule = health_veto(rule, policy.health.blocks_champion, cfg.tracking.promote_flagged,
-                           gated=decision is not None)
+                           gated=decision is not None,
+                           bootstrap=decision is None and lineage is not None)
     card = policy_card(cfg, ctx.parent_run_id, evaluation.metrics)
     pause_point("register:log_models")
     version, rm_version = adopted or one_try(

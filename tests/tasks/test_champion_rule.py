@@ -113,6 +113,9 @@ def test_a_flagged_policy_is_not_made_champion_and_the_refusal_says_why():
     assert gated.promote is True and gated.register_tag == "gate: promote"
     assert gated.reason.startswith("significant win; promoted although PPO was stopped")
     assert "paired test" in gated.reason
+    # a retrain's first champion is made, the finding recorded: the loop exists to fix it
+    boot = health_veto(first, STOPPED, override=False, bootstrap=True)
+    assert boot.promote is True and "a retrain's first champion" in boot.reason
     # and a gate that found no significant win keeps the champion, flag or not
     kept_by_gate = Decision(promote=False, reason="no significant win", scorer="judge")
     assert health_veto(kept_by_gate, STOPPED, override=False, gated=True) == kept_by_gate
