@@ -200,7 +200,7 @@ class OffDistribution(Settings):
     """Owes nothing to a judge: the reward model's own features of the policy's answers."""
 
     max_drift: float = Field(
-        1.5, gt=1, description="Fire when a check's answers lie, in the median, this many "
+        1.6, gt=1, description="Fire when a check's answers lie, in the median, this many "
         "times as far from the start policy's answers in the reward model's feature space as "
         "those lie from one another (rlhf_core/health/drift.py).")
 

@@ -93,7 +93,9 @@ def test_the_registered_policy_serves_from_its_bundle(whole, env):
     answers = model.predict(pd.DataFrame({"prompt": [[{"role": "user",
                                                        "content": "describe cats"}]]}),
                             params={"max_new_tokens": 4, "do_sample": False})
-    assert len(answers) == 1 and isinstance(answers[0], str)
+    # a conversation in, the assistant's message out
+    assert len(answers) == 1 and answers[0]["role"] == "assistant"
+    assert isinstance(answers[0]["content"], str) and answers[0]["content"]
     bundle = Path(model._model_impl.context.artifacts["policy"])
     weights = sorted(p.relative_to(bundle).as_posix() for p in bundle.rglob("*.safetensors"))
     assert weights == ["adapter_model.safetensors", "base/adapter_model.safetensors",

@@ -317,13 +317,13 @@ def test_reward_hacking_by_the_judge_reward_model_needs_the_drift_to_agree():
 
     health = PPOConfig().health
     judged, registered = for_scorer(health, False), for_scorer(health, True)
-    assert judged.reward_hacking.min_drift == health.off_distribution.max_drift == 1.5
+    assert judged.reward_hacking.min_drift == health.off_distribution.max_drift == 1.6
     assert registered.reward_hacking.min_drift == 0.0
     fall = ((0.0, 0.0), (1.0, 1.0), (2.0, 0.5))
     near = hacking_trace(checks(*fall, drift=1.2))
     assert reward_hacking(near, judged.reward_hacking) is None
     assert reward_hacking(near, registered.reward_hacking) is not None
-    far = hacking_trace(checks(*fall, drift=1.6))
+    far = hacking_trace(checks(*fall, drift=1.7))
     assert reward_hacking(far, judged.reward_hacking) is not None
 
 
@@ -335,29 +335,32 @@ def drift_trace(drifts: list[float | None]) -> History:
 
 
 def test_off_distribution_fires_when_the_answers_leave_the_start_cloud_and_says_since_when():
-    """The benchmark's shapes (median drift at each check): the kl_coef=0 run 1.15, 1.37,
-    1.50 at its gold onset; a healthy run's highest is 1.42."""
+    """The benchmark's shapes (median drift at each check, the 2-core machine): the kl_coef=0
+    run 1.48 at 30 and 1.71 at 36; the best healthy seed, which over-optimises a little by
+    the gold judge late, 1.53 at the end; the fast start 1.44."""
     s = OffDistribution()
-    hacked = [1.0, 1.12, 1.15, 1.36, 1.37, 1.5]
-    assert all(off_distribution(drift_trace(hacked[:i]), s) is None for i in range(1, 6))
+    hacked = [1.0, 1.21, 1.23, 1.45, 1.48, 1.48, 1.71]
+    assert all(off_distribution(drift_trace(hacked[:i]), s) is None for i in range(1, 7))
     found = off_distribution(drift_trace(hacked), s)
-    assert found is not None and found.iteration == 30 and found.onset == 24
-    assert found.evidence["drift"] == 1.5 and "1.50x as far" in found.message
-    healthy = [1.0, 1.22, 1.3, 1.36, 1.22, 1.38, 1.42, 1.38, 1.40, 1.40, 1.38]
-    assert all(off_distribution(drift_trace(healthy[:i]), s) is None
-               for i in range(1, len(healthy) + 1))
+    assert found is not None and found.iteration == 36 and found.onset == 30
+    assert found.evidence["drift"] == 1.71 and "1.71x as far" in found.message
+    healthy = [1.0, 1.12, 1.08, 1.14, 1.2, 1.34, 1.39, 1.41, 1.46, 1.51, 1.53]
+    fast = [1.0, 1.35, 1.38, 1.28, 1.42, 1.44, 1.42, 1.42, 1.42, 1.4, 1.4]
+    for trace_ in (healthy, fast):
+        assert all(off_distribution(drift_trace(trace_[:i]), s) is None
+                   for i in range(1, len(trace_) + 1))
     assert off_distribution(drift_trace([1.0, None]), s) is None  # no features: no reading
 
 
 def test_an_off_distribution_finding_stands_only_while_the_answers_stay_out():
     s = OffDistribution()
-    spike = [1.0, 2.21, 1.12, 1.08, 1.12]  # lr x6: out at 6, back from 12 on
+    spike = [1.0, 2.21, 1.12, 1.08, 1.12]  # out at 6, back from 12 on
     found = off_distribution(drift_trace(spike[:2]), s)
     assert found is not None and off_distribution_stands(drift_trace(spike), s, found) is None
-    stays = [1.0, 1.5, 1.6, 1.71]
+    stays = [1.0, 1.62, 1.7, 1.72]  # seed 7's last checks
     found = off_distribution(drift_trace(stays[:2]), s)
     why = off_distribution_stands(drift_trace(stays), s, found)
-    assert why is not None and "(iteration 18)" in why and "1.71x" in why
+    assert why is not None and "(iteration 18)" in why and "1.72x" in why
 
 
 def test_a_critic_climbing_from_a_poor_warm_start_is_not_diverging():
