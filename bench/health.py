@@ -226,7 +226,7 @@ def first(findings: list[dict], detector: str) -> dict | None:
 
 def report(out: Path, replay: bool) -> dict:
     records = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
-               if p.stem != "report"}
+               if p.stem != "report" and not p.stem.startswith("retrain")}
     if replay:
         for rec in records.values():
             rec["findings"], rec["standing"] = replayed(rec)
