@@ -16,15 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from rlhf_core.forms import Section
 
 Action = Literal["warn", "stop", "off"]
 
 
-class Settings(BaseModel):
+class Settings(Section):
     """One detector's settings; every detector has an action."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     action: Action = Field("warn", description="warn: record and announce; stop: also end "
                            "PPO, keeping the last healthy policy; off: not watched.")
 

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from data_checks.label_quality import LabelRules
-from rlhf_core.config import Section
+from rlhf_core.forms import Section
 from tasks.champion.config import ScheduleConfig
 
 _Frozen = Section

@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from rlhf_core.config import REGISTERED_SCORER, Section, defaults_in_words
+from rlhf_core.config import REGISTERED_SCORER
+from rlhf_core.forms import Section, defaults_in_words
 
 _Frozen = Section
 

@@ -76,8 +76,12 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     # progress in answered prompts: the SFT policy's, then the PPO policy's
     live = StageProgress(sc.stage.name, 2 * len(prompts))
     live(0)
+    # both policies sample from the same random stream (common random numbers): where they
+    # agree their answers agree, and the paired comparison sees only what PPO changed
+    sc.seeded()
     sft_samples = sample_policy(ref, None, rm_model, tokenizer, prompts, e.sampling,
                                 device=device, precision=spec.precision, on_batch=live)
+    sc.seeded()
     pol_samples = sample_policy(trained, ref, rm_model, tokenizer, prompts, e.sampling,
                                 device=device, precision=spec.precision,
                                 on_batch=lambda n: live(len(prompts) + n))

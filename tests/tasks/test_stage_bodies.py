@@ -284,6 +284,20 @@ def test_evaluate_compares_both_policies_on_held_out_prompts(chain):
     assert len(sc.tables["eval/side_by_side.json"]) == sc.cfg.eval.num_prompts == 2
 
 
+def test_evaluate_samples_both_policies_from_one_random_stream(chain, tmp_path):
+    """The SFT policy evaluated as its own PPO policy: the same answers (common random
+    numbers), so the paired comparison with its start is exactly 0, not sampling noise."""
+    cfg, prep, _, done = chain
+    d, s, rm, pol = (done[name][1] for name in ("validate", "sft", "reward_model", "ppo"))
+    run = _runner(cfg, tmp_path, {})
+    ev = run("evaluate", prep=prep.model_copy(update={"judge": "demo"}), data=d, sft=s, rm=rm,
+             policy=pol.model_copy(update={"policy": s.model}))
+    m = ev.metrics
+    assert m["eval/vs_start_diff"] == m["eval/vs_start_diff_low"] == 0.0
+    assert m["eval/vs_start_diff_high"] == 0.0 and m["eval/judge_win_rate"] == 0.5
+    assert m["eval/rm_score_policy"] == m["eval/rm_score_sft"]
+
+
 def test_register_registers_both_models_and_makes_the_first_champion(chain):
     sc, rec = chain[3]["register"]
     assert isinstance(rec, RegisterRecord) and rec.registered and rec.promoted
