@@ -10,7 +10,7 @@ its digest), so that another machine can rebuild the base where the path does no
 chain SFT -> PPO policy, or SFT -> reward model -> value model, loads as one merged model
 (each adapter merged in turn: one copy of the weights in memory, as fast as a full model).
 
-When the tokenizer gained tokens (a dedicated PAD), the resized embedding rows are the one
+When the tokenizer gained tokens (a dedicated PAD), the added embedding rows are the one
 frozen tensor an adapter folder keeps (``embeddings.safetensors``).
 
 :func:`bundle` makes a self-contained copy for MLflow: the chain nested inside the folder and
@@ -25,6 +25,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from rlhf_core.models.checkpoint import atomic_dir
@@ -76,15 +77,16 @@ def _vocab_rows(model) -> int:
 
 
 def _save_embeddings(model, base_rows: int, tmp: Path) -> None:
-    """The resized embedding rows (input, and output when untied), if the vocabulary grew."""
+    """The embedding rows the vocabulary grew by (input, and output when untied), if it grew:
+    the base's own rows stay frozen under LoRA and are read from the base."""
     if _vocab_rows(model) == base_rows:
         return
-    tensors = {"input": model.get_input_embeddings().weight.detach().contiguous().cpu()}
+    inp = model.get_input_embeddings().weight
+    tensors = {"input": inp[base_rows:].detach().contiguous().cpu()}
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if out is not None and out.weight.data_ptr() != tensors["input"].data_ptr() and \
-            out.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
-        tensors["output"] = out.weight.detach().contiguous().cpu()
-    save_file(tensors, str(tmp / EMBEDDINGS))
+    if out is not None and out.weight.data_ptr() != inp.data_ptr():
+        tensors["output"] = out.weight[base_rows:].detach().contiguous().cpu()
+    save_file(tensors, str(tmp / EMBEDDINGS), metadata={"base_rows": str(base_rows)})
 
 
 def _load_embeddings(model, folder: Path) -> None:
@@ -92,11 +94,17 @@ def _load_embeddings(model, folder: Path) -> None:
     if not path.exists():
         return
     tensors = load_file(str(path))
-    model.resize_token_embeddings(tensors["input"].shape[0], mean_resizing=False)
+    rows = _vocab_rows(model)
+    with safe_open(str(path), "pt") as f:
+        saved = int((f.metadata() or {}).get("base_rows", rows))
+    if saved != rows:
+        raise ValueError(f"{path}: rows added to a {saved}-row vocabulary, but its base has "
+                         f"{rows} rows: the adapter belongs to another base model")
+    model.resize_token_embeddings(rows + tensors["input"].shape[0], mean_resizing=False)
     with torch.no_grad():
-        model.get_input_embeddings().weight.copy_(tensors["input"])
+        model.get_input_embeddings().weight[rows:].copy_(tensors["input"])
         if "output" in tensors:
-            model.get_output_embeddings().weight.copy_(tensors["output"])
+            model.get_output_embeddings().weight[rows:].copy_(tensors["output"])
 
 
 def _meta(kind: str, base: str | Path, source: dict | None) -> str:

@@ -101,3 +101,45 @@ def test_a_healthy_snapshot_of_lora_holds_the_adapters_and_restores_them(tiny_mo
     assert watch.restore_healthy(tr, Finding("kl_spike", 2, 2, 1, {}, "x")) == 1
     with torch.no_grad():
         assert torch.equal(models.policy(input_ids=ids).logits, at_1)
+
+
+def test_an_adapter_keeps_only_the_embedding_rows_the_vocabulary_grew_by(tiny_model_dir,
+                                                                        tmp_path):
+    """A PAD added to the vocabulary: the adapter folder holds that one row (not the whole
+    frozen matrix), its base is read for the rest, and the loaded policy answers as the
+    trained one; on a base of another size the folder says it belongs elsewhere."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+
+    from rlhf_core.models.models import load_causal_lm
+
+    base = load_causal_lm(tiny_model_dir)
+    rows = base.get_input_embeddings().num_embeddings
+    torch.manual_seed(0)
+    base.resize_token_embeddings(rows + 1)  # mean-resized: a row drawn at random
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():  # a trained adapter: B away from 0
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    tok = load_tokenizer(tiny_model_dir, LoadSpec())
+    ids = torch.tensor([[*encode(tok, PROMPTS[0]), rows]])  # the added token too
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    save_policy_adapter(model, tok, tmp_path / "policy", tiny_model_dir, rows)
+    saved = load_file(str(tmp_path / "policy" / "embeddings.safetensors"))
+    assert saved["input"].shape == (1, base.config.hidden_size)
+    loaded = load_policy(tmp_path / "policy", LoadSpec(), trainable=False)
+    assert loaded.get_input_embeddings().num_embeddings == rows + 1
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, atol=1e-5, rtol=1e-5)
+    wider = tmp_path / "wider"
+    bigger = load_causal_lm(tiny_model_dir)
+    bigger.resize_token_embeddings(rows + 3)
+    bigger.save_pretrained(wider)
+    tok.save_pretrained(wider)
+    meta = (tmp_path / "policy" / "rlhf_lora.json")
+    meta.write_text(meta.read_text().replace(str(tiny_model_dir), str(wider)))
+    with pytest.raises(ValueError, match=f"rows added to a {rows}-row vocabulary, but its "
+                       f"base has {rows + 3} rows"):
+        load_policy(tmp_path / "policy", LoadSpec(), trainable=False)
