@@ -329,6 +329,11 @@ class CriticDivergence(Settings):
         "closed this share of the gap from its first reading (the warm start's) up to it (a "
         "critic warm-started far from the returns, as a real model's reward model puts it, "
         "still climbing)...")
+    shrinking: float = Field(
+        0.5, gt=0, le=1, description="...or its value loss's median there is at most this "
+        "share of its first reading (a critic that never fitted whose error keeps shrinking "
+        "is fitting: the explained variance divides by the returns' variance, which falls as "
+        "a real model's rewards settle)...")
     growth: float = Field(4.0, gt=1, description="...or the value loss's median over the "
                           "last iterations is above this many times its lowest mean before...")
     fitting: float = Field(0.5, description="...while the explained variance's median there "
@@ -341,7 +346,8 @@ def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
     """The value model stops fitting the returns: a non-finite value loss or explained
     variance at once; or, after ``warmup``, the explained variance below
     ``min_explained_variance`` for ``patience`` iterations in a row without climbing (their
-    median not ``improving`` of the way from its first reading up to it), or the median value
+    median not ``improving`` of the way from its first reading up to it) and without its
+    value loss shrinking (their median above ``shrinking`` times its first), or the median value
     loss of the last ``patience`` iterations above ``growth`` times the lowest mean of any
     ``patience`` iterations before them (a median: one good iteration does not hide a critic
     that keeps failing) while the explained variance's median there is below ``fitting``."""
@@ -359,9 +365,10 @@ def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
     onset = h.iterations[-n]
     first, floor = ev[0], s.min_explained_variance  # the warm start's own reading
     # a critic that never fitted yet and is climbing from its warm start is still fitting
-    climbing = all(v < floor for v in ev) and \
-        _median(recent_ev) >= first + s.improving * (floor - first)
-    if all(v < floor for v in recent_ev) and not climbing:
+    never = all(v < floor for v in ev)
+    climbing = never and _median(recent_ev) >= first + s.improving * (floor - first)
+    shrinking = never and _median(recent_loss) <= s.shrinking * loss[0]
+    if all(v < floor for v in recent_ev) and not (climbing or shrinking):
         return _from_rollouts("critic_divergence", h, onset,
                               {"explained_variance": recent_ev[-1], "value_loss": recent_loss[-1]},
                               f"explained variance below {s.min_explained_variance:g} for {n} "
