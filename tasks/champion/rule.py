@@ -94,12 +94,17 @@ def register_decision(champion: dict | None, scorer: str | None, key: str,
                            f"scorer: {scorer})")
 
 
+# fewer paired prompts than this and the bootstrap interval is too unreliable to refuse on
+FIRST_CHAMPION_MIN_PROMPTS = 32
+
+
 def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) -> Decision:
     """A first champion (no champion yet) must not be worse than the policy it started from
     by a scorer it was not trained against: the evaluation's paired interval of the
     difference (``eval/vs_start_diff_*``) lying wholly below 0 keeps it challenger, saying
-    why. With no such scorer the promotion stands and says it rests on the reward model
-    alone. Any other decision stands."""
+    why; on fewer than ``FIRST_CHAMPION_MIN_PROMPTS`` prompts the promotion stands and says
+    the comparison was too small. With no such scorer the promotion stands and says it rests
+    on the reward model alone. Any other decision stands."""
     if decision.verdict != "first":
         return decision
     if "eval/vs_start_diff_high" not in metrics:
@@ -107,6 +112,12 @@ def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) 
                                            "reward model alone: no scorer independent of it "
                                            "(gold judge, ppo.health.scorer, judge reward model) "
                                            "compared it with its start policy"})
+    n = int(metrics.get("eval/num_prompts", FIRST_CHAMPION_MIN_PROMPTS))
+    if n < FIRST_CHAMPION_MIN_PROMPTS:
+        return decision.model_copy(update={"reason": f"{decision.reason}; its comparison with "
+                                           f"its start policy ({n} prompts, fewer than "
+                                           f"{FIRST_CHAMPION_MIN_PROMPTS}) is too small to "
+                                           "refuse it on"})
     diff, low, high = (metrics[f"eval/vs_start_diff{k}"] for k in ("", "_low", "_high"))
     rate = metrics.get("eval/vs_start_win_rate", float("nan"))
     figures = (f"by {start_scorer or 'an independent scorer'}: mean difference {diff:+.3f}, "

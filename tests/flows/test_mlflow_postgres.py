@@ -107,15 +107,21 @@ def test_each_run_registered_its_own_versions_and_aliases_resolve(two_runs):
     register_ids = {r.info.run_id for r in register_runs.values()}
     assert register_ids <= set(versions)  # one version per run, from its own register run
     assert len({versions[i].version for i in register_ids}) == 2
-    champion = client.get_model_version_by_alias(policy_name, "champion")
-    assert champion.run_id in register_ids
-    # the other run's version is the challenger, unless it was promoted too (a champion is
-    # no challenger)
     aliases = client.get_registered_model(policy_name).aliases
-    assert aliases.get("challenger") in (None, *(str(versions[i].version) for i in
-                                                 register_ids - {champion.run_id}))
     mlflow.set_tracking_uri(client.tracking_uri)  # weights come back from the served store
-    policy = mlflow.pyfunc.load_model(f"models:/{policy_name}@champion")
+    if "champion" not in aliases:  # each tiny run lost to its start: both stay challenger
+        assert all(versions[i].tags["rlhf.register.decision"] == "worse-than-start"
+                   for i in register_ids)
+        uri = f"models:/{policy_name}/{aliases['challenger']}"
+    else:
+        champion = client.get_model_version_by_alias(policy_name, "champion")
+        assert champion.run_id in register_ids
+        # the other run's version is the challenger, unless it was promoted too (a champion
+        # is no challenger)
+        assert aliases.get("challenger") in (None, *(str(versions[i].version) for i in
+                                                     register_ids - {champion.run_id}))
+        uri = f"models:/{policy_name}@champion"
+    policy = mlflow.pyfunc.load_model(uri)
     [answer] = policy.predict(pd.DataFrame({"prompt": ["hello , tell me about the weather ."]}),
                               params={"max_new_tokens": 4, "do_sample": False})
     assert isinstance(answer, str) and not answer.startswith("hello , tell me")

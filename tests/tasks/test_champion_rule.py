@@ -194,6 +194,10 @@ def test_a_first_champion_worse_than_its_start_stays_challenger_and_says_why():
     # with no independent scorer it is promoted, but the reason says what it rests on
     alone = first_champion(first, {}, None)
     assert alone.promote is True and "rests on the reward model alone" in alone.reason
+    # on too few prompts (the tests' tiny runs) the interval is not trusted to refuse
+    few = first_champion(first, {**worse, "eval/num_prompts": 8.0}, "the gold judge")
+    assert few.promote is True and "(8 prompts, fewer than 32) is too small" in few.reason
+    assert first_champion(first, {**worse, "eval/num_prompts": 32.0}, "x").promote is False
     # a decision against a champion is not the first champion's rule
     gate = Decision(promote=True, reason="significant win", scorer="judge")
     assert first_champion(gate, worse, "the gold judge") == gate
