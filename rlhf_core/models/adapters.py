@@ -93,9 +93,9 @@ def _load_embeddings(model, folder: Path) -> None:
     path = folder / EMBEDDINGS
     if not path.exists():
         return
-    tensors = load_file(str(path))
     rows = _vocab_rows(model)
-    with safe_open(str(path), "pt") as f:
+    with safe_open(str(path), "pt") as f:  # the added rows and the base size, one read
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
         saved = int((f.metadata() or {}).get("base_rows", rows))
     if saved != rows:
         raise ValueError(f"{path}: rows added to a {saved}-row vocabulary, but its base has "
