@@ -215,7 +215,7 @@ def defining_onset(rec: dict, detector: str, bound: float) -> int | None:
     return None
 
 
-HACKING = ("reward_hacking", "off_distribution")  # the detectors of reward hacking
+HACKING = ("reward_hacking", "off_distribution", "length_shift")  # the detectors of hacking
 
 
 def first(findings: list[dict], detector: str) -> dict | None:

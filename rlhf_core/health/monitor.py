@@ -25,7 +25,8 @@ def check_record(answers: CheckAnswers) -> CheckRecord:
     return CheckRecord(iteration=answers.iteration, proxy=list(answers.proxy),
                        judge=None if answers.judge is None else list(answers.judge),
                        kl=sum(answers.kl) / n, length=sum(answers.length) / n,
-                       drift=None if answers.drift is None else median(answers.drift))
+                       drift=None if answers.drift is None else median(answers.drift),
+                       lengths=[float(n) for n in answers.length])
 
 
 class HealthMonitor:

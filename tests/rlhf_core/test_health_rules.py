@@ -5,6 +5,7 @@ the monitor reports a detector once and resumes from its state as if never stopp
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -18,6 +19,7 @@ from rlhf_core.health.detectors import (
     FlatReward,
     History,
     KLSpike,
+    LengthShift,
     OffDistribution,
     RewardHacking,
     SlowRollout,
@@ -25,6 +27,9 @@ from rlhf_core.health.detectors import (
     entropy_collapse,
     flat_reward,
     kl_spike,
+    length_correlation,
+    length_shift,
+    length_shift_stands,
     off_distribution,
     off_distribution_stands,
     reward_hacking,
@@ -243,7 +248,8 @@ def test_every_detector_has_settings_an_action_and_advice_in_the_config():
     for d in DETECTORS:
         assert getattr(health, d.name) == d.settings() and d.advice and d.signals
         assert d.settings().action in ("warn", "stop")
-    assert {d.name for d in DETECTORS} == {"reward_hacking", "off_distribution", "kl_spike",
+    assert {d.name for d in DETECTORS} == {"reward_hacking", "off_distribution", "length_shift",
+                                           "kl_spike",
                                            "entropy_collapse", "critic_divergence",
                                            "flat_reward", "slow_rollout"}
 
@@ -275,7 +281,7 @@ def test_off_detectors_are_not_watched_and_the_gold_judge_is_never_seen():
     monitor = HealthMonitor(health)
     answers = CheckAnswers(0, ["a"], [1.0], [2.0], [3.0], [4], [True], [0.5], 0.1)
     monitor.observe(0, {}, answers)
-    assert monitor.history.checks == [CheckRecord(0, [1.0], [2.0], 0.5, 4.0)]  # no drift
+    assert monitor.history.checks == [CheckRecord(0, [1.0], [2.0], 0.5, 4.0, None, [4.0])]
 
 
 def test_a_reward_hacking_finding_stands_at_the_end_only_while_the_judge_stays_down():
@@ -361,6 +367,92 @@ def test_an_off_distribution_finding_stands_only_while_the_answers_stay_out():
     found = off_distribution(drift_trace(stays[:2]), s)
     why = off_distribution_stands(drift_trace(stays), s, found)
     assert why is not None and "(iteration 18)" in why and "1.72x" in why
+
+
+# -- the answers' length ----------------------------------------------------------------------
+def length_trace(lengths: list[float], proxy_gain: float = 0.1) -> History:
+    """Checks every 6 iterations with these mean lengths; the proxy rises ``proxy_gain`` a
+    check, around a fixed zig-zag (40 prompts)."""
+    wiggle = [0.05 * ((i % 5) - 2) for i in range(40)]
+    cs = [CheckRecord(6 * k, [proxy_gain * k + w for w in wiggle], None, 1.0 * k, n)
+          for k, n in enumerate(lengths)]
+    return History([c.iteration for c in cs[1:]], {}, cs)
+
+
+def test_length_shift_fires_when_the_answers_collapse_while_the_proxy_rises():
+    collapse = [12.5, 6.8, 3.1]  # full fine-tuning of SmolLM2 on plain text
+    s = LengthShift()
+    assert length_shift(length_trace(collapse[:2]), s) is None  # 0.54x: not yet
+    found = length_shift(length_trace(collapse), s)
+    assert found is not None and found.iteration == 12 and found.onset == 6
+    assert found.evidence["length_ratio"] == pytest.approx(3.1 / 12.5)
+    assert "4.0x shorter" in found.message
+    padded = [9.8, 14.0, 21.0]  # twice as long: the other way
+    found = length_shift(length_trace(padded), s)
+    assert found is not None and "2.1x longer" in found.message
+
+
+@pytest.mark.parametrize("lengths, gain", [
+    ([9.8, 11.5, 11.0, 10.8, 10.7, 10.6, 10.7, 10.8, 10.6, 10.6, 10.4], 0.1),  # demo seed 0
+    ([12.5, 6.8, 3.1], 0.0),  # shorter, but the reward model does not pay for it
+    ([2.0, 1.0, 1.0], 0.1),  # halved, by one token: noise on one-token answers
+])
+def test_length_shift_stays_silent_otherwise(lengths, gain):
+    h = length_trace(lengths, gain)
+    assert all(length_shift(History(h.iterations[:i], {}, h.checks[:i + 1]), LengthShift())
+               is None for i in range(len(h.iterations) + 1))
+
+
+def scored_by_length(correlations: list[float]) -> History:
+    """Checks every 6 iterations of 40 answers, 8 to 14 tokens long (a mean of 11 each), whose
+    proxy score is the check's gain plus ``c`` times the answer's standardised length plus an
+    independent part: their correlation with the length is ``c`` exactly."""
+    lengths = [8.0 + (i % 7) for i in range(40)]
+    mu = statistics.fmean(lengths)
+    z = [(n - mu) / statistics.pstdev(lengths) for n in lengths]
+    rest = [math.sin(1.7 * i + 0.3) for i in range(40)]  # made orthogonal to z below
+    dot = sum(a * b for a, b in zip(rest, z)) / sum(b * b for b in z)
+    rest = [a - dot * b for a, b in zip(rest, z)]
+    rest = [a / statistics.pstdev(rest) for a in rest]
+    cs = [CheckRecord(6 * k, [0.2 * k + c * a + math.sqrt(1 - c * c) * b
+                              for a, b in zip(z, rest)], None, 1.0 * k, mu, None, lengths)
+          for k, c in enumerate(correlations)]
+    return History([c.iteration for c in cs[1:]], {}, cs)
+
+
+def test_length_shift_fires_when_the_proxy_keeps_scoring_longer_answers_higher():
+    """The benchmark's seed 8 (win 0.674 against SFT by the gold judge, its reward-model
+    features never far out): the proxy's correlation with the answers' length at its checks
+    -0.02, 0.17, 0.04, 0.21, 0.14, 0.25, 0.31, 0.50, 0.64, 0.67, 0.69. The healthy runs' highest:
+    0.37 (the adaptive KL controller, at its last check)."""
+    s = LengthShift()
+    seed8 = [-0.02, 0.17, 0.04, 0.21, 0.14, 0.25, 0.31, 0.49, 0.64, 0.67, 0.69]
+    h = scored_by_length(seed8)
+    assert length_correlation(h.checks[8]) == pytest.approx(0.64)
+    first = next(i for i in range(1, len(seed8))
+                 if length_shift(History(h.iterations[:i], {}, h.checks[:i + 1]), s))
+    found = length_shift(History(h.iterations[:first], {}, h.checks[:first + 1]), s)
+    assert first == 9 and found.iteration == 54 and found.onset == 42
+    assert found.evidence["length_correlation"] == pytest.approx(0.67)
+    assert "longer answers higher" in found.message and "+0.67" in found.message
+    assert length_shift_stands(h, s, found) is not None
+    healthy = [0.15, -0.05, 0.02, 0.02, -0.57, -0.68, -0.10, 0.14, 0.35, 0.26, 0.37]
+    for trace_ in (healthy, [0.1, 0.6, 0.2, 0.6]):  # never two checks in a row
+        h = scored_by_length(trace_)
+        assert all(length_shift(History(h.iterations[:i], {}, h.checks[:i + 1]), s) is None
+                   for i in range(len(trace_)))
+    assert math.isnan(length_correlation(CheckRecord(0, [1.0, 2.0, 3.0], None, 0.0, 5.0)))
+    flat = CheckRecord(0, [1.0, 2.0, 3.0], None, 0.0, 5.0, None, [5.0, 5.0, 5.0])
+    assert math.isnan(length_correlation(flat))  # every answer as long: no reading
+
+
+def test_a_length_shift_stands_only_while_the_answers_stay_that_long():
+    s = LengthShift()
+    found = length_shift(length_trace([12.5, 3.1]), s)
+    assert found is not None
+    assert length_shift_stands(length_trace([12.5, 3.1, 9.0]), s, found) is None
+    why = length_shift_stands(length_trace([12.5, 3.1, 3.4]), s, found)
+    assert why is not None and "3.4 tokens" in why and "12.5" in why
 
 
 def test_a_critic_climbing_from_a_poor_warm_start_is_not_diverging():

@@ -1,0 +1,107 @@
+"""The detectors' common words: what they read of a run (:class:`History`, one
+:class:`CheckRecord` per held-out check), what a rule returns (:class:`Finding`) and a row of
+the table (:class:`Detector`, rlhf_core/health/detectors.py)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from rlhf_core.forms import Section
+
+Action = Literal["warn", "stop", "off"]
+
+
+class Settings(Section):
+    """One detector's settings; every detector has an action."""
+
+    action: Action = Field("warn", description="warn: record and announce; stop: also end "
+                           "PPO, keeping the last healthy policy; off: not watched.")
+
+
+@dataclass(frozen=True)
+class CheckRecord:
+    """What the detectors see of one held-out check: per-prompt proxy and judge scores [N],
+    the mean KL and length (and each answer's length) and the answers' median drift from the
+    start policy's in the reward model's feature space (rlhf_core/health/drift.py; never the
+    gold judge's scores)."""
+
+    iteration: int
+    proxy: list[float]
+    judge: list[float] | None
+    kl: float
+    length: float
+    drift: float | None = None
+    lengths: list[float] | None = None  # per prompt [N] (None: not recorded)
+
+
+@dataclass
+class History:
+    """A run as the detectors read it: every iteration's signals and every check."""
+
+    iterations: list[int] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # signal -> per iteration
+    checks: list[CheckRecord] = field(default_factory=list)
+
+    def series(self, name: str) -> list[float]:
+        """``name``'s value at each recorded iteration (NaN where it was not logged)."""
+        return self.metrics.get(name, [math.nan] * len(self.iterations))
+
+    def check_is_new(self) -> bool:
+        """The last check was made at the last iteration (a check-reading rule's turn)."""
+        return bool(self.checks) and bool(self.iterations) and \
+            self.checks[-1].iteration == self.iterations[-1]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A detector fired: at ``iteration``, its evidence beginning at ``onset``; the policy
+    after ``last_healthy`` updates is the newest it does not question. With the numbers and
+    one sentence saying what."""
+
+    detector: str
+    iteration: int
+    onset: int
+    last_healthy: int
+    evidence: dict[str, float]
+    message: str
+
+
+def _from_rollouts(detector: str, h: History, onset: int, evidence: dict[str, float],
+                   message: str) -> Finding:
+    """A finding on rollout signals: iteration t's rollout was sampled by the policy after
+    t - 1 updates, so the last one not in question is the policy after onset - 2."""
+    return Finding(detector, h.iterations[-1], onset, max(0, onset - 2), evidence, message)
+
+
+Rule = Callable[[History, Settings], Finding | None]
+# at the end of PPO: why a finding still questions the final policy (None: it no longer does)
+Stands = Callable[[History, Settings, Finding], str | None]
+
+
+@dataclass(frozen=True)
+class Detector:
+    """One row of the table."""
+
+    name: str
+    failure: str  # what the guides call it
+    signals: tuple[str, ...]  # the metrics it reads (check/* : the held-out checks)
+    rule: Rule
+    settings: type[Settings]
+    advice: str
+    # a finding that still stands at the end keeps the policy from becoming champion (a
+    # retrain's gate excepted); None: the detector only warns
+    stands: Stands | None = None
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _finite(values: list[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
