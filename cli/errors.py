@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 from data_checks.errors import DataError, ValidationFailed
-from tasks.configfile import ConfigError
+from tasks.config import ConfigError
 from tasks.identity import ResumeRefused
 from tasks.labelling.client import LabelStudioError
 from tasks.owners import StoreBusy

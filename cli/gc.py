@@ -32,7 +32,7 @@ def gc_text(plan, done: list | None = None) -> str:
 
 
 def cmd_gc(args, config) -> int:
-    from tasks.configfile import ConfigError
+    from tasks.config import ConfigError
     from tasks.gc import apply_gc, one_gc_of, plan_gc
     from tasks.runtime.logins import Needs
     from tasks.runtime.preflight import check_servers

@@ -38,7 +38,7 @@ from cli.resume import overrides_of, resume_config
 from cli.runs import cmd_runs, resume_args
 from cli.stopping import stop_signal, stop_within_seconds
 from data_checks.errors import ValidationFailed
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.redact import redact
 from tasks.runtime.logins import Needs, login_out_of_uri, needs_of
 from tasks.runtime.preflight import check_config, check_servers
@@ -156,7 +156,7 @@ def cmd_validate(args) -> int:
 
 def cmd_sweep(args) -> int:
     cfg = _config_for(args)
-    from tasks.configfile import grid_points, parse_grid
+    from tasks.config import grid_points, parse_grid
 
     grid = parse_grid(args.grid or [])
     seeds = [cfg.seed + i for i in range(args.seeds)]

@@ -28,7 +28,7 @@ NOTICES = {
 
 
 def cmd_notify(args) -> int:
-    from tasks.configfile import ConfigError
+    from tasks.config import ConfigError
     from tasks.runtime.notify import remove, set_up
     from tasks.runtime.preflight import check_servers, prefect_api_url
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 
 from cli.runs import check_resume_id
-from tasks.config import PipelineConfig, flatten
-from tasks.configfile import ConfigError, load_config, parse_override
+from tasks.config import ConfigError, PipelineConfig, flatten, load_config, parse_override
 from tasks.redact import redacted
 from tasks.runtime.logins import login_out_of_uri
 from tasks.runtime.preflight import check_servers

@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 
-from tasks.configfile import ConfigError
+from tasks.config import ConfigError
 from tasks.redact import redact
 from tasks.runtime.logins import Needs
 from tasks.runtime.preflight import check_servers

@@ -42,8 +42,7 @@ from tasks.champion.waiting import (
     resumed_round,
     settle_approvals,
 )
-from tasks.config import PipelineConfig
-from tasks.configfile import ConfigError
+from tasks.config import ConfigError, PipelineConfig
 from tasks.finish import finish
 from tasks.prepare import Prepared, prepare
 from tasks.results import CompareResult, RetrainResult

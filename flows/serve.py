@@ -30,8 +30,15 @@ from rlhf_core.config import (
     SFTConfig,
 )
 from tasks.champion.events import LABELLED
-from tasks.config import DemoConfig, PipelineConfig, RoutingConfig, TrackingConfig, flatten
-from tasks.configfile import ConfigError, _merge
+from tasks.config import (
+    ConfigError,
+    DemoConfig,
+    PipelineConfig,
+    RoutingConfig,
+    TrackingConfig,
+    _merge,
+    flatten,
+)
 from tasks.prepare import pipeline_run_name
 from tasks.redact import redact, redacted
 from tasks.results import PipelineResult

@@ -71,7 +71,7 @@ def serve_stage(name: str) -> None:
     the Prefect server comes back from an outage (tasks/runtime/reconnect.py)."""
     from prefect.settings import PREFECT_API_URL
 
-    from tasks.configfile import ConfigError
+    from tasks.config import ConfigError
     from tasks.runtime.reconnect import serve_until_stopped
 
     if not PREFECT_API_URL.value():

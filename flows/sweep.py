@@ -11,8 +11,7 @@ from typing import Any
 from prefect import flow, task
 
 from flows.wiring import rl_stages, shared_stages
-from tasks.config import PipelineConfig
-from tasks.configfile import grid_points
+from tasks.config import PipelineConfig, grid_points
 from tasks.finish import close_finished, fail_parent, finish
 from tasks.prepare import Prepared, prepare
 from tasks.results import PipelineResult, SweepResult

@@ -1,6 +1,6 @@
 """Typed, frozen configs for the training stages (docs/design.md, stages 2-7).
 
-One config per stage; the pipeline config (tasks/configfile.py) composes them and validates the
+One config per stage; the pipeline config (tasks/config.py) composes them and validates the
 whole at the CLI edge. Derived sizes are properties, never written back. Every field carries a
 one-line description that becomes the CLI's ``--help`` text and the MLflow param docs.
 

@@ -1,7 +1,7 @@
 """Sweep tasks: the grid, one MLflow parent run per point, and the summary over points.
 
 A sweep varies RL settings only (``ppo.*``, ``eval.*`` and the seed of the RL stages; see
-tasks/configfile.py ``grid_points``): the shared stages (validate, sft, reward_model, reward_norm)
+tasks/config.py ``grid_points``): the shared stages (validate, sft, reward_model, reward_norm)
 run once under the sweep's own run and every point reuses their outputs.
 """
 

@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.configfile import ConfigError
+from tasks.config import ConfigError
 
 USER_VAR, PASSWORD_VAR, TOKEN_VAR = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                                      "MLFLOW_TRACKING_TOKEN")

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from tasks.champion.batches import file_digest, find_batches
 from tasks.champion.pull import pull_collection
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.gc import apply_gc, plan_gc
 from tasks.tracking.champion_store import CONSUMED_COPY, LINK
 from tasks.tracking.tags import (

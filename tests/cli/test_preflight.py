@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from cli.main import main
-from tasks.configfile import ConfigError, load_config
+from tasks.config import ConfigError, load_config
 from tasks.runtime.preflight import check_config, check_servers
 from tests.shared import ROOT, TEST_CONFIG
 

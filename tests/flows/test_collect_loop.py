@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from rlhf_core.demo import judge_choices
 from tasks.champion.batches import file_digest
 from tasks.champion.collect import LABEL_COLUMNS, collect
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.labelling.client import KEY_VAR, URL_VAR
 from tasks.tracking.champion_store import PROMPTS
 from tasks.tracking.registry import CHAMPION, alias_version

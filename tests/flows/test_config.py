@@ -1,8 +1,7 @@
 import pytest
 
 from cli.main import DEMO_CONFIG
-from tasks.config import PipelineConfig, flatten
-from tasks.configfile import ConfigError, load_config
+from tasks.config import ConfigError, PipelineConfig, flatten, load_config
 
 
 def test_demo_config_loads_and_overrides_apply():

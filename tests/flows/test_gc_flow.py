@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.gc import gc_flow
 from flows.serve import gc_deployment
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.tracking.tags import PIPELINE_RUN_TAG
 from tests.shared import TEST_CONFIG
 

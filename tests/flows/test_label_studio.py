@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from tasks.champion import labels, pull
 from tasks.champion.collect import experiment_for
 from tasks.champion.studio import refuse_studio_rows, send
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.labelling.client import KEY_VAR, URL_VAR, LabelStudio, LabelStudioError
 from tasks.tracking.champion_store import LINK, RECORD
 from tasks.tracking.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.champion.round import round_settings
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tests.shared import TEST_CONFIG
 
 

@@ -10,7 +10,7 @@ import threading
 from cli.errors import EX_TEMPFAIL
 from cli.main import main
 from tasks.champion.round import limit_name, retrain_slot
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.runtime.prefect_api import slot_holder
 from tests.shared import TEST_CONFIG
 

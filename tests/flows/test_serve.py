@@ -31,7 +31,7 @@ from mlflow.tracking import MlflowClient
 from flows.serve import served_parameters
 from rlhf_core.demo import write_preference_batch
 from tasks.champion.batches import consumed_runs, file_digest
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.tracking.registry import CHAMPION, PREVIOUS, alias_version
 from tests.flows.prefect_procs import (
     ROOT,

@@ -271,7 +271,7 @@ def test_the_evidence_reads_the_rounds_figures_and_flags(store):
 
 def test_approval_none_holds_nothing():
     from tasks.champion.waiting import held_for_approval
-    from tasks.configfile import load_config
+    from tasks.config import load_config
     from tasks.stages.records import Decision
 
     promote = Decision(promote=True, reason="won")

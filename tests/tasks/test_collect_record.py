@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rlhf_core.demo import judge_score
 from tasks.champion.collect import build_record
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tests.shared import TEST_CONFIG
 
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from rlhf_core.eval.gate import GateRule, held_out_for_judge, pair_key
 from tasks.champion.config import GateConfig
 from tasks.champion.scorers import load_external, resolve_scorer, scorer_label
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.stages.gate import _gold_tags, _scores, gate_rule
 from tasks.stages.judge_model import judge_split
 from tasks.stages.records import Artifact, DataRecord

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.identity import ResumeRefused, input_digests
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"

@@ -17,7 +17,7 @@ from tasks.champion import labels
 from tasks.champion.collect import experiment_for
 from tasks.champion.labels import import_dropped, import_labels, quarantine_batches
 from tasks.champion.records import Batch
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.tracking.champion_store import RECORD
 from tasks.tracking.tags import COLLECTION_TAG
 from tests.shared import TEST_CONFIG

@@ -20,7 +20,7 @@ from tasks.champion.batches import (
 )
 from tasks.champion.collect import experiment_for
 from tasks.champion.records import Batch
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.prepare import Prepared
 from tasks.tracking.runs import RunContext
 from tasks.tracking.tags import CONSUMED_TAG

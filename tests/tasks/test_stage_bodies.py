@@ -15,7 +15,7 @@ import pytest
 
 from data_checks.config import DataSource
 from tasks.champion.batches import Champion
-from tasks.configfile import load_config
+from tasks.config import load_config
 from tasks.prepare import Prepared
 from tasks.stages.records import (
     Artifact,
