@@ -21,9 +21,9 @@ import logging
 
 from data_checks.errors import DataError, ValidationFailed
 from tasks.config import ConfigError
+from tasks.gc.owners import StoreBusy
 from tasks.identity import ResumeRefused
 from tasks.labelling.client import LabelStudioError
-from tasks.owners import StoreBusy
 from tasks.runtime.errors import RoutingError
 from tasks.tracking.errors import PurgeFailed, RegistryError, TrackingOutage
 

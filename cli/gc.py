@@ -1,7 +1,7 @@
 """`rlhf gc [--config FILE] [--set ...] [--keep-runs N] [--yes]`: list what no longer serves
 (local folders of older finished runs, runs marked deleted in MLflow, old consumed and
 quarantined batch files, pull records of fully imported collections), and with --yes delete
-it, one log line each (tasks/gc.py). Without --yes nothing is deleted."""
+it, one log line each (tasks/gc/plan.py). Without --yes nothing is deleted."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def gc_text(plan, done: list | None = None) -> str:
 
 def cmd_gc(args, config) -> int:
     from tasks.config import ConfigError
-    from tasks.gc import apply_gc, one_gc_of, plan_gc
+    from tasks.gc.plan import apply_gc, one_gc_of, plan_gc
+    from tasks.gc.store import store_missing
     from tasks.runtime.logins import Needs
     from tasks.runtime.preflight import check_servers
-    from tasks.tracking.gc_store import store_missing
 
     check_servers(config.tracking.tracking_uri, prefect=False,
                   needs=Needs(config.tracking.experiment, write=args.yes))

@@ -1,5 +1,5 @@
 """The `gc` flow: `rlhf gc --yes` as the served deployment gc/<name> runs it on
-``tracking.gc_schedule`` (tasks/gc.py finds what no longer serves and deletes it).
+``tracking.gc_schedule`` (tasks/gc/plan.py finds what no longer serves and deletes it).
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
@@ -8,7 +8,7 @@ from prefect import flow
 
 from flows.deployment import SERVED, served_config
 from tasks.config import PipelineConfig
-from tasks.gc import GcResult, collect_garbage
+from tasks.gc.plan import GcResult, collect_garbage
 
 
 @flow(name="gc", flow_run_name="gc", log_prints=True)

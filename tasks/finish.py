@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import task
 from prefect.utilities.annotations import quote
 
+from tasks.gc.retention import drop_resume_state
 from tasks.results import PipelineResult
-from tasks.retention import drop_resume_state
 from tasks.stages.graph import latest
 from tasks.stages.ppo import STAGE as PPO
 from tasks.stages.records import StageRecord
@@ -73,7 +73,7 @@ def close_parent(ctx: RunContext) -> None:
 
 def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
     """Mark the parent run FINISHED, then delete its resume state unless
-    ``keep_resume_state`` (tasks/retention.py: what stays)."""
+    ``keep_resume_state`` (tasks/gc/retention.py: what stays)."""
     close_parent(ctx)
     if not keep_resume_state:
         drop_resume_state(Path(ctx.workdir))

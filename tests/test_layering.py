@@ -1,7 +1,7 @@
 """The house has one direction: cli -> flows -> tasks -> rlhf_core and data_checks, flows only
 wire (no MLflow: its look-ups are tasks'; every function in flows/ is a flow or is called by
-one), only tasks/tracking/ imports mlflow and names MLflow
-tags (tasks/tracking/tags.py), and no module imports itself back through others.
+one), only tasks/tracking/ and a feature's own store (e.g. tasks/gc/store.py) import mlflow,
+MLflow tags are named in tasks/tracking/tags.py, and no module imports itself back through others.
 Checked on the source (every import statement, including those inside functions), not on
 sys.modules, so a lazy import that a test never triggers is caught too."""
 
@@ -48,12 +48,19 @@ def test_no_import_points_up_the_layers(package):
     assert not bad, sorted(bad)
 
 
-def test_only_tasks_tracking_imports_mlflow():
-    """MLflow is one wing's business: the rest of tasks/ calls tasks/tracking/ (runs,
-    models, registry, artifacts...), never mlflow itself (flows/ neither: FORBIDDEN)."""
-    tracking = ROOT / "tasks" / "tracking"
-    files = [p for p in sorted((ROOT / "tasks").rglob("*.py")) if tracking not in p.parents]
-    assert files
+def speaks_mlflow(path: Path) -> bool:
+    """tasks/tracking/ (runs, models, registry, artifacts...) and a feature's own store
+    (``store.py`` in its folder: what that feature alone keeps in MLflow)."""
+    return (ROOT / "tasks" / "tracking") in path.parents or (
+        path.name == "store.py" and path.parent != ROOT / "tasks")
+
+
+def test_only_tasks_tracking_and_a_features_store_import_mlflow():
+    """MLflow is the tracking wing's business and, for what one feature alone keeps there,
+    that feature's store: the rest of tasks/ calls them, never mlflow itself (flows/ neither:
+    FORBIDDEN)."""
+    files = [p for p in sorted((ROOT / "tasks").rglob("*.py")) if not speaks_mlflow(p)]
+    assert files and any(speaks_mlflow(p) for p in (ROOT / "tasks").rglob("store.py"))
     bad = [str(p.relative_to(ROOT)) for p in files if "mlflow" in imported_packages(p.read_text())]
     assert not bad, bad
 
@@ -368,9 +375,10 @@ def test_the_client_call_finder_sees_aliases_and_tells_prefect_apart():
     assert "11: client.update_flow_run" in client_method_calls(source, None)
 
 
-def test_only_tasks_tracking_calls_the_mlflow_client():
-    """Outside tasks/tracking/ no code calls a method of MlflowClient (its public names, read
-    from mlflow at test time) on a client that tracking hands out: each MLflow call goes
+def test_only_tasks_tracking_and_a_features_store_call_the_mlflow_client():
+    """Outside tasks/tracking/ and a feature's store no code calls a method of MlflowClient
+    (its public names, read from mlflow at test time) on a client that tracking hands out:
+    each MLflow call goes
     through a tracking function named for what it does for the pipeline. The receiver is
     what matters, not the method's name alone: StageContext's own ``log_text``... are
     pipeline helpers, and Prefect's clients (tasks/runtime/, also named ``client``) call none
@@ -379,9 +387,8 @@ def test_only_tasks_tracking_calls_the_mlflow_client():
     from mlflow.tracking import MlflowClient
 
     methods = {name for name in dir(MlflowClient) if not name.startswith("_")}
-    tracking = ROOT / "tasks" / "tracking"
     files = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
-             if tracking not in p.parents]
+             if not (pkg == "tasks" and speaks_mlflow(p))]
     assert {"cli", "flows", "tasks"} <= {p.relative_to(ROOT).parts[0] for p in files}
     bad = [f"{p.relative_to(ROOT)}:{call}" for p in files
            for call in client_method_calls(p.read_text(), methods)]

@@ -19,7 +19,7 @@ from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.memory import trim_heap
 from tasks.common import metric_logger, stage_markdown, stage_params
 from tasks.config import PipelineConfig
-from tasks.owners import owning
+from tasks.gc.owners import owning
 from tasks.runtime.launch import run_ranks
 from tasks.runtime.remote import run_routed
 from tasks.stages.context import Stage, StageContext
@@ -90,7 +90,7 @@ def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
             inputs: dict[str, Any]) -> StageRecord:
     """The body in this process, on ``model.nproc`` torchrun ranks (a stage that can), or on
     the worker ``routing.stages`` names; this process owns the run folder meanwhile (what a
-    killed stage leaves there is swept only once no live process owns it: tasks/owners.py)."""
+    killed stage leaves there is swept only once no live process owns it: tasks/gc/owners.py)."""
     routed = cfg.routing.stages.get(stage.name)
     with owning(ctx.workdir):
         if routed:

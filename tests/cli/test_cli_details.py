@@ -88,8 +88,8 @@ def test_gc_and_the_label_flows_load_no_torch(tmp_path):
     MlflowClient(uri).create_experiment("rlhf-demo")
     probe = ("import sys; from cli.main import main; code = main(['gc', '--set', "
              f"'tracking.tracking_uri={uri}', '--set', 'tracking.workdir={tmp_path}/runs']); "
-             "import flows.collect, tasks.gc; print(sorted(m for m in ('torch', 'transformers')"
-             " if m in sys.modules), code)")
+             "import flows.collect, tasks.gc.plan; "
+             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules), code)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout.strip().splitlines()[-1] == "[] 0", out.stdout + out.stderr

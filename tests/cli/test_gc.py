@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from tasks.champion.batches import file_digest, find_batches
 from tasks.champion.pull import pull_collection
 from tasks.config import load_config
-from tasks.gc import apply_gc, plan_gc
+from tasks.gc.plan import apply_gc, plan_gc
 from tasks.tracking.champion_store import CONSUMED_COPY, LINK
 from tasks.tracking.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
@@ -189,7 +189,7 @@ def test_a_gc_killed_midway_leaves_only_trash_and_the_next_one_finishes(loop, tm
         return real(path, **kw)
 
     real = __import__("shutil").rmtree
-    monkeypatch.setattr("tasks.retention.shutil.rmtree", killed)
+    monkeypatch.setattr("tasks.gc.retention.shutil.rmtree", killed)
     with pytest.raises(KeyboardInterrupt):
         apply_gc(cfg, plan)
     monkeypatch.undo()

@@ -1,4 +1,4 @@
-"""tasks/retention.py and finish: a finished run's resume state (the stages' mid-stage
+"""tasks/gc/retention.py and finish: a finished run's resume state (the stages' mid-stage
 checkpoints) goes unless tracking.keep_resume_state; its outputs stay; a deletion killed after
 its rename leaves only a trash folder nothing reads, swept by the next one."""
 
@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from rlhf_core.models.checkpoint import Checkpointer
 from tasks.finish import close_finished
-from tasks.retention import TRASH, drop_resume_state, remove_tree, tree_bytes
+from tasks.gc.retention import TRASH, drop_resume_state, remove_tree, tree_bytes
 from tasks.tracking.runs import RunContext
 
 
@@ -54,7 +54,7 @@ def test_a_deletion_killed_after_its_rename_leaves_nothing_a_resume_reads(tmp_pa
     def killed(path, **_):
         raise KeyboardInterrupt  # the process dies between the rename and the delete
 
-    monkeypatch.setattr("tasks.retention.shutil.rmtree", killed)
+    monkeypatch.setattr("tasks.gc.retention.shutil.rmtree", killed)
     with pytest.raises(KeyboardInterrupt):
         remove_tree(ck)
     monkeypatch.undo()
@@ -97,7 +97,7 @@ def test_a_folder_that_cannot_be_deleted_is_named_and_the_rest_goes(tmp_path, mo
             raise PermissionError(13, "Permission denied")
         return real(src, dst)
 
-    monkeypatch.setattr("tasks.retention.os.replace", refuse)
+    monkeypatch.setattr("tasks.gc.retention.os.replace", refuse)
     out = drop_resume_state(run)
     assert [Path(r.path).parent.name for r in out.removed] == ["ppo"]
     assert (run / "sft" / "checkpoints").is_dir()

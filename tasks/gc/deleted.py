@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from tasks.gc_items import DAY_S, Found
-from tasks.retention import tree_bytes
-from tasks.tracking.gc_store import (
+from tasks.gc.items import DAY_S, Found
+from tasks.gc.retention import tree_bytes
+from tasks.gc.store import (
     StoredRun,
     deleted_experiments,
     deleted_runs,
@@ -90,7 +90,7 @@ def deleted_run_items(uri: str, needed: dict[str, str], age_days: float,
 
 
 def purge(uri: str, items: list[Found]) -> list[Found]:
-    """Purge the deleted runs of ``items`` with the runs under them (tasks/tracking/gc_store.py
+    """Purge the deleted runs of ``items`` with the runs under them (tasks/gc/store.py
     purge_runs) -> the items purged, one log line each."""
     if items:
         purge_runs(uri, [i for f in items for i in (f.target, *f.runs)])
