@@ -189,14 +189,14 @@ def run_retrain_gate(root: Path, config: Path, batch_pairs: int, seed: int) -> d
     """A retrain round's gate: `rlhf validate` with a fresh validation cache on the configured
     data (the first round: everything tokenized, the chunks kept), then on the next round's
     data (the configured pairs and a new batch of ``batch_pairs`` in one file, written by the
-    retrain's own tasks/champion/batches.py ``write_round_pairs``) twice: with that cache,
+    retrain's own tasks/retrain/batches.py ``write_round_pairs``) twice: with that cache,
     and with the cache off (every chunk tokenized, as before chunks were kept)."""
     import shutil
 
     sys.path.insert(0, str(ROOT))  # this tree's packages, whatever the working folder
     from data_checks.config import DataSource
     from data_checks.loading import load_table
-    from tasks.champion.batches import write_round_pairs
+    from tasks.retrain.batches import write_round_pairs
 
     cache = root / "retrain-cache"
     shutil.rmtree(cache, ignore_errors=True)

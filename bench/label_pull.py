@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks.champion import labels, pull  # noqa: E402
-from tasks.champion.collect import experiment_for  # noqa: E402
-from tasks.champion.studio import connect, send  # noqa: E402
 from tasks.config import load_config  # noqa: E402
 from tasks.labelling.project import accounts, vote  # noqa: E402
-from tasks.tracking.champion_store import RECORD  # noqa: E402
+from tasks.retrain import labels, pull  # noqa: E402
+from tasks.retrain.collect import experiment_for  # noqa: E402
+from tasks.retrain.store import RECORD  # noqa: E402
+from tasks.retrain.studio import connect, send  # noqa: E402
 from tasks.tracking.runs import tracking_client  # noqa: E402
 from tasks.tracking.tags import COLLECTION_TAG  # noqa: E402
 

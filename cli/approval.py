@@ -58,8 +58,8 @@ def _tracking_uri(config) -> str:
 
 
 def cmd_answer(args, config, decision: str) -> int:
-    from tasks.champion.approval import answer
-    from tasks.champion.waiting import tell_waiting_run
+    from tasks.retrain.approval.answers import answer
+    from tasks.retrain.approval.waiting import tell_waiting_run
     from tasks.tracking.runs import tracking_client
 
     client = tracking_client(_tracking_uri(config))

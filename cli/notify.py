@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from tasks.champion.events import UNHEALTHY
+from tasks.retrain.events import UNHEALTHY
 from tasks.runtime.notify import FAILED, Notice
 
 # what each kind of notification says (Prefect's templates: event, flow_run, flow)

@@ -58,8 +58,8 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
     from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow, label_pull
     from rlhf_core.demo import judge_choices
-    from tasks.champion.studio import connect
     from tasks.labelling.project import accounts, vote
+    from tasks.retrain.studio import connect
 
     dest = config.collect.destination.model_copy(update={"kind": "label_studio"})
     config = _with(config, "collect", destination=dest)
@@ -84,8 +84,8 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
 
 
 def _collection_tasks(config, run_id: str) -> dict[int, str]:
-    from tasks.champion.studio import read_link
-    from tasks.tracking.champion_store import collection_by_run_id
+    from tasks.retrain.store import collection_by_run_id
+    from tasks.retrain.studio import read_link
     from tasks.tracking.runs import default_tracking_uri, tracking_client
 
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
@@ -94,8 +94,8 @@ def _demo_offline(args, config, seed: int) -> int:
     """Generated pairs into the watch folder, announced as a labelled batch (the served
     retrain's trigger starts a round on it, as on an import)."""
     from rlhf_core.demo import write_preference_batch
-    from tasks.champion import events
-    from tasks.champion.batches import file_digest
+    from tasks.retrain import events
+    from tasks.retrain.batches import file_digest
 
     n = args.n or 500
     path = write_preference_batch(config.retrain.watch_dir, n, seed, args.degraded)
@@ -185,7 +185,7 @@ def cmd_label_import(args, config) -> int:
 
         raise ConfigError(f"{args.file}: no such labelled file")
     _preflight(config)
-    from tasks.champion.studio import refuse_studio_rows
+    from tasks.retrain.studio import refuse_studio_rows
 
     refuse_studio_rows(config, args.file)
     quiet_expected_failures()

@@ -9,11 +9,11 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 from prefect import flow
 
 from flows.deployment import SERVED, served_config
-from tasks.champion.collect import collect
-from tasks.champion.labels import import_labels
-from tasks.champion.pull import PullResult, pull
-from tasks.champion.records import CollectResult, LabelImport
 from tasks.config import PipelineConfig
+from tasks.retrain.collect import collect
+from tasks.retrain.labels import import_labels
+from tasks.retrain.pull import PullResult, pull
+from tasks.retrain.records import CollectResult, LabelImport
 from tasks.runtime.prefect_api import rename_flow_run
 from tasks.tracking.tags import LABELS_SEED_TAG
 

@@ -14,14 +14,26 @@ from prefect import flow
 
 from flows.deployment import SERVED, served_config
 from flows.wiring import run_pipeline, tracked, train_policy
-from tasks.champion.batches import (
+from tasks.config import ConfigError, PipelineConfig
+from tasks.finish import finish
+from tasks.prepare import Prepared, prepare
+from tasks.results import CompareResult, RetrainResult
+from tasks.retrain.approval.waiting import (
+    ask_for_approval,
+    awaiting_text,
+    held_for_approval,
+    publish_answer,
+    resumed_round,
+    settle_approvals,
+)
+from tasks.retrain.batches import (
     add_batches,
     fetch_champion,
     find_batches,
     mark_consumed,
 )
-from tasks.champion.records import Batch
-from tasks.champion.round import (
+from tasks.retrain.records import Batch
+from tasks.retrain.round import (
     limit_name,
     lineage_tags,
     named_batch_rows,
@@ -33,19 +45,7 @@ from tasks.champion.round import (
     round_settings,
     round_start,
 )
-from tasks.champion.scorers import batch_pair_keys, resolve_scorer
-from tasks.champion.waiting import (
-    ask_for_approval,
-    awaiting_text,
-    held_for_approval,
-    publish_answer,
-    resumed_round,
-    settle_approvals,
-)
-from tasks.config import ConfigError, PipelineConfig
-from tasks.finish import finish
-from tasks.prepare import Prepared, prepare
-from tasks.results import CompareResult, RetrainResult
+from tasks.retrain.scorers import batch_pair_keys, resolve_scorer
 from tasks.runtime.prefect_api import flow_run_name, rename_flow_run, slot_holder
 from tasks.stages.gate import gate
 from tasks.stages.judge_model import judge_model, judge_split
@@ -144,9 +144,9 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
             ones stay new), gated against the champion and recorded; nothing registered,
             no alias moved. It shows what a round's new labels add.
     """
-    from tasks.champion.batches import champion_version
-    from tasks.champion.events import announce_outcome, retrain_run_name
-    from tasks.champion.labels import import_dropped
+    from tasks.retrain.batches import champion_version
+    from tasks.retrain.events import announce_outcome, retrain_run_name
+    from tasks.retrain.labels import import_dropped
 
     config = served_config(config)  # a custom run's fields over the served config
     answered = resumed_round(config)  # a served round resumed with a person's answer

@@ -29,7 +29,6 @@ from rlhf_core.config import (
     RewardNormConfig,
     SFTConfig,
 )
-from tasks.champion.events import LABELLED
 from tasks.config import (
     ConfigError,
     DemoConfig,
@@ -42,6 +41,7 @@ from tasks.config import (
 from tasks.prepare import pipeline_run_name
 from tasks.redact import redact, redacted
 from tasks.results import PipelineResult
+from tasks.retrain.events import LABELLED
 from tasks.runtime.logins import login_out_of_uri
 from tasks.runtime.prefect_api import flow_run_name
 
@@ -265,8 +265,8 @@ def serve(config: PipelineConfig, name: str) -> None:
     server comes back from an outage (tasks/runtime/reconnect.py). Needs a Prefect server."""
     from prefect.settings import PREFECT_API_URL
 
-    from tasks.champion.round import limit_name
-    from tasks.champion.waiting import keeper
+    from tasks.retrain.approval.waiting import keeper
+    from tasks.retrain.round import limit_name
     from tasks.runtime.prefect_api import ensure_limit
     from tasks.runtime.reconnect import serve_until_stopped
 

@@ -42,9 +42,6 @@ from pydantic import BaseModel, ConfigDict
 from data_checks.cache import chunk_folder, validation_cache
 from data_checks.validate import CHUNKS as GATE_CHUNKS
 from rlhf_core.faults import pause_point
-from tasks.champion.batches import BATCH_SUFFIXES, file_digest
-from tasks.champion.labels import QUARANTINE
-from tasks.champion.pull import pulled_in_full
 from tasks.config import PipelineConfig
 from tasks.gc.deleted import deleted_run_items, purge
 from tasks.gc.items import DAY_S, Found, GcPlan, is_hex
@@ -56,7 +53,10 @@ from tasks.gc.store import (
     mark_pulled_all,
     stored_runs,
 )
-from tasks.tracking.champion_store import consumed_batches
+from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
+from tasks.retrain.labels import QUARANTINE
+from tasks.retrain.pull import pulled_in_full
+from tasks.retrain.store import consumed_batches
 from tasks.tracking.runs import default_tracking_uri, resolved_store
 
 # what a killed gate or stage leaves in a run folder: unfinished files (the gate's cleaned

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.tracking.champion_store import CONSUMED_COPY
+from tasks.retrain.store import CONSUMED_COPY
 from tasks.tracking.errors import PurgeFailed
 from tasks.tracking.registry import CANDIDATE, CHALLENGER, CHAMPION, PREVIOUS
 from tasks.tracking.runs import default_tracking_uri, tracking_client

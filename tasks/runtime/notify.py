@@ -22,7 +22,7 @@ class Notice:
     the message says (Prefect's templates: ``event``, ``flow_run``, ``flow``)."""
 
     automation: str
-    events: tuple[str, ...]  # the events it fires on (tasks/champion/events.py names ours)
+    events: tuple[str, ...]  # the events it fires on (tasks/retrain/events.py names ours)
     subject: str
     body: str
     flows: bool = False  # the events are a flow run's: only the project's flows count

@@ -12,11 +12,11 @@ from rlhf_core.eval.evaluate import against_start, compare_policies, sample_poli
 from rlhf_core.eval.serving import score_rows
 from rlhf_core.faults import pause_point
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
-from tasks.champion.rule import eval_scorer
-from tasks.champion.scorers import external_scores, load_external
 from tasks.common import in_prefect_run, read_jsonl
 from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
+from tasks.retrain.rule import eval_scorer
+from tasks.retrain.scorers import external_scores, load_external
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.progress import StageProgress
 from tasks.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord

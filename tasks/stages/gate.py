@@ -1,5 +1,5 @@
 """gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, one
-scorer for both (tasks/champion/scorers.py: the gold judge when the data has one, else a judge
+scorer for both (tasks/retrain/scorers.py: the gold judge when the data has one, else a judge
 reward model trained on held-out pairs, or an external registered scorer), paired bootstrap
 test and guard rails (rlhf_core/eval/gate.py). The decision is a set of MLflow tags on the
 retrain run and a Prefect markdown artifact; where a gold judge exists and another scorer
@@ -17,13 +17,13 @@ from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
 from rlhf_core.eval.serving import score_rows
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.train.optim import seed_everything
-from tasks.champion.batches import Champion, GateError, report
-from tasks.champion.config import GateConfig
-from tasks.champion.evidence import SIDE_BY_SIDE
-from tasks.champion.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.common import read_jsonl
 from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
+from tasks.retrain.approval.evidence import SIDE_BY_SIDE
+from tasks.retrain.batches import Champion, GateError, report
+from tasks.retrain.config import GateConfig
+from tasks.retrain.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import (
     DataRecord,

@@ -24,10 +24,10 @@ from rlhf_core.health.checks import CheckAnswers, HeldOutCheck
 from rlhf_core.health.detectors import BY_NAME, Finding, for_scorer
 from rlhf_core.health.watch import Verdict, Watch
 from rlhf_core.models.loader import load_scalar_model
-from tasks.champion.events import DETECTOR_LABEL, RUN_RESOURCE, UNHEALTHY, emit
-from tasks.champion.scorers import external_scores, load_external
 from tasks.common import in_prefect_run, read_jsonl
 from tasks.judge import resolve_judge
+from tasks.retrain.events import DETECTOR_LABEL, RUN_RESOURCE, UNHEALTHY, emit
+from tasks.retrain.scorers import external_scores, load_external
 from tasks.runtime.preflight import prefect_api_url
 from tasks.stages.context import StageContext
 from tasks.stages.records import HealthFinding, HealthRecord, ModelRecord

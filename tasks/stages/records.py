@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.champion.rule import Decision
+from tasks.retrain.rule import Decision
 from tasks.tracking.artifacts import Artifact
 
 __all__ = ["Artifact", "Decision"]  # re-exported: the records' field types

@@ -1,21 +1,21 @@
 """register: log and register the policy and the reward model (alias challenger) with
 lineage tags; the policy becomes champion when the retrain's gate says so, else by the
-pipeline's rule (tasks/champion/rule.py). With ``retrain.approval: required`` a gate's
-promote makes it ``candidate`` instead, waiting for a person (tasks/champion/approval.py)."""
+pipeline's rule (tasks/retrain/rule.py). With ``retrain.approval: required`` a gate's
+promote makes it ``candidate`` instead, waiting for a person (tasks/retrain/approval/answers.py)."""
 
 from __future__ import annotations
 
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.models.loader import LoadSpec
-from tasks.champion.approval import request_approval
-from tasks.champion.rule import (
+from tasks.config import PipelineConfig
+from tasks.retrain.approval.answers import request_approval
+from tasks.retrain.rule import (
     champion_evaluation,
     first_champion,
     health_veto,
     register_decision,
     score_key,
 )
-from tasks.config import PipelineConfig
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import (
     DataRecord,

@@ -1,6 +1,6 @@
 """Registry aliases of the policy: ``champion``, ``previous-champion``, ``challenger`` (the
 latest version the gate kept: a promoted version loses it), ``candidate`` (the newest version
-waiting for a person's approval, ``retrain.approval: required``: tasks/tracking/approvals.py).
+waiting for a person's approval, ``retrain.approval: required``: tasks/retrain/approval/store.py).
 
 Every move is recorded on the registered model (tag ``rlhf.alias_log``: the last moves as JSON
 lines, with who/what moved it and why) and on the version that became champion.

@@ -18,8 +18,8 @@ def _rows(path):
 
 
 def test_demo_batch_writes_good_and_degraded_pairs(tmp_path, capsys, monkeypatch):
-    from tasks.champion import events
-    from tasks.champion.batches import file_digest
+    from tasks.retrain import events
+    from tasks.retrain.batches import file_digest
 
     sent = []
     monkeypatch.setattr(events, "emit", lambda *a: sent.append(a))

@@ -18,11 +18,11 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.champion.batches import file_digest, find_batches
-from tasks.champion.pull import pull_collection
 from tasks.config import load_config
 from tasks.gc.plan import apply_gc, plan_gc
-from tasks.tracking.champion_store import CONSUMED_COPY, LINK
+from tasks.retrain.batches import file_digest, find_batches
+from tasks.retrain.pull import pull_collection
+from tasks.retrain.store import CONSUMED_COPY, LINK
 from tasks.tracking.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
     COLLECTION_TAG,

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.champion import labels, pull
-from tasks.champion.collect import experiment_for
-from tasks.champion.studio import refuse_studio_rows, send
 from tasks.config import load_config
 from tasks.labelling.client import KEY_VAR, URL_VAR, LabelStudio, LabelStudioError
-from tasks.tracking.champion_store import LINK, RECORD
+from tasks.retrain import labels, pull
+from tasks.retrain.collect import experiment_for
+from tasks.retrain.store import LINK, RECORD
+from tasks.retrain.studio import refuse_studio_rows, send
 from tasks.tracking.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG
 from tests.labelstudio import label_studio_server
 from tests.shared import TEST_CONFIG

@@ -271,7 +271,7 @@ def test_rlhf_approve_on_a_server_with_logins_records_the_login(mlflow_auth, pre
     own): a read-only login, and one that may edit the policy but not remove its aliases
     (EDIT, not MANAGE), are refused before anything is written; carol's approval (MANAGE)
     makes it champion and is recorded as hers."""
-    from tasks.champion.approval import request_approval
+    from tasks.retrain.approval.answers import request_approval
     from tasks.tracking.registry import CHAMPION, move_champion
     from tasks.tracking.tags import CHAMPION_VERSION_TAG, PIPELINE_RUN_TAG
 

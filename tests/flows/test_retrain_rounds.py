@@ -81,8 +81,8 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
 
 def _control_round_and_compare(tmp_path, client, first: str, second: str) -> None:
     from flows.retrain import compare, retrain
-    from tasks.champion.batches import file_digest, find_batches
     from tasks.config import ConfigError, load_config
+    from tasks.retrain.batches import file_digest, find_batches
     from tasks.tracking.registry import CHAMPION, RegistryError, alias_version
 
     cfg = load_config(TEST_CONFIG, _sets(tmp_path))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.champion.round import round_settings
 from tasks.config import load_config
+from tasks.retrain.round import round_settings
 from tests.shared import TEST_CONFIG
 
 

@@ -30,8 +30,8 @@ from mlflow.tracking import MlflowClient
 
 from flows.serve import served_parameters
 from rlhf_core.demo import write_preference_batch
-from tasks.champion.batches import consumed_runs, file_digest
 from tasks.config import load_config
+from tasks.retrain.batches import consumed_runs, file_digest
 from tasks.tracking.registry import CHAMPION, PREVIOUS, alias_version
 from tests.flows.prefect_procs import (
     ROOT,
@@ -104,7 +104,7 @@ def test_parameter_schema_has_typed_sections_with_descriptions(served):
 
 
 def test_schedule_starts_a_retrain_and_a_second_one_does_not_train(served):
-    from tasks.champion.round import limit_name  # one slot per store and policy
+    from tasks.retrain.round import limit_name  # one slot per store and policy
 
     client, deployment = served["client"], served["retrain"]
     deadline, first = time.time() + 240, None

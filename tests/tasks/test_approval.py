@@ -15,9 +15,9 @@ import threading
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.champion import approval
-from tasks.champion import events as champion_events
-from tasks.tracking.approvals import candidate, round_evidence, waiting_candidates
+from tasks.retrain import events as champion_events
+from tasks.retrain.approval import answers as approval
+from tasks.retrain.approval.store import candidate, round_evidence, waiting_candidates
 from tasks.tracking.errors import ApprovalError
 from tasks.tracking.registry import CANDIDATE, CHALLENGER, CHAMPION, PREVIOUS, move_champion
 from tasks.tracking.tags import (
@@ -200,7 +200,7 @@ def test_the_keeper_finishes_an_answer_left_half_done(store, sent, monkeypatch):
     client, add, _ = store
     v = add()
     cand = candidate(client, NAME, v)
-    from tasks.tracking.approvals import Answer, claim_answer
+    from tasks.retrain.approval.store import Answer, claim_answer
 
     claim_answer(client, cand, Answer(decision="reject", reason="no", by="hal", via="cli",
                                       at="2020-01-01T00:00:00Z"))  # its process long gone
@@ -214,8 +214,8 @@ def test_the_keeper_takes_a_form_answer_its_run_ended_without_and_ends_late_wait
     """A served round's Resume stored its answer but the run was cancelled before carrying
     it out (the deployment's concurrency limit): the keeper carries it out as the form's.
     Another round still waiting at its deadline: timed out, and its flow run ended."""
-    from tasks.runtime.waiting import ApprovalForm
-    from tasks.tracking.approvals import note_flow_run
+    from tasks.retrain.approval.store import note_flow_run
+    from tasks.retrain.approval.suspend import ApprovalForm
 
     client, add, _ = store
     answered, late = add(), add(hours=-0.001)
@@ -258,7 +258,7 @@ def test_which_candidate_an_answer_is_for(store, sent):
 
 def test_the_evidence_reads_the_rounds_figures_and_flags(store):
     client, add, uri = store
-    from tasks.champion.evidence import evidence_markdown
+    from tasks.retrain.approval.evidence import evidence_markdown
 
     cand = candidate(client, NAME, add())
     ev = round_evidence(client, cand, "gate/side_by_side.json")
@@ -270,8 +270,8 @@ def test_the_evidence_reads_the_rounds_figures_and_flags(store):
 
 
 def test_approval_none_holds_nothing():
-    from tasks.champion.waiting import held_for_approval
     from tasks.config import load_config
+    from tasks.retrain.approval.waiting import held_for_approval
     from tasks.stages.records import Decision
 
     promote = Decision(promote=True, reason="won")

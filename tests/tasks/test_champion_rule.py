@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.champion.rule import champion_evaluation, eval_scorer, register_decision, score_key
+from tasks.retrain.rule import champion_evaluation, eval_scorer, register_decision, score_key
 from tasks.tracking.tags import EVAL_SCORER_TAG
 
 PROMPTS = ["user : hi assistant :", "user : tell me about cats assistant :"]
@@ -86,7 +86,7 @@ def test_champion_evaluation_reads_the_champions_parent_run(tmp_path):
 
 
 def test_register_records_the_rules_verdict_or_the_gates():
-    from tasks.champion.rule import Decision
+    from tasks.retrain.rule import Decision
 
     assert register_decision(None, None, KEY, 1.0).register_tag == "first"
     assert Decision(promote=False, reason="r", scorer="judge").register_tag == "gate: keep"
@@ -99,7 +99,7 @@ STOPPED = "PPO was stopped by its kl_spike detector, the policy kept is its snap
 
 
 def test_a_flagged_policy_is_not_made_champion_and_the_refusal_says_why():
-    from tasks.champion.rule import Decision, health_veto
+    from tasks.retrain.rule import Decision, health_veto
 
     first = register_decision(None, JUDGE, KEY, 1.0)
     vetoed = health_veto(first, STOPPED, override=False)
@@ -177,7 +177,7 @@ def test_rlhf_promote_refuses_a_flagged_version_without_flagged(tmp_path):
 
 # -- a first champion must not be worse than its start ----------------------------------------
 def test_a_first_champion_worse_than_its_start_stays_challenger_and_says_why():
-    from tasks.champion.rule import Decision, first_champion
+    from tasks.retrain.rule import Decision, first_champion
 
     first = register_decision(None, JUDGE, KEY, 1.0)
     # the full fine-tuning SmolLM2 run: loses 70% of prompts to its SFT start

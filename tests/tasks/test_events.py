@@ -1,10 +1,10 @@
-"""tasks/champion/events.py: retrain flow-run names say what the run did; a retrain's outcome is
+"""tasks/retrain/events.py: retrain flow-run names say what the run did; a retrain's outcome is
 announced as promoted or kept, and nothing is announced when nothing trained."""
 
 from __future__ import annotations
 
-from tasks.champion import events
-from tasks.champion.events import announce_outcome, retrain_run_name
+from tasks.retrain import events
+from tasks.retrain.events import announce_outcome, retrain_run_name
 
 
 def test_retrain_run_names_name_policy_champion_and_batches():

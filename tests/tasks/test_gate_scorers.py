@@ -1,4 +1,4 @@
-"""The retrain gate's scorers (tasks/champion/scorers.py, tasks/stages/gate.py): which scorer
+"""The retrain gate's scorers (tasks/retrain/scorers.py, tasks/stages/gate.py): which scorer
 decides, the judge's held-out hash split (which the PPO reward model never sees), and an
 external registered pyfunc scorer (``models:/<name>@<alias>``) loaded without changing the
 process's MLflow settings."""
@@ -14,9 +14,9 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from rlhf_core.eval.gate import GateRule, held_out_for_judge, pair_key
-from tasks.champion.config import GateConfig
-from tasks.champion.scorers import load_external, resolve_scorer, scorer_label
 from tasks.config import load_config
+from tasks.retrain.config import GateConfig
+from tasks.retrain.scorers import load_external, resolve_scorer, scorer_label
 from tasks.stages.gate import _gold_tags, _scores, gate_rule
 from tasks.stages.judge_model import judge_split
 from tasks.stages.records import Artifact, DataRecord

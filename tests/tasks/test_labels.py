@@ -1,4 +1,4 @@
-"""tasks/champion/labels.py with MLflow at tmp_path: a labelled file becomes a preference batch
+"""tasks/retrain/labels.py with MLflow at tmp_path: a labelled file becomes a preference batch
 named by its digest (known answers held out, the event emitted), is quarantined for poor label
 quality or too few known answers (the quarantined event, where the file went), or, dropped
 with malformed rows, is quarantined with the error; a bad labeller among good ones is held
@@ -13,12 +13,12 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.champion import labels
-from tasks.champion.collect import experiment_for
-from tasks.champion.labels import import_dropped, import_labels, quarantine_batches
-from tasks.champion.records import Batch
 from tasks.config import load_config
-from tasks.tracking.champion_store import RECORD
+from tasks.retrain import labels
+from tasks.retrain.collect import experiment_for
+from tasks.retrain.labels import import_dropped, import_labels, quarantine_batches
+from tasks.retrain.records import Batch
+from tasks.retrain.store import RECORD
 from tasks.tracking.tags import COLLECTION_TAG
 from tests.shared import TEST_CONFIG
 

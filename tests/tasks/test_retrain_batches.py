@@ -1,4 +1,4 @@
-"""tasks/champion/batches.py with MLflow at tmp_path: ``rm_data: cumulative`` trains the reward
+"""tasks/retrain/batches.py with MLflow at tmp_path: ``rm_data: cumulative`` trains the reward
 model on the configured pairs + every batch consumed before (read back from the watch folder, or
 from the copy its consuming run logged when the file is gone) + the new batches; ``new_only`` on
 the new batches alone; each batch's source is named (lineage)."""
@@ -11,17 +11,17 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from data_checks.config import DataConfig, DataSource
-from tasks.champion.batches import (
+from tasks.config import load_config
+from tasks.prepare import Prepared
+from tasks.retrain.batches import (
     Champion,
     add_batches,
     file_digest,
     find_batches,
     mark_consumed,
 )
-from tasks.champion.collect import experiment_for
-from tasks.champion.records import Batch
-from tasks.config import load_config
-from tasks.prepare import Prepared
+from tasks.retrain.collect import experiment_for
+from tasks.retrain.records import Batch
 from tasks.tracking.runs import RunContext
 from tasks.tracking.tags import CONSUMED_TAG
 from tests.shared import TEST_CONFIG
@@ -112,7 +112,7 @@ def test_a_rounds_file_is_the_last_rounds_with_the_new_batches_appended(tmp_path
     """So the next round's gate reads the last one's chunks from the validation cache: the
     consumed batches in the order consumed (a file that left the folder keeps its place, a
     consumed file named to sort first does not move), the configured pairs streamed."""
-    import tasks.champion.batches as batches_module
+    import tasks.retrain.batches as batches_module
 
     monkeypatch.setattr(batches_module, "COMBINE_ROWS", 1)  # the configured pairs row by row
     cfg, client, ctx, prep = _setup(tmp_path)

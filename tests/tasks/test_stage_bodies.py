@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from data_checks.config import DataSource
-from tasks.champion.batches import Champion
 from tasks.config import load_config
 from tasks.prepare import Prepared
+from tasks.retrain.batches import Champion
 from tasks.stages.records import (
     Artifact,
     DataRecord,

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from pydantic import BaseModel, ConfigDict
 
 from data_checks.validate import ValidationFailed
-from tasks.champion.batches import Champion, batch_rows_note, report
-from tasks.champion.records import Batch
 from tasks.config import PipelineConfig
 from tasks.prepare import Prepared
+from tasks.retrain.batches import Champion, batch_rows_note, report
+from tasks.retrain.records import Batch
 from tasks.runtime.prefect_api import one_slot
 from tasks.tracking.runs import default_tracking_uri, resolved_store
 from tasks.tracking.tags import (
@@ -117,7 +117,7 @@ def refused_batches(config: PipelineConfig, batches: list[Batch],
     except ValidationFailed as err:
         if first:
             raise
-        from tasks.champion.labels import quarantine_batches
+        from tasks.retrain.labels import quarantine_batches
 
         moved = quarantine_batches(config, batches, str(err).splitlines()[0])
         raise ValidationFailed(

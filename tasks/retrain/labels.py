@@ -37,9 +37,10 @@ from data_checks.labels import (
     read_labelled,
 )
 from data_checks.loading import DataError
-from tasks.champion.batches import BATCH_SUFFIXES, file_digest, report
-from tasks.champion.collect import experiment_for
-from tasks.champion.events import (
+from tasks.config import PipelineConfig
+from tasks.retrain.batches import BATCH_SUFFIXES, file_digest, report
+from tasks.retrain.collect import experiment_for
+from tasks.retrain.events import (
     IMPORTED_BY_LABEL,
     LABELLED,
     LABELS_FILE_LABEL,
@@ -48,9 +49,8 @@ from tasks.champion.events import (
     QUARANTINED,
     emit,
 )
-from tasks.champion.records import Batch, LabelImport
-from tasks.config import PipelineConfig
-from tasks.tracking.champion_store import (
+from tasks.retrain.records import Batch, LabelImport
+from tasks.retrain.store import (
     accepted_import_metrics,
     collection_record,
     finished_collection,

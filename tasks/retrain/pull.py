@@ -26,10 +26,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.champion.collect import experiment_for
-from tasks.champion.labels import import_labels
-from tasks.champion.records import LabelImport
-from tasks.champion.studio import StudioLink, collection_run, read_link
 from tasks.config import PipelineConfig
 from tasks.labelling.client import URL_VAR, LabelStudio, LabelStudioError
 from tasks.labelling.project import (
@@ -39,7 +35,11 @@ from tasks.labelling.project import (
     project_title,
     read_tasks,
 )
-from tasks.tracking.champion_store import finished_collection, studio_collections
+from tasks.retrain.collect import experiment_for
+from tasks.retrain.labels import import_labels
+from tasks.retrain.records import LabelImport
+from tasks.retrain.store import finished_collection, studio_collections
+from tasks.retrain.studio import StudioLink, collection_run, read_link
 from tasks.tracking.runs import default_tracking_uri, tracking_client
 from tasks.tracking.tags import (
     COLLECTION_LABEL_STUDIO_TAG,

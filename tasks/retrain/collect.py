@@ -29,18 +29,18 @@ from rlhf_core.eval.collect import (
     pool_order,
     shuffled_with_known,
 )
-from tasks.champion.events import (
+from tasks.common import in_prefect_run, setup_models
+from tasks.config import PipelineConfig
+from tasks.judge import resolve_judge, resolve_judge_name
+from tasks.retrain.events import (
     COLLECTION_READY,
     COLLECTION_RESOURCE,
     POLICY_LABEL,
     POLICY_VERSION_LABEL,
     emit,
 )
-from tasks.champion.records import CollectResult
-from tasks.common import in_prefect_run, setup_models
-from tasks.config import PipelineConfig
-from tasks.judge import resolve_judge, resolve_judge_name
-from tasks.tracking.champion_store import (
+from tasks.retrain.records import CollectResult
+from tasks.retrain.store import (
     collection_prompts,
     log_collection_files,
     open_collection_run,
@@ -262,7 +262,7 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         log_collection(client, run_id, version, paths, rows, prompts)
         page = None
         if c.destination.kind == "label_studio":
-            from tasks.champion.studio import send
+            from tasks.retrain.studio import send
 
             page = send(cfg, client, run_id, cid, rows).page
         counts.update(prompts=len(prompts), pool=len(pool), pool_used=len(used) + len(prompts))

@@ -20,7 +20,7 @@ from tasks.labelling.project import (
     opaque_ref,
     task_data,
 )
-from tasks.tracking.champion_store import (
+from tasks.retrain.store import (
     finished_collection,
     log_studio_link,
     studio_collection,

@@ -7,7 +7,7 @@ compared with (its lineage tag). The answer is written once, as the param
 (its store has one row per run and key), so when two answers come at once (a double click,
 the Prefect form and `rlhf approve` together) exactly one is kept, and the other learns
 which. What the answer does (the champion's move, the tags on the version and on the run)
-follows from that param, made by tasks/champion/approval.py; after a crash, again from it.
+follows from that param, made by tasks/retrain/approval/answers.py; after a crash, again from it.
 """
 
 from __future__ import annotations

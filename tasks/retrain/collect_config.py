@@ -8,7 +8,7 @@ from pydantic import Field
 
 from data_checks.label_quality import LabelRules
 from rlhf_core.forms import Section
-from tasks.champion.config import ScheduleConfig
+from tasks.retrain.config import ScheduleConfig
 
 _Frozen = Section
 

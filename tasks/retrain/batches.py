@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict
 from data_checks.config import DataConfig, DataSource
 from data_checks.files import write_cleaned
 from data_checks.loading import DataError, iter_table, load_table
-from tasks.champion.records import Batch, Batches
 from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
 from tasks.prepare import Prepared
-from tasks.tracking.champion_store import (
+from tasks.retrain.records import Batch, Batches
+from tasks.retrain.store import (
     batch_collections,
     consumed_batches,
     consumed_copy,

@@ -2,9 +2,9 @@
 
 After a round whose gate says promote (``retrain.approval: required``), :func:`ask_for_approval`
 sends ``rlhf.champion.approval-requested`` and, in a served run, suspends the flow run with
-the form and its evidence (tasks/runtime/waiting.py); the process ends there. Resumed, the
+the form and its evidence (tasks/retrain/approval/suspend.py); the process ends there. Resumed, the
 run starts again and :func:`resumed_round` takes the answer, carries it out
-(tasks/champion/approval.py) and says what it came to. `rlhf serve` keeps a thread
+(tasks/retrain/approval/answers.py) and says what it came to. `rlhf serve` keeps a thread
 (:func:`keeper`) that ends waits whose deadline passed and finishes answers left half done.
 """
 
@@ -16,8 +16,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tasks.champion import events
-from tasks.champion.approval import (
+from tasks.config import PipelineConfig
+from tasks.results import RetrainResult
+from tasks.retrain import events
+from tasks.retrain.approval.answers import (
     WORDS,
     Outcome,
     carry_out,
@@ -26,11 +28,15 @@ from tasks.champion.approval import (
     form_answer,
     settle_waiting,
 )
-from tasks.champion.evidence import SIDE_BY_SIDE, evidence_markdown
-from tasks.champion.rule import Decision
-from tasks.config import PipelineConfig
-from tasks.results import RetrainResult
-from tasks.runtime.waiting import (
+from tasks.retrain.approval.evidence import SIDE_BY_SIDE, evidence_markdown
+from tasks.retrain.approval.store import (
+    PENDING,
+    candidate,
+    note_flow_run,
+    round_evidence,
+    utc_seconds,
+)
+from tasks.retrain.approval.suspend import (
     ask,
     key_version,
     pause_key,
@@ -39,13 +45,7 @@ from tasks.runtime.waiting import (
     resumed_key,
     this_flow_run,
 )
-from tasks.tracking.approvals import (
-    PENDING,
-    candidate,
-    note_flow_run,
-    round_evidence,
-    utc_seconds,
-)
+from tasks.retrain.rule import Decision
 from tasks.tracking.runs import default_tracking_uri, tracking_client
 
 CHECK_ENV = "RLHF_APPROVAL_CHECK_S"  # how often `rlhf serve` settles waiting candidates
@@ -88,8 +88,8 @@ def settle_approvals(config: PipelineConfig) -> None:
 
 def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
     """A resumed round's outcome: the retrain's outcome artifact and the run's summary."""
-    from tasks.champion.batches import report
-    from tasks.champion.round import OUTCOME
+    from tasks.retrain.batches import report
+    from tasks.retrain.round import OUTCOME
     from tasks.summary import publish_text
 
     title = f"Retrain {answered.status}: candidate v{answered.candidate}"

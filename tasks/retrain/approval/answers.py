@@ -4,7 +4,7 @@ they do.
 A round whose gate says promote registers its policy as ``candidate`` (register); the
 champion moves only on an approval. Answers come from the served round's Prefect form, from
 `rlhf approve` / `rlhf reject`, or from the deadline (``retrain.approval_timeout_h``). The
-first answer is kept (MLflow keeps one: tasks/tracking/approvals.py), and whoever kept it
+first answer is kept (MLflow keeps one: tasks/retrain/approval/store.py), and whoever kept it
 carries it out: an approval moves ``champion`` (the old one keeps ``previous-champion``),
 then ``candidate`` leaves the version, the event is sent and the tags record the answer, the
 status last. A later answer changes nothing and is told what was decided; one that finds an
@@ -22,17 +22,8 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.faults import crash_point
-from tasks.champion import events
-from tasks.runtime.logins import login_name
-from tasks.runtime.waiting import (
-    ApprovalForm,
-    close_waiting,
-    pause_key,
-    prefect_api,
-    run_state,
-    stored_answer,
-)
-from tasks.tracking.approvals import (
+from tasks.retrain import events
+from tasks.retrain.approval.store import (
     PENDING,
     Answer,
     Candidate,
@@ -44,6 +35,15 @@ from tasks.tracking.approvals import (
     utc_seconds,
     waiting_candidates,
 )
+from tasks.retrain.approval.suspend import (
+    ApprovalForm,
+    close_waiting,
+    pause_key,
+    prefect_api,
+    run_state,
+    stored_answer,
+)
+from tasks.runtime.logins import login_name
 from tasks.tracking.errors import ApprovalError
 from tasks.tracking.registry import CHAMPION, alias_version, move_champion
 
