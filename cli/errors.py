@@ -23,7 +23,7 @@ from data_checks.errors import DataError, ValidationFailed
 from tasks.config import ConfigError
 from tasks.gc.owners import StoreBusy
 from tasks.identity import ResumeRefused
-from tasks.labelling.client import LabelStudioError
+from tasks.retrain.labels.client import LabelStudioError
 from tasks.runtime.errors import RoutingError
 from tasks.tracking.errors import PurgeFailed, RegistryError, TrackingOutage
 

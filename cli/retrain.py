@@ -58,8 +58,8 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
     from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow, label_pull
     from rlhf_core.demo import judge_choices
-    from tasks.labelling.project import accounts, vote
-    from tasks.retrain.studio import connect
+    from tasks.retrain.labels.project import accounts, vote
+    from tasks.retrain.labels.studio import connect
 
     dest = config.collect.destination.model_copy(update={"kind": "label_studio"})
     config = _with(config, "collect", destination=dest)
@@ -84,8 +84,8 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
 
 
 def _collection_tasks(config, run_id: str) -> dict[int, str]:
+    from tasks.retrain.labels.studio import read_link
     from tasks.retrain.store import collection_by_run_id
-    from tasks.retrain.studio import read_link
     from tasks.tracking.runs import default_tracking_uri, tracking_client
 
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
@@ -137,7 +137,7 @@ def _print_import(out) -> int:
 
 def _label_studio_preflight(config) -> None:
     """Label Studio answers and takes LABEL_STUDIO_API_KEY (one try of up to 5 s)."""
-    from tasks.labelling.client import check_label_studio
+    from tasks.retrain.labels.client import check_label_studio
 
     check_label_studio(config.collect.destination.url)
 
@@ -161,7 +161,7 @@ def cmd_collect(args, config) -> int:
 
 
 def cmd_label_pull(args, config) -> int:
-    from tasks.labelling.client import URL_VAR
+    from tasks.retrain.labels.client import URL_VAR
 
     if os.environ.get(URL_VAR) or config.collect.destination.url:
         _label_studio_preflight(config)  # before the servers' checks and torch's import
@@ -185,7 +185,7 @@ def cmd_label_import(args, config) -> int:
 
         raise ConfigError(f"{args.file}: no such labelled file")
     _preflight(config)
-    from tasks.retrain.studio import refuse_studio_rows
+    from tasks.retrain.labels.studio import refuse_studio_rows
 
     refuse_studio_rows(config, args.file)
     quiet_expected_failures()

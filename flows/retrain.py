@@ -146,7 +146,7 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
     """
     from tasks.retrain.batches import champion_version
     from tasks.retrain.events import announce_outcome, retrain_run_name
-    from tasks.retrain.labels import import_dropped
+    from tasks.retrain.labels.imports import import_dropped
 
     config = served_config(config)  # a custom run's fields over the served config
     answered = resumed_round(config)  # a served round resumed with a person's answer

@@ -34,8 +34,8 @@ from rlhf_core.config import (
     SFTConfig,
 )
 from rlhf_core.demo import DemoSizes
-from tasks.retrain.collect_config import CollectConfig
 from tasks.retrain.config import RetrainConfig, ScheduleConfig
+from tasks.retrain.labels.config import CollectConfig
 
 # a learning rate at or above this, on a pretrained base in full (x10 with LoRA), is one for a
 # model trained from scratch (PipelineConfig.from_scratch_rates)

@@ -54,8 +54,8 @@ from tasks.gc.store import (
     stored_runs,
 )
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
-from tasks.retrain.labels import QUARANTINE
-from tasks.retrain.pull import pulled_in_full
+from tasks.retrain.labels.imports import QUARANTINE
+from tasks.retrain.labels.pull import pulled_in_full
 from tasks.retrain.store import consumed_batches
 from tasks.tracking.runs import default_tracking_uri, resolved_store
 

@@ -117,7 +117,7 @@ def refused_batches(config: PipelineConfig, batches: list[Batch],
     except ValidationFailed as err:
         if first:
             raise
-        from tasks.retrain.labels import quarantine_batches
+        from tasks.retrain.labels.imports import quarantine_batches
 
         moved = quarantine_batches(config, batches, str(err).splitlines()[0])
         raise ValidationFailed(

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from tasks.config import load_config
 from tasks.gc.plan import apply_gc, plan_gc
 from tasks.retrain.batches import file_digest, find_batches
-from tasks.retrain.pull import pull_collection
+from tasks.retrain.labels.pull import pull_collection
 from tasks.retrain.store import CONSUMED_COPY, LINK
 from tasks.tracking.tags import (
     COLLECTION_LABEL_STUDIO_TAG,

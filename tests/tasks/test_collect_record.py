@@ -1,12 +1,12 @@
-"""tasks/retrain/collect.py:build_record: a collection whose own pairs hold too few clear ones
-(a champion answering alike) still carries collect.known_pairs known-answer pairs, topped up
+"""tasks/retrain/labels/collect.py:build_record: a collection whose own pairs hold too few clear
+ones (a champion answering alike) still carries collect.known_pairs known-answer pairs, topped up
 with demo responses the judge orders as clearly, so every labeller can be judged."""
 
 from __future__ import annotations
 
 from rlhf_core.demo import judge_score
 from tasks.config import load_config
-from tasks.retrain.collect import build_record
+from tasks.retrain.labels.collect import build_record
 from tests.shared import TEST_CONFIG
 
 

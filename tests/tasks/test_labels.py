@@ -1,8 +1,8 @@
-"""tasks/retrain/labels.py with MLflow at tmp_path: a labelled file becomes a preference batch
-named by its digest (known answers held out, the event emitted), is quarantined for poor label
-quality or too few known answers (the quarantined event, where the file went), or, dropped
-with malformed rows, is quarantined with the error; a bad labeller among good ones is held
-back and named while the others' votes train; a second import does nothing."""
+"""tasks/retrain/labels/imports.py with MLflow at tmp_path: a labelled file becomes a preference
+batch named by its digest (known answers held out, the event emitted), is quarantined for poor
+label quality or too few known answers (the quarantined event, where the file went), or, dropped
+with malformed rows, is quarantined with the error; a bad labeller among good ones is held back
+and named while the others' votes train; a second import does nothing."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.config import load_config
-from tasks.retrain import labels
-from tasks.retrain.collect import experiment_for
-from tasks.retrain.labels import import_dropped, import_labels, quarantine_batches
+from tasks.retrain.labels import imports as labels
+from tasks.retrain.labels.collect import experiment_for
+from tasks.retrain.labels.imports import import_dropped, import_labels, quarantine_batches
 from tasks.retrain.records import Batch
 from tasks.retrain.store import RECORD
 from tasks.tracking.tags import COLLECTION_TAG

@@ -20,7 +20,7 @@ from tasks.retrain.batches import (
     find_batches,
     mark_consumed,
 )
-from tasks.retrain.collect import experiment_for
+from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.records import Batch
 from tasks.tracking.runs import RunContext
 from tasks.tracking.tags import CONSUMED_TAG

@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.labelling.client import LabelStudio, NotFound
+from tasks.retrain.labels.client import LabelStudio, NotFound
 
 # The page: the conversation so far, the two answers side by side, one required choice.
 LABEL_CONFIG = """<View>

@@ -12,8 +12,8 @@ import json
 from dataclasses import asdict, dataclass
 
 from tasks.config import PipelineConfig
-from tasks.labelling.client import LabelStudio, LabelStudioError
-from tasks.labelling.project import (
+from tasks.retrain.labels.client import LabelStudio, LabelStudioError
+from tasks.retrain.labels.project import (
     Project,
     add_pairs,
     ensure_project,

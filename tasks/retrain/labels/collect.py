@@ -262,7 +262,7 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         log_collection(client, run_id, version, paths, rows, prompts)
         page = None
         if c.destination.kind == "label_studio":
-            from tasks.retrain.studio import send
+            from tasks.retrain.labels.studio import send
 
             page = send(cfg, client, run_id, cid, rows).page
         counts.update(prompts=len(prompts), pool=len(pool), pool_used=len(used) + len(prompts))

@@ -39,7 +39,6 @@ from data_checks.labels import (
 from data_checks.loading import DataError
 from tasks.config import PipelineConfig
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest, report
-from tasks.retrain.collect import experiment_for
 from tasks.retrain.events import (
     IMPORTED_BY_LABEL,
     LABELLED,
@@ -49,6 +48,7 @@ from tasks.retrain.events import (
     QUARANTINED,
     emit,
 )
+from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.records import Batch, LabelImport
 from tasks.retrain.store import (
     accepted_import_metrics,

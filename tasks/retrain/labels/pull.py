@@ -27,19 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config import PipelineConfig
-from tasks.labelling.client import URL_VAR, LabelStudio, LabelStudioError
-from tasks.labelling.project import (
+from tasks.retrain.labels.client import URL_VAR, LabelStudio, LabelStudioError
+from tasks.retrain.labels.collect import experiment_for
+from tasks.retrain.labels.imports import import_labels
+from tasks.retrain.labels.project import (
     CHOICE_OF,
     Project,
     note_verdicts,
     project_title,
     read_tasks,
 )
-from tasks.retrain.collect import experiment_for
-from tasks.retrain.labels import import_labels
+from tasks.retrain.labels.studio import StudioLink, collection_run, read_link
 from tasks.retrain.records import LabelImport
 from tasks.retrain.store import finished_collection, studio_collections
-from tasks.retrain.studio import StudioLink, collection_run, read_link
 from tasks.tracking.runs import default_tracking_uri, tracking_client
 from tasks.tracking.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
