@@ -1,15 +1,10 @@
 """`rlhf` command line: run the pipeline (the demo by default) and print a summary.
 
-    rlhf run [--config FILE] [--set key=value ...] [--resume RUN_ID] [--nproc N]
-    rlhf validate [--config FILE] [--set key=value ...]
-    rlhf sweep [--config FILE] --grid KEY=V1,V2 [--grid ...] [--seeds N] [--max-concurrent N]
-    rlhf runs [--experiment NAME] [--limit N] [--page P]       (cli/runs.py)
-    rlhf serve [--config FILE] [--set key=value ...] [--name NAME]
-    rlhf stage-worker --name NAME
-    rlhf collect | label import FILE | retrain | demo-batch | promote VERSION | rollback
-                                                    (cli/retrain.py)
-    rlhf approve [VERSION] --reason TEXT | reject [VERSION] --reason TEXT  (cli/approval.py)
-    rlhf gc [--config FILE] [--keep-runs N] [--yes]  (cli/gc.py)
+`rlhf --help` ends with every command's usage line, nested ones (`rlhf label pull`) included:
+the list is made from the parser (:func:`commands`), so it cannot leave one out. The
+commands live beside their wing: the pipeline's here, the retrain loop's in cli/retrain.py,
+sign-off in cli/approval.py, `rlhf runs` in cli/runs.py, `rlhf gc` in cli/gc.py, `rlhf notify`
+in cli/notify.py.
 
 MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
 ./mlflow.db and Prefect starts its local ephemeral API.
@@ -270,7 +265,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_answers(sub, _config_for)
     add_gc(sub, _config_for)
     add_notify(sub)
+    parser.epilog = "usage of each command (rlhf COMMAND --help for its options):\n" + \
+        "\n".join(f"  {line}" for line in commands(parser)) + "\n" + HELP_EPILOG
     return parser
+
+
+def commands(parser: argparse.ArgumentParser) -> list[str]:
+    """The usage line of every command the parser takes (``rlhf label pull [--config CONFIG]
+    ...``), nested ones in place of their group, in the order they were added."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                nested = commands(child)
+                usage = " ".join(child.format_usage().split()).removeprefix("usage: ")
+                found.extend(nested or [usage.replace(" [-h]", "", 1)])
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""The RLHF pipeline flow: wiring only (stages 1-8 of docs/design.md, each one task and
-one child run).
+"""The RLHF pipeline flow: wiring only (the stages of the stage table, tasks/stages/table.py,
+in its order; each one task and one child run).
 
 No ``from __future__ import annotations`` here: Prefect builds the parameter model of a
 deployment from the signature, so the annotations must be the classes, not strings.

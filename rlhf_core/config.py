@@ -1,8 +1,9 @@
-"""Typed, frozen configs for the training stages (docs/design.md, stages 2-7).
+"""Typed, frozen configs for the training stages (docs/design.md).
 
 One config per stage; the pipeline config (tasks/config.py) composes them and validates the
 whole at the CLI edge. Derived sizes are properties, never written back. Every field carries a
-one-line description that becomes the CLI's ``--help`` text and the MLflow param docs.
+one-line description, the input's help in Prefect's Custom run form (the deployment's
+parameter schema).
 
 Defaults follow README § Sources [N+] and TRL's last PPO trainer (trl 1.12 ``trl.experimental.ppo``,
 README § Differences from TRL); the demo config overrides the sizes.

@@ -103,3 +103,85 @@ def test_the_detector_table_in_docs_is_the_code_s():
         for name, value in defaults.model_dump(exclude={"action"}).items():
             shown = "auto" if value is None else format(value, "g")
             assert f"`{name}` ({shown})" in cells[3], (d.name, name, value)
+
+
+# a path a docstring names: from a top folder of the tree, or a file by its suffix
+TOP_FOLDERS = ("cli", "flows", "tasks", "rlhf_core", "data_checks", "tests", "docs", "bench",
+               "configs")
+SUFFIXES = (".py", ".md", ".yaml", ".yml", ".json", ".sh", ".toml")
+
+
+def named_paths(doc: str) -> list[str]:
+    """Paths (``tasks/gc/plan.py``, ``docs/design.md``) and bare file names (``rule.py``)
+    that a docstring names; prose with a slash (``champion/challenger``) is no path."""
+    found = []
+    for match in re.finditer(r"(?<![\w/.`-])((?:[\w.-]+/)+[\w.-]*|[\w-]+\.py)(?![\w/])", doc):
+        token = match.group(1).rstrip(".")
+        if token.split("/")[0] in TOP_FOLDERS or token.endswith(SUFFIXES):
+            found.append(token)
+    return found
+
+
+def named_settings(doc: str, sections: set[str]) -> list[list[str]]:
+    """``ppo.kl_coef``-shaped names whose first part is a section of the pipeline config."""
+    return [[section, *rest.split(".")]
+            for section, rest in re.findall(r"(?<![\w./])([a-z_]+)\.([a-z_][\w.]*[a-z_0-9])", doc)
+            if section in sections and rest.rsplit(".", 1)[-1] not in {"py", "md", "yaml", "json"}]
+
+
+def setting_exists(model, parts: list[str]) -> bool:
+    """Each part a field of the section before it (a field holding no section ends the walk:
+    a dict's keys are free)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    for part in parts:
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return False
+        annotation = fields[part].annotation
+        inner = [a for a in (annotation, *typing.get_args(annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return True
+        model = inner[0]
+    return True
+
+
+def test_the_docstring_checker_tells_a_missing_path_and_setting():
+    from tasks.config import PipelineConfig
+
+    doc = "See tasks/gone.py, rule.py and champion/challenger; ppo.kl_coef, ppo.nope, ppo.py."
+    assert named_paths(doc) == ["tasks/gone.py", "rule.py", "ppo.py"]
+    settings = named_settings(doc, set(PipelineConfig.model_fields))
+    assert [setting_exists(PipelineConfig, s) for s in settings] == [True, False]
+
+
+def test_module_docstrings_name_only_files_and_settings_that_exist():
+    """A module's docstring names only files of the tree (a bare name: in its own folder or
+    below), settings of the pipeline config, and stages by name, not by a number that the
+    stage table's order would change."""
+    import ast
+
+    from tasks.config import PipelineConfig
+
+    sections = set(PipelineConfig.model_fields)
+    bad, seen = [], 0
+    for package in ("cli", "flows", "tasks", "rlhf_core", "data_checks"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            where = path.relative_to(ROOT)
+            for token in named_paths(doc):
+                seen += 1
+                near = [path.parent / token, *path.parent.rglob(token)] if "/" not in token \
+                    else [ROOT / token, path.parent / token]
+                if not any(p.exists() for p in near):
+                    bad.append(f"{where}: {token}")
+            for parts in named_settings(doc, sections):
+                seen += 1
+                if not setting_exists(PipelineConfig, parts):
+                    bad.append(f"{where}: setting {'.'.join(parts)}")
+            bad += [f"{where}: {m!r}" for m in re.findall(r"\bstages? \d", doc)]
+    assert seen > 100  # the checker still reads the docstrings
+    assert not bad, bad

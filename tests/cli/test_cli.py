@@ -1,4 +1,9 @@
-from cli.main import main, summary_text
+import argparse
+
+import pytest
+
+import cli.main
+from cli.main import build_parser, main, summary_text
 from tasks.results import PipelineResult
 from tasks.stages.records import Artifact, ModelRecord, PolicyRecord
 
@@ -52,3 +57,33 @@ def test_the_cli_and_its_read_only_commands_start_without_torch():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def leaf_commands(parser: argparse.ArgumentParser, path: tuple = ()) -> list[tuple]:
+    """Every command path the parser takes, read from its sub-parsers (nested in place)."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found.extend(leaf_commands(child, (*path, name)) or [(*path, name)])
+    return found
+
+
+def test_help_ends_with_every_commands_usage_line_and_the_docstring_keeps_none(capsys):
+    """The command list is the parser's: a command added anywhere (cli/retrain.py's
+    `label pull`, `compare`; cli/notify.py) is in `rlhf --help`, and each line it prints is
+    a command that answers its own --help."""
+    with pytest.raises(SystemExit) as ended:
+        main(["--help"])
+    assert ended.value.code == 0
+    listed = [line.strip() for line in capsys.readouterr().out.splitlines()
+              if line.startswith("  rlhf ")]
+    leaves = leaf_commands(build_parser())
+    assert {("label", "pull"), ("label", "import"), ("compare",), ("notify",)} <= set(leaves)
+    assert len(listed) == len(leaves)
+    for line, path in zip(listed, leaves, strict=True):
+        assert line.split()[1:1 + len(path)] == list(path), line
+        with pytest.raises(SystemExit) as asked:
+            build_parser().parse_args([*path, "--help"])
+        assert asked.value.code == 0
+    assert "\n    rlhf " not in cli.main.__doc__  # no hand-written usage to drift
