@@ -223,7 +223,7 @@ def cmd_retrain(args, config) -> int:
 
 def cmd_compare(args, config) -> int:
     from cli.errors import quiet_expected_failures
-    from flows.retrain import compare
+    from flows.compare import compare
 
     _preflight(config)
     quiet_expected_failures()

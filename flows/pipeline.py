@@ -26,6 +26,6 @@ def _flow_run_name() -> str:
 
 @flow(name="rlhf_pipeline", flow_run_name=_flow_run_name, log_prints=True)
 def rlhf_pipeline(config: PipelineConfig, resume_run_id: str | None = None) -> PipelineResult:
-    """validate -> sft -> reward_model -> reward_norm -> critic_init -> ppo -> evaluate ->
-    register, tracked in MLflow (one parent run, one child run per stage)."""
+    """The whole pipeline, the stage table's stages in its order (flows/wiring.py), tracked in
+    MLflow: one parent run, one child run per stage."""
     return run_pipeline(config, resume_run_id, run_name=flow_run_name())

@@ -3,23 +3,31 @@ the stages lives in one place.
 
 The pipeline is [validate -> sft -> (reward_model -> reward_norm [-> judge_model])] ->
 [(critic_init -> ppo) -> evaluate] -> register, judge_model being the judge of PPO's held-out
-checks. A retrain runs the two inner groups (``train_policy``) from the champion; a sweep runs
-the first bracket once (``shared_stages``) and the second per point (``rl_stages``).
+checks. :func:`run_pipeline` runs it, and a retrain round through it: the bootstrap is the
+pipeline on the data plus the batches; a challenge (``challenger_stages``) trains from the
+champion (no sft) and is gated against it in place of evaluate. A sweep runs the first bracket
+once (``shared_stages``) and the second per point (``rl_stages``).
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tasks.config import PipelineConfig
 from tasks.finish import fail_parent, finish
 from tasks.prepare import Prepared, prepare
 from tasks.results import PipelineResult
+from tasks.retrain.approval.waiting import held_for_approval
+from tasks.retrain.batches import Champion, add_batches, fetch_champion, mark_consumed
+from tasks.retrain.records import Round
+from tasks.retrain.round import lineage_tags, named_batch_rows, round_start
+from tasks.retrain.scorers import batch_pair_keys, resolve_scorer
 from tasks.runtime.prefect_api import rename_flow_run
 from tasks.stages.critic_init import critic_init
 from tasks.stages.evaluate import evaluate
-from tasks.stages.judge_model import judge_model
+from tasks.stages.gate import gate
+from tasks.stages.judge_model import judge_model, judge_split
 from tasks.stages.ppo import ppo
-from tasks.stages.records import DataRecord, ModelRecord, StageRecord
+from tasks.stages.records import Artifact, DataRecord, ModelRecord, StageRecord
 from tasks.stages.register import register
 from tasks.stages.reward_model import reward_model
 from tasks.stages.reward_norm import reward_norm
@@ -27,9 +35,6 @@ from tasks.stages.sft import sft
 from tasks.stages.validate import validate
 from tasks.summary import publish_summary
 from tasks.tracking.runs import RunContext, system_metrics
-
-PrepHook = Callable[[RunContext, Prepared], Prepared]
-DataHook = Callable[[RunContext, DataRecord], DataRecord]  # validate's -> the RM's data
 
 
 @contextmanager
@@ -82,12 +87,14 @@ def train_policy(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: 
 
 
 def shared_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
-                  data_hook: DataHook | None = None) -> Outputs:
-    """validate -> sft -> reward_model -> reward_norm: what a sweep computes once.
-    ``data_hook`` may change the reward model's data (a retrain's judge split)."""
-    data = validate(ctx, config, prep)
+                  split: bool = False) -> Outputs:
+    """validate -> sft -> reward_model -> reward_norm [-> judge_model]: what a sweep computes
+    once. ``split``: the judge's held-out pairs are kept from the reward model first (a
+    retrain's bootstrap with the judge_model scorer)."""
+    with named_batch_rows(prep.batch_rows):
+        data = validate(ctx, config, prep)
     sft_out = sft(ctx, config, prep, data)
-    rm_data = data if data_hook is None else data_hook(ctx, data)
+    rm_data = judge_split(ctx, config, data) if split else data
     return {"validate": data, "sft": sft_out,
             **reward_stages(ctx, config, prep, rm_data, sft_out)}
 
@@ -102,27 +109,61 @@ def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
     return {**trained, "evaluate": eval_out}
 
 
+def challenger_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
+                      champion: Champion, split: bool) -> Outputs:
+    """A retrain's challenge: validate -> [judge split -> judge_model from the champion's SFT
+    policy] -> reward_model -> reward_norm -> critic_init -> ppo from the champion (where
+    ``retrain.policy_init`` and ``retrain.reference`` say) -> gate against the champion."""
+    with named_batch_rows(prep.batch_rows):
+        data = validate(ctx, config, prep)
+    begin = round_start(config, champion)
+    rm_data, judge = data, None
+    if split:
+        rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
+        judge = judge_model(ctx, config, rm_data,
+                            ModelRecord(model=Artifact(path=champion.sft_dir)))
+    trained = train_policy(ctx, config, prep, rm_data,
+                           ModelRecord(model=Artifact(path=begin.policy)),
+                           rm_init_dir=begin.rm_init, reference_dir=begin.reference, judge=judge)
+    gate_out = gate(ctx, config, prep, data, champion, trained["ppo"], trained["reward_model"],
+                    begin.reference, judge)
+    return {"validate": data, **trained, "gate": gate_out}
+
+
 def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
-                 prep_hook: PrepHook | None = None, lineage: dict | None = None,
-                 data_hook: DataHook | None = None,
-                 run_name: str | None = None) -> PipelineResult:
-    """The whole pipeline in the current flow run -> its result (each stage's record). ``prep_hook``
-    may change the prepared inputs (the retrain flow adds its batches to the data);
-    ``data_hook`` the reward model's validated data (the retrain's judge split).
-    ``run_name``: the flow run's name, given to a new MLflow parent run; a resumed run keeps
-    its own, which the flow run then takes (one name in both UIs)."""
+                 run_name: str | None = None, retrain: Round | None = None) -> PipelineResult:
+    """The whole pipeline in the current flow run -> its result (each stage's record), then
+    register. ``run_name``: the flow run's name, given to a new MLflow parent run; a resumed
+    run keeps its own, which the flow run then takes (one name in both UIs). ``retrain``: a
+    round's batches join the data; its bootstrap is the pipeline, a challenge the
+    :func:`challenger_stages`; a control round registers and consumes nothing. With the
+    judge_model scorer the judge's pairs are kept from the reward model."""
     prep = prepare(config, resume_run_id, run_name)
     ctx = prep.ctx
     if run_name and ctx.run_name != run_name:
         rename_flow_run(ctx.run_name)
-    if prep_hook is not None:
-        prep = prep_hook(ctx, prep)
     with tracked(ctx, config):
-        outputs = shared_stages(ctx, config, prep, data_hook)
-        outputs.update(rl_stages(ctx, config, prep, outputs))
-        outputs["register"] = register(ctx, config, outputs["ppo"], outputs["evaluate"],
-                                       outputs["reward_model"], outputs["validate"],
-                                       lineage=lineage)
-    result = finish(ctx, outputs, config.tracking.keep_resume_state)
-    publish_summary(result, result.run_name)
+        champion = fetch_champion(ctx, config) if retrain is not None and retrain.challenge \
+            else None
+        if retrain is not None:
+            prep = add_batches(ctx, config, prep, retrain.batches, champion, retrain.consumed)
+        split = retrain is not None and resolve_scorer(config, prep.judge) == "judge_model"
+        decision = None
+        if champion is None:
+            out = shared_stages(ctx, config, prep, split)
+            out.update(rl_stages(ctx, config, prep, out))
+        else:
+            out = challenger_stages(ctx, config, prep, champion, split)
+            decision = held_for_approval(config, out["gate"].decision)
+        if retrain is None or not retrain.control:
+            lineage = None if retrain is None else lineage_tags(
+                prep, retrain.batches, champion, decision.scorer if decision else None)
+            out["register"] = register(ctx, config, out["ppo"], out.get("gate") or out["evaluate"],
+                                       out["reward_model"], out["validate"], lineage=lineage,
+                                       decision=decision)
+            if retrain is not None:
+                mark_consumed(ctx, retrain.batches)
+    result = finish(ctx, out, config.tracking.keep_resume_state)
+    if retrain is None:
+        publish_summary(result, result.run_name)  # a round's flow publishes its outcome
     return result

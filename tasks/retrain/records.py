@@ -21,6 +21,19 @@ class Batch(BaseModel):
     run_id: str | None = None
 
 
+class Round(BaseModel):
+    """What a retrain round trains on and from: the new ``batches``, with ``consumed`` (those
+    earlier rounds consumed, ``rm_data: cumulative``); a ``challenge`` starts from the
+    champion and is gated against it (else the bootstrap: the whole pipeline on the data and
+    the batches); a ``control`` round registers and consumes nothing."""
+
+    model_config = ConfigDict(frozen=True)
+    batches: list[Batch]
+    consumed: list[Batch] | None = None
+    challenge: bool = False
+    control: bool = False
+
+
 class Batches(BaseModel):
     """The watch folder's batches: new ones and those earlier retrains consumed."""
 

@@ -13,11 +13,12 @@ from contextlib import contextmanager
 from pydantic import BaseModel, ConfigDict
 
 from data_checks.validate import ValidationFailed
-from tasks.config import PipelineConfig
+from tasks.config import ConfigError, PipelineConfig
 from tasks.prepare import Prepared
 from tasks.retrain.batches import Champion, batch_rows_note, report
 from tasks.retrain.records import Batch
 from tasks.runtime.prefect_api import one_slot
+from tasks.tracking.registry import RegistryError
 from tasks.tracking.runs import default_tracking_uri, resolved_store
 from tasks.tracking.tags import (
     ANCESTRY_TAG,
@@ -48,6 +49,18 @@ def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
     it and ``retrain.on_overlap`` is skip (wait: block until it is free)."""
     with one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip") as held:
         yield held
+
+
+def control_run_name(config: PipelineConfig, champion_version: str | None) -> str:
+    """A control round's flow-run name; ConfigError or RegistryError when it cannot run: it
+    trains on the batches consumed before (``rm_data: cumulative``) against a champion."""
+    policy = config.tracking.registered_policy
+    if config.retrain.rm_data != "cumulative":
+        raise ConfigError("retrain --control needs retrain.rm_data: cumulative (the "
+                          "earlier batches are its data)")
+    if champion_version is None:
+        raise RegistryError(f"retrain --control: '{policy}' has no champion to compare with")
+    return f"retrain-{policy}-v{champion_version}-control"
 
 
 def round_settings(config: PipelineConfig) -> PipelineConfig:

@@ -80,7 +80,8 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
 
 
 def _control_round_and_compare(tmp_path, client, first: str, second: str) -> None:
-    from flows.retrain import compare, retrain
+    from flows.compare import compare
+    from flows.retrain import retrain
     from tasks.config import ConfigError, load_config
     from tasks.retrain.batches import file_digest, find_batches
     from tasks.tracking.registry import CHAMPION, RegistryError, alias_version

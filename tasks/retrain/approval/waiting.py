@@ -97,6 +97,21 @@ def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
     publish_text(f"retrain: {answered.status}", answered.answer or "")
 
 
+def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
+    """A round that trained: its event (promoted or kept) and its run's summary, which says
+    why (or that it waits for a person)."""
+    from tasks.summary import publish_summary
+
+    events.announce_outcome(config.tracking.registered_policy, result.status,
+                            result.decision and result.decision.reason,
+                            result.run and result.run.parent_run_id)
+    if result.run is not None:
+        reason = result.decision.reason if result.decision else ""
+        publish_summary(result.run, f"{result.run.run_name}: {result.status}",
+                        awaiting_text(config, result) or f"Retrain {result.status}"
+                        + (f": {reason}" if reason else "."))
+
+
 def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainResult:
     """A round's candidate waits: the event; a served run then suspends with the form (its
     process ends here until the answer); any other run returns ``result``."""
