@@ -12,10 +12,10 @@ import hashlib
 import itertools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from data_checks.config import (
     DataConfig,
@@ -24,7 +24,9 @@ from data_checks.config import (
     blank_data_form,
     no_null_branch,
 )
+from data_checks.label_quality import LabelRules
 from rlhf_core.config import (
+    REGISTERED_SCORER,
     EvalConfig,
     ModelConfig,
     PPOConfig,
@@ -34,8 +36,169 @@ from rlhf_core.config import (
     SFTConfig,
 )
 from rlhf_core.demo import DemoSizes
-from tasks.retrain.config import RetrainConfig, ScheduleConfig
-from tasks.retrain.labels.config import CollectConfig
+from rlhf_core.forms import defaults_in_words
+
+# --- the retrain loop (``retrain:``) and its gate
+
+class ScheduleConfig(Section):
+    model_config = ConfigDict(json_schema_extra=defaults_in_words)  # empty: no schedule
+
+    cron: str | None = Field(None, description="Cron expression, e.g. '0 3 * * 1'.")
+    timezone: str = Field("UTC", description="Time zone of the cron expression.")
+    interval_s: float | None = Field(None, gt=0, description="Or: run every N seconds.")
+
+    @model_validator(mode="after")
+    def _one(self) -> ScheduleConfig:
+        if (self.cron is None) == (self.interval_s is None):
+            raise ValueError("retrain.schedule: set exactly one of cron / interval_s")
+        return self
+
+
+class GateConfig(Section):
+    """Move ``champion`` only on a significant win with no guard-rail failure."""
+
+    min_prompts: int = Field(200, ge=1, description="Held-out prompts the paired test needs.")
+    num_prompts: int = Field(256, ge=1, description="Held-out prompts used (first N, fixed).")
+    margin: float = Field(0.0, description="The CI's lower end must exceed this score margin.")
+    confidence: float = Field(0.95, gt=0, lt=1, description="Bootstrap interval level.")
+    n_bootstrap: int = Field(2000, ge=100, description="Bootstrap resamples.")
+    max_eos_drop: float = Field(0.05, ge=0, description="EOS rate may fall at most this much.")
+    max_kl: float = Field(25.0, gt=0, description="Cap on the challenger's KL to reference.")
+    scorer: str = Field("auto", description=(
+        "Who scores both policies: auto (the gold judge when the data has one, else "
+        "judge_model), judge, judge_model (an RM trained on held-out pairs the PPO reward "
+        "model never sees), reward_model (the new RM: biased to the challenger), or "
+        "models:/<name>@<alias> (a registered pyfunc scoring prompt, response)."))
+    judge_fraction: float = Field(0.2, gt=0, lt=1, description=(
+        "judge_model: share of the preference pairs (by hash) held out to train it."))
+    judge_epochs: float | None = Field(None, gt=0, description=(
+        "judge_model: epochs over its pairs (None: reward.epochs)."))
+    judge_data: Literal["configured", "all"] = Field("configured", description=(
+        "judge_model: train on the held-out pairs of the configured data only (a batch under "
+        "test never teaches the judge that decides on it), or on every held-out pair."))
+
+    @field_validator("scorer")
+    @classmethod
+    def _known_scorer(cls, v: str) -> str:
+        if v in ("auto", "judge", "judge_model", "reward_model") or \
+                REGISTERED_SCORER.fullmatch(v):
+            return v
+        raise ValueError(f"retrain.gate.scorer {v!r}: expected auto, judge, judge_model, "
+                         "reward_model or models:/<name>@<alias>")
+
+
+class RetrainConfig(Section):
+    watch_dir: str = Field("preference_batches", description=(
+        "Folder that receives preference batches (.jsonl/.json/.csv/.parquet files)."))
+    schedule: ScheduleConfig | None = Field(None, description="None: manual runs only.")
+    on_overlap: Literal["skip", "wait"] = Field(
+        "skip", description="A retrain that finds another running: skip it, or wait.")
+    rm_data: Literal["cumulative", "new_only"] = Field(
+        "cumulative", description="Reward model on the configured pairs + every consumed "
+        "batch + the new ones, or on the new batches only.")
+    rm_init: Literal["champion", "sft"] = Field(
+        "champion", description="Warm-start the RM from the champion's RM, or from SFT.")
+    policy_init: Literal["champion", "sft"] = Field(
+        "champion", description="PPO starts from the champion policy, or afresh from SFT.")
+    reference: Literal["champion", "sft"] = Field(
+        "sft", description="PPO reference policy (KL anchor): the SFT policy, or the champion.")
+    rm_epochs: float | None = Field(None, gt=0, description="Reward-model epochs of a "
+                                    "retrain (None: reward.epochs).")
+    ppo_iterations: int | None = Field(None, ge=1, description=(
+        "PPO iterations of a retrain, which continues from the champion (None: a third of "
+        "ppo.iterations, at least 1)."))
+    gate: GateConfig = Field(GateConfig())
+    approval: Literal["none", "required"] = Field("none", description=(
+        "none: the gate's promote moves champion at once; required: the challenger is "
+        "registered as candidate and champion moves only when a person approves (the flow "
+        "run's form in the Prefect UI, or `rlhf approve`)."))
+    approval_timeout_h: float = Field(72.0, gt=0, description=(
+        "Hours a candidate waits for an answer; none by then keeps the champion "
+        "(recorded as timed out)."))
+    gc_batch_age_days: float = Field(30.0, ge=0, description=(
+        "`rlhf gc`: consumed and quarantined batch files older than this many days are "
+        "deleted (a consumed batch's copy stays on the retrain run that consumed it); a "
+        "batch no retrain consumed always stays."))
+
+
+# --- on-policy collection and labels coming back (``collect:``)
+
+# Why 40 known pairs, 0.75 and 25 (binomial arithmetic, exact): a labeller passes with at least
+# ceil(0.75 m) of the m >= 25 known pairs they answered a or b right. A coin-flipper (p = 0.5)
+# answering all 40 passes with P(Bin(40, 0.5) >= 30) = 0.11%; skipping to any m in 25..40
+# does not help: the worst, m = 25, P(Bin(25, 0.5) >= 19) = 0.73%; m < 25: held back, not
+# enough known answers. An honest labeller at the demo judge's noise on known pairs (at least
+# 88% right, docs/retraining.md) answering all 40 fails with P(Bin(40, 0.88) <= 29) = 0.62%.
+# tests/data_checks/test_label_quality.py measures both by simulation.
+class LabelQualityConfig(Section):
+    """When a labeller's votes are dropped, and when an imported batch is quarantined."""
+
+    min_known_agreement: float = Field(0.75, ge=0, le=1, description=(
+        "Hold back a labeller, and quarantine a batch, whose answers to the known pairs are "
+        "right less often (with 40 known pairs: a coin-flipper passes 0.11%, an honest "
+        "labeller right 88% of the time fails 0.62%)."))
+    min_known_labelled: int = Field(25, ge=1, description=(
+        "Known pairs a labeller, and a batch, must answer a or b to be judged at all; fewer: "
+        "held back / quarantined as 'not enough known answers' (a coin-flipper answering "
+        "25 passes 0.73%)."))
+    max_skip_rate: float = Field(0.5, ge=0, le=1, description=(
+        "Hold back a labeller who skipped a larger share of their rows."))
+    max_skip_rise: float = Field(0.25, ge=0, le=1, description=(
+        "Quarantine a batch whose skip rate is this far above the median of the last "
+        "accepted batches'."))
+    max_rm_drop: float = Field(0.25, ge=0, le=1, description=(
+        "Quarantine a batch whose agreement with the policy's reward model is this far "
+        "below the median of the last accepted batches'."))
+
+    def rules(self) -> LabelRules:
+        return LabelRules(self.min_known_agreement, self.min_known_labelled,
+                          self.max_skip_rate)
+
+
+class DestinationConfig(Section):
+    """Where a collection's pairs go to be labelled: files, or a Label Studio project."""
+
+    kind: Literal["files", "label_studio"] = Field("files", description=(
+        "files: <out_dir>/<id>.jsonl/.csv, back with `rlhf label import`; label_studio: a "
+        "project on a Label Studio server, back with `rlhf label pull`."))
+    url: str | None = Field(None, description=(
+        "Label Studio server (LABEL_STUDIO_URL wins; the key is LABEL_STUDIO_API_KEY, "
+        "never in the config)."))
+    project: str | None = Field(None, description=(
+        "Project title (created when missing; None: 'rlhf <registered policy>')."))
+    annotations_per_task: int = Field(1, ge=1, description=(
+        "Finished annotations a task needs to count as labelled."))
+    min_labelled: float = Field(0.9, gt=0, le=1, description=(
+        "Share of a collection's tasks labelled before a pull makes a batch (--partial: "
+        "at once)."))
+    pull_schedule: ScheduleConfig | None = Field(ScheduleConfig(interval_s=600), description=(
+        "When the served label-pull deployment pulls (None: manual runs only)."))
+
+
+class CollectConfig(Section):
+    """Sample a registered policy on fresh prompts and write a file for labellers."""
+
+    policy: str = Field("champion", description="Registered policy version or alias sampled.")
+    prompts: str | None = Field(None, description=(
+        "Prompt pool file (prompt column); None: data.prompts (the demo: its training "
+        "prompts)."))
+    num_prompts: int = Field(192, ge=1, description="Fresh prompts per collection.")
+    k: int = Field(4, ge=2, description="Responses sampled per prompt; paired (1,2), (3,4)...")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    max_new_tokens: int | None = Field(None, ge=1, description=(
+        "Response token budget (None: ppo.max_new_tokens)."))
+    known_pairs: int = Field(40, ge=0, description=(
+        "Known-answer pairs mixed into each labelling file (demo: judged by the gold judge; "
+        "else drawn from `gold`); each labeller must answer quality.min_known_labelled of "
+        "them, so every labeller labels the whole file."))
+    gold: str | None = Field(None, description=(
+        "File of known answers (prompt, chosen, rejected) for the known-answer pairs."))
+    out_dir: str = Field("to_label", description="Folder the labelling files are written to.")
+    batch_size: int = Field(64, ge=1, description="Prompts sampled at once.")
+    schedule: ScheduleConfig | None = Field(None, description="None: manual runs only.")
+    quality: LabelQualityConfig = Field(LabelQualityConfig())
+    destination: DestinationConfig = Field(DestinationConfig())
+
 
 # a learning rate at or above this, on a pretrained base in full (x10 with LoRA), is one for a
 # model trained from scratch (PipelineConfig.from_scratch_rates)

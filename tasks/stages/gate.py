@@ -18,11 +18,11 @@ from rlhf_core.eval.serving import score_rows
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.train.optim import seed_everything
 from tasks.common import read_jsonl
+from tasks.config import GateConfig
 from tasks.judge import resolve_judge
 from tasks.prepare import Prepared
 from tasks.retrain.approval.evidence import SIDE_BY_SIDE
 from tasks.retrain.batches import Champion, GateError, report
-from tasks.retrain.config import GateConfig
 from tasks.retrain.scorers import external_scores, load_external, resolve_scorer, scorer_label
 from tasks.stages.context import Stage, StageContext
 from tasks.stages.records import (

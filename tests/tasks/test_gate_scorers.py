@@ -14,8 +14,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from rlhf_core.eval.gate import GateRule, held_out_for_judge, pair_key
-from tasks.config import load_config
-from tasks.retrain.config import GateConfig
+from tasks.config import GateConfig, load_config
 from tasks.retrain.scorers import load_external, resolve_scorer, scorer_label
 from tasks.stages.gate import _gold_tags, _scores, gate_rule
 from tasks.stages.judge_model import judge_split
