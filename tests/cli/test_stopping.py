@@ -17,8 +17,11 @@ from tests.shared import ROOT, TEST_CONFIG
 from tests.stores import seed_sqlite_store
 
 STUCK = """
-import time
+import signal, time
 from cli.stopping import stop_within_seconds
+# Ctrl-C as a terminal gives it, also where the suite was started in the background of a
+# script (a shell without job control starts background commands with SIGINT ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 with stop_within_seconds(lambda s: f"stopped by {s}; run R is kept"):
     try:
         print("ready", flush=True)
