@@ -392,9 +392,18 @@ def test_length_shift_fires_when_the_answers_collapse_while_the_proxy_rises():
     assert found is not None and "2.1x longer" in found.message
 
 
+def test_length_shift_finds_the_recorded_collapse_at_its_first_check():
+    """SmolLM2 fully fine-tuned on plain text, as recorded (check/length_mean 12.5, 4.95,
+    3.13; the proxy 1.09, 1.64, 1.83): found at iteration 6, where the run found it."""
+    run = length_trace([12.5, 4.95, 3.13], 0.37)
+    found = length_shift(History(run.iterations[:1], {}, run.checks[:2]), LengthShift())
+    assert found is not None and found.iteration == 6 and "shorter" in found.message
+
+
 @pytest.mark.parametrize("lengths, gain", [
     ([9.8, 11.5, 11.0, 10.8, 10.7, 10.6, 10.7, 10.8, 10.6, 10.6, 10.4], 0.1),  # demo seed 0
     ([12.5, 6.8, 3.1], 0.0),  # shorter, but the reward model does not pay for it
+    ([10.05, 11.42, 11.55], 0.12),  # SmolLM2 with LoRA, the example (seed 0, win 0.770)
     ([2.0, 1.0, 1.0], 0.1),  # halved, by one token: noise on one-token answers
 ])
 def test_length_shift_stays_silent_otherwise(lengths, gain):
