@@ -95,8 +95,8 @@ def train_judge(run_dir: Path, seed: int, pairs: int, member: int, tmp: Path,
     from rlhf_core.models.loader import LoadSpec, load_tokenizer
     from rlhf_core.train.optim import seed_everything
     from tasks.config import load_config
-    from tasks.stages.judge_model import STAGE, fit_judge
-    from tasks.stages.reward_model import preference_split
+    from tasks.pipeline.stages.judge_model import STAGE, fit_judge
+    from tasks.pipeline.stages.reward_model import preference_split
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [f"seed={seed}"])
     spec = LoadSpec()

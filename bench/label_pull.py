@@ -22,14 +22,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tasks.config import load_config  # noqa: E402
+from tasks.platform.mlflow.runs import tracking_client  # noqa: E402
+from tasks.platform.mlflow.tags import COLLECTION_TAG  # noqa: E402
 from tasks.retrain.labels import imports as labels  # noqa: E402
 from tasks.retrain.labels import pull  # noqa: E402
 from tasks.retrain.labels.collect import experiment_for  # noqa: E402
 from tasks.retrain.labels.project import accounts, vote  # noqa: E402
 from tasks.retrain.labels.studio import connect, send  # noqa: E402
 from tasks.retrain.store import RECORD  # noqa: E402
-from tasks.tracking.runs import tracking_client  # noqa: E402
-from tasks.tracking.tags import COLLECTION_TAG  # noqa: E402
 
 LABELLERS = ("bench-1@rlhf.bench", "bench-2@rlhf.bench", "bench-3@rlhf.bench")
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "test.yaml"

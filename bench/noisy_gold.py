@@ -42,7 +42,7 @@ def register(tracking_uri: str, sigma: float) -> str:
     import cloudpickle
     from mlflow import MlflowClient
 
-    from tasks.tracking.models import mlflow_pointed_at
+    from tasks.platform.mlflow.models import mlflow_pointed_at
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # loads without bench/
     with mlflow_pointed_at(tracking_uri):

@@ -104,10 +104,10 @@ def child(folder: Path, stage: str, tree: Path) -> dict:
     sys.path.insert(0, str(tree))
     os.chdir(tree)
     from tasks.config import load_config
-    from tasks.prepare import Prepared
-    from tasks.stages.records import Artifact, DataRecord, ModelRecord, NormRecord
-    from tasks.stages.table import STAGES as TABLE
-    from tasks.tracking.runs import RunContext
+    from tasks.pipeline.prepare import Prepared
+    from tasks.pipeline.stages.records import Artifact, DataRecord, ModelRecord, NormRecord
+    from tasks.pipeline.stages.table import STAGES as TABLE
+    from tasks.platform.mlflow.runs import RunContext
     from tests.fake_stage import FakeStageContext
 
     cfg = load_config(folder / "config.json")

@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from tasks.redact import redact
+from tasks.platform.redact import redact
 
 
 def answer_commands(argv: list[str], version: int | str) -> list[str]:
@@ -47,9 +47,9 @@ def _tracking_uri(config) -> str:
     """The store the candidate lives in, once it answers and the login may write there: the
     answer goes on the round's run (the experiment) and the version, and moves and removes
     the registered policy's aliases (MANAGE on it, on a server with logins)."""
-    from tasks.runtime.logins import Needs
-    from tasks.runtime.preflight import check_servers
-    from tasks.tracking.runs import default_tracking_uri
+    from tasks.platform.mlflow.runs import default_tracking_uri
+    from tasks.platform.prefect.logins import Needs
+    from tasks.platform.prefect.preflight import check_servers
 
     t = config.tracking
     check_servers(t.tracking_uri, prefect=False, needs=Needs(
@@ -58,9 +58,9 @@ def _tracking_uri(config) -> str:
 
 
 def cmd_answer(args, config, decision: str) -> int:
+    from tasks.platform.mlflow.runs import tracking_client
     from tasks.retrain.approval.answers import answer
     from tasks.retrain.approval.waiting import tell_waiting_run
-    from tasks.tracking.runs import tracking_client
 
     client = tracking_client(_tracking_uri(config))
     outcome = answer(client, config.tracking.registered_policy, args.version, decision,

@@ -7,8 +7,8 @@ its run loggers drops the traceback from those records (the message stays, at ER
 traceback is still kept on the stage's MLflow run (``error/traceback.txt``).
 
 A server that went away mid-run is not the user's error either: a tracking outage past
-``tracking.outage_limit_s`` (tasks/tracking/spool.py) or a Prefect API that stopped answering ends
-with exit 75 (EX_TEMPFAIL, "try again later") and the command that continues the run; so does
+``tracking.outage_limit_s`` (tasks/platform/mlflow/spool.py) or a Prefect API that stopped answering
+ends with exit 75 (EX_TEMPFAIL, "try again later") and the command that continues the run; so does
 an `rlhf retrain` that found another retrain of its store holding the slot (nothing ran).
 
 The error classes come from modules that import nothing heavy: every command loads this
@@ -21,11 +21,11 @@ import logging
 
 from data_checks.errors import DataError, ValidationFailed
 from tasks.config import ConfigError
-from tasks.gc.owners import StoreBusy
-from tasks.identity import ResumeRefused
+from tasks.pipeline.identity import ResumeRefused
+from tasks.pipeline.owners import StoreBusy
+from tasks.platform.mlflow.errors import PurgeFailed, RegistryError, TrackingOutage
+from tasks.platform.prefect.errors import RoutingError
 from tasks.retrain.labels.client import LabelStudioError
-from tasks.runtime.errors import RoutingError
-from tasks.tracking.errors import PurgeFailed, RegistryError, TrackingOutage
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there;
 # a Label Studio server that does not answer or refuses the key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tasks.redact import redact
+from tasks.platform.redact import redact
 
 
 def gc_text(plan, done: list | None = None) -> str:
@@ -35,8 +35,8 @@ def cmd_gc(args, config) -> int:
     from tasks.config import ConfigError
     from tasks.gc.plan import apply_gc, one_gc_of, plan_gc
     from tasks.gc.store import store_missing
-    from tasks.runtime.logins import Needs
-    from tasks.runtime.preflight import check_servers
+    from tasks.platform.prefect.logins import Needs
+    from tasks.platform.prefect.preflight import check_servers
 
     check_servers(config.tracking.tracking_uri, prefect=False,
                   needs=Needs(config.tracking.experiment, write=args.yes))

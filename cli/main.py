@@ -34,15 +34,15 @@ from cli.runs import cmd_runs, resume_args
 from cli.stopping import stop_signal, stop_within_seconds
 from data_checks.errors import ValidationFailed
 from tasks.config import load_config
-from tasks.redact import redact
-from tasks.runtime.logins import Needs, login_out_of_uri, needs_of
-from tasks.runtime.preflight import check_config, check_servers
-from tasks.tracking.addresses import run_page, runs_table_url
-from tasks.tracking.last_run import last_parent_run
-from tasks.tracking.tags import SWEEP_TAG
+from tasks.platform.mlflow.addresses import run_page, runs_table_url
+from tasks.platform.mlflow.last_run import last_parent_run
+from tasks.platform.mlflow.tags import SWEEP_TAG
+from tasks.platform.prefect.logins import Needs, login_out_of_uri, needs_of
+from tasks.platform.prefect.preflight import check_config, check_servers
+from tasks.platform.redact import redact
 
 if TYPE_CHECKING:
-    from tasks.results import PipelineResult
+    from tasks.pipeline.results import PipelineResult
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
@@ -112,7 +112,7 @@ def cmd_run(args) -> int:
     cfg = resume_config(args) if args.resume else _config_for(args)
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
-    from tasks.prepare import check_registered_scorer
+    from tasks.pipeline.prepare import check_registered_scorer
 
     check_registered_scorer(cfg)  # before Prefect starts; the flow checks again
     from data_checks.loading import read_every_source

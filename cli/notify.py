@@ -1,14 +1,14 @@
 """`rlhf notify URL [--on unhealthy] [--on failed]`: be told on a webhook when PPO's health
 detectors fire or a pipeline, retrain or other rlhf flow run fails (Prefect automations with
 a webhook notification block, on the Prefect server PREFECT_API_URL names:
-tasks/runtime/notify.py). `rlhf notify --off` removes them."""
+tasks/platform/prefect/notify.py). `rlhf notify --off` removes them."""
 
 from __future__ import annotations
 
 import os
 
-from tasks.retrain.events import UNHEALTHY
-from tasks.runtime.notify import FAILED, Notice
+from tasks.platform.prefect.events import UNHEALTHY
+from tasks.platform.prefect.notify import FAILED, Notice
 
 # what each kind of notification says (Prefect's templates: event, flow_run, flow)
 NOTICES = {
@@ -29,8 +29,8 @@ NOTICES = {
 
 def cmd_notify(args) -> int:
     from tasks.config import ConfigError
-    from tasks.runtime.notify import remove, set_up
-    from tasks.runtime.preflight import check_servers, prefect_api_url
+    from tasks.platform.prefect.notify import remove, set_up
+    from tasks.platform.prefect.preflight import check_servers, prefect_api_url
 
     url, _ = prefect_api_url()
     if not url:

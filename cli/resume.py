@@ -13,11 +13,11 @@ import json
 
 from cli.runs import check_resume_id
 from tasks.config import ConfigError, PipelineConfig, flatten, load_config, parse_override
-from tasks.redact import redacted
-from tasks.runtime.logins import login_out_of_uri
-from tasks.runtime.preflight import check_servers
-from tasks.tracking.addresses import default_tracking_uri
-from tasks.tracking.queries import StoreError, recorded_config
+from tasks.platform.mlflow.addresses import default_tracking_uri
+from tasks.platform.mlflow.queries import StoreError, recorded_config
+from tasks.platform.prefect.logins import login_out_of_uri
+from tasks.platform.prefect.preflight import check_servers
+from tasks.platform.redact import redacted
 
 SHOWN = 6  # differing keys named in the refusal; the rest are counted
 

@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from tasks.redact import redact
+from tasks.platform.redact import redact
 
 
 def _with(config, section: str, **fields):
@@ -29,8 +29,8 @@ def _with(config, section: str, **fields):
 
 def _preflight(config) -> None:
     """The MLflow store and (when PREFECT_API_URL is set) the Prefect API answer."""
-    from tasks.runtime.logins import needs_of
-    from tasks.runtime.preflight import check_servers
+    from tasks.platform.prefect.logins import needs_of
+    from tasks.platform.prefect.preflight import check_servers
 
     check_servers(config.tracking.tracking_uri, needs=needs_of(config))
 
@@ -84,9 +84,9 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
 
 
 def _collection_tasks(config, run_id: str) -> dict[int, str]:
+    from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
     from tasks.retrain.labels.studio import read_link
     from tasks.retrain.store import collection_by_run_id
-    from tasks.tracking.runs import default_tracking_uri, tracking_client
 
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
     return read_link(client, collection_by_run_id(client, run_id)).tasks
@@ -94,7 +94,7 @@ def _demo_offline(args, config, seed: int) -> int:
     """Generated pairs into the watch folder, announced as a labelled batch (the served
     retrain's trigger starts a round on it, as on an import)."""
     from rlhf_core.demo import write_preference_batch
-    from tasks.retrain import events
+    from tasks.platform.prefect import events
     from tasks.retrain.batches import file_digest
 
     n = args.n or 500
@@ -236,9 +236,9 @@ def cmd_compare(args, config) -> int:
 
 def _tracking_uri(config) -> str:
     """The store the registry lives in, once it answers."""
-    from tasks.runtime.logins import Needs
-    from tasks.runtime.preflight import check_servers
-    from tasks.tracking.runs import default_tracking_uri
+    from tasks.platform.mlflow.runs import default_tracking_uri
+    from tasks.platform.prefect.logins import Needs
+    from tasks.platform.prefect.preflight import check_servers
 
     check_servers(config.tracking.tracking_uri, prefect=False,
                   needs=Needs(models=(config.tracking.registered_policy,)))
@@ -246,7 +246,7 @@ def _tracking_uri(config) -> str:
 
 
 def cmd_promote(args, config) -> int:
-    from tasks.tracking.registry import promote
+    from tasks.platform.mlflow.registry import promote
 
     name = config.tracking.registered_policy
     before = promote(_tracking_uri(config), name, args.version, args.reason or "by hand",
@@ -256,7 +256,7 @@ def cmd_promote(args, config) -> int:
 
 
 def cmd_rollback(args, config) -> int:
-    from tasks.tracking.registry import rollback
+    from tasks.platform.mlflow.registry import rollback
 
     name = config.tracking.registered_policy
     old, new = rollback(_tracking_uri(config), name, args.reason or "by hand")

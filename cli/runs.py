@@ -9,11 +9,11 @@ import sys
 import time
 
 from tasks.config import ConfigError
-from tasks.redact import redact
-from tasks.runtime.logins import Needs
-from tasks.runtime.preflight import check_servers
-from tasks.tracking.addresses import default_tracking_uri, runs_table_url
-from tasks.tracking.queries import StoreError, pipeline_runs, run_lineage
+from tasks.platform.mlflow.addresses import default_tracking_uri, runs_table_url
+from tasks.platform.mlflow.queries import StoreError, pipeline_runs, run_lineage
+from tasks.platform.prefect.logins import Needs
+from tasks.platform.prefect.preflight import check_servers
+from tasks.platform.redact import redact
 
 RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
                ("eval/rm_gold_accuracy", "rm_gold"),

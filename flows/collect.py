@@ -10,12 +10,12 @@ from prefect import flow
 
 from flows.deployment import SERVED, served_config
 from tasks.config import PipelineConfig
+from tasks.platform.mlflow.tags import LABELS_SEED_TAG
+from tasks.platform.prefect.prefect_api import rename_flow_run
 from tasks.retrain.labels.collect import collect
 from tasks.retrain.labels.imports import import_labels
 from tasks.retrain.labels.pull import PullResult, pull
 from tasks.retrain.records import CollectResult, LabelImport
-from tasks.runtime.prefect_api import rename_flow_run
-from tasks.tracking.tags import LABELS_SEED_TAG
 
 
 @flow(name="collect", flow_run_name="collect", log_prints=True)

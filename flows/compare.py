@@ -8,15 +8,15 @@ from prefect import flow
 
 from flows.wiring import tracked
 from tasks.config import ConfigError, PipelineConfig
-from tasks.finish import finish
-from tasks.prepare import prepare
-from tasks.results import CompareResult
-from tasks.retrain.batches import fetch_champion
-from tasks.retrain.scorers import resolve_scorer
-from tasks.runtime.prefect_api import rename_flow_run
-from tasks.stages.gate import gate
-from tasks.stages.records import Artifact, ModelRecord, PolicyRecord
-from tasks.stages.validate import validate
+from tasks.pipeline.finish import finish
+from tasks.pipeline.prepare import prepare
+from tasks.pipeline.stages.records import Artifact, ModelRecord, PolicyRecord
+from tasks.pipeline.stages.validate import validate
+from tasks.platform.prefect.prefect_api import rename_flow_run
+from tasks.retrain.gate.champion import fetch_champion
+from tasks.retrain.gate.scorers import resolve_scorer
+from tasks.retrain.gate.stage import gate
+from tasks.retrain.records import CompareResult
 
 
 @flow(name="compare", flow_run_name="compare", log_prints=True)

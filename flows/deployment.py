@@ -4,8 +4,8 @@ deployment's flow in flows/serve.py; serve.py builds the retrain and collect dep
 their flows, so it imports them, and they do not import serve.py back."""
 
 from tasks.config import PipelineConfig, _merge
-from tasks.runtime.logins import login_out_of_uri
-from tasks.runtime.prefect_api import deployment_parameters
+from tasks.platform.prefect.logins import login_out_of_uri
+from tasks.platform.prefect.prefect_api import deployment_parameters
 
 # A served flow's ``config`` default: a run with no config given (the UI's Quick run, a
 # schedule) runs the served config; with a required ``config`` the UI's Quick run opened the

@@ -1,5 +1,5 @@
-"""The RLHF pipeline flow: wiring only (the stages of the stage table, tasks/stages/table.py,
-in its order; each one task and one child run).
+"""The RLHF pipeline flow: wiring only (the stages of the stage table,
+tasks/pipeline/stages/table.py, in its order; each one task and one child run).
 
 No ``from __future__ import annotations`` here: Prefect builds the parameter model of a
 deployment from the signature, so the annotations must be the classes, not strings.
@@ -9,13 +9,13 @@ from prefect import flow
 
 from flows.wiring import run_pipeline
 from tasks.config import PipelineConfig
-from tasks.prepare import pipeline_run_name
-from tasks.results import PipelineResult
-from tasks.runtime.prefect_api import flow_run_name
+from tasks.pipeline.prepare import pipeline_run_name
+from tasks.pipeline.results import PipelineResult
+from tasks.platform.prefect.prefect_api import flow_run_name
 
 
 def _flow_run_name() -> str:
-    """The MLflow parent run's name to be (tasks/prepare.py pipeline_run_name)."""
+    """The MLflow parent run's name to be (tasks/pipeline/prepare.py pipeline_run_name)."""
     from prefect.runtime import flow_run
 
     cfg = flow_run.parameters.get("config")

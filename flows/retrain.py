@@ -15,7 +15,8 @@ from prefect import flow
 from flows.deployment import SERVED, served_config
 from flows.wiring import run_pipeline
 from tasks.config import PipelineConfig
-from tasks.results import RetrainResult
+from tasks.pipeline.stages.records import RegisterRecord
+from tasks.platform.prefect.prefect_api import flow_run_name, rename_flow_run, slot_holder
 from tasks.retrain.approval.waiting import (
     ask_for_approval,
     held_for_approval,
@@ -24,10 +25,10 @@ from tasks.retrain.approval.waiting import (
     resumed_round,
     settle_approvals,
 )
-from tasks.retrain.batches import champion_version, find_batches
-from tasks.retrain.events import retrain_run_name
+from tasks.retrain.batches import find_batches
+from tasks.retrain.gate.champion import champion_version
 from tasks.retrain.labels.imports import import_dropped
-from tasks.retrain.records import Batch, Round
+from tasks.retrain.records import Batch, GateRecord, RetrainResult, Round
 from tasks.retrain.round import (
     control_run_name,
     limit_name,
@@ -35,11 +36,10 @@ from tasks.retrain.round import (
     report_first_champion,
     report_nothing_new,
     report_skipped,
+    retrain_run_name,
     retrain_slot,
     round_settings,
 )
-from tasks.runtime.prefect_api import flow_run_name, rename_flow_run, slot_holder
-from tasks.stages.records import GateRecord, RegisterRecord
 
 
 def bootstrap(config: PipelineConfig, batches: list[Batch]) -> RetrainResult:

@@ -38,12 +38,12 @@ from tasks.config import (
     _merge,
     flatten,
 )
-from tasks.prepare import pipeline_run_name
-from tasks.redact import redact, redacted
-from tasks.results import PipelineResult
-from tasks.retrain.events import LABELLED
-from tasks.runtime.logins import login_out_of_uri
-from tasks.runtime.prefect_api import flow_run_name
+from tasks.pipeline.prepare import pipeline_run_name
+from tasks.pipeline.results import PipelineResult
+from tasks.platform.prefect.events import LABELLED
+from tasks.platform.prefect.logins import login_out_of_uri
+from tasks.platform.prefect.prefect_api import flow_run_name
+from tasks.platform.redact import redact, redacted
 
 # what `rlhf serve` serves, in the order it registers them (each as <flow>/<name>)
 SERVED_FLOWS = ("rlhf_pipeline", "retrain", "collect", "label-pull", "gc")
@@ -262,13 +262,14 @@ def served_deployments(config: PipelineConfig, name: str) -> list:
 
 def serve(config: PipelineConfig, name: str) -> None:
     """Serve the five deployments until interrupted (blocks), again after the Prefect
-    server comes back from an outage (tasks/runtime/reconnect.py). Needs a Prefect server."""
+    server comes back from an outage (tasks/platform/prefect/reconnect.py). Needs a Prefect
+    server."""
     from prefect.settings import PREFECT_API_URL
 
+    from tasks.platform.prefect.prefect_api import ensure_limit
+    from tasks.platform.prefect.reconnect import serve_until_stopped
     from tasks.retrain.approval.waiting import keeper
     from tasks.retrain.round import limit_name
-    from tasks.runtime.prefect_api import ensure_limit
-    from tasks.runtime.reconnect import serve_until_stopped
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "

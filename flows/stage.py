@@ -1,5 +1,5 @@
 """The ``rlhf-stage`` flow: one stage (or one node of a multi-node stage) on this machine,
-for a pipeline whose flow run is on another (tasks/runtime/remote.py has the head's side).
+for a pipeline whose flow run is on another (tasks/platform/prefect/remote.py has the head's side).
 
 Serve it on each machine that should take stages, e.g. the GPU box:
 
@@ -14,14 +14,14 @@ prefect.yaml deploys the same flow to a process work pool instead, for `prefect 
 from prefect import flow
 from prefect.types.entrypoint import EntrypointType
 
-from tasks.common import setup_torch
 from tasks.config import PipelineConfig
-from tasks.runtime.launch import run_node
-from tasks.runtime.remote import local_context, record_routed
-from tasks.stages.records import StageRecord
-from tasks.stages.run import execute, typed_inputs
-from tasks.stages.table import DISTRIBUTED, STAGES
-from tasks.tracking.runs import RunContext, hardware_tags, set_tags
+from tasks.pipeline.devices import setup_torch
+from tasks.pipeline.stages.records import StageRecord
+from tasks.pipeline.stages.run import execute, typed_inputs
+from tasks.pipeline.stages.table import DISTRIBUTED, STAGES
+from tasks.platform.mlflow.runs import RunContext, hardware_tags, set_tags
+from tasks.platform.prefect.launch import run_node
+from tasks.platform.prefect.remote import local_context, record_routed
 
 
 def _run_name() -> str:
@@ -68,11 +68,11 @@ def stage_deployment(name: str):
 
 def serve_stage(name: str) -> None:
     """Serve ``rlhf-stage/<name>`` from this machine until interrupted (blocks), again after
-    the Prefect server comes back from an outage (tasks/runtime/reconnect.py)."""
+    the Prefect server comes back from an outage (tasks/platform/prefect/reconnect.py)."""
     from prefect.settings import PREFECT_API_URL
 
     from tasks.config import ConfigError
-    from tasks.runtime.reconnect import serve_until_stopped
+    from tasks.platform.prefect.reconnect import serve_until_stopped
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf stage-worker needs the pipeline's Prefect server: export "

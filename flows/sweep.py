@@ -12,13 +12,13 @@ from prefect import flow, task
 
 from flows.wiring import rl_stages, shared_stages
 from tasks.config import PipelineConfig, grid_points
-from tasks.finish import close_finished, fail_parent, finish
-from tasks.prepare import Prepared, prepare
-from tasks.results import PipelineResult, SweepResult
-from tasks.stages.records import SharedStages
-from tasks.sweep import open_point_run, point_label, point_row, sweep_summary
-from tasks.tracking.runs import tag_parent
-from tasks.tracking.tags import SWEEP_POINTS_TAG, SWEEP_ROLE_TAG, SWEEP_TAG
+from tasks.pipeline.finish import close_finished, fail_parent, finish
+from tasks.pipeline.prepare import Prepared, prepare
+from tasks.pipeline.results import PipelineResult, SweepResult
+from tasks.pipeline.stages.records import SharedStages
+from tasks.pipeline.sweep import open_point_run, point_label, point_row, sweep_summary
+from tasks.platform.mlflow.runs import tag_parent
+from tasks.platform.mlflow.tags import SWEEP_POINTS_TAG, SWEEP_ROLE_TAG, SWEEP_TAG
 
 
 def _point_name() -> str:

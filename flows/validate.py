@@ -6,13 +6,13 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.config import PipelineConfig
-from tasks.finish import close_parent, fail_parent
-from tasks.prepare import pipeline_run_name, prepare
-from tasks.results import PipelineResult
-from tasks.runtime.prefect_api import flow_run_name
-from tasks.stages.validate import validate
-from tasks.tracking.runs import tag_parent
-from tasks.tracking.tags import VALIDATE_ONLY_TAG
+from tasks.pipeline.finish import close_parent, fail_parent
+from tasks.pipeline.prepare import pipeline_run_name, prepare
+from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.stages.validate import validate
+from tasks.platform.mlflow.runs import tag_parent
+from tasks.platform.mlflow.tags import VALIDATE_ONLY_TAG
+from tasks.platform.prefect.prefect_api import flow_run_name
 
 
 def _flow_run_name() -> str:

@@ -13,28 +13,29 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tasks.config import PipelineConfig
-from tasks.finish import fail_parent, finish
-from tasks.prepare import Prepared, prepare
-from tasks.results import PipelineResult
-from tasks.retrain.approval.waiting import held_for_approval
-from tasks.retrain.batches import Champion, add_batches, fetch_champion, mark_consumed
+from tasks.pipeline.finish import fail_parent, finish
+from tasks.pipeline.prepare import Prepared, prepare
+from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.stages.critic_init import critic_init
+from tasks.pipeline.stages.evaluate import evaluate
+from tasks.pipeline.stages.judge_model import judge_model, judge_split
+from tasks.pipeline.stages.ppo import ppo
+from tasks.pipeline.stages.records import Artifact, DataRecord, ModelRecord, StageRecord
+from tasks.pipeline.stages.register import register
+from tasks.pipeline.stages.reward_model import reward_model
+from tasks.pipeline.stages.reward_norm import reward_norm
+from tasks.pipeline.stages.sft import sft
+from tasks.pipeline.stages.validate import validate
+from tasks.pipeline.summary import publish_summary
+from tasks.platform.mlflow.runs import RunContext, system_metrics
+from tasks.platform.prefect.prefect_api import rename_flow_run
+from tasks.retrain.approval.waiting import held_for_approval, hold_candidate
+from tasks.retrain.batches import add_batches, mark_consumed
+from tasks.retrain.gate.champion import Champion, fetch_champion
+from tasks.retrain.gate.scorers import batch_pair_keys, resolve_scorer
+from tasks.retrain.gate.stage import gate
 from tasks.retrain.records import Round
 from tasks.retrain.round import lineage_tags, named_batch_rows, round_start
-from tasks.retrain.scorers import batch_pair_keys, resolve_scorer
-from tasks.runtime.prefect_api import rename_flow_run
-from tasks.stages.critic_init import critic_init
-from tasks.stages.evaluate import evaluate
-from tasks.stages.gate import gate
-from tasks.stages.judge_model import judge_model, judge_split
-from tasks.stages.ppo import ppo
-from tasks.stages.records import Artifact, DataRecord, ModelRecord, StageRecord
-from tasks.stages.register import register
-from tasks.stages.reward_model import reward_model
-from tasks.stages.reward_norm import reward_norm
-from tasks.stages.sft import sft
-from tasks.stages.validate import validate
-from tasks.summary import publish_summary
-from tasks.tracking.runs import RunContext, system_metrics
 
 
 @contextmanager
@@ -161,6 +162,7 @@ def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
             out["register"] = register(ctx, config, out["ppo"], out.get("gate") or out["evaluate"],
                                        out["reward_model"], out["validate"], lineage=lineage,
                                        decision=decision)
+            hold_candidate(ctx, config, out["register"])
             if retrain is not None:
                 mark_consumed(ctx, retrain.batches)
     result = finish(ctx, out, config.tracking.keep_resume_state)

@@ -283,15 +283,15 @@ class TrackingConfig(Section):
         "long for the server, then the run stops the same way.")
 
 
-# The stages the table marks ``ranks`` (tasks/stages/table.py DISTRIBUTED), copied here because
-# the table imports every stage body and the bodies import this module: deriving them here
+# The stages the table marks ``ranks`` (tasks/pipeline/stages/table.py DISTRIBUTED), copied here
+# because the table imports every stage body and the bodies import this module: deriving them here
 # would be an import circle, and would load torch before a config error can be answered.
-# tests/tasks/test_stage_bodies.py holds the copy equal to the table.
+# tests/tasks/pipeline/stages/test_stage_bodies.py holds the copy equal to the table.
 ROUTABLE = ("sft", "reward_model", "ppo")
 
 
 class RoutingConfig(Section):
-    """Stages that run on another machine's Prefect worker (tasks/runtime/remote.py)."""
+    """Stages that run on another machine's Prefect worker (tasks/platform/prefect/remote.py)."""
 
     stages: dict[str, str] = Field(
         {}, description="Stage -> the `rlhf-stage` deployment that runs it on another "

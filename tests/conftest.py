@@ -35,7 +35,7 @@ def _mlflow_uris_restored():
     """Each test leaves MLflow's process-wide URIs as it found them: ``mlflow.set_*_uri``
     (in a test, or in-process register) also sets the variables, which every later CLI
     subprocess of this worker would inherit (a registry in another test's store)."""
-    from tasks.tracking.models import mlflow_settings_kept
+    from tasks.platform.mlflow.models import mlflow_settings_kept
 
     with mlflow_settings_kept():
         yield

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from tasks.stages.context import StageContext
-from tasks.stages.records import Artifact
-from tasks.tracking.runs import RunContext
+from tasks.pipeline.stages.context import StageContext
+from tasks.pipeline.stages.records import Artifact
+from tasks.platform.mlflow.runs import RunContext
 
 
 class FakeStageContext(StageContext):
@@ -21,7 +21,7 @@ class FakeStageContext(StageContext):
                  tracked: bool = False):
         """``tracked``: the parent and the stage run exist in the SQLite store (register
         logs its models into the stage's run)."""
-        from tasks.stages.table import STAGES
+        from tests.shared import every_stage
 
         uri = f"sqlite:///{workdir}/mlflow.db"
         exp, parent, run_id = "0", "parent", "stage-run"
@@ -32,7 +32,7 @@ class FakeStageContext(StageContext):
             run_id = client.create_run(exp).info.run_id
         run = RunContext(tracking_uri=uri, experiment_id=exp, parent_run_id=parent,
                          workdir=str(workdir), seed=seed, progress=False)
-        super().__init__(run, cfg, STAGES[stage_name], run_id=run_id)
+        super().__init__(run, cfg, every_stage()[stage_name], run_id=run_id)
         self.metrics: dict[int, dict[str, float]] = {}
         self.parent_metrics: dict[str, float] = {}
         self.tags: dict[str, str] = {}

@@ -17,18 +17,27 @@ TEST_CONFIG = ROOT / "configs" / "test.yaml"  # the tiny end-to-end config
 
 
 def pipeline_stages() -> list[str]:
-    """The stages the pipeline flow runs (its held-out checks' judge included): the table's,
-    less the retrain's gate."""
-    from tasks.stages.table import STAGES
+    """The stages the pipeline flow runs (its held-out checks' judge included): the
+    pipeline's stage table."""
+    from tasks.pipeline.stages.table import STAGES
 
-    return [name for name in STAGES if name != "gate"]
+    return list(STAGES)
+
+
+def every_stage() -> dict:
+    """Every stage a run can have: the pipeline's table, then the retrain's gate (the
+    order of docs/design.md's stage sections)."""
+    from tasks.pipeline.stages.table import STAGES
+    from tasks.retrain.gate.stage import STAGE as GATE
+
+    return {**STAGES, GATE.name: GATE}
 
 
 def ppo_iteration_metrics() -> list[str]:
     """What the ppo stage logs every iteration under the test configs (GAE, no KL loss term):
     its table entry's metrics less the end's ``memory/*``, the gold judge's ``judge/*`` and
     the held-out checks' ``check/*``."""
-    from tasks.stages.table import STAGES
+    from tasks.pipeline.stages.table import STAGES
 
     return [m for m in STAGES["ppo"].metrics
             if not m.startswith(("memory/", "judge/", "check/"))

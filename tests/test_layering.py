@@ -1,7 +1,9 @@
 """The house has one direction: cli -> flows -> tasks -> rlhf_core and data_checks, flows only
 wire (no MLflow: its look-ups are tasks'; every function in flows/ is a flow or is called by
-one), only tasks/tracking/ and a feature's own store (e.g. tasks/gc/store.py) import mlflow,
-MLflow tags are named in tasks/tracking/tags.py, and no module imports itself back through others.
+one), tasks/ is cut by feature (platform -> pipeline -> retrain -> gc, each importing only those
+before it), only tasks/platform/mlflow/ and a feature's own store (e.g. tasks/gc/store.py)
+import mlflow, MLflow tags are named in tasks/platform/mlflow/tags.py, and no module imports
+itself back through others.
 Checked on the source (every import statement, including those inside functions), not on
 sys.modules, so a lazy import that a test never triggers is caught too."""
 
@@ -49,14 +51,14 @@ def test_no_import_points_up_the_layers(package):
 
 
 def speaks_mlflow(path: Path) -> bool:
-    """tasks/tracking/ (runs, models, registry, artifacts...) and a feature's own store
+    """tasks/platform/mlflow/ (runs, models, registry, artifacts...) and a feature's own store
     (``store.py`` in its folder: what that feature alone keeps in MLflow)."""
-    return (ROOT / "tasks" / "tracking") in path.parents or (
+    return (ROOT / "tasks" / "platform" / "mlflow") in path.parents or (
         path.name == "store.py" and path.parent != ROOT / "tasks")
 
 
-def test_only_tasks_tracking_and_a_features_store_import_mlflow():
-    """MLflow is the tracking wing's business and, for what one feature alone keeps there,
+def test_only_the_mlflow_platform_and_a_features_store_import_mlflow():
+    """MLflow is tasks/platform/mlflow/'s business and, for what one feature alone keeps there,
     that feature's store: the rest of tasks/ calls them, never mlflow itself (flows/ neither:
     FORBIDDEN)."""
     files = [p for p in sorted((ROOT / "tasks").rglob("*.py")) if not speaks_mlflow(p)]
@@ -65,19 +67,20 @@ def test_only_tasks_tracking_and_a_features_store_import_mlflow():
     assert not bad, bad
 
 
-TAGS_MODULE = "tasks/tracking/tags.py"
+TAGS_MODULE = "tasks/platform/mlflow/tags.py"
 # strings shaped like a tag name that are not MLflow tags: (file, string) -> why
 NOT_TAGS = {
-    ("tasks/stages/progress.py", "rlhf.progress"): "a logger's name",
-    ("tasks/tracking/spool.py", "rlhf.spool"): "a logger's name",
-    ("tasks/tracking/runs.py", "rlhf.tracking"): "a logger's name",
-    ("tasks/runtime/remote.py", "rlhf.remote"): "a logger's name",
+    ("tasks/pipeline/stages/progress.py", "rlhf.progress"): "a logger's name",
+    ("tasks/platform/mlflow/spool.py", "rlhf.spool"): "a logger's name",
+    ("tasks/platform/mlflow/runs.py", "rlhf.tracking"): "a logger's name",
+    ("tasks/platform/prefect/remote.py", "rlhf.remote"): "a logger's name",
     ("flows/serve.py", "rlhf.preferences.*"): "the retrain trigger's Prefect event resources",
     ("flows/serve.py", "rlhf.imported_by"): "the retrain trigger's Prefect event label",
-    ("tasks/runtime/prefect_api.py", "rlhf.slot:"): "the Prefect flow-run tag of a slot's holder",
+    ("tasks/platform/prefect/prefect_api.py", "rlhf.slot:"):
+        "the Prefect flow-run tag of a slot's holder",
 }
 NOT_TAG_FILES = {  # file -> why its strings shaped like tag names are not MLflow tags
-    "tasks/retrain/events.py": "the Prefect events' names, resources and labels",
+    "tasks/platform/prefect/events.py": "the Prefect events' names, resources and labels",
 }
 
 
@@ -106,7 +109,7 @@ def test_the_tag_finder_sees_f_strings_and_filters_not_docstrings():
 
 
 def test_every_tag_name_is_written_in_the_tags_module():
-    """An MLflow tag name is written once, in tasks/tracking/tags.py; tasks/ and flows/ use
+    """An MLflow tag name is written once, in tasks/platform/mlflow/tags.py; tasks/ and flows/ use
     its constants, so a tag's readers and writers cannot drift apart."""
     found = {(str(path.relative_to(ROOT)), text) for package in ("tasks", "flows")
              for path in sorted((ROOT / package).rglob("*.py"))
@@ -260,9 +263,11 @@ def test_no_import_circle_between_packages():
 
 
 def sub_package(module: str, package: str) -> str | None:
-    """tasks.stages.sft -> stages (for package tasks); a top-level module of it -> None."""
-    parts = module.split(".")
-    return parts[1] if parts[0] == package and len(parts) > 2 else None
+    """tasks.pipeline.stages.sft -> pipeline (for package tasks; stages for
+    tasks.pipeline); a top-level module of the package -> None."""
+    parts, depth = module.split("."), package.count(".") + 1
+    inside = parts[:depth] == package.split(".") and len(parts) > depth + 1
+    return parts[depth] if inside else None
 
 
 def wing_graph(package: str) -> dict[str, set[str]]:
@@ -276,12 +281,33 @@ def wing_graph(package: str) -> dict[str, set[str]]:
     return graph
 
 
-def test_no_import_circle_between_the_wings_of_tasks():
-    """stages, runtime, retrain, gc and tracking: tracking (MLflow) imports no other wing."""
+# tasks/ by feature, bottom up: a feature imports only those before it. platform speaks for
+# MLflow and Prefect in the pipeline's words; pipeline is the stages and a run of them;
+# retrain (the gate, sign-off, labels) runs the pipeline round after round; gc clears what
+# both leave. config.py, the pipeline config, is the one module outside them.
+TASKS_FEATURES = ["platform", "pipeline", "retrain", "gc"]
+
+
+def test_tasks_is_cut_by_feature_and_imports_downwards_only():
+    top = sorted(p.name for p in (ROOT / "tasks").glob("*.py"))
+    assert top == ["__init__.py", "config.py"], top
     graph = wing_graph("tasks")
-    assert {"stages", "runtime", "retrain", "gc", "tracking"} <= set(graph)
-    assert not import_cycles(graph), graph
-    assert not graph["tracking"], graph["tracking"]
+    assert set(graph) == set(TASKS_FEATURES), graph
+    upward = {f"{wing} -> {other}" for wing, targets in graph.items() for other in targets
+              if TASKS_FEATURES.index(other) > TASKS_FEATURES.index(wing)}
+    assert not upward, sorted(upward)
+    config = import_graph()["tasks.config"]
+    assert not {m for m in config if m.startswith("tasks.")}, config
+
+
+def test_the_parts_of_a_feature_import_each_other_in_one_direction():
+    """MLflow's client knows nothing of Prefect; retrain's gate, sign-off and labels and its
+    loose modules form no circle."""
+    platform = wing_graph("tasks.platform")
+    assert {"mlflow", "prefect"} <= set(platform) and "prefect" not in platform["mlflow"]
+    retrain = wing_graph("tasks.retrain")
+    assert {"gate", "approval", "labels"} <= set(retrain)
+    assert not import_cycles(retrain), retrain
 
 
 # rlhf_core's layers, bottom up: a sub-package imports only those before it
@@ -323,7 +349,7 @@ def test_flows_hold_flows_and_their_wiring_only():
     assert not bad, bad
 
 
-# what hands out an MLflow client: RunContext.client(), tasks/tracking/runs.py's makers
+# what hands out an MLflow client: RunContext.client(), tasks/platform/mlflow/runs.py's makers
 CLIENT_MAKERS = {"client", "tracking_client", "experiment_client", "MlflowClient"}
 
 
@@ -375,15 +401,15 @@ def test_the_client_call_finder_sees_aliases_and_tells_prefect_apart():
     assert "11: client.update_flow_run" in client_method_calls(source, None)
 
 
-def test_only_tasks_tracking_and_a_features_store_call_the_mlflow_client():
-    """Outside tasks/tracking/ and a feature's store no code calls a method of MlflowClient
-    (its public names, read from mlflow at test time) on a client that tracking hands out:
-    each MLflow call goes
-    through a tracking function named for what it does for the pipeline. The receiver is
+def test_only_the_mlflow_platform_and_a_features_store_call_the_mlflow_client():
+    """Outside tasks/platform/mlflow/ and a feature's store no code calls a method of
+    MlflowClient (its public names, read from mlflow at test time) on a client that the
+    platform hands out: each MLflow call goes through a platform function named for what it
+    does for the pipeline. The receiver is
     what matters, not the method's name alone: StageContext's own ``log_text``... are
-    pipeline helpers, and Prefect's clients (tasks/runtime/, also named ``client``) call none
-    of MlflowClient's methods (``read_flow_run``, ``update_flow_run``...), so they are never
-    flagged."""
+    pipeline helpers, and Prefect's clients (tasks/platform/prefect/, also named
+    ``client``) call none of MlflowClient's methods (``read_flow_run``, ``update_flow_run``...), so
+    they are never flagged."""
     from mlflow.tracking import MlflowClient
 
     methods = {name for name in dir(MlflowClient) if not name.startswith("_")}
@@ -393,5 +419,6 @@ def test_only_tasks_tracking_and_a_features_store_call_the_mlflow_client():
     bad = [f"{p.relative_to(ROOT)}:{call}" for p in files
            for call in client_method_calls(p.read_text(), methods)]
     assert not bad, bad
-    prefect = client_method_calls((ROOT / "tasks/runtime/prefect_api.py").read_text(), None)
-    assert prefect, "the finder no longer sees the Prefect client of tasks/runtime/prefect_api.py"
+    api = "tasks/platform/prefect/prefect_api.py"
+    prefect = client_method_calls((ROOT / api).read_text(), None)
+    assert prefect, f"the finder no longer sees the Prefect client of {api}"

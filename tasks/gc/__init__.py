@@ -1,4 +1,5 @@
 """`rlhf gc`, in one folder: what it finds and deletes (plan.py), its records (items.py), the
-runs marked deleted in MLflow (deleted.py), what it asks the MLflow store (store.py), which run
-folders a live process holds (owners.py) and what a finished run keeps on disk
-(retention.py)."""
+runs marked deleted in MLflow (deleted.py) and what it asks the MLflow store (store.py). It
+reads what the features below it leave: the pipeline's run folders (which a live process
+holds, tasks/pipeline/owners.py; what a finished run keeps, tasks/pipeline/retention.py) and
+the retrain's batches, quarantined files and pull records."""

@@ -9,7 +9,6 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from tasks.gc.items import DAY_S, Found
-from tasks.gc.retention import tree_bytes
 from tasks.gc.store import (
     StoredRun,
     deleted_experiments,
@@ -17,6 +16,7 @@ from tasks.gc.store import (
     purge_runs,
     stage_runs,
 )
+from tasks.pipeline.retention import tree_bytes
 
 AGE_KEY = "tracking.gc_deleted_age_days"
 

@@ -6,10 +6,10 @@ What it finds, by kind:
   ``tracking.gc_keep_runs``; a failed, stopped or running run (resumable), a run an alias
   needs (champion, challenger, previous-champion of the policy or the reward model: the
   version's runs and their pipeline runs) and a folder the store has no run for are kept;
-- ``trash``: what a deletion stopped midway left (``.trash-*``, see tasks/gc/retention.py);
+- ``trash``: what a deletion stopped midway left (``.trash-*``, see tasks/pipeline/retention.py);
 - ``leftover``: what a killed gate or stage left in a kept run folder (``*.part`` files, a
   checkpoint save's ``.<name>.tmp``, a killed `rlhf validate`'s chunks), once no live process
-  owns the folder (tasks/gc/owners.py);
+  owns the folder (tasks/pipeline/owners.py);
 - ``mlflow run``: runs marked deleted in MLflow ``tracking.gc_deleted_age_days`` ago or
   more, each pipeline run with the runs under it, removed by MLflow's own gc with their
   artifacts and empty folders (tasks/gc/deleted.py; not those an alias needs; a tracking
@@ -23,7 +23,7 @@ What it finds, by kind:
   (data_checks/cache.py, ``$RLHF_VALIDATION_CACHE``) unused, neither read nor written, for
   ``tracking.gc_cache_age_days``; a later gate that would have read one tokenizes again.
 
-Every deletion renames first, then deletes (tasks/gc/retention.py): a kill midway leaves a
+Every deletion renames first, then deletes (tasks/pipeline/retention.py): a kill midway leaves a
 ``.trash-`` name no command reads, and the next gc removes it. One gc of a store runs at a
 time: a second waits for the first, then finds what is left.
 """
@@ -45,19 +45,19 @@ from rlhf_core.faults import pause_point
 from tasks.config import PipelineConfig
 from tasks.gc.deleted import deleted_run_items, purge
 from tasks.gc.items import DAY_S, Found, GcPlan, is_hex
-from tasks.gc.owners import one_gc, owner_lock_kept, unowned
-from tasks.gc.retention import TRASH, remove_tree, trash_in, tree_bytes
 from tasks.gc.store import (
     alias_runs,
     keeps_consumed_copy,
     mark_pulled_all,
     stored_runs,
 )
+from tasks.pipeline.owners import one_gc, owner_lock_kept, unowned
+from tasks.pipeline.retention import TRASH, remove_tree, trash_in, tree_bytes
+from tasks.platform.mlflow.runs import default_tracking_uri, resolved_store
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
 from tasks.retrain.labels.imports import QUARANTINE
 from tasks.retrain.labels.pull import pulled_in_full
 from tasks.retrain.store import consumed_batches
-from tasks.tracking.runs import default_tracking_uri, resolved_store
 
 # what a killed gate or stage leaves in a run folder: unfinished files (the gate's cleaned
 # data and token ids, a chunk being put) and a checkpoint save's temporary folder
@@ -66,7 +66,7 @@ LEFTOVERS = ("*.part", ".*.tmp")
 
 @contextmanager
 def one_gc_of(cfg: PipelineConfig) -> Iterator[None]:
-    """One gc at a time of the config's store (tasks/gc/owners.py): a second waits for it."""
+    """One gc at a time of the config's store (tasks/pipeline/owners.py): a second waits for it."""
     with one_gc(resolved_store(default_tracking_uri(cfg.tracking.tracking_uri))):
         yield
 
@@ -115,7 +115,7 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
 def _leftovers(folder: Path, run, now: float | None = None) -> list[Found]:
     """What a killed gate or stage left in a kept run folder (LEFTOVERS; and a killed `rlhf
     validate`'s tokenized chunks, which only a resume would read and such a run never has
-    one), once no live process owns the folder (tasks/gc/owners.py); in a folder without an
+    one), once no live process owns the folder (tasks/pipeline/owners.py); in a folder without an
     owner lock (an older run's), those a day old or more."""
     found = {p for pattern in LEFTOVERS for p in folder.rglob(pattern)}
     if run is not None and run.validate_only:

@@ -12,11 +12,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.retrain.store import CONSUMED_COPY
-from tasks.tracking.errors import PurgeFailed
-from tasks.tracking.registry import CANDIDATE, CHALLENGER, CHAMPION, PREVIOUS
-from tasks.tracking.runs import default_tracking_uri, tracking_client
-from tasks.tracking.tags import (
+from tasks.platform.mlflow.errors import PurgeFailed
+from tasks.platform.mlflow.registry import CANDIDATE, CHALLENGER, CHAMPION, PREVIOUS
+from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
+from tasks.platform.mlflow.tags import (
     COLLECTION_TAG,
     PARENT_TAG,
     PIPELINE_RUN_TAG,
@@ -24,6 +23,7 @@ from tasks.tracking.tags import (
     VALIDATE_ONLY_TAG,
     stage_run_tag,
 )
+from tasks.retrain.store import CONSUMED_COPY
 
 CHUNK = 100  # run ids per `IN (...)` filter
 ALIASES = (CHAMPION, CHALLENGER, PREVIOUS, CANDIDATE)

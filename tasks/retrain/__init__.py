@@ -1,6 +1,6 @@
-"""The retrain loop: which policy serves and how a new one earns it. The pipeline's champion
-rule (rule.py), the gate's scorers (scorers.py), a round's decisions (round.py), preference
-batches (batches.py), what the loop keeps in MLflow (store.py), its Prefect events
-(events.py) and records (records.py), its settings in the pipeline config (tasks/config.py:
-``retrain:``, ``collect:``); the champion's answers and their labels in labels/, a person's
-sign-off in approval/."""
+"""The retrain loop: which policy serves and how a new one earns it, over and over the
+pipeline (tasks/pipeline/). A round's decisions (round.py), preference batches (batches.py),
+what the loop keeps in MLflow (store.py), its announcements (events.py) and records
+(records.py); the gate that tests a challenger against the champion in gate/, a person's
+sign-off in approval/, the champion's answers and their labels in labels/. Its settings are
+the pipeline config's ``retrain:`` and ``collect:`` sections (tasks/config.py)."""

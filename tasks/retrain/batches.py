@@ -10,14 +10,25 @@ from pathlib import Path
 
 import pandas as pd
 from prefect import task
-from pydantic import BaseModel, ConfigDict
 
-from data_checks.config import DataConfig, DataSource
+from data_checks.config import DataSource
 from data_checks.files import write_cleaned
 from data_checks.loading import DataError, iter_table, load_table
-from tasks.common import in_prefect_run
 from tasks.config import PipelineConfig
-from tasks.prepare import Prepared
+from tasks.pipeline.prepare import Prepared
+from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
+from tasks.platform.mlflow.runs import (
+    RunContext,
+    default_tracking_uri,
+    tag_parent,
+)
+from tasks.platform.mlflow.tags import (
+    BATCH_SOURCES_TAG,
+    RETRAIN_BATCHES_TAG,
+    RETRAIN_TAG,
+    TRAINED_ON_TAG,
+)
+from tasks.retrain.gate.champion import Champion, check_gate_prompts
 from tasks.retrain.records import Batch, Batches
 from tasks.retrain.store import (
     batch_collections,
@@ -25,34 +36,8 @@ from tasks.retrain.store import (
     consumed_copy,
     record_consumed,
 )
-from tasks.tracking.datasets import TableInput, log_table_inputs
-from tasks.tracking.registry import (
-    CHAMPION,
-    RegistryError,
-    alias_version,
-    download_policy,
-    model_version,
-)
-from tasks.tracking.runs import (
-    RunContext,
-    default_tracking_uri,
-    tag_parent,
-    tracking_client,
-)
-from tasks.tracking.tags import (
-    ANCESTRY_TAG,
-    BATCH_SOURCES_TAG,
-    RETRAIN_BATCHES_TAG,
-    RETRAIN_CHAMPION_VERSION_TAG,
-    RETRAIN_TAG,
-    TRAINED_ON_TAG,
-)
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
-
-
-class GateError(ValueError):
-    """The gate cannot run as configured (too few held-out prompts, no judge)."""
 
 
 def file_digest(path: Path) -> str:
@@ -101,56 +86,6 @@ def batch_file(ctx: RunContext, batch: Batch) -> Path | None:
                          ctx.stage_dir("batches") / "consumed")
 
 
-def champion_version(cfg: PipelineConfig):
-    """The registered policy version holding ``champion``, or None."""
-    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
-    return alias_version(client, cfg.tracking.registered_policy, CHAMPION)
-
-
-class Champion(BaseModel):
-    """A registered policy version, downloaded: the folders a retrain starts from and the gate
-    samples, and the lineage its successor records."""
-
-    model_config = ConfigDict(frozen=True)
-    version: str
-    sft_run_id: str  # the SFT stage run whose policy is the reference
-    ancestry: str  # "v1>v3>v4": the versions this one descends from
-    policy_dir: str  # the PPO policy checkpoint (with its tokenizer)
-    rm_dir: str  # its reward model
-    sft_dir: str  # its SFT policy: reference, RM start, the judge's trunk
-
-
-@task(name="fetch_champion")
-def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> Champion:
-    """Download the champion's (``which``: a version number or alias) policy, reward model
-    and SFT policy from MLflow -> local folders and its lineage."""
-    client = ctx.client()
-    name = cfg.tracking.registered_policy
-    version = model_version(client, name, which) if which.isdigit() else \
-        alias_version(client, name, which)
-    if version is None:
-        raise RegistryError(f"'{name}' has no {'version ' if which.isdigit() else ''}{which}"
-                            " in the MLflow registry")
-    root = ctx.stage_dir("champion" if which == CHAMPION else f"version-{version.version}")
-    got = download_policy(client, version, root, ("ppo", "reward_model", "sft"))
-    out = Champion(
-        version=str(version.version), sft_run_id=got["sft"][0],
-        ancestry=version.tags.get(ANCESTRY_TAG, f"v{version.version}"),
-        policy_dir=got["ppo"][1], rm_dir=got["reward_model"][1], sft_dir=got["sft"][1])
-    tag_parent(ctx, {RETRAIN_CHAMPION_VERSION_TAG: out.version})
-    return out
-
-
-def _check_gate_prompts(cfg: PipelineConfig, data: DataConfig) -> None:
-    if data.eval_prompts is None:
-        raise GateError("retrain gate: no held-out prompts (data.eval_prompts)")
-    n = min(len(load_table(data.eval_prompts, "prompts")), cfg.retrain.gate.num_prompts)
-    if n < cfg.retrain.gate.min_prompts:
-        raise GateError(f"retrain gate: {n} held-out prompts in {data.eval_prompts.path} "
-                        f"(retrain.gate.num_prompts {cfg.retrain.gate.num_prompts}); the "
-                        f"paired test needs >= {cfg.retrain.gate.min_prompts}")
-
-
 def _read_batch(ctx: RunContext, batch: dict) -> pd.DataFrame | None:
     path = batch_file(ctx, batch)
     if path is None:
@@ -196,7 +131,7 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
     tokenizer as the base. A batch that cannot be read stops the run here, naming the file
     and row."""
     data = prep.data
-    _check_gate_prompts(cfg, data)
+    check_gate_prompts(cfg, data)
     only_new = cfg.retrain.rm_data == "new_only" and champion is not None
     path = ctx.stage_dir("batches") / "preference.jsonl"
     used = []
@@ -256,15 +191,3 @@ def mark_consumed(ctx: RunContext, batches: list[Batch]) -> None:
     copy of each file on the run (``consumed_batches/<digest>/``) for later rounds."""
     log_batch_inputs(ctx, batches)
     record_consumed(ctx, [(b.digest, b.path) for b in batches])
-
-
-def report(key: str, markdown: str, description: str) -> None:
-    """A Prefect markdown artifact (the retrain's outcome), when inside a flow run; its
-    heading and its next steps (lines from ``Next:``) printed."""
-    lines = markdown.strip().splitlines()
-    nxt = next((i for i, line in enumerate(lines) if line.startswith("Next:")), len(lines))
-    print("\n".join([lines[0].lstrip("# "), *lines[nxt:]]))
-    if in_prefect_run():
-        from prefect.artifacts import create_markdown_artifact
-
-        create_markdown_artifact(key=key, markdown=markdown, description=description)

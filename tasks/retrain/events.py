@@ -1,77 +1,20 @@
-"""Prefect events of the retrain loop, for deployment triggers and users' automations:
-
-- ``rlhf.preferences.labelled``: a labelled batch was imported (resource
-  ``rlhf.preferences.<batch digest>``); the retrain deployment's trigger listens for the ones
-  imported outside a retrain (label ``rlhf.imported_by: import``);
-- ``rlhf.preferences.quarantined``: a labelled file was quarantined for its label quality or
-  refused for malformed rows (resource ``rlhf.preferences.<labelled file's digest>``; label
-  ``rlhf.outcome``: quarantined | refused; payload: the reason and the figures); it starts
-  nothing;
-- ``rlhf.collection.ready``: a labelling file was written (``rlhf.collection.<id>``);
-- ``rlhf.champion.promoted`` / ``rlhf.champion.kept``: a retrain's outcome
-  (``rlhf.policy.<registered name>``);
-- ``rlhf.ppo.unhealthy``: a PPO health detector fired (``rlhf.run.<parent run id>``; label
-  ``rlhf.detector``: its name; payload: iteration, action, message, advice, evidence).
-- ``rlhf.champion.approval-requested``: a round's candidate waits for a person
-  (``retrain.approval: required``), then ``rlhf.champion.approved``, ``.rejected`` or
-  ``.timed-out`` when it is answered (label ``rlhf.policy_version``: the candidate; payload:
-  who, when, through what, why, the round's MLflow run).
-
-Without a Prefect API (no server, no ephemeral one) an event is dropped silently, as
-Prefect does.
-"""
+"""The retrain loop's announcements as Prefect events (their names and labels:
+tasks/platform/prefect/events.py): a round's outcome, and each step of a person's sign-off."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tasks.redact import redacted
+from tasks.platform.prefect.events import (
+    KEPT,
+    OUTCOME_LABEL,
+    POLICY_RESOURCE,
+    POLICY_VERSION_LABEL,
+    PROMOTED,
+    emit,
+)
 
-LABELLED, COLLECTION_READY = "rlhf.preferences.labelled", "rlhf.collection.ready"
-QUARANTINED = "rlhf.preferences.quarantined"
-PROMOTED, KEPT = "rlhf.champion.promoted", "rlhf.champion.kept"
-UNHEALTHY = "rlhf.ppo.unhealthy"
-APPROVAL_REQUESTED = "rlhf.champion.approval-requested"
-ANSWERED = {"approve": "rlhf.champion.approved", "reject": "rlhf.champion.rejected",
-            "timeout": "rlhf.champion.timed-out"}
 TRAINED = ("bootstrapped", "promoted", "kept")  # the retrain outcomes that trained a policy
-# the events' resources (+ batch digest, collection id, registered policy name) and labels:
-# Prefect's vocabulary, not MLflow tags (those are in tasks/tracking/tags.py)
-PREFERENCES_RESOURCE, COLLECTION_RESOURCE = "rlhf.preferences.", "rlhf.collection."
-POLICY_RESOURCE, RUN_RESOURCE = "rlhf.policy.", "rlhf.run."  # + a pipeline's parent run id
-DETECTOR_LABEL = "rlhf.detector"  # the health detector that fired
-POLICY_LABEL, POLICY_VERSION_LABEL = "rlhf.policy", "rlhf.policy_version"
-IMPORTED_BY_LABEL, LABELS_FILE_LABEL = "rlhf.imported_by", "rlhf.labels.file"
-OUTCOME_LABEL = "rlhf.outcome"
-
-
-def emit(event: str, resource_id: str, name: str, labels: dict[str, str] | None = None,
-         payload: dict[str, Any] | None = None) -> None:
-    """Emit one event; outside a flow run, wait until it is sent (a CLI process may exit
-    right after; a flow run's engine sends its events before it ends)."""
-    from prefect.events import emit_event
-    from prefect.events.worker import EventsWorker
-
-    from tasks.common import in_prefect_run
-
-    # what a user gave (a file, a reason quoting a setting) is shown as MLflow params are
-    resource = redacted({"prefect.resource.id": resource_id, "prefect.resource.name": name,
-                         **(labels or {})})
-    sent = emit_event(event=event, resource=resource, payload=redacted(payload or {}))
-    if sent is not None and not in_prefect_run():
-        EventsWorker.drain_all(timeout=30)
-    print(f"event {event}: {resource['prefect.resource.name']}")
-
-
-def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:
-    """``retrain-rlhf-policy-v3-1a2b3c4d+2``: policy, champion version it started from
-    (``bootstrap`` without one), the first new batch's digest and how many more;
-    ``-nothing-new`` when a champion exists and no batch is new (a bootstrap without
-    batches is ``retrain-<policy>-bootstrap``: it trains on the configured data)."""
-    start = f"v{champion}" if champion else "bootstrap"
-    batches = f"-{digests[0][:8]}" + (f"+{len(digests) - 1}" if len(digests) > 1 else "") \
-        if digests else ("-nothing-new" if champion else "")  # a bootstrap trains anyway
-    return f"retrain-{policy}-{start}{batches}"
 
 
 def announce_outcome(policy: str, status: str, reason: str | None = None,

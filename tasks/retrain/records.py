@@ -1,12 +1,16 @@
-"""The champion wing's typed records: a preference batch, the batches a retrain finds, what
-a collection made and what a label import did. The flows, the CLI and the tests read their
-fields."""
+"""The retrain loop's typed records: a preference batch, the batches a retrain finds, a
+round, the gate's stage record, a round's and a comparison's results, what a collection made
+and what a label import did. The flows, the CLI and the tests read their fields."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.rule import Decision
+from tasks.pipeline.stages.records import StageRecord
 
 
 class Batch(BaseModel):
@@ -101,3 +105,42 @@ class LabelImport(BaseModel):
             return (f"QUARANTINED {self.file}: {self.reason}\n{self.text}\n{self.where}; "
                     "nothing will train on it")
         return f"{self.file}: {self.status} ({self.batch})"
+
+
+class GateRecord(StageRecord):
+    """gate: the decision (and its figures in ``metrics``)."""
+
+    decision: Decision
+
+
+RetrainStatus = Literal["bootstrapped", "promoted", "kept", "control", "skipped",
+                        "nothing new", "awaiting approval", "approved", "rejected",
+                        "timed out"]
+
+
+class RetrainResult(BaseModel):
+    """A retrain round: what it did, the gate's decision (a challenge), the tracked run (a
+    round that trained), the slot's holder (skipped) or the consumed count (nothing new);
+    with ``retrain.approval: required``, the candidate's version and, once answered, what
+    the answer came to."""
+
+    model_config = ConfigDict(frozen=True)
+    status: RetrainStatus
+    decision: Decision | None = None
+    run: PipelineResult | None = None
+    slot: str | None = None
+    held_by: str | None = None
+    consumed: int = 0
+    candidate: int | None = None  # the version waiting for (or given) a person's answer
+    answer: str | None = None  # what the answer came to (an answered round)
+
+
+class CompareResult(BaseModel):
+    """Two registered versions through the gate: which (``champion`` the base, then the
+    challenger), the decision and the tracked run."""
+
+    model_config = ConfigDict(frozen=True)
+    champion: int
+    challenger: int
+    decision: Decision
+    run: PipelineResult

@@ -14,13 +14,10 @@ from pydantic import BaseModel, ConfigDict
 
 from data_checks.validate import ValidationFailed
 from tasks.config import ConfigError, PipelineConfig
-from tasks.prepare import Prepared
-from tasks.retrain.batches import Champion, batch_rows_note, report
-from tasks.retrain.records import Batch
-from tasks.runtime.prefect_api import one_slot
-from tasks.tracking.registry import RegistryError
-from tasks.tracking.runs import default_tracking_uri, resolved_store
-from tasks.tracking.tags import (
+from tasks.pipeline.prepare import Prepared
+from tasks.platform.mlflow.registry import RegistryError
+from tasks.platform.mlflow.runs import default_tracking_uri, resolved_store
+from tasks.platform.mlflow.tags import (
     ANCESTRY_TAG,
     BATCH_SOURCES_TAG,
     CHAMPION_VERSION_TAG,
@@ -30,6 +27,10 @@ from tasks.tracking.tags import (
     STARTED_FROM_TAG,
     TRAINED_ON_TAG,
 )
+from tasks.platform.prefect.prefect_api import one_slot, report
+from tasks.retrain.batches import batch_rows_note
+from tasks.retrain.gate.champion import Champion
+from tasks.retrain.records import Batch
 
 OUTCOME = "rlhf-retrain-decision"  # the Prefect artifact key of each round's outcome
 
@@ -49,6 +50,17 @@ def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
     it and ``retrain.on_overlap`` is skip (wait: block until it is free)."""
     with one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip") as held:
         yield held
+
+
+def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:
+    """``retrain-rlhf-policy-v3-1a2b3c4d+2``: policy, champion version it started from
+    (``bootstrap`` without one), the first new batch's digest and how many more;
+    ``-nothing-new`` when a champion exists and no batch is new (a bootstrap without
+    batches is ``retrain-<policy>-bootstrap``: it trains on the configured data)."""
+    start = f"v{champion}" if champion else "bootstrap"
+    batches = f"-{digests[0][:8]}" + (f"+{len(digests) - 1}" if len(digests) > 1 else "") \
+        if digests else ("-nothing-new" if champion else "")  # a bootstrap trains anyway
+    return f"retrain-{policy}-{start}{batches}"
 
 
 def control_run_name(config: PipelineConfig, champion_version: str | None) -> str:

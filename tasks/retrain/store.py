@@ -9,8 +9,8 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from tasks.tracking.runs import RunContext, experiment_client, log_metrics, set_tags
-from tasks.tracking.tags import (
+from tasks.platform.mlflow.runs import RunContext, experiment_client, log_metrics, set_tags
+from tasks.platform.mlflow.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
     COLLECTION_POOL_DIGEST_TAG,
     COLLECTION_TAG,

@@ -4,8 +4,8 @@ import pytest
 
 import cli.main
 from cli.main import build_parser, main, summary_text
-from tasks.results import PipelineResult
-from tasks.stages.records import Artifact, ModelRecord, PolicyRecord
+from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.stages.records import Artifact, ModelRecord, PolicyRecord
 
 
 def test_bad_override_exits_2_naming_the_field(capsys):
@@ -52,7 +52,7 @@ def test_the_cli_and_its_read_only_commands_start_without_torch():
     import subprocess
     import sys
 
-    probe = ("import sys, cli.main, cli.runs, tasks.tracking.runs; "
+    probe = ("import sys, cli.main, cli.runs, tasks.platform.mlflow.runs; "
              "print(sorted(m for m in ('torch', 'transformers', 'prefect') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True)

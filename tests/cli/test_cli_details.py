@@ -13,8 +13,8 @@ from mlflow.tracking import MlflowClient
 
 from cli.main import build_parser, main, summary_text
 from tasks.config import ConfigError, load_config
-from tasks.results import PipelineResult
-from tasks.stages.records import RegisterRecord
+from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.stages.records import RegisterRecord
 from tests.shared import ROOT, TEST_CONFIG
 
 
@@ -156,8 +156,8 @@ def test_summary_links_a_server_run_and_lists_the_registered_versions():
 
 
 def test_run_names_start_with_the_time_and_the_experiment_opens_on_training_runs(tmp_path):
-    from tasks.prepare import default_run_name
-    from tasks.tracking.runs import ensure_experiment
+    from tasks.pipeline.prepare import default_run_name
+    from tasks.platform.mlflow.runs import ensure_experiment
 
     cfg = load_config(TEST_CONFIG, [])
     assert default_run_name(cfg)[:8] == time.strftime("%Y%m%d")
@@ -172,7 +172,8 @@ def test_run_names_start_with_the_time_and_the_experiment_opens_on_training_runs
 
 def test_several_runs_opening_a_new_sqlite_store_at_once_all_succeed(tmp_path):
     uri = f"sqlite:///{tmp_path}/new.db"
-    code = f"from tasks.tracking.runs import ensure_store; ensure_store({uri!r}); print('ok')"
+    code = (f"from tasks.platform.mlflow.runs import ensure_store; ensure_store({uri!r}); "
+            "print('ok')")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]

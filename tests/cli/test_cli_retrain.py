@@ -8,8 +8,8 @@ from mlflow.tracking import MlflowClient
 
 from cli.main import main
 from rlhf_core.demo import judge_score
-from tasks.tracking.registry import CHALLENGER, CHAMPION, PREVIOUS
-from tasks.tracking.tags import ALIAS_LOG_TAG
+from tasks.platform.mlflow.registry import CHALLENGER, CHAMPION, PREVIOUS
+from tasks.platform.mlflow.tags import ALIAS_LOG_TAG
 from tests.shared import label_agreement
 
 
@@ -18,7 +18,7 @@ def _rows(path):
 
 
 def test_demo_batch_writes_good_and_degraded_pairs(tmp_path, capsys, monkeypatch):
-    from tasks.retrain import events
+    from tasks.platform.prefect import events
     from tasks.retrain.batches import file_digest
 
     sent = []

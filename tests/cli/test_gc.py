@@ -20,16 +20,16 @@ from mlflow.tracking import MlflowClient
 
 from tasks.config import load_config
 from tasks.gc.plan import apply_gc, plan_gc
-from tasks.retrain.batches import file_digest, find_batches
-from tasks.retrain.labels.pull import pull_collection
-from tasks.retrain.store import CONSUMED_COPY, LINK
-from tasks.tracking.tags import (
+from tasks.platform.mlflow.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
     COLLECTION_TAG,
     CONSUMED_TAG,
     PIPELINE_RUN_TAG,
     PULLED_ALL_TAG,
 )
+from tasks.retrain.batches import file_digest, find_batches
+from tasks.retrain.labels.pull import pull_collection
+from tasks.retrain.store import CONSUMED_COPY, LINK
 from tests.shared import ROOT, TEST_CONFIG, rlhf_in_process
 
 OLD = time.time() - 40 * 86400  # older than retrain.gc_batch_age_days (30)
@@ -189,7 +189,7 @@ def test_a_gc_killed_midway_leaves_only_trash_and_the_next_one_finishes(loop, tm
         return real(path, **kw)
 
     real = __import__("shutil").rmtree
-    monkeypatch.setattr("tasks.gc.retention.shutil.rmtree", killed)
+    monkeypatch.setattr("tasks.pipeline.retention.shutil.rmtree", killed)
     with pytest.raises(KeyboardInterrupt):
         apply_gc(cfg, plan)
     monkeypatch.undo()

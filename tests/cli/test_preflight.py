@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from cli.main import main
 from tasks.config import ConfigError, load_config
-from tasks.runtime.preflight import check_config, check_servers
+from tasks.platform.prefect.preflight import check_config, check_servers
 from tests.shared import ROOT, TEST_CONFIG
 
 

@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.demo import write_preference_batch
-from tasks.tracking.registry import CANDIDATE, CHAMPION, PREVIOUS
+from tasks.platform.mlflow.registry import CANDIDATE, CHAMPION, PREVIOUS
 from tests.shared import TEST_CONFIG, rlhf_in_process
 
 NAME = "rlhf-policy"

@@ -25,7 +25,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.demo import write_preference_batch
-from tasks.tracking.registry import CANDIDATE, CHAMPION
+from tasks.platform.mlflow.registry import CANDIDATE, CHAMPION
 from tests import ui
 from tests.flows.prefect_procs import ROOT, TERMINAL, wait_run
 

@@ -25,11 +25,11 @@ from mlflow.tracking import MlflowClient
 
 from rlhf_core.demo import judge_choices
 from tasks.config import load_config
+from tasks.platform.mlflow.registry import CHAMPION, alias_version
 from tasks.retrain.batches import file_digest
 from tasks.retrain.labels.client import KEY_VAR, URL_VAR
 from tasks.retrain.labels.collect import LABEL_COLUMNS, collect
 from tasks.retrain.store import PROMPTS
-from tasks.tracking.registry import CHAMPION, alias_version
 from tests.flows.prefect_procs import (
     ROOT,
     base_env,

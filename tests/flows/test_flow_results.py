@@ -1,5 +1,5 @@
-"""Every flow returns a typed record (tasks/results.py, the stage and champion records): its
-result reaches the CLI, the sweep, the events and the tests as fields, never a dict with
+"""Every flow returns a typed record (tasks/pipeline/results.py, the stage and champion records):
+its result reaches the CLI, the sweep, the events and the tests as fields, never a dict with
 string keys or a bare value. Checked on the source, so a flow no test runs is held too."""
 
 import ast

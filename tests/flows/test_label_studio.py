@@ -21,13 +21,13 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.config import load_config
+from tasks.platform.mlflow.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG
 from tasks.retrain.labels import imports as labels
 from tasks.retrain.labels import pull
 from tasks.retrain.labels.client import KEY_VAR, URL_VAR, LabelStudio, LabelStudioError
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.labels.studio import refuse_studio_rows, send
 from tasks.retrain.store import LINK, RECORD
-from tasks.tracking.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG
 from tests.labelstudio import label_studio_server
 from tests.shared import TEST_CONFIG
 

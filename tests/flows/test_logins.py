@@ -271,9 +271,9 @@ def test_rlhf_approve_on_a_server_with_logins_records_the_login(mlflow_auth, pre
     own): a read-only login, and one that may edit the policy but not remove its aliases
     (EDIT, not MANAGE), are refused before anything is written; carol's approval (MANAGE)
     makes it champion and is recorded as hers."""
+    from tasks.platform.mlflow.registry import CHAMPION, move_champion
+    from tasks.platform.mlflow.tags import CHAMPION_VERSION_TAG, PIPELINE_RUN_TAG
     from tasks.retrain.approval.answers import request_approval
-    from tasks.tracking.registry import CHAMPION, move_champion
-    from tasks.tracking.tags import CHAMPION_VERSION_TAG, PIPELINE_RUN_TAG
 
     url, _ = mlflow_auth
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN[0])
@@ -320,8 +320,8 @@ def test_rlhf_approve_on_a_server_with_logins_records_the_login(mlflow_auth, pre
 
 def test_a_login_in_the_uri_moves_into_mlflows_variables(monkeypatch):
     from tasks.config import load_config
-    from tasks.redact import redacted
-    from tasks.runtime.logins import login_out_of_uri
+    from tasks.platform.prefect.logins import login_out_of_uri
+    from tasks.platform.redact import redacted
 
     for var in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.setenv(var, "")  # (restored after the test, set or not)

@@ -1,6 +1,6 @@
 """An MLflow server that goes away outside the training loop (here: in evaluate, its figures
 computed and not yet logged) stops the run within a few seconds of
-``tracking.outage_limit_s``, with exit 75 and the `--resume` command (tasks/tracking/spool.py
+``tracking.outage_limit_s``, with exit 75 and the `--resume` command (tasks/platform/mlflow/spool.py
 GuardedClient), rather than minutes of MLflow's retries and a traceback; the command, run
 once the server is back, finishes the run with every stage run FINISHED.
 

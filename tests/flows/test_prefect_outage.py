@@ -4,7 +4,7 @@ saying what is kept and the command that continues the run (no traceback)."""
 import httpx
 
 import cli.main as cli
-from tasks.tracking import last_run
+from tasks.platform.mlflow import last_run
 
 
 def test_a_prefect_api_gone_ends_with_the_resume_command(monkeypatch, capsys):

@@ -104,7 +104,7 @@ def test_nodes_of_every_data_parallel_stage_run_on_the_other_machine(spread_run,
 
 def test_a_missing_deployment_is_refused_before_any_run(prefect_api, tmp_path):
     from flows.pipeline import rlhf_pipeline
-    from tasks.runtime.remote import RoutingError
+    from tasks.platform.prefect.remote import RoutingError
 
     cfg = _config(tmp_path, ["routing.stages.sft=rlhf-stage/nobody"])
     with pytest.raises(RoutingError, match="routing.stages.sft=rlhf-stage/nobody: no such "
@@ -118,7 +118,7 @@ def test_a_missing_deployment_is_refused_before_any_run(prefect_api, tmp_path):
 def test_a_stage_no_worker_starts_fails_and_its_flow_run_is_cancelled(prefect_api, tmp_path):
     from flows.pipeline import rlhf_pipeline
     from flows.stage import stage_deployment
-    from tasks.runtime.remote import RemoteStageError
+    from tasks.platform.prefect.remote import RemoteStageError
 
     stage_deployment("idle").apply()  # a deployment nobody serves
     cfg = _config(tmp_path, ["routing.stages.sft=rlhf-stage/idle",

@@ -3,8 +3,8 @@ tmp_path): a bootstrap that consumes a first batch and keeps the judge's held-ou
 its reward model, then a round decided by an external registered scorer (the gold judge's
 view recorded beside it) whose reward model trains on the first batch too, although that
 file left the watch folder; the lineage tags chain the versions. (Which pairs the judge and
-the reward model see when a batch is under test: tests/tasks/test_gate_scorers.py.) Then,
-in this process, a control round (the same retrain on the consumed batches alone: gated,
+the reward model see when a batch is under test: tests/tasks/retrain/gate/test_gate_scorers.py.)
+Then, in this process, a control round (the same retrain on the consumed batches alone: gated,
 nothing registered, a new batch left new) and `compare` of two versions by the gate."""
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def _control_round_and_compare(tmp_path, client, first: str, second: str) -> Non
     from flows.compare import compare
     from flows.retrain import retrain
     from tasks.config import ConfigError, load_config
+    from tasks.platform.mlflow.registry import CHAMPION, RegistryError, alias_version
     from tasks.retrain.batches import file_digest, find_batches
-    from tasks.tracking.registry import CHAMPION, RegistryError, alias_version
 
     cfg = load_config(TEST_CONFIG, _sets(tmp_path))
     champion = alias_version(client, "rlhf-policy", CHAMPION).version

@@ -6,8 +6,8 @@ seconds.
 Prefect's runner rides out a short outage by itself (its client retries a refused connection
 for about a minute) and gives up after 3 failed polls in a row; with one retry
 (PREFECT_CLIENT_MAX_RETRIES=1, after about 2 s) and a 1 s poll it gives up within seconds, so
-the test reaches the part that is ours (tasks/runtime/reconnect.py) without waiting minutes.
-The one retry is kept: the restarted server on SQLite answers 503 to a write that collides
+the test reaches the part that is ours (tasks/platform/prefect/reconnect.py) without waiting
+minutes. The one retry is kept: the restarted server on SQLite answers 503 to a write that collides
 with another (the two commands poll every second), which Prefect's client retries by itself.
 """
 

@@ -7,11 +7,11 @@ from mlflow.tracking import MlflowClient
 import flows.stage as stage_flow
 from rlhf_core.hardware import hardware_facts
 from tasks.config import PipelineConfig
-from tasks.runtime.remote import stage_spec
-from tasks.stages.context import Stage
-from tasks.stages.records import Artifact, PolicyRecord
-from tasks.tracking.runs import RunContext, set_tags
-from tasks.tracking.tags import ROUTED_OUTPUT_TAG
+from tasks.pipeline.stages.context import Stage
+from tasks.pipeline.stages.records import Artifact, PolicyRecord
+from tasks.platform.mlflow.runs import RunContext, set_tags
+from tasks.platform.mlflow.tags import ROUTED_OUTPUT_TAG
+from tasks.platform.prefect.remote import stage_spec
 
 
 def test_a_routed_stage_records_the_hardware_of_the_machine_that_ran_it(tmp_path, monkeypatch,

@@ -1,4 +1,5 @@
-"""An MLflow server that goes away mid-PPO does not stop the training (tasks/tracking/spool.py).
+"""An MLflow server that goes away mid-PPO does not stop the training
+(tasks/platform/mlflow/spool.py).
 
 Real servers, started and ended by their PID: back within ``tracking.outage_limit_s``, the
 run finishes with every metric step recorded once and the weights of an uninterrupted run;

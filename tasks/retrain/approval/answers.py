@@ -22,6 +22,10 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.faults import crash_point
+from tasks.platform.mlflow.errors import ApprovalError
+from tasks.platform.mlflow.registry import CHAMPION, alias_version, move_champion
+from tasks.platform.prefect.events import ANSWERED
+from tasks.platform.prefect.logins import login_name
 from tasks.retrain import events
 from tasks.retrain.approval.store import (
     PENDING,
@@ -43,9 +47,6 @@ from tasks.retrain.approval.suspend import (
     run_state,
     stored_answer,
 )
-from tasks.runtime.logins import login_name
-from tasks.tracking.errors import ApprovalError
-from tasks.tracking.registry import CHAMPION, alias_version, move_champion
 
 ENDED = ("CANCELLED", "CRASHED", "FAILED")  # a flow run's states that will not run again
 SETTLE_ENV = "RLHF_APPROVAL_SETTLE_S"  # an answer kept but not carried out: left this long
@@ -162,7 +163,7 @@ def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
         move_champion(client, cand.name, cand.version, "approve",
                       f"approved by {kept.by} ({kept.via}): {kept.reason}")
     release_candidate_alias(client, cand.name, cand.version)
-    events.announce_approval(events.ANSWERED[kept.decision], cand.name, cand.version, {
+    events.announce_approval(ANSWERED[kept.decision], cand.name, cand.version, {
         "by": kept.by, "at": kept.at, "via": kept.via, "reason": kept.reason,
         "parent_run_id": cand.parent_run_id, "champion_before": before})
     record_decided(client, cand, kept)

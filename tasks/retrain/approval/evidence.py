@@ -4,10 +4,8 @@ first answers side by side, the MLflow links, the deadline and the commands that
 
 from __future__ import annotations
 
+from tasks.platform.mlflow.addresses import compare_url, run_page
 from tasks.retrain.approval.store import Candidate, RoundEvidence
-from tasks.tracking.addresses import compare_url, run_page
-
-SIDE_BY_SIDE = "gate/side_by_side.json"  # the gate run's table: each prompt, both answers
 
 
 def _cell(text, limit: int = 160) -> str:

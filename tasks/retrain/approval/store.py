@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.tracking.registry import CANDIDATE, alias_version, set_alias
-from tasks.tracking.tags import (
+from tasks.platform.mlflow.registry import CANDIDATE, alias_version, set_alias
+from tasks.platform.mlflow.tags import (
     APPROVAL_ANSWER_PARAM,
     APPROVAL_AT_TAG,
     APPROVAL_BY_TAG,
@@ -107,7 +107,7 @@ def _candidate(client: MlflowClient, version) -> Candidate:
 def candidate(client: MlflowClient, name: str, version: str | int) -> Candidate | None:
     """Version ``version`` of ``name`` as a candidate (None: no such version, or one that
     never waited for approval)."""
-    from tasks.tracking.registry import model_version
+    from tasks.platform.mlflow.registry import model_version
 
     found = model_version(client, name, version)
     if found is None or APPROVAL_STATUS_TAG not in found.tags:
@@ -131,8 +131,8 @@ def mark_waiting(client: MlflowClient, name: str, version: str | int, parent_run
                  deadline: str) -> None:
     """The version waits for a person's answer: its tags and its round's run's say so,
     and it holds ``candidate``."""
-    from tasks.tracking.registry import set_version_tags
-    from tasks.tracking.runs import set_tags
+    from tasks.platform.mlflow.registry import set_version_tags
+    from tasks.platform.mlflow.runs import set_tags
 
     tags = {APPROVAL_STATUS_TAG: PENDING, APPROVAL_DEADLINE_TAG: deadline}
     set_version_tags(client, name, version, tags)
@@ -142,8 +142,8 @@ def mark_waiting(client: MlflowClient, name: str, version: str | int, parent_run
 
 def note_flow_run(client: MlflowClient, cand: Candidate, flow_run_id: str) -> None:
     """The Prefect flow run that waits for the answer (a served round)."""
-    from tasks.tracking.registry import set_version_tags
-    from tasks.tracking.runs import set_tags
+    from tasks.platform.mlflow.registry import set_version_tags
+    from tasks.platform.mlflow.runs import set_tags
 
     set_version_tags(client, cand.name, cand.version, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
     set_tags(client, cand.parent_run_id, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
@@ -167,8 +167,8 @@ def claim_answer(client: MlflowClient, cand: Candidate, answer: Answer) -> Answe
 def record_decided(client: MlflowClient, cand: Candidate, answer: Answer) -> None:
     """The answer on the version's tags and its round's run's, the status last (it says the
     answer has been carried out)."""
-    from tasks.tracking.registry import set_version_tags
-    from tasks.tracking.runs import set_tags
+    from tasks.platform.mlflow.registry import set_version_tags
+    from tasks.platform.mlflow.runs import set_tags
 
     tags = {APPROVAL_BY_TAG: answer.by, APPROVAL_AT_TAG: answer.at,
             APPROVAL_REASON_TAG: answer.reason, APPROVAL_VIA_TAG: answer.via}
@@ -219,8 +219,8 @@ def round_evidence(client: MlflowClient, cand: Candidate, table_file: str,
 
     import pandas as pd
 
-    from tasks.tracking.registry import model_version, version_parent_run
-    from tasks.tracking.tags import (
+    from tasks.platform.mlflow.registry import model_version, version_parent_run
+    from tasks.platform.mlflow.tags import (
         GATE_GOLD_PREFIX,
         GATE_PREFIX,
         GATE_REASON_TAG,

@@ -17,7 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tasks.config import PipelineConfig
-from tasks.results import RetrainResult
+from tasks.pipeline.rule import Decision
+from tasks.pipeline.stages.records import RegisterRecord
+from tasks.platform.mlflow.runs import RunContext, default_tracking_uri, tracking_client
+from tasks.platform.prefect.events import APPROVAL_REQUESTED
 from tasks.retrain import events
 from tasks.retrain.approval.answers import (
     WORDS,
@@ -26,9 +29,10 @@ from tasks.retrain.approval.answers import (
     champion_now,
     check_current,
     form_answer,
+    request_approval,
     settle_waiting,
 )
-from tasks.retrain.approval.evidence import SIDE_BY_SIDE, evidence_markdown
+from tasks.retrain.approval.evidence import evidence_markdown
 from tasks.retrain.approval.store import (
     PENDING,
     candidate,
@@ -45,8 +49,8 @@ from tasks.retrain.approval.suspend import (
     resumed_key,
     this_flow_run,
 )
-from tasks.retrain.rule import Decision
-from tasks.tracking.runs import default_tracking_uri, tracking_client
+from tasks.retrain.gate.stage import SIDE_BY_SIDE
+from tasks.retrain.records import RetrainResult
 
 CHECK_ENV = "RLHF_APPROVAL_CHECK_S"  # how often `rlhf serve` settles waiting candidates
 GRACE_S = 600  # Prefect fails a wait this long after the deadline, if nothing ended it first
@@ -88,9 +92,9 @@ def settle_approvals(config: PipelineConfig) -> None:
 
 def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
     """A resumed round's outcome: the retrain's outcome artifact and the run's summary."""
-    from tasks.retrain.batches import report
+    from tasks.pipeline.summary import publish_text
+    from tasks.platform.prefect.prefect_api import report
     from tasks.retrain.round import OUTCOME
-    from tasks.summary import publish_text
 
     title = f"Retrain {answered.status}: candidate v{answered.candidate}"
     report(OUTCOME, f"# {title}\n\n{answered.answer}\n", "retrain outcome")
@@ -100,7 +104,7 @@ def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
 def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
     """A round that trained: its event (promoted or kept) and its run's summary, which says
     why (or that it waits for a person)."""
-    from tasks.summary import publish_summary
+    from tasks.pipeline.summary import publish_summary
 
     events.announce_outcome(config.tracking.registered_policy, result.status,
                             result.decision and result.decision.reason,
@@ -112,6 +116,15 @@ def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
                         + (f": {reason}" if reason else "."))
 
 
+def hold_candidate(ctx: RunContext, config: PipelineConfig, reg: RegisterRecord) -> None:
+    """A version register held for a person (``awaiting_approval``) becomes ``candidate``,
+    waiting until ``retrain.approval_timeout_h`` from now (a resumed round keeps its first
+    deadline)."""
+    if reg.awaiting_approval:
+        request_approval(ctx.client(), reg.model_name, reg.version, ctx.parent_run_id,
+                         config.retrain.approval_timeout_h)
+
+
 def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainResult:
     """A round's candidate waits: the event; a served run then suspends with the form (its
     process ends here until the answer); any other run returns ``result``."""
@@ -119,7 +132,7 @@ def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainRe
     client = tracking_client(uri)
     cand = candidate(client, config.tracking.registered_policy, str(result.candidate))
     flow_run_id, served = this_flow_run()
-    events.announce_approval(events.APPROVAL_REQUESTED, cand.name, cand.version, {
+    events.announce_approval(APPROVAL_REQUESTED, cand.name, cand.version, {
         "deadline": cand.deadline, "parent_run_id": cand.parent_run_id,
         "gated_against": cand.gated_against, "flow_run_id": flow_run_id if served else None})
     if not served:

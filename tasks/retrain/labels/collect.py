@@ -29,33 +29,19 @@ from rlhf_core.eval.collect import (
     pool_order,
     shuffled_with_known,
 )
-from tasks.common import in_prefect_run, setup_models
 from tasks.config import PipelineConfig
-from tasks.judge import resolve_judge, resolve_judge_name
-from tasks.retrain.events import (
-    COLLECTION_READY,
-    COLLECTION_RESOURCE,
-    POLICY_LABEL,
-    POLICY_VERSION_LABEL,
-    emit,
-)
-from tasks.retrain.records import CollectResult
-from tasks.retrain.store import (
-    collection_prompts,
-    log_collection_files,
-    open_collection_run,
-    pool_collections,
-)
-from tasks.tracking.datasets import TableInput, log_table_inputs
-from tasks.tracking.parent_run import end_run
-from tasks.tracking.registry import (
+from tasks.pipeline.devices import setup_models
+from tasks.pipeline.judge import resolve_judge, resolve_judge_name
+from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
+from tasks.platform.mlflow.parent_run import end_run
+from tasks.platform.mlflow.registry import (
     RegistryError,
     _logged_model_id,
     alias_version,
     download_policy,
     model_version,
 )
-from tasks.tracking.runs import (
+from tasks.platform.mlflow.runs import (
     default_tracking_uri,
     ensure_experiment,
     log_metrics,
@@ -63,13 +49,28 @@ from tasks.tracking.runs import (
     set_tags,
     tracking_client,
 )
-from tasks.tracking.tags import (
+from tasks.platform.mlflow.tags import (
     COLLECTION_FILE_TAG,
     COLLECTION_POLICY_TAG,
     COLLECTION_POOL_DIGEST_TAG,
     COLLECTION_POOL_TAG,
     COLLECTION_TAG,
     POLICY_VERSION_INPUT_TAG,
+)
+from tasks.platform.prefect.events import (
+    COLLECTION_READY,
+    COLLECTION_RESOURCE,
+    POLICY_LABEL,
+    POLICY_VERSION_LABEL,
+    emit,
+)
+from tasks.platform.prefect.prefect_api import in_prefect_run
+from tasks.retrain.records import CollectResult
+from tasks.retrain.store import (
+    collection_prompts,
+    log_collection_files,
+    open_collection_run,
+    pool_collections,
 )
 
 KNOWN_GAP = 2.0  # judge points between a known-answer pair's sides (clear cases only)

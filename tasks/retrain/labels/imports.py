@@ -38,8 +38,17 @@ from data_checks.labels import (
 )
 from data_checks.loading import DataError
 from tasks.config import PipelineConfig
-from tasks.retrain.batches import BATCH_SUFFIXES, file_digest, report
-from tasks.retrain.events import (
+from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
+from tasks.platform.mlflow.tags import (
+    LABELS_BATCH_TAG,
+    LABELS_COLLECTIONS_TAG,
+    LABELS_DECISION_TAG,
+    LABELS_FILE_TAG,
+    LABELS_HELD_BACK_TAG,
+    LABELS_PREFERENCE_DIGEST_TAG,
+    LABELS_REASON_TAG,
+)
+from tasks.platform.prefect.events import (
     IMPORTED_BY_LABEL,
     LABELLED,
     LABELS_FILE_LABEL,
@@ -48,6 +57,8 @@ from tasks.retrain.events import (
     QUARANTINED,
     emit,
 )
+from tasks.platform.prefect.prefect_api import report
+from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.records import Batch, LabelImport
 from tasks.retrain.store import (
@@ -55,16 +66,6 @@ from tasks.retrain.store import (
     collection_record,
     finished_collection,
     record_label_import,
-)
-from tasks.tracking.runs import default_tracking_uri, tracking_client
-from tasks.tracking.tags import (
-    LABELS_BATCH_TAG,
-    LABELS_COLLECTIONS_TAG,
-    LABELS_DECISION_TAG,
-    LABELS_FILE_TAG,
-    LABELS_HELD_BACK_TAG,
-    LABELS_PREFERENCE_DIGEST_TAG,
-    LABELS_REASON_TAG,
 )
 
 IMPORTED, QUARANTINE = "imported", "quarantine"

@@ -27,6 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config import PipelineConfig
+from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
+from tasks.platform.mlflow.tags import (
+    COLLECTION_LABEL_STUDIO_TAG,
+    COLLECTION_TAG,
+    LABELS_SOURCE_TAG,
+    PULLED_ALL_TAG,
+)
 from tasks.retrain.labels.client import URL_VAR, LabelStudio, LabelStudioError
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.labels.imports import import_labels
@@ -40,13 +47,6 @@ from tasks.retrain.labels.project import (
 from tasks.retrain.labels.studio import StudioLink, collection_run, read_link
 from tasks.retrain.records import LabelImport
 from tasks.retrain.store import finished_collection, studio_collections
-from tasks.tracking.runs import default_tracking_uri, tracking_client
-from tasks.tracking.tags import (
-    COLLECTION_LABEL_STUDIO_TAG,
-    COLLECTION_TAG,
-    LABELS_SOURCE_TAG,
-    PULLED_ALL_TAG,
-)
 
 SOURCE = "label-studio"
 

@@ -12,6 +12,12 @@ import json
 from dataclasses import asdict, dataclass
 
 from tasks.config import PipelineConfig
+from tasks.platform.mlflow.runs import set_tags
+from tasks.platform.mlflow.tags import (
+    COLLECTION_FILE_TAG,
+    COLLECTION_LABEL_STUDIO_TAG,
+    COLLECTION_TAG,
+)
 from tasks.retrain.labels.client import LabelStudio, LabelStudioError
 from tasks.retrain.labels.project import (
     Project,
@@ -25,12 +31,6 @@ from tasks.retrain.store import (
     log_studio_link,
     studio_collection,
     studio_link_text,
-)
-from tasks.tracking.runs import set_tags
-from tasks.tracking.tags import (
-    COLLECTION_FILE_TAG,
-    COLLECTION_LABEL_STUDIO_TAG,
-    COLLECTION_TAG,
 )
 
 
@@ -105,7 +105,7 @@ def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
     """A labelled file whose rows come from a collection that went to Label Studio is
     refused (its labels come back with `rlhf label pull`, which imports each pair once)."""
     from data_checks.labels import read_labelled
-    from tasks.tracking.runs import default_tracking_uri, ensure_experiment, tracking_client
+    from tasks.platform.mlflow.runs import default_tracking_uri, ensure_experiment, tracking_client
 
     ids = {str(i).strip() for i in read_labelled(path)["id"].tolist()}
     cids = sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i})

@@ -1,0 +1,85 @@
+"""Closing the pipeline run: curves as PNG on the parent run, summary, final status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.utilities.annotations import quote
+
+from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.retention import drop_resume_state
+from tasks.pipeline.stages.graph import latest
+from tasks.pipeline.stages.ppo import STAGE as PPO
+from tasks.pipeline.stages.records import StageRecord
+from tasks.platform.mlflow.parent_run import end_parent_run, log_parent_plot, stage_metric_histories
+from tasks.platform.mlflow.runs import RunContext, mark_ended
+
+CURVES = (("objective/scores", "normalised RM score"), ("objective/kl", "KL to reference"),
+          ("judge/score", "gold judge score"))
+
+
+def plot_ppo_curves(ctx: RunContext) -> str | None:
+    """reward / KL / judge per iteration -> plots/ppo_curves.png on the parent run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    histories = stage_metric_histories(ctx, PPO.name, [k for k, _ in CURVES])
+    if histories is None:
+        return None
+    present = [(k, label) for k, label in CURVES if histories[k]]
+    if not present:
+        return None
+    fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 3), squeeze=False)
+    for ax, (key, label) in zip(axes[0], present):
+        points = sorted((m.step, m.value) for m in histories[key])
+        ax.plot([p[0] for p in points], [p[1] for p in points])
+        ax.set_title(label)
+        ax.set_xlabel("PPO iteration")
+    fig.tight_layout()
+    path = f"{ctx.workdir}/ppo_curves.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    log_parent_plot(ctx, path)
+    return path
+
+
+@task(name="finish")
+def finish_task(ctx: RunContext, outputs: dict[str, StageRecord],
+                keep_resume_state: bool) -> PipelineResult:
+    """Log the plots, close the parent run, then delete its local resume state (the stages'
+    mid-stage checkpoints) unless ``keep_resume_state`` -> the run's result (each stage's
+    record)."""
+    plot_ppo_curves(ctx)
+    close_finished(ctx, keep_resume_state)
+    return PipelineResult.of(ctx, outputs)
+
+
+def finish(ctx: RunContext, outputs: dict[str, StageRecord],
+           keep_resume_state: bool) -> PipelineResult:
+    """The finish task after the run's last stages: its edges in the flow run's graph come
+    from the stages no other output derives from (register, in the pipeline), not from
+    every stage whose record it summarises (tasks/pipeline/stages/graph.py)."""
+    return finish_task(quote(ctx), quote(outputs), keep_resume_state,
+                       wait_for=latest(outputs.values()))
+
+
+def close_parent(ctx: RunContext) -> None:
+    """Mark the parent run FINISHED."""
+    end_parent_run(ctx, "FINISHED")
+
+
+def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
+    """Mark the parent run FINISHED, then delete its resume state unless
+    ``keep_resume_state`` (tasks/pipeline/retention.py: what stays)."""
+    close_parent(ctx)
+    if not keep_resume_state:
+        drop_resume_state(Path(ctx.workdir))
+
+
+def fail_parent(ctx: RunContext) -> None:
+    """Mark the parent run FAILED, or KILLED on a stop signal (the flow re-raises the
+    error; an unreachable store does not replace it)."""
+    mark_ended(ctx.client(), ctx.parent_run_id)

@@ -1,0 +1,83 @@
+"""What a pipeline run was made from: the config hash and a digest of every input data set.
+
+A re-run reuses finished stages only when both are unchanged. The data digests are taken from
+the files the user points at (bytes, before any cleaning); the demo's generated data is hashed
+as the generator writes it for the configured seed and sizes, so a change of the generator or
+its judge is a change of input too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+from tasks.config import PipelineConfig
+from tasks.platform.mlflow.tags import CONFIG_HASH_TAG, INPUT_DIGEST_PREFIX
+
+
+class ResumeRefused(ValueError):
+    """A resume whose inputs changed since the run began; the message names what changed."""
+
+
+def _file_digest(path: Path, digest) -> None:
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+
+
+def source_digest(path: str) -> str:
+    """sha256 (first 16 hex) of a local file or of every file under a local folder; a source
+    that is not on this machine (a hub id) is identified by its name (it is in the config)."""
+    p = Path(path).expanduser()
+    digest = hashlib.sha256()
+    if p.is_file():
+        _file_digest(p, digest)
+    elif p.is_dir():
+        for child in sorted(q for q in p.rglob("*") if q.is_file()):
+            digest.update(str(child.relative_to(p)).encode())
+            _file_digest(child, digest)
+    else:
+        return f"id:{path}"
+    return digest.hexdigest()[:16]
+
+
+def _demo_digests(cfg: PipelineConfig) -> dict[str, str]:
+    from rlhf_core.demo import generate_demo_data
+
+    d = cfg.demo
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias, d.chat,
+                                   d.system)
+        return {role: source_digest(str(path)) for role, path in paths.items()}
+
+
+def input_digests(cfg: PipelineConfig) -> dict[str, str]:
+    """{data role: digest} of the run's inputs (the user's data, else the demo's)."""
+    if cfg.data is None:
+        return _demo_digests(cfg) if cfg.demo.enabled else {}
+    return {role: source_digest(source.path) for role in type(cfg.data).model_fields
+            if (source := getattr(cfg.data, role)) is not None}
+
+
+def digest_tags(digests: dict[str, str]) -> dict[str, str]:
+    return {INPUT_DIGEST_PREFIX + role: value for role, value in digests.items()}
+
+
+def changed_inputs(tags: dict[str, str], cfg: PipelineConfig, digests: dict[str, str],
+                   include_config: bool = True) -> list[str]:
+    """What differs between a run's recorded identity (its tags) and this config + data, in
+    words; empty when the run was made from the same inputs."""
+    changes = []
+    if include_config and tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
+        changes.append(f"the config (hash {tags.get(CONFIG_HASH_TAG)} -> {cfg.config_hash()})")
+    recorded = {k.removeprefix(INPUT_DIGEST_PREFIX): v for k, v in tags.items()
+                if k.startswith(INPUT_DIGEST_PREFIX)}
+    for role in sorted(set(recorded) | set(digests)):
+        if recorded.get(role) != digests.get(role):
+            where = ""
+            if cfg.data is not None and getattr(cfg.data, role, None) is not None:
+                where = f" ({getattr(cfg.data, role).path})"
+            before, now = recorded.get(role, "not recorded"), digests.get(role, "absent")
+            changes.append(f"the {role} data{where} (digest {before} -> {now})")
+    return changes

@@ -1,0 +1,294 @@
+"""Pipeline set-up: the MLflow parent run (new or resumed), params and tags, demo assets."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prefect import task
+from pydantic import BaseModel, ConfigDict
+
+from data_checks.config import DataConfig, DataSource
+from rlhf_core.models.sources import cached_digest, resolve_model_source
+from tasks.config import PipelineConfig, flatten
+from tasks.pipeline.devices import setup_torch
+from tasks.pipeline.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
+from tasks.pipeline.judge import resolve_judge_name
+from tasks.platform.mlflow.parent_run import (
+    create_parent_run,
+    end_parent_run,
+    end_run,
+    keep_resumed_config,
+    parent_runs,
+    reopen_run,
+    run_to_resume,
+)
+from tasks.platform.mlflow.runs import (
+    RunContext,
+    default_tracking_uri,
+    ensure_experiment,
+    ensure_store,
+    hardware_tags,
+    set_tags,
+    tracking_client,
+)
+from tasks.platform.mlflow.tags import (
+    CONFIG_HASH_TAG,
+    GIT_COMMIT_TAG,
+    PREFECT_FLOW_RUN_TAG,
+    RUN_NAME_TAG,
+    SEED_TAG,
+    VERSION_PREFIX,
+)
+from tasks.platform.prefect.remote import check_deployments
+from tasks.platform.redact import redacted
+
+PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
+
+
+
+class Prepared(BaseModel):
+    """What ``prepare`` resolved for a run, before any stage: its run context, the data
+    sources, the base model and tokenizer to start from and the gold judge (``none``
+    without one). A retrain adds the batches it trains on (``add_batches``)."""
+
+    model_config = ConfigDict(frozen=True)
+    ctx: RunContext
+    data: DataConfig
+    base_model: str
+    tokenizer: str
+    judge: str
+    # what model.base_model said and, for a GGUF file, its digest: an adapter over the base
+    # names it so (rlhf_core/models/adapters.py), None for the demo's tiny model
+    base_source: dict[str, str] | None = None
+    # a retrain's: rows of the combined preference file by batch, the batches' digests and
+    # where each came from
+    batch_rows: list[dict] = []
+    trained_on: list[str] = []
+    batch_sources: dict[str, str] = {}
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[VERSION_PREFIX + name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[VERSION_PREFIX + name] = "absent"
+    return out
+
+
+def git_commit() -> str | None:
+    """HEAD of the git checkout the code runs from, when there is one."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def default_run_name(cfg: PipelineConfig) -> str:
+    """Start time first, so runs differ within the first characters a runs table shows."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.short_name()}"
+
+
+def pipeline_run_name(cfg: PipelineConfig, changes: str = "") -> str:
+    """The name of a new pipeline run, one label in every place that shows it (MLflow's
+    parent run, the Prefect flow run, the run's summary): ``tracking.run_name``, else the
+    start time, model, data and config hash, and what a served run's form changed
+    (``changes``, e.g. ``kl_coef=0.07``)."""
+    return cfg.tracking.run_name or " ".join(filter(None, [default_run_name(cfg), changes]))
+
+
+def _prefect_flow_run_id() -> str | None:
+    try:
+        from prefect.runtime import flow_run
+
+        return flow_run.id
+    except Exception:  # noqa: BLE001 - not inside a flow run
+        return None
+
+
+def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None,
+               digests: dict[str, str]):
+    """The parent run to continue: same Prefect flow run (`prefect flow-run retry`), else
+    same run name + config hash + data digests (when a run name is set). A run of that name
+    made from other inputs is never continued: a new run starts, and the change is said."""
+    if flow_run_id:
+        found = parent_runs(client, exp_id, f"tags.`{PREFECT_FLOW_RUN_TAG}` = '{flow_run_id}'")
+        if found:
+            return found[0].info.run_id
+    name = cfg.tracking.run_name
+    if not name:
+        return None
+    same_name = parent_runs(client, exp_id, f"tags.`{RUN_NAME_TAG}` = '{name}'")
+    for run in same_name:
+        if not changed_inputs(run.data.tags, cfg, digests):
+            return run.info.run_id
+    if same_name:
+        changes = changed_inputs(same_name[0].data.tags, cfg, digests)
+        print(f"rlhf: run name '{name}' (run {same_name[0].info.run_id}) was made from other "
+              f"inputs, changed: {'; '.join(changes)}. Starting a new run; its finished "
+              "stages are not reused.", file=sys.stderr)
+    return None
+
+
+def _check_resume(run, cfg: PipelineConfig, digests: dict[str, str]) -> None:
+    """An explicit resume may change settings (recorded below) but never its data."""
+    changes = changed_inputs(run.data.tags, cfg, digests, include_config=False)
+    if changes:
+        raise ResumeRefused(
+            f"cannot resume run {run.info.run_id}: its inputs changed since it began: "
+            f"{'; '.join(changes)}. Its finished stages were made from the old data. Restore "
+            "the data, or start a new run (without --resume, or with another "
+            "tracking.run_name).")
+
+
+def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
+                    run_name: str | None = None) -> RunContext:
+    """Create the parent run, or reopen it (``resume_run_id``, or same run name + config).
+    A new run is named ``tracking.run_name``, else ``run_name`` (the flow run's), else by
+    default; a reopened one keeps its name."""
+    uri = default_tracking_uri(cfg.tracking.tracking_uri)
+    ensure_store(uri)
+    client = tracking_client(uri)
+    exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
+    run_name = cfg.tracking.run_name or run_name or default_run_name(cfg)
+    flow_run_id = _prefect_flow_run_id()
+    digests = input_digests(cfg)
+    run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id, digests)
+    if run_id is not None:
+        run = run_to_resume(client, run_id)
+        _check_resume(run, cfg, digests)
+        exp_id, run_name = run.info.experiment_id, run.info.run_name or run_name
+        reopen_run(client, run_id)
+        if run.data.tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
+            # resumed with changed settings (e.g. a lower LR after a non-finite loss): keep
+            # the record of what the continuation ran with
+            keep_resumed_config(client, run_id, redacted(cfg.model_dump(mode="json")),
+                                cfg.config_hash())
+    else:
+        tags = {RUN_NAME_TAG: run_name, CONFIG_HASH_TAG: cfg.config_hash(),
+                SEED_TAG: str(cfg.seed), **package_versions(), **digest_tags(digests)}
+        commit = git_commit()
+        if commit:
+            tags[GIT_COMMIT_TAG] = commit
+        if flow_run_id:
+            tags[PREFECT_FLOW_RUN_TAG] = str(flow_run_id)
+        config = redacted(cfg.model_dump(mode="json"))
+        run_id = create_parent_run(client, exp_id, run_name, flatten(config), tags, config)
+    # the stages' thread count from here on, so each run's rlhf.hw.threads is the one used
+    device = setup_torch(cfg.model)
+    set_tags(client, run_id, hardware_tags(device))  # a resume records where it continues
+    workdir = Path(cfg.tracking.workdir).resolve() / run_id
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        end_run(client, run_id, "FAILED")
+        raise
+    return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
+                      workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress,
+                      outage_limit_s=cfg.tracking.outage_limit_s, device=device.type,
+                      run_name=run_name)
+
+
+def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
+    """Generate (once) the demo data under workdir/demo, and the tokenizer and tiny base
+    model unless ``model.base_model`` names the user's own."""
+    from rlhf_core.demo import build_demo_assets
+
+    root = workdir / "demo"
+    marker = root / "assets.json"
+    if marker.exists():
+        import json
+
+        return json.loads(marker.read_text())
+    d = cfg.demo
+    paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(),
+                              rm_length_bias=d.rm_length_bias, chat=d.chat, system=d.system,
+                              with_model=not cfg.model.base_model, n_layer=d.n_layer,
+                              n_embd=d.n_embd, n_head=d.n_head)
+    out = {k: str(v) for k, v in paths.items()}
+    from tasks.platform.files import write_json
+
+    write_json(marker, out)
+    return out
+
+
+def check_inputs_present(cfg: PipelineConfig) -> None:
+    """Checks that need no run, made before the parent run is opened (the CLI makes them even
+    earlier, before Prefect starts)."""
+    if cfg.data is None and not cfg.demo.enabled:
+        raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
+    if not cfg.model.base_model and not cfg.demo.enabled:
+        raise ValueError("no base model: set model.base_model (or demo.enabled: true)")
+    workdir = Path(cfg.tracking.workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"tracking.workdir={workdir} is a file, not a folder")
+
+
+def check_registered_scorer(cfg: PipelineConfig) -> None:
+    """The held-out checks' registered scorer (``ppo.health.scorer: models:/...``) exists in
+    the run's registry, before any training starts."""
+    uri = cfg.ppo.health.external_scorer
+    if uri is None:
+        return
+    from tasks.platform.mlflow.errors import RegistryError
+    from tasks.platform.mlflow.models import registered_alias_problem
+
+    problem = registered_alias_problem(uri, default_tracking_uri(cfg.tracking.tracking_uri))
+    if problem is not None:
+        raise RegistryError(f"ppo.health.scorer={uri}: {problem}")
+
+
+@task(name="prepare")
+def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
+            run_name: str | None = None) -> Prepared:
+    """Open the parent run (a new one named ``run_name``, the flow run's, unless
+    ``tracking.run_name`` is set); resolve data sources and the base model (demo when
+    asked). Any failure once the parent run exists marks it FAILED."""
+    check_inputs_present(cfg)
+    rates = cfg.from_scratch_rates()
+    if rates:
+        print(f"warning: {', '.join(rates)}: learning rates for a model trained from scratch, "
+              f"on the pretrained base {cfg.model.base_model}; pretrained models fine-tune at "
+              "about 1e-6 to 5e-5 in full and ten times that with model.lora "
+              "(configs/smollm2.yaml)", flush=True)
+    check_deployments(cfg)  # stages on other machines: their deployments exist
+    check_registered_scorer(cfg)
+    ctx = open_parent_run(cfg, resume_run_id, run_name)
+    try:
+        return _resolve_inputs(cfg, ctx)
+    except BaseException:
+        end_parent_run(ctx, "FAILED")
+        raise
+
+
+def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> Prepared:
+    data, base_model = cfg.data, cfg.model.base_model
+    judge = resolve_judge_name(cfg.eval.judge, uses_demo_data=cfg.demo.enabled and data is None)
+    if cfg.demo.enabled:
+        assets = demo_assets(cfg, Path(ctx.workdir))
+        base_model = base_model or assets["base_model"]
+        if data is None:
+            data = DataConfig(
+                sft=DataSource(path=assets["sft"]),
+                preference=DataSource(path=assets["preference"]),
+                prompts=DataSource(path=assets["prompts"]),
+                eval_prompts=DataSource(path=assets["eval_prompts"]),
+                preference_eval=DataSource(path=assets["preference_eval"]),
+            )
+    # a GGUF file (or a package's) becomes its cached Hugging Face folder, made once
+    source = cfg.model.base_model
+    base_model = resolve_model_source(base_model)
+    tokenizer = resolve_model_source(cfg.model.tokenizer) if cfg.model.tokenizer else base_model
+    named = None
+    if source:
+        digest = cached_digest(base_model)
+        named = {"source": source, **({"sha256": digest} if digest else {})}
+    return Prepared(ctx=ctx, data=data, base_model=base_model, tokenizer=tokenizer, judge=judge,
+                    base_source=named)

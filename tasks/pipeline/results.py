@@ -1,0 +1,97 @@
+"""What the flows return, typed from the stage records up to the command line, the sweep, the
+events and the tests: a :class:`PipelineResult` (the stage records by stage and where the run
+lives) and a :class:`SweepResult` (a retrain's and a comparison's are
+tasks/retrain/records.py's). Nothing is parsed back out of a display string: a registered
+version is ``result.registered.version``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SerializeAsAny, field_validator
+
+from tasks.pipeline.stages.records import (
+    DataRecord,
+    HealthRecord,
+    PolicyRecord,
+    RegisterRecord,
+    StageRecord,
+    record_class,
+)
+from tasks.platform.mlflow.runs import RunContext
+
+
+class PipelineResult(BaseModel):
+    """One tracked run (a pipeline, a retrain, a validation, a sweep point): its MLflow
+    parent run and each stage's record, in the order the stages ran."""
+
+    model_config = ConfigDict(frozen=True)
+    parent_run_id: str
+    experiment_id: str
+    tracking_uri: str
+    workdir: str
+    stages: dict[str, SerializeAsAny[StageRecord]]
+    run_name: str = ""  # the MLflow parent run's name (and its Prefect flow run's)
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _typed_by_stage(cls, stages: Any) -> Any:
+        """Records read back as JSON (a result stored by Prefect) become the record class
+        each names (its ``kind``)."""
+        if not isinstance(stages, dict):
+            return stages
+        return {name: record_class(out.get("kind", "")).model_validate(out)
+                if isinstance(out, dict) and record_class(out.get("kind", "")) else out
+                for name, out in stages.items()}
+
+    @classmethod
+    def of(cls, ctx: RunContext, stages: dict[str, StageRecord]) -> PipelineResult:
+        return cls(parent_run_id=ctx.parent_run_id, experiment_id=ctx.experiment_id,
+                   tracking_uri=ctx.tracking_uri, workdir=ctx.workdir, stages=stages,
+                   run_name=ctx.run_name)
+
+    def _stage(self, name: str, kind: type) -> Any:
+        out = self.stages.get(name)
+        return out if isinstance(out, kind) else None
+
+    @property
+    def data(self) -> DataRecord | None:
+        """The validate stage's record."""
+        return self._stage("validate", DataRecord)
+
+    @property
+    def health(self) -> HealthRecord | None:
+        """What watching PPO found (None: no ppo stage ran)."""
+        ppo = self._stage("ppo", PolicyRecord)
+        return None if ppo is None else ppo.health
+
+    @property
+    def registered(self) -> RegisterRecord | None:
+        """The register stage's record (None: no register stage ran)."""
+        return self._stage("register", RegisterRecord)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Every stage's key figures in one mapping (a later stage's wins a clash)."""
+        return {k: v for out in self.stages.values() for k, v in out.metrics.items()}
+
+    @property
+    def wall_s(self) -> float:
+        """The stages' wall times added up."""
+        return round(sum(out.wall_s for out in self.stages.values()), 1)
+
+
+class SweepResult(BaseModel):
+    """A sweep: its id and MLflow run, the summary's rows, groups and markdown, and the
+    labels of the points that failed."""
+
+    model_config = ConfigDict(frozen=True)
+    sweep_id: str
+    parent_run_id: str
+    experiment_id: str
+    tracking_uri: str
+    metric: str
+    groups: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    failed: list[str]
+    markdown: str

@@ -1,0 +1,169 @@
+"""The pipeline's own champion rule (stage register, outside a retrain): a new policy takes
+``champion`` from the current one only when both were scored by the same scorer on the same
+held-out prompts.
+
+Evaluation scores are comparable across runs only then. With a gold judge (the demo's) they
+are: the judge is fixed. Without one, each run's evaluation score comes from that run's own
+reward model, and two reward models' scales have nothing in common, so no comparison is
+claimed: the new policy is registered as ``challenger`` and the champion stays (the retrain
+gate, which scores both policies with one scorer, or ``rlhf promote`` moves it). No champion
+yet: the new policy becomes champion. Each decision and its reason are tags on the version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict
+
+from tasks.platform.mlflow.registry import CHAMPION, alias_version, version_parent_run
+from tasks.platform.mlflow.tags import EVAL_SCORER_TAG
+
+
+def eval_scorer(judge_name: str, rm_run_id: str, prompts: list[str]) -> str:
+    """Who scored an evaluation, on what: ``judge:<name>`` (a gold judge) or
+    ``reward_model:<its run id>``, then ``@<n> prompts:<sha256 of them, 12 hex>``."""
+    who = f"judge:{judge_name}" if judge_name != "none" else f"reward_model:{rm_run_id}"
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:12]
+    return f"{who}@{len(prompts)} prompts:{digest}"
+
+
+def score_key(metrics: dict) -> str:
+    """The evaluation score register reads: the judge's when there is one."""
+    return "eval/judge_score_policy" if "eval/judge_score_policy" in metrics \
+        else "eval/rm_score_policy"
+
+
+def champion_evaluation(client, name: str) -> dict | None:
+    """The current champion's version, scorer and evaluation metrics (from its MLflow
+    parent run), or None when there is no champion."""
+    version = alias_version(client, name, CHAMPION)
+    if version is None:
+        return None
+    parent = version_parent_run(client, version)
+    return {"version": str(version.version), "scorer": parent.data.tags.get(EVAL_SCORER_TAG),
+            "metrics": dict(parent.data.metrics)}
+
+
+class Decision(BaseModel):
+    """A champion decision: the retrain gate's verdict (``scorer``: who scored both
+    policies), the pipeline's own rule at register (``verdict``: first, beats, loses,
+    not-compared; ``champion_score``: the champion's score it was compared with), or a move
+    a resume finds already made."""
+
+    model_config = ConfigDict(frozen=True)
+    promote: bool
+    reason: str
+    scorer: str | None = None
+    verdict: str = ""
+    champion_score: float | None = None
+    hold: bool = False  # promote, once a person approves (retrain.approval: required)
+
+    @property
+    def register_tag(self) -> str:
+        """What register records as the version's decision: the rule's verdict, or
+        ``gate: promote`` / ``gate: keep`` for a gate's (``gate: promote, awaiting
+        approval`` when held for a person)."""
+        held = ", awaiting approval" if self.hold else ""
+        return self.verdict or "gate: " + ("promote" if self.promote else "keep") + held
+
+
+def register_decision(champion: dict | None, scorer: str | None, key: str,
+                      score: float) -> Decision:
+    """The rule's verdict is ``first`` (no champion: promote), ``beats`` / ``loses`` (same
+    scorer: compared), ``not-compared`` (different or unknown scorers: champion stays)."""
+    if champion is None:
+        return Decision(promote=True, verdict="first",
+                        reason=f"no champion yet: this policy becomes champion ({key} "
+                               f"{score:.4g})")
+    v, theirs = champion["version"], champion["scorer"]
+    current = champion["metrics"].get(key)
+    if scorer is None or theirs != scorer or current is None:
+        return Decision(promote=False, verdict="not-compared",
+                        reason=f"not compared with champion v{v}: this run was scored by "
+                               f"{scorer or 'an unknown scorer'}, the champion by "
+                               f"{theirs or 'an unknown scorer'}; scores from different "
+                               "scorers (e.g. two reward models) are not comparable, so the "
+                               "champion stays (the retrain gate or `rlhf promote` moves it)")
+    promote = score > current
+    word = "beats" if promote else "does not beat"
+    return Decision(promote=promote, verdict="beats" if promote else "loses",
+                    champion_score=current,
+                    reason=f"{key} {score:.4g} {word} champion v{v}'s {current:.4g} (same "
+                           f"scorer: {scorer})")
+
+
+# fewer paired prompts than this and the bootstrap interval is too unreliable to refuse on
+FIRST_CHAMPION_MIN_PROMPTS = 32
+
+
+def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) -> Decision:
+    """A first champion (no champion yet) must not be worse than the policy it started from
+    by a scorer it was not trained against: the evaluation's paired interval of the
+    difference (``eval/vs_start_diff_*``) lying wholly below 0 keeps it challenger, saying
+    why; on fewer than ``FIRST_CHAMPION_MIN_PROMPTS`` prompts the promotion stands and says
+    the comparison was too small. With no such scorer the promotion stands and says it rests
+    on the reward model alone. Any other decision stands."""
+    if decision.verdict != "first":
+        return decision
+    if "eval/vs_start_diff_high" not in metrics:
+        return decision.model_copy(update={"reason": f"{decision.reason}; it rests on the "
+                                           "reward model alone: no scorer independent of it "
+                                           "(gold judge, ppo.health.scorer, judge reward model) "
+                                           "compared it with its start policy"})
+    n = int(metrics.get("eval/num_prompts", FIRST_CHAMPION_MIN_PROMPTS))
+    if n < FIRST_CHAMPION_MIN_PROMPTS:
+        return decision.model_copy(update={"reason": f"{decision.reason}; its comparison with "
+                                           f"its start policy ({n} prompts, fewer than "
+                                           f"{FIRST_CHAMPION_MIN_PROMPTS}) is too small to "
+                                           "refuse it on"})
+    diff, low, high = (metrics[f"eval/vs_start_diff{k}"] for k in ("", "_low", "_high"))
+    rate = metrics.get("eval/vs_start_win_rate", float("nan"))
+    figures = (f"by {start_scorer or 'an independent scorer'}: mean difference {diff:+.3f}, "
+               f"95% CI [{low:+.3f}, {high:+.3f}], win rate {rate:.3f}")
+    if high < 0:
+        return Decision(promote=False, verdict="worse-than-start",
+                        reason=f"not made the first champion: worse than the policy it started "
+                               f"from {figures}; it stays challenger")
+    return decision.model_copy(update={"reason": f"{decision.reason}; not worse than its start "
+                                       f"policy {figures}"})
+
+
+def health_veto(decision: Decision, blocked: str | None, override: bool,
+                gated: bool = False, bootstrap: bool = False) -> Decision:
+    """A policy whose PPO run a health detector stopped, or flagged for a failure that
+    questions its gains (``blocked``: why), is not made champion without an explicit
+    override (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``): the
+    refusal names the reason.
+
+    ``gated``: the decision is a retrain gate's, a paired test of this very policy (a
+    stopped run's kept snapshot included) against the champion by a scorer it was not
+    trained against. A significant win there is direct evidence that the policy is better
+    than what it replaces, stronger than a check-to-check fall inside its run, so the
+    promotion stands and its reason records the finding.
+
+    ``bootstrap``: the first champion of a retrain loop (no champion to test against, the
+    first-champion rule passed): the finding is recorded and the policy becomes champion, as
+    the loop's next rounds are there to correct it (pairs collected on its own answers) and
+    every later move passes the gate; without it no round could ever start. Any other
+    decision stands."""
+    if not decision.promote or blocked is None:
+        return decision
+    if bootstrap:
+        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
+                                           f"{blocked}: a retrain's first champion (the next "
+                                           "rounds collect pairs on its answers and every "
+                                           "move after passes the gate)"})
+    if gated:
+        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
+                                           f"{blocked}: the gate's paired test against the "
+                                           "champion outweighs the health finding"})
+    if override:
+        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
+                                           f"{blocked} (tracking.promote_flagged)"})
+    return Decision(promote=False, verdict="health", scorer=decision.scorer,
+                    champion_score=decision.champion_score,
+                    reason=f"not made champion: {blocked} (to promote it anyway: "
+                           f"tracking.promote_flagged, or rlhf promote VERSION --flagged); "
+                           f"without that: {decision.reason}")

@@ -1,0 +1,282 @@
+"""What a stage body is given: :class:`Stage` (its entry in the table) and
+:class:`StageContext` (device, load spec, seed, logging, checkpoints, publishing).
+
+A stage body is ``body(sc, **inputs) -> record``: load what it needs through ``sc``, call
+rlhf_core, return a typed record (tasks/pipeline/stages/records.py). The same body runs in the
+task's process, on each torchrun rank (``sc.dp``; only rank 0 returns a record) or on another
+machine's worker; a unit test runs it under a fake context with no server.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from rlhf_core.models.checkpoint import Checkpointer
+from rlhf_core.models.loader import LoadSpec
+from rlhf_core.parallel.distributed import DataParallel
+from rlhf_core.train.optim import seed_everything
+from tasks.config import PipelineConfig, flatten
+from tasks.pipeline.devices import setup_models
+from tasks.pipeline.stages.progress import StageProgress
+from tasks.pipeline.stages.records import Artifact, StageRecord
+from tasks.platform.mlflow.artifacts import (
+    local_copy,
+    log_artifact,
+    log_artifacts,
+    log_table,
+    log_text,
+    publish_path,
+)
+from tasks.platform.mlflow.datasets import log_datasets
+from tasks.platform.mlflow.runs import RunContext, StepLogger, run_url, set_tags
+from tasks.platform.mlflow.spool import spool_for, spool_table, spool_tags
+from tasks.platform.prefect.prefect_api import in_prefect_run
+from tasks.platform.redact import redacted
+
+BIG_UPLOAD = 10 * 2**20  # bytes: an artifact upload from this size on is announced
+
+
+def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> None:
+    """A Prefect markdown artifact with the stage's key figures and its MLflow link."""
+    if not in_prefect_run():
+        return
+    from prefect.artifacts import create_markdown_artifact
+
+    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                     for k, v in figures.items())
+    md = f"## {stage}\n\nMLflow: {run_url(ctx, run_id)}\n\n| figure | value |\n|---|---|\n{rows}\n"
+    create_markdown_artifact(key=f"rlhf-{stage.replace('_', '-')}", markdown=md,
+                             description=f"{stage} summary")
+
+
+def stage_params(cfg, *sections: str) -> dict:
+    """The settings of a stage's config sections, flattened (``ppo.kl_coef``...) for its run."""
+    return flatten(redacted({name: getattr(cfg, name).model_dump(mode="json")
+                             for name in sections}))
+
+
+def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
+    """on_log(step, metrics) for a stage's run; steps already logged (a resumed stage) are
+    skipped, so no metric step is logged twice; writes the server does not take wait in the
+    run's spool (tasks/platform/mlflow/spool.py)."""
+    client = ctx.client()
+    return StepLogger(client, run_id, spool_for(client, run_id, ctx.workdir))
+
+
+def stop_on_outage(ctx: RunContext, run_id: str, ck: Checkpointer) -> Checkpointer:
+    """Each checkpoint ``ck`` saves is where the stage stops once the tracking server has
+    been away longer than ``ctx.outage_limit_s``."""
+    spool = spool_for(ctx.client(), run_id, ctx.workdir)
+
+    def on_saved(step: int, path: Path) -> None:
+        spool.kept = (f"run {ctx.parent_run_id} keeps its finished stages, the checkpoint "
+                      f"of {ck.label} step {step} in {path}")
+        spool.check(ctx.outage_limit_s)
+
+    ck.on_saved = on_saved
+    return ck
+
+
+def checkpoint_dir(ctx: RunContext, stage: str) -> Path:
+    """Where a stage's mid-stage training-state checkpoints go: <workdir>/<stage>/checkpoints."""
+    return ctx.stage_dir(stage) / "checkpoints"
+
+
+def checkpointer(ctx: RunContext, keep: int, stage: str, models: dict, every: int):
+    """Mid-stage training-state checkpoints in :func:`checkpoint_dir`."""
+    return Checkpointer(checkpoint_dir(ctx, stage), models, every, keep, label=stage)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage, all of it in one entry: its name (the child run's name, the
+    ``rlhf.stage`` tag and the Prefect task's name), its body and the record it returns, the
+    config sections logged as its run's parameters, its seed offset from the run's seed
+    (None: it draws no random numbers), whether it can run on torchrun ranks and on another
+    machine's worker (``routing.stages``), and the metric names and artifact paths its body
+    logs (``fnmatch`` patterns where a part varies: ``samples/iter_*.json``). Its inputs are
+    the body's parameters after ``sc``; its Prefect task is derived from the entry
+    (tasks/pipeline/stages/run.py ``stage_task``)."""
+
+    name: str
+    body: Callable[..., StageRecord | None]
+    record: type[StageRecord]
+    sections: tuple[str, ...] = ()
+    seed_offset: int | None = None
+    ranks: bool = False
+    metrics: tuple[str, ...] = ()
+    artifacts: tuple[str, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[inspect.Parameter, ...]:
+        """The body's parameters after ``sc``: what the stage is given."""
+        return tuple(inspect.signature(self.body).parameters.values())[1:]
+
+
+class StageContext:
+    """One run of one stage: the pipeline's :class:`RunContext`, the config, the stage's
+    MLflow child run and, on torchrun ranks, the data-parallel group."""
+
+    def __init__(self, run: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
+                 dp: DataParallel | None = None):
+        self.run, self.cfg, self.stage, self.run_id, self.dp = run, cfg, stage, run_id, dp
+
+    # ---- where and how models load -------------------------------------------------------
+    @cached_property
+    def _models(self) -> tuple[torch.device, LoadSpec]:
+        return setup_models(self.cfg.model)  # sets the thread count first
+
+    @property
+    def device(self) -> torch.device:
+        return self.dp.device if self.dp is not None else self._models[0]
+
+    @property
+    def spec(self) -> LoadSpec:
+        """The one load spec (dtype, precision, attention, LoRA...) of every load."""
+        return self._models[1]
+
+    @property
+    def seed(self) -> int:
+        if self.stage.seed_offset is None:
+            raise ValueError(f"stage {self.stage.name} has no seed offset in the table")
+        return self.run.seed + self.stage.seed_offset
+
+    def seeded(self) -> torch.Generator:
+        """Seed python, numpy and torch with the stage's seed -> its data-order generator."""
+        return seed_everything(self.seed)
+
+    @property
+    def is_main(self) -> bool:
+        """This process saves, logs and returns the record (rank 0, or no ranks)."""
+        return self.dp is None or self.dp.is_main
+
+    @property
+    def progress(self) -> bool:
+        """Show a progress bar (the task's own process only)."""
+        return self.run.progress and self.dp is None
+
+    # ---- files ------------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        """``<workdir>/<stage>``: where the stage writes."""
+        return self.run.stage_dir(self.stage.name)
+
+    def local(self, artifact: Artifact, what: str) -> Path:
+        """An input's local path: as written when this machine has it, else downloaded
+        from MLflow once (``what`` names it in the error)."""
+        return local_copy(self.run, artifact, what)
+
+    def say(self, message: str) -> None:
+        """One line of what the stage is doing now (in the log and the Prefect UI): the work
+        between and after its progress bars, so no minute passes silently."""
+        print(f"{self.stage.name}: {message}", flush=True)
+
+    def _announced(self, path: Path, artifact_path: str) -> Callable[[], None]:
+        """Say a large upload is starting -> a callable that says when it ended."""
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) \
+            if path.is_dir() else path.stat().st_size if path.exists() else 0
+        if size < BIG_UPLOAD:
+            return lambda: None
+        start = time.perf_counter()
+        self.say(f"logging {artifact_path} to MLflow ({size / 2**20:.0f} MB)")
+        return lambda: self.say(f"logged {artifact_path} in {time.perf_counter() - start:.0f} s")
+
+    def publish(self, path: str | Path, artifact_path: str, logged: bool = False) -> Artifact:
+        """Log ``path`` (unless ``logged``) as the artifact ``artifact_path`` of the stage's
+        run -> the typed output field."""
+        done = (lambda: None) if logged else self._announced(Path(path), artifact_path)
+        out = publish_path(self.run, self.run_id, Path(path), artifact_path, logged)
+        done()
+        return out
+
+    def log_artifacts(self, folder: str | Path, artifact_path: str) -> None:
+        done = self._announced(Path(folder), artifact_path)
+        log_artifacts(self.client, self.run_id, folder, artifact_path)
+        done()
+
+    def log_artifact(self, path: str | Path, folder: str) -> None:
+        log_artifact(self.client, self.run_id, path, folder)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        log_text(self.client, self.run_id, text, artifact_file)
+
+    def log_table(self, rows: pd.DataFrame, artifact_file: str, spooled: bool = False,
+                  parent: bool = False) -> None:
+        """An MLflow table on the stage's run (``parent``: the pipeline's parent run);
+        ``spooled``: through the run's spool (sent now, or once the server is back: the
+        training loop's tables)."""
+        run_id = self.run.parent_run_id if parent else self.run_id
+        if spooled:
+            spool_table(spool_for(self.client, run_id, self.run.workdir), rows, artifact_file)
+        else:
+            log_table(self.client, run_id, rows, artifact_file)
+
+    def log_datasets(self, files: dict[str, Path], context: str) -> dict[str, str]:
+        """The data files as MLflow dataset inputs of the stage's and the parent run ->
+        their digests."""
+        return log_datasets(self.client, [self.run_id, self.run.parent_run_id], files, context)
+
+    # ---- tracking ---------------------------------------------------------------------------
+    @cached_property
+    def client(self):
+        return self.run.client()
+
+    @cached_property
+    def log(self) -> Callable[[int, dict[str, float]], None]:
+        """``log(step, metrics)`` into the stage's run; on ranks rank 0 logs (and prints a
+        progress line the task streams), the others log nothing."""
+        if self.dp is None:
+            return metric_logger(self.run, self.run_id)
+        if not self.dp.is_main:
+            return lambda step, metrics: None
+        log, name, world = metric_logger(self.run, self.run_id), self.stage.name, self.dp.world
+
+        def on_log(step: int, metrics: dict[str, float]) -> None:
+            log(step, metrics)
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in list(metrics.items())[:3])
+            print(f"{name} step {step} ({world} ranks): {shown}", flush=True)
+
+        return on_log
+
+    def log_parent(self, metrics: dict[str, float]) -> None:
+        """Headline figures on the pipeline's parent run too."""
+        metric_logger(self.run, self.run.parent_run_id)(0, metrics)
+
+    def live(self, total: int) -> Callable[..., None]:
+        """``log`` plus the Prefect progress artifact and a log line, over ``total`` steps
+        (on ranks: rank 0's progress lines)."""
+        return self.log if self.dp is not None else StageProgress(self.stage.name, total,
+                                                                  self.log)
+
+    def set_tags(self, tags: dict[str, str], parent: bool = False,
+                 spooled: bool = False) -> None:
+        """Tags on the stage's run (``parent``: the parent run); ``spooled``: through the
+        run's spool, in order with the training loop's writes (those of a loop that must not
+        stop for a tracking server away)."""
+        run_id = self.run.parent_run_id if parent else self.run_id
+        if spooled:
+            spool_tags(spool_for(self.client, run_id, self.run.workdir), tags)
+        else:
+            set_tags(self.client, run_id, tags)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.dir / "checkpoints"
+
+    def checkpointer(self, models: dict, every: int) -> Checkpointer:
+        """Mid-stage training-state checkpoints; each save is where the stage stops once the
+        tracking server has been away too long."""
+        ck = checkpointer(self.run, self.cfg.tracking.keep_checkpoints, self.stage.name,
+                          models, every)
+        return self.stop_on_outage(ck)
+
+    def stop_on_outage(self, ck: Checkpointer) -> Checkpointer:
+        return stop_on_outage(self.run, self.run_id, ck)

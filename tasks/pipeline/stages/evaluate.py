@@ -1,0 +1,122 @@
+"""evaluate: sample the SFT and the PPO policy on held-out prompts; RM score, KL to the
+reference, EOS rate and, where the data has one, the gold judge's win rate; and the policy
+against the policy it started from by a scorer it was not trained against (the gold judge,
+else ``ppo.health.scorer``, else the judge reward model: ``eval/vs_start_*``), which the
+register stage reads before it makes a first champion."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rlhf_core.eval.evaluate import against_start, compare_policies, sample_policy
+from rlhf_core.eval.serving import score_rows
+from rlhf_core.faults import pause_point
+from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+from tasks.pipeline.judge import resolve_judge
+from tasks.pipeline.prepare import Prepared
+from tasks.pipeline.rule import eval_scorer
+from tasks.pipeline.scorers import external_scores, load_external
+from tasks.pipeline.stages.context import Stage, StageContext
+from tasks.pipeline.stages.progress import StageProgress
+from tasks.pipeline.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
+from tasks.pipeline.stages.run import stage_task
+from tasks.platform.files import read_jsonl
+from tasks.platform.mlflow.tags import EVAL_SCORER_TAG, EVAL_START_SCORER_TAG
+from tasks.platform.prefect.prefect_api import in_prefect_run
+
+
+def _table_artifact(rows: list[dict]) -> None:
+    """The first side-by-side rows as a Prefect table, inside a flow run."""
+    if not in_prefect_run():
+        return
+    from prefect.artifacts import create_table_artifact
+
+    create_table_artifact(key="rlhf-eval-samples", table=rows,
+                          description="SFT vs PPO, side by side")
+
+
+def start_scores(sc: StageContext, judge: ModelRecord | None, tokenizer, prompts: list[str],
+                 samples: dict[str, dict], rows: list[dict]) -> tuple[str, dict] | None:
+    """Both policies' per-prompt scores by the scorer independent of the reward model ->
+    (its label, {"sft": [...], "policy": [...]}); None when there is none."""
+    if rows and "sft_judge_score" in rows[0]:
+        return "the gold judge", {"sft": [r["sft_judge_score"] for r in rows],
+                                  "policy": [r["policy_judge_score"] for r in rows]}
+    uri = sc.cfg.ppo.health.external_scorer
+    if uri is not None:
+        model = load_external(uri, sc.run.tracking_uri)
+        return uri, {k: external_scores(model, prompts, list(v["response"]))
+                     for k, v in samples.items()}
+    if judge is None or judge.model is None:
+        return None
+    model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
+                              trainable=False).to(sc.device)
+    return (f"the judge reward model (judge_model run {judge.run_id})",
+            {k: score_rows(model, tokenizer, prompts, list(v["response"]))
+             for k, v in samples.items()})
+
+
+def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, rm: ModelRecord,
+         policy: PolicyRecord, judge: ModelRecord | None = None) -> EvalRecord:
+    """``judge``: the judge reward model (judge_model), the last resort for the comparison
+    with the start policy."""
+    device, spec = sc.device, sc.spec
+    sc.seeded()
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    ref = load_policy(sc.local(sft.model, "sft's model"), spec, trainable=False).to(device)
+    trained = load_policy(sc.local(policy.policy, "ppo's policy"), spec,
+                          trainable=False).to(device)
+    rm_model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
+                                 trainable=False).to(device)
+    data_dir = sc.local(data.data, "validate's data")
+    path = data_dir / "eval_prompts.jsonl"
+    if not path.exists():
+        path = data_dir / "prompts.jsonl"
+    prompts = [r["prompt"] for r in read_jsonl(path)][: sc.cfg.eval.num_prompts]
+    e = sc.cfg.eval
+    # progress in answered prompts: the SFT policy's, then the PPO policy's
+    live = StageProgress(sc.stage.name, 2 * len(prompts))
+    live(0)
+    # both policies sample from the same random stream (common random numbers): where they
+    # agree their answers agree, and the paired comparison sees only what PPO changed
+    sc.seeded()
+    sft_samples = sample_policy(ref, None, rm_model, tokenizer, prompts, e.sampling,
+                                device=device, precision=spec.precision, on_batch=live)
+    sc.seeded()
+    pol_samples = sample_policy(trained, ref, rm_model, tokenizer, prompts, e.sampling,
+                                device=device, precision=spec.precision,
+                                on_batch=lambda n: live(len(prompts) + n))
+    metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
+                                     resolve_judge(prep.judge))
+    independent = start_scores(sc, judge, tokenizer, prompts,
+                               {"sft": sft_samples, "policy": pol_samples}, rows)
+    if independent is not None:
+        metrics.update(against_start(independent[1]["sft"], independent[1]["policy"]))
+    pause_point("evaluate:scored")
+    scorer = eval_scorer(prep.judge, rm.run_id, prompts)
+    sc.set_tags({EVAL_SCORER_TAG: scorer, EVAL_START_SCORER_TAG:
+                 independent[0] if independent else "none"}, parent=True)
+    sc.log(0, metrics)
+    sc.log_parent(metrics)
+    sc.log_table(pd.DataFrame(rows), "eval/side_by_side.json")
+    _table_artifact(rows[: e.num_side_by_side])
+    first = ("eval/judge_win_rate", "eval/judge_score_policy", "eval/judge_score_sft",
+             "eval/kl_to_ref", "eval/eos_rate_policy")
+    ordered = {k: metrics[k] for k in first if k in metrics}
+    return EvalRecord(metrics={**ordered, **metrics}, scorer=scorer,
+                      start_scorer=independent[0] if independent else None)
+
+
+# on this run and the parent run; the judge's figures where a gold judge exists
+STAGE = Stage("evaluate", body, EvalRecord, sections=("eval",), seed_offset=3,
+              metrics=("eval/rm_score_sft", "eval/rm_score_policy", "eval/kl_to_ref",
+                       "eval/eos_rate_sft", "eval/eos_rate_policy", "eval/length_sft",
+                       "eval/length_policy", "eval/num_prompts", "eval/judge_score_sft",
+                       "eval/judge_score_policy", "eval/judge_win_rate", "eval/rm_gain_z",
+                       "eval/judge_gain_z", "eval/rm_judge_gap_z", "eval/rm_judge_correlation",
+                       "eval/vs_start_diff", "eval/vs_start_diff_low", "eval/vs_start_diff_high",
+                       "eval/vs_start_win_rate", "eval/vs_start_win_low",
+                       "eval/vs_start_win_high"),
+              artifacts=("eval/side_by_side.json",))
+
+evaluate = stage_task(STAGE)

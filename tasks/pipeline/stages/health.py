@@ -1,0 +1,161 @@
+"""PPO's health in the pipeline: the held-out check and the detectors (rlhf_core/health) set up
+from the run's config and records, and what a finding sets off.
+
+- Each check: its answers as the MLflow table ``checks/iter_N.json`` of the ppo run, its means
+  as ``check/*`` metrics, a few answers in the Prefect table artifact ``rlhf-ppo-checks``.
+- Each finding: the tags ``rlhf.health.flags`` and ``rlhf.health.<detector>`` and the table
+  ``health.json`` on the ppo run and the parent run, a warning in the log, and the Prefect
+  event ``rlhf.ppo.unhealthy`` (label ``rlhf.detector``) for users' automations.
+- A stop: ``rlhf.health.stopped`` on both runs; the stage's policy is the last healthy
+  snapshot, and the register stage will not make it champion without an override.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from rlhf_core.health.checks import CheckAnswers, HeldOutCheck
+from rlhf_core.health.detectors import BY_NAME, Finding, for_scorer
+from rlhf_core.health.watch import Verdict, Watch
+from rlhf_core.models.loader import load_scalar_model
+from tasks.pipeline.judge import resolve_judge
+from tasks.pipeline.scorers import external_scores, load_external
+from tasks.pipeline.stages.context import StageContext
+from tasks.pipeline.stages.records import HealthFinding, HealthRecord, ModelRecord
+from tasks.platform.files import read_jsonl
+from tasks.platform.mlflow.tags import HEALTH_FLAGS_TAG, HEALTH_PREFIX, HEALTH_STOPPED_TAG
+from tasks.platform.prefect.events import DETECTOR_LABEL, RUN_RESOURCE, UNHEALTHY, emit
+from tasks.platform.prefect.prefect_api import in_prefect_run
+from tasks.platform.prefect.preflight import prefect_api_url
+
+ARTIFACT_KEY = "rlhf-ppo-checks"
+SHOWN_ANSWERS = 8  # answers of a check in the Prefect artifact
+
+log = logging.getLogger(__name__)
+
+
+def check_prompts(data_dir: Path, n: int) -> tuple[list[str], bool]:
+    """The first ``n`` held-out prompts (``eval_prompts.jsonl``) -> (prompts, held out);
+    without held-out prompts, the first training prompts (not held out: said in the log)."""
+    path = data_dir / "eval_prompts.jsonl"
+    held_out = path.exists()
+    rows = read_jsonl(path if held_out else data_dir / "prompts.jsonl")
+    return [r["prompt"] for r in rows[:n]], held_out
+
+
+def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
+               gold_name: str) -> tuple[Watch | None, list[str]]:
+    """The ppo stage's watch (None with ``ppo.health.enabled`` false) and its check's
+    prompts."""
+    cfg = sc.cfg.ppo
+    if not cfg.health.enabled:
+        return None, []
+    prompts, held_out = check_prompts(data_dir, cfg.eval_prompts)
+    if not held_out:
+        log.warning("ppo: no eval_prompts data: the held-out checks answer %d training "
+                    "prompts (give data.eval_prompts for prompts the policy never trains on)",
+                    len(prompts))
+    model = external = None
+    # a load may draw (initial weights first): fork the RNG, so training samples as without
+    if cfg.health.external_scorer is not None:
+        with torch.random.fork_rng(devices=[]):
+            scorer = load_external(cfg.health.external_scorer, sc.run.tracking_uri)
+        external = partial(external_scores, scorer)
+    elif judge is not None and judge.model is not None:
+        with torch.random.fork_rng(devices=[]):
+            model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
+                                      trainable=False)
+    check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model,
+                         external=external, gold=resolve_judge(gold_name),
+                         precision=sc.spec.precision)
+    settings = for_scorer(cfg.health, registered=external is not None)
+    return Watch(settings, check, cfg.check_every, sc.dir / "healthy"), prompts
+
+
+def finding_record(finding: Finding, action: str) -> HealthFinding:
+    detector = BY_NAME[finding.detector]
+    return HealthFinding(detector=finding.detector, failure=detector.failure,
+                         iteration=finding.iteration, onset=finding.onset,
+                         last_healthy=finding.last_healthy, action=action,
+                         message=finding.message, advice=detector.advice,
+                         evidence=finding.evidence)
+
+
+class HealthLog:
+    """``on_verdict`` of the ppo stage (see the module's docstring)."""
+
+    def __init__(self, sc: StageContext, watch: Watch, prompts: list[str]):
+        self.sc, self.watch, self.prompts = sc, watch, prompts
+
+    def __call__(self, verdict: Verdict) -> None:
+        if verdict.check is not None:
+            self._check(verdict.check)
+        for finding in verdict.findings:
+            self._finding(finding)
+
+    def _check(self, answers: CheckAnswers) -> None:
+        rows = answers.rows(self.prompts)
+        self.sc.log_table(pd.DataFrame(rows), f"checks/iter_{answers.iteration:05d}.json",
+                          spooled=True)
+        if in_prefect_run():
+            from prefect.artifacts import create_table_artifact
+
+            create_table_artifact(key=ARTIFACT_KEY, table=rows[:SHOWN_ANSWERS],
+                                  description=f"ppo: held-out answers at iteration "
+                                  f"{answers.iteration}")
+
+    def findings(self, final: bool = False) -> list[HealthFinding]:
+        """Every finding so far (a resumed run's earlier ones too); ``final``: at the end of
+        PPO, each with whether it still stands."""
+        monitor = self.watch.monitor
+        standing = monitor.standing() if final else {}
+        return [finding_record(f, monitor.action(f)).model_copy(
+            update={"stands": standing.get(f.detector)}) for f in monitor.findings]
+
+    def _finding(self, finding: Finding) -> None:
+        found = self.findings()
+        record = next(f for f in found if f.detector == finding.detector)
+        log.warning("ppo: %s", record.line())
+        tags = {HEALTH_FLAGS_TAG: ",".join(f.detector for f in found),
+                HEALTH_PREFIX + finding.detector: record.message[:5000]}
+        # the whole table each time (a spooled table replaces the file the run holds)
+        table = pd.DataFrame([{**f.model_dump(exclude={"evidence"}),
+                               "evidence": json.dumps(f.evidence)} for f in found])
+        for parent in (False, True):  # spooled: a finding during an outage waits with the rest
+            self.sc.set_tags(tags, parent=parent, spooled=True)
+            self.sc.log_table(table, "health.json", parent=parent, spooled=True)
+        run = self.sc.run
+        if not (in_prefect_run() or prefect_api_url()[0]):
+            return  # a torchrun rank of a run on Prefect's temporary API: nobody to tell
+        emit(UNHEALTHY, RUN_RESOURCE + run.parent_run_id, f"ppo: {record.failure}",
+             {DETECTOR_LABEL: finding.detector},
+             {"detector": finding.detector, "failure": record.failure,
+              "iteration": finding.iteration, "action": record.action,
+              "message": record.message, "advice": record.advice,
+              "evidence": finding.evidence, "parent_run_id": run.parent_run_id})
+
+    def record(self, trainer) -> HealthRecord:
+        """The stage's health record; on a stop, also its tag."""
+        stopped = trainer.stopped
+        record = HealthRecord(checks=len(self.watch.monitor.history.checks),
+                              findings=self.findings(final=True),
+                              stopped_by=None if stopped is None else stopped.detector,
+                              restored_iteration=trainer.restored_iteration)
+        if stopped is not None:
+            kept = "the policy as it was" if trainer.restored_iteration is None else \
+                f"the policy of iteration {trainer.restored_iteration} (its last healthy check)"
+            text = (f"stopped at iteration {stopped.iteration} by {stopped.detector}: "
+                    f"{stopped.message}; kept {kept}")
+            for parent in (False, True):
+                self.sc.set_tags({HEALTH_STOPPED_TAG: text[:5000]}, parent=parent,
+                                 spooled=True)
+        elif not record.findings:
+            for parent in (False, True):
+                self.sc.set_tags({HEALTH_FLAGS_TAG: ""}, parent=parent, spooled=True)
+        return record

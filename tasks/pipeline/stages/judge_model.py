@@ -1,0 +1,146 @@
+"""judge_model: a judge reward model, an independent scorer trained on pairs the reward model
+never saw. In a retrain (the gate's scorer ``judge_model``) on the pairs the judge split
+(``judge_split``, a task before the reward model) held out; in the pipeline on the reward
+model's own held-out pairs, to score PPO's held-out checks (``ppo.health.judge``). So it
+shares no training pair with the reward model the policy is optimised against."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+from prefect import task
+
+from data_checks.token_files import read_tokens, tokens_path, write_tokens
+from rlhf_core.eval.gate import held_out_for_judge, pair_key
+from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
+from rlhf_core.models.lora import adapt_scalar
+from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.train.reward import pair_margins, train_reward_model
+from tasks.config import PipelineConfig
+from tasks.pipeline.stages.context import Stage, StageContext
+from tasks.pipeline.stages.records import DataRecord, ModelRecord
+from tasks.pipeline.stages.reward_model import TRAIN_METRICS, preference_split, save_scalar
+from tasks.pipeline.stages.run import stage_task
+from tasks.pipeline.stages.token_data import preference_pairs
+from tasks.platform.files import read_jsonl
+from tasks.platform.mlflow.artifacts import Artifact, local_copy
+from tasks.platform.mlflow.parent_run import log_parent_folder
+from tasks.platform.mlflow.runs import RunContext, tag_parent
+from tasks.platform.mlflow.tags import (
+    JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG,
+    JUDGE_SPLIT_JUDGE_PAIRS_TAG,
+    JUDGE_SPLIT_RM_PAIRS_TAG,
+)
+
+
+def _write_jsonl(path, rows: list[dict]) -> None:
+    import json
+
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def _split_rows(rows: list[dict], fraction: float) -> tuple[list[int], list[int]]:
+    """-> (the reward model's row numbers, the judge's)."""
+    held = [held_out_for_judge(r, fraction) for r in rows]
+    return [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h]
+
+
+def _split_tokens(source: Path, target: Path, parts: dict[str, list[int]]) -> None:
+    """The gate's token ids of ``source``'s preference set, taken row for row like its
+    rows: one token file beside each file of ``parts`` (name -> row numbers); none where
+    the source had none (the stages encode the texts then)."""
+    tokens = tokens_path(source / "preference.jsonl")
+    if not tokens.is_file():
+        return
+    table = read_tokens(tokens)
+    for name, rows in parts.items():
+        write_tokens(table.take(pa.array(rows, type=pa.int64())),
+                     tokens_path(target / f"{name}.jsonl"))
+
+
+@task(name="judge_split")
+def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
+                batch_keys: list[str] | None = None) -> DataRecord:
+    """The validated data with the judge's held-out pairs taken out of ``preference.jsonl``
+    (they go to ``judge_preference.jsonl`` beside it) -> the validate output for the reward
+    model, with ``judge_rows`` added. Logged on the parent run (``judge_split/data``).
+    ``retrain.gate.judge_data: configured``: held-out pairs among ``batch_keys`` (the
+    batches') are kept from the reward model but do not train the judge either."""
+    source = local_copy(ctx, data.data, "validate's data")
+    target = ctx.stage_dir("judge_split") / "data"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target)
+    rows = read_jsonl(source / "preference.jsonl")
+    train, held = _split_rows(rows, cfg.retrain.gate.judge_fraction)
+    n_held = len(held)
+    if cfg.retrain.gate.judge_data == "configured" and batch_keys:
+        from_batches = set(batch_keys)
+        held = [i for i in held if pair_key(rows[i]) not in from_batches]
+    if not train or not held:
+        raise ValueError(f"judge split: {len(train)} pairs for the reward model and "
+                         f"{len(held)} for the judge; both need some "
+                         "(retrain.gate.judge_fraction)")
+    _write_jsonl(target / "preference.jsonl", [rows[i] for i in train])
+    _write_jsonl(target / "judge_preference.jsonl", [rows[i] for i in held])
+    # the copied token file was the whole set's: each part gets its own rows' ids
+    _split_tokens(source, target, {"preference": train, "judge_preference": held})
+    log_parent_folder(ctx, target, "judge_split/data")
+    tag_parent(ctx, {JUDGE_SPLIT_RM_PAIRS_TAG: str(len(train)),
+                     JUDGE_SPLIT_JUDGE_PAIRS_TAG: str(len(held)),
+                     JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG: str(n_held - len(held))})
+    uri = f"runs:/{ctx.parent_run_id}/judge_split/data"
+    return data.model_copy(update={"data": Artifact(path=str(target), uri=uri),
+                                   "judge_rows": str(target / "judge_preference.jsonl")})
+
+
+def fit_judge(start_dir: Path, pairs, rows: Callable[[], list[dict]], pad_id: int,
+              cfg: PipelineConfig, spec: LoadSpec, device: torch.device,
+              generator: torch.Generator, on_log=None) -> ScalarHeadModel:
+    """A fresh scalar head on ``start_dir``'s policy, trained as the reward model is on the
+    judge's ``pairs`` (``rows``: their texts, read for margins) for
+    ``retrain.gate.judge_epochs`` (else the reward model's epochs)."""
+    margins = pair_margins(rows(), True) if cfg.reward.use_margin else None
+    model = new_scalar_model(start_dir, spec)
+    if spec.lora is not None:
+        model = adapt_scalar(model, spec.lora)
+    epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs
+    reward = cfg.reward.model_copy(update={"epochs": epochs})
+    train_reward_model(model, pairs, margins, pad_id, reward, device, generator,
+                       on_log=on_log, progress=False, precision=spec.precision)
+    return model
+
+
+def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
+    """A fresh head on ``start``'s policy (the SFT policy), trained on the judge split's
+    ``judge_preference.jsonl`` (a retrain's), else on the reward model's held-out pairs
+    (``preference_eval.jsonl``, or the first ``reward.eval_fraction`` of the pairs)."""
+    cfg, device, spec = sc.cfg, sc.device, sc.spec
+    generator = sc.seeded()
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    folder = sc.local(data.data, "validate's data")
+    if data.judge_rows is not None:
+        path = folder / "judge_preference.jsonl"
+        pairs = preference_pairs(path, tokenizer)  # the gate's ids, else encoded here
+        rows = partial(read_jsonl, path)
+    else:
+        split = preference_split(folder, tokenizer, cfg.reward)
+        pairs, rows = split.held_out, split.held_rows
+    model = fit_judge(sc.local(start.model, "the policy the judge starts from"), pairs, rows,
+                      tokenizer.pad_token_id, cfg, spec, device, generator, on_log=sc.log)
+    out_dir = save_scalar(model, sc.dir / "model", sc.local(start.model, "the start policy"),
+                          spec)
+    return ModelRecord(model=sc.publish(out_dir, "checkpoint"),
+                       metrics={"judge/pairs": float(len(pairs))})
+
+
+STAGE = Stage("judge_model", body, ModelRecord, seed_offset=7, metrics=TRAIN_METRICS,
+              artifacts=("checkpoint",))
+
+judge_model = stage_task(STAGE)

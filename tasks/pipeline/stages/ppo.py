@@ -1,0 +1,182 @@
+"""ppo: PPO iterations from the start policy (the SFT policy, or the champion in a retrain)
+against the reward model, with the warm-started critic; metrics per iteration (TRL names),
+sample tables, checkpoints; on ``model.nproc`` data-parallel ranks when it is above 1."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import pandas as pd
+
+from rlhf_core.eval.evaluate import mean_std, rm_judge_gap
+from rlhf_core.models.adapters import save_policy_adapter, save_scalar_adapter
+from rlhf_core.models.checkpoint import save_policy, save_scalar_model
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.lora import ppo_models
+from rlhf_core.models.scoring import normalise_head
+from rlhf_core.ppo.ppo_dist import make_trainer
+from tasks.pipeline.judge import resolve_judge
+from tasks.pipeline.prepare import Prepared
+from tasks.pipeline.stages.context import Stage, StageContext
+from tasks.pipeline.stages.health import HealthLog, make_watch
+from tasks.pipeline.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
+from tasks.pipeline.stages.run import stage_task
+from tasks.pipeline.stages.token_data import text_ids
+from tasks.platform.files import read_json, read_jsonl, write_json
+from tasks.platform.prefect.memory import peak_memory, state_bytes
+
+
+def judge_monitor(judge_name: str):
+    """Mean gold-judge score of each iteration's rollouts (logged as judge/score), demo only."""
+    judge = resolve_judge(judge_name)
+    if judge is None:
+        return None
+
+    def monitor(prompts: list[str], responses: list[str], has_eos: list[bool]) -> dict:
+        scores = [judge(p, r, e) for p, r, e in zip(prompts, responses, has_eos)]
+        return {"judge/score": sum(scores) / len(scores)}
+
+    return monitor
+
+
+def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_stats: dict):
+    """metrics -> the RM-vs-judge gap of an iteration (``judge/rm_judge_gap_z``: the RM's and
+    the judge's mean gains over the SFT demonstrations, in their standard deviations), and
+    rows -> each sample row with its judge score; None without a judge. ``sft_rows`` reads
+    the SFT rows, only where there is a judge."""
+    judge = resolve_judge(judge_name)
+    if judge is None:
+        return None
+    judge_base = mean_std([judge(r["prompt"], r["response"], True) for r in sft_rows()])
+    rm_base = (norm_stats["mean"], norm_stats["std"])
+
+    def add(metrics: dict, rows: list[dict] | None) -> dict:
+        if "judge/score" not in metrics:  # the start policy's check: no rollout yet
+            return metrics
+        for row in rows or []:
+            row["judge_score"] = judge(row["prompt"], row["response"], row["has_eos"])
+        gap = rm_judge_gap(metrics["objective/raw_scores"], metrics["judge/score"], rm_base,
+                           judge_base)
+        return {**metrics, **{f"judge/{k}": v for k, v in gap.items()}}
+
+    return add
+
+
+def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord, rm: ModelRecord,
+         norm: NormRecord, critic: ModelRecord, judge: ModelRecord | None = None,
+         reference_dir: str | None = None) -> PolicyRecord | None:
+    """PPO from the policy in ``start`` (KL reference: the same policy, or ``reference_dir``),
+    watched (``ppo.health``: held-out checks scored by ``judge`` too, and the detectors).
+    In the task's process or on each torchrun rank: every rank rolls out its share of each
+    batch; only rank 0 logs, writes samples, checkpoints and the final models, and returns
+    the record."""
+    cfg, device, spec = sc.cfg, sc.device, sc.spec
+    generator = sc.seeded()
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    # explicit critic source (none for a critic-free estimator); with model.lora:
+    # adapters over the SFT and RM trunks (the reference is the start policy's weights)
+    critic_dir = sc.local(critic.model, "critic_init's model") if cfg.ppo.uses_critic else None
+    start_dir = sc.local(start.model, "the start policy")  # here, or downloaded from MLflow
+    models = ppo_models(start_dir, reference_dir or start_dir, critic_dir,
+                        sc.local(rm.model, "reward_model's model"), spec)
+    norm_stats = norm.stats  # the values reward_norm.json holds
+    if models.value_model is not None:  # the critic starts on the returns' scale
+        normalise_head(models.value_model.head, norm_stats, cfg.reward_norm.divide_by_std)
+    data_dir = sc.local(data.data, "validate's data")
+    # the gate's token ids (memory-mapped; a batch's prompts read when drawn), else encoded
+    prompts = text_ids(data_dir / "prompts.jsonl", ("prompt",), tokenizer)[0]
+    trainer = make_trainer(models, tokenizer=tokenizer, prompt_ids=prompts, cfg=cfg.ppo,
+                           norm_stats=norm_stats, device=device, generator=generator,
+                           divide_by_std=cfg.reward_norm.divide_by_std,
+                           precision=spec.precision, dp=sc.dp, seed=sc.seed)
+    samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save
+    samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
+    log = sc.live(cfg.ppo.iterations)  # MLflow, progress artifact, log line
+    judged = overoptimisation(prep.judge, partial(read_jsonl, data_dir / "sft.jsonl"),
+                              norm_stats)
+
+    def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
+        metrics = judged(metrics, rows) if judged else metrics
+        log(iteration, metrics)
+        if rows:
+            samples[:] = [r for r in samples if r["iteration"] < iteration] + rows
+            write_json(samples_path, samples)
+            sc.log_table(pd.DataFrame(rows), f"samples/iter_{iteration:05d}.json", spooled=True)
+
+    ck = sc.stop_on_outage(trainer.checkpointer(sc.checkpoint_dir,
+                                                cfg.tracking.keep_checkpoints))
+    watch, check_prompts = make_watch(sc, data_dir, judge, prep.judge)
+    health = HealthLog(sc, watch, check_prompts) if watch is not None else None
+    with peak_memory() as memory:  # under data parallelism: rank 0's
+        last = trainer.train(on_iteration, progress=sc.progress,
+                             monitor=judge_monitor(prep.judge), checkpointer=ck, watch=watch,
+                             on_verdict=health)
+    if not sc.is_main:
+        return None
+    record = _finish(sc, trainer, tokenizer, samples, last, memory, start_dir, critic_dir)
+    if health is None:
+        return record
+    return record.model_copy(update={"health": health.record(trainer),
+                                     "figures": health_figures(trainer)})
+
+
+def health_figures(trainer) -> dict:
+    """What the summary shows of a stop (nothing without one)."""
+    if trainer.stopped is None:
+        return {}
+    kept = trainer.restored_iteration
+    return {"stopped by": f"{trainer.stopped.detector} at iteration {trainer.stopped.iteration}",
+            "policy kept": "as it was" if kept is None else f"iteration {kept}"}
+
+
+def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dict,
+            memory: dict, start_dir, critic_dir) -> PolicyRecord:
+    """Memory metrics, the final policy (and critic; with LoRA their adapters over
+    ``start_dir`` and ``critic_dir``), the sample table -> the record."""
+    memory["memory/model_state_gb"] = state_bytes(
+        trainer.policy, trainer.ref_policy, trainer.value_model, trainer.reward_model,
+        optimizer=trainer.optimizer) / 2**30
+    sc.log(0, memory)  # not through the progress: it would read 0% again
+    policy, value = trainer.policy, trainer.value_model
+    if sc.spec.lora is None:
+        policy_dir = save_policy(policy, tokenizer, sc.dir / "policy")
+        value_dir = None if value is None else \
+            str(save_scalar_model(value, sc.dir / "value_model"))
+    else:  # the adapters over the start policy and the critic's start, alone
+        rows = policy.get_input_embeddings().num_embeddings
+        policy_dir = save_policy_adapter(policy, tokenizer, sc.dir / "policy", start_dir,
+                                         rows)
+        value_dir = None if value is None else \
+            str(save_scalar_adapter(value, sc.dir / "value_model", critic_dir))
+    sc.log_table(pd.DataFrame(samples), "samples/all.json", spooled=True)
+    keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
+    return PolicyRecord(policy=sc.publish(policy_dir, "checkpoint/policy"), value_dir=value_dir,
+                        metrics={**{k: last[k] for k in keys if k in last}, **memory})
+
+
+# per iteration (TRL's names; value metrics with a critic, loss/kl_loss_avg with ppo.kl_in_loss,
+# judge/* with a gold judge), check/* at each held-out check (iteration 0: the start policy's;
+# check/judge_score with a judge model, check/gold_score with a gold judge), then memory/* at
+# the end (peak_gpu_gb on CUDA)
+STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=2, ranks=True,
+              metrics=("objective/kl", "objective/entropy", "objective/non_score_reward",
+                       "objective/rlhf_reward", "objective/scores", "objective/raw_scores",
+                       "objective/kl_coef", "objective/advantage_abs_mean",
+                       "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg",
+                       "policy/grad_norm_avg", "loss/policy_avg", "loss/value_avg",
+                       "loss/kl_loss_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var",
+                       "val/num_eos_tokens", "val/explained_variance", "val/grad_norm_avg",
+                       "response/length_mean", "response/length_max",
+                       "response/truncated_rate", "response/eos_rate", "lr", "episode",
+                       "time/rollout_s", "time/update_s", "throughput/tokens_per_s",
+                       "judge/score", "judge/rm_gain_z", "judge/judge_gain_z",
+                       "judge/rm_judge_gap_z", "check/proxy_score", "check/judge_score",
+                       "check/gold_score", "check/kl", "check/length_mean", "check/eos_rate",
+                       "check/distinct_rate", "check/rm_drift", "time/check_s",
+                       "memory/peak_rss_gb",
+                       "memory/peak_gpu_gb", "memory/model_state_gb"),
+              artifacts=("samples/iter_*.json", "samples/all.json", "checks/iter_*.json",
+                         "health.json", "checkpoint/policy"))
+
+ppo = stage_task(STAGE)

@@ -1,0 +1,207 @@
+"""Typed stage outputs: what each stage returns, records on its child run (tag
+``rlhf.output``, read back to skip a finished stage) and hands to the stages after it.
+
+A file or folder a stage wrote is an :class:`Artifact`: its path on the machine that wrote
+it and its MLflow artifact URI, so a stage on another machine (a routed stage, a resume
+elsewhere) reads it through ``StageContext.local`` from the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tasks.pipeline.rule import Decision
+from tasks.platform.mlflow.artifacts import Artifact
+
+__all__ = ["Artifact", "Decision"]  # re-exported: the records' field types
+
+
+class StageRecord(BaseModel):
+    """What every stage output holds: where it ran, how long, its key figures."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str = ""  # the record's class, so JSON (a result Prefect stored) reads back as it
+    stage: str = ""
+    run_id: str = ""
+    wall_s: float = 0.0
+    peak_gpu_gb: float | None = None  # the CUDA allocator's peak in this process (on CUDA)
+    skipped: bool = False
+    metrics: dict[str, float] = {}
+    figures: dict[str, Any] = {}
+
+    # output records written before artifacts were typed: flat ``<key>`` path and ``<name>_uri``
+    LEGACY: ClassVar[dict[str, str]] = {}
+
+    def model_post_init(self, _context: Any) -> None:
+        self.kind = type(self).__name__
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_keys(cls, data: Any) -> Any:
+        """Read a record a stage recorded as flat keys (``model_dir`` + ``model_uri``), so a
+        run recorded that way still resumes."""
+        if not isinstance(data, dict) or not cls.LEGACY:
+            return data
+        data = dict(data)
+        for field, key in cls.LEGACY.items():
+            if key in data and field not in data:
+                path = data.pop(key)
+                uri = data.pop(f"{key.removesuffix('_dir').removesuffix('_path')}_uri", None)
+                data[field] = None if path is None else {"path": path, "uri": uri}
+        return data
+
+
+class DataRecord(StageRecord):
+    """validate: the cleaned data folder (``sft.jsonl``, ``preference.jsonl``, ...) and the
+    tokenizer the later stages load; a retrain's judge split points ``data`` at its own
+    folder and adds ``judge_rows``."""
+
+    LEGACY = {"data": "data_dir", "tokenizer": "tokenizer"}
+    data: Artifact
+    tokenizer: Artifact
+    pad_added: bool = False
+    conversational: bool = False
+    warnings: list[str] = []
+    judge_rows: str | None = None
+
+
+class ModelRecord(StageRecord):
+    """sft, reward_model, critic_init, judge_model: one saved model folder (None: a stage
+    that saved none, e.g. critic_init for a critic-free estimator)."""
+
+    LEGACY = {"model": "model_dir"}
+    model: Artifact | None = None
+    source: str | None = None
+
+
+class NormRecord(StageRecord):
+    """reward_norm: the statistics file and its values ({mean, std, n})."""
+
+    LEGACY = {"stats_file": "stats_path"}
+    stats_file: Artifact
+    stats: dict[str, float]
+
+
+class HealthFinding(BaseModel):
+    """A detector that fired during PPO (rlhf_core/health/detectors.py): when, what it saw,
+    what its action was and what the guides advise."""
+
+    model_config = ConfigDict(extra="forbid")
+    detector: str
+    failure: str
+    iteration: int
+    onset: int
+    last_healthy: int
+    action: str  # warn or stop
+    message: str
+    advice: str
+    evidence: dict[str, float] = {}
+    # at the end of PPO: why the finding still questions the final policy (None: it does
+    # not, or its detector only warns)
+    stands: str | None = None
+
+    def line(self) -> str:
+        """One line for summaries: what fired, when, and the advice."""
+        return (f"{self.failure} ({self.detector}) at iteration {self.iteration}: "
+                f"{self.message}. Advice: {self.advice}.")
+
+
+class HealthRecord(BaseModel):
+    """What watching PPO found: its findings, and whether (and at what) it stopped PPO and
+    which healthy snapshot the policy is."""
+
+    model_config = ConfigDict(extra="forbid")
+    checks: int = 0  # held-out checks made
+    findings: list[HealthFinding] = []
+    stopped_by: str | None = None  # the detector whose stop ended PPO
+    restored_iteration: int | None = None  # the snapshot the stopped stage's policy is
+
+    @property
+    def flags(self) -> list[str]:
+        return [f.detector for f in self.findings]
+
+    def lines(self) -> list[str]:
+        """For summaries: one line per finding (with the guides' advice), and the stop."""
+        out = [f"PPO health: {f.line()}" + (f" It still stands at the end: {f.stands}."
+                                            if f.stands else "") for f in self.findings]
+        if self.stopped_by is not None:
+            out.append(f"PPO stopped: {self.blocks_champion}.")
+        return out
+
+    @property
+    def blocks_champion(self) -> str | None:
+        """Why this policy may not become champion without an override (None: it may):
+        PPO was stopped, or a finding still stands at its end (the detector's rule read
+        again then: a reward-hacking fall the judge never made up, answers still off the
+        reward model's distribution)."""
+        if self.stopped_by is not None:
+            kept = "" if self.restored_iteration is None else \
+                f", the policy kept is its snapshot of iteration {self.restored_iteration}"
+            return f"PPO was stopped by its {self.stopped_by} detector{kept}"
+        standing = next((f for f in self.findings if f.stands), None)
+        if standing is not None:
+            return (f"PPO's {standing.detector} detector fired at iteration "
+                    f"{standing.iteration} and its finding still stands: {standing.stands}")
+        return None
+
+
+class PolicyRecord(StageRecord):
+    """ppo: the trained policy (and value model, when there is a critic) and what watching
+    it found."""
+
+    LEGACY = {"policy": "policy_dir"}
+    policy: Artifact
+    value_dir: str | None = None
+    health: HealthRecord = HealthRecord()
+
+
+class EvalRecord(StageRecord):
+    """evaluate: its metrics, the label of the scorer that produced the headline score and
+    of the one that compared the policy with its start (None: no independent scorer)."""
+
+    scorer: str | None = None
+    start_scorer: str | None = None
+
+
+class RegisterRecord(StageRecord):
+    """register: the registered versions and whether the policy became champion."""
+
+    registered: bool
+    reason: str = ""  # why the policy was (or was not) promoted
+    model_name: str | None = None
+    version: int | None = None
+    reward_model_name: str | None = None
+    reward_model_version: int | None = None
+    promoted: bool = False
+    awaiting_approval: bool = False  # registered as candidate: champion moves on approval
+
+
+class SharedStages(BaseModel):
+    """What a sweep computes once and every point reuses (validate -> sft -> reward_model ->
+    reward_norm, and the held-out checks' judge_model when PPO's health watch uses one)."""
+
+    model_config = ConfigDict(frozen=True)
+    validate_: DataRecord = Field(alias="validate")
+    sft: ModelRecord
+    reward_model: ModelRecord
+    reward_norm: NormRecord
+    judge_model: ModelRecord | None = None
+
+    def outputs(self) -> dict[str, StageRecord]:
+        out = {"validate": self.validate_, "sft": self.sft, "reward_model": self.reward_model,
+               "reward_norm": self.reward_norm}
+        return out if self.judge_model is None else {**out, "judge_model": self.judge_model}
+
+
+def record_class(kind: str) -> type[StageRecord] | None:
+    """The record class named ``kind`` (a record's ``kind``) among the imported subclasses of
+    :class:`StageRecord`, the stage table's and a feature's stages' alike (None: none)."""
+    todo: list[type[StageRecord]] = [StageRecord]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == kind:
+            return cls
+        todo.extend(cls.__subclasses__())
+    return None

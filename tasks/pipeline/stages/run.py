@@ -1,0 +1,162 @@
+"""Running a stage: skip it when its finished child run recorded an output, else open the
+child run and run the body in this process, on torchrun ranks (tasks/platform/prefect/launch.py) or
+on another machine's worker (tasks/platform/prefect/remote.py); record the typed output, its wall
+time and a Prefect summary artifact. Each stage's Prefect task is derived from its table entry here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+import typing
+from typing import Any
+
+from prefect import Task
+from pydantic import BaseModel
+
+from rlhf_core.faults import crash_point, pause_point
+from rlhf_core.memory import trim_heap
+from tasks.config import PipelineConfig
+from tasks.pipeline.owners import owning
+from tasks.pipeline.stages.context import (
+    Stage,
+    StageContext,
+    metric_logger,
+    stage_markdown,
+    stage_params,
+)
+from tasks.pipeline.stages.graph import direct_edges, note_made_from
+from tasks.pipeline.stages.records import StageRecord
+from tasks.platform.mlflow.runs import RunContext, completed_output, record_output, stage_run
+from tasks.platform.mlflow.spool import resend_left
+from tasks.platform.prefect.launch import run_ranks
+from tasks.platform.prefect.remote import run_routed
+
+
+def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
+              **inputs: Any) -> StageRecord:
+    """Skip ``stage`` when a finished child run recorded its output; else run its body
+    inside the child run, record the output and wall time, and return the record. The
+    Prefect summary shows its ``metrics`` and any non-metric ``figures``."""
+    pause_point(f"before:{stage.name}")
+    done = completed_output(ctx, stage.name)
+    if done is not None:
+        return stage.record.model_validate({**done, "skipped": True})
+    start = time.perf_counter()
+    gpu = gpu_peak_tracked(ctx.device)
+    resend_left(ctx.client(), ctx.workdir)  # a resume sends what a tracking outage left
+    params = stage_params(cfg, *stage.sections) if stage.sections else None
+    with stage_run(ctx, stage.name, params) as run_id:
+        out = execute(ctx, cfg, stage, run_id, inputs)
+        release_memory()
+        out = out.model_copy(update={"run_id": run_id, "stage": stage.name,
+                                     "wall_s": round(time.perf_counter() - start, 2),
+                                     "peak_gpu_gb": gpu_peak_gb() if gpu else None})
+        metric_logger(ctx, run_id)(0, {"time/stage_s": out.wall_s, **(
+            {"memory/stage_peak_gpu_gb": out.peak_gpu_gb} if gpu else {})})
+        record_output(ctx, run_id, out.model_dump(mode="json"))
+    crash_point(f"after:{stage.name}")
+    stage_markdown(ctx, stage.name, run_id, {"wall_s": out.wall_s, **out.metrics,
+                                              **out.figures})
+    return out
+
+
+def release_memory() -> None:
+    """Hand what a finished stage freed back to the OS before the next stage allocates:
+    Arrow's memory pool (the gate's tables) and glibc's heaps (rlhf_core/memory.py). No
+    garbage collection here: a full one costs about half a second a stage in this process."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    trim_heap()
+
+
+def gpu_peak_tracked(device: str) -> bool:
+    """On a CUDA device (``model.device`` cuda, or auto with CUDA present) reset the
+    allocator's peak, so the stage's own peak is read at its end -> whether it is tracked."""
+    import torch
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return False
+    torch.cuda.reset_peak_memory_stats()
+    return True
+
+
+def gpu_peak_gb() -> float:
+    """The CUDA allocator's peak since :func:`gpu_peak_tracked`, in GiB (this process's;
+    a stage on torchrun ranks or another machine reports that of its own processes)."""
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
+def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
+            inputs: dict[str, Any]) -> StageRecord:
+    """The body in this process, on ``model.nproc`` torchrun ranks (a stage that can), or on
+    the worker ``routing.stages`` names; this process owns the run folder meanwhile (what a
+    killed stage leaves there is swept only once no live process owns it:
+    tasks/pipeline/owners.py)."""
+    routed = cfg.routing.stages.get(stage.name)
+    with owning(ctx.workdir):
+        if routed:
+            return stage.record.model_validate(
+                run_routed(ctx, cfg, stage.name, run_id, inputs_json(inputs), routed))
+        if stage.ranks and (cfg.model.nproc > 1 or cfg.model.nnodes > 1):
+            return stage.record.model_validate(
+                run_ranks(ctx, cfg, stage.name, run_id, inputs_json(inputs)))
+        return stage.body(StageContext(ctx, cfg, stage, run_id), **inputs)
+
+
+def inputs_json(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A stage's inputs for another process (records as JSON)."""
+    return {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+            for k, v in inputs.items()}
+
+
+def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
+    """JSON inputs back into the records the body's signature names."""
+    hints = typing.get_type_hints(stage.body)
+    out = {}
+    for name, value in inputs.items():
+        kind = hints.get(name)
+        record = next((t for t in typing.get_args(kind) or (kind,)
+                       if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        out[name] = record.model_validate(value) if record and value is not None else value
+    return out
+
+
+def stage_task(stage: Stage) -> Task:
+    """The stage's Prefect task, named after it: ``task(ctx, cfg, *inputs)`` runs it through
+    :func:`run_stage`. Its signature is the body's inputs after ``ctx`` and ``cfg``, so callers
+    pass inputs by position or keyword and Prefect sees them as the task's parameters; its
+    description is the stage module's docstring, its source (Prefect's cache key) the body's."""
+    param = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter("ctx", param, annotation=RunContext),
+         inspect.Parameter("cfg", param, annotation=PipelineConfig), *stage.inputs],
+        return_annotation=stage.record)
+
+    def run(*args: Any, **kwargs: Any) -> StageRecord:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        inputs = dict(bound.arguments)
+        return run_stage(inputs.pop("ctx"), inputs.pop("cfg"), stage, **inputs)
+
+    run.__signature__ = signature
+    run.__name__ = run.__qualname__ = stage.name  # Prefect's task key: one per stage
+    run.__module__ = stage.body.__module__
+    run.__doc__ = sys.modules[stage.body.__module__].__doc__
+    run.__wrapped__ = stage.body  # what inspect.getsource, and so Prefect, reads as its source
+    return StageTask(fn=run, name=stage.name)
+
+
+class StageTask(Task):
+    """A stage's Prefect task: called with its inputs, it draws an edge in the flow run's
+    graph from each task it directly depends on only (tasks/pipeline/stages/graph.py)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        out = super().__call__(**direct_edges(dict(bound.arguments)))
+        note_made_from(out, bound.arguments.values())
+        return out

@@ -1,0 +1,73 @@
+"""The stages' token ids: read from the gate's token file beside a cleaned data set
+(data_checks/token_files.py), memory-mapped, or, where the gate wrote none (an older run, a
+data folder from elsewhere), encoded from the texts as before, one tokenizer call per text.
+Either way the same ids (rlhf_core/models/data.py's ``encode``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from data_checks.token_files import read_tokens, tokens_path
+from rlhf_core.models.data import encode
+from rlhf_core.models.ragged import RaggedIds
+from rlhf_core.train.reward import PairExamples, encode_pairs
+from rlhf_core.train.sft import SFTExamples, encode_sft_rows
+from tasks.platform.files import read_jsonl
+
+
+def count_rows(path: Path) -> int:
+    """Non-blank lines of a JSONL file (what read_jsonl reads), without parsing them."""
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def _ragged(column: pa.ChunkedArray) -> RaggedIds:
+    """A list<int32> column -> its ids over the mapped buffers (no copy)."""
+    return RaggedIds([(chunk.values.to_numpy(zero_copy_only=False),
+                       chunk.offsets.to_numpy(zero_copy_only=False))
+                      for chunk in column.chunks])
+
+
+def read_ids(cleaned: Path | str, columns: tuple[str, ...]) -> list[RaggedIds] | None:
+    """The gate's ids of ``columns`` of the cleaned file ``cleaned``; None where it wrote no
+    token file or not all those columns. A token file whose row count differs from the
+    cleaned file's is an error (it belongs to other data)."""
+    cleaned = Path(cleaned)
+    path = tokens_path(cleaned)
+    if not path.is_file():
+        return None
+    table = read_tokens(path)
+    if any(f"{c}_ids" not in table.column_names for c in columns):
+        return None
+    n = count_rows(cleaned)
+    if table.num_rows != n:
+        raise ValueError(f"{path}: {table.num_rows} rows of token ids for the {n} rows of "
+                         f"{cleaned}: it belongs to other data (delete it to tokenize again)")
+    return [_ragged(table.column(f"{c}_ids")) for c in columns]
+
+
+def text_ids(cleaned: Path | str, columns: tuple[str, ...], tokenizer) -> list[RaggedIds]:
+    """The ids of ``columns`` of each row of ``cleaned``: the gate's, else encoded here."""
+    ids = read_ids(cleaned, columns)
+    if ids is not None:
+        return ids
+    rows = read_jsonl(cleaned)
+    return [RaggedIds.from_lists([encode(tokenizer, r[c]) for r in rows]) for c in columns]
+
+
+def sft_examples(cleaned: Path | str, tokenizer, loss_on: str) -> SFTExamples:
+    """SFT's (input_ids, labels) per row of the cleaned SFT file."""
+    ids = read_ids(cleaned, ("prompt", "response"))
+    if ids is None:
+        return encode_sft_rows(tokenizer, read_jsonl(cleaned), loss_on)
+    return SFTExamples(*ids, tokenizer.eos_token_id, loss_on)
+
+
+def preference_pairs(cleaned: Path | str, tokenizer) -> PairExamples:
+    """The reward model's (chosen_ids, rejected_ids) per row of a cleaned preference file."""
+    ids = read_ids(cleaned, ("prompt", "chosen", "rejected"))
+    if ids is None:
+        return encode_pairs(tokenizer, read_jsonl(cleaned))
+    return PairExamples(*ids, tokenizer.eos_token_id)

@@ -1,0 +1,114 @@
+"""Data files as MLflow dataset inputs of runs (the run's "Datasets" panel): name, source,
+schema and digest, with the context they served in (training, evaluation, a collection, a
+retrain batch)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from mlflow.tracking import MlflowClient
+
+from tasks.platform.mlflow.runs import retry_unique_key
+from tasks.platform.mlflow.tags import DATASET_CONTEXT_TAG
+
+
+class TableInput(NamedTuple):
+    """A data table to record as an MLflow dataset input: ``table`` a pandas DataFrame,
+    ``source`` the file it was read from, ``digest`` MLflow's own when None, ``tags`` input
+    tags beside the dataset's context."""
+
+    table: Any
+    source: str
+    name: str
+    digest: str | None = None
+    tags: dict[str, str] | None = None
+
+
+def _dataset_input(item: TableInput, context: str):
+    """-> (MLflow's DatasetInput of ``item`` with its context and tags, its digest)."""
+    import mlflow.data
+    from mlflow.entities import DatasetInput, InputTag
+
+    with warnings.catch_warnings():  # MLflow registers its local source class twice and
+        warnings.filterwarnings(     # warns that a plain path is ambiguous between them
+            "ignore", message="The specified dataset source can be interpreted")
+        dataset = mlflow.data.from_pandas(item.table, source=item.source, name=item.name,
+                                          digest=item.digest)
+    tags = [InputTag(DATASET_CONTEXT_TAG, context)]
+    tags += [InputTag(k, v) for k, v in (item.tags or {}).items()]
+    return DatasetInput(dataset._to_mlflow_entity(), tags=tags), dataset.digest
+
+
+def log_table_inputs(client: MlflowClient, run_id: str, tables: list[TableInput],
+                     context: str, model_id: str | None = None) -> None:
+    """Record the tables as dataset inputs of ``run_id`` in one call (name, source, schema,
+    digest; the run's "Datasets" panel), with the logged model ``model_id`` as an input
+    beside them when given (the model the data came from)."""
+    from mlflow.entities import LoggedModelInput
+
+    client.log_inputs(run_id, datasets=[_dataset_input(t, context)[0] for t in tables],
+                      models=[LoggedModelInput(model_id)] if model_id else None)
+
+
+SAMPLE_ROWS = 10_000  # MLflow's pandas digest reads the first 10,000 rows (and the count)
+
+
+def _line_count(path: Path) -> int:
+    count = 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            count += block.count(b"\n")
+    return count
+
+
+def pandas_digest(head, rows: int) -> str:
+    """MLflow's digest of a table (``mlflow.data.digest_utils.compute_pandas_digest``) from its
+    first SAMPLE_ROWS rows ``head`` and its row count: the same value where every row of a
+    text column is a string, as in a cleaned file (the gate fails nulls)."""
+    import numpy as np
+    import pandas as pd
+    from mlflow.data.digest_utils import get_normalized_md5_digest
+
+    trimmed = head.head(SAMPLE_ROWS)
+    strings = trimmed.columns[trimmed.map(lambda v: isinstance(v, str)).all(axis=0)]
+    numbers = trimmed.select_dtypes(include=[np.number]).columns
+    trimmed = trimmed[strings.union(numbers)]
+    return get_normalized_md5_digest([pd.util.hash_pandas_object(trimmed).values,
+                                      np.int64(rows)] + [str(x).encode() for x in head.columns])
+
+
+def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path],
+                 context: str) -> dict[str, str]:
+    """Record each (cleaned) JSONL data file as an MLflow dataset input of every run in
+    ``run_ids`` (name, source path, schema, digest, row count; shown in the run's "Datasets"
+    panel) -> digests. A file is read only up to its first SAMPLE_ROWS rows, and its lines
+    counted, whatever its size: the digest and profile are MLflow's own for the whole file."""
+    import pandas as pd
+    from mlflow.entities import Dataset, DatasetInput
+
+    inputs, digests = [], {}
+    for name, path in files.items():
+        rows = _line_count(path)
+        head = pd.read_json(path, lines=True, dtype=False, nrows=SAMPLE_ROWS) \
+            if rows > SAMPLE_ROWS else pd.read_json(path, lines=True, dtype=False)
+        digest = pandas_digest(head, rows) if rows > SAMPLE_ROWS else None  # None: MLflow's
+        item, digests[name] = _dataset_input(TableInput(head, str(path), name, digest), context)
+        if rows > SAMPLE_ROWS:  # the profile of the whole file, not of the rows read
+            d = item.dataset
+            profile = json.dumps({"num_rows": rows, "num_elements": rows * len(head.columns)})
+            item = DatasetInput(Dataset(d.name, d.digest, d.source_type, d.source, d.schema,
+                                        profile), tags=item.tags)
+        inputs.append(item)
+    for run_id in run_ids:
+        _log_inputs(client, run_id, inputs)
+    return digests
+
+
+def _log_inputs(client: MlflowClient, run_id: str, inputs: list) -> None:
+    """MLflow's server inserts a dataset it has not seen (experiment, name, digest) after
+    looking it up: two runs logging the same data at once can hit its unique key (seen on
+    PostgreSQL). The write is rolled back whole, so it is retried and then finds the row."""
+    retry_unique_key(lambda: client.log_inputs(run_id, datasets=inputs))

@@ -1,0 +1,174 @@
+"""Calls whose answer is needed (opening and closing a stage's run, recording its output,
+evaluate's and register's calls) cannot be spooled: :class:`GuardedClient`, what
+``RunContext.client()`` returns for a server over HTTP, tries each once and, on a server that
+went away, waits for it at most ``tracking.outage_limit_s``, then raises
+:class:`~tasks.platform.mlflow.spool.TrackingOutage`, as the spool does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from tasks.platform.mlflow.spool import (
+    TIMEOUT_ENV,
+    LoginRefused,
+    TrackingOutage,
+    fail_fast,
+    log,
+    refusal,
+    refused,
+    spooled_left,
+    unreachable,
+)
+
+# Opening a stage's run, recording its output, evaluate's and register's writes, closing the
+# run: these cannot wait in a spool. Without a bound each would sit in MLflow's own retries
+# (7, with backoff: about 4 minutes a request) and end in a traceback.
+
+QUICK_S, AGAIN_S = 5, 30  # request timeouts: first try, tries while waiting
+LONG_CALLS = frozenset({"log_artifact", "log_artifacts", "download_artifacts"})
+READS = ("get_", "search_", "list_")  # client calls that only read
+
+
+def server_answers(uri: str, timeout_s: float = QUICK_S) -> bool:
+    """Does the tracking server at ``uri`` answer its /health page (one try)?"""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as resp:
+            return resp.status < 500
+    except OSError:
+        return False
+
+
+class GuardedClient:
+    """An MlflowClient (``raw``) whose calls, on a tracking server that does not answer,
+    wait at most ``limit_s`` instead of MLflow's retries: each call is tried once with a
+    short timeout; when the server is away one warning says so and the call is tried again
+    (with a longer timeout) every ``poll_s`` until it answers, or :class:`TrackingOutage`
+    stops the run past the limit. Artifact transfers (:data:`LONG_CALLS`) keep MLflow's
+    timeout and retries and start once the server answers its /health page."""
+
+    def __init__(self, client: MlflowClient, limit_s: float, parent_run_id: str,
+                 workdir: str | Path, poll_s: float = 2.0):
+        self.raw, self.limit_s, self.poll_s = client, limit_s, poll_s
+        self.parent_run_id, self.workdir = parent_run_id, workdir
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.raw, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            return self._call(name, attr, args, kwargs)
+
+        return call
+
+    def _call(self, name: str, fn, args, kwargs):
+        if name in LONG_CALLS:
+            self.wait_for_server(name)
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:
+                self.raise_if_refused(err, name)
+                raise
+        since = None
+        while True:
+            try:
+                # once the server has not answered, a slow answer is not taken for none
+                with fail_fast(QUICK_S if since is None else AGAIN_S):
+                    result = fn(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - classified just below
+                self.raise_if_refused(err, name)
+                if not unreachable(err):
+                    raise
+                since = self._waited(since, name)
+                continue
+            self._back(since)
+            return result
+
+    def wait_for_server(self, doing: str) -> None:
+        """Return once the server answers /health, or raise :class:`TrackingOutage`."""
+        since = None
+        while not server_answers(self.raw.tracking_uri):
+            since = self._waited(since, doing)
+        self._back(since)
+
+    def _back(self, since: float | None) -> None:
+        if since is not None:
+            log.warning("MLflow at %s answers again after %.1f s", self.raw.tracking_uri,
+                        time.monotonic() - since)
+
+    def _waited(self, since: float | None, doing: str) -> float:
+        now = time.monotonic()
+        if since is None:
+            log.warning("MLflow at %s not answering (%s); waiting up to %g s "
+                        "(tracking.outage_limit_s)", self.raw.tracking_uri, doing, self.limit_s)
+            since = now
+        elif now - since > self.limit_s:
+            raise self.outage(now - since, doing)
+        time.sleep(self.poll_s)
+        return since
+
+    def raise_if_refused(self, err: BaseException, doing: str) -> None:
+        """A refused login (401), or a refused write (403), stops the run as an outage
+        does, at once. A 403 on a read is left to the caller: MLflow's basic-auth app
+        answers 403, not 404, for an alias or a version of a registered model that does not
+        exist yet (the registry's look-ups read that as "none")."""
+        code = refused(err)
+        if code == 401 or (code == 403 and not doing.startswith(READS)):
+            raise LoginRefused(f"{refusal(code, self.raw.tracking_uri, doing)}; "
+                               f"{self.kept()}") from None
+
+    def kept(self) -> str:
+        left = spooled_left(self.workdir)
+        spooled = (f" and {left} tracking records spooled in {Path(self.workdir) / '.spool'}, "
+                   "sent first when the run is resumed") if left else ""
+        return (f"run {self.parent_run_id} keeps its finished stages, their outputs in "
+                f"{self.workdir}{spooled}")
+
+    def outage(self, down_s: float, doing: str) -> TrackingOutage:
+        return TrackingOutage(
+            f"the MLflow server at {self.raw.tracking_uri} has not answered for {down_s:.0f} s "
+            f"(tracking.outage_limit_s={self.limit_s:g}; at {doing}); {self.kept()}")
+
+
+def guarded(client: MlflowClient, limit_s: float, parent_run_id: str,
+            workdir: str | Path):
+    """``client`` behind a :class:`GuardedClient` when it talks to a server over HTTP."""
+    if not str(client.tracking_uri).startswith(("http://", "https://")):
+        return client
+    return GuardedClient(client, limit_s, parent_run_id, workdir)
+
+
+def one_try(client, doing: str, call: Callable, again: Callable):
+    """``call()``, an operation of many MLflow requests made outside ``client`` (the fluent
+    API logging and registering a model), with no MLflow retries: when it fails and the server
+    does not answer, wait for it (up to the limit, else :class:`TrackingOutage`), then
+    ``again()`` -> its result, or None to run ``call()`` again."""
+    if not isinstance(client, GuardedClient):
+        return call()
+    while True:
+        try:
+            with fail_fast(int(os.environ.get(TIMEOUT_ENV, "120"))):
+                return call()
+        except Exception as err:
+            client.raise_if_refused(err, doing)
+            if server_answers(client.raw.tracking_uri):
+                raise
+        client.wait_for_server(doing)
+        result = again()
+        if result is not None:
+            return result
+
+
+def wait_for_tracking(client, doing: str) -> None:
+    """Before MLflow calls made outside ``client`` (the fluent API, artifact downloads): wait
+    until its server answers, or raise :class:`TrackingOutage` past the limit."""
+    if isinstance(client, GuardedClient):
+        client.wait_for_server(doing)

@@ -1,0 +1,188 @@
+"""The pipeline's MLflow models, both logged as code (MLflow's models-from-code) with
+``rlhf_core`` beside them: the policy, a pyfunc that answers prompts with their completion
+(``tasks/platform/mlflow/policy_pyfunc.py``), and the scalar-head reward model, a pyfunc that scores
+(prompt, response) pairs (``tasks/platform/mlflow/reward_pyfunc.py``); a LoRA run's are its
+adapters and heads, the base model named by source and digest. A prompt is text or a list of
+messages; the signatures say so, and the policy's carries the sampling params a request may
+send (``rlhf_core/eval/serving.py`` does the work)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import rlhf_core
+
+POLICY_SCRIPT = Path(__file__).with_name("policy_pyfunc.py")
+PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
+REQUIREMENTS = ["torch", "transformers", "safetensors", "pandas"]
+
+
+URI_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+@contextmanager
+def mlflow_settings_kept() -> Iterator[None]:
+    """The process's MLflow tracking and registry URIs (module settings and the variables
+    ``mlflow.set_*_uri`` also set, which child processes inherit) as they were, after the
+    body."""
+    import mlflow.tracking._model_registry.utils as registry_utils
+    import mlflow.tracking._tracking_service.utils as tracking_utils
+
+    saved_env = {k: os.environ.get(k) for k in URI_VARS}
+    saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri, registry_utils._registry_uri = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def mlflow_pointed_at(uri: str) -> Iterator[None]:
+    """MLflow pointed at ``uri`` (and the registry our clients use with it:
+    MLFLOW_REGISTRY_URI, else the tracking store) for the body; the process's own settings
+    back after."""
+    import mlflow
+
+    with mlflow_settings_kept():
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(os.environ.get("MLFLOW_REGISTRY_URI") or uri)
+        yield
+
+
+@contextmanager
+def active_run(run_id: str, tracking_uri: str) -> Iterator[None]:
+    """The run ``run_id`` of the store at ``tracking_uri`` as MLflow's active run for the
+    body, where :func:`log_policy` and :func:`log_reward_model` log (MLflow pointed there as
+    by :func:`mlflow_pointed_at`, the process's settings back after). Leaving it ends the
+    run, as ``mlflow.start_run``'s context does."""
+    import mlflow
+
+    with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
+        yield
+
+
+def load_pyfunc(uri: str, tracking_uri: str):
+    """A logged or registered pyfunc model (``models:/<name>@<alias>``...) from the store at
+    ``tracking_uri``; the process's MLflow settings are left as they were."""
+    import mlflow.pyfunc
+
+    with mlflow_pointed_at(tracking_uri):
+        return mlflow.pyfunc.load_model(uri)
+
+
+def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
+    """Why ``models:/<name>@<alias>`` is not a version of the registry that
+    :func:`load_pyfunc` reads (None: it is)."""
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.store.db import utils as store_utils
+
+    from tasks.platform.mlflow.registry import alias_version
+
+    name, alias = uri.removeprefix("models:/").split("@", 1)
+    quiet = logging.getLogger(store_utils.__name__)  # a new SQLite store says so
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        with mlflow_pointed_at(tracking_uri):
+            if alias_version(MlflowClient(), name, alias) is not None:
+                return None
+            return (f"no version of registered model '{name}' holds alias '{alias}' in the "
+                    f"registry at {mlflow.get_registry_uri()}")
+    finally:
+        quiet.setLevel(level)
+
+
+def policy_signature(max_new_tokens: int, temperature: float):
+    """prompt (text or messages) -> answer, with the request params and their defaults (the
+    run's evaluation settings; no seed: each request draws anew)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
+
+    params = ParamSchema([
+        ParamSpec("max_new_tokens", "long", int(max_new_tokens)),
+        ParamSpec("temperature", "double", float(temperature)),
+        ParamSpec("top_p", "double", 1.0),
+        ParamSpec("do_sample", "boolean", True),
+        ParamSpec("seed", "long", None),
+    ])
+    return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt")]),
+                          outputs=Schema([ColSpec(AnyType())]), params=params)
+
+
+def reward_signature():
+    """prompt, response (text, or messages) -> score."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt"),
+                                         ColSpec(AnyType(), "response")]),
+                          outputs=Schema([ColSpec("double")]))
+
+
+def _served_folder(folder: str, tmp: str, name: str) -> tuple[str, list[str]]:
+    """What to log of a model folder -> (folder, extra requirements): a LoRA adapter folder
+    becomes its self-contained bundle (adapters and heads, the base model named by source
+    and digest: rlhf_core/models/adapters.py), which needs peft (and gguf for a GGUF base)
+    where it is served; any other folder is logged as it is."""
+    from rlhf_core.models.adapters import bundle, is_adapter_folder
+
+    if not is_adapter_folder(folder):
+        return folder, []
+    out = bundle(folder, Path(tmp) / name)
+    text = "\n".join(p.read_text() for p in out.rglob("rlhf_lora.json"))
+    return str(out), ["peft"] + (["gguf"] if ".gguf" in text else [])
+
+
+def _log_code_model(name: str, script: Path, artifacts: dict, signature, registered: str,
+                    trust_remote_code: bool, extra: list[str] | None = None) -> str:
+    import mlflow.pyfunc
+
+    with warnings.catch_warnings():
+        # the signature is given explicitly; an input example would load and run the model
+        # once more at log time
+        warnings.filterwarnings("ignore", message=".*input example was not provided")
+        info = mlflow.pyfunc.log_model(
+            name=name, python_model=str(script), artifacts=artifacts,
+            code_paths=[str(Path(rlhf_core.__file__).parent)], signature=signature,
+            registered_model_name=registered,
+            model_config={"trust_remote_code": trust_remote_code},
+            pip_requirements=REQUIREMENTS + (extra or []),
+        )
+    return info.registered_model_version
+
+
+def log_policy(policy_dir: str, name: str, generation: dict, card: str,
+               trust_remote_code: bool = False) -> str:
+    """Log (in the active run) and register the policy -> registered version. ``generation``:
+    the default max_new_tokens and temperature; ``card``: the model card (markdown), stored
+    as the artifact ``model_card.md``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        card_file = Path(tmp) / "model_card.md"
+        card_file.write_text(card)
+        folder, extra = _served_folder(policy_dir, tmp, "policy")
+        return _log_code_model(
+            "policy", POLICY_SCRIPT, {"policy": folder, "model_card": str(card_file)},
+            policy_signature(generation["max_new_tokens"], generation["temperature"]), name,
+            trust_remote_code, extra)
+
+
+def log_reward_model(model_dir: str, tokenizer_dir: str, name: str,
+                     trust_remote_code: bool = False) -> str:
+    """Log (in the active run) and register the reward model -> registered version."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, extra = _served_folder(model_dir, tmp, "reward_model")
+        return _log_code_model("reward_model", PYFUNC_SCRIPT,
+                               {"reward_model": folder, "tokenizer": tokenizer_dir},
+                               reward_signature(), name, trust_remote_code, extra)

@@ -1,0 +1,252 @@
+"""Registry aliases of the policy: ``champion``, ``previous-champion``, ``challenger`` (the
+latest version the gate kept: a promoted version loses it), ``candidate`` (the newest version
+waiting for a person's approval, ``retrain.approval: required``: tasks/retrain/approval/store.py).
+
+Every move is recorded on the registered model (tag ``rlhf.alias_log``: the last moves as JSON
+lines, with who/what moved it and why) and on the version that became champion.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tasks.platform.mlflow.errors import RegistryError
+from tasks.platform.mlflow.tags import (
+    ALIAS_LOG_TAG,
+    CHAMPION_SINCE_TAG,
+    HEALTH_FLAGS_TAG,
+    HEALTH_STOPPED_TAG,
+    PARENT_TAG,
+    REGISTER_DECISION_TAG,
+    REGISTER_REASON_TAG,
+    STAGE_TAG,
+    stage_run_tag,
+)
+
+if TYPE_CHECKING:  # mlflow is imported where used: the CLI imports this module at start
+    from mlflow.tracking import MlflowClient
+
+CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
+CANDIDATE = "candidate"
+LOG_KEEP = 20
+
+
+def set_alias(client: MlflowClient, name: str, alias: str, version, attempts: int = 5) -> None:
+    """Point ``alias`` at ``version``. MLflow's alias write is a delete + insert: two runs
+    moving the same alias at once can hit the server's unique key (seen on PostgreSQL); the
+    write is retried, so the later one wins as intended."""
+    from tasks.platform.mlflow.runs import retry_unique_key
+
+    retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)),
+                     attempts)
+
+
+def alias_version(client: MlflowClient, name: str, alias: str):
+    """The model version holding ``alias``, or None (no model, no alias)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def model_version(client: MlflowClient, name: str, version: str | int):
+    """The registered version ``version`` of ``name``, or None (no such model or version)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version(name, str(version))
+    except MlflowException:
+        return None
+
+
+def _record(client: MlflowClient, name: str, entry: dict) -> None:
+    model = client.get_registered_model(name)
+    lines = [x for x in model.tags.get(ALIAS_LOG_TAG, "").splitlines() if x][-(LOG_KEEP - 1):]
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "user": getpass.getuser(), **entry}
+    client.set_registered_model_tag(name, ALIAS_LOG_TAG, "\n".join([*lines, json.dumps(entry)]))
+
+
+def move_champion(client: MlflowClient, name: str, version: str | int, action: str,
+                  reason: str) -> str | None:
+    """``champion`` -> ``version``; the old champion keeps ``previous-champion`` -> its
+    version (None when there was none). A ``challenger`` alias on ``version`` is removed:
+    it is no challenger once it is the champion."""
+    version = str(version)
+    old = alias_version(client, name, CHAMPION)
+    before = None if old is None else str(old.version)  # MLflow 3 gives an int
+    if before is not None and before != version:
+        set_alias(client, name, PREVIOUS, before)
+    set_alias(client, name, CHAMPION, version)
+    challenger = alias_version(client, name, CHALLENGER)
+    cleared = challenger is not None and str(challenger.version) == version
+    if cleared:
+        client.delete_registered_model_alias(name, CHALLENGER)
+    client.set_model_version_tag(name, version, CHAMPION_SINCE_TAG, f"{action}: {reason}")
+    _record(client, name, {"action": action, "champion": version, "before": before,
+                           "reason": reason, **({"challenger": "removed"} if cleared else {})})
+    return before
+
+
+def promote(tracking_uri: str, name: str, version: str | int, reason: str,
+            flagged: bool = False) -> str | None:
+    """By hand: make ``version`` the champion (`rlhf promote`) in the registry at
+    ``tracking_uri``; a version whose PPO run a health detector stopped or flagged for
+    reward hacking only with ``flagged`` (the override)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = model_version(client, name, version)
+    if found is None:
+        raise RegistryError(f"registered model '{name}' has no version {version}")
+    why = flagged_reason(found.tags)
+    if why and not flagged:
+        raise RegistryError(f"'{name}' v{version} was not promoted: {why}; to make it "
+                            f"champion anyway: rlhf promote {version} --flagged")
+    if why:
+        reason = f"{reason} (flagged: {why})"
+    return move_champion(client, name, version, "promote", reason)
+
+
+def flagged_reason(tags: dict[str, str]) -> str | None:
+    """Why a version may not be promoted without an override, from its health tags: its
+    PPO run was stopped, or reward hacking was found (None: neither)."""
+    if tags.get(HEALTH_STOPPED_TAG):
+        return tags[HEALTH_STOPPED_TAG]
+    if "reward_hacking" in tags.get(HEALTH_FLAGS_TAG, "").split(","):
+        return "PPO's reward_hacking detector fired"
+    return None
+
+
+def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:
+    """By hand: ``champion`` back to ``previous-champion`` (the two swap) -> (from, to), in
+    the registry at ``tracking_uri`` (`rlhf rollback`)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    previous = alias_version(client, name, PREVIOUS)
+    current = alias_version(client, name, CHAMPION)
+    if previous is None or current is None:
+        raise RegistryError(f"'{name}' has no champion and previous-champion to roll back")
+    move_champion(client, name, previous.version, "rollback", reason)
+    return str(current.version), str(previous.version)
+
+
+def set_version_tags(client: MlflowClient, name: str, version: str | int,
+                     tags: dict[str, str]) -> None:
+    """Tags on the registered version ``version`` of ``name`` (its lineage and decision)."""
+    for tag, value in tags.items():
+        client.set_model_version_tag(name, str(version), tag, value)
+
+
+def show_on_run(client: MlflowClient, run_id: str, versions: list[tuple[str, str | int]]) -> None:
+    """List registered versions in ``run_id``'s "Registered models" panel (MLflow 3 UI).
+
+    The run page fills that panel from the model versions whose ``run_id`` is the run, plus
+    the registered versions (tag ``mlflow.modelVersions``) of the logged models that the run
+    lists as outputs. A version keeps the run that logged it (the ``register`` child run,
+    which the lineage tags and the retrain code read); its logged model is added to the
+    pipeline's parent run as an output, so the parent lists the versions too."""
+    from mlflow.entities import LoggedModelOutput
+
+    ids = [_logged_model_id(client.get_model_version(name, str(version)))
+           for name, version in versions]
+    run_outputs = client.get_run(run_id).outputs
+    listed = {o.model_id for o in (run_outputs.model_outputs if run_outputs else [])}
+    # a resumed register stage finds them listed already (the store refuses a second time)
+    outputs = [LoggedModelOutput(model_id=i, step=0) for i in ids if i and i not in listed]
+    if outputs:
+        client.log_outputs(run_id, outputs)
+
+
+def _logged_model_id(version) -> str | None:
+    """The logged model a version was registered from: ``model_id`` where the store fills it,
+    else its source ``models:/<model id>`` (what a SQLite store keeps)."""
+    if getattr(version, "model_id", None):
+        return version.model_id
+    source = version.source or ""
+    return source.removeprefix("models:/") if source.startswith("models:/m-") else None
+
+
+def version_stage_run(client: MlflowClient, version, stage: str) -> str:
+    """The run of ``stage`` a registered version (the champion) came from: its lineage tag,
+    else the sibling of its register run."""
+    run_id = version.tags.get(stage_run_tag(stage))
+    if run_id:
+        return run_id
+    parent = client.get_run(version.run_id).data.tags[PARENT_TAG]
+    runs = client.search_runs([client.get_run(parent).info.experiment_id],
+                              filter_string=f"tags.`{PARENT_TAG}` = '{parent}' and "
+                                            f"tags.`{STAGE_TAG}` = '{stage}'", max_results=1)
+    if not runs:
+        raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its lineage")
+    return runs[0].info.run_id
+
+
+def version_parent_run(client: MlflowClient, version):
+    """The pipeline (parent) run a registered version came from: its register run's parent
+    (the run itself when it has none)."""
+    run = client.get_run(version.run_id)
+    return client.get_run(run.data.tags.get(PARENT_TAG, version.run_id))
+
+
+# a stage's checkpoint in its run, and the folder under a download's root it goes to
+CHECKPOINTS = {"ppo": ("checkpoint/policy", "."), "reward_model": ("checkpoint", "rm"),
+               "sft": ("checkpoint", "sft")}
+
+
+def download_policy(client: MlflowClient, version, root: Path,
+                    stages: tuple[str, ...] = ("ppo", "reward_model")) -> dict[str, tuple]:
+    """A registered policy version's checkpoints under ``root`` (the PPO policy with its
+    tokenizer in ``root``, the reward model in ``rm/``, the SFT policy in ``sft/``) -> for
+    each of ``stages``: (the run it came from, the local folder)."""
+    runs = {stage: version_stage_run(client, version, stage) for stage in stages}
+    return {stage: (run, client.download_artifacts(run, CHECKPOINTS[stage][0],
+                                                   str(root / CHECKPOINTS[stage][1])))
+            for stage, run in runs.items()}
+
+
+def registered_by_run(client: MlflowClient, name: str, run_id: str) -> list:
+    """The versions of ``name`` registered from the run ``run_id``, newest first."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    except MlflowException:  # no such registered model yet
+        return []
+    return sorted(found, key=lambda v: int(v.version), reverse=True)
+
+
+def earlier_registration(client: MlflowClient, names: tuple[str, ...],
+                         run_id: str) -> tuple[str, ...] | None:
+    """What an attempt of the register run ``run_id`` that crashed left in the registry.
+
+    When every model of ``names`` has a version from that run, they are adopted: their
+    numbers are returned (in the order of ``names``), so a resume registers nothing twice.
+    Otherwise (a crash between the models' registrations) the versions it left are deleted
+    and None is returned, so the resume logs and registers them once. Either way each run
+    keeps one version per registered model."""
+    found = {name: registered_by_run(client, name, run_id) for name in names}
+    complete = all(found.values())
+    drop = [v for versions in found.values() for v in (versions[1:] if complete else versions)]
+    for version in drop:
+        client.delete_model_version(version.name, str(version.version))
+    return tuple(str(found[name][0].version) for name in names) if complete else None
+
+
+def moved_to(client: MlflowClient, name: str, version: str) -> tuple[str, str] | None:
+    """The decision and reason recorded on ``version`` when it already holds ``champion``
+    with its move recorded (a crash after the move: a resume does not move it again), else
+    None."""
+    holder = alias_version(client, name, CHAMPION)
+    if holder is None or str(holder.version) != str(version) \
+            or CHAMPION_SINCE_TAG not in holder.tags:
+        return None
+    return (holder.tags.get(REGISTER_DECISION_TAG, "promote"),
+            holder.tags.get(REGISTER_REASON_TAG, "promoted before the resume"))

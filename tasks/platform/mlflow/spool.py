@@ -1,0 +1,319 @@
+"""A local spool for a stage run's tracking writes: a tracking server that stops answering
+mid-stage does not stop the training.
+
+Every write of the training loop (a batch of metrics, params and tags, or a sample table)
+is first tried once, with no retries and a short timeout. When the server cannot be reached
+(or answers 5xx), that write and every later one go, in order, to
+``<workdir>/.spool/<run_id>.jsonl``, and a background thread tries again every few seconds;
+when the server answers, the spool is sent in order. A record is sent, then marked sent
+(``<run_id>.sent`` holds how many are); one re-sent after a crash between the two carries
+the same timestamps, and MLflow keeps an identical metric once. A stage reopened by a resume
+sends what its spool still holds before anything else.
+
+The outage limit (``tracking.outage_limit_s``) is checked at each checkpoint the stage saves
+and while the stage waits for its spool before publishing its output: past it,
+:class:`TrackingOutage` stops the stage (its checkpoints and the spool stay on disk).
+
+Calls whose answer is needed cannot be spooled: tasks/platform/mlflow/guarded.py bounds their wait
+by the same limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from tasks.platform.mlflow.errors import TrackingOutage
+from tasks.platform.mlflow.tables import log_table_file
+
+log = logging.getLogger("rlhf.spool")
+RETRIES_ENV, TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"
+_ENV_LOCK = threading.RLock()  # (a guarded call inside a fail_fast block)
+
+
+class LoginRefused(TrackingOutage):
+    """The tracking server refused the run's login mid-run (HTTP 401: the password changed
+    or the user was removed; 403: a permission was taken away): stopped like an outage."""
+
+    until = "once the login is fixed"
+
+
+def refused(err: BaseException | None) -> int | None:
+    """401 or 403 when ``err`` (or an error behind it) is the tracking server refusing the
+    login, else None: an MlflowException from its REST API, or a requests HTTPError from
+    an artifact transfer."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        code = err.get_http_status_code() if isinstance(err, MlflowException) else \
+            getattr(getattr(err, "response", None), "status_code", None)
+        if code in (401, 403):
+            return code
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def refusal(code: int, uri: str, doing: str) -> str:
+    """The first half of a :class:`LoginRefused` message."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    who = f"user '{user}'" if user else "the run's login"
+    why = ("HTTP 401 Unauthorized: its password changed or it was removed" if code == 401
+           else "HTTP 403 Permission denied: a permission it needs was taken away")
+    return f"the MLflow server at {uri} refused {who} ({why}; at {doing})"
+
+
+def unreachable(err: BaseException) -> bool:
+    """Is ``err`` the server being away (no connection, a timeout, a 5xx), not a refusal?"""
+    if isinstance(err, MlflowException):
+        return err.get_http_status_code() >= 500
+    return isinstance(err, OSError)
+
+
+@contextmanager
+def fail_fast(timeout_s: int = 5) -> Iterator[None]:
+    """MLflow requests inside: one try, ``timeout_s`` at most (MLflow reads both settings
+    at each request; a value a stop signal set meanwhile is kept)."""
+    with _ENV_LOCK:
+        old = {k: os.environ.get(k) for k in (RETRIES_ENV, TIMEOUT_ENV)}
+        mine = {RETRIES_ENV: "0", TIMEOUT_ENV: str(timeout_s)}
+        os.environ.update(mine)
+        try:
+            yield
+        finally:
+            for key, value in old.items():
+                if os.environ.get(key) != mine[key]:
+                    continue
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+class Spool:
+    """The ordered tracking writes of one run that the server has not taken yet."""
+
+    def __init__(self, client: MlflowClient, run_id: str, folder: Path,
+                 retry_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        client = getattr(client, "raw", client)  # (tries once itself, never waits)
+        self.client, self.run_id, self.retry_s, self.clock = client, run_id, retry_s, clock
+        self.folder = folder  # made on the first record spooled: none while the server answers
+        self.path = folder / f"{run_id}.jsonl"
+        self.sent_path = folder / f"{run_id}.sent"
+        self.lock, self.send_lock = threading.RLock(), threading.Lock()
+        self.down_since: float | None = None
+        self.refused: int | None = None  # the server refused the login (401/403)
+        self.records: list[dict] = self._read()
+        self.sent = int(self.sent_path.read_text()) if self.sent_path.exists() else 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.kept = "the run keeps its finished stages"  # (set at each checkpoint)
+
+    # -- the file ---------------------------------------------------------------------------
+    def _read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def pending(self) -> list[dict]:
+        return self.records[self.sent:]
+
+    def _append(self, record: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.records.append(record)
+
+    def _mark(self, n: int) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.sent_path.with_suffix(".tmp")
+        tmp.write_text(str(n))
+        tmp.replace(self.sent_path)
+        self.sent = n
+        if n == len(self.records):  # all sent: start the next outage from an empty file
+            self.path.unlink(missing_ok=True)
+            self.sent_path.unlink(missing_ok=True)
+            self.records, self.sent = [], 0
+
+    # -- writes -----------------------------------------------------------------------------
+    def write(self, record: dict) -> None:
+        """Send ``record`` now, or spool it behind the ones still waiting."""
+        with self.lock:
+            if not self.pending() and self._try(record):
+                return
+            if self.down_since is None:
+                self.down_since = self.clock()
+                why = f"refused the login (HTTP {self.refused})" if self.refused else \
+                    "does not answer"
+                log.warning("the MLflow server %s; tracking records go to %s until it takes "
+                            "them", why, self.path)
+            self._append(record)
+            self._start_retrying()
+
+    def _try(self, record: dict) -> bool:
+        try:
+            with fail_fast():
+                self._send(record)
+            self.refused = None
+            return True
+        except Exception as err:  # noqa: BLE001 - classified just below
+            self.refused = refused(err) or self.refused
+            if not (unreachable(err) or refused(err)):
+                raise
+            return False
+
+    def _send(self, record: dict) -> None:
+        if record["kind"] == "table":
+            log_table_file(self.client, self.run_id, Path(record["file"]),
+                           record["artifact_file"])
+            shutil.rmtree(Path(record["file"]).parent, ignore_errors=True)
+            return
+        metrics = [Metric(k, v, ts, step) for k, v, ts, step in record.get("metrics", [])]
+        params = [Param(k, v) for k, v in record.get("params", [])]
+        tags = [RunTag(k, v) for k, v in record.get("tags", [])]
+        self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
+
+    def flush(self) -> bool:
+        """Send the waiting records in order -> True when none is left. One sender at a
+        time; the lock on the records is not held while sending, so a server that hangs
+        never holds up the training's own writes (they append behind)."""
+        with self.send_lock:
+            while True:
+                with self.lock:
+                    if not self.pending():
+                        self._back()
+                        return True
+                    index, record = self.sent, self.pending()[0]
+                if not self._try(record):
+                    with self.lock:
+                        if self.down_since is None:  # a spool an earlier process left
+                            self.down_since = self.clock()
+                    return False
+                with self.lock:
+                    self._mark(index + 1)
+
+    def _back(self) -> None:
+        if self.down_since is not None:
+            log.warning("the MLflow server answers again after %.1f s; the spool is sent",
+                        self.clock() - self.down_since)
+            self.down_since = None
+
+    def _start_retrying(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._retry_loop, daemon=True,
+                                            name=f"rlhf-spool-{self.run_id[:8]}")
+            self._thread.start()
+
+    def _retry_loop(self) -> None:
+        while not self._stop.wait(self.retry_s):
+            if self.flush():
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def closed(self) -> bool:
+        return self._stop.is_set()
+
+    # -- the limit --------------------------------------------------------------------------
+    def outage_s(self) -> float:
+        """Seconds since the first write the server did not take (0 while it answers)."""
+        return 0.0 if self.down_since is None else self.clock() - self.down_since
+
+    def check(self, limit_s: float) -> None:
+        """Raise :class:`TrackingOutage` once the outage is past ``limit_s``, or at once
+        :class:`LoginRefused` when the server refused the login (it does not come back by
+        waiting)."""
+        if self.refused:
+            self.close()
+            raise LoginRefused(
+                f"{refusal(self.refused, self.client.tracking_uri, 'a checkpoint')}; "
+                f"{self.kept} and {len(self.pending())} tracking records spooled in "
+                f"{self.path}, sent first when the run is resumed")
+        down = self.outage_s()
+        if down > limit_s:
+            self.close()
+            raise TrackingOutage(
+                f"the MLflow server at {self.client.tracking_uri} has not answered for "
+                f"{down:.0f} s (tracking.outage_limit_s={limit_s:g}); {self.kept} and "
+                f"{len(self.pending())} tracking records spooled in {self.path}, sent first "
+                "when the run is resumed")
+
+    def drain(self, limit_s: float, poll_s: float = 0.5) -> None:
+        """Wait until the spool is sent (before a stage publishes its output), or raise
+        :class:`TrackingOutage` past the limit."""
+        while not self.flush():
+            self.check(limit_s)
+            time.sleep(poll_s)
+
+
+_SPOOLS: dict[str, Spool] = {}
+_SPOOLS_LOCK = threading.Lock()
+
+
+def spool_for(client: MlflowClient, run_id: str, workdir: str | Path) -> Spool:
+    """The process's one spool of ``run_id`` (under ``<workdir>/.spool``); a new one first
+    sends what an earlier process left in it."""
+    with _SPOOLS_LOCK:  # stages running in threads (a sweep) share the parent run's spool
+        spool = _SPOOLS.get(run_id)
+        if spool is None or spool.closed():  # (a closed one stopped a stage in this process)
+            spool = _SPOOLS[run_id] = Spool(client, run_id, Path(workdir) / ".spool")
+            # under torchrun only rank 0 logs: the other ranks never send its spool
+            if spool.pending() and os.environ.get("RANK", "0") == "0":
+                spool.flush() or spool._start_retrying()
+    return spool
+
+
+def resend_left(client: MlflowClient, workdir: str | Path) -> None:
+    """Send what earlier processes left in the spools under ``workdir`` (any run's)."""
+    for path in sorted((Path(workdir) / ".spool").glob("*.jsonl")):
+        spool_for(client, path.stem, workdir)
+
+
+def spool_tags(spool: Spool, tags: dict[str, str]) -> None:
+    """Set ``tags`` on the spool's run through the spool (in order with its other writes)."""
+    spool.write({"kind": "batch", "tags": [[k, str(v)] for k, v in tags.items()]})
+
+
+def spool_table(spool: Spool, rows, artifact_file: str) -> None:
+    """Log ``rows`` (a DataFrame) as the MLflow table ``artifact_file`` of the spool's run,
+    through the spool (the JSON waits in the spool's folder while the server is away)."""
+    with spool.lock:
+        folder = spool.folder / "tables" / spool.run_id / str(time.time_ns())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / Path(artifact_file).name
+        rows.to_json(path, orient="split", index=False, date_format="iso")
+        spool.write({"kind": "table", "file": str(path), "artifact_file": artifact_file})
+
+
+def drain_all(limit_s: float) -> None:
+    """Before a stage publishes its output: every spool of this process sent (or a
+    :class:`TrackingOutage` past the limit)."""
+    for spool in list(_SPOOLS.values()):
+        spool.drain(limit_s)
+
+
+# -- calls whose answer is needed ----------------------------------------------------------
+
+
+def spooled_left(workdir: str | Path) -> int:
+    """How many tracking records the spools under ``workdir`` still hold."""
+    left = 0
+    for path in (Path(workdir) / ".spool").glob("*.jsonl"):
+        sent = path.with_suffix(".sent")
+        lines = sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        left += lines - (int(sent.read_text()) if sent.exists() else 0)
+    return left

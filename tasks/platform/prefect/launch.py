@@ -1,0 +1,172 @@
+"""Run a stage as ``model.nproc`` data-parallel ranks under ``torchrun``, watched by its task.
+
+The stage's Prefect task opens the stage's MLflow child run as usual, then starts
+``python -m torch.distributed.run --standalone --nproc-per-node N -m tasks.pipeline.stages.rank_main
+SPEC`` as its own process group. Every rank loads the same inputs the in-process path loads and runs
+the same stage body (tasks/pipeline/stages/) with a :class:`DataParallel`; rank 0
+alone logs into the child run (its id and the tracking URI travel in SPEC), writes checkpoints
+and writes the stage's output reference for the task to return. The task streams the ranks'
+progress lines, kills the whole group on failure or cancellation, and re-raises a rank's error
+with its message. With ``nproc`` 1 the stage runs in the task's own process, as always.
+"""
+
+from __future__ import annotations
+
+import builtins
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from tasks.config import PipelineConfig
+from tasks.platform.files import write_json
+from tasks.platform.mlflow.runs import RunContext
+from tasks.platform.prefect.remote import NodeGroup, RemoteStageError, stage_spec
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """torchrun gets SIGTERM if the task's process dies (it then stops its ranks)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the launcher's whole process group (torchrun and its ranks), SIGKILL what is
+    left of it after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, so an empty group reads as gone
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
+def _rank_error(folder: Path, stage: str, rc: int, tail: deque) -> BaseException:
+    """The first rank error (its own exception type when a builtin one), else the exit code
+    and the last output lines."""
+    errors = sorted(folder.glob("error_rank*.json"), key=lambda p: p.stat().st_mtime)
+    if not errors:
+        lines = "\n".join(tail)
+        return RuntimeError(f"{stage}: torchrun exited with code {rc}; last output:\n{lines}")
+    err = json.loads(errors[0].read_text())
+    kind = getattr(builtins, err["type"], None)
+    kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
+    return kind(f"{stage} rank {err['rank']}: {err['type']}: {err['message']}")
+
+
+def launch_command(nproc: int, spec: Path, node: dict | None = None) -> list[str]:
+    """torchrun on this machine: a standalone group, or node ``node["rank"]`` of
+    ``node["nnodes"]`` (static rendezvous at the head's ``addr:port``; rank 0 is on node 0)."""
+    where = ["--standalone"] if node is None else [
+        f"--nnodes={node['nnodes']}", f"--node-rank={node['rank']}",
+        f"--master-addr={node['addr']}", f"--master-port={node['port']}",
+        f"--rdzv-conf=timeout={node['timeout_s']}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
+            f"--nproc-per-node={nproc}", "-m", "tasks.pipeline.stages.rank_main", str(spec)]
+
+
+def rank_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(PROJECT_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        "PYTHONUNBUFFERED": "1",
+        # torchrun's own default (with a banner): 1 thread per rank unless model.torch_threads
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def _fresh(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.json"):
+        old.unlink()
+    return folder
+
+
+def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
+              inputs: dict) -> dict:
+    """Run ``stage`` on ``cfg.model.nproc`` ranks (on each of ``model.nnodes`` machines);
+    return rank 0's output reference."""
+    folder = _fresh(ctx.stage_dir(stage) / "ranks")
+    spec = {**stage_spec(ctx, cfg, stage, run_id, inputs),
+            "output": str(folder / "output.json"), "errors": str(folder)}
+    path = write_json(folder / "spec.json", spec)
+    if cfg.model.nnodes == 1:
+        watch(launch_command(cfg.model.nproc, path), rank_env(), stage, folder)
+    else:
+        with NodeGroup(ctx, cfg, stage, spec) as nodes:
+            watch(launch_command(cfg.model.nproc, path, nodes.node(0)), rank_env(), stage,
+                  folder, problem=nodes.problem)
+            nodes.wait()
+    return json.loads((folder / "output.json").read_text())
+
+
+def run_node(ctx: RunContext, spec: dict, node: dict) -> None:
+    """Node ``node["rank"]`` (> 0) of a multi-node stage, on this machine: its torchrun,
+    watched like the head's; rank 0 (on the head) writes the output."""
+    cfg = PipelineConfig.model_validate(spec["cfg"])
+    folder = _fresh(ctx.stage_dir(spec["stage"]) / f"ranks_node{node['rank']}")
+    spec = {**spec, "ctx": ctx.model_dump(mode="json"),
+            "output": str(folder / "output.json"), "errors": str(folder)}
+    path = write_json(folder / "spec.json", spec)
+    watch(launch_command(cfg.model.nproc, path, node), rank_env(),
+          f"{spec['stage']} node {node['rank']}", folder)
+
+
+def watch(cmd: list[str], env: dict, stage: str, folder: Path,
+          problem: Callable[[], str | None] | None = None) -> None:
+    """Run ``cmd`` as its own process group, stream its lines; on failure, cancellation or
+    interruption kill the whole group, then raise the rank's error. ``problem()`` (polled
+    every second: e.g. another node's flow run failed) kills the group and is raised."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, bufsize=1, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    tail: deque = deque(maxlen=20)
+    found: list[str] = []
+    done = threading.Event()
+    if problem is not None:
+        threading.Thread(target=_poll, args=(problem, proc, done, found), daemon=True).start()
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            print(f"[{stage}] {line.rstrip()}", flush=True)
+        rc = proc.wait()
+    except BaseException:  # cancelled, interrupted: no rank outlives its task
+        _kill_group(proc)
+        raise
+    finally:
+        done.set()
+    if found:
+        raise RemoteStageError(found[0])
+    if rc != 0:
+        _kill_group(proc)
+        raise _rank_error(folder, stage, rc, tail)
+
+
+def _poll(problem: Callable[[], str | None], proc: subprocess.Popen, done: threading.Event,
+          found: list[str]) -> None:
+    while not done.wait(1.0):
+        try:
+            reason = problem()
+        except Exception as err:  # noqa: BLE001 - an API hiccup: try again next second
+            print(f"could not read the other nodes' state: {err}", flush=True)
+            continue
+        if reason:
+            found.append(reason)
+            _kill_group(proc)
+            return

@@ -1,0 +1,317 @@
+"""Logins to shared servers, checked before anything starts (:func:`check_mlflow_login`,
+:func:`check_prefect_login`, called by tasks/platform/prefect/preflight.py's ``check_servers``).
+
+MLflow's basic-auth app (``mlflow server --app-name basic-auth``) and a Prefect server with
+``PREFECT_SERVER_API_AUTH_STRING`` both answer ``/health`` without a login, so a ping passes
+and the first real call of the run fails, after MLflow's retries, in a traceback. Here the
+command's own look-ups are made first, read-only, as plain HTTP calls with the login the
+clients will send (MLflow: ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` or
+``MLFLOW_TRACKING_TOKEN``, as the MLflow client reads them; Prefect: ``PREFECT_API_AUTH_STRING``
+or ``PREFECT_API_KEY``). A refused login (401) or a missing permission (403, or a permission
+level the app reports as too low to log runs or register models) is a ConfigError of one
+sentence, exit 2. Nothing is created or deleted.
+
+A login written into a tracking URI (``http://bob:secret@host:5000``) is moved into the
+variables MLflow reads (:func:`login_out_of_uri`), so the URI that is recorded and shown
+carries none; a password left in any other URL of the config (a PostgreSQL tracking URI, a
+Label Studio URL) is refused before anything starts (:func:`refuse_secrets`).
+"""
+
+from __future__ import annotations
+
+import base64
+import configparser
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.config import ConfigError
+
+USER_VAR, PASSWORD_VAR, TOKEN_VAR = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                                     "MLFLOW_TRACKING_TOKEN")
+AUTH_STRING_VAR, API_KEY_VAR = "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY"
+WRITES = ("EDIT", "MANAGE")          # MLflow permission levels that may log runs / versions
+NO_CREATE = ("DENY", "NO_PERMISSIONS")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a command will do on the MLflow server: read (or, with ``write``, log runs in)
+    ``experiment``, register versions of ``models``, and remove aliases of ``managed``
+    (which MLflow's auth app lets MANAGE do, not EDIT)."""
+
+    experiment: str | None = None
+    write: bool = True
+    models: tuple[str, ...] = ()
+    managed: tuple[str, ...] = ()
+
+
+def needs_of(cfg, write: bool = True) -> Needs:
+    """A pipeline command's needs: its experiment, and its two registered models when it
+    registers them."""
+    t = cfg.tracking
+    models = (t.registered_policy, t.registered_reward_model) if t.register_models else ()
+    return Needs(t.experiment, write, models)
+
+
+# -- a login written into a URI ------------------------------------------------------------
+def split_login(uri: str) -> tuple[str, str | None, str | None]:
+    """``http://bob:secret@host:5000/x`` -> (``http://host:5000/x``, 'bob', 'secret')."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or parts.password is None:
+        return uri, None, None
+    host = parts.netloc.rsplit("@", 1)[1]
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    return bare, urllib.parse.unquote(parts.username or ""), \
+        urllib.parse.unquote(parts.password or "")
+
+
+# where each field that may hold a URI is better given (never recorded anywhere)
+SECRET_HOMES = {"tracking.tracking_uri": "MLFLOW_TRACKING_URI",
+                "collect.destination.url": "LABEL_STUDIO_URL"}
+
+
+def refuse_secrets(cfg) -> None:
+    """A config field still holding a password in a URL (a login the MLflow client cannot
+    take from its variables, e.g. a PostgreSQL URI ``postgresql://bob:secret@db/mlflow``)
+    would become a Prefect flow-run parameter and reach its database and UI: ConfigError of
+    one sentence naming the field and the environment variable to use instead."""
+    from tasks.config import flatten
+    from tasks.platform.redact import URL_LOGIN, redact
+
+    for field, value in flatten(cfg.model_dump(mode="json")).items():
+        if isinstance(value, str) and URL_LOGIN.search(value):
+            home = SECRET_HOMES.get(field)
+            where = (f"set {home} to it instead (read from the environment, never recorded) "
+                     f"and leave {field} empty" if home else
+                     "give the password to the tool through its environment instead")
+            raise ConfigError(f"{field} holds a password ({redact(value)}), which would be "
+                              f"stored with the run's parameters: {where}")
+
+
+def login_out_of_uri(cfg=None):
+    """Move a login written into the tracking server's URI (the config's
+    tracking.tracking_uri, and $MLFLOW_TRACKING_URI) into MLFLOW_TRACKING_USERNAME /
+    MLFLOW_TRACKING_PASSWORD, which the MLflow client and every subprocess read, so no
+    parameter, tag, artifact, Prefect parameter or log line carries it -> ``cfg`` with the
+    bare URI."""
+    bare, user, password = split_login(os.environ.get("MLFLOW_TRACKING_URI", ""))
+    if user:
+        os.environ.update({"MLFLOW_TRACKING_URI": bare, USER_VAR: user, PASSWORD_VAR: password})
+    if cfg is None:
+        return cfg
+    if cfg.tracking.tracking_uri:
+        bare, user, password = split_login(cfg.tracking.tracking_uri)
+        if user:
+            os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
+            tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
+            cfg = cfg.model_copy(update={"tracking": tracking})
+    refuse_secrets(cfg)  # what no variable can take
+    return cfg
+
+
+# -- MLflow ----------------------------------------------------------------------------------
+def mlflow_credentials() -> tuple[dict[str, str], str | None, str]:
+    """(headers, user name, what was read) as the MLflow client sends them: a token, else
+    a user and password from the variables, else from ~/.mlflow/credentials."""
+    token = os.environ.get(TOKEN_VAR)
+    user, password = os.environ.get(USER_VAR), os.environ.get(PASSWORD_VAR)
+    read = f"{USER_VAR}/{PASSWORD_VAR}"
+    path = Path("~/.mlflow/credentials").expanduser()
+    if not (user and password) and path.is_file():
+        parser = configparser.ConfigParser()
+        parser.read(path)
+        section = parser["mlflow"] if parser.has_section("mlflow") else {}
+        user = user or section.get(USER_VAR.lower())
+        password = password or section.get(PASSWORD_VAR.lower())
+        read = f"{USER_VAR}/{PASSWORD_VAR} (with {path})"
+    if user and password:
+        basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {basic}"}, user, read
+    if token:
+        return {"Authorization": f"Bearer {token}"}, None, TOKEN_VAR
+    return {}, None, ""
+
+
+def _get(url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, dict | None]:
+    """(HTTP status, JSON body or None) of one GET; status 0 when no answer came (the
+    server answered /health just before: the command meets it, the check does not guess)."""
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            status, body = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, body = err.code, err.read()
+    except (OSError, ValueError):  # URLError, a timeout, a reset connection
+        return 0, None
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, None
+
+
+class _Mlflow:
+    """The read-only calls of the check, each one try of at most ``timeout_s``."""
+
+    def __init__(self, uri: str, source: str, timeout_s: float):
+        self.uri, self.source, self.timeout_s = uri.rstrip("/"), source, timeout_s
+        self.headers, self.user, self.read = mlflow_credentials()
+        self.where = f"the MLflow server at {uri} (from {source})"
+
+    def get(self, path: str, **query: str) -> tuple[int, dict | None]:
+        url = f"{self.uri}/api/{path}?{urllib.parse.urlencode(query)}"
+        status, body = _get(url, self.headers, self.timeout_s)
+        if status == 401:
+            raise ConfigError(self.refused())
+        return status, body
+
+    def refused(self) -> str:
+        if not self.read:
+            return (f"{self.where} asks for a login and none was given (HTTP 401): set "
+                    f"{USER_VAR} and {PASSWORD_VAR} (or {TOKEN_VAR}) to your login on it.")
+        who = f" of user '{self.user}'" if self.user else ""
+        return (f"{self.where} refused the login{who} read from {self.read} (HTTP 401 "
+                "Unauthorized); check the user name and password (or token) with the "
+                "server's admin.")
+
+    def permission(self, kind: str, name: str) -> str | None:
+        """The user's permission level on a resource as the auth app resolves it."""
+        status, body = self.get("3.0/mlflow/users/permissions/get", username=self.user,
+                                resource_type=kind, resource_id=name)
+        return (body or {}).get("permission") if status == 200 else None
+
+
+def check_mlflow_login(uri: str, source: str, needs: Needs | None,
+                       timeout_s: float) -> None:
+    """The login the MLflow client will send is taken by the tracking server at ``uri``
+    and, with ``needs``, lets the user do what the command will do (read or log runs in the
+    experiment, create it if it is not there, register versions of the models)."""
+    if urllib.parse.urlsplit(uri).scheme not in ("http", "https"):
+        return
+    server = _Mlflow(uri, source, timeout_s)
+    status, body = server.get("2.0/mlflow/users/current")
+    auth_app = status == 200 and isinstance(body, dict) and "user" in body
+    if auth_app:
+        server.user = body["user"].get("username") or server.user
+    admin = auth_app and bool(body["user"].get("is_admin"))
+    needs = needs or Needs()
+    if needs.experiment:
+        _check_experiment(server, needs, auth_app and not admin)
+    for name in needs.models:
+        _check_model(server, name, auth_app and not admin, manage=name in needs.managed)
+
+
+def _forbidden(server: _Mlflow, what: str, has: str | None, needs: str) -> ConfigError:
+    """A missing permission: the level the app reports (``has``), else a 403 on reading."""
+    has = f"has {has} on" if has else "may not read (HTTP 403 Permission denied)"
+    return ConfigError(f"{server.where}: user '{server.user}' {has} {what}, and this command "
+                       f"needs {needs}; ask the server's admin to grant it, or use a login "
+                       "that has it.")
+
+
+def _check_experiment(server: _Mlflow, needs: Needs, levels: bool) -> None:
+    name = needs.experiment
+    what = f"the experiment '{name}'"
+    status, body = server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
+    if status == 403:
+        raise _forbidden(server, what, None, "EDIT (to log runs)" if needs.write else "READ")
+    if not levels or not needs.write:
+        return
+    if status == 404:  # created by the run: the app lets a user create unless denied
+        level = server.permission("experiment", "*")
+        if level in NO_CREATE:
+            raise _forbidden(server, "new experiments", level,
+                             f"to create {what} (it does not exist yet)")
+        return
+    if status == 200:
+        exp_id = body["experiment"]["experiment_id"]
+        level = server.permission("experiment", exp_id)
+        if level and level not in WRITES:
+            raise _forbidden(server, f"{what} (id {exp_id})", level,
+                             "EDIT (to log runs in it)")
+
+
+def _check_model(server: _Mlflow, name: str, levels: bool, manage: bool = False) -> None:
+    what = f"the registered model '{name}'"
+    status, _ = server.get("2.0/mlflow/registered-models/get", name=name)
+    if status == 403:
+        raise _forbidden(server, what, None, "EDIT (to register versions and set aliases)")
+    if not levels:
+        return
+    if status == 404:
+        level = server.permission("registered_model", "*")
+        if level in NO_CREATE:
+            raise _forbidden(server, "new registered models", level,
+                             f"to create {what} (it does not exist yet)")
+    elif status == 200:
+        level = server.permission("registered_model", name)
+        if manage and level and level != "MANAGE":
+            raise _forbidden(server, what, level, "MANAGE (to move and remove its aliases, "
+                             "as approving or rejecting a candidate does)")
+        if level and level not in WRITES:
+            raise _forbidden(server, what, level,
+                             "EDIT (to register versions of it and set its aliases)")
+
+
+# -- Prefect ---------------------------------------------------------------------------------
+def prefect_credentials() -> tuple[dict[str, str], str]:
+    """(headers, what was read) as Prefect's client sends them: the auth string (basic),
+    else the API key (bearer); from the variables, else the active Prefect profile."""
+    auth, key = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR)
+    read = AUTH_STRING_VAR if auth else API_KEY_VAR if key else ""
+    if not (auth or key):
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY
+
+        auth, key = PREFECT_API_AUTH_STRING.value(), PREFECT_API_KEY.value()
+        auth = auth.get_secret_value() if hasattr(auth, "get_secret_value") else auth
+        key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+        read = (f"{AUTH_STRING_VAR} in the active Prefect profile" if auth else
+                f"{API_KEY_VAR} in the active Prefect profile" if key else "")
+    if auth:
+        return {"Authorization": f"Basic {base64.b64encode(auth.encode()).decode()}"}, read
+    return ({"Authorization": f"Bearer {key}"}, read) if key else ({}, "")
+
+
+def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
+    """The Prefect API at ``url`` takes the login Prefect's client will send (one read-only
+    call, GET /admin/version, which needs it where /health does not)."""
+    status, _ = _get(f"{url.rstrip('/')}/admin/version", {}, timeout_s)
+    if status not in (401, 403):
+        return
+    headers, read = prefect_credentials()
+    if headers:
+        status, _ = _get(f"{url.rstrip('/')}/admin/version", headers, timeout_s)
+    where = f"the Prefect API at {url} (from {source})"
+    if status not in (401, 403):
+        return
+    if not read:
+        raise ConfigError(f"{where} asks for a login and none was given (HTTP {status}): set "
+                          f"{AUTH_STRING_VAR} to the server's PREFECT_SERVER_API_AUTH_STRING "
+                          f"(or {API_KEY_VAR} for Prefect Cloud).")
+    why = "Unauthorized" if status == 401 else "Forbidden"
+    raise ConfigError(f"{where} refused the login read from {read} (HTTP {status} {why}); "
+                      f"check it against the server's PREFECT_SERVER_API_AUTH_STRING (or "
+                      "the API key's access).")
+
+
+# -- who answers -----------------------------------------------------------------------------
+def login_name(first: str = "mlflow") -> str:
+    """Who is acting, as an approval records it: the MLflow login (user name), or the user
+    part of Prefect's auth string, in that order (``first`` "prefect": Prefect's first),
+    else the OS user. A token alone names nobody."""
+    import getpass
+
+    auth = os.environ.get(AUTH_STRING_VAR)
+    if not auth:
+        from prefect.settings import PREFECT_API_AUTH_STRING
+
+        auth = PREFECT_API_AUTH_STRING.value()
+        auth = auth.get_secret_value() if hasattr(auth, "get_secret_value") else auth
+    prefect = auth.split(":", 1)[0] if auth and ":" in auth else None
+    mlflow = mlflow_credentials()[1]
+    names = (prefect, mlflow) if first == "prefect" else (mlflow, prefect)
+    return next((n for n in names if n), None) or getpass.getuser()

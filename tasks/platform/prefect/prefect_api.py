@@ -1,0 +1,163 @@
+"""What a flow asks of the Prefect API itself: whether code runs inside a flow or task run,
+the parameters of the deployment it runs from, its own flow run's name (read and changed), a
+markdown report, and a one-slot global concurrency limit (one retrain at a time) whose holder
+can be named (the flow run holding it carries the tag ``rlhf.slot:<limit name>``)."""
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+
+def in_prefect_run() -> bool:
+    """Inside a Prefect flow or task run (where artifacts and events have a run to go to)."""
+    from prefect.context import get_run_context
+
+    try:
+        get_run_context()
+        return True
+    except Exception:  # noqa: BLE001 - prefect raises different errors outside a run
+        return False
+
+
+def report(key: str, markdown: str, description: str) -> None:
+    """A Prefect markdown artifact (a retrain's outcome, a gate's decision), when inside a
+    run; its heading and its next steps (lines from ``Next:``) printed."""
+    lines = markdown.strip().splitlines()
+    nxt = next((i for i, line in enumerate(lines) if line.startswith("Next:")), len(lines))
+    print("\n".join([lines[0].lstrip("# "), *lines[nxt:]]))
+    if in_prefect_run():
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(key=key, markdown=markdown, description=description)
+
+
+def deployment_parameters() -> dict[str, Any]:
+    """The served config stored on this run's deployment ({} outside a deployment run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import deployment
+
+    if deployment.id is None:
+        return {}
+    with get_client(sync_client=True) as client:
+        return dict(client.read_deployment(deployment.id).parameters or {})
+
+
+def flow_run_name() -> str | None:
+    """The current flow run's name (None outside a flow run)."""
+    from prefect.runtime import flow_run
+
+    return flow_run.name if flow_run.id is not None else None
+
+
+def rename_flow_run(name: str) -> None:
+    """Give the current flow run a name that says what it did (no-op outside a run); the
+    run's own context takes it too, so :func:`flow_run_name` reads it back."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=name[:100])
+    ctx = FlowRunContext.get()
+    if ctx is not None and ctx.flow_run is not None:
+        ctx.flow_run.name = name[:100]
+
+
+def ensure_limit(name: str) -> None:
+    """Create the one-slot global concurrency limit if the server has none by that name."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:
+                pass
+
+
+def _slot_taken(name: str) -> bool:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
+    return limit.active_slots >= limit.limit
+
+
+SLOW_ANSWER_S = 120.0  # how long a skipping caller keeps asking for a slot that reads free
+LEASE_S = 300.0  # a held slot's lease, renewed while its holder lives (Prefect's default)
+
+SLOT_TAG = "rlhf.slot:"  # + limit name: a Prefect flow-run tag, not an MLflow tag
+
+
+def _mark_holder(name: str) -> None:
+    """Tag the current flow run as the slot's holder (no-op outside a flow run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None:
+        return
+    with get_client(sync_client=True) as client:
+        tags = list(client.read_flow_run(flow_run.id).tags or [])
+        client.update_flow_run(flow_run.id, tags=[*tags, SLOT_TAG + name])
+
+
+def slot_holder(name: str) -> str:
+    """Who holds the slot ``name``: the running flow run(s) tagged as its holder (name and
+    id), else a sentence saying none can be named (a holder outside a flow run, or one
+    Prefect lost: the slot frees itself when the holder's lease ends)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            tags=FlowRunFilterTags(all_=[SLOT_TAG + name]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+    runs = [r for r in runs if str(r.id) != str(flow_run.id)]
+    if not runs:
+        return ("a holder Prefect cannot name (not a running flow run: the slot frees itself "
+                f"within {LEASE_S / 60:g} minutes of its holder's end)")
+    return ", ".join(f"flow run '{r.name}' ({r.id})" for r in runs)
+
+
+@contextmanager
+def one_slot(name: str, skip: bool) -> Iterator[bool]:
+    """Hold the one-slot global concurrency limit ``name`` while the body runs -> True; with
+    ``skip``, False when another run holds it (else block until it is free); a request that
+    times out while the slot still reads free (a loaded server answering late) is made again.
+    The current flow run, if any, is tagged as the holder (:func:`slot_holder` names it)."""
+    from prefect.concurrency.sync import concurrency
+
+    ensure_limit(name)
+    deadline = time.monotonic() + SLOW_ANSWER_S
+    while True:
+        if skip and _slot_taken(name):
+            yield False
+            return
+        with ExitStack() as stack:
+            try:  # skip: the slot read free a moment ago; the timeout bounds a lost race
+                stack.enter_context(concurrency(name, occupy=1, strict=True,
+                                                timeout_seconds=15.0 if skip else None,
+                                                lease_duration=LEASE_S))
+            except TimeoutError:  # a holder came first, or a loaded server answered late:
+                if time.monotonic() < deadline:  # the slot is read again, and asked again
+                    continue
+                yield False
+                return
+            _mark_holder(name)
+            yield True
+            return

@@ -1,0 +1,269 @@
+"""Stages on other machines, through Prefect deployments of the ``rlhf-stage`` flow.
+
+Two uses, one mechanism: the head (the machine whose pipeline flow run owns the stage) opens
+the stage's MLflow child run as always, then starts a flow run of an ``rlhf-stage``
+deployment, which a worker on the other machine (``rlhf stage-worker``, or a process worker
+of a pool in prefect.yaml) picks up:
+
+- a **routed stage** (``routing.stages``: e.g. ``{ppo: rlhf-stage/gpu}``): the other machine
+  runs the whole stage (in its process, or as its own ``model.nproc`` ranks), logs into the
+  child run, publishes its outputs as MLflow artifacts and leaves its output record on the run
+  (tag ``rlhf.routed.output``); the head reads it back and goes on. Every input and output of
+  a stage is an MLflow artifact URI beside its path (tasks/platform/mlflow/artifacts.py), so the
+  machines share nothing but the MLflow and Prefect servers.
+- **nodes 2..N of a multi-node stage** (``model.nnodes``, ``routing.nodes``): one flow run per
+  node, each starting that node's ``torchrun`` (static rendezvous at the head's
+  ``model.master_addr:master_port``) while the head runs node 0, whose rank 0 logs and writes
+  the output. The head watches the node runs: one that fails, or that no worker starts within
+  ``routing.start_timeout_s``, stops the stage with its reason.
+
+A flow run the head no longer waits for (the stage failed, was cancelled or interrupted) is
+cancelled. On the other machine the stage's files go under ``$RLHF_STAGE_WORKDIR/<parent run
+id>`` when that is set (else the head's ``tracking.workdir`` path: a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import warnings
+from pathlib import Path
+
+from tasks.config import PipelineConfig
+from tasks.platform.mlflow.runs import RunContext, default_tracking_uri, set_tags, stage_run_tags
+from tasks.platform.mlflow.tags import (
+    NODES_TAG,
+    ROUTED_FLOW_RUN_TAG,
+    ROUTED_HOST_TAG,
+    ROUTED_OUTPUT_TAG,
+)
+from tasks.platform.prefect.errors import RoutingError
+
+_log = logging.getLogger("rlhf.remote")
+
+WORKDIR_ENV = "RLHF_STAGE_WORKDIR"
+POLL_S = 1.0
+
+
+class RemoteStageError(RuntimeError):
+    """A routed stage or a node that failed, was cancelled, or that no worker started."""
+
+
+def local_context(ctx: RunContext) -> RunContext:
+    """The run context on the machine that runs a routed stage or a node: its files under
+    ``$RLHF_STAGE_WORKDIR/<parent run id>`` when set, else the head's workdir path."""
+    root = os.environ.get(WORKDIR_ENV)
+    if not root:
+        return ctx
+    return ctx.model_copy(update={"workdir": str(Path(root) / ctx.parent_run_id)})
+
+
+def stage_spec(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
+               inputs: dict) -> dict:
+    """What a machine needs to run ``stage`` into the child run ``run_id`` (JSON)."""
+    return {"stage": stage, "run_id": run_id, "ctx": ctx.model_dump(mode="json"),
+            "cfg": cfg.model_dump(mode="json"), "inputs": inputs}
+
+
+def check_deployments(cfg: PipelineConfig) -> None:
+    """Every deployment the config routes to exists on the Prefect server (before any run is
+    opened); a clear error naming the field otherwise."""
+    wanted = {f"routing.stages.{s}": d for s, d in cfg.routing.stages.items()}
+    if cfg.model.nnodes > 1 and cfg.routing.nodes:
+        wanted["routing.nodes"] = cfg.routing.nodes
+    if not wanted:
+        return
+    store = default_tracking_uri(cfg.tracking.tracking_uri)
+    if not store.startswith(("http://", "https://", "databricks")):
+        warnings.warn(f"{', '.join(wanted)}: the other machines log into MLflow at {store}, "
+                      "which they reach only through a filesystem they share with this one; "
+                      "give every machine an MLflow server (MLFLOW_TRACKING_URI=http://<host>"
+                      ":5000)", stacklevel=2)
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise RoutingError(f"{', '.join(wanted)}: stages on other machines need a Prefect "
+                         "server every machine reaches (export PREFECT_API_URL=http://<host>:"
+                         "4200/api here and on the workers)")
+    with get_client(sync_client=True) as client:
+        for field, name in wanted.items():
+            try:
+                client.read_deployment_by_name(name)
+            except ObjectNotFound:
+                raise RoutingError(f"{field}={name}: no such deployment on the Prefect server "
+                                 f"({PREFECT_API_URL.value()}); start `rlhf stage-worker "
+                                 f"--name {name.split('/')[1]}` on the machine that should run "
+                                 "it, or deploy it from prefect.yaml") from None
+
+
+def _submit(deployment: str, parameters: dict, label: str):
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(name=deployment, parameters=parameters, timeout=0)
+    print(f"{label}: flow run {run.name} of {deployment} submitted; waiting for a worker",
+          flush=True)
+    return run
+
+
+def _cancel(flow_run_id) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Cancelling
+
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run_id).state
+            if state is None or state.is_final():
+                return
+            # not started: nothing to stop; started: its worker or runner stops it
+            waiting = state.is_scheduled() or state.is_pending()
+            client.set_flow_run_state(flow_run_id, Cancelled() if waiting else Cancelling(),
+                                      force=True)
+    except Exception as err:  # noqa: BLE001 - never hide the stage's own error behind this one
+        _log.warning("could not cancel routed flow run %s (%s: %s); its worker may still run "
+                     "it", flow_run_id, type(err).__name__, err)
+
+
+class _Watched:
+    """One submitted flow run: started yet? done? ended how? (one API read a poll)."""
+
+    def __init__(self, run, deployment: str, label: str, start_timeout_s: float):
+        self.run, self.deployment, self.label = run, deployment, label
+        self.start_timeout_s, self.submitted = start_timeout_s, time.monotonic()
+        self.started = self.done = False
+
+    def problem(self, client) -> str | None:
+        """Read the run's state: why it can no longer do its part, or None (it is waiting,
+        running, or done: :attr:`done`)."""
+        state = client.read_flow_run(self.run.id).state
+        if state is None:
+            return None
+        if state.is_running() or state.is_final():
+            self.started = True
+        if state.is_final() and not state.is_completed():
+            return (f"{self.label}: flow run {self.run.name} of {self.deployment} ended "
+                    f"{state.type.value}: {state.message or 'no message'}")
+        self.done = state.is_completed()
+        waited = time.monotonic() - self.submitted
+        if not self.started and waited > self.start_timeout_s:
+            return (f"{self.label}: no worker started flow run {self.run.name} of "
+                    f"{self.deployment} within routing.start_timeout_s={self.start_timeout_s:g}"
+                    " s; is `rlhf stage-worker` (or a worker of the deployment's pool) running "
+                    "on that machine?")
+        return None
+
+
+def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict,
+               deployment: str) -> dict:
+    """Run ``stage`` through ``deployment`` (another machine's worker) into the child run
+    ``run_id``; return the output record the other machine left on the run."""
+    from prefect.client.orchestration import get_client
+
+    label = f"stage {stage}"
+    run = _submit(deployment, {"stage": stage, "spec": stage_spec(ctx, cfg, stage, run_id,
+                                                                  inputs)}, label)
+    set_tags(ctx.client(), run_id, {ROUTED_FLOW_RUN_TAG: f"{deployment} {run.name} ({run.id})"})
+    watched = _Watched(run, deployment, label, cfg.routing.start_timeout_s)
+    try:
+        with get_client(sync_client=True) as client:
+            while True:
+                problem = watched.problem(client)
+                if problem:
+                    raise RemoteStageError(problem)
+                if watched.done:
+                    break
+                time.sleep(POLL_S)
+    except BaseException:
+        _cancel(run.id)
+        raise
+    tags = stage_run_tags(ctx, run_id)
+    if ROUTED_OUTPUT_TAG not in tags:
+        raise RemoteStageError(f"{label}: flow run {run.name} of {deployment} completed but "
+                               f"left no output record (tag {ROUTED_OUTPUT_TAG}) on run {run_id}")
+    return json.loads(tags[ROUTED_OUTPUT_TAG])
+
+
+def record_routed(ctx: RunContext, run_id: str, out: dict) -> None:
+    """On the other machine: the output record and host name, for the head to read."""
+    set_tags(ctx.client(), run_id, {ROUTED_OUTPUT_TAG: json.dumps(out, sort_keys=True),
+                                    ROUTED_HOST_TAG: socket.gethostname()})
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class NodeGroup:
+    """Nodes 1..nnodes-1 of a multi-node stage as flow runs of ``routing.nodes``; the head
+    is node 0. ``problem()`` says why the group cannot go on; leaving the block on an error
+    cancels every node run still going."""
+
+    def __init__(self, ctx: RunContext, cfg: PipelineConfig, stage: str, spec: dict):
+        self.ctx, self.cfg, self.stage, self.spec = ctx, cfg, stage, spec
+        m = cfg.model
+        self.addr = m.master_addr or socket.gethostname()
+        self.port = m.master_port or _free_port()
+        self.runs: list[_Watched] = []
+        self._client = None
+        self._lock = threading.Lock()
+
+    def node(self, rank: int) -> dict:
+        return {"rank": rank, "nnodes": self.cfg.model.nnodes, "addr": self.addr,
+                "port": self.port, "timeout_s": int(self.cfg.routing.start_timeout_s) + 60}
+
+    def __enter__(self) -> NodeGroup:
+        from prefect.client.orchestration import get_client
+
+        deployment = self.cfg.routing.nodes
+        try:
+            for rank in range(1, self.cfg.model.nnodes):
+                label = f"stage {self.stage} node {rank}"
+                run = _submit(deployment, {"stage": self.stage, "spec": self.spec,
+                                           "node": self.node(rank)}, label)
+                self.runs.append(_Watched(run, deployment, label,
+                                          self.cfg.routing.start_timeout_s))
+        except BaseException:
+            self._cancel_all()
+            raise
+        set_tags(self.ctx.client(), self.spec["run_id"], {NODES_TAG: json.dumps(
+            {"nnodes": self.cfg.model.nnodes, "master": f"{self.addr}:{self.port}",
+             "flow_runs": [w.run.name for w in self.runs]})})
+        self._client = get_client(sync_client=True).__enter__()
+        return self
+
+    def problem(self) -> str | None:
+        """Why a node run can no longer do its part (None: all waiting, running or done)."""
+        with self._lock:
+            for watched in self.runs:
+                found = None if watched.done else watched.problem(self._client)
+                if found:
+                    return found
+        return None
+
+    def wait(self) -> None:
+        """After node 0 finished: every node run completes (or the group fails)."""
+        while True:
+            found = self.problem()
+            if found:
+                raise RemoteStageError(found)
+            if all(w.done for w in self.runs):
+                return
+            time.sleep(POLL_S)
+
+    def _cancel_all(self) -> None:
+        for watched in self.runs:
+            _cancel(watched.run.id)
+
+    def __exit__(self, kind, err, tb) -> None:
+        if kind is not None:
+            self._cancel_all()
+        if self._client is not None:
+            self._client.__exit__(None, None, None)
+

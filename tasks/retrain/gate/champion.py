@@ -1,0 +1,79 @@
+"""The champion a challenge starts from and is gated against: which version holds the alias,
+its models downloaded from MLflow, and the checks that the gate can run at all."""
+
+from __future__ import annotations
+
+from prefect import task
+from pydantic import BaseModel, ConfigDict
+
+from data_checks.config import DataConfig
+from data_checks.loading import load_table
+from tasks.config import PipelineConfig
+from tasks.platform.mlflow.registry import (
+    CHAMPION,
+    RegistryError,
+    alias_version,
+    download_policy,
+    model_version,
+)
+from tasks.platform.mlflow.runs import (
+    RunContext,
+    default_tracking_uri,
+    tag_parent,
+    tracking_client,
+)
+from tasks.platform.mlflow.tags import ANCESTRY_TAG, RETRAIN_CHAMPION_VERSION_TAG
+
+
+class GateError(ValueError):
+    """The gate cannot run as configured (too few held-out prompts, no judge)."""
+
+
+def champion_version(cfg: PipelineConfig):
+    """The registered policy version holding ``champion``, or None."""
+    client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
+    return alias_version(client, cfg.tracking.registered_policy, CHAMPION)
+
+
+class Champion(BaseModel):
+    """A registered policy version, downloaded: the folders a retrain starts from and the gate
+    samples, and the lineage its successor records."""
+
+    model_config = ConfigDict(frozen=True)
+    version: str
+    sft_run_id: str  # the SFT stage run whose policy is the reference
+    ancestry: str  # "v1>v3>v4": the versions this one descends from
+    policy_dir: str  # the PPO policy checkpoint (with its tokenizer)
+    rm_dir: str  # its reward model
+    sft_dir: str  # its SFT policy: reference, RM start, the judge's trunk
+
+
+@task(name="fetch_champion")
+def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> Champion:
+    """Download the champion's (``which``: a version number or alias) policy, reward model
+    and SFT policy from MLflow -> local folders and its lineage."""
+    client = ctx.client()
+    name = cfg.tracking.registered_policy
+    version = model_version(client, name, which) if which.isdigit() else \
+        alias_version(client, name, which)
+    if version is None:
+        raise RegistryError(f"'{name}' has no {'version ' if which.isdigit() else ''}{which}"
+                            " in the MLflow registry")
+    root = ctx.stage_dir("champion" if which == CHAMPION else f"version-{version.version}")
+    got = download_policy(client, version, root, ("ppo", "reward_model", "sft"))
+    out = Champion(
+        version=str(version.version), sft_run_id=got["sft"][0],
+        ancestry=version.tags.get(ANCESTRY_TAG, f"v{version.version}"),
+        policy_dir=got["ppo"][1], rm_dir=got["reward_model"][1], sft_dir=got["sft"][1])
+    tag_parent(ctx, {RETRAIN_CHAMPION_VERSION_TAG: out.version})
+    return out
+
+
+def check_gate_prompts(cfg: PipelineConfig, data: DataConfig) -> None:
+    if data.eval_prompts is None:
+        raise GateError("retrain gate: no held-out prompts (data.eval_prompts)")
+    n = min(len(load_table(data.eval_prompts, "prompts")), cfg.retrain.gate.num_prompts)
+    if n < cfg.retrain.gate.min_prompts:
+        raise GateError(f"retrain gate: {n} held-out prompts in {data.eval_prompts.path} "
+                        f"(retrain.gate.num_prompts {cfg.retrain.gate.num_prompts}); the "
+                        f"paired test needs >= {cfg.retrain.gate.min_prompts}")

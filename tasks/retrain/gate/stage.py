@@ -1,0 +1,201 @@
+"""gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, one
+scorer for both (tasks/retrain/gate/scorers.py: the gold judge when the data has one, else a judge
+reward model trained on held-out pairs, or an external registered scorer), paired bootstrap
+test and guard rails (rlhf_core/eval/gate.py). The decision is a set of MLflow tags on the
+retrain run and a Prefect markdown artifact; where a gold judge exists and another scorer
+decided, what the gold judge would have decided is recorded beside it
+(``rlhf.gate.gold.*``)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pandas as pd
+
+from rlhf_core.eval.evaluate import sample_policy
+from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
+from rlhf_core.eval.serving import score_rows
+from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.train.optim import seed_everything
+from tasks.config import GateConfig
+from tasks.pipeline.judge import resolve_judge
+from tasks.pipeline.prepare import Prepared
+from tasks.pipeline.scorers import external_scores, load_external
+from tasks.pipeline.stages.context import Stage, StageContext
+from tasks.pipeline.stages.records import DataRecord, Decision, ModelRecord, PolicyRecord
+from tasks.pipeline.stages.run import stage_task
+from tasks.platform.files import read_jsonl
+from tasks.platform.mlflow.runs import RunContext, run_url
+from tasks.platform.mlflow.tags import (
+    COMPARE_PREFIX,
+    COMPARE_RESULT_TAG,
+    COMPARE_VERSIONS_TAG,
+    GATE_DECISION_TAG,
+    GATE_GOLD_AGREES_TAG,
+    GATE_GOLD_DECISION_TAG,
+    GATE_GOLD_PREFIX,
+    GATE_PREFIX,
+    GATE_REASON_TAG,
+    GATE_SCORER_ID_TAG,
+    GATE_SCORER_TAG,
+)
+from tasks.platform.prefect.prefect_api import report
+from tasks.retrain.gate.champion import Champion, GateError
+from tasks.retrain.gate.scorers import resolve_scorer, scorer_label
+from tasks.retrain.records import GateRecord
+
+SIDE_BY_SIDE = "gate/side_by_side.json"  # the gate run's table: each prompt, both answers
+
+def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], gold,
+            judge: ModelRecord | None, tokenizer) -> dict[str, list[float]]:
+    """Both sides' per-prompt scores by ``scorer`` -> {"champion": [...], "challenger": [...]}."""
+    sides = ("champion", "challenger")
+    if scorer == "reward_model":
+        return {s: list(samples[s]["score"]) for s in sides}
+    if scorer == "judge":
+        return {s: [gold(p, r, bool(e)) for p, r, e in zip(
+            prompts, samples[s]["response"], samples[s]["has_eos"])] for s in sides}
+    if scorer == "judge_model":
+        if judge is None:
+            raise GateError("retrain.gate.scorer judge_model: no judge reward model trained")
+        model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
+                                  trainable=False).to(sc.device)
+        return {s: score_rows(model, tokenizer, prompts, samples[s]["response"])
+                for s in sides}
+    model = load_external(scorer, sc.run.tracking_uri)
+    return {s: external_scores(model, prompts, samples[s]["response"]) for s in sides}
+
+
+def gate_rule(g: GateConfig) -> GateRule:
+    """The decision rule's settings out of the ``retrain.gate`` section."""
+    return GateRule(**g.model_dump(include={f.name for f in fields(GateRule)}))
+
+
+def _decide(scores: dict, samples: dict, g: GateConfig, seed: int) -> dict:
+    champion, challenger = (GateSide(scores[s], samples[s]["has_eos"], samples[s]["kl"])
+                            for s in ("champion", "challenger"))
+    return gate_decision(champion, challenger, gate_rule(g), seed=seed)
+
+
+def _gold_tags(decision: dict, gold_decision: dict) -> dict:
+    """What the gold judge would have decided (agreement of the scorer with it)."""
+    f = gold_decision["figures"]
+    tags = {GATE_GOLD_DECISION_TAG: "promote" if gold_decision["promote"] else "keep",
+            GATE_GOLD_AGREES_TAG: str(gold_decision["promote"] == decision["promote"])}
+    tags.update({GATE_GOLD_PREFIX + k: f"{f[k]:.6g}" for k in ("diff_mean", "ci_low", "ci_high")
+                 if k in f})
+    return tags
+
+
+def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
+                      champion_version: str, gold_tags: dict | None = None) -> str:
+    f = decision["figures"]
+    verdict = "PROMOTE challenger" if decision["promote"] else \
+        f"KEEP champion v{champion_version}"
+    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                     for k, v in f.items())
+    return (f"# Retrain decision: {verdict}\n\n{decision['reason']}\n\nScorer: {scorer} (the "
+            f"same for both policies). Champion: v{champion_version}.\n\n| figure | value |\n"
+            f"|---|---|\n{rows}\n\n{_gold_line(gold_tags or {})}"
+            f"MLflow: {run_url(ctx, run_id)}\n")
+
+
+def _gold_line(tags: dict) -> str:
+    if not tags:
+        return ""
+    low, high = (tags.get(GATE_GOLD_PREFIX + k, "n/a") for k in ("ci_low", "ci_high"))
+    diff = tags.get(GATE_GOLD_PREFIX + "diff_mean", "n/a")
+    return (f"The gold judge would have decided: {tags[GATE_GOLD_DECISION_TAG]} (mean "
+            f"diff {diff}, CI [{low}, {high}]).\n\n")
+
+
+def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str, str]:
+    """A comparison's record (`rlhf compare`): the gate's tags under ``rlhf.compare.``, its
+    verdict "better" or "not better" (nothing is promoted or kept) and what was compared."""
+    verdicts = {"promote": "better", "keep": "not better"}
+    out = {COMPARE_PREFIX + k.removeprefix(GATE_PREFIX):
+           verdicts.get(v, v) if k == GATE_GOLD_DECISION_TAG else v
+           for k, v in tags.items() if k != GATE_DECISION_TAG}
+    return {**out, COMPARE_RESULT_TAG: "better" if better else "not better",
+            COMPARE_VERSIONS_TAG: compared}
+
+
+def side_by_side(prompts: list[str], samples: dict, scores: dict) -> pd.DataFrame:
+    """One row per held-out prompt, in order: the champion's and the challenger's answers and
+    the shared scorer's score of each (the approval form shows the first few)."""
+    return pd.DataFrame({"prompt": prompts,
+                         "champion": list(samples["champion"]["response"]),
+                         "challenger": list(samples["challenger"]["response"]),
+                         "score_champion": scores["champion"],
+                         "score_challenger": scores["challenger"]})
+
+
+def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
+         policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
+         judge: ModelRecord | None = None, compared: str | None = None) -> GateRecord:
+    """``judge``: the held-out judge reward model (scorer ``judge_model``). ``compared``: None
+    for a retrain's gate (its decision tags ``rlhf.gate.*``), else `rlhf compare`'s label of
+    the two versions, e.g. "v2 against v1" (``rlhf.compare.*``, ``compare/*`` metrics: nothing
+    is decided)."""
+    g, e = sc.cfg.retrain.gate, sc.cfg.eval
+    device, spec = sc.device, sc.spec
+    tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
+    prompts = [r["prompt"] for r in read_jsonl(
+        sc.local(data.data, "validate's data") / "eval_prompts.jsonl")][: g.num_prompts]
+    reference = load_policy(reference_dir, spec, trainable=False).to(device)
+    rm_model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
+                                 trainable=False).to(device)
+    samples = {}
+    for side, path in (("champion", champion.policy_dir),
+                       ("challenger", sc.local(policy.policy, "ppo's policy"))):
+        seed_everything(sc.seed)  # same sampling noise for both sides
+        model = load_policy(path, spec, trainable=False).to(device)
+        samples[side] = sample_policy(model, reference, rm_model, tokenizer, prompts,
+                                      e.sampling, device=device, precision=spec.precision)
+    scorer, gold = resolve_scorer(sc.cfg, prep.judge), resolve_judge(prep.judge)
+    if scorer == "judge" and gold is None:
+        raise GateError("retrain.gate.scorer is 'judge' but the data has no gold judge")
+    scores = _scores(sc, scorer, samples, prompts, gold, judge, tokenizer)
+    decision = _decide(scores, samples, g, sc.run.seed)
+    gold_tags = {} if gold is None or scorer == "judge" else _gold_tags(
+        decision, _decide(_scores(sc, "judge", samples, prompts, gold, None, tokenizer),
+                          samples, g, sc.run.seed))
+    sc.log_table(side_by_side(prompts, samples, scores), SIDE_BY_SIDE)
+    space = "gate" if compared is None else "compare"
+    metrics = {f"{space}/{k}": float(v) for k, v in decision["figures"].items()}
+    metrics[f"{space}/promote" if compared is None else "compare/better"] = \
+        float(decision["promote"])
+    sc.log(0, metrics)
+    sc.log_parent(metrics)
+    key = "eval/judge_score_policy" if scorer == "judge" else "eval/rm_score_policy"
+    label = scorer_label(scorer)
+    tags = {GATE_DECISION_TAG: "promote" if decision["promote"] else "keep",
+            GATE_REASON_TAG: decision["reason"], GATE_SCORER_TAG: label,
+            GATE_SCORER_ID_TAG: scorer, **gold_tags,
+            **{GATE_PREFIX + k: f"{v:.6g}" if isinstance(v, float) else str(v)
+               for k, v in decision["figures"].items()}}
+    if compared is not None:
+        tags = compare_tags(tags, decision["promote"], compared)
+    sc.set_tags(tags, parent=True)
+    sc.set_tags(tags)
+    markdown = decision_markdown(sc.run, sc.run_id, decision, label, champion.version,
+                                 gold_tags)
+    if compared is None:
+        report("rlhf-retrain-decision", markdown, "retrain: challenger vs champion")
+    else:
+        verdict = "better" if decision["promote"] else "not significantly better"
+        report("rlhf-compare", f"# Compare {compared}: {verdict}\n\n" +
+               markdown.split("\n", 2)[2], "compare: two registered versions")
+    return GateRecord(decision=Decision(promote=decision["promote"],
+                                        reason=decision["reason"], scorer=label),
+                      metrics={key: decision["figures"]["score_challenger"], **metrics},
+                      figures={"decision": tags.get(GATE_DECISION_TAG) or
+                               tags[COMPARE_RESULT_TAG], "scorer": label})
+
+
+# the decision's figures (rlhf_core/eval/gate.py) and gate/promote; compare/* for `rlhf compare`;
+# both policies' answers side by side
+STAGE = Stage("gate", body, GateRecord, seed_offset=4, metrics=("gate/*", "compare/*"),
+              artifacts=(SIDE_BY_SIDE,))
+
+gate = stage_task(STAGE)
