@@ -21,8 +21,8 @@ import logging
 
 from data_checks.errors import DataError, ValidationFailed
 from tasks.config import ConfigError
+from tasks.gc.lock import StoreBusy
 from tasks.pipeline.identity import ResumeRefused
-from tasks.pipeline.owners import StoreBusy
 from tasks.platform.mlflow.errors import PurgeFailed, RegistryError, TrackingOutage
 from tasks.platform.prefect.errors import RoutingError
 from tasks.retrain.labels.client import LabelStudioError

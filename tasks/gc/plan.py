@@ -45,13 +45,14 @@ from rlhf_core.faults import pause_point
 from tasks.config import PipelineConfig
 from tasks.gc.deleted import deleted_run_items, purge
 from tasks.gc.items import DAY_S, Found, GcPlan, is_hex
+from tasks.gc.lock import one_gc
 from tasks.gc.store import (
     alias_runs,
     keeps_consumed_copy,
     mark_pulled_all,
     stored_runs,
 )
-from tasks.pipeline.owners import one_gc, owner_lock_kept, unowned
+from tasks.pipeline.owners import owner_lock_kept, unowned
 from tasks.pipeline.retention import TRASH, remove_tree, trash_in, tree_bytes
 from tasks.platform.mlflow.runs import default_tracking_uri, resolved_store
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest

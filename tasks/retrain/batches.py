@@ -1,5 +1,5 @@
-"""Retrain bookkeeping: new preference batches (by digest, consumed ones recorded in MLflow),
-the champion's models fetched from MLflow, the retrain's inputs, Prefect reports."""
+"""Preference batches: new ones found in the watch folder (by digest, consumed ones recorded in
+MLflow), a round's preference file written from them, and marking them consumed."""
 
 from __future__ import annotations
 

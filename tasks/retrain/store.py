@@ -1,4 +1,4 @@
-"""What the champion wing keeps in MLflow: collection runs (their files, the pairs' record,
+"""What the retrain loop keeps in MLflow: collection runs (their files, the pairs' record,
 the prompts they used, their Label Studio link), label-import runs, and the preference
 batches retrains consumed (a tag on the retrain's parent run, a copy of each file on it)."""
 

@@ -1,4 +1,4 @@
-"""The tracking wing's errors, in a module that imports nothing (no MLflow): the CLI names
+"""The MLflow platform's errors, in a module that imports nothing (no MLflow): the CLI names
 them in its except clauses without loading MLflow."""
 
 from __future__ import annotations

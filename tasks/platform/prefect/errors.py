@@ -1,4 +1,4 @@
-"""The runtime wing's errors, in a module that imports nothing: the CLI names them in its
+"""The Prefect platform's errors, in a module that imports nothing: the CLI names them in its
 except clauses without loading MLflow or Prefect."""
 
 from __future__ import annotations
