@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from tasks.pipeline.rule import Decision
 from tasks.platform.mlflow.artifacts import Artifact
@@ -22,7 +22,6 @@ class StageRecord(BaseModel):
     """What every stage output holds: where it ran, how long, its key figures."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: str = ""  # the record's class, so JSON (a result Prefect stored) reads back as it
     stage: str = ""
     run_id: str = ""
     wall_s: float = 0.0
@@ -34,8 +33,22 @@ class StageRecord(BaseModel):
     # output records written before artifacts were typed: flat ``<key>`` path and ``<name>_uri``
     LEGACY: ClassVar[dict[str, str]] = {}
 
-    def model_post_init(self, _context: Any) -> None:
-        self.kind = type(self).__name__
+    @computed_field
+    @property
+    def kind(self) -> str:
+        """The record's class, written into its JSON so that a flow's result read back (one
+        Prefect stored) holds the same classes (:func:`record_class`). Computed, not a field:
+        Prefect links a task's result's fields to its run, and one string shared by every
+        record of a class would draw edges between tasks that share nothing."""
+        return type(self).__name__
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_kind(cls, data: Any) -> Any:
+        """A record read back from its JSON: ``kind`` is computed again, not an input."""
+        if isinstance(data, dict) and "kind" in data:
+            data = {k: v for k, v in data.items() if k != "kind"}
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -25,12 +25,13 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+import tasks
 from tasks.config import PipelineConfig
 from tasks.platform.files import write_json
 from tasks.platform.mlflow.runs import RunContext
 from tasks.platform.prefect.remote import NodeGroup, RemoteStageError, stage_spec
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(tasks.__file__).resolve().parents[1]  # what holds the packages
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
