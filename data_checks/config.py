@@ -1,10 +1,9 @@
 """Typed configs for the data gate: where the data comes from and what it must satisfy.
 
-In a form (Prefect's Custom run builds one from these models' JSON schema) a data source is
-its fields, never a choice between the source and "None": a source whose path is left empty
-is no source (an optional one stays unset; all of them empty: the demo's data), so the schema
-marks no path required and offers no null branch, and the validators below read an empty
-path as None before anything else checks it.
+A source whose path is left empty is no source (an optional one stays unset; all of them
+empty: the demo's data): the validators below read an empty path as None before anything else
+checks it, and name a required source left empty. How a form draws these sections (no path
+required, no null branch) is the pipeline config's business (tasks/config.py ``draw_form``).
 """
 
 from __future__ import annotations
@@ -41,38 +40,7 @@ def blank_data_form() -> dict[str, Any]:
     return {name: {"path": ""} for name in REQUIRED_SOURCES}
 
 
-def no_null_branch(schema: dict[str, Any]) -> None:
-    """``anyOf: [X, null]`` -> X in the JSON schema: a form shows X's fields (left empty:
-    None), not a choice whose "None" side reads 'Property is type "None"'."""
-    options = [o for o in schema.pop("anyOf", []) if o.get("type") != "null"]
-    if len(options) == 1:
-        schema.update(options[0])
-    elif options:
-        schema["anyOf"] = options
-    if schema.get("default", 0) is None:
-        del schema["default"]
-
-
-class NoNullBranch:
-    """``Annotated[X | None, NoNullBranch()]``: ``no_null_branch`` where ``json_schema_extra``
-    cannot go (a flow parameter, whose field Prefect builds with its own extras)."""
-
-    def __get_pydantic_json_schema__(self, core_schema, handler) -> dict[str, Any]:
-        schema = handler(core_schema)
-        no_null_branch(schema)
-        return schema
-
-
-def _source_form(schema: dict[str, Any]) -> None:
-    schema["required"] = [n for n in schema.get("required", []) if n != "path"]
-    if not schema["required"]:
-        del schema["required"]
-    no_null_branch(schema["properties"]["limit"])
-
-
 class DataSource(_Frozen):
-    model_config = ConfigDict(json_schema_extra=_source_form)
-
     path: str = Field(description="Local .jsonl/.json/.csv/.parquet file, folder, or dataset "
                       "id; empty: no source.")
     format: Literal["auto", "jsonl", "csv", "parquet", "hf"] = Field(
@@ -105,13 +73,7 @@ class DataSource(_Frozen):
     limit: int | None = Field(None, ge=1, description="Read at most N rows (empty: all).")
 
 
-def _data_form(schema: dict[str, Any]) -> None:
-    schema.pop("required", None)  # an empty path is checked by the validators, by name
-
-
 class DataConfig(_Frozen):
-    model_config = ConfigDict(json_schema_extra=_data_form)
-
     sft: DataSource = Field(
         description="Demonstrations: prompt, response columns (or TRL's messages), e.g. "
         "path data/sft.jsonl.", examples=[{"path": "data/sft.jsonl"}])
@@ -124,12 +86,11 @@ class DataConfig(_Frozen):
     eval_prompts: DataSource | None = Field(
         None, description="Held-out prompts for evaluation (empty: the first PPO prompts; "
         "a retrain's gate needs them), "
-        "e.g. path data/heldout.jsonl.", examples=[{"path": "data/heldout.jsonl"}],
-        json_schema_extra=no_null_branch)
+        "e.g. path data/heldout.jsonl.", examples=[{"path": "data/heldout.jsonl"}])
     preference_eval: DataSource | None = Field(
         None, description="Held-out pairs for the reward model's accuracy (empty: "
         "reward.eval_fraction of the pairs), e.g. path data/pairs_eval.jsonl.",
-        examples=[{"path": "data/pairs_eval.jsonl"}], json_schema_extra=no_null_branch)
+        examples=[{"path": "data/pairs_eval.jsonl"}])
 
     @model_validator(mode="before")
     @classmethod

@@ -18,7 +18,7 @@ from prefect import flow
 from prefect.types.entrypoint import EntrypointType
 from pydantic import BeforeValidator
 
-from data_checks.config import DataConfig, NoNullBranch, ValidationConfig, blank_data
+from data_checks.config import DataConfig, ValidationConfig, blank_data
 from flows.deployment import deployment_parameters
 from flows.wiring import run_pipeline
 from rlhf_core.config import (
@@ -32,6 +32,7 @@ from rlhf_core.config import (
 from tasks.config import (
     ConfigError,
     DemoConfig,
+    Form,
     PipelineConfig,
     RoutingConfig,
     TrackingConfig,
@@ -53,7 +54,7 @@ SECTIONS = tuple(name for name in PipelineConfig.model_fields if name not in ("r
 
 # the form's data section: its sources' fields (every path left empty: the demo's data)
 FormData = Annotated[DataConfig | None, BeforeValidator(lambda v: None if blank_data(v) else v),
-                     NoNullBranch()]
+                     Form()]
 
 
 def served_parameters(config: PipelineConfig) -> dict[str, Any]:
@@ -115,17 +116,17 @@ def _served_run_name() -> str:
 @flow(name="rlhf_pipeline", flow_run_name=_served_run_name, log_prints=True)
 def rlhf_pipeline_served(
     seed: int = 0,
-    demo: DemoConfig = DemoConfig(),
+    demo: Annotated[DemoConfig, Form()] = DemoConfig(),
     data: FormData = None,
-    model: ModelConfig = ModelConfig(),
-    validation: ValidationConfig = ValidationConfig(),
-    sft: SFTConfig = SFTConfig(),
-    reward: RewardConfig = RewardConfig(),
-    reward_norm: RewardNormConfig = RewardNormConfig(),
-    ppo: PPOConfig = PPOConfig(),
-    eval: EvalConfig = EvalConfig(),
-    tracking: TrackingConfig = TrackingConfig(),
-    routing: RoutingConfig = RoutingConfig(),
+    model: Annotated[ModelConfig, Form()] = ModelConfig(),
+    validation: Annotated[ValidationConfig, Form()] = ValidationConfig(),
+    sft: Annotated[SFTConfig, Form()] = SFTConfig(),
+    reward: Annotated[RewardConfig, Form()] = RewardConfig(),
+    reward_norm: Annotated[RewardNormConfig, Form()] = RewardNormConfig(),
+    ppo: Annotated[PPOConfig, Form()] = PPOConfig(),
+    eval: Annotated[EvalConfig, Form()] = EvalConfig(),
+    tracking: Annotated[TrackingConfig, Form()] = TrackingConfig(),
+    routing: Annotated[RoutingConfig, Form()] = RoutingConfig(),
     resume_run_id: str = "",
 ) -> PipelineResult:
     """The whole RLHF pipeline with the served config; fields you change override it.

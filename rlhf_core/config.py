@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
-from rlhf_core.forms import Section, defaults_in_words
 from rlhf_core.health.detectors import DETECTORS
+from rlhf_core.section import Section
 
 # a registered MLflow pyfunc scorer, as ppo.health.scorer and retrain.gate.scorer name one
 REGISTERED_SCORER = re.compile(r"models:/[^/@\s]+@[^/@\s]+")
@@ -27,8 +27,6 @@ _Frozen = Section
 
 
 class LoraSettings(_Frozen):
-    model_config = ConfigDict(json_schema_extra=defaults_in_words)
-
     r: int = Field(16, ge=1, description="LoRA rank.")
     alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")

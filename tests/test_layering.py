@@ -422,3 +422,14 @@ def test_only_the_mlflow_platform_and_a_features_store_call_the_mlflow_client():
     api = "tasks/platform/prefect/prefect_api.py"
     prefect = client_method_calls((ROOT / api).read_text(), None)
     assert prefect, f"the finder no longer sees the Prefect client of {api}"
+
+
+def test_the_form_rules_live_in_the_pipeline_config_alone():
+    """How Prefect's form draws a section and reads it back is tasks/config.py's: no section
+    of rlhf_core or data_checks carries a schema hook or a form's reading of blanks."""
+    bad = [f"{p.relative_to(ROOT)}: {word}" for pkg in ("rlhf_core", "data_checks")
+           for p in sorted((ROOT / pkg).rglob("*.py"))
+           for word in ("json_schema_extra", "__get_pydantic_json_schema__", "_form_blanks")
+           if word in p.read_text()]
+    assert not bad, bad
+    assert "def draw_form" in (ROOT / "tasks" / "config.py").read_text()

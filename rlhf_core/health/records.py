@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlhf_core.forms import Section
+from rlhf_core.section import Section
 
 Action = Literal["warn", "stop", "off"]
 
