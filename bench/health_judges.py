@@ -94,7 +94,7 @@ def train_judge(run_dir: Path, seed: int, pairs: int, member: int, tmp: Path,
     from rlhf_core.demo import generate_demo_data
     from rlhf_core.models.loader import LoadSpec, load_tokenizer
     from rlhf_core.train.optim import seed_everything
-    from tasks.config import load_config
+    from tasks.config.pipeline_config import load_config
     from tasks.pipeline.stages.judge_model import STAGE, fit_judge
     from tasks.pipeline.stages.reward_model import preference_split
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks.config import load_config  # noqa: E402
+from tasks.config.pipeline_config import load_config  # noqa: E402
 from tasks.platform.mlflow.runs import tracking_client  # noqa: E402
 from tasks.platform.mlflow.tags import COLLECTION_TAG  # noqa: E402
 from tasks.retrain.labels import imports as labels  # noqa: E402

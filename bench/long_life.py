@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tasks.config import flatten, load_config  # noqa: E402
+from tasks.config.pipeline_config import flatten, load_config  # noqa: E402
 from tasks.platform.mlflow.tags import CONSUMED_TAG, STAGE_TAG  # noqa: E402
 
 STAGES = ("validate", "sft", "reward_model", "reward_norm", "critic_init", "ppo", "evaluate",

@@ -109,7 +109,7 @@ def main() -> None:
             f"retrain.watch_dir={work}/watch", f"collect.out_dir={work}/to_label",
             "tracking.system_metrics=false", *args.set]
     config = ["--config", args.config] if args.config else []
-    from tasks.config import load_config
+    from tasks.config.pipeline_config import load_config
 
     cfg = load_config(Path(args.config) if args.config else ROOT / "configs" / "demo.yaml",
                       sets)

@@ -103,7 +103,7 @@ def child(folder: Path, stage: str, tree: Path) -> dict:
     """In a fresh process: the stage's body from ``tree`` until its first step."""
     sys.path.insert(0, str(tree))
     os.chdir(tree)
-    from tasks.config import load_config
+    from tasks.config.pipeline_config import load_config
     from tasks.pipeline.prepare import Prepared
     from tasks.pipeline.stages.records import Artifact, DataRecord, ModelRecord, NormRecord
     from tasks.pipeline.stages.table import STAGES as TABLE

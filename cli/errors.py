@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 from data_checks.errors import DataError, ValidationFailed
-from tasks.config import ConfigError
+from tasks.config.pipeline_config import ConfigError
 from tasks.gc.lock import StoreBusy
 from tasks.pipeline.identity import ResumeRefused
 from tasks.platform.mlflow.errors import PurgeFailed, RegistryError, TrackingOutage

@@ -32,7 +32,7 @@ def gc_text(plan, done: list | None = None) -> str:
 
 
 def cmd_gc(args, config) -> int:
-    from tasks.config import ConfigError
+    from tasks.config.pipeline_config import ConfigError
     from tasks.gc.plan import apply_gc, one_gc_of, plan_gc
     from tasks.gc.store import store_missing
     from tasks.platform.prefect.logins import Needs

@@ -33,7 +33,7 @@ from cli.resume import overrides_of, resume_config
 from cli.runs import cmd_runs, resume_args
 from cli.stopping import stop_signal, stop_within_seconds
 from data_checks.errors import ValidationFailed
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.platform.mlflow.addresses import run_page, runs_table_url
 from tasks.platform.mlflow.last_run import last_parent_run
 from tasks.platform.mlflow.tags import SWEEP_TAG
@@ -151,7 +151,7 @@ def cmd_validate(args) -> int:
 
 def cmd_sweep(args) -> int:
     cfg = _config_for(args)
-    from tasks.config import grid_points, parse_grid
+    from tasks.config.pipeline_config import grid_points, parse_grid
 
     grid = parse_grid(args.grid or [])
     seeds = [cfg.seed + i for i in range(args.seeds)]

@@ -28,7 +28,7 @@ NOTICES = {
 
 
 def cmd_notify(args) -> int:
-    from tasks.config import ConfigError
+    from tasks.config.pipeline_config import ConfigError
     from tasks.platform.prefect.notify import remove, set_up
     from tasks.platform.prefect.preflight import check_servers, prefect_api_url
 

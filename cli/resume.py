@@ -12,7 +12,13 @@ from __future__ import annotations
 import json
 
 from cli.runs import check_resume_id
-from tasks.config import ConfigError, PipelineConfig, flatten, load_config, parse_override
+from tasks.config.pipeline_config import (
+    ConfigError,
+    PipelineConfig,
+    flatten,
+    load_config,
+    parse_override,
+)
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.queries import StoreError, recorded_config
 from tasks.platform.prefect.logins import login_out_of_uri

@@ -181,7 +181,7 @@ def cmd_label_import(args, config) -> int:
     from flows.collect import label_import
 
     if not Path(args.file).is_file():
-        from tasks.config import ConfigError
+        from tasks.config.pipeline_config import ConfigError
 
         raise ConfigError(f"{args.file}: no such labelled file")
     _preflight(config)

@@ -8,7 +8,7 @@ import shlex
 import sys
 import time
 
-from tasks.config import ConfigError
+from tasks.config.pipeline_config import ConfigError
 from tasks.platform.mlflow.addresses import default_tracking_uri, runs_table_url
 from tasks.platform.mlflow.queries import StoreError, pipeline_runs, run_lineage
 from tasks.platform.prefect.logins import Needs

@@ -3,7 +3,7 @@
 A source whose path is left empty is no source (an optional one stays unset; all of them
 empty: the demo's data): the validators below read an empty path as None before anything else
 checks it, and name a required source left empty. How a form draws these sections (no path
-required, no null branch) is the pipeline config's business (tasks/config.py ``draw_form``).
+required, no null branch) is the pipeline config's business (tasks/config/form.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 from prefect import flow
 
 from flows.wiring import tracked
-from tasks.config import ConfigError, PipelineConfig
+from tasks.config.pipeline_config import ConfigError, PipelineConfig
 from tasks.pipeline.finish import finish
 from tasks.pipeline.prepare import prepare
 from tasks.pipeline.stages.records import Artifact, ModelRecord, PolicyRecord

@@ -3,7 +3,7 @@ deployment's parameters. The retrain and collect flows read it here, as does the
 deployment's flow in flows/serve.py; serve.py builds the retrain and collect deployments from
 their flows, so it imports them, and they do not import serve.py back."""
 
-from tasks.config import PipelineConfig, _merge
+from tasks.config.pipeline_config import PipelineConfig, _merge
 from tasks.platform.prefect.logins import login_out_of_uri
 from tasks.platform.prefect.prefect_api import deployment_parameters
 

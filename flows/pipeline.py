@@ -8,7 +8,7 @@ deployment from the signature, so the annotations must be the classes, not strin
 from prefect import flow
 
 from flows.wiring import run_pipeline
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import pipeline_run_name
 from tasks.pipeline.results import PipelineResult
 from tasks.platform.prefect.prefect_api import flow_run_name

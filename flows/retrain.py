@@ -14,7 +14,7 @@ from prefect import flow
 
 from flows.deployment import SERVED, served_config
 from flows.wiring import run_pipeline
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.stages.records import RegisterRecord
 from tasks.platform.prefect.prefect_api import flow_run_name, rename_flow_run, slot_holder
 from tasks.retrain.approval.waiting import (

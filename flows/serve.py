@@ -29,16 +29,9 @@ from rlhf_core.config import (
     RewardNormConfig,
     SFTConfig,
 )
-from tasks.config import (
-    ConfigError,
-    DemoConfig,
-    Form,
-    PipelineConfig,
-    RoutingConfig,
-    TrackingConfig,
-    _merge,
-    flatten,
-)
+from tasks.config.form import Form
+from tasks.config.pipeline_config import ConfigError, PipelineConfig, _merge, flatten
+from tasks.config.sections import DemoConfig, RoutingConfig, TrackingConfig
 from tasks.pipeline.prepare import pipeline_run_name
 from tasks.pipeline.results import PipelineResult
 from tasks.platform.prefect.events import LABELLED

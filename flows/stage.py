@@ -14,7 +14,7 @@ prefect.yaml deploys the same flow to a process work pool instead, for `prefect 
 from prefect import flow
 from prefect.types.entrypoint import EntrypointType
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.devices import setup_torch
 from tasks.pipeline.stages.records import StageRecord
 from tasks.pipeline.stages.run import execute, typed_inputs
@@ -71,7 +71,7 @@ def serve_stage(name: str) -> None:
     the Prefect server comes back from an outage (tasks/platform/prefect/reconnect.py)."""
     from prefect.settings import PREFECT_API_URL
 
-    from tasks.config import ConfigError
+    from tasks.config.pipeline_config import ConfigError
     from tasks.platform.prefect.reconnect import serve_until_stopped
 
     if not PREFECT_API_URL.value():

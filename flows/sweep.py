@@ -11,7 +11,7 @@ from typing import Any
 from prefect import flow, task
 
 from flows.wiring import rl_stages, shared_stages
-from tasks.config import PipelineConfig, grid_points
+from tasks.config.pipeline_config import PipelineConfig, grid_points
 from tasks.pipeline.finish import close_finished, fail_parent, finish
 from tasks.pipeline.prepare import Prepared, prepare
 from tasks.pipeline.results import PipelineResult, SweepResult

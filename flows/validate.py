@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.finish import close_parent, fail_parent
 from tasks.pipeline.prepare import pipeline_run_name, prepare
 from tasks.pipeline.results import PipelineResult

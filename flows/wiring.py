@@ -12,7 +12,7 @@ once (``shared_stages``) and the second per point (``rl_stages``).
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.finish import fail_parent, finish
 from tasks.pipeline.prepare import Prepared, prepare
 from tasks.pipeline.results import PipelineResult

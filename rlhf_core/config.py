@@ -1,8 +1,8 @@
 """Typed, frozen configs for the training stages (docs/design.md).
 
-One config per stage; the pipeline config (tasks/config.py) composes them and validates the
-whole at the CLI edge. Derived sizes are properties, never written back. Every field carries a
-one-line description, the input's help in Prefect's Custom run form (the deployment's
+One config per stage; the pipeline config (tasks/config/pipeline_config.py) composes them and
+validates the whole at the CLI edge. Derived sizes are properties, never written back. Every field
+carries a one-line description, the input's help in Prefect's Custom run form (the deployment's
 parameter schema).
 
 Defaults follow README § Sources [N+] and TRL's last PPO trainer (trl 1.12 ``trl.experimental.ppo``,

@@ -1,6 +1,6 @@
 """The base of every config section: frozen, strict (an unknown key is an error), no NaN or
 infinity. How a form draws a section and reads it back is the pipeline config's business
-(tasks/config.py), not the sections'."""
+(tasks/config/form.py), not the sections'."""
 
 from __future__ import annotations
 

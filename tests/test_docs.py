@@ -152,7 +152,7 @@ def setting_exists(model, parts: list[str]) -> bool:
 
 
 def test_the_docstring_checker_tells_a_missing_path_and_setting():
-    from tasks.config import PipelineConfig
+    from tasks.config.pipeline_config import PipelineConfig
 
     doc = "See tasks/gone.py, rule.py and champion/challenger; ppo.kl_coef, ppo.nope, ppo.py."
     assert named_paths(doc) == ["tasks/gone.py", "rule.py", "ppo.py"]
@@ -166,7 +166,7 @@ def test_module_docstrings_name_only_files_and_settings_that_exist():
     stage table's order would change."""
     import ast
 
-    from tasks.config import PipelineConfig
+    from tasks.config.pipeline_config import PipelineConfig
 
     sections = set(PipelineConfig.model_fields)
     bad, seen = [], 0

@@ -281,23 +281,22 @@ def wing_graph(package: str) -> dict[str, set[str]]:
     return graph
 
 
-# tasks/ by feature, bottom up: a feature imports only those before it. platform speaks for
-# MLflow and Prefect in the pipeline's words; pipeline is the stages and a run of them;
-# retrain (the gate, sign-off, labels) runs the pipeline round after round; gc clears what
-# both leave. config.py, the pipeline config, is the one module outside them.
-TASKS_FEATURES = ["platform", "pipeline", "retrain", "gc"]
+# tasks/ by feature, bottom up: a folder imports only those before it. config is the
+# pipeline config, below them all; platform speaks for MLflow and Prefect in the pipeline's
+# words; pipeline is the stages and a run of them; retrain (the gate, sign-off, labels) runs
+# the pipeline round after round; gc clears what both leave.
+TASKS_FEATURES = ["config", "platform", "pipeline", "retrain", "gc"]
 
 
 def test_tasks_is_cut_by_feature_and_imports_downwards_only():
     top = sorted(p.name for p in (ROOT / "tasks").glob("*.py"))
-    assert top == ["__init__.py", "config.py"], top
+    assert top == ["__init__.py"], top
     graph = wing_graph("tasks")
     assert set(graph) == set(TASKS_FEATURES), graph
     upward = {f"{wing} -> {other}" for wing, targets in graph.items() for other in targets
               if TASKS_FEATURES.index(other) > TASKS_FEATURES.index(wing)}
     assert not upward, sorted(upward)
-    config = import_graph()["tasks.config"]
-    assert not {m for m in config if m.startswith("tasks.")}, config
+    assert not graph["config"], graph["config"]
 
 
 def test_the_parts_of_a_feature_import_each_other_in_one_direction():
@@ -425,11 +424,11 @@ def test_only_the_mlflow_platform_and_a_features_store_call_the_mlflow_client():
 
 
 def test_the_form_rules_live_in_the_pipeline_config_alone():
-    """How Prefect's form draws a section and reads it back is tasks/config.py's: no section
+    """How Prefect's form draws a section and reads it back is tasks/config/form.py's: no section
     of rlhf_core or data_checks carries a schema hook or a form's reading of blanks."""
     bad = [f"{p.relative_to(ROOT)}: {word}" for pkg in ("rlhf_core", "data_checks")
            for p in sorted((ROOT / pkg).rglob("*.py"))
            for word in ("json_schema_extra", "__get_pydantic_json_schema__", "_form_blanks")
            if word in p.read_text()]
     assert not bad, bad
-    assert "def draw_form" in (ROOT / "tasks" / "config.py").read_text()
+    assert "def draw_form" in (ROOT / "tasks" / "config" / "form.py").read_text()

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict
 from data_checks.cache import chunk_folder, validation_cache
 from data_checks.validate import CHUNKS as GATE_CHUNKS
 from rlhf_core.faults import pause_point
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.gc.deleted import deleted_run_items, purge
 from tasks.gc.items import DAY_S, Found, GcPlan, is_hex
 from tasks.gc.lock import one_gc

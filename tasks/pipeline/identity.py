@@ -12,7 +12,7 @@ import hashlib
 import tempfile
 from pathlib import Path
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.tags import CONFIG_HASH_TAG, INPUT_DIGEST_PREFIX
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
 from rlhf_core.models.sources import cached_digest, resolve_model_source
-from tasks.config import PipelineConfig, flatten
+from tasks.config.pipeline_config import PipelineConfig, flatten
 from tasks.pipeline.devices import setup_torch
 from tasks.pipeline.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
 from tasks.pipeline.judge import resolve_judge_name

@@ -1,8 +1,8 @@
 """Sweep tasks: the grid, one MLflow parent run per point, and the summary over points.
 
 A sweep varies RL settings only (``ppo.*``, ``eval.*`` and the seed of the RL stages; see
-tasks/config.py ``grid_points``): the shared stages (validate, sft, reward_model, reward_norm)
-run once under the sweep's own run and every point reuses their outputs.
+tasks/config/pipeline_config.py ``grid_points``): the shared stages (validate, sft, reward_model,
+reward_norm) run once under the sweep's own run and every point reuses their outputs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import task
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared, open_parent_run
 from tasks.pipeline.results import PipelineResult
 from tasks.platform.mlflow.parent_run import log_parent_plot, log_sweep_summary

@@ -3,4 +3,4 @@ pipeline (tasks/pipeline/). A round's decisions (round.py), preference batches (
 what the loop keeps in MLflow (store.py), its announcements (events.py) and records
 (records.py); the gate that tests a challenger against the champion in gate/, a person's
 sign-off in approval/, the champion's answers and their labels in labels/. Its settings are
-the pipeline config's ``retrain:`` and ``collect:`` sections (tasks/config.py)."""
+the pipeline config's ``retrain:`` and ``collect:`` sections (tasks/config/sections.py)."""

@@ -14,7 +14,7 @@ from prefect import task
 from data_checks.config import DataSource
 from data_checks.files import write_cleaned
 from data_checks.loading import DataError, iter_table, load_table
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
 from tasks.platform.mlflow.runs import (

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pydantic import BaseModel, ConfigDict
 
 from data_checks.validate import ValidationFailed
-from tasks.config import ConfigError, PipelineConfig
+from tasks.config.pipeline_config import ConfigError, PipelineConfig
 from tasks.pipeline.prepare import Prepared
 from tasks.platform.mlflow.registry import RegistryError
 from tasks.platform.mlflow.runs import default_tracking_uri, resolved_store

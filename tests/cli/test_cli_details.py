@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from cli.main import build_parser, main, summary_text
-from tasks.config import ConfigError, load_config
+from tasks.config.pipeline_config import ConfigError, load_config
 from tasks.pipeline.results import PipelineResult
 from tasks.pipeline.stages.records import RegisterRecord
 from tests.shared import ROOT, TEST_CONFIG

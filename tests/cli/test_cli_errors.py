@@ -88,7 +88,7 @@ def test_data_gate_failure_is_a_sentence_with_rows_and_file_and_exit_1(tmp_path,
 
 def test_a_failure_after_the_parent_run_opened_marks_it_failed(tmp_path, monkeypatch):
     import tasks.pipeline.prepare as prepare
-    from tasks.config import load_config
+    from tasks.config.pipeline_config import load_config
 
     def broken(*_):
         raise OSError("disk full")

@@ -18,7 +18,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.gc.plan import apply_gc, plan_gc
 from tasks.platform.mlflow.tags import (
     COLLECTION_LABEL_STUDIO_TAG,

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from cli.main import main
-from tasks.config import ConfigError, load_config
+from tasks.config.pipeline_config import ConfigError, load_config
 from tasks.platform.prefect.preflight import check_config, check_servers
 from tests.shared import ROOT, TEST_CONFIG
 

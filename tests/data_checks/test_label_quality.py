@@ -16,7 +16,7 @@ from data_checks.label_quality import (
     judge_labellers,
     labeller_kappa,
 )
-from tasks.config import CollectConfig
+from tasks.config.sections import CollectConfig
 
 DEFAULTS = CollectConfig()
 RULES, N_KNOWN = DEFAULTS.quality.rules(), DEFAULTS.known_pairs

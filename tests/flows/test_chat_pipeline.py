@@ -11,7 +11,7 @@ import yaml
 from transformers import AutoTokenizer, GenerationConfig
 
 from flows.pipeline import rlhf_pipeline
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tests.families import write_chat_data
 from tests.shared import parent_runs, pipeline_stages
 

@@ -24,7 +24,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.demo import judge_choices
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.platform.mlflow.registry import CHAMPION, alias_version
 from tasks.retrain.batches import file_digest
 from tasks.retrain.labels.client import KEY_VAR, URL_VAR

@@ -1,7 +1,7 @@
 import pytest
 
 from cli.main import DEMO_CONFIG
-from tasks.config import ConfigError, PipelineConfig, flatten, load_config
+from tasks.config.pipeline_config import ConfigError, PipelineConfig, flatten, load_config
 
 
 def test_demo_config_loads_and_overrides_apply():
@@ -136,7 +136,7 @@ def test_what_a_form_leaves_empty_is_none():
 
 
 def test_from_scratch_learning_rates_on_a_pretrained_base_are_named():
-    from tasks.config import PipelineConfig
+    from tasks.config.pipeline_config import PipelineConfig
 
     demo = PipelineConfig.model_validate({"demo": {"enabled": True},
                                           "sft": {"optim": {"lr": 3e-3}}})

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
 # 4 SFT steps and 4 RM steps, each logged; checkpoints after step 2; PPO and evaluation short

@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.gc import gc_flow
 from flows.serve import gc_deployment
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.platform.mlflow.tags import PIPELINE_RUN_TAG
 from tests.shared import TEST_CONFIG
 

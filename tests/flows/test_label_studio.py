@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.platform.mlflow.tags import COLLECTION_LABEL_STUDIO_TAG, COLLECTION_TAG
 from tasks.retrain.labels import imports as labels
 from tasks.retrain.labels import pull

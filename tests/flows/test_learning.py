@@ -4,7 +4,7 @@ CI. Thresholds sit well below the measured figures (see REDUCED) to absorb platf
 
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tests.shared import ROOT
 
 # The demo's data and SFT, 3 of its 8 reward-model epochs, 15 of its 60 PPO iterations and half

@@ -319,7 +319,7 @@ def test_rlhf_approve_on_a_server_with_logins_records_the_login(mlflow_auth, pre
 
 
 def test_a_login_in_the_uri_moves_into_mlflows_variables(monkeypatch):
-    from tasks.config import load_config
+    from tasks.config.pipeline_config import load_config
     from tasks.platform.prefect.logins import login_out_of_uri
     from tasks.platform.redact import redacted
 

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from cli.runs import runs_table
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tests import servers
 from tests.servers import artifact_paths, stage_children
 from tests.shared import TEST_CONFIG as CONFIG

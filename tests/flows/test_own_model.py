@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from flows.pipeline import rlhf_pipeline
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tests.conftest import make_tokenizer
 from tests.shared import parent_runs, pipeline_stages, write_config
 

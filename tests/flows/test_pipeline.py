@@ -7,7 +7,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tests.shared import TEST_CONFIG as CONFIG
 from tests.shared import pipeline_stages, ppo_iteration_metrics, registered_models_panel
 
@@ -24,7 +24,7 @@ def pipeline_result(tmp_path_factory, prefect_api):
 
 
 def cfg_value(dotted: str):
-    from tasks.config import flatten
+    from tasks.config.pipeline_config import flatten
 
     return flatten(load_config(CONFIG).model_dump(mode="json"))[dotted]
 

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.demo import generate_demo_data
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
 MARGIN = 6.0  # -log sigmoid(d - 6) >= 6 - d: the RM loss starts far above log 2 = 0.69

@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 from flows.serve import labels_trigger, served_parameters
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

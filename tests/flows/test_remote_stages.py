@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tests.flows.prefect_procs import base_env, stop, wait_deployment
 from tests.shared import child_runs_by_stage
 

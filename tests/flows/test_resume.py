@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tests.shared import pipeline_stages, rlhf_in_process
 from tests.stores import seed_sqlite_store
 

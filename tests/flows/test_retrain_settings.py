@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.retrain.round import round_settings
 from tests.shared import TEST_CONFIG
 

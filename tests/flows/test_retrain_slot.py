@@ -9,7 +9,7 @@ import threading
 
 from cli.errors import EX_TEMPFAIL
 from cli.main import main
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.platform.prefect.prefect_api import slot_holder
 from tasks.retrain.round import limit_name, retrain_slot
 from tests.shared import TEST_CONFIG

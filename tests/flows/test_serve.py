@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.serve import served_parameters
 from rlhf_core.demo import write_preference_batch
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.platform.mlflow.registry import CHAMPION, PREVIOUS, alias_version
 from tasks.retrain.batches import consumed_runs, file_digest
 from tests.flows.prefect_procs import (

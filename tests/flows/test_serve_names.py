@@ -12,7 +12,7 @@ from flows.serve import (
     run_label,
     served_deployments,
 )
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 
 STAMP = r"\d{8}-\d{6}-"  # the start time leads, as in MLflow's run name
 

@@ -6,7 +6,7 @@ from mlflow.tracking import MlflowClient
 
 import flows.stage as stage_flow
 from rlhf_core.hardware import hardware_facts
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.stages.context import Stage
 from tasks.pipeline.stages.records import Artifact, PolicyRecord
 from tasks.platform.mlflow.runs import RunContext, set_tags

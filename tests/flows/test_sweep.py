@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.config import ConfigError, grid_points, load_config, parse_grid
+from tasks.config.pipeline_config import ConfigError, grid_points, load_config, parse_grid
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "test.yaml"
 SHARED = {"validate", "sft", "reward_model", "reward_norm", "judge_model"}  # + health's judge

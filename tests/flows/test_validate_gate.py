@@ -6,7 +6,7 @@ import pytest
 
 from data_checks.validate import ValidationFailed
 from flows.pipeline import rlhf_pipeline
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.pipeline.owners import OWNER_LOCK
 from tests.shared import PREF, parent_runs, write_config
 

@@ -47,7 +47,7 @@ def test_the_cached_folder_loads_answers_and_saves_like_any_model(smollm2, tmp_p
 
 
 def test_a_model_source_that_cannot_be_used_is_named_with_the_fix(tmp_path):
-    from tasks.config import ConfigError
+    from tasks.config.pipeline_config import ConfigError
     from tasks.platform.prefect.preflight import check_model_source
 
     with pytest.raises(ConfigError, match="no installed Python package 'nope_pkg'"):

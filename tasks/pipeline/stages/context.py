@@ -23,7 +23,7 @@ from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.loader import LoadSpec
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.optim import seed_everything
-from tasks.config import PipelineConfig, flatten
+from tasks.config.pipeline_config import PipelineConfig, flatten
 from tasks.pipeline.devices import setup_models
 from tasks.pipeline.stages.progress import StageProgress
 from tasks.pipeline.stages.records import Artifact, StageRecord

@@ -21,7 +21,7 @@ from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
 from rlhf_core.models.lora import adapt_scalar
 from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.train.reward import pair_margins, train_reward_model
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import DataRecord, ModelRecord
 from tasks.pipeline.stages.reward_model import TRAIN_METRICS, preference_split, save_scalar

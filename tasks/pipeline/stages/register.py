@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.models.loader import LoadSpec
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.rule import (
     champion_evaluation,
     first_champion,

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.memory import trim_heap
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.owners import owning
 from tasks.pipeline.stages.context import (
     Stage,

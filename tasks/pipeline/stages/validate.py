@@ -11,7 +11,7 @@ from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import ValidationFailed, run_validation, write_data_docs
 from rlhf_core.models import chat
 from rlhf_core.models.loader import load_tokenizer
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import DataRecord

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tasks
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.files import write_json
 from tasks.platform.mlflow.runs import RunContext
 from tasks.platform.prefect.remote import NodeGroup, RemoteStageError, stage_spec

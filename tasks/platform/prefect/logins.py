@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.config import ConfigError
+from tasks.config.pipeline_config import ConfigError
 
 USER_VAR, PASSWORD_VAR, TOKEN_VAR = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                                      "MLFLOW_TRACKING_TOKEN")
@@ -80,7 +80,7 @@ def refuse_secrets(cfg) -> None:
     take from its variables, e.g. a PostgreSQL URI ``postgresql://bob:secret@db/mlflow``)
     would become a Prefect flow-run parameter and reach its database and UI: ConfigError of
     one sentence naming the field and the environment variable to use instead."""
-    from tasks.config import flatten
+    from tasks.config.pipeline_config import flatten
     from tasks.platform.redact import URL_LOGIN, redact
 
     for field, value in flatten(cfg.model_dump(mode="json")).items():

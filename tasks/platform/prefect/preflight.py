@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from data_checks.files import looks_local
-from tasks.config import ConfigError, PipelineConfig
+from tasks.config.pipeline_config import ConfigError, PipelineConfig
 from tasks.platform.prefect.logins import Needs, check_mlflow_login, check_prefect_login
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")

@@ -33,7 +33,7 @@ import time
 import warnings
 from pathlib import Path
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.runs import RunContext, default_tracking_uri, set_tags, stage_run_tags
 from tasks.platform.mlflow.tags import (
     NODES_TAG,

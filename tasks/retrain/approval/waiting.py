@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.rule import Decision
 from tasks.pipeline.stages.records import RegisterRecord
 from tasks.platform.mlflow.runs import RunContext, default_tracking_uri, tracking_client

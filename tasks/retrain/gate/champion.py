@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig
 from data_checks.loading import load_table
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.registry import (
     CHAMPION,
     RegistryError,

@@ -12,7 +12,7 @@ reward model or an LLM judge wrapped as pyfunc).
 from __future__ import annotations
 
 from rlhf_core.eval.gate import pair_key
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared
 from tasks.platform.files import read_jsonl
 

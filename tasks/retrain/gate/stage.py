@@ -17,7 +17,7 @@ from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
 from rlhf_core.eval.serving import score_rows
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
 from rlhf_core.train.optim import seed_everything
-from tasks.config import GateConfig
+from tasks.config.sections import GateConfig
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.scorers import external_scores, load_external

@@ -29,7 +29,7 @@ from rlhf_core.eval.collect import (
     pool_order,
     shuffled_with_known,
 )
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.devices import setup_models
 from tasks.pipeline.judge import resolve_judge, resolve_judge_name
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs

@@ -37,7 +37,7 @@ from data_checks.labels import (
     read_labelled,
 )
 from data_checks.loading import DataError
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
 from tasks.platform.mlflow.tags import (
     LABELS_BATCH_TAG,

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
 from tasks.platform.mlflow.tags import (
     COLLECTION_LABEL_STUDIO_TAG,

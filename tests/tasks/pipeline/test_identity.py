@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.pipeline.identity import ResumeRefused, input_digests
 from tests.shared import ROOT
 

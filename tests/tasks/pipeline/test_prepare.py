@@ -47,7 +47,7 @@ def test_servers_and_other_stores_keep_their_own_artifact_root():
 
 
 def _cfg(tmp_path, *overrides):
-    from tasks.config import load_config
+    from tasks.config.pipeline_config import load_config
     from tests.shared import TEST_CONFIG as CONFIG
 
     return load_config(CONFIG, [f"tracking.tracking_uri=sqlite:///{tmp_path}/m.db",

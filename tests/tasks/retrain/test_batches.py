@@ -11,7 +11,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from data_checks.config import DataConfig, DataSource
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.pipeline.prepare import Prepared
 from tasks.platform.mlflow.runs import RunContext
 from tasks.platform.mlflow.tags import CONSUMED_TAG

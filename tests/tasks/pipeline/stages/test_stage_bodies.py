@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from data_checks.config import DataSource
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.stages.records import (
     Artifact,
@@ -135,8 +135,9 @@ def test_the_table_names_each_stage_once_with_its_record_and_seed():
 
 
 def test_routable_stages_in_the_config_are_the_tables():
-    """tasks/config.py cannot import the table (an import circle): its copy is held here."""
-    from tasks.config import ROUTABLE
+    """tasks/config/sections.py cannot import the table (an import circle): its copy is held
+    here."""
+    from tasks.config.sections import ROUTABLE
 
     assert ROUTABLE == DISTRIBUTED
 

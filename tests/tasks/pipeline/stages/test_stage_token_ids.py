@@ -18,7 +18,7 @@ from data_checks.token_files import tokens_path
 from rlhf_core.models.models import load_tokenizer
 from rlhf_core.models.ragged import Joined
 from rlhf_core.train.sft import sft_batch
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.stages.table import STAGES
 from tasks.pipeline.stages.token_data import preference_pairs, sft_examples, text_ids

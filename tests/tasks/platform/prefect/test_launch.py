@@ -69,7 +69,7 @@ def test_the_first_rank_error_is_raised_with_its_type_and_message(tmp_path):
 
 
 def test_a_rank_records_its_error_for_the_task(tmp_path, monkeypatch):
-    from tasks.config import PipelineConfig
+    from tasks.config.pipeline_config import PipelineConfig
     from tasks.pipeline.stages import rank_main
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -91,7 +91,7 @@ def test_a_launch_leaves_the_tasks_own_process_as_it_was(tmp_path, monkeypatch):
     process, which runs the later stages, keeps its environment and torch thread count."""
     import torch
 
-    from tasks.config import PipelineConfig
+    from tasks.config.pipeline_config import PipelineConfig
     from tasks.platform.mlflow.runs import RunContext
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from tasks.config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.runs import RunContext
 from tasks.platform.mlflow.tags import ROUTED_FLOW_RUN_TAG
 from tasks.platform.prefect import launch, remote

@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 from pydantic import ValidationError
 
 from rlhf_core.eval.gate import GateRule, held_out_for_judge, pair_key
-from tasks.config import GateConfig, load_config
+from tasks.config.pipeline_config import load_config
+from tasks.config.sections import GateConfig
 from tasks.pipeline.scorers import load_external
 from tasks.pipeline.stages.judge_model import judge_split
 from tasks.pipeline.stages.records import Artifact, DataRecord

@@ -5,7 +5,7 @@ with demo responses the judge orders as clearly, so every labeller can be judged
 from __future__ import annotations
 
 from rlhf_core.demo import judge_score
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.retrain.labels.collect import build_record
 from tests.shared import TEST_CONFIG
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.config import load_config
+from tasks.config.pipeline_config import load_config
 from tasks.platform.mlflow.tags import COLLECTION_TAG
 from tasks.retrain.labels import imports as labels
 from tasks.retrain.labels.collect import experiment_for
