@@ -40,12 +40,10 @@ def defaults_in_words(schema: dict[str, Any]) -> None:
             prop["description"] = f"{prop.get('description', '')} Empty: {prop.pop('default')}."
 
 
-def _no_required(schema: dict[str, Any], keep: tuple[str, ...] = ()) -> None:
+def _no_required(schema: dict[str, Any]) -> None:
     """Nothing the form must fill in: a data source's path and the data's sources are
     checked by their validators, which name what is missing."""
-    required = [n for n in schema.pop("required", []) if n in keep]
-    if required:
-        schema["required"] = required
+    schema.pop("required", None)
 
 
 # the sections drawn otherwise beside empty_input_for_none, by class name

@@ -40,9 +40,11 @@ class PipelineResult(BaseModel):
         each names (its ``kind``)."""
         if not isinstance(stages, dict):
             return stages
-        return {name: record_class(out.get("kind", "")).model_validate(out)
-                if isinstance(out, dict) and record_class(out.get("kind", "")) else out
-                for name, out in stages.items()}
+        typed = {}
+        for name, out in stages.items():
+            kind = record_class(out.get("kind", "")) if isinstance(out, dict) else None
+            typed[name] = out if kind is None else kind.model_validate(out)
+        return typed
 
     @classmethod
     def of(cls, ctx: RunContext, stages: dict[str, StageRecord]) -> PipelineResult:
