@@ -86,6 +86,7 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
     if result.registered is not None and result.registered.reason:
         lines.append(f"  decision: {result.registered.reason}")
     lines += result.health.lines() if result.health is not None else []
+    lines += [tax for tax in [getattr(result.stages.get("evaluate"), "tax", "")] if tax]
     lines += [f"checkpoints: {result.workdir}", ""]
     return "\n".join(lines)
 
@@ -112,13 +113,16 @@ def cmd_run(args) -> int:
     cfg = resume_config(args) if args.resume else _config_for(args)
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
-    from tasks.pipeline.prepare import check_registered_scorer
+    from tasks.pipeline.prepare import check_registered_scorer, check_registry_base
 
     check_registered_scorer(cfg)  # before Prefect starts; the flow checks again
+    check_registry_base(cfg)
     from data_checks.loading import read_every_source
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
+    from tasks.pipeline.stages.tax import check_tax_inputs
 
     read_every_source(cfg.data)
+    check_tax_inputs(cfg)
     quiet_expected_failures()
     start = time.perf_counter()
     result = rlhf_pipeline(config=cfg, resume_run_id=args.resume)

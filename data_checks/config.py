@@ -87,6 +87,10 @@ class DataConfig(_Frozen):
         None, description="Held-out prompts for evaluation (empty: the first PPO prompts; "
         "a retrain's gate needs them), "
         "e.g. path data/heldout.jsonl.", examples=[{"path": "data/heldout.jsonl"}])
+    pretrain: DataSource | None = Field(
+        None, description="Raw text for ppo.ptx_coef's pretraining mix: a .txt file "
+        "(paragraphs split at blank lines) or a table with a text column, e.g. path "
+        "data/pretrain.txt.", examples=[{"path": "data/pretrain.txt"}])
     preference_eval: DataSource | None = Field(
         None, description="Held-out pairs for the reward model's accuracy (empty: "
         "reward.eval_fraction of the pairs), e.g. path data/pairs_eval.jsonl.",

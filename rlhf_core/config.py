@@ -199,6 +199,14 @@ class PPOConfig(_Frozen):
     clip_eps_value: float = Field(0.2, gt=0, description="Value clip.")
     vf_coef: float = Field(0.1, ge=0, description="Value-loss coefficient.")
     ent_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    ptx_coef: float = Field(
+        0.0, ge=0, description="InstructGPT's pretraining mix (PPO-ptx): this many times the "
+        "language-model loss on data.pretrain's text, in the same optimizer step (0: off).")
+    ptx_batch_size: int | None = Field(
+        None, ge=1, description="Pretraining rows per PPO micro-batch (None, left empty: as "
+        "many as the micro-batch has rows).")
+    ptx_max_tokens: int = Field(128, ge=2, description="Pretraining text is cut into chunks "
+                                "of at most this many tokens.")
     whiten_rewards: bool = Field(False, description="Whiten per-token rewards before GAE.")
     missing_eos_penalty: float | None = Field(
         -1.0, description="Score given to a response without EOS (None: no EOS trick)."
@@ -294,15 +302,39 @@ class Sampling(_Frozen):
     batch_size: int = Field(64, ge=1, description="Prompts per generation batch.")
 
 
+class TaxConfig(_Frozen):
+    """The alignment tax (rlhf_core/eval/tax.py), measured where the run has a pretrained base
+    (``model.base_model``): a probe of general questions answered greedily, and bits per byte
+    of held-out general text, each by the base, the SFT and the PPO policy."""
+
+    enabled: bool = Field(True, description="Measure the tax (only with a pretrained base).")
+    probe: str | None = Field(
+        None, description="Probe questions: a JSONL/CSV/Parquet file with a question column "
+        "and an answers column (a list, or answers joined by |) (empty: the shipped probe).")
+    text: str | None = Field(
+        None, description="Held-out general text: a .txt file (paragraphs split at blank "
+        "lines) or a JSONL/CSV/Parquet file with a text column (empty: the shipped text).")
+    system: str | None = Field(
+        None, description="System message before each probe question, for a chat model "
+        "(empty: none, the template's own default).")
+    max_new_tokens: int = Field(32, ge=1, description="Greedy answer budget per question.")
+    budget: float = Field(
+        0.10, ge=0, le=1, description="Probe accuracy the policy may lose against the base "
+        "model (absolute); a policy over it is not made champion and never wins a retrain "
+        "gate (tracking.promote_flagged or rlhf promote --flagged overrides).")
+
+
 class EvalConfig(_Frozen):
     num_prompts: int = Field(256, ge=1, description="Held-out prompts to evaluate on.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature for both policies.")
     max_new_tokens: int = Field(53, ge=1, description="Response budget.")
     batch_size: int = Field(64, ge=1, description="Prompts per generation batch.")
-    judge: Literal["auto", "none", "demo"] = Field(
+    judge: Literal["auto", "none", "demo", "english"] = Field(
         "auto", description="Gold judge for evaluation only: auto (the demo's judge on demo "
-        "data, else none), demo, or none (no judge metrics at all).")
+        "data, else none), demo, english (the real-English task's, rlhf_core/english.py), "
+        "or none (no judge metrics at all).")
     num_side_by_side: int = Field(16, ge=0, description="Side-by-side samples to log.")
+    tax: TaxConfig = Field(TaxConfig(), description="The alignment tax.")
 
     @property
     def sampling(self) -> Sampling:

@@ -275,12 +275,13 @@ def make_trainer(models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
                  norm_stats: dict[str, float], device: torch.device,
                  generator: torch.Generator, divide_by_std: bool = False,
                  precision: str = "fp32", dp: DataParallel | None = None,
-                 seed: int = 0) -> PPOTrainer:
+                 seed: int = 0,
+                 pretrain_ids: Sequence[Sequence[int]] | None = None) -> PPOTrainer:
     """PPOTrainer in one process (``dp`` None), DataParallelPPO on a rank of ``dp`` (``seed``
     makes its per-rank sampling seeds); the other arguments are PPOTrainer's."""
     kwargs = dict(tokenizer=tokenizer, prompt_ids=prompt_ids, cfg=cfg, norm_stats=norm_stats,
                   device=device, generator=generator, divide_by_std=divide_by_std,
-                  precision=precision)
+                  precision=precision, pretrain_ids=pretrain_ids)
     if dp is None:
         return PPOTrainer(models, **kwargs)
     return DataParallelPPO(models, dp=dp, seed=seed, **kwargs)

@@ -32,6 +32,7 @@ from rlhf_core.ppo.compiled import CompiledBlocks, padded_width
 from rlhf_core.ppo.hooks import IterationFn, MonitorFn, VerdictFn, Watcher
 from rlhf_core.ppo.losses import ppo_losses
 from rlhf_core.ppo.ppo_math import AdaptiveKLController, FixedKLController
+from rlhf_core.ppo.ptx import PretrainMix
 from rlhf_core.ppo.report import decode_rollouts, rollout_metrics, sample_rows
 from rlhf_core.ppo.rollout import (
     Experience,
@@ -46,6 +47,9 @@ from rlhf_core.train.train_step import TrainStep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+
+PTX_SEED_OFFSET = 7919  # the pretraining stream's seed: the run's, offset
 
 
 def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> float:
@@ -86,11 +90,13 @@ class PPOTrainer:
         self, models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
         prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig, norm_stats: dict[str, float],
         device: torch.device, generator: torch.Generator, divide_by_std: bool = False,
-        precision: str = "fp32",
+        precision: str = "fp32", pretrain_ids: Sequence[Sequence[int]] | None = None,
     ):
         """``norm_stats``: the reward normaliser's mean/std (rewards are centred on the mean,
         and divided by the std with ``divide_by_std``); ``generator``: the prompt stream's
-        shuffles; ``precision``: the compute precision (fp32, bf16 or fp16)."""
+        shuffles; ``precision``: the compute precision (fp32, bf16 or fp16);
+        ``pretrain_ids``: the pretraining mix's chunks (``cfg.ptx_coef`` > 0), drawn by a
+        stream of their own."""
         policy, ref_policy, value_model, reward_model = models
         if len(prompt_ids) == 0:
             raise ValueError("PPO needs at least one prompt")
@@ -140,6 +146,12 @@ class PPOTrainer:
         self.prompt_stream = ShuffledBatches(len(self.prompt_ids),
                                              cfg.rollout_batch_size // cfg.samples_per_prompt,
                                              generator)
+        self.ptx = None
+        if cfg.ptx_coef > 0:  # its own stream: the prompt stream's draws stay as without it
+            own = torch.Generator().manual_seed(generator.initial_seed() + PTX_SEED_OFFSET)
+            self.ptx = PretrainMix(pretrain_ids or [], cfg.ptx_batch_size or
+                                   cfg.micro_batch_size or cfg.minibatch_size,
+                                   tokenizer.pad_token_id, own, device)
 
     @property
     def models(self) -> PPOModels:
@@ -211,6 +223,10 @@ class PPOTrainer:
         def micro_batch(rows: torch.Tensor, scale: float, n_tokens: int):
             share = scale * int(local[rows].sum()) / n_tokens  # of the global minibatch
             loss, values = self.minibatch_loss(exp, rows, int(local[rows].max()))
+            if self.ptx is not None:  # one pretraining micro-batch per PPO micro-batch
+                ptx = self.ptx.loss(self.policy)
+                loss = loss + cfg.ptx_coef * ptx
+                values = {**values, "ptx/loss": ptx}
             for key, value in values.items():
                 recorded[key].append((share, value.detach()))
             return loss, self.world_size * share  # DDP averages the ranks' gradients
@@ -310,6 +326,8 @@ class PPOTrainer:
                  "algorithm": self.algorithm.state_dict(), "world_size": self.world_size}
         if watch is not None:
             state["watch"] = watch.state_dict()
+        if self.ptx is not None:
+            state["ptx"] = self.ptx.state_dict()
         return state
 
     def _load_loop_state(self, state: dict, watch: Watcher | None = None) -> dict:
@@ -320,6 +338,8 @@ class PPOTrainer:
         self.algorithm.load_state_dict(state.get("algorithm", {}))
         if watch is not None and "watch" in state:
             watch.load_state_dict(state["watch"])
+        if self.ptx is not None and "ptx" in state:
+            self.ptx.load_state_dict(state["ptx"])
         return state["last"]
 
     def agree_to_stop(self, stop: bool) -> bool:

@@ -97,6 +97,13 @@ class PipelineConfig(Section):
                              "rlhf-stage/nodes, served by `rlhf stage-worker` on each of them)")
         return self
 
+    @model_validator(mode="after")
+    def _ptx_has_text(self) -> PipelineConfig:
+        if self.ppo.ptx_coef > 0 and (self.data is None or self.data.pretrain is None):
+            raise ValueError(f"ppo.ptx_coef={self.ppo.ptx_coef:g} needs pretraining text: set "
+                             "data.pretrain (a .txt file, or a table with a text column)")
+        return self
+
     def from_scratch_rates(self) -> list[str]:
         """The learning rates that look like a model trained from scratch (the demo's tiny
         GPT-2: SFT 3e-3, PPO 5e-4) while the base is a pretrained model: ``key=value`` of

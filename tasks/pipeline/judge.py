@@ -1,8 +1,9 @@
 """The gold judge of a run, resolved once (``eval.judge``) and read by every stage.
 
 ``auto``: the data set's own judge if it has one (the demo data does), else none; ``demo``:
-the demo's judge; ``none``: no judge anywhere (no gold accuracy, no judge curves, no win
-rate). The judge only ever evaluates: it never enters the reward.
+the demo's judge; ``english``: the real-English task's (rlhf_core/english.py); ``none``: no
+judge anywhere (no gold accuracy, no judge curves, no win rate). The judge only ever
+evaluates: it never enters the reward.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def resolve_judge(name: str) -> Judge | None:
         from rlhf_core.demo import judge_score
 
         return judge_score
+    if name == "english":
+        from rlhf_core.english import judge_score as english_score
+
+        return english_score
     if name == "none":
         return None
-    raise ValueError(f"unknown judge {name!r} (expected 'demo' or 'none')")
+    raise ValueError(f"unknown judge {name!r} (expected 'demo', 'english' or 'none')")

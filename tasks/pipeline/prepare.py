@@ -231,6 +231,30 @@ def check_inputs_present(cfg: PipelineConfig) -> None:
         raise ValueError(f"tracking.workdir={workdir} is a file, not a folder")
 
 
+def base_identity(cfg: PipelineConfig) -> str:
+    """The base model a run trains from, as its registered versions record it."""
+    return cfg.model.base_model or "the embedded demo's tiny GPT-2"
+
+
+def check_registry_base(cfg: PipelineConfig) -> None:
+    """A policy is registered only beside versions trained from the same base model: a
+    registered model (``tracking.registered_policy``) whose versions came from another base is
+    refused before any training, naming both."""
+    if not cfg.tracking.register_models:
+        return
+    from tasks.platform.mlflow.errors import RegistryError
+    from tasks.platform.mlflow.registry import registered_base
+
+    name = cfg.tracking.registered_policy
+    found = registered_base(default_tracking_uri(cfg.tracking.tracking_uri), name)
+    if found is not None and found[1] != base_identity(cfg):
+        raise RegistryError(
+            f"tracking.registered_policy={name}: its versions (v{found[0]}) were trained from "
+            f"{found[1]}, this run trains from {base_identity(cfg)}; one registered model holds "
+            "one base model's policies (set tracking.registered_policy, and "
+            "tracking.registered_reward_model, to names of this model's own)")
+
+
 def check_registered_scorer(cfg: PipelineConfig) -> None:
     """The held-out checks' registered scorer (``ppo.health.scorer: models:/...``) exists in
     the run's registry, before any training starts."""
@@ -260,6 +284,7 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
               "(configs/smollm2.yaml)", flush=True)
     check_deployments(cfg)  # stages on other machines: their deployments exist
     check_registered_scorer(cfg)
+    check_registry_base(cfg)
     ctx = open_parent_run(cfg, resume_run_id, run_name)
     try:
         return _resolve_inputs(cfg, ctx)

@@ -130,6 +130,23 @@ def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) 
                                        f"policy {figures}"})
 
 
+def tax_veto(decision: Decision, over: str | None, override: bool) -> Decision:
+    """A policy whose alignment tax is over budget (``over``: why, with the figures) is not
+    made champion, by the pipeline's rule or by a retrain gate's win alike (the gate compares
+    with the champion on the task, not what the policy lost elsewhere), unless overridden
+    (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``)."""
+    if not decision.promote or over is None:
+        return decision
+    if override:
+        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
+                                           f"{over} (tracking.promote_flagged)"})
+    return Decision(promote=False, verdict="tax", scorer=decision.scorer,
+                    champion_score=decision.champion_score,
+                    reason=f"not made champion: {over} (to promote it anyway: "
+                           f"tracking.promote_flagged, or rlhf promote VERSION --flagged); "
+                           f"without that: {decision.reason}")
+
+
 def health_veto(decision: Decision, blocked: str | None, override: bool,
                 gated: bool = False, bootstrap: bool = False) -> Decision:
     """A policy whose PPO run a health detector stopped, or flagged for a failure that

@@ -41,6 +41,7 @@ def summary_markdown(result: PipelineResult, title: str, outcome: str | None = N
         shown = ", ".join(f"{k} {_cell(v)}" for k, v in list(stage.metrics.items())[:3])
         rows.append(f"| {name} | {wall} | {shown} |")
     health = result.health.lines() if result.health is not None else []
+    health += [tax for tax in [getattr(result.stages.get("evaluate"), "tax", "")] if tax]
     return "\n".join([
         f"# {title}", "", outcome or decision_line(result), "",
         *[f"- {line}" for line in health], *([""] if health else []),

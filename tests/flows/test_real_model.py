@@ -1,7 +1,9 @@
 """The real model a package ships (SmolLM2-135M-Instruct's GGUF file) through the whole pipeline
-with LoRA adapters in every trained stage, at the smallest sizes: each stage saves only what it
-trained, naming the folder it adapts; the registered policy serves from its bundle (the base
-named by its source and digest); a run killed mid-PPO resumes to the same adapter weights."""
+on the real-English example (configs/smollm2.yaml) with LoRA adapters in every trained stage
+and the pretraining mix on, at the smallest sizes: each stage saves only what it trained,
+naming the folder it adapts; the alignment tax is measured on base, SFT and policy; the
+registered policy serves from its bundle (the base named by its source and digest); a run
+killed mid-PPO resumes to the same adapter weights."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from safetensors.torch import load_file
 from tests.conftest import SMOLLM2
 from tests.shared import ROOT
 
-SMALL = ["demo.n_sft=16", "demo.n_pref=16", "demo.n_prompts=16", "demo.n_eval=8",
-         "demo.n_pref_eval=8", "sft.batch_size=8", "reward.batch_size=8", "ppo.iterations=2",
+SMALL = ["data.sft.limit=16", "data.preference.limit=16", "data.prompts.limit=16",
+         "data.eval_prompts.limit=8", "data.preference_eval.limit=8", "sft.batch_size=8",
+         "data.pretrain.path=configs/pretrain/general-english.txt", "ppo.ptx_coef=1.0",
+         "ppo.ptx_max_tokens=32", "eval.tax.max_new_tokens=6", "reward.batch_size=8", "ppo.iterations=2",
          "ppo.rollout_batch_size=4", "ppo.num_minibatches=1", "ppo.ppo_epochs=1",
          "ppo.max_new_tokens=6", "ppo.eval_every=1", "ppo.eval_prompts=8",
          "ppo.checkpoint_every=1", "eval.num_prompts=8", "eval.max_new_tokens=6",
@@ -66,6 +70,25 @@ def whole(env, tmp_path_factory) -> Path:
     return folder
 
 
+def test_the_run_measures_the_alignment_tax_and_mixes_in_pretraining(whole, env):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    (parent,) = [r for r in client.search_runs(
+        [client.get_experiment_by_name("rlhf-real-model").experiment_id],
+        "tags.`mlflow.runName` = 'whole'")]
+    m = parent.data.metrics
+    for name in ("base", "sft", "policy"):
+        assert 0 <= m[f"eval/tax/probe_acc_{name}"] <= 1 and 0 < m[f"eval/tax/bpb_{name}"] < 8
+    assert parent.data.tags.get("rlhf.base_model") is None  # a version tag, not the run's
+    (ppo,) = client.search_runs([parent.info.experiment_id],
+                                f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and "
+                                "tags.`rlhf.stage` = 'ppo'")
+    assert [h.step for h in client.get_metric_history(ppo.info.run_id, "ptx/loss")] == [1, 2]
+    version = client.get_model_version("smollm2-policy", "1")
+    assert version.tags["rlhf.base_model"] == SMOLLM2
+
+
 def test_every_trained_stage_saves_its_adapter_alone(whole):
     import json
 
@@ -89,7 +112,7 @@ def test_the_registered_policy_serves_from_its_bundle(whole, env):
     import pandas as pd
 
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    model = mlflow.pyfunc.load_model("models:/rlhf-policy/1")
+    model = mlflow.pyfunc.load_model("models:/smollm2-policy/1")
     answers = model.predict(pd.DataFrame({"prompt": [[{"role": "user",
                                                        "content": "describe cats"}]]}),
                             params={"max_new_tokens": 4, "do_sample": False})

@@ -1,5 +1,6 @@
 """evaluate: sample the SFT and the PPO policy on held-out prompts; RM score, KL to the
-reference, EOS rate and, where the data has one, the gold judge's win rate; and the policy
+reference, EOS rate and, where the data has one, the gold judge's win rate; with a pretrained
+base, the alignment tax (tasks/pipeline/stages/tax.py); and the policy
 against the policy it started from by a scorer it was not trained against (the gold judge,
 else ``ppo.health.scorer``, else the judge reward model: ``eval/vs_start_*``), which the
 register stage reads before it makes a first champion."""
@@ -12,6 +13,7 @@ from rlhf_core.eval.evaluate import against_start, compare_policies, sample_poli
 from rlhf_core.eval.serving import score_rows
 from rlhf_core.faults import pause_point
 from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.models.models import resize_for_tokenizer
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.rule import eval_scorer
@@ -20,6 +22,7 @@ from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.progress import StageProgress
 from tasks.pipeline.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
+from tasks.pipeline.stages.tax import applies, measure, summary_line, tax_inputs
 from tasks.platform.files import read_jsonl
 from tasks.platform.mlflow.tags import EVAL_SCORER_TAG, EVAL_START_SCORER_TAG
 from tasks.platform.prefect.prefect_api import in_prefect_run
@@ -74,8 +77,9 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
         path = data_dir / "prompts.jsonl"
     prompts = [r["prompt"] for r in read_jsonl(path)][: sc.cfg.eval.num_prompts]
     e = sc.cfg.eval
-    # progress in answered prompts: the SFT policy's, then the PPO policy's
-    live = StageProgress(sc.stage.name, 2 * len(prompts))
+    probe, text = tax_inputs(e.tax) if applies(sc.cfg) else ([], [])
+    # progress in answered prompts: the SFT policy's, then the PPO policy's, then the probe's
+    live = StageProgress(sc.stage.name, 2 * len(prompts) + 3 * len(probe))
     live(0)
     # both policies sample from the same random stream (common random numbers): where they
     # agree their answers agree, and the paired comparison sees only what PPO changed
@@ -92,6 +96,13 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
                                {"sft": sft_samples, "policy": pol_samples}, rows)
     if independent is not None:
         metrics.update(against_start(independent[1]["sft"], independent[1]["policy"]))
+    if probe:
+        base = load_policy(prep.base_model, spec, trainable=False).to(device)
+        resize_for_tokenizer(base, tokenizer)  # the data gate's PAD, if it added one
+        tax, tax_rows = measure(e.tax, probe, text, {"base": base, "sft": ref, "policy": trained},
+                                tokenizer, lambda n: live(2 * len(prompts) + n))
+        metrics.update(tax)
+        sc.log_table(pd.DataFrame(tax_rows), "eval/tax_probe.json")
     pause_point("evaluate:scored")
     scorer = eval_scorer(prep.judge, rm.run_id, prompts)
     sc.set_tags({EVAL_SCORER_TAG: scorer, EVAL_START_SCORER_TAG:
@@ -104,7 +115,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
              "eval/kl_to_ref", "eval/eos_rate_policy")
     ordered = {k: metrics[k] for k in first if k in metrics}
     return EvalRecord(metrics={**ordered, **metrics}, scorer=scorer,
-                      start_scorer=independent[0] if independent else None)
+                      start_scorer=independent[0] if independent else None,
+                      tax=summary_line(metrics, e.tax.budget))
 
 
 # on this run and the parent run; the judge's figures where a gold judge exists
@@ -116,7 +128,8 @@ STAGE = Stage("evaluate", body, EvalRecord, sections=("eval",), seed_offset=3,
                        "eval/judge_gain_z", "eval/rm_judge_gap_z", "eval/rm_judge_correlation",
                        "eval/vs_start_diff", "eval/vs_start_diff_low", "eval/vs_start_diff_high",
                        "eval/vs_start_win_rate", "eval/vs_start_win_low",
-                       "eval/vs_start_win_high"),
-              artifacts=("eval/side_by_side.json",))
+                       "eval/vs_start_win_high", "eval/tax/probe_acc_*",
+                       "eval/tax/probe_diff_*_*", "eval/tax/bpb_*"),
+              artifacts=("eval/side_by_side.json", "eval/tax_probe.json"))
 
 evaluate = stage_task(STAGE)

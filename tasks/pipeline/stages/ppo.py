@@ -22,6 +22,7 @@ from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.health import HealthLog, make_watch
 from tasks.pipeline.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
+from tasks.pipeline.stages.tax import pretrain_chunks
 from tasks.pipeline.stages.token_data import text_ids
 from tasks.platform.files import read_json, read_jsonl, write_json
 from tasks.platform.prefect.memory import peak_memory, state_bytes
@@ -89,7 +90,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     trainer = make_trainer(models, tokenizer=tokenizer, prompt_ids=prompts, cfg=cfg.ppo,
                            norm_stats=norm_stats, device=device, generator=generator,
                            divide_by_std=cfg.reward_norm.divide_by_std,
-                           precision=spec.precision, dp=sc.dp, seed=sc.seed)
+                           precision=spec.precision, dp=sc.dp, seed=sc.seed,
+                           pretrain_ids=pretrain_chunks(cfg, tokenizer))
     samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save
     samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
     log = sc.live(cfg.ppo.iterations)  # MLflow, progress artifact, log line
@@ -168,7 +170,7 @@ STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=
                        "loss/kl_loss_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var",
                        "val/num_eos_tokens", "val/explained_variance", "val/grad_norm_avg",
                        "response/length_mean", "response/length_max",
-                       "response/truncated_rate", "response/eos_rate", "lr", "episode",
+                       "response/truncated_rate", "response/eos_rate", "lr", "episode", "ptx/loss",
                        "time/rollout_s", "time/update_s", "throughput/tokens_per_s",
                        "judge/score", "judge/rm_gain_z", "judge/judge_gain_z",
                        "judge/rm_judge_gap_z", "check/proxy_score", "check/judge_score",

@@ -176,6 +176,7 @@ class EvalRecord(StageRecord):
 
     scorer: str | None = None
     start_scorer: str | None = None
+    tax: str = ""  # the alignment tax in one line (said not to apply without a pretrained base)
 
 
 class RegisterRecord(StageRecord):

@@ -9,12 +9,14 @@ from __future__ import annotations
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.models.loader import LoadSpec
 from tasks.config.pipeline_config import PipelineConfig
+from tasks.pipeline.prepare import base_identity
 from tasks.pipeline.rule import (
     champion_evaluation,
     first_champion,
     health_veto,
     register_decision,
     score_key,
+    tax_veto,
 )
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import (
@@ -27,6 +29,7 @@ from tasks.pipeline.stages.records import (
 )
 from tasks.pipeline.stages.run import stage_task
 from tasks.pipeline.stages.sft import STAGE as SFT
+from tasks.pipeline.stages.tax import over_budget
 from tasks.platform.mlflow.guarded import one_try
 from tasks.platform.mlflow.registry import (
     CHALLENGER,
@@ -40,6 +43,7 @@ from tasks.platform.mlflow.registry import (
 from tasks.platform.mlflow.runs import RunContext, find_stage_run
 from tasks.platform.mlflow.tags import (
     ANCESTRY_TAG,
+    BASE_MODEL_TAG,
     GATE_TAG,
     HEALTH_FLAGS_TAG,
     HEALTH_STOPPED_TAG,
@@ -50,6 +54,7 @@ from tasks.platform.mlflow.tags import (
     REWARD_MODEL_RUN_TAG,
     SFT_RUN_TAG,
     STARTED_FROM_TAG,
+    TAX_OVER_TAG,
 )
 
 
@@ -129,11 +134,13 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
                               getattr(evaluation, "start_scorer", None))
     else:
         rule = decision
+    over = over_budget(evaluation.metrics, cfg.eval.tax.budget)
     if not moved:
         # a retrain's run (its lineage) without a gate decision is the loop's bootstrap
         rule = health_veto(rule, policy.health.blocks_champion, cfg.tracking.promote_flagged,
                            gated=decision is not None,
                            bootstrap=decision is None and lineage is not None)
+        rule = tax_veto(rule, over, cfg.tracking.promote_flagged)
     card = policy_card(cfg, ctx.parent_run_id, evaluation.metrics)
     pause_point("register:log_models")
     version, rm_version = adopted or one_try(
@@ -145,7 +152,9 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
         # the server back: keep a whole set it took, or delete a partial one and log again
         lambda: earlier_registration(client, (name, rm_name), run_id))
     tags = {**lineage_tags(ctx, rm, policy, lineage), **health_tags(policy),
-            REGISTER_DECISION_TAG: rule.register_tag, REGISTER_REASON_TAG: rule.reason}
+            BASE_MODEL_TAG: base_identity(cfg),
+            REGISTER_DECISION_TAG: rule.register_tag, REGISTER_REASON_TAG: rule.reason,
+            **({TAX_OVER_TAG: over} if over else {})}
     # the chain of versions this one descends from: "v1 -> v2 -> v3"
     tags[ANCESTRY_TAG] = " -> ".join(x for x in (tags.get(ANCESTRY_TAG, ""), f"v{version}") if x)
     if decision is not None:

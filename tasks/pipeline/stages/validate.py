@@ -16,6 +16,7 @@ from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import DataRecord
 from tasks.pipeline.stages.run import stage_task
+from tasks.pipeline.stages.tax import check_tax_inputs
 from tasks.platform.mlflow.runs import RunContext, run_url
 from tasks.platform.mlflow.tags import DATA_DIGEST_PREFIX, TOKENIZER_PREFIX, VALIDATION_REUSED_TAG
 from tasks.platform.prefect.prefect_api import in_prefect_run
@@ -81,6 +82,7 @@ def cleaned_copies(out_dir: Path, max_mb: float) -> list[Path]:
 def body(sc: StageContext, prep: Prepared) -> DataRecord:
     """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
     cfg = sc.cfg
+    check_tax_inputs(cfg)  # the alignment tax's probe and text, before any training
     tokenizer = load_tokenizer(prep.tokenizer, sc.spec)
     template = chat_template(cfg.model.chat_template)
     if template:

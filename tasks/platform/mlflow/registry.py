@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from tasks.platform.mlflow.errors import RegistryError
 from tasks.platform.mlflow.tags import (
     ALIAS_LOG_TAG,
+    BASE_MODEL_TAG,
     CHAMPION_SINCE_TAG,
     HEALTH_FLAGS_TAG,
     HEALTH_STOPPED_TAG,
@@ -24,6 +25,7 @@ from tasks.platform.mlflow.tags import (
     REGISTER_DECISION_TAG,
     REGISTER_REASON_TAG,
     STAGE_TAG,
+    TAX_OVER_TAG,
     stage_run_tag,
 )
 
@@ -115,13 +117,13 @@ def promote(tracking_uri: str, name: str, version: str | int, reason: str,
 
 
 def flagged_reason(tags: dict[str, str]) -> str | None:
-    """Why a version may not be promoted without an override, from its health tags: its
-    PPO run was stopped, or reward hacking was found (None: neither)."""
+    """Why a version may not be promoted without an override, from its tags: its PPO run was
+    stopped, reward hacking was found, or its alignment tax is over budget (None: none)."""
     if tags.get(HEALTH_STOPPED_TAG):
         return tags[HEALTH_STOPPED_TAG]
     if "reward_hacking" in tags.get(HEALTH_FLAGS_TAG, "").split(","):
         return "PPO's reward_hacking detector fired"
-    return None
+    return tags.get(TAX_OVER_TAG) or None
 
 
 def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:
@@ -210,6 +212,23 @@ def download_policy(client: MlflowClient, version, root: Path,
     return {stage: (run, client.download_artifacts(run, CHECKPOINTS[stage][0],
                                                    str(root / CHECKPOINTS[stage][1])))
             for stage, run in runs.items()}
+
+
+def registered_base(tracking_uri: str, name: str) -> tuple[str, str] | None:
+    """(version, base model) of the newest version of ``name`` that records the base model
+    it was trained from; None when there is none."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        found = MlflowClient(tracking_uri).search_model_versions(f"name = '{name}'")
+    except MlflowException:  # no such registered model yet
+        return None
+    based = [v for v in found if (v.tags or {}).get(BASE_MODEL_TAG)]
+    if not based:
+        return None
+    newest = max(based, key=lambda v: int(v.version))
+    return str(newest.version), newest.tags[BASE_MODEL_TAG]
 
 
 def registered_by_run(client: MlflowClient, name: str, run_id: str) -> list:

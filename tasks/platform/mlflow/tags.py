@@ -73,6 +73,8 @@ COMPARE_VERSIONS_TAG = "rlhf.compare.versions"  # "v2 against v1"
 HEALTH_FLAGS_TAG = "rlhf.health.flags"  # the detectors that fired, comma-separated ("" none)
 HEALTH_STOPPED_TAG = "rlhf.health.stopped"  # the finding that stopped PPO, and what was kept
 HEALTH_PREFIX = "rlhf.health."  # + a detector's name: its finding, one sentence
+BASE_MODEL_TAG = "rlhf.base_model"  # the base model a registered version was trained from
+TAX_OVER_TAG = "rlhf.tax.over_budget"  # why the policy's alignment tax is over budget
 
 # --- stage runs --------------------------------------------------------------------------
 STAGE_TAG = "rlhf.stage"  # which stage a child run is

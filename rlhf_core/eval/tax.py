@@ -1,0 +1,168 @@
+"""The alignment tax: what RLHF cost a pretrained model outside the task it was trained on.
+
+InstructGPT [InstructGPT] measured it as regressions on public benchmarks. Here two small
+measurements stand in, each taken on the base model, the SFT policy and the PPO policy:
+
+- a capability probe: general questions with checkable answers (facts, arithmetic, word
+  knowledge, plain instructions), answered greedily; an answer is right when it contains one
+  of the accepted answers as a whole word (case-insensitive);
+- bits per byte of held-out general English text: the language model's loss on every token of
+  the text, in bits, over the text's UTF-8 bytes (tokenizer-independent).
+
+The project ships a probe and a text (``tax_data/``); a run may name its own.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).with_name("tax_data")
+PROBE_FILE = DATA / "probe.jsonl"
+TEXT_FILE = DATA / "general.txt"
+MODELS = ("base", "sft", "policy")
+# the pairs whose paired differences are reported: (later, earlier)
+PAIRS = (("sft", "base"), ("policy", "base"), ("policy", "sft"))
+
+
+@dataclass(frozen=True)
+class ProbeItem:
+    """One probe question and the answers that count as right."""
+
+    question: str
+    answers: tuple[str, ...]
+    category: str = ""
+
+
+@lru_cache(maxsize=256)
+def _answer_pattern(answer: str) -> re.Pattern:
+    # a whole word or phrase: no letter or digit touching either end ("7" is not in "17"); a
+    # word may take a plural ending ("kittens" for "kitten")
+    plural = "(?:s|es)?" if answer[-1:].isalpha() else ""
+    return re.compile(r"(?<![0-9a-z])" + re.escape(answer.lower()) + plural + r"(?![0-9a-z])")
+
+
+def is_right(answer: str, accepted: Sequence[str]) -> bool:
+    """Whether ``answer`` contains one of ``accepted`` as a whole word or phrase."""
+    text = answer.lower()
+    return any(_answer_pattern(a).search(text) for a in accepted if a.strip())
+
+
+def probe_prompt(question: str, chat: bool, system: str | None = None) -> str | list[dict]:
+    """A probe question as the model is asked it: the user's message of a conversation
+    (after ``system``'s message, when given) for a chat model, else a plain Q/A frame."""
+    if not chat:
+        return f"Question: {question}\nAnswer:"
+    messages = [{"role": "system", "content": system}] if system else []
+    return [*messages, {"role": "user", "content": question}]
+
+
+def _text(answer) -> str:
+    return answer["content"] if isinstance(answer, dict) else answer
+
+
+@torch.inference_mode()
+def answer_probe(model, tokenizer, items: Sequence[ProbeItem], *, system: str | None = None,
+                 max_new_tokens: int = 32, batch_size: int = 32,
+                 on_batch=None) -> list[str]:
+    """Each probe question answered greedily -> the answers' text, in order."""
+    from rlhf_core.eval.serving import GenerationSettings, answer_rows, stop_ids
+
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, do_sample=False)
+    stop, answers = stop_ids(model, tokenizer), []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start: start + batch_size]
+        prompts = [probe_prompt(it.question, chat, system) for it in chunk]
+        answers += [_text(a).strip() for a in answer_rows(model, tokenizer, prompts, settings,
+                                                          stop)]
+        if on_batch is not None:
+            on_batch(len(answers))
+    return answers
+
+
+@torch.inference_mode()
+def text_nats(model, tokenizer, texts: Sequence[str], max_tokens: int = 512,
+              batch_size: int = 8) -> tuple[float, int]:
+    """Summed negative log-likelihood (nats) of every token of ``texts`` under ``model``, each
+    text scored on its own after one separator token (BOS, else EOS: a document boundary, as
+    in pretraining), cut to ``max_tokens`` tokens (and to the model's positions) -> (nats,
+    bytes of the scored text)."""
+    from rlhf_core.models.data import right_pad
+
+    sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None \
+        else tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else sep
+    device = next(model.parameters()).device
+    limit = getattr(model.config, "max_position_embeddings", None) or \
+        getattr(model.config, "n_positions", None)
+    max_tokens = min(max_tokens, limit - 1) if limit else max_tokens  # the separator's place
+    nats, n_bytes = 0.0, 0
+    for start in range(0, len(texts), batch_size):
+        seqs = []
+        for text in texts[start: start + batch_size]:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+            n_bytes += len(tokenizer.decode(ids).encode("utf-8"))
+            seqs.append([sep, *ids])
+        ids = right_pad(seqs, pad).to(device)  # [B, T]
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        for i, seq in enumerate(seqs):
+            mask[i, : len(seq)] = True
+        logits = model(input_ids=ids, attention_mask=mask.long()).logits.float()  # [B, T, V]
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)  # [B, T-1, V]
+        token_lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
+        nats -= float((token_lp * mask[:, 1:]).sum())
+    return nats, n_bytes
+
+
+def bits_per_byte(nats: float, n_bytes: int) -> float:
+    """Negative log-likelihood in nats over a text of ``n_bytes`` bytes -> bits per byte."""
+    if n_bytes <= 0:
+        raise ValueError("bits_per_byte: no text to score")
+    return nats / (math.log(2) * n_bytes)
+
+
+def text_chunks(text: str) -> list[str]:
+    """A held-out text -> its paragraphs (blank-line separated), each scored on its own."""
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],
+                confidence: float = 0.95) -> dict[str, float]:
+    """Per-model probe accuracy and bits per byte, and the paired differences in accuracy
+    (later minus earlier, with a paired-bootstrap interval) -> ``eval/tax/*`` metrics.
+    ``right``: for each of ``MODELS`` present, one bool per probe question, in one order."""
+    from rlhf_core.eval.gate import paired_bootstrap_ci
+
+    out: dict[str, float] = {}
+    for name, marks in right.items():
+        if not marks:
+            raise ValueError(f"tax_metrics: no probe answers for {name}")
+        out[f"eval/tax/probe_acc_{name}"] = sum(marks) / len(marks)
+    for name, value in bpb.items():
+        out[f"eval/tax/bpb_{name}"] = value
+    for later, earlier in PAIRS:
+        if later in right and earlier in right:
+            diffs = [float(a) - float(b) for a, b in zip(right[later], right[earlier],
+                                                         strict=True)]
+            mean, low, high = paired_bootstrap_ci(diffs, confidence)
+            key = f"eval/tax/probe_diff_{later}_{earlier}"
+            out.update({key: mean, f"{key}_low": low, f"{key}_high": high})
+        if later in bpb and earlier in bpb:
+            out[f"eval/tax/bpb_diff_{later}_{earlier}"] = bpb[later] - bpb[earlier]
+    return out
+
+
+def tax_lost(metrics: dict[str, float]) -> float | None:
+    """Probe accuracy the policy lost against the base model (positive: lost), or None when
+    the run measured no base."""
+    base, policy = metrics.get("eval/tax/probe_acc_base"), metrics.get("eval/tax/probe_acc_policy")
+    if base is None or policy is None:
+        return None
+    return base - policy

@@ -1,0 +1,78 @@
+"""InstructGPT's pretraining mix, PPO-ptx [InstructGPT]: the PPO objective plus ``ptx_coef``
+times the language-model loss on raw text, in the same optimizer step, to pay less alignment
+tax. One pretraining micro-batch is drawn for each PPO micro-batch, from its own shuffled
+stream (its position is part of the resume state), so a run without the mix draws nothing and
+stays bit-identical.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+
+import torch
+
+from rlhf_core.models.data import ShuffledBatches, right_pad
+
+
+def chunk_ids(token_rows: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+    """Each text's token ids cut into chunks of at most ``max_tokens`` (a chunk of one token
+    predicts nothing and is dropped)."""
+    if max_tokens < 2:
+        raise ValueError("chunk_ids: max_tokens must be at least 2")
+    out = []
+    for ids in token_rows:
+        out += [list(ids[i: i + max_tokens]) for i in range(0, len(ids), max_tokens)
+                if len(ids[i: i + max_tokens]) >= 2]
+    return out
+
+
+def lm_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The language-model loss on every token of the rows: mean over the real tokens that
+    have a token before them of -log p(token | the tokens before it).
+
+    Args:
+        logits: [B, T, V] the model's logits at each position.
+        ids: [B, T] the token ids (right-padded).
+        mask: [B, T] True at real tokens.
+    Returns:
+        The scalar loss (an error when no row has two real tokens)."""
+    target = mask[:, 1:]  # [B, T-1] a real token predicted from the ones before it
+    n = target.sum()
+    if int(n) == 0:
+        raise ValueError("lm_loss: no token to predict (every row is shorter than 2 tokens)")
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [B, T-1, V]
+    token_lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
+    return -(token_lp * target).sum() / n
+
+
+class PretrainMix:
+    """The pretraining text's stream: ``loss(model)`` draws the next ``batch_size`` chunks
+    and returns the model's :func:`lm_loss` on them."""
+
+    def __init__(self, chunks: Sequence[Sequence[int]], batch_size: int, pad_id: int,
+                 generator: torch.Generator, device: torch.device | str = "cpu"):
+        if not chunks:
+            raise ValueError("ppo.ptx_coef > 0 needs pretraining text (data.pretrain)")
+        self.chunks, self.batch_size, self.pad_id = chunks, batch_size, pad_id
+        self.device = torch.device(device)
+        self.stream = ShuffledBatches(len(chunks), batch_size, generator)
+
+    def loss(self, model) -> torch.Tensor:
+        rows = [self.chunks[i] for i in self.stream.take(self.batch_size).tolist()]
+        ids = right_pad(rows, self.pad_id).to(self.device)  # [b, T]
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            mask[i, : len(row)] = True
+        logits = model(input_ids=ids, attention_mask=mask.long()).logits  # [b, T, V]
+        return lm_loss(logits, ids, mask)
+
+    def state_dict(self) -> dict:
+        """The stream's position and its generator's state (the next pass's order)."""
+        gen = base64.b64encode(self.stream.generator.get_state().numpy().tobytes())
+        return {**self.stream.state_dict(), "generator": gen.decode("ascii")}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
+        raw = bytearray(base64.b64decode(state["generator"]))
+        self.stream.generator.set_state(torch.frombuffer(raw, dtype=torch.uint8))

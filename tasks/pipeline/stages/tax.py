@@ -1,0 +1,107 @@
+"""The alignment tax inside evaluate: the probe and the held-out text read through the gate
+(``eval.tax.*``, else the shipped ones), answered and scored by the base model, the SFT policy
+and the PPO policy, where the run has a pretrained base (``model.base_model``); and the text
+of the pretraining mix that pays less of it (``ppo.ptx_coef``, ``data.pretrain``)."""
+
+from __future__ import annotations
+
+from data_checks.tax_files import read_probe, read_text
+from rlhf_core.config import TaxConfig
+from rlhf_core.eval.tax import (
+    PROBE_FILE,
+    TEXT_FILE,
+    ProbeItem,
+    answer_probe,
+    bits_per_byte,
+    is_right,
+    tax_lost,
+    tax_metrics,
+    text_nats,
+)
+from rlhf_core.ppo.ptx import chunk_ids
+
+NOT_APPLICABLE = "does not apply: no pretrained base (model.base_model) to lose anything"
+
+
+def tax_inputs(tax: TaxConfig) -> tuple[list[ProbeItem], list[str]]:
+    """The probe and the held-out text a run measures the tax on (read through the gate)."""
+    probe = [ProbeItem(q, tuple(a), c) for q, a, c in read_probe(tax.probe or PROBE_FILE)]
+    return probe, read_text(tax.text or TEXT_FILE)
+
+
+def applies(cfg) -> bool:
+    """The tax is measured where it is on and the run starts from a pretrained base."""
+    return cfg.eval.tax.enabled and bool(cfg.model.base_model)
+
+
+def pretrain_chunks(cfg, tokenizer) -> list[list[int]] | None:
+    """The pretraining mix's text (``data.pretrain``, read through the gate), each row
+    tokenized with an EOS after it and cut into ``ppo.ptx_max_tokens`` chunks; None when the
+    mix is off."""
+    if cfg.ppo.ptx_coef <= 0:
+        return None
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            for text in read_text(cfg.data.pretrain.path)]
+    return chunk_ids(rows, cfg.ppo.ptx_max_tokens)
+
+
+def check_tax_inputs(cfg) -> None:
+    """Read the run's probe and text (where it measures the tax) and the pretraining mix's
+    text (where it mixes one in) through the gate: a DataError names the file and row."""
+    if applies(cfg):
+        tax_inputs(cfg.eval.tax)
+    if cfg.ppo.ptx_coef > 0:
+        read_text(cfg.data.pretrain.path)
+
+
+def measure(tax: TaxConfig, probe: list[ProbeItem], text: list[str], models: dict, tokenizer,
+            progress=None) -> tuple[dict, list[dict]]:
+    """``models``: name -> causal LM (``base``, ``sft``, ``policy``; frozen) -> the
+    ``eval/tax/*`` metrics and the probe's side-by-side rows (question, expected, each
+    model's answer and whether it is right); ``progress(n)``: questions answered so far."""
+    rows = [{"question": it.question, "expected": " | ".join(it.answers),
+             "category": it.category} for it in probe]
+    right, bpb = {}, {}
+    for k, (name, model) in enumerate(models.items()):
+        done = k * len(probe)
+        answers = answer_probe(model, tokenizer, probe, system=tax.system,
+                               max_new_tokens=tax.max_new_tokens,
+                               on_batch=None if progress is None
+                               else (lambda n, done=done: progress(done + n)))
+        right[name] = [is_right(a, it.answers) for a, it in zip(answers, probe)]
+        for row, answer, ok in zip(rows, answers, right[name]):
+            row[f"{name}_answer"], row[f"{name}_right"] = answer, ok
+        bpb[name] = bits_per_byte(*text_nats(model, tokenizer, text))
+    return tax_metrics(right, bpb), rows
+
+
+def summary_line(metrics: dict, budget: float | None = None) -> str:
+    """One line for the run summary: each model's probe accuracy and bits per byte, and
+    what the policy lost against the base (over budget said so); the tax's absence said
+    plainly (never a 0)."""
+    if "eval/tax/probe_acc_policy" not in metrics:
+        return f"alignment tax: {NOT_APPLICABLE}"
+    names = [n for n in ("base", "sft", "policy") if f"eval/tax/probe_acc_{n}" in metrics]
+    acc = ", ".join(f"{n} {metrics[f'eval/tax/probe_acc_{n}']:.3f}" for n in names)
+    bpb = ", ".join(f"{n} {metrics[f'eval/tax/bpb_{n}']:.3f}" for n in names
+                    if f"eval/tax/bpb_{n}" in metrics)
+    line = f"alignment tax: probe accuracy {acc}" + (f"; bits per byte {bpb}" if bpb else "")
+    lost = tax_lost(metrics)
+    if lost is not None:
+        d, lo, hi = (metrics[f"eval/tax/probe_diff_policy_base{k}"] for k in ("", "_low", "_high"))
+        line += f"; policy vs base {d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        if budget is not None:
+            line += f" ({'over' if lost > budget else 'within'} the budget of {budget:.2f})"
+    return line
+
+
+def over_budget(metrics: dict, budget: float) -> str | None:
+    """Why the policy is over its tax budget, or None (within it, or no base measured)."""
+    lost = tax_lost(metrics)
+    if lost is None or lost <= budget:
+        return None
+    return (f"its alignment tax is over budget: probe accuracy "
+            f"{metrics['eval/tax/probe_acc_policy']:.3f} against the base model's "
+            f"{metrics['eval/tax/probe_acc_base']:.3f} (lost {lost:.3f}, more than "
+            f"eval.tax.budget {budget:.2f})")
+

@@ -1,0 +1,133 @@
+"""InstructGPT's pretraining mix (PPO-ptx): the language-model loss against a token-by-token
+reference and on edge cases, ``ptx_coef: 0`` bit-identical to a run without the text, the term
+logged as the loss of the chunks the stream drew, and a run killed mid-PPO with the mix on
+resuming to the uninterrupted weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_core.config import OptimConfig, PPOConfig
+from rlhf_core.models.data import encode, right_pad
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.ppo.ptx import PretrainMix, chunk_ids, lm_loss
+from rlhf_core.ppo.trainer import PPOTrainer
+from tests.rlhf_core.test_checkpoint import SFT_ROWS, Interrupt, assert_same_bits, weights
+
+CPU = torch.device("cpu")
+TEXT = ["the rain is nice and the cats are good .", "dogs are fun .", "tell me about trees"]
+
+
+def test_lm_loss_matches_a_token_by_token_reference():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 7)
+    ids = torch.randint(0, 7, (3, 5))
+    lengths = [5, 2, 3]
+    mask = torch.tensor([[t < n for t in range(5)] for n in lengths])
+    total, count = 0.0, 0
+    for b, n in enumerate(lengths):
+        for t in range(1, n):
+            total -= float(torch.log_softmax(logits[b, t - 1].double(), -1)[ids[b, t]])
+            count += 1
+    assert float(lm_loss(logits, ids, mask)) == pytest.approx(total / count, rel=1e-6)
+
+
+def test_lm_loss_refuses_rows_with_nothing_to_predict():
+    with pytest.raises(ValueError, match="no token to predict"):
+        lm_loss(torch.zeros(2, 3, 4), torch.zeros(2, 3, dtype=torch.long),
+                torch.tensor([[True, False, False], [False, False, False]]))
+
+
+def test_chunks_cut_each_text_and_drop_single_tokens():
+    assert chunk_ids([[1, 2, 3, 4, 5], [6], [7, 8]], 2) == [[1, 2], [3, 4], [7, 8]]
+    with pytest.raises(ValueError):
+        chunk_ids([[1, 2]], 1)
+    with pytest.raises(ValueError, match="needs pretraining text"):
+        PretrainMix([], 2, 0, torch.Generator())
+
+
+def _trainer(model_dir, tok, coef=0.0, pretrain=None, checkpoint_every=0):
+    torch.manual_seed(0)
+    policy, ref = load_causal_lm(model_dir), load_causal_lm(model_dir)
+    value, reward = ScalarHeadModel.from_causal_lm(model_dir), \
+        ScalarHeadModel.from_causal_lm(model_dir)
+    cfg = PPOConfig(iterations=4, rollout_batch_size=4, num_minibatches=2, ppo_epochs=2,
+                    max_new_tokens=6, optim=OptimConfig(lr=1e-3), ptx_coef=coef,
+                    ptx_batch_size=2, checkpoint_every=checkpoint_every)
+    prompts = [encode(tok, r["prompt"]) for r in SFT_ROWS]
+    return PPOTrainer(PPOModels(policy, ref, value, reward), tokenizer=tok, prompt_ids=prompts,
+                      cfg=cfg, norm_stats={"mean": 0.0, "std": 1.0, "n": 1}, device=CPU,
+                      generator=torch.Generator().manual_seed(0), pretrain_ids=pretrain)
+
+
+def _chunks(tok):
+    return chunk_ids([encode(tok, t) + [tok.eos_token_id] for t in TEXT], 4)
+
+
+def test_ptx_coef_zero_is_bit_identical_to_no_text(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    timeless = ("time/", "throughput/")  # wall clocks differ run to run
+    plain = _trainer(tiny_model_dir, tok)  # each seeds the global stream sampling draws from
+    a = [{k: v for k, v in plain.step()[0].items() if not k.startswith(timeless)}
+         for _ in range(2)]
+    zero = _trainer(tiny_model_dir, tok, 0.0, _chunks(tok))
+    b = [{k: v for k, v in zero.step()[0].items() if not k.startswith(timeless)}
+         for _ in range(2)]
+    assert zero.ptx is None and a == b and "ptx/loss" not in a[0]
+    assert_same_bits(weights(plain.policy), weights(zero.policy))
+
+
+def test_the_mix_logs_the_lm_loss_of_the_chunks_it_drew_and_changes_the_update(
+        tiny_model_dir, monkeypatch):
+    tok = load_tokenizer(str(tiny_model_dir))
+    chunks = _chunks(tok)
+    plain = _trainer(tiny_model_dir, tok)
+    plain.step()
+    mixed = _trainer(tiny_model_dir, tok, 2.0, chunks)
+    drawn, real_loss = [], PretrainMix.loss
+
+    def spy(self, model):
+        import copy
+
+        before = copy.deepcopy(self.stream)  # its generator too: the draw is replayed
+        out = real_loss(self, model)
+        rows = [chunks[i] for i in before.take(self.batch_size).tolist()]
+        ids = right_pad(rows, tok.pad_token_id)
+        mask = torch.tensor([[t < len(r) for t in range(ids.shape[1])] for r in rows])
+        with torch.no_grad():
+            naive = lm_loss(model(input_ids=ids, attention_mask=mask.long()).logits, ids, mask)
+        drawn.append((float(out), float(naive)))
+        return out
+
+    monkeypatch.setattr(PretrainMix, "loss", spy)
+    metrics, _ = mixed.step()
+    assert len(drawn) == 4  # 2 epochs x 2 minibatches x 1 micro-batch
+    assert all(a == pytest.approx(b, rel=1e-5) for a, b in drawn), drawn
+    # each minibatch's token share weighs its micro-batch; the mean lies among the draws
+    assert min(a for a, _ in drawn) - 1e-6 <= metrics["ptx/loss"] <= max(a for a, _ in drawn)
+    assert any(not torch.equal(a, b) for a, b in zip(weights(plain.policy).values(),
+                                                     weights(mixed.policy).values()))
+
+
+@pytest.mark.slow
+def test_a_run_with_the_mix_resumes_to_the_uninterrupted_weights(tiny_model_dir, tmp_path):
+    tok = load_tokenizer(str(tiny_model_dir))
+    chunks = _chunks(tok)
+    ref = _trainer(tiny_model_dir, tok, 1.0, chunks, checkpoint_every=2)
+    ref.train(lambda i, m, s: None, progress=False, checkpointer=ref.checkpointer(tmp_path / "a"))
+
+    def crash(i, m, s):
+        if i == 3:
+            raise Interrupt(i)
+
+    first = _trainer(tiny_model_dir, tok, 1.0, chunks, checkpoint_every=2)
+    with pytest.raises(Interrupt):
+        first.train(crash, progress=False, checkpointer=first.checkpointer(tmp_path / "b"))
+    second = _trainer(tiny_model_dir, tok, 1.0, chunks, checkpoint_every=2)
+    seen = {}
+    second.train(lambda i, m, s: seen.setdefault(i, m), progress=False,
+                 checkpointer=second.checkpointer(tmp_path / "b"))
+    assert sorted(seen) == [3, 4] and all("ptx/loss" in m for m in seen.values())
+    assert second.ptx.stream.state_dict() == ref.ptx.stream.state_dict()
+    assert_same_bits(weights(ref.policy), weights(second.policy))
