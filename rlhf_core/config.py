@@ -200,7 +200,7 @@ class PPOConfig(_Frozen):
     vf_coef: float = Field(0.1, ge=0, description="Value-loss coefficient.")
     ent_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
     ptx_coef: float = Field(
-        0.0, ge=0, description="InstructGPT's pretraining mix (PPO-ptx): this many times the "
+        0.0, ge=0, description="The pretraining mix (PPO-ptx): this many times the "
         "language-model loss on data.pretrain's text, in the same optimizer step (0: off).")
     ptx_batch_size: int | None = Field(
         None, ge=1, description="Pretraining rows per PPO micro-batch (None, left empty: as "

@@ -14,8 +14,9 @@ noise, like human raters) and evaluates; it never enters the training reward.
 
 The data are the model's own answers, made as practitioners make them: two samples per prompt
 labelled by the judge for the preference pairs; the judge's best of several samples for the
-SFT demonstrations (rejection sampling, as Llama 2). ``python -m rlhf_core.english`` writes
-them with a given model and seed (the files of configs/english/ were written so).
+SFT demonstrations (rejection sampling, README § Sources [Llama2]).
+``python -m rlhf_core.english`` writes them with a given model and seed (the files of
+configs/english/ were written so).
 A third of the (instruction, question) combinations is held out for evaluation; no probe
 question of the alignment tax (rlhf_core/eval/tax_data/probe.jsonl) is a task question.
 """
@@ -330,7 +331,6 @@ def model_sampler(model_path: str, temperature: float = 1.0, max_new_tokens: int
     """A :data:`Sampler` over a causal LM and its chat template (the base model's own
     answers)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlhf_core.eval.serving import (
         GenerationSettings,
@@ -338,9 +338,10 @@ def model_sampler(model_path: str, temperature: float = 1.0, max_new_tokens: int
         prompt_ids,
         stop_ids,
     )
+    from rlhf_core.models.loader import LoadSpec, load_policy, load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    tok = load_tokenizer(model_path, LoadSpec())
+    model = load_policy(model_path, LoadSpec(), trainable=False)
     if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
         tok.pad_token = tok.unk_token  # padding only; a PAD that is the EOS would hide the stop
     stop, pad = stop_ids(model, tok), tok.pad_token_id

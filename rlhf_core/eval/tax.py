@@ -1,6 +1,6 @@
 """The alignment tax: what RLHF cost a pretrained model outside the task it was trained on.
 
-InstructGPT [InstructGPT] measured it as regressions on public benchmarks. Here two small
+README § Sources [InstructGPT] measured it as regressions on public benchmarks. Here two small
 measurements stand in, each taken on the base model, the SFT policy and the PPO policy:
 
 - a capability probe: general questions with checkable answers (facts, arithmetic, word
@@ -126,11 +126,6 @@ def bits_per_byte(nats: float, n_bytes: int) -> float:
     if n_bytes <= 0:
         raise ValueError("bits_per_byte: no text to score")
     return nats / (math.log(2) * n_bytes)
-
-
-def text_chunks(text: str) -> list[str]:
-    """A held-out text -> its paragraphs (blank-line separated), each scored on its own."""
-    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
 
 
 def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],

@@ -1,6 +1,6 @@
-"""InstructGPT's pretraining mix, PPO-ptx [InstructGPT]: the PPO objective plus ``ptx_coef``
-times the language-model loss on raw text, in the same optimizer step, to pay less alignment
-tax. One pretraining micro-batch is drawn for each PPO micro-batch, from its own shuffled
+"""The pretraining mix, PPO-ptx (README § Sources [InstructGPT]): the PPO objective plus
+``ptx_coef`` times the language-model loss on raw text, in the same optimizer step, to pay less
+alignment tax. One pretraining micro-batch is drawn for each PPO micro-batch, from its own shuffled
 stream (its position is part of the resume state), so a run without the mix draws nothing and
 stays bit-identical.
 """

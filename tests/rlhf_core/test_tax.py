@@ -11,7 +11,6 @@ import torch
 
 from rlhf_core.eval.tax import (
     PROBE_FILE,
-    TEXT_FILE,
     ProbeItem,
     answer_probe,
     bits_per_byte,
@@ -19,7 +18,6 @@ from rlhf_core.eval.tax import (
     probe_prompt,
     tax_lost,
     tax_metrics,
-    text_chunks,
     text_nats,
 )
 
@@ -96,12 +94,6 @@ def test_bits_per_byte_matches_a_token_by_token_reference(tiny_model_dir):
 def test_bits_per_byte_refuses_an_empty_text():
     with pytest.raises(ValueError, match="no text"):
         bits_per_byte(0.0, 0)
-
-
-def test_the_shipped_text_splits_into_paragraphs():
-    chunks = text_chunks(TEXT_FILE.read_text())
-    assert len(chunks) >= 10 and all(c and "\n\n" not in c for c in chunks)
-    assert text_chunks("a\n\n\n  \nb\nc\n") == ["a", "b\nc"]
 
 
 def test_tax_metrics_give_accuracies_and_paired_differences_against_a_naive_count():

@@ -22,7 +22,7 @@ from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.progress import StageProgress
 from tasks.pipeline.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
-from tasks.pipeline.stages.tax import applies, measure, summary_line, tax_inputs
+from tasks.pipeline.stages.tax import applies, base_cache, measure, summary_line, tax_inputs
 from tasks.platform.files import read_jsonl
 from tasks.platform.mlflow.tags import EVAL_SCORER_TAG, EVAL_START_SCORER_TAG
 from tasks.platform.prefect.prefect_api import in_prefect_run
@@ -100,7 +100,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
         base = load_policy(prep.base_model, spec, trainable=False).to(device)
         resize_for_tokenizer(base, tokenizer)  # the data gate's PAD, if it added one
         tax, tax_rows = measure(e.tax, probe, text, {"base": base, "sft": ref, "policy": trained},
-                                tokenizer, lambda n: live(2 * len(prompts) + n))
+                                tokenizer, lambda n: live(2 * len(prompts) + n),
+                                base_cache(prep, spec, device))
         metrics.update(tax)
         sc.log_table(pd.DataFrame(tax_rows), "eval/tax_probe.json")
     pause_point("evaluate:scored")

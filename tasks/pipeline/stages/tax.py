@@ -5,6 +5,11 @@ of the pretraining mix that pays less of it (``ppo.ptx_coef``, ``data.pretrain``
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from pathlib import Path
+
 from data_checks.tax_files import read_probe, read_text
 from rlhf_core.config import TaxConfig
 from rlhf_core.eval.tax import (
@@ -54,25 +59,71 @@ def check_tax_inputs(cfg) -> None:
         read_text(cfg.data.pretrain.path)
 
 
+def _answers_and_bpb(tax: TaxConfig, probe: list[ProbeItem], text: list[str], model,
+                     tokenizer, progress) -> tuple[list[str], float]:
+    answers = answer_probe(model, tokenizer, probe, system=tax.system,
+                           max_new_tokens=tax.max_new_tokens, on_batch=progress)
+    return answers, bits_per_byte(*text_nats(model, tokenizer, text))
+
+
+def _cached(folder: Path | None, key: dict, compute) -> tuple[list[str], float]:
+    """The base model's answers and bits per byte, kept in ``folder`` under a digest of
+    everything they depend on (the base never changes; None: not kept)."""
+    if folder is None:
+        return compute()
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = folder / "tax" / f"{name}.json"
+    if path.exists():
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        return kept["answers"], kept["bpb"]
+    answers, bpb = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"answers": answers, "bpb": bpb}), encoding="utf-8")
+    tmp.replace(path)
+    return answers, bpb
+
+
 def measure(tax: TaxConfig, probe: list[ProbeItem], text: list[str], models: dict, tokenizer,
-            progress=None) -> tuple[dict, list[dict]]:
+            progress=None, base_cache: tuple[Path, dict] | None = None
+            ) -> tuple[dict, list[dict]]:
     """``models``: name -> causal LM (``base``, ``sft``, ``policy``; frozen) -> the
     ``eval/tax/*`` metrics and the probe's side-by-side rows (question, expected, each
-    model's answer and whether it is right); ``progress(n)``: questions answered so far."""
+    model's answer and whether it is right); ``progress(n)``: questions answered so far;
+    ``base_cache``: (folder, what the base's figures depend on) to keep them in and reuse."""
     rows = [{"question": it.question, "expected": " | ".join(it.answers),
              "category": it.category} for it in probe]
     right, bpb = {}, {}
     for k, (name, model) in enumerate(models.items()):
         done = k * len(probe)
-        answers = answer_probe(model, tokenizer, probe, system=tax.system,
-                               max_new_tokens=tax.max_new_tokens,
-                               on_batch=None if progress is None
-                               else (lambda n, done=done: progress(done + n)))
+        step = None if progress is None else (lambda n, done=done: progress(done + n))
+
+        def compute(model=model, step=step):
+            return _answers_and_bpb(tax, probe, text, model, tokenizer, step)
+
+        if name == "base" and base_cache is not None:
+            key = {**base_cache[1], "probe": [[it.question, it.answers] for it in probe],
+                   "text": text, "system": tax.system, "max_new_tokens": tax.max_new_tokens}
+            answers, bpb[name] = _cached(base_cache[0], key, compute)
+        else:
+            answers, bpb[name] = compute()
         right[name] = [is_right(a, it.answers) for a, it in zip(answers, probe)]
         for row, answer, ok in zip(rows, answers, right[name]):
             row[f"{name}_answer"], row[f"{name}_right"] = answer, ok
-        bpb[name] = bits_per_byte(*text_nats(model, tokenizer, text))
     return tax_metrics(right, bpb), rows
+
+
+def base_cache(prep, spec, device) -> tuple[Path, dict] | None:
+    """Where the base model's tax figures are kept: beside a base known by its digest (a GGUF
+    file's cached folder), keyed by that digest, the tokenizer's size, the compute precision,
+    the device and the torch version; None for any other base (measured each run)."""
+    digest = (prep.base_source or {}).get("sha256")
+    if not digest:
+        return None
+    import torch
+
+    return Path(prep.base_model), {"base": digest, "precision": spec.precision,
+                                   "device": str(device), "torch": torch.__version__}
 
 
 def summary_line(metrics: dict, budget: float | None = None) -> str:

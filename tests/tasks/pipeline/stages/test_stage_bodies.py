@@ -104,9 +104,12 @@ def judged(chain, tmp_path_factory):
     health = cfg.ppo.health.model_copy(update={"slow_rollout": cfg.ppo.health.slow_rollout
                                                .model_copy(update={"window": 1, "max_share":
                                                                    0.001, "action": "stop"})})
+    # and InstructGPT's pretraining mix on raw text
+    (tmp / "pretrain.txt").write_text("the rain is nice .\n\nsure , cats are good .\n")
     grpo = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={
         "advantage_estimator": "grpo", "samples_per_prompt": 2, "kl_in_loss": True,
-        "health": health, "iterations": 3})})
+        "health": health, "iterations": 3, "ptx_coef": 0.5}), "data": cfg.data.model_copy(
+        update={"pretrain": DataSource(path=str(tmp / "pretrain.txt"))})})
     s, norm, critic = (done[name][1] for name in ("sft", "reward_norm", "critic_init"))
     out: dict = {}
     run = _runner(cfg, tmp / "work", out)
