@@ -222,3 +222,20 @@ def length_scorer():
             return [float(len(r)) for r in model_input["response"]]
 
     return LengthScorer()
+
+
+class Interrupt(Exception):
+    """Raised from a training callback to stand for a crash."""
+
+
+def weights(model) -> dict:
+    """A model's state, cloned (to compare bit for bit after more training)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_bits(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key

@@ -137,12 +137,18 @@ def tax_veto(decision: Decision, over: str | None, override: bool) -> Decision:
     (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``)."""
     if not decision.promote or over is None:
         return decision
+    return _overridden_or_refused(decision, over, override, "tax")
+
+
+def _overridden_or_refused(decision: Decision, why: str, override: bool,
+                           verdict: str) -> Decision:
+    """A promotion that ``why`` blocks: kept with the override said, else refused naming it."""
     if override:
         return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
-                                           f"{over} (tracking.promote_flagged)"})
-    return Decision(promote=False, verdict="tax", scorer=decision.scorer,
+                                           f"{why} (tracking.promote_flagged)"})
+    return Decision(promote=False, verdict=verdict, scorer=decision.scorer,
                     champion_score=decision.champion_score,
-                    reason=f"not made champion: {over} (to promote it anyway: "
+                    reason=f"not made champion: {why} (to promote it anyway: "
                            f"tracking.promote_flagged, or rlhf promote VERSION --flagged); "
                            f"without that: {decision.reason}")
 
@@ -176,11 +182,4 @@ def health_veto(decision: Decision, blocked: str | None, override: bool,
         return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
                                            f"{blocked}: the gate's paired test against the "
                                            "champion outweighs the health finding"})
-    if override:
-        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
-                                           f"{blocked} (tracking.promote_flagged)"})
-    return Decision(promote=False, verdict="health", scorer=decision.scorer,
-                    champion_score=decision.champion_score,
-                    reason=f"not made champion: {blocked} (to promote it anyway: "
-                           f"tracking.promote_flagged, or rlhf promote VERSION --flagged); "
-                           f"without that: {decision.reason}")
+    return _overridden_or_refused(decision, blocked, override, "health")

@@ -13,24 +13,11 @@ from rlhf_core.models.data import encode, right_pad
 from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
 from rlhf_core.ppo.ptx import PretrainMix, chunk_ids, lm_loss
 from rlhf_core.ppo.trainer import PPOTrainer
+from tests.shared import Interrupt, assert_same_bits, weights
 
 CPU = torch.device("cpu")
 SFT_ROWS = [{"prompt": f"tell me about {w} :"} for w in
             ["cats", "dogs", "rain", "sun", "trees", "cats and dogs", "the rain"]]
-
-
-class Interrupt(Exception):
-    pass
-
-
-def weights(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def assert_same_bits(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
 TEXT = ["the rain is nice and the cats are good .", "dogs are fun .", "tell me about trees"]
 
 
