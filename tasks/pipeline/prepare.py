@@ -245,8 +245,9 @@ def check_registry_base(cfg: PipelineConfig) -> None:
     from tasks.platform.mlflow.errors import RegistryError
     from tasks.platform.mlflow.registry import registered_base
 
-    name = cfg.tracking.registered_policy
-    found = registered_base(default_tracking_uri(cfg.tracking.tracking_uri), name)
+    name, uri = cfg.tracking.registered_policy, default_tracking_uri(cfg.tracking.tracking_uri)
+    ensure_store(uri)  # a new SQLite store is migrated once, under its lock
+    found = registered_base(uri, name)
     if found is not None and found[1] != base_identity(cfg):
         raise RegistryError(
             f"tracking.registered_policy={name}: its versions (v{found[0]}) were trained from "
