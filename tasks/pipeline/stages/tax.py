@@ -13,6 +13,7 @@ from pathlib import Path
 from data_checks.tax_files import read_probe, read_text
 from rlhf_core.config import TaxConfig
 from rlhf_core.eval.tax import (
+    MODELS,
     PROBE_FILE,
     TEXT_FILE,
     ProbeItem,
@@ -132,7 +133,7 @@ def summary_line(metrics: dict, budget: float | None = None) -> str:
     plainly (never a 0)."""
     if "eval/tax/probe_acc_policy" not in metrics:
         return f"alignment tax: {NOT_APPLICABLE}"
-    names = [n for n in ("base", "sft", "policy") if f"eval/tax/probe_acc_{n}" in metrics]
+    names = [n for n in MODELS if f"eval/tax/probe_acc_{n}" in metrics]
     acc = ", ".join(f"{n} {metrics[f'eval/tax/probe_acc_{n}']:.3f}" for n in names)
     bpb = ", ".join(f"{n} {metrics[f'eval/tax/bpb_{n}']:.3f}" for n in names
                     if f"eval/tax/bpb_{n}" in metrics)
