@@ -27,6 +27,33 @@ def _with(config, section: str, **fields):
     return config.model_copy(update={section: part})
 
 
+def _retrainable(config) -> None:
+    """A config whose retrain could never reach its gate is refused before anything starts
+    (tasks/retrain/gate/prompts.py: the rule the round itself applies)."""
+    from tasks.retrain.gate.prompts import check_retrainable
+
+    check_retrainable(config)
+
+
+def _labelling_judge(config, offline: bool = False):
+    """The run's gold judge (``eval.judge``, from tasks/pipeline/judge.py's table), which
+    labels in place of people; ConfigError when the run has none, or (``offline``: the
+    demo's generated pairs) when it is not the demo's."""
+    from tasks.config.pipeline_config import ConfigError
+    from tasks.pipeline.judge import config_judge_name, gold_judge
+
+    name = config_judge_name(config)
+    if name == "none":
+        raise ConfigError("rlhf demo-batch labels with the run's gold judge, and eval.judge "
+                          "resolves to none for this config; set eval.judge to a gold judge "
+                          "of the data (demo, english) or label the collection yourself")
+    if offline and name != "demo":
+        raise ConfigError(f"rlhf demo-batch --offline writes the demo's made-up pairs, which "
+                          f"are no data of this run (eval.judge {name}); run it without "
+                          "--offline to label the champion's answers with that judge")
+    return gold_judge(name)
+
+
 def _preflight(config) -> None:
     """The MLflow store and (when PREFECT_API_URL is set) the Prefect API answer."""
     from tasks.platform.prefect.logins import needs_of
@@ -37,27 +64,30 @@ def _preflight(config) -> None:
 
 def cmd_demo_batch(args, config) -> int:
     seed = args.seed if args.seed is not None else config.seed  # recorded, never the clock
+    _retrainable(config)
+    judge = _labelling_judge(config, args.offline)
     if args.offline:
         return _demo_offline(args, config, seed)
     _preflight(config)
+    config = _with(config, "collect", num_prompts=args.n)
     if args.via == "label-studio":
-        return _demo_via_label_studio(args, _with(config, "collect", num_prompts=args.n), seed)
-    return _demo_on_policy(args, _with(config, "collect", num_prompts=args.n), seed)
+        return _demo_via_label_studio(args, config, seed, judge)
+    return _demo_on_policy(args, config, seed, judge)
 
 
 DEMO_LABELLERS = ("judge@rlhf.demo", "judge-2@rlhf.demo", "reversed@rlhf.demo")
 
 
-def _demo_via_label_studio(args, config, seed: int) -> int:
+def _demo_via_label_studio(args, config, seed: int, judge) -> int:
     """Collect into a Label Studio project, annotate every task through the API as three
-    demo accounts (the hidden judge twice, with two seeds, and the judge reversed), pull."""
+    demo accounts (the run's gold judge twice, with two seeds, and the judge reversed),
+    pull."""
     from concurrent.futures import ThreadPoolExecutor
 
     import pandas as pd
 
     from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow, label_pull
-    from rlhf_core.demo import judge_choices
     from tasks.retrain.labels.project import accounts, vote
     from tasks.retrain.labels.studio import connect
 
@@ -72,7 +102,7 @@ def _demo_via_label_studio(args, config, seed: int) -> int:
     tasks = _collection_tasks(config, out.run_id)
     votes = []
     for n, email in enumerate(DEMO_LABELLERS):
-        choices = judge_choices(rows, seed + n, degraded=email.startswith("reversed"))
+        choices = judge.label(rows, seed + n, degraded=email.startswith("reversed"))
         by_pair = {r["id"]: c for r, c in zip(rows, choices)}
         votes += [(task_id, by_pair[pair_id], ids[email]) for task_id, pair_id in tasks.items()]
     with ThreadPoolExecutor(4) as pool:  # as labellers do: several at once
@@ -109,23 +139,23 @@ def _demo_offline(args, config, seed: int) -> int:
     return 0
 
 
-def _demo_on_policy(args, config, seed: int) -> int:
-    """Collect from the champion, label with the gold judge, import (as a person would)."""
+def _demo_on_policy(args, config, seed: int, judge) -> int:
+    """Collect from the champion, label with the run's gold judge, import (as a person
+    would)."""
     import pandas as pd
 
     from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow, label_import
-    from rlhf_core.demo import judge_choices
 
     quiet_expected_failures()
     out = collect_flow(config=config)
     table = pd.read_json(out.paths["jsonl"], lines=True, dtype=False)
-    table["choice"] = judge_choices(table.to_dict("records"), seed, args.degraded)
+    table["choice"] = judge.label(table.to_dict("records"), seed, args.degraded)
     table["labeller"] = "gold-judge-reversed" if args.degraded else "gold-judge"
     labelled = Path(out.paths["jsonl"]).with_suffix(".labelled.jsonl")
     table.to_json(labelled, orient="records", lines=True, force_ascii=False)
-    print(f"labelled by the demo's gold judge{' reversed' if args.degraded else ''} with seed "
-          f"{seed}: {labelled}")
+    print(f"labelled by the gold judge '{judge.name}'{' reversed' if args.degraded else ''} "
+          f"with seed {seed}: {labelled}")
     return _print_import(label_import(config=config, path=str(labelled), labelling_seed=seed))
 
 
@@ -149,6 +179,7 @@ def cmd_collect(args, config) -> int:
             "kind": args.to and args.to.replace("-", "_"), "project": args.project}.items()
             if v is not None})
         config = _with(config, "collect", destination=dest)
+    _retrainable(config)  # labels for a loop that cannot retrain are wasted work
     if config.collect.destination.kind == "label_studio":
         _label_studio_preflight(config)  # before the servers' checks and torch's import
     _preflight(config)
@@ -193,6 +224,7 @@ def cmd_label_import(args, config) -> int:
 
 
 def cmd_retrain(args, config) -> int:
+    _retrainable(config)
     from cli.errors import quiet_expected_failures
     from flows.retrain import retrain
 
@@ -314,7 +346,8 @@ def add_commands(sub, config_for) -> None:
                      help="the version tested (default: champion)")
     cmp.set_defaults(func=wrap(cmd_compare))
     batch = sub.add_parser("demo-batch", help="collect from the champion and label with the "
-                                              "demo's hidden judge (--offline: generated pairs)")
+                                              "run's hidden gold judge (eval.judge; --offline: "
+                                              "the demo's generated pairs)")
     common(batch)
     batch.add_argument("--degraded", action="store_true",
                        help="label every pair the way the hidden judge would not")
@@ -322,8 +355,8 @@ def add_commands(sub, config_for) -> None:
                        help="generated pairs, not the champion's answers")
     batch.add_argument("--n", type=int, help="prompts collected (collect.num_prompts); "
                                              "--offline: pairs (500)")
-    batch.add_argument("--seed", type=int, help="the demo judge's labelling seed, recorded on "
-                                                "the import (default: the config's seed)")
+    batch.add_argument("--seed", type=int, help="the judge's labelling seed, recorded on the "
+                                                "import (default: the config's seed)")
     batch.add_argument("--via", choices=("file", "label-studio"), default="file",
                        help="label-studio: collect into a project, annotate as three demo "
                             "accounts through its API, pull (LABEL_STUDIO_URL/_API_KEY)")

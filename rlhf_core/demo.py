@@ -143,15 +143,9 @@ def bt_label(prompt: str, a: str, b: str, rng: random.Random,
 def judge_choices(rows: Iterable[dict], seed: int, degraded: bool = False) -> list[str]:
     """The gold judge as a labeller of pairs (prompt, response_a, response_b): a Bradley-Terry
     draw per pair; ``degraded``: the side the judge scores lower ('tie' when equal)."""
-    rng, out = random.Random(seed), []
-    for r in rows:
-        p, a, b = r["prompt"], r["response_a"], r["response_b"]
-        if not degraded:
-            out.append(bt_choice(p, a, b, rng))
-            continue
-        gap = judge_score(p, a) - judge_score(p, b)
-        out.append("tie" if gap == 0 else "b" if gap > 0 else "a")
-    return out
+    from rlhf_core.eval.collect import judge_choices as choices
+
+    return choices(list(rows), judge_score, bt_choice, seed, degraded)
 
 
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:

@@ -224,6 +224,39 @@ def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
     return "a" if rng.random() < 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0))) else "b"
 
 
+def _right_answer(prompt: str, req: Request) -> str:
+    """A right answer that keeps the request's instruction (the judge's best of a few
+    phrasings of the first accepted answer)."""
+    a = FACTS[req.question][0]
+    forms = (a, a.lower(), f"The answer is {a}.", f"The answer is {a}!",
+             f"the answer is {a.lower()}.")
+    return max(forms, key=lambda t: judge_score(prompt, t))
+
+
+def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
+    """``n`` pairs for some of ``prompts`` (those holding a task request) that the judge
+    orders by at least ``min_gap`` points -> [{prompt, response_a, response_b, known: 'a' |
+    'b'}]: a right answer keeping the instruction against another question's answer in
+    two sentences (wrong, and breaking every instruction); known-answer pairs for a
+    collection whose own pairs hold too few clear ones."""
+    from rlhf_core.eval.tax import is_right
+
+    rng, out = random.Random(seed), []
+    asked = [(p, req) for p in prompts if (req := parse_request(p)) is not None]
+    for _ in range(20 * n if asked else 0):  # a gap under min_gap: drawn again
+        if len(out) == n:
+            break
+        prompt, req = rng.choice(asked)
+        wrong = rng.choice([a[0] for a in FACTS.values()
+                            if not is_right(a[0], FACTS[req.question])])
+        good, bad = _right_answer(prompt, req), f"I think it is {wrong}. I am not sure."
+        if judge_score(prompt, good) - judge_score(prompt, bad) < min_gap:
+            continue
+        a, b, known = (good, bad, "a") if rng.random() < 0.5 else (bad, good, "b")
+        out.append({"prompt": prompt, "response_a": a, "response_b": b, "known": known})
+    return out
+
+
 def messages(req: Request, system: str | None = SYSTEM) -> list[dict]:
     """A request as a conversation's opening messages."""
     head = [{"role": "system", "content": system}] if system else []

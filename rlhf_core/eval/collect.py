@@ -1,51 +1,80 @@
 """On-policy collection, the pure part: k sampled responses per prompt -> pairs to label,
 known-answer pairs mixed in, and the order of a prompt pool. Plain Python, no I/O.
 
+A prompt is kept as the run's data has it: a string, or a conversation's messages (TRL's
+conversational format), which the sampler renders with the chat template; :func:`prompt_key`
+names either in sets and digests, :func:`prompt_text` gives a judge its words.
+
 A prompt's k responses are paired in order, (1, 2), (3, 4), ...: each response is used
 once, and samples at one temperature are exchangeable, so which side is ``a`` carries no
-signal. A pair is dropped when a side is empty (the policy ended at once), when both sides
-are the same text, or when the same two texts were already paired for the same prompt.
+signal. A pair is dropped when a side is empty (the policy ended at once), when a side is over
+the data gate's response budget (it would be dropped there), when both sides are the same
+text, or when the same two texts were already paired for the same prompt.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Sequence
 
 Judge = Callable[[str, str, bool], float]
+Prompt = str | list[dict]  # plain text, or a conversation's messages
 
 
-def pool_order(prompts: Sequence[str], seed: int = 0) -> list[str]:
+def prompt_key(prompt: Prompt) -> str:
+    """A prompt as one string (itself, or its messages as JSON): what sets of used prompts
+    and a pool's digest hold."""
+    if isinstance(prompt, str):
+        return prompt
+    return json.dumps([dict(m) for m in prompt], ensure_ascii=False, sort_keys=True)
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """A prompt's words for a gold judge (which reads them as it reads a rendered prompt):
+    itself, or its messages' contents, one per line."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(str(m["content"]) for m in prompt)
+
+
+def pool_order(prompts: Sequence[Prompt], seed: int = 0) -> list[Prompt]:
     """Distinct prompts of a pool in a fixed shuffled order (collections take them in this
     order, skipping the ones collected before)."""
-    distinct = list(dict.fromkeys(p for p in prompts if p.strip()))
+    distinct = list({prompt_key(p): p for p in prompts if prompt_text(p).strip()}.values())
     random.Random(seed).shuffle(distinct)
     return distinct
 
 
-def fresh_prompts(pool: Sequence[str], used: set[str], n: int) -> list[str]:
-    """The first ``n`` prompts of ``pool`` not in ``used``."""
-    return [p for p in pool if p not in used][:n]
+def fresh_prompts(pool: Sequence[Prompt], used: set[str], n: int) -> list[Prompt]:
+    """The first ``n`` prompts of ``pool`` whose key is not in ``used``."""
+    return [p for p in pool if prompt_key(p) not in used][:n]
 
 
-def pair_up(prompts: Sequence[str], responses: Sequence[Sequence[str]]
-            ) -> tuple[list[dict], dict[str, int]]:
+def pair_up(prompts: Sequence[Prompt], responses: Sequence[Sequence[str]],
+            fits: Sequence[Sequence[bool]] | None = None) -> tuple[list[dict], dict[str, int]]:
     """Each prompt's responses [k] -> pairs ``{prompt, response_a, response_b, index_a,
-    index_b}`` and counts: candidates, empty, identical, repeated, kept."""
-    counts = dict.fromkeys(("candidates", "empty", "identical", "repeated", "kept"), 0)
+    index_b}`` and counts: candidates, empty, over_budget, identical, repeated, kept.
+    ``fits`` [n][k]: whether each response is within the data gate's response budget (None:
+    all are)."""
+    counts = dict.fromkeys(("candidates", "empty", "over_budget", "identical", "repeated",
+                            "kept"), 0)
     pairs, seen = [], set()
-    for prompt, answers in zip(prompts, responses, strict=True):
+    for n, (prompt, answers) in enumerate(zip(prompts, responses, strict=True)):
+        key = prompt_key(prompt)
         for i in range(0, len(answers) - 1, 2):
             a, b = answers[i], answers[i + 1]
             counts["candidates"] += 1
             if not a.strip() or not b.strip():
                 counts["empty"] += 1
+            elif fits is not None and not (fits[n][i] and fits[n][i + 1]):
+                counts["over_budget"] += 1
             elif a.strip() == b.strip():
                 counts["identical"] += 1
-            elif (prompt, frozenset((a.strip(), b.strip()))) in seen:
+            elif (key, frozenset((a.strip(), b.strip()))) in seen:
                 counts["repeated"] += 1
             else:
-                seen.add((prompt, frozenset((a.strip(), b.strip()))))
+                seen.add((key, frozenset((a.strip(), b.strip()))))
                 pairs.append({"prompt": prompt, "response_a": a, "response_b": b,
                               "index_a": i, "index_b": i + 1})
     counts["kept"] = len(pairs)
@@ -58,7 +87,8 @@ def judged_known(pairs: Sequence[dict], judge: Judge, n: int, min_gap: float,
     -> {pair index: 'a' | 'b'}, chosen at random among those."""
     clear = {}
     for i, p in enumerate(pairs):
-        gap = judge(p["prompt"], p["response_a"], True) - judge(p["prompt"], p["response_b"], True)
+        text = prompt_text(p["prompt"])
+        gap = judge(text, p["response_a"], True) - judge(text, p["response_b"], True)
         if abs(gap) >= min_gap:
             clear[i] = "a" if gap > 0 else "b"
     picked = random.Random(seed).sample(sorted(clear), min(n, len(clear)))
@@ -77,6 +107,23 @@ def gold_known(gold: Sequence[dict], n: int, seed: int = 0) -> tuple[list[dict],
         pairs.append({"prompt": r["prompt"], "response_a": a, "response_b": b})
         answers.append("a" if first else "b")
     return pairs, answers
+
+
+def judge_choices(rows: Sequence[dict], score: Judge,
+                  choose: Callable[[str, str, str, random.Random], str], seed: int,
+                  degraded: bool = False) -> list[str]:
+    """A gold judge as a labeller of pairs (prompt, response_a, response_b): ``choose``'s
+    draw per pair (a Bradley-Terry draw from ``score``); ``degraded``: the side ``score``
+    puts lower ('tie' when equal)."""
+    rng, out = random.Random(seed), []
+    for r in rows:
+        p, a, b = prompt_text(r["prompt"]), r["response_a"], r["response_b"]
+        if not degraded:
+            out.append(choose(p, a, b, rng))
+            continue
+        gap = score(p, a, True) - score(p, b, True)
+        out.append("tie" if gap == 0 else "b" if gap > 0 else "a")
+    return out
 
 
 def shuffled_with_known(pairs: list[dict], known: list[dict], seed: int = 0) -> list[dict]:

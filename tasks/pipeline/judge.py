@@ -3,33 +3,67 @@
 ``auto``: the data set's own judge if it has one (the demo data does), else none; ``demo``:
 the demo's judge; ``english``: the real-English task's (rlhf_core/english.py); ``none``: no
 judge anywhere (no gold accuracy, no judge curves, no win rate). The judge only ever
-evaluates: it never enters the reward.
+evaluates: it never enters the reward. Where labellers are simulated (`rlhf demo-batch`, a
+collection's known-answer pairs) the same judge labels, from the same table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 Judge = Callable[[str, str, bool], float]
 
+# judge name -> the module holding its judge_score, bt_choice and clear_pairs
+GOLD_JUDGES = {"demo": "rlhf_core.demo", "english": "rlhf_core.english"}
+
+
+@dataclass(frozen=True)
+class GoldJudge:
+    """A gold judge's three uses: ``score`` an answer (prompt, response, has_eos), ``choose``
+    between two answers as a noisy rater would (a Bradley-Terry draw: prompt, a, b, rng ->
+    'a' | 'b'), and make ``clear_pairs`` it orders by a gap (prompts, n, min_gap, seed ->
+    [{prompt, response_a, response_b, known}])."""
+
+    name: str
+    score: Judge
+    choose: Callable[[str, str, str, random.Random], str]
+    clear_pairs: Callable[[Sequence[str], int, float, int], list[dict]]
+
+    def label(self, rows: Sequence[dict], seed: int, degraded: bool = False) -> list[str]:
+        """A choice per pair (prompt, response_a, response_b) drawn with ``seed``;
+        ``degraded``: the side the judge scores lower."""
+        from rlhf_core.eval.collect import judge_choices
+
+        return judge_choices(rows, self.score, self.choose, seed, degraded)
+
 
 def resolve_judge_name(setting: str, uses_demo_data: bool) -> str:
-    """``eval.judge`` -> the judge every stage uses: 'demo' or 'none'."""
+    """``eval.judge`` -> the judge every stage uses: a name of ``GOLD_JUDGES`` or 'none'."""
     if setting == "auto":
         return "demo" if uses_demo_data else "none"
     return setting
 
 
-def resolve_judge(name: str) -> Judge | None:
-    """A resolved judge name -> judge(prompt, response, has_eos) -> score, or None."""
-    if name == "demo":
-        from rlhf_core.demo import judge_score
+def config_judge_name(cfg) -> str:
+    """The judge a pipeline config's run uses (the demo's data has the demo's judge)."""
+    return resolve_judge_name(cfg.eval.judge, cfg.demo.enabled and cfg.data is None)
 
-        return judge_score
-    if name == "english":
-        from rlhf_core.english import judge_score as english_score
 
-        return english_score
+def gold_judge(name: str) -> GoldJudge | None:
+    """A resolved judge name -> its :class:`GoldJudge`, or None for 'none'."""
     if name == "none":
         return None
-    raise ValueError(f"unknown judge {name!r} (expected 'demo', 'english' or 'none')")
+    if name not in GOLD_JUDGES:
+        raise ValueError(f"unknown judge {name!r} (expected one of "
+                         f"{', '.join([*GOLD_JUDGES, 'none'])})")
+    module = importlib.import_module(GOLD_JUDGES[name])
+    return GoldJudge(name, module.judge_score, module.bt_choice, module.clear_pairs)
+
+
+def resolve_judge(name: str) -> Judge | None:
+    """A resolved judge name -> judge(prompt, response, has_eos) -> score, or None."""
+    judge = gold_judge(name)
+    return None if judge is None else judge.score

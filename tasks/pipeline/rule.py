@@ -134,8 +134,9 @@ def tax_veto(decision: Decision, over: str | None, override: bool) -> Decision:
     """A policy whose alignment tax is over budget (``over``: why, with the figures) is not
     made champion, by the pipeline's rule or by a retrain gate's win alike (the gate compares
     with the champion on the task, not what the policy lost elsewhere), unless overridden
-    (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``)."""
-    if not decision.promote or over is None:
+    (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``). Applied again to
+    a decision it already ruled on (the gate's, then register's), it says so once."""
+    if not decision.promote or over is None or over in decision.reason:
         return decision
     return _overridden_or_refused(decision, over, override, "tax")
 

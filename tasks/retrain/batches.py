@@ -28,7 +28,8 @@ from tasks.platform.mlflow.tags import (
     RETRAIN_TAG,
     TRAINED_ON_TAG,
 )
-from tasks.retrain.gate.champion import Champion, check_gate_prompts
+from tasks.retrain.gate.champion import Champion
+from tasks.retrain.gate.prompts import check_gate_prompts
 from tasks.retrain.records import Batch, Batches
 from tasks.retrain.store import (
     batch_collections,

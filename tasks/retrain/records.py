@@ -66,9 +66,12 @@ class CollectResult(BaseModel):
         where = (f"to label: Label Studio {self.label_studio}, then `rlhf label pull "
                  f"{self.collection}`" if self.label_studio else
                  f"to label: {self.paths['jsonl']} (or {self.paths['csv']})")
+        long = n.get("prompts_over_budget", 0)
+        skipped = f", {long} skipped as over validation.max_prompt_tokens" if long else ""
         return (f"collection {self.collection} from {self.policy}: {n['prompts']} fresh "
-                f"prompts ({n['pool_used']} of the pool's {n['pool']} now used), "
+                f"prompts{skipped} ({n['pool_used']} of the pool's {n['pool']} now used), "
                 f"{n['candidates']} candidate pairs; dropped {n['empty']} with an empty side, "
+                f"{n.get('over_budget', 0)} with a side over validation.max_response_tokens, "
                 f"{n['identical']} identical, {n['repeated']} repeated; {n['kept']} kept; "
                 f"{n['rows']} rows to label, {n['known']} of them known-answer pairs\n"
                 f"{where}; MLflow run {self.run_id}")

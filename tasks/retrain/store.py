@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from rlhf_core.eval.collect import prompt_key
 from tasks.platform.mlflow.runs import RunContext, experiment_client, log_metrics, set_tags
 from tasks.platform.mlflow.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
@@ -65,11 +66,12 @@ def pool_collections(client: MlflowClient, experiment_id: str, pool_digest: str)
 
 
 def collection_prompts(client: MlflowClient, runs: list) -> set[str]:
-    """Prompts the given collection runs used."""
+    """Prompts the given collection runs used, by key (a conversation's messages as JSON:
+    rlhf_core/eval/collect.py's prompt_key)."""
     used: set[str] = set()
     for run in runs:
         path = client.download_artifacts(run.info.run_id, PROMPTS)
-        used |= set(json.loads(Path(path).read_text()))
+        used |= {prompt_key(p) for p in json.loads(Path(path).read_text())}
     return used
 
 

@@ -122,7 +122,8 @@ def test_label_studio_faults_stop_before_anything_starts(tmp_path, args, env, ne
     base = {k: "" for k in ("LABEL_STUDIO_URL", "LABEL_STUDIO_API_KEY")}
     start = time.perf_counter()
     proc = rlhf([*args, "--config", str(CONFIG), "--set",
-                 f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db"], tmp_path,
+                 f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db", "--set",
+                 "retrain.gate.min_prompts=16"], tmp_path,  # a config that can be retrained
                 **{**base, **env})
     assert time.perf_counter() - start < 30  # a guard; the CLI's own check is one 5 s try
     assert_one_paragraph(proc, 2, *needles)

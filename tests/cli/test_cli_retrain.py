@@ -1,9 +1,14 @@
-"""`rlhf demo-batch`, `rlhf promote`, `rlhf rollback` through the CLI entry point."""
+"""`rlhf demo-batch`, `rlhf promote`, `rlhf rollback` through the CLI entry point; a config
+that cannot be retrained refused by `rlhf retrain`, `rlhf collect` and `rlhf demo-batch` before
+anything starts; demo-batch labelling with the config's own gold judge."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pandas as pd
+import pytest
 from mlflow.tracking import MlflowClient
 
 from cli.main import main
@@ -11,6 +16,8 @@ from rlhf_core.demo import judge_score
 from tasks.platform.mlflow.registry import CHALLENGER, CHAMPION, PREVIOUS
 from tasks.platform.mlflow.tags import ALIAS_LOG_TAG
 from tests.shared import label_agreement
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rows(path):
@@ -90,3 +97,100 @@ def test_promote_unknown_version_and_rollback_without_history_fail_cleanly(tmp_p
     assert main(["rollback", *sets]) == 2
     assert "previous-champion" in capsys.readouterr().err
     assert _aliases(client) == {}
+
+
+def _nothing_starts(monkeypatch):
+    """Any server check, flow or model load after the config's own checks fails the test."""
+    import cli.retrain as commands
+
+    def started(*_a, **_k):
+        raise AssertionError("the command went past its config checks")
+
+    monkeypatch.setattr(commands, "_preflight", started)
+    monkeypatch.setattr(commands, "_label_studio_preflight", started)
+
+
+@pytest.mark.parametrize("command", [["retrain"], ["collect"], ["demo-batch"],
+                                     ["demo-batch", "--offline"]])
+def test_a_config_that_cannot_be_retrained_is_refused_in_one_sentence(command, tmp_path,
+                                                                       capsys, monkeypatch):
+    """The demo config with 128 held-out prompts (the paired test needs 200): exit 2 and one
+    line naming the setting, before any server check, flow or file."""
+    _nothing_starts(monkeypatch)
+    code = main([*command, "--set", "demo.n_eval=128", "--set",
+                 f"retrain.watch_dir={tmp_path}/watch", "--set",
+                 f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert err == ("rlhf: retrain gate: 128 held-out prompts (128 in demo.n_eval, "
+                   "retrain.gate.num_prompts 256) are fewer than the 200 its paired test needs "
+                   "(retrain.gate.min_prompts); set demo.n_eval to at least 200 or lower "
+                   "retrain.gate.min_prompts")
+    assert not list(tmp_path.iterdir())  # no store, no batch, nothing
+
+
+def test_a_data_config_s_refusal_names_its_held_out_file(tmp_path, capsys, monkeypatch):
+    _nothing_starts(monkeypatch)
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q {i}"}) + "\n" for i in range(128)))
+    sets = [x for k in ("sft", "preference", "prompts", "eval_prompts")
+            for x in ("--set", f"data.{k}.path={path}")]
+    assert main(["retrain", *sets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"give data.eval_prompts ({path}) at least 200 rows" in err and "\n" not in err
+
+
+ENGLISH = ROOT / "configs" / "smollm2.yaml"
+
+
+def _english_collection(folder):
+    """A labelling file as `rlhf collect` writes it for the English task: conversations, and
+    pairs of a right answer that keeps the instruction against a wrong one that breaks it."""
+    from rlhf_core.english import FACTS, all_requests, messages
+
+    rows = []
+    for i, req in enumerate(all_requests()[:60]):
+        good, bad = f"The answer is {FACTS[req.question][0]}.", "Hello there! I like trains."
+        a, b = (good, bad) if i % 2 else (bad, good)
+        rows.append({"id": f"v1-x-{i:04d}", "prompt": messages(req), "response_a": a,
+                     "response_b": b, "choice": "", "labeller": ""})
+    path = folder / "v1-x.jsonl"
+    pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+    return path, ["a" if i % 2 else "b" for i in range(len(rows))]
+
+
+def test_demo_batch_labels_with_the_config_s_gold_judge(tmp_path, capsys, monkeypatch):
+    """configs/smollm2.yaml (eval.judge: english): the English judge labels the champion's
+    answers (the demo's judge, reading made-up words, would be near a coin flip on them)."""
+    import flows.collect
+    from tasks.retrain.records import CollectResult, LabelImport
+
+    monkeypatch.setattr("cli.retrain._preflight", lambda config: None)
+    path, better = _english_collection(tmp_path)
+    imported = []
+    monkeypatch.setattr(flows.collect, "collect_flow", lambda config: CollectResult(
+        collection="v1-x", run_id="r", policy="p/1", paths={"jsonl": str(path)}, counts={}))
+    monkeypatch.setattr(flows.collect, "label_import", lambda config, path, labelling_seed:
+                        imported.append(path) or LabelImport(status="imported", file=path))
+    assert main(["demo-batch", "--config", str(ENGLISH), "--seed", "3"]) == 0
+    assert "labelled by the gold judge 'english' with seed 3" in capsys.readouterr().out
+    labelled = pd.read_json(imported[0], lines=True)
+    agree = sum(c == b for c, b in zip(labelled["choice"], better)) / len(better)
+    assert agree > 0.95 and set(labelled["labeller"]) == {"gold-judge"}
+    from rlhf_core.demo import judge_choices  # what it labelled with before
+
+    demo = judge_choices(labelled.to_dict("records"), 3)
+    assert sum(c == b for c, b in zip(demo, better)) / len(better) < 0.8
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["eval.judge=none"], "eval.judge resolves to none"),
+    ([], "--offline writes the demo's made-up pairs"),
+])
+def test_demo_batch_without_a_fitting_judge_is_refused(sets, needle, tmp_path, capsys,
+                                                       monkeypatch):
+    _nothing_starts(monkeypatch)
+    args = ["demo-batch", "--config", str(ENGLISH), *[x for s in sets for x in ("--set", s)]]
+    assert main([*args, *([] if sets else ["--offline"])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err

@@ -51,7 +51,8 @@ def test_a_held_slot_skips_its_store_only_and_the_cli_exits_75_naming_the_holder
             assert other
         code = main(["retrain", "--config", str(TEST_CONFIG), "--set",
                      f"tracking.tracking_uri={a.tracking.tracking_uri}", "--set",
-                     f"retrain.watch_dir={tmp_path}/watch"])
+                     f"retrain.watch_dir={tmp_path}/watch", "--set",
+                     "retrain.gate.min_prompts=16"])  # the test config's 16 held-out prompts
     finally:
         release.set()
         thread.join(60)

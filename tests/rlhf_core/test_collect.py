@@ -1,5 +1,6 @@
-"""rlhf_core/eval/collect.py: pairs from k samples (empty, identical and repeated pairs dropped and
-counted), fresh prompts of a pool, known-answer pairs from a judge or a gold file."""
+"""rlhf_core/eval/collect.py: pairs from k samples (empty, over-budget, identical and repeated pairs
+dropped and counted), fresh prompts of a pool (plain or conversations), known-answer pairs from a
+judge or a gold file."""
 
 from __future__ import annotations
 
@@ -14,8 +15,31 @@ def test_pair_up_drops_empty_identical_and_repeated_pairs_and_counts_them():
     pairs, counts = core.pair_up(prompts, responses)
     assert [(p["prompt"], p["response_a"], p["response_b"]) for p in pairs] == \
         [("p1", "x", "y"), ("p2", "x", "y")]  # same texts on another prompt: a new pair
-    assert counts == {"candidates": 6, "empty": 1, "identical": 2, "repeated": 1, "kept": 2}
+    assert counts == {"candidates": 6, "empty": 1, "over_budget": 0, "identical": 2,
+                      "repeated": 1, "kept": 2}
     assert (pairs[0]["index_a"], pairs[0]["index_b"]) == (0, 1)
+
+
+def test_a_pair_with_a_side_over_the_response_budget_is_dropped_and_counted():
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    responses = [["a", "b", "c", "d"], ["a", "b", "c", "d"]]
+    fits = [[True, True, True, False], [True, True, True, True]]
+    pairs, counts = core.pair_up([conv, "plain"], responses, fits)
+    assert [(p["prompt"], p["response_a"]) for p in pairs] == \
+        [(conv, "a"), ("plain", "a"), ("plain", "c")]
+    assert counts["over_budget"] == 1 and counts["kept"] == 3
+
+
+def test_conversations_are_pooled_and_skipped_by_their_messages():
+    def conv(q, system="Be brief."):
+        return [{"role": "system", "content": system}, {"role": "user", "content": q}]
+
+    pool = core.pool_order([conv("a"), conv("b"), conv("a"), conv("a", "Be long.")], seed=0)
+    assert len(pool) == 3  # the same question under another system message is another prompt
+    used = {core.prompt_key(pool[0])}
+    assert core.fresh_prompts(pool, used, 5) == pool[1:]
+    assert core.prompt_key("plain") == "plain"  # the keys of plain pools are unchanged
+    assert core.prompt_text(conv("Answer in one word.")) == "Be brief.\nAnswer in one word."
 
 
 def test_fresh_prompts_skip_used_ones_in_pool_order():

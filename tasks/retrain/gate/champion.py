@@ -1,13 +1,12 @@
-"""The champion a challenge starts from and is gated against: which version holds the alias,
-its models downloaded from MLflow, and the checks that the gate can run at all."""
+"""The champion a challenge starts from and is gated against: which version holds the alias
+and its models downloaded from MLflow (whether the gate can run at all:
+tasks/retrain/gate/prompts.py)."""
 
 from __future__ import annotations
 
 from prefect import task
 from pydantic import BaseModel, ConfigDict
 
-from data_checks.config import DataConfig
-from data_checks.loading import load_table
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.registry import (
     CHAMPION,
@@ -23,10 +22,6 @@ from tasks.platform.mlflow.runs import (
     tracking_client,
 )
 from tasks.platform.mlflow.tags import ANCESTRY_TAG, RETRAIN_CHAMPION_VERSION_TAG
-
-
-class GateError(ValueError):
-    """The gate cannot run as configured (too few held-out prompts, no judge)."""
 
 
 def champion_version(cfg: PipelineConfig):
@@ -67,13 +62,3 @@ def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) 
         policy_dir=got["ppo"][1], rm_dir=got["reward_model"][1], sft_dir=got["sft"][1])
     tag_parent(ctx, {RETRAIN_CHAMPION_VERSION_TAG: out.version})
     return out
-
-
-def check_gate_prompts(cfg: PipelineConfig, data: DataConfig) -> None:
-    if data.eval_prompts is None:
-        raise GateError("retrain gate: no held-out prompts (data.eval_prompts)")
-    n = min(len(load_table(data.eval_prompts, "prompts")), cfg.retrain.gate.num_prompts)
-    if n < cfg.retrain.gate.min_prompts:
-        raise GateError(f"retrain gate: {n} held-out prompts in {data.eval_prompts.path} "
-                        f"(retrain.gate.num_prompts {cfg.retrain.gate.num_prompts}); the "
-                        f"paired test needs >= {cfg.retrain.gate.min_prompts}")

@@ -1,10 +1,12 @@
 """gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, one
 scorer for both (tasks/retrain/gate/scorers.py: the gold judge when the data has one, else a judge
 reward model trained on held-out pairs, or an external registered scorer), paired bootstrap
-test and guard rails (rlhf_core/eval/gate.py). The decision is a set of MLflow tags on the
-retrain run and a Prefect markdown artifact; where a gold judge exists and another scorer
-decided, what the gold judge would have decided is recorded beside it
-(``rlhf.gate.gold.*``)."""
+test and guard rails (rlhf_core/eval/gate.py). Where the run has a pretrained base, the
+challenger's alignment tax against it (``eval/tax/*``) is measured too, and a challenger over
+``eval.tax.budget`` does not win (tasks/retrain/gate/tax.py: the register stage's rule). The
+decision is a set of MLflow tags on the retrain run and a Prefect markdown artifact; where a
+gold judge exists and another scorer decided, what the gold judge would have decided is
+recorded beside it (``rlhf.gate.gold.*``)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from tasks.pipeline.scorers import external_scores, load_external
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import DataRecord, Decision, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
+from tasks.pipeline.stages.tax import applies, summary_line
 from tasks.platform.files import read_jsonl
 from tasks.platform.mlflow.runs import RunContext, run_url
 from tasks.platform.mlflow.tags import (
@@ -40,11 +43,15 @@ from tasks.platform.mlflow.tags import (
     GATE_SCORER_TAG,
 )
 from tasks.platform.prefect.prefect_api import report
-from tasks.retrain.gate.champion import Champion, GateError
+from tasks.retrain.gate.champion import Champion
+from tasks.retrain.gate.prompts import GateError
 from tasks.retrain.gate.scorers import resolve_scorer, scorer_label
+from tasks.retrain.gate.tax import challenger_tax, taxed
 from tasks.retrain.records import GateRecord
 
 SIDE_BY_SIDE = "gate/side_by_side.json"  # the gate run's table: each prompt, both answers
+TAX_PROBE = "eval/tax_probe.json"  # the probe's questions, the base's and challenger's answers
+
 
 def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], gold,
             judge: ModelRecord | None, tokenizer) -> dict[str, list[float]]:
@@ -88,7 +95,8 @@ def _gold_tags(decision: dict, gold_decision: dict) -> dict:
 
 
 def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
-                      champion_version: str, gold_tags: dict | None = None) -> str:
+                      champion_version: str, gold_tags: dict | None = None,
+                      tax: str = "") -> str:
     f = decision["figures"]
     verdict = "PROMOTE challenger" if decision["promote"] else \
         f"KEEP champion v{champion_version}"
@@ -97,7 +105,7 @@ def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
     return (f"# Retrain decision: {verdict}\n\n{decision['reason']}\n\nScorer: {scorer} (the "
             f"same for both policies). Champion: v{champion_version}.\n\n| figure | value |\n"
             f"|---|---|\n{rows}\n\n{_gold_line(gold_tags or {})}"
-            f"MLflow: {run_url(ctx, run_id)}\n")
+            f"{tax + chr(10) * 2 if tax else ''}MLflow: {run_url(ctx, run_id)}\n")
 
 
 def _gold_line(tags: dict) -> str:
@@ -152,6 +160,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
         model = load_policy(path, spec, trainable=False).to(device)
         samples[side] = sample_policy(model, reference, rm_model, tokenizer, prompts,
                                       e.sampling, device=device, precision=spec.precision)
+    tax, tax_rows = challenger_tax(sc, prep, tokenizer, model) \
+        if compared is None and applies(sc.cfg) else ({}, [])  # model: the challenger
     scorer, gold = resolve_scorer(sc.cfg, prep.judge), resolve_judge(prep.judge)
     if scorer == "judge" and gold is None:
         raise GateError("retrain.gate.scorer is 'judge' but the data has no gold judge")
@@ -160,11 +170,15 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
     gold_tags = {} if gold is None or scorer == "judge" else _gold_tags(
         decision, _decide(_scores(sc, "judge", samples, prompts, gold, None, tokenizer),
                           samples, g, sc.run.seed))
+    decision = taxed(decision, tax, sc.cfg)
     sc.log_table(side_by_side(prompts, samples, scores), SIDE_BY_SIDE)
+    if tax_rows:
+        sc.log_table(pd.DataFrame(tax_rows), TAX_PROBE)
     space = "gate" if compared is None else "compare"
     metrics = {f"{space}/{k}": float(v) for k, v in decision["figures"].items()}
     metrics[f"{space}/promote" if compared is None else "compare/better"] = \
         float(decision["promote"])
+    metrics.update(tax)  # eval/tax/*: the register stage reads them as evaluate's
     sc.log(0, metrics)
     sc.log_parent(metrics)
     key = "eval/judge_score_policy" if scorer == "judge" else "eval/rm_score_policy"
@@ -179,7 +193,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
     sc.set_tags(tags, parent=True)
     sc.set_tags(tags)
     markdown = decision_markdown(sc.run, sc.run_id, decision, label, champion.version,
-                                 gold_tags)
+                                 gold_tags, summary_line(tax, sc.cfg.eval.tax.budget)
+                                 if tax else "")
     if compared is None:
         report("rlhf-retrain-decision", markdown, "retrain: challenger vs champion")
     else:
@@ -193,9 +208,12 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
                                tags[COMPARE_RESULT_TAG], "scorer": label})
 
 
-# the decision's figures (rlhf_core/eval/gate.py) and gate/promote; compare/* for `rlhf compare`;
-# both policies' answers side by side
-STAGE = Stage("gate", body, GateRecord, seed_offset=4, metrics=("gate/*", "compare/*"),
-              artifacts=(SIDE_BY_SIDE,))
+# the decision's figures (rlhf_core/eval/gate.py, the tax lost) and gate/promote; compare/* for
+# `rlhf compare`; the challenger's alignment tax as evaluate names it; both policies' answers
+# side by side, the probe's answers
+STAGE = Stage("gate", body, GateRecord, seed_offset=4,
+              metrics=("gate/*", "compare/*", "eval/tax/probe_acc_*", "eval/tax/probe_diff_*_*",
+                       "eval/tax/bpb_*"),
+              artifacts=(SIDE_BY_SIDE, TAX_PROBE))
 
 gate = stage_task(STAGE)

@@ -1,6 +1,14 @@
 """`collect`: sample a registered policy k times on fresh prompts of a pool and write a
 labelling file (JSONL and CSV, one row per pair, an empty ``choice`` column).
 
+The policy is sampled on each prompt exactly as the run's data gate rendered its training
+prompts (the same chat template, system message and prompt budget: the gate's own renderer,
+data_checks/conversations.py), and a pair is kept only when both answers fit the gate's
+response budget, so a labelled batch of the collection passes the gate. A conversational
+pool's prompts stay messages in the labelling file (the CSV holds them as JSON text) and in
+the record, from which an import writes the preference batch: the batch's prompts are
+rendered by the next gate as the training prompts were.
+
 Recorded in MLflow as one run per collection (tag ``rlhf.collection``): the labelling file as
 an artifact and as a dataset input beside the sampled policy's logged model, the prompts it
 used (``collection/prompts.json``: later collections of the same pool skip them) and the
@@ -11,8 +19,10 @@ known answers) that an import checks labels against.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -22,16 +32,19 @@ from data_checks.config import DataSource
 from data_checks.loading import load_table
 from rlhf_core.config import Sampling
 from rlhf_core.eval.collect import (
+    Prompt,
     fresh_prompts,
     gold_known,
     judged_known,
     pair_up,
     pool_order,
+    prompt_key,
+    prompt_text,
     shuffled_with_known,
 )
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.devices import setup_models
-from tasks.pipeline.judge import resolve_judge, resolve_judge_name
+from tasks.pipeline.judge import config_judge_name, gold_judge
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
 from tasks.platform.mlflow.parent_run import end_run
 from tasks.platform.mlflow.registry import (
@@ -100,51 +113,129 @@ def download_version(client, version, root: Path) -> dict:
     return {"policy_dir": got["ppo"][1], "rm_dir": got["reward_model"][1]}
 
 
-def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[str]]:
-    """(pool name, its distinct prompts in collection order): ``collect.prompts``, else
-    ``data.prompts``, else the demo's training prompts."""
+def conversational_run(cfg: PipelineConfig) -> bool:
+    """Whether the run's data gate renders its prompts with the chat template: some
+    configured set is conversational (the gate then renders every set), or the demo's are
+    (``demo.chat``)."""
+    if cfg.data is None:
+        return cfg.demo.enabled and cfg.demo.chat
+    from data_checks.conversations import is_conversational
+    from data_checks.loading import KINDS, iter_table
+
+    for name, kind in KINDS.items():
+        source = getattr(cfg.data, name)
+        if source is None:
+            continue
+        rows = iter_table(source, kind, 1)
+        try:
+            first = next(rows, None)
+        finally:
+            rows.close()
+        if first is not None and is_conversational(first):
+            return True
+    return False
+
+
+def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[Prompt]]:
+    """(pool name, its distinct prompts in collection order), each as the run's data has it:
+    ``collect.prompts``, else ``data.prompts``, else the demo's training prompts (with
+    ``demo.chat`` as the demo's conversations, opening with ``demo.system``). A conversation
+    stays its messages; in a conversational run a plain prompt is one user message, as the
+    gate reads it."""
     path = cfg.collect.prompts or (cfg.data.prompts.path if cfg.data is not None else None)
+    chat = conversational_run(cfg)
     if path is not None:
         prompts = load_table(DataSource(path=path), "prompts")["prompt"].tolist()
+        prompts = [[{"role": "user", "content": p}] if chat and isinstance(p, str)
+                   else p if isinstance(p, str) else [dict(m) for m in p] for p in prompts]
         return str(path), pool_order(prompts, cfg.seed)
-    from rlhf_core.demo import training_prompts
+    from rlhf_core.demo import chat_row, training_prompts
 
-    return "demo training prompts", pool_order(training_prompts(), cfg.seed)
-
-
-def pool_digest(prompts: list[str]) -> str:
-    return hashlib.sha256("\n".join(sorted(prompts)).encode()).hexdigest()[:16]
+    prompts = [chat_row({"prompt": p}, cfg.demo.system)["prompt"] if chat else p
+               for p in training_prompts()]
+    return "demo training prompts", pool_order(prompts, cfg.seed)
 
 
-def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[str], seed: int
-             ) -> tuple[list[list[str]], list[list[float]]]:
-    """k responses per prompt and the policy's reward-model score of each -> [n][k] each.
-    The model code is imported here: a label import or pull, which imports this module,
-    never loads a model."""
+def pool_digest(prompts: list[Prompt]) -> str:
+    return hashlib.sha256("\n".join(sorted(map(prompt_key, prompts))).encode()).hexdigest()[:16]
+
+
+def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt],
+                     where: str = "the collection's prompts") -> list[str | None]:
+    """Each prompt as the data gate renders it for the policy (a conversation through the
+    gate's own renderer with the chat template; a plain prompt as it is), None where it is
+    over ``validation.max_prompt_tokens`` (the gate drops such a conversation, and a plain
+    prompt it cut would be another prompt). DataError naming the row when the template
+    cannot render one."""
+    from rlhf_core.models.data import encode
+
+    texts = list(prompts)
+    if any(not isinstance(p, str) for p in prompts):
+        from data_checks.conversations import render_chunks, start_chat
+        from data_checks.loading import DataError
+        from rlhf_core.models import chat
+
+        try:
+            info = start_chat(tokenizer, chat, where)
+            frame = pd.DataFrame({"prompt": list(prompts)})
+            texts = next(render_chunks([frame], "prompts", tokenizer, chat, info, where,
+                                       converted=True))["prompt"].tolist()
+        except ValueError as err:
+            raise DataError(str(err)) from None
+    budget = cfg.validation.max_prompt_tokens
+    return [t if len(encode(tokenizer, t)) <= budget else None for t in texts]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What :func:`sample_k` drew: the prompts that fit the prompt budget, and for each its
+    k responses [n][k], their reward-model scores and whether each fits the response
+    budget; ``over_budget``: prompts left out for their length."""
+
+    prompts: list
+    responses: list[list[str]]
+    scores: list[list[float]]
+    fits: list[list[bool]]
+    over_budget: int
+
+
+def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[Prompt], seed: int) -> Sampled:
+    """k responses per prompt, rendered as the data gate renders it (:func:`rendered_prompts`),
+    and the policy's reward-model score of each. The model code is imported here: a label
+    import or pull, which imports this module, never loads a model."""
     from rlhf_core.eval.evaluate import sample_policy
+    from rlhf_core.models.data import encode
     from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
     from rlhf_core.train.optim import seed_everything
 
     c, k = cfg.collect, cfg.collect.k
     device, spec = setup_models(cfg.model)
     tokenizer = load_tokenizer(dirs["policy_dir"], spec)
+    texts = rendered_prompts(cfg, tokenizer, prompts)
+    kept = [(p, t) for p, t in zip(prompts, texts) if t is not None]
+    if not kept:
+        return Sampled([], [], [], [], len(prompts))
     policy = load_policy(dirs["policy_dir"], spec, trainable=False).to(device)
     rm = load_scalar_model(dirs["rm_dir"], spec, trainable=False).to(device)
     seed_everything(seed)
     sampling = Sampling(temperature=c.temperature,
                         max_new_tokens=c.max_new_tokens or cfg.ppo.max_new_tokens,
                         batch_size=c.batch_size)
-    out = sample_policy(policy, None, rm, tokenizer, [p for p in prompts for _ in range(k)],
+    out = sample_policy(policy, None, rm, tokenizer, [t for _, t in kept for _ in range(k)],
                         sampling, device=device, precision=spec.precision)
-    return ([out["response"][i * k:(i + 1) * k] for i in range(len(prompts))],
-            [out["score"][i * k:(i + 1) * k] for i in range(len(prompts))])
+    budget = cfg.validation.max_response_tokens  # EOS included, as the gate counts
+    responses = [out["response"][i * k:(i + 1) * k] for i in range(len(kept))]
+    return Sampled([p for p, _ in kept], responses,
+                   [out["score"][i * k:(i + 1) * k] for i in range(len(kept))],
+                   [[len(encode(tokenizer, r)) + 1 <= budget for r in row] for row in responses],
+                   len(prompts) - len(kept))
 
 
-def _known_pairs(cfg: PipelineConfig, pairs: list[dict], prompts: list[str],
+def _known_pairs(cfg: PipelineConfig, pairs: list[dict], prompts: list[Prompt],
                  seed: int) -> list[dict]:
-    """The known-answer pairs: the demo's judge picks clear ones among the collected pairs
-    (taken out of them; too few, e.g. a champion whose answers are often identical: topped
-    up with demo responses to the same prompts that the judge orders as clearly, so every
+    """The known-answer pairs: the run's gold judge (``eval.judge``) picks clear ones among
+    the collected pairs (taken out of them; too few, e.g. a champion whose answers are often
+    identical: topped up with the judge's own clear pairs on the same prompts, so every
     labeller can answer ``collect.quality.min_known_labelled``), else rows of
     ``collect.gold``; none without either."""
     n = cfg.collect.known_pairs
@@ -154,29 +245,31 @@ def _known_pairs(cfg: PipelineConfig, pairs: list[dict], prompts: list[str],
         gold = load_table(DataSource(path=cfg.collect.gold), "preference").to_dict("records")
         known, answers = gold_known(gold, n, seed)
         return [{**p, "known": a} for p, a in zip(known, answers)]
-    judge = resolve_judge(resolve_judge_name(cfg.eval.judge,
-                                             cfg.data is None and cfg.demo.enabled))
+    judge = gold_judge(config_judge_name(cfg))
     if judge is None:
         return []
-    picked = judged_known(pairs, judge, n, KNOWN_GAP, seed)
+    picked = judged_known(pairs, judge.score, n, KNOWN_GAP, seed)
     known = [{**pairs[i], "known": answer} for i, answer in picked.items()]
     for i in sorted(picked, reverse=True):
         del pairs[i]
-    if len(known) < n:
-        from rlhf_core.demo import clear_pairs
-
-        known += clear_pairs(prompts, n - len(known), KNOWN_GAP, seed)
+    if len(known) < n:  # the judge reads the words; the pair keeps the prompt as pooled
+        texts = {prompt_text(p): p for p in prompts}
+        known += [{**pair, "prompt": texts[pair["prompt"]]} for pair in
+                  judge.clear_pairs(list(texts), n - len(known), KNOWN_GAP, seed)]
     return known
 
 
-def build_record(cfg: PipelineConfig, cid: str, prompts: list[str], responses, scores,
-                 seed: int) -> tuple[list[dict], dict]:
-    """Pairs (known-answer ones mixed in) with ids, RM scores and hidden answers."""
-    pairs, counts = pair_up(prompts, responses)
-    score_of = {(p, i): s for p, row in zip(prompts, scores) for i, s in enumerate(row)}
+def build_record(cfg: PipelineConfig, cid: str, prompts: list[Prompt], responses, scores,
+                 seed: int, fits=None) -> tuple[list[dict], dict]:
+    """Pairs (known-answer ones mixed in) with ids, RM scores and hidden answers; ``fits``
+    [n][k]: which responses fit the gate's response budget (None: all)."""
+    pairs, counts = pair_up(prompts, responses, fits)
+    score_of = {(prompt_key(p), i): s for p, row in zip(prompts, scores)
+                for i, s in enumerate(row)}
     for p in pairs:
-        p["rm_a"] = score_of[(p["prompt"], p.pop("index_a"))]
-        p["rm_b"] = score_of[(p["prompt"], p.pop("index_b"))]
+        key = prompt_key(p["prompt"])
+        p["rm_a"] = score_of[(key, p.pop("index_a"))]
+        p["rm_b"] = score_of[(key, p.pop("index_b"))]
     known = _known_pairs(cfg, pairs, prompts, seed)
     rows = shuffled_with_known(pairs, known, seed)
     for i, r in enumerate(rows):
@@ -195,6 +288,8 @@ def write_labelling(out_dir: Path, cid: str, rows: list[dict], meta: dict) -> di
                            "labeller": ""} for r in rows], columns=list(LABEL_COLUMNS))
     paths = {"jsonl": out_dir / f"{cid}.jsonl", "csv": out_dir / f"{cid}.csv"}
     table.to_json(paths["jsonl"], orient="records", lines=True, force_ascii=False)
+    table["prompt"] = table["prompt"].map(  # a conversation's messages as JSON text
+        lambda p: p if isinstance(p, str) else json.dumps(p, ensure_ascii=False))
     table.to_csv(paths["csv"], index=False)
     return paths
 
@@ -216,8 +311,9 @@ def _table_artifact(rows: list[dict], n: int = 10) -> None:
         from prefect.artifacts import create_table_artifact
 
         create_table_artifact(key="rlhf-collection", description="first pairs to label",
-                              table=[{k: r[k] for k in ("id", "prompt", "response_a",
-                                                         "response_b")} for r in rows[:n]])
+                              table=[{"id": r["id"], "prompt": prompt_text(r["prompt"]),
+                                      "response_a": r["response_a"],
+                                      "response_b": r["response_b"]} for r in rows[:n]])
 
 
 def experiment_for(client, cfg: PipelineConfig) -> str:
@@ -251,8 +347,9 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         root = Path(cfg.tracking.workdir) / "collect" / cid
         dirs = download_version(client, version, root)
         seed = cfg.seed + 1000 + len(earlier)
-        responses, scores = sample_k(cfg, dirs, prompts, seed)
-        rows, counts = build_record(cfg, cid, prompts, responses, scores, seed)
+        drawn = sample_k(cfg, dirs, prompts, seed)
+        rows, counts = build_record(cfg, cid, drawn.prompts, drawn.responses, drawn.scores,
+                                    seed, drawn.fits)
         meta = {"policy": name, "policy_version": str(version.version),
                 "temperature": c.temperature,
                 "max_new_tokens": c.max_new_tokens or cfg.ppo.max_new_tokens}
@@ -266,7 +363,8 @@ def collect(cfg: PipelineConfig) -> CollectResult:
             from tasks.retrain.labels.studio import send
 
             page = send(cfg, client, run_id, cid, rows).page
-        counts.update(prompts=len(prompts), pool=len(pool), pool_used=len(used) + len(prompts))
+        counts.update(prompts=len(prompts), prompts_over_budget=drawn.over_budget,
+                      pool=len(pool), pool_used=len(used) + len(prompts))
         log_metrics(client, run_id, {f"collect/{k}": v for k, v in counts.items()}, 0)
         set_tags(client, run_id, {COLLECTION_FILE_TAG: str(paths["jsonl"].resolve())})
     except BaseException:

@@ -1,6 +1,7 @@
 """tasks/retrain/labels/collect.py:build_record: a collection whose own pairs hold too few clear
 ones (a champion answering alike) still carries collect.known_pairs known-answer pairs, topped up
-with demo responses the judge orders as clearly, so every labeller can be judged."""
+with pairs the run's gold judge orders as clearly (the demo's responses for the demo, right and
+wrong English answers for the English task), so every labeller can be judged."""
 
 from __future__ import annotations
 
@@ -25,3 +26,22 @@ def test_too_few_clear_pairs_are_topped_up_to_known_pairs():
         gap = judge_score(r["prompt"], r["response_a"]) - judge_score(r["prompt"], r["response_b"])
         assert abs(gap) >= 2.0 and r["known"] == ("a" if gap > 0 else "b")
         assert r["prompt"] in prompts
+
+
+def test_the_english_task_tops_up_with_english_pairs_on_its_conversations():
+    from rlhf_core.english import all_requests, messages
+    from rlhf_core.english import judge_score as english
+
+    cfg = load_config(TEST_CONFIG, ["eval.judge=english"])
+    prompts = [messages(r) for r in all_requests()[:12]]  # conversations, as the pool keeps
+    responses = [["I am not sure.", "I do not know.", "Hard to say.", "No idea."]
+                 for _ in prompts]  # all alike to the judge: nothing clear among them
+    rows, counts = build_record(cfg, "v1-x", prompts, responses, [[0.0] * 4] * 12, seed=0)
+    known = [r for r in rows if r["known"]]
+    assert counts["known"] == len(known) == 40
+    for r in known:
+        assert r["prompt"] in prompts  # the pooled messages, like every other row's
+        text = "\n".join(m["content"] for m in r["prompt"])
+        gap = english(text, r["response_a"]) - english(text, r["response_b"])
+        assert abs(gap) >= 2.0 and r["known"] == ("a" if gap > 0 else "b")
+        assert " , " not in r["response_a"] + r["response_b"]  # no demo language

@@ -1,0 +1,83 @@
+"""Whether a config can be retrained at all: the gate's paired test needs
+``retrain.gate.min_prompts`` held-out prompts among the first ``retrain.gate.num_prompts``.
+
+One rule (:func:`too_few_prompts`, a pure function of the gate's settings and a row count),
+read by the commands that feed a retrain (`rlhf retrain`, `rlhf collect`, `rlhf demo-batch`)
+before anything starts, and by the round itself on the files it trains on. Imports nothing
+heavy: the commands call it before Prefect or torch load.
+"""
+
+from __future__ import annotations
+
+from tasks.config.pipeline_config import ConfigError, PipelineConfig
+from tasks.config.sections import GateConfig
+
+DEMO_ROWS = "demo.n_eval"  # where the demo's held-out prompts are counted
+
+
+class GateError(ConfigError):
+    """The gate cannot run as configured (too few held-out prompts, no judge): the user's to
+    fix, so the CLI ends with its sentence and exit 2."""
+
+
+def too_few_prompts(gate: GateConfig, rows: int | None, where: str) -> str | None:
+    """Why the gate cannot compare on ``rows`` held-out prompts read from ``where`` (None:
+    no held-out prompts), naming the setting to change; None when it can."""
+    if rows is None:
+        return ("retrain gate: no held-out prompts to compare the policies on; set "
+                "data.eval_prompts to a file of at least "
+                f"{gate.min_prompts} prompts (retrain.gate.min_prompts)")
+    n = min(rows, gate.num_prompts)
+    if n >= gate.min_prompts:
+        return None
+    if gate.num_prompts < gate.min_prompts:
+        fix = f"raise retrain.gate.num_prompts to at least {gate.min_prompts}"
+    elif where == DEMO_ROWS:
+        fix = f"set {DEMO_ROWS} to at least {gate.min_prompts}"
+    else:
+        fix = f"give {where} at least {gate.min_prompts} rows"
+    return (f"retrain gate: {n} held-out prompts ({rows} in {where}, "
+            f"retrain.gate.num_prompts {gate.num_prompts}) are fewer than the "
+            f"{gate.min_prompts} its paired test needs (retrain.gate.min_prompts); {fix} or "
+            "lower retrain.gate.min_prompts")
+
+
+def _where(cfg: PipelineConfig, source) -> str:
+    """The setting that holds a retrain's held-out prompts, as a refusal names it."""
+    return DEMO_ROWS if cfg.data is None else f"data.eval_prompts ({source.path})"
+
+
+def held_out_rows(cfg: PipelineConfig) -> tuple[int | None, str]:
+    """(rows of the held-out prompts a retrain of ``cfg`` compares on, where they come
+    from), before any run: ``data.eval_prompts``' rows, or the demo's ``demo.n_eval``."""
+    if cfg.data is None:
+        return (cfg.demo.n_eval, DEMO_ROWS) if cfg.demo.enabled else (None, "")
+    source = cfg.data.eval_prompts
+    if source is None:
+        return None, ""
+    from data_checks.loading import load_table
+
+    return len(load_table(source, "prompts")), _where(cfg, source)
+
+
+def check_retrainable(cfg: PipelineConfig) -> None:
+    """GateError (one sentence naming the setting) when a retrain of ``cfg`` could never
+    reach its gate's decision: what `rlhf retrain`, `rlhf collect` and `rlhf demo-batch`
+    check before they start."""
+    why = too_few_prompts(cfg.retrain.gate, *held_out_rows(cfg))
+    if why is not None:
+        raise GateError(why)
+
+
+def check_gate_prompts(cfg: PipelineConfig, data) -> None:
+    """The same rule inside a round, on the held-out prompts it resolved (``data``: its
+    DataConfig, the demo's generated files included): GateError when too few."""
+    source = data.eval_prompts
+    if source is None:
+        raise GateError(too_few_prompts(cfg.retrain.gate, None, ""))
+    from data_checks.loading import load_table
+
+    why = too_few_prompts(cfg.retrain.gate, len(load_table(source, "prompts")),
+                          _where(cfg, source))
+    if why is not None:
+        raise GateError(why)
