@@ -46,7 +46,9 @@ class ModelConfig(_Frozen):
     torch_threads: int | None = Field(None, description="torch.set_num_threads on CPU.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="Compute precision: autocast over fp32 master weights and fp32 "
-        "optimizer state (fp16 adds a loss scaler); auto = bf16 on CUDA, fp32 on CPU."
+        "optimizer state (fp16 adds a loss scaler); auto = bf16 on CUDA and, for a "
+        "pretrained base model, on a CPU with native bf16 units (AMX, AVX512-BF16); fp32 "
+        "elsewhere."
     )
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = Field(
         "auto", description="Attention kernel passed to from_pretrained (auto: transformers' "
@@ -99,7 +101,20 @@ class OptimConfig(_Frozen):
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
 
 
-class SFTConfig(_Frozen):
+class _PretrainMix(_Frozen):
+    """The pretraining mix's settings, the same in SFT and PPO (rlhf_core/train/ptx.py)."""
+
+    ptx_coef: float = Field(
+        0.0, ge=0, description="The pretraining mix: this many times the language-model loss "
+        "on data.pretrain's text, in the same optimizer step (0: off).")
+    ptx_batch_size: int | None = Field(
+        None, ge=1, description="Pretraining rows per micro-batch (None, left empty: as many "
+        "as the micro-batch has rows).")
+    ptx_max_tokens: int = Field(128, ge=2, description="Pretraining text is cut into chunks "
+                                "of at most this many tokens.")
+
+
+class SFTConfig(_PretrainMix):
     epochs: float = Field(1.0, gt=0, description="Passes over the SFT data.")
     batch_size: int = Field(16, ge=1, description="Sequences per optimizer step.")
     optim: OptimConfig = Field(OptimConfig(lr=2e-5, warmup_ratio=0.03))
@@ -180,7 +195,7 @@ HealthConfig = create_model(
     **{d.name: _detector_field(d) for d in DETECTORS})
 
 
-class PPOConfig(_Frozen):
+class PPOConfig(_PretrainMix):
     iterations: int = Field(100, ge=1, description="PPO iterations (rollout + update).")
     rollout_batch_size: int = Field(64, ge=1, description="Prompts sampled per iteration.")
     num_minibatches: int = Field(2, ge=1, description="Minibatches per PPO epoch.")
@@ -199,14 +214,6 @@ class PPOConfig(_Frozen):
     clip_eps_value: float = Field(0.2, gt=0, description="Value clip.")
     vf_coef: float = Field(0.1, ge=0, description="Value-loss coefficient.")
     ent_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
-    ptx_coef: float = Field(
-        0.0, ge=0, description="The pretraining mix (PPO-ptx): this many times the "
-        "language-model loss on data.pretrain's text, in the same optimizer step (0: off).")
-    ptx_batch_size: int | None = Field(
-        None, ge=1, description="Pretraining rows per PPO micro-batch (None, left empty: as "
-        "many as the micro-batch has rows).")
-    ptx_max_tokens: int = Field(128, ge=2, description="Pretraining text is cut into chunks "
-                                "of at most this many tokens.")
     whiten_rewards: bool = Field(False, description="Whiten per-token rewards before GAE.")
     missing_eos_penalty: float | None = Field(
         -1.0, description="Score given to a response without EOS (None: no EOS trick)."

@@ -57,17 +57,31 @@ def _gpu(device: torch.device | str | None) -> str:
     return torch.cuda.get_device_name(device)
 
 
+def cpu_bf16_units() -> str:
+    """The CPU's native bf16 matmul units as torch's kernels see them: "amx" (AMX tiles),
+    "avx512_bf16", else "none" (bf16 there is emulated and slower than float32)."""
+    import torch
+
+    for name, probe in (("amx", "_is_amx_tile_supported"),
+                        ("avx512_bf16", "_is_avx512_bf16_supported")):
+        check = getattr(torch.cpu, probe, None)
+        if check is not None and check():
+            return name
+    return "none"
+
+
 def hardware_facts(device: torch.device | str | None = None) -> dict[str, str]:
     """cpu (model name), cpu_capability (the instruction set torch's CPU kernels use),
-    cpu_cores, threads (torch's intra-op threads now), torch, cuda (the build's CUDA version,
-    "none" for a CPU build), gpu (``device``'s GPU name, "none" on CPU), gpu_count (CUDA
-    devices visible) and platform (OS and C library)."""
+    cpu_bf16 (:func:`cpu_bf16_units`), cpu_cores, threads (torch's intra-op threads now),
+    torch, cuda (the build's CUDA version, "none" for a CPU build), gpu (``device``'s GPU
+    name, "none" on CPU), gpu_count (CUDA devices visible) and platform (OS and C library)."""
     import torch
 
     cuda = torch.cuda.is_available
     return {
         "cpu": _fact(_cpu_model),
         "cpu_capability": _fact(torch.backends.cpu.get_cpu_capability),
+        "cpu_bf16": _fact(cpu_bf16_units),
         "cpu_cores": _fact(os.cpu_count),
         "threads": _fact(torch.get_num_threads),
         "torch": _fact(lambda: torch.__version__),

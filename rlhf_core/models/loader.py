@@ -49,7 +49,8 @@ class LoadSpec:
     def from_config(cls, cfg: ModelConfig, device: torch.device | str) -> LoadSpec:
         """Resolve ``precision: auto`` for the device; turn TF32 on for CUDA."""
         enable_tf32(device)
-        return cls(dtype=cfg.dtype, precision=resolve_precision(cfg.precision, device),
+        return cls(dtype=cfg.dtype,
+                   precision=resolve_precision(cfg.precision, device, bool(cfg.base_model)),
                    attn_implementation=cfg.attn_implementation,
                    trust_remote_code=cfg.trust_remote_code,
                    gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora)

@@ -4,7 +4,11 @@
 ``bf16``/``fp16`` run the forward under ``torch.autocast`` while parameters, gradients and
 the optimizer state stay float32; ``fp16`` adds a loss scaler (see
 :mod:`rlhf_core.train.train_step`).
-``auto`` resolves to bf16 on CUDA and fp32 on CPU. On CUDA, float32 matmuls use TF32.
+``auto`` resolves to bf16 on CUDA, and on a CPU with native bf16 units (AMX or AVX512-BF16)
+for a pretrained model, where bf16 matmuls run at several times the float32 rate and the
+stages are compute-bound; fp32 elsewhere: on other CPUs bf16 is emulated, and the demo's
+tiny model trained from scratch gains nothing at its size (its figures stay fp32's). On
+CUDA, float32 matmuls use TF32.
 """
 
 from __future__ import annotations
@@ -13,19 +17,37 @@ import contextlib
 
 import torch
 
+from rlhf_core.hardware import cpu_bf16_units
+
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """'auto' -> 'bf16' on CUDA, 'fp32' elsewhere; fp16 on CPU is refused (no fast kernels)."""
+def choose_precision(precision: str, device: torch.device | str,
+                     pretrained: bool = False) -> tuple[str, str]:
+    """(the compute precision, why) for ``model.precision`` on ``device``; ``pretrained``:
+    the run trains a pretrained base model (not the demo's tiny one). fp16 on CPU is refused
+    (no fast kernels)."""
     kind = torch.device(device).type
     if precision == "auto":
-        return "bf16" if kind == "cuda" else "fp32"
+        if kind == "cuda":
+            return "bf16", "auto: CUDA"
+        units = cpu_bf16_units()
+        if units == "none":
+            return "fp32", "auto: this CPU has no native bf16 units"
+        if not pretrained:
+            return "fp32", f"auto: a tiny model trained from scratch (the CPU's {units} unused)"
+        return "bf16", f"auto: the CPU has {units} units"
     if precision not in COMPUTE_DTYPES:
         raise ValueError(f"model.precision: unknown {precision!r} (auto, fp32, bf16, fp16)")
     if precision == "fp16" and kind != "cuda":
         raise ValueError("model.precision: fp16 needs CUDA (use bf16 or fp32 on CPU)")
-    return precision
+    return precision, "model.precision"
+
+
+def resolve_precision(precision: str, device: torch.device | str,
+                      pretrained: bool = False) -> str:
+    """The compute precision of :func:`choose_precision`."""
+    return choose_precision(precision, device, pretrained)[0]
 
 
 def autocast(precision: str, device: torch.device | str):

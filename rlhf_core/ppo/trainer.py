@@ -32,7 +32,6 @@ from rlhf_core.ppo.compiled import CompiledBlocks, padded_width
 from rlhf_core.ppo.hooks import IterationFn, MonitorFn, VerdictFn, Watcher
 from rlhf_core.ppo.losses import ppo_losses
 from rlhf_core.ppo.ppo_math import AdaptiveKLController, FixedKLController
-from rlhf_core.ppo.ptx import PretrainMix
 from rlhf_core.ppo.report import decode_rollouts, rollout_metrics, sample_rows
 from rlhf_core.ppo.rollout import (
     Experience,
@@ -43,13 +42,11 @@ from rlhf_core.ppo.rollout import (
     to_autograd_tensors,
 )
 from rlhf_core.train.optim import build_optimizer, check_finite
+from rlhf_core.train.ptx import PretrainMix
 from rlhf_core.train.train_step import TrainStep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-
-PTX_SEED_OFFSET = 7919  # the pretraining stream's seed: the run's, offset
 
 
 def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> float:
@@ -147,11 +144,10 @@ class PPOTrainer:
                                              cfg.rollout_batch_size // cfg.samples_per_prompt,
                                              generator)
         self.ptx = None
-        if cfg.ptx_coef > 0:  # its own stream: the prompt stream's draws stay as without it
-            own = torch.Generator().manual_seed(generator.initial_seed() + PTX_SEED_OFFSET)
+        if cfg.ptx_coef > 0:
             self.ptx = PretrainMix(pretrain_ids or [], cfg.ptx_batch_size or
                                    cfg.micro_batch_size or cfg.minibatch_size,
-                                   tokenizer.pad_token_id, own, device)
+                                   tokenizer.pad_token_id, generator, device)
 
     @property
     def models(self) -> PPOModels:

@@ -9,7 +9,8 @@ continues from the latest checkpoint so the result equals an uninterrupted run b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -60,6 +61,7 @@ def train_steps(
     progress: bool = True, precision: str = "fp32", device: torch.device | str = "cpu",
     dp: DataParallel | None = None, net: torch.nn.Module | None = None,
     count: CountFn | None = None, summed: Sequence[str] = (),
+    streams: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Train ``model`` in place; ``loss_fn(indices) -> (loss, extra metrics)``, run under the
     precision's autocast through the shared :class:`TrainStep`.
@@ -68,8 +70,12 @@ def train_steps(
     rank's shard; ``count(indices)`` is what its loss is a mean over (default: examples),
     ``summed`` the extras that are counts. Only rank 0 saves checkpoints; metrics are global.
 
+    ``streams``: other data streams ``loss_fn`` draws from (e.g. the pretraining mix), each
+    with ``state_dict``/``load_state_dict``: their place is kept in the checkpoints.
+
     Returns the last step's metrics (train/loss, train/grad_norm, train/lr + extras).
     """
+    streams = dict(streams or {})
     total = total_steps(n_examples, batch_size, epochs)
     model.train()
     # fsdp: the optimizer holds the sharded copy's parameters; ``model`` is the full copy
@@ -89,6 +95,8 @@ def train_steps(
         if sharded:
             sharded.push()
         sampler.load_state_dict(extra["sampler"])
+        for key, stream in streams.items():
+            stream.load_state_dict(extra[key])
         last = extra["last"]
     bar = tqdm(total=total, initial=step, desc=name, disable=not (progress and main),
                leave=False)
@@ -119,7 +127,8 @@ def train_steps(
             if main:
                 world = {} if dp is None else {"world_size": dp.world}
                 checkpointer.save(step, saved_opt, scheduler, generator,
-                                  {"sampler": sampler.state_dict(), "last": last, **world})
+                                  {"sampler": sampler.state_dict(), "last": last, **world,
+                                   **{k: v.state_dict() for k, v in streams.items()}})
         crash_point(f"{name}:step:{step}")
     bar.close()
     if sharded:

@@ -1,4 +1,4 @@
-"""Stage 2, supervised fine-tuning: causal-LM loss on prompt + response + EOS.
+"""Supervised fine-tuning: causal-LM loss on prompt + response + EOS.
 
 Loss on response tokens only by default (the prompt is given, not generated); AdamW eps 1e-5,
 warm-up then decay, dropout off (README § Sources [N+]).
@@ -19,6 +19,7 @@ from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.loop import train_steps
 from rlhf_core.train.losses import sft_loss
 from rlhf_core.train.optim import LogFn
+from rlhf_core.train.ptx import PretrainMix
 
 
 class SFTExamples(Sequence):
@@ -72,7 +73,7 @@ def train_sft(
     model, examples: SFTExamples, pad_id: int, cfg: SFTConfig, device: torch.device,
     generator: torch.Generator, *, on_log: LogFn | None = None, progress: bool = True,
     checkpointer: Checkpointer | None = None, precision: str = "fp32",
-    dp: DataParallel | None = None,
+    dp: DataParallel | None = None, pretrain_ids: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """Fine-tune ``model`` in place on ``examples``; returns the final metrics.
 
@@ -83,6 +84,9 @@ def train_sft(
         checkpointer: periodic training-state checkpoints; resumes from the latest one.
         precision: fp32 | bf16 | fp16 (resolved; see rlhf_core.models.precision).
         dp: data parallel: this rank trains on its shard of each global batch (DDP).
+        pretrain_ids: the pretraining mix's chunks (``cfg.ptx_coef`` > 0): each step adds
+            ``ptx_coef`` times the language-model loss of the next pretraining batch, drawn
+            from a stream of its own (seeded from ``generator``'s seed), logged ``ptx/loss``.
     """
     if examples.loss_on != cfg.loss_on:
         raise ValueError(f"SFT examples built for loss_on={examples.loss_on!r}, "
@@ -92,18 +96,25 @@ def train_sft(
     # supervised (shifted) tokens per example: the loss is a mean over these
     n_tokens = examples.supervised_tokens().numpy()
 
+    mix = PretrainMix(pretrain_ids or [], cfg.ptx_batch_size or cfg.batch_size, pad_id,
+                      generator, device) if cfg.ptx_coef > 0 else None
+
     def loss_fn(idx: torch.Tensor):
         ids, mask, labels = sft_batch([examples[i] for i in idx.tolist()], pad_id, device)
         logits = net(input_ids=ids, attention_mask=mask, use_cache=False).logits
         loss, stats = sft_loss(logits, labels)
-        return loss, {"train/tokens": float(stats["num_tokens"])}
+        extras = {"train/tokens": float(stats["num_tokens"])}
+        if mix is not None:
+            ptx = mix.loss(net)
+            loss, extras["ptx/loss"] = loss + cfg.ptx_coef * ptx, float(ptx)
+        return loss, extras
 
     return train_steps(model, loss_fn, len(examples), cfg.batch_size, cfg.epochs, cfg.optim,
                        generator, name="sft", log_every=cfg.log_every, on_log=on_log,
                        checkpointer=checkpointer, progress=progress, precision=precision,
                        device=device, dp=dp, net=net,
                        count=lambda idx: float(np.sum(n_tokens[idx.numpy()])),
-                       summed=("train/tokens",))
+                       summed=("train/tokens",), streams={"ptx": mix} if mix else None)
 
 
 EVAL_LOGITS_BYTES = 64 * 2**20  # the most float32 logits one evaluation forward pass makes

@@ -99,9 +99,11 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _ptx_has_text(self) -> PipelineConfig:
-        if self.ppo.ptx_coef > 0 and (self.data is None or self.data.pretrain is None):
-            raise ValueError(f"ppo.ptx_coef={self.ppo.ptx_coef:g} needs pretraining text: set "
-                             "data.pretrain (a .txt file, or a table with a text column)")
+        for name in ("sft", "ppo"):
+            coef = getattr(self, name).ptx_coef
+            if coef > 0 and (self.data is None or self.data.pretrain is None):
+                raise ValueError(f"{name}.ptx_coef={coef:g} needs pretraining text: set "
+                                 "data.pretrain (a .txt file, or a table with a text column)")
         return self
 
     def from_scratch_rates(self) -> list[str]:

@@ -38,6 +38,7 @@ from tasks.platform.mlflow.runs import (
 from tasks.platform.mlflow.tags import (
     CONFIG_HASH_TAG,
     GIT_COMMIT_TAG,
+    PRECISION_TAG,
     PREFECT_FLOW_RUN_TAG,
     RUN_NAME_TAG,
     SEED_TAG,
@@ -182,8 +183,13 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
         config = redacted(cfg.model_dump(mode="json"))
         run_id = create_parent_run(client, exp_id, run_name, flatten(config), tags, config)
     # the stages' thread count from here on, so each run's rlhf.hw.threads is the one used
+    from rlhf_core.models.precision import choose_precision
+
     device = setup_torch(cfg.model)
-    set_tags(client, run_id, hardware_tags(device))  # a resume records where it continues
+    precision, why = choose_precision(cfg.model.precision, device, bool(cfg.model.base_model))
+    print(f"precision: {precision} ({why})", flush=True)
+    set_tags(client, run_id, {**hardware_tags(device),  # a resume records where it continues
+                              PRECISION_TAG: f"{precision} ({why})"})
     workdir = Path(cfg.tracking.workdir).resolve() / run_id
     try:
         workdir.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,8 @@ import torch
 from rlhf_core import hardware
 from rlhf_core.hardware import hardware_facts
 
-KEYS = {"cpu", "cpu_capability", "cpu_cores", "threads", "torch", "cuda", "gpu", "gpu_count",
-        "platform"}
+KEYS = {"cpu", "cpu_capability", "cpu_bf16", "cpu_cores", "threads", "torch", "cuda", "gpu",
+        "gpu_count", "platform"}
 
 
 @pytest.fixture
@@ -24,6 +24,22 @@ def test_every_fact_is_a_non_empty_string():
     assert facts["torch"] == torch.__version__
     assert facts["cuda"] == (torch.version.cuda or "none")
     assert facts["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert facts["cpu_bf16"] in ("amx", "avx512_bf16", "none")
+
+
+@pytest.mark.parametrize("amx,avx512_bf16,expected", [
+    (True, True, "amx"), (False, True, "avx512_bf16"), (False, False, "none")])
+def test_bf16_units_are_read_from_torchs_cpu_probes(monkeypatch, amx, avx512_bf16, expected):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16,
+                        raising=False)
+    assert hardware.cpu_bf16_units() == expected
+
+
+def test_a_torch_without_the_probes_has_no_bf16_units(monkeypatch):
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported", raising=False)
+    assert hardware.cpu_bf16_units() == "none"
 
 
 def test_threads_are_read_at_call_time(threads_kept):

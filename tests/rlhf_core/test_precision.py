@@ -94,3 +94,33 @@ def test_train_step_names_the_step_of_a_non_finite_loss():
     with pytest.raises(FloatingPointError, match="non-finite sft loss at step 7"):
         step.run([lambda: (model(torch.ones(1, 2)).sum() * float("nan"), 1.0)], 7)
     assert torch.equal(model.weight, before)
+
+
+@pytest.mark.parametrize("units,pretrained,device,expected", [
+    ("amx", True, "cpu", "bf16"), ("avx512_bf16", True, "cpu", "bf16"),
+    ("none", True, "cpu", "fp32"),      # emulated bf16 is slower than float32
+    ("amx", False, "cpu", "fp32"),      # the demo's tiny model: its fp32 figures kept
+    ("none", False, "cuda", "bf16")])
+def test_auto_picks_bf16_only_where_the_hardware_has_it_and_the_model_is_pretrained(
+        monkeypatch, units, pretrained, device, expected):
+    import rlhf_core.models.precision as precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: units)
+    chosen, why = precision.choose_precision("auto", device, pretrained)
+    assert chosen == expected and why.startswith("auto")
+    assert precision.resolve_precision("auto", device, pretrained) == expected
+    # an explicit setting is kept on any CPU
+    assert precision.choose_precision("fp32", "cpu", pretrained) == ("fp32", "model.precision")
+    assert precision.resolve_precision("bf16", "cpu", pretrained) == "bf16"
+
+
+def test_the_load_spec_resolves_auto_from_the_model_section(monkeypatch):
+    import rlhf_core.models.precision as precision
+    from rlhf_core.config import ModelConfig
+    from rlhf_core.models.loader import LoadSpec
+
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: "amx")
+    assert LoadSpec.from_config(ModelConfig(base_model="some/model"), "cpu").precision == "bf16"
+    assert LoadSpec.from_config(ModelConfig(), "cpu").precision == "fp32"
+    assert LoadSpec.from_config(ModelConfig(base_model="some/model", precision="fp32"),
+                                "cpu").precision == "fp32"

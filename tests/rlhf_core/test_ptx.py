@@ -11,8 +11,8 @@ import torch
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode, right_pad
 from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
-from rlhf_core.ppo.ptx import PretrainMix, chunk_ids, lm_loss
 from rlhf_core.ppo.trainer import PPOTrainer
+from rlhf_core.train.ptx import PretrainMix, chunk_ids, lm_loss
 from tests.shared import Interrupt, assert_same_bits, weights
 
 CPU = torch.device("cpu")
@@ -133,3 +133,79 @@ def test_a_run_with_the_mix_resumes_to_the_uninterrupted_weights(tiny_model_dir,
     assert sorted(seen) == [3, 4] and all("ptx/loss" in m for m in seen.values())
     assert second.ptx.stream.state_dict() == ref.ptx.stream.state_dict()
     assert_same_bits(weights(ref.policy), weights(second.policy))
+
+
+# the same mix in SFT: one pretraining batch per optimizer step
+
+def _sft(model_dir, tok, coef=0.0, pretrain=None, root=None, on_log=None, steps=4):
+    from rlhf_core.config import SFTConfig
+    from rlhf_core.models.checkpoint import Checkpointer
+    from rlhf_core.train.sft import encode_sft_rows, train_sft
+
+    torch.manual_seed(0)
+    model = load_causal_lm(model_dir)
+    rows = [{"prompt": r["prompt"], "response": "they are nice ."} for r in SFT_ROWS]
+    cfg = SFTConfig(epochs=steps * 2 / len(rows), batch_size=2, ptx_coef=coef,
+                    ptx_batch_size=2, log_every=1, checkpoint_every=2 if root else 0,
+                    optim=OptimConfig(lr=1e-3))
+    ck = Checkpointer(root, {"model": model}, 2) if root else None
+    last = train_sft(model, encode_sft_rows(tok, rows, "response"), tok.pad_token_id, cfg, CPU,
+                     torch.Generator().manual_seed(0), on_log=on_log, progress=False,
+                     checkpointer=ck, pretrain_ids=pretrain)
+    return model, last
+
+
+def test_sft_ptx_coef_zero_is_bit_identical_to_no_text(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    plain, a = _sft(tiny_model_dir, tok)
+    zero, b = _sft(tiny_model_dir, tok, 0.0, _chunks(tok))
+    assert "ptx/loss" not in b and a["train/loss"] == b["train/loss"]
+    assert_same_bits(weights(plain), weights(zero))
+
+
+def test_sft_mix_adds_coef_times_the_lm_loss_of_the_drawn_chunks(tiny_model_dir, monkeypatch):
+    from rlhf_core.train import sft as sft_module
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    chunks = _chunks(tok)
+    seen, real_loss, real_sft = [], PretrainMix.loss, sft_module.sft_loss
+
+    def spy_ptx(self, model):
+        out = real_loss(self, model)
+        seen.append(("ptx", float(out)))
+        return out
+
+    def spy_sft(logits, labels):
+        loss, stats = real_sft(logits, labels)
+        seen.append(("sft", float(loss)))
+        return loss, stats
+
+    monkeypatch.setattr(PretrainMix, "loss", spy_ptx)
+    monkeypatch.setattr(sft_module, "sft_loss", spy_sft)
+    logged = {}
+    mixed, last = _sft(tiny_model_dir, tok, 3.0, chunks,
+                       on_log=lambda step, m: logged.setdefault(step, dict(m)))
+    steps = len(logged)  # log_every 1: one entry per optimizer step
+    assert steps >= 4 and [k for k, _ in seen] == ["sft", "ptx"] * steps  # one batch per step
+    for step in range(1, steps + 1):
+        sft, ptx = seen[2 * step - 2][1], seen[2 * step - 1][1]
+        assert logged[step]["ptx/loss"] == pytest.approx(ptx, rel=1e-6)
+        assert logged[step]["train/loss"] == pytest.approx(sft + 3.0 * ptx, rel=1e-5)
+    plain, _ = _sft(tiny_model_dir, tok)
+    assert any(not torch.equal(a, b) for a, b in zip(weights(plain).values(),
+                                                     weights(mixed).values()))
+
+
+def test_sft_with_the_mix_resumes_to_the_uninterrupted_weights(tiny_model_dir, tmp_path):
+    tok = load_tokenizer(str(tiny_model_dir))
+    chunks = _chunks(tok)
+    ref, _ = _sft(tiny_model_dir, tok, 1.0, chunks, root=tmp_path / "a")
+
+    def crash(step, metrics):
+        if step == 3:
+            raise Interrupt(step)
+
+    with pytest.raises(Interrupt):
+        _sft(tiny_model_dir, tok, 1.0, chunks, root=tmp_path / "b", on_log=crash)
+    resumed, _ = _sft(tiny_model_dir, tok, 1.0, chunks, root=tmp_path / "b")
+    assert_same_bits(weights(ref), weights(resumed))

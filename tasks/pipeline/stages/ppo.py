@@ -91,7 +91,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
                            norm_stats=norm_stats, device=device, generator=generator,
                            divide_by_std=cfg.reward_norm.divide_by_std,
                            precision=spec.precision, dp=sc.dp, seed=sc.seed,
-                           pretrain_ids=pretrain_chunks(cfg, tokenizer))
+                           pretrain_ids=pretrain_chunks(cfg, tokenizer, "ppo"))
     samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save
     samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
     log = sc.live(cfg.ppo.iterations)  # MLflow, progress artifact, log line

@@ -13,6 +13,7 @@ from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import DataRecord, ModelRecord
 from tasks.pipeline.stages.run import stage_task
+from tasks.pipeline.stages.tax import pretrain_chunks
 from tasks.pipeline.stages.token_data import sft_examples
 
 
@@ -34,7 +35,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
     live = sc.live(total_steps(len(examples), cfg.sft.batch_size, cfg.sft.epochs))
     last = train_sft(model, examples, tokenizer.pad_token_id, cfg.sft, device, generator,
                      on_log=live, progress=sc.progress, checkpointer=ck,
-                     precision=spec.precision, dp=sc.dp)
+                     precision=spec.precision, dp=sc.dp,
+                     pretrain_ids=pretrain_chunks(cfg, tokenizer, "sft"))
     if not sc.is_main:
         return None
     sc.say("saving the model" + (" (its LoRA adapter)" if spec.lora else ""))
@@ -54,7 +56,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
 
 STAGE = Stage("sft", body, ModelRecord, sections=("sft", "model"), seed_offset=0, ranks=True,
               metrics=("train/loss", "train/grad_norm", "train/lr", "train/tokens",
-                       "sft/response_loss_train"),
+                       "ptx/loss", "sft/response_loss_train"),
               artifacts=("checkpoint",))
 
 sft = stage_task(STAGE)

@@ -1,7 +1,8 @@
 """The alignment tax inside evaluate: the probe and the held-out text read through the gate
 (``eval.tax.*``, else the shipped ones), answered and scored by the base model, the SFT policy
 and the PPO policy, where the run has a pretrained base (``model.base_model``); and the text
-of the pretraining mix that pays less of it (``ppo.ptx_coef``, ``data.pretrain``)."""
+of the pretraining mix that pays less of it (``sft.ptx_coef``, ``ppo.ptx_coef``,
+``data.pretrain``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from rlhf_core.eval.tax import (
     tax_metrics,
     text_nats,
 )
-from rlhf_core.ppo.ptx import chunk_ids
+from rlhf_core.train.ptx import chunk_ids
 
 NOT_APPLICABLE = "does not apply: no pretrained base (model.base_model) to lose anything"
 
@@ -40,15 +41,16 @@ def applies(cfg) -> bool:
     return cfg.eval.tax.enabled and bool(cfg.model.base_model)
 
 
-def pretrain_chunks(cfg, tokenizer) -> list[list[int]] | None:
-    """The pretraining mix's text (``data.pretrain``, read through the gate), each row
-    tokenized with an EOS after it and cut into ``ppo.ptx_max_tokens`` chunks; None when the
-    mix is off."""
-    if cfg.ppo.ptx_coef <= 0:
+def pretrain_chunks(cfg, tokenizer, section: str) -> list[list[int]] | None:
+    """The pretraining mix's text of one stage (``section``: "sft" or "ppo") from
+    ``data.pretrain`` (read through the gate), each row tokenized with an EOS after it and cut
+    into ``<section>.ptx_max_tokens`` chunks; None when that stage's mix is off."""
+    mix = getattr(cfg, section)
+    if mix.ptx_coef <= 0:
         return None
     rows = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             for text in read_text(cfg.data.pretrain.path)]
-    return chunk_ids(rows, cfg.ppo.ptx_max_tokens)
+    return chunk_ids(rows, mix.ptx_max_tokens)
 
 
 def check_tax_inputs(cfg) -> None:
@@ -56,7 +58,7 @@ def check_tax_inputs(cfg) -> None:
     text (where it mixes one in) through the gate: a DataError names the file and row."""
     if applies(cfg):
         tax_inputs(cfg.eval.tax)
-    if cfg.ppo.ptx_coef > 0:
+    if cfg.sft.ptx_coef > 0 or cfg.ppo.ptx_coef > 0:
         read_text(cfg.data.pretrain.path)
 
 

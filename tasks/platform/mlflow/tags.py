@@ -29,6 +29,7 @@ INPUT_DIGEST_PREFIX = "rlhf.input_digest."
 # + data file, e.g. rlhf.data_digest.sft: MLflow's digest of the cleaned file (validate)
 DATA_DIGEST_PREFIX = "rlhf.data_digest."
 HW_PREFIX = "rlhf.hw."  # + a key of rlhf_core.hardware.hardware_facts (also on stage runs)
+PRECISION_TAG = "rlhf.precision"  # the compute precision model.precision resolved to, and why
 VALIDATE_ONLY_TAG = "rlhf.validate_only"  # a run of `rlhf validate`
 EVAL_SCORER_TAG = "rlhf.eval.scorer"  # who scored the evaluation, on which prompts
 EVAL_START_SCORER_TAG = "rlhf.eval.vs_start_scorer"  # who compared policy and start

@@ -113,6 +113,8 @@ def test_the_parent_run_and_every_stage_run_record_the_hardware(tmp_path, monkey
         tags = client.get_run(run_id).data.tags
         assert {k: tags[f"rlhf.hw.{k}"] for k in facts} == {**facts, "threads": "1"}
     assert seen["threads"] == 1
+    # the compute precision auto chose, with why (the demo's tiny model: fp32 on any CPU)
+    assert client.get_run(ctx.parent_run_id).data.tags["rlhf.precision"].startswith("fp32 (")
 
     monkeypatch.setattr("tasks.platform.mlflow.runs.hardware_facts",
                         lambda device=None: {**facts, "cpu": "Other CPU", "gpu": "none"})

@@ -94,7 +94,8 @@ def chain(tmp_path_factory, tiny_model_dir):
 @pytest.fixture(scope="module")
 def judged(chain, tmp_path_factory):
     """{stage: (fake context, record)} of the bodies whose logs change with a gold judge,
-    held-out pairs, a critic-free estimator with its KL in the loss, or `rlhf compare`."""
+    held-out pairs, a critic-free estimator with its KL in the loss, the pretraining mix (SFT's
+    and PPO's), or `rlhf compare`."""
     cfg, prep, _, done = chain
     tmp = tmp_path_factory.mktemp("judged")
     pairs = DataSource(path=str(write_jsonl(tmp / "pref_eval.jsonl", PREF)))
@@ -109,11 +110,13 @@ def judged(chain, tmp_path_factory):
     grpo = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={
         "advantage_estimator": "grpo", "samples_per_prompt": 2, "kl_in_loss": True,
         "health": health, "iterations": 3, "ptx_coef": 0.5}), "data": cfg.data.model_copy(
-        update={"pretrain": DataSource(path=str(tmp / "pretrain.txt"))})})
+        update={"pretrain": DataSource(path=str(tmp / "pretrain.txt"))}),
+        "sft": cfg.sft.model_copy(update={"ptx_coef": 0.5})})
     s, norm, critic = (done[name][1] for name in ("sft", "reward_norm", "critic_init"))
     out: dict = {}
     run = _runner(cfg, tmp / "work", out)
     d = run("validate", prep=prep)
+    run("sft", cfg=grpo, prep=prep, data=d)  # SFT with the mix (PPO starts from chain's)
     rm = run("reward_model", prep=prep, data=d, start=s)
     pol = run("ppo", cfg=grpo, prep=prep, data=d, start=s, rm=rm, norm=norm, critic=critic)
     ev = run("evaluate", prep=prep, data=d, sft=s, rm=rm, policy=pol)

@@ -1,8 +1,8 @@
-"""The pretraining mix, PPO-ptx (README § Sources [InstructGPT]): the PPO objective plus
+"""The pretraining mix, PPO-ptx (README § Sources [InstructGPT]): the training objective plus
 ``ptx_coef`` times the language-model loss on raw text, in the same optimizer step, to pay less
-alignment tax. One pretraining micro-batch is drawn for each PPO micro-batch, from its own shuffled
-stream (its position is part of the resume state), so a run without the mix draws nothing and
-stays bit-identical.
+alignment tax. PPO draws one pretraining micro-batch per PPO micro-batch, SFT one per step, from
+a shuffled stream of its own (its position is part of the resume state), so a run without the
+mix draws nothing and stays bit-identical.
 """
 
 from __future__ import annotations
@@ -46,17 +46,22 @@ def lm_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torc
     return -(token_lp * target).sum() / n
 
 
+PTX_SEED_OFFSET = 7919  # the pretraining stream's seed: the stage's, offset
+
+
 class PretrainMix:
     """The pretraining text's stream: ``loss(model)`` draws the next ``batch_size`` chunks
-    and returns the model's :func:`lm_loss` on them."""
+    and returns the model's :func:`lm_loss` on them. Its order is drawn from a generator of
+    its own, seeded from ``generator``'s seed (the stage's data order stays as without it)."""
 
     def __init__(self, chunks: Sequence[Sequence[int]], batch_size: int, pad_id: int,
                  generator: torch.Generator, device: torch.device | str = "cpu"):
         if not chunks:
-            raise ValueError("ppo.ptx_coef > 0 needs pretraining text (data.pretrain)")
+            raise ValueError("ptx_coef > 0 needs pretraining text (data.pretrain)")
         self.chunks, self.batch_size, self.pad_id = chunks, batch_size, pad_id
         self.device = torch.device(device)
-        self.stream = ShuffledBatches(len(chunks), batch_size, generator)
+        own = torch.Generator().manual_seed(generator.initial_seed() + PTX_SEED_OFFSET)
+        self.stream = ShuffledBatches(len(chunks), batch_size, own)
 
     def loss(self, model) -> torch.Tensor:
         rows = [self.chunks[i] for i in self.stream.take(self.batch_size).tolist()]
