@@ -23,14 +23,16 @@ from data_checks.errors import DataError, ValidationFailed
 from tasks.config.pipeline_config import ConfigError
 from tasks.gc.lock import StoreBusy
 from tasks.pipeline.identity import ResumeRefused
+from tasks.pipeline.rewards import RewardSourceDown
 from tasks.platform.mlflow.errors import PurgeFailed, RegistryError, TrackingOutage
 from tasks.platform.prefect.errors import RoutingError
 from tasks.retrain.labels.client import LabelStudioError
 
 # exit 2: fix the input and re-run (a registry error: a version or alias that is not there;
-# a Label Studio server that does not answer or refuses the key)
+# a Label Studio server that does not answer or refuses the key; a served reward model that
+# stayed down: resume once it answers)
 USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingError,
-                LabelStudioError)
+                LabelStudioError, RewardSourceDown)
 GATE_ERRORS = (ValidationFailed,)                       # exit 1: the data gate said no
 EXPECTED = USAGE_ERRORS + GATE_ERRORS
 # exit 75: resume when it is back; a gc that waited too long for another, or whose MLflow

@@ -34,6 +34,7 @@ from cli.runs import cmd_runs, resume_args
 from cli.stopping import stop_signal, stop_within_seconds
 from data_checks.errors import ValidationFailed
 from tasks.config.pipeline_config import load_config
+from tasks.pipeline.rewards import RewardSourceDown
 from tasks.platform.mlflow.addresses import run_page, runs_table_url
 from tasks.platform.mlflow.last_run import last_parent_run
 from tasks.platform.mlflow.tags import SWEEP_TAG
@@ -113,10 +114,9 @@ def cmd_run(args) -> int:
     cfg = resume_config(args) if args.resume else _config_for(args)
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
-    from tasks.pipeline.prepare import check_registered_scorer, check_registry_base
+    from tasks.pipeline.prepare import check_outside_models
 
-    check_registered_scorer(cfg)  # before Prefect starts; the flow checks again
-    check_registry_base(cfg)
+    check_outside_models(cfg)  # before Prefect starts; the flow checks again
     from data_checks.loading import read_every_source
     from flows.pipeline import rlhf_pipeline  # heavy imports after the config is valid
     from tasks.pipeline.stages.tax import check_tax_inputs
@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     except EXPECTED as err:
         hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
             if isinstance(err, ValidationFailed) else ""
+        if isinstance(err, RewardSourceDown):
+            hint = f"; {continue_hint(args, 'once it answers')}"
         print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
         return exit_code(err)
     except BaseException as err:

@@ -181,6 +181,40 @@ class _HealthSwitches(_Frozen):
             else None
 
 
+FUNCTION_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+class RewardSource(_Frozen):
+    """One source of PPO's reward (rlhf_core/ppo/rewards.py; docs/design.md § ppo)."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="The source's name "
+                      "(its metrics are reward/<name>/*).")
+    kind: Literal["model", "function", "registered", "http"] = Field(
+        "model", description="model: the run's reward model; function: a Python function "
+        "(target module:function); registered: a registered MLflow pyfunc scoring prompt, "
+        "response (target models:/<name>@<alias>); http: a served one (target the "
+        "invocations URL, e.g. of mlflow models serve).")
+    target: str = Field("", description="What the kind names (empty for model).")
+    weight: float = Field(1.0, description="Its weight in the sum.")
+    timeout_s: float = Field(60.0, gt=0, description="http: seconds per request.")
+    retries: int = Field(3, ge=0, description="http: tries again after a failed request, "
+                         "waiting 1, 2, 4... s between.")
+
+    @model_validator(mode="after")
+    def _target(self) -> RewardSource:
+        where = f"ppo.reward_sources[{self.name}]"
+        checks = {"model": (lambda t: t == "", "no target (it is the run's reward model)"),
+                  "function": (FUNCTION_TARGET.fullmatch, "module:function, e.g. "
+                               "my_rewards:brevity"),
+                  "registered": (REGISTERED_SCORER.fullmatch, "models:/<name>@<alias>"),
+                  "http": (lambda t: re.fullmatch(r"https?://\S+", t), "an http(s) URL")}
+        ok, expected = checks[self.kind]
+        if not ok(self.target):
+            raise ValueError(f"{where}: kind {self.kind} takes {expected}; got "
+                             f"{self.target!r}")
+        return self
+
+
 def _detector_field(detector) -> tuple:
     doc = (detector.rule.__doc__ or "").split("\n\n")[0]
     return (detector.settings, Field(default_factory=detector.settings,
@@ -266,6 +300,14 @@ class PPOConfig(_PretrainMix):
     )
     health: HealthConfig = Field(default_factory=HealthConfig,
                                  description="Held-out checks and failure detectors.")
+    reward_sources: tuple[RewardSource, ...] = Field(
+        (RewardSource(name="rm"),), min_length=1, description="What the reward is made of, "
+        "each with a weight: the run's reward model (kind model), Python functions, "
+        "registered or served reward models.")
+    reward_aggregation: Literal["sum", "normalize_then_sum"] = Field(
+        "sum", description="sum: the weighted sum of the sources' scores (the reward "
+        "model's normalised as reward_norm measured); normalize_then_sum: each source "
+        "whitened over the batch first.")
 
     @model_validator(mode="after")
     def _divisible(self) -> PPOConfig:
@@ -279,6 +321,11 @@ class PPOConfig(_PretrainMix):
                 f"ppo.rollout_batch_size ({self.rollout_batch_size}) must be divisible by "
                 f"ppo.samples_per_prompt ({self.samples_per_prompt})"
             )
+        names = [s.name for s in self.reward_sources]
+        if len(set(names)) < len(names):
+            raise ValueError(f"ppo.reward_sources: each name once (got {names})")
+        if sum(s.kind == "model" for s in self.reward_sources) > 1:
+            raise ValueError("ppo.reward_sources: the run's reward model (kind model) once")
         if self.advantage_estimator in ("rloo", "grpo") and self.samples_per_prompt < 2:
             raise ValueError(
                 f"ppo.advantage_estimator={self.advantage_estimator} compares the responses "
@@ -290,6 +337,11 @@ class PPOConfig(_PretrainMix):
     def uses_critic(self) -> bool:
         """Only GAE needs a value model (and the critic warm-start stage)."""
         return self.advantage_estimator == "gae"
+
+    @property
+    def reward_model_source(self) -> RewardSource | None:
+        """The run's reward model as a source of the reward, if it is one."""
+        return next((s for s in self.reward_sources if s.kind == "model"), None)
 
     @property
     def minibatch_size(self) -> int:

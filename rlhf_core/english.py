@@ -13,8 +13,8 @@ on the question, is it short, does it end. It labels preference pairs (with Brad
 noise, like human raters) and evaluates; it never enters the training reward.
 
 The data are the model's own answers, made as practitioners make them: two samples per prompt
-labelled by the judge for the preference pairs; the judge's best of several samples for the
-SFT demonstrations (rejection sampling, README § Sources [Llama2]).
+labelled by the judge for the preference pairs (ties dropped); the judge's best of several
+samples for the SFT demonstrations (rejection sampling, README § Sources [Llama2]).
 ``python -m rlhf_core.english`` writes them with a given model and seed (the files of
 configs/english/ were written so).
 A third of the (instruction, question) combinations is held out for evaluation; no probe
@@ -218,6 +218,23 @@ def judge_score(prompt: str, response: str, has_eos: bool = True) -> float:
     return score + (NO_EOS if not has_eos else 0.0)
 
 
+def instruction_rules(prompts: Sequence, completions: Sequence[str],
+                      **columns) -> list[float | None]:
+    """The task's checkable rules as a reward function (``ppo.reward_sources``, kind
+    function, target ``rlhf_core.english:instruction_rules``): +1 where the answer keeps its
+    request's instruction, -1 where it breaks it, None (abstain) where the prompt holds no
+    request. The instruction only: the gold judge also reads the fact, the topic, the length
+    and the ending, so a policy trained on these rules is not trained on the judge."""
+    out: list[float | None] = []
+    for prompt, answer in zip(prompts, completions):
+        text = prompt if isinstance(prompt, str) else " ".join(
+            m["content"] for m in prompt if m["role"] == "user")
+        req = parse_request(text)
+        out.append(None if req is None else
+                   1.0 if _words(answer) and INSTRUCTIONS[req.instruction](answer) else -1.0)
+    return out
+
+
 def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
     """'a' or 'b', drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature)."""
     diff = (judge_score(prompt, a) - judge_score(prompt, b)) / BT_TEMPERATURE
@@ -301,11 +318,14 @@ def _best(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
 
 def _pair(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
           system: str | None):
-    """A preference row: two distinct finished answers labelled by the judge with
-    Bradley-Terry noise (None otherwise: a labeller sees two finished answers that differ)."""
+    """A preference row: two distinct finished answers that the judge tells apart, labelled
+    with Bradley-Terry noise (None otherwise). A pair the judge scores equal is a tie, which
+    a labeller marks as such and the data drop, as UltraFeedback's binarized pairs do: as a
+    pair it would be a coin flip that teaches the reward model nothing."""
     (a, a_eos), (b, b_eos) = answers
     a, b = a.strip(), b.strip()
-    if a == b or not (a_eos and b_eos and a and b):
+    if a == b or not (a_eos and b_eos and a and b) or \
+            judge_score(req.text, a) == judge_score(req.text, b):
         return None
     chosen, rejected = (a, b) if bt_choice(req.text, a, b, rng) == "a" else (b, a)
     return (req.text, frozenset((a, b))), {
@@ -329,8 +349,8 @@ def _fill(role: str, n: int, held: bool, k: int, make, sample: Sampler, rng: ran
                 rows[made[0]] = made[1]
     if len(rows) < n:
         raise ValueError(f"{role}: {len(rows)} of {n} rows after {MAX_ROUNDS} rounds of "
-                         "sampling; the model rarely gives distinct finished answers (raise "
-                         "the temperature or the token budget)")
+                         "sampling; the model rarely gives distinct finished answers that the "
+                         "judge tells apart (raise the temperature or the token budget)")
     return list(rows.values())
 
 

@@ -86,6 +86,21 @@ def tiny_model_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture()
+def models(tiny_model_dir):
+    """(tokenizer, policy, reference, value model, reward model) of the tiny GPT-2."""
+    import torch
+
+    from rlhf_core.models.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+
+    torch.manual_seed(0)
+    tok = load_tokenizer(str(tiny_model_dir))
+    policy, ref = load_causal_lm(tiny_model_dir), load_causal_lm(tiny_model_dir)
+    value = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    reward = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    return tok, policy, ref, value, reward
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
     """One Prefect test server for every flow test of the session -> its API URL. Its

@@ -55,6 +55,9 @@ class FakeStageContext(StageContext):
     def log_parent(self, metrics):
         self.parent_metrics.update(metrics)
 
+    def run_tags(self):
+        return dict(self.tags)
+
     def set_tags(self, tags, parent=False, spooled=False):
         (self.parent_tags if parent else self.tags).update(tags)
 

@@ -21,6 +21,46 @@ from pathlib import Path
 
 from tests.stores import seed_sqlite_store
 
+# a served reward model's stand-in, speaking MLflow's scoring protocol: each row scored by its
+# response's length (null for an empty one); a prompt "bad" refused with 400; with argv[2]
+# "die-on-batch", the server exits without answering the first request of more than one row
+SCORING_SERVER = """
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Score(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        rows = body["dataframe_split"]["data"]
+        if len(rows) > 1 and sys.argv[2:] == ["die-on-batch"]:
+            os._exit(0)
+        if any(p == "bad" for p, _ in rows):
+            self.send_response(400); self.end_headers(); self.wfile.write(b"no bad rows")
+            return
+        out = json.dumps({"predictions": [None if r == "" else float(len(r))
+                                          for _, r in rows]}).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.end_headers(); self.wfile.write(out)
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Score).serve_forever()
+"""
+
+
+def start_scoring_server(port: int, *args: str) -> subprocess.Popen:
+    """:data:`SCORING_SERVER` on ``port``, answering once it returns."""
+    proc = subprocess.Popen([sys.executable, "-c", SCORING_SERVER, str(port), *args])
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    stop(proc)
+    raise RuntimeError("the scoring server did not start")
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -41,6 +41,7 @@ from rlhf_core.parallel.global_stats import (
     global_masked_var,
     global_weighted_means,
 )
+from rlhf_core.ppo.rewards import RewardMix
 from rlhf_core.ppo.rollout import Experience
 from rlhf_core.ppo.trainer import PPOTrainer, grad_groups
 from rlhf_core.train.optim import build_optimizer
@@ -162,8 +163,10 @@ class DataParallelPPO(PPOTrainer):
     def next_prompts(self) -> torch.Tensor:
         """This rank's groups of the global batch (drawn alike on every rank)."""
         prompts = super().next_prompts()
-        return prompts[shard_rows(prompts.shape[0], self.cfg.samples_per_prompt,
-                                  self.dp.world, self.dp.rank)]
+        mine = shard_rows(prompts.shape[0], self.cfg.samples_per_prompt, self.dp.world,
+                          self.dp.rank)
+        self.prompt_rows = [self.prompt_rows[i] for i in mine.tolist()]
+        return prompts[mine]
 
     def step(self):
         # sampling noise: per rank and iteration, so a resumed run samples what it would have
@@ -275,13 +278,13 @@ def make_trainer(models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
                  norm_stats: dict[str, float], device: torch.device,
                  generator: torch.Generator, divide_by_std: bool = False,
                  precision: str = "fp32", dp: DataParallel | None = None,
-                 seed: int = 0,
-                 pretrain_ids: Sequence[Sequence[int]] | None = None) -> PPOTrainer:
+                 seed: int = 0, pretrain_ids: Sequence[Sequence[int]] | None = None,
+                 rewards: RewardMix | None = None) -> PPOTrainer:
     """PPOTrainer in one process (``dp`` None), DataParallelPPO on a rank of ``dp`` (``seed``
     makes its per-rank sampling seeds); the other arguments are PPOTrainer's."""
     kwargs = dict(tokenizer=tokenizer, prompt_ids=prompt_ids, cfg=cfg, norm_stats=norm_stats,
                   device=device, generator=generator, divide_by_std=divide_by_std,
-                  precision=precision, pretrain_ids=pretrain_ids)
+                  precision=precision, pretrain_ids=pretrain_ids, rewards=rewards)
     if dp is None:
         return PPOTrainer(models, **kwargs)
     return DataParallelPPO(models, dp=dp, seed=seed, **kwargs)

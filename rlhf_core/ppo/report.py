@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rlhf_core.masked import masked_mean
 from rlhf_core.ppo.ppo_math import explained_variance
-from rlhf_core.ppo.rollout import Experience
+from rlhf_core.ppo.rollout import Experience, decode_responses
 
 
 def rollout_metrics(exp: Experience, max_new_tokens: int, critic: bool) -> dict[str, float]:
@@ -43,14 +43,11 @@ def decode_rollouts(tokenizer, exp: Experience, n: int | None = None
     """Prompt and response texts of the first n rollouts (special tokens dropped from the
     response; kept in the prompt, where a chat prompt's turn markers show its turns and a
     plain prompt has none)."""
-    prompts, responses = [], []
     P, pad = exp.context_length, tokenizer.pad_token_id
-    for i in range(exp.responses.shape[0] if n is None else min(n, exp.responses.shape[0])):
-        prompt = exp.query_responses[i, :P]
-        prompts.append(tokenizer.decode(prompt[prompt != pad], skip_special_tokens=False))
-        response = exp.responses[i][exp.response_mask[i]]
-        responses.append(tokenizer.decode(response, skip_special_tokens=True))
-    return prompts, responses
+    rows = slice(None if n is None else n)
+    prompts = [tokenizer.decode(p[p != pad], skip_special_tokens=False)
+               for p in exp.query_responses[rows, :P]]
+    return prompts, decode_responses(tokenizer, exp.responses[rows], exp.response_mask[rows])
 
 
 def sample_rows(tokenizer, exp: Experience, n: int, iteration: int) -> list[dict]:

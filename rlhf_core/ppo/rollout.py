@@ -14,7 +14,7 @@ model fits it (Hugging Face ``generate`` otherwise).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig
@@ -31,6 +31,14 @@ from rlhf_core.ppo.ppo_math import (
     logprobs_from_logits,
     truncate_after_eos,
 )
+from rlhf_core.ppo.rewards import (
+    RewardMix,
+    call_scorer,
+    checked_scores,
+    combine,
+    scored_rows,
+    source_metrics,
+)
 
 
 @dataclass
@@ -45,12 +53,14 @@ class Experience:
     logprobs: torch.Tensor  # (B, R) log pi_old(a_t | s_t) at temperature T
     ref_logprobs: torch.Tensor  # (B, R) log pi_ref(a_t | s_t) at temperature T
     values: torch.Tensor  # (B, R) V_old(s_t); zeros without a critic
-    raw_scores: torch.Tensor  # (B,) RM score read at EOS
-    scores: torch.Tensor  # (B,) normalised score after the EOS trick
+    raw_scores: torch.Tensor  # (B,) RM score read at EOS (no RM among the sources: the reward)
+    scores: torch.Tensor  # (B,) the reward: normalised (and combined) score after the EOS trick
     kl: torch.Tensor  # (B, R) per-token KL estimate
     non_score_rewards: torch.Tensor  # (B, R) -beta * KL
     advantages: torch.Tensor  # (B, R) from the algorithm (GAE, or one per response)
     returns: torch.Tensor  # (B, R) value targets: GAE advantages + values; zeros w/o critic
+    # reward/* of a reward from several sources (rlhf_core/ppo/rewards.py); empty otherwise
+    reward_metrics: dict[str, float] = field(default_factory=dict)
 
 
 FORBIDDEN_LOGIT = -1e9  # finite, so entropy stays NaN-free (0 * log 0 -> 0)
@@ -200,10 +210,14 @@ class RolloutSettings:
 def make_experience(
     models: PPOModels, prompt_ids: torch.Tensor, tokenizer, gen_config: GenerationConfig, *,
     kl_coef: float, norm_stats: dict[str, float], settings: RolloutSettings,
-    algorithm: Algorithm,
+    algorithm: Algorithm, mix: RewardMix = RewardMix(), prompt_rows: list[int] | None = None,
+    group: int = 1, iteration: int | None = None,
 ) -> Experience:
     """Generate for left-padded ``prompt_ids`` [B, P] and compute everything the update needs;
-    ``algorithm`` turns scores and KL into rewards and advantages (no value model: no critic)."""
+    ``algorithm`` turns scores and KL into rewards and advantages (no value model: no critic).
+    ``mix``: the reward's sources (the reward model alone by default); its text scorers read
+    the answers and ``prompt_rows`` (the prompt data's row of each); ``group``: rows per
+    prompt, dropped together when one of them is unscored."""
     policy, ref_policy, value_model, reward_model = models
     s = settings
     pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
@@ -232,11 +246,38 @@ def make_experience(
                          query_responses, chunk) * mask
     else:  # a critic-free estimator
         values = torch.zeros_like(logprobs)
-    raw_scores = torch.cat([
-        score_responses(reward_model, query_responses[sl], pad_id, P, mask[sl])
-        for sl in _chunks(query_responses.shape[0], chunk)]).float()
-
-    scores = normalise_scores(raw_scores, norm_stats, s.divide_by_std)
+    if mix.model_name is not None:
+        raw_scores = torch.cat([
+            score_responses(reward_model, query_responses[sl], pad_id, P, mask[sl])
+            for sl in _chunks(query_responses.shape[0], chunk)]).float()
+    if mix.alone:
+        scores = normalise_scores(raw_scores, norm_stats, s.divide_by_std)
+        reward_metrics: dict[str, float] = {}
+    else:
+        raw, parts = {}, {}
+        if mix.model_name is not None:
+            raw[mix.model_name] = raw_scores
+            parts[mix.model_name] = normalise_scores(raw_scores, norm_stats, s.divide_by_std)
+        texts = decode_responses(tokenizer, responses, mask)
+        rows = list(prompt_rows) if prompt_rows is not None else list(range(len(texts)))
+        for scorer in mix.scorers:
+            raw[scorer.name] = parts[scorer.name] = checked_scores(
+                scorer.name, call_scorer(scorer, texts, rows, iteration), len(texts),
+                iteration).to(query_responses.device)
+        scores = combine(parts, mix.weights, mix.aggregation)
+        keep = scored_rows(scores, group)
+        reward_metrics = source_metrics(raw, parts, mix.aggregation,
+                                        1.0 - len(keep) / len(scores))
+        if len(keep) == 0:
+            raise ValueError(f"PPO iteration {iteration}: no reward source scored any of the "
+                             f"{len(scores)} responses")
+        if mix.model_name is None:
+            raw_scores = scores
+        if len(keep) < len(scores):  # a row no source scored takes no part in the update
+            query_responses, responses, mask, has_eos, logprobs, ref_logprobs, values, \
+                raw_scores, scores = (t[keep] for t in (
+                    query_responses, responses, mask, has_eos, logprobs, ref_logprobs, values,
+                    raw_scores, scores))
     if s.missing_eos_penalty is not None:
         scores = apply_eos_penalty(scores, has_eos, s.missing_eos_penalty)
     kl = kl_estimate(logprobs, ref_logprobs, s.kl_estimator) * mask
@@ -246,8 +287,13 @@ def make_experience(
         response_mask=mask, has_eos=has_eos, logprobs=logprobs, ref_logprobs=ref_logprobs,
         values=values, raw_scores=raw_scores, scores=scores, kl=kl,
         non_score_rewards=shaped.non_score_rewards,
-        advantages=shaped.advantages, returns=shaped.returns,
+        advantages=shaped.advantages, returns=shaped.returns, reward_metrics=reward_metrics,
     )
+
+
+def decode_responses(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Each response's text, special tokens dropped."""
+    return [tokenizer.decode(r[m], skip_special_tokens=True) for r, m in zip(responses, mask)]
 
 
 def to_autograd_tensors(exp: Experience) -> Experience:

@@ -33,6 +33,7 @@ from rlhf_core.ppo.hooks import IterationFn, MonitorFn, VerdictFn, Watcher
 from rlhf_core.ppo.losses import ppo_losses
 from rlhf_core.ppo.ppo_math import AdaptiveKLController, FixedKLController
 from rlhf_core.ppo.report import decode_rollouts, rollout_metrics, sample_rows
+from rlhf_core.ppo.rewards import RewardMix
 from rlhf_core.ppo.rollout import (
     Experience,
     RolloutSettings,
@@ -88,12 +89,14 @@ class PPOTrainer:
         prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig, norm_stats: dict[str, float],
         device: torch.device, generator: torch.Generator, divide_by_std: bool = False,
         precision: str = "fp32", pretrain_ids: Sequence[Sequence[int]] | None = None,
+        rewards: RewardMix | None = None,
     ):
         """``norm_stats``: the reward normaliser's mean/std (rewards are centred on the mean,
         and divided by the std with ``divide_by_std``); ``generator``: the prompt stream's
         shuffles; ``precision``: the compute precision (fp32, bf16 or fp16);
         ``pretrain_ids``: the pretraining mix's chunks (``cfg.ptx_coef`` > 0), drawn by a
-        stream of their own."""
+        stream of their own; ``rewards``: the reward's sources (None: the reward model
+        alone)."""
         policy, ref_policy, value_model, reward_model = models
         if len(prompt_ids) == 0:
             raise ValueError("PPO needs at least one prompt")
@@ -111,6 +114,8 @@ class PPOTrainer:
         self.tokenizer, self.cfg, self.device = tokenizer, cfg, device
         # a Sequence: a RaggedIds makes the ids of a batch's prompts when they are drawn
         self.prompt_ids, self.norm_stats, self.generator = prompt_ids, norm_stats, generator
+        self.rewards = rewards or RewardMix()
+        self.prompt_rows: list[int] = []  # the prompt data's row of each rollout of the batch
         self.settings = RolloutSettings(
             temperature=cfg.temperature, kl_estimator=cfg.kl_estimator,
             missing_eos_penalty=cfg.missing_eos_penalty, divide_by_std=divide_by_std,
@@ -161,7 +166,8 @@ class PPOTrainer:
         -> [B, P] left-padded."""
         k = self.cfg.samples_per_prompt
         chosen = self.prompt_stream.take(self.cfg.rollout_batch_size // k).tolist()
-        prompts = left_pad([self.prompt_ids[i] for i in chosen for _ in range(k)],
+        self.prompt_rows = [i for i in chosen for _ in range(k)]
+        prompts = left_pad([self.prompt_ids[i] for i in self.prompt_rows],
                            self.tokenizer.pad_token_id)
         if self.cfg.static_cache or self.cfg.compile:
             # one prompt width per 16 tokens: few shapes, so the compiled decode step and the
@@ -185,7 +191,8 @@ class PPOTrainer:
             exp = make_experience(
                 self.models, prompts, self.tokenizer, self.gen_config,
                 kl_coef=self.kl_ctl.value, norm_stats=self.norm_stats, settings=self.settings,
-                algorithm=self.algorithm,
+                algorithm=self.algorithm, mix=self.rewards, prompt_rows=self.prompt_rows,
+                group=self.cfg.samples_per_prompt, iteration=self.iteration + 1,
             )
         for model in trained:
             model.train()
@@ -296,6 +303,7 @@ class PPOTrainer:
             "time/update_s": update_s,
             "throughput/tokens_per_s": n_tokens / max(rollout_s + update_s, 1e-9),
         })
+        metrics.update(exp.reward_metrics)
         metrics.update(stats)
         return metrics
 

@@ -106,6 +106,21 @@ class PipelineConfig(Section):
                                  "data.pretrain (a .txt file, or a table with a text column)")
         return self
 
+    @model_validator(mode="after")
+    def _scorers_not_trained_against(self) -> PipelineConfig:
+        """The held-out checks and the gate score with something the policy was not trained
+        against: a registered model that is a reward source cannot be their scorer."""
+        trained = {s.target: s.name for s in self.ppo.reward_sources if s.kind == "registered"}
+        for key, scorer in (("ppo.health.scorer", self.ppo.health.scorer),
+                            ("retrain.gate.scorer", self.retrain.gate.scorer)):
+            if scorer in trained:
+                raise ValueError(
+                    f"{key}={scorer} is ppo.reward_sources[{trained[scorer]}]: the policy is "
+                    "trained against it, so it would judge its own reward; score with a model "
+                    "the policy never saw (judge_model, the gold judge, another registered "
+                    "model)")
+        return self
+
     def from_scratch_rates(self) -> list[str]:
         """The learning rates that look like a model trained from scratch (the demo's tiny
         GPT-2: SFT 3e-3, PPO 5e-4) while the base is a pretrained model: ``key=value`` of

@@ -17,6 +17,7 @@ from tasks.config.pipeline_config import PipelineConfig, flatten
 from tasks.pipeline.devices import setup_torch
 from tasks.pipeline.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
 from tasks.pipeline.judge import resolve_judge_name
+from tasks.pipeline.rewards import check_reward_sources
 from tasks.platform.mlflow.parent_run import (
     create_parent_run,
     end_parent_run,
@@ -276,6 +277,14 @@ def check_registered_scorer(cfg: PipelineConfig) -> None:
         raise RegistryError(f"ppo.health.scorer={uri}: {problem}")
 
 
+def check_outside_models(cfg: PipelineConfig) -> None:
+    """What the run needs from outside it, there before any training starts: the held-out
+    checks' registered scorer, each reward source, and a registry that takes this base."""
+    check_registered_scorer(cfg)
+    check_reward_sources(cfg.ppo, default_tracking_uri(cfg.tracking.tracking_uri))
+    check_registry_base(cfg)
+
+
 @task(name="prepare")
 def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
             run_name: str | None = None) -> Prepared:
@@ -290,8 +299,7 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
               "about 1e-6 to 5e-5 in full and ten times that with model.lora "
               "(configs/smollm2.yaml)", flush=True)
     check_deployments(cfg)  # stages on other machines: their deployments exist
-    check_registered_scorer(cfg)
-    check_registry_base(cfg)
+    check_outside_models(cfg)
     ctx = open_parent_run(cfg, resume_run_id, run_name)
     try:
         return _resolve_inputs(cfg, ctx)

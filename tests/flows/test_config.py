@@ -119,6 +119,25 @@ def test_no_optional_field_of_the_forms_is_a_choice_of_none():
     assert "Empty: 16." in lora["properties"]["r"]["description"]
 
 
+def test_the_form_shows_the_reward_sources_and_takes_a_list_of_them():
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.serve import rlhf_pipeline_served
+
+    schema = parameter_schema(rlhf_pipeline_served).model_dump()
+    sources = schema["definitions"]["PPOConfig"]["properties"]["reward_sources"]
+    assert sources["type"] == "array" and sources["default"] == [
+        {"name": "rm", "kind": "model", "target": "", "weight": 1.0, "timeout_s": 60.0,
+         "retries": 3}]
+    source = schema["definitions"]["RewardSource"]["properties"]
+    assert source["kind"]["enum"] == ["model", "function", "registered", "http"]
+    assert "module:function" in source["kind"]["description"]
+    ppo = rlhf_pipeline_served.validate_parameters({"ppo": {"reward_sources": [
+        {"name": "rm"}, {"name": "rules", "kind": "function", "weight": 0.5,
+                         "target": "rlhf_core.english:instruction_rules"}]}})["ppo"]
+    assert [(s.name, s.weight) for s in ppo.reward_sources] == [("rm", 1.0), ("rules", 0.5)]
+
+
 def test_what_a_form_leaves_empty_is_none():
     """An untouched optional input ("") and an untouched optional section are None; a section
     with one field filled in is on, its other fields at their defaults."""

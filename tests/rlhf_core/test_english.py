@@ -50,6 +50,15 @@ def test_the_judge_scores_recorded_answers(prompt, answer, score):
     assert judge_score(prompt, answer) == pytest.approx(score)
 
 
+def test_the_instruction_rules_read_the_instruction_only():
+    ask = [{"role": "system", "content": english.SYSTEM},
+           {"role": "user", "content": "Answer in one word. What is the capital of France?"}]
+    assert english.instruction_rules(
+        [ask, ask, ask, "hello :", "Answer in lowercase letters only. What is the capital of "
+         "France?"], ["Paris", "Lyon", "The capital is Paris.", "sure", "paris"]) == \
+        [1.0, 1.0, -1.0, None, 1.0]  # a wrong fact that keeps the instruction still scores 1
+
+
 def test_the_judge_charges_length_and_a_missing_end():
     long = "Paris " + "and more words " * 8
     assert judge_score(ONE_WORD, long) == pytest.approx(2.0 - 1.5 - 0.1 * (25 - 15))
@@ -90,7 +99,8 @@ def _scripted(prompts, k, rng):
         req = parse_request(p[-1]["content"])
         right = FACTS[req.question][0]
         options = [(right, True), (f"The answer is {right}, I think. Yes.", True),
-                   (f"{right.lower()}", True), ("Something else entirely", False)]
+                   (f"{right.lower()}", True), ("I do not know.", True),
+                   ("Something else entirely", False)]
         out.append([rng.choice(options) for _ in range(k)])
     return out
 
@@ -112,6 +122,8 @@ def test_the_data_files_are_written_from_the_samplers_answers(tmp_path):
     for pair in rows["preference"]:  # two distinct finished answers, never an unfinished one
         a, b = pair["chosen"][0]["content"], pair["rejected"][0]["content"]
         assert a != b and "Something else entirely" not in (a, b)
+        q = pair["prompt"][-1]["content"]
+        assert judge_score(q, a) != judge_score(q, b)  # a tie is dropped, not a coin flip
         pairs.add((pair["prompt"][-1]["content"], frozenset((a, b))))
     assert len(pairs) == len(rows["preference"])  # no pair twice
     assert all("Something else" not in r["messages"][-1]["content"] for r in rows["sft"])

@@ -9,7 +9,7 @@ import torch
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode, left_pad
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models.models import PPOModels
 from rlhf_core.ppo.algorithms import GAE
 from rlhf_core.ppo.ppo_math import logprobs_from_logits
 from rlhf_core.ppo.rollout import (
@@ -22,16 +22,6 @@ from rlhf_core.ppo.rollout import (
 from rlhf_core.ppo.trainer import PPOTrainer
 
 PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and sun :"]
-
-
-@pytest.fixture()
-def models(tiny_model_dir):
-    torch.manual_seed(0)
-    tok = load_tokenizer(str(tiny_model_dir))
-    policy, ref = load_causal_lm(tiny_model_dir), load_causal_lm(tiny_model_dir)
-    value = ScalarHeadModel.from_causal_lm(tiny_model_dir)
-    reward = ScalarHeadModel.from_causal_lm(tiny_model_dir)
-    return tok, policy, ref, value, reward
 
 
 def settings(**kw):

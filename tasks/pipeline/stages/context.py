@@ -36,7 +36,7 @@ from tasks.platform.mlflow.artifacts import (
     publish_path,
 )
 from tasks.platform.mlflow.datasets import log_datasets
-from tasks.platform.mlflow.runs import RunContext, StepLogger, run_url, set_tags
+from tasks.platform.mlflow.runs import RunContext, StepLogger, run_tags, run_url, set_tags
 from tasks.platform.mlflow.spool import spool_for, spool_table, spool_tags
 from tasks.platform.prefect.prefect_api import in_prefect_run
 from tasks.platform.redact import redacted
@@ -255,6 +255,10 @@ class StageContext:
         (on ranks: rank 0's progress lines)."""
         return self.log if self.dp is not None else StageProgress(self.stage.name, total,
                                                                   self.log)
+
+    def run_tags(self) -> dict[str, str]:
+        """The tags the stage's run holds now (a resumed stage's from its first try)."""
+        return run_tags(self.client, self.run_id)
 
     def set_tags(self, tags: dict[str, str], parent: bool = False,
                  spooled: bool = False) -> None:

@@ -9,6 +9,7 @@ from functools import partial
 
 import pandas as pd
 
+from rlhf_core.config import PPOConfig
 from rlhf_core.eval.evaluate import mean_std, rm_judge_gap
 from rlhf_core.models.adapters import save_policy_adapter, save_scalar_adapter
 from rlhf_core.models.checkpoint import save_policy, save_scalar_model
@@ -16,8 +17,10 @@ from rlhf_core.models.loader import load_tokenizer
 from rlhf_core.models.lora import ppo_models
 from rlhf_core.models.scoring import normalise_head
 from rlhf_core.ppo.ppo_dist import make_trainer
+from tasks.pipeline.identity import ResumeRefused
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
+from tasks.pipeline.rewards import changed_sources, check_reward_sources, reward_mix
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.health import HealthLog, make_watch
 from tasks.pipeline.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
@@ -25,6 +28,7 @@ from tasks.pipeline.stages.run import stage_task
 from tasks.pipeline.stages.tax import pretrain_chunks
 from tasks.pipeline.stages.token_data import text_ids
 from tasks.platform.files import read_json, read_jsonl, write_json
+from tasks.platform.mlflow.tags import REWARD_SOURCE_PREFIX
 from tasks.platform.prefect.memory import peak_memory, state_bytes
 
 
@@ -64,6 +68,31 @@ def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_s
     return add
 
 
+def reward_sources(sc: StageContext, data_dir):
+    """The reward's sources (None: the reward model alone); each one's description as a tag
+    of the stage's run (``rlhf.reward_source.<name>``). A resume whose source resolves to
+    something else under the same settings (a function's file edited, an alias moved) is
+    refused; one whose settings it changed on purpose (``--set``) goes on, the tag updated."""
+    cfg = sc.cfg.ppo
+    if cfg.reward_sources == PPOConfig().reward_sources and \
+            cfg.reward_aggregation == "sum":
+        return None
+    described = check_reward_sources(cfg, sc.run.tracking_uri)
+    if sc.is_main:
+        before = {k.removeprefix(REWARD_SOURCE_PREFIX): v for k, v in sc.run_tags().items()
+                  if k.startswith(REWARD_SOURCE_PREFIX)}
+        moved, reset = changed_sources(before, described)
+        if moved:
+            raise ResumeRefused("ppo: a reward source changed since the run's PPO began: "
+                                + "; ".join(moved) + " (put it back, or start a new run)")
+        if reset:
+            sc.say("ppo: reward sources changed by the resume's settings: " + "; ".join(reset))
+        sc.set_tags({REWARD_SOURCE_PREFIX + k: v for k, v in described.items()})
+    rows = read_jsonl(data_dir / "prompts.jsonl") if any(
+        s.kind != "model" for s in cfg.reward_sources) else []
+    return reward_mix(cfg, rows, sc.run.tracking_uri)
+
+
 def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord, rm: ModelRecord,
          norm: NormRecord, critic: ModelRecord, judge: ModelRecord | None = None,
          reference_dir: str | None = None) -> PolicyRecord | None:
@@ -91,7 +120,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
                            norm_stats=norm_stats, device=device, generator=generator,
                            divide_by_std=cfg.reward_norm.divide_by_std,
                            precision=spec.precision, dp=sc.dp, seed=sc.seed,
-                           pretrain_ids=pretrain_chunks(cfg, tokenizer, "ppo"))
+                           pretrain_ids=pretrain_chunks(cfg, tokenizer, "ppo"),
+                           rewards=reward_sources(sc, data_dir))
     samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save
     samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
     log = sc.live(cfg.ppo.iterations)  # MLflow, progress artifact, log line
@@ -158,9 +188,9 @@ def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dic
 
 
 # per iteration (TRL's names; value metrics with a critic, loss/kl_loss_avg with ppo.kl_in_loss,
-# judge/* with a gold judge), check/* at each held-out check (iteration 0: the start policy's;
-# check/judge_score with a judge model, check/gold_score with a gold judge), then memory/* at
-# the end (peak_gpu_gb on CUDA)
+# reward/* with sources other than the reward model alone, judge/* with a gold judge), check/*
+# at each held-out check (iteration 0: the start policy's; check/judge_score with a judge
+# model, check/gold_score with a gold judge), then memory/* at the end (peak_gpu_gb on CUDA)
 STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=2, ranks=True,
               metrics=("objective/kl", "objective/entropy", "objective/non_score_reward",
                        "objective/rlhf_reward", "objective/scores", "objective/raw_scores",
@@ -172,6 +202,8 @@ STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=
                        "response/length_mean", "response/length_max",
                        "response/truncated_rate", "response/eos_rate", "lr", "episode", "ptx/loss",
                        "time/rollout_s", "time/update_s", "throughput/tokens_per_s",
+                       "reward/*/raw_mean", "reward/*/raw_std", "reward/*/mean", "reward/*/std",
+                       "reward/*/abstain_rate", "reward/unscored_rate",
                        "judge/score", "judge/rm_gain_z", "judge/judge_gain_z",
                        "judge/rm_judge_gap_z", "check/proxy_score", "check/judge_score",
                        "check/gold_score", "check/kl", "check/length_mean", "check/eos_rate",

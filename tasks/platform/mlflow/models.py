@@ -104,6 +104,17 @@ def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
         quiet.setLevel(level)
 
 
+def alias_holder(uri: str, tracking_uri: str) -> str:
+    """``models:/<name>@<alias>`` as ``<name> v<N>``: the version the alias holds now."""
+    from mlflow import MlflowClient
+
+    from tasks.platform.mlflow.registry import alias_version
+
+    name, alias = uri.removeprefix("models:/").split("@", 1)
+    with mlflow_pointed_at(tracking_uri):
+        return f"{name} v{alias_version(MlflowClient(), name, alias)}"
+
+
 def policy_signature(max_new_tokens: int, temperature: float):
     """prompt (text or messages) -> answer, with the request params and their defaults (the
     run's evaluation settings; no seed: each request draws anew)."""

@@ -198,6 +198,10 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> Non
         client.log_batch(run_id, params=items[start: start + 90])
 
 
+def run_tags(client: MlflowClient, run_id: str) -> dict[str, str]:
+    return client.get_run(run_id).data.tags
+
+
 def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 

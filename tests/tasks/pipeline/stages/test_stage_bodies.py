@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from data_checks.config import DataSource
+from rlhf_core.config import RewardSource
 from tasks.config.pipeline_config import load_config
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.stages.records import (
@@ -37,6 +38,7 @@ from tests.shared import (
     write_config,
     write_jsonl,
 )
+from tests.tasks.pipeline import reward_fns
 
 STAGES = every_stage()  # the pipeline's table and the retrain's gate
 
@@ -95,7 +97,7 @@ def chain(tmp_path_factory, tiny_model_dir):
 def judged(chain, tmp_path_factory):
     """{stage: (fake context, record)} of the bodies whose logs change with a gold judge,
     held-out pairs, a critic-free estimator with its KL in the loss, the pretraining mix (SFT's
-    and PPO's), or `rlhf compare`."""
+    and PPO's), a reward function beside the reward model, or `rlhf compare`."""
     cfg, prep, _, done = chain
     tmp = tmp_path_factory.mktemp("judged")
     pairs = DataSource(path=str(write_jsonl(tmp / "pref_eval.jsonl", PREF)))
@@ -107,9 +109,14 @@ def judged(chain, tmp_path_factory):
                                                                    0.001, "action": "stop"})})
     # and InstructGPT's pretraining mix on raw text
     (tmp / "pretrain.txt").write_text("the rain is nice .\n\nsure , cats are good .\n")
+    # and a reward from the reward model and a Python function
+    sources = (*cfg.ppo.reward_sources, RewardSource(
+        name="brevity", kind="function", target="tests.tasks.pipeline.reward_fns:brevity",
+        weight=0.5))
     grpo = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(update={
         "advantage_estimator": "grpo", "samples_per_prompt": 2, "kl_in_loss": True,
-        "health": health, "iterations": 3, "ptx_coef": 0.5}), "data": cfg.data.model_copy(
+        "health": health, "iterations": 3, "ptx_coef": 0.5, "reward_sources": sources}),
+        "data": cfg.data.model_copy(
         update={"pretrain": DataSource(path=str(tmp / "pretrain.txt"))}),
         "sft": cfg.sft.model_copy(update={"ptx_coef": 0.5})})
     s, norm, critic = (done[name][1] for name in ("sft", "reward_norm", "critic_init"))
@@ -118,6 +125,7 @@ def judged(chain, tmp_path_factory):
     d = run("validate", prep=prep)
     run("sft", cfg=grpo, prep=prep, data=d)  # SFT with the mix (PPO starts from chain's)
     rm = run("reward_model", prep=prep, data=d, start=s)
+    reward_fns.CALLS.clear()  # the calls of this PPO's function source only
     pol = run("ppo", cfg=grpo, prep=prep, data=d, start=s, rm=rm, norm=norm, critic=critic)
     ev = run("evaluate", prep=prep, data=d, sft=s, rm=rm, policy=pol)
     # the stopped policy, registered under a new name (the rule would make it first champion)
@@ -360,6 +368,21 @@ def test_a_stopped_ppo_keeps_a_healthy_snapshot_and_says_so_everywhere(judged):
         assert [r["detector"] for r in tables["health.json"]] == ["slow_rollout"]
     assert sorted(t for t in sc.tables if t.startswith("checks/")) == \
         ["checks/iter_00000.json", "checks/iter_00001.json", "checks/iter_00002.json"]
+
+
+def test_a_reward_function_beside_the_reward_model_is_called_logged_and_tagged(judged):
+    sc, _ = judged["ppo"]
+    first = sc.metrics[1]
+    for name in ("rm", "brevity"):
+        assert {f"reward/{name}/{k}" for k in ("raw_mean", "raw_std", "mean", "std",
+                                               "abstain_rate")} <= set(first)
+    assert first["reward/brevity/raw_mean"] <= 0  # minus the words
+    assert sc.tags["rlhf.reward_source.brevity"].startswith(
+        "function tests.tasks.pipeline.reward_fns:brevity, weight 0.5 [sha256 ")
+    assert sc.tags["rlhf.reward_source.rm"] == "model the run's reward model, weight 1.0"
+    call = reward_fns.CALLS[0]  # the prompts as the data hold them, a row per rollout
+    prompts = {r["prompt"] for r in PROMPTS}
+    assert set(call["prompts"]) <= prompts and len(call["completions"]) == len(call["prompts"])
 
 
 def test_register_keeps_a_stopped_policy_from_champion_and_says_why(judged):

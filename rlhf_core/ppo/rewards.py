@@ -1,0 +1,159 @@
+"""The reward PPO optimises, from one or more sources: the run's reward model (its scores
+normalised as reward_norm measured) and scorers that read the answers' text (a Python
+function, a registered or served reward model; tasks/pipeline/rewards.py builds them), each
+with a weight, combined in one of two orders (as TRL's ``reward_weights`` and its two
+aggregations):
+
+- ``sum``: the weighted sum of the sources' scores;
+- ``normalize_then_sum``: each source's scores whitened over the batch, then summed.
+
+A source may abstain on a row (None); a row is scored by the sources that did not abstain,
+and a row no source scored takes no part in the update (it is not a reward of 0). Pure:
+tensors and callables in, tensors and numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+# (responses' text, the prompt data's row of each) -> a score or None (abstain) per row
+TextScore = Callable[[list[str], list[int]], Sequence[float | None]]
+AGGREGATIONS = ("sum", "normalize_then_sum")
+
+
+@dataclass(frozen=True)
+class TextScorer:
+    """A source that reads the answers' text."""
+
+    name: str
+    weight: float
+    score: TextScore
+
+
+@dataclass(frozen=True)
+class RewardMix:
+    """The sources of the reward: the run's reward model under ``model_name`` with
+    ``model_weight`` (``model_name`` None: not a source) and the text ``scorers``. The
+    default is the reward model alone, as the reward has always been."""
+
+    model_name: str | None = "rm"
+    model_weight: float = 1.0
+    scorers: tuple[TextScorer, ...] = field(default_factory=tuple)
+    aggregation: str = "sum"
+
+    def __post_init__(self):
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"reward aggregation {self.aggregation!r}: one of {AGGREGATIONS}")
+        if self.model_name is None and not self.scorers:
+            raise ValueError("a reward needs at least one source")
+
+    @property
+    def alone(self) -> bool:
+        """The reward model alone at weight 1 (the reward is its normalised score)."""
+        return not self.scorers and self.model_name is not None and self.model_weight == 1.0
+
+    @property
+    def weights(self) -> dict[str, float]:
+        head = {self.model_name: self.model_weight} if self.model_name is not None else {}
+        return {**head, **{s.name: s.weight for s in self.scorers}}
+
+
+def call_scorer(scorer: TextScorer, texts: list[str], rows: list[int],
+                iteration: int | None = None):
+    """``scorer``'s answer for the batch; an exception it raises fails the iteration naming
+    the source, except one that says the run stops resumably (``stops_run``: a served model
+    that stays down), which passes as it is."""
+    try:
+        return scorer.score(texts, rows)
+    except Exception as err:
+        if getattr(err, "stops_run", False):
+            raise
+        where = f" (PPO iteration {iteration})" if iteration else ""
+        raise ValueError(f"reward source {scorer.name!r}{where} failed: "
+                         f"{type(err).__name__}: {err}") from err
+
+
+def checked_scores(name: str, values: Sequence[float | None] | object, n: int,
+                   iteration: int | None = None) -> torch.Tensor:
+    """A source's answer as a float tensor [n], NaN where it abstained (None); a wrong
+    length, a value that is no number or one that is not finite fails, naming the source and
+    the row."""
+    where = f"reward source {name!r}" + (f" (PPO iteration {iteration})" if iteration else "")
+    try:
+        values = list(values)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{where}: returned {type(values).__name__}, not one score per "
+                         "row") from None
+    if len(values) != n:
+        raise ValueError(f"{where}: {len(values)} scores for {n} rows")
+    out = []
+    for row, v in enumerate(values):
+        if v is None:
+            out.append(math.nan)
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: row {row} is {v!r}, not a number or None") from None
+        if not math.isfinite(f):
+            raise ValueError(f"{where}: row {row} is {f}, not a finite score")
+        out.append(f)
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def whiten(x: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / std over the rows that are not NaN (NaN stays NaN; one row: 0)."""
+    seen = ~torch.isnan(x)
+    if not seen.any():
+        return x
+    v = x[seen]
+    std = v.std(unbiased=False) if v.numel() > 1 else v.new_tensor(0.0)
+    return (x - v.mean()) / (std + 1e-8)
+
+
+def combine(parts: dict[str, torch.Tensor], weights: dict[str, float],
+            aggregation: str) -> torch.Tensor:
+    """The weighted sum over the sources that scored each row (NaN: none did) -> [B];
+    ``normalize_then_sum`` whitens each source over the batch first."""
+    total, seen = None, None
+    for name, x in parts.items():
+        if aggregation == "normalize_then_sum":
+            x = whiten(x)
+        w = weights[name]
+        term = torch.nan_to_num(x if w == 1.0 else w * x, nan=0.0)
+        scored = ~torch.isnan(x)
+        total = term if total is None else total + term
+        seen = scored if seen is None else seen | scored
+    assert total is not None and seen is not None
+    return torch.where(seen, total, torch.full_like(total, math.nan))
+
+
+def scored_rows(combined: torch.Tensor, group: int = 1) -> torch.Tensor:
+    """Indices of the rows that take part: scored, and (``group`` > 1: the responses to one
+    prompt, compared with each other) in a group whose every row was scored."""
+    ok = ~torch.isnan(combined)
+    if group > 1:
+        ok = ok.view(-1, group).all(dim=1, keepdim=True).expand(-1, group).reshape(-1)
+    return ok.nonzero().squeeze(1)
+
+
+def source_metrics(raw: dict[str, torch.Tensor], parts: dict[str, torch.Tensor],
+                   aggregation: str, unscored: float) -> dict[str, float]:
+    """``reward/<name>/raw_mean|raw_std`` (the source's own scores), ``mean|std`` (as they
+    enter the sum: the reward model's normalised, and whitened under normalize_then_sum),
+    ``abstain_rate``; and ``reward/unscored_rate``, the rows no source scored."""
+    out = {"reward/unscored_rate": unscored}
+    for name, x in raw.items():
+        seen = ~torch.isnan(x)
+        part = parts[name] if aggregation == "sum" else whiten(parts[name])
+        for key, t in (("raw", x), ("", part)):
+            v = t[seen].float()
+            prefix = f"reward/{name}/{key + '_' if key else ''}"
+            out[prefix + "mean"] = float(v.mean()) if v.numel() else math.nan
+            out[prefix + "std"] = float(v.std(unbiased=False)) if v.numel() else math.nan
+        out[f"reward/{name}/abstain_rate"] = float((~seen).float().mean())
+    return out

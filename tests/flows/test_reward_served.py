@@ -1,0 +1,59 @@
+"""`rlhf run` with a served reward model beside the run's own (a real HTTP server, ended by its
+PID): the server dies in PPO's first rollout, the command ends with exit 2 and the `--resume`
+command, and the resume, with the server back, finishes the run with each source's metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from tests.servers import free_port, stage_children, start_scoring_server, stop
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "test.yaml"
+
+
+def rlhf(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_a_served_reward_that_goes_down_stops_the_run_and_the_resume_finishes(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/invocations"
+    sources = (f"ppo.reward_sources=[{{name: rm}}, {{name: helpful, kind: http, target: "
+               f"'{url}', weight: 0.1, retries: 1, timeout_s: 10}}]")
+    server = start_scoring_server(port, "die-on-batch")  # answers the checks, then dies
+    try:
+        proc = rlhf(["run", "--config", str(CONFIG), "--set", sources], tmp_path)
+    finally:
+        stop(server)
+    err = proc.stderr.strip().split("\n\n")[-1]
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Traceback" not in err
+    assert re.search(r"reward source 'helpful': http://127.0.0.1:\d+/invocations did not "
+                     r"answer after 2 tries", err), err
+    resume = re.search(r"continue it with: (rlhf run .*--resume \w+)", err)
+    assert resume, err
+    run_id = resume.group(1).split()[-1]
+
+    server = start_scoring_server(port)
+    try:
+        again = rlhf(["run", "--config", str(CONFIG), "--set", sources, "--resume", run_id],
+                     tmp_path)
+    finally:
+        stop(server)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    ppo = stage_children(client, client.get_run(run_id))["ppo"]
+    assert ppo.info.status == "FINISHED"
+    assert ppo.data.tags["rlhf.reward_source.helpful"] == f"http {url}, weight 0.1"
+    assert ppo.data.metrics["reward/helpful/raw_mean"] > 0  # the answers' lengths
+    assert "reward/rm/raw_mean" in ppo.data.metrics
