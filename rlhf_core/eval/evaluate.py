@@ -1,4 +1,4 @@
-"""Stage 7: SFT policy vs PPO policy on held-out prompts.
+"""The evaluate stage's comparison: SFT policy vs PPO policy on held-out prompts.
 
 Both policies sample at the same temperature on the same prompts. Reported: RM score, KL to
 the reference (k1 summed over the response, on the policy's own samples), EOS rate, mean

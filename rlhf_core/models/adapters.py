@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -139,7 +141,8 @@ def _merge(model, folder: Path):
     from peft import PeftModel
 
     _load_embeddings(model, folder)
-    return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    with peft_reading_old_names():
+        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
 
 
 def load_adapted_causal_lm(folder: str | Path, dtype: str = "float32",
@@ -204,3 +207,14 @@ def bundle(folder: str | Path, target: str | Path) -> Path:
         meta["base"] = "base"
     (target / META).write_text(json.dumps(meta, indent=1))
     return target
+
+
+@contextmanager
+def peft_reading_old_names():
+    """peft asks a model ``is_gradient_checkpointing``, which transformers renamed and warns
+    about on every read: peft's call, not the user's, so the warning is not theirs to see."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        yield
+

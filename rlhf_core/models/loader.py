@@ -20,6 +20,7 @@ from rlhf_core.models.adapters import (
     is_adapter_folder,
     load_adapted_causal_lm,
     load_adapted_scalar,
+    peft_reading_old_names,
     trunk_of,
 )
 from rlhf_core.models.models import (
@@ -155,4 +156,6 @@ def add_lora(model, settings: LoraSettings):
             from err
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                      target_modules=settings.target_modules, bias="none")
-    return get_peft_model(model, cfg)
+    with peft_reading_old_names():
+        return get_peft_model(model, cfg)
+

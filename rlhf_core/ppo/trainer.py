@@ -1,4 +1,4 @@
-"""Stage 6, PPO for language models (README § Sources [PPO], [InstructGPT]).
+"""PPO for language models, the ppo stage's loop (README § Sources [PPO], [InstructGPT]).
 
 Readable top to bottom: ``PPOTrainer.step`` = sample prompts -> ``make_experience`` (rollout,
 scores, rewards and advantages from the algorithm) -> K epochs over M minibatches of clipped

@@ -1,4 +1,4 @@
-"""Stages 3-4: reward-model training and reward normalisation.
+"""Reward-model training and reward normalisation (the reward_model and reward_norm stages).
 
 The reward is read at the EOS token (the last real token) of prompt + completion + EOS;
 loss -log sigmoid(r_chosen - r_rejected) (README § Sources [RM]). Normalisation statistics are

@@ -143,3 +143,20 @@ def test_an_adapter_keeps_only_the_embedding_rows_the_vocabulary_grew_by(tiny_mo
     with pytest.raises(ValueError, match=f"rows added to a {rows}-row vocabulary, but its "
                        f"base has {rows + 3} rows"):
         load_policy(tmp_path / "policy", LoadSpec(), trainable=False)
+
+
+def test_adding_adapters_shows_no_warning_about_peft_reading_a_renamed_property(
+        tiny_model_dir):
+    """peft reads ``is_gradient_checkpointing``, which transformers warns about on each read:
+    not the user's call, so not shown (make smollm2 printed it once per adapted model)."""
+    import warnings
+
+    from rlhf_core.models.loader import add_lora, enable_checkpointing
+    from rlhf_core.models.models import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir)
+    enable_checkpointing(model)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        add_lora(model, LoraSettings(r=4, target_modules=["c_attn"]))
+    assert not [w for w in seen if "is_gradient_checkpointing" in str(w.message)]

@@ -253,8 +253,8 @@ class StageContext:
     def live(self, total: int) -> Callable[..., None]:
         """``log`` plus the Prefect progress artifact and a log line, over ``total`` steps
         (on ranks: rank 0's progress lines)."""
-        return self.log if self.dp is not None else StageProgress(self.stage.name, total,
-                                                                  self.log)
+        return self.log if self.dp is not None else StageProgress(
+            self.stage.name, total, self.log, bar=self.progress)
 
     def run_tags(self) -> dict[str, str]:
         """The tags the stage's run holds now (a resumed stage's from its first try)."""

@@ -79,7 +79,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     e = sc.cfg.eval
     probe, text = tax_inputs(e.tax) if applies(sc.cfg) else ([], [])
     # progress in answered prompts: the SFT policy's, then the PPO policy's, then the probe's
-    live = StageProgress(sc.stage.name, 2 * len(prompts) + 3 * len(probe))
+    live = StageProgress(sc.stage.name, 2 * len(prompts) + 3 * len(probe), bar=sc.progress)
     live(0)
     # both policies sample from the same random stream (common random numbers): where they
     # agree their answers agree, and the paired comparison sees only what PPO changed

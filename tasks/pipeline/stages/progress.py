@@ -1,5 +1,7 @@
 """Live progress of a long stage in the Prefect UI: a progress artifact (0-100 %) updated as
-the stage runs, and a log line (step, total, key metrics) each time the stage logs."""
+the stage runs, and a log line (step, total, key metrics) each time the stage logs. While the
+stage draws a bar on the terminal, the lines go to Prefect's API (its UI) and to logs that
+are no terminal, not through the bar: the bar's postfix shows the same figures."""
 
 from __future__ import annotations
 
@@ -22,16 +24,44 @@ def _logger() -> logging.Logger:
         return logging.getLogger("rlhf.progress")
 
 
+class _NotOnTheTerminal(logging.Filter):
+    """On a handler writing to a terminal: drops the progress lines of a stage with a bar."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(record, "rlhf_bar", False) and self.stream.isatty())
+
+
+def keep_lines_off_the_bar(logger: logging.Logger | logging.LoggerAdapter) -> None:
+    """Each stream handler ``logger``'s records reach (its own and its parents') filters the
+    progress lines while a bar is on its terminal (idempotent)."""
+    node = logger.logger if isinstance(logger, logging.LoggerAdapter) else logger
+    while node is not None:
+        for handler in node.handlers:
+            stream = getattr(handler, "stream", None)
+            if stream is not None and hasattr(stream, "isatty") and not any(
+                    isinstance(f, _NotOnTheTerminal) for f in handler.filters):
+                handler.addFilter(_NotOnTheTerminal(stream))
+        node = node.parent if node.propagate else None
+
+
 class StageProgress:
     """Callable ``(step, metrics)``: forwards to ``log_fn`` (MLflow), logs one line, and
     updates the stage's progress artifact at most once per ``min_interval_s`` (each update is
     a blocking call to the Prefect API; the last step is always written)."""
 
     def __init__(self, stage: str, total: int, log_fn: StepLogger | None = None,
-                 min_interval_s: float = 5.0, clock=time.monotonic):
+                 min_interval_s: float = 5.0, clock=time.monotonic, bar: bool = False):
+        """``bar``: the stage draws a progress bar on the terminal (its lines stay off it)."""
         self.stage, self.total, self.log_fn = stage, max(1, total), log_fn
         self.artifact_id, self.failed = None, False
         self.logger = _logger()
+        self.bar = bar
+        if bar:
+            keep_lines_off_the_bar(self.logger)
         self.min_interval_s, self.clock = min_interval_s, clock
         self._last_write: float | None = None
 
@@ -67,4 +97,4 @@ class StageProgress:
             self._artifact(pct)
         shown = ", ".join(f"{k}={metrics[k]:.4g}" for k in SHOWN if k in metrics)
         self.logger.info("%s: step %d/%d (%.0f%%)%s", self.stage, step, self.total, pct,
-                         f" {shown}" if shown else "")
+                         f" {shown}" if shown else "", extra={"rlhf_bar": self.bar})

@@ -1,6 +1,7 @@
 """Live stage progress: metrics still reach the stage's logger, a log line per call, and a
 Prefect progress artifact that ends at 100 % inside a flow run."""
 
+import io
 import logging
 
 from tasks.pipeline.stages.progress import StageProgress
@@ -15,6 +16,29 @@ def test_forwards_metrics_and_logs_a_line_per_call(caplog):
     assert seen == [(2, {"train/loss": 1.5}), (4, {"train/loss": 1.25})]
     lines = [r.getMessage() for r in caplog.records if r.name == "rlhf.progress"]
     assert lines == ["sft: step 2/4 (50%) train/loss=1.5", "sft: step 4/4 (100%) train/loss=1.25"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_stage_with_a_bar_keeps_its_lines_off_the_terminal_but_in_a_log_file():
+    terminal, log_file = _Terminal(), io.StringIO()
+    logger = logging.getLogger("rlhf.progress")
+    handlers = [logging.StreamHandler(terminal), logging.StreamHandler(log_file)]
+    for h in handlers:
+        logger.addHandler(h)
+    logger.setLevel(logging.INFO)
+    try:
+        StageProgress("ppo", 2, bar=True)(1, {"objective/kl": 0.5})
+        StageProgress("sft", 2)(1, {"train/loss": 1.0})  # no bar: the terminal gets its line
+    finally:
+        for h in handlers:
+            logger.removeHandler(h)
+    assert terminal.getvalue() == "sft: step 1/2 (50%) train/loss=1\n"
+    assert log_file.getvalue() == ("ppo: step 1/2 (50%) objective/kl=0.5\n"
+                                   "sft: step 1/2 (50%) train/loss=1\n")
 
 
 def test_progress_artifact_tracks_the_steps_inside_a_flow(prefect_api):
