@@ -13,8 +13,8 @@ on the question, is it short, does it end. It labels preference pairs (with Brad
 noise, like human raters) and evaluates; it never enters the training reward.
 
 The data are the model's own answers, made as practitioners make them: two samples per prompt
-labelled by the judge for the preference pairs (ties dropped); the judge's best of several
-samples for the SFT demonstrations (rejection sampling, README § Sources [Llama2]).
+labelled by the judge for the preference pairs; the judge's best of several samples for the
+SFT demonstrations (rejection sampling, README § Sources [Llama2]).
 ``python -m rlhf_core.english`` writes them with a given model and seed (the files of
 configs/english/ were written so).
 A third of the (instruction, question) combinations is held out for evaluation; no probe
@@ -318,14 +318,11 @@ def _best(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
 
 def _pair(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
           system: str | None):
-    """A preference row: two distinct finished answers that the judge tells apart, labelled
-    with Bradley-Terry noise (None otherwise). A pair the judge scores equal is a tie, which
-    a labeller marks as such and the data drop, as UltraFeedback's binarized pairs do: as a
-    pair it would be a coin flip that teaches the reward model nothing."""
+    """A preference row: two distinct finished answers labelled by the judge with
+    Bradley-Terry noise (None otherwise: a labeller sees two finished answers that differ)."""
     (a, a_eos), (b, b_eos) = answers
     a, b = a.strip(), b.strip()
-    if a == b or not (a_eos and b_eos and a and b) or \
-            judge_score(req.text, a) == judge_score(req.text, b):
+    if a == b or not (a_eos and b_eos and a and b):
         return None
     chosen, rejected = (a, b) if bt_choice(req.text, a, b, rng) == "a" else (b, a)
     return (req.text, frozenset((a, b))), {
@@ -349,8 +346,8 @@ def _fill(role: str, n: int, held: bool, k: int, make, sample: Sampler, rng: ran
                 rows[made[0]] = made[1]
     if len(rows) < n:
         raise ValueError(f"{role}: {len(rows)} of {n} rows after {MAX_ROUNDS} rounds of "
-                         "sampling; the model rarely gives distinct finished answers that the "
-                         "judge tells apart (raise the temperature or the token budget)")
+                         "sampling; the model rarely gives distinct finished answers (raise "
+                         "the temperature or the token budget)")
     return list(rows.values())
 
 

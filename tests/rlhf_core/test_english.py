@@ -122,8 +122,6 @@ def test_the_data_files_are_written_from_the_samplers_answers(tmp_path):
     for pair in rows["preference"]:  # two distinct finished answers, never an unfinished one
         a, b = pair["chosen"][0]["content"], pair["rejected"][0]["content"]
         assert a != b and "Something else entirely" not in (a, b)
-        q = pair["prompt"][-1]["content"]
-        assert judge_score(q, a) != judge_score(q, b)  # a tie is dropped, not a coin flip
         pairs.add((pair["prompt"][-1]["content"], frozenset((a, b))))
     assert len(pairs) == len(rows["preference"])  # no pair twice
     assert all("Something else" not in r["messages"][-1]["content"] for r in rows["sft"])
