@@ -124,6 +124,39 @@ def start_mlflow(backend_store_uri: str, folder: Path, port: int, workers: int =
     return proc
 
 
+def start_model_server(model_uri: str, tracking_uri: str, folder: Path,
+                       port: int) -> subprocess.Popen:
+    """``mlflow models serve`` of ``model_uri`` (this environment's packages) on ``port``,
+    answering once it returns -> its process, leader of its own process group (it runs its
+    server as a child): end it with :func:`stop_group`."""
+    log = folder / "models-serve.log"
+    bin_dir = str(Path(sys.executable).parent)  # its uvicorn
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("mlflow")), "models", "serve", "-m", model_uri,
+         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+        stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,
+             "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"})
+    try:
+        wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/ping"), proc, log,
+                   "mlflow models serve")
+    except BaseException:
+        stop_group(proc)
+        raise
+    return proc
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """End a server started as the leader of its own process group, with its children."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
 @contextmanager
 def mlflow_server(backend_store_uri: str, folder: Path, workers: int = 1) -> Iterator[str]:
     """``mlflow server`` on ``backend_store_uri`` with artifacts served from

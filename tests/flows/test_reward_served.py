@@ -1,6 +1,8 @@
 """`rlhf run` with a served reward model beside the run's own (a real HTTP server, ended by its
 PID): the server dies in PPO's first rollout, the command ends with exit 2 and the `--resume`
-command, and the resume, with the server back, finishes the run with each source's metrics."""
+command, and the resume, with the server back, finishes the run with each source's metrics;
+then the run's registered reward model under `mlflow models serve` answers a served source as
+it scores in process."""
 
 from __future__ import annotations
 
@@ -12,7 +14,18 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from tests.servers import free_port, stage_children, start_scoring_server, stop
+from rlhf_core.config import RewardSource
+from tasks.pipeline.rewards import post_rows
+from tasks.pipeline.scorers import external_scores
+from tasks.platform.mlflow.models import load_pyfunc
+from tests.servers import (
+    free_port,
+    stage_children,
+    start_model_server,
+    start_scoring_server,
+    stop,
+    stop_group,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "test.yaml"
@@ -57,3 +70,17 @@ def test_a_served_reward_that_goes_down_stops_the_run_and_the_resume_finishes(tm
     assert ppo.data.tags["rlhf.reward_source.helpful"] == f"http {url}, weight 0.1"
     assert ppo.data.metrics["reward/helpful/raw_mean"] > 0  # the answers' lengths
     assert "reward/rm/raw_mean" in ppo.data.metrics
+
+    # the run's registered reward model served by `mlflow models serve` answers a served
+    # source's requests with the scores it gives in process
+    uri, store = "models:/rlhf-reward-model/1", f"sqlite:///{tmp_path}/mlflow.db"
+    prompts, answers = ["tell me about cats :", "hello :"], ["cats are nice .", "sure"]
+    port = free_port()
+    served = start_model_server(uri, store, tmp_path, port)
+    try:
+        remote = post_rows(RewardSource(name="served", kind="http",
+                                        target=f"http://127.0.0.1:{port}/invocations"),
+                           prompts, answers)
+    finally:
+        stop_group(served)
+    assert remote == external_scores(load_pyfunc(uri, store), prompts, answers)
