@@ -35,12 +35,13 @@ def every_stage() -> dict:
 
 def ppo_iteration_metrics() -> list[str]:
     """What the ppo stage logs every iteration under the test configs (GAE, no KL loss term,
-    no pretraining mix): its table entry's metrics less the end's ``memory/*``, the gold
-    judge's ``judge/*`` and the held-out checks' ``check/*``."""
+    no pretraining mix, the reward model alone): its table entry's metrics less the end's
+    ``memory/*``, the gold judge's ``judge/*``, the held-out checks' ``check/*`` and the
+    reward sources' ``reward/*``."""
     from tasks.pipeline.stages.table import STAGES
 
     return [m for m in STAGES["ppo"].metrics
-            if not m.startswith(("memory/", "judge/", "check/"))
+            if not m.startswith(("memory/", "judge/", "check/", "reward/"))
             and m not in ("loss/kl_loss_avg", "time/check_s", "ptx/loss")]
 
 # smaller than configs/test.yaml, for tests of concurrent runs on one store (the point is the
