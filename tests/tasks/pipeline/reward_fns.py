@@ -7,7 +7,3 @@ def brevity(prompts, completions, **columns):
     """-(words in the answer) / 10, None for an empty answer; each call's arguments kept."""
     CALLS.append({"prompts": list(prompts), "completions": list(completions), **columns})
     return [None if not c.split() else -len(c.split()) / 10 for c in completions]
-
-
-def broken(prompts, completions, **columns):
-    return [0.0] * (len(completions) - 1)
