@@ -23,10 +23,7 @@ from rlhf_core.section import Section
 REGISTERED_SCORER = re.compile(r"models:/[^/@\s]+@[^/@\s]+")
 
 
-_Frozen = Section
-
-
-class LoraSettings(_Frozen):
+class LoraSettings(Section):
     r: int = Field(16, ge=1, description="LoRA rank.")
     alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
@@ -35,7 +32,7 @@ class LoraSettings(_Frozen):
     )
 
 
-class ModelConfig(_Frozen):
+class ModelConfig(Section):
     base_model: str = Field("", description="Hub id or local folder of the base causal LM.")
     tokenizer: str | None = Field(None, description="Tokenizer id/folder; default: base_model.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
@@ -90,7 +87,7 @@ class ModelConfig(_Frozen):
     )
 
 
-class OptimConfig(_Frozen):
+class OptimConfig(Section):
     lr: float = Field(1e-5, description="Peak learning rate.")
     adam_eps: float = Field(1e-5, description="AdamW epsilon (1e-5: README § Sources [RM]).")
     weight_decay: float = Field(0.0, description="AdamW weight decay.")
@@ -101,7 +98,7 @@ class OptimConfig(_Frozen):
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
 
 
-class _PretrainMix(_Frozen):
+class _PretrainMix(Section):
     """The pretraining mix's settings, the same in SFT and PPO (rlhf_core/train/ptx.py)."""
 
     ptx_coef: float = Field(
@@ -125,7 +122,7 @@ class SFTConfig(_PretrainMix):
     checkpoint_every: int = Field(50, ge=0, description="Checkpoint every N steps (0: off).")
 
 
-class RewardConfig(_Frozen):
+class RewardConfig(Section):
     epochs: float = Field(1.0, gt=0, description="Passes over the preference pairs.")
     batch_size: int = Field(16, ge=1, description="Pairs per optimizer step.")
     optim: OptimConfig = Field(OptimConfig(lr=1e-5))
@@ -137,13 +134,13 @@ class RewardConfig(_Frozen):
     checkpoint_every: int = Field(50, ge=0, description="Checkpoint every N steps (0: off).")
 
 
-class RewardNormConfig(_Frozen):
+class RewardNormConfig(Section):
     divide_by_std: bool = Field(False, description="PPO uses (r - mean) / std, not r - mean.")
     max_samples: int | None = Field(None, description="Score at most N SFT rows.")
     batch_size: int = Field(64, ge=1, description="Sequences per scoring batch.")
 
 
-class _HealthSwitches(_Frozen):
+class _HealthSwitches(Section):
     """The switches of ``ppo.health``; its detectors' sections are added from the table."""
 
     enabled: bool = Field(
@@ -184,7 +181,7 @@ class _HealthSwitches(_Frozen):
 FUNCTION_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
-class RewardSource(_Frozen):
+class RewardSource(Section):
     """One source of PPO's reward (rlhf_core/ppo/rewards.py; docs/design.md § ppo)."""
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="The source's name "
@@ -353,7 +350,7 @@ class PPOConfig(_PretrainMix):
         return self.eval_every or max(1, self.iterations // 10)
 
 
-class Sampling(_Frozen):
+class Sampling(Section):
     """How ``rlhf_core.eval.evaluate.sample_policy`` samples: one response per prompt."""
 
     temperature: float = Field(gt=0, description="Sampling temperature.")
@@ -361,7 +358,7 @@ class Sampling(_Frozen):
     batch_size: int = Field(64, ge=1, description="Prompts per generation batch.")
 
 
-class TaxConfig(_Frozen):
+class TaxConfig(Section):
     """The alignment tax (rlhf_core/eval/tax.py), measured where the run has a pretrained base
     (``model.base_model``): a probe of general questions answered greedily, and bits per byte
     of held-out general text, each by the base, the SFT and the PPO policy."""
@@ -383,7 +380,7 @@ class TaxConfig(_Frozen):
         "gate (tracking.promote_flagged or rlhf promote --flagged overrides).")
 
 
-class EvalConfig(_Frozen):
+class EvalConfig(Section):
     num_prompts: int = Field(256, ge=1, description="Held-out prompts to evaluate on.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature for both policies.")
     max_new_tokens: int = Field(53, ge=1, description="Response budget.")

@@ -291,6 +291,7 @@ class EnglishSizes:
 
 
 MAX_ROUNDS = 20  # sampling rounds to fill the pairs (those of two distinct finished answers)
+MIN_DRAW = 32  # requests drawn per round at least, so the last few rows do not take a round each
 # prompts -> samples per prompt -> [[answer text, ended], ...] per prompt, in order
 Sampler = Callable[[Sequence[list[dict]], int], list[list[tuple[str, bool]]]]
 
@@ -319,10 +320,14 @@ def _best(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
 def _pair(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
           system: str | None):
     """A preference row: two distinct finished answers labelled by the judge with
-    Bradley-Terry noise (None otherwise: a labeller sees two finished answers that differ)."""
+    Bradley-Terry noise (None otherwise: a labeller sees two finished answers that differ).
+    A judge tie makes no row, as binarized UltraFeedback drops ties: its label would be a coin
+    flip that teaches the reward model nothing and caps its measured accuracy."""
     (a, a_eos), (b, b_eos) = answers
     a, b = a.strip(), b.strip()
     if a == b or not (a_eos and b_eos and a and b):
+        return None
+    if judge_score(req.text, a) == judge_score(req.text, b):
         return None
     chosen, rejected = (a, b) if bt_choice(req.text, a, b, rng) == "a" else (b, a)
     return (req.text, frozenset((a, b))), {
@@ -339,15 +344,15 @@ def _fill(role: str, n: int, held: bool, k: int, make, sample: Sampler, rng: ran
     for _ in range(MAX_ROUNDS):
         if len(rows) >= n:
             break
-        reqs = _draw(rng, held, n - len(rows))
+        reqs = _draw(rng, held, max(n - len(rows), MIN_DRAW))
         for req, answers in zip(reqs, sample([messages(r, system) for r in reqs], k)):
             made = make(req, answers, rng, system)
-            if made is not None and made[0] not in rows:
+            if made is not None and made[0] not in rows and len(rows) < n:
                 rows[made[0]] = made[1]
     if len(rows) < n:
         raise ValueError(f"{role}: {len(rows)} of {n} rows after {MAX_ROUNDS} rounds of "
-                         "sampling; the model rarely gives distinct finished answers (raise "
-                         "the temperature or the token budget)")
+                         "sampling; the model rarely gives two finished answers that the judge "
+                         "tells apart (raise the temperature or the token budget)")
     return list(rows.values())
 
 

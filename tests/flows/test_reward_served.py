@@ -16,8 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from rlhf_core.config import RewardSource
 from tasks.pipeline.rewards import post_rows
-from tasks.pipeline.scorers import external_scores
-from tasks.platform.mlflow.models import load_pyfunc
+from tasks.platform.mlflow.models import load_pyfunc, pyfunc_scores
 from tests.servers import (
     free_port,
     stage_children,
@@ -83,4 +82,4 @@ def test_a_served_reward_that_goes_down_stops_the_run_and_the_resume_finishes(tm
                            prompts, answers)
     finally:
         stop_group(served)
-    assert remote == external_scores(load_pyfunc(uri, store), prompts, answers)
+    assert remote == pyfunc_scores(load_pyfunc(uri, store), prompts, answers)

@@ -122,6 +122,8 @@ def test_the_data_files_are_written_from_the_samplers_answers(tmp_path):
     for pair in rows["preference"]:  # two distinct finished answers, never an unfinished one
         a, b = pair["chosen"][0]["content"], pair["rejected"][0]["content"]
         assert a != b and "Something else entirely" not in (a, b)
+        q = pair["prompt"][-1]["content"]
+        assert judge_score(q, a) != judge_score(q, b)  # a judge tie makes no pair
         pairs.add((pair["prompt"][-1]["content"], frozenset((a, b))))
     assert len(pairs) == len(rows["preference"])  # no pair twice
     assert all("Something else" not in r["messages"][-1]["content"] for r in rows["sft"])
@@ -137,3 +139,23 @@ def test_a_sampler_that_never_gives_two_finished_answers_is_refused(tmp_path):
     with pytest.raises(ValueError, match="preference: 0 of 4 rows after 20 rounds"):
         generate_english_data(tmp_path, lambda p, k: [[("same", True)] * k for _ in p],
                               sizes=sizes)
+
+
+def test_rare_pairs_still_fill_the_file_by_drawing_a_batch_each_round(tmp_path):
+    """One request in eight gets two answers the judge tells apart; drawing only the missing
+    count each round would leave the file short after twenty rounds."""
+    seen = iter(range(10**6))
+
+    def sparse(prompts, k):
+        out = []
+        for p in prompts:
+            i = next(seen)
+            right = FACTS[parse_request(p[-1]["content"]).question][0]
+            out.append([(right, True), (f"I do not know {i}.", True)] if i % 8 == 0
+                       else [("same", True)] * k)
+        return out
+
+    sizes = EnglishSizes(n_sft=1, n_pref=30, n_prompts=1, n_eval=1, n_pref_eval=1)
+    paths = generate_english_data(tmp_path, lambda p, k: sparse(p, k) if k == 2 else
+                                  [[("Paris", True)] * k for _ in p], sizes=sizes)
+    assert len(paths["preference"].read_text().splitlines()) == 30

@@ -17,13 +17,13 @@ from rlhf_core.models.models import resize_for_tokenizer
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.rule import eval_scorer
-from tasks.pipeline.scorers import external_scores, load_external
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.progress import StageProgress
 from tasks.pipeline.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
 from tasks.pipeline.stages.tax import applies, base_cache, measure, summary_line, tax_inputs
 from tasks.platform.files import read_jsonl
+from tasks.platform.mlflow.models import load_pyfunc, pyfunc_scores
 from tasks.platform.mlflow.tags import EVAL_SCORER_TAG, EVAL_START_SCORER_TAG
 from tasks.platform.prefect.prefect_api import in_prefect_run
 
@@ -47,8 +47,8 @@ def start_scores(sc: StageContext, judge: ModelRecord | None, tokenizer, prompts
                                   "policy": [r["policy_judge_score"] for r in rows]}
     uri = sc.cfg.ppo.health.external_scorer
     if uri is not None:
-        model = load_external(uri, sc.run.tracking_uri)
-        return uri, {k: external_scores(model, prompts, list(v["response"]))
+        model = load_pyfunc(uri, sc.run.tracking_uri)
+        return uri, {k: pyfunc_scores(model, prompts, list(v["response"]))
                      for k, v in samples.items()}
     if judge is None or judge.model is None:
         return None

@@ -25,10 +25,10 @@ from rlhf_core.health.detectors import BY_NAME, Finding, for_scorer
 from rlhf_core.health.watch import Verdict, Watch
 from rlhf_core.models.loader import load_scalar_model
 from tasks.pipeline.judge import resolve_judge
-from tasks.pipeline.scorers import external_scores, load_external
 from tasks.pipeline.stages.context import StageContext
 from tasks.pipeline.stages.records import HealthFinding, HealthRecord, ModelRecord
 from tasks.platform.files import read_jsonl
+from tasks.platform.mlflow.models import load_pyfunc, pyfunc_scores
 from tasks.platform.mlflow.tags import HEALTH_FLAGS_TAG, HEALTH_PREFIX, HEALTH_STOPPED_TAG
 from tasks.platform.prefect.events import DETECTOR_LABEL, RUN_RESOURCE, UNHEALTHY, emit
 from tasks.platform.prefect.prefect_api import in_prefect_run
@@ -65,8 +65,8 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
     # a load may draw (initial weights first): fork the RNG, so training samples as without
     if cfg.health.external_scorer is not None:
         with torch.random.fork_rng(devices=[]):
-            scorer = load_external(cfg.health.external_scorer, sc.run.tracking_uri)
-        external = partial(external_scores, scorer)
+            scorer = load_pyfunc(cfg.health.external_scorer, sc.run.tracking_uri)
+        external = partial(pyfunc_scores, scorer)
     elif judge is not None and judge.model is not None:
         with torch.random.fork_rng(devices=[]):
             model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,

@@ -8,7 +8,7 @@ elsewhere) reads it through ``StageContext.local`` from the store.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
@@ -30,9 +30,6 @@ class StageRecord(BaseModel):
     metrics: dict[str, float] = {}
     figures: dict[str, Any] = {}
 
-    # output records written before artifacts were typed: flat ``<key>`` path and ``<name>_uri``
-    LEGACY: ClassVar[dict[str, str]] = {}
-
     @computed_field
     @property
     def kind(self) -> str:
@@ -50,28 +47,12 @@ class StageRecord(BaseModel):
             data = {k: v for k, v in data.items() if k != "kind"}
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_keys(cls, data: Any) -> Any:
-        """Read a record a stage recorded as flat keys (``model_dir`` + ``model_uri``), so a
-        run recorded that way still resumes."""
-        if not isinstance(data, dict) or not cls.LEGACY:
-            return data
-        data = dict(data)
-        for field, key in cls.LEGACY.items():
-            if key in data and field not in data:
-                path = data.pop(key)
-                uri = data.pop(f"{key.removesuffix('_dir').removesuffix('_path')}_uri", None)
-                data[field] = None if path is None else {"path": path, "uri": uri}
-        return data
-
 
 class DataRecord(StageRecord):
     """validate: the cleaned data folder (``sft.jsonl``, ``preference.jsonl``, ...) and the
     tokenizer the later stages load; a retrain's judge split points ``data`` at its own
     folder and adds ``judge_rows``."""
 
-    LEGACY = {"data": "data_dir", "tokenizer": "tokenizer"}
     data: Artifact
     tokenizer: Artifact
     pad_added: bool = False
@@ -84,7 +65,6 @@ class ModelRecord(StageRecord):
     """sft, reward_model, critic_init, judge_model: one saved model folder (None: a stage
     that saved none, e.g. critic_init for a critic-free estimator)."""
 
-    LEGACY = {"model": "model_dir"}
     model: Artifact | None = None
     source: str | None = None
 
@@ -92,7 +72,6 @@ class ModelRecord(StageRecord):
 class NormRecord(StageRecord):
     """reward_norm: the statistics file and its values ({mean, std, n})."""
 
-    LEGACY = {"stats_file": "stats_path"}
     stats_file: Artifact
     stats: dict[str, float]
 
@@ -164,7 +143,6 @@ class PolicyRecord(StageRecord):
     """ppo: the trained policy (and value model, when there is a critic) and what watching
     it found."""
 
-    LEGACY = {"policy": "policy_dir"}
     policy: Artifact
     value_dir: str | None = None
     health: HealthRecord = HealthRecord()

@@ -81,6 +81,21 @@ def load_pyfunc(uri: str, tracking_uri: str):
         return mlflow.pyfunc.load_model(uri)
 
 
+def pyfunc_scores(model, prompts: list[str], responses: list[str]) -> list[float]:
+    """A scoring pyfunc's predict (a registered reward model, an LLM judge wrapped as pyfunc)
+    on a (prompt, response) DataFrame -> one float per row."""
+    import numpy as np
+    import pandas as pd
+
+    out = model.predict(pd.DataFrame({"prompt": list(prompts), "response": list(responses)}))
+    if isinstance(out, pd.DataFrame):
+        out = out.iloc[:, 0]
+    values = np.asarray(out, dtype=float).reshape(-1)
+    if len(values) != len(prompts):
+        raise ValueError(f"external scorer: {len(values)} scores for {len(prompts)} rows")
+    return values.tolist()
+
+
 def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
     """Why ``models:/<name>@<alias>`` is not a version of the registry that
     :func:`load_pyfunc` reads (None: it is)."""

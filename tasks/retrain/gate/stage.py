@@ -22,12 +22,12 @@ from rlhf_core.train.optim import seed_everything
 from tasks.config.sections import GateConfig
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
-from tasks.pipeline.scorers import external_scores, load_external
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import DataRecord, Decision, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
 from tasks.pipeline.stages.tax import applies, summary_line
 from tasks.platform.files import read_jsonl
+from tasks.platform.mlflow.models import load_pyfunc, pyfunc_scores
 from tasks.platform.mlflow.runs import RunContext, run_url
 from tasks.platform.mlflow.tags import (
     COMPARE_PREFIX,
@@ -69,8 +69,8 @@ def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], go
                                   trainable=False).to(sc.device)
         return {s: score_rows(model, tokenizer, prompts, samples[s]["response"])
                 for s in sides}
-    model = load_external(scorer, sc.run.tracking_uri)
-    return {s: external_scores(model, prompts, samples[s]["response"]) for s in sides}
+    model = load_pyfunc(scorer, sc.run.tracking_uri)
+    return {s: pyfunc_scores(model, prompts, samples[s]["response"]) for s in sides}
 
 
 def gate_rule(g: GateConfig) -> GateRule:

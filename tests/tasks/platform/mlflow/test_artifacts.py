@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from pydantic import ValidationError
 
-from tasks.pipeline.stages.records import Artifact, ModelRecord, NormRecord
+from tasks.pipeline.stages.records import Artifact, ModelRecord
 from tasks.platform.mlflow.artifacts import CACHE, StageOutputMissing, local_copy, publish_path
 from tasks.platform.mlflow.runs import RunContext
 from tests.shared import ROOT
@@ -80,17 +81,11 @@ def test_missing_artifact_names_the_output_and_uri(stage, tmp_path):
         local_copy(ctx, Artifact(path=str(tmp_path / "nowhere")), "sft's model")
 
 
-def test_a_record_written_as_flat_keys_still_reads():
-    """Output records of runs made before artifacts were typed resume all the same."""
-    old = {"stage": "sft", "run_id": "r", "model_dir": "/w/sft/model",
-           "model_uri": "runs:/r/checkpoint", "metrics": {"train/loss": 1.5}}
-    rec = ModelRecord.model_validate(old)
-    assert rec.model == Artifact(path="/w/sft/model", uri="runs:/r/checkpoint")
-    assert ModelRecord.model_validate(rec.model_dump(mode="json")) == rec
-    norm = NormRecord.model_validate({"stats_path": "/s.json", "stats_uri": "runs:/r/s.json",
-                                      "stats": {"mean": 0.1, "std": 1.0, "n": 3}})
-    assert norm.stats_file.uri == "runs:/r/s.json" and norm.stats["n"] == 3
-    assert ModelRecord.model_validate({"model_dir": None}).model is None
+def test_a_record_in_an_unknown_shape_is_refused_naming_the_field():
+    """Records are strict: a shape no current stage writes (flat ``model_dir`` keys) fails
+    loudly rather than reading as a stage that saved nothing."""
+    with pytest.raises(ValidationError, match="model_dir"):
+        ModelRecord.model_validate({"stage": "sft", "run_id": "r", "model_dir": "/w/sft/model"})
 
 
 def artifact_path_reads(path):

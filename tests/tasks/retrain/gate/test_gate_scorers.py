@@ -16,9 +16,9 @@ from pydantic import ValidationError
 from rlhf_core.eval.gate import GateRule, held_out_for_judge, pair_key
 from tasks.config.pipeline_config import load_config
 from tasks.config.sections import GateConfig
-from tasks.pipeline.scorers import load_external
 from tasks.pipeline.stages.judge_model import judge_split
 from tasks.pipeline.stages.records import Artifact, DataRecord
+from tasks.platform.mlflow.models import load_pyfunc
 from tasks.platform.mlflow.runs import RunContext
 from tasks.retrain.gate.scorers import resolve_scorer, scorer_label
 from tasks.retrain.gate.stage import _gold_tags, _scores, gate_rule
@@ -146,7 +146,7 @@ def test_external_scorer_scores_both_sides_and_leaves_mlflow_settings_alone(
     # that the run's own clients register to, and the scorer is looked up there)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
-    assert load_external("models:/big-judge@prod", uri) is not None
+    assert load_pyfunc("models:/big-judge@prod", uri) is not None
     assert mlflow.get_tracking_uri() == elsewhere and mlflow.get_registry_uri() == elsewhere
     samples = {"champion": {"response": ["a", "bb"]}, "challenger": {"response": ["ccc", "d"]}}
     sc = FakeStageContext(load_config(TEST_CONFIG), "gate", tmp_path)
@@ -155,7 +155,7 @@ def test_external_scorer_scores_both_sides_and_leaves_mlflow_settings_alone(
     assert scores == {"champion": [1.0, 2.0], "challenger": [3.0, 1.0]}
     assert mlflow.get_tracking_uri() == elsewhere
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)  # a registry apart from the tracking store
-    assert load_external("models:/big-judge@prod", elsewhere) is not None
+    assert load_pyfunc("models:/big-judge@prod", elsewhere) is not None
     assert os.environ["MLFLOW_REGISTRY_URI"] == uri and mlflow.get_registry_uri() == elsewhere
 
 
