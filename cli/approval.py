@@ -1,13 +1,7 @@
 """`rlhf approve` / `rlhf reject`: a person's answer to a retrain round's candidate
-(``retrain.approval: required``), from a terminal, against the registry in use (a shared
-MLflow server with its login too: MLFLOW_TRACKING_USERNAME is who answered).
-
-    rlhf approve [VERSION] --reason TEXT [--config FILE] [--set KEY=VALUE ...]
-    rlhf reject [VERSION] --reason TEXT [--config FILE] [--set KEY=VALUE ...]
-
-No VERSION: the only candidate waiting (several: they are named, and nothing is done). A
-served round waiting for the same answer on its Prefect form is resumed with it (with
-PREFECT_API_URL set to its server), so it ends saying what was decided.
+(``retrain.approval: required``), from a terminal, against the registry in use (on a shared
+server MLFLOW_TRACKING_USERNAME is who answered). A served round waiting on its Prefect form for
+the same answer is resumed with it.
 """
 
 from __future__ import annotations
@@ -44,9 +38,8 @@ def waiting_lines(out, argv: list[str]) -> list[str]:
 
 
 def _tracking_uri(config) -> str:
-    """The store the candidate lives in, once it answers and the login may write there: the
-    answer goes on the round's run (the experiment) and the version, and moves and removes
-    the registered policy's aliases (MANAGE on it, on a server with logins)."""
+    """The store the candidate lives in, once it answers and the login may write the round's
+    run and manage the registered policy's aliases."""
     from tasks.platform.mlflow.runs import default_tracking_uri
     from tasks.platform.prefect.logins import Needs
     from tasks.platform.prefect.preflight import check_servers

@@ -1,18 +1,9 @@
 """Expected failures end with one short paragraph on the terminal, not a traceback.
 
-A bad config, a malformed file, a failed data gate or a refused resume is the user's to fix:
-the CLI prints its message (naming the field or file and the fix) and exits 1 or 2. Prefect
-logs such an exception with its traceback from inside the task and flow engines; a filter on
-its run loggers drops the traceback from those records (the message stays, at ERROR). The
-traceback is still kept on the stage's MLflow run (``error/traceback.txt``).
-
-A server that went away mid-run is not the user's error either: a tracking outage past
-``tracking.outage_limit_s`` (tasks/platform/mlflow/spool.py) or a Prefect API that stopped answering
-ends with exit 75 (EX_TEMPFAIL, "try again later") and the command that continues the run; so does
-an `rlhf retrain` that found another retrain of its store holding the slot (nothing ran).
-
-The error classes come from modules that import nothing heavy: every command loads this
-module, and `rlhf runs` must not pay for pandas, MLflow or torch to name them.
+A user's error (bad config or file, failed gate, refused resume) prints its message and exits 1
+or 2; a filter drops the traceback Prefect's run loggers would add (the stage's MLflow run keeps
+it). A server outage (tracking past ``tracking.outage_limit_s``, or Prefect) exits 75 with the
+command that continues. The error classes come from light modules: every command loads this one.
 """
 
 from __future__ import annotations
@@ -28,9 +19,8 @@ from tasks.platform.mlflow.errors import PurgeFailed, RegistryError, TrackingOut
 from tasks.platform.prefect.errors import RoutingError
 from tasks.retrain.labels.client import LabelStudioError
 
-# exit 2: fix the input and re-run (a registry error: a version or alias that is not there;
-# a Label Studio server that does not answer or refuses the key; a served reward model that
-# stayed down: resume once it answers)
+# exit 2: fix the input and re-run (a missing version or alias, a Label Studio server that
+# refuses, a served reward model that stayed down: resume once it answers)
 USAGE_ERRORS = (ConfigError, DataError, ResumeRefused, RegistryError, RoutingError,
                 LabelStudioError, RewardSourceDown)
 GATE_ERRORS = (ValidationFailed,)                       # exit 1: the data gate said no

@@ -1,7 +1,5 @@
-"""`rlhf gc [--config FILE] [--set ...] [--keep-runs N] [--yes]`: list what no longer serves
-(local folders of older finished runs, runs marked deleted in MLflow, old consumed and
-quarantined batch files, pull records of fully imported collections), and with --yes delete
-it, one log line each (tasks/gc/plan.py). Without --yes nothing is deleted."""
+"""`rlhf gc`: list what no longer serves (tasks/gc/plan.py decides), and with --yes delete it,
+one log line each. Without --yes nothing is deleted."""
 
 from __future__ import annotations
 

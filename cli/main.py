@@ -1,13 +1,7 @@
 """`rlhf` command line: run the pipeline (the demo by default) and print a summary.
 
-`rlhf --help` ends with every command's usage line, nested ones (`rlhf label pull`) included:
-the list is made from the parser (:func:`commands`), so it cannot leave one out. The
-commands live beside their wing: the pipeline's here, the retrain loop's in cli/retrain.py,
-sign-off in cli/approval.py, `rlhf runs` in cli/runs.py, `rlhf gc` in cli/gc.py, `rlhf notify`
-in cli/notify.py.
-
-MLFLOW_TRACKING_URI and PREFECT_API_URL are honoured when set; otherwise MLflow writes to
-./mlflow.db and Prefect starts its local ephemeral API.
+The pipeline's commands live here, the other wings' in their own cli modules. `rlhf --help` ends
+with every command's usage line, made from the parser (:func:`commands`) so none is left out.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""`rlhf notify URL [--on unhealthy] [--on failed]`: be told on a webhook when PPO's health
-detectors fire or a pipeline, retrain or other rlhf flow run fails (Prefect automations with
-a webhook notification block, on the Prefect server PREFECT_API_URL names:
-tasks/platform/prefect/notify.py). `rlhf notify --off` removes them."""
+"""`rlhf notify`: be told on a webhook when PPO's health detectors fire or an rlhf flow run
+fails, through Prefect automations on the server PREFECT_API_URL names
+(tasks/platform/prefect/notify.py); `--off` removes them."""
 
 from __future__ import annotations
 

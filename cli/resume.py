@@ -1,10 +1,8 @@
 """The config `rlhf run --resume <id>` continues with: the one the run recorded in MLflow.
 
-Without --config the run's own config is read back (the one it began with, or the one its last
-resume with changed settings ran with) and this command's --set overrides go on top: a
-deliberate change, recorded with the run. With --config, the file (with the --set overrides)
-must be that config: one that differs in any key not given by --set is refused, naming the
-keys, before anything runs.
+This command's --set overrides go on top (a deliberate change, recorded with the run). A --config
+given too must match the recorded config in every key --set does not change, else it is refused,
+naming the keys, before anything runs.
 """
 
 from __future__ import annotations

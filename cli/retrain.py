@@ -1,14 +1,5 @@
-"""`rlhf` subcommands of the retrain loop: collect, label import, retrain, demo-batch,
-promote, rollback.
-
-    rlhf collect [--config FILE] [--policy VERSION|ALIAS] [--to files|label-studio]
-    rlhf label import FILE [--config FILE]
-    rlhf label pull [COLLECTION] [--partial] [--config FILE]
-    rlhf retrain [--config FILE]
-    rlhf demo-batch [--config FILE] [--offline] [--degraded] [--n N] [--seed S]
-    rlhf promote VERSION [--config FILE] [--reason TEXT]
-    rlhf rollback [--config FILE] [--reason TEXT]
-"""
+"""`rlhf` subcommands of the retrain loop: collecting and labelling, retraining, comparing
+versions and moving the champion (`rlhf --help` lists their usage)."""
 
 from __future__ import annotations
 
@@ -36,9 +27,8 @@ def _retrainable(config) -> None:
 
 
 def _labelling_judge(config, offline: bool = False):
-    """The run's gold judge (``eval.judge``, from tasks/pipeline/judge.py's table), which
-    labels in place of people; ConfigError when the run has none, or (``offline``: the
-    demo's generated pairs) when it is not the demo's."""
+    """The run's gold judge (``eval.judge``), which labels in place of people; ConfigError
+    when there is none, or when ``offline`` and it is not the demo's."""
     from tasks.config.pipeline_config import ConfigError
     from tasks.pipeline.judge import config_judge_name, gold_judge
 
@@ -79,9 +69,8 @@ DEMO_LABELLERS = ("judge@rlhf.demo", "judge-2@rlhf.demo", "reversed@rlhf.demo")
 
 
 def _demo_via_label_studio(args, config, seed: int, judge) -> int:
-    """Collect into a Label Studio project, annotate every task through the API as three
-    demo accounts (the run's gold judge twice, with two seeds, and the judge reversed),
-    pull."""
+    """Collect into a Label Studio project, annotate every task through the API as the
+    DEMO_LABELLERS (the gold judge with two seeds, and reversed), then pull."""
     from concurrent.futures import ThreadPoolExecutor
 
     import pandas as pd
@@ -120,6 +109,8 @@ def _collection_tasks(config, run_id: str) -> dict[int, str]:
 
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
     return read_link(client, collection_by_run_id(client, run_id)).tasks
+
+
 def _demo_offline(args, config, seed: int) -> int:
     """Generated pairs into the watch folder, announced as a labelled batch (the served
     retrain's trigger starts a round on it, as on an import)."""
@@ -140,8 +131,7 @@ def _demo_offline(args, config, seed: int) -> int:
 
 
 def _demo_on_policy(args, config, seed: int, judge) -> int:
-    """Collect from the champion, label with the run's gold judge, import (as a person
-    would)."""
+    """Collect from the champion, label with the run's gold judge, import as a person would."""
     import pandas as pd
 
     from cli.errors import quiet_expected_failures
@@ -166,7 +156,7 @@ def _print_import(out) -> int:
 
 
 def _label_studio_preflight(config) -> None:
-    """Label Studio answers and takes LABEL_STUDIO_API_KEY (one try of up to 5 s)."""
+    """Label Studio answers and takes LABEL_STUDIO_API_KEY (one quick try)."""
     from tasks.retrain.labels.client import check_label_studio
 
     check_label_studio(config.collect.destination.url)

@@ -22,10 +22,9 @@ RUN_COLUMNS = (("eval/judge_win_rate", "win"), ("eval/rm_accuracy", "rm_acc"),
 
 def check_resume_id(configured: str | None, run_id: str,
                     argv: list[str] | tuple = ("run",)) -> None:
-    """--resume names a parent run the store has (``configured``: the store a config or
-    --set names, else MLFLOW_TRACKING_URI's, else ./mlflow.db; checked before Prefect
-    starts); ``argv``, the command's arguments, are repeated in the hint for a stage's child
-    run id."""
+    """--resume names a parent run the store has (``configured``, else MLFLOW_TRACKING_URI's,
+    else ./mlflow.db), checked before Prefect starts; ``argv`` goes into the hint for a
+    stage's child run id."""
     uri = default_tracking_uri(configured)
     try:
         run = run_lineage(uri, run_id)

@@ -1,18 +1,9 @@
 """SIGTERM and SIGINT end every `rlhf` command within seconds, whatever it waits on.
 
-A stop signal is first handled as usual: Prefect's flow engine turns SIGTERM into a crash of
-the flow run (the stage's and the pipeline's MLflow runs are marked FAILED on the way out,
-so ``rlhf run --resume`` continues them from their last checkpoint), Ctrl-C raises
-KeyboardInterrupt, and outside a flow SIGTERM raises :class:`Stopped`. The CLI then prints
-one sentence with what is kept and how to continue.
-
-That clean-up can itself wait on a server that is gone (MLflow's HTTP retries last minutes,
-Prefect's client retries too). So a watcher thread sees every stop signal, whoever handles
-it (through ``signal.set_wakeup_fd``): it makes MLflow's further requests fail at once (no
-retries, a short timeout) and, if the process has not ended ``RLHF_STOP_GRACE_S`` seconds
-later (default 10), or at a second Ctrl-C, ends it with the same sentence. Runs then left
-RUNNING in the store are still resumed by ``--resume`` (a resume reopens them whatever their
-status).
+A stop is first handled as usual (runs marked FAILED, so ``rlhf run --resume`` continues them)
+and the CLI prints what is kept. As that clean-up can wait on a server that is gone, a watcher
+thread makes MLflow's requests fail fast and ends the process after ``RLHF_STOP_GRACE_S`` seconds
+or at a second Ctrl-C.
 """
 
 from __future__ import annotations
@@ -99,10 +90,9 @@ class _Watcher:
 
 @contextmanager
 def stop_within_seconds(message: Callable[[int], str]) -> Iterator[None]:
-    """While the command runs: SIGTERM raises :class:`Stopped` (Prefect replaces that with its
-    own handler during a flow run) and every stop signal arms the deadline above;
-    ``message(signum)`` is the sentence printed if the deadline ends the process. Outside
-    the main thread (nothing can be installed there) this does nothing."""
+    """While the command runs, SIGTERM raises :class:`Stopped` and every stop signal arms the
+    deadline; ``message(signum)`` is printed if the deadline ends the process. Outside the main
+    thread (no handler can be installed there) this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

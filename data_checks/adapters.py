@@ -1,13 +1,6 @@
-"""Adapters from well-known preference formats to the internal schema.
-
-- Anthropic-HH style: ``chosen`` and ``rejected`` are whole transcripts
-  (``\\n\\nHuman: ...\\n\\nAssistant: ...``) sharing the dialogue so far; the prompt is the
-  shared text up to and including the last ``\\n\\nAssistant:`` they have in common, the
-  completions are what follows.
-- TL;DR style (summarize-from-feedback comparisons): ``info`` {subreddit, title, post},
-  ``summaries`` [{text}, {text}] and ``choice``; SFT rows carry subreddit/title/post/summary.
-  The prompt uses the recipe's template ending in ``TL;DR:``.
-Errors name the file, the row (1-based) and the field.
+"""Adapters from well-known preference formats to the internal schema: Anthropic-HH
+transcripts (the prompt is the shared dialogue up to the last common ``\\n\\nAssistant:``) and
+TL;DR comparisons (a prompt template ending in ``TL;DR:``). Errors name the file, row and field.
 """
 
 from __future__ import annotations
@@ -90,9 +83,8 @@ def _hh_row(row: dict, kind: str) -> dict:
 
 
 def map_rows(df: pd.DataFrame, convert, kind: str, path: Path, what: str) -> pd.DataFrame:
-    """``convert(row, kind)`` over every row, the index kept; a ValueError it raises becomes an
-    AdapterError naming the file, the row (its label + 1: its place in the file,
-    data_checks/loading.py) and ``what`` the rows were read as."""
+    """``convert(row, kind)`` over every row, the index kept; a ValueError becomes an
+    AdapterError naming the file, the row and ``what`` the rows were read as."""
     rows = []
     for label, row in zip(df.index, df.to_dict(orient="records")):
         try:

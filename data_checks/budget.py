@@ -58,11 +58,9 @@ def cut_at_paragraph(prompt: str, tokenizer, max_tokens: int) -> str | None:
 
 def apply_length_budget(df: pd.DataFrame, tokens: Tokenized, kind: str, tokenizer,
                         cfg: ValidationConfig, cut_prompts: bool = True):
-    """-> (kept rows indexed by their position in ``df``, their tokens, BudgetCounts).
-    Prompts cut at paragraph boundaries
-    (``cut_prompts`` False, a rendered conversation: never cut, since a cut would drop the
-    template's assistant header at its end; a long one is dropped); long responses dropped or
-    truncated (the +1 is the EOS every response gets). Nulls go on to the suites."""
+    """-> (kept rows indexed by their position in ``df``, their tokens, BudgetCounts). Long
+    prompts are cut at paragraphs unless not ``cut_prompts`` (a rendered conversation would lose
+    its assistant header: dropped); long responses (+1: EOS) dropped or truncated."""
     n_in = len(df)
     is_text = df["prompt"].map(lambda v: isinstance(v, str)).to_numpy(dtype=bool)
     long = np.flatnonzero(is_text & (tokens.lengths("prompt") > cfg.max_prompt_tokens))

@@ -1,32 +1,9 @@
 """Reuse of a passed validation: the same data, checks and tokenizer give the same verdict.
 
-A validation that passed is kept under a key made of everything it depends on: each data
-file's bytes and source settings (not its path), the ``validation`` settings, the tokenizer
-(its serialised vocabulary, merges and special tokens, and the chat template), the
-great-expectations version and the source of this package. A later validation with the same
-key (a sweep's runs, a re-run, the configured data of a retrain round) restores the report,
-the cleaned files (with their token ids) and GX's Data Docs instead of tokenizing and running
-the suites again. Failed validations are never kept: their messages are made afresh, naming
-the files of the run at hand. A validation of conversational data is kept like any other (its
-key covers the chat template, part of the tokenizer's identity); its reuse moves the
-tokenizer's EOS to the template's end-of-turn token as the kept gate did, and renders and
-tokenizes nothing.
-
-Data of any size is kept. The cleaned files and token files go between a run's folder and the
-cache as hard links where both lie on one file system (no bytes copied, whatever the size),
-else as copies (:func:`place`). A linked file is shared, which is safe because the gate and the
-cache only ever replace these files whole (written aside, renamed into place), never write
-into them. The key reads every data file's bytes once (SHA-256, about a second per 500 MB).
-
-Below a whole validation, the cache keeps every tokenized chunk of data (``chunks/``, named
-by the key of its texts and the tokenizer: data_checks/token_files.py's ChunkTokens), passed
-or not: a validation that misses (a retrain round's preference file, the last round's with
-the new batch appended) tokenizes only the chunks no gate tokenized before. ``rlhf gc``
-removes entries and chunks unused for ``tracking.gc_cache_age_days``.
-
-Where: ``$RLHF_VALIDATION_CACHE`` (a folder; ``off`` turns reuse off), else
-``$XDG_CACHE_HOME/rlhf-ppo/validation`` (``~/.cache/...``). Only local files count: a hub
-dataset or a folder is validated every time.
+A passed gate is kept under a key of all it depends on (data bytes, settings, tokenizer, GX
+version, this package's source) and restored by a later gate with that key; failed ones are never
+kept, so their messages name the run's own files. Files are hard-linked where possible, safe as
+they are only ever replaced whole. Tokenized chunks are kept too (``chunks/``).
 """
 
 from __future__ import annotations
@@ -56,7 +33,8 @@ class ValidationCache:
 
 
 def validation_cache() -> ValidationCache | None:
-    """The cache this process uses (None: reuse turned off)."""
+    """The cache this process uses: ``$RLHF_VALIDATION_CACHE`` (``off``: None, no reuse), else
+    ``$XDG_CACHE_HOME/rlhf-ppo/validation``."""
     where = os.environ.get(CACHE_ENV, "").strip()
     if where.lower() in ("off", "0", "false", "no"):
         return None
@@ -86,12 +64,9 @@ def tokenizer_identity(tokenizer) -> str | None:
 
 
 def encoding_identity(tokenizer) -> str | None:
-    """What a text's token ids depend on (data_checks/tokens.py's ``tokenize_frame``): the
-    serialised tokenizer without its truncation and padding settings (which encoding a text
-    alone never uses), the unknown token and the tokenizer's class, and the source of
-    data_checks/tokens.py. Narrower than :func:`tokenizer_identity`: a tokenizer saved with a
-    policy (a retrain round's champion's) and loaded again has the same one. None: not a
-    fast tokenizer."""
+    """What a text's token ids depend on (tokenizer minus truncation/padding, unknown token,
+    class, tokens.py's source): narrower than :func:`tokenizer_identity`, so a tokenizer saved
+    with a policy and reloaded keeps it. None: not a fast tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
@@ -115,10 +90,8 @@ def _source_code() -> str:
 
 
 def validation_key(sources: dict, tokenizer, cfg, chat: bool) -> str | None:
-    """The key of one validation, or None when it cannot be reused (a source that is not a
-    local file, a tokenizer without a serialised form).
-
-    ``sources``: data set name -> its DataSource (pydantic model with a ``path``)."""
+    """The key of one validation (``sources``: name -> DataSource), or None when it cannot be
+    reused (a source that is not a local file, a tokenizer without a serialised form)."""
     tok = tokenizer_identity(tokenizer)
     if tok is None:
         return None
@@ -174,7 +147,7 @@ def place(source: Path, target: Path) -> str:
 
 def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path):
     """A kept validation -> (report fields, the folder of its GX Data Docs or None), with its
-    cleaned files copied into ``out_dir``; None when nothing is kept under ``key``."""
+    cleaned files placed in ``out_dir``; None when nothing is kept under ``key``."""
     entry = cache.entry(key)
     try:
         fields = json.loads(_repath((entry / "report.json").read_text(encoding="utf-8"), paths))

@@ -1,9 +1,8 @@
 """Typed configs for the data gate: where the data comes from and what it must satisfy.
 
-A source whose path is left empty is no source (an optional one stays unset; all of them
-empty: the demo's data): the validators below read an empty path as None before anything else
-checks it, and name a required source left empty. How a form draws these sections (no path
-required, no null branch) is the pipeline config's business (tasks/config/form.py).
+A source whose path is left empty is no source (all of them empty: the demo's data); a required
+source left empty is named in the error. How a form draws these sections is tasks/config/form.py's
+business.
 """
 
 from __future__ import annotations

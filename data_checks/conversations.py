@@ -1,20 +1,9 @@
 """TRL's conversational data formats -> prompt messages + reply strings.
 
-Recognised (a column holding lists of ``{"role", "content"}`` messages marks a data set as
-conversational; ``style: conversational`` insists on it):
-
-- SFT: ``messages`` (the prompt is everything before the last assistant message, the reply is
-  that message), or ``prompt`` messages + ``completion`` (an assistant message, or a list of
-  one);
-- preference, explicit prompt: ``prompt`` messages + ``chosen``/``rejected`` (an assistant
-  message or a list of one); implicit prompt: ``chosen``/``rejected`` whole conversations that
-  share every message but the last (a string ``prompt`` beside them, as UltraFeedback-binarized
-  has, is ignored); ``score_chosen``/``score_rejected`` become the ``margin``;
-- prompts: ``prompt`` messages, or ``messages`` (a final assistant message is dropped).
-
-In a conversational run a plain string prompt is one user message and a plain string reply is
-the assistant's. Rendering with the chat template happens in the gate (run_validation), with
-the renderer it is given. Errors name the file, the row (1-based) and the field.
+A column of ``{"role", "content"}`` message lists marks a data set as conversational
+(``style: conversational`` insists on it). In a conversational run a plain string prompt is one
+user message and a plain reply the assistant's. The gate renders them with the chat template;
+errors name the file, the row and the field.
 """
 
 from __future__ import annotations
@@ -156,9 +145,8 @@ def _no_markers(prompt: list[dict], replies: list[str], markers: list[str]) -> N
 
 def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
                   where: str) -> pd.DataFrame:
-    """Conversational rows -> rendered prompt and reply strings, the index (the rows' places,
-    which errors name) kept. The chunk's prompts, and its whole conversations for each reply
-    column, are each rendered in one go (``chat.render_many``)."""
+    """Conversational rows -> rendered prompt and reply strings, index kept; the chunk is
+    rendered in one go (``chat.render_many``), row by row only to find a refused row."""
     rows, cols = df.to_dict(orient="records"), REPLY_FIELDS[kind]
     markers = [t for t in (eot, tokenizer.pad_token) if t]
     prompts, replies = [], {col: [] for col in cols}
@@ -203,10 +191,8 @@ def _named(where: str, label) -> Iterator[None]:
 
 
 def start_chat(tokenizer, chat, where: str) -> dict:
-    """Ready ``tokenizer`` for conversations once per gate (``chat``: the renderer,
-    rlhf_core/models/chat.py, whose ``prepare_chat`` checks the template and makes the
-    tokenizer's EOS its end-of-turn token) -> what prepare_chat did; ConversationError naming
-    ``where`` (the first conversational set) when it cannot."""
+    """Ready ``tokenizer`` for conversations once per gate (``chat.prepare_chat`` checks the
+    template, makes EOS the end-of-turn token) -> what it did; else a ConversationError."""
     if chat is None:
         raise ConversationError(f"{where}: conversational data needs a chat renderer")
     try:
@@ -217,10 +203,8 @@ def start_chat(tokenizer, chat, where: str) -> dict:
 
 def render_chunks(chunks: Iterable[pd.DataFrame], kind: str, tokenizer, chat, info: dict,
                   where: str, converted: bool) -> Iterator[pd.DataFrame]:
-    """One data set's chunks rendered with the chat template, one at a time (``converted``:
-    its rows are already prompt messages and replies, data_checks/loading.py's; else plain
-    rows, whose prompt becomes one user message). Raises ConversationError naming the file
-    and the row."""
+    """One data set's chunks rendered with the chat template (``converted``: rows are already
+    messages and replies; else plain rows). Raises ConversationError naming file and row."""
     for df in chunks:
         if not converted:
             try:

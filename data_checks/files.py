@@ -29,9 +29,8 @@ class FileError(ValueError):
 
 
 def lines_index(numbers: list[int]) -> pd.Index:
-    """The index of rows read from the file lines ``numbers`` (1-based): each row's label is
-    its line - 1, so that ``label + 1``, the number every message of the gate shows, is the
-    line (data_checks/loading.py: rows are named as the file has them)."""
+    """The index of rows read from 1-based file lines ``numbers``: label = line - 1, so the
+    ``label + 1`` every gate message shows is the line."""
     import pandas as pd
 
     return pd.Index([n - 1 for n in numbers], dtype="int64")
@@ -98,10 +97,8 @@ def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
 
 
 def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
-    """A JSONL file as DataFrames of ``rows`` rows each, read a line at a time: the rows, line
-    numbers in errors and decoding of :func:`read_local` (whose whole-file read this is in
-    chunks), with memory bounded by one chunk; each frame is indexed by its rows' lines
-    (:func:`lines_index`)."""
+    """A JSONL file as :func:`read_local` reads it, in DataFrames of ``rows`` rows read a line
+    at a time (memory bounded by one chunk), indexed by line (:func:`lines_index`)."""
     import pandas as pd
 
     check_regular(path)
@@ -182,11 +179,9 @@ def _csv_header(path: Path, names: list[str]) -> list[str]:
 
 
 def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
-    """A CSV file (a header, then one row per record) as DataFrames of ``rows`` rows, read a
-    line at a time, each indexed by its rows' first lines (:func:`lines_index`; the header is
-    line 1). As pandas' ``read_csv(dtype=str)`` reads it: text cells, missing ones (an empty
-    cell, "NA", "null", ...: CSV_NULLS) None, blank lines skipped, a short row filled with
-    None; a row with more cells than the header is an error naming its line."""
+    """A CSV file as DataFrames of ``rows`` rows read a line at a time, indexed by each row's
+    first line (the header is line 1); cells as ``read_csv(dtype=str)`` gives them (CSV_NULLS
+    None). A row with more cells than the header is an error naming its line."""
     import pandas as pd
 
     check_regular(path)
@@ -251,7 +246,6 @@ def _write_rows(df: pd.DataFrame, fh, rows: int = 2_000) -> None:
 def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,
                   append: bool = False) -> None:
     """``df.to_json(path, orient="records", lines=True)``, byte for byte, ``rows`` at a time
-    (pandas builds the whole text in memory first: 0.5 GB at 200k pairs); ``append``: after
-    what ``path`` holds (the gate's chunks, one after another)."""
+    (pandas builds the whole text in memory); ``append``: after what ``path`` holds."""
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         _write_rows(df, fh, rows)

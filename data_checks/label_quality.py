@@ -2,9 +2,8 @@
 they skipped, and the labellers' agreement with each other (Cohen's / Fleiss' kappa).
 
 A labeller is held back (their votes dropped, the others' still count) when they answered too
-few known pairs a or b to be judged, agree with the known answers less often than the
-threshold, or skipped far more rows than a labeller doing the work would. Skipping is how a
-labeller dodged the check before: 85% skipped, 3 known pairs answered, all wrong, accepted.
+few known pairs to be judged, agree with the known answers too rarely, or skipped too many rows:
+skipping must not dodge the known-answer check.
 """
 
 from __future__ import annotations

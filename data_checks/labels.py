@@ -1,11 +1,9 @@
 """Labelled files coming back from labellers: rows checked against the collection they came
 from, votes counted, and the figures that say whether the labels can be trusted.
 
-A labelling file has one row per (pair, labeller): ``id``, ``choice`` (a | b | tie | skip),
-optionally ``labeller``; the other columns (prompt, responses, sampling settings) are for the
-labeller and are not read back: the pair's texts come from the collection's own record, so
-an edited response cannot slip into training. Several rows with one id are several
-labellers: the majority of their non-skip votes decides (an even split is a tie).
+Only ``id``, ``choice`` and ``labeller`` are read back: the pair's texts come from the
+collection's own record, so an edited response cannot slip into training. Several labellers'
+rows for one id are decided by the majority of their non-skip votes.
 """
 
 from __future__ import annotations
@@ -63,9 +61,8 @@ def _text(value) -> str:
 
 
 def check_rows(df: pd.DataFrame, path: str | Path, known_ids: set[str]) -> list[dict]:
-    """Every row -> {row, id, choice, labeller}; rows with a missing or unknown choice, or an
-    id no collection wrote, are refused together in one DataError naming file and rows
-    (1-based data rows)."""
+    """Every row -> {row, id, choice, labeller}; bad choices or unknown ids are refused together
+    in one DataError naming the file and rows."""
     rows, errors = [], []
     has_labeller = "labeller" in df.columns
     for n, rec in enumerate(df.to_dict("records"), start=1):
@@ -157,10 +154,8 @@ def metric_safe(name: str) -> str:
 
 def label_figures(rows: Sequence[dict], kept: Sequence[dict], decided: Mapping[str, dict],
                   records: Mapping[str, dict], labellers: Sequence[Labeller]) -> LabelFigures:
-    """Label quality: the batch's agreement with the known answers (majority a/b of the kept
-    labellers' votes on known-answer pairs), with the policy's reward model (its scores of
-    the two responses, on the other pairs), the labellers' agreement rate (kept votes) and
-    kappa and skip rate (every row)."""
+    """Label quality: the kept votes' agreement with the known answers and with the policy's
+    reward model (other pairs), the agreement rate, and kappa and skip rate over every row."""
     known = known_answers(records)
     batch_known = [decided[p]["choice"] == known[p] for p in decided
                    if p in known and decided[p]["choice"] in ("a", "b")]
@@ -211,13 +206,9 @@ def preference_rows(decided: Mapping[str, dict], records: Mapping[str, dict]
 def quality_refusal(figures: LabelFigures, rules: LabelRules, usual_rm: float | None,
                     max_rm_drop: float, usual_skip: float | None = None,
                     max_skip_rise: float = 1.0) -> str | None:
-    """One sentence saying why a batch is quarantined, with its figures; None: it passes.
-    Every labeller held back, or too few known answers (or too many wrong) among the kept
-    votes, quarantines it. The reward-model agreement and the skip rate are judged against
-    the usual rates of earlier accepted batches (``usual_*``; none yet: not judged):
-    on-policy labels are meant to disagree with the reward model where the policy exploits
-    it, so only a fall far below the usual counts; a skip rate far above it is a labeller
-    dodging the work."""
+    """Why a batch is quarantined, one sentence with its figures; None: it passes. RM agreement
+    and skip rate are judged against earlier accepted batches (``usual_*``): on-policy labels
+    may disagree with the RM where the policy exploits it, so only a large fall counts."""
     why = []
     if figures.labellers and len(figures.held_back) == len(figures.labellers):
         why.append("every labeller was held back (" + "; ".join(

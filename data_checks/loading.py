@@ -1,10 +1,9 @@
 """Load SFT / preference / prompt data into one internal schema, with errors that name the
 file and the line or column (never a raw traceback from inside a library).
 
-Rows are named as the file has them: the frames the gate reads (:func:`iter_table`) are
-indexed so that ``label + 1`` is the row's line in a JSONL or CSV file (data_checks/files.py's
-``lines_index``; a CSV row's first line, the header being line 1) and its row in a Parquet
-file, a JSON array or a dataset; every message of the gate shows that number."""
+The frames the gate reads are indexed so that ``label + 1`` is the row's line in a JSONL or CSV
+file, or its row in a Parquet file, JSON array or dataset: every gate message shows that number.
+"""
 
 from __future__ import annotations
 
@@ -118,9 +117,8 @@ def _schema(df: pd.DataFrame, path: Path) -> None:
 
 def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
                chat: bool | None = None) -> pd.DataFrame:
-    """Rows of ``source`` as read -> exactly the internal columns of ``kind``, the index kept
-    (the rows' places in the file, which errors name); ``chat``: whether the rows are
-    conversations (None: as :func:`_is_chat` finds them)."""
+    """Rows as read -> exactly the internal columns of ``kind``, the index (file rows) kept;
+    ``chat``: whether the rows are conversations (None: :func:`_is_chat` decides)."""
     df = df.rename(columns=source.column_map)
     _schema(df, path)
     if _is_chat(source, df) if chat is None else chat:
@@ -148,19 +146,14 @@ def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
 
 
 def _is_chat(source: DataSource, renamed: pd.DataFrame) -> bool:
-    """Whether rows of ``source`` (columns mapped) are conversations (data_checks/
-    conversations.py): by its style, or found so in its first rows."""
+    """Whether rows of ``source`` (columns mapped) are conversations, by style or content."""
     return source.style == "conversational" or (source.style == "plain"
                                                  and is_conversational(renamed))
 
 
 def _streamed_format(source: DataSource) -> str | None:
-    """How a source is read in chunks, in any style (conversations, adapters: both convert
-    row by row): "jsonl" and "csv" (a local file, compressed or not, a line at a time),
-    "parquet" (a local Parquet file, a row group's batches at a time; one compressed whole,
-    .parquet.gz, is first decompressed to a temporary file), "hf" (a hub dataset or one saved
-    to disk: memory-mapped Arrow, converted a chunk at a time); None: read whole (a JSON file,
-    one array)."""
+    """How a source is read in chunks: "jsonl", "csv", "parquet" (a compressed one via a
+    temporary file) or "hf" (memory-mapped Arrow); None: read whole (a JSON array)."""
     path = Path(source.path).expanduser()
     detected, compression = file_format(path)
     fmt = detected if source.format == "auto" else source.format
@@ -177,8 +170,7 @@ def streamable(source: DataSource) -> bool:
 
 
 def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFrame]:
-    """The source's rows as stored, ``rows`` at a time, indexed by their places (module
-    doc)."""
+    """The source's rows as stored, ``rows`` at a time, indexed by their places."""
     path = Path(source.path).expanduser()
     compression = file_format(path)[1]
     if fmt == "jsonl":
@@ -212,9 +204,8 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
 
 
 def _parquet_frames(path: Path, named: Path, rows: int) -> Iterator[pd.DataFrame]:
-    """A Parquet file ``rows`` rows at a time (its pages' codecs are pyarrow's to read);
-    errors name the file ``named``. Without pre-buffering: a pre-buffering reader keeps every
-    row group it has read until it is closed, so its memory grows with the file."""
+    """A Parquet file ``rows`` rows at a time, errors naming ``named``. No pre-buffering: that
+    reader keeps every row group it read until closed, so memory would grow with the file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -236,12 +227,9 @@ def _counted(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
 
 
 def iter_table(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
-    """``load_table(source, kind)`` in chunks of ``rows`` rows, concatenated equal to it, each
-    checked as it comes (errors name the file's line or row, as load_table's do), indexed by
-    the rows' places in the file (module doc). A local JSONL, CSV or Parquet file (compressed
-    or not) or a dataset is read ``rows`` rows at a time (_streamed_format), so memory stays
-    flat; conversations too (whether a set is conversational, its first chunk says). A JSON
-    file is read whole and then sliced."""
+    """``load_table(source, kind)`` in chunks of ``rows`` rows, each checked as it comes and
+    indexed by the file's rows. Streamable sources are read a chunk at a time so memory stays
+    flat; a JSON file is read whole and sliced."""
     fmt = _streamed_format(source)
     if fmt is None:
         table = _numbered_table(source, kind)
@@ -336,14 +324,6 @@ def _read_key(source: DataSource, kind: str) -> ReadKey | None:
                    stat.st_mtime_ns)
 
 
-def take_read(source: DataSource, kind: str) -> pd.DataFrame:
-    """The table of ``source``: the one read_every_source read when the file has not changed
-    since (size and modification time), else read now."""
-    key = _read_key(source, kind)
-    table = _READ.pop(key, None) if key is not None else None
-    return table.reset_index(drop=True) if table is not None else load_table(source, kind)
-
-
 def take_chunks(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
     """:func:`iter_table`, from the table read_every_source kept when there is one."""
     key = _read_key(source, kind)
@@ -367,12 +347,9 @@ FIRST_ROWS = 2_000
 
 
 def read_every_source(data: DataConfig | None) -> None:
-    """Read every configured source once so a malformed file fails here, before Prefect or
-    MLflow start, with the DataError naming the file and line (demo data is generated); the
-    tables wait for the gate in this process (take_read, take_chunks). A local file over
-    KEEP_BYTES (JSONL, CSV or Parquet, compressed or not, plain or conversations), and a hub
-    dataset, is only checked here up to its first FIRST_ROWS rows (the gate reads it in
-    chunks, so that memory does not grow with the data; a bad row further on fails there)."""
+    """Read every source once so a malformed file fails before Prefect or MLflow start; the
+    tables wait for the gate (take_read, take_chunks). A streamable file over KEEP_BYTES, or a
+    dataset, is checked only up to FIRST_ROWS rows here; the gate streams the rest."""
     if data is None:
         return
     for name, kind in KINDS.items():

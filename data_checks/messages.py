@@ -56,16 +56,3 @@ def failure_text(label: str, kind: str, kwargs: dict, count, indices: list,
     rows = f": rows {_rows(indices)}" if indices else ""
     return f"{label}: {_what(kind, kwargs, count)}{rows} [{kind}]" + \
         (f"; e.g. {'; '.join(examples)}" if examples else "")
-
-
-def failure_sentence(name: str, where: str | None, result, df: pd.DataFrame,
-                     n_examples: int) -> str:
-    """'preference (pairs.jsonl): 17 pairs have chosen == rejected: rows 1, 4, 9
-    [expect_column_values_to_be_in_set]; e.g. row 1: {...}'."""
-    cfg = result.expectation_config
-    kwargs = {k: v for k, v in cfg.kwargs.items() if k != "batch_id"}
-    indices = list(result.result.get("unexpected_index_list") or [])
-    count = result.result.get("unexpected_count", len(indices) or "some")
-    label = f"{name} ({where})" if where else name
-    return failure_text(label, cfg.type, kwargs, count, indices,
-                        example_rows(df, indices, n_examples))

@@ -1,11 +1,9 @@
 """The great-expectations side of the data gate: each data set's suite, run chunk by chunk
 on the cleaned rows, the chunks' results merged into one per set, and GX's own Data Docs.
 
-GX 1.x pitfalls handled here: ``UnexpectedRowsExpectation`` does not run on pandas, and under
-pandas 3 text columns have dtype ``str``; so row-level facts (chosen == rejected, token
-lengths) are derived columns checked with plain column expectations. Each data set runs as a
-GX ``ValidationDefinition`` in an ephemeral context, whose results store then feeds GX's own
-Data Docs, built once, when ``write_data_docs`` asks for them.
+Row-level facts (chosen == rejected, token lengths) are derived columns checked with plain
+column expectations: GX 1.x's ``UnexpectedRowsExpectation`` does not run on pandas, and under
+pandas 3 text columns have dtype ``str``.
 """
 
 from __future__ import annotations
@@ -90,8 +88,8 @@ class ChunkedSuite:
     shown: dict[int, int] = field(default_factory=dict)  # expectation -> indices looked at
 
     def run(self, checked: pd.DataFrame, first: int) -> None:
-        """Validate one chunk (``checked``: its cleaned rows with check columns, indexed by
-        their row in the data set; ``first``: that chunk's first row)."""
+        """Validate one chunk (``checked``: cleaned rows with check columns, indexed by
+        their row in the set; ``first``: the chunk's first row)."""
         from great_expectations.core.run_identifier import RunIdentifier
 
         run_id = self.run_id if first == 0 else RunIdentifier(
@@ -111,8 +109,7 @@ class ChunkedSuite:
 
     def merged(self, repeated: np.ndarray | None, examples: list[str] | None = None) -> dict:
         """The chunks' results as one (counts summed, row lists joined); ``repeated``: the
-        labels of the rows that repeat another across the whole set, for the compound-unique
-        expectation, and ``examples`` of them (None: one chunk, GX saw them all)."""
+        labels of rows repeated across the set, for compound-unique (None: GX saw them all)."""
         if len(self.results) == 1 and repeated is None:
             return self.results[0]
         merged = copy.deepcopy(self.results[0])
@@ -213,7 +210,7 @@ def build_gx_docs(context, site_dir: Path) -> Path:
     else:
         context.add_data_docs_site("rlhf", site)
     context.build_data_docs(site_names=["rlhf"])
-    for decoration in (site_dir / "static").rglob("*"):  # 4 MB of stock GIFs and fonts
+    for decoration in (site_dir / "static").rglob("*"):  # GX's unused stock GIFs and fonts
         if decoration.suffix in (".gif", ".otf"):
             decoration.unlink()
     return site_dir / "index.html"

@@ -2,13 +2,8 @@
 (they would tokenise to EOS or PAD and end or mask a response), control characters, text
 the tokenizer mostly cannot represent, and repeated rows.
 
-The gate reads a data set in chunks (data_checks/validate.py): :class:`TextTally` adds up each
-chunk's hits (a count, the first rows and a few example rows, named by their labels: their
-places in the file, data_checks/loading.py) and says them once, as the one-frame functions
-below would for the whole set. Repeated rows are found across chunks
-by a 64-bit hash of each row's key columns (pandas' ``hash_pandas_object``), kept in a numpy
-array: 8 bytes a row; two different rows sharing a hash (odds about n^2/2^65, 3e-8 at 1M
-rows) would be named as a repeat.
+:class:`TextTally` adds up each chunk's hits and reports them once for the whole set; repeats
+are found across chunks by a 64-bit hash of the key columns.
 """
 
 from __future__ import annotations
@@ -27,82 +22,18 @@ TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # C0 controls but \t \n \r, and DEL
 
 
-def _rows(mask: pd.Series, limit: int = 10) -> str:
-    numbers = [i + 1 for i, hit in enumerate(mask) if hit]
-    return ", ".join(map(str, numbers[:limit])) + (" ..." if len(numbers) > limit else "")
-
-
 def _columns(df: pd.DataFrame) -> list[str]:
     return [c for c in TEXT_COLUMNS if c in df.columns]
-
-
-def special_token_literals(label: str, df: pd.DataFrame, tokenizer,
-                           rendered: bool = False) -> list[str]:
-    """A failure per (token, column) where the token's string appears in the text (not in
-    ``rendered`` prompts, whose template ends earlier turns with that token; the gate checks
-    their messages' content before rendering)."""
-    failures = []
-    specials = {"EOS": tokenizer.eos_token, "PAD": tokenizer.pad_token}
-    for role, token in specials.items():
-        if not token:
-            continue
-        for col in _columns(df)[1 if rendered else 0:]:
-            hits = df[col].fillna("").astype(str).str.contains(token, regex=False)
-            if hits.any():
-                failures.append(f"{label}: {int(hits.sum())} rows contain the tokenizer's {role} "
-                                f"token {token!r} literally in {col}: rows {_rows(hits)} (it "
-                                "would end or mask the text; remove or escape it)")
-    return failures
-
-
-def control_characters(label: str, df: pd.DataFrame) -> str | None:
-    hits = pd.Series(False, index=df.index)
-    for col in _columns(df):
-        hits |= df[col].fillna("").astype(str).str.contains(CONTROL)
-    if not hits.any():
-        return None
-    return (f"{label}: {int(hits.sum())} rows contain control characters (NUL or other "
-            f"non-printing characters): rows {_rows(hits)}")
 
 
 # rows that repeat another in these columns are reported (the GX suite fails repeated pairs)
 DUPLICATE_KEYS = {"sft": ("prompt", "response"), "prompts": ("prompt",)}
 
 
-def duplicate_rows(label: str, df: pd.DataFrame, kind: str) -> str | None:
-    """A warning naming the rows that repeat an earlier row's DUPLICATE_KEYS[kind] (rows with
-    a null there are left to the suites), else None."""
-    columns = list(DUPLICATE_KEYS.get(kind, ()))
-    if not columns or not set(columns) <= set(df.columns):
-        return None
-    repeats = df[columns].notna().all(axis=1) & df.duplicated(subset=columns, keep="first")
-    if not repeats.any():
-        return None
-    return (f"{label}: {int(repeats.sum())} rows repeat another row's {' + '.join(columns)}: "
-            f"rows {_rows(repeats)} (kept; each copy weighs in training as one more row)")
-
-
-def check_text(label: str, df: pd.DataFrame, tokens: Tokenized, tokenizer,
-               cfg: ValidationConfig, report, rendered: bool = False) -> None:
-    """Add failures and warnings about the raw text of one data set to ``report``
-    (``tokens``: its texts tokenized, data_checks/tokens.py; ``rendered``: its prompts are
-    rendered conversations)."""
-    report.failures += special_token_literals(label, df, tokenizer, rendered)
-    control = control_characters(label, df)
-    if control:
-        (report.failures if cfg.control_characters == "refuse" else report.warnings).append(
-            control + (" (validation.control_characters: refuse)"
-                       if cfg.control_characters == "refuse" else ""))
-    share = tokens.unknown_share()
-    if share > cfg.unknown_token_warn_share:
-        report.warnings.append(f"{label}: {share:.0%} of the tokens are the tokenizer's unknown "
-                               "token: is this the right tokenizer for this text?")
-
-
 @dataclass
 class Hits:
-    """Rows of a whole data set that hit one check: how many, the first few (their labels:
-    ``label + 1`` is the number shown) and up to ``n_examples`` of them as example rows."""
+    """Rows of a whole data set that hit one check: how many, the first labels and up to
+    ``n_examples`` example rows."""
 
     count: int = 0
     first: list[int] = field(default_factory=list)
@@ -125,7 +56,7 @@ class Hits:
         return f"; e.g. {'; '.join(self.examples)}" if self.examples else ""
 
     def rows(self, limit: int = 10) -> str:
-        """As ``_rows`` gives them for the whole set's mask."""
+        """'1, 4, 9 ...': the first hits' row numbers (the label + 1)."""
         return ", ".join(str(i + 1) for i in self.first[:limit]) + \
             (" ..." if self.count > limit else "")
 
@@ -190,7 +121,7 @@ class TextTally:
 
     def report(self, report) -> None:
         """Add the failures and warnings of the whole set to ``report``, in the order and
-        words of :func:`check_text` then :func:`duplicate_rows`."""
+        words of the per-set checks."""
         for role, token in self.specials:
             for col in TEXT_COLUMNS:
                 hits = self.special_hits.get((role, col))
@@ -225,11 +156,9 @@ class TextTally:
 
 
 class Repeats:
-    """Rows of one data set that repeat another in ``columns`` (the GX suite's compound-unique
-    check), across chunks: ``add`` each chunk's kept rows (indexed by their labels); then
-    :meth:`labels` names every copy, and ``examples`` holds the first ``n_examples`` rows
-    seen to repeat an earlier one (each copy's text is the same). While examples are missing,
-    the hashes seen so far are kept sorted, to find a repeat of an earlier chunk's row."""
+    """Rows repeating another in ``columns`` across chunks (GX's compound-unique check):
+    :meth:`labels` names every copy; ``examples`` holds the first ``n_examples`` repeats, found
+    against the sorted hashes seen so far."""
 
     def __init__(self, columns, n_examples: int):
         self.columns, self.n_examples = tuple(columns), n_examples

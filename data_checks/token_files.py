@@ -1,14 +1,9 @@
-"""The gate's token ids on disk, beside each cleaned file, for the stages to read (issue 37).
+"""The gate's token ids on disk, beside each cleaned file, so the stages read them memory-mapped
+instead of tokenizing again (a cleaned file without one is encoded from its text).
 
-``data/<name>.jsonl`` (a cleaned data set) has ``data/<name>.tokens.arrow`` beside it: an Arrow
-IPC file, row for row with the cleaned file, one column ``<c>_ids`` (list<int32>) per text
-column ``c`` of that set (prompt, response, chosen, rejected): the ids of
-``tokenizer(text, add_special_tokens=False)``, what rlhf_core/models/data.py's ``encode``
-gives, after the length budget's cuts. The stages read it memory-mapped instead of
-tokenizing the texts again; a cleaned file without one (an older run's) is encoded as before.
-
-The file is written in record batches (``TokenWriter``), so a gate that reads its data in
-chunks writes it chunk by chunk.
+``data/<name>.jsonl`` has ``data/<name>.tokens.arrow`` beside it: an Arrow IPC file, row for
+row, one ``<c>_ids`` column per text column, holding what rlhf_core/models/data.py's ``encode``
+gives after the budget's cuts. It is written in record batches, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -86,19 +81,9 @@ def read_tokens(path: Path | str) -> pa.Table:
 
 
 class ChunkTokens:
-    """Tokenized chunks kept on disk under the key of what they were made from, so a gate
-    reads the token ids of a chunk it (or an earlier gate) already tokenized instead of
-    tokenizing it again: a gate killed (or stopped by a malformed row) and run again, or a
-    retrain round whose preference file is the last round's with the new batch appended.
-
-    One Arrow IPC file per chunk, ``<folder>/<key>.arrow``; the key hashes the chunk's text
-    columns (names and every value) and ``salt`` (what the encoding depends on:
-    data_checks/cache.py's ``encoding_identity``). A chunk whose text or tokenizer changed
-    misses and is tokenized anew. Files are written aside and renamed into place (a kill
-    leaves no half file); reading one sets its modification time (its last use, which
-    ``rlhf gc`` reads). A gate's own store (no validation cache) is removed at its verdict
-    (:meth:`clear`).
-    """
+    """Tokenized chunks on disk, ``<folder>/<key>.arrow`` keyed by the chunk's texts and
+    ``salt`` (the encoding's identity), so a rerun gate or a retrain round tokenizes only new or
+    changed chunks. A read sets the file's modification time, which ``rlhf gc`` ages by."""
 
     def __init__(self, folder: Path | str, salt: str):
         self.folder = Path(folder)

@@ -1,14 +1,9 @@
 """Tokenize once: every text of a data set goes through the tokenizer one time, in batches,
-and the gate's checks (unknown-token share, length budget, the suites' token lengths, the
-median response length) read the result instead of tokenizing again (issue 37).
+and the gate's checks read the result instead of tokenizing again.
 
-The result is Arrow: per text column ``c`` the columns ``c_ids`` (list<int32>: the ids of
-``tokenizer(text, add_special_tokens=False)``, what the stages encode; a null has none),
-``c_len`` (int32) and ``c_unk`` (int32: how many are the unknown token), and after the budget
-the flags ``c_cut`` (the prompt was cut at a paragraph boundary, or the response truncated).
-Batches are ``BATCH`` texts, each one tokenizer call without attention masks; the tokenizer
-may use every core for them (its own threads: each text is encoded alone, so the ids do not
-depend on the batch or the threads, which tests/data_checks/test_tokens.py checks).
+The result is Arrow: per text column ``c``, ``c_ids`` (ids without special tokens, as the stages
+encode), ``c_len``, ``c_unk`` (unknown tokens) and, after the budget, the flag ``c_cut``. Each
+text is encoded alone, so the ids depend on neither the batch nor the tokenizer's threads.
 """
 
 from __future__ import annotations
@@ -42,9 +37,8 @@ _THREADS, _THREADED = threading.Lock(), _Threaded()
 
 @contextmanager
 def tokenizer_threads() -> Iterator[None]:
-    """Let a fast tokenizer encode a batch on every core (the CLI turns its threads off for
-    the rest of the run, where processes fork); the setting before comes back when the last
-    gate tokenizing in this process is done."""
+    """Let a fast tokenizer use every core (the CLI turns its threads off, as processes fork);
+    the old setting returns when the last gate tokenizing in this process is done."""
     with _THREADS:
         if _THREADED.count == 0:
             _THREADED.before = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -84,12 +78,9 @@ def _plain_backend(tokenizer):
 
 
 def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """``tokenizer(text, add_special_tokens=False)["input_ids"]`` of each text, in one call
-    that builds no attention mask or token type ids. A fast tokenizer whose call is its Rust
-    tokenizer's ``encode_batch`` goes to that tokenizer's ``encode_batch_fast`` (the same ids,
-    without the character offsets nothing here reads), set up by a transformers call on the
-    batch's first text, whose ids it must give (else the whole batch goes through the
-    transformers call)."""
+    """``tokenizer(text, add_special_tokens=False)["input_ids"]`` of each text, without masks.
+    A plain fast tokenizer goes straight to Rust ``encode_batch_fast`` (no offsets), trusted
+    only if it matches a transformers call on the first text."""
     texts = list(texts)
     if not texts:  # fast tokenizers raise IndexError on an empty batch
         return []
@@ -179,8 +170,7 @@ def _encoded(tokenizer, texts: list[str]) -> dict[str, pa.Array]:
 
 
 def frame_texts(df: pd.DataFrame) -> dict[str, list[str]]:
-    """The texts :func:`tokenize_frame` encodes: each text column of ``df`` (prompt,
-    response, chosen, rejected), '' for a null."""
+    """The texts :func:`tokenize_frame` encodes: each text column of ``df``, '' for a null."""
     return {col: _strings(df[col]) for col in TEXT_COLUMNS if col in df.columns}
 
 

@@ -1,20 +1,9 @@
 """The data gate: length budgets, great-expectations suites, a report, cleaned JSONL files.
 
-It streams: each data set comes in chunks of CHUNK_ROWS rows (data_checks/loading.py reads a
-plain JSONL file that many lines at a time), and each chunk is tokenized once, checked, cut to
-the budget, validated and written (cleaned rows and their token ids) before the next is read,
-so memory stays flat as the data grows. What spans chunks is added up: the text checks'
-counts and first rows (data_checks/text_checks.py), the budget's counts, the response lengths
-for the medians (4 bytes a row), and 64-bit row hashes for repeats.
-
-GX runs on every chunk with the whole suite (not on a sample): each chunk's cleaned rows, their
-index the rows' place in the data set, so GX's unexpected indices are the file's rows. The
-chunks' results are merged into one result per data set (counts summed, row lists joined,
-statistics recounted): ``results.json``, the summary, the failure messages and GX's own Data
-Docs (one validation page per data set) show that. Uniqueness across chunks is the one
-expectation GX cannot see per chunk: the merged compound-unique result is recomputed from the
-row hashes of the whole set. Data of one chunk (the demo's) gives GX's result unchanged. The
-GX side (suites, the merge, Data Docs) is data_checks/suites.py.
+It streams CHUNK_ROWS rows at a time: each chunk is tokenized once, checked, cut to the budget,
+validated by the whole GX suite and written before the next is read, so memory stays flat as the
+data grows. The chunks' GX results merge into one per data set (data_checks/suites.py), with
+uniqueness across chunks recomputed from row hashes.
 """
 
 from __future__ import annotations
@@ -56,8 +45,7 @@ CHUNKS = ".chunks"  # the folder (in the cleaned files' one) of a running gate's
 
 
 def _with_checks(df: pd.DataFrame, kind: str, tokens: Tokenized) -> pd.DataFrame:
-    """Derived columns the suites check: token lengths (responses with their EOS), chosen ==
-    rejected."""
+    """Derived columns the suites check: token lengths (responses with EOS), chosen == rejected."""
     checks = {"prompt_tokens": tokens.lengths("prompt"),
               **{f"{col}_tokens": tokens.lengths(col) + 1 for col in TEXT_FIELDS[kind]}}
     if kind == "preference":
@@ -75,8 +63,8 @@ def _median_response_length(lengths: list[np.ndarray]) -> float:
 
 @dataclass
 class _Cleaned:
-    """Where one data set's cleaned rows and token ids go, chunk by chunk: beside their real
-    names until the validation passes (a failed or killed gate leaves no cleaned file)."""
+    """One data set's cleaned rows and token ids, written beside their real names until the
+    validation passes (a failed or killed gate leaves no cleaned file)."""
 
     path: Path
     rows: int = 0
@@ -111,8 +99,7 @@ class _Cleaned:
 
 def _note_dropped(dropped: dict[str, list[dict]], name: str, df: pd.DataFrame,
                   kept: np.ndarray) -> None:
-    """Keep the rows of ``df`` not in ``kept`` (positions), as read, up to DROPPED_SHOWN,
-    each with its number in the file."""
+    """Keep the rows of ``df`` not in ``kept`` (positions), up to DROPPED_SHOWN, numbered."""
     shown = dropped.setdefault(name, [])
     room = DROPPED_SHOWN - len(shown)
     if room <= 0 or len(kept) == len(df):
@@ -154,16 +141,9 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                       cfg: ValidationConfig, paths: dict[str, str] | None = None,
                       chat: dict | None = None, out_dir: Path | None = None,
                       chunk_tokens: ChunkTokens | None = None):
-    """Per data set, chunk by chunk: tokenize once, the text checks, the budget and the GX
-    suite on the kept rows; then the fraction and length-mismatch checks over whole sets.
-
-    Args: chunks: each data set's rows (sft / preference / prompts / eval_prompts /
-    preference_eval) as successive DataFrames; paths: the file of each (named in failures);
-    chat: set when the rows are rendered conversations; out_dir: where the cleaned files and
-    their token ids go, kept only if the report passes (None: nowhere); chunk_tokens: where
-    each chunk's tokens are kept until the verdict (a rerun after a kill reads them).
-    Returns: the report.
-    """
+    """The report on each data set's chunks (text checks, budget, GX suite), then the fraction
+    and length-mismatch checks over whole sets. Cleaned files go to ``out_dir`` only if it
+    passes; ``chunk_tokens`` keeps each chunk's tokens so a rerun after a kill reuses them."""
     paths = paths or {}
     report = ValidationReport(chat=dict(chat or {}))
     context, source, run_id = suite_context()
@@ -267,23 +247,9 @@ def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig, labels: pd.Index
 
 def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
                    chat=None, cache=None) -> ValidationReport:
-    """Load every source, validate, write cleaned JSONL files into ``out_dir``, each with its
-    token ids beside it (data_checks/token_files.py).
-
-    ``chat``: the conversation renderer (rlhf_core/models/chat.py), used when any data set is
-    conversational: every data set is then rendered with the tokenizer's chat template, whose
-    EOS becomes the template's end-of-turn token (``report.chat`` says what changed).
-    ``cache``: where passed validations are kept and reused (data_checks/cache.py; None:
-    always run the suites).
-    Each chunk's tokens are kept under the key of its texts and the tokenizer
-    (data_checks/token_files.py's ChunkTokens): in the cache's ``chunks/`` (``rlhf gc``
-    removes those unused for ``tracking.gc_cache_age_days``), else in ``out_dir/.chunks/``
-    until the verdict. A gate killed or stopped by a malformed row and run again tokenizes
-    only the chunks it had not finished, or whose text changed; with the cache, a retrain
-    round's preference file (the last round's with the new batch appended) only the chunks
-    from the last round's last full chunk on.
-    Raises DataError for malformed files; failed expectations come back in the report.
-    """
+    """Load every source, validate, write cleaned JSONL files and their token ids to ``out_dir``.
+    ``chat`` renders conversational data with the chat template; ``cache`` reuses passed gates and
+    kept chunk tokens. Raises DataError for malformed files; failures come back in the report."""
     from data_checks import cache as kept
 
     out = Path(out_dir)
@@ -326,16 +292,14 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out, chunk_tokens)
     if chunk_tokens is not None and cache is None:  # a verdict: nothing left to resume
         chunk_tokens.clear()
-    # kept once its Data Docs are built (write_data_docs), if it still passes (a reuse of
-    # conversational data moves the tokenizer's EOS as this gate did: report.chat)
+    # kept once write_data_docs has built its Data Docs, if it still passes
     if report.passed and key:
         report.to_keep = (cache, key, paths, out)
     return report
 
 
 def _rendered(items: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """Rendered chunks (data_checks/conversations.py's render_chunks), a ConversationError a
-    DataError naming the file and the row."""
+    """Rendered chunks; a ConversationError becomes a DataError naming the file and the row."""
     try:
         yield from items
     except ConversationError as err:

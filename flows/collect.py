@@ -1,7 +1,6 @@
 """The collect -> label -> retrain loop's first flows: `collect` (sample a registered policy
-on fresh prompts, write a labelling file or fill a Label Studio project), `label-import` (a
-labelled file becomes a preference batch in the watch folder, or is quarantined) and
-`label-pull` (the same from a Label Studio project's finished annotations).
+on fresh prompts for labelling), `label-import` (a labelled file becomes a preference batch, or
+is quarantined) and `label-pull` (the same from Label Studio's finished annotations).
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
@@ -37,9 +36,8 @@ def collect_flow(config: PipelineConfig = SERVED) -> CollectResult:
 @flow(name="label-import", flow_run_name="label-import", log_prints=True)
 def label_import(config: PipelineConfig, path: str,
                  labelling_seed: int | None = None) -> LabelImport:
-    """Import one labelled file: a preference batch in ``retrain.watch_dir`` (and the
-    ``rlhf.preferences.labelled`` event), or the file quarantined with its figures (and
-    the ``rlhf.preferences.quarantined`` event).
+    """Import one labelled file: a preference batch in ``retrain.watch_dir``, or the file
+    quarantined with its figures (each with its ``rlhf.preferences.*`` event).
 
     Args:
         config: The pipeline config (watch folder, tracking, label-quality thresholds).
@@ -56,9 +54,8 @@ def label_import(config: PipelineConfig, path: str,
 @flow(name="label-pull", flow_run_name="label-pull", log_prints=True)
 def label_pull(config: PipelineConfig = SERVED, collection: str | None = None,
                partial: bool = False) -> list[PullResult]:
-    """Pull the finished annotations of a collection's Label Studio tasks (None: every
-    collection that went to Label Studio): a preference batch once enough tasks are
-    labelled, each pair exactly once.
+    """Pull a collection's finished Label Studio annotations into a preference batch once
+    enough tasks are labelled, each pair exactly once.
 
     Args:
         config: The served pipeline config (tracking, watch folder, collect.destination).

@@ -23,10 +23,8 @@ from tasks.retrain.records import CompareResult
 def compare(config: PipelineConfig, champion: str = "1",
             challenger: str = "champion") -> CompareResult:
     """Two registered policy versions (numbers or aliases) through the retrain's gate: both
-    answer the gate's held-out prompts, one scorer scores both, the paired bootstrap test
-    decides; nothing trained, no alias moved (e.g. the champion against the first one).
-    Recorded as ``rlhf.compare.*`` tags (no gate decision); one version named twice (e.g.
-    ``1`` when the champion is v1) is refused."""
+    answer its held-out prompts, one scorer scores both, the paired bootstrap test decides.
+    Nothing trained, no alias moved; recorded as ``rlhf.compare.*`` tags."""
     prep = prepare(config)
     ctx = prep.ctx
     with tracked(ctx, config):

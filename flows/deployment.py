@@ -7,9 +7,8 @@ from tasks.config.pipeline_config import PipelineConfig, _merge
 from tasks.platform.prefect.logins import login_out_of_uri
 from tasks.platform.prefect.prefect_api import deployment_parameters
 
-# A served flow's ``config`` default: a run with no config given (the UI's Quick run, a
-# schedule) runs the served config; with a required ``config`` the UI's Quick run opened the
-# whole config form instead of running
+# A served flow's ``config`` default: a run given none (the UI's Quick run, a schedule) runs
+# the served config; a required ``config`` would make Quick run open the whole form instead
 SERVED = PipelineConfig()
 
 

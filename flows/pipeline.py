@@ -1,8 +1,7 @@
 """The RLHF pipeline flow: wiring only (the stages of the stage table,
 tasks/pipeline/stages/table.py, in its order; each one task and one child run).
 
-No ``from __future__ import annotations`` here: Prefect builds the parameter model of a
-deployment from the signature, so the annotations must be the classes, not strings.
+No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
 
 from prefect import flow

@@ -1,11 +1,7 @@
 """The retrain flow: new preference batches (+ every consumed one, ``rm_data: cumulative``)
-through the pipeline's one stage sequence (flows/wiring.py ``run_pipeline``) from the champion,
-gated against it; the champion moves only on a win, and the version records its ancestry and
-the batches it was trained on.
-
-No new batch: nothing trains, the run ends in seconds. No champion yet: the whole pipeline
-runs on the data plus the batches and its result becomes champion. One retrain at a time
-(a Prefect global concurrency limit); a run that finds one running skips or waits.
+through the pipeline's one stage sequence (flows/wiring.py) from the champion, gated against it;
+the champion moves only on a win. No champion yet: the whole pipeline runs and its result becomes
+champion. One retrain at a time (a Prefect concurrency limit): a run finding one skips or waits.
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
@@ -53,11 +49,9 @@ def bootstrap(config: PipelineConfig, batches: list[Batch]) -> RetrainResult:
 
 def challenge(config: PipelineConfig, batches: list[Batch],
               consumed: list[Batch] | None = None, control: bool = False) -> RetrainResult:
-    """Retrain from the champion on the new batches (and, ``rm_data: cumulative``, every
-    batch consumed before); the gate decides on promotion. ``control``: the same round on
-    the consumed batches alone, gated and recorded, but nothing registered or consumed.
-    The run is prepared (and its params recorded) with the settings it trains with
-    (``retrain.ppo_iterations``, ``retrain.rm_epochs``), not the first run's."""
+    """Retrain from the champion on the new batches (+ consumed ones, ``rm_data: cumulative``);
+    the gate decides. ``control``: the same round on the consumed batches alone, nothing
+    registered or consumed. Params record the round's settings, not the first run's."""
     config = round_settings(config)
     result = run_pipeline(config, run_name=flow_run_name(), retrain=Round(
         batches=batches, consumed=consumed, challenge=True, control=control))
@@ -83,9 +77,8 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
     Args:
         config: The served pipeline config; its ``retrain`` section sets the watched
             folder, the schedule, the data/initialisation choices and the gate.
-        control: A control round: the same retrain on the batches consumed so far (new
-            ones stay new), gated against the champion and recorded; nothing registered,
-            no alias moved. It shows what a round's new labels add.
+        control: A control round: the same retrain on the batches consumed so far, gated
+            and recorded, nothing registered or moved: what a round's new labels add.
     """
     config = served_config(config)  # a custom run's fields over the served config
     answered = resumed_round(config)  # a served round resumed with a person's answer

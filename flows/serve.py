@@ -1,13 +1,9 @@
-"""`rlhf serve`: the pipeline, retrain and collect flows as Prefect deployments, served from one
-long-running process (``prefect.serve``, each flow run a subprocess; no Docker, no worker).
+"""`rlhf serve`: the flows of SERVED_FLOWS as Prefect deployments, served from one long-running
+process (``prefect.serve``; no Docker, no worker).
 
-The pipeline deployment's parameters are the config sections, typed, so the UI's "Custom
-run" form shows every field with its description; the deployment stores the served config
-as their values (the demo by default). A run merges what it was given onto the served
-config, field by field: changing one field keeps all the others.
-
-No ``from __future__ import annotations``: Prefect builds the parameter model from the
-signature, so the annotations must be the classes themselves.
+The pipeline deployment's parameters are the typed config sections, so the UI's "Custom run" form
+shows every field; a run merges the fields it sets onto the served config. No ``from __future__
+import annotations``: Prefect builds the parameter model from the signature's classes.
 """
 
 import json
@@ -41,8 +37,7 @@ from tasks.platform.redact import redact, redacted
 
 # what `rlhf serve` serves, in the order it registers them (each as <flow>/<name>)
 SERVED_FLOWS = ("rlhf_pipeline", "retrain", "collect", "label-pull", "gc")
-# the pipeline's config sections (the served pipeline's parameters); retrain and collect
-# belong to their own flows
+# the served pipeline's parameters; retrain and collect belong to their own flows
 SECTIONS = tuple(name for name in PipelineConfig.model_fields if name not in ("retrain", "collect"))
 
 # the form's data section: its sources' fields (every path left empty: the demo's data)
@@ -57,8 +52,7 @@ def served_parameters(config: PipelineConfig) -> dict[str, Any]:
 
 
 def _given(value: Any) -> Any:
-    """What a run was given for one section: only the fields it set (a partial section
-    keeps the served values of the others)."""
+    """Only the fields a run set in one section (the others keep their served values)."""
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json", exclude_unset=True)
     return value
@@ -81,9 +75,8 @@ def resolve_config(given: dict[str, Any], served: dict[str, Any]) -> tuple[Pipel
 
 
 def run_label(changed: dict[str, Any], limit: int = 3) -> str:
-    """What a run changed, for its name: ``kl_coef=0.07 lr=1e-05`` (the field's last name;
-    the first ``limit`` changes, then ``+N``; a password in a URL shown as ``***``, as in
-    MLflow's params)."""
+    """What a run changed, for its name: ``kl_coef=0.07 lr=1e-05 +2`` (URL passwords as
+    ``***``)."""
     parts = [f"{key.rsplit('.', 1)[-1]}={redact(str(value))}"
              for key, value in list(changed.items())[:limit]]
     if len(changed) > limit:
@@ -92,9 +85,8 @@ def run_label(changed: dict[str, Any], limit: int = 3) -> str:
 
 
 def _served_run_name() -> str:
-    """The run's name as a CLI run is named (start time, model, data, config hash), plus
-    what the run's form changed from the served config (e.g. ``... kl_coef=0.07``), so runs
-    tell apart in the Runs list; its MLflow parent run takes the same name."""
+    """A CLI run's name plus what the form changed (``... kl_coef=0.07``), so runs tell apart
+    in the Runs list; the MLflow parent run takes the same name."""
     from prefect.runtime import flow_run
 
     given = {k: v for k, v in flow_run.parameters.items() if k in SECTIONS}
@@ -165,8 +157,7 @@ def pipeline_deployment(config: PipelineConfig, name: str):
 
 
 def schedules(config: PipelineConfig, section: str = "retrain") -> list | None:
-    """``<section>.schedule`` (retrain, collect) as Prefect schedules (None: manual runs
-    only)."""
+    """``<section>.schedule`` as Prefect schedules (None: manual runs only)."""
     return as_schedules(getattr(config, section).schedule)
 
 
@@ -200,9 +191,8 @@ def retrain_deployment(config: PipelineConfig, name: str):
 
 
 def labels_trigger():
-    """A retrain starts when labels are imported (`rlhf label import`, `rlhf demo-batch`),
-    beside its schedule; imports a retrain makes itself (dropped files) do not start
-    another."""
+    """A retrain starts when labels are imported (`rlhf label import`, `rlhf demo-batch`);
+    a retrain's own imports start no other."""
     from prefect.events import DeploymentEventTrigger
 
     return DeploymentEventTrigger(
@@ -255,9 +245,8 @@ def served_deployments(config: PipelineConfig, name: str) -> list:
 
 
 def serve(config: PipelineConfig, name: str) -> None:
-    """Serve the five deployments until interrupted (blocks), again after the Prefect
-    server comes back from an outage (tasks/platform/prefect/reconnect.py). Needs a Prefect
-    server."""
+    """Serve the deployments until interrupted (blocks), again after a Prefect server outage.
+    Needs a Prefect server."""
     from prefect.settings import PREFECT_API_URL
 
     from tasks.platform.prefect.prefect_api import ensure_limit

@@ -1,14 +1,8 @@
 """The ``rlhf-stage`` flow: one stage (or one node of a multi-node stage) on this machine,
 for a pipeline whose flow run is on another (tasks/platform/prefect/remote.py has the head's side).
 
-Serve it on each machine that should take stages, e.g. the GPU box:
-
-    export PREFECT_API_URL=http://<prefect-host>:4200/api MLFLOW_TRACKING_URI=http://<mlflow-host>:5000
-    rlhf stage-worker --name gpu          # deployment rlhf-stage/gpu
-
-then route stages to it from any pipeline config (``routing.stages: {ppo: rlhf-stage/gpu}``)
-or use it for the other nodes of ``model.nnodes`` (``routing.nodes: rlhf-stage/gpu``).
-prefect.yaml deploys the same flow to a process work pool instead, for `prefect worker`.
+Serve it (`rlhf stage-worker`) on each machine that should take stages, then route stages to it
+(``routing.stages``) or use it for the other nodes of ``model.nnodes`` (``routing.nodes``).
 """
 
 from prefect import flow

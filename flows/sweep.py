@@ -1,8 +1,6 @@
 """`rlhf sweep`: a grid of RL settings x seeds as child flow runs, one MLflow parent run per
-point (tagged with the sweep id), sharing one run of validate/sft/reward_model/reward_norm.
-
-The sweep's own MLflow run holds the shared stages and the summary (table, 95% CIs across
-seeds, reward/KL frontier plot). A failed point is recorded and the others go on.
+point (tagged with the sweep id), all sharing one run of the stages before RL. The sweep's own
+MLflow run holds those and the summary; a failed point is recorded and the others go on.
 """
 
 import time

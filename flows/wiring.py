@@ -1,12 +1,9 @@
 """Stage wiring shared by every flow that trains (called inside a flow run), so the order of
 the stages lives in one place.
 
-The pipeline is [validate -> sft -> (reward_model -> reward_norm [-> judge_model])] ->
-[(critic_init -> ppo) -> evaluate] -> register, judge_model being the judge of PPO's held-out
-checks. :func:`run_pipeline` runs it, and a retrain round through it: the bootstrap is the
-pipeline on the data plus the batches; a challenge (``challenger_stages``) trains from the
-champion (no sft) and is gated against it in place of evaluate. A sweep runs the first bracket
-once (``shared_stages``) and the second per point (``rl_stages``).
+:func:`run_pipeline` runs the pipeline, and a retrain round through it: a bootstrap is the
+pipeline on the data plus the batches, a challenge (``challenger_stages``) trains from the
+champion and is gated against it. A sweep runs ``shared_stages`` once, ``rl_stages`` per point.
 """
 
 from collections.abc import Iterator
@@ -57,9 +54,8 @@ Outputs = dict[str, StageRecord]
 def reward_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: DataRecord,
                   start: ModelRecord, rm_init_dir: str | None = None,
                   judge: ModelRecord | None = None) -> Outputs:
-    """reward_model (from ``start``'s trunk, or warm from ``rm_init_dir``) -> reward_norm,
-    and the judge reward model PPO's held-out checks score with (``judge``, a retrain gate's,
-    else trained here on the pairs the reward model held out), when they use one."""
+    """reward_model (from ``start``'s trunk, or warm from ``rm_init_dir``) -> reward_norm, and
+    the judge of PPO's held-out checks when they use one (``judge``, else trained here)."""
     rm_out = reward_model(ctx, config, prep, data, start, init_dir=rm_init_dir)
     out = {"reward_model": rm_out, "reward_norm": reward_norm(ctx, config, data, rm_out)}
     if config.ppo.health.uses_judge:
@@ -89,9 +85,8 @@ def train_policy(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: 
 
 def shared_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
                   split: bool = False) -> Outputs:
-    """validate -> sft -> reward_model -> reward_norm [-> judge_model]: what a sweep computes
-    once. ``split``: the judge's held-out pairs are kept from the reward model first (a
-    retrain's bootstrap with the judge_model scorer)."""
+    """validate -> sft -> reward stages: what a sweep computes once. ``split``: the judge's
+    pairs are kept from the reward model (a retrain bootstrap with the judge_model scorer)."""
     with named_batch_rows(prep.batch_rows):
         data = validate(ctx, config, prep)
     sft_out = sft(ctx, config, prep, data)
@@ -112,9 +107,8 @@ def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
 
 def challenger_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
                       champion: Champion, split: bool) -> Outputs:
-    """A retrain's challenge: validate -> [judge split -> judge_model from the champion's SFT
-    policy] -> reward_model -> reward_norm -> critic_init -> ppo from the champion (where
-    ``retrain.policy_init`` and ``retrain.reference`` say) -> gate against the champion."""
+    """A retrain's challenge: validate -> [judge split -> judge_model] -> reward and policy
+    stages from the champion (``retrain.policy_init``, ``retrain.reference``) -> gate."""
     with named_batch_rows(prep.batch_rows):
         data = validate(ctx, config, prep)
     begin = round_start(config, champion)
@@ -133,12 +127,9 @@ def challenger_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
 
 def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,
                  run_name: str | None = None, retrain: Round | None = None) -> PipelineResult:
-    """The whole pipeline in the current flow run -> its result (each stage's record), then
-    register. ``run_name``: the flow run's name, given to a new MLflow parent run; a resumed
-    run keeps its own, which the flow run then takes (one name in both UIs). ``retrain``: a
-    round's batches join the data; its bootstrap is the pipeline, a challenge the
-    :func:`challenger_stages`; a control round registers and consumes nothing. With the
-    judge_model scorer the judge's pairs are kept from the reward model."""
+    """The whole pipeline, then register, in the current flow run -> its result. A resumed
+    MLflow run keeps its name, which the flow run takes; ``retrain``: a round's batches join
+    the data, a challenge runs :func:`challenger_stages`, a control round registers nothing."""
     prep = prepare(config, resume_run_id, run_name)
     ctx = prep.ctx
     if run_name and ctx.run_name != run_name:

@@ -1,12 +1,8 @@
 """Typed, frozen configs for the training stages (docs/design.md).
 
-One config per stage; the pipeline config (tasks/config/pipeline_config.py) composes them and
-validates the whole at the CLI edge. Derived sizes are properties, never written back. Every field
-carries a one-line description, the input's help in Prefect's Custom run form (the deployment's
-parameter schema).
-
-Defaults follow README § Sources [N+] and TRL's last PPO trainer (trl 1.12 ``trl.experimental.ppo``,
-README § Differences from TRL); the demo config overrides the sizes.
+One config per stage, composed and validated by tasks/config/pipeline_config.py; each field's
+description is its help in Prefect's run form. Defaults follow README § Sources [N+] and TRL's
+PPO trainer (docs/differences-from-trl.md).
 """
 
 from __future__ import annotations
@@ -218,8 +214,7 @@ def _detector_field(detector) -> tuple:
                                      description=f"{detector.failure}: {' '.join(doc.split())}"))
 
 
-# ppo.health: the switches above and one section per detector of the table (its thresholds
-# and action), derived from rlhf_core/health/detectors.py DETECTORS
+# ppo.health: the switches above plus one section per detector of DETECTORS
 HealthConfig = create_model(
     "HealthConfig", __base__=_HealthSwitches,
     __doc__="PPO's health: held-out checks and failure detectors (docs/health.md).",
@@ -360,8 +355,7 @@ class Sampling(Section):
 
 class TaxConfig(Section):
     """The alignment tax (rlhf_core/eval/tax.py), measured where the run has a pretrained base
-    (``model.base_model``): a probe of general questions answered greedily, and bits per byte
-    of held-out general text, each by the base, the SFT and the PPO policy."""
+    (``model.base_model``)."""
 
     enabled: bool = Field(True, description="Measure the tax (only with a pretrained base).")
     probe: str | None = Field(

@@ -1,16 +1,9 @@
 """The embedded demo task: a tiny synthetic "assistant" language with a hidden gold judge.
 
-Prompts are user requests ("user : please describe cats briefly assistant :"). Replies are
-short word sequences built from independent quality knobs: a polite or rude opener, one or
-two "<subject> are <adjective>" sentences whose subject may be the requested topic or an
-off-topic one, filler words, a polite or rude closer, and a final full stop or none.
-
-The gold judge scores a reply on relevance first (the requested topic mentioned, others not:
-an off-topic reply cannot buy its way back with politeness), then tone
-(polite words good, rude words bad), concision (fillers and excess length cost) and a proper
-ending (full stop; a missing EOS costs most). It is used only to label preference pairs (with
-Bradley-Terry noise, like human raters) and to evaluate; never as a training reward.
-Demonstrations mix all qualities, so SFT imitates the average and RL has room to improve.
+Replies to requests ("user : please describe cats briefly assistant :") vary in independent
+quality knobs; the judge scores relevance first, then tone, concision and ending. It labels
+preference pairs (Bradley-Terry noise) and evaluates, never a training reward. Demonstrations
+mix all qualities, so SFT imitates the average and RL has room to improve.
 """
 
 from __future__ import annotations
@@ -34,10 +27,8 @@ RUDE = ("ugh", "whatever")
 SEPARATOR = "assistant :"
 EOS, PAD, UNK = "<|endoftext|>", "<|pad|>", "<|unk|>"
 BT_TEMPERATURE = 1.0  # Bradley-Terry label noise: ~83% agreement with the judge's ordering
-# Relevance dominates: an answer that never names the requested topic loses 4 points against
-# one that does (and 1.5 more per other topic named), more than all the tone and ending
-# bonuses together (+2.5), so a polite off-topic reply never outscores an on-topic one with
-# one rude word ("describe fish" -> "sure , bread are calm . hope this helps ." is -1.5).
+# Relevance dominates: missing the topic costs more than all tone and ending bonuses together,
+# so a polite off-topic reply never outscores an on-topic one with one rude word.
 ON_TOPIC, OFF_TOPIC, OTHER_TOPIC = 2.0, -2.0, 1.5
 
 
@@ -86,7 +77,7 @@ def sample_prompt(rng: random.Random, held_out: bool = False) -> str:
 
 
 def judge_score(prompt: str, response: str, has_eos: bool = True) -> float:
-    """The hidden gold judge (see the module docstring)."""
+    """The hidden gold judge's score of a reply."""
     topic = prompt_topic(prompt)
     words = response.split()
     score = ON_TOPIC if topic in words else OFF_TOPIC
@@ -126,8 +117,8 @@ def sample_response(prompt: str, rng: random.Random) -> str:
 
 def bt_choice(prompt: str, a: str, b: str, rng: random.Random,
               length_bias: float = 0.0) -> str:
-    """'a' or 'b', drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature);
-    ``length_bias``: a labeller who also likes longer replies, by that many points a word."""
+    """'a' or 'b', P(a) = sigmoid((J(a) - J(b)) / temperature); ``length_bias``: points a word
+    for a labeller who likes longer replies."""
     gap = judge_score(prompt, a) - judge_score(prompt, b)
     diff = (gap + length_bias * (len(a.split()) - len(b.split()))) / BT_TEMPERATURE
     p_a = 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0)))
@@ -141,18 +132,16 @@ def bt_label(prompt: str, a: str, b: str, rng: random.Random,
 
 
 def judge_choices(rows: Iterable[dict], seed: int, degraded: bool = False) -> list[str]:
-    """The gold judge as a labeller of pairs (prompt, response_a, response_b): a Bradley-Terry
-    draw per pair; ``degraded``: the side the judge scores lower ('tie' when equal)."""
+    """The gold judge labelling pairs by a Bradley-Terry draw; ``degraded``: the side it scores
+    lower ('tie' when equal)."""
     from rlhf_core.eval.collect import judge_choices as choices
 
     return choices(list(rows), judge_score, bt_choice, seed, degraded)
 
 
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
-    """``n`` pairs of demo responses to some of ``prompts`` that the judge orders by at least
-    ``min_gap`` points -> [{prompt, response_a, response_b, known: 'a' | 'b'}]: known-answer
-    pairs for a collection whose own pairs hold too few clear ones (about 64% of demo
-    pairs are 2 points apart)."""
+    """``n`` known-answer pairs the judge orders by at least ``min_gap`` -> [{prompt,
+    response_a, response_b, known: 'a' | 'b'}]."""
     rng, out = random.Random(seed), []
     while prompts and len(out) < n:
         prompt = rng.choice(list(prompts))
@@ -185,8 +174,7 @@ def _write_jsonl(path: Path, rows: list[dict], chat: bool = False,
 
 
 def user_request(prompt: str) -> str:
-    """A demo prompt's request alone, for a chat template to frame:
-    "user : please describe cats briefly assistant :" -> "please describe cats briefly"."""
+    """A demo prompt's request alone, for a chat template to frame."""
     words = prompt.split()
     if words[:2] == ["user", ":"]:
         words = words[2:]
@@ -196,9 +184,7 @@ def user_request(prompt: str) -> str:
 
 
 def chat_row(row: dict, system: str | None = None) -> dict:
-    """A plain demo row in TRL's conversational format: the request as the user's message
-    (after ``system``'s message, when given), each reply as the assistant's
-    (``prompt``/``chosen``/``rejected``/``messages``)."""
+    """A plain demo row in TRL's conversational format."""
     user = [{"role": "system", "content": system}] if system else []
     user.append({"role": "user", "content": user_request(row["prompt"])})
     if "response" in row:
@@ -213,15 +199,9 @@ def chat_row(row: dict, system: str | None = None) -> dict:
 def generate_demo_data(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
                        rm_length_bias: float = 0.0, chat: bool = False,
                        system: str | None = None) -> dict[str, Path]:
-    """Write sft / preference / prompts / eval_prompts / preference_eval JSONL files.
-
-    ``rm_length_bias``: the reward model's pairs (``preference``) are labelled by a rater who
-    also likes longer replies, by that many points a word; the held-out pairs
-    (``preference_eval``, the judge's) keep the plain judge. A reward model with a flaw its
-    judge does not share: the reward-hacking study of the health benchmark. ``chat``: the same
-    rows as conversations (:func:`chat_row`, each opening with ``system``'s message when
-    given), for a chat model's template to render; the gold judge reads the rendered prompt
-    as it reads the plain one."""
+    """Write the demo's JSONL files. ``rm_length_bias``: the training pairs' rater also likes
+    length (a reward-model flaw the judge lacks, for the reward-hacking study); ``chat``: rows
+    as conversations."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -286,8 +266,8 @@ def build_demo_assets(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = Dem
                       rm_length_bias: float = 0.0, chat: bool = False,
                       system: str | None = None, with_model: bool = True,
                       **model_kwargs) -> dict[str, Path]:
-    """Data under out_dir/data, tokenizer + tiny GPT-2 under out_dir/base_model
-    (``with_model`` False: the data alone, for a base model of the user's)."""
+    """Data under out_dir/data and, ``with_model``, tokenizer + tiny GPT-2 under
+    out_dir/base_model."""
     root = Path(out_dir)
     paths = generate_demo_data(root / "data", seed, sizes, rm_length_bias, chat, system)
     if not with_model:
@@ -300,8 +280,7 @@ def build_demo_assets(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = Dem
 
 
 def preference_batch(n: int, seed: int, degraded: bool = False) -> list[dict]:
-    """A new batch of demo preference pairs (same hidden judge, labelled with its noise);
-    ``degraded``: every pair whose replies the judge orders is labelled the other way."""
+    """A new batch of demo preference pairs; ``degraded``: every ordered pair flipped."""
     rows = _pairs(n, random.Random(seed), held_out=False)
     if not degraded:
         return rows

@@ -1,24 +1,10 @@
-"""The real-English task: everyday questions, each carrying an instruction, with a gold judge.
+"""The real-English task: known-answer questions with a checkable instruction ("Answer in one
+word. What is the capital of France?"), which an instruct model often breaks: room for RLHF.
 
-A prompt is an instruction and a question, "Answer in one word. What is the capital of
-France?". The questions have answers the project knows (capitals, counts, sums, colours,
-animals, words, authors); the instructions are ones a program can check (one word, at most
-five words, lowercase only, one sentence ending with "!", a given opening, one complete
-sentence). A pretrained instruct model keeps such instructions some of the time and breaks
-them often (too long, capitals, a second sentence, a wrong fact), which leaves RLHF room that
-the judge can see.
-
-The gold judge reads the real answer: is the instruction kept, is the fact right, does it stay
-on the question, is it short, does it end. It labels preference pairs (with Bradley-Terry
-noise, like human raters) and evaluates; it never enters the training reward.
-
-The data are the model's own answers, made as practitioners make them: two samples per prompt
-labelled by the judge for the preference pairs; the judge's best of several samples for the
-SFT demonstrations (rejection sampling, README § Sources [Llama2]).
-``python -m rlhf_core.english`` writes them with a given model and seed (the files of
-configs/english/ were written so).
-A third of the (instruction, question) combinations is held out for evaluation; no probe
-question of the alignment tax (rlhf_core/eval/tax_data/probe.jsonl) is a task question.
+The gold judge scores the fact, the instruction, staying on the question, length and ending;
+it labels preference pairs (Bradley-Terry noise) and evaluates, never entering the reward.
+The data (configs/english/) are the model's own answers, SFT rows the judge's best of several
+(README § Sources [Llama2]); a third of the combinations is held out for evaluation.
 """
 
 from __future__ import annotations
@@ -154,7 +140,7 @@ INSTRUCTIONS: dict[str, Callable[[str], bool]] = {
     'Start your answer with "The answer is".': _opening,
     "Answer in one complete sentence.": _full_sentence,
 }
-# the judge's points (see the module docstring)
+# the judge's points
 RIGHT, WRONG = 2.0, -1.0
 KEPT, BROKEN = 2.0, -1.5
 OFF_QUESTION = -1.0  # a wrong answer of over 3 words that shares no word with the question
@@ -201,8 +187,7 @@ def _stem(word: str) -> str:
 
 
 def judge_score(prompt: str, response: str, has_eos: bool = True) -> float:
-    """The gold judge (see the module docstring); a prompt that is no task request scores
-    only length and ending."""
+    """The gold judge; a prompt that is no task request scores only length and ending."""
     from rlhf_core.eval.tax import is_right
 
     req, words = parse_request(prompt), _words(response)
@@ -220,11 +205,9 @@ def judge_score(prompt: str, response: str, has_eos: bool = True) -> float:
 
 def instruction_rules(prompts: Sequence, completions: Sequence[str],
                       **columns) -> list[float | None]:
-    """The task's checkable rules as a reward function (``ppo.reward_sources``, kind
-    function, target ``rlhf_core.english:instruction_rules``): +1 where the answer keeps its
-    request's instruction, -1 where it breaks it, None (abstain) where the prompt holds no
-    request. The instruction only: the gold judge also reads the fact, the topic, the length
-    and the ending, so a policy trained on these rules is not trained on the judge."""
+    """A ``ppo.reward_sources`` function (``rlhf_core.english:instruction_rules``): +1 if the
+    answer keeps its instruction, -1 if not, None without a request. It reads the instruction
+    only, so training on it is not training on the judge."""
     out: list[float | None] = []
     for prompt, answer in zip(prompts, completions):
         text = prompt if isinstance(prompt, str) else " ".join(
@@ -242,8 +225,7 @@ def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
 
 
 def _right_answer(prompt: str, req: Request) -> str:
-    """A right answer that keeps the request's instruction (the judge's best of a few
-    phrasings of the first accepted answer)."""
+    """The judge's best of a few phrasings of the right answer."""
     a = FACTS[req.question][0]
     forms = (a, a.lower(), f"The answer is {a}.", f"The answer is {a}!",
              f"the answer is {a.lower()}.")
@@ -251,11 +233,8 @@ def _right_answer(prompt: str, req: Request) -> str:
 
 
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
-    """``n`` pairs for some of ``prompts`` (those holding a task request) that the judge
-    orders by at least ``min_gap`` points -> [{prompt, response_a, response_b, known: 'a' |
-    'b'}]: a right answer keeping the instruction against another question's answer in
-    two sentences (wrong, and breaking every instruction); known-answer pairs for a
-    collection whose own pairs hold too few clear ones."""
+    """``n`` known-answer pairs the judge orders by at least ``min_gap`` -> [{prompt,
+    response_a, response_b, known}]: a right answer against a wrong two-sentence one."""
     from rlhf_core.eval.tax import is_right
 
     rng, out = random.Random(seed), []
@@ -290,8 +269,8 @@ class EnglishSizes:
     best_of: int = 2  # samples per SFT prompt; the judge keeps the better
 
 
-MAX_ROUNDS = 20  # sampling rounds to fill the pairs (those of two distinct finished answers)
-MIN_DRAW = 32  # requests drawn per round at least, so the last few rows do not take a round each
+MAX_ROUNDS = 20  # sampling rounds to fill the rows
+MIN_DRAW = 32  # requests per round at least, so the last few rows do not take a round each
 # prompts -> samples per prompt -> [[answer text, ended], ...] per prompt, in order
 Sampler = Callable[[Sequence[list[dict]], int], list[list[tuple[str, bool]]]]
 
@@ -319,10 +298,9 @@ def _best(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
 
 def _pair(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
           system: str | None):
-    """A preference row: two distinct finished answers labelled by the judge with
-    Bradley-Terry noise (None otherwise: a labeller sees two finished answers that differ).
-    A judge tie makes no row, as binarized UltraFeedback drops ties: its label would be a coin
-    flip that teaches the reward model nothing and caps its measured accuracy."""
+    """A preference row: two distinct finished answers labelled with Bradley-Terry noise, or
+    None. A judge tie makes no row (as binarized UltraFeedback): a coin-flip label teaches
+    the reward model nothing."""
     (a, a_eos), (b, b_eos) = answers
     a, b = a.strip(), b.strip()
     if a == b or not (a_eos and b_eos and a and b):
@@ -337,9 +315,8 @@ def _pair(req: Request, answers: list[tuple[str, bool]], rng: random.Random,
 
 def _fill(role: str, n: int, held: bool, k: int, make, sample: Sampler, rng: random.Random,
           system: str | None) -> list[dict]:
-    """``n`` distinct rows of one file: requests of one side, ``k`` answers sampled for each,
-    ``make(request, answers, rng, system)`` -> (key, row) or None; more requests are drawn
-    for those that made no row, for at most ``MAX_ROUNDS`` rounds."""
+    """``n`` distinct rows from ``make(request, k answers, rng, system)`` -> (key, row) | None,
+    drawing more requests for at most ``MAX_ROUNDS`` rounds."""
     rows: dict = {}
     for _ in range(MAX_ROUNDS):
         if len(rows) >= n:
@@ -359,9 +336,8 @@ def _fill(role: str, n: int, held: bool, k: int, make, sample: Sampler, rng: ran
 def generate_english_data(out_dir: str | Path, sample: Sampler, seed: int = 0,
                           sizes: EnglishSizes = EnglishSizes(),
                           system: str | None = SYSTEM) -> dict[str, Path]:
-    """Write sft / preference / prompts / eval_prompts / preference_eval JSONL files (TRL's
-    conversational format) from a model's own answers, drawn by ``sample``; only finished
-    answers (ended within the sampler's token budget) and no row twice."""
+    """Write the task's JSONL files (TRL's conversational format) from ``sample``'s answers;
+    only finished answers, no row twice."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -383,8 +359,7 @@ def generate_english_data(out_dir: str | Path, sample: Sampler, seed: int = 0,
 
 def model_sampler(model_path: str, temperature: float = 1.0, max_new_tokens: int = 24,
                   batch_size: int = 32, seed: int = 0) -> Sampler:
-    """A :data:`Sampler` over a causal LM and its chat template (the base model's own
-    answers)."""
+    """A :data:`Sampler` over a causal LM and its chat template."""
     import torch
 
     from rlhf_core.eval.serving import (

@@ -1,11 +1,6 @@
-"""The hardware and build facts a run's numbers depend on, as strings (for run tags).
-
-The same seed gives bit-identical figures run to run on one machine, not across CPU types:
-torch's CPU kernels are picked per instruction set (AVX2, AVX512...), reductions split over
-the intra-op threads, and GPUs and CUDA builds differ. Each fact is read defensively: one
-that cannot be read is "unknown", and no exception leaves :func:`hardware_facts`. torch is
-imported when the facts are read, not with this module: the CLI's read-only commands (``rlhf
-runs``, ``rlhf status``) import the run bookkeeping that tags runs, and need no torch.
+"""The hardware and build facts a run's numbers depend on, as strings (for run tags): a seed
+is bit-identical only on one kind of machine. A fact that cannot be read is "unknown"; torch
+is imported lazily so the CLI's read-only commands need none.
 """
 
 from __future__ import annotations
@@ -45,8 +40,7 @@ def _cpu_model() -> str:
 
 
 def _gpu(device: torch.device | str | None) -> str:
-    """The name of the CUDA device ``device`` names ("cuda": the current one; None or
-    "auto": the one an "auto" device picks), "none" for a CPU device or without CUDA."""
+    """The name of ``device``'s GPU (None or "auto": the current one), else "none"."""
     import torch
 
     if device is None or str(device) == "auto":
@@ -58,8 +52,7 @@ def _gpu(device: torch.device | str | None) -> str:
 
 
 def cpu_bf16_units() -> str:
-    """The CPU's native bf16 matmul units as torch's kernels see them: "amx" (AMX tiles),
-    "avx512_bf16", else "none" (bf16 there is emulated and slower than float32)."""
+    """The CPU's native bf16 matmul units: "amx", "avx512_bf16", else "none" (emulated)."""
     import torch
 
     for name, probe in (("amx", "_is_amx_tile_supported"),
@@ -71,10 +64,7 @@ def cpu_bf16_units() -> str:
 
 
 def hardware_facts(device: torch.device | str | None = None) -> dict[str, str]:
-    """cpu (model name), cpu_capability (the instruction set torch's CPU kernels use),
-    cpu_bf16 (:func:`cpu_bf16_units`), cpu_cores, threads (torch's intra-op threads now),
-    torch, cuda (the build's CUDA version, "none" for a CPU build), gpu (``device``'s GPU
-    name, "none" on CPU), gpu_count (CUDA devices visible) and platform (OS and C library)."""
+    """The facts by name, each a string; never raises."""
     import torch
 
     cuda = torch.cuda.is_available

@@ -11,8 +11,8 @@ _CHECKED = [True]
 
 @contextlib.contextmanager
 def trusted_masks():
-    """Skip the empty-mask checks inside (each is a device sync): for hot loops whose masks
-    were validated once beforehand, e.g. the PPO update (every response has a real token)."""
+    """Skip the empty-mask checks (each a device sync) inside hot loops whose masks were
+    validated beforehand."""
     _CHECKED[0] = False
     try:
         yield
@@ -60,10 +60,8 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor,
                   shift_mean: bool = True) -> torch.Tensor:
-    """(x - mean) / sqrt(var + 1e-8) over masked entries; mean added back if not shift_mean.
-
-    Masked-out positions come back as 0 (README § Sources [N+], advantage whitening).
-    """
+    """(x - mean) / sqrt(var + 1e-8) over masked entries, mean added back if not shift_mean;
+    masked-out positions come back as 0 (README § Sources [N+], advantage whitening)."""
     m = _check(mask)
     mean = masked_mean(values, m)
     var = masked_var(values, m, unbiased=bool(m.sum() > 1))

@@ -1,12 +1,8 @@
-"""Freed memory handed back to the OS (Linux, glibc).
+"""Freed memory handed back to the OS (Linux, glibc; elsewhere a no-op).
 
-A CPU process that allocates tensors of ever-changing shapes (training batches padded to their
-longest row, scoring batches, rollouts) leaves freed chunks scattered through glibc's heaps,
-one heap per thread that allocated; glibc returns only the free space at a heap's top, so the
-resident set creeps up with every batch although nothing is live: about 1 GB over a 200k-row
-scoring pass of a tiny model. ``malloc_trim(0)`` releases the free pages of every heap (about
-10 ms); :class:`HeapTrimmer` calls it from a loop when the resident set has grown by a margin
-since the last call. Where the C library is not glibc (macOS, musl) nothing is done.
+Tensors of ever-changing shapes leave freed chunks scattered through glibc's heaps, which it
+returns only from a heap's top, so the resident set creeps up though nothing is live.
+:class:`HeapTrimmer` calls ``malloc_trim(0)`` from a loop when the resident set has grown.
 """
 
 from __future__ import annotations
@@ -46,9 +42,8 @@ def resident_bytes() -> int | None:
 
 
 class HeapTrimmer:
-    """From a loop's :meth:`tick`: at most every ``every_s`` seconds, look at the resident
-    set, and :func:`trim_heap` when it has grown by ``grow_mb`` since the last look that
-    trimmed (or the first)."""
+    """:meth:`tick` checks the resident set at most every ``every_s`` seconds and trims once it
+    has grown ``grow_mb`` since the last trim."""
 
     def __init__(self, every_s: float = 1.0, grow_mb: float = 256):
         self.every_s, self.grow = every_s, grow_mb * 2**20

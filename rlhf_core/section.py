@@ -1,6 +1,5 @@
 """The base of every config section: frozen, strict (an unknown key is an error), no NaN or
-infinity. How a form draws a section and reads it back is the pipeline config's business
-(tasks/config/form.py), not the sections'."""
+infinity."""
 
 from __future__ import annotations
 

@@ -68,6 +68,22 @@ def make_tokenizer(pad: bool = True):
                                    unk_token="<|unk|>", **kwargs)
 
 
+def encode_sft(tokenizer, prompt: str, response: str, loss_on: str = "response"):
+    """The per-text reference of the SFT encoding: texts -> (input_ids, labels)."""
+    from rlhf_core.models.data import encode, sft_example
+
+    return sft_example(encode(tokenizer, prompt), encode(tokenizer, response),
+                       tokenizer.eos_token_id, loss_on)
+
+
+def encode_pair(tokenizer, prompt: str, chosen: str, rejected: str):
+    """The per-text reference of the pair encoding: texts -> (chosen_ids, rejected_ids)."""
+    from rlhf_core.models.data import encode, pair_example
+
+    return pair_example(encode(tokenizer, prompt), encode(tokenizer, chosen),
+                        encode(tokenizer, rejected), tokenizer.eos_token_id)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A saved tiny GPT-2 + tokenizer folder (loads with Auto* classes)."""

@@ -1,2 +1,1 @@
-"""Evaluation and decisions: sampling both policies, the retrain gate's paired test, serving
-the registered models, collecting answers."""
+"""Evaluation and decisions: comparing policies, the retrain gate, serving, collection."""

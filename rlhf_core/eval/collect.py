@@ -1,15 +1,8 @@
 """On-policy collection, the pure part: k sampled responses per prompt -> pairs to label,
 known-answer pairs mixed in, and the order of a prompt pool. Plain Python, no I/O.
 
-A prompt is kept as the run's data has it: a string, or a conversation's messages (TRL's
-conversational format), which the sampler renders with the chat template; :func:`prompt_key`
-names either in sets and digests, :func:`prompt_text` gives a judge its words.
-
-A prompt's k responses are paired in order, (1, 2), (3, 4), ...: each response is used
-once, and samples at one temperature are exchangeable, so which side is ``a`` carries no
-signal. A pair is dropped when a side is empty (the policy ended at once), when a side is over
-the data gate's response budget (it would be dropped there), when both sides are the same
-text, or when the same two texts were already paired for the same prompt.
+A prompt's responses are paired in order, (1, 2), (3, 4), ...: samples at one temperature are
+exchangeable, so which side is ``a`` carries no signal.
 """
 
 from __future__ import annotations
@@ -23,24 +16,21 @@ Prompt = str | list[dict]  # plain text, or a conversation's messages
 
 
 def prompt_key(prompt: Prompt) -> str:
-    """A prompt as one string (itself, or its messages as JSON): what sets of used prompts
-    and a pool's digest hold."""
+    """A prompt as one string (itself, or its messages as JSON), for sets and digests."""
     if isinstance(prompt, str):
         return prompt
     return json.dumps([dict(m) for m in prompt], ensure_ascii=False, sort_keys=True)
 
 
 def prompt_text(prompt: Prompt) -> str:
-    """A prompt's words for a gold judge (which reads them as it reads a rendered prompt):
-    itself, or its messages' contents, one per line."""
+    """A prompt's words for a gold judge: itself, or its messages' contents, one per line."""
     if isinstance(prompt, str):
         return prompt
     return "\n".join(str(m["content"]) for m in prompt)
 
 
 def pool_order(prompts: Sequence[Prompt], seed: int = 0) -> list[Prompt]:
-    """Distinct prompts of a pool in a fixed shuffled order (collections take them in this
-    order, skipping the ones collected before)."""
+    """Distinct prompts of a pool in a fixed shuffled order."""
     distinct = list({prompt_key(p): p for p in prompts if prompt_text(p).strip()}.values())
     random.Random(seed).shuffle(distinct)
     return distinct
@@ -53,10 +43,8 @@ def fresh_prompts(pool: Sequence[Prompt], used: set[str], n: int) -> list[Prompt
 
 def pair_up(prompts: Sequence[Prompt], responses: Sequence[Sequence[str]],
             fits: Sequence[Sequence[bool]] | None = None) -> tuple[list[dict], dict[str, int]]:
-    """Each prompt's responses [k] -> pairs ``{prompt, response_a, response_b, index_a,
-    index_b}`` and counts: candidates, empty, over_budget, identical, repeated, kept.
-    ``fits`` [n][k]: whether each response is within the data gate's response budget (None:
-    all are)."""
+    """Each prompt's responses [k] -> (pairs, counts), dropping empty, over-budget (``fits``
+    [n][k] False), identical and repeated pairs."""
     counts = dict.fromkeys(("candidates", "empty", "over_budget", "identical", "repeated",
                             "kept"), 0)
     pairs, seen = [], set()
@@ -83,8 +71,7 @@ def pair_up(prompts: Sequence[Prompt], responses: Sequence[Sequence[str]],
 
 def judged_known(pairs: Sequence[dict], judge: Judge, n: int, min_gap: float,
                  seed: int = 0) -> dict[int, str]:
-    """Up to ``n`` pairs whose answer the judge knows clearly (scores ``min_gap`` apart)
-    -> {pair index: 'a' | 'b'}, chosen at random among those."""
+    """Up to ``n`` random pairs the judge scores ``min_gap`` apart -> {pair index: 'a' | 'b'}."""
     clear = {}
     for i, p in enumerate(pairs):
         text = prompt_text(p["prompt"])
@@ -96,8 +83,7 @@ def judged_known(pairs: Sequence[dict], judge: Judge, n: int, min_gap: float,
 
 
 def gold_known(gold: Sequence[dict], n: int, seed: int = 0) -> tuple[list[dict], list[str]]:
-    """Up to ``n`` rows of a gold file (prompt, chosen, rejected) as pairs with a random side
-    for the chosen answer -> (pairs, answers 'a' | 'b')."""
+    """Up to ``n`` gold rows as pairs, the chosen answer on a random side -> (pairs, answers)."""
     rng = random.Random(seed)
     rows = rng.sample(list(gold), min(n, len(gold)))
     pairs, answers = [], []
@@ -112,9 +98,8 @@ def gold_known(gold: Sequence[dict], n: int, seed: int = 0) -> tuple[list[dict],
 def judge_choices(rows: Sequence[dict], score: Judge,
                   choose: Callable[[str, str, str, random.Random], str], seed: int,
                   degraded: bool = False) -> list[str]:
-    """A gold judge as a labeller of pairs (prompt, response_a, response_b): ``choose``'s
-    draw per pair (a Bradley-Terry draw from ``score``); ``degraded``: the side ``score``
-    puts lower ('tie' when equal)."""
+    """A gold judge labelling pairs by ``choose``'s draw; ``degraded``: the side ``score`` puts
+    lower ('tie' when equal)."""
     rng, out = random.Random(seed), []
     for r in rows:
         p, a, b = prompt_text(r["prompt"]), r["response_a"], r["response_b"]

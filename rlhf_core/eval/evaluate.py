@@ -1,11 +1,6 @@
-"""The evaluate stage's comparison: SFT policy vs PPO policy on held-out prompts.
-
-Both policies sample at the same temperature on the same prompts. Reported: RM score, KL to
-the reference (k1 summed over the response, on the policy's own samples), EOS rate, mean
-length and, when the data set has a gold judge, the judge's score and PPO's win rate over SFT
-(a tie counts one half), and reward over-optimisation: per sample and overall, how much the RM
-credits the policy beyond what the judge does (both as gains over the SFT samples in their
-standard deviations), and the RM-judge correlation.
+"""The evaluate stage's comparison: SFT policy vs PPO policy on the same held-out prompts and
+temperature. With a gold judge it also reports the win rate and reward over-optimisation: how
+much the RM credits the policy beyond what the judge does.
 """
 
 from __future__ import annotations
@@ -37,15 +32,9 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
                   scorers: Mapping[str, ScalarHeadModel] | None = None,
                   features: bool = False,
                   on_batch: Callable[[int], None] | None = None) -> dict[str, list]:
-    """Sample one response per prompt -> lists: response text, has_eos, length, score, kl
-    (and one list per model of ``scorers``, e.g. a judge reward model, read like the score;
-    ``features``: ``out["features"]``, the reward model's hidden state at each answer's
-    scored token [N, H], as a tensor; ``on_batch(n)``: after each generation batch, the
-    prompts answered so far).
-
-    ``sampling``: temperature, response budget and prompts per generation batch
-    (``EvalConfig.sampling``). ``ref_policy`` None: no KL (the SFT policy sampled against
-    itself would log a KL of 0)."""
+    """Sample one response per prompt -> lists: response, has_eos, length, score, kl, one per
+    ``scorers`` model, and with ``features`` the RM's hidden states [N, H]. ``ref_policy``
+    None: no KL."""
     with autocast(precision, device):
         return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts,
                               sampling.temperature, sampling.max_new_tokens, device,
@@ -104,18 +93,15 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def z_gain(value: float, base: tuple[float, float]) -> float:
-    """How far ``value`` sits above a baseline (mean, std), in baseline standard deviations
-    (nan when the baseline does not vary)."""
+    """How far ``value`` sits above a baseline (mean, std), in its standard deviations."""
     mu, sd = base
     return (value - mu) / sd if sd > 0 else float("nan")
 
 
 def rm_judge_gap(rm_mean: float, judge_mean: float, rm_base: tuple[float, float],
                  judge_base: tuple[float, float]) -> dict[str, float]:
-    """Reward over-optimisation in one number: the RM's gain over a baseline minus the gold
-    judge's gain over the same baseline, each in that baseline's standard deviations. Near 0
-    the RM and the judge agree on how much the policy improved; a growing positive gap means
-    the policy is exploiting the RM (README § Sources [Overoptimisation])."""
+    """Reward over-optimisation: the RM's z-gain over a baseline minus the judge's; a growing
+    positive gap means the policy exploits the RM (README § Sources [Overoptimisation])."""
     rm_z, judge_z = z_gain(rm_mean, rm_base), z_gain(judge_mean, judge_base)
     return {"rm_gain_z": rm_z, "judge_gain_z": judge_z, "rm_judge_gap_z": rm_z - judge_z}
 
@@ -179,9 +165,8 @@ def _overoptimisation(rm_sft, rm_pol, judge_sft, judge_pol, rows: list[dict]) ->
 
 def against_start(start: Sequence[float], policy: Sequence[float],
                   confidence: float = 0.95) -> dict[str, float]:
-    """The trained policy against the policy it started from, scored per prompt [N] by one
-    scorer: the mean difference and the win rate (a tie counts half), each with its paired
-    bootstrap interval (the retrain gate's test) -> ``eval/vs_start_*``."""
+    """The trained policy against its start, per-prompt scores [N] -> ``eval/vs_start_*``:
+    mean difference and win rate, each with its paired bootstrap interval."""
     from rlhf_core.eval.gate import paired_bootstrap_ci, paired_win_rate
 
     diffs = [b - a for a, b in zip(start, policy, strict=True)]

@@ -1,10 +1,8 @@
 """The champion/challenger gate: a paired bootstrap interval on per-prompt score differences,
 plus guard rails. Pure: lists of numbers in, a decision out.
 
-Both policies answer the same held-out prompts and one scorer scores both, so the
-difference d_i = s(challenger, prompt_i) - s(champion, prompt_i) is paired; the percentile
-bootstrap of mean(d) (README § Sources [Bootstrap]) gives the interval. The challenger
-wins only when the interval's lower end is above the margin.
+Both policies answer the same prompts under one scorer, so d_i is paired; the percentile
+bootstrap of mean(d) (README § Sources [Bootstrap]) must clear the margin at its lower end.
 """
 
 from __future__ import annotations
@@ -40,9 +38,8 @@ def paired_bootstrap_ci(diffs: Sequence[float], confidence: float = 0.95,
 
 def paired_win_rate(diffs: Sequence[float], confidence: float = 0.95, n_bootstrap: int = 2000,
                     seed: int = 0) -> tuple[float, float, float]:
-    """Share of prompts the challenger wins, d_i > 0 (a tie, d_i = 0, counts half), over
-    ``diffs`` [N], with its percentile-bootstrap interval (the same resamples as
-    :func:`paired_bootstrap_ci` for one seed) -> (rate, low, high)."""
+    """Share of ``diffs`` [N] the challenger wins (a tie counts half) and its bootstrap interval
+    -> (rate, low, high)."""
     if not diffs:
         raise ValueError("paired_win_rate: no differences")
     wins = torch.as_tensor([1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in diffs],
@@ -65,8 +62,7 @@ class GateSide:
 
 @dataclass(frozen=True)
 class GateRule:
-    """The decision rule's settings (the pipeline's ``retrain.gate`` section has them, with
-    the same defaults)."""
+    """The decision rule's settings (as the pipeline's ``retrain.gate`` section)."""
 
     min_prompts: int = 200  # held-out prompts the paired test needs
     margin: float = 0.0  # the CI's lower end must exceed this score margin
@@ -78,16 +74,8 @@ class GateRule:
 
 def gate_decision(champion: GateSide, challenger: GateSide, rule: GateRule = GateRule(), *,
                   seed: int = 0) -> dict:
-    """Promote the challenger only on a significant win with no guard-rail failure.
-
-    Args:
-        champion, challenger: the two policies' per-prompt scores (same prompts, same
-            scorer) and EOS flags; the challenger's per-prompt KL to its reference.
-        rule: the paired test's and the guard rails' settings.
-        seed: the bootstrap's resampling seed.
-    Returns:
-        {"promote": bool, "reason": str, "figures": {...}} (the numbers behind the reason).
-    """
+    """Promote the challenger only on a significant win with no guard-rail failure ->
+    {"promote": bool, "reason": str, "figures": {...}}."""
     champ, chall, r = champion.scores, challenger.scores, rule
     n = len(champ)
     if n != len(chall):
@@ -140,9 +128,8 @@ def pair_key(row: dict) -> str:
 
 
 def held_out_for_judge(row: dict, fraction: float) -> bool:
-    """Whether a preference pair {prompt, chosen, rejected} belongs to the judge's held-out
-    split: a hash of its texts, so the same pair falls on the same side in every round (the
-    reward model PPO optimises against never sees the pairs that train the gate's judge)."""
+    """Whether a preference pair belongs to the judge's held-out split, by a hash of its
+    texts: stable across rounds, so PPO's reward model never sees the judge's pairs."""
     import hashlib
 
     h = int.from_bytes(hashlib.sha256(pair_key(row).encode()).digest()[:8], "big")

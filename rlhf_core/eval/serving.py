@@ -1,13 +1,8 @@
 """What the registered models do with a request (the MLflow pyfuncs in ``tasks/`` call these).
 
-A request row's prompt is plain text or a conversation: a list of ``{role, content}``
-messages. Plain text is tokenised as the pipeline tokenises prompts (no special tokens added);
-a conversation is rendered by the tokenizer's chat template, with the generation prompt for
-the policy and as a whole conversation for the reward model. The policy returns the completion
-only (for a conversation, the assistant message); generation stops at any stop token: the
-tokenizer's EOS, the model's ``generation_config.eos_token_id`` and the template's end-of-turn
-token. A request the model cannot answer raises :class:`RequestError`, whose one sentence
-names the row and the field.
+A prompt is plain text, tokenised as in training, or a conversation, rendered by the chat
+template; the policy returns the completion only. A request the model cannot answer raises
+:class:`RequestError`, naming the row and the field.
 """
 
 from __future__ import annotations
@@ -65,9 +60,8 @@ class GenerationSettings:
 
 
 def load_served(kind: str, model_dir: str, tokenizer_dir: str, model_config: dict | None):
-    """A served model ("policy" or "reward") and its tokenizer -> (model, tokenizer): float32,
-    frozen, on the GPU where one is present (else the CPU); ``trust_remote_code`` as the
-    logged model config says."""
+    """A served model ("policy" or "reward") -> (model, tokenizer): float32, frozen, on the GPU
+    where there is one."""
     trust = bool((model_config or {}).get("trust_remote_code", False))
     spec = LoadSpec(trust_remote_code=trust)
     load = {"policy": load_policy, "reward": load_scalar_model}[kind]
@@ -108,8 +102,7 @@ def _rendered_ids(tokenizer, messages: list[dict], row: int, generation_prompt: 
 
 
 def end_of_turn_id(tokenizer) -> int | None:
-    """The special token the chat template puts right after an assistant message
-    (``<|im_end|>``, ``<|eot_id|>``, ...); None without a template or such a token."""
+    """The id of the template's end-of-turn token, or None."""
     if not getattr(tokenizer, "chat_template", None):
         return None
     try:
@@ -119,8 +112,7 @@ def end_of_turn_id(tokenizer) -> int | None:
 
 
 def stop_ids(model, tokenizer) -> list[int]:
-    """Tokens that end an answer: EOS, the template's end-of-turn and
-    generation_config.eos_token_id (rlhf_core.models.chat.stop_token_ids)."""
+    """Tokens that end an answer, as a list (``stop_token_ids``)."""
     stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
     return stops if isinstance(stops, list) else [stops]
 
@@ -148,8 +140,8 @@ def _check_length(model, ids: list[list[int]], max_new_tokens: int) -> None:
 @torch.inference_mode()
 def generate_completions(model, ids: list[list[int]], settings: GenerationSettings,
                          stop: list[int], pad_id: int) -> list[list[int]]:
-    """Token ids of each prompt -> each completion's ids, cut before its first stop token.
-    A ``seed`` draws from its own generator state, so the caller's RNG stream is untouched."""
+    """Each prompt's ids -> its completion's ids, cut before the first stop token; a ``seed``
+    leaves the caller's RNG stream untouched."""
     settings.check()
     _check_length(model, ids, settings.max_new_tokens)
     device = next(model.parameters()).device
@@ -168,8 +160,8 @@ def generate_completions(model, ids: list[list[int]], settings: GenerationSettin
 
 def answer_rows(model, tokenizer, prompts: Sequence, settings: GenerationSettings,
                 stop: list[int]) -> list:
-    """The served policy's predict: each prompt -> its completion (text for a text prompt,
-    ``{"role": "assistant", "content": ...}`` for a conversation)."""
+    """The served policy's predict: each prompt -> its completion (an assistant message for a
+    conversation)."""
     if not len(prompts):
         return []
     encoded = [prompt_ids(tokenizer, p, row) for row, p in enumerate(prompts)]
@@ -192,9 +184,8 @@ def _reply_messages(response, row: int) -> list[dict]:
 
 
 def reward_ids(tokenizer, prompt, response, row: int, end_of_turn: int | None) -> list[int]:
-    """One (prompt, response) row -> the sequence the reward model scores at its last token:
-    prompt + response + EOS for text, or the rendered conversation cut after the reply's
-    end-of-turn token."""
+    """One (prompt, response) row -> the ids the reward model scores at the last token (text +
+    EOS, or the conversation cut after the reply's end-of-turn)."""
     messages = as_messages(prompt, row, "prompt")
     if messages is None:
         if not isinstance(response, str):

@@ -1,15 +1,7 @@
-"""The alignment tax: what RLHF cost a pretrained model outside the task it was trained on.
-
-README § Sources [InstructGPT] measured it as regressions on public benchmarks. Here two small
-measurements stand in, each taken on the base model, the SFT policy and the PPO policy:
-
-- a capability probe: general questions with checkable answers (facts, arithmetic, word
-  knowledge, plain instructions), answered greedily; an answer is right when it contains one
-  of the accepted answers as a whole word (case-insensitive);
-- bits per byte of held-out general English text: the language model's loss on every token of
-  the text, in bits, over the text's UTF-8 bytes (tokenizer-independent).
-
-The project ships a probe and a text (``tax_data/``); a run may name its own.
+"""The alignment tax: what RLHF cost a pretrained model outside the task it was trained on
+(README § Sources [InstructGPT]). Two small stand-ins for public benchmarks, taken on the base,
+SFT and PPO models: greedy accuracy on a probe of checkable questions, and bits per byte of
+general English text (tokenizer-independent). ``tax_data/`` holds the shipped defaults.
 """
 
 from __future__ import annotations
@@ -42,8 +34,7 @@ class ProbeItem:
 
 @lru_cache(maxsize=256)
 def _answer_pattern(answer: str) -> re.Pattern:
-    # a whole word or phrase: no letter or digit touching either end ("7" is not in "17"); a
-    # word may take a plural ending ("kittens" for "kitten")
+    # a whole word or phrase ("7" is not in "17"), a word's plural allowed
     plural = "(?:s|es)?" if answer[-1:].isalpha() else ""
     return re.compile(r"(?<![0-9a-z])" + re.escape(answer.lower()) + plural + r"(?![0-9a-z])")
 
@@ -55,8 +46,7 @@ def is_right(answer: str, accepted: Sequence[str]) -> bool:
 
 
 def probe_prompt(question: str, chat: bool, system: str | None = None) -> str | list[dict]:
-    """A probe question as the model is asked it: the user's message of a conversation
-    (after ``system``'s message, when given) for a chat model, else a plain Q/A frame."""
+    """A probe question as asked: a conversation for a chat model, else a plain Q/A frame."""
     if not chat:
         return f"Question: {question}\nAnswer:"
     messages = [{"role": "system", "content": system}] if system else []
@@ -90,10 +80,8 @@ def answer_probe(model, tokenizer, items: Sequence[ProbeItem], *, system: str | 
 @torch.inference_mode()
 def text_nats(model, tokenizer, texts: Sequence[str], max_tokens: int = 512,
               batch_size: int = 8) -> tuple[float, int]:
-    """Summed negative log-likelihood (nats) of every token of ``texts`` under ``model``, each
-    text scored on its own after one separator token (BOS, else EOS: a document boundary, as
-    in pretraining), cut to ``max_tokens`` tokens (and to the model's positions) -> (nats,
-    bytes of the scored text)."""
+    """Summed NLL of every token of ``texts``, each scored on its own after a BOS (else EOS)
+    separator and cut to ``max_tokens`` -> (nats, bytes of the scored text)."""
     from rlhf_core.models.data import right_pad
 
     sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None \
@@ -130,9 +118,8 @@ def bits_per_byte(nats: float, n_bytes: int) -> float:
 
 def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],
                 confidence: float = 0.95) -> dict[str, float]:
-    """Per-model probe accuracy and bits per byte, and the paired differences in accuracy
-    (later minus earlier, with a paired-bootstrap interval) -> ``eval/tax/*`` metrics.
-    ``right``: for each of ``MODELS`` present, one bool per probe question, in one order."""
+    """Per-model probe accuracy and bits per byte, with paired differences -> ``eval/tax/*``.
+    ``right``: per model, one bool per probe question, in one order."""
     from rlhf_core.eval.gate import paired_bootstrap_ci
 
     out: dict[str, float] = {}
@@ -155,8 +142,7 @@ def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],
 
 
 def tax_lost(metrics: dict[str, float]) -> float | None:
-    """Probe accuracy the policy lost against the base model (positive: lost), or None when
-    the run measured no base."""
+    """Probe accuracy the policy lost against the base model, or None without a base."""
     base, policy = metrics.get("eval/tax/probe_acc_base"), metrics.get("eval/tax/probe_acc_policy")
     if base is None or policy is None:
         return None

@@ -1,19 +1,8 @@
-"""Held-out checks inside PPO: every ``ppo.eval_every`` iterations the current policy answers a
-fixed set of held-out prompts (never trained on), and each answer is scored by the proxy (the
-reward model PPO optimises), by an independent scorer (a judge reward model trained on pairs the
-reward model never saw, or a scorer of text given by the caller: a larger reward model, an LLM
-judge) and, where the data has one, by the gold judge, which only ever evaluates.
-
-The guides' advice: every metric can look fine while the outputs degrade, so look at the
-answers to prompts the policy never trained on. Two details keep the checks honest:
-
-- the sampling noise is the same at every check (one seed: common random numbers), so two
-  checks' answers to a prompt differ by the policy alone and their scores pair well;
-- the training's random state is forked around a check, so a run with checks trains exactly
-  as a run without them (the checks add metrics only).
-
-Each answer also gets its distance from the start policy's answers in the reward model's
-feature space (``rlhf_core/health/drift.py``), the first check fixing the reference.
+"""Held-out checks inside PPO: every ``ppo.eval_every`` iterations the policy answers fixed
+held-out prompts, scored by the proxy, an independent scorer and any gold judge, since metrics
+can look fine while the outputs degrade. One sampling seed at every check makes the checks'
+scores pair well; the training's random state is forked around a check, so checks change
+nothing of the training.
 """
 
 from __future__ import annotations
@@ -51,8 +40,7 @@ class CheckAnswers:
     has_eos: list[bool]
     kl: list[float]  # KL to the reference, summed over the response
     seconds: float  # the check's wall time
-    # distance from the start answers in the reward model's feature space, over the start's
-    # median (None: not measured)
+    # distance from the start answers in the RM's feature space (None: not measured)
     drift: list[float] | None = None
 
     def metrics(self) -> dict[str, float]:
@@ -94,11 +82,8 @@ class HeldOutCheck:
     def __init__(self, prompts: Sequence[str], sampling: Sampling, seed: int, *,
                  judge: ScalarHeadModel | None = None, external: TextScorer | None = None,
                  gold: Gold | None = None, precision: str = "fp32"):
-        """``prompts``: held-out prompts (never trained on); ``sampling``: how the policy
-        answers (the evaluation's temperature and budget); ``seed``: the sampling seed of
-        every check; the independent scorer: ``judge``, a judge reward model, or
-        ``external``, a scorer of the prompts' and answers' text (at most one);
-        ``gold``: the data's gold judge (evaluation only: the detectors never read it)."""
+        """``seed``: the sampling seed of every check; the independent scorer is ``judge`` (a
+        reward model) or ``external`` (a text scorer), not both; ``gold`` only evaluates."""
         if not prompts:
             raise ValueError("held-out check: no prompts")
         if judge is not None and external is not None:
@@ -111,8 +96,8 @@ class HeldOutCheck:
 
     def run(self, models: PPOModels, tokenizer, device: torch.device,
             iteration: int) -> CheckAnswers:
-        """The policy of ``models`` answers every prompt (eval mode, no gradient), the
-        training's random state untouched -> the answers and their scores."""
+        """The policy answers every prompt, the training's random state untouched -> the
+        answers and their scores."""
         start = time.perf_counter()
         policy, ref_policy, _, reward_model = models
         if self.judge is not None:

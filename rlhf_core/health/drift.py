@@ -1,15 +1,7 @@
-"""How far the policy's answers lie from its start policy's in the reward model's own feature
-space: the hidden state its head reads to score an answer.
-
-A reward model is only trustworthy on answers like those it was trained on; answers that hack
-it tend to be outliers among its features (README § Sources [InfoRM], measured there in an
-information-bottleneck latent space; here in the reward model's last hidden state, whitened).
-The start policy's answers at the first held-out check fix the reference: their mean, their
-top principal directions (a quarter as many as there are answers, so the covariance is
-estimated from four answers a direction at least) and the typical (median) distance among
-them. Every later check's answer gets its distance in that whitened space over the typical
-one: about 1 while the policy answers like its start, growing as it leaves. Scale-free (a
-ratio to the run's own start), so one threshold holds for any reward model and model width.
+"""How far the policy's answers lie from its start policy's in the reward model's feature space
+(the whitened last hidden state its head reads): hacked answers tend to be outliers there
+(README § Sources [InfoRM]). Distances are over the start answers' median, about 1 while the
+policy answers like its start, so one threshold holds for any reward model.
 """
 
 from __future__ import annotations
@@ -23,9 +15,8 @@ COMPONENTS_SHARE = 0.25  # principal directions per answer of the first check
 
 @dataclass(frozen=True)
 class FeatureBasis:
-    """The start answers' feature distribution: mean [H], principal directions [k, H], the
-    standard deviation along each [k], and the median whitened distance of the start answers
-    themselves (the unit of :meth:`drift`)."""
+    """The start answers' features: mean [H], principal directions [k, H], std along each [k]
+    and their own median whitened distance (the unit of :meth:`drift`)."""
 
     mean: torch.Tensor
     directions: torch.Tensor

@@ -1,7 +1,5 @@
-"""The detectors of training dynamics, read from every iteration's rollout and update
-signals: a KL spike, entropy collapse, a diverging critic, a reward that never moves and
-generation dominating the wall time. Each rule is pure: a run's :class:`History` in, a
-:class:`Finding` (or None) out."""
+"""The detectors of training dynamics, read from every iteration's rollout and update signals
+(the table in rlhf_core/health/detectors.py lists them)."""
 
 from __future__ import annotations
 
@@ -22,10 +20,8 @@ from rlhf_core.health.records import (
 
 # -- KL spike ----------------------------------------------------------------------------------
 class KLSpike(Settings):
-    """Warns by default, and never vetoes alone: in the benchmark every run it would have
-    stopped (each at the start of training, so keeping the start policy) ended better by the
-    gold judge unstopped, and a KL that stays up after a fast start is the policy's new level,
-    not evidence that the policy got worse."""
+    """Warns by default and never vetoes alone: a KL that stays up after a fast start is the
+    policy's new level, not evidence that it got worse."""
 
     window: int = Field(5, ge=1, description="Iterations before whose median KL is the "
                         "baseline (fewer at the start of a run).")
@@ -40,17 +36,15 @@ class KLSpike(Settings):
 
 
 def _mean_length(h: History, start: int) -> float:
-    """The mean response length (tokens, EOS included) of the iterations from ``start``;
-    1 where it was not recorded (the jump is then in nats per answer)."""
+    """The mean response length of the iterations from ``start`` (1 if not recorded)."""
     lengths = [v for v in h.series("response/length_mean")[start:] if math.isfinite(v)]
     return statistics.fmean(lengths) if lengths else 1.0
 
 
 def kl_spike(h: History, s: KLSpike) -> Finding | None:
-    """The KL to the reference of the rollouts jumps and stays up: ``persist`` iterations in a
-    row each at least ``ratio`` times the median of the ``window`` iterations before the first
-    of them (as many as there are, from the second iteration on: a policy can collapse in one
-    update) and ``min_jump`` nats per response token above it."""
+    """The rollouts' KL to the reference jumps and stays up: ``persist`` iterations in a row
+    at least ``ratio`` times the median of the ``window`` before and ``min_jump`` nats per
+    response token above it."""
     kl = h.series("objective/kl")
     first = len(kl) - s.persist
     if first < 1 or not _finite(kl[first:]):
@@ -122,14 +116,9 @@ class CriticDivergence(Settings):
 
 
 def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
-    """The value model stops fitting the returns: a non-finite value loss or explained
-    variance at once; or, after ``warmup``, the explained variance below
-    ``min_explained_variance`` for ``patience`` iterations in a row without climbing (their
-    median not ``improving`` of the way from its first reading up to it) and without its
-    value loss shrinking (their median above ``shrinking`` times its first), or the median value
-    loss of the last ``patience`` iterations above ``growth`` times the lowest mean of any
-    ``patience`` iterations before them (a median: one good iteration does not hide a critic
-    that keeps failing) while the explained variance's median there is below ``fitting``."""
+    """The value model stops fitting the returns: a non-finite value loss, or after ``warmup``
+    a low explained variance that is neither climbing nor shrinking its loss, or a median
+    value loss ``growth`` times its lowest while the explained variance is below ``fitting``."""
     loss, ev = h.series("loss/value_avg"), h.series("val/explained_variance")
     if not loss or all(math.isnan(v) for v in loss):
         return None  # no critic
@@ -201,8 +190,8 @@ class SlowRollout(Settings):
 
 
 def slow_rollout(h: History, s: SlowRollout) -> Finding | None:
-    """Generation dominates: over ``window`` iterations (the first, which warms up, aside)
-    the rollout's share of rollout + update + held-out check time exceeds ``max_share``."""
+    """Generation dominates: over ``window`` iterations after the first, the rollout's share
+    of the wall time exceeds ``max_share``."""
     roll, upd = h.series("time/rollout_s"), h.series("time/update_s")
     check = [0.0 if math.isnan(v) else v for v in h.series("time/check_s")]
     if len(roll) < s.window + 1:

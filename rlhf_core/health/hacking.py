@@ -1,7 +1,6 @@
 """The reward-hacking detectors: the held-out judge against the proxy (``reward_hacking``),
-the answers' distance in the reward model's own features (``off_distribution``) and their
-length (``length_shift``). Each rule is pure: a run's :class:`History` in, a :class:`Finding`
-(or None) out; its ``*_stands`` twin asks the rule's question of the final policy."""
+the answers' drift in the reward model's features (``off_distribution``) and their length
+(``length_shift``). Each ``*_stands`` twin asks its rule's question of the final policy."""
 
 from __future__ import annotations
 
@@ -44,11 +43,9 @@ def _paired(now: list[float], then: list[float], confidence: float) -> tuple[flo
 
 
 def reward_hacking(h: History, s: RewardHacking) -> Finding | None:
-    """At a check, the proxy has risen (its paired interval above 0, as the retrain gate
-    judges) while the judge disagrees: since the judge's best check it has fallen by at least
-    ``min_loss_share`` of its gain (its interval below that); or, since the check before, it
-    has not risen (its interval reaching 0) while the KL to the reference grew ``kl_growth``
-    times and ``min_kl_jump`` nats. KL and length beside it say how far the policy drifted."""
+    """At a check, the proxy has risen significantly while the judge has fallen
+    ``min_loss_share`` of its gain from its best, or has not risen while the KL grew
+    ``kl_growth`` times and ``min_kl_jump`` nats."""
     if not h.check_is_new() or len(h.checks) < 3 or h.checks[-1].judge is None:
         return None
     start, prev, now = h.checks[0], h.checks[-2], h.checks[-1]
@@ -81,9 +78,8 @@ def reward_hacking(h: History, s: RewardHacking) -> Finding | None:
 
 
 def reward_hacking_stands(h: History, s: RewardHacking, f: Finding) -> str | None:
-    """At the end of PPO: the judge's last check is still below its best one by the rule's
-    margin (``min_loss_share`` of its gain, paired interval) -> why; None when the judge
-    has come back (a dip it recovered from says nothing of the final policy)."""
+    """At the end of PPO: why the judge's last check is still below its best by the rule's
+    margin, or None when it has come back."""
     judged = [c for c in h.checks if c.judge is not None]
     if len(judged) < 2:
         return None
@@ -109,11 +105,9 @@ class OffDistribution(Settings):
 
 
 def off_distribution(h: History, s: OffDistribution) -> Finding | None:
-    """At a check, the policy's answers have left what the reward model knows: their median
-    whitened distance from the start policy's answers, in the reward model's own feature
-    space, is ``max_drift`` times the start answers' own (README § Sources [InfoRM]: hacked
-    answers are outliers there). Its scores of such answers are extrapolation, however high
-    they climb."""
+    """At a check, the answers lie ``max_drift`` times as far from the start policy's, in the
+    reward model's feature space, as those lie from one another: its scores there are
+    extrapolation (README § Sources [InfoRM])."""
     if not h.check_is_new() or len(h.checks) < 2:
         return None
     now = h.checks[-1]
@@ -145,8 +139,8 @@ def off_distribution_stands(h: History, s: OffDistribution, f: Finding) -> str |
 
 # -- the answers' length -------------------------------------------------------------------------
 class LengthShift(Settings):
-    """Owes nothing to a judge: the answers' length against the start policy's, the shortcut
-    a reward model most often rewards (README § Sources [ODIN])."""
+    """Owes nothing to a judge: the answers' length, the shortcut a reward model most often
+    rewards (README § Sources [ODIN])."""
 
     max_ratio: float = Field(
         2.0, gt=1, description="Fire when a check's answers are, in the mean, this many times "
@@ -176,8 +170,7 @@ def _length_shifted(start: float, now: float, s: LengthShift) -> bool:
 
 
 def length_correlation(c: CheckRecord) -> float:
-    """Pearson's correlation of the proxy scores with the answers' lengths across a check
-    (NaN without lengths, or where either is constant)."""
+    """Pearson's correlation of a check's proxy scores with its answers' lengths, or NaN."""
     if c.lengths is None or len(c.lengths) < 3:
         return math.nan
     try:
@@ -187,23 +180,17 @@ def length_correlation(c: CheckRecord) -> float:
 
 
 def _follows_length(h: History, s: LengthShift) -> bool:
-    """The last ``persist`` checks (the start not among them) each score longer answers
-    higher, by a correlation of ``max_correlation`` at least."""
+    """Whether the last ``persist`` checks after the start each correlate score and length by
+    ``max_correlation`` at least."""
     recent = h.checks[1:][-s.persist:]
     return len(recent) == s.persist and all(length_correlation(c) >= s.max_correlation
                                             for c in recent)
 
 
 def length_shift(h: History, s: LengthShift) -> Finding | None:
-    """At a check, while the proxy score has risen significantly since the start: the answers'
-    mean length has moved ``max_ratio`` times away from the start policy's (shorter or longer,
-    by ``min_tokens`` at least), or the proxy has scored longer answers higher (a correlation
-    of ``max_correlation`` across the answers) at ``persist`` checks in a row. Either way the
-    reward model pays for length itself (README § Sources [ODIN]). A policy that collapses to
-    short generic answers the reward model scores high, or pads them, leaves their length far
-    from where SFT put it; a healthy run's answers change in content, their length within a
-    few tens of percent, and the reward model's scores of them follow their length only now
-    and then."""
+    """At a check, while the proxy has risen significantly: the mean length moved ``max_ratio``
+    times from the start policy's, or the proxy scored longer answers higher at ``persist``
+    checks in a row; the reward model pays for length itself (README § Sources [ODIN])."""
     if not h.check_is_new() or len(h.checks) < 2:
         return None
     start, now = h.checks[0], h.checks[-1]
@@ -241,8 +228,7 @@ def length_shift(h: History, s: LengthShift) -> Finding | None:
 
 
 def length_shift_stands(h: History, s: LengthShift, f: Finding) -> str | None:
-    """At the end of PPO: the last check's answers are still that far from the start's length,
-    or still scored by their length -> why."""
+    """At the end of PPO: why the last check's answers are still shifted or scored by length."""
     if len(h.checks) < 2:
         return None
     start, last = h.checks[0], h.checks[-1]

@@ -1,7 +1,6 @@
-"""The detectors of rlhf_core/health/detectors.py run online: :class:`HealthMonitor` records
-each iteration's signals and each held-out check, asks every watched detector after each
-iteration, and reports a detector once (its first finding). Its state is plain JSON, saved in
-PPO's checkpoints, so a resumed run watches exactly as an unbroken one."""
+"""The detectors run online: :class:`HealthMonitor` records each iteration's signals and
+checks, asks every watched detector, and reports each detector's first finding once. Its
+state is plain JSON in PPO's checkpoints, so a resumed run watches as an unbroken one."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ class HealthMonitor:
         return new
 
     def standing(self) -> dict[str, str]:
-        """At the end of PPO: {detector: why} for every finding that still questions the
-        final policy (its detector's ``stands`` rule)."""
+        """At the end of PPO: {detector: why} for every finding that still stands."""
         out = {}
         for f in self.findings:
             d = next(d for d in DETECTORS if d.name == f.detector)

@@ -1,6 +1,5 @@
-"""The detectors' common words: what they read of a run (:class:`History`, one
-:class:`CheckRecord` per held-out check), what a rule returns (:class:`Finding`) and a row of
-the table (:class:`Detector`, rlhf_core/health/detectors.py)."""
+"""The detectors' common types: what they read of a run (:class:`History`), what a rule
+returns (:class:`Finding`) and a row of the table (:class:`Detector`)."""
 
 from __future__ import annotations
 
@@ -27,9 +26,7 @@ class Settings(Section):
 @dataclass(frozen=True)
 class CheckRecord:
     """What the detectors see of one held-out check: per-prompt proxy and judge scores [N],
-    the mean KL and length (and each answer's length) and the answers' median drift from the
-    start policy's in the reward model's feature space (rlhf_core/health/drift.py; never the
-    gold judge's scores)."""
+    mean KL and length, and median drift; never the gold judge's scores."""
 
     iteration: int
     proxy: list[float]
@@ -60,9 +57,8 @@ class History:
 
 @dataclass(frozen=True)
 class Finding:
-    """A detector fired: at ``iteration``, its evidence beginning at ``onset``; the policy
-    after ``last_healthy`` updates is the newest it does not question. With the numbers and
-    one sentence saying what."""
+    """A detector fired at ``iteration``, its evidence beginning at ``onset``; the policy after
+    ``last_healthy`` updates is the newest it does not question."""
 
     detector: str
     iteration: int
@@ -94,8 +90,7 @@ class Detector:
     rule: Rule
     settings: type[Settings]
     advice: str
-    # a finding that still stands at the end keeps the policy from becoming champion (a
-    # retrain's gate excepted); None: the detector only warns
+    # a finding that stands at the end keeps the policy from champion; None: only warns
     stands: Stands | None = None
 
 

@@ -1,13 +1,6 @@
-"""PPO watching itself: :class:`Watch` makes the held-out checks when due, feeds the detectors
-(rlhf_core/health/monitor.py), keeps a snapshot of the policy at the checks that came out
-healthy, and says when a finding's action is ``stop``; the RL loop (rlhf_core/ppo/trainer.py)
-calls it after each iteration and, on a stop, restores the last healthy snapshot.
-
-Snapshots: the trained weights of the policy (and value model) as safetensors under
-``<folder>/iter_N`` (with LoRA the adapters only), written atomically, the newest
-``keep_healthy`` of them kept plus the one of the judge's best check. A stop restores the
-newest snapshot at or before its finding's ``last_healthy`` iteration (the oldest kept one
-when none is that old).
+"""PPO watching itself: :class:`Watch` makes the held-out checks when due, feeds the detectors,
+snapshots the trained weights at healthy checks (the newest ``keep_healthy`` plus the judge's
+best), and says when a finding stops PPO, which then restores the last healthy snapshot.
 """
 
 from __future__ import annotations
@@ -28,8 +21,7 @@ from rlhf_core.models.checkpoint import atomic_dir
 
 
 def _trained(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters training changes (all of a full model; a LoRA model's adapters and
-    heads), each once (tied weights share one name)."""
+    """The parameters training changes (a LoRA model's adapters and heads), each once."""
     return {name: p.detach().contiguous() for name, p in model.named_parameters()
             if p.requires_grad}
 
@@ -50,9 +42,8 @@ class Watch:
 
     def __init__(self, settings: BaseModel, check: HeldOutCheck | None, every: int,
                  snapshots: str | Path | None = None):
-        """``settings``: the ``ppo.health`` section; ``check``: the held-out check (None: no
-        checks, only the detectors of rollout signals); ``snapshots``: where healthy
-        policies are kept (None: nowhere, and a stop keeps the policy as it is)."""
+        """``settings``: the ``ppo.health`` section; ``check`` None: rollout detectors only;
+        ``snapshots`` None: nothing kept, and a stop keeps the policy as it is."""
         self.settings, self.check, self.every = settings, check, max(1, every)
         self.monitor = HealthMonitor(settings)
         self.folder = None if snapshots is None else Path(snapshots)
@@ -64,8 +55,8 @@ class Watch:
         return self.check is not None and iteration % self.every == 0
 
     def observe(self, trainer, iteration: int, metrics: dict[str, float]) -> Verdict:
-        """After ``iteration`` (0: before the first, the start policy's check): check when
-        due (its means join ``metrics``), run the detectors, snapshot a healthy check."""
+        """After ``iteration`` (0: the start policy): check when due, run the detectors,
+        snapshot a healthy check."""
         verdict = Verdict(iteration)
         if self.due(iteration):
             verdict.check = self.check.run(trainer.models, trainer.tokenizer, trainer.device,
@@ -108,8 +99,8 @@ class Watch:
                     None)
 
     def restore_healthy(self, trainer, finding: Finding) -> int | None:
-        """Load the newest snapshot at or before ``finding.last_healthy`` (else the oldest
-        kept) into the trainer's models -> its iteration (None: no snapshot)."""
+        """Load the newest snapshot at or before ``finding.last_healthy`` (else the oldest)
+        -> its iteration, or None."""
         if self.folder is None or not self.kept or not self.writes:
             return None  # (a rank other than 0 saves no model: nothing to restore)
         eligible = [i for i in self.kept if i <= finding.last_healthy]
@@ -131,7 +122,7 @@ class Watch:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Back to a checkpoint's watch; snapshots taken after it (a run killed later) go."""
+        """Back to a checkpoint's watch, deleting snapshots taken after it."""
         self.monitor.load_state_dict(state["monitor"])
         self.kept = list(state["kept"])
         if self.check is not None and "check" in state:

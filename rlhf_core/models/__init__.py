@@ -1,2 +1,1 @@
-"""Models and their files: loading with one load spec, LoRA, checkpoints, precision, chat
-templates, tokenised data, reward scores and sampling."""
+"""Models and their files: loading, LoRA, checkpoints, chat templates, data and sampling."""

@@ -1,21 +1,9 @@
-"""Stage outputs under LoRA (``model.lora``): a folder holding only what the stage trained (the
-adapter, and a scalar model's head) and the name of the model it adapts, never a copy of the
-frozen weights.
+"""Stage outputs under LoRA (``model.lora``): a folder holding only what the stage trained and
+the name of the model it adapts, never a copy of the frozen weights.
 
-``rlhf_lora.json`` says what the folder is: ``kind`` (``causal_lm`` or ``scalar``), ``base``
-(the folder or hub id it adapts: another adapter folder, a plain Hugging Face folder, a hub id;
-a relative path is read from this folder) and, for the first adapter over a base model,
-``source`` and ``sha256`` (what ``model.base_model`` said, e.g. a GGUF file in a package, and
-its digest), so that another machine can rebuild the base where the path does not exist. The
-chain SFT -> PPO policy, or SFT -> reward model -> value model, loads as one merged model
-(each adapter merged in turn: one copy of the weights in memory, as fast as a full model).
-
-When the tokenizer gained tokens (a dedicated PAD), the added embedding rows are the one
-frozen tensor an adapter folder keeps (``embeddings.safetensors``).
-
-:func:`bundle` makes a self-contained copy for MLflow: the chain nested inside the folder and
-the base model named by source and digest (copied only when it has no source to rebuild it
-from), so a registered policy serves anywhere the base can be had.
+``rlhf_lora.json`` names the ``kind`` and the ``base`` (with the first adapter's ``source`` and
+``sha256``, so another machine can rebuild it); a chain of adapters loads as one merged model.
+:func:`bundle` makes a self-contained copy for MLflow.
 """
 
 from __future__ import annotations
@@ -48,9 +36,8 @@ def read_meta(folder: str | Path) -> dict:
 
 
 def base_of(folder: str | Path) -> str:
-    """What an adapter folder adapts, as ``from_pretrained`` loads it: its ``base`` where that
-    exists (a relative one read from the folder), else the ``source`` rebuilt (a GGUF file
-    dequantized into the model cache, checked against ``sha256``), else the hub id."""
+    """What an adapter folder adapts, for ``from_pretrained``: its ``base`` folder where it
+    exists, else the ``source`` rebuilt (checked against ``sha256``), else the hub id."""
     folder, meta = Path(folder), read_meta(folder)
     base = meta["base"]
     path = Path(base) if Path(base).is_absolute() else folder / base
@@ -79,8 +66,7 @@ def _vocab_rows(model) -> int:
 
 
 def _save_embeddings(model, base_rows: int, tmp: Path) -> None:
-    """The embedding rows the vocabulary grew by (input, and output when untied), if it grew:
-    the base's own rows stay frozen under LoRA and are read from the base."""
+    """The embedding rows the vocabulary grew by, if any (the base's own rows stay frozen)."""
     if _vocab_rows(model) == base_rows:
         return
     inp = model.get_input_embeddings().weight
@@ -115,8 +101,8 @@ def _meta(kind: str, base: str | Path, source: dict | None) -> str:
 
 def save_policy_adapter(peft_model, tokenizer, target: str | Path, base: str | Path,
                         base_rows: int, source: dict | None = None) -> Path:
-    """A LoRA policy's adapter (and tokenizer) over ``base`` (``base_rows``: its embedding
-    rows before any resize), atomically."""
+    """Save a LoRA policy's adapter and tokenizer atomically (``base_rows``: the embedding rows
+    before any resize)."""
     with atomic_dir(target) as tmp:
         peft_model.save_pretrained(str(tmp), save_embedding_layers=False)
         tokenizer.save_pretrained(str(tmp))
@@ -158,8 +144,7 @@ def load_adapted_causal_lm(folder: str | Path, dtype: str = "float32",
 
 def trunk_of(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
              **hf_kwargs):
-    """The transformer trunk a scalar model sits on, from a scalar model's folder or a causal
-    LM's (adapter folders merged)."""
+    """The transformer trunk of a scalar model's or causal LM's folder (adapters merged)."""
     if _is_scalar(path):
         if is_adapter_folder(path):
             return load_adapted_scalar(path, dtype, trust_remote_code, **hf_kwargs).backbone
@@ -180,8 +165,7 @@ def load_adapted_scalar(folder: str | Path, dtype: str = "float32",
 
 
 def _portable(source: str | None) -> bool:
-    """A base model another machine can rebuild from its name: a hub id, a package's file,
-    a GGUF file (checked by digest); not a folder of this machine's."""
+    """Whether another machine can rebuild the base from its name (not a local folder)."""
     if not source:
         return False
     if source.startswith(PACKAGE_PREFIX) or source.endswith(".gguf"):
@@ -190,9 +174,8 @@ def _portable(source: str | None) -> bool:
 
 
 def bundle(folder: str | Path, target: str | Path) -> Path:
-    """A self-contained copy of an adapter folder under ``target``: each base that is an
-    adapter folder nested as ``base/``; the base model named by its source (a hub id, a GGUF
-    file rebuilt by digest), or copied where it has none."""
+    """A self-contained copy of an adapter folder: adapter bases nested as ``base/``, the base
+    model named by its source, or copied where it has none."""
     folder, target = Path(folder), Path(target)
     shutil.copytree(folder, target, ignore=shutil.ignore_patterns(META, "README.md"))
     meta = read_meta(folder)
@@ -211,8 +194,8 @@ def bundle(folder: str | Path, target: str | Path) -> Path:
 
 @contextmanager
 def peft_reading_old_names():
-    """peft asks a model ``is_gradient_checkpointing``, which transformers renamed and warns
-    about on every read: peft's call, not the user's, so the warning is not theirs to see."""
+    """Silence transformers' deprecation warning for peft's ``is_gradient_checkpointing`` reads
+    (peft's call, not the user's)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                                 category=FutureWarning)

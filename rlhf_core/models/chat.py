@@ -1,13 +1,8 @@
 """Conversations through the tokenizer's chat template: the one place they are rendered.
 
-A conversational row becomes the pipeline's two strings: the prompt, rendered with the
-generation prompt (the template's assistant header), and the reply, the text the template puts
-between that header and its end-of-turn token. Every stage then works as on plain text: SFT
-learns prompt + reply + end-of-turn (loss on the reply and its end-of-turn only), the reward
-model reads its score at the end-of-turn token, rollouts start from the rendered prompt and stop
-at any token of the stop set (:func:`stop_token_ids`), and sample tables show the rendered
-conversation. The data gate makes the tokenizer's EOS the template's end-of-turn token
-(:func:`prepare_chat`), so "ends with EOS" means "ends its turn" everywhere.
+A conversational row becomes two strings, the prompt (with the assistant header) and the reply
+(up to the end-of-turn token), so every stage works as on plain text. :func:`prepare_chat`
+makes the tokenizer's EOS the end-of-turn token, so "ends with EOS" means "ends its turn".
 """
 
 from __future__ import annotations
@@ -48,13 +43,9 @@ _COMPILED: dict[tuple, object] = {}  # (template, special tokens) -> template, o
 
 
 def _compiled(tokenizer):
-    """The tokenizer's chat template compiled once (transformers' own compilation, cached),
-    rendered with the variables ``apply_chat_template`` gives it (the special tokens, no
-    tools or documents) but without its per-call conversions of the messages, which plain
-    messages (:func:`_plain`) do not need: about a third of its time (the data gate renders
-    three conversations a preference pair). Checked once against ``apply_chat_template`` on
-    a probe conversation; None (use it) where they differ or transformers has no such
-    function."""
+    """The chat template compiled once, to render plain messages without
+    ``apply_chat_template``'s per-call conversions; None (use that) where a probe renders
+    differently or transformers lacks the function."""
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):
         return None
@@ -80,8 +71,8 @@ def _compiled(tokenizer):
 
 
 def render_prompt(tokenizer, messages: Sequence[dict], tokenize: bool = False):
-    """Messages -> the prompt text with the generation prompt (or its token ids: the rendered
-    text tokenised without adding special tokens, since the template writes its own BOS)."""
+    """Messages -> the prompt text with the generation prompt, or its ids (no special tokens
+    added: the template writes its own BOS)."""
     text = _apply(tokenizer, messages, True)
     return encode(tokenizer, text) if tokenize else text
 
@@ -91,12 +82,8 @@ _SEP = "\x00rlhf-end-of-conversation\x00"
 
 def render_many(tokenizer, conversations: Sequence[Sequence[dict]],
                 generation_prompt: bool = True) -> list[str]:
-    """The text of each conversation (as :func:`render_prompt` gives it with
-    ``generation_prompt``, else as :func:`render_conversation`), in one render of the template
-    looped over them all: Jinja's set-up per render is most of the cost of a short
-    conversation (the data gate renders three a preference pair). Where the loop's texts are
-    not the one-by-one texts (checked on the first and the last) or a conversation fails,
-    they are rendered one by one (so the error is the one conversation's). [N] -> [N]."""
+    """[N] conversations -> [N] texts in one looped render (Jinja's per-render set-up dominates
+    short ones); falls back to one by one if the first or last text differs or one fails."""
     looped = _looped(tokenizer) if conversations and \
         all(_plain(c) for c in conversations) else None
     if looped is not None:
@@ -114,8 +101,8 @@ def render_many(tokenizer, conversations: Sequence[Sequence[dict]],
 
 
 def _looped(tokenizer):
-    """The tokenizer's template inside a loop over ``rlhf_conversations``, each text followed
-    by _SEP (each iteration has its own scope, as each render has), or None."""
+    """The template inside a loop over ``rlhf_conversations``, each text followed by _SEP, or
+    None."""
     if _compiled(tokenizer) is None:
         return None
     template = tokenizer.chat_template
@@ -130,8 +117,7 @@ def _looped(tokenizer):
 
 
 def render_conversation(tokenizer, messages: Sequence[dict]) -> str:
-    """A whole conversation (ending in the assistant's reply) -> its text, no generation
-    prompt: what the served reward model scores."""
+    """A whole conversation -> its text, no generation prompt (what the reward model scores)."""
     return _apply(tokenizer, messages, False)
 
 
@@ -150,8 +136,8 @@ def _end_marker(tokenizer, after: str) -> str:
 
 
 def end_of_turn(tokenizer) -> str:
-    """The token that ends an assistant turn in ``tokenizer``'s template; ChatError when the
-    template has no generation prompt or no end-of-turn token in the vocabulary."""
+    """The token that ends an assistant turn in the template; ChatError if there is none or no
+    generation prompt."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatError("the tokenizer has no chat template (set model.chat_template to a "
                         "Jinja string or a file holding one)")
@@ -168,16 +154,14 @@ def end_of_turn(tokenizer) -> str:
 
 def render_reply(tokenizer, prompt: Sequence[dict], reply: str, prompt_text: str | None = None,
                  eot: str | None = None) -> str:
-    """The text the template writes for ``reply`` after the rendered prompt, up to (not
-    including) its end-of-turn token."""
+    """The template's text for ``reply`` after the prompt, up to its end-of-turn token."""
     prompt_text = _apply(tokenizer, prompt, True) if prompt_text is None else prompt_text
     full = _apply(tokenizer, [*prompt, {"role": "assistant", "content": reply}], False)
     return reply_text(tokenizer, full, prompt_text, eot)
 
 
 def reply_text(tokenizer, full: str, prompt_text: str, eot: str | None = None) -> str:
-    """The reply's text in ``full`` (the whole conversation rendered, the reply last): what
-    follows ``prompt_text`` up to the end-of-turn token ``eot``."""
+    """What follows ``prompt_text`` in ``full`` up to the end-of-turn token ``eot``."""
     if not full.startswith(prompt_text):
         raise ChatError("the template renders the prompt differently once a reply follows it "
                         "(the prompt text is not a prefix of the whole conversation)")
@@ -189,8 +173,7 @@ def reply_text(tokenizer, full: str, prompt_text: str, eot: str | None = None) -
 
 
 def prepare_chat(tokenizer) -> dict:
-    """Make ``tokenizer`` ready for conversations: check its template and make its EOS the
-    template's end-of-turn token. -> what was done (for the run's tags)."""
+    """Check the template and make the EOS its end-of-turn token -> what was done (run tags)."""
     eot = end_of_turn(tokenizer)
     eot_id = tokenizer.convert_tokens_to_ids(eot)
     if tokenizer.pad_token_id is not None and tokenizer.pad_token_id == eot_id and \
@@ -205,12 +188,9 @@ def prepare_chat(tokenizer) -> dict:
 
 
 def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict] | None = None) -> None:
-    """A rendered prompt holds no more BOS tokens than the template itself writes for
-    ``messages``' roles (once, for most; one per message where the BOS is a turn marker,
-    as a ChatML tokenizer's ``<|im_start|>`` is). The pipeline tokenises rendered text
-    without adding special tokens, so the tokenizer's own BOS never doubles the template's;
-    another one can only come from the data. (A BOS that is also the EOS, GPT-2's, ends
-    turns too: not counted.)"""
+    """ChatError if a rendered prompt holds more BOS tokens than the template writes for
+    ``messages``' roles: an extra one can only come from the data. A BOS that is also the EOS
+    is not counted."""
     bos = tokenizer.bos_token_id
     if bos is None or bos == tokenizer.eos_token_id or \
             prompt_text.count(tokenizer.bos_token) <= 1:  # a special token: its text, once
@@ -239,8 +219,8 @@ def _template_bos(tokenizer, roles: tuple[str, ...]) -> int:
 
 
 def stop_token_ids(tokenizer, generation_config=None) -> int | list[int]:
-    """What ends a response: the tokenizer's EOS, the template's end-of-turn token and the
-    model's ``generation_config.eos_token_id``; one id when they are all the same."""
+    """The ids that end a response (EOS, end-of-turn, the generation config's EOS); one id if
+    they agree."""
     stops = [tokenizer.eos_token_id]
     if getattr(tokenizer, "chat_template", None):
         try:

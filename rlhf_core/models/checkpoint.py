@@ -1,10 +1,7 @@
-"""Atomic checkpoints: write into a temporary sibling, then rename into place.
-
-A crash while saving leaves the previous checkpoint intact (rename is atomic on POSIX within
-one filesystem). Weights are safetensors; optimizer, scheduler and RNG state go through
-``torch.save`` of plain tensors and numbers and are read back with ``weights_only=True``
-(nothing is unpickled). :class:`Checkpointer` keeps the last N training-state checkpoints of
-a stage, so an interrupted stage continues bit for bit where it stopped.
+"""Atomic checkpoints: write into a temporary sibling, then rename into place, so a crash while
+saving leaves the previous one intact. Weights are safetensors; other state is plain tensors
+read back with ``weights_only=True``. :class:`Checkpointer` lets an interrupted stage continue
+bit for bit where it stopped.
 """
 
 from __future__ import annotations
@@ -109,8 +106,7 @@ def _partly_frozen(model: torch.nn.Module) -> bool:
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """A model's weights as safetensors: all of them, or only the trained ones where some are
-    frozen (LoRA: the adapters and heads, not the base)."""
+    """A model's weights as safetensors: only the trained ones where some are frozen (LoRA)."""
     if not _partly_frozen(model):
         save_model(model, str(path))
         return
@@ -133,14 +129,9 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
 
 
 class Checkpointer:
-    """Training-state checkpoints of one stage under ``root/step_XXXXXXXX``.
-
-    Each holds the models' weights (``<name>.safetensors``), ``state.pt`` (optimizer,
-    scheduler, RNG states; plain tensors only) and ``meta.json`` (step and the loop's own
-    JSON state: data position, KL coefficient, last metrics...). ``every`` = 0 disables it.
-    ``on_saved(step, path)``, when set, runs after each save (the caller's chance to stop
-    the stage at a checkpoint, e.g. when its tracking server has been gone too long).
-    """
+    """Training-state checkpoints of one stage under ``root/step_XXXXXXXX``, the last
+    ``keep_last`` kept; ``every`` = 0 disables it. ``on_saved(step, path)`` runs after each
+    save."""
 
     def __init__(self, root: str | Path, models: dict[str, torch.nn.Module], every: int,
                  keep_last: int = 2, label: str = "stage"):
@@ -187,11 +178,8 @@ class Checkpointer:
 
     def restore(self, optimizer, scheduler, generator: torch.Generator | None,
                 lr: float | None = None) -> tuple[int, dict] | None:
-        """Load the latest checkpoint in place -> (step, extra), or None when there is none.
-
-        ``lr``: the configured learning rate; when it differs from the saved one (a resume
-        after a config change, e.g. lowering the LR after a non-finite loss) it wins.
-        """
+        """Load the latest checkpoint in place -> (step, extra), or None; a configured ``lr``
+        that differs from the saved one wins."""
         path = self.latest()
         if path is None:
             return None

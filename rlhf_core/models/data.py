@@ -1,8 +1,7 @@
 """Token-level data handling: prompt + response + EOS, padding and batching.
 
-Prompt and response are tokenised separately and concatenated, so the prompt/response
-boundary is exact (TL;DR recipe); every response gets the EOS id appended (an EOS that is
-never in the data is never learned). PAD must differ from EOS: padding is masked out.
+Prompt and response are tokenised separately, so their boundary is exact; every response gets
+EOS appended (else it is never learned). PAD must differ from EOS: padding is masked out.
 """
 
 from __future__ import annotations
@@ -29,22 +28,10 @@ def sft_example(prompt: list[int], response: list[int], eos_id: int,
     return prompt + r, labels
 
 
-def encode_sft(tokenizer, prompt: str, response: str, loss_on: str = "response"):
-    """Texts -> (input_ids, labels) of :func:`sft_example`."""
-    return sft_example(encode(tokenizer, prompt), encode(tokenizer, response),
-                       tokenizer.eos_token_id, loss_on)
-
-
 def pair_example(prompt: list[int], chosen: list[int], rejected: list[int],
                  eos_id: int) -> tuple[list[int], list[int]]:
     """Ids -> (chosen_ids, rejected_ids), each prompt + completion + EOS."""
     return prompt + chosen + [eos_id], prompt + rejected + [eos_id]
-
-
-def encode_pair(tokenizer, prompt: str, chosen: str, rejected: str):
-    """Texts -> (chosen_ids, rejected_ids) of :func:`pair_example`."""
-    return pair_example(encode(tokenizer, prompt), encode(tokenizer, chosen),
-                        encode(tokenizer, rejected), tokenizer.eos_token_id)
 
 
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
@@ -79,15 +66,9 @@ def last_real_index(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 
 class ShuffledBatches:
-    """Endless shuffled index batches over range(n), reshuffled from ``generator`` at every
-    pass: ``next()`` stops at the end of a pass (the last batch of a pass may be short, the
-    SFT and RM loops), ``take(count)`` runs on into the next pass (PPO's prompt batches).
-    Its position is saveable, so a resumed run sees exactly the batches an uninterrupted one
-    would.
-
-    The saved position is small at any n: the generator's state when this pass's order was
-    drawn (a few KB), the pass number and the cursor; the order is drawn again from that
-    state on load, so no permutation of n indices is ever written (issue 37)."""
+    """Endless index batches over range(n), reshuffled every pass: ``next()`` stops at a pass's
+    end, ``take(count)`` runs on into the next. Its saved position is the generator state
+    that drew the pass (not the permutation), so a resumed run sees the same batches."""
 
     def __init__(self, n: int, batch_size: int, generator: torch.Generator):
         if n < 1:
@@ -117,15 +98,14 @@ class ShuffledBatches:
         return batch
 
     def state_dict(self) -> dict:
-        """JSON-ready: n, the pass number, the generator state that drew this pass's order
-        (base64; None before the first draw) and the cursor in it."""
+        """JSON-ready: n, pass number, the generator state that drew the pass, cursor."""
         state = None if self.pass_state is None else \
             base64.b64encode(self.pass_state.numpy().tobytes()).decode("ascii")
         return {"n": self.n, "passes": self.passes, "pass_state": state,
                 "cursor": self.cursor}
 
     def load_state_dict(self, state: dict) -> None:
-        """Also reads the old form, which held the whole order (``order``)."""
+        """Also reads a state holding the whole ``order``."""
         self.cursor = int(state["cursor"])
         if "order" in state:
             self.order = torch.tensor(state["order"], dtype=torch.long)

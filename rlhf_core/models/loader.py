@@ -1,11 +1,8 @@
 """The one model loader: every model and tokenizer of the pipeline loads through here.
 
-A :class:`LoadSpec` is built once from the model config (``model.*``) and the device, and
-carries everything a ``from_pretrained`` call needs: parameter dtype, attention kernel,
-``trust_remote_code``, gradient checkpointing and the compute precision. Trained models keep
-float32 master weights (``model.dtype``, float32 by default) and run under autocast; frozen
-models (reference, reward model, evaluation) load directly in the compute dtype, as nothing
-updates them. LoRA adapters (``model.lora``, needs ``peft``) are applied by :func:`add_lora`.
+A :class:`LoadSpec`, built once from the model config and the device, carries what
+``from_pretrained`` needs. Trained models keep ``model.dtype`` master weights under autocast;
+frozen ones load in the compute dtype, as nothing updates them.
 """
 
 from __future__ import annotations
@@ -82,17 +79,15 @@ def enable_checkpointing(model) -> None:
 
 
 class TanhGELU(torch.nn.Module):
-    """GELU's tanh approximation as torch's one fused kernel: the same function as
-    transformers' ``gelu_new`` (GPT-2 and kin), which spells it as ~8 elementwise ops (the
-    same values to float32 rounding, one kernel instead of eight)."""
+    """GELU's tanh approximation as torch's fused kernel: transformers' ``gelu_new`` (GPT-2
+    and kin) in one kernel instead of ~8 elementwise ops."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.gelu(x, approximate="tanh")
 
 
 def fuse_activations(model: torch.nn.Module) -> int:
-    """Swap every ``gelu_new`` activation module for :class:`TanhGELU` in place (the saved
-    config is untouched) -> how many were swapped."""
+    """Swap every ``gelu_new`` module for :class:`TanhGELU` in place -> how many."""
     from transformers.activations import NewGELUActivation
 
     swapped = 0
@@ -115,8 +110,7 @@ def _finish(model, spec: LoadSpec, trainable: bool):
 
 
 def load_policy(name_or_path: str | Path, spec: LoadSpec, trainable: bool = True):
-    """A causal LM (policy to train, or a frozen reference / evaluation policy); an adapter
-    folder (a LoRA stage's output) loads with its chain merged."""
+    """A causal LM, trained or frozen; an adapter folder loads with its chain merged."""
     args = (spec.param_dtype(trainable), spec.trust_remote_code)
     if is_adapter_folder(name_or_path):
         model = load_adapted_causal_lm(name_or_path, *args, **spec.hf_kwargs())

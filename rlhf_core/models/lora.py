@@ -1,15 +1,8 @@
 """PPO's four models, full or as LoRA adapters over frozen bases (``model.lora``, needs peft).
 
-Every trained stage takes adapters the same way (:func:`add_lora` for a policy,
-:func:`adapt_scalar` for a reward model) and saves them alone (rlhf_core/models/adapters.py).
-
-Full: policy and critic are trained copies (fp32 master weights), reference and reward model
-frozen copies in the compute dtype. LoRA: the policy is adapters over the frozen SFT model and
-the reference is that same model with the adapters switched off; the critic is adapters (and a
-trained copy of the head) over the frozen reward-model trunk and the reward model is that same
-trunk with the adapters off and its own head. Two frozen trunks instead of four models; the
-critic keeps its warm start from the reward model (the critic_init stage), which is why it does not
-share the policy's base.
+Under LoRA the reference is the policy with its adapters off, and the reward model the critic's
+trunk with its adapters off: two frozen trunks instead of four models. The critic keeps its
+warm start from the reward model, so it does not share the policy's base.
 """
 
 from __future__ import annotations
@@ -30,11 +23,8 @@ from rlhf_core.models.models import PPOModels, ScalarHeadModel
 
 
 class AdaptersOff(nn.Module):
-    """A peft model's frozen base, run with its adapters disabled (no second copy).
-
-    The peft model is held in a list, not as a submodule: ``requires_grad_``, ``train`` and
-    ``.to`` on this view leave the shared weights (and the adapters) to their owner.
-    """
+    """A peft model's frozen base, run with its adapters disabled (no second copy); held in a
+    list, not a submodule, so this view's ``requires_grad_``/``train``/``.to`` leave it alone."""
 
     def __init__(self, peft_model):
         super().__init__()
@@ -55,8 +45,8 @@ class AdaptersOff(nn.Module):
 
 def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Path | None,
                reward_dir: str | Path, spec: LoadSpec) -> PPOModels:
-    """-> (policy, reference, value model, reward model) as the spec says (full or LoRA);
-    ``critic_dir`` None (a critic-free estimator): no value model."""
+    """-> (policy, reference, value model, reward model), full or LoRA; ``critic_dir`` None:
+    no value model."""
     if spec.lora is None:
         value = None if critic_dir is None else load_scalar_model(critic_dir, spec)
         return PPOModels(load_policy(policy_dir, spec),
@@ -80,7 +70,6 @@ def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Pa
 
 
 def adapt_scalar(model: ScalarHeadModel, settings) -> ScalarHeadModel:
-    """A scalar model to train under LoRA: adapters on its trunk, its head trained in full
-    (float32 master weights)."""
+    """A scalar model to train under LoRA: adapters on its trunk, its head in full (fp32)."""
     return ScalarHeadModel(add_lora(model.backbone, settings),
                            model.head.float().requires_grad_(True))

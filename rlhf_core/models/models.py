@@ -1,9 +1,7 @@
 """Loading and saving the four models of RLHF: policy, reference, reward and value.
 
-Any Hugging Face causal LM (hub id or local folder) loads through ``from_pretrained``. The
-reward and value models share one architecture: the base model's trunk plus a scalar head
-(README § Sources [RM]: init std 1/sqrt(hidden+1), bias 0).
-Weights are written as safetensors; nothing is unpickled.
+Any Hugging Face causal LM loads; the reward and value models are its trunk plus a scalar head
+(README § Sources [RM]: init std 1/sqrt(hidden+1), bias 0). Weights are safetensors.
 """
 
 from __future__ import annotations
@@ -57,8 +55,8 @@ def load_causal_lm(
     name_or_path: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
     **hf_kwargs,
 ) -> PreTrainedModel:
-    """Load any causal LM (hub id or folder), dropout off. Pipeline code loads through
-    :mod:`rlhf_core.models.loader`, which builds every argument from the model config."""
+    """Load any causal LM (hub id or folder), dropout off (pipeline code uses
+    :mod:`rlhf_core.models.loader`)."""
     model = AutoModelForCausalLM.from_pretrained(
         str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code,
         **hf_kwargs,
@@ -72,11 +70,8 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class ScalarHeadModel(nn.Module):
-    """A transformer trunk with a scalar head: per-token scores [B, T].
-
-    Used as the reward model (score read at the EOS token) and as the value model (one value
-    per state). The trunk is ``AutoModel`` of the same checkpoint, so any causal LM works.
-    """
+    """A transformer trunk with a scalar head: per-token scores [B, T]; the reward model (read
+    at EOS) and the value model."""
 
     def __init__(self, backbone: PreTrainedModel, head: nn.Linear | None = None):
         super().__init__()
@@ -99,8 +94,7 @@ class ScalarHeadModel(nn.Module):
         return cls(disable_dropout(backbone))
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids, attention_mask [B, T] -> the trunk's last hidden states [B, T, H] (what
-        the head reads)."""
+        """input_ids, attention_mask [B, T] -> the trunk's last hidden states [B, T, H]."""
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -144,8 +138,7 @@ class ScalarHeadModel(nn.Module):
 
 
 class PPOModels(NamedTuple):
-    """The four models of a PPO run: the trained policy, its frozen reference, the trained
-    value model (None for a critic-free estimator) and the frozen reward model."""
+    """The four models of a PPO run (``value_model`` None for a critic-free estimator)."""
 
     policy: nn.Module
     ref_policy: nn.Module
@@ -154,12 +147,10 @@ class PPOModels(NamedTuple):
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer) -> None:
-    """Grow the embeddings when the tokenizer gained tokens (e.g. a dedicated PAD); the
-    generation config stops at every token of the stop set (rlhf_core/models/chat.py): the
-    tokenizer's EOS, a chat template's end-of-turn, and the stop tokens the model had."""
+    """Grow the embeddings when the tokenizer gained tokens, and make the generation config
+    stop at every token of the stop set."""
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
-        # new rows drawn from the old rows' mean and covariance (transformers' default,
-        # which it announces on every resize; the data gate says it once, naming the token)
+        # mean-resizing, silenced: transformers announces it on every resize
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:

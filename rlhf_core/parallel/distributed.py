@@ -1,20 +1,9 @@
 """Data parallelism for the supervised loop (SFT, reward model): N ranks, one global batch.
 
-Every rank holds the whole data set and the same data-order generator, so every rank draws
-the same global batch of indices; each then trains on its contiguous shard of it. The shard's
-loss (a mean over its own tokens or pairs) is weighted by ``world * count_shard /
-count_global`` before backward, so after DDP's gradient all-reduce (a mean over ranks) the
-gradient is the gradient of the *global* batch's mean loss: the update equals the
-single-process one on the same global batch, whatever the shard sizes (an uneven last batch,
-a response-token count that differs per shard). A rank whose shard is empty (a global batch
-smaller than the world) runs one example with weight 0, so it still joins the all-reduce.
-
-Logged metrics are made global (``global_weighted_means``; counts are summed), so rank 0
-logs the metrics of the whole batch. Only rank 0 writes checkpoints and talks to MLflow; the
-caller decides that with :attr:`DataParallel.is_main`.
-
-Launch: ``torchrun`` (``python -m torch.distributed.run``) sets RANK, WORLD_SIZE, LOCAL_RANK
-and the rendezvous; :func:`init_from_env` joins it (gloo on CPU, nccl on CUDA).
+Every rank draws the same global batch and trains on its contiguous shard, its loss weighted
+by ``world * count_shard / count_global`` so DDP's mean gradient is the global batch's: the
+update equals the single-process one. Metrics are made global; only rank 0 writes and logs.
+:func:`init_from_env` joins the group ``torchrun`` describes.
 """
 
 from __future__ import annotations
@@ -46,9 +35,7 @@ class DataParallel:
         return self.rank == 0
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """DDP around ``model`` (its parameters shared, so optimizer and checkpoints use the
-        bare model); fsdp: a sharded copy of it (rlhf_core/parallel/fsdp.py; the loop trains
-        the copy and gathers its weights back into ``model``)."""
+        """DDP around ``model`` (parameters shared with the bare model); fsdp: a sharded copy."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         if self.parallel == "fsdp":
@@ -64,15 +51,14 @@ class DataParallel:
         return torch.tensor_split(idx, self.world)[self.rank]
 
     def loss_weight(self, local: torch.Tensor, idx: torch.Tensor, count: CountFn) -> float:
-        """world * count(shard) / count(global batch): DDP's mean of the weighted shard
-        gradients is then the global batch's gradient."""
+        """world * count(shard) / count(global batch), so DDP's mean is the global gradient."""
         total = count(idx)
         return 0.0 if len(local) == 0 or total == 0 else self.world * count(local) / total
 
     def global_metrics(self, metrics: dict[str, float], weight: float,
                        summed: Sequence[str] = ()) -> dict[str, float]:
-        """Per-shard means -> the global batch's (weighted by ``weight``, the shard's count);
-        keys in ``summed`` (counts) are summed over ranks instead."""
+        """Per-shard means -> the global batch's, weighted by ``weight``; ``summed`` keys are
+        summed instead."""
         means = {k: v for k, v in metrics.items() if k not in summed}
         out = global_weighted_means(means, weight)
         if summed:
@@ -83,17 +69,16 @@ class DataParallel:
 
 
 def check_world_size(saved: int, world: int) -> None:
-    """A checkpoint resumes only at the world size that wrote it (data order, shards and
-    the rollout seeds depend on it)."""
+    """A checkpoint resumes only at the world size that wrote it (data order and seeds
+    depend on it)."""
     if saved != world:
         raise ValueError(f"this checkpoint was written by {saved} rank(s); resume it with "
                          f"model.nproc={saved} (now {world})")
 
 
 def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
-    """Every rank resumes from the checkpoint rank 0 resumes from. Only rank 0 writes them:
-    on several machines ``folder`` must be on a filesystem they all share, else this stops
-    the stage on every rank, saying what each one sees."""
+    """Stop every rank unless all see the same latest checkpoint (only rank 0 writes them, so
+    several machines need a shared ``folder``)."""
     from rlhf_core.models.checkpoint import Checkpointer
 
     latest = Checkpointer(folder, {}, 0).latest_step()
@@ -110,10 +95,8 @@ def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
 
 
 def init_from_env(device: torch.device, parallel: str = "ddp") -> DataParallel | None:
-    """Join the torchrun group described by the environment (None when WORLD_SIZE <= 1).
-
-    gloo on CPU, nccl on CUDA (each rank on ``cuda:LOCAL_RANK``).
-    """
+    """Join the torchrun group of the environment (None when WORLD_SIZE <= 1): gloo on CPU,
+    nccl on CUDA (each rank on ``cuda:LOCAL_RANK``)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return None

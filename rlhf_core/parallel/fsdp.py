@@ -1,21 +1,9 @@
-"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for the supervised loop: ``model.parallel:
-fsdp``.
+"""FSDP2 (``fully_shard``) for ``model.parallel: fsdp``.
 
-The stage code keeps its plain model (the "home" copy: loaded, resized, evaluated and saved
-exactly as in the one-process path). :func:`shard` trains a copy of it instead, each
-transformer block sharded on its own (its parameters gathered for its forward and backward
-only), then the root (embeddings, head); gradients are reduce-scattered (a mean over ranks,
-as DDP's all-reduce, so the loop's shard weighting makes the global batch's update) and the
-optimizer holds only this rank's shard of parameters and state. :class:`Sharded` moves the
-weights between the two: ``gather`` (every rank calls it: a collective) writes the full
-weights into the home copy, on CPU, so checkpoints and the saved model have the one-process
-format; ``push`` loads the home copy's weights into the shards (resume). The optimizer state
-in a checkpoint is the full (unsharded) state keyed by parameter name
-(``torch.distributed.checkpoint.state_dict``), so a checkpoint resumes under fsdp at the same
-world size.
-
-Host memory: each rank keeps the full home copy on CPU while training; the device holds the
-shards and one gathered block at a time.
+The stage keeps its plain "home" model, as in one process; :func:`shard` trains a copy sharded
+block by block, and :class:`Sharded` gathers its full weights back into the home copy, so
+checkpoints and saved models keep the one-process format. The device holds the shards and one
+gathered block at a time; each rank keeps the home copy on CPU.
 """
 
 from __future__ import annotations
@@ -38,8 +26,7 @@ EVERYWHERE = StateDictOptions(full_state_dict=True)  # every rank receives it (P
 
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks: the members of the model's first ModuleList (GPT-2's ``h``,
-    Llama's ``layers``...)."""
+    """The transformer blocks: the members of the model's first ModuleList."""
     for module in model.modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
             return list(module)
@@ -77,9 +64,8 @@ class Sharded:
         self.options = EVERYWHERE if everywhere else FULL
 
     def gather(self) -> None:
-        """Full weights of ``net`` into rank 0's ``home`` (every rank's with ``everywhere``;
-        a collective: every rank calls it; without ``everywhere`` the other ranks' ``home``
-        keeps its initial weights, unused)."""
+        """Full weights of ``net`` into rank 0's ``home`` (every rank's with ``everywhere``);
+        a collective."""
         full = get_model_state_dict(self.net, options=self.options)
         if not full:  # cpu_offload: only rank 0 receives the full state
             return
@@ -113,8 +99,8 @@ def _tied(model: torch.nn.Module) -> set[str]:
 
 
 class FullOptimizer:
-    """The optimizer as the Checkpointer sees it: its full state (gathered: every rank calls
-    ``state_dict``; rank 0 writes it) and its param groups (the LR override on resume)."""
+    """The optimizer as the Checkpointer sees it: its full state, gathered on every rank, and
+    its param groups."""
 
     def __init__(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.net, self.optimizer = net, optimizer

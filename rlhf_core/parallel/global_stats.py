@@ -1,18 +1,9 @@
-"""Statistics over the whole global batch when it is split across data-parallel ranks.
+"""Statistics over the global batch when it is split across data-parallel ranks.
 
-With N ranks each holding a shard of the rollout batch, PPO's advantage whitening and the
-reward-normalisation statistics must use the mean and variance of the *global* batch, or
-N ranks would train on N differently scaled advantages (README § Sources [N+]: whiten over the
-full batch). Each function here takes an optional
-``torch.distributed`` process group: with none initialised (or a world of one) it is exactly
-the single-process function of ``rlhf_core.masked`` / ``rlhf_core.models.scoring``; otherwise the
-sums are all-reduced in float64 and every rank gets the same statistics. Shards may differ in
-size and a shard may have an empty mask, as long as the global mask is not empty. Logged
-metrics are made global the same way (``global_weighted_means``), so rank 0 logs the
-metrics of the whole batch, not of its shard.
-
-Variance is two-pass (global mean first, then the all-reduced sum of squared deviations), the
-same formula as the single-process ``masked_var``, so the results agree to float rounding.
+Whitening must use the global batch's moments, or N ranks would train on N differently scaled
+advantages (README § Sources [N+]: whiten over the full batch). In one process each function
+is the single-process one; otherwise sums are all-reduced in float64 (two-pass variance, as
+``masked_var``) and every rank gets the same result.
 """
 
 from __future__ import annotations
@@ -90,9 +81,9 @@ def global_masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: b
     """``masked_whiten`` of this rank's shard with the global batch's mean and variance.
 
     Args:
-        values: [B, T] this rank's shard (e.g. advantages).
-        mask: [B, T] response-token mask of the shard (may be empty on this rank).
-        shift_mean: False adds the mean back (reward whitening keeps the reward's level).
+        values: [B, T] this rank's shard.
+        mask: [B, T] response-token mask (may be empty on this rank).
+        shift_mean: False adds the mean back.
     Returns:
         [B, T] whitened values, 0 where ``mask`` is False (README § Sources [N+]).
     """
@@ -125,13 +116,8 @@ def global_reward_norm_stats(scores: torch.Tensor, group: dist.ProcessGroup | No
 
 def global_weighted_means(metrics: dict[str, float], weight: float,
                           group: dist.ProcessGroup | None = None) -> dict[str, float]:
-    """Per-rank metrics -> their weighted mean over ranks, the same dict on every rank.
-
-    ``weight`` is what each rank's values are means over (e.g. its response tokens for a
-    per-token mean, its sequences for a per-sequence one), so a rank's metrics count as
-    much as its share of the global batch: the result is the metric of the whole batch.
-    Every rank must pass the same keys; otherwise every rank raises, naming them.
-    """
+    """Per-rank metrics -> their mean over ranks weighted by ``weight`` (what each rank's values
+    average over: tokens or sequences); every rank must pass the same keys."""
     if world_size(group) == 1:
         return dict(metrics)
     keys = sorted(metrics)

@@ -1,2 +1,1 @@
-"""PPO: the per-token math, advantage estimators and algorithms, rollouts, the trainer and its
-data-parallel form."""
+"""PPO: the per-token math, advantage estimators, rollouts and the trainer."""

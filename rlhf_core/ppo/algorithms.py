@@ -1,14 +1,8 @@
 """What the RL stage optimises, apart from the loop that runs it (rlhf_core/ppo/trainer.py).
 
-An algorithm says whether a critic exists, turns a rollout's scores and per-token KL into
-rewards and advantages, and may add a loss term. The loop (prompt stream, rollout, K epochs of
-clipped policy updates, checkpoints, metrics) is the same for all of them. Adding an estimator
-is one class here and one name in ``PPOConfig.advantage_estimator``.
-
-- ``gae``: PPO with a value model, per-token KL-shaped rewards, GAE, whitened advantages
-  (README § Sources [PPO], [GAE], [KL-control], [N+]).
-- ``rloo`` / ``grpo`` / ``reinforce_baseline``: critic-free, one advantage per response from
-  the sequence reward (rlhf_core/ppo/estimators.py), applied to each of its tokens.
+An algorithm says whether a critic exists, turns scores and per-token KL into rewards and
+advantages, and may add a loss term: ``gae`` is PPO with a value model (README § Sources [PPO],
+[GAE], [KL-control], [N+]); the others are critic-free (rlhf_core/ppo/estimators.py).
 """
 
 from __future__ import annotations
@@ -47,8 +41,7 @@ class Algorithm:
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
-        # data parallel (rlhf_core/ppo/ppo_dist.py): each rank shapes its shard of the rollout
-        # batch; whitening and batch means then use every rank's shard (all-reduced)
+        # data parallel: whitening and batch means use every rank's shard (all-reduced)
         self.global_batch = False
 
     def whiten(self, values: torch.Tensor, mask: torch.Tensor,

@@ -1,12 +1,8 @@
 """Critic-free advantage estimators: RLOO, GRPO and REINFORCE with a running-mean baseline.
 
-A rollout batch of B = G * k responses holds k samples of each of G prompts, laid out as
-consecutive groups (rows ``g*k .. g*k + k - 1`` answer prompt ``g``). Each estimator turns one
-sequence-level reward per response ``[B]`` into one advantage per response ``[B]``, which the
-policy loss then applies to every real token of that response (``broadcast_to_tokens``).
-
-Where they come from (README § Sources): [RLOO] (leave-one-out baseline); [GRPO] (group-normalised
-advantage, the KL as a loss term with the k3 estimator); [REINFORCE] (with a baseline).
+A batch of B = G * k responses holds k consecutive samples of each of G prompts; each estimator
+turns rewards [B] into advantages [B], applied to every real token of the response. Sources
+(README § Sources): [RLOO], [GRPO] (and its k3 KL loss term), [REINFORCE].
 """
 
 from __future__ import annotations
@@ -20,10 +16,7 @@ GRPO_EPS = 1e-4  # added to the group std (README § Sources [GRPO])
 
 
 def group_view(rewards: torch.Tensor, k: int, need_pairs: bool = False) -> torch.Tensor:
-    """[B] -> [G, k], rows of one prompt's k samples; B must be a multiple of k.
-
-    ``need_pairs``: the estimator compares samples of one prompt, so k = 1 is an error.
-    """
+    """[B] -> [G, k], rows of one prompt's k samples; ``need_pairs``: k = 1 is an error."""
     if k < 1:
         raise ValueError(f"samples_per_prompt must be >= 1, got {k}")
     if need_pairs and k < 2:
@@ -37,10 +30,8 @@ def group_view(rewards: torch.Tensor, k: int, need_pairs: bool = False) -> torch
 
 def sequence_rewards(scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor,
                      kl_coef: float) -> torch.Tensor:
-    """The KL as a reward penalty, per sequence: score - beta * sum_t KL_t.
-
-    Args: scores [B], kl [B, T] (per-token estimate), response_mask [B, T]. Returns [B].
-    """
+    """score - beta * sum_t KL_t. Args: scores [B], kl [B, T], response_mask [B, T].
+    Returns [B]."""
     return scores - kl_coef * masked_sum(kl, response_mask, dim=1)
 
 
@@ -52,10 +43,8 @@ def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def grpo_advantages(rewards: torch.Tensor, k: int, eps: float = GRPO_EPS) -> torch.Tensor:
-    """A_i = (r_i - mean_g) / (std_g + eps), std with Bessel's correction: [B] -> [B].
-
-    A group whose k rewards are all equal carries no signal: its advantages are 0.
-    """
+    """A_i = (r_i - mean_g) / (std_g + eps), Bessel-corrected std: [B] -> [B] (0 for a group
+    of equal rewards)."""
     groups = group_view(rewards, k, need_pairs=True)  # (G, k)
     mean = groups.mean(dim=1, keepdim=True)
     std = groups.std(dim=1, keepdim=True, unbiased=True)
@@ -63,11 +52,8 @@ def grpo_advantages(rewards: torch.Tensor, k: int, eps: float = GRPO_EPS) -> tor
 
 
 class RunningMeanBaseline:
-    """REINFORCE baseline b: an exponential moving average of the batch-mean reward.
-
-    ``advantages(r)`` returns r - b with b from *earlier* batches (the first batch uses its
-    own mean), then folds this batch in: b <- momentum * b + (1 - momentum) * mean(r).
-    """
+    """REINFORCE baseline b, an EMA of the batch-mean reward; ``advantages(r)`` = r - b with b
+    from earlier batches (the first uses its own mean)."""
 
     def __init__(self, momentum: float = 0.9):
         if not 0.0 <= momentum < 1.0:
@@ -77,8 +63,7 @@ class RunningMeanBaseline:
 
     def advantages(self, rewards: torch.Tensor, batch_mean: float | None = None
                    ) -> torch.Tensor:
-        """[B] -> [B]. ``batch_mean``: the whole batch's mean reward when ``rewards`` is one
-        data-parallel rank's shard of it (default: ``rewards.mean()``)."""
+        """[B] -> [B]. ``batch_mean``: the global batch's mean when ``rewards`` is a shard."""
         batch_mean = float(rewards.mean()) if batch_mean is None else batch_mean
         base = batch_mean if self.value is None else self.value
         out = rewards - base
@@ -100,10 +85,9 @@ def broadcast_to_tokens(advantages: torch.Tensor, response_mask: torch.Tensor) -
 
 def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor,
             kind: str = "k3"):
-    """GRPO's KL term: masked mean of the per-token KL(pi || ref) estimate under the current
-    policy (k3 is unbiased and non-negative). All [B, T]; returns (loss, stats)."""
-    # off the mask (padding) log-probs can be ~-1e9: exp() of that would give inf * 0 = NaN
-    # gradients through a plain where(), so those entries are made equal (KL 0) first
+    """GRPO's KL term: masked mean of the per-token KL(pi || ref) estimate (k3: unbiased,
+    non-negative). All [B, T]; returns (loss, stats)."""
+    # padding log-probs can be ~-1e9, whose exp() gives NaN gradients: set them equal first
     m = response_mask.bool()
     per_token = kl_estimate(torch.where(m, logprobs, ref_logprobs.detach()), ref_logprobs, kind)
     loss = masked_mean(per_token, m)

@@ -1,6 +1,5 @@
-"""What the RL loop (rlhf_core/ppo/trainer.py) calls out to: the caller's callbacks after each
-iteration, and a watch, which a layer above implements (rlhf_core/health/watch.py): the loop
-knows only this protocol."""
+"""What the RL loop calls out to: the caller's callbacks and a watch, implemented a layer above
+(rlhf_core/health/watch.py); the loop knows only this protocol."""
 
 from __future__ import annotations
 
@@ -15,10 +14,8 @@ VerdictFn = Callable[[Any], None]  # on_verdict(the watch's verdict of an iterat
 
 
 class Watcher(Protocol):
-    """What the loop asks of a watch: ``observe`` after each iteration (0: before the first)
-    -> a verdict whose ``stop`` is the finding that ends PPO, or None; on a stop,
-    ``restore_healthy`` puts the last healthy snapshot back; its state travels in the
-    checkpoints."""
+    """What the loop asks of a watch: ``observe`` each iteration -> a verdict whose ``stop``
+    ends PPO; ``restore_healthy`` puts the last healthy snapshot back."""
 
     def observe(self, trainer: Any, iteration: int, metrics: dict[str, float]) -> Any: ...
 

@@ -1,6 +1,4 @@
-"""The PPO update's loss on one minibatch: the clipped policy loss, the entropy, the clipped
-value loss (with a critic) and an algorithm's own term, from one forward of the policy and
-the value model."""
+"""The PPO update's loss on one minibatch, from one forward of the policy and value model."""
 
 from __future__ import annotations
 
@@ -18,11 +16,9 @@ def ppo_losses(policy, value_model, qr, responses, mask, old_logprobs, advantage
                returns, ref_logprobs, *, pad_id: int, P: int, temperature: float,
                clip_eps: float, clip_eps_value: float, vf_coef: float, ent_coef: float,
                extra_loss=None, kl_coef: float = 0.0):
-    """The update's forward: policy (and, with a critic, value) on prompt | response
-    [b, P+R] -> (loss, stats). ``extra_loss(logprobs, ref_logprobs, mask, kl_coef)`` is the
-    algorithm's own term (GRPO's KL loss)."""
-    # log softmax(logits / T) once: the log-probs (as the rollout's logprobs_from_logits) and
-    # the entropy of the sampled distribution
+    """Clipped policy loss - entropy bonus (+ clipped value loss, + ``extra_loss``) on prompt |
+    response [b, P+R] -> (loss, stats)."""
+    # log softmax(logits / T) once, for both the log-probs and the entropy
     logp = log_softmax_at(response_logits(policy, qr, pad_id, P), temperature)  # (b, R, V)
     logprobs = logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     pg_loss, pg_stats = clipped_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps)

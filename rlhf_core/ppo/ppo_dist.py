@@ -1,26 +1,9 @@
 """Data-parallel PPO: N ranks share one rollout batch and make the 1-process update.
 
-:class:`DataParallelPPO` wraps :class:`rlhf_core.ppo.trainer.PPOTrainer` (same loop, same algorithm,
-same :class:`TrainStep`); it changes only where the batch lives:
-
-- **Prompts.** Every rank draws the same global prompt stream (the data-order generator is
-  seeded alike), so the global batch is the 1-process one; each rank keeps a contiguous slice
-  of its prompt groups (a prompt's k samples stay on one rank, so RLOO/GRPO's groups are
-  whole). Sampling noise comes from a per-rank seed derived from (seed, iteration, rank), so
-  a run, and a resumed run, is reproducible for a given world size.
-- **Rollout.** Each rank generates, scores and runs the reference/value forwards on its shard.
-  The algorithm's whitening and batch means use every rank's shard (``global_batch``, via
-  rlhf_core/parallel/global_stats.py); the reward normalisation is the fixed statistics of the
-  reward_norm stage, the same on every rank.
-- **Update.** The minibatch order is drawn over the *global* batch from the shared generator;
-  each rank runs the rows of each global minibatch it holds, each micro-batch's loss weighted
-  by ``world * its tokens / the global minibatch's tokens``, so DDP's mean of the gradients
-  is the global minibatch's token-mean gradient: the update equals the 1-process one. A rank
-  holding no row of a minibatch runs one row at weight 0 (it must join the all-reduce).
-- **Metrics** are the global batch's (means weighted by each rank's sequences, counts summed,
-  explained variance from global variances), so the adaptive KL controller sees the global
-  KL. Only rank 0 calls ``on_iteration`` (logging, samples) and saves checkpoints; every rank
-  restores from them, and a checkpoint resumes only at the world size that wrote it.
+:class:`DataParallelPPO` is PPOTrainer with the batch sharded by whole prompt groups: every
+rank draws the same prompt stream and minibatch order, weights its micro-batches by their
+share of the global minibatch's tokens, and reports the global batch's metrics. Only rank 0
+logs and saves; a checkpoint resumes only at the world size that wrote it.
 """
 
 from __future__ import annotations
@@ -52,21 +35,21 @@ if TYPE_CHECKING:
 
     from rlhf_core.config import PPOConfig
 
-# identical on every rank: not averaged (an average could move them by a rounding error)
+# identical on every rank: not averaged (an average could add a rounding error)
 SHARED_KEYS = ("lr", "episode", "objective/kl_coef")
 SUMMED_KEYS = ("val/num_eos_tokens", "throughput/tokens_per_s")
 MAX_KEYS = ("response/length_max",)  # the longest over every rank's shard
 
 
 def shard_rows(batch: int, k: int, world: int, rank: int) -> torch.Tensor:
-    """Rows of a global batch of ``batch`` = G * k rows (k consecutive samples per prompt)
-    that ``rank`` holds: a contiguous slice of whole groups -> [rows] long."""
+    """The rows of a ``batch`` = G * k batch that ``rank`` holds: a contiguous slice of whole
+    groups of k -> [rows] long."""
     groups = torch.tensor_split(torch.arange(batch // k), world)[rank]
     return (groups[:, None] * k + torch.arange(k)).reshape(-1)
 
 
 class _RestoreOnly:
-    """A checkpointer for ranks other than 0: restores from rank 0's checkpoints, saves none."""
+    """A checkpointer for ranks other than 0: restores, saves nothing."""
 
     def __init__(self, checkpointer):
         self._checkpointer = checkpointer
@@ -79,9 +62,8 @@ class _RestoreOnly:
 
 
 class _GatheringCheckpointer:
-    """fsdp: every rank restores (weights into the full copies, then into the shards; the
-    full optimizer state into the shards) and gathers the optimizer state at a save; rank 0
-    writes (the full copies are current after every update)."""
+    """fsdp: every rank restores into its shards and gathers the optimizer state at a save;
+    rank 0 writes."""
 
     def __init__(self, checkpointer, trainer: DataParallelPPO, main: bool):
         self._checkpointer, self.trainer, self.main = checkpointer, trainer, main
@@ -104,7 +86,7 @@ class _GatheringCheckpointer:
 
 class DataParallelPPO(PPOTrainer):
     """:class:`PPOTrainer` on one rank of ``dp``; ``seed`` makes the per-rank sampling seeds.
-    Every other argument is PPOTrainer's, and every rank passes the same ones."""
+    Every rank passes the same other arguments."""
 
     def __init__(self, models: PPOModels, *, dp: DataParallel, seed: int, **kwargs):
         super().__init__(models, **kwargs)
@@ -125,9 +107,8 @@ class DataParallelPPO(PPOTrainer):
         self.train_step.no_sync = self._no_sync
 
     def _shard(self) -> None:
-        """fsdp: train sharded copies of policy and value model (a new optimizer over their
-        shards); after every update their full weights are gathered into ``self.policy`` and
-        ``self.value_model`` on every rank, which sample the next rollout."""
+        """fsdp: train sharded copies of the policy and value model; after each update their
+        full weights are gathered back for the next rollout."""
         dp, old = self.dp, self.train_step
         self.policy_net = shard(self.policy, dp.device, dp.world, home_on_device=True)
         self.value_net = None if self.value_model is None else shard(
@@ -175,9 +156,8 @@ class DataParallelPPO(PPOTrainer):
 
     # -- update -----------------------------------------------------------------------------
     def update(self, exp: Experience) -> dict[str, float]:
-        """PPOTrainer.update's epochs and minibatches over the global batch; this rank runs
-        its rows of each. ``exp`` is this rank's shard; the shards, in rank order, make the
-        global batch. The statistics are summed over the ranks (each weighted its share)."""
+        """PPOTrainer.update over the global batch (``exp`` is this rank's shard); stats are
+        summed over the ranks, each already weighted by its share."""
         stats = super().update(exp)
         for pair in self.sharded:  # fsdp: the next rollout samples with the full weights
             pair.gather()
@@ -185,17 +165,15 @@ class DataParallelPPO(PPOTrainer):
         return dict(zip(keys, all_reduce_sum(torch.tensor([stats[k] for k in keys])).tolist()))
 
     def global_lengths(self, local: torch.Tensor) -> torch.Tensor:
-        """Every rank's response lengths, in rank order; notes where this rank's shard and
-        every rank's start in the global batch."""
+        """Every rank's response lengths in rank order; notes where each rank's shard starts."""
         every: list = [None] * self.dp.world
         dist.all_gather_object(every, local.tolist())
         self._starts = torch.tensor([0] + [len(shard) for shard in every]).cumsum(0)
         return torch.tensor([n for shard in every for n in shard])
 
     def minibatch_rows(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
-        """This rank's micro-batches of the global minibatch ``idx`` (its rows of it), padded
-        under fsdp to the most any rank runs with weight-0 ones (a rank holding no row runs
-        one row at weight 0: it must join the all-reduce)."""
+        """This rank's micro-batches of minibatch ``idx``, padded with weight-0 ones (under
+        fsdp, to the most any rank runs): every rank must join each all-reduce."""
         lo, hi = int(self._starts[self.dp.rank]), int(self._starts[self.dp.rank + 1])
         mine = idx[(idx >= lo) & (idx < hi)] - lo
         empty = (torch.zeros(1, dtype=torch.long), 0.0)
@@ -203,8 +181,8 @@ class DataParallelPPO(PPOTrainer):
         return chunks + [empty] * (self._n_micro(idx) - len(chunks))
 
     def _n_micro(self, idx: torch.Tensor) -> int:
-        """fsdp: the most micro-batches a rank runs for the global minibatch ``idx`` (each
-        forward all-gathers parameters, so every rank runs as many); 0 under ddp."""
+        """fsdp: the most micro-batches any rank runs for ``idx`` (each forward all-gathers,
+        so all run as many); 0 under ddp."""
         if not self.sharded:
             return 0
         size, starts = self.cfg.micro_batch_size, self._starts
@@ -247,15 +225,13 @@ class DataParallelPPO(PPOTrainer):
 
     # -- the loop ---------------------------------------------------------------------------
     def agree_to_stop(self, stop: bool) -> bool:
-        """Every rank stops when one does (each runs the same checks and detectors on the
-        same global metrics, so they agree; this makes sure)."""
+        """Every rank stops when one does."""
         return bool(all_reduce_max(torch.tensor([float(stop)]))[0] > 0)
 
     def train(self, on_iteration=None, progress: bool = True, monitor=None,
               checkpointer=None, watch=None, on_verdict=None) -> dict:
-        """PPOTrainer.train on every rank: ``monitor``'s metrics are averaged over the global
-        batch; only rank 0 calls ``on_iteration`` and ``on_verdict``, shows progress, saves
-        checkpoints and healthy snapshots."""
+        """PPOTrainer.train on every rank; ``monitor`` is averaged over the global batch, and
+        only rank 0 reports, shows progress and saves."""
         main = self.dp.is_main
         if watch is not None:
             watch.writes = main
@@ -280,8 +256,7 @@ def make_trainer(models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
                  precision: str = "fp32", dp: DataParallel | None = None,
                  seed: int = 0, pretrain_ids: Sequence[Sequence[int]] | None = None,
                  rewards: RewardMix | None = None) -> PPOTrainer:
-    """PPOTrainer in one process (``dp`` None), DataParallelPPO on a rank of ``dp`` (``seed``
-    makes its per-rank sampling seeds); the other arguments are PPOTrainer's."""
+    """PPOTrainer in one process (``dp`` None), else DataParallelPPO on a rank of ``dp``."""
     kwargs = dict(tokenizer=tokenizer, prompt_ids=prompt_ids, cfg=cfg, norm_stats=norm_stats,
                   device=device, generator=generator, divide_by_std=divide_by_std,
                   precision=precision, pretrain_ids=pretrain_ids, rewards=rewards)

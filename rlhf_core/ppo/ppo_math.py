@@ -1,8 +1,7 @@
 """PPO-for-LM equations, one function each, shapes in the docstrings.
 
-Where each formula comes from (README § Sources): [PPO], [GAE], [KL-control] (KL penalty, adaptive
-controller), [KL-approx] (KL estimators), [N+] (EOS trick, temperature-scaled log-probs, reward
-at the last token).
+Sources (README § Sources): [PPO], [GAE], [KL-control] (KL penalty, adaptive controller),
+[KL-approx] (KL estimators), [N+] (EOS trick, temperature scaling, reward at the last token).
 """
 
 from __future__ import annotations
@@ -15,24 +14,19 @@ from rlhf_core.masked import masked_mean, masked_var
 
 def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor,
                          temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / (T + 1e-7)) at ``tokens``: [B, T, V], [B, T] -> [B, T].
-
-    The +1e-7 matches the sampler's scaling (README § Sources [N+], temperature).
-    """
+    """log softmax(logits / (T + 1e-7)) at ``tokens``: [B, T, V], [B, T] -> [B, T]. The +1e-7
+    matches the sampler's scaling (README § Sources [N+], temperature)."""
     return log_softmax_at(logits, temperature).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def log_softmax_at(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / (T + 1e-7)) over the vocabulary: [B, T, V] -> [B, T, V]. The PPO
-    update gathers its log-probs from it and takes the entropy of it (one pass over the
-    logits for both); the rollout's old log-probs come from the same function."""
+    """log softmax(logits / (T + 1e-7)) over the vocabulary: [B, T, V] -> [B, T, V]; the one
+    pass both log-probs and entropy are taken from."""
     return F.log_softmax(logits.float() / (temperature + 1e-7), dim=-1)
 
 
 def entropy_from_log_softmax(logp: torch.Tensor) -> torch.Tensor:
-    """Entropy of a distribution given as log-probabilities: [B, T, V] -> [B, T]. PPO passes
-    ``log_softmax_at(logits, T)``, so the entropy (metric and bonus) is that of the
-    distribution the responses were drawn from, scaled as the log-probs are."""
+    """Entropy of a distribution given as log-probabilities: [B, T, V] -> [B, T]."""
     return -(logp.exp() * logp).sum(-1)
 
 
@@ -44,11 +38,8 @@ def first_true_index(mask: torch.Tensor) -> torch.Tensor:
 
 
 def truncate_after_eos(responses: torch.Tensor, eos_id: int | list[int], pad_id: int):
-    """Keep tokens up to and including the first EOS (``eos_id``: one id, or a stop set of
-    them, e.g. a chat model's EOS and end-of-turn); pad the rest.
-
-    Returns (responses [B, T], response_mask [B, T] bool, has_eos [B] bool).
-    """
+    """Keep tokens up to and including the first EOS (``eos_id``: one id or a stop set); pad
+    the rest. Returns (responses [B, T], response_mask [B, T] bool, has_eos [B] bool)."""
     stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id),
                          device=responses.device)
     first = first_true_index(torch.isin(responses, stops))  # (B,)
@@ -73,10 +64,8 @@ def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
                 kind: str = "k1") -> torch.Tensor:
-    """Per-token KL(pi || ref) estimate on samples of pi: [B, T] -> [B, T].
-
-    k1 = log pi - log ref; k3 = (r - 1) - log r, r = ref/pi (README § Sources [KL-approx])
-    """
+    """Per-token KL(pi || ref) estimate on samples of pi: [B, T] -> [B, T]. k1 = log pi -
+    log ref; k3 = (r - 1) - log r, r = ref/pi (README § Sources [KL-approx])."""
     if kind == "k1":
         return logprobs - ref_logprobs
     if kind == "k3":
@@ -87,11 +76,9 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
 
 def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor,
                       kl_coef: float):
-    """-beta * KL at every token, plus the score at the last real token
-    (README § Sources [KL-control]).
-
-    Args: scores [B], kl [B, T], response_mask [B, T]. Returns (rewards, non_score) [B, T].
-    """
+    """-beta * KL at every token plus the score at the last real token (README § Sources
+    [KL-control]). Args: scores [B], kl [B, T], response_mask [B, T]. Returns (rewards,
+    non_score) [B, T]."""
     mask = response_mask.bool()
     non_score = torch.where(mask, -kl_coef * kl, torch.zeros_like(kl))
     rewards = non_score.clone()
@@ -108,11 +95,9 @@ def apply_eos_penalty(scores: torch.Tensor, has_eos: torch.Tensor,
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
                 gamma: float, lam: float):
-    """Generalised advantage estimation (README § Sources [GAE]), reverse-time.
-
-    The episode ends at the last real token: next value 0 there, and everything outside the
-    mask is 0. Args: [B, T] each. Returns (advantages, returns) [B, T], returns = A + V.
-    """
+    """Generalised advantage estimation (README § Sources [GAE]), reverse-time; the episode
+    ends at the last real token. Args: [B, T] each. Returns (advantages, returns) [B, T],
+    returns = A + V, 0 outside the mask."""
     mask = response_mask.to(values.dtype)
     r, v = rewards * mask, values * mask
     T = rewards.shape[1]
@@ -160,7 +145,7 @@ def explained_variance(values, returns, mask) -> torch.Tensor:
 
 
 class FixedKLController:
-    """Constant beta. (A resumed PPO run restores ``value`` from its loop state.)"""
+    """Constant beta."""
 
     def __init__(self, kl_coef: float):
         self.value = float(kl_coef)

@@ -1,7 +1,5 @@
-"""What a PPO iteration reports of its rollout batch: the metrics computed from the experience
-(TRL's names where TRL has them, and the diagnostics the PPO guides name) and a few decoded
-rollouts as sample rows. Pure: an :class:`~rlhf_core.ppo.rollout.Experience` in, numbers and
-texts out."""
+"""What a PPO iteration reports of its rollout batch: metrics (TRL's names where TRL has them)
+and a few decoded rollouts as sample rows."""
 
 from __future__ import annotations
 
@@ -11,9 +9,8 @@ from rlhf_core.ppo.rollout import Experience, decode_responses
 
 
 def rollout_metrics(exp: Experience, max_new_tokens: int, critic: bool) -> dict[str, float]:
-    """The batch's objective (sums over tokens, means over the batch), its responses'
-    lengths, EOS and truncation, mean |advantage| over the response tokens and, with a
-    ``critic``, the value model's explained variance of the returns."""
+    """The batch's objective (sums over tokens, means over the batch), response lengths, EOS
+    and truncation, and with a ``critic`` the explained variance."""
     mask = exp.response_mask
     non_score = exp.non_score_rewards.sum(1).mean()
     lengths = mask.sum(1)
@@ -40,9 +37,8 @@ def rollout_metrics(exp: Experience, max_new_tokens: int, critic: bool) -> dict[
 
 def decode_rollouts(tokenizer, exp: Experience, n: int | None = None
                     ) -> tuple[list[str], list[str]]:
-    """Prompt and response texts of the first n rollouts (special tokens dropped from the
-    response; kept in the prompt, where a chat prompt's turn markers show its turns and a
-    plain prompt has none)."""
+    """Prompt and response texts of the first n rollouts (the prompt keeps its special tokens,
+    which show a chat prompt's turns)."""
     P, pad = exp.context_length, tokenizer.pad_token_id
     rows = slice(None if n is None else n)
     prompts = [tokenizer.decode(p[p != pad], skip_special_tokens=False)
@@ -51,8 +47,7 @@ def decode_rollouts(tokenizer, exp: Experience, n: int | None = None
 
 
 def sample_rows(tokenizer, exp: Experience, n: int, iteration: int) -> list[dict]:
-    """The first n rollouts as table rows (prompt, response, scores, KL, has_eos,
-    iteration)."""
+    """The first n rollouts as table rows."""
     prompts, responses = decode_rollouts(tokenizer, exp, n)
     return [{"iteration": iteration, "prompt": prompts[i], "response": responses[i],
              "score": float(exp.raw_scores[i]), "normalised_score": float(exp.scores[i]),

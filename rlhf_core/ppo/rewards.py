@@ -1,15 +1,8 @@
-"""The reward PPO optimises, from one or more sources: the run's reward model (its scores
-normalised as reward_norm measured) and scorers that read the answers' text (a Python
-function, a registered or served reward model; tasks/pipeline/rewards.py builds them), each
-with a weight, combined in one of two orders (as TRL's ``reward_weights`` and its two
-aggregations):
+"""The reward PPO optimises: the run's reward model and text scorers (built by
+tasks/pipeline/rewards.py), weighted and combined as TRL's ``reward_weights`` and aggregations.
 
-- ``sum``: the weighted sum of the sources' scores;
-- ``normalize_then_sum``: each source's scores whitened over the batch, then summed.
-
-A source may abstain on a row (None); a row is scored by the sources that did not abstain,
-and a row no source scored takes no part in the update (it is not a reward of 0). Pure:
-tensors and callables in, tensors and numbers out.
+A source may abstain on a row (None); a row no source scored takes no part in the update
+rather than counting as a reward of 0.
 """
 
 from __future__ import annotations
@@ -36,9 +29,8 @@ class TextScorer:
 
 @dataclass(frozen=True)
 class RewardMix:
-    """The sources of the reward: the run's reward model under ``model_name`` with
-    ``model_weight`` (``model_name`` None: not a source) and the text ``scorers``. The
-    default is the reward model alone, as the reward has always been."""
+    """The reward's sources: the reward model as ``model_name`` (None: not a source) and the
+    text ``scorers``; by default the reward model alone."""
 
     model_name: str | None = "rm"
     model_weight: float = 1.0
@@ -64,9 +56,8 @@ class RewardMix:
 
 def call_scorer(scorer: TextScorer, texts: list[str], rows: list[int],
                 iteration: int | None = None):
-    """``scorer``'s answer for the batch; an exception it raises fails the iteration naming
-    the source, except one that says the run stops resumably (``stops_run``: a served model
-    that stays down), which passes as it is."""
+    """``scorer``'s answer for the batch; its errors fail the iteration naming the source,
+    except a ``stops_run`` one, which passes as it is."""
     try:
         return scorer.score(texts, rows)
     except Exception as err:
@@ -79,9 +70,8 @@ def call_scorer(scorer: TextScorer, texts: list[str], rows: list[int],
 
 def checked_scores(name: str, values: Sequence[float | None] | object, n: int,
                    iteration: int | None = None) -> torch.Tensor:
-    """A source's answer as a float tensor [n], NaN where it abstained (None); a wrong
-    length, a value that is no number or one that is not finite fails, naming the source and
-    the row."""
+    """A source's answer as a float tensor [n], NaN where it abstained; a bad length or value
+    fails, naming the source and row."""
     where = f"reward source {name!r}" + (f" (PPO iteration {iteration})" if iteration else "")
     try:
         values = list(values)  # type: ignore[arg-type]
@@ -133,8 +123,7 @@ def combine(parts: dict[str, torch.Tensor], weights: dict[str, float],
 
 
 def scored_rows(combined: torch.Tensor, group: int = 1) -> torch.Tensor:
-    """Indices of the rows that take part: scored, and (``group`` > 1: the responses to one
-    prompt, compared with each other) in a group whose every row was scored."""
+    """Indices of the rows that take part: scored, in a ``group`` whose every row was scored."""
     ok = ~torch.isnan(combined)
     if group > 1:
         ok = ok.view(-1, group).all(dim=1, keepdim=True).expand(-1, group).reshape(-1)
@@ -143,9 +132,8 @@ def scored_rows(combined: torch.Tensor, group: int = 1) -> torch.Tensor:
 
 def source_metrics(raw: dict[str, torch.Tensor], parts: dict[str, torch.Tensor],
                    aggregation: str, unscored: float) -> dict[str, float]:
-    """``reward/<name>/raw_mean|raw_std`` (the source's own scores), ``mean|std`` (as they
-    enter the sum: the reward model's normalised, and whitened under normalize_then_sum),
-    ``abstain_rate``; and ``reward/unscored_rate``, the rows no source scored."""
+    """Per source ``reward/<name>/raw_mean|raw_std|mean|std|abstain_rate`` (mean/std as they
+    enter the sum), and ``reward/unscored_rate``."""
     out = {"reward/unscored_rate": unscored}
     for name, x in raw.items():
         seen = ~torch.isnan(x)

@@ -1,15 +1,9 @@
 """PPO rollout: generate, score, and turn scores into per-token advantages.
 
-Layout of a rollout batch: ``query_responses [B, P + R]`` = left-padded prompt (P tokens)
-followed by the response (R tokens, pad after the first EOS). Every forward pass gets the
-attention mask and position ids that skip the left padding, so a padded row computes what the
-unpadded one would. Rollout passes run under ``torch.inference_mode``. In fp32 the old log-probs
-come from the generation logits, so no forward is run twice; under autocast (bf16/fp16) or a
-compiled static-cache decode they are recomputed by the same forward the update runs
-(``recompute_logprobs``), so the ratio before any update is 1. Generation runs in chunks of
-prompts grouped by length; the reference, value and reward forwards run in chunks of
-``forward_batch_size`` rows. Sampling is the lean loop of rlhf_core/models/sampling.py where the
-model fits it (Hugging Face ``generate`` otherwise).
+A batch is ``query_responses [B, P + R]``: left-padded prompt, then the response (pad after the
+first EOS); forwards get masks and position ids that skip the padding. Old log-probs come from
+the generation logits in fp32, else from the update's own forward (``recompute_logprobs``), so
+the ratio before any update is 1.
 """
 
 from __future__ import annotations
@@ -67,20 +61,16 @@ FORBIDDEN_LOGIT = -1e9  # finite, so entropy stays NaN-free (0 * log 0 -> 0)
 
 
 def forbid_pad(logits: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """PAD is never a response token: a sampled PAD would be masked as padding in later
-    forwards and desynchronise old and new log-probs. [..., V] -> the same tensor, its PAD
-    column overwritten in place (callers pass logits they own: a model's fresh output, a
-    stack of them; autograd handles the in-place write)."""
+    """[..., V] -> the same tensor, PAD column set in place to FORBIDDEN_LOGIT: a sampled PAD
+    would be masked as padding later and desynchronise old and new log-probs."""
     logits[..., pad_id] = FORBIDDEN_LOGIT
     return logits
 
 
 def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
                     static_cache: bool = False, model_generation=None) -> GenerationConfig:
-    """Pure sampling at temperature T: top_k 0, top_p 1, PAD suppressed (nothing else),
-    stopping at the stop set (EOS, a chat template's end-of-turn, ``model_generation``'s
-    ``eos_token_id``: the policy's own generation config).
-    ``static_cache``: a fixed-size KV cache, which lets transformers compile the decode step."""
+    """Pure sampling at temperature T (top_k 0, top_p 1, PAD suppressed) up to the stop set;
+    ``static_cache`` lets transformers compile the decode step."""
     extra = {"cache_implementation": "static"} if static_cache else {}
     return GenerationConfig(**extra,
         do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
@@ -93,9 +83,8 @@ def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
 
 @torch.inference_mode()
 def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad_id: int):
-    """Left-padded prompts [B, P] -> (responses [B, R], logits [B, R, V], PAD forbidden):
-    the lean sampling loop (rlhf_core/models/sampling.py) where the model fits it and the decode
-    is not the static-cache compiled one, else Hugging Face ``generate``."""
+    """Left-padded prompts [B, P] -> (responses [B, R], logits [B, R, V], PAD forbidden), by
+    the lean sampling loop where the model fits it, else Hugging Face ``generate``."""
     if gen_config.cache_implementation is None and fits_lean_loop(policy):
         responses, logits = sample_responses(
             policy, prompt_ids, pad_id, gen_config.eos_token_id, gen_config.temperature,
@@ -124,9 +113,8 @@ def pad_to(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
 
 def generate_by_length(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig,
                        pad_id: int, chunk: int | None):
-    """``generate`` over chunks of at most ``chunk`` prompts grouped by prompt length (each
-    chunk trimmed to its own longest prompt and stopping when all its rows ended), reassembled
-    in the original order: [B, P] -> (responses [B, R], logits [B, R, V])."""
+    """``generate`` over chunks of prompts grouped by length, each trimmed to its longest:
+    [B, P] -> (responses [B, R], logits [B, R, V]) in the original order."""
     if not chunk or chunk >= prompt_ids.shape[0]:
         return generate(policy, prompt_ids, gen_config, pad_id)
     lengths = (prompt_ids != pad_id).sum(1)
@@ -152,12 +140,8 @@ def batched(fn, query_responses: torch.Tensor, chunk: int | None) -> torch.Tenso
 
 def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
                     context_length: int) -> torch.Tensor:
-    """Logits that predict each response token: [B, P+R] -> [B, R, V].
-
-    The last token predicts nothing used, so it is not fed (causal attention: no other
-    position sees it); only the R predicting positions go through the LM head
-    (``logits_to_keep``): no logits at prompt positions.
-    """
+    """Logits that predict each response token: [B, P+R] -> [B, R, V]. The last token is not
+    fed (it predicts nothing used) and only the R predicting positions reach the LM head."""
     inputs = query_responses[:, :-1]  # (B, P+R-1)
     mask = inputs != pad_id
     length = query_responses.shape[1] - context_length
@@ -169,8 +153,7 @@ def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
 
 def response_values(value_model: ScalarHeadModel, query_responses: torch.Tensor, pad_id: int,
                     context_length: int) -> torch.Tensor:
-    """V(s_t) for each response step: [B, P+R] -> [B, R] (state = prompt + response[:t]);
-    the last token ends no state used, so it is not fed (as in :func:`response_logits`)."""
+    """V(s_t) for each response step: [B, P+R] -> [B, R] (state = prompt + response[:t])."""
     inputs = query_responses[:, :-1]  # (B, P+R-1)
     values = value_model(inputs, inputs != pad_id)
     return values[:, context_length - 1:]
@@ -187,8 +170,8 @@ def score_responses(reward_model: ScalarHeadModel, query_responses: torch.Tensor
 def score_and_features(reward_model: ScalarHeadModel, query_responses: torch.Tensor,
                        pad_id: int, context_length: int,
                        response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """As :func:`score_responses`, with the hidden state the head read there (one forward)
-    -> (scores [B], features [B, H] float32)."""
+    """:func:`score_responses` plus the hidden state read there -> (scores [B], features
+    [B, H] float32)."""
     hidden = reward_model.hidden(query_responses, query_responses != pad_id)  # (B, P+R, H)
     index = context_length + last_token_index(response_mask)  # (B,)
     at = hidden[torch.arange(hidden.shape[0], device=hidden.device), index]  # (B, H)
@@ -213,11 +196,9 @@ def make_experience(
     algorithm: Algorithm, mix: RewardMix = RewardMix(), prompt_rows: list[int] | None = None,
     group: int = 1, iteration: int | None = None,
 ) -> Experience:
-    """Generate for left-padded ``prompt_ids`` [B, P] and compute everything the update needs;
-    ``algorithm`` turns scores and KL into rewards and advantages (no value model: no critic).
-    ``mix``: the reward's sources (the reward model alone by default); its text scorers read
-    the answers and ``prompt_rows`` (the prompt data's row of each); ``group``: rows per
-    prompt, dropped together when one of them is unscored."""
+    """Generate for left-padded ``prompt_ids`` [B, P] and compute what the update needs;
+    ``mix``: the reward's sources; ``group``: rows per prompt, dropped together when one is
+    unscored."""
     policy, ref_policy, value_model, reward_model = models
     s = settings
     pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
@@ -297,7 +278,6 @@ def decode_responses(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> 
 
 
 def to_autograd_tensors(exp: Experience) -> Experience:
-    """Clone inference-mode tensors into ordinary ones (call outside inference_mode) so the
-    update's autograd graph may save them for backward."""
+    """Clone inference-mode tensors (outside inference_mode) so autograd may save them."""
     fields = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(exp).items()}
     return Experience(**fields)

@@ -1,12 +1,8 @@
 """PPO for language models, the ppo stage's loop (README § Sources [PPO], [InstructGPT]).
 
-Readable top to bottom: ``PPOTrainer.step`` = sample prompts -> ``make_experience`` (rollout,
-scores, rewards and advantages from the algorithm) -> K epochs over M minibatches of clipped
-policy (and, with a critic, value) losses -> metrics with TRL's names. Each minibatch is
-trimmed to its longest response, so the update computes over real tokens only.
-
-This file is the RL loop; what it optimises (GAE with a critic, or a critic-free estimator:
-RLOO, GRPO, REINFORCE with a baseline) is the algorithm in rlhf_core/ppo/algorithms.py.
+``PPOTrainer.step``: sample prompts -> ``make_experience`` -> K epochs over M minibatches of
+clipped losses, each trimmed to its longest response -> metrics with TRL's names. What it
+optimises (GAE with a critic, or a critic-free estimator) is rlhf_core/ppo/algorithms.py.
 """
 
 from __future__ import annotations
@@ -79,10 +75,8 @@ def make_kl_controller(cfg: PPOConfig):
 
 class PPOTrainer:
     """Holds the models, the optimizer and the prompt stream; one ``step`` per iteration.
-
-    The value model is the caller's copy of the reward model (critic warm-start, the critic_init
-    stage), or None for a critic-free ``cfg.advantage_estimator``; the reference policy is a
-    frozen copy of the SFT policy. """
+    The value model is a copy of the reward model (critic_init), or None for a critic-free
+    ``cfg.advantage_estimator``; the reference policy is a frozen copy of the SFT policy."""
 
     def __init__(
         self, models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
@@ -91,12 +85,9 @@ class PPOTrainer:
         precision: str = "fp32", pretrain_ids: Sequence[Sequence[int]] | None = None,
         rewards: RewardMix | None = None,
     ):
-        """``norm_stats``: the reward normaliser's mean/std (rewards are centred on the mean,
-        and divided by the std with ``divide_by_std``); ``generator``: the prompt stream's
-        shuffles; ``precision``: the compute precision (fp32, bf16 or fp16);
-        ``pretrain_ids``: the pretraining mix's chunks (``cfg.ptx_coef`` > 0), drawn by a
-        stream of their own; ``rewards``: the reward's sources (None: the reward model
-        alone)."""
+        """``norm_stats``: the reward normaliser's mean/std (std divides only with
+        ``divide_by_std``); ``pretrain_ids``: the ptx chunks (``cfg.ptx_coef`` > 0);
+        ``rewards``: the reward's sources (None: the reward model alone)."""
         policy, ref_policy, value_model, reward_model = models
         if len(prompt_ids) == 0:
             raise ValueError("PPO needs at least one prompt")
@@ -156,22 +147,20 @@ class PPOTrainer:
 
     @property
     def models(self) -> PPOModels:
-        """The four models as they are now (the rollout samples and scores with them)."""
+        """The four models as they are now."""
         return PPOModels(self.policy, self.ref_policy, self.value_model, self.reward_model)
 
     # -- prompt stream ----------------------------------------------------------------------
     def next_prompts(self) -> torch.Tensor:
-        """The next rollout_batch_size / k prompts, reshuffled each pass, each repeated k =
-        samples_per_prompt times in a row (the groups of the critic-free estimators)
-        -> [B, P] left-padded."""
+        """The next rollout_batch_size / k prompts, each repeated k = samples_per_prompt
+        times in a row (the critic-free estimators' groups) -> [B, P] left-padded."""
         k = self.cfg.samples_per_prompt
         chosen = self.prompt_stream.take(self.cfg.rollout_batch_size // k).tolist()
         self.prompt_rows = [i for i in chosen for _ in range(k)]
         prompts = left_pad([self.prompt_ids[i] for i in self.prompt_rows],
                            self.tokenizer.pad_token_id)
         if self.cfg.static_cache or self.cfg.compile:
-            # one prompt width per 16 tokens: few shapes, so the compiled decode step and the
-            # compiled update blocks are rarely rebuilt
+            # widths rounded up to 16: few shapes, so compiled code is rarely rebuilt
             extra = padded_width(prompts.shape[1], 16) - prompts.shape[1]
             prompts = torch.nn.functional.pad(prompts, (extra, 0),
                                               value=self.tokenizer.pad_token_id)
@@ -179,7 +168,7 @@ class PPOTrainer:
 
     # -- one iteration ----------------------------------------------------------------------
     def step(self) -> tuple[dict[str, float], Experience]:
-        """Rollout + update; returns (metrics, experience)."""
+        """Rollout + update -> (metrics, experience)."""
         t0 = time.perf_counter()
         prompts = self.next_prompts().to(self.device)
         # eval mode in the rollout (dropout is off either way): no activation checkpointing,
@@ -209,12 +198,9 @@ class PPOTrainer:
         return metrics, exp
 
     def update(self, exp: Experience) -> dict[str, float]:
-        """K epochs x M minibatches of clipped PPO updates; returns averaged stats. Each
-        minibatch is one optimizer step over micro-batches (:meth:`minibatch_rows`), each
-        weighted by its share of the minibatch's response tokens (= the minibatch's masked
-        means). Response lengths are read once, so the loop syncs the device once per step.
-        Data parallelism (rlhf_core/ppo/ppo_dist.py) changes only the two hooks: the minibatches
-        are drawn over the global batch (:meth:`global_lengths`) and a rank runs its rows."""
+        """K epochs x M minibatches of clipped PPO updates -> averaged stats. A minibatch is
+        one optimizer step over micro-batches, each weighted by its share of the response
+        tokens; data parallelism overrides :meth:`global_lengths` and :meth:`minibatch_rows`."""
         cfg = self.cfg
         local = exp.response_mask.sum(dim=1).cpu()  # (B_local,)
         if (local == 0).any():
@@ -251,27 +237,22 @@ class PPOTrainer:
         return {key: _weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
 
     def global_lengths(self, local: torch.Tensor) -> torch.Tensor:
-        """The response lengths of the global batch the minibatches are drawn from, given
-        this process's ``local`` ones (one process: the same)."""
+        """The global batch's response lengths from this process's ``local`` ones."""
         return local
 
     def minibatch_rows(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
-        """The micro-batches this process runs for the global minibatch ``idx``: (rows of
-        its experience, scale of their token share); one process: ``idx`` itself in chunks
-        of ``cfg.micro_batch_size`` rows, each at scale 1."""
+        """(rows, token-share scale) of each micro-batch this process runs for minibatch
+        ``idx``; one process: ``idx`` in chunks of ``cfg.micro_batch_size``, scale 1."""
         micro = self.cfg.micro_batch_size or len(idx)
         return [(idx[i: i + micro], 1.0) for i in range(0, len(idx), micro)]
 
     def nets(self):
-        """(policy, value model) as the update's forward runs them (DDP wrappers of the same
-        modules under data parallelism, rlhf_core/ppo/ppo_dist.py)."""
+        """(policy, value model) as the update's forward runs them (DDP-wrapped when parallel)."""
         return self.policy, self.value_model
 
     def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
-        """Clipped policy loss (+ value loss with a critic, + the algorithm's extra term, minus
-        the entropy bonus) on ``rows`` (CPU indices), trimmed to their longest response ``R``
-        (under ``ppo.compile`` padded back to ``max_new_tokens``: static shapes) -> (loss,
-        stats)."""
+        """PPO loss on ``rows`` (CPU indices), trimmed to their longest response ``R`` (padded
+        to ``max_new_tokens`` under ``ppo.compile``: static shapes) -> (loss, stats)."""
         cfg, P = self.cfg, exp.context_length
         idx = rows.to(self.device)
         policy, value_model = self.nets()
@@ -291,8 +272,7 @@ class PPOTrainer:
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:
-        """TRL's metric names (sums over tokens, means over the batch) plus ours: the
-        rollout's (rlhf_core/ppo/report.py), the loop's and the update's ``stats``."""
+        """The iteration's metrics: TRL's names plus the rollout's, the loop's and ``stats``."""
         metrics = rollout_metrics(exp, self.cfg.max_new_tokens, self.value_model is not None)
         n_tokens = float(exp.response_mask.sum())
         metrics.update({
@@ -312,13 +292,12 @@ class PPOTrainer:
         return decode_rollouts(self.tokenizer, exp, n)
 
     def sample_rows(self, exp: Experience, n: int) -> list[dict]:
-        """A few rollouts as table rows (prompt, response, scores, KL, has_eos, iteration)."""
+        """A few rollouts as table rows."""
         return sample_rows(self.tokenizer, exp, n, self.iteration)
 
     # -- checkpoints ------------------------------------------------------------------------
     def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:
-        """Policy + value weights, optimizer, scheduler, RNG, prompt-stream position, KL
-        coefficient and iteration counter, every cfg.checkpoint_every iterations."""
+        """Saves the models and loop state every cfg.checkpoint_every iterations."""
         models = {"policy": self.policy}
         if self.value_model is not None:
             models["value"] = self.value_model
@@ -353,17 +332,9 @@ class PPOTrainer:
     def train(self, on_iteration: IterationFn | None = None, progress: bool = True,
               monitor: MonitorFn | None = None, checkpointer: Checkpointer | None = None,
               watch: Watcher | None = None, on_verdict: VerdictFn | None = None) -> dict:
-        """Run the remaining iterations; on_iteration(iteration, metrics, samples|None).
-
-        ``monitor(prompts, responses, has_eos)`` adds metrics computed on the decoded rollouts
-        (e.g. a gold judge's score, for evaluation only: it never enters the reward).
-        ``checkpointer`` (see :meth:`checkpointer`): resume from its latest checkpoint, save
-        every N iterations. ``watch`` (rlhf_core/health/watch.py): held-out checks (the start
-        policy's first, logged at step 0) and the detectors after each iteration, their
-        metrics joining the iteration's, each verdict to ``on_verdict``; a finding whose
-        action is stop ends the loop with the last healthy snapshot restored
-        (:attr:`stopped`, :attr:`restored_iteration`).
-        """
+        """Run the remaining iterations, resuming from ``checkpointer``. ``monitor`` adds
+        metrics on the decoded rollouts (never the reward); ``watch`` runs the health checks,
+        and a stop finding ends the loop with the last healthy snapshot restored."""
         from tqdm.auto import tqdm
 
         last: dict[str, float] = {}
@@ -410,8 +381,7 @@ class PPOTrainer:
         return last
 
     def stop_at(self, watch: Watcher, verdict: Any) -> None:
-        """End PPO on ``verdict``'s stop (or, under data parallelism, another rank's): the
-        last healthy snapshot back in the models."""
+        """End PPO on ``verdict``'s (or another rank's) stop; restores the last healthy snapshot."""
         self.stopped = verdict.stop or watch.first_stop()
         if self.stopped is not None:
             self.restored_iteration = watch.restore_healthy(self, self.stopped)

@@ -1,2 +1,1 @@
-"""The supervised stages and the shared training step: optimiser and schedule, the step seam,
-the loop, losses, SFT and the reward model."""
+"""The supervised stages (SFT, reward model) and the shared training step and loop."""

@@ -1,9 +1,5 @@
-"""The supervised training loop shared by SFT and reward-model training.
-
-One optimizer step per batch from a :class:`ShuffledBatches` stream; a non-finite loss or
-gradient stops it with the step number before any weight changes; a :class:`Checkpointer`
-saves model, optimizer, scheduler, RNG and data position every N steps and, on a re-run,
-continues from the latest checkpoint so the result equals an uninterrupted run bit for bit.
+"""The supervised training loop shared by SFT and reward-model training: one optimizer step
+per shuffled batch, resumable from its checkpoints bit for bit.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ def total_steps(n_examples: int, batch_size: int, epochs: float) -> int:
 
 
 class _Shards:
-    """Without ``dp``: the whole batch, weight 1. With it: this rank's shard of the global
-    batch and its loss weight (a rank with an empty shard runs one example at weight 0)."""
+    """This rank's shard of each batch and its loss weight (without ``dp``: all, weight 1)."""
 
     def __init__(self, dp: DataParallel | None, count: CountFn | None):
         self.dp, self.count = dp, count or (lambda idx: float(len(idx)))
@@ -63,18 +58,9 @@ def train_steps(
     count: CountFn | None = None, summed: Sequence[str] = (),
     streams: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
-    """Train ``model`` in place; ``loss_fn(indices) -> (loss, extra metrics)``, run under the
-    precision's autocast through the shared :class:`TrainStep`.
-
-    Data parallel (``dp``): ``loss_fn`` runs ``net`` (the DDP-wrapped ``model``) on this
-    rank's shard; ``count(indices)`` is what its loss is a mean over (default: examples),
-    ``summed`` the extras that are counts. Only rank 0 saves checkpoints; metrics are global.
-
-    ``streams``: other data streams ``loss_fn`` draws from (e.g. the pretraining mix), each
-    with ``state_dict``/``load_state_dict``: their place is kept in the checkpoints.
-
-    Returns the last step's metrics (train/loss, train/grad_norm, train/lr + extras).
-    """
+    """Train ``model`` in place with ``loss_fn(indices) -> (loss, extras)`` -> the last step's
+    metrics. Under ``dp``, ``count(indices)`` is what a loss averages over; ``streams``: other
+    data streams whose place the checkpoints keep."""
     streams = dict(streams or {})
     total = total_steps(n_examples, batch_size, epochs)
     model.train()

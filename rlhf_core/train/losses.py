@@ -12,11 +12,8 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
                        margin: torch.Tensor | None = None):
     """-log sigmoid(r_c - r_r - margin), mean over pairs (README § Sources [RM]).
 
-    Args:
-        chosen, rejected: [B] rewards; margin: optional [B].
-    Returns:
-        (loss scalar, stats: accuracy, margin, chosen_reward, rejected_reward)
-    """
+    Args: chosen, rejected: [B] rewards; margin: optional [B].
+    Returns: (loss scalar, stats)."""
     if chosen.numel() == 0:
         raise ValueError("bradley_terry_loss: empty batch")
     diff = chosen - rejected  # (B,)
@@ -29,10 +26,8 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
 
 
 def sft_loss(logits: torch.Tensor, labels: torch.Tensor):
-    """Next-token cross-entropy: logits [B, T, V] at t predict labels [B, T] at t+1.
-
-    Labels equal to -100 are ignored; mean over supervised tokens.
-    """
+    """Next-token cross-entropy, mean over supervised tokens (label -100 ignored): logits
+    [B, T, V] at t predict labels [B, T] at t+1."""
     shift_logits = logits[:, :-1].reshape(-1, logits.shape[-1])  # (B*(T-1), V)
     shift_labels = labels[:, 1:].reshape(-1)  # (B*(T-1),)
     n = int((shift_labels != IGNORE_INDEX).sum())

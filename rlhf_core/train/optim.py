@@ -17,8 +17,7 @@ def build_optimizer(
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW + LambdaLR: linear warm-up over warmup_ratio*total_steps, then the decay."""
     trained = [p for p in params if p.requires_grad]
-    # torch's fused kernel on CPU and CUDA: one pass over each tensor instead of ~8 ops per
-    # parameter
+    # torch's fused kernel: one pass over each tensor instead of ~8 ops per parameter
     fused = bool(trained) and all(p.device.type in ("cpu", "cuda") for p in trained)
     optimizer = torch.optim.AdamW(
         trained, lr=cfg.lr, eps=cfg.adam_eps, weight_decay=cfg.weight_decay,

@@ -1,8 +1,6 @@
 """The pretraining mix, PPO-ptx (README § Sources [InstructGPT]): the training objective plus
-``ptx_coef`` times the language-model loss on raw text, in the same optimizer step, to pay less
-alignment tax. PPO draws one pretraining micro-batch per PPO micro-batch, SFT one per step, from
-a shuffled stream of its own (its position is part of the resume state), so a run without the
-mix draws nothing and stays bit-identical.
+``ptx_coef`` times the language-model loss on raw text, to pay less alignment tax. It draws
+from a stream of its own, so a run without the mix stays bit-identical.
 """
 
 from __future__ import annotations
@@ -28,13 +26,10 @@ def chunk_ids(token_rows: Sequence[Sequence[int]], max_tokens: int) -> list[list
 
 
 def lm_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The language-model loss on every token of the rows: mean over the real tokens that
-    have a token before them of -log p(token | the tokens before it).
+    """Mean -log p(token | tokens before) over the real tokens that have a predecessor.
 
     Args:
-        logits: [B, T, V] the model's logits at each position.
-        ids: [B, T] the token ids (right-padded).
-        mask: [B, T] True at real tokens.
+        logits: [B, T, V]; ids: [B, T] right-padded; mask: [B, T] True at real tokens.
     Returns:
         The scalar loss (an error when no row has two real tokens)."""
     target = mask[:, 1:]  # [B, T-1] a real token predicted from the ones before it
@@ -50,9 +45,8 @@ PTX_SEED_OFFSET = 7919  # the pretraining stream's seed: the stage's, offset
 
 
 class PretrainMix:
-    """The pretraining text's stream: ``loss(model)`` draws the next ``batch_size`` chunks
-    and returns the model's :func:`lm_loss` on them. Its order is drawn from a generator of
-    its own, seeded from ``generator``'s seed (the stage's data order stays as without it)."""
+    """The pretraining text's stream: ``loss(model)`` is :func:`lm_loss` on the next chunks,
+    drawn by a generator of its own so the stage's data order is unchanged."""
 
     def __init__(self, chunks: Sequence[Sequence[int]], batch_size: int, pad_id: int,
                  generator: torch.Generator, device: torch.device | str = "cpu"):

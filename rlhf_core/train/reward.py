@@ -1,8 +1,5 @@
-"""Reward-model training and reward normalisation (the reward_model and reward_norm stages).
-
-The reward is read at the EOS token (the last real token) of prompt + completion + EOS;
-loss -log sigmoid(r_chosen - r_rejected) (README § Sources [RM]). Normalisation statistics are
-an explicit artifact ``{mean, std, n}`` from scoring the SFT set, applied by a pure function.
+"""Reward-model training (the reward_model stage): the score at the EOS token of prompt +
+completion + EOS, loss -log sigmoid(r_chosen - r_rejected) (README § Sources [RM]).
 """
 
 from __future__ import annotations
@@ -25,8 +22,8 @@ from rlhf_core.train.optim import LogFn
 
 
 class PairExamples(Sequence):
-    """(chosen_ids, rejected_ids) of pair i, built when asked from its prompt, chosen and
-    rejected ids: :func:`~rlhf_core.models.data.pair_example`, what ``encode_pair`` gives."""
+    """(chosen_ids, rejected_ids) of pair i (:func:`~rlhf_core.models.data.pair_example`),
+    built when asked from its ids."""
 
     def __init__(self, prompts: RaggedIds, chosen: RaggedIds, rejected: RaggedIds,
                  eos_id: int):
@@ -57,8 +54,7 @@ def _pair_scores(model, pairs, idx, pad_id, device, margins=None):
 
 
 def encode_pairs(tokenizer, rows: Sequence[dict]) -> PairExamples:
-    """Preference rows -> their pairs, one tokenizer call per text (the stages read the
-    gate's token ids instead where there are some)."""
+    """Preference rows -> their pairs, one tokenizer call per text."""
     ids = [RaggedIds.from_lists([encode(tokenizer, r[c]) for r in rows])
            for c in ("prompt", "chosen", "rejected")]
     return PairExamples(*ids, tokenizer.eos_token_id)
@@ -80,8 +76,7 @@ def train_reward_model(
     checkpointer: Checkpointer | None = None, precision: str = "fp32",
     dp: DataParallel | None = None,
 ) -> dict[str, float]:
-    """Train ``model`` in place on ``pairs`` (``margins`` [N] with ``cfg.use_margin``);
-    ``dp``: this rank trains on its shard of each global batch of pairs (DDP)."""
+    """Train ``model`` in place on ``pairs`` (``margins`` [N] with ``cfg.use_margin``)."""
     if cfg.use_margin and (margins is None or len(margins) != len(pairs)):
         raise ValueError("reward.use_margin is set but the pairs have no margins")
     margins = margins if cfg.use_margin else None

@@ -23,8 +23,8 @@ from rlhf_core.train.ptx import PretrainMix
 
 
 class SFTExamples(Sequence):
-    """(input_ids, labels) of row i, built when asked from its prompt and response ids:
-    :func:`~rlhf_core.models.data.sft_example`, what ``encode_sft`` gives of the texts."""
+    """(input_ids, labels) of row i (:func:`~rlhf_core.models.data.sft_example`), built when
+    asked from its ids."""
 
     def __init__(self, prompts: RaggedIds, responses: RaggedIds, eos_id: int,
                  loss_on: str = "response"):
@@ -45,8 +45,7 @@ class SFTExamples(Sequence):
         return SFTExamples(self.prompts, self.responses, self.eos_id, loss_on)
 
     def supervised_tokens(self) -> torch.Tensor:
-        """[N] int64: each example's labels after the shift (``labels[1:]``) that are not
-        ignored, the tokens its loss is a mean over."""
+        """[N] int64: each example's supervised labels after the shift, what its loss averages."""
         p = torch.from_numpy(self.prompts.lengths())
         r = torch.from_numpy(self.responses.lengths())
         if self.loss_on == "all":
@@ -55,8 +54,7 @@ class SFTExamples(Sequence):
 
 
 def encode_sft_rows(tokenizer, rows: Sequence[dict], loss_on: str) -> SFTExamples:
-    """rows of {prompt, response} -> their (input_ids, labels), one tokenizer call per text
-    (the stages read the gate's token ids instead where there are some)."""
+    """rows of {prompt, response} -> their (input_ids, labels), one tokenizer call per text."""
     ids = {c: RaggedIds.from_lists([encode(tokenizer, r[c]) for r in rows])
            for c in ("prompt", "response")}
     return SFTExamples(ids["prompt"], ids["response"], tokenizer.eos_token_id, loss_on)
@@ -76,18 +74,7 @@ def train_sft(
     dp: DataParallel | None = None, pretrain_ids: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """Fine-tune ``model`` in place on ``examples``; returns the final metrics.
-
-    Args:
-        examples: (input_ids, labels) per row; each batch's are built when it is drawn.
-        generator: CPU generator for the data order (reproducible).
-        on_log: called as on_log(step, metrics) every cfg.log_every steps.
-        checkpointer: periodic training-state checkpoints; resumes from the latest one.
-        precision: fp32 | bf16 | fp16 (resolved; see rlhf_core.models.precision).
-        dp: data parallel: this rank trains on its shard of each global batch (DDP).
-        pretrain_ids: the pretraining mix's chunks (``cfg.ptx_coef`` > 0): each step adds
-            ``ptx_coef`` times the language-model loss of the next pretraining batch, drawn
-            from a stream of its own (seeded from ``generator``'s seed), logged ``ptx/loss``.
-    """
+    ``generator`` orders the data; ``pretrain_ids``: the ptx chunks (``cfg.ptx_coef`` > 0)."""
     if examples.loss_on != cfg.loss_on:
         raise ValueError(f"SFT examples built for loss_on={examples.loss_on!r}, "
                          f"sft.loss_on is {cfg.loss_on!r}")
@@ -123,11 +110,8 @@ EVAL_LOGITS_BYTES = 64 * 2**20  # the most float32 logits one evaluation forward
 @torch.inference_mode()
 def sft_eval_loss(model, examples: SFTExamples, pad_id: int, device: torch.device,
                   batch_size: int = 64) -> float:
-    """Token-averaged response loss on held-out examples (their loss_on: response).
-
-    A batch whose logits ([rows, length, vocabulary] float32) would pass EVAL_LOGITS_BYTES is
-    run a few of its padded rows at a time (at 385 tokens and 6k words a batch of 64 would
-    make 0.6 GB of logits, three times over in the loss); the mean is the same either way."""
+    """Token-averaged response loss on held-out examples; a batch whose float32 logits would
+    pass EVAL_LOGITS_BYTES runs a few rows at a time."""
     examples = examples.with_loss_on("response")
     model.eval()
     vocab = model.get_output_embeddings().weight.shape[0]

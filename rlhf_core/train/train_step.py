@@ -1,15 +1,9 @@
 """The one training-step seam shared by SFT, reward-model training and PPO.
 
-An optimizer step is: zero the gradients, run each micro-batch's loss under autocast and
-backward it with its weight (gradient accumulation), unscale (fp16), clip the global gradient
-norm, check the losses and the norm are finite (one device sync; the error names the step),
-step the optimizer and the schedule. A non-finite value stops training before the optimizer
-applies anything. The fp16 loss scaler's state is not checkpointed (a resumed fp16 run starts
-from the initial scale). Everything that differs between devices and precisions lives here, so a
-multi-rank wrapper (DDP/FSDP) has one place to hook in.
-
-In fp32 the arithmetic is exactly the earlier hand-written loop's (same order of operations),
-so CPU results stay bit-identical.
+Micro-batch losses under autocast, weighted backward, unscale, global clip, one finite check
+before the optimizer applies anything, then optimizer and schedule. Device and precision
+differences live here, so DDP/FSDP have one place to hook in. The fp16 scaler's state is not
+checkpointed.
 """
 
 from __future__ import annotations
@@ -35,10 +29,8 @@ class TrainStep:
                  device: torch.device | str = "cpu", name: str = "train",
                  no_sync: Callable | None = None,
                  groups: dict[str, Iterable[torch.nn.Parameter]] | None = None):
-        """``no_sync``: a DDP module's ``no_sync`` (data parallel): every micro-batch but an
-        optimizer step's last one accumulates locally, the last one all-reduces the sum.
-        ``groups``: named parameter groups (e.g. policy and value model) whose own pre-clip
-        gradient norms each step records in :attr:`group_norms` (the clip stays global)."""
+        """``no_sync``: DDP's ``no_sync``, so only a step's last micro-batch all-reduces;
+        ``groups``: named parameter groups whose pre-clip norms go to :attr:`group_norms`."""
         self.params = [p for p in params if p.requires_grad]
         self.groups = {name: [p for p in group if p.requires_grad]
                        for name, group in (groups or {}).items()}
@@ -60,8 +52,7 @@ class TrainStep:
         self._losses = []
 
     def backward(self, loss: torch.Tensor, step: int, weight: float = 1.0) -> None:
-        """Accumulate weight * d loss; the loss is checked finite in :meth:`apply`, before the
-        optimizer step and with the gradient norm (one device sync per step, not two)."""
+        """Accumulate weight * d loss; :meth:`apply` checks it finite with the gradient norm."""
         self._losses.append(loss.detach())
         scaled = loss if weight == 1.0 else loss * weight
         if self.scaler is not None:
@@ -93,16 +84,14 @@ class TrainStep:
 
     @staticmethod
     def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-        """The 2-norm of the gradients of ``params`` (0 when none has one), read before the
-        clip; no gradient is changed."""
+        """The 2-norm of the gradients of ``params`` (0 when none has one)."""
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             return torch.zeros(())
         return full_norm(torch.nn.utils.get_total_norm(grads))
 
     def run(self, micro_batches: Iterable[MicroBatch], step: int) -> torch.Tensor:
-        """One optimizer step over the micro-batches (their losses computed under autocast)
-        -> the pre-clip gradient norm."""
+        """One optimizer step over the micro-batches -> the pre-clip gradient norm."""
         self.zero_grad()
         micro_batches = list(micro_batches)
         for i, micro in enumerate(micro_batches):

@@ -1,5 +1,3 @@
-"""The pipeline config, in the pipeline's words and importing no feature: every section
-(rlhf_core's and data_checks', and the pipeline's own in sections.py: retrain, collect, demo,
-tracking, routing), composed and loaded in pipeline_config.py (the file, ``--set``, grids,
-``ConfigError``), and how Prefect's Custom run form draws a section and reads it back
+"""The pipeline config, importing no feature: the pipeline's own sections (sections.py),
+composed and loaded with the others in pipeline_config.py, and drawn for Prefect's form
 (form.py)."""

@@ -1,6 +1,5 @@
-"""How Prefect's Custom run form draws a config section and reads it back: an ``X | None``
-field whose default is None is X's own input, left empty it is None; a section the form may
-leave empty as a whole is drawn without defaults. The sections themselves know no form."""
+"""How Prefect's Custom run form draws a config section and reads it back, so an optional
+field is a plain input that reads back as None when left empty. The sections know no form."""
 
 from __future__ import annotations
 
@@ -13,11 +12,8 @@ from rlhf_core.section import Section
 
 
 def empty_input_for_none(schema: dict[str, Any]) -> None:
-    """A section's JSON schema as the form draws it: each ``X | None`` field whose default is
-    None becomes X's own input, ``anyOf: [X, null]`` -> X with no default; left empty it is
-    None (:func:`blanks_as_none`). A form otherwise draws a choice whose None side reads
-    'Property is type "None"'. A field whose default is a value keeps its None choice: None
-    means something there (ppo.missing_eos_penalty)."""
+    """Draw each ``X | None`` field defaulting to None as X's own input, not a choice with a
+    'Property is type "None"' side; a field with a value default keeps its None choice."""
     for prop in schema.get("properties", {}).values():
         options = prop.get("anyOf", [])
         if prop.get("default", 0) is not None or not any(o.get("type") == "null"
@@ -32,17 +28,15 @@ def empty_input_for_none(schema: dict[str, Any]) -> None:
 
 
 def defaults_in_words(schema: dict[str, Any]) -> None:
-    """A section the form may leave empty as a whole (``model.lora``, a schedule): its fields
-    drawn without defaults (the description says them), so an untouched section stays
-    empty, i.e. None, instead of being filled with its defaults and turned on."""
+    """Move a section's defaults into its descriptions, so an untouched optional section
+    stays None instead of being filled in and turned on."""
     for prop in schema.get("properties", {}).values():
         if "default" in prop:
             prop["description"] = f"{prop.get('description', '')} Empty: {prop.pop('default')}."
 
 
 def _no_required(schema: dict[str, Any]) -> None:
-    """Nothing the form must fill in: a data source's path and the data's sources are
-    checked by their validators, which name what is missing."""
+    """Nothing required in the form: the validators name what is missing."""
     schema.pop("required", None)
 
 
@@ -52,9 +46,8 @@ FORM_RULES = {"LoraSettings": defaults_in_words, "ScheduleConfig": defaults_in_w
 
 
 def draw_form(schema: dict[str, Any], handler, seen: set[int] | None = None) -> None:
-    """Each section ``schema`` reaches (through ``$ref``s the JSON-schema ``handler``
-    resolves) drawn as the form draws it: :func:`empty_input_for_none`, then its
-    ``FORM_RULES`` entry."""
+    """Apply :func:`empty_input_for_none` and ``FORM_RULES`` to every section ``schema``
+    reaches through its ``$ref``s."""
     seen = set() if seen is None else seen
     node = handler.resolve_ref_schema(schema) if "$ref" in schema else schema
     if id(node) in seen:
@@ -74,8 +67,7 @@ def draw_form(schema: dict[str, Any], handler, seen: set[int] | None = None) -> 
 
 
 def _blank(value: Any) -> bool:
-    """What a form leaves empty: "", None or an empty list, or a section with nothing filled
-    in."""
+    """Empty as a form leaves it: "", None, an empty list, or a section with nothing in it."""
     if isinstance(value, Mapping):
         return all(_blank(v) for v in value.values())
     return value is None or value == "" or value == []
@@ -91,8 +83,8 @@ def _section_of(annotation: Any) -> type[Section] | None:
 
 
 def blanks_as_none(section: type[BaseModel], value: Any) -> Any:
-    """A section as a form sends it: each field whose default is None and that the form left
-    empty ("" or a section with nothing filled in) is None, in the sections inside too."""
+    """A section as a form sends it, with each empty field whose default is None set to None,
+    recursively."""
     if not isinstance(value, Mapping):
         return value
     out = {}
@@ -109,9 +101,8 @@ def blanks_as_none(section: type[BaseModel], value: Any) -> Any:
 
 
 def form_values(section: BaseModel) -> dict[str, Any]:
-    """A section as a form holds it (a deployment's stored parameters): a field that is None
-    where None is its default is left out, as its empty input leaves it (the server refuses
-    a null for an input that is X's own); the rest as JSON."""
+    """A section as JSON for a form, leaving out fields at their None default (the server
+    refuses a null for a plain input)."""
     dump = section.model_dump(mode="json")
     for name, field in type(section).model_fields.items():
         value = getattr(section, name)
@@ -124,8 +115,7 @@ def form_values(section: BaseModel) -> dict[str, Any]:
 
 class Form:
     """``Annotated[X, Form()]``: section X (or ``X | None``) as a flow parameter, drawn and
-    read as the form does (:func:`draw_form`, :func:`blanks_as_none`); an optional one is
-    drawn as X's own fields, not a choice of None."""
+    read back as the form does."""
 
     def __get_pydantic_core_schema__(self, source: Any, handler) -> Any:
         from pydantic_core import core_schema

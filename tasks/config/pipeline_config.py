@@ -1,10 +1,6 @@
-"""The pipeline config: every stage's frozen config composed into one, validated once here.
-
-Sources, in order: the built-in demo defaults, a YAML/JSON file (``--config``), then
-``--set dotted.key=value`` overrides (:func:`load_config`). The resolved config is logged
-flattened as MLflow params and its hash as a tag. Tasks read their own section and never write
-back; derived values are methods, not fields.
-"""
+"""The pipeline config: every stage's frozen config composed into one and validated once, from
+defaults <- a YAML/JSON file <- ``--set`` overrides. Tasks read their own section and never
+write back; derived values are methods, not fields."""
 
 from __future__ import annotations
 
@@ -63,8 +59,7 @@ class PipelineConfig(Section):
     routing: RoutingConfig = Field(RoutingConfig(), description="Stages on other machines.")
 
     def form_dump(self) -> dict[str, Any]:
-        """The config as a deployment stores it for its form (JSON; the demo's data as every
-        data path empty, which reads back as None; an empty input's None left out)."""
+        """The config as JSON for a deployment's form (the demo's data as empty paths)."""
         dump = form_values(self)
         if self.data is None:
             dump["data"] = blank_data_form()
@@ -72,7 +67,6 @@ class PipelineConfig(Section):
 
     @classmethod
     def __get_pydantic_json_schema__(cls, schema: Any, handler) -> dict[str, Any]:
-        """Drawn as the form draws every section (:func:`draw_form`)."""
         drawn = handler(schema)
         draw_form(drawn, handler)
         return drawn
@@ -80,13 +74,12 @@ class PipelineConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _form_blanks(cls, value: Any) -> Any:
-        """What a form left empty is None (:func:`blanks_as_none`)."""
         return blanks_as_none(cls, value)
 
     @field_validator("data", mode="before")
     @classmethod
     def _demo_when_empty(cls, value: Any) -> Any:
-        """Every data path left empty (a form's untouched data section): the demo's data."""
+        """Every data path left empty (an untouched form): the demo's data."""
         return None if blank_data(value) else value
 
     @model_validator(mode="after")
@@ -108,8 +101,7 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _scorers_not_trained_against(self) -> PipelineConfig:
-        """The held-out checks and the gate score with something the policy was not trained
-        against: a registered model that is a reward source cannot be their scorer."""
+        """A reward source cannot also be the held-out checks' or the gate's scorer."""
         trained = {s.target: s.name for s in self.ppo.reward_sources if s.kind == "registered"}
         for key, scorer in (("ppo.health.scorer", self.ppo.health.scorer),
                             ("retrain.gate.scorer", self.retrain.gate.scorer)):
@@ -122,11 +114,9 @@ class PipelineConfig(Section):
         return self
 
     def from_scratch_rates(self) -> list[str]:
-        """The learning rates that look like a model trained from scratch (the demo's tiny
-        GPT-2: SFT 3e-3, PPO 5e-4) while the base is a pretrained model: ``key=value`` of
-        each (empty for the demo's own model). Pretrained models fine-tune at about 1e-6 to
-        5e-5 in full (README § Sources [N+]: 3e-6) and ten times that with LoRA adapters;
-        a rate ten times past that range is flagged."""
+        """``key=value`` of each learning rate fit for training from scratch while the base is
+        pretrained: those fine-tune at about 1e-6 to 5e-5 (README § Sources [N+]), ten times
+        that with LoRA, and a rate ten times past that is flagged."""
         if not self.model.base_model:
             return []
         limit = FROM_SCRATCH_LR * (10 if self.model.lora is not None else 1)
@@ -193,8 +183,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that names a key twice (the later one would
-    silently win): the error gives both line numbers."""
+    """YAML's safe loader, refusing a key named twice in a mapping (the later would win)."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -209,8 +198,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def read_config_file(path: Path) -> Any:
-    """The parsed YAML/JSON file; ConfigError for text that is not UTF-8, not YAML, or has a
-    key twice in one section."""
+    """The parsed YAML/JSON file; ConfigError when it cannot be read or parsed."""
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -281,9 +269,8 @@ def parse_grid(items: list[str] | tuple = ()) -> dict[str, list]:
 
 def grid_points(base: PipelineConfig, grid: dict[str, list], seeds: list[int]
                 ) -> list[tuple[dict[str, Any], PipelineConfig]]:
-    """One (overrides, validated config) per grid point x seed, every one checked before any
-    run starts. Only RL settings (ppo.*, eval.*) and the seed may vary: anything else would
-    change a stage the points share (validate, sft, reward_model, reward_norm)."""
+    """One (overrides, validated config) per grid point x seed, all checked before any run.
+    Only ppo.*, eval.* and the seed may vary: the points share the earlier stages."""
     for key in grid:
         if not key.startswith(SWEEPABLE):
             raise ConfigError(f"--grid {key}: a sweep shares validate, sft, reward_model and "

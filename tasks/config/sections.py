@@ -98,13 +98,10 @@ class RetrainConfig(Section):
 
 # --- on-policy collection and labels coming back (``collect:``)
 
-# Why 40 known pairs, 0.75 and 25 (binomial arithmetic, exact): a labeller passes with at least
-# ceil(0.75 m) of the m >= 25 known pairs they answered a or b right. A coin-flipper (p = 0.5)
-# answering all 40 passes with P(Bin(40, 0.5) >= 30) = 0.11%; skipping to any m in 25..40
-# does not help: the worst, m = 25, P(Bin(25, 0.5) >= 19) = 0.73%; m < 25: held back, not
-# enough known answers. An honest labeller at the demo judge's noise on known pairs (at least
-# 88% right, docs/retraining.md) answering all 40 fails with P(Bin(40, 0.88) <= 29) = 0.62%.
-# tests/data_checks/test_label_quality.py measures both by simulation.
+# Why 40 known pairs, 0.75 and 25 (exact binomial): a coin-flipper answering all 40 passes
+# 0.11% of the time, and skipping down to 25 answered raises that only to 0.73%; an honest
+# labeller at the demo judge's noise (88% right) fails 0.62%.
+# tests/data_checks/test_label_quality.py checks both by simulation.
 class LabelQualityConfig(Section):
     """When a labeller's votes are dropped, and when an imported batch is quarantined."""
 
@@ -175,8 +172,7 @@ class CollectConfig(Section):
     destination: DestinationConfig = Field(DestinationConfig())
 
 
-# a learning rate at or above this, on a pretrained base in full (x10 with LoRA), is one for a
-# model trained from scratch (PipelineConfig.from_scratch_rates)
+# a learning rate at or above this (x10 with LoRA) is one for training from scratch
 FROM_SCRATCH_LR = 5e-4
 
 
@@ -258,10 +254,8 @@ class TrackingConfig(Section):
         "long for the server, then the run stops the same way.")
 
 
-# The stages the table marks ``ranks`` (tasks/pipeline/stages/table.py DISTRIBUTED), copied here
-# because the table imports every stage body and the bodies import this module: deriving them here
-# would be an import circle, and would load torch before a config error can be answered.
-# tests/tasks/pipeline/stages/test_stage_bodies.py holds the copy equal to the table.
+# A copy of tasks/pipeline/stages/table.py DISTRIBUTED: importing the table here would be an
+# import circle and load torch before a config error is answered (a test keeps them equal).
 ROUTABLE = ("sft", "reward_model", "ppo")
 
 
@@ -302,5 +296,3 @@ def _deployment_name(field: str, name: str) -> str:
         raise ValueError(f"{field}={name!r}: give a deployment as <flow name>/<deployment "
                          "name>, e.g. rlhf-stage/gpu")
     return name
-
-

@@ -1,7 +1,6 @@
-"""`rlhf gc`'s runs marked deleted in MLflow (the UI's Delete): each pipeline run with every
-stage run under it, purged by MLflow's own gc only ``tracking.gc_deleted_age_days`` after its
-deletion (until then the UI can restore it), never while a registry alias needs it; listed
-with the bytes of their artifacts."""
+"""`rlhf gc`'s runs marked deleted in MLflow: purged with the runs under them only
+``tracking.gc_deleted_age_days`` after deletion (so the UI can still restore a mistake), and
+never while a registry alias needs them."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def _when(run: StoredRun, now: float) -> tuple[float | None, str]:
 
 def _item(top: StoredRun, under: list[StoredRun], needed: dict[str, str], age_days: float,
           now: float) -> Found:
-    """One deleted run with the runs under it: kept (an alias needs one, or the grace period
-    runs) or purged."""
+    """One deleted run with the runs under it, kept or purged."""
     group = [top, *under]
     size = sum(artifact_bytes(r.artifact_uri) for r in group)
     need = next((needed[r] for r in [top.parent_run_id, *(g.run_id for g in group)]
@@ -60,8 +58,7 @@ def _item(top: StoredRun, under: list[StoredRun], needed: dict[str, str], age_da
 
 def deleted_run_items(uri: str, needed: dict[str, str], age_days: float,
                       now: float) -> tuple[list[Found], list[str]]:
-    """One item per deleted run that is not under another deleted run (a pipeline run,
-    with its stage runs, or a stage run deleted alone), and notes on what gc cannot do."""
+    """One item per topmost deleted run, and notes on what gc cannot do."""
     runs = deleted_runs(uri)
     if not runs:
         return [], []
@@ -90,8 +87,7 @@ def deleted_run_items(uri: str, needed: dict[str, str], age_days: float,
 
 
 def purge(uri: str, items: list[Found]) -> list[Found]:
-    """Purge the deleted runs of ``items`` with the runs under them (tasks/gc/store.py
-    purge_runs) -> the items purged, one log line each."""
+    """Purge the deleted runs of ``items`` with the runs under them -> the items purged."""
     if items:
         purge_runs(uri, [i for f in items for i in (f.target, *f.runs)])
     for item in items:

@@ -1,4 +1,4 @@
-"""What `rlhf gc` found (tasks/gc/plan.py): one record per thing it looked at, and the plan."""
+"""What `rlhf gc` found: one record per thing it looked at, and the plan."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""One `rlhf gc` at a time per store: an exclusive lock per MLflow store (beside a SQLite
-store's file, else in the temporary folder, named by the store), so a second gc of the store
-waits for the first and then finds what is left, instead of both deleting the same things."""
+"""One `rlhf gc` at a time per MLflow store: a second gc waits for the first, then finds what
+is left, instead of both deleting the same things."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ class StoreBusy(Exception):  # noqa: N818 - a stop, named after its cause
 
 
 def gc_lock_path(store: str) -> Path:
-    """Where the gc lock of ``store`` (a resolved store URI) lives: beside a SQLite file,
-    else in the temporary folder under a name made from the URI."""
+    """The gc lock of ``store``: beside a SQLite file, else in the temp folder."""
     if store.startswith("sqlite:///"):
         db = Path(store.removeprefix("sqlite:///"))
         return db.with_name(db.name + ".gc.lock")
@@ -32,8 +30,7 @@ def gc_lock_path(store: str) -> Path:
 
 @contextmanager
 def one_gc(store: str, wait_s: float = 600.0, say=print) -> Iterator[None]:
-    """Hold the gc lock of ``store`` for the body; when another gc holds it, say so once and
-    wait for it (up to ``wait_s``; then StoreBusy, nothing deleted)."""
+    """Hold the gc lock of ``store``; wait up to ``wait_s`` for another holder, then StoreBusy."""
     path = gc_lock_path(store)
     with open(path, "a+") as fh:
         try:

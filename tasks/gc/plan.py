@@ -1,32 +1,6 @@
-"""`rlhf gc`: find what no longer serves, then (only when asked) delete it, one log line each.
-
-What it finds, by kind:
-
-- ``run folder``: ``<tracking.workdir>/<run id>/`` of a FINISHED run beyond the newest
-  ``tracking.gc_keep_runs``; a failed, stopped or running run (resumable), a run an alias
-  needs (champion, challenger, previous-champion of the policy or the reward model: the
-  version's runs and their pipeline runs) and a folder the store has no run for are kept;
-- ``trash``: what a deletion stopped midway left (``.trash-*``, see tasks/pipeline/retention.py);
-- ``leftover``: what a killed gate or stage left in a kept run folder (``*.part`` files, a
-  checkpoint save's ``.<name>.tmp``, a killed `rlhf validate`'s chunks), once no live process
-  owns the folder (tasks/pipeline/owners.py);
-- ``mlflow run``: runs marked deleted in MLflow ``tracking.gc_deleted_age_days`` ago or
-  more, each pipeline run with the runs under it, removed by MLflow's own gc with their
-  artifacts and empty folders (tasks/gc/deleted.py; not those an alias needs; a tracking
-  server's store is collected where it runs);
-- ``batch``: consumed batch files in ``retrain.watch_dir`` whose consuming run keeps a copy,
-  and quarantined files (with their notes), older than ``retrain.gc_batch_age_days``; a
-  batch no retrain consumed always stays;
-- ``pull record``: ``<collect.out_dir>/pulls/<collection>/`` of a collection whose every pair
-  was pulled and imported (its run is tagged first, so a later pull skips it);
-- ``cache``: passed validations and tokenized chunks in the validation cache
-  (data_checks/cache.py, ``$RLHF_VALIDATION_CACHE``) unused, neither read nor written, for
-  ``tracking.gc_cache_age_days``; a later gate that would have read one tokenizes again.
-
-Every deletion renames first, then deletes (tasks/pipeline/retention.py): a kill midway leaves a
-``.trash-`` name no command reads, and the next gc removes it. One gc of a store runs at a
-time: a second waits for the first, then finds what is left.
-"""
+"""`rlhf gc`: find what no longer serves (old run folders, runs deleted in MLflow, consumed
+batches, pull records, stale cache entries), then, only when asked, delete it, one log line
+each with its reason. Anything resumable or that an alias needs is kept."""
 
 from __future__ import annotations
 
@@ -60,14 +34,13 @@ from tasks.retrain.labels.imports import QUARANTINE
 from tasks.retrain.labels.pull import pulled_in_full
 from tasks.retrain.store import consumed_batches
 
-# what a killed gate or stage leaves in a run folder: unfinished files (the gate's cleaned
-# data and token ids, a chunk being put) and a checkpoint save's temporary folder
+# what a killed gate or stage leaves: unfinished files and a checkpoint save's temp folder
 LEFTOVERS = ("*.part", ".*.tmp")
 
 
 @contextmanager
 def one_gc_of(cfg: PipelineConfig) -> Iterator[None]:
-    """One gc at a time of the config's store (tasks/pipeline/owners.py): a second waits for it."""
+    """One gc at a time of the config's store: a second waits for it."""
     with one_gc(resolved_store(default_tracking_uri(cfg.tracking.tracking_uri))):
         yield
 
@@ -114,10 +87,8 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
 
 
 def _leftovers(folder: Path, run, now: float | None = None) -> list[Found]:
-    """What a killed gate or stage left in a kept run folder (LEFTOVERS; and a killed `rlhf
-    validate`'s tokenized chunks, which only a resume would read and such a run never has
-    one), once no live process owns the folder (tasks/pipeline/owners.py); in a folder without an
-    owner lock (an older run's), those a day old or more."""
+    """What a killed gate or stage left in a kept run folder, once no live process owns it
+    (without an owner lock: those a day old or more)."""
     found = {p for pattern in LEFTOVERS for p in folder.rglob(pattern)}
     if run is not None and run.validate_only:
         found |= {p for p in folder.glob(f"*/{GATE_CHUNKS}") if p.is_dir()}
@@ -191,8 +162,8 @@ def _pulls(cfg: PipelineConfig) -> list[Found]:
 
 
 def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
-    """The validation cache's passed validations and tokenized chunks unused (read or
-    written) for ``tracking.gc_cache_age_days``, one line each; those in use in one line."""
+    """Validation cache entries unused for ``tracking.gc_cache_age_days``; those in use as
+    one line."""
     cache = validation_cache()
     if cache is None or not cache.root.is_dir():
         return []
@@ -224,8 +195,8 @@ def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
 
 def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None,
             now: float | None = None) -> GcPlan:
-    """What gc would delete and what it keeps, and why (nothing is deleted here).
-    ``keep_runs``: newest finished run folders kept (default tracking.gc_keep_runs)."""
+    """What gc would delete and keep, and why (deletes nothing). ``keep_runs`` overrides
+    tracking.gc_keep_runs."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     keep = cfg.tracking.gc_keep_runs if keep_runs is None else keep_runs
     if keep < 0:
@@ -249,8 +220,7 @@ class GcResult(BaseModel):
 
 @task(name="gc")
 def collect_garbage(cfg: PipelineConfig, delete: bool) -> GcResult:
-    """Find what no longer serves and, with ``delete``, delete it (one log line each); one
-    deleting gc of the store at a time."""
+    """Find what no longer serves and, with ``delete``, delete it, one log line each."""
     with one_gc_of(cfg) if delete else nullcontext():
         plan = plan_gc(cfg)
         for item in plan.kept:
@@ -285,8 +255,8 @@ def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
 
 
 def _sweep(cfg: PipelineConfig, path: Path) -> bool:
-    """Delete a leftover while holding its run folder's owner lock (none: a day-old file in
-    an older run's folder) -> False when a process took the folder since the plan."""
+    """Delete a leftover under its run folder's owner lock -> False when a process took the
+    folder since the plan."""
     root = Path(cfg.tracking.workdir)
     folder = root / path.relative_to(root).parts[0]
     if owner_lock_kept(folder):
@@ -301,7 +271,7 @@ def _sweep(cfg: PipelineConfig, path: Path) -> bool:
 
 
 def _remove_leftover(path: Path) -> None:
-    """Deleted in place: a leftover cut short is still one, named as before."""
+    """Deleted in place (not renamed): a leftover cut short is still one."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:

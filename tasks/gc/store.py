@@ -1,7 +1,5 @@
-"""What `rlhf gc` asks the MLflow store: the state of the runs whose local folders it finds,
-the runs the registry's aliases need, the runs marked deleted; and MLflow's own garbage
-collection (`mlflow gc`) for those. Every look-up selects server-side (run ids, lifecycle,
-tags), never by reading every run."""
+"""What `rlhf gc` asks the MLflow store, and MLflow's own `mlflow gc` for deleted runs. Every
+look-up filters server-side, never by reading every run."""
 
 from __future__ import annotations
 
@@ -30,9 +28,7 @@ ALIASES = (CHAMPION, CHALLENGER, PREVIOUS, CANDIDATE)
 
 
 class StoredRun(BaseModel):
-    """A run as gc weighs it: status (FINISHED, FAILED, KILLED, RUNNING), lifecycle
-    (active or deleted), when it ended (ms; None while running), whether it is a run of
-    `rlhf validate` (never resumed), and where its artifacts are."""
+    """A run as gc weighs it (``end_time`` in ms; None while running)."""
 
     model_config = ConfigDict(frozen=True)
     run_id: str
@@ -62,8 +58,7 @@ def _experiment_ids(client) -> list[str]:
 
 
 def store_missing(configured: str | None) -> str | None:
-    """A sentence when the local store gc would read is not there (nothing to collect),
-    else None; gc never creates a store."""
+    """A sentence when the local store is missing, else None; gc never creates a store."""
     uri = default_tracking_uri(configured)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return (f"no MLflow store at {uri}: nothing has run here yet, or set "
@@ -87,9 +82,8 @@ def stored_runs(tracking_uri: str, run_ids: list[str]) -> dict[str, StoredRun]:
 
 
 def alias_runs(tracking_uri: str, models: tuple[str, ...]) -> dict[str, str]:
-    """Run id -> which alias needs it, for every alias of ``models``: the version's register
-    run, its pipeline run, and the stage runs (and their pipeline runs) its lineage names
-    (a retrain's version reuses its first pipeline run's SFT run)."""
+    """Run id -> the alias that needs it: each aliased version's register, pipeline and
+    lineage stage runs, with their parents."""
     from mlflow.exceptions import MlflowException
 
     client = tracking_client(tracking_uri)
@@ -121,8 +115,7 @@ def _parent_of(client, run_id: str) -> str | None:
 
 
 def deleted_runs(tracking_uri: str) -> list[StoredRun]:
-    """Every run marked deleted (MLflow keeps it, and its artifacts, until its gc), with
-    when it was deleted where the store records it."""
+    """Every run marked deleted, with its deletion time where the store records it."""
     from mlflow.entities import ViewType
 
     client = tracking_client(tracking_uri)
@@ -140,8 +133,7 @@ def deleted_runs(tracking_uri: str) -> list[StoredRun]:
 
 
 def deletion_times(tracking_uri: str, run_ids: list[str]) -> dict[str, int]:
-    """When each of ``run_ids`` was marked deleted (ms), as a database store records it
-    (the time `mlflow gc --older-than` reads); empty for a store that does not."""
+    """When each of ``run_ids`` was marked deleted (ms), from a database store; else empty."""
     if not run_ids or tracking_uri.startswith(("http://", "https://")):
         return {}
     from mlflow.store.tracking.dbmodels.models import SqlRun
@@ -160,8 +152,7 @@ def deletion_times(tracking_uri: str, run_ids: list[str]) -> dict[str, int]:
 
 
 def stage_runs(tracking_uri: str, parents: list[str]) -> dict[str, list[StoredRun]]:
-    """Every run under each of ``parents`` (its stage runs, and theirs), active or
-    deleted, by parent."""
+    """Every run under each of ``parents``, recursively, active or deleted."""
     from mlflow.entities import ViewType
 
     client = tracking_client(tracking_uri)
@@ -188,12 +179,8 @@ def deleted_experiments(tracking_uri: str) -> list[str]:
 
 
 def purge_runs(tracking_uri: str, run_ids: list[str]) -> list[str]:
-    """MLflow's own garbage collection (`mlflow gc --run-ids`) of ``run_ids``, their
-    metadata and artifacts: those still active (the stage runs of a deleted pipeline run)
-    are marked deleted first; those already gone (another gc's) are skipped; the empty
-    artifact folders they leave go too -> the ids purged. Only for a store this machine
-    opens (a database URI); a tracking server's store is collected where the server runs.
-    PurgeFailed, one sentence, when MLflow's gc fails."""
+    """Purge ``run_ids`` with `mlflow gc` (marking active ones deleted first) -> the ids
+    purged. Only for a store this machine opens; PurgeFailed when MLflow's gc fails."""
     client = tracking_client(tracking_uri)
     present = stored_runs(tracking_uri, run_ids)
     for run in present.values():
@@ -218,8 +205,7 @@ def purge_runs(tracking_uri: str, run_ids: list[str]) -> list[str]:
 
 
 def drop_empty_folder(artifact_uri: str | None) -> None:
-    """A purged run's local artifact folder (``<experiment>/<run id>/``, MLflow's gc leaves
-    it empty), when nothing is left in it."""
+    """Remove a purged run's local artifact folder, which MLflow's gc leaves empty."""
     if not artifact_uri or not artifact_uri.startswith(("file://", "/")):
         return
     from urllib.parse import unquote, urlparse
@@ -242,8 +228,8 @@ def keeps_consumed_copy(tracking_uri: str, run_id: str, digest: str) -> bool:
 
 
 def mark_pulled_all(tracking_uri: str, experiment: str, cid: str, pairs: int) -> bool:
-    """Record on collection ``cid``'s run that every one of its ``pairs`` was pulled (so
-    `rlhf label pull` skips it without its ``pulls/`` record) -> False: no such run."""
+    """Tag collection ``cid``'s run as pulled in full, so `rlhf label pull` skips it without
+    its ``pulls/`` record -> False when there is no such run."""
     client = tracking_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     runs = [] if exp is None else client.search_runs(

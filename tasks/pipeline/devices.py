@@ -13,8 +13,8 @@ if TYPE_CHECKING:  # torch and the model code load with the first model, not thi
 
 
 def setup_torch(model_cfg: ModelConfig) -> torch.device:
-    """The thread count set, the device resolved (the model code is imported here, not with
-    this module: a process that loads no model, e.g. a label import, never pays for it)."""
+    """Set the thread count -> the device. Model code is imported here, so a process that
+    loads no model never pays for it."""
     import torch
 
     from rlhf_core.models.models import resolve_device
@@ -25,8 +25,7 @@ def setup_torch(model_cfg: ModelConfig) -> torch.device:
 
 
 def setup_models(model_cfg: ModelConfig) -> tuple[torch.device, LoadSpec]:
-    """The device and the one load spec (dtype, precision, attention, trust_remote_code,
-    gradient checkpointing, LoRA) that every model and tokenizer load of a stage uses."""
+    """The device and the one load spec every model and tokenizer load of a stage uses."""
     from rlhf_core.models.loader import LoadSpec
 
     device = setup_torch(model_cfg)

@@ -49,9 +49,8 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 @task(name="finish")
 def finish_task(ctx: RunContext, outputs: dict[str, StageRecord],
                 keep_resume_state: bool) -> PipelineResult:
-    """Log the plots, close the parent run, then delete its local resume state (the stages'
-    mid-stage checkpoints) unless ``keep_resume_state`` -> the run's result (each stage's
-    record)."""
+    """Log the plots, close the parent run, then delete its local resume state unless
+    ``keep_resume_state`` -> the run's result."""
     plot_ppo_curves(ctx)
     close_finished(ctx, keep_resume_state)
     return PipelineResult.of(ctx, outputs)
@@ -59,27 +58,24 @@ def finish_task(ctx: RunContext, outputs: dict[str, StageRecord],
 
 def finish(ctx: RunContext, outputs: dict[str, StageRecord],
            keep_resume_state: bool) -> PipelineResult:
-    """The finish task after the run's last stages: its edges in the flow run's graph come
-    from the stages no other output derives from (register, in the pipeline), not from
-    every stage whose record it summarises (tasks/pipeline/stages/graph.py)."""
+    """The finish task, with graph edges only from the latest stages, not every stage it
+    summarises."""
     return finish_task(quote(ctx), quote(outputs), keep_resume_state,
                        wait_for=latest(outputs.values()))
 
 
 def close_parent(ctx: RunContext) -> None:
-    """Mark the parent run FINISHED."""
     end_parent_run(ctx, "FINISHED")
 
 
 def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
-    """Mark the parent run FINISHED, then delete its resume state unless
-    ``keep_resume_state`` (tasks/pipeline/retention.py: what stays)."""
+    """Mark the parent run FINISHED, then delete its resume state unless kept."""
     close_parent(ctx)
     if not keep_resume_state:
         drop_resume_state(Path(ctx.workdir))
 
 
 def fail_parent(ctx: RunContext) -> None:
-    """Mark the parent run FAILED, or KILLED on a stop signal (the flow re-raises the
-    error; an unreachable store does not replace it)."""
+    """Mark the parent run FAILED, or KILLED on a stop signal (an unreachable store does not
+    replace the flow's error)."""
     mark_ended(ctx.client(), ctx.parent_run_id)

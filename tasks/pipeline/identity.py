@@ -1,9 +1,6 @@
 """What a pipeline run was made from: the config hash and a digest of every input data set.
-
-A re-run reuses finished stages only when both are unchanged. The data digests are taken from
-the files the user points at (bytes, before any cleaning); the demo's generated data is hashed
-as the generator writes it for the configured seed and sizes, so a change of the generator or
-its judge is a change of input too.
+A re-run reuses finished stages only when both are unchanged; the demo's data is hashed as
+generated, so a change of the generator is a change of input too.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ def _file_digest(path: Path, digest) -> None:
 
 
 def source_digest(path: str) -> str:
-    """sha256 (first 16 hex) of a local file or of every file under a local folder; a source
-    that is not on this machine (a hub id) is identified by its name (it is in the config)."""
+    """sha256 of a local file or folder's files; a non-local source (a hub id) by its name."""
     p = Path(path).expanduser()
     digest = hashlib.sha256()
     if p.is_file():
@@ -66,8 +62,8 @@ def digest_tags(digests: dict[str, str]) -> dict[str, str]:
 
 def changed_inputs(tags: dict[str, str], cfg: PipelineConfig, digests: dict[str, str],
                    include_config: bool = True) -> list[str]:
-    """What differs between a run's recorded identity (its tags) and this config + data, in
-    words; empty when the run was made from the same inputs."""
+    """What differs between a run's recorded identity (its tags) and this config and data, in
+    words; empty when nothing does."""
     changes = []
     if include_config and tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
         changes.append(f"the config (hash {tags.get(CONFIG_HASH_TAG)} -> {cfg.config_hash()})")

@@ -1,10 +1,5 @@
 """The gold judge of a run, resolved once (``eval.judge``) and read by every stage.
-
-``auto``: the data set's own judge if it has one (the demo data does), else none; ``demo``:
-the demo's judge; ``english``: the real-English task's (rlhf_core/english.py); ``none``: no
-judge anywhere (no gold accuracy, no judge curves, no win rate). The judge only ever
-evaluates: it never enters the reward. Where labellers are simulated (`rlhf demo-batch`, a
-collection's known-answer pairs) the same judge labels, from the same table.
+It only ever evaluates (and simulates labellers): it never enters the reward.
 """
 
 from __future__ import annotations
@@ -22,10 +17,8 @@ GOLD_JUDGES = {"demo": "rlhf_core.demo", "english": "rlhf_core.english"}
 
 @dataclass(frozen=True)
 class GoldJudge:
-    """A gold judge's three uses: ``score`` an answer (prompt, response, has_eos), ``choose``
-    between two answers as a noisy rater would (a Bradley-Terry draw: prompt, a, b, rng ->
-    'a' | 'b'), and make ``clear_pairs`` it orders by a gap (prompts, n, min_gap, seed ->
-    [{prompt, response_a, response_b, known}])."""
+    """A gold judge: ``score`` an answer, ``choose`` between two as a noisy Bradley-Terry
+    rater would, and make ``clear_pairs`` separated by a minimum gap."""
 
     name: str
     score: Judge
@@ -33,15 +26,14 @@ class GoldJudge:
     clear_pairs: Callable[[Sequence[str], int, float, int], list[dict]]
 
     def label(self, rows: Sequence[dict], seed: int, degraded: bool = False) -> list[str]:
-        """A choice per pair (prompt, response_a, response_b) drawn with ``seed``;
-        ``degraded``: the side the judge scores lower."""
+        """A choice per pair drawn with ``seed``; ``degraded``: the side it scores lower."""
         from rlhf_core.eval.collect import judge_choices
 
         return judge_choices(rows, self.score, self.choose, seed, degraded)
 
 
 def resolve_judge_name(setting: str, uses_demo_data: bool) -> str:
-    """``eval.judge`` -> the judge every stage uses: a name of ``GOLD_JUDGES`` or 'none'."""
+    """``eval.judge`` -> a name of ``GOLD_JUDGES`` or 'none' (``auto``: the demo's data's)."""
     if setting == "auto":
         return "demo" if uses_demo_data else "none"
     return setting

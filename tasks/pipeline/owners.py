@@ -1,11 +1,8 @@
 """Which run folders a live process is using.
 
-Every process that runs a stage of a pipeline run (the pipeline's own, a stage worker's)
-holds a shared lock on ``<run folder>/.owner.lock`` while the stage runs: ``fcntl.flock``,
-which the kernel drops when the process ends, SIGKILL included. What a killed gate or stage
-left in the folder (``*.part`` files, a checkpoint save's ``.<name>.tmp``) is swept by
-`rlhf gc` only while it holds that lock exclusively: no live process owns the folder, and
-none can start writing in it until the sweep is done.
+A process running a stage holds a shared ``fcntl.flock`` on ``<run folder>/.owner.lock``,
+which the kernel drops even on SIGKILL. `rlhf gc` sweeps a killed stage's leftovers only while
+holding that lock exclusively, so no live process is writing there.
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ _guard = threading.Lock()
 
 @contextmanager
 def owning(folder: str | Path) -> Iterator[None]:
-    """Hold ``folder``'s owner lock (shared: several processes of one run may) while the body
-    runs; nested and concurrent uses in one process share one descriptor."""
+    """Hold ``folder``'s shared owner lock while the body runs; nested and concurrent uses in
+    one process share one descriptor."""
     key = str(Path(folder).resolve())
     with _guard:
         fd, depth = _held.get(key, (-1, 0))
@@ -46,14 +43,14 @@ def owning(folder: str | Path) -> Iterator[None]:
 
 
 def owner_lock_kept(folder: Path) -> bool:
-    """Does ``folder`` have an owner lock file (a stage ran in it since owners were kept)?"""
+    """Whether ``folder`` has an owner lock file."""
     return (folder / OWNER_LOCK).is_file()
 
 
 @contextmanager
 def unowned(folder: Path) -> Iterator[bool]:
-    """Take ``folder``'s owner lock exclusively for the body, without waiting -> True; False
-    when a live process owns the folder (or it has no lock file: nothing proves it free)."""
+    """Take ``folder``'s owner lock exclusively without waiting -> True; False when owned or
+    without a lock file (nothing proves it free)."""
     try:
         fd = os.open(folder / OWNER_LOCK, os.O_RDWR)
     except OSError:

@@ -51,11 +51,9 @@ from tasks.platform.redact import redacted
 PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
 
 
-
 class Prepared(BaseModel):
-    """What ``prepare`` resolved for a run, before any stage: its run context, the data
-    sources, the base model and tokenizer to start from and the gold judge (``none``
-    without one). A retrain adds the batches it trains on (``add_batches``)."""
+    """What ``prepare`` resolved before any stage; a retrain adds its batches
+    (``add_batches``)."""
 
     model_config = ConfigDict(frozen=True)
     ctx: RunContext
@@ -63,11 +61,9 @@ class Prepared(BaseModel):
     base_model: str
     tokenizer: str
     judge: str
-    # what model.base_model said and, for a GGUF file, its digest: an adapter over the base
-    # names it so (rlhf_core/models/adapters.py), None for the demo's tiny model
+    # model.base_model as given (and a GGUF file's digest), for adapters to name; None: demo
     base_source: dict[str, str] | None = None
-    # a retrain's: rows of the combined preference file by batch, the batches' digests and
-    # where each came from
+    # a retrain's batches: rows per batch, digests, sources
     batch_rows: list[dict] = []
     trained_on: list[str] = []
     batch_sources: dict[str, str] = {}
@@ -99,10 +95,8 @@ def default_run_name(cfg: PipelineConfig) -> str:
 
 
 def pipeline_run_name(cfg: PipelineConfig, changes: str = "") -> str:
-    """The name of a new pipeline run, one label in every place that shows it (MLflow's
-    parent run, the Prefect flow run, the run's summary): ``tracking.run_name``, else the
-    start time, model, data and config hash, and what a served run's form changed
-    (``changes``, e.g. ``kl_coef=0.07``)."""
+    """A new run's one label everywhere: ``tracking.run_name``, else the default name plus
+    what a served run's form changed (``changes``, e.g. ``kl_coef=0.07``)."""
     return cfg.tracking.run_name or " ".join(filter(None, [default_run_name(cfg), changes]))
 
 
@@ -117,9 +111,8 @@ def _prefect_flow_run_id() -> str | None:
 
 def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None,
                digests: dict[str, str]):
-    """The parent run to continue: same Prefect flow run (`prefect flow-run retry`), else
-    same run name + config hash + data digests (when a run name is set). A run of that name
-    made from other inputs is never continued: a new run starts, and the change is said."""
+    """The parent run to continue: the same Prefect flow run, else the same run name with
+    unchanged inputs (a changed one is never continued: a new run starts, saying why)."""
     if flow_run_id:
         found = parent_runs(client, exp_id, f"tags.`{PREFECT_FLOW_RUN_TAG}` = '{flow_run_id}'")
         if found:
@@ -152,9 +145,8 @@ def _check_resume(run, cfg: PipelineConfig, digests: dict[str, str]) -> None:
 
 def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
                     run_name: str | None = None) -> RunContext:
-    """Create the parent run, or reopen it (``resume_run_id``, or same run name + config).
-    A new run is named ``tracking.run_name``, else ``run_name`` (the flow run's), else by
-    default; a reopened one keeps its name."""
+    """Create the parent run, or reopen it (``resume_run_id``, or same run name + inputs);
+    a reopened run keeps its name."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     ensure_store(uri)
     client = tracking_client(uri)
@@ -169,8 +161,7 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
         exp_id, run_name = run.info.experiment_id, run.info.run_name or run_name
         reopen_run(client, run_id)
         if run.data.tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
-            # resumed with changed settings (e.g. a lower LR after a non-finite loss): keep
-            # the record of what the continuation ran with
+            # resumed with changed settings: record what the continuation ran with
             keep_resumed_config(client, run_id, redacted(cfg.model_dump(mode="json")),
                                 cfg.config_hash())
     else:
@@ -204,8 +195,8 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
 
 
 def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
-    """Generate (once) the demo data under workdir/demo, and the tokenizer and tiny base
-    model unless ``model.base_model`` names the user's own."""
+    """Generate (once) the demo data under workdir/demo, and its tiny base model unless
+    ``model.base_model`` is set."""
     from rlhf_core.demo import build_demo_assets
 
     root = workdir / "demo"
@@ -227,8 +218,7 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
 
 
 def check_inputs_present(cfg: PipelineConfig) -> None:
-    """Checks that need no run, made before the parent run is opened (the CLI makes them even
-    earlier, before Prefect starts)."""
+    """Checks that need no run (the CLI makes them before Prefect starts)."""
     if cfg.data is None and not cfg.demo.enabled:
         raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
     if not cfg.model.base_model and not cfg.demo.enabled:
@@ -244,9 +234,7 @@ def base_identity(cfg: PipelineConfig) -> str:
 
 
 def check_registry_base(cfg: PipelineConfig) -> None:
-    """A policy is registered only beside versions trained from the same base model: a
-    registered model (``tracking.registered_policy``) whose versions came from another base is
-    refused before any training, naming both."""
+    """Refuse, before training, a registered model whose versions came from another base."""
     if not cfg.tracking.register_models:
         return
     from tasks.platform.mlflow.errors import RegistryError
@@ -264,8 +252,7 @@ def check_registry_base(cfg: PipelineConfig) -> None:
 
 
 def check_registered_scorer(cfg: PipelineConfig) -> None:
-    """The held-out checks' registered scorer (``ppo.health.scorer: models:/...``) exists in
-    the run's registry, before any training starts."""
+    """Check that ``ppo.health.scorer``'s registered model exists, before training."""
     uri = cfg.ppo.health.external_scorer
     if uri is None:
         return
@@ -278,8 +265,7 @@ def check_registered_scorer(cfg: PipelineConfig) -> None:
 
 
 def check_outside_models(cfg: PipelineConfig) -> None:
-    """What the run needs from outside it, there before any training starts: the held-out
-    checks' registered scorer, each reward source, and a registry that takes this base."""
+    """Check what the run needs from outside it, before any training starts."""
     check_registered_scorer(cfg)
     check_reward_sources(cfg.ppo, default_tracking_uri(cfg.tracking.tracking_uri))
     check_registry_base(cfg)
@@ -288,9 +274,8 @@ def check_outside_models(cfg: PipelineConfig) -> None:
 @task(name="prepare")
 def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
             run_name: str | None = None) -> Prepared:
-    """Open the parent run (a new one named ``run_name``, the flow run's, unless
-    ``tracking.run_name`` is set); resolve data sources and the base model (demo when
-    asked). Any failure once the parent run exists marks it FAILED."""
+    """Open the parent run and resolve the data sources and base model (the demo's when
+    asked). A failure once the parent run exists marks it FAILED."""
     check_inputs_present(cfg)
     rates = cfg.from_scratch_rates()
     if rates:

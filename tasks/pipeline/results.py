@@ -1,8 +1,5 @@
-"""What the flows return, typed from the stage records up to the command line, the sweep, the
-events and the tests: a :class:`PipelineResult` (the stage records by stage and where the run
-lives) and a :class:`SweepResult` (a retrain's and a comparison's are
-tasks/retrain/records.py's). Nothing is parsed back out of a display string: a registered
-version is ``result.registered.version``."""
+"""What the flows return, typed all the way to the CLI and tests so nothing is parsed back
+out of a display string (a retrain's results are in tasks/retrain/records.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ from tasks.platform.mlflow.runs import RunContext
 
 
 class PipelineResult(BaseModel):
-    """One tracked run (a pipeline, a retrain, a validation, a sweep point): its MLflow
-    parent run and each stage's record, in the order the stages ran."""
+    """One tracked run: its MLflow parent run and each stage's record, in the order run."""
 
     model_config = ConfigDict(frozen=True)
     parent_run_id: str
@@ -36,8 +32,7 @@ class PipelineResult(BaseModel):
     @field_validator("stages", mode="before")
     @classmethod
     def _typed_by_stage(cls, stages: Any) -> Any:
-        """Records read back as JSON (a result stored by Prefect) become the record class
-        each names (its ``kind``)."""
+        """Records read back as JSON become the class each ``kind`` names."""
         if not isinstance(stages, dict):
             return stages
         typed = {}
@@ -58,7 +53,6 @@ class PipelineResult(BaseModel):
 
     @property
     def data(self) -> DataRecord | None:
-        """The validate stage's record."""
         return self._stage("validate", DataRecord)
 
     @property
@@ -69,7 +63,7 @@ class PipelineResult(BaseModel):
 
     @property
     def registered(self) -> RegisterRecord | None:
-        """The register stage's record (None: no register stage ran)."""
+        """The register stage's record (None: it did not run)."""
         return self._stage("register", RegisterRecord)
 
     @property
@@ -79,13 +73,11 @@ class PipelineResult(BaseModel):
 
     @property
     def wall_s(self) -> float:
-        """The stages' wall times added up."""
         return round(sum(out.wall_s for out in self.stages.values()), 1)
 
 
 class SweepResult(BaseModel):
-    """A sweep: its id and MLflow run, the summary's rows, groups and markdown, and the
-    labels of the points that failed."""
+    """A sweep's run, summary and failed points."""
 
     model_config = ConfigDict(frozen=True)
     sweep_id: str

@@ -1,16 +1,9 @@
-"""What a finished run keeps on local disk, and deleting the rest without leaving a
-half-deleted folder behind.
+"""What a finished run keeps on local disk, and deleting the rest safely.
 
-A pipeline run's folder, ``<tracking.workdir>/<run id>/``, holds its resume state (each
-training stage's ``checkpoints/step_<n>/``: weights, optimizer and scheduler state, RNG
-states, data position) beside its outputs (the stage folders' models, the cleaned data and
-Data Docs, the demo's generated assets, the curves). Resume state serves only a run that can
-still continue: once the run is FINISHED (its models registered), ``finish`` deletes it
-unless ``tracking.keep_resume_state``; a failed or stopped run keeps everything.
-
-Every deletion here first renames the folder to a ``.trash-`` sibling (one atomic rename),
-then deletes that: a kill in between leaves a trash folder that nothing reads (a checkpoint
-folder or run folder is either whole or gone), and the next deletion sweeps it away.
+Resume state (each stage's ``checkpoints/``) serves only a run that can continue, so
+``finish`` deletes it once the run is FINISHED unless ``tracking.keep_resume_state``. Each
+deletion first renames to a ``.trash-`` sibling (atomic), so a kill never leaves a half-deleted
+folder; the next deletion sweeps the trash.
 """
 
 from __future__ import annotations
@@ -37,8 +30,7 @@ class Removed(BaseModel):
 
 
 class Retention(BaseModel):
-    """What dropping a finished run's resume state did: what went, and the bytes its folder
-    still holds."""
+    """What dropping a finished run's resume state removed, and the bytes still kept."""
 
     model_config = ConfigDict(frozen=True)
     workdir: str
@@ -65,9 +57,8 @@ def tree_bytes(path: Path) -> int:
 
 
 def remove_tree(path: Path, label: str = "retention") -> Removed:
-    """Delete a file or folder: renamed to a ``.trash-`` sibling first (atomic), then
-    deleted, so a kill midway never leaves a half-deleted ``path`` (crash point
-    ``remove:<label>``: killed between the two)."""
+    """Delete a file or folder via an atomic rename to a ``.trash-`` sibling (crash point
+    ``remove:<label>`` between the two)."""
     size = tree_bytes(path)
     trash = path.with_name(f"{TRASH}{path.name}-{uuid.uuid4().hex[:8]}")
     os.replace(path, trash)
@@ -89,8 +80,7 @@ def trash_in(folder: Path) -> list[Path]:
 
 
 def resume_state_dirs(workdir: Path) -> list[Path]:
-    """A run folder's resume state: each stage's ``checkpoints/`` (on any node's or rank's
-    stage folder), and trash a killed deletion left in them."""
+    """A run folder's ``checkpoints/`` folders (any node or rank), and trash left in them."""
     if not workdir.is_dir():
         return []
     found = sorted(p for p in workdir.rglob(RESUME_STATE) if p.is_dir())
@@ -99,8 +89,7 @@ def resume_state_dirs(workdir: Path) -> list[Path]:
 
 
 def drop_resume_state(workdir: Path) -> Retention:
-    """Delete a finished run's resume state under ``workdir`` (one log line per folder). A
-    folder that cannot be deleted is named and left; the run stays finished."""
+    """Delete a finished run's resume state; a folder that cannot go is named and left."""
     removed = []
     for path in resume_state_dirs(workdir):
         if TRASH in path.name:

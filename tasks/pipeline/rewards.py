@@ -1,20 +1,8 @@
-"""PPO's reward sources beside the run's reward model (``ppo.reward_sources``; the math in
-rlhf_core/ppo/rewards.py): a Python function named ``module:function``, a registered MLflow
-pyfunc scoring (prompt, response), or one served over HTTP with MLflow's scoring protocol
-(``mlflow models serve``'s /invocations). Each is checked before any training starts (the
-function imports, the alias exists, the server answers) and recorded as a run parameter with
-what identifies it (a tag of the stage's run): the function's file digest, the registered
-version, the URL without its credentials.
-
-A function is called as TRL calls its reward functions:
-``fn(prompts=[...], completions=[...], **columns)``, the prompts as the data hold them (text
-or messages), the completions as text, and the prompt rows' other columns as lists; it
-returns a float or None (abstain) per row. A served model gets the same rows as a DataFrame
-(``dataframe_split`` with the columns prompt, response), batched, with a timeout, tried
-again after a failure with waits of 1, 2, 4... s; one that stays down stops the run
-resumably.
-
-This module imports nothing heavy: the CLI names its error.
+"""PPO's reward sources beside the reward model (``ppo.reward_sources``; the math in
+rlhf_core/ppo/rewards.py): a ``module:function``, a registered MLflow pyfunc, or an MLflow
+scoring server over HTTP. Each is checked before training and recorded with what identifies it.
+A function is called as TRL calls reward functions, ``fn(prompts=..., completions=...,
+**columns)`` -> a float or None (abstain) per row. Imports nothing heavy: the CLI uses it.
 """
 
 from __future__ import annotations
@@ -40,8 +28,7 @@ if TYPE_CHECKING:
 
 
 class RewardSourceDown(Exception):  # noqa: N818 - a stop, named after its cause
-    """A served reward model that did not answer after its retries: the run stops, and
-    ``rlhf run --resume`` continues it from its last checkpoint."""
+    """A served reward model down after its retries: the run stops, resumable."""
 
     stops_run = True
 
@@ -51,8 +38,7 @@ class RewardSourceDown(Exception):  # noqa: N818 - a stop, named after its cause
 
 
 def load_function(source: RewardSource) -> Callable:
-    """The function ``module:function`` (the working directory importable too); a module
-    or name that is not there is refused in one sentence naming the source."""
+    """The function ``module:function`` (the working directory importable too)."""
     module_name, name = source.target.split(":")
     where = f"ppo.reward_sources[{source.name}]: {source.target}"
     if os.getcwd() not in sys.path:
@@ -79,9 +65,8 @@ def function_digest(fn: Callable) -> str:
 
 def post_rows(source: RewardSource, prompts: Sequence[Any], responses: Sequence[str],
               sleep: Callable[[float], None] = time.sleep) -> list[float | None]:
-    """The served model's score of each (prompt, response) row; a server error or no answer
-    is tried again ``source.retries`` times, then :class:`RewardSourceDown`; a request the
-    server refuses (4xx) fails at once, with its answer."""
+    """The served model's score per (prompt, response) row; 5xx or no answer is retried
+    with backoff, then :class:`RewardSourceDown`; a 4xx fails at once."""
     body = json.dumps({"dataframe_split": {"columns": ["prompt", "response"],
                                            "data": [[p, r] for p, r in zip(prompts,
                                                                            responses)]}})
@@ -107,8 +92,8 @@ def post_rows(source: RewardSource, prompts: Sequence[Any], responses: Sequence[
 
 
 def _request(url: str, body: bytes) -> urllib.request.Request:
-    """A JSON POST to ``url``; a login in the URL (user:password@) goes in a basic-auth
-    header, where urllib does not look for it."""
+    """A JSON POST to ``url``; a login in the URL goes in a basic-auth header (urllib
+    ignores it)."""
     import base64
     from urllib.parse import urlsplit, urlunsplit
 
@@ -123,8 +108,7 @@ def _request(url: str, body: bytes) -> urllib.request.Request:
 
 
 def predictions(answer: Any) -> list[float | None]:
-    """MLflow's scoring answer (``{"predictions": [...]}``, or the list itself; a row may be
-    a number, null or a one-column record) -> one score or None per row."""
+    """MLflow's scoring answer -> one score or None per row."""
     rows = answer.get("predictions", answer) if isinstance(answer, dict) else answer
     if not isinstance(rows, list):
         raise ValueError(f"expected a list of predictions, got {type(rows).__name__}")
@@ -143,9 +127,8 @@ def server_problem(source: RewardSource) -> str | None:
 
 
 def check_reward_sources(cfg: PPOConfig, tracking_uri: str) -> dict[str, str]:
-    """Each source checked before any training starts (ConfigError naming it) -> its
-    description by name: its settings, then in brackets what they resolved to now (a
-    function's file digest, the version an alias holds)."""
+    """Check each source (ConfigError naming it) -> name: its settings, then in brackets
+    what they resolve to now (file digest, alias version)."""
     out = {}
     for source in cfg.reward_sources:
         named = redact(source.target) or "the run's reward model"
@@ -167,9 +150,8 @@ def check_reward_sources(cfg: PPOConfig, tracking_uri: str) -> dict[str, str]:
 
 
 def changed_sources(before: dict[str, str], now: dict[str, str]) -> tuple[list[str], list[str]]:
-    """Descriptions (:func:`check_reward_sources`) of a run's first try and of its resume ->
-    (the sources whose settings are the same but resolve to something else now: a resume
-    must not train on them; the sources whose settings a resume changed on purpose)."""
+    """Source descriptions at first try and at resume -> (same settings resolving to
+    something else, which a resume must not train on; settings changed on purpose)."""
     moved, reset = [], []
     for name, text in now.items():
         old = before.get(name)
@@ -181,8 +163,7 @@ def changed_sources(before: dict[str, str], now: dict[str, str]) -> tuple[list[s
 
 
 def reward_mix(cfg: PPOConfig, prompt_rows: Sequence[dict], tracking_uri: str) -> RewardMix:
-    """The sources of ``cfg`` as rlhf_core's :class:`RewardMix`, the text scorers reading
-    ``prompt_rows`` (the prompt data's rows) by index."""
+    """``cfg``'s sources as a :class:`RewardMix`; text scorers read ``prompt_rows`` by index."""
     from rlhf_core.ppo.rewards import RewardMix, TextScorer
 
     model = cfg.reward_model_source

@@ -1,13 +1,7 @@
-"""The pipeline's own champion rule (stage register, outside a retrain): a new policy takes
-``champion`` from the current one only when both were scored by the same scorer on the same
-held-out prompts.
-
-Evaluation scores are comparable across runs only then. With a gold judge (the demo's) they
-are: the judge is fixed. Without one, each run's evaluation score comes from that run's own
-reward model, and two reward models' scales have nothing in common, so no comparison is
-claimed: the new policy is registered as ``challenger`` and the champion stays (the retrain
-gate, which scores both policies with one scorer, or ``rlhf promote`` moves it). No champion
-yet: the new policy becomes champion. Each decision and its reason are tags on the version.
+"""The register stage's champion rule: a new policy takes ``champion`` only when both were
+scored by the same scorer on the same held-out prompts, since two reward models' scales are not
+comparable. Otherwise it is registered ``challenger`` (the retrain gate or ``rlhf promote``
+moves the champion later); the decision and its reason are tags on the version.
 """
 
 from __future__ import annotations
@@ -36,8 +30,7 @@ def score_key(metrics: dict) -> str:
 
 
 def champion_evaluation(client, name: str) -> dict | None:
-    """The current champion's version, scorer and evaluation metrics (from its MLflow
-    parent run), or None when there is no champion."""
+    """The champion's version, scorer and evaluation metrics, or None when there is none."""
     version = alias_version(client, name, CHAMPION)
     if version is None:
         return None
@@ -47,10 +40,8 @@ def champion_evaluation(client, name: str) -> dict | None:
 
 
 class Decision(BaseModel):
-    """A champion decision: the retrain gate's verdict (``scorer``: who scored both
-    policies), the pipeline's own rule at register (``verdict``: first, beats, loses,
-    not-compared; ``champion_score``: the champion's score it was compared with), or a move
-    a resume finds already made."""
+    """A champion decision: the retrain gate's (``scorer`` set), the register rule's
+    (``verdict``, ``champion_score``), or a move a resume finds already made."""
 
     model_config = ConfigDict(frozen=True)
     promote: bool
@@ -62,17 +53,16 @@ class Decision(BaseModel):
 
     @property
     def register_tag(self) -> str:
-        """What register records as the version's decision: the rule's verdict, or
-        ``gate: promote`` / ``gate: keep`` for a gate's (``gate: promote, awaiting
-        approval`` when held for a person)."""
+        """The version's decision tag: the rule's verdict, or ``gate: promote|keep`` (held:
+        ``, awaiting approval``)."""
         held = ", awaiting approval" if self.hold else ""
         return self.verdict or "gate: " + ("promote" if self.promote else "keep") + held
 
 
 def register_decision(champion: dict | None, scorer: str | None, key: str,
                       score: float) -> Decision:
-    """The rule's verdict is ``first`` (no champion: promote), ``beats`` / ``loses`` (same
-    scorer: compared), ``not-compared`` (different or unknown scorers: champion stays)."""
+    """``first`` (no champion: promote), ``beats``/``loses`` (same scorer), or
+    ``not-compared`` (different or unknown scorers: champion stays)."""
     if champion is None:
         return Decision(promote=True, verdict="first",
                         reason=f"no champion yet: this policy becomes champion ({key} "
@@ -99,12 +89,9 @@ FIRST_CHAMPION_MIN_PROMPTS = 32
 
 
 def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) -> Decision:
-    """A first champion (no champion yet) must not be worse than the policy it started from
-    by a scorer it was not trained against: the evaluation's paired interval of the
-    difference (``eval/vs_start_diff_*``) lying wholly below 0 keeps it challenger, saying
-    why; on fewer than ``FIRST_CHAMPION_MIN_PROMPTS`` prompts the promotion stands and says
-    the comparison was too small. With no such scorer the promotion stands and says it rests
-    on the reward model alone. Any other decision stands."""
+    """A first champion whose paired interval vs its start policy (``eval/vs_start_diff_*``,
+    by an independent scorer) lies wholly below 0 stays challenger; too few prompts or no
+    such scorer: the promotion stands, saying so. Other decisions pass through."""
     if decision.verdict != "first":
         return decision
     if "eval/vs_start_diff_high" not in metrics:
@@ -131,11 +118,9 @@ def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) 
 
 
 def tax_veto(decision: Decision, over: str | None, override: bool) -> Decision:
-    """A policy whose alignment tax is over budget (``over``: why, with the figures) is not
-    made champion, by the pipeline's rule or by a retrain gate's win alike (the gate compares
-    with the champion on the task, not what the policy lost elsewhere), unless overridden
-    (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``). Applied again to
-    a decision it already ruled on (the gate's, then register's), it says so once."""
+    """Refuse a promotion over the alignment-tax budget (``over``: why), a gate's win too,
+    since the gate does not see what the policy lost elsewhere; ``override`` keeps it.
+    Idempotent: a reason it already holds is not added twice."""
     if not decision.promote or over is None or over in decision.reason:
         return decision
     return _overridden_or_refused(decision, over, override, "tax")
@@ -156,22 +141,9 @@ def _overridden_or_refused(decision: Decision, why: str, override: bool,
 
 def health_veto(decision: Decision, blocked: str | None, override: bool,
                 gated: bool = False, bootstrap: bool = False) -> Decision:
-    """A policy whose PPO run a health detector stopped, or flagged for a failure that
-    questions its gains (``blocked``: why), is not made champion without an explicit
-    override (``tracking.promote_flagged``, or ``rlhf promote VERSION --flagged``): the
-    refusal names the reason.
-
-    ``gated``: the decision is a retrain gate's, a paired test of this very policy (a
-    stopped run's kept snapshot included) against the champion by a scorer it was not
-    trained against. A significant win there is direct evidence that the policy is better
-    than what it replaces, stronger than a check-to-check fall inside its run, so the
-    promotion stands and its reason records the finding.
-
-    ``bootstrap``: the first champion of a retrain loop (no champion to test against, the
-    first-champion rule passed): the finding is recorded and the policy becomes champion, as
-    the loop's next rounds are there to correct it (pairs collected on its own answers) and
-    every later move passes the gate; without it no round could ever start. Any other
-    decision stands."""
+    """Refuse a promotion a health detector ``blocked`` unless ``override``. It stands when
+    ``gated`` (the gate's paired test outweighs an in-run finding) or ``bootstrap`` (a
+    retrain's first champion; without it no round could start), noting the finding."""
     if not decision.promote or blocked is None:
         return decision
     if bootstrap:

@@ -1,6 +1,5 @@
-"""The run's own summary where a Prefect user lands: a flow-run artifact (``rlhf-run-summary``)
-with each stage's wall time and key figures, the registry decision and why, and links to the
-MLflow parent run and to the experiment's runs table in "Model training" mode."""
+"""The run's own summary where a Prefect user lands: a flow-run artifact with each stage's key
+figures, the registry decision and why, and links into MLflow."""
 
 from __future__ import annotations
 
@@ -52,8 +51,8 @@ def summary_markdown(result: PipelineResult, title: str, outcome: str | None = N
 
 
 def publish_summary(result: PipelineResult, title: str, outcome: str | None = None) -> None:
-    """The summary as the flow run's own markdown artifact (call it in the flow, not in a
-    task, so it belongs to the run); nothing outside a Prefect run."""
+    """The summary as the flow run's artifact (call it in the flow, not a task, so it belongs
+    to the run)."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.context import FlowRunContext, TaskRunContext
 
@@ -64,8 +63,7 @@ def publish_summary(result: PipelineResult, title: str, outcome: str | None = No
 
 
 def publish_text(title: str, text: str) -> None:
-    """A summary of ``title`` and ``text`` alone (a round resumed with a person's answer:
-    its stages ran before it waited), as the flow run's artifact; nothing outside a run."""
+    """A summary of ``title`` and ``text`` alone, for a round resumed with an answer."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.context import FlowRunContext, TaskRunContext
 

@@ -1,8 +1,6 @@
 """Sweep tasks: the grid, one MLflow parent run per point, and the summary over points.
-
-A sweep varies RL settings only (``ppo.*``, ``eval.*`` and the seed of the RL stages; see
-tasks/config/pipeline_config.py ``grid_points``): the shared stages (validate, sft, reward_model,
-reward_norm) run once under the sweep's own run and every point reuses their outputs.
+A sweep varies RL settings only (``grid_points``), so the stages before PPO run once under the
+sweep's own run and every point reuses their outputs.
 """
 
 from __future__ import annotations
@@ -36,8 +34,8 @@ def point_label(overrides: dict[str, Any]) -> str:
 @task(name="sweep_point_run")
 def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
                    overrides: dict[str, Any]) -> Prepared:
-    """A new MLflow parent run for one point, tagged with the sweep; data, tokenizer, judge
-    and base model come from the sweep's shared run (nothing is generated again)."""
+    """A new MLflow parent run for one point, tagged with the sweep, reusing the shared
+    run's inputs."""
     ctx = open_parent_run(cfg, None)
     shared = base_prep.ctx
     tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_POINT_TAG: json.dumps(overrides, sort_keys=True),
@@ -47,8 +45,7 @@ def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
 
 def point_row(overrides: dict[str, Any], result: PipelineResult | None,
               error: str | None) -> dict[str, Any]:
-    """One row of the summary table: the point's settings, status, evaluation, wall time,
-    memory."""
+    """One row of the summary table for a point."""
     row: dict[str, Any] = {"point": point_label(overrides), **overrides}
     if result is None:
         return {**row, "status": "FAILED", "error": (error or "")[:300]}
@@ -69,8 +66,8 @@ def mean_ci(values: list[float]) -> tuple[float, float | None]:
 
 
 def aggregate(rows: list[dict], metric: str) -> list[dict]:
-    """Group finished rows by their settings without the seed: n, ``metric`` mean and the
-    half-width of its 95% CI across seeds, and the means of the other columns."""
+    """Group finished rows by settings except the seed: n, ``metric`` mean with its 95% CI
+    half-width across seeds, and the other columns' means."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         if row["status"] == "FINISHED":
@@ -109,8 +106,7 @@ def summary_markdown(rows: list[dict], groups: list[dict], metric: str) -> str:
 
 
 def frontier_plot(rows: list[dict], metric: str, path: str) -> str | None:
-    """``metric`` against KL to the reference, one point per finished run, one colour per
-    estimator (the reward/KL frontier)."""
+    """The reward/KL frontier: ``metric`` against KL to the reference, coloured by estimator."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -16,7 +16,6 @@ def read_json(path: str | Path):
 
 
 def write_json(path: str | Path, obj) -> Path:
-    """Write JSON atomically (temp file + rename)."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))

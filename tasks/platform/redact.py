@@ -1,6 +1,5 @@
-"""Secrets never recorded: a login written into a URL (``http://bob:secret@host:5000``,
-``postgresql://bob:secret@db/mlflow``) keeps its user and loses its password wherever a
-config value or a URI is logged as a param, a tag, an artifact or a link."""
+"""Secrets never recorded: a URL's password is hidden wherever a config value or URI is logged
+or shown (``http://bob:***@host``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Preference batches: new ones found in the watch folder (by digest, consumed ones recorded in
-MLflow), a round's preference file written from them, and marking them consumed."""
+"""Preference batches: finding new ones in the watch folder by digest, writing a round's
+preference file from them, and recording them consumed in MLflow."""
 
 from __future__ import annotations
 
@@ -47,18 +47,16 @@ def file_digest(path: Path) -> str:
 
 
 def consumed_runs(cfg: PipelineConfig) -> dict[str, str]:
-    """Digests of the batches that finished retrains consumed (tag on their parent runs) ->
-    the run that consumed each (which keeps a copy of the file, ``consumed_batches/``)."""
+    """Digest of each batch finished retrains consumed -> the run that consumed it (and keeps
+    a copy)."""
     return consumed_batches(default_tracking_uri(cfg.tracking.tracking_uri),
                             cfg.tracking.experiment)
 
 
 @task(name="find_batches")
 def find_batches(cfg: PipelineConfig) -> Batches:
-    """The watched folder's new batch files, in file-name order, and every consumed batch in
-    the order the retrains consumed them (so each round's preference file begins with the
-    last round's: add_batches), from its file in the folder, else (``path`` None) from the
-    copy that its consuming run (``run_id``) keeps."""
+    """Find the watch folder's new batch files (in name order) and every consumed batch in the
+    order consumed, so each round's preference file begins with the last round's."""
     folder = Path(cfg.retrain.watch_dir)
     files = sorted(p for p in folder.glob("*") if p.suffix in BATCH_SUFFIXES) \
         if folder.is_dir() else []
@@ -77,8 +75,7 @@ def find_batches(cfg: PipelineConfig) -> Batches:
 
 
 def batch_file(ctx: RunContext, batch: Batch) -> Path | None:
-    """A batch's file: in the watch folder, else the copy its consuming run logged
-    (None: neither, e.g. consumed before copies were kept)."""
+    """A batch's file in the watch folder, else its consuming run's copy (None: neither)."""
     if batch.path and Path(batch.path).is_file():
         return Path(batch.path)
     if not batch.run_id:
@@ -103,9 +100,8 @@ COMBINE_ROWS = 25_000  # rows of the configured pairs read and written at a time
 
 def write_round_pairs(path: Path, configured: DataSource | None,
                       batches: Iterable[tuple[str, pd.DataFrame]]) -> list[dict]:
-    """A round's preference file: the ``configured`` pairs (None: none), read and written a
-    chunk at a time (flat memory at any size), then each batch, in order -> where each batch
-    sits in the file (1-based rows, as the gate names them)."""
+    """Write the ``configured`` pairs chunk by chunk (flat memory), then each batch -> each
+    batch's 1-based rows in the file, as the gate names them."""
     path.write_text("", encoding="utf-8")
     n = 0  # rows written so far
     if configured is not None:
@@ -124,13 +120,9 @@ def write_round_pairs(path: Path, configured: DataSource | None,
 def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: list[Batch],
                 champion: Champion | None = None,
                 consumed: list[Batch] | None = None) -> Prepared:
-    """The retrain's inputs: preference data = the configured pairs and every batch earlier
-    retrains consumed (``rm_data: cumulative``) + the new batches (``new_only``: the new
-    batches alone), one file in that order: a round's file is the last round's with the new
-    batches appended, so its gate reads every full chunk of the last one from the validation
-    cache (data_checks/cache.py) and tokenizes only what follows. The champion's policy and
-    tokenizer as the base. A batch that cannot be read stops the run here, naming the file
-    and row."""
+    """Set the retrain's inputs: one preference file of the configured pairs and consumed
+    batches (unless ``rm_data: new_only``) then the new ones, appended so the gate's cache
+    reuses the last round's chunks; the champion is the base. An unreadable batch stops here."""
     data = prep.data
     check_gate_prompts(cfg, data)
     only_new = cfg.retrain.rm_data == "new_only" and champion is not None
@@ -161,9 +153,7 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
 
 
 def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
-    """Where each preference batch (by digest) came from: the collections its labels named
-    (``v<champion version>-<id>``: collected from that policy version), else ``offline``
-    (a file no label import wrote)."""
+    """Digest -> the collections its labels named, else ``offline`` (no label import)."""
     named = batch_collections(default_tracking_uri(cfg.tracking.tracking_uri),
                               cfg.tracking.experiment, digests)
     return {digest: ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
@@ -171,8 +161,7 @@ def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
 
 
 def batch_rows_note(rows: list[dict]) -> str:
-    """Which rows of the combined preference file came from which batch file (for the data
-    gate's error, whose row numbers count in the combined file)."""
+    """Which combined-file rows came from which batch, for the data gate's error."""
     return "rows of the combined preference file by batch: " + "; ".join(
         f"{r['first']}-{r['last']} = {r['name']} rows 1-{r['last'] - r['first'] + 1}"
         for r in rows)
@@ -188,7 +177,6 @@ def log_batch_inputs(ctx: RunContext, batches: list[Batch]) -> None:
 
 @task(name="mark_consumed")
 def mark_consumed(ctx: RunContext, batches: list[Batch]) -> None:
-    """Record the batches as consumed (read by the next retrain's find_batches), with a
-    copy of each file on the run (``consumed_batches/<digest>/``) for later rounds."""
+    """Record the batches as consumed, with a copy of each file on the run for later rounds."""
     log_batch_inputs(ctx, batches)
     record_consumed(ctx, [(b.digest, b.path) for b in batches])

@@ -1,5 +1,5 @@
-"""The retrain loop's announcements as Prefect events (their names and labels:
-tasks/platform/prefect/events.py): a round's outcome, and each step of a person's sign-off."""
+"""The retrain loop's announcements as Prefect events: a round's outcome, and each step of a
+person's sign-off."""
 
 from __future__ import annotations
 
@@ -19,9 +19,7 @@ TRAINED = ("bootstrapped", "promoted", "kept")  # the retrain outcomes that trai
 
 def announce_outcome(policy: str, status: str, reason: str | None = None,
                      parent_run_id: str | None = None) -> None:
-    """``rlhf.champion.promoted`` (a first champion too) or ``rlhf.champion.kept`` for a
-    retrain that trained (``status``: a ``RetrainResult``'s); nothing for one that found
-    nothing new, was skipped or was a control round."""
+    """Emit promoted or kept for a retrain round that trained; nothing for any other."""
     if status not in TRAINED:
         return
     payload = {k: v for k, v in (("reason", reason), ("parent_run_id", parent_run_id)) if v}

@@ -1,6 +1,4 @@
-"""The retrain loop's typed records: a preference batch, the batches a retrain finds, a
-round, the gate's stage record, a round's and a comparison's results, what a collection made
-and what a label import did. The flows, the CLI and the tests read their fields."""
+"""The retrain loop's typed records, shared by the flows, the CLI and the tests."""
 
 from __future__ import annotations
 
@@ -14,9 +12,8 @@ from tasks.pipeline.stages.records import StageRecord
 
 
 class Batch(BaseModel):
-    """One preference batch: its file name, digest (sha256 of its bytes, 16 hex), its path
-    in the watch folder (None: a consumed batch whose file left it) and the retrain run that
-    consumed it and keeps a copy (None: not consumed, or consumed before copies were kept)."""
+    """One preference batch by digest; ``path`` None: its file left the watch folder;
+    ``run_id``: the retrain run that consumed it and keeps a copy."""
 
     model_config = ConfigDict(frozen=True)
     name: str
@@ -26,10 +23,8 @@ class Batch(BaseModel):
 
 
 class Round(BaseModel):
-    """What a retrain round trains on and from: the new ``batches``, with ``consumed`` (those
-    earlier rounds consumed, ``rm_data: cumulative``); a ``challenge`` starts from the
-    champion and is gated against it (else the bootstrap: the whole pipeline on the data and
-    the batches); a ``control`` round registers and consumes nothing."""
+    """What a round trains on; a ``challenge`` starts from the champion and is gated against
+    it (else a bootstrap); a ``control`` round registers and consumes nothing."""
 
     model_config = ConfigDict(frozen=True)
     batches: list[Batch]
@@ -47,9 +42,7 @@ class Batches(BaseModel):
 
 
 class CollectResult(BaseModel):
-    """One collection: its id (``v<version>-<8 hex>``), MLflow run, the policy it sampled
-    (``<name>/<version>``), the labelling files (``jsonl``, ``csv``), its counts, the Label
-    Studio project page it filled (None: files only) and its wall time."""
+    """One collection (``label_studio``: the project page it filled; None: files only)."""
 
     model_config = ConfigDict(frozen=True)
     collection: str
@@ -61,7 +54,7 @@ class CollectResult(BaseModel):
     wall_s: float = 0.0
 
     def text(self) -> str:
-        """What the collection did, in a few lines (CLI and flow log)."""
+        """What the collection did, for the CLI and flow log."""
         n = self.counts
         where = (f"to label: Label Studio {self.label_studio}, then `rlhf label pull "
                  f"{self.collection}`" if self.label_studio else
@@ -81,11 +74,8 @@ ImportStatus = Literal["imported", "quarantined", "already imported", "refused"]
 
 
 class LabelImport(BaseModel):
-    """What importing one labelled file did: ``imported`` (the preference ``batch`` written,
-    its ``digest``), ``quarantined`` (label quality too low: ``reason``, where the file went),
-    ``already imported`` (the batch it made before) or ``refused`` (malformed rows, a
-    dropped file moved to quarantine). ``held_back``: labellers whose votes were dropped, and
-    why; ``counts``: the import's figures (pairs, known answers...)."""
+    """What importing one labelled file did; ``held_back``: labellers whose votes were
+    dropped, and why."""
 
     model_config = ConfigDict(frozen=True)
     status: ImportStatus
@@ -122,10 +112,7 @@ RetrainStatus = Literal["bootstrapped", "promoted", "kept", "control", "skipped"
 
 
 class RetrainResult(BaseModel):
-    """A retrain round: what it did, the gate's decision (a challenge), the tracked run (a
-    round that trained), the slot's holder (skipped) or the consumed count (nothing new);
-    with ``retrain.approval: required``, the candidate's version and, once answered, what
-    the answer came to."""
+    """What a retrain round did; fields unset where its status has none."""
 
     model_config = ConfigDict(frozen=True)
     status: RetrainStatus
@@ -139,8 +126,7 @@ class RetrainResult(BaseModel):
 
 
 class CompareResult(BaseModel):
-    """Two registered versions through the gate: which (``champion`` the base, then the
-    challenger), the decision and the tracked run."""
+    """Two registered versions through the gate (``champion`` the base)."""
 
     model_config = ConfigDict(frozen=True)
     champion: int

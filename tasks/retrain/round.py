@@ -1,7 +1,5 @@
-"""A retrain round's decisions: its slot, the settings it trains with, which policy, reference
-and reward model it starts from, the lineage its version records, what is refused when the
-batches fail validation, and the Prefect report of each outcome. The retrain flow
-(flows/retrain.py) wires them."""
+"""A retrain round's decisions (slot, settings, starting models, lineage, refusals, reports),
+kept out of the retrain flow (flows/retrain.py) that wires them."""
 
 from __future__ import annotations
 
@@ -36,9 +34,8 @@ OUTCOME = "rlhf-retrain-decision"  # the Prefect artifact key of each round's ou
 
 
 def limit_name(config: PipelineConfig) -> str:
-    """``rlhf-retrain-<policy>-<8 hex>``: the slot is one per tracking store and policy (the
-    hex: sha256 of the resolved store URI), so retrains of two stores never block each other
-    while two of one store, from any machine, still never race."""
+    """``rlhf-retrain-<policy>-<store hash>``: one slot per store and policy, so two stores
+    never block each other while retrains of one store never race."""
     store = resolved_store(default_tracking_uri(config.tracking.tracking_uri))
     return f"rlhf-retrain-{config.tracking.registered_policy}-" \
         f"{hashlib.sha256(store.encode()).hexdigest()[:8]}"
@@ -46,17 +43,15 @@ def limit_name(config: PipelineConfig) -> str:
 
 @contextmanager
 def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
-    """Hold the retrain slot while the body runs -> True; False when another retrain holds
-    it and ``retrain.on_overlap`` is skip (wait: block until it is free)."""
+    """Hold the retrain slot while the body runs -> True; False when held elsewhere and
+    ``retrain.on_overlap`` is skip."""
     with one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip") as held:
         yield held
 
 
 def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:
-    """``retrain-rlhf-policy-v3-1a2b3c4d+2``: policy, champion version it started from
-    (``bootstrap`` without one), the first new batch's digest and how many more;
-    ``-nothing-new`` when a champion exists and no batch is new (a bootstrap without
-    batches is ``retrain-<policy>-bootstrap``: it trains on the configured data)."""
+    """``retrain-<policy>-v3-1a2b3c4d+2``: the champion started from (or ``bootstrap``), the
+    first new batch's digest and how many more (or ``-nothing-new``)."""
     start = f"v{champion}" if champion else "bootstrap"
     batches = f"-{digests[0][:8]}" + (f"+{len(digests) - 1}" if len(digests) > 1 else "") \
         if digests else ("-nothing-new" if champion else "")  # a bootstrap trains anyway
@@ -64,8 +59,7 @@ def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> s
 
 
 def control_run_name(config: PipelineConfig, champion_version: str | None) -> str:
-    """A control round's flow-run name; ConfigError or RegistryError when it cannot run: it
-    trains on the batches consumed before (``rm_data: cumulative``) against a champion."""
+    """A control round's flow-run name; ConfigError or RegistryError when it cannot run."""
     policy = config.tracking.registered_policy
     if config.retrain.rm_data != "cumulative":
         raise ConfigError("retrain --control needs retrain.rm_data: cumulative (the "
@@ -76,8 +70,8 @@ def control_run_name(config: PipelineConfig, champion_version: str | None) -> st
 
 
 def round_settings(config: PipelineConfig) -> PipelineConfig:
-    """``retrain.ppo_iterations`` (None: a third of ppo.iterations, the champion already had
-    them all) / ``retrain.rm_epochs`` over ppo.iterations / reward.epochs."""
+    """The config with the retrain's PPO iterations (default a third: the champion had them
+    all) and reward-model epochs."""
     r = config.retrain
     iterations = r.ppo_iterations or max(1, round(config.ppo.iterations / 3))
     update = {"ppo": config.ppo.model_copy(update={"iterations": iterations})}
@@ -87,9 +81,8 @@ def round_settings(config: PipelineConfig) -> PipelineConfig:
 
 
 class RoundStart(BaseModel):
-    """Where a challenge starts from, by ``retrain.policy_init``, ``retrain.reference`` and
-    ``retrain.rm_init``: the champion's policy or its SFT policy, its reward model or the
-    SFT trunk."""
+    """The model folders a challenge starts from (``retrain.policy_init``, ``reference``,
+    ``rm_init``)."""
 
     model_config = ConfigDict(frozen=True)
     policy: str
@@ -107,9 +100,8 @@ def round_start(config: PipelineConfig, champion: Champion) -> RoundStart:
 
 def lineage_tags(prep: Prepared, batches: list[Batch], champion: Champion | None = None,
                  scorer: str | None = None) -> dict[str, str]:
-    """The registered version's lineage: the batches it was trained on (and their sources),
-    what it descends from and, for a challenger, the champion and SFT run it started from
-    and the gate's scorer."""
+    """The registered version's lineage tags: batches, ancestry and, for a challenger, the
+    champion, SFT run and gate scorer."""
     tags = {LINEAGE_BATCHES_TAG: json.dumps([b.digest for b in batches]),
             TRAINED_ON_TAG: json.dumps(prep.trained_on),
             BATCH_SOURCES_TAG: json.dumps(prep.batch_sources),
@@ -133,10 +125,8 @@ def named_batch_rows(rows: list[dict]) -> Iterator[None]:
 @contextmanager
 def refused_batches(config: PipelineConfig, batches: list[Batch],
                     first: bool) -> Iterator[None]:
-    """New batches that fail validation in a challenge leave the watch folder for its
-    quarantine (the configured data passed before: the batches are at fault), so later
-    rounds go on with later batches; in a bootstrap (``first``) the configured data may be
-    at fault, and nothing moves."""
+    """Quarantine new batches that fail validation in a challenge (the configured data passed
+    before); in a bootstrap (``first``) the data may be at fault, so nothing moves."""
     try:
         yield
     except ValidationFailed as err:

@@ -1,6 +1,5 @@
-"""What the retrain loop keeps in MLflow: collection runs (their files, the pairs' record,
-the prompts they used, their Label Studio link), label-import runs, and the preference
-batches retrains consumed (a tag on the retrain's parent run, a copy of each file on it)."""
+"""What the retrain loop keeps in MLflow: collection runs, label-import runs, and the
+preference batches retrains consumed."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ CONSUMED_COPY = "consumed_batches"  # artifact folder: a copy of each batch a re
 
 def every_run(client: MlflowClient, experiment_id: str, filter_string: str,
               order_by: list[str] | None = None) -> list:
-    """Every run of the experiment that ``filter_string`` selects (the store filters), page by
-    page: no cap on how many a long-lived loop has made."""
+    """Every run ``filter_string`` selects, page by page: a long-lived loop makes many."""
     out, token = [], None
     while True:
         page = client.search_runs([experiment_id], filter_string, max_results=1000,
@@ -66,8 +64,7 @@ def pool_collections(client: MlflowClient, experiment_id: str, pool_digest: str)
 
 
 def collection_prompts(client: MlflowClient, runs: list) -> set[str]:
-    """Prompts the given collection runs used, by key (a conversation's messages as JSON:
-    rlhf_core/eval/collect.py's prompt_key)."""
+    """Prompts the given collection runs used, by ``prompt_key``."""
     used: set[str] = set()
     for run in runs:
         path = client.download_artifacts(run.info.run_id, PROMPTS)
@@ -83,7 +80,6 @@ def finished_collection(client: MlflowClient, experiment_id: str, cid: str):
 
 
 def collection_by_run_id(client: MlflowClient, run_id: str):
-    """The collection run ``run_id``."""
     return client.get_run(run_id)
 
 
@@ -119,7 +115,7 @@ def studio_collection(client: MlflowClient, experiment_id: str, cid: str):
 # ---- label imports -----------------------------------------------------------------------------
 def record_label_import(client: MlflowClient, experiment_id: str, run_name: str,
                         tags: dict[str, str], metrics: dict[str, float], path: Path) -> str:
-    """A finished label-import run: its tags, figures and the file (``labels/``) -> its id."""
+    """A finished label-import run with its tags, figures and file -> its id."""
     run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
     log_metrics(client, run_id, metrics, 0)
     client.log_artifact(run_id, str(path), "labels")
@@ -137,8 +133,7 @@ def accepted_import_metrics(client: MlflowClient, experiment_id: str,
 
 def batch_collections(tracking_uri: str, experiment: str,
                       digests: list[str]) -> dict[str, list[str]]:
-    """The collections named by the label import that wrote each preference batch (by
-    digest) -> {digest: collection ids} ([] when no import wrote it)."""
+    """{batch digest: collection ids its label import named} ([]: no import wrote it)."""
     client, exp_id = experiment_client(tracking_uri, experiment)
     out = {}
     for digest in digests:
@@ -152,8 +147,7 @@ def batch_collections(tracking_uri: str, experiment: str,
 
 # ---- consumed batches --------------------------------------------------------------------------
 def consumed_batches(tracking_uri: str, experiment: str) -> dict[str, str]:
-    """Digests of the batches that finished retrains consumed (tag on their parent runs) ->
-    the run that consumed each (which keeps a copy of the file, ``consumed_batches/``)."""
+    """Digest of each batch finished retrains consumed -> its consuming run, in order."""
     client, exp_id = experiment_client(tracking_uri, experiment)
     if exp_id is None:
         return {}
@@ -163,8 +157,7 @@ def consumed_batches(tracking_uri: str, experiment: str) -> dict[str, str]:
 
 
 def record_consumed(ctx: RunContext, batches: list[tuple[str, str]]) -> None:
-    """The batches, (digest, file) each, as consumed by the retrain's parent run: a copy of
-    each file (``consumed_batches/<digest>/``) and their digests as a tag."""
+    """Mark (digest, file) batches consumed by the parent run: a copy of each, digests as tag."""
     client = ctx.client()
     for digest, path in batches:
         client.log_artifact(ctx.parent_run_id, path, f"{CONSUMED_COPY}/{digest}")
@@ -172,8 +165,7 @@ def record_consumed(ctx: RunContext, batches: list[tuple[str, str]]) -> None:
 
 
 def consumed_copy(ctx: RunContext, run_id: str, digest: str, root: Path) -> Path | None:
-    """The copy of batch ``digest`` that its consuming run ``run_id`` keeps, downloaded
-    under ``root`` (None: the run keeps none)."""
+    """Download run ``run_id``'s copy of batch ``digest`` under ``root`` (None: no copy)."""
     client = ctx.client()
     files = [f.path for f in client.list_artifacts(run_id, f"{CONSUMED_COPY}/{digest}")]
     if not files:

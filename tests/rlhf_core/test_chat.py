@@ -17,11 +17,10 @@ from rlhf_core.models.chat import (
 from rlhf_core.models.data import (
     IGNORE_INDEX,
     encode,
-    encode_pair,
-    encode_sft,
     last_real_index,
     right_pad,
 )
+from tests.conftest import encode_pair, encode_sft
 from tests.families import FAMILIES, build_tokenizer
 
 CONV = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hello"},

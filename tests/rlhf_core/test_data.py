@@ -6,13 +6,11 @@ import torch
 from rlhf_core.models.data import (
     IGNORE_INDEX,
     ShuffledBatches,
-    encode_pair,
-    encode_sft,
     last_real_index,
     left_pad,
     right_pad,
 )
-from tests.conftest import make_tokenizer
+from tests.conftest import encode_pair, encode_sft, make_tokenizer
 
 
 def test_encode_sft_appends_eos_and_masks_prompt():

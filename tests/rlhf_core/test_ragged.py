@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf_core.models.data import IGNORE_INDEX, encode, encode_pair, encode_sft
+from rlhf_core.models.data import IGNORE_INDEX, encode
 from rlhf_core.models.ragged import Joined, RaggedIds
 from rlhf_core.train.reward import PairExamples, encode_pairs
 from rlhf_core.train.sft import SFTExamples, encode_sft_rows, sft_batch
-from tests.conftest import WORDS, make_tokenizer
+from tests.conftest import WORDS, encode_pair, encode_sft, make_tokenizer
 
 
 def _lists(n: int, seed: int, empty_every: int = 5) -> list[list[int]]:

@@ -1,10 +1,7 @@
-"""What a stage body is given: :class:`Stage` (its entry in the table) and
-:class:`StageContext` (device, load spec, seed, logging, checkpoints, publishing).
+"""What a stage body is given: :class:`Stage` (its table entry) and :class:`StageContext`.
 
-A stage body is ``body(sc, **inputs) -> record``: load what it needs through ``sc``, call
-rlhf_core, return a typed record (tasks/pipeline/stages/records.py). The same body runs in the
-task's process, on each torchrun rank (``sc.dp``; only rank 0 returns a record) or on another
-machine's worker; a unit test runs it under a fake context with no server.
+A body is ``body(sc, **inputs) -> record`` (tasks/pipeline/stages/records.py); the same body
+runs in the task's process, on torchrun ranks or on a worker, so it reaches everything via ``sc``.
 """
 
 from __future__ import annotations
@@ -64,9 +61,8 @@ def stage_params(cfg, *sections: str) -> dict:
 
 
 def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
-    """on_log(step, metrics) for a stage's run; steps already logged (a resumed stage) are
-    skipped, so no metric step is logged twice; writes the server does not take wait in the
-    run's spool (tasks/platform/mlflow/spool.py)."""
+    """on_log(step, metrics) for a stage's run: skips steps already logged (a resumed stage);
+    writes the server does not take wait in the run's spool."""
     client = ctx.client()
     return StepLogger(client, run_id, spool_for(client, run_id, ctx.workdir))
 
@@ -86,7 +82,7 @@ def stop_on_outage(ctx: RunContext, run_id: str, ck: Checkpointer) -> Checkpoint
 
 
 def checkpoint_dir(ctx: RunContext, stage: str) -> Path:
-    """Where a stage's mid-stage training-state checkpoints go: <workdir>/<stage>/checkpoints."""
+    """<workdir>/<stage>/checkpoints: a stage's mid-stage training-state checkpoints."""
     return ctx.stage_dir(stage) / "checkpoints"
 
 
@@ -97,14 +93,9 @@ def checkpointer(ctx: RunContext, keep: int, stage: str, models: dict, every: in
 
 @dataclass(frozen=True)
 class Stage:
-    """One pipeline stage, all of it in one entry: its name (the child run's name, the
-    ``rlhf.stage`` tag and the Prefect task's name), its body and the record it returns, the
-    config sections logged as its run's parameters, its seed offset from the run's seed
-    (None: it draws no random numbers), whether it can run on torchrun ranks and on another
-    machine's worker (``routing.stages``), and the metric names and artifact paths its body
-    logs (``fnmatch`` patterns where a part varies: ``samples/iter_*.json``). Its inputs are
-    the body's parameters after ``sc``; its Prefect task is derived from the entry
-    (tasks/pipeline/stages/run.py ``stage_task``)."""
+    """One pipeline stage in one entry; its Prefect task is derived from it (``stage_task``).
+    ``seed_offset`` None: draws no random numbers. ``metrics``/``artifacts``: what the body
+    logs, as ``fnmatch`` patterns where a part varies (``samples/iter_*.json``)."""
 
     name: str
     body: Callable[..., StageRecord | None]
@@ -117,13 +108,12 @@ class Stage:
 
     @property
     def inputs(self) -> tuple[inspect.Parameter, ...]:
-        """The body's parameters after ``sc``: what the stage is given."""
+        """The body's parameters after ``sc``."""
         return tuple(inspect.signature(self.body).parameters.values())[1:]
 
 
 class StageContext:
-    """One run of one stage: the pipeline's :class:`RunContext`, the config, the stage's
-    MLflow child run and, on torchrun ranks, the data-parallel group."""
+    """One run of one stage: run context, config, MLflow child run and, on ranks, the DP group."""
 
     def __init__(self, run: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
                  dp: DataParallel | None = None):
@@ -150,7 +140,7 @@ class StageContext:
         return self.run.seed + self.stage.seed_offset
 
     def seeded(self) -> torch.Generator:
-        """Seed python, numpy and torch with the stage's seed -> its data-order generator."""
+        """Seed python, numpy and torch -> the stage's data-order generator."""
         return seed_everything(self.seed)
 
     @property
@@ -170,13 +160,11 @@ class StageContext:
         return self.run.stage_dir(self.stage.name)
 
     def local(self, artifact: Artifact, what: str) -> Path:
-        """An input's local path: as written when this machine has it, else downloaded
-        from MLflow once (``what`` names it in the error)."""
+        """An input's local path, downloaded from MLflow once if this machine lacks it."""
         return local_copy(self.run, artifact, what)
 
     def say(self, message: str) -> None:
-        """One line of what the stage is doing now (in the log and the Prefect UI): the work
-        between and after its progress bars, so no minute passes silently."""
+        """One line of what the stage is doing now, so no minute between progress bars is silent."""
         print(f"{self.stage.name}: {message}", flush=True)
 
     def _announced(self, path: Path, artifact_path: str) -> Callable[[], None]:
@@ -190,8 +178,7 @@ class StageContext:
         return lambda: self.say(f"logged {artifact_path} in {time.perf_counter() - start:.0f} s")
 
     def publish(self, path: str | Path, artifact_path: str, logged: bool = False) -> Artifact:
-        """Log ``path`` (unless ``logged``) as the artifact ``artifact_path`` of the stage's
-        run -> the typed output field."""
+        """Log ``path`` (unless ``logged``) as ``artifact_path`` -> the typed output field."""
         done = (lambda: None) if logged else self._announced(Path(path), artifact_path)
         out = publish_path(self.run, self.run_id, Path(path), artifact_path, logged)
         done()
@@ -210,9 +197,8 @@ class StageContext:
 
     def log_table(self, rows: pd.DataFrame, artifact_file: str, spooled: bool = False,
                   parent: bool = False) -> None:
-        """An MLflow table on the stage's run (``parent``: the pipeline's parent run);
-        ``spooled``: through the run's spool (sent now, or once the server is back: the
-        training loop's tables)."""
+        """An MLflow table on the stage's (or ``parent``) run; ``spooled``: via the run's spool,
+        so the training loop never waits on the server."""
         run_id = self.run.parent_run_id if parent else self.run_id
         if spooled:
             spool_table(spool_for(self.client, run_id, self.run.workdir), rows, artifact_file)
@@ -220,8 +206,7 @@ class StageContext:
             log_table(self.client, run_id, rows, artifact_file)
 
     def log_datasets(self, files: dict[str, Path], context: str) -> dict[str, str]:
-        """The data files as MLflow dataset inputs of the stage's and the parent run ->
-        their digests."""
+        """The data files as MLflow dataset inputs of the stage and parent runs -> digests."""
         return log_datasets(self.client, [self.run_id, self.run.parent_run_id], files, context)
 
     # ---- tracking ---------------------------------------------------------------------------
@@ -231,8 +216,7 @@ class StageContext:
 
     @cached_property
     def log(self) -> Callable[[int, dict[str, float]], None]:
-        """``log(step, metrics)`` into the stage's run; on ranks rank 0 logs (and prints a
-        progress line the task streams), the others log nothing."""
+        """``log(step, metrics)`` into the stage's run; on ranks only rank 0 logs (and prints)."""
         if self.dp is None:
             return metric_logger(self.run, self.run_id)
         if not self.dp.is_main:
@@ -251,8 +235,7 @@ class StageContext:
         metric_logger(self.run, self.run.parent_run_id)(0, metrics)
 
     def live(self, total: int) -> Callable[..., None]:
-        """``log`` plus the Prefect progress artifact and a log line, over ``total`` steps
-        (on ranks: rank 0's progress lines)."""
+        """``log`` plus a Prefect progress artifact and log line over ``total`` steps."""
         return self.log if self.dp is not None else StageProgress(
             self.stage.name, total, self.log, bar=self.progress)
 
@@ -262,9 +245,8 @@ class StageContext:
 
     def set_tags(self, tags: dict[str, str], parent: bool = False,
                  spooled: bool = False) -> None:
-        """Tags on the stage's run (``parent``: the parent run); ``spooled``: through the
-        run's spool, in order with the training loop's writes (those of a loop that must not
-        stop for a tracking server away)."""
+        """Tags on the stage's (or ``parent``) run; ``spooled``: via the spool, in order with
+        the training loop's writes."""
         run_id = self.run.parent_run_id if parent else self.run_id
         if spooled:
             spool_tags(spool_for(self.client, run_id, self.run.workdir), tags)
@@ -276,8 +258,7 @@ class StageContext:
         return self.dir / "checkpoints"
 
     def checkpointer(self, models: dict, every: int) -> Checkpointer:
-        """Mid-stage training-state checkpoints; each save is where the stage stops once the
-        tracking server has been away too long."""
+        """Mid-stage checkpoints; the stage stops at one once the server is away too long."""
         ck = checkpointer(self.run, self.cfg.tracking.keep_checkpoints, self.stage.name,
                           models, every)
         return self.stop_on_outage(ck)

@@ -1,6 +1,5 @@
-"""critic_init: the value model starts as a copy of the reward model, named explicitly (with
-``model.lora``, the reward model's own folder, which PPO adapts: nothing copied); a
-critic-free estimator has none, and the stage's run says so."""
+"""critic_init: the value model starts as a copy of the reward model (with ``model.lora``, its
+own folder, which PPO adapts); a critic-free estimator has none, and the run says so."""
 
 from __future__ import annotations
 

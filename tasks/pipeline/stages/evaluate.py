@@ -1,9 +1,7 @@
-"""evaluate: sample the SFT and the PPO policy on held-out prompts; RM score, KL to the
-reference, EOS rate and, where the data has one, the gold judge's win rate; with a pretrained
-base, the alignment tax (tasks/pipeline/stages/tax.py); and the policy
-against the policy it started from by a scorer it was not trained against (the gold judge,
-else ``ppo.health.scorer``, else the judge reward model: ``eval/vs_start_*``), which the
-register stage reads before it makes a first champion."""
+"""evaluate: sample the SFT and the PPO policy on held-out prompts and compare them (RM score,
+KL, gold-judge win rate where there is a judge); measure the alignment tax; and compare the
+policy with its start by a scorer it was not trained against, which register reads before it
+makes a first champion."""
 
 from __future__ import annotations
 
@@ -40,8 +38,8 @@ def _table_artifact(rows: list[dict]) -> None:
 
 def start_scores(sc: StageContext, judge: ModelRecord | None, tokenizer, prompts: list[str],
                  samples: dict[str, dict], rows: list[dict]) -> tuple[str, dict] | None:
-    """Both policies' per-prompt scores by the scorer independent of the reward model ->
-    (its label, {"sft": [...], "policy": [...]}); None when there is none."""
+    """(label, per-policy scores) by a scorer independent of the reward model: the gold
+    judge, else ``ppo.health.scorer``, else the judge model; None: none."""
     if rows and "sft_judge_score" in rows[0]:
         return "the gold judge", {"sft": [r["sft_judge_score"] for r in rows],
                                   "policy": [r["policy_judge_score"] for r in rows]}
@@ -61,8 +59,7 @@ def start_scores(sc: StageContext, judge: ModelRecord | None, tokenizer, prompts
 
 def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, rm: ModelRecord,
          policy: PolicyRecord, judge: ModelRecord | None = None) -> EvalRecord:
-    """``judge``: the judge reward model (judge_model), the last resort for the comparison
-    with the start policy."""
+    """``judge``: the judge reward model, last resort for the start comparison."""
     device, spec = sc.device, sc.spec
     sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -78,11 +75,10 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     prompts = [r["prompt"] for r in read_jsonl(path)][: sc.cfg.eval.num_prompts]
     e = sc.cfg.eval
     probe, text = tax_inputs(e.tax) if applies(sc.cfg) else ([], [])
-    # progress in answered prompts: the SFT policy's, then the PPO policy's, then the probe's
+    # progress in answered prompts: both policies', then the probe's (three models)
     live = StageProgress(sc.stage.name, 2 * len(prompts) + 3 * len(probe), bar=sc.progress)
     live(0)
-    # both policies sample from the same random stream (common random numbers): where they
-    # agree their answers agree, and the paired comparison sees only what PPO changed
+    # common random numbers: the paired comparison sees only what PPO changed
     sc.seeded()
     sft_samples = sample_policy(ref, None, rm_model, tokenizer, prompts, e.sampling,
                                 device=device, precision=spec.precision, on_batch=live)

@@ -1,14 +1,9 @@
 """What Prefect draws as a task's upstream edges: its direct data dependencies only.
 
-Prefect draws an edge into a task from every earlier task whose result it is given. Stages are
-given more than they directly depend on: the prepared inputs (every stage) and records that an
-other input already derives from (ppo is given validate's data, which the SFT policy it is
-also given was trained on). Passed as they are, every stage drew an edge from prepare and from
-most earlier stages, and the flow run's graph was a tangle. Here each record a task returns
-remembers the records it was made from; a task's record inputs that another of its inputs
-derives from are passed wrapped in Prefect's ``quote`` (no edge; the task receives the value
-itself), so the graph is the recipe: validate -> sft -> reward_model -> (reward_norm,
-critic_init) -> ppo -> evaluate -> register -> finish, each edge a real dependency.
+Prefect draws an edge from every task whose result a task is given, and stages are given more
+than they directly use (prepare's result, records another input derives from). Each record
+remembers what it was made from, and inputs implied by another are passed in Prefect's
+``quote`` (no edge), so the flow run's graph shows only real dependencies.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ from tasks.pipeline.stages.records import StageRecord
 
 EDGE_KINDS = (StageRecord, Prepared)  # what tasks hand each other; the rest is run-wide
 
-# id(record) -> (the record, kept alive so its id is not reused; ids of every record it
-# derives from)
+# id(record) -> (the record, kept alive so its id is not reused; ids it derives from)
 _MADE_FROM: dict[int, tuple[BaseModel, frozenset[int]]] = {}
 
 
@@ -58,10 +52,8 @@ def latest(values: Iterable[Any]) -> list[BaseModel]:
 
 
 def direct_edges(arguments: dict[str, Any]) -> dict[str, Any]:
-    """``arguments`` with everything but its latest records wrapped in ``quote``: Prefect
-    passes the values but draws no edge from the tasks that made them. The run context and
-    the config are quoted too: the run context is part of prepare's result, so Prefect
-    would draw an edge from prepare into every task given it."""
+    """``arguments`` with all but its latest records wrapped in ``quote`` (no edge), the run
+    context too: it is part of prepare's result."""
     keep = {id(r) for r in latest(arguments.values())}
     return {name: value if id(value) in keep or value is None else quote(value)
             for name, value in arguments.items()}

@@ -1,13 +1,7 @@
 """PPO's health in the pipeline: the held-out check and the detectors (rlhf_core/health) set up
-from the run's config and records, and what a finding sets off.
-
-- Each check: its answers as the MLflow table ``checks/iter_N.json`` of the ppo run, its means
-  as ``check/*`` metrics, a few answers in the Prefect table artifact ``rlhf-ppo-checks``.
-- Each finding: the tags ``rlhf.health.flags`` and ``rlhf.health.<detector>`` and the table
-  ``health.json`` on the ppo run and the parent run, a warning in the log, and the Prefect
-  event ``rlhf.ppo.unhealthy`` (label ``rlhf.detector``) for users' automations.
-- A stop: ``rlhf.health.stopped`` on both runs; the stage's policy is the last healthy
-  snapshot, and the register stage will not make it champion without an override.
+from the run's config, and what a finding sets off: tags and ``health.json`` on both runs, a
+log warning and the Prefect event ``rlhf.ppo.unhealthy`` for users' automations. After a stop
+the policy is the last healthy snapshot, which register will not promote without an override.
 """
 
 from __future__ import annotations
@@ -41,8 +35,8 @@ log = logging.getLogger(__name__)
 
 
 def check_prompts(data_dir: Path, n: int) -> tuple[list[str], bool]:
-    """The first ``n`` held-out prompts (``eval_prompts.jsonl``) -> (prompts, held out);
-    without held-out prompts, the first training prompts (not held out: said in the log)."""
+    """The first ``n`` held-out prompts -> (prompts, held out); without any, the first
+    training prompts."""
     path = data_dir / "eval_prompts.jsonl"
     held_out = path.exists()
     rows = read_jsonl(path if held_out else data_dir / "prompts.jsonl")
@@ -51,8 +45,7 @@ def check_prompts(data_dir: Path, n: int) -> tuple[list[str], bool]:
 
 def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
                gold_name: str) -> tuple[Watch | None, list[str]]:
-    """The ppo stage's watch (None with ``ppo.health.enabled`` false) and its check's
-    prompts."""
+    """The ppo stage's watch (None when health is off) and its check's prompts."""
     cfg = sc.cfg.ppo
     if not cfg.health.enabled:
         return None, []
@@ -62,7 +55,7 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
                     "prompts (give data.eval_prompts for prompts the policy never trains on)",
                     len(prompts))
     model = external = None
-    # a load may draw (initial weights first): fork the RNG, so training samples as without
+    # a load may draw random numbers: fork the RNG so training samples as it would without
     if cfg.health.external_scorer is not None:
         with torch.random.fork_rng(devices=[]):
             scorer = load_pyfunc(cfg.health.external_scorer, sc.run.tracking_uri)
@@ -88,7 +81,7 @@ def finding_record(finding: Finding, action: str) -> HealthFinding:
 
 
 class HealthLog:
-    """``on_verdict`` of the ppo stage (see the module's docstring)."""
+    """The ppo stage's ``on_verdict``: records each check and announces each finding."""
 
     def __init__(self, sc: StageContext, watch: Watch, prompts: list[str]):
         self.sc, self.watch, self.prompts = sc, watch, prompts
@@ -111,8 +104,8 @@ class HealthLog:
                                   f"{answers.iteration}")
 
     def findings(self, final: bool = False) -> list[HealthFinding]:
-        """Every finding so far (a resumed run's earlier ones too); ``final``: at the end of
-        PPO, each with whether it still stands."""
+        """Every finding so far, a resume's earlier ones too; ``final``: with whether each
+        still stands."""
         monitor = self.watch.monitor
         standing = monitor.standing() if final else {}
         return [finding_record(f, monitor.action(f)).model_copy(

@@ -1,8 +1,6 @@
-"""judge_model: a judge reward model, an independent scorer trained on pairs the reward model
-never saw. In a retrain (the gate's scorer ``judge_model``) on the pairs the judge split
-(``judge_split``, a task before the reward model) held out; in the pipeline on the reward
-model's own held-out pairs, to score PPO's held-out checks (``ppo.health.judge``). So it
-shares no training pair with the reward model the policy is optimised against."""
+"""judge_model: a judge reward model, an independent scorer trained only on pairs the reward
+model never saw (a retrain's ``judge_split`` pairs, else the reward model's held-out ones), for
+the gate and for PPO's held-out checks (``ppo.health.judge``)."""
 
 from __future__ import annotations
 
@@ -52,9 +50,8 @@ def _split_rows(rows: list[dict], fraction: float) -> tuple[list[int], list[int]
 
 
 def _split_tokens(source: Path, target: Path, parts: dict[str, list[int]]) -> None:
-    """The gate's token ids of ``source``'s preference set, taken row for row like its
-    rows: one token file beside each file of ``parts`` (name -> row numbers); none where
-    the source had none (the stages encode the texts then)."""
+    """Split ``source``'s preference token file row for row like ``parts`` (name -> rows);
+    nothing when the source has none."""
     tokens = tokens_path(source / "preference.jsonl")
     if not tokens.is_file():
         return
@@ -67,11 +64,9 @@ def _split_tokens(source: Path, target: Path, parts: dict[str, list[int]]) -> No
 @task(name="judge_split")
 def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
                 batch_keys: list[str] | None = None) -> DataRecord:
-    """The validated data with the judge's held-out pairs taken out of ``preference.jsonl``
-    (they go to ``judge_preference.jsonl`` beside it) -> the validate output for the reward
-    model, with ``judge_rows`` added. Logged on the parent run (``judge_split/data``).
-    ``retrain.gate.judge_data: configured``: held-out pairs among ``batch_keys`` (the
-    batches') are kept from the reward model but do not train the judge either."""
+    """Move the judge's held-out pairs from ``preference.jsonl`` to
+    ``judge_preference.jsonl``, so the reward model never trains on them. With
+    ``judge_data: configured`` held-out batch pairs train neither model."""
     source = local_copy(ctx, data.data, "validate's data")
     target = ctx.stage_dir("judge_split") / "data"
     if target.exists():
@@ -103,9 +98,8 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
 def fit_judge(start_dir: Path, pairs, rows: Callable[[], list[dict]], pad_id: int,
               cfg: PipelineConfig, spec: LoadSpec, device: torch.device,
               generator: torch.Generator, on_log=None) -> ScalarHeadModel:
-    """A fresh scalar head on ``start_dir``'s policy, trained as the reward model is on the
-    judge's ``pairs`` (``rows``: their texts, read for margins) for
-    ``retrain.gate.judge_epochs`` (else the reward model's epochs)."""
+    """A fresh scalar head on ``start_dir``'s policy, trained like the reward model on the
+    judge's ``pairs`` (``rows``: their texts, for margins)."""
     margins = pair_margins(rows(), True) if cfg.reward.use_margin else None
     model = new_scalar_model(start_dir, spec)
     if spec.lora is not None:
@@ -118,9 +112,8 @@ def fit_judge(start_dir: Path, pairs, rows: Callable[[], list[dict]], pad_id: in
 
 
 def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
-    """A fresh head on ``start``'s policy (the SFT policy), trained on the judge split's
-    ``judge_preference.jsonl`` (a retrain's), else on the reward model's held-out pairs
-    (``preference_eval.jsonl``, or the first ``reward.eval_fraction`` of the pairs)."""
+    """Train a judge on ``start``'s policy from the judge split's pairs, else the reward
+    model's held-out pairs."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)

@@ -1,6 +1,5 @@
-"""ppo: PPO iterations from the start policy (the SFT policy, or the champion in a retrain)
-against the reward model, with the warm-started critic; metrics per iteration (TRL names),
-sample tables, checkpoints; on ``model.nproc`` data-parallel ranks when it is above 1."""
+"""ppo: PPO from the start policy (the SFT policy, or a retrain's champion) against the reward
+model, with the warm-started critic, logging TRL-named metrics, samples and checkpoints."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ from tasks.platform.prefect.memory import peak_memory, state_bytes
 
 
 def judge_monitor(judge_name: str):
-    """Mean gold-judge score of each iteration's rollouts (logged as judge/score), demo only."""
+    """Mean gold-judge score of each iteration's rollouts (``judge/score``); None: no judge."""
     judge = resolve_judge(judge_name)
     if judge is None:
         return None
@@ -46,10 +45,8 @@ def judge_monitor(judge_name: str):
 
 
 def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_stats: dict):
-    """metrics -> the RM-vs-judge gap of an iteration (``judge/rm_judge_gap_z``: the RM's and
-    the judge's mean gains over the SFT demonstrations, in their standard deviations), and
-    rows -> each sample row with its judge score; None without a judge. ``sft_rows`` reads
-    the SFT rows, only where there is a judge."""
+    """(metrics, rows) -> metrics plus the RM-vs-judge gain gap in z units
+    (``judge/rm_judge_gap_z``), rows judge-scored; None without a judge."""
     judge = resolve_judge(judge_name)
     if judge is None:
         return None
@@ -69,10 +66,8 @@ def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_s
 
 
 def reward_sources(sc: StageContext, data_dir):
-    """The reward's sources (None: the reward model alone); each one's description as a tag
-    of the stage's run (``rlhf.reward_source.<name>``). A resume whose source resolves to
-    something else under the same settings (a function's file edited, an alias moved) is
-    refused; one whose settings it changed on purpose (``--set``) goes on, the tag updated."""
+    """The reward mix (None: the reward model alone), each source tagged on the run. A resume
+    is refused when a source resolves differently under the same settings."""
     cfg = sc.cfg.ppo
     if cfg.reward_sources == PPOConfig().reward_sources and \
             cfg.reward_aggregation == "sum":
@@ -96,16 +91,12 @@ def reward_sources(sc: StageContext, data_dir):
 def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord, rm: ModelRecord,
          norm: NormRecord, critic: ModelRecord, judge: ModelRecord | None = None,
          reference_dir: str | None = None) -> PolicyRecord | None:
-    """PPO from the policy in ``start`` (KL reference: the same policy, or ``reference_dir``),
-    watched (``ppo.health``: held-out checks scored by ``judge`` too, and the detectors).
-    In the task's process or on each torchrun rank: every rank rolls out its share of each
-    batch; only rank 0 logs, writes samples, checkpoints and the final models, and returns
-    the record."""
+    """PPO from ``start`` (KL reference: itself, or ``reference_dir``), health-watched. On
+    ranks each rolls out its share; only rank 0 logs, saves and returns the record."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
-    # explicit critic source (none for a critic-free estimator); with model.lora:
-    # adapters over the SFT and RM trunks (the reference is the start policy's weights)
+    # no critic for a critic-free estimator; with model.lora: adapters over the trunks
     critic_dir = sc.local(critic.model, "critic_init's model") if cfg.ppo.uses_critic else None
     start_dir = sc.local(start.model, "the start policy")  # here, or downloaded from MLflow
     models = ppo_models(start_dir, reference_dir or start_dir, critic_dir,
@@ -164,8 +155,7 @@ def health_figures(trainer) -> dict:
 
 def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dict,
             memory: dict, start_dir, critic_dir) -> PolicyRecord:
-    """Memory metrics, the final policy (and critic; with LoRA their adapters over
-    ``start_dir`` and ``critic_dir``), the sample table -> the record."""
+    """Save memory metrics, the final policy (and critic; LoRA: adapters) and samples."""
     memory["memory/model_state_gb"] = state_bytes(
         trainer.policy, trainer.ref_policy, trainer.value_model, trainer.reward_model,
         optimizer=trainer.optimizer) / 2**30
@@ -187,10 +177,7 @@ def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dic
                         metrics={**{k: last[k] for k in keys if k in last}, **memory})
 
 
-# per iteration (TRL's names; value metrics with a critic, loss/kl_loss_avg with ppo.kl_in_loss,
-# reward/* with sources other than the reward model alone, judge/* with a gold judge), check/*
-# at each held-out check (iteration 0: the start policy's; check/judge_score with a judge
-# model, check/gold_score with a gold judge), then memory/* at the end (peak_gpu_gb on CUDA)
+# TRL's names per iteration, some only when their feature is on; check/* at held-out checks
 STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=2, ranks=True,
               metrics=("objective/kl", "objective/entropy", "objective/non_score_reward",
                        "objective/rlhf_reward", "objective/scores", "objective/raw_scores",

@@ -1,7 +1,6 @@
-"""Live progress of a long stage in the Prefect UI: a progress artifact (0-100 %) updated as
-the stage runs, and a log line (step, total, key metrics) each time the stage logs. While the
-stage draws a bar on the terminal, the lines go to Prefect's API (its UI) and to logs that
-are no terminal, not through the bar: the bar's postfix shows the same figures."""
+"""Live progress of a long stage in the Prefect UI: a progress artifact and a log line each
+time the stage logs. While a bar is on the terminal the lines stay off it (the bar shows the
+same figures)."""
 
 from __future__ import annotations
 
@@ -36,8 +35,8 @@ class _NotOnTheTerminal(logging.Filter):
 
 
 def keep_lines_off_the_bar(logger: logging.Logger | logging.LoggerAdapter) -> None:
-    """Each stream handler ``logger``'s records reach (its own and its parents') filters the
-    progress lines while a bar is on its terminal (idempotent)."""
+    """Make every stream handler ``logger`` reaches drop progress lines while a bar is on its
+    terminal (idempotent)."""
     node = logger.logger if isinstance(logger, logging.LoggerAdapter) else logger
     while node is not None:
         for handler in node.handlers:
@@ -49,9 +48,8 @@ def keep_lines_off_the_bar(logger: logging.Logger | logging.LoggerAdapter) -> No
 
 
 class StageProgress:
-    """Callable ``(step, metrics)``: forwards to ``log_fn`` (MLflow), logs one line, and
-    updates the stage's progress artifact at most once per ``min_interval_s`` (each update is
-    a blocking call to the Prefect API; the last step is always written)."""
+    """Callable ``(step, metrics)``: forwards to ``log_fn``, logs a line, and updates the
+    progress artifact at most every ``min_interval_s`` (each update blocks on Prefect's API)."""
 
     def __init__(self, stage: str, total: int, log_fn: StepLogger | None = None,
                  min_interval_s: float = 5.0, clock=time.monotonic, bar: bool = False):

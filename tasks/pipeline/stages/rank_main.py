@@ -1,11 +1,8 @@
 """Entry point of one data-parallel rank: ``torchrun ... -m tasks.pipeline.stages.rank_main SPEC``.
 
-SPEC (written by tasks/platform/prefect/launch.py) names the stage, its MLflow child run, the run
-context, the resolved pipeline config and the stage's inputs. The rank joins the torchrun group and
-runs the very stage body the in-process path runs (tasks/pipeline/stages/) with its
-:class:`DataParallel`. Rank 0 writes the stage's output reference to SPEC's ``output``;
-any rank that fails writes ``error_rank<r>.json`` (type, message, traceback) for the task
-to re-raise, then exits non-zero so torchrun stops the others.
+Runs the same stage body as the in-process path, with its :class:`DataParallel`. Rank 0 writes
+the output to SPEC's ``output``; a failing rank writes ``error_rank<r>.json`` for the task to
+re-raise and exits non-zero so torchrun stops the others.
 """
 
 from __future__ import annotations

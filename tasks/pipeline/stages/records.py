@@ -1,9 +1,6 @@
-"""Typed stage outputs: what each stage returns, records on its child run (tag
-``rlhf.output``, read back to skip a finished stage) and hands to the stages after it.
-
-A file or folder a stage wrote is an :class:`Artifact`: its path on the machine that wrote
-it and its MLflow artifact URI, so a stage on another machine (a routed stage, a resume
-elsewhere) reads it through ``StageContext.local`` from the store.
+"""Typed stage outputs: what each stage returns, records on its child run (read back to skip
+a finished stage) and hands on. A written file is an :class:`Artifact` (local path and MLflow
+URI), so a stage on another machine can fetch it.
 """
 
 from __future__ import annotations
@@ -33,25 +30,22 @@ class StageRecord(BaseModel):
     @computed_field
     @property
     def kind(self) -> str:
-        """The record's class, written into its JSON so that a flow's result read back (one
-        Prefect stored) holds the same classes (:func:`record_class`). Computed, not a field:
-        Prefect links a task's result's fields to its run, and one string shared by every
-        record of a class would draw edges between tasks that share nothing."""
+        """The record's class, in its JSON so a result read back is rebuilt as it was
+        (:func:`record_class`). Computed, not a field: Prefect would link tasks sharing it."""
         return type(self).__name__
 
     @model_validator(mode="before")
     @classmethod
     def _drop_kind(cls, data: Any) -> Any:
-        """A record read back from its JSON: ``kind`` is computed again, not an input."""
+        """``kind`` is recomputed, not an input."""
         if isinstance(data, dict) and "kind" in data:
             data = {k: v for k, v in data.items() if k != "kind"}
         return data
 
 
 class DataRecord(StageRecord):
-    """validate: the cleaned data folder (``sft.jsonl``, ``preference.jsonl``, ...) and the
-    tokenizer the later stages load; a retrain's judge split points ``data`` at its own
-    folder and adds ``judge_rows``."""
+    """validate: the cleaned data folder and the tokenizer; a retrain's judge split points
+    ``data`` at its own folder and adds ``judge_rows``."""
 
     data: Artifact
     tokenizer: Artifact
@@ -62,8 +56,7 @@ class DataRecord(StageRecord):
 
 
 class ModelRecord(StageRecord):
-    """sft, reward_model, critic_init, judge_model: one saved model folder (None: a stage
-    that saved none, e.g. critic_init for a critic-free estimator)."""
+    """One saved model folder (None: none saved, e.g. critic_init without a critic)."""
 
     model: Artifact | None = None
     source: str | None = None
@@ -77,8 +70,7 @@ class NormRecord(StageRecord):
 
 
 class HealthFinding(BaseModel):
-    """A detector that fired during PPO (rlhf_core/health/detectors.py): when, what it saw,
-    what its action was and what the guides advise."""
+    """A health detector that fired during PPO: when, what it saw, its action and advice."""
 
     model_config = ConfigDict(extra="forbid")
     detector: str
@@ -90,8 +82,7 @@ class HealthFinding(BaseModel):
     message: str
     advice: str
     evidence: dict[str, float] = {}
-    # at the end of PPO: why the finding still questions the final policy (None: it does
-    # not, or its detector only warns)
+    # why the finding still questions the final policy (None: it does not, or only warns)
     stands: str | None = None
 
     def line(self) -> str:
@@ -101,8 +92,7 @@ class HealthFinding(BaseModel):
 
 
 class HealthRecord(BaseModel):
-    """What watching PPO found: its findings, and whether (and at what) it stopped PPO and
-    which healthy snapshot the policy is."""
+    """What watching PPO found, and whether it stopped PPO (and at which snapshot)."""
 
     model_config = ConfigDict(extra="forbid")
     checks: int = 0  # held-out checks made
@@ -115,7 +105,7 @@ class HealthRecord(BaseModel):
         return [f.detector for f in self.findings]
 
     def lines(self) -> list[str]:
-        """For summaries: one line per finding (with the guides' advice), and the stop."""
+        """One summary line per finding, and the stop."""
         out = [f"PPO health: {f.line()}" + (f" It still stands at the end: {f.stands}."
                                             if f.stands else "") for f in self.findings]
         if self.stopped_by is not None:
@@ -125,9 +115,7 @@ class HealthRecord(BaseModel):
     @property
     def blocks_champion(self) -> str | None:
         """Why this policy may not become champion without an override (None: it may):
-        PPO was stopped, or a finding still stands at its end (the detector's rule read
-        again then: a reward-hacking fall the judge never made up, answers still off the
-        reward model's distribution)."""
+        PPO was stopped, or a finding still stands at its end."""
         if self.stopped_by is not None:
             kept = "" if self.restored_iteration is None else \
                 f", the policy kept is its snapshot of iteration {self.restored_iteration}"
@@ -140,8 +128,7 @@ class HealthRecord(BaseModel):
 
 
 class PolicyRecord(StageRecord):
-    """ppo: the trained policy (and value model, when there is a critic) and what watching
-    it found."""
+    """ppo: the trained policy (and value model, with a critic) and its health record."""
 
     policy: Artifact
     value_dir: str | None = None
@@ -149,8 +136,8 @@ class PolicyRecord(StageRecord):
 
 
 class EvalRecord(StageRecord):
-    """evaluate: its metrics, the label of the scorer that produced the headline score and
-    of the one that compared the policy with its start (None: no independent scorer)."""
+    """evaluate: metrics and the scorers of the headline score and of the start comparison
+    (None: no independent scorer)."""
 
     scorer: str | None = None
     start_scorer: str | None = None
@@ -171,8 +158,7 @@ class RegisterRecord(StageRecord):
 
 
 class SharedStages(BaseModel):
-    """What a sweep computes once and every point reuses (validate -> sft -> reward_model ->
-    reward_norm, and the held-out checks' judge_model when PPO's health watch uses one)."""
+    """The stages a sweep runs once and every point reuses."""
 
     model_config = ConfigDict(frozen=True)
     validate_: DataRecord = Field(alias="validate")
@@ -188,8 +174,7 @@ class SharedStages(BaseModel):
 
 
 def record_class(kind: str) -> type[StageRecord] | None:
-    """The record class named ``kind`` (a record's ``kind``) among the imported subclasses of
-    :class:`StageRecord`, the stage table's and a feature's stages' alike (None: none)."""
+    """The imported :class:`StageRecord` subclass named ``kind`` (None: none)."""
     todo: list[type[StageRecord]] = [StageRecord]
     while todo:
         cls = todo.pop()

@@ -1,8 +1,7 @@
 """register: log and register the policy and the reward model (alias challenger) with
 lineage tags; the policy becomes champion when the retrain's gate says so, else by the
-pipeline's rule (tasks/pipeline/rule.py). A decision held for a person (a gate's promote
-with ``retrain.approval: required``) leaves the champion where it is: the record says
-``awaiting_approval`` and the retrain's sign-off makes the version ``candidate``."""
+pipeline's rule (tasks/pipeline/rule.py). A promotion held for a person's approval leaves
+the champion in place."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ from tasks.platform.mlflow.tags import (
 
 
 def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
-    """Model card text (YAML front matter + markdown), stored with the logged policy as its
-    artifact ``model_card.md``."""
+    """The logged policy's ``model_card.md``: YAML front matter and markdown."""
     base = cfg.model.base_model if not cfg.demo.enabled else "demo GPT-2 (built from a config)"
     lines = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(metrics.items()))
     return (f"---\ntags: [rlhf, ppo]\n---\n# RLHF policy\n\nPPO policy trained from `{base}` "
@@ -71,9 +69,8 @@ def policy_card(cfg: PipelineConfig, parent_run_id: str, metrics: dict) -> str:
 def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str,
                rm_dir: str, tokenizer_dir: str, rm_name: str, card: str,
                spec: LoadSpec, generation: dict) -> tuple[str, str]:
-    """Log and register the policy (pyfunc answering prompts with their completion;
-    ``generation``: its default max_new_tokens and temperature) and the reward model (pyfunc
-    scoring prompt/response) in the register run -> their versions."""
+    """Log and register the policy and reward model pyfuncs (``generation``: the policy's
+    sampling defaults) -> their versions."""
     from tasks.platform.mlflow.models import active_run, log_policy, log_reward_model
 
     with active_run(run_id, tracking_uri):
@@ -85,9 +82,7 @@ def log_models(run_id: str, tracking_uri: str, policy_dir: str, policy_name: str
 
 def lineage_tags(ctx: RunContext, rm: ModelRecord, policy: PolicyRecord,
                  lineage: dict | None) -> dict:
-    """What a registered version records of where it came from: its MLflow parent run, the
-    reward-model and PPO runs, and (retrain) its data batches and the champion it started
-    from."""
+    """Where a registered version came from: its runs and, in a retrain, ``lineage``."""
     tags = {PIPELINE_RUN_TAG: ctx.parent_run_id, REWARD_MODEL_RUN_TAG: rm.run_id,
             PPO_RUN_TAG: policy.run_id, STARTED_FROM_TAG: "sft"}
     sft_run = find_stage_run(ctx, SFT.name)
@@ -98,8 +93,7 @@ def lineage_tags(ctx: RunContext, rm: ModelRecord, policy: PolicyRecord,
 
 
 def health_tags(policy: PolicyRecord) -> dict[str, str]:
-    """What the version records of its PPO run's health: the detectors that fired, and the
-    stop (`rlhf promote` reads them)."""
+    """The PPO run's health findings as version tags (`rlhf promote` reads them)."""
     health = policy.health
     tags = {HEALTH_FLAGS_TAG: ",".join(health.flags)}
     if health.stopped_by is not None:
@@ -110,10 +104,8 @@ def health_tags(policy: PolicyRecord) -> dict[str, str]:
 def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: ModelRecord,
          data: DataRecord, lineage: dict | None = None,
          decision: Decision | None = None) -> RegisterRecord:
-    """``evaluation``: the evaluate (or gate) record whose headline score is compared;
-    ``decision``: the retrain gate's, else the pipeline's rule decides (no champion yet, or
-    the policy beats the champion's score by the same scorer on the same prompts). The old
-    champion keeps previous-champion."""
+    """``evaluation``: the record whose headline score is compared; ``decision``: the
+    retrain gate's, else the pipeline's rule decides."""
     cfg, ctx, run_id = sc.cfg, sc.run, sc.run_id
     if not cfg.tracking.register_models:
         return RegisterRecord(registered=False)

@@ -33,8 +33,7 @@ from tasks.platform.files import read_jsonl
 
 def gold_accuracy(model, tokenizer, held_rows: Callable[[], list[dict]], judge_name: str,
                   device) -> float | None:
-    """RM accuracy against the gold judge's ordering (where a judge exists), ties skipped;
-    ``held_rows`` reads the held-out rows' texts (only with a judge)."""
+    """RM accuracy against the gold judge's ordering, ties skipped (None: no judge)."""
     judge = resolve_judge(judge_name)
     rows = held_rows() if judge is not None else []
     if judge is None or not rows:
@@ -55,8 +54,7 @@ def gold_accuracy(model, tokenizer, held_rows: Callable[[], list[dict]], judge_n
 
 @dataclass(frozen=True)
 class PreferenceSplit:
-    """The reward model's training pairs (and their margins with ``reward.use_margin``), its
-    held-out pairs, and how to read the held-out rows' texts (for the gold judge only)."""
+    """Training pairs (and margins), held-out pairs, and a reader of the held-out texts."""
 
     train: PairExamples
     held_out: PairExamples
@@ -65,9 +63,8 @@ class PreferenceSplit:
 
 
 def preference_split(data_dir: Path, tokenizer, cfg: RewardConfig) -> PreferenceSplit:
-    """``preference_eval.jsonl`` held out where there is one, else the first
-    ``reward.eval_fraction`` of ``preference.jsonl``. The ids are the gate's (memory-mapped),
-    else the texts encoded here; the texts are read only for margins and the judge."""
+    """Hold out ``preference_eval.jsonl`` if present, else the first ``reward.eval_fraction``
+    of ``preference.jsonl``; texts are read only for margins and the judge."""
     path, eval_path = data_dir / "preference.jsonl", data_dir / "preference_eval.jsonl"
     pairs = preference_pairs(path, tokenizer)
     if eval_path.exists():
@@ -87,9 +84,8 @@ def _head(path: Path, n: int) -> list[dict]:
 
 def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
          init_dir: str | None = None) -> ModelRecord | None:
-    """In the task's process or on each torchrun rank. Initialised from ``start``'s trunk
-    (the SFT policy; a fresh head) or from ``init_dir`` (a retrain: the champion's reward
-    model, warm start, or a causal LM, fresh head)."""
+    """Train from ``start``'s trunk with a fresh head, or from a retrain's ``init_dir``
+    (a reward model warm-starts; a causal LM gets a fresh head)."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -127,7 +123,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
 
 
 def save_scalar(model, target: Path, init: str | Path, spec) -> Path:
-    """A trained scalar model: whole, or (``model.lora``) its adapter and head over ``init``."""
+    """Save a scalar model whole, or with LoRA its adapter and head over ``init``."""
     if spec.lora is None:
         return save_scalar_model(model, target)
     return save_scalar_adapter(model, target, init)

@@ -1,7 +1,6 @@
-"""Running a stage: skip it when its finished child run recorded an output, else open the
-child run and run the body in this process, on torchrun ranks (tasks/platform/prefect/launch.py) or
-on another machine's worker (tasks/platform/prefect/remote.py); record the typed output, its wall
-time and a Prefect summary artifact. Each stage's Prefect task is derived from its table entry here.
+"""Running a stage: skip it when its finished child run recorded an output, else run the body
+in a child run (here, on torchrun ranks or on a worker) and record its typed output. Each
+stage's Prefect task is derived from its table entry here.
 """
 
 from __future__ import annotations
@@ -36,9 +35,8 @@ from tasks.platform.prefect.remote import run_routed
 
 def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
               **inputs: Any) -> StageRecord:
-    """Skip ``stage`` when a finished child run recorded its output; else run its body
-    inside the child run, record the output and wall time, and return the record. The
-    Prefect summary shows its ``metrics`` and any non-metric ``figures``."""
+    """Skip ``stage`` when a finished child run recorded its output; else run its body in
+    the child run and record the output and wall time -> the record."""
     pause_point(f"before:{stage.name}")
     done = completed_output(ctx, stage.name)
     if done is not None:
@@ -63,9 +61,8 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
 
 
 def release_memory() -> None:
-    """Hand what a finished stage freed back to the OS before the next stage allocates:
-    Arrow's memory pool (the gate's tables) and glibc's heaps (rlhf_core/memory.py). No
-    garbage collection here: a full one costs about half a second a stage in this process."""
+    """Return what a finished stage freed (Arrow's pool, glibc's heaps) to the OS. No full
+    garbage collection: it is slow in this process."""
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
@@ -73,8 +70,8 @@ def release_memory() -> None:
 
 
 def gpu_peak_tracked(device: str) -> bool:
-    """On a CUDA device (``model.device`` cuda, or auto with CUDA present) reset the
-    allocator's peak, so the stage's own peak is read at its end -> whether it is tracked."""
+    """Reset the CUDA allocator's peak so the stage's own is read at its end -> whether
+    tracked (CUDA only)."""
     import torch
 
     if device == "cpu" or not torch.cuda.is_available():
@@ -84,8 +81,7 @@ def gpu_peak_tracked(device: str) -> bool:
 
 
 def gpu_peak_gb() -> float:
-    """The CUDA allocator's peak since :func:`gpu_peak_tracked`, in GiB (this process's;
-    a stage on torchrun ranks or another machine reports that of its own processes)."""
+    """This process's CUDA allocator peak since :func:`gpu_peak_tracked`, in GiB."""
     import torch
 
     return round(torch.cuda.max_memory_allocated() / 2**30, 3)
@@ -93,10 +89,8 @@ def gpu_peak_gb() -> float:
 
 def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
             inputs: dict[str, Any]) -> StageRecord:
-    """The body in this process, on ``model.nproc`` torchrun ranks (a stage that can), or on
-    the worker ``routing.stages`` names; this process owns the run folder meanwhile (what a
-    killed stage leaves there is swept only once no live process owns it:
-    tasks/pipeline/owners.py)."""
+    """Run the body here, on torchrun ranks, or on the worker ``routing.stages`` names, owning
+    the run folder meanwhile so it is not swept."""
     routed = cfg.routing.stages.get(stage.name)
     with owning(ctx.workdir):
         if routed:
@@ -127,10 +121,9 @@ def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_task(stage: Stage) -> Task:
-    """The stage's Prefect task, named after it: ``task(ctx, cfg, *inputs)`` runs it through
-    :func:`run_stage`. Its signature is the body's inputs after ``ctx`` and ``cfg``, so callers
-    pass inputs by position or keyword and Prefect sees them as the task's parameters; its
-    description is the stage module's docstring, its source (Prefect's cache key) the body's."""
+    """The stage's Prefect task ``task(ctx, cfg, *inputs)``: the body's inputs as its
+    parameters, the stage module's docstring as its description, the body's source as its
+    cache key."""
     param = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature(
         [inspect.Parameter("ctx", param, annotation=RunContext),
@@ -152,8 +145,7 @@ def stage_task(stage: Stage) -> Task:
 
 
 class StageTask(Task):
-    """A stage's Prefect task: called with its inputs, it draws an edge in the flow run's
-    graph from each task it directly depends on only (tasks/pipeline/stages/graph.py)."""
+    """A stage's Prefect task that draws graph edges only from the tasks it directly uses."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         bound = inspect.signature(self.fn).bind(*args, **kwargs)

@@ -18,8 +18,7 @@ from tasks.pipeline.stages.token_data import sft_examples
 
 
 def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | None:
-    """In the task's process or on each torchrun rank: only rank 0 logs, saves the model
-    and returns the record."""
+    """On ranks, only rank 0 logs, saves the model and returns the record."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -28,7 +27,6 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
     resize_for_tokenizer(model, tokenizer)
     if spec.lora is not None:  # adapters over the frozen base, saved alone
         model = add_lora(model, spec.lora)
-    # the gate's token ids (memory-mapped), else the texts encoded here
     examples = sft_examples(sc.local(data.data, "validate's data") / "sft.jsonl", tokenizer,
                             cfg.sft.loss_on)
     ck = sc.checkpointer({"model": model}, cfg.sft.checkpoint_every)

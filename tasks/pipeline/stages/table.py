@@ -1,8 +1,7 @@
-"""The one table of stages: each stage module's ``STAGE`` entry, in pipeline order. The pipeline,
-retrain and sweep flows call the tasks derived from the entries; the rank entry point
-(tasks/pipeline/stages/rank_main.py) and the stage worker (flows/stage.py) look bodies up here;
-``routing.stages`` takes the stages marked ``ranks`` (tasks/config/sections.py ROUTABLE, a copy a
-test holds equal: the config cannot import the bodies)."""
+"""The one table of stages: each stage module's ``STAGE`` entry, in pipeline order, where the
+flows, the rank entry point and the stage worker (flows/stage.py) look them up. The config's
+copy of the routable names (tasks/config/sections.py ROUTABLE) is tested equal to
+``DISTRIBUTED``: the config cannot import the bodies."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The alignment tax inside evaluate: the probe and the held-out text read through the gate
-(``eval.tax.*``, else the shipped ones), answered and scored by the base model, the SFT policy
-and the PPO policy, where the run has a pretrained base (``model.base_model``); and the text
-of the pretraining mix that pays less of it (``sft.ptx_coef``, ``ppo.ptx_coef``,
-``data.pretrain``)."""
+"""The alignment tax inside evaluate: what the base, SFT and PPO models lose on a probe and
+held-out text (only with a pretrained ``model.base_model``), and the pretraining-mix text
+(``data.pretrain``) that reduces it."""
 
 from __future__ import annotations
 
@@ -31,20 +29,19 @@ NOT_APPLICABLE = "does not apply: no pretrained base (model.base_model) to lose 
 
 
 def tax_inputs(tax: TaxConfig) -> tuple[list[ProbeItem], list[str]]:
-    """The probe and the held-out text a run measures the tax on (read through the gate)."""
+    """The probe and held-out text the tax is measured on (read through the gate)."""
     probe = [ProbeItem(q, tuple(a), c) for q, a, c in read_probe(tax.probe or PROBE_FILE)]
     return probe, read_text(tax.text or TEXT_FILE)
 
 
 def applies(cfg) -> bool:
-    """The tax is measured where it is on and the run starts from a pretrained base."""
+    """Whether the tax is on and the run starts from a pretrained base."""
     return cfg.eval.tax.enabled and bool(cfg.model.base_model)
 
 
 def pretrain_chunks(cfg, tokenizer, section: str) -> list[list[int]] | None:
-    """The pretraining mix's text of one stage (``section``: "sft" or "ppo") from
-    ``data.pretrain`` (read through the gate), each row tokenized with an EOS after it and cut
-    into ``<section>.ptx_max_tokens`` chunks; None when that stage's mix is off."""
+    """The ``section`` stage's pretraining mix: rows tokenized with EOS, cut into
+    ``ptx_max_tokens`` chunks; None when the mix is off."""
     mix = getattr(cfg, section)
     if mix.ptx_coef <= 0:
         return None
@@ -54,8 +51,7 @@ def pretrain_chunks(cfg, tokenizer, section: str) -> list[list[int]] | None:
 
 
 def check_tax_inputs(cfg) -> None:
-    """Read the run's probe and text (where it measures the tax) and the pretraining mix's
-    text (where it mixes one in) through the gate: a DataError names the file and row."""
+    """Read the tax and pretraining-mix inputs the run uses through the gate (DataError)."""
     if applies(cfg):
         tax_inputs(cfg.eval.tax)
     if cfg.sft.ptx_coef > 0 or cfg.ppo.ptx_coef > 0:
@@ -70,8 +66,8 @@ def _answers_and_bpb(tax: TaxConfig, probe: list[ProbeItem], text: list[str], mo
 
 
 def _cached(folder: Path | None, key: dict, compute) -> tuple[list[str], float]:
-    """The base model's answers and bits per byte, kept in ``folder`` under a digest of
-    everything they depend on (the base never changes; None: not kept)."""
+    """The base model's answers and bits per byte, cached in ``folder`` by a digest of their
+    inputs (None: not kept)."""
     if folder is None:
         return compute()
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
@@ -90,10 +86,8 @@ def _cached(folder: Path | None, key: dict, compute) -> tuple[list[str], float]:
 def measure(tax: TaxConfig, probe: list[ProbeItem], text: list[str], models: dict, tokenizer,
             progress=None, base_cache: tuple[Path, dict] | None = None
             ) -> tuple[dict, list[dict]]:
-    """``models``: name -> causal LM (``base``, ``sft``, ``policy``; frozen) -> the
-    ``eval/tax/*`` metrics and the probe's side-by-side rows (question, expected, each
-    model's answer and whether it is right); ``progress(n)``: questions answered so far;
-    ``base_cache``: (folder, what the base's figures depend on) to keep them in and reuse."""
+    """``models`` (name -> frozen causal LM) -> ``eval/tax/*`` metrics and the probe's
+    side-by-side rows; ``base_cache``: (folder, key) to reuse the base's figures."""
     rows = [{"question": it.question, "expected": " | ".join(it.answers),
              "category": it.category} for it in probe]
     right, bpb = {}, {}
@@ -117,9 +111,8 @@ def measure(tax: TaxConfig, probe: list[ProbeItem], text: list[str], models: dic
 
 
 def base_cache(prep, spec, device) -> tuple[Path, dict] | None:
-    """Where the base model's tax figures are kept: beside a base known by its digest (a GGUF
-    file's cached folder), keyed by that digest, the tokenizer's size, the compute precision,
-    the device and the torch version; None for any other base (measured each run)."""
+    """(folder, key) caching the base's tax figures, for a base known by digest; None: the
+    base is measured each run."""
     digest = (prep.base_source or {}).get("sha256")
     if not digest:
         return None
@@ -130,9 +123,7 @@ def base_cache(prep, spec, device) -> tuple[Path, dict] | None:
 
 
 def summary_line(metrics: dict, budget: float | None = None) -> str:
-    """One line for the run summary: each model's probe accuracy and bits per byte, and
-    what the policy lost against the base (over budget said so); the tax's absence said
-    plainly (never a 0)."""
+    """The run summary's tax line; a tax not measured is said so, never shown as 0."""
     if "eval/tax/probe_acc_policy" not in metrics:
         return f"alignment tax: {NOT_APPLICABLE}"
     names = [n for n in MODELS if f"eval/tax/probe_acc_{n}" in metrics]

@@ -1,7 +1,5 @@
-"""The stages' token ids: read from the gate's token file beside a cleaned data set
-(data_checks/token_files.py), memory-mapped, or, where the gate wrote none (an older run, a
-data folder from elsewhere), encoded from the texts as before, one tokenizer call per text.
-Either way the same ids (rlhf_core/models/data.py's ``encode``)."""
+"""The stages' token ids: memory-mapped from the gate's token file beside a cleaned data set,
+else encoded from the texts; either way the same ids."""
 
 from __future__ import annotations
 
@@ -31,9 +29,8 @@ def _ragged(column: pa.ChunkedArray) -> RaggedIds:
 
 
 def read_ids(cleaned: Path | str, columns: tuple[str, ...]) -> list[RaggedIds] | None:
-    """The gate's ids of ``columns`` of the cleaned file ``cleaned``; None where it wrote no
-    token file or not all those columns. A token file whose row count differs from the
-    cleaned file's is an error (it belongs to other data)."""
+    """The gate's ids of ``columns`` of ``cleaned`` (None: no token file or columns); a row
+    count mismatch is an error (it belongs to other data)."""
     cleaned = Path(cleaned)
     path = tokens_path(cleaned)
     if not path.is_file():

@@ -23,8 +23,7 @@ from tasks.platform.prefect.prefect_api import in_prefect_run
 
 
 def report_artifact(ctx: RunContext, run_id: str, report) -> None:
-    """The gate's verdict in the Prefect UI, pass or fail: every failed expectation with
-    example rows, warnings, row counts, and where the Data Docs are in MLflow."""
+    """The gate's verdict in the Prefect UI, pass or fail, with where the Data Docs are."""
     if not in_prefect_run():
         return
     from prefect.artifacts import create_markdown_artifact
@@ -73,8 +72,8 @@ def write_samples(out_dir: Path, sample_dir: Path) -> None:
 
 
 def cleaned_copies(out_dir: Path, max_mb: float) -> list[Path]:
-    """The cleaned files to copy into MLflow: all of them while together at most ``max_mb``
-    MB (tracking.log_cleaned_data_max_mb), else none (never the token files)."""
+    """The cleaned files to copy into MLflow: all while together at most ``max_mb`` MB, else
+    none."""
     files = sorted(out_dir.glob("*.jsonl"))
     return files if sum(p.stat().st_size for p in files) <= max_mb * 2**20 else []
 
@@ -129,9 +128,7 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
                  for name, (ok, n) in report.expectation_counts().items()})
 
 
-# each data set's row counts (data_checks/validate.py), then the SFT/preference length ratio;
-# data/*.jsonl: the cleaned files, copied while small (tracking.log_cleaned_data_max_mb);
-# data_docs/ holds sample/<set>.jsonl and dropped/<set>.jsonl beside the Data Docs
+# data/*.jsonl: the cleaned files, copied only while small (tracking.log_cleaned_data_max_mb)
 COUNTS = ("n_rows", "n_in", "n_truncated", "n_dropped", "truncated_fraction", "dropped_fraction")
 STAGE = Stage("validate", body, DataRecord, sections=("validation",),
               metrics=(*(f"{s}/{c}" for s in KINDS for c in COUNTS), "length_mismatch_ratio"),

@@ -1,5 +1,5 @@
-"""Where a store and its pages are, as text: the tracking URI in use and the MLflow UI's
-links. Imports no MLflow, so that the CLI prints them without loading it."""
+"""The tracking URI in use and the MLflow UI's links, as text. Imports no MLflow, so the CLI
+prints them without loading it."""
 
 from __future__ import annotations
 
@@ -15,24 +15,20 @@ def default_tracking_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
 
 
-# every MLflow UI link opens in "Model training" mode: the UI's own GenAI/Model training
-# switch, kept in the browser and GenAI by default, would otherwise show a first visit the
-# traces overview and a run page in GenAI mode, whatever the experiment's kind tag says; the
-# URL's parameter wins over the switch for that page
+# every UI link opens in "Model training" mode: the UI's own switch defaults to GenAI whatever
+# the experiment's kind tag says, and the URL's parameter wins over it
 TRAINING_MODE = "workflowType=machine_learning"
 
 
 def runs_table_url(tracking_uri: str, experiment_id: str) -> str:
-    """The experiment's runs table in the MLflow UI's "Model training" mode. A local store:
-    where `mlflow ui` serves it."""
+    """The experiment's runs table in the MLflow UI (a local store: where `mlflow ui` serves)."""
     base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
         else LOCAL_UI
     return f"{base}/#/experiments/{experiment_id}/runs?{TRAINING_MODE}"
 
 
 def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
-    """The run's page in the MLflow UI of a tracking server, in "Model training" mode; None
-    for a local store (no UI runs until `mlflow ui` is started on it)."""
+    """The run's page in a tracking server's MLflow UI; None for a local store."""
     if not tracking_uri.startswith(("http://", "https://")):
         return None
     return f"{redact(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}" \
@@ -40,8 +36,7 @@ def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
 
 
 def compare_url(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> str:
-    """MLflow's compare view of ``run_ids`` (of one experiment); a local store: where
-    `mlflow ui` serves it."""
+    """MLflow's compare view of ``run_ids`` of one experiment."""
     base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith(("http://", "https://")) \
         else LOCAL_UI
     import urllib.parse

@@ -1,12 +1,5 @@
-"""Stage outputs every worker can reach: an MLflow artifact URI beside each local path.
-
-A stage's typed output record (tasks/pipeline/stages/records.py) holds each file or folder it wrote
-as an :class:`Artifact`: the local path and, from :func:`publish_path`, the artifact URI of the
-same thing (``runs:/<run id>/checkpoint``...). A later stage, a retry or a resume reads it
-through :func:`local_copy`: the recorded path when this machine has it, else the artifact,
-downloaded once into ``<workdir>/artifact_cache`` (to a temporary folder, then renamed into
-place, so two processes or ranks downloading at once never see a half-written copy).
-"""
+"""Stage outputs every worker can reach: an MLflow artifact URI beside each local path, so
+:func:`local_copy` can download what this machine lacks."""
 
 from __future__ import annotations
 
@@ -26,9 +19,8 @@ CACHE = "artifact_cache"
 
 
 class Artifact(BaseModel):
-    """A stage output on disk: ``path`` where the stage wrote it, ``uri`` its MLflow copy
-    (``runs:/<run id>/<artifact path>``; None for a path given from outside, e.g. the
-    champion's downloaded folders)."""
+    """A stage output: ``path`` where it was written, ``uri`` its MLflow copy (None for a
+    path given from outside)."""
 
     model_config = ConfigDict(frozen=True)
     path: str
@@ -41,9 +33,8 @@ class StageOutputMissing(FileNotFoundError):
 
 def publish_path(ctx: RunContext, run_id: str, path: Path, artifact_path: str,
                  logged: bool = False) -> Artifact:
-    """Log ``path`` (a folder, or a file) as the artifact ``artifact_path`` of the stage's
-    run (unless ``logged``: the stage logged it there already) -> the path and its URI.
-    For a file, ``artifact_path`` names the file itself (``stats/reward_norm.json``)."""
+    """Log ``path`` as artifact ``artifact_path`` of the stage's run (unless already
+    ``logged``) -> the path and its URI. For a file, ``artifact_path`` ends with its name."""
     drain_all(ctx.outage_limit_s)  # the stage's spooled metrics and tables go first
     if not logged:
         client = ctx.client()
@@ -59,7 +50,7 @@ def publish_path(ctx: RunContext, run_id: str, path: Path, artifact_path: str,
 
 def local_copy(ctx: RunContext, artifact: Artifact, what: str) -> Path:
     """The local path of a stage output: as recorded when it exists here, else its artifact
-    from MLflow, cached under the workdir. ``what`` names it in the error (stage, run, field)."""
+    from MLflow, cached under the workdir. ``what`` names it in the error."""
     recorded = artifact.path
     if recorded and Path(recorded).exists():
         return Path(recorded)
@@ -90,7 +81,7 @@ def _download(ctx: RunContext, uri: str, target: Path, where: str, recorded) -> 
         raise StageOutputMissing(f"{where}: {recorded} does not exist on this machine and its "
                                  f"artifact {uri} could not be downloaded: {err}") from err
     try:
-        tmp.rename(target)  # atomic; another process may have placed its copy first
+        tmp.rename(target)  # atomic, so no one sees half a copy; another may have won
     except OSError:
         if not target.exists():
             raise

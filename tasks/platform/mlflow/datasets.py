@@ -1,6 +1,5 @@
-"""Data files as MLflow dataset inputs of runs (the run's "Datasets" panel): name, source,
-schema and digest, with the context they served in (training, evaluation, a collection, a
-retrain batch)."""
+"""Data files as MLflow dataset inputs of runs (the run's "Datasets" panel), tagged with the
+context they served in."""
 
 from __future__ import annotations
 
@@ -16,9 +15,7 @@ from tasks.platform.mlflow.tags import DATASET_CONTEXT_TAG
 
 
 class TableInput(NamedTuple):
-    """A data table to record as an MLflow dataset input: ``table`` a pandas DataFrame,
-    ``source`` the file it was read from, ``digest`` MLflow's own when None, ``tags`` input
-    tags beside the dataset's context."""
+    """A DataFrame to record as a dataset input (``digest`` None: MLflow computes it)."""
 
     table: Any
     source: str
@@ -28,7 +25,7 @@ class TableInput(NamedTuple):
 
 
 def _dataset_input(item: TableInput, context: str):
-    """-> (MLflow's DatasetInput of ``item`` with its context and tags, its digest)."""
+    """-> (MLflow's DatasetInput of ``item``, its digest)."""
     import mlflow.data
     from mlflow.entities import DatasetInput, InputTag
 
@@ -44,9 +41,8 @@ def _dataset_input(item: TableInput, context: str):
 
 def log_table_inputs(client: MlflowClient, run_id: str, tables: list[TableInput],
                      context: str, model_id: str | None = None) -> None:
-    """Record the tables as dataset inputs of ``run_id`` in one call (name, source, schema,
-    digest; the run's "Datasets" panel), with the logged model ``model_id`` as an input
-    beside them when given (the model the data came from)."""
+    """Record the tables as dataset inputs of ``run_id`` in one call, with the logged model
+    they came from (``model_id``) as an input beside them."""
     from mlflow.entities import LoggedModelInput
 
     client.log_inputs(run_id, datasets=[_dataset_input(t, context)[0] for t in tables],
@@ -65,9 +61,8 @@ def _line_count(path: Path) -> int:
 
 
 def pandas_digest(head, rows: int) -> str:
-    """MLflow's digest of a table (``mlflow.data.digest_utils.compute_pandas_digest``) from its
-    first SAMPLE_ROWS rows ``head`` and its row count: the same value where every row of a
-    text column is a string, as in a cleaned file (the gate fails nulls)."""
+    """MLflow's pandas digest of a table from its first SAMPLE_ROWS rows and its row count,
+    so a large file need not be read whole (equal for a cleaned file, which has no nulls)."""
     import numpy as np
     import pandas as pd
     from mlflow.data.digest_utils import get_normalized_md5_digest
@@ -82,10 +77,8 @@ def pandas_digest(head, rows: int) -> str:
 
 def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path],
                  context: str) -> dict[str, str]:
-    """Record each (cleaned) JSONL data file as an MLflow dataset input of every run in
-    ``run_ids`` (name, source path, schema, digest, row count; shown in the run's "Datasets"
-    panel) -> digests. A file is read only up to its first SAMPLE_ROWS rows, and its lines
-    counted, whatever its size: the digest and profile are MLflow's own for the whole file."""
+    """Record each cleaned JSONL file as a dataset input of every run in ``run_ids`` ->
+    digests; only SAMPLE_ROWS rows are read, yet digest and profile are the whole file's."""
     import pandas as pd
     from mlflow.entities import Dataset, DatasetInput
 
@@ -108,7 +101,6 @@ def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path
 
 
 def _log_inputs(client: MlflowClient, run_id: str, inputs: list) -> None:
-    """MLflow's server inserts a dataset it has not seen (experiment, name, digest) after
-    looking it up: two runs logging the same data at once can hit its unique key (seen on
-    PostgreSQL). The write is rolled back whole, so it is retried and then finds the row."""
+    """Retried: two runs logging the same new dataset at once can hit the server's unique
+    key; the retry then finds the row."""
     retry_unique_key(lambda: client.log_inputs(run_id, datasets=inputs))

@@ -1,5 +1,5 @@
-"""The MLflow platform's errors, in a module that imports nothing (no MLflow): the CLI names
-them in its except clauses without loading MLflow."""
+"""The MLflow platform's errors, importing nothing, so the CLI can catch them without loading
+MLflow."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ class TrackingOutage(Exception):  # noqa: N818 - a stop, named after its cause
 
 
 class ApprovalError(RegistryError):
-    """An answer that cannot be taken: no candidate waits, several do and none was named,
-    the version named is no candidate, or the champion moved since its gate (approve)."""
+    """An approval answer that cannot be taken (no such candidate, or the champion moved)."""
 
 
 class PurgeFailed(Exception):  # noqa: N818 - a stop, named after its cause

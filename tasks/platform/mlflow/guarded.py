@@ -1,9 +1,6 @@
-"""Calls whose answer is needed (opening and closing a stage's run, recording its output,
-evaluate's and register's calls) cannot be spooled: :class:`GuardedClient`, what
-``RunContext.client()`` returns for a server over HTTP, tries each once and, on a server that
-went away, waits for it at most ``tracking.outage_limit_s``, then raises
-:class:`~tasks.platform.mlflow.spool.TrackingOutage`, as the spool does.
-"""
+"""Tracking calls whose answer is needed cannot be spooled; :class:`GuardedClient` bounds
+their wait for a lost server by ``tracking.outage_limit_s`` instead of MLflow's minutes of
+retries, then stops the run with :class:`~tasks.platform.mlflow.spool.TrackingOutage`."""
 
 from __future__ import annotations
 
@@ -26,10 +23,6 @@ from tasks.platform.mlflow.spool import (
     unreachable,
 )
 
-# Opening a stage's run, recording its output, evaluate's and register's writes, closing the
-# run: these cannot wait in a spool. Without a bound each would sit in MLflow's own retries
-# (7, with backoff: about 4 minutes a request) and end in a traceback.
-
 QUICK_S, AGAIN_S = 5, 30  # request timeouts: first try, tries while waiting
 LONG_CALLS = frozenset({"log_artifact", "log_artifacts", "download_artifacts"})
 READS = ("get_", "search_", "list_")  # client calls that only read
@@ -47,12 +40,9 @@ def server_answers(uri: str, timeout_s: float = QUICK_S) -> bool:
 
 
 class GuardedClient:
-    """An MlflowClient (``raw``) whose calls, on a tracking server that does not answer,
-    wait at most ``limit_s`` instead of MLflow's retries: each call is tried once with a
-    short timeout; when the server is away one warning says so and the call is tried again
-    (with a longer timeout) every ``poll_s`` until it answers, or :class:`TrackingOutage`
-    stops the run past the limit. Artifact transfers (:data:`LONG_CALLS`) keep MLflow's
-    timeout and retries and start once the server answers its /health page."""
+    """An MlflowClient (``raw``) whose calls are retried every ``poll_s`` while the server
+    is away, for at most ``limit_s``; artifact transfers (:data:`LONG_CALLS`) keep MLflow's
+    retries and start once the server answers /health."""
 
     def __init__(self, client: MlflowClient, limit_s: float, parent_run_id: str,
                  workdir: str | Path, poll_s: float = 2.0):
@@ -116,10 +106,8 @@ class GuardedClient:
         return since
 
     def raise_if_refused(self, err: BaseException, doing: str) -> None:
-        """A refused login (401), or a refused write (403), stops the run as an outage
-        does, at once. A 403 on a read is left to the caller: MLflow's basic-auth app
-        answers 403, not 404, for an alias or a version of a registered model that does not
-        exist yet (the registry's look-ups read that as "none")."""
+        """Stop the run at once on a refused login (401) or write (403). A 403 on a read is
+        left to the caller: MLflow's auth app answers 403, not 404, for a missing alias."""
         code = refused(err)
         if code == 401 or (code == 403 and not doing.startswith(READS)):
             raise LoginRefused(f"{refusal(code, self.raw.tracking_uri, doing)}; "
@@ -147,10 +135,9 @@ def guarded(client: MlflowClient, limit_s: float, parent_run_id: str,
 
 
 def one_try(client, doing: str, call: Callable, again: Callable):
-    """``call()``, an operation of many MLflow requests made outside ``client`` (the fluent
-    API logging and registering a model), with no MLflow retries: when it fails and the server
-    does not answer, wait for it (up to the limit, else :class:`TrackingOutage`), then
-    ``again()`` -> its result, or None to run ``call()`` again."""
+    """``call()``, a multi-request operation outside ``client`` (the fluent API), without
+    MLflow's retries; after waiting out an outage, ``again()`` -> its result, or None to
+    run ``call()`` again."""
     if not isinstance(client, GuardedClient):
         return call()
     while True:
@@ -168,7 +155,6 @@ def one_try(client, doing: str, call: Callable, again: Callable):
 
 
 def wait_for_tracking(client, doing: str) -> None:
-    """Before MLflow calls made outside ``client`` (the fluent API, artifact downloads): wait
-    until its server answers, or raise :class:`TrackingOutage` past the limit."""
+    """Before MLflow calls made outside ``client``: wait until its server answers."""
     if isinstance(client, GuardedClient):
         client.wait_for_server(doing)

@@ -1,6 +1,5 @@
-"""The parent run of the last pipeline run context this process made: what the CLI names
-when a stop signal or an outage ends the process. Kept apart from runs.py so that reading it
-imports nothing of MLflow (a stop can come before any run was opened)."""
+"""The last parent run this process opened, for the CLI's message when a stop or outage ends
+it. Apart from runs.py so reading it imports no MLflow."""
 
 from __future__ import annotations
 
@@ -12,5 +11,4 @@ def note_parent_run(run_id: str) -> None:
 
 
 def last_parent_run() -> str | None:
-    """The parent run of the last run context made in this process (None before one)."""
     return _LAST_PARENT[0]

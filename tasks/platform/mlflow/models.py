@@ -1,10 +1,6 @@
-"""The pipeline's MLflow models, both logged as code (MLflow's models-from-code) with
-``rlhf_core`` beside them: the policy, a pyfunc that answers prompts with their completion
-(``tasks/platform/mlflow/policy_pyfunc.py``), and the scalar-head reward model, a pyfunc that scores
-(prompt, response) pairs (``tasks/platform/mlflow/reward_pyfunc.py``); a LoRA run's are its
-adapters and heads, the base model named by source and digest. A prompt is text or a list of
-messages; the signatures say so, and the policy's carries the sampling params a request may
-send (``rlhf_core/eval/serving.py`` does the work)."""
+"""The pipeline's MLflow models, the policy and the reward model, logged as code with
+``rlhf_core`` beside them (policy_pyfunc.py, reward_pyfunc.py), and the helpers that point
+MLflow at a store for one block without changing the process's own settings."""
 
 from __future__ import annotations
 
@@ -28,9 +24,8 @@ URI_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 @contextmanager
 def mlflow_settings_kept() -> Iterator[None]:
-    """The process's MLflow tracking and registry URIs (module settings and the variables
-    ``mlflow.set_*_uri`` also set, which child processes inherit) as they were, after the
-    body."""
+    """Restore the process's MLflow tracking and registry URIs (and their variables, which
+    child processes inherit) after the body."""
     import mlflow.tracking._model_registry.utils as registry_utils
     import mlflow.tracking._tracking_service.utils as tracking_utils
 
@@ -49,9 +44,7 @@ def mlflow_settings_kept() -> Iterator[None]:
 
 @contextmanager
 def mlflow_pointed_at(uri: str) -> Iterator[None]:
-    """MLflow pointed at ``uri`` (and the registry our clients use with it:
-    MLFLOW_REGISTRY_URI, else the tracking store) for the body; the process's own settings
-    back after."""
+    """MLflow pointed at ``uri`` (registry: MLFLOW_REGISTRY_URI, else ``uri``) for the body."""
     import mlflow
 
     with mlflow_settings_kept():
@@ -62,10 +55,8 @@ def mlflow_pointed_at(uri: str) -> Iterator[None]:
 
 @contextmanager
 def active_run(run_id: str, tracking_uri: str) -> Iterator[None]:
-    """The run ``run_id`` of the store at ``tracking_uri`` as MLflow's active run for the
-    body, where :func:`log_policy` and :func:`log_reward_model` log (MLflow pointed there as
-    by :func:`mlflow_pointed_at`, the process's settings back after). Leaving it ends the
-    run, as ``mlflow.start_run``'s context does."""
+    """``run_id`` as MLflow's active run for the body, where :func:`log_policy` and
+    :func:`log_reward_model` log; leaving it ends the run."""
     import mlflow
 
     with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
@@ -73,8 +64,7 @@ def active_run(run_id: str, tracking_uri: str) -> Iterator[None]:
 
 
 def load_pyfunc(uri: str, tracking_uri: str):
-    """A logged or registered pyfunc model (``models:/<name>@<alias>``...) from the store at
-    ``tracking_uri``; the process's MLflow settings are left as they were."""
+    """A logged or registered pyfunc model from the store at ``tracking_uri``."""
     import mlflow.pyfunc
 
     with mlflow_pointed_at(tracking_uri):
@@ -82,8 +72,7 @@ def load_pyfunc(uri: str, tracking_uri: str):
 
 
 def pyfunc_scores(model, prompts: list[str], responses: list[str]) -> list[float]:
-    """A scoring pyfunc's predict (a registered reward model, an LLM judge wrapped as pyfunc)
-    on a (prompt, response) DataFrame -> one float per row."""
+    """A scoring pyfunc's predict on a (prompt, response) DataFrame -> one float per row."""
     import numpy as np
     import pandas as pd
 
@@ -97,8 +86,7 @@ def pyfunc_scores(model, prompts: list[str], responses: list[str]) -> list[float
 
 
 def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
-    """Why ``models:/<name>@<alias>`` is not a version of the registry that
-    :func:`load_pyfunc` reads (None: it is)."""
+    """Why ``models:/<name>@<alias>`` names no version in the registry, or None."""
     import mlflow
     from mlflow import MlflowClient
     from mlflow.store.db import utils as store_utils
@@ -131,8 +119,7 @@ def alias_holder(uri: str, tracking_uri: str) -> str:
 
 
 def policy_signature(max_new_tokens: int, temperature: float):
-    """prompt (text or messages) -> answer, with the request params and their defaults (the
-    run's evaluation settings; no seed: each request draws anew)."""
+    """prompt (text or messages) -> answer, with the request params and their defaults."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
@@ -159,9 +146,7 @@ def reward_signature():
 
 def _served_folder(folder: str, tmp: str, name: str) -> tuple[str, list[str]]:
     """What to log of a model folder -> (folder, extra requirements): a LoRA adapter folder
-    becomes its self-contained bundle (adapters and heads, the base model named by source
-    and digest: rlhf_core/models/adapters.py), which needs peft (and gguf for a GGUF base)
-    where it is served; any other folder is logged as it is."""
+    becomes its self-contained bundle, which needs peft where served."""
     from rlhf_core.models.adapters import bundle, is_adapter_folder
 
     if not is_adapter_folder(folder):
@@ -176,8 +161,7 @@ def _log_code_model(name: str, script: Path, artifacts: dict, signature, registe
     import mlflow.pyfunc
 
     with warnings.catch_warnings():
-        # the signature is given explicitly; an input example would load and run the model
-        # once more at log time
+        # the signature is explicit; an input example would run the model again at log time
         warnings.filterwarnings("ignore", message=".*input example was not provided")
         info = mlflow.pyfunc.log_model(
             name=name, python_model=str(script), artifacts=artifacts,
@@ -191,9 +175,8 @@ def _log_code_model(name: str, script: Path, artifacts: dict, signature, registe
 
 def log_policy(policy_dir: str, name: str, generation: dict, card: str,
                trust_remote_code: bool = False) -> str:
-    """Log (in the active run) and register the policy -> registered version. ``generation``:
-    the default max_new_tokens and temperature; ``card``: the model card (markdown), stored
-    as the artifact ``model_card.md``."""
+    """Log (in the active run) and register the policy -> registered version. ``generation``
+    gives the default sampling params; ``card`` becomes ``model_card.md``."""
     with tempfile.TemporaryDirectory() as tmp:
         card_file = Path(tmp) / "model_card.md"
         card_file.write_text(card)

@@ -15,8 +15,7 @@ PLOTS = "plots"  # the parent run's artifact folder of figures
 
 
 def parent_runs(client: MlflowClient, experiment_id: str, filter_string: str) -> list:
-    """The pipeline (parent) runs among the experiment's latest runs that match
-    ``filter_string``, newest first."""
+    """Parent runs among the experiment's latest runs matching ``filter_string``, newest first."""
     runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=20,
                               order_by=["attributes.start_time DESC"])
     return [r for r in runs if PARENT_TAG not in r.data.tags]
@@ -28,12 +27,10 @@ def run_to_resume(client: MlflowClient, run_id: str):
 
 
 def reopen_run(client: MlflowClient, run_id: str) -> None:
-    """Mark ``run_id`` RUNNING again (a resume)."""
     client.update_run(run_id, status="RUNNING")
 
 
 def end_run(client: MlflowClient, run_id: str, status: str) -> None:
-    """Mark ``run_id`` ended with ``status`` (FINISHED, FAILED)."""
     client.set_terminated(run_id, status=status)
 
 
@@ -43,8 +40,7 @@ def end_parent_run(ctx: RunContext, status: str) -> None:
 
 def keep_resumed_config(client: MlflowClient, run_id: str, config: dict,
                         config_hash: str) -> None:
-    """What a resume with changed settings runs with: the config beside the first one, its
-    hash as a tag."""
+    """Keep the config a resume with changed settings runs with, beside the first one."""
     client.log_dict(run_id, config, f"config/resumed_config_{config_hash}.json")
     set_tags(client, run_id, {RESUMED_CONFIG_HASH_TAG: config_hash})
 
@@ -60,8 +56,7 @@ def create_parent_run(client: MlflowClient, experiment_id: str, run_name: str,
 
 
 def stage_metric_histories(ctx: RunContext, stage: str, keys: list[str]) -> dict | None:
-    """Each metric of ``keys`` over the steps of the stage's run -> {key: [Metric]} (empty
-    lists for metrics it never logged); None when the stage has no run."""
+    """{key: [Metric]} over the steps of the stage's run; None when the stage has no run."""
     run = find_stage_run(ctx, stage)
     if run is None:
         return None
@@ -80,8 +75,7 @@ def log_parent_folder(ctx: RunContext, folder: str | Path, artifact_path: str) -
 
 def log_sweep_summary(ctx: RunContext, rows: list[dict], groups: list[dict],
                       markdown: str) -> None:
-    """A sweep's tables (its points, and the groups of seeds when there are some) and its
-    markdown summary on the sweep's run (``sweep/``)."""
+    """A sweep's tables and markdown summary on the sweep's run (``sweep/``)."""
     import pandas as pd
 
     client = ctx.client()

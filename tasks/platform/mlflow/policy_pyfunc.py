@@ -1,13 +1,5 @@
-"""The policy as an MLflow pyfunc, logged as *code* (MLflow's models-from-code), like the
-reward model: the registry stores this script, the policy's Hugging Face folder (weights,
-config, tokenizer) and ``rlhf_core`` (code_paths), so serving it needs neither this repository
-nor its ``tasks`` package. Imported only by MLflow; ``tasks/platform/mlflow/models.py`` logs it.
-
-predict(DataFrame[prompt]) -> one answer per row, the completion only: text for a text
-prompt, ``{"role": "assistant", "content": ...}`` for a list of messages (rendered with the
-tokenizer's chat template). The request's ``params`` (max_new_tokens, temperature, top_p,
-do_sample, seed) arrive filled with the signature's defaults (the run's evaluation settings).
-"""
+"""The policy as an MLflow pyfunc logged as code, so serving it needs only this script, the
+model folder and ``rlhf_core``, not this repository. Imported only by MLflow."""
 
 import mlflow.pyfunc
 import pandas as pd
@@ -17,11 +9,8 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 
 def request_prompts(model_input) -> list:
-    """The prompts of a request, one per row: a DataFrame's ``prompt`` column (served
-    ``dataframe_records`` / ``dataframe_split``), a column ``{"prompt": [...]}`` (served
-    ``inputs``; a list of messages there is one conversation), records
-    ``[{"prompt": ...}]`` (``instances``), or in Python one prompt (text or messages) or a
-    list of text prompts."""
+    """The prompts of a request, one per row, from any request shape MLflow serving sends
+    (or, in Python, one prompt or a list of text prompts)."""
     from rlhf_core.eval.serving import RequestError
 
     if hasattr(model_input, "columns"):
@@ -44,8 +33,7 @@ def request_prompts(model_input) -> list:
 
 
 class PolicyPyfunc(mlflow.pyfunc.PythonModel):
-    """The registered policy: answers prompts with their completion only. ``model_input`` is
-    a DataFrame when served; in Python it may be any form :func:`request_prompts` reads."""
+    """The registered policy: answers prompts with their completion only."""
 
     def load_context(self, context) -> None:
         from rlhf_core.eval.serving import load_served, stop_ids

@@ -1,14 +1,6 @@
-"""Read-only look-ups for the CLI (`rlhf runs`, the `--resume` check): they never create a
-store, and say in one sentence what the store could not answer.
-
-`rlhf runs` on a local SQLite store reads it with plain SQL through Python's sqlite3
-(read-only), so the command does not load MLflow and its SQLAlchemy store (seconds of imports
-on a small machine): the tables MLflow's SQLAlchemy store writes (experiments, runs, tags,
-latest_metrics), ordered and paged as that store's search_runs does (runs without a start time
-last, then newest first, then by run id; one row past the page says a later page exists). A
-store not read so (no such table or column, an experiment name held twice by workspaces, a URI
-with options, a server) is asked through MLflow's client.
-"""
+"""Read-only look-ups for the CLI that never create a store and say in one sentence what it
+could not answer. `rlhf runs` reads a local SQLite store with plain SQL, skipping MLflow's
+imports."""
 
 from __future__ import annotations
 
@@ -35,13 +27,12 @@ if TYPE_CHECKING:  # MLflow is loaded by the look-ups that use it, not by `rlhf 
 
 
 class StoreError(ValueError):
-    """A read-only look-up the MLflow store cannot answer: no store at a local path, no such
-    run or experiment, or a store that refused the read."""
+    """A read-only look-up the MLflow store cannot answer."""
 
 
 def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
-    """An MLflow client that creates no store (a missing SQLite file is a StoreError) and
-    gives up on an unreachable server after ``timeout_s`` instead of retrying for minutes."""
+    """An MLflow client that creates no store and gives up on an unreachable server after
+    ``timeout_s`` instead of retrying for minutes."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise StoreError(f"no MLflow store at {uri}: nothing has run here yet (`rlhf run` "
                          "creates it), or set MLFLOW_TRACKING_URI to the store you mean")
@@ -54,8 +45,7 @@ def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
 
 
 class RunPlace(BaseModel):
-    """Where a stored run sits: the pipeline run it is a stage of (None: a pipeline run)
-    and its stage (its stage tag, else its name); its status (FINISHED, FAILED...)."""
+    """A stored run's pipeline run (None: it is one), stage and status."""
 
     model_config = ConfigDict(frozen=True)
     parent_run_id: str | None
@@ -77,8 +67,8 @@ class PipelineRun(BaseModel):
 
 
 class PipelineRuns(BaseModel):
-    """An experiment's id (None: the store has no such experiment) and one page of its
-    pipeline runs, newest first; ``more``: a later page has runs."""
+    """One page of an experiment's pipeline runs, newest first (``experiment_id`` None: no
+    such experiment)."""
 
     model_config = ConfigDict(frozen=True)
     experiment_id: str | None
@@ -87,8 +77,7 @@ class PipelineRuns(BaseModel):
 
 
 def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
-    """Where a stored run sits, read without creating a store; StoreError when the store
-    has no such run (or is not there)."""
+    """Where a stored run sits; StoreError when the store has no such run."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -101,10 +90,8 @@ def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
 
 
 def recorded_config(tracking_uri: str, run_id: str) -> tuple[dict, str]:
-    """The config a pipeline run recorded in MLflow: the one its last resume with changed
-    settings ran with (``config/resumed_config_<hash>.json``), else the one it began with
-    (``config/resolved_config.json``) -> (the config as JSON, its artifact path);
-    StoreError when the run has none or it cannot be read."""
+    """The config a pipeline run last ran with (its last changed resume's, else its first)
+    -> (the config as JSON, its artifact path); StoreError when unreadable."""
     import json
     import tempfile
 
@@ -126,10 +113,8 @@ def recorded_config(tracking_uri: str, run_id: str) -> tuple[dict, str]:
 
 def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
                   page: int = 1) -> PipelineRuns:
-    """The experiment's id and page ``page`` (``limit`` runs each) of its pipeline (parent)
-    runs, newest first, selected by the store (a tag filter and an offset, or MLflow's page
-    tokens: the runs of earlier pages are skipped, not read), without creating a store;
-    StoreError when there is no such store or experiment, or the store cannot be read."""
+    """Page ``page`` (``limit`` runs each) of the experiment's pipeline runs, newest first,
+    selected by the store; StoreError when the store or experiment cannot be read."""
     path = sqlite_file(tracking_uri)
     if path is not None and not path.exists():
         _read_only_client(tracking_uri)  # the StoreError that says there is no store
@@ -152,8 +137,7 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
 
 def _pipeline_runs_client(client: MlflowClient, experiment: str, limit: int,
                           page: int) -> PipelineRuns | None:
-    """``pipeline_runs`` through MLflow's client, following its page tokens (None: no such
-    experiment)."""
+    """``pipeline_runs`` through MLflow's client (None: no such experiment)."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
@@ -188,8 +172,7 @@ LIMIT ? OFFSET ?"""
 
 
 def sqlite_file(uri: str) -> Path | None:
-    """The file of a plain ``sqlite:///`` URI (None for anything else, or a URI with
-    options)."""
+    """The file of a plain ``sqlite:///`` URI, else None (also for a URI with options)."""
     if not uri.startswith("sqlite:///") or "?" in uri:
         return None
     return Path(uri.removeprefix("sqlite:///"))
@@ -197,8 +180,8 @@ def sqlite_file(uri: str) -> Path | None:
 
 def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int
                        ) -> PipelineRuns | None:
-    """``pipeline_runs`` read with SQL from the SQLite file at ``path`` (module doc); None:
-    a store not read so."""
+    """``pipeline_runs`` read with SQL from MLflow's tables, ordered and paged as its
+    search_runs does; None when the file does not fit (then MLflow's client reads it)."""
     try:
         con = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True,
                               timeout=10)

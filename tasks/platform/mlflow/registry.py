@@ -1,10 +1,6 @@
-"""Registry aliases of the policy: ``champion``, ``previous-champion``, ``challenger`` (the
-latest version the gate kept: a promoted version loses it), ``candidate`` (the newest version
-waiting for a person's approval, ``retrain.approval: required``: tasks/retrain/approval/store.py).
-
-Every move is recorded on the registered model (tag ``rlhf.alias_log``: the last moves as JSON
-lines, with who/what moved it and why) and on the version that became champion.
-"""
+"""The policy's registry aliases (``champion``, ``previous-champion``, ``challenger``,
+``candidate``) and the moves between them. Each move is logged on the registered model
+(``rlhf.alias_log``) and on the new champion, so who moved what and why stays visible."""
 
 from __future__ import annotations
 
@@ -38,9 +34,8 @@ LOG_KEEP = 20
 
 
 def set_alias(client: MlflowClient, name: str, alias: str, version, attempts: int = 5) -> None:
-    """Point ``alias`` at ``version``. MLflow's alias write is a delete + insert: two runs
-    moving the same alias at once can hit the server's unique key (seen on PostgreSQL); the
-    write is retried, so the later one wins as intended."""
+    """Point ``alias`` at ``version``, retried: two runs moving one alias at once can hit the
+    server's unique key (MLflow writes an alias as delete + insert)."""
     from tasks.platform.mlflow.runs import retry_unique_key
 
     retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)),
@@ -77,9 +72,8 @@ def _record(client: MlflowClient, name: str, entry: dict) -> None:
 
 def move_champion(client: MlflowClient, name: str, version: str | int, action: str,
                   reason: str) -> str | None:
-    """``champion`` -> ``version``; the old champion keeps ``previous-champion`` -> its
-    version (None when there was none). A ``challenger`` alias on ``version`` is removed:
-    it is no challenger once it is the champion."""
+    """Make ``version`` champion, the old one ``previous-champion`` -> the old version (or
+    None). A ``challenger`` alias on ``version`` is removed."""
     version = str(version)
     old = alias_version(client, name, CHAMPION)
     before = None if old is None else str(old.version)  # MLflow 3 gives an int
@@ -98,9 +92,7 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
 
 def promote(tracking_uri: str, name: str, version: str | int, reason: str,
             flagged: bool = False) -> str | None:
-    """By hand: make ``version`` the champion (`rlhf promote`) in the registry at
-    ``tracking_uri``; a version whose PPO run a health detector stopped or flagged for
-    reward hacking only with ``flagged`` (the override)."""
+    """`rlhf promote`: make ``version`` champion; a flagged version needs ``flagged``."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -117,8 +109,7 @@ def promote(tracking_uri: str, name: str, version: str | int, reason: str,
 
 
 def flagged_reason(tags: dict[str, str]) -> str | None:
-    """Why a version may not be promoted without an override, from its tags: its PPO run was
-    stopped, reward hacking was found, or its alignment tax is over budget (None: none)."""
+    """Why a version's tags forbid promotion without an override, or None."""
     if tags.get(HEALTH_STOPPED_TAG):
         return tags[HEALTH_STOPPED_TAG]
     if "reward_hacking" in tags.get(HEALTH_FLAGS_TAG, "").split(","):
@@ -127,8 +118,7 @@ def flagged_reason(tags: dict[str, str]) -> str | None:
 
 
 def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:
-    """By hand: ``champion`` back to ``previous-champion`` (the two swap) -> (from, to), in
-    the registry at ``tracking_uri`` (`rlhf rollback`)."""
+    """`rlhf rollback`: swap ``champion`` and ``previous-champion`` -> (from, to)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -142,34 +132,27 @@ def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:
 
 def set_version_tags(client: MlflowClient, name: str, version: str | int,
                      tags: dict[str, str]) -> None:
-    """Tags on the registered version ``version`` of ``name`` (its lineage and decision)."""
     for tag, value in tags.items():
         client.set_model_version_tag(name, str(version), tag, value)
 
 
 def show_on_run(client: MlflowClient, run_id: str, versions: list[tuple[str, str | int]]) -> None:
-    """List registered versions in ``run_id``'s "Registered models" panel (MLflow 3 UI).
-
-    The run page fills that panel from the model versions whose ``run_id`` is the run, plus
-    the registered versions (tag ``mlflow.modelVersions``) of the logged models that the run
-    lists as outputs. A version keeps the run that logged it (the ``register`` child run,
-    which the lineage tags and the retrain code read); its logged model is added to the
-    pipeline's parent run as an output, so the parent lists the versions too."""
+    """List ``versions`` in ``run_id``'s "Registered models" panel by adding their logged
+    models to the run's outputs (each version keeps the register run that logged it)."""
     from mlflow.entities import LoggedModelOutput
 
     ids = [_logged_model_id(client.get_model_version(name, str(version)))
            for name, version in versions]
     run_outputs = client.get_run(run_id).outputs
     listed = {o.model_id for o in (run_outputs.model_outputs if run_outputs else [])}
-    # a resumed register stage finds them listed already (the store refuses a second time)
+    # a resumed register stage finds them listed already, and the store refuses a repeat
     outputs = [LoggedModelOutput(model_id=i, step=0) for i in ids if i and i not in listed]
     if outputs:
         client.log_outputs(run_id, outputs)
 
 
 def _logged_model_id(version) -> str | None:
-    """The logged model a version was registered from: ``model_id`` where the store fills it,
-    else its source ``models:/<model id>`` (what a SQLite store keeps)."""
+    """The version's ``model_id``, else read from its ``models:/`` source (SQLite stores)."""
     if getattr(version, "model_id", None):
         return version.model_id
     source = version.source or ""
@@ -177,8 +160,7 @@ def _logged_model_id(version) -> str | None:
 
 
 def version_stage_run(client: MlflowClient, version, stage: str) -> str:
-    """The run of ``stage`` a registered version (the champion) came from: its lineage tag,
-    else the sibling of its register run."""
+    """The ``stage`` run a version came from: its lineage tag, else its register run's sibling."""
     run_id = version.tags.get(stage_run_tag(stage))
     if run_id:
         return run_id
@@ -192,8 +174,7 @@ def version_stage_run(client: MlflowClient, version, stage: str) -> str:
 
 
 def version_parent_run(client: MlflowClient, version):
-    """The pipeline (parent) run a registered version came from: its register run's parent
-    (the run itself when it has none)."""
+    """The parent run of a version's register run (that run itself when it has none)."""
     run = client.get_run(version.run_id)
     return client.get_run(run.data.tags.get(PARENT_TAG, version.run_id))
 
@@ -205,9 +186,8 @@ CHECKPOINTS = {"ppo": ("checkpoint/policy", "."), "reward_model": ("checkpoint",
 
 def download_policy(client: MlflowClient, version, root: Path,
                     stages: tuple[str, ...] = ("ppo", "reward_model")) -> dict[str, tuple]:
-    """A registered policy version's checkpoints under ``root`` (the PPO policy with its
-    tokenizer in ``root``, the reward model in ``rm/``, the SFT policy in ``sft/``) -> for
-    each of ``stages``: (the run it came from, the local folder)."""
+    """Download a version's checkpoints under ``root`` (folders in ``CHECKPOINTS``) -> for each
+    of ``stages``: (its run, the local folder)."""
     runs = {stage: version_stage_run(client, version, stage) for stage in stages}
     return {stage: (run, client.download_artifacts(run, CHECKPOINTS[stage][0],
                                                    str(root / CHECKPOINTS[stage][1])))
@@ -215,8 +195,7 @@ def download_policy(client: MlflowClient, version, root: Path,
 
 
 def registered_base(tracking_uri: str, name: str) -> tuple[str, str] | None:
-    """(version, base model) of the newest version of ``name`` that records the base model
-    it was trained from; None when there is none."""
+    """(version, base model) of the newest version of ``name`` that records one, or None."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -244,13 +223,9 @@ def registered_by_run(client: MlflowClient, name: str, run_id: str) -> list:
 
 def earlier_registration(client: MlflowClient, names: tuple[str, ...],
                          run_id: str) -> tuple[str, ...] | None:
-    """What an attempt of the register run ``run_id`` that crashed left in the registry.
-
-    When every model of ``names`` has a version from that run, they are adopted: their
-    numbers are returned (in the order of ``names``), so a resume registers nothing twice.
-    Otherwise (a crash between the models' registrations) the versions it left are deleted
-    and None is returned, so the resume logs and registers them once. Either way each run
-    keeps one version per registered model."""
+    """Adopt what a crashed attempt of register run ``run_id`` left: the version numbers when
+    every model of ``names`` has one, else delete the partial versions and return None, so
+    each run keeps one version per model."""
     found = {name: registered_by_run(client, name, run_id) for name in names}
     complete = all(found.values())
     drop = [v for versions in found.values() for v in (versions[1:] if complete else versions)]
@@ -260,9 +235,8 @@ def earlier_registration(client: MlflowClient, names: tuple[str, ...],
 
 
 def moved_to(client: MlflowClient, name: str, version: str) -> tuple[str, str] | None:
-    """The decision and reason recorded on ``version`` when it already holds ``champion``
-    with its move recorded (a crash after the move: a resume does not move it again), else
-    None."""
+    """(decision, reason) when ``version`` already holds ``champion`` with its move recorded,
+    so a resume does not move it again; else None."""
     holder = alias_version(client, name, CHAMPION)
     if holder is None or str(holder.version) != str(version) \
             or CHAMPION_SINCE_TAG not in holder.tags:

@@ -1,13 +1,5 @@
-"""The reward model as an MLflow pyfunc, logged as *code* (MLflow's models-from-code): the
-registry stores this script, the safetensors checkpoint and ``rlhf_core`` (code_paths), so
-loading it unpickles nothing and needs neither this repository nor its ``tasks`` package.
-Imported only by MLflow, at log and load time; ``tasks/platform/mlflow/models.py`` logs it.
-
-predict(DataFrame[prompt, response]) -> one score per row: of prompt + response + EOS for
-text, or of the conversation rendered by the tokenizer's chat template, read at the reply's
-end-of-turn token, when the prompt is a list of messages (the response then is text, an
-assistant message, or a list of messages).
-"""
+"""The reward model as an MLflow pyfunc logged as code, so loading it unpickles nothing and
+needs only this script, the checkpoint and ``rlhf_core``. Imported only by MLflow."""
 
 import mlflow.pyfunc
 import pandas as pd

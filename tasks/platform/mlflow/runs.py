@@ -1,8 +1,6 @@
-"""MLflow bookkeeping, with explicit run ids everywhere (MLflow's active run is per thread).
-
-One parent run per pipeline run, one child run per stage tagged ``rlhf.stage``. A stage whose
-child run finished with its output recorded (tag ``rlhf.output``) is skipped on a re-run.
-"""
+"""MLflow bookkeeping with explicit run ids (MLflow's active run is per thread): one parent
+run per pipeline run, one child run per stage, skipped on a re-run once it finished with its
+output recorded."""
 
 from __future__ import annotations
 
@@ -57,9 +55,7 @@ class RunContext(BaseModel):
         note_parent_run(self.parent_run_id)  # for the CLI's message on a stop signal
 
     def client(self) -> MlflowClient:
-        """A client whose calls wait at most ``outage_limit_s`` for a server that went away
-        (tasks/platform/mlflow/guarded.py GuardedClient), then stop the run with the resume
-        command."""
+        """A client that waits up to ``outage_limit_s`` for a lost server, then stops the run."""
         from tasks.platform.mlflow.guarded import guarded
 
         return guarded(MlflowClient(tracking_uri=self.tracking_uri), self.outage_limit_s,
@@ -71,10 +67,8 @@ class RunContext(BaseModel):
         return path
 
 
-
 def resolved_store(uri: str) -> str:
-    """The store a URI names, the same from any working folder: a local SQLite or file store
-    as its absolute path (a server URI as it is, the same on every machine)."""
+    """The URI with a local SQLite or file store made absolute (a server URI as it is)."""
     for scheme in ("sqlite:///", "file://"):
         if uri.startswith(scheme):
             return scheme + str(Path(uri.removeprefix(scheme)).resolve())
@@ -82,9 +76,8 @@ def resolved_store(uri: str) -> str:
 
 
 def ensure_store(uri: str) -> None:
-    """Create (migrate) a new local SQLite store under a file lock, so two pipelines started
-    at once on a new store do not both run MLflow's schema migration (one would die with
-    'duplicate column name'); other stores are left to their server."""
+    """Create a new local SQLite store under a file lock, so two pipelines started at once
+    do not both run MLflow's schema migration."""
     if not uri.startswith("sqlite:///"):
         return
     import fcntl
@@ -100,15 +93,12 @@ def ensure_store(uri: str) -> None:
 
 
 def tracking_client(tracking_uri: str) -> MlflowClient:
-    """A plain MLflow client of the store at ``tracking_uri``, for work outside a pipeline
-    run's stages (opening the run, collections, label imports, retrain bookkeeping); a
-    stage's client waits out a server outage instead (RunContext.client)."""
+    """A plain client, for work outside the stages (whose client waits out an outage)."""
     return MlflowClient(tracking_uri=tracking_uri)
 
 
 def experiment_client(tracking_uri: str, experiment: str) -> tuple[MlflowClient, str | None]:
-    """A plain client of the store at ``tracking_uri`` and the id of ``experiment`` there
-    (None: no such experiment yet; nothing is created)."""
+    """A plain client and the id of ``experiment`` (None when missing; nothing is created)."""
     client = tracking_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     return client, None if exp is None else exp.experiment_id
@@ -116,22 +106,19 @@ def experiment_client(tracking_uri: str, experiment: str) -> tuple[MlflowClient,
 
 def artifact_location(tracking_uri: str) -> str | None:
     """``<db folder>/mlruns`` for a local SQLite store, so artifacts live beside their runs
-    whatever the working folder (MLflow's default is ``./mlruns`` of the current one)."""
+    whatever the working folder."""
     if not tracking_uri.startswith("sqlite:///"):
         return None  # a server decides (served artifacts), or MLflow's own default
     db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
     return (db.parent / "mlruns").as_uri()
 
 
-# MLflow 3's UI opens an experiment of this kind on its runs table and metric charts, not on
-# its GenAI (traces) view
+# MLflow 3's UI opens this kind on its runs table, not its GenAI (traces) view
 EXPERIMENT_KIND = {EXPERIMENT_KIND_TAG: "custom_model_development"}
 
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
-    """The id of the experiment ``name`` in the store at ``uri``, created when missing (with
-    its artifacts beside a local store, :func:`artifact_location`, and the kind tag that
-    opens it on its runs table); an existing one without the kind tag gets it."""
+    """The id of experiment ``name``, created when missing; either way it gets the kind tag."""
     from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(name)
@@ -159,19 +146,12 @@ def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
 
 
 class StepLogger:
-    """Log metrics to one run, skipping (key, step) pairs the run already holds.
-
-    A stage resumed from its last checkpoint recomputes the steps after it; they were logged
-    before the crash (with the same values, as the run is deterministic) and are not logged
-    twice, so every metric history keeps one value per step. With a ``spool``
-    (tasks/platform/mlflow/spool.py) the writes go through it, and the steps it still holds count
-    as logged.
-    """
+    """Log metrics to one run, skipping (key, step) pairs it (or the ``spool``) already holds,
+    so a resumed stage that recomputes steps keeps one value per step."""
 
     def __init__(self, client: MlflowClient, run_id: str, spool=None):
         self.client, self.run_id, self.spool = client, run_id, spool
-        # one call, no metric history: a run's latest metric of a key is the one at its
-        # highest step (MLflow orders by step, then time), which is all a resume needs
+        # a key's latest metric is the one at its highest step: all a resume needs
         latest = client.get_run(run_id).to_proto().data.metrics
         self.last_step: dict[str, int] = {m.key: m.step for m in latest}
         for record in spool.pending() if spool is not None else []:
@@ -207,9 +187,8 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
 
 
 def hardware_tags(device: Any = None) -> dict[str, str]:
-    """``rlhf.hw.*``: the machine and build that run here on ``device`` (its CPU and the
-    instruction set of torch's CPU kernels, thread count, GPU, torch and CUDA versions),
-    read now: after the process set its thread count."""
+    """``rlhf.hw.*`` tags of this machine and build on ``device``, read after the process set
+    its thread count."""
     return {HW_PREFIX + key: value for key, value in hardware_facts(device).items()}
 
 
@@ -235,11 +214,8 @@ def completed_output(ctx: RunContext, stage: str) -> dict | None:
 @contextmanager
 def stage_run(ctx: RunContext, stage: str,
               params: dict[str, Any] | None = None) -> Iterator[str]:
-    """Open (or reopen) the child run of ``stage``; FINISHED on success, FAILED on error. A new
-    child run gets ``params`` (its stage's settings), so two runs' stages compare in MLflow.
-    Either gets the ``rlhf.hw.*`` tags of this machine (a routed stage's machine, or rank 0
-    of a torchrun stage, writes its own over them: flows/stage.py,
-    tasks/pipeline/stages/rank_main.py)."""
+    """Open (or reopen) the child run of ``stage``, tagged with this machine's ``rlhf.hw.*``;
+    a new one gets ``params``. FINISHED on success, FAILED or KILLED on error."""
     client = ctx.client()
     existing = find_stage_run(ctx, stage)
     if existing is not None:
@@ -265,9 +241,8 @@ STOPS = ("KeyboardInterrupt", "TerminationSignal", "Stopped", "SystemExit")
 
 
 def mark_ended(client: MlflowClient, run_id: str) -> None:
-    """Called while an error propagates: mark ``run_id`` KILLED (a stop signal) or FAILED.
-    A store that cannot be reached (or a stop's short deadline) never replaces the error:
-    the run then stays RUNNING in the store, and ``--resume`` reopens it all the same."""
+    """While an error propagates, mark ``run_id`` KILLED (a stop) or FAILED; a store that
+    cannot be reached never replaces the error (the run stays RUNNING; ``--resume`` works)."""
     client = getattr(client, "raw", client)  # no wait on a server that went away
     exc = sys.exc_info()[1]
     status = "KILLED" if exc is not None and type(exc).__name__ in STOPS else "FAILED"
@@ -280,8 +255,7 @@ def mark_ended(client: MlflowClient, run_id: str) -> None:
 
 
 def _quick_if_outage():
-    """While a tracking outage stops the stage: one try per request, not MLflow's minutes
-    of retries on the server that is gone."""
+    """During a tracking outage, one try per request instead of MLflow's minutes of retries."""
     from tasks.platform.mlflow.spool import TrackingOutage, fail_fast
 
     return fail_fast(3) if isinstance(sys.exc_info()[1], TrackingOutage) else nullcontext()
@@ -325,8 +299,8 @@ def run_url(ctx: RunContext, run_id: str) -> str:
 
 
 def retry_unique_key(write, attempts: int = 5) -> None:
-    """Run ``write()``; when the tracking server refuses it on a unique key (a concurrent
-    run wrote the same row first, seen on PostgreSQL), wait a little and run it again."""
+    """Run ``write()``, retrying when the server refuses it on a unique key (a concurrent run
+    wrote the same row first)."""
     from mlflow.exceptions import MlflowException
 
     for attempt in range(attempts):
@@ -341,8 +315,7 @@ def retry_unique_key(write, attempts: int = 5) -> None:
 
 @contextmanager
 def system_metrics(ctx: RunContext, enabled: bool, interval_s: float) -> Iterator[None]:
-    """CPU, memory, disk, network (and GPU with nvidia-ml-py) as ``system/*`` metrics on the
-    parent run while the stages run; a resumed run continues the step count."""
+    """``system/*`` metrics on the parent run while the stages run."""
     if not enabled:
         yield
         return
@@ -354,8 +327,7 @@ def system_metrics(ctx: RunContext, enabled: bool, interval_s: float) -> Iterato
     try:
         yield
     finally:
-        # the monitor's thread may sit in MLflow's retries on a server that went away: stop
-        # waiting for it after a few seconds (it is a daemon thread)
+        # its thread may sit in MLflow's retries on a lost server: don't wait for it forever
         done = threading.Thread(target=monitor.finish, daemon=True)
         done.start()
         done.join(timeout=max(10.0, 2 * interval_s))

@@ -1,21 +1,6 @@
-"""A local spool for a stage run's tracking writes: a tracking server that stops answering
-mid-stage does not stop the training.
-
-Every write of the training loop (a batch of metrics, params and tags, or a sample table)
-is first tried once, with no retries and a short timeout. When the server cannot be reached
-(or answers 5xx), that write and every later one go, in order, to
-``<workdir>/.spool/<run_id>.jsonl``, and a background thread tries again every few seconds;
-when the server answers, the spool is sent in order. A record is sent, then marked sent
-(``<run_id>.sent`` holds how many are); one re-sent after a crash between the two carries
-the same timestamps, and MLflow keeps an identical metric once. A stage reopened by a resume
-sends what its spool still holds before anything else.
-
-The outage limit (``tracking.outage_limit_s``) is checked at each checkpoint the stage saves
-and while the stage waits for its spool before publishing its output: past it,
-:class:`TrackingOutage` stops the stage (its checkpoints and the spool stay on disk).
-
-Calls whose answer is needed cannot be spooled: tasks/platform/mlflow/guarded.py bounds their wait
-by the same limit.
+"""A local spool for a stage run's tracking writes, so a tracking server that stops answering
+mid-stage does not stop the training: writes wait in order under ``<workdir>/.spool`` and are
+sent once it answers. Past ``tracking.outage_limit_s`` :class:`TrackingOutage` stops the stage.
 """
 
 from __future__ import annotations
@@ -43,16 +28,13 @@ _ENV_LOCK = threading.RLock()  # (a guarded call inside a fail_fast block)
 
 
 class LoginRefused(TrackingOutage):
-    """The tracking server refused the run's login mid-run (HTTP 401: the password changed
-    or the user was removed; 403: a permission was taken away): stopped like an outage."""
+    """The tracking server refused the run's login mid-run (401/403): stopped like an outage."""
 
     until = "once the login is fixed"
 
 
 def refused(err: BaseException | None) -> int | None:
-    """401 or 403 when ``err`` (or an error behind it) is the tracking server refusing the
-    login, else None: an MlflowException from its REST API, or a requests HTTPError from
-    an artifact transfer."""
+    """401 or 403 when ``err`` (or an error behind it) is the server refusing the login."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -65,7 +47,6 @@ def refused(err: BaseException | None) -> int | None:
 
 
 def refusal(code: int, uri: str, doing: str) -> str:
-    """The first half of a :class:`LoginRefused` message."""
     user = os.environ.get("MLFLOW_TRACKING_USERNAME")
     who = f"user '{user}'" if user else "the run's login"
     why = ("HTTP 401 Unauthorized: its password changed or it was removed" if code == 401
@@ -82,8 +63,8 @@ def unreachable(err: BaseException) -> bool:
 
 @contextmanager
 def fail_fast(timeout_s: int = 5) -> Iterator[None]:
-    """MLflow requests inside: one try, ``timeout_s`` at most (MLflow reads both settings
-    at each request; a value a stop signal set meanwhile is kept)."""
+    """MLflow requests inside: one try, ``timeout_s`` at most (a value a stop signal set
+    meanwhile is kept)."""
     with _ENV_LOCK:
         old = {k: os.environ.get(k) for k in (RETRIES_ENV, TIMEOUT_ENV)}
         mine = {RETRIES_ENV: "0", TIMEOUT_ENV: str(timeout_s)}
@@ -187,9 +168,8 @@ class Spool:
         self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
 
     def flush(self) -> bool:
-        """Send the waiting records in order -> True when none is left. One sender at a
-        time; the lock on the records is not held while sending, so a server that hangs
-        never holds up the training's own writes (they append behind)."""
+        """Send the waiting records in order -> True when none is left. The records' lock is
+        not held while sending, so a hanging server never blocks the training's writes."""
         with self.send_lock:
             while True:
                 with self.lock:
@@ -234,9 +214,8 @@ class Spool:
         return 0.0 if self.down_since is None else self.clock() - self.down_since
 
     def check(self, limit_s: float) -> None:
-        """Raise :class:`TrackingOutage` once the outage is past ``limit_s``, or at once
-        :class:`LoginRefused` when the server refused the login (it does not come back by
-        waiting)."""
+        """Raise :class:`TrackingOutage` past ``limit_s``, or :class:`LoginRefused` at once
+        (waiting does not fix a login)."""
         if self.refused:
             self.close()
             raise LoginRefused(
@@ -253,8 +232,7 @@ class Spool:
                 "when the run is resumed")
 
     def drain(self, limit_s: float, poll_s: float = 0.5) -> None:
-        """Wait until the spool is sent (before a stage publishes its output), or raise
-        :class:`TrackingOutage` past the limit."""
+        """Wait until the spool is sent, or raise :class:`TrackingOutage` past the limit."""
         while not self.flush():
             self.check(limit_s)
             time.sleep(poll_s)
@@ -284,13 +262,12 @@ def resend_left(client: MlflowClient, workdir: str | Path) -> None:
 
 
 def spool_tags(spool: Spool, tags: dict[str, str]) -> None:
-    """Set ``tags`` on the spool's run through the spool (in order with its other writes)."""
+    """Set ``tags`` on the spool's run, in order with its other writes."""
     spool.write({"kind": "batch", "tags": [[k, str(v)] for k, v in tags.items()]})
 
 
 def spool_table(spool: Spool, rows, artifact_file: str) -> None:
-    """Log ``rows`` (a DataFrame) as the MLflow table ``artifact_file`` of the spool's run,
-    through the spool (the JSON waits in the spool's folder while the server is away)."""
+    """Log ``rows`` (a DataFrame) as the MLflow table ``artifact_file``, through the spool."""
     with spool.lock:
         folder = spool.folder / "tables" / spool.run_id / str(time.time_ns())
         folder.mkdir(parents=True, exist_ok=True)
@@ -300,13 +277,9 @@ def spool_table(spool: Spool, rows, artifact_file: str) -> None:
 
 
 def drain_all(limit_s: float) -> None:
-    """Before a stage publishes its output: every spool of this process sent (or a
-    :class:`TrackingOutage` past the limit)."""
+    """Send every spool of this process before a stage publishes its output."""
     for spool in list(_SPOOLS.values()):
         spool.drain(limit_s)
-
-
-# -- calls whose answer is needed ----------------------------------------------------------
 
 
 def spooled_left(workdir: str | Path) -> int:

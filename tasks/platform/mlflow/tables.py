@@ -1,7 +1,6 @@
-"""Sample tables on a run, as MLflow's ``log_table`` writes them, without its two flaws for
-a long PPO stage: it appends to a table of the same name (a resumed iteration would hold its
-rows twice) and it lists every table in the run tag ``mlflow.loggedArtifacts``, whose value
-MLflow caps at 8000 characters (about 160 tables)."""
+"""Sample tables on a run, as MLflow's ``log_table`` writes them but replacing a table of the
+same name (a resumed iteration would hold its rows twice) and keeping the run's table list
+within MLflow's tag length cap."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 
 def log_table_file(client: MlflowClient, run_id: str, path: Path, artifact_file: str) -> None:
-    """Upload ``path`` (a table JSON in pandas' ``split`` layout, named as ``artifact_file``
-    ends) as ``artifact_file``, replacing one of that name, and list it as a table."""
+    """Upload ``path`` (pandas ``split`` JSON) as ``artifact_file``, replacing one of that
+    name, and list it as a table."""
     if path.name != posixpath.basename(artifact_file):
         raise ValueError(f"table {path} must be named {posixpath.basename(artifact_file)}")
     folder = posixpath.dirname(artifact_file) or None
@@ -29,8 +28,7 @@ def log_table_file(client: MlflowClient, run_id: str, path: Path, artifact_file:
 
 
 def bounded(listed: list[dict], limit: int = MAX_TAG_VAL_LENGTH) -> list[dict]:
-    """The tag's list within MLflow's cap: the oldest entries leave first (their files stay
-    artifacts; the UI just no longer offers them as tables)."""
+    """The tag's list within MLflow's cap, oldest dropped first (their files stay)."""
     while len(listed) > 1 and len(json.dumps(listed)) > limit:
         listed = listed[1:]
     return listed

@@ -1,17 +1,11 @@
-"""Every MLflow tag name the project writes or reads, in one place.
-
-``*_TAG``: one tag; ``*_PREFIX``: a family, the prefix plus a variable part (a hardware fact,
-a package, a file...). Grouped by what carries them: the pipeline's parent run, stage runs,
-registered versions and models, collection and label-import runs. MLflow's own names come
-first (their values are MLflow's). tests/test_layering.py checks that no tag literal is
-written anywhere else in tasks/ and flows/.
-"""
+"""Every MLflow tag name the project writes or reads, in one place, grouped by what carries
+them (``*_PREFIX``: a family of tags). tests/test_layering.py keeps tag literals out of the
+rest of tasks/ and flows/."""
 
 # --- MLflow's own ------------------------------------------------------------------------
 PARENT_TAG = "mlflow.parentRunId"  # a child (stage) run's parent: MLflow nests runs by it
 MLFLOW_RUN_NAME_TAG = "mlflow.runName"  # the run name, read when the name column is empty
-# MLflow 3's UI opens an experiment of a model-development kind on its runs table, not on its
-# GenAI (traces) view
+# picks whether MLflow 3's UI opens an experiment on its runs table or its GenAI view
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 DATASET_CONTEXT_TAG = "mlflow.data.context"  # a dataset input's role (training, evaluation...)
 
@@ -23,10 +17,9 @@ SEED_TAG = "rlhf.seed"
 GIT_COMMIT_TAG = "rlhf.git_commit"
 PREFECT_FLOW_RUN_TAG = "rlhf.prefect_flow_run_id"  # `prefect flow-run retry` resumes by it
 VERSION_PREFIX = "rlhf.version."  # + package: its installed version (or "absent")
-# + data role, e.g. rlhf.input_digest.preference: digest of the source bytes (a resume with
-# other data is refused)
+# + data role: digest of the source bytes (a resume with other data is refused)
 INPUT_DIGEST_PREFIX = "rlhf.input_digest."
-# + data file, e.g. rlhf.data_digest.sft: MLflow's digest of the cleaned file (validate)
+# + data file: MLflow's digest of the cleaned file (validate)
 DATA_DIGEST_PREFIX = "rlhf.data_digest."
 HW_PREFIX = "rlhf.hw."  # + a key of rlhf_core.hardware.hardware_facts (also on stage runs)
 PRECISION_TAG = "rlhf.precision"  # the compute precision model.precision resolved to, and why
@@ -63,9 +56,7 @@ GATE_SCORER_ID_TAG = "rlhf.gate.scorer_id"  # judge, judge_model, reward_model o
 GATE_GOLD_PREFIX = "rlhf.gate.gold."
 GATE_GOLD_DECISION_TAG = "rlhf.gate.gold.decision"
 GATE_GOLD_AGREES_TAG = "rlhf.gate.gold.agrees"
-# `rlhf compare` (its parent run and gate run): the gate's figures, reason and scorer under
-# this prefix instead of rlhf.gate. (rlhf.compare.reason, .ci_low, .gold.decision...); no
-# decision: nothing is promoted or kept
+# `rlhf compare`: the gate's figures, reason and scorer under this prefix, with no decision
 COMPARE_PREFIX = "rlhf.compare."
 COMPARE_RESULT_TAG = "rlhf.compare.result"  # "better" or "not better" (the second version)
 COMPARE_VERSIONS_TAG = "rlhf.compare.versions"  # "v2 against v1"
@@ -112,8 +103,7 @@ APPROVAL_REASON_TAG = "rlhf.approval.reason"
 APPROVAL_VIA_TAG = "rlhf.approval.via"  # prefect-ui, cli or timeout
 APPROVAL_VERSION_TAG = "rlhf.approval.version"  # on the round's run: its candidate's version
 APPROVAL_FLOW_RUN_TAG = "rlhf.approval.flow_run_id"  # the Prefect flow run waiting for it
-# a param, not a tag: the first answer (JSON) on the round's parent run. MLflow refuses to
-# change a param's value, so of two answers at once exactly one is kept
+# a param, not a tag: MLflow refuses to change a param, so of two answers at once one is kept
 APPROVAL_ANSWER_PARAM = "rlhf.approval.answer"
 ALIAS_LOG_TAG = "rlhf.alias_log"  # on the registered model: its last alias moves (JSON lines)
 
@@ -146,7 +136,6 @@ LABELS_DECISION_TAG = "rlhf.labels.decision"  # "accepted" or "quarantined"
 LABELS_REASON_TAG = "rlhf.labels.reason"
 LABELS_PREFERENCE_DIGEST_TAG = "rlhf.labels.preference_digest"  # the batch it wrote
 LABELS_SOURCE_TAG = "rlhf.labels.source"  # "label-studio" for a pull (else a file import)
-# labellers whose votes were dropped (too few or too many wrong known answers, or skipped
-# most rows): JSON {labeller: why}, {} when none
+# labellers whose votes were dropped: JSON {labeller: why}
 LABELS_HELD_BACK_TAG = "rlhf.labels.held_back"
 LABELS_SEED_TAG = "rlhf.labels.seed"  # `rlhf demo-batch`: the seed the demo judge labelled with

@@ -1,9 +1,8 @@
-"""The Prefect platform's errors, in a module that imports nothing: the CLI names them in its
-except clauses without loading MLflow or Prefect."""
+"""The Prefect platform's errors, importing nothing, so the CLI can catch them without
+loading MLflow or Prefect."""
 
 from __future__ import annotations
 
 
 class RoutingError(ValueError):
-    """A routing setting that cannot work (no Prefect server, no such deployment): raised
-    before any run is opened."""
+    """A routing setting that cannot work, raised before any run is opened."""

@@ -1,25 +1,5 @@
-"""The Prefect events the pipeline emits, for deployment triggers and users' automations:
-
-- ``rlhf.preferences.labelled``: a labelled batch was imported (resource
-  ``rlhf.preferences.<batch digest>``); the retrain deployment's trigger listens for the ones
-  imported outside a retrain (label ``rlhf.imported_by: import``);
-- ``rlhf.preferences.quarantined``: a labelled file was quarantined for its label quality or
-  refused for malformed rows (resource ``rlhf.preferences.<labelled file's digest>``; label
-  ``rlhf.outcome``: quarantined | refused; payload: the reason and the figures); it starts
-  nothing;
-- ``rlhf.collection.ready``: a labelling file was written (``rlhf.collection.<id>``);
-- ``rlhf.champion.promoted`` / ``rlhf.champion.kept``: a retrain's outcome
-  (``rlhf.policy.<registered name>``);
-- ``rlhf.ppo.unhealthy``: a PPO health detector fired (``rlhf.run.<parent run id>``; label
-  ``rlhf.detector``: its name; payload: iteration, action, message, advice, evidence).
-- ``rlhf.champion.approval-requested``: a round's candidate waits for a person
-  (``retrain.approval: required``), then ``rlhf.champion.approved``, ``.rejected`` or
-  ``.timed-out`` when it is answered (label ``rlhf.policy_version``: the candidate; payload:
-  who, when, through what, why, the round's MLflow run).
-
-Without a Prefect API (no server, no ephemeral one) an event is dropped silently, as
-Prefect does.
-"""
+"""The Prefect events the pipeline emits, for deployment triggers and users' automations;
+without a Prefect API an event is dropped silently, as Prefect does."""
 
 from __future__ import annotations
 
@@ -47,7 +27,7 @@ OUTCOME_LABEL = "rlhf.outcome"
 def emit(event: str, resource_id: str, name: str, labels: dict[str, str] | None = None,
          payload: dict[str, Any] | None = None) -> None:
     """Emit one event; outside a flow run, wait until it is sent (a CLI process may exit
-    right after; a flow run's engine sends its events before it ends)."""
+    right after)."""
     from prefect.events import emit_event
     from prefect.events.worker import EventsWorker
 

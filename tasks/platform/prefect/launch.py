@@ -1,14 +1,6 @@
-"""Run a stage as ``model.nproc`` data-parallel ranks under ``torchrun``, watched by its task.
-
-The stage's Prefect task opens the stage's MLflow child run as usual, then starts
-``python -m torch.distributed.run --standalone --nproc-per-node N -m tasks.pipeline.stages.rank_main
-SPEC`` as its own process group. Every rank loads the same inputs the in-process path loads and runs
-the same stage body (tasks/pipeline/stages/) with a :class:`DataParallel`; rank 0
-alone logs into the child run (its id and the tracking URI travel in SPEC), writes checkpoints
-and writes the stage's output reference for the task to return. The task streams the ranks'
-progress lines, kills the whole group on failure or cancellation, and re-raises a rank's error
-with its message. With ``nproc`` 1 the stage runs in the task's own process, as always.
-"""
+"""Run a stage as ``model.nproc`` data-parallel ranks under ``torchrun``, watched by its task:
+rank 0 alone logs and writes the output, and the task kills the whole process group on failure
+or cancellation so no rank outlives it."""
 
 from __future__ import annotations
 
@@ -43,8 +35,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the launcher's whole process group (torchrun and its ranks), SIGKILL what is
-    left of it after ``grace_s``."""
+    """SIGTERM torchrun's whole process group, SIGKILL what is left after ``grace_s``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -74,8 +65,8 @@ def _rank_error(folder: Path, stage: str, rc: int, tail: deque) -> BaseException
 
 
 def launch_command(nproc: int, spec: Path, node: dict | None = None) -> list[str]:
-    """torchrun on this machine: a standalone group, or node ``node["rank"]`` of
-    ``node["nnodes"]`` (static rendezvous at the head's ``addr:port``; rank 0 is on node 0)."""
+    """torchrun on this machine: a standalone group, or one node of a static rendezvous at
+    the head's ``addr:port``."""
     where = ["--standalone"] if node is None else [
         f"--nnodes={node['nnodes']}", f"--node-rank={node['rank']}",
         f"--master-addr={node['addr']}", f"--master-port={node['port']}",
@@ -101,8 +92,7 @@ def _fresh(folder: Path) -> Path:
 
 def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
               inputs: dict) -> dict:
-    """Run ``stage`` on ``cfg.model.nproc`` ranks (on each of ``model.nnodes`` machines);
-    return rank 0's output reference."""
+    """Run ``stage`` on ``cfg.model.nproc`` ranks per machine -> rank 0's output reference."""
     folder = _fresh(ctx.stage_dir(stage) / "ranks")
     spec = {**stage_spec(ctx, cfg, stage, run_id, inputs),
             "output": str(folder / "output.json"), "errors": str(folder)}
@@ -118,8 +108,7 @@ def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
 
 
 def run_node(ctx: RunContext, spec: dict, node: dict) -> None:
-    """Node ``node["rank"]`` (> 0) of a multi-node stage, on this machine: its torchrun,
-    watched like the head's; rank 0 (on the head) writes the output."""
+    """Run a non-head node of a multi-node stage on this machine, watched like the head's."""
     cfg = PipelineConfig.model_validate(spec["cfg"])
     folder = _fresh(ctx.stage_dir(spec["stage"]) / f"ranks_node{node['rank']}")
     spec = {**spec, "ctx": ctx.model_dump(mode="json"),
@@ -131,9 +120,8 @@ def run_node(ctx: RunContext, spec: dict, node: dict) -> None:
 
 def watch(cmd: list[str], env: dict, stage: str, folder: Path,
           problem: Callable[[], str | None] | None = None) -> None:
-    """Run ``cmd`` as its own process group, stream its lines; on failure, cancellation or
-    interruption kill the whole group, then raise the rank's error. ``problem()`` (polled
-    every second: e.g. another node's flow run failed) kills the group and is raised."""
+    """Run ``cmd`` as its own process group and stream its lines; on failure or interruption
+    kill the group and raise. A ``problem()`` (polled each second) also kills it."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, bufsize=1, start_new_session=True,
                             preexec_fn=_die_with_parent)

@@ -1,21 +1,7 @@
-"""Logins to shared servers, checked before anything starts (:func:`check_mlflow_login`,
-:func:`check_prefect_login`, called by tasks/platform/prefect/preflight.py's ``check_servers``).
-
-MLflow's basic-auth app (``mlflow server --app-name basic-auth``) and a Prefect server with
-``PREFECT_SERVER_API_AUTH_STRING`` both answer ``/health`` without a login, so a ping passes
-and the first real call of the run fails, after MLflow's retries, in a traceback. Here the
-command's own look-ups are made first, read-only, as plain HTTP calls with the login the
-clients will send (MLflow: ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` or
-``MLFLOW_TRACKING_TOKEN``, as the MLflow client reads them; Prefect: ``PREFECT_API_AUTH_STRING``
-or ``PREFECT_API_KEY``). A refused login (401) or a missing permission (403, or a permission
-level the app reports as too low to log runs or register models) is a ConfigError of one
-sentence, exit 2. Nothing is created or deleted.
-
-A login written into a tracking URI (``http://bob:secret@host:5000``) is moved into the
-variables MLflow reads (:func:`login_out_of_uri`), so the URI that is recorded and shown
-carries none; a password left in any other URL of the config (a PostgreSQL tracking URI, a
-Label Studio URL) is refused before anything starts (:func:`refuse_secrets`).
-"""
+"""Logins to shared MLflow and Prefect servers, checked before anything starts: both answer
+``/health`` without one, so the command's own look-ups are tried first, read-only, and a refusal
+is a one-sentence ConfigError instead of a traceback mid-run. A login in the tracking URI is
+moved into MLflow's variables so nothing records it."""
 
 from __future__ import annotations
 
@@ -40,9 +26,8 @@ NO_CREATE = ("DENY", "NO_PERMISSIONS")
 
 @dataclass(frozen=True)
 class Needs:
-    """What a command will do on the MLflow server: read (or, with ``write``, log runs in)
-    ``experiment``, register versions of ``models``, and remove aliases of ``managed``
-    (which MLflow's auth app lets MANAGE do, not EDIT)."""
+    """What a command will do on the MLflow server; ``managed`` models need MANAGE (removing
+    aliases), not just EDIT."""
 
     experiment: str | None = None
     write: bool = True
@@ -51,8 +36,7 @@ class Needs:
 
 
 def needs_of(cfg, write: bool = True) -> Needs:
-    """A pipeline command's needs: its experiment, and its two registered models when it
-    registers them."""
+    """A pipeline command's experiment, and its registered models when it registers them."""
     t = cfg.tracking
     models = (t.registered_policy, t.registered_reward_model) if t.register_models else ()
     return Needs(t.experiment, write, models)
@@ -76,10 +60,8 @@ SECRET_HOMES = {"tracking.tracking_uri": "MLFLOW_TRACKING_URI",
 
 
 def refuse_secrets(cfg) -> None:
-    """A config field still holding a password in a URL (a login the MLflow client cannot
-    take from its variables, e.g. a PostgreSQL URI ``postgresql://bob:secret@db/mlflow``)
-    would become a Prefect flow-run parameter and reach its database and UI: ConfigError of
-    one sentence naming the field and the environment variable to use instead."""
+    """Refuse a config URL holding a password: it would become a Prefect flow-run parameter
+    and reach its database and UI."""
     from tasks.config.pipeline_config import flatten
     from tasks.platform.redact import URL_LOGIN, redact
 
@@ -94,11 +76,8 @@ def refuse_secrets(cfg) -> None:
 
 
 def login_out_of_uri(cfg=None):
-    """Move a login written into the tracking server's URI (the config's
-    tracking.tracking_uri, and $MLFLOW_TRACKING_URI) into MLFLOW_TRACKING_USERNAME /
-    MLFLOW_TRACKING_PASSWORD, which the MLflow client and every subprocess read, so no
-    parameter, tag, artifact, Prefect parameter or log line carries it -> ``cfg`` with the
-    bare URI."""
+    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user
+    and password variables, so nothing recorded carries it -> ``cfg`` with the bare URI."""
     bare, user, password = split_login(os.environ.get("MLFLOW_TRACKING_URI", ""))
     if user:
         os.environ.update({"MLFLOW_TRACKING_URI": bare, USER_VAR: user, PASSWORD_VAR: password})
@@ -116,8 +95,8 @@ def login_out_of_uri(cfg=None):
 
 # -- MLflow ----------------------------------------------------------------------------------
 def mlflow_credentials() -> tuple[dict[str, str], str | None, str]:
-    """(headers, user name, what was read) as the MLflow client sends them: a token, else
-    a user and password from the variables, else from ~/.mlflow/credentials."""
+    """(headers, user name, what was read) as the MLflow client sends them: a user and
+    password (variables, else ~/.mlflow/credentials), else a token."""
     token = os.environ.get(TOKEN_VAR)
     user, password = os.environ.get(USER_VAR), os.environ.get(PASSWORD_VAR)
     read = f"{USER_VAR}/{PASSWORD_VAR}"
@@ -138,8 +117,7 @@ def mlflow_credentials() -> tuple[dict[str, str], str | None, str]:
 
 
 def _get(url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, dict | None]:
-    """(HTTP status, JSON body or None) of one GET; status 0 when no answer came (the
-    server answered /health just before: the command meets it, the check does not guess)."""
+    """(HTTP status, JSON body or None) of one GET; status 0 when no answer came."""
     request = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
@@ -187,9 +165,8 @@ class _Mlflow:
 
 def check_mlflow_login(uri: str, source: str, needs: Needs | None,
                        timeout_s: float) -> None:
-    """The login the MLflow client will send is taken by the tracking server at ``uri``
-    and, with ``needs``, lets the user do what the command will do (read or log runs in the
-    experiment, create it if it is not there, register versions of the models)."""
+    """Check that the server at ``uri`` takes the MLflow login and, with ``needs``, lets the
+    user do what the command will do."""
     if urllib.parse.urlsplit(uri).scheme not in ("http", "https"):
         return
     server = _Mlflow(uri, source, timeout_s)
@@ -259,8 +236,8 @@ def _check_model(server: _Mlflow, name: str, levels: bool, manage: bool = False)
 
 # -- Prefect ---------------------------------------------------------------------------------
 def prefect_credentials() -> tuple[dict[str, str], str]:
-    """(headers, what was read) as Prefect's client sends them: the auth string (basic),
-    else the API key (bearer); from the variables, else the active Prefect profile."""
+    """(headers, what was read) as Prefect's client sends them: the auth string, else the
+    API key; from the variables, else the active profile."""
     auth, key = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR)
     read = AUTH_STRING_VAR if auth else API_KEY_VAR if key else ""
     if not (auth or key):
@@ -277,8 +254,7 @@ def prefect_credentials() -> tuple[dict[str, str], str]:
 
 
 def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
-    """The Prefect API at ``url`` takes the login Prefect's client will send (one read-only
-    call, GET /admin/version, which needs it where /health does not)."""
+    """Check that the Prefect API takes the login, via GET /admin/version (which needs one)."""
     status, _ = _get(f"{url.rstrip('/')}/admin/version", {}, timeout_s)
     if status not in (401, 403):
         return
@@ -300,9 +276,8 @@ def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
 
 # -- who answers -----------------------------------------------------------------------------
 def login_name(first: str = "mlflow") -> str:
-    """Who is acting, as an approval records it: the MLflow login (user name), or the user
-    part of Prefect's auth string, in that order (``first`` "prefect": Prefect's first),
-    else the OS user. A token alone names nobody."""
+    """Who is acting, for an approval: the MLflow user or Prefect auth user (``first`` picks
+    which), else the OS user."""
     import getpass
 
     auth = os.environ.get(AUTH_STRING_VAR)

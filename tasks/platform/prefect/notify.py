@@ -1,9 +1,5 @@
-"""Being told: Prefect automations that send a message to a webhook when PPO's health
-detectors fire (the ``rlhf.ppo.unhealthy`` event) or when one of the pipeline's flow runs fails
-or crashes. Prefect's own parts: a ``Custom Webhook`` notification block and one automation per
-kind, each an event trigger with a send-notification action, so they show (and can be
-changed) under Automations and Blocks in the Prefect UI. Setting them up again replaces them.
-"""
+"""Prefect automations that post to a webhook when PPO's health detectors fire or a flow run
+fails, built from Prefect's own parts so they can be seen and changed in the Prefect UI."""
 
 from __future__ import annotations
 
@@ -18,20 +14,17 @@ FLOWS = ("rlhf_pipeline", "retrain", "compare", "collect", "label-import", "labe
 
 @dataclass(frozen=True)
 class Notice:
-    """One kind of notification: its automation's name, the events it fires on and what
-    the message says (Prefect's templates: ``event``, ``flow_run``, ``flow``)."""
+    """One kind of notification; ``subject`` and ``body`` are Prefect templates."""
 
     automation: str
-    events: tuple[str, ...]  # the events it fires on (tasks/retrain/events.py names ours)
+    events: tuple[str, ...]  # the events it fires on (events.py names ours)
     subject: str
     body: str
     flows: bool = False  # the events are a flow run's: only the project's flows count
 
 
 def set_up(url: str, notices: list[Notice]) -> list[str]:
-    """The webhook block (posting ``{"subject", "text"}`` as JSON to ``url``) and the
-    automation of each of ``notices``, created or replaced on the Prefect API the environment
-    names -> the automations' names."""
+    """Create or replace the webhook block and each notice's automation -> their names."""
     from prefect.automations import Automation, EventTrigger, SendNotification
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 

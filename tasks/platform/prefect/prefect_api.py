@@ -1,7 +1,6 @@
-"""What a flow asks of the Prefect API itself: whether code runs inside a flow or task run,
-the parameters of the deployment it runs from, its own flow run's name (read and changed), a
-markdown report, and a one-slot global concurrency limit (one retrain at a time) whose holder
-can be named (the flow run holding it carries the tag ``rlhf.slot:<limit name>``)."""
+"""What a flow asks of the Prefect API itself: its run context, deployment parameters and
+flow run name, markdown reports, and a one-slot concurrency limit (one retrain at a time)
+whose holder can be named."""
 
 import time
 from collections.abc import Iterator
@@ -21,8 +20,7 @@ def in_prefect_run() -> bool:
 
 
 def report(key: str, markdown: str, description: str) -> None:
-    """A Prefect markdown artifact (a retrain's outcome, a gate's decision), when inside a
-    run; its heading and its next steps (lines from ``Next:``) printed."""
+    """A Prefect markdown artifact when inside a run; its heading and ``Next:`` lines printed."""
     lines = markdown.strip().splitlines()
     nxt = next((i for i, line in enumerate(lines) if line.startswith("Next:")), len(lines))
     print("\n".join([lines[0].lstrip("# "), *lines[nxt:]]))
@@ -51,8 +49,7 @@ def flow_run_name() -> str | None:
 
 
 def rename_flow_run(name: str) -> None:
-    """Give the current flow run a name that says what it did (no-op outside a run); the
-    run's own context takes it too, so :func:`flow_run_name` reads it back."""
+    """Rename the current flow run, in the API and its context (no-op outside a run)."""
     from prefect.client.orchestration import get_client
     from prefect.context import FlowRunContext
     from prefect.runtime import flow_run
@@ -110,9 +107,8 @@ def _mark_holder(name: str) -> None:
 
 
 def slot_holder(name: str) -> str:
-    """Who holds the slot ``name``: the running flow run(s) tagged as its holder (name and
-    id), else a sentence saying none can be named (a holder outside a flow run, or one
-    Prefect lost: the slot frees itself when the holder's lease ends)."""
+    """Who holds the slot ``name``: the running flow run(s) tagged as its holder, else a
+    sentence saying none can be named."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -136,10 +132,8 @@ def slot_holder(name: str) -> str:
 
 @contextmanager
 def one_slot(name: str, skip: bool) -> Iterator[bool]:
-    """Hold the one-slot global concurrency limit ``name`` while the body runs -> True; with
-    ``skip``, False when another run holds it (else block until it is free); a request that
-    times out while the slot still reads free (a loaded server answering late) is made again.
-    The current flow run, if any, is tagged as the holder (:func:`slot_holder` names it)."""
+    """Hold the one-slot limit ``name`` for the body -> True; with ``skip``, False when
+    another run holds it (else block until free). The current flow run is tagged as holder."""
     from prefect.concurrency.sync import concurrency
 
     ensure_limit(name)

@@ -1,6 +1,5 @@
-"""What can be checked before Prefect or MLflow start: data present, model folder or hub id
-shape, device, workdir, and the servers a command talks to (:func:`check_servers`). Each
-failure is a ConfigError naming the field, the URL or the variable, and the fix."""
+"""Checks made before Prefect or MLflow start, so a mistake is a one-sentence ConfigError
+naming the field or URL and the fix, not a traceback mid-run."""
 
 from __future__ import annotations
 
@@ -66,8 +65,8 @@ def check_config(cfg: PipelineConfig) -> None:
 
 
 def check_device(cfg: PipelineConfig) -> None:
-    """``model.device=cuda`` on a machine whose torch sees no CUDA device fails here, naming
-    what there is, instead of inside a stage (skipped when stages run on other machines)."""
+    """Fail here, not inside a stage, on ``model.device=cuda`` where torch sees no CUDA
+    (skipped when stages run on other machines)."""
     if cfg.model.device != "cuda" or cfg.routing.stages or cfg.routing.nodes:
         return
     import torch
@@ -82,8 +81,7 @@ def check_device(cfg: PipelineConfig) -> None:
 
 
 def folder_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be created and written as a folder, else None. Nothing is left
-    behind: a probe folder is made in the nearest existing parent and removed."""
+    """Why ``path`` cannot be created and written as a folder, else None (leaves nothing)."""
     if path.exists() and not path.is_dir():
         return "is a file, not a folder"
     existing = path
@@ -102,8 +100,8 @@ TIMEOUT_S = 5.0
 
 
 def tracking_source(configured: str | None) -> tuple[str, str]:
-    """The MLflow store a command uses and where that came from (as tasks/platform/mlflow/runs.py's
-    ``default_tracking_uri`` picks it: the config, else the variable, else ./mlflow.db)."""
+    """The MLflow store a command uses and where that came from, as
+    ``default_tracking_uri`` picks it."""
     if configured:
         return configured, "tracking.tracking_uri in the config"
     if os.environ.get("MLFLOW_TRACKING_URI"):
@@ -112,8 +110,8 @@ def tracking_source(configured: str | None) -> tuple[str, str]:
 
 
 def no_answer(url: str, timeout_s: float) -> str | None:
-    """Why ``url`` gives no usable HTTP answer within ``timeout_s`` (one try), else None. A
-    4xx is an answer (the server is there); a 5xx (a proxy without its backend) is not."""
+    """Why ``url`` gives no usable HTTP answer in one try, else None (a 4xx counts as an
+    answer, a 5xx does not)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s):
             return None
@@ -146,8 +144,7 @@ def _tcp_problem(uri: str, timeout_s: float) -> str | None:
 
 
 def _store_problem(uri: str, timeout_s: float) -> tuple[str, str, str] | None:
-    """(what it is, what is wrong, what to check) for the MLflow store at ``uri``, else
-    None."""
+    """(what it is, what is wrong, what to check) for the MLflow store, else None."""
     scheme = urllib.parse.urlsplit(uri).scheme
     tried = f"one try of up to {timeout_s:g} s"
     if scheme in ("http", "https"):
@@ -168,8 +165,7 @@ def _store_problem(uri: str, timeout_s: float) -> tuple[str, str, str] | None:
 
 
 def prefect_api_url() -> tuple[str | None, str]:
-    """PREFECT_API_URL (the variable, else the active Prefect profile) and where it came
-    from; None when neither sets it (Prefect then starts its local ephemeral API)."""
+    """PREFECT_API_URL and where it came from; None means Prefect's local ephemeral API."""
     if os.environ.get("PREFECT_API_URL"):
         return os.environ["PREFECT_API_URL"], "PREFECT_API_URL"
     from prefect.settings import PREFECT_API_URL
@@ -180,14 +176,9 @@ def prefect_api_url() -> tuple[str | None, str]:
 def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
                   prefect: bool = True, timeout_s: float = TIMEOUT_S,
                   needs: Needs | None = None) -> None:
-    """Before anything starts: the MLflow store (``tracking_uri``: the config's
-    tracking.tracking_uri, else MLFLOW_TRACKING_URI, else ./mlflow.db) answers, or its
-    folder can be written; and, with ``prefect``, the Prefect API that PREFECT_API_URL names
-    answers on ``/health``. A server with logins then takes the login its client will send
-    and, with ``needs``, lets the user do what the command will do
-    (tasks/platform/prefect/logins.py). Each check is one try of at most ``timeout_s`` seconds; a
-    failure is a ConfigError of one sentence naming the URL, where it came from and what to check
-    (exit 2). Every command that talks to MLflow or Prefect calls this first."""
+    """Check, before anything starts, that the MLflow store and (with ``prefect``) the
+    Prefect API answer and take the login, one try each; every command that talks to them
+    calls this first."""
     if mlflow:
         uri, source = tracking_source(tracking_uri)
         problem = _store_problem(uri, timeout_s)

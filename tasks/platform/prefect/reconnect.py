@@ -1,28 +1,6 @@
-"""`rlhf serve` and `rlhf stage-worker` outlive a Prefect server restart.
-
-Prefect's Runner (what ``prefect.serve`` starts) polls the API for scheduled runs through a
-client that retries a refused connection 5 times (2 + 4 + 8 + 16 + 32 s, jittered), and its
-poll loop gives up after 3 such failed polls in a row. So an outage of up to about 4 minutes
-is ridden out by the Runner itself (a run created after the server is back is picked up when
-the poll's current retry wait ends); a longer one ends ``prefect.serve`` with "Service exceeded
-error threshold", after the Runner has tried to pause its deployments; without this module
-the command would then exit with status 1.
-
-:func:`serve_until_stopped` serves again when that happens: it prints one line, asks the API's
-``/health`` every ``RLHF_RECONNECT_EVERY_S`` seconds (default 5) and, once it answers, builds
-the deployments anew and serves them (registering them again keeps their ids and unpauses
-them). A failed request while the API answers (a 5xx, or a Runner that gave up just as the
-server came back) serves again after the same wait, doubled for each such failure in a row
-up to ``MAX_FACTOR`` times: a server that answers /health but fails requests (a server on
-SQLite answers 503 when two writes collide) is not asked to register every deployment again
-each second, and one that recovers is not left waiting long. Serving that lasted ``STEADY_S``
-starts the count anew. Any other error ends the command as before. A stop signal ends it at
-any point, the server there or not.
-
-Not handled: the Runner's cancellation observer (a websocket, then polling) gives up early in
-an outage; if the Runner itself rides the outage out, cancelling a flow run from the UI
-no longer stops its process until ``rlhf serve`` is restarted.
-"""
+"""`rlhf serve` and `rlhf stage-worker` outlive a Prefect server restart: where Prefect's Runner
+gives up, :func:`serve_until_stopped` waits for the API and serves again. Not handled: after an
+outage, cancelling a flow run from the UI may not stop its process until a restart."""
 
 from __future__ import annotations
 
@@ -44,8 +22,7 @@ def every_s() -> float:
 
 
 def failed_wait_s(in_a_row: int) -> float:
-    """The wait before serving again after the ``in_a_row``-th failed request in a row
-    (1, 2, ...): ``every_s()``, doubled each time, at most ``MAX_FACTOR`` times it."""
+    """``every_s()`` doubled per failed request in a row, at most ``MAX_FACTOR`` times it."""
     return every_s() * min(2 ** (in_a_row - 1), MAX_FACTOR)
 
 
@@ -72,8 +49,7 @@ def _causes(err: BaseException) -> Iterator[BaseException]:
 
 
 def lost_api(err: BaseException) -> bool:
-    """Whether ``err`` is how serving ends when the API stops answering: a refused or timed
-    out request, a 5xx, or a Prefect poll loop that gave up after failing in a row."""
+    """Whether ``err`` is how serving ends when the API stops answering."""
     import httpx
 
     for e in _causes(err):
@@ -87,8 +63,7 @@ def lost_api(err: BaseException) -> bool:
 
 
 def _first_line(err: BaseException) -> str:
-    """``err`` in one line (the first error of a group, not what it was raised while
-    handling)."""
+    """``err`` in one line (the first error of a group)."""
     while getattr(err, "exceptions", None):
         err = err.exceptions[0]
     text = str(err).splitlines()[0] if str(err) else ""

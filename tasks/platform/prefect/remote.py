@@ -1,26 +1,7 @@
-"""Stages on other machines, through Prefect deployments of the ``rlhf-stage`` flow.
-
-Two uses, one mechanism: the head (the machine whose pipeline flow run owns the stage) opens
-the stage's MLflow child run as always, then starts a flow run of an ``rlhf-stage``
-deployment, which a worker on the other machine (``rlhf stage-worker``, or a process worker
-of a pool in prefect.yaml) picks up:
-
-- a **routed stage** (``routing.stages``: e.g. ``{ppo: rlhf-stage/gpu}``): the other machine
-  runs the whole stage (in its process, or as its own ``model.nproc`` ranks), logs into the
-  child run, publishes its outputs as MLflow artifacts and leaves its output record on the run
-  (tag ``rlhf.routed.output``); the head reads it back and goes on. Every input and output of
-  a stage is an MLflow artifact URI beside its path (tasks/platform/mlflow/artifacts.py), so the
-  machines share nothing but the MLflow and Prefect servers.
-- **nodes 2..N of a multi-node stage** (``model.nnodes``, ``routing.nodes``): one flow run per
-  node, each starting that node's ``torchrun`` (static rendezvous at the head's
-  ``model.master_addr:master_port``) while the head runs node 0, whose rank 0 logs and writes
-  the output. The head watches the node runs: one that fails, or that no worker starts within
-  ``routing.start_timeout_s``, stops the stage with its reason.
-
-A flow run the head no longer waits for (the stage failed, was cancelled or interrupted) is
-cancelled. On the other machine the stage's files go under ``$RLHF_STAGE_WORKDIR/<parent run
-id>`` when that is set (else the head's ``tracking.workdir`` path: a shared filesystem).
-"""
+"""Stages on other machines, through Prefect deployments of the ``rlhf-stage`` flow: a routed
+stage (``routing.stages``) runs whole elsewhere, or a multi-node stage's extra nodes
+(``routing.nodes``) run beside the head's. Inputs and outputs travel as MLflow artifacts, so
+the machines share only the servers."""
 
 from __future__ import annotations
 
@@ -54,8 +35,8 @@ class RemoteStageError(RuntimeError):
 
 
 def local_context(ctx: RunContext) -> RunContext:
-    """The run context on the machine that runs a routed stage or a node: its files under
-    ``$RLHF_STAGE_WORKDIR/<parent run id>`` when set, else the head's workdir path."""
+    """The run context on a remote machine: files under ``$RLHF_STAGE_WORKDIR/<parent run
+    id>`` when set, else the head's workdir path (a shared filesystem)."""
     root = os.environ.get(WORKDIR_ENV)
     if not root:
         return ctx
@@ -70,8 +51,7 @@ def stage_spec(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
 
 
 def check_deployments(cfg: PipelineConfig) -> None:
-    """Every deployment the config routes to exists on the Prefect server (before any run is
-    opened); a clear error naming the field otherwise."""
+    """Check, before any run opens, that every deployment the config routes to exists."""
     wanted = {f"routing.stages.{s}": d for s, d in cfg.routing.stages.items()}
     if cfg.model.nnodes > 1 and cfg.routing.nodes:
         wanted["routing.nodes"] = cfg.routing.nodes
@@ -120,7 +100,6 @@ def _cancel(flow_run_id) -> None:
             state = client.read_flow_run(flow_run_id).state
             if state is None or state.is_final():
                 return
-            # not started: nothing to stop; started: its worker or runner stops it
             waiting = state.is_scheduled() or state.is_pending()
             client.set_flow_run_state(flow_run_id, Cancelled() if waiting else Cancelling(),
                                       force=True)
@@ -138,8 +117,7 @@ class _Watched:
         self.started = self.done = False
 
     def problem(self, client) -> str | None:
-        """Read the run's state: why it can no longer do its part, or None (it is waiting,
-        running, or done: :attr:`done`)."""
+        """Why the run can no longer do its part, or None; sets :attr:`done`."""
         state = client.read_flow_run(self.run.id).state
         if state is None:
             return None
@@ -160,8 +138,8 @@ class _Watched:
 
 def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict,
                deployment: str) -> dict:
-    """Run ``stage`` through ``deployment`` (another machine's worker) into the child run
-    ``run_id``; return the output record the other machine left on the run."""
+    """Run ``stage`` through ``deployment`` into child run ``run_id`` -> the output record
+    the other machine left on it."""
     from prefect.client.orchestration import get_client
 
     label = f"stage {stage}"
@@ -201,9 +179,8 @@ def _free_port() -> int:
 
 
 class NodeGroup:
-    """Nodes 1..nnodes-1 of a multi-node stage as flow runs of ``routing.nodes``; the head
-    is node 0. ``problem()`` says why the group cannot go on; leaving the block on an error
-    cancels every node run still going."""
+    """Nodes 1..nnodes-1 of a multi-node stage as flow runs of ``routing.nodes`` (the head is
+    node 0); leaving the block on an error cancels them."""
 
     def __init__(self, ctx: RunContext, cfg: PipelineConfig, stage: str, spec: dict):
         self.ctx, self.cfg, self.stage, self.spec = ctx, cfg, stage, spec
@@ -239,7 +216,7 @@ class NodeGroup:
         return self
 
     def problem(self) -> str | None:
-        """Why a node run can no longer do its part (None: all waiting, running or done)."""
+        """Why a node run can no longer do its part, or None."""
         with self._lock:
             for watched in self.runs:
                 found = None if watched.done else watched.problem(self._client)
@@ -248,7 +225,7 @@ class NodeGroup:
         return None
 
     def wait(self) -> None:
-        """After node 0 finished: every node run completes (or the group fails)."""
+        """After node 0 finished: wait for every node run to complete."""
         while True:
             found = self.problem()
             if found:

@@ -1,17 +1,10 @@
 """A person signs off the champion (``retrain.approval: required``): the answers and what
 they do.
 
-A round whose gate says promote registers its policy as ``candidate`` (register); the
-champion moves only on an approval. Answers come from the served round's Prefect form, from
-`rlhf approve` / `rlhf reject`, or from the deadline (``retrain.approval_timeout_h``). The
-first answer is kept (MLflow keeps one: tasks/retrain/approval/store.py), and whoever kept it
-carries it out: an approval moves ``champion`` (the old one keeps ``previous-champion``),
-then ``candidate`` leaves the version, the event is sent and the tags record the answer, the
-status last. A later answer changes nothing and is told what was decided; one that finds an
-answer kept but not carried out waits for the process that kept it (``RLHF_APPROVAL_SETTLE_S``,
-30 s, after the answer) and then finishes it itself: a process killed between the answer and
-the alias move is resumed by the next answer, `rlhf approve`, a retrain round or the served
-keeper (:func:`settle_waiting`). An answer after the deadline finds the timeout kept.
+A promoting round registers its policy as ``candidate``; answers come from the round's Prefect
+form, `rlhf approve` / `rlhf reject`, or the deadline (``retrain.approval_timeout_h``). The
+first answer is kept and its keeper carries it out; a later caller that finds one kept but not
+carried out (its process died) finishes it after ``RLHF_APPROVAL_SETTLE_S``.
 """
 
 from __future__ import annotations
@@ -58,8 +51,7 @@ def settle_after_s() -> float:
 
 
 def who(via: str) -> str:
-    """Who answers: the Prefect login first for the form, the MLflow login first for the
-    CLI, else the other, else the OS user."""
+    """Who answers: the Prefect login for the form, the MLflow one for the CLI (falling back)."""
     return login_name("prefect" if via == "prefect-ui" else "mlflow")
 
 
@@ -69,8 +61,8 @@ def deadline_in(hours: float) -> str:
 
 def request_approval(client, name: str, version: str | int, parent_run_id: str,
                      hours: float) -> str:
-    """Version ``version`` waits for a person (``candidate``, status pending) until
-    ``hours`` from now -> its deadline (a register resumed after a crash keeps the first)."""
+    """Mark ``version`` as a pending candidate until ``hours`` from now -> its deadline (a
+    resumed register keeps the first)."""
     found = candidate(client, name, version)
     if found is not None and found.status != PENDING:
         return found.deadline  # answered already: nothing to ask again
@@ -85,9 +77,7 @@ def champion_now(client, name: str) -> str | None:
 
 
 class Outcome(BaseModel):
-    """What an answer came to: the candidate, the answer kept, the one given (None: a kept
-    answer carried out), whether this call carried it out, and the champion before and
-    after."""
+    """What an answer came to; ``given`` None: a kept answer carried out."""
 
     model_config = ConfigDict(frozen=True)
     candidate: Candidate
@@ -133,8 +123,7 @@ def timed_out(cand: Candidate) -> Answer:
 
 
 def _wait_for_keeper(client, cand: Candidate) -> Candidate:
-    """The candidate once the process that kept its answer carried it out, or once
-    ``settle_after_s`` has passed since that answer (the process is taken to be gone)."""
+    """The candidate once its answer's keeper carried it out, or ``settle_after_s`` passed."""
     while True:
         now = candidate(client, cand.name, cand.version)
         if now.status != PENDING or now.answer is None:
@@ -146,9 +135,8 @@ def _wait_for_keeper(client, cand: Candidate) -> Candidate:
 
 
 def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
-    """Keep ``given`` unless an answer is kept already (or the deadline passed first:
-    the timeout), then carry the kept answer out unless that is done (``given`` None: carry
-    out the answer kept)."""
+    """Keep ``given`` unless an answer (or the timeout) is kept already, then carry out the
+    kept answer unless done."""
     kept = cand.answer
     if kept is None and given is not None:
         kept = claim_answer(client, cand, timed_out(cand) if cand.overdue else given)
@@ -188,8 +176,7 @@ def pick(client, name: str, version: str | None) -> Candidate:
 
 
 def waiting_line(client, name: str) -> str:
-    """Which candidates wait: each with the champion it was compared with and its
-    deadline."""
+    """Which candidates wait, with the champion each was compared with and its deadline."""
     waiting = waiting_candidates(client, name)
     if not waiting:
         return f"no candidate waits for approval (champion: v{champion_now(client, name)})"
@@ -211,8 +198,8 @@ def check_current(client, cand: Candidate) -> None:
 
 def answer(client, name: str, version: str | None, decision: str, reason: str, via: str,
            by: str | None = None) -> Outcome:
-    """A person's answer (``decision`` approve or reject) to candidate ``version`` (None:
-    the only one waiting), kept and carried out unless one came first."""
+    """Approve or reject candidate ``version`` (None: the only one waiting), unless an answer
+    came first."""
     cand = pick(client, name, version)
     left = form_left(cand) if cand.status == PENDING and cand.answer is None else None
     if left is not None:  # answered on its form first, and its flow run ended without it
@@ -226,11 +213,8 @@ def answer(client, name: str, version: str | None, decision: str, reason: str, v
 
 
 def settle_waiting(client, name: str) -> list[Outcome]:
-    """Carry out what waits on nobody: an answer kept by a process that stopped before it
-    was carried out (``settle_after_s`` after it), an answer a served round's form stored
-    that its flow run will not carry out (the run ended without it: cancelled by the
-    deployment's concurrency limit, crashed), and a deadline passed with no answer (its
-    flow run, still waiting, is ended "Timed out")."""
+    """Carry out what waits on nobody: an answer whose keeper died, a form answer whose flow
+    run ended without it, and a deadline passed with no answer."""
     out = []
     for cand in waiting_candidates(client, name):
         if cand.answer is not None:
@@ -252,8 +236,7 @@ def form_answer(form: ApprovalForm) -> Answer:
 
 
 def form_left(cand: Candidate) -> Answer | None:
-    """The answer a served round's form stored that its flow run ended without carrying
-    out (the run was cancelled by the deployment's concurrency limit, or crashed)."""
+    """A form answer whose flow run ended (cancelled, crashed) without carrying it out."""
     if not cand.flow_run_id or prefect_api() is None:
         return None
     if run_state(cand.flow_run_id)[0] not in ENDED:

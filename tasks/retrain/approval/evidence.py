@@ -1,6 +1,5 @@
-"""The evidence above the approval form (and in the round's outcome): the gate's paired win
-rate and its interval, the held-out judge's gain, KL to the reference, the health flags, the
-first answers side by side, the MLflow links, the deadline and the commands that answer."""
+"""The evidence a person reads above the approval form (and in the round's outcome), as
+markdown."""
 
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ def figure_lines(ev: RoundEvidence) -> list[str]:
 
 
 def side_by_side_lines(ev: RoundEvidence, champion: str, version: str) -> list[str]:
-    """The first answers side by side: each prompt, then both answers with their scores."""
+    """Each prompt, then both answers with their scores."""
     if not ev.side_by_side:
         return ["(the gate run kept no side-by-side table)"]
     out = []

@@ -1,13 +1,8 @@
 """A retrain candidate's sign-off as MLflow keeps it (``retrain.approval: required``).
 
-A round whose gate says promote registers its policy with the alias ``candidate`` (the newest
-one waiting) and tags that say it waits: status ``pending``, the deadline, the champion it was
-compared with (its lineage tag). The answer is written once, as the param
-``rlhf.approval.answer`` on the round's parent run: MLflow refuses to change a param's value
-(its store has one row per run and key), so when two answers come at once (a double click,
-the Prefect form and `rlhf approve` together) exactly one is kept, and the other learns
-which. What the answer does (the champion's move, the tags on the version and on the run)
-follows from that param, made by tasks/retrain/approval/answers.py; after a crash, again from it.
+A waiting version holds the alias ``candidate`` and pending tags. The answer is written once,
+as a param on the round's parent run: MLflow refuses to change a param, so of two answers at
+once exactly one is kept. tasks/retrain/approval/answers.py acts on it.
 """
 
 from __future__ import annotations
@@ -42,20 +37,19 @@ REASON_CHARS = 2000  # a reason longer than this is cut (the param holds 6000 ch
 
 
 def utc_now() -> str:
-    """Now, as every approval time is written: ISO 8601 UTC to the second."""
+    """Now as ISO 8601 UTC to the second, the form of every approval time."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def utc_seconds(stamp: str) -> float:
-    """An approval time (:func:`utc_now`'s form) as seconds since the epoch."""
+    """An approval time as seconds since the epoch."""
     import calendar
 
     return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
 class Answer(BaseModel):
-    """One answer to a candidate: approve, reject, or the deadline's timeout; who gave it
-    (the Prefect or MLflow login, else the OS user), through what, when, and why."""
+    """One answer to a candidate: the decision, who gave it, through what, when, and why."""
 
     model_config = ConfigDict(frozen=True)
     decision: Literal["approve", "reject", "timeout"]
@@ -66,14 +60,12 @@ class Answer(BaseModel):
 
     @property
     def status(self) -> str:
-        """What the version's status becomes: approved, rejected or timed-out."""
+        """The version's status after this answer."""
         return STATUS[self.decision]
 
 
 class Candidate(BaseModel):
-    """A registered version a round asked a person about: where its round's run is, the
-    champion it was compared with, its deadline, its status, and the answer kept (None:
-    none yet)."""
+    """A registered version a round asked a person about, and the answer kept (None: none)."""
 
     model_config = ConfigDict(frozen=True)
     name: str
@@ -105,8 +97,7 @@ def _candidate(client: MlflowClient, version) -> Candidate:
 
 
 def candidate(client: MlflowClient, name: str, version: str | int) -> Candidate | None:
-    """Version ``version`` of ``name`` as a candidate (None: no such version, or one that
-    never waited for approval)."""
+    """``name`` v``version`` as a candidate (None: no such version, or it never waited)."""
     from tasks.platform.mlflow.registry import model_version
 
     found = model_version(client, name, version)
@@ -129,8 +120,7 @@ def waiting_candidates(client: MlflowClient, name: str) -> list[Candidate]:
 
 def mark_waiting(client: MlflowClient, name: str, version: str | int, parent_run_id: str,
                  deadline: str) -> None:
-    """The version waits for a person's answer: its tags and its round's run's say so,
-    and it holds ``candidate``."""
+    """Tag the version and its round's run as waiting, and give it ``candidate``."""
     from tasks.platform.mlflow.registry import set_version_tags
     from tasks.platform.mlflow.runs import set_tags
 
@@ -150,8 +140,7 @@ def note_flow_run(client: MlflowClient, cand: Candidate, flow_run_id: str) -> No
 
 
 def claim_answer(client: MlflowClient, cand: Candidate, answer: Answer) -> Answer:
-    """Keep ``answer`` as the candidate's, unless one is kept already -> the kept answer
-    (``answer`` itself, or the earlier one it lost to)."""
+    """Keep ``answer`` unless one is kept already -> the kept answer."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -165,8 +154,7 @@ def claim_answer(client: MlflowClient, cand: Candidate, answer: Answer) -> Answe
 
 
 def record_decided(client: MlflowClient, cand: Candidate, answer: Answer) -> None:
-    """The answer on the version's tags and its round's run's, the status last (it says the
-    answer has been carried out)."""
+    """Tag the answer on the version and its run, the status last (it marks it carried out)."""
     from tasks.platform.mlflow.registry import set_version_tags
     from tasks.platform.mlflow.runs import set_tags
 
@@ -179,8 +167,7 @@ def record_decided(client: MlflowClient, cand: Candidate, answer: Answer) -> Non
 
 
 def release_candidate_alias(client: MlflowClient, name: str, version: str | int) -> None:
-    """``candidate`` leaves ``version``: to the newest other waiting version, else it is
-    removed."""
+    """Move ``candidate`` off ``version`` to the newest other waiting one, else remove it."""
     holder = alias_version(client, name, CANDIDATE)
     if holder is None or str(holder.version) != str(version):
         return
@@ -192,10 +179,7 @@ def release_candidate_alias(client: MlflowClient, name: str, version: str | int)
 
 
 class RoundEvidence(BaseModel):
-    """What a person reads before answering: the gate's figures and reason from the round's
-    run (its ``rlhf.gate.*`` tags, names without the prefix), the gold judge's view where it
-    was recorded, the health flags, the first rows of the gate's side-by-side table, the
-    confidence level, and the runs to compare (the round's, the champion's)."""
+    """What a person reads before answering, from the round's run and its gate run."""
 
     model_config = ConfigDict(frozen=True)
     figures: dict[str, str]
@@ -213,8 +197,7 @@ class RoundEvidence(BaseModel):
 
 def round_evidence(client: MlflowClient, cand: Candidate, table_file: str,
                    rows: int = 4) -> RoundEvidence:
-    """The evidence of ``cand``'s round, read from MLflow: the first ``rows`` of the gate
-    run's side-by-side table ``table_file``."""
+    """The evidence of ``cand``'s round, with the first ``rows`` of ``table_file``."""
     import tempfile
 
     import pandas as pd

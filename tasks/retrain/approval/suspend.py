@@ -1,17 +1,9 @@
 """A served retrain round that waits for a person: the Prefect side.
 
-Prefect 3's ``suspend_flow_run(wait_for_input=...)`` puts the typed form (:class:`ApprovalForm`,
-its description the evidence, in markdown) on the flow run's page and ends the run's process:
-the run is Suspended (a Paused state that reschedules) and holds no process and no deployment
-concurrency slot while it waits, for days if need be. The form's Resume sends the answer; the
-server stores it as the run's input and schedules the run again, and ``rlhf serve`` (or a
-worker) starts it anew from the top: the flow sees it was resumed (:func:`resumed_key`) and
-asks again with the same key, which returns the stored answer at once. ``pause_flow_run``
-would instead keep the process polling for the whole wait.
-
-Suspending needs a deployment; a round run elsewhere (`rlhf retrain`) ends "awaiting
-approval" and is answered with `rlhf approve` / `rlhf reject`, which also resume a served
-round's run with their answer (:func:`resume_with`), so it ends saying what was decided.
+``suspend_flow_run(wait_for_input=...)`` shows :class:`ApprovalForm` and ends the process, so a
+wait of days holds no process or concurrency slot (``pause_flow_run`` would poll). On Resume the
+run restarts from the top and asking again with the same key returns the stored answer.
+Suspending needs a deployment; elsewhere a round ends "awaiting approval".
 """
 
 from __future__ import annotations
@@ -50,8 +42,7 @@ def this_flow_run() -> tuple[str | None, bool]:
 
 
 def resumed_key() -> str | None:
-    """The approval this flow run waited for and was resumed from (its key), else None (a
-    run that never waited)."""
+    """The key of the approval this flow run was resumed from (None: it never waited)."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import deployment, flow_run
 
@@ -64,10 +55,8 @@ def resumed_key() -> str | None:
 
 
 def ask(key: str, evidence: str | None = None, timeout_s: float | None = None) -> ApprovalForm:
-    """Wait for the answer to the approval ``key``: the first call suspends this flow run
-    with the form (``evidence`` above it; no answer within ``timeout_s``: Prefect fails the
-    run) and its process exits here; in the run started again on Resume, the same call
-    returns the answer."""
+    """The answer to approval ``key``: the first call suspends the run (its process exits
+    here; Prefect fails it after ``timeout_s``); after Resume the same call returns it."""
     from prefect.flow_runs import suspend_flow_run
 
     form = ApprovalForm if evidence is None else ApprovalForm.with_initial_data(evidence)
@@ -106,8 +95,7 @@ def run_state(flow_run_id: str) -> tuple[str, str]:
 
 
 def resume_with(flow_run_id: str, decision: str, reason: str) -> bool:
-    """Resume the waiting flow run with an answer given elsewhere (Approve or Reject) ->
-    whether it was waiting and took it (False: resumed already, or ended)."""
+    """Resume the waiting flow run with an answer given elsewhere -> whether it took it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.responses import SetStateStatus
 
@@ -121,8 +109,7 @@ def resume_with(flow_run_id: str, decision: str, reason: str) -> bool:
 
 
 def close_waiting(flow_run_id: str, name: str, message: str) -> bool:
-    """End a flow run still waiting for its answer as Completed (``name``, e.g. "Timed
-    out", and ``message``): the answer came another way -> whether it was waiting."""
+    """End a still-waiting flow run as Completed(``name``) -> whether it was waiting."""
     from prefect.client.orchestration import get_client
     from prefect.states import Completed
 

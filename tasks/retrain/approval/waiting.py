@@ -1,11 +1,8 @@
 """A round's candidate waits for a person: what the retrain flow and `rlhf serve` call.
 
-After a round whose gate says promote (``retrain.approval: required``), :func:`ask_for_approval`
-sends ``rlhf.champion.approval-requested`` and, in a served run, suspends the flow run with
-the form and its evidence (tasks/retrain/approval/suspend.py); the process ends there. Resumed, the
-run starts again and :func:`resumed_round` takes the answer, carries it out
-(tasks/retrain/approval/answers.py) and says what it came to. `rlhf serve` keeps a thread
-(:func:`keeper`) that ends waits whose deadline passed and finishes answers left half done.
+A served run suspends with the approval form (:func:`ask_for_approval`) and, resumed, carries
+out the answer (:func:`resumed_round`); `rlhf serve`'s :func:`keeper` thread ends overdue
+waits and finishes answers left half done.
 """
 
 from __future__ import annotations
@@ -57,16 +54,14 @@ GRACE_S = 600  # Prefect fails a wait this long after the deadline, if nothing e
 
 
 def held_for_approval(config: PipelineConfig, decision: Decision) -> Decision:
-    """The gate's decision, held for a person when it promotes and ``retrain.approval`` is
-    required."""
+    """The gate's decision, held for a person when it promotes and approval is required."""
     if config.retrain.approval == "required" and decision.promote:
         return decision.model_copy(update={"hold": True})
     return decision
 
 
 def awaiting_text(config: PipelineConfig, result: RetrainResult) -> str | None:
-    """A round's outcome while its candidate waits, with the ways to answer (None: a round
-    that waits for nobody)."""
+    """A waiting round's outcome with the ways to answer (None: it waits for nobody)."""
     if result.status != "awaiting approval":
         return None
     name = config.tracking.registered_policy
@@ -81,8 +76,7 @@ def awaiting_text(config: PipelineConfig, result: RetrainResult) -> str | None:
 
 
 def settle_approvals(config: PipelineConfig) -> None:
-    """Before a round (``retrain.approval: required``): end waits whose deadline passed and
-    finish answers left half done."""
+    """Before a round: end overdue waits and finish answers left half done."""
     if config.retrain.approval != "required":
         return
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
@@ -91,7 +85,7 @@ def settle_approvals(config: PipelineConfig) -> None:
 
 
 def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
-    """A resumed round's outcome: the retrain's outcome artifact and the run's summary."""
+    """Publish a resumed round's outcome artifact and summary."""
     from tasks.pipeline.summary import publish_text
     from tasks.platform.prefect.prefect_api import report
     from tasks.retrain.round import OUTCOME
@@ -102,8 +96,7 @@ def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
 
 
 def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
-    """A round that trained: its event (promoted or kept) and its run's summary, which says
-    why (or that it waits for a person)."""
+    """Publish a trained round's event and summary, saying why (or that it waits)."""
     from tasks.pipeline.summary import publish_summary
 
     events.announce_outcome(config.tracking.registered_policy, result.status,
@@ -117,17 +110,15 @@ def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
 
 
 def hold_candidate(ctx: RunContext, config: PipelineConfig, reg: RegisterRecord) -> None:
-    """A version register held for a person (``awaiting_approval``) becomes ``candidate``,
-    waiting until ``retrain.approval_timeout_h`` from now (a resumed round keeps its first
-    deadline)."""
+    """A version register held for a person becomes ``candidate`` with its deadline."""
     if reg.awaiting_approval:
         request_approval(ctx.client(), reg.model_name, reg.version, ctx.parent_run_id,
                          config.retrain.approval_timeout_h)
 
 
 def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainResult:
-    """A round's candidate waits: the event; a served run then suspends with the form (its
-    process ends here until the answer); any other run returns ``result``."""
+    """Announce the wait; a served run then suspends with the form (its process ends here),
+    any other returns ``result``."""
     uri = default_tracking_uri(config.tracking.tracking_uri)
     client = tracking_client(uri)
     cand = candidate(client, config.tracking.registered_policy, str(result.candidate))
@@ -146,8 +137,8 @@ def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainRe
 
 
 def resumed_round(config: PipelineConfig) -> RetrainResult | None:
-    """This flow run waited for an answer and was resumed: carry the answer out -> the
-    round's result (None: a run that never waited)."""
+    """Carry out the answer this resumed flow run waited for -> the round's result (None: it
+    never waited)."""
     if config.retrain.approval != "required":  # (a resumed run has the same parameters)
         return None
     key = resumed_key()
@@ -174,9 +165,8 @@ def resumed_round(config: PipelineConfig) -> RetrainResult | None:
 
 @contextmanager
 def keeper(config: PipelineConfig) -> Iterator[None]:
-    """While the body runs (`rlhf serve`), every ``RLHF_APPROVAL_CHECK_S`` seconds (60)
-    settle the served registry's waiting candidates in a thread: deadlines passed, answers
-    left half done (only with ``retrain.approval: required``)."""
+    """While the body runs, settle waiting candidates in a thread every
+    ``RLHF_APPROVAL_CHECK_S`` seconds (approval required only)."""
     if config.retrain.approval != "required":
         yield
         return
@@ -206,8 +196,8 @@ def keeper(config: PipelineConfig) -> Iterator[None]:
 
 
 def tell_waiting_run(outcome: Outcome) -> str | None:
-    """A served round still waiting on its form for what is now decided: resume it with
-    that answer (it ends saying what was decided) -> a line saying so (None: no run waits)."""
+    """Resume a served round still waiting on its form with the kept answer -> a line saying
+    so (None: no run waits)."""
     cand, kept = outcome.candidate, outcome.answer
     if not cand.flow_run_id or kept.decision == "timeout":
         return None

@@ -1,6 +1,5 @@
-"""The champion a challenge starts from and is gated against: which version holds the alias
-and its models downloaded from MLflow (whether the gate can run at all:
-tasks/retrain/gate/prompts.py)."""
+"""The champion a challenge starts from and is gated against: which version holds the alias,
+and its models downloaded from MLflow."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ def champion_version(cfg: PipelineConfig):
 
 
 class Champion(BaseModel):
-    """A registered policy version, downloaded: the folders a retrain starts from and the gate
-    samples, and the lineage its successor records."""
+    """A downloaded policy version: its model folders and the lineage its successor records."""
 
     model_config = ConfigDict(frozen=True)
     version: str
@@ -45,8 +43,8 @@ class Champion(BaseModel):
 
 @task(name="fetch_champion")
 def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> Champion:
-    """Download the champion's (``which``: a version number or alias) policy, reward model
-    and SFT policy from MLflow -> local folders and its lineage."""
+    """Download a version's (``which``: number or alias) policy, reward model and SFT policy
+    from MLflow."""
     client = ctx.client()
     name = cfg.tracking.registered_policy
     version = model_version(client, name, which) if which.isdigit() else \

@@ -1,10 +1,7 @@
 """Whether a config can be retrained at all: the gate's paired test needs
 ``retrain.gate.min_prompts`` held-out prompts among the first ``retrain.gate.num_prompts``.
-
-One rule (:func:`too_few_prompts`, a pure function of the gate's settings and a row count),
-read by the commands that feed a retrain (`rlhf retrain`, `rlhf collect`, `rlhf demo-batch`)
-before anything starts, and by the round itself on the files it trains on. Imports nothing
-heavy: the commands call it before Prefect or torch load.
+One rule, checked by the CLI before anything starts (so it imports nothing heavy) and by the
+round on its own files.
 """
 
 from __future__ import annotations
@@ -16,13 +13,12 @@ DEMO_ROWS = "demo.n_eval"  # where the demo's held-out prompts are counted
 
 
 class GateError(ConfigError):
-    """The gate cannot run as configured (too few held-out prompts, no judge): the user's to
-    fix, so the CLI ends with its sentence and exit 2."""
+    """The gate cannot run as configured: the user's to fix (the CLI exits 2)."""
 
 
 def too_few_prompts(gate: GateConfig, rows: int | None, where: str) -> str | None:
-    """Why the gate cannot compare on ``rows`` held-out prompts read from ``where`` (None:
-    no held-out prompts), naming the setting to change; None when it can."""
+    """Why the gate cannot compare on ``rows`` held-out prompts (None rows: none), naming the
+    setting to change; None when it can."""
     if rows is None:
         return ("retrain gate: no held-out prompts to compare the policies on; set "
                 "data.eval_prompts to a file of at least "
@@ -48,8 +44,7 @@ def _where(cfg: PipelineConfig, source) -> str:
 
 
 def held_out_rows(cfg: PipelineConfig) -> tuple[int | None, str]:
-    """(rows of the held-out prompts a retrain of ``cfg`` compares on, where they come
-    from), before any run: ``data.eval_prompts``' rows, or the demo's ``demo.n_eval``."""
+    """(held-out prompt rows a retrain compares on, their setting), known before any run."""
     if cfg.data is None:
         return (cfg.demo.n_eval, DEMO_ROWS) if cfg.demo.enabled else (None, "")
     source = cfg.data.eval_prompts
@@ -61,17 +56,14 @@ def held_out_rows(cfg: PipelineConfig) -> tuple[int | None, str]:
 
 
 def check_retrainable(cfg: PipelineConfig) -> None:
-    """GateError (one sentence naming the setting) when a retrain of ``cfg`` could never
-    reach its gate's decision: what `rlhf retrain`, `rlhf collect` and `rlhf demo-batch`
-    check before they start."""
+    """GateError when a retrain of ``cfg`` could never reach its gate's decision."""
     why = too_few_prompts(cfg.retrain.gate, *held_out_rows(cfg))
     if why is not None:
         raise GateError(why)
 
 
 def check_gate_prompts(cfg: PipelineConfig, data) -> None:
-    """The same rule inside a round, on the held-out prompts it resolved (``data``: its
-    DataConfig, the demo's generated files included): GateError when too few."""
+    """The same rule inside a round, on the held-out prompts it resolved (GateError)."""
     source = data.eval_prompts
     if source is None:
         raise GateError(too_few_prompts(cfg.retrain.gate, None, ""))

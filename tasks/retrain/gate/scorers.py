@@ -1,12 +1,6 @@
-"""The gate's scorer: one the challenger was not optimised against.
-
-``retrain.gate.scorer``: ``auto`` (the gold judge where the data has one, else
-``judge_model``), ``judge`` (the gold judge), ``judge_model`` (a reward model trained from
-the SFT policy on a held-out hash split of the preference pairs, ``judge_fraction``, which the
-reward model PPO optimises against never sees), ``reward_model`` (the new reward model: it
-favours the challenger, for comparison only) or ``models:/<name>@<alias>`` (a registered
-MLflow pyfunc scoring a DataFrame with ``prompt`` and ``response`` columns, e.g. a larger
-reward model or an LLM judge wrapped as pyfunc).
+"""The gate's scorer (``retrain.gate.scorer``): one the challenger was not optimised against,
+so its verdict is not the reward model grading its own student (``reward_model`` is for
+comparison only).
 """
 
 from __future__ import annotations
@@ -20,8 +14,8 @@ BUILT_IN = ("judge", "judge_model", "reward_model")
 
 
 def resolve_scorer(cfg: PipelineConfig, judge_name: str) -> str:
-    """``retrain.gate.scorer`` -> the scorer the gate uses: 'judge', 'judge_model',
-    'reward_model' or a ``models:/`` URI (``judge_name``: the run's resolved gold judge)."""
+    """``retrain.gate.scorer`` -> a built-in scorer or a ``models:/`` URI (``auto``: the gold
+    judge if any, else ``judge_model``)."""
     wanted = cfg.retrain.gate.scorer
     if wanted == "auto":
         return "judge" if judge_name != "none" else "judge_model"
@@ -35,8 +29,7 @@ def scorer_label(scorer: str) -> str:
 
 
 def batch_pair_keys(prep: Prepared) -> list[str]:
-    """The pairs the retrain's batches brought (rows ``batch_rows`` of the combined
-    preference file ``add_batches`` wrote), as ``pair_key``s."""
+    """The ``pair_key``s of the pairs the retrain's batches brought."""
     if not prep.batch_rows:
         return []
     combined = read_jsonl(prep.data.preference.path)

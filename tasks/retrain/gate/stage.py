@@ -1,12 +1,7 @@
-"""gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, one
-scorer for both (tasks/retrain/gate/scorers.py: the gold judge when the data has one, else a judge
-reward model trained on held-out pairs, or an external registered scorer), paired bootstrap
-test and guard rails (rlhf_core/eval/gate.py). Where the run has a pretrained base, the
-challenger's alignment tax against it (``eval/tax/*``) is measured too, and a challenger over
-``eval.tax.budget`` does not win (tasks/retrain/gate/tax.py: the register stage's rule). The
-decision is a set of MLflow tags on the retrain run and a Prefect markdown artifact; where a
-gold judge exists and another scorer decided, what the gold judge would have decided is
-recorded beside it (``rlhf.gate.gold.*``)."""
+"""gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, scored by
+one scorer for both, with a paired bootstrap test and guard rails (rlhf_core/eval/gate.py).
+A challenger over ``eval.tax.budget`` does not win. The decision is recorded as MLflow tags
+and a Prefect artifact, beside what the gold judge would have decided where one exists."""
 
 from __future__ import annotations
 
@@ -74,7 +69,7 @@ def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], go
 
 
 def gate_rule(g: GateConfig) -> GateRule:
-    """The decision rule's settings out of the ``retrain.gate`` section."""
+    """The decision rule's settings from ``retrain.gate``."""
     return GateRule(**g.model_dump(include={f.name for f in fields(GateRule)}))
 
 
@@ -118,8 +113,7 @@ def _gold_line(tags: dict) -> str:
 
 
 def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str, str]:
-    """A comparison's record (`rlhf compare`): the gate's tags under ``rlhf.compare.``, its
-    verdict "better" or "not better" (nothing is promoted or kept) and what was compared."""
+    """`rlhf compare`'s tags: the gate's under ``rlhf.compare.``, verdict better/not better."""
     verdicts = {"promote": "better", "keep": "not better"}
     out = {COMPARE_PREFIX + k.removeprefix(GATE_PREFIX):
            verdicts.get(v, v) if k == GATE_GOLD_DECISION_TAG else v
@@ -129,8 +123,7 @@ def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str,
 
 
 def side_by_side(prompts: list[str], samples: dict, scores: dict) -> pd.DataFrame:
-    """One row per held-out prompt, in order: the champion's and the challenger's answers and
-    the shared scorer's score of each (the approval form shows the first few)."""
+    """Per held-out prompt: both answers and their scores (the approval form shows a few)."""
     return pd.DataFrame({"prompt": prompts,
                          "champion": list(samples["champion"]["response"]),
                          "challenger": list(samples["challenger"]["response"]),
@@ -141,10 +134,8 @@ def side_by_side(prompts: list[str], samples: dict, scores: dict) -> pd.DataFram
 def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
          policy: PolicyRecord, rm: ModelRecord, reference_dir: str,
          judge: ModelRecord | None = None, compared: str | None = None) -> GateRecord:
-    """``judge``: the held-out judge reward model (scorer ``judge_model``). ``compared``: None
-    for a retrain's gate (its decision tags ``rlhf.gate.*``), else `rlhf compare`'s label of
-    the two versions, e.g. "v2 against v1" (``rlhf.compare.*``, ``compare/*`` metrics: nothing
-    is decided)."""
+    """``judge``: the judge reward model (scorer ``judge_model``). ``compared``: `rlhf
+    compare`'s label ("v2 against v1"), recording ``compare/*`` and deciding nothing."""
     g, e = sc.cfg.retrain.gate, sc.cfg.eval
     device, spec = sc.device, sc.spec
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -208,9 +199,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
                                tags[COMPARE_RESULT_TAG], "scorer": label})
 
 
-# the decision's figures (rlhf_core/eval/gate.py, the tax lost) and gate/promote; compare/* for
-# `rlhf compare`; the challenger's alignment tax as evaluate names it; both policies' answers
-# side by side, the probe's answers
+# compare/*: `rlhf compare`'s; eval/tax/*: the challenger's tax, named as evaluate names it
 STAGE = Stage("gate", body, GateRecord, seed_offset=4,
               metrics=("gate/*", "compare/*", "eval/tax/probe_acc_*", "eval/tax/probe_diff_*_*",
                        "eval/tax/bpb_*"),

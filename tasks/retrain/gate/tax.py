@@ -1,7 +1,5 @@
-"""The alignment tax at a retrain's gate: the challenger against the pretrained base, measured
-as evaluate measures a pipeline run's policy (tasks/pipeline/stages/tax.py), and the same
-veto (tasks/pipeline/rule.py ``tax_veto``): a challenger over ``eval.tax.budget`` does not
-win, however it scores on the task."""
+"""The alignment tax at a retrain's gate, measured as evaluate measures it: a challenger over
+``eval.tax.budget`` does not win, however it scores on the task."""
 
 from __future__ import annotations
 
@@ -10,10 +8,8 @@ from tasks.pipeline.stages.tax import base_cache, measure, over_budget, tax_inpu
 
 
 def challenger_tax(sc, prep, tokenizer, policy) -> tuple[dict, list[dict]]:
-    """``policy``'s alignment tax against the pretrained base -> the ``eval/tax/*`` metrics
-    of base and policy and the probe's side-by-side rows. A retrain's prepared base is the
-    champion, so the base is ``model.base_model`` resolved again (its figures kept and
-    reused as evaluate's are)."""
+    """``policy``'s tax against ``model.base_model`` (not the prepared base, which is the
+    champion) -> ``eval/tax/*`` metrics and the probe's rows."""
     from rlhf_core.models.loader import load_policy
     from rlhf_core.models.models import resize_for_tokenizer
     from rlhf_core.models.sources import resolve_model_source
@@ -29,10 +25,7 @@ def challenger_tax(sc, prep, tokenizer, policy) -> tuple[dict, list[dict]]:
 
 
 def taxed(decision: dict, tax: dict, cfg) -> dict:
-    """The gate's decision after the challenger's alignment tax (``tax``: its ``eval/tax/*``
-    figures, none where not measured): over ``eval.tax.budget`` it does not win, the reason
-    saying so with the figures (``tracking.promote_flagged`` overrides), and ``figures``
-    gain ``tax_lost``, the probe accuracy lost against the base."""
+    """The gate's decision after the tax veto, its figures gaining ``tax_lost``."""
     from rlhf_core.eval.tax import tax_lost
 
     lost = tax_lost(tax)

@@ -1,16 +1,7 @@
-"""Label Studio's REST API, spoken over the standard library (no SDK: see the README's
-dependency notes).
-
-Where the server is and who calls it come from the environment: ``LABEL_STUDIO_URL`` (else
-``collect.destination.url``) and ``LABEL_STUDIO_API_KEY``. The key is never written anywhere
-by the pipeline. Two kinds of key work:
-
-- a personal access token, what Label Studio 1.23's "Account & Settings" page hands out: a JWT
-  refresh token, exchanged at ``/api/token/refresh/`` for short-lived access tokens (sent as
-  ``Bearer``; exchanged again when one expires);
-- a legacy token (``Token`` header), where the organisation enables legacy tokens.
-
-Every failure is a :class:`LabelStudioError` of one sentence naming the server and what to do.
+"""Label Studio's REST API over the standard library (no SDK: see the README's dependency
+notes). Server and key come from ``LABEL_STUDIO_URL`` (else ``collect.destination.url``) and
+``LABEL_STUDIO_API_KEY``, never written anywhere. A personal access token (a JWT) is exchanged
+for short-lived access tokens; a legacy key goes in a ``Token`` header.
 """
 
 from __future__ import annotations
@@ -35,7 +26,7 @@ class NotFound(LabelStudioError):
 
 
 def is_personal_token(key: str) -> bool:
-    """A personal access token is a JWT (three base64 parts, a JSON header: ``eyJ...``)."""
+    """Whether ``key`` is a personal access token, i.e. a JWT."""
     return key.startswith("eyJ") and key.count(".") == 2
 
 
@@ -144,11 +135,11 @@ class LabelStudio:
 
     # --- what the pipeline asks -----------------------------------------------------------
     def whoami(self) -> dict:
-        """The key's account (a call that needs a valid key, creates nothing)."""
+        """The key's account (needs a valid key, creates nothing)."""
         return self.call("GET", "/api/current-user/whoami", what="read the current user")
 
     def users(self) -> dict[int, str]:
-        """Account id -> its email (the labeller's identity the pipeline records)."""
+        """Account id -> email, the labeller's recorded identity."""
         out = self.call("GET", "/api/users/", what="list the organisation's users")
         rows = out.get("results", out) if isinstance(out, dict) else out
         return {int(u["id"]): u.get("email") or u.get("username") or str(u["id"])
@@ -160,8 +151,7 @@ class LabelStudio:
 
 
 def check_label_studio(configured_url: str | None = None, timeout_s: float = 5.0) -> str:
-    """Preflight: the server answers and takes the key -> the account's email; else a
-    LabelStudioError of one sentence (within ``timeout_s`` per try)."""
+    """Preflight: the server answers and takes the key -> the account's email."""
     ls = LabelStudio.from_env(configured_url, timeout_s=timeout_s)
     me = ls.whoami()
     return str(me.get("email") or me.get("username") or me.get("id"))

@@ -1,19 +1,9 @@
 """`collect`: sample a registered policy k times on fresh prompts of a pool and write a
 labelling file (JSONL and CSV, one row per pair, an empty ``choice`` column).
 
-The policy is sampled on each prompt exactly as the run's data gate rendered its training
-prompts (the same chat template, system message and prompt budget: the gate's own renderer,
-data_checks/conversations.py), and a pair is kept only when both answers fit the gate's
-response budget, so a labelled batch of the collection passes the gate. A conversational
-pool's prompts stay messages in the labelling file (the CSV holds them as JSON text) and in
-the record, from which an import writes the preference batch: the batch's prompts are
-rendered by the next gate as the training prompts were.
-
-Recorded in MLflow as one run per collection (tag ``rlhf.collection``): the labelling file as
-an artifact and as a dataset input beside the sampled policy's logged model, the prompts it
-used (``collection/prompts.json``: later collections of the same pool skip them) and the
-pairs' record (``collection/record.json``: texts, the policy's reward-model scores, the
-known answers) that an import checks labels against.
+Prompts are rendered and budgeted exactly as the run's data gate does, so a labelled batch
+passes the gate. Each collection is one MLflow run holding the file, the prompts it used
+(later collections skip them) and the pairs' record that an import checks labels against.
 """
 
 from __future__ import annotations
@@ -92,8 +82,7 @@ LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_v
 
 
 def resolve_version(client, name: str, ref: str):
-    """A registered version by number or alias -> the MlflowClient version (RegistryError
-    when the registry has neither)."""
+    """A registered version by number or alias (RegistryError when there is none)."""
     ref = ref.removeprefix("@")
     if ref.isdigit():
         version = model_version(client, name, ref)
@@ -114,9 +103,8 @@ def download_version(client, version, root: Path) -> dict:
 
 
 def conversational_run(cfg: PipelineConfig) -> bool:
-    """Whether the run's data gate renders its prompts with the chat template: some
-    configured set is conversational (the gate then renders every set), or the demo's are
-    (``demo.chat``)."""
+    """Whether the data gate renders prompts with the chat template (any configured set is
+    conversational, or ``demo.chat``)."""
     if cfg.data is None:
         return cfg.demo.enabled and cfg.demo.chat
     from data_checks.conversations import is_conversational
@@ -137,11 +125,9 @@ def conversational_run(cfg: PipelineConfig) -> bool:
 
 
 def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[Prompt]]:
-    """(pool name, its distinct prompts in collection order), each as the run's data has it:
-    ``collect.prompts``, else ``data.prompts``, else the demo's training prompts (with
-    ``demo.chat`` as the demo's conversations, opening with ``demo.system``). A conversation
-    stays its messages; in a conversational run a plain prompt is one user message, as the
-    gate reads it."""
+    """(pool name, distinct prompts in collection order) from ``collect.prompts``, else
+    ``data.prompts``, else the demo's; in a conversational run a plain prompt becomes one
+    user message, as the gate reads it."""
     path = cfg.collect.prompts or (cfg.data.prompts.path if cfg.data is not None else None)
     chat = conversational_run(cfg)
     if path is not None:
@@ -162,11 +148,9 @@ def pool_digest(prompts: list[Prompt]) -> str:
 
 def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt],
                      where: str = "the collection's prompts") -> list[str | None]:
-    """Each prompt as the data gate renders it for the policy (a conversation through the
-    gate's own renderer with the chat template; a plain prompt as it is), None where it is
-    over ``validation.max_prompt_tokens`` (the gate drops such a conversation, and a plain
-    prompt it cut would be another prompt). DataError naming the row when the template
-    cannot render one."""
+    """Each prompt as the data gate renders it, None where over
+    ``validation.max_prompt_tokens`` (cutting it would make another prompt); DataError when
+    the chat template cannot render one."""
     from rlhf_core.models.data import encode
 
     texts = list(prompts)
@@ -188,9 +172,8 @@ def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt],
 
 @dataclass(frozen=True)
 class Sampled:
-    """What :func:`sample_k` drew: the prompts that fit the prompt budget, and for each its
-    k responses [n][k], their reward-model scores and whether each fits the response
-    budget; ``over_budget``: prompts left out for their length."""
+    """What :func:`sample_k` drew for the prompts within budget: responses, RM scores and
+    response-budget fits, each [n][k]; ``over_budget``: prompts left out."""
 
     prompts: list
     responses: list[list[str]]
@@ -200,9 +183,8 @@ class Sampled:
 
 
 def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[Prompt], seed: int) -> Sampled:
-    """k responses per prompt, rendered as the data gate renders it (:func:`rendered_prompts`),
-    and the policy's reward-model score of each. The model code is imported here: a label
-    import or pull, which imports this module, never loads a model."""
+    """k responses per prompt and the reward-model score of each. Model code is imported
+    here so a label import or pull, which imports this module, never loads it."""
     from rlhf_core.eval.evaluate import sample_policy
     from rlhf_core.models.data import encode
     from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
@@ -233,11 +215,8 @@ def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[Prompt], seed: int) 
 
 def _known_pairs(cfg: PipelineConfig, pairs: list[dict], prompts: list[Prompt],
                  seed: int) -> list[dict]:
-    """The known-answer pairs: the run's gold judge (``eval.judge``) picks clear ones among
-    the collected pairs (taken out of them; too few, e.g. a champion whose answers are often
-    identical: topped up with the judge's own clear pairs on the same prompts, so every
-    labeller can answer ``collect.quality.min_known_labelled``), else rows of
-    ``collect.gold``; none without either."""
+    """Known-answer pairs from ``collect.gold``, else clear pairs the gold judge picks (taken
+    out of ``pairs``, topped up with its own when too few); none without either."""
     n = cfg.collect.known_pairs
     if n == 0:
         return []
@@ -296,8 +275,7 @@ def write_labelling(out_dir: Path, cid: str, rows: list[dict], meta: dict) -> di
 
 def log_collection(client, run_id: str, version, paths: dict[str, Path], rows: list[dict],
                    prompts: list[str]) -> None:
-    """Artifacts of the collection run, and the labelling file as its dataset input beside
-    the sampled policy's logged model."""
+    """The collection run's artifacts, and the labelling file as its dataset input."""
     log_collection_files(client, run_id, list(paths.values()), rows, prompts)
     table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
     ref = f"{version.name}/{version.version}"

@@ -1,17 +1,9 @@
-"""Labels back in: a labelled file (from `rlhf label import FILE`, or dropped into
+"""Labels back in: a labelled file (`rlhf label import FILE`, or dropped into
 ``retrain.watch_dir``) becomes a preference batch in the watch folder, or is quarantined.
 
-Each row must name a pair a collection wrote (its record in MLflow gives the texts, the
-policy's reward-model scores and the known answers) and a choice among a / b / tie / skip;
-anything else refuses the whole file, naming file and rows, before any training. Majority
-vote per pair; ties, skips and the known-answer pairs never train. A batch whose labels
-agree too rarely with the known answers or with the policy's reward model, or that answered
-too few known pairs to be judged (``collect.quality``), is quarantined in
-``<watch_dir>/quarantine/`` with a note saying why, and the next rounds go on without it. A
-labeller who fails the same known-answer checks (or skipped most rows) is held back first:
-their votes are dropped, the others' still count, and they are named in the record. Every
-import is an MLflow run (tag ``rlhf.labels.batch``) and an event: ``rlhf.preferences.labelled``
-when accepted, ``rlhf.preferences.quarantined`` (reason, figures) when quarantined or refused.
+Every row must name a collected pair, else the whole file is refused before any training.
+Labellers failing the known-answer checks are held back, the rest majority-voted; a batch of
+too low quality (``collect.quality``) is quarantined so later rounds go on without it.
 """
 
 from __future__ import annotations
@@ -89,9 +81,8 @@ def usual_rate(client, experiment_id: str, metric: str, last: int = 5) -> float 
 
 
 def quarantine(path: Path, watch_dir: Path, reason: str) -> tuple[Path, str]:
-    """A refused file into ``<watch_dir>/quarantine/`` with a note -> (where, a sentence
-    saying so): moved out of the watch folder; copied from anywhere else, the original left
-    where it was (it is the user's file, e.g. ``to_label/``)."""
+    """A refused file into ``<watch_dir>/quarantine/`` with a note -> (where, a sentence):
+    moved from the watch folder, else copied (the user's original stays)."""
     folder = watch_dir / QUARANTINE
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / path.name
@@ -106,9 +97,8 @@ def quarantine(path: Path, watch_dir: Path, reason: str) -> tuple[Path, str]:
 
 
 def batch_path(watch_dir: Path, batch_digest: str, file_digest_: str) -> Path:
-    """Where a labelled file's preference batch is written: ``labelled-<batch digest>-from-
-    <labelled file's digest>.jsonl``, named first by the digest the lineage records
-    (``rlhf.batches``, the retrain's run name), so a person matches them by eye."""
+    """``labelled-<batch digest>-from-<file digest>.jsonl``: the lineage's digest first, so a
+    person matches them by eye."""
     return watch_dir / f"labelled-{batch_digest}-from-{file_digest_}.jsonl"
 
 
@@ -148,8 +138,7 @@ def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: LabelFigu
 
 
 def decide(cfg: PipelineConfig, path: Path) -> dict:
-    """Read and check a labelled file, judge each labeller (the held-back ones' votes are
-    dropped), vote, measure -> pairs, counts, figures, refusal."""
+    """Check a labelled file, judge labellers, vote -> pairs, counts, figures, refusal."""
     df = read_labelled(path)
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     ids = [str(i).strip() for i in df["id"].tolist()]
@@ -181,11 +170,8 @@ def _refused(src: Path, digest: str, err: DataError) -> None:
 @task(name="import_labels")
 def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
                   run_tags: dict[str, str] | None = None) -> LabelImport:
-    """One labelled file -> a preference batch in the watch folder (accepted) or the file in
-    ``quarantine/`` (label quality too low; the ``rlhf.preferences.quarantined`` event);
-    DataError (file and rows named; the event too) when rows are malformed. ``imported_by``:
-    ``import`` (CLI) or ``retrain`` (a dropped file); ``run_tags``: more tags of the
-    import's MLflow run (e.g. the demo's labelling seed)."""
+    """Import one labelled file as a preference batch in the watch folder, or quarantine it
+    when label quality is too low; DataError when rows are malformed."""
     src, watch = Path(path).resolve(), Path(cfg.retrain.watch_dir).resolve()
     digest = file_digest(src)
     done = imported_batch(watch, digest) if watch.is_dir() else None
@@ -240,8 +226,8 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
 
 @task(name="import_dropped")
 def import_dropped(cfg: PipelineConfig) -> list[LabelImport]:
-    """Every labelled file in the watch folder imported (a retrain's first step); a file
-    with malformed rows is quarantined with the error, so later rounds go on."""
+    """Import every labelled file in the watch folder; a malformed one is quarantined, so
+    later rounds go on."""
     watch = Path(cfg.retrain.watch_dir)
     files = sorted(p for p in watch.glob("*") if p.suffix in BATCH_SUFFIXES
                    and is_labelled(p)) if watch.is_dir() else []
@@ -260,9 +246,7 @@ def import_dropped(cfg: PipelineConfig) -> list[LabelImport]:
 
 
 def quarantine_batches(cfg: PipelineConfig, batches: list[Batch], reason: str) -> list[str]:
-    """A round's new batches that the data gate refused, out of the watch folder (so the
-    next round goes on with later batches; the quarantined event for each) -> where they
-    went."""
+    """Quarantine the batches the data gate refused, so the next round goes on -> where."""
     watch, moved = Path(cfg.retrain.watch_dir).resolve(), []
     for b in batches:
         if not b.path or not Path(b.path).exists():

@@ -1,10 +1,6 @@
-"""A Label Studio project of preference pairs: the pairwise labelling page, one task per pair,
-and the votes read back.
-
-A task holds what a labeller needs and nothing else: the prompt (as turns: a plain prompt is
-one user turn, a conversation shows every turn), response A, response B and an opaque
-reference. Which pairs are known answers, which policy version answered and the reward
-model's scores stay in the collection's record in MLflow.
+"""A Label Studio project of preference pairs: the pairwise page, one task per pair, and the
+votes read back. A task holds only what a labeller needs (prompt, responses, an opaque
+reference); known answers, policy version and scores stay in MLflow, unseen by labellers.
 """
 
 from __future__ import annotations
@@ -57,8 +53,7 @@ class Project:
 
 @dataclass(frozen=True)
 class Vote:
-    """One finished annotation: who chose what on which task (``choice`` as the tool gave
-    it: A, B, Tie, Skip; ``skip`` for a task the labeller skipped with the tool's button)."""
+    """One finished annotation (``choice`` as the tool gave it, or ``skip`` when cancelled)."""
 
     task_id: int
     annotation_id: int
@@ -120,8 +115,7 @@ def add_pairs(ls: LabelStudio, project: Project, datas: list[dict]) -> list[int]
 
 
 def read_tasks(ls: LabelStudio, project_id: int) -> dict[int, tuple[dict, list[Vote]]]:
-    """Every annotated task of the project -> (its data as the tool holds it now, its
-    finished votes). Drafts are not votes."""
+    """Every annotated task -> (its data as the tool holds it now, its finished votes)."""
     rows = ls.get(f"/api/projects/{project_id}/export", what="export the project's "
                   "annotations", exportType="JSON")
     names = ls.users()
@@ -140,8 +134,7 @@ def read_tasks(ls: LabelStudio, project_id: int) -> dict[int, tuple[dict, list[V
 
 
 def _choice(result: list[dict]) -> str:
-    """The chosen value of the ``choice`` control; any other answer as text (a free-text
-    answer, several choices) so that the pull can name it."""
+    """The ``choice`` control's value; any other answer as text, so the pull can name it."""
     picked = [r for r in result if r.get("from_name") == "choice"]
     if len(picked) != 1:
         texts = [str(r.get("value")) for r in result]
@@ -151,15 +144,15 @@ def _choice(result: list[dict]) -> str:
 
 
 def note_verdicts(ls: LabelStudio, project: Project, text: str) -> None:
-    """The pipeline's verdict on the labellers, where the people labelling see it: the
-    project's description (Label Studio's open-source edition has no comments API)."""
+    """The verdict on the labellers in the project's description, where they see it (the
+    open-source edition has no comments API)."""
     ls.call("PATCH", f"/api/projects/{project.id}/", {"description": text[:5000]},
             what="change the project's description")
 
 
 def accounts(ls: LabelStudio, emails: list[str]) -> dict[str, int]:
-    """Accounts by email in the key's organisation, made when missing -> {email: id} (the
-    key's account must be allowed to add users: the organisation's owner)."""
+    """{email: account id} in the key's organisation, creating missing ones (needs the owner's
+    key)."""
     have = {email: uid for uid, email in ls.users().items()}
     for email in emails:
         if email not in have:
@@ -171,8 +164,7 @@ def accounts(ls: LabelStudio, emails: list[str]) -> dict[str, int]:
 
 
 def vote(ls: LabelStudio, task_id: int, choice: str, as_user: int | None = None) -> None:
-    """Annotate one task with a, b, tie or skip (``as_user``: recorded as that account's;
-    the key's account otherwise)."""
+    """Annotate one task with a, b, tie or skip, as ``as_user`` or the key's account."""
     body: dict[str, Any] = {"result": [{
         "from_name": "choice", "to_name": "prompt", "type": "choices",
         "value": {"choices": [{v: k for k, v in CHOICE_OF.items()}[choice]]}}]}

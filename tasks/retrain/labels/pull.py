@@ -1,21 +1,10 @@
-"""`rlhf label pull`: the finished annotations of a collection's Label Studio tasks become the
-same batch a labelled file makes (``import_labels``: majority vote, known answers, label
-quality, quarantine, the ``rlhf.preferences.labelled`` event).
+"""`rlhf label pull`: a collection's finished Label Studio annotations become the same batch
+a labelled file makes (``import_labels``).
 
-Exactly once, by pair: a pair is imported once, with every finished annotation it has at
-that pull (one row per annotator, the annotator's Label Studio email as ``labeller``). A
-pull writes what it takes to ``<collect.out_dir>/pulls/<collection>/pending/`` before it
-imports, and moves the file to ``done/`` after; a pull stopped anywhere in between is
-finished by the next one (the import itself is idempotent on the file), so nothing is
-imported twice and nothing is missed. Annotations added or changed on a pair after its pull
-are not imported (the pair has trained, or been held back, once): each pull counts them
-and says so.
-
-A task whose texts were edited in the tool is left out by id (the texts that train come
-from the collection's record); an annotation whose answer is not A / B / Tie / Skip is left
-out and named. A batch is made once ``collect.destination.min_labelled`` of the
-collection's tasks are labelled (``annotations_per_task`` finished annotations each), or
-at once with ``partial``.
+Exactly once per pair: a pull writes its rows to ``pulls/<collection>/pending/`` before
+importing and moves them to ``done/`` after, so a stopped pull is finished by the next; later
+annotations on a pulled pair are only counted. A batch waits for
+``collect.destination.min_labelled`` of the tasks unless ``partial``.
 """
 
 from __future__ import annotations
@@ -115,8 +104,7 @@ def _write_atomic(path: Path, rows: list[dict]) -> None:
 
 
 def _import(cfg: PipelineConfig, pending: Path) -> LabelImport:
-    """Import a pending pull file, then move it to ``done/`` (idempotent: a file imported
-    before gives 'already imported')."""
+    """Import a pending pull file (idempotent), then move it to ``done/``."""
     out = import_labels.fn(cfg, str(pending), "import", {LABELS_SOURCE_TAG: SOURCE})
     done = pending.parent.parent / "done" / pending.name
     done.parent.mkdir(parents=True, exist_ok=True)
@@ -126,8 +114,7 @@ def _import(cfg: PipelineConfig, pending: Path) -> LabelImport:
 
 def _votes(link: StudioLink, tasks: dict, pulled: dict[str, list[dict]]
            ) -> tuple[dict[str, list[dict]], list[str], int]:
-    """New vote rows by pair (pairs not pulled before), rows left out (named), and the
-    count of annotations on pairs pulled before that were not imported."""
+    """(new vote rows by unpulled pair, rows left out, late annotations on pulled pairs)."""
     new: dict[str, list[dict]] = {}
     refused: list[str] = []
     late = 0
@@ -201,8 +188,7 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
 
 
 def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: LabelImport) -> None:
-    """The import's verdict on the project's page (best effort: a refusal to change the
-    description loses nothing)."""
+    """The import's verdict on the project's page (best effort)."""
     held = "; ".join(f"{who}: {why}" for who, why in out.held_back.items())
     text = out.text or out.reason or out.status
     try:
@@ -214,9 +200,8 @@ def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: LabelImport) ->
 
 
 def pulled_in_full(cfg: PipelineConfig) -> list[tuple[str, Path, int]]:
-    """Collections whose every pair was pulled and imported, no pull pending: (id, its
-    ``pulls/`` record, its pairs). Their records serve no later pull once the collection's
-    run says so (:data:`PULLED_ALL_TAG`, set by `rlhf gc` before it deletes one)."""
+    """(id, ``pulls/`` folder, pairs) of collections fully pulled with none pending, whose
+    records `rlhf gc` may delete once it sets :data:`PULLED_ALL_TAG`."""
     root = Path(cfg.collect.out_dir) / "pulls"
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) \
         if root.is_dir() else []
@@ -239,8 +224,7 @@ def pulled_in_full(cfg: PipelineConfig) -> list[tuple[str, Path, int]]:
 
 def pull(cfg: PipelineConfig, collection: str | None = None,
          partial: bool = False) -> list[PullResult]:
-    """Pull one collection, or every collection that went to Label Studio and still has
-    pairs to pull."""
+    """Pull one collection, or every Label Studio collection with pairs left to pull."""
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     exp_id = experiment_for(client, cfg)
     if collection is not None:

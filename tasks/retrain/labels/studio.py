@@ -1,9 +1,5 @@
-"""A collection in a Label Studio project: its pairs sent as tasks, and the link between the
-two kept in the collection's MLflow run.
-
-The link (``collection/label_studio.json``: server, project id and title, task id -> pair
-id, the texts each task was given) is what a pull reads: labellers see texts and an opaque
-reference only; the pair ids, known answers and reward-model scores stay in MLflow.
+"""A collection in a Label Studio project: its pairs sent as tasks, and the task -> pair link
+kept in the collection's MLflow run for pulls, so labellers see only texts.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ def connect(cfg: PipelineConfig) -> LabelStudio:
 
 
 def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -> StudioLink:
-    """One task per pair of the collection (known-answer pairs among them, not marked) in
-    the configured project; the link logged on the collection's run, the page as a tag."""
+    """Send one task per pair (known answers unmarked); log the link on the collection run."""
     ls = connect(cfg)
     project = ensure_project(ls, project_title(cfg), "Pairs of answers to compare, sent by "
                              "the RLHF pipeline's `rlhf collect`.")
@@ -102,8 +97,8 @@ def read_link(client, run) -> StudioLink:
 
 
 def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
-    """A labelled file whose rows come from a collection that went to Label Studio is
-    refused (its labels come back with `rlhf label pull`, which imports each pair once)."""
+    """Refuse a labelled file from a Label Studio collection: `rlhf label pull` imports each
+    pair once."""
     from data_checks.labels import read_labelled
     from tasks.platform.mlflow.runs import default_tracking_uri, ensure_experiment, tracking_client
 
