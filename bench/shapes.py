@@ -40,7 +40,7 @@ def build_shape(out: Path, n_layer: int, n_embd: int, vocab: int, n_positions: i
     prompt token ids). The model's vocabulary is ``vocab`` (>= the tokenizer's)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rlhf_core.models.models import load_tokenizer
+    from rlhf_core.models.loader import load_tokenizer
 
     assets = build_demo_assets(out / "demo", sizes=DemoSizes(n_sft=8, n_pref=8, n_prompts=512,
                                                                n_eval=8, n_pref_eval=8),
@@ -68,7 +68,8 @@ def real_shape(source: str, out: Path) -> tuple[Path, list[list[int]], dict]:
 
     from rlhf_core.demo import chat_row, training_prompts
     from rlhf_core.models.chat import render_prompt
-    from rlhf_core.models.models import load_tokenizer, resize_for_tokenizer
+    from rlhf_core.models.loader import load_tokenizer
+    from rlhf_core.models.models import resize_for_tokenizer
     from rlhf_core.models.sources import resolve_model_source
 
     folder = resolve_model_source(source)

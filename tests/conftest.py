@@ -107,7 +107,8 @@ def models(tiny_model_dir):
     """(tokenizer, policy, reference, value model, reward model) of the tiny GPT-2."""
     import torch
 
-    from rlhf_core.models.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+    from rlhf_core.models.loader import load_tokenizer
+    from rlhf_core.models.models import ScalarHeadModel, load_causal_lm
 
     torch.manual_seed(0)
     tok = load_tokenizer(str(tiny_model_dir))

@@ -20,13 +20,7 @@ from rlhf_core.models.adapters import (
     peft_reading_old_names,
     trunk_of,
 )
-from rlhf_core.models.models import (
-    ScalarHeadModel,
-    load_causal_lm,
-)
-from rlhf_core.models.models import (
-    load_tokenizer as _load_tokenizer,
-)
+from rlhf_core.models.models import ScalarHeadModel, load_causal_lm
 from rlhf_core.models.precision import enable_tf32, resolve_precision
 
 _COMPUTE_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -66,8 +60,14 @@ class LoadSpec:
         return {"attn_implementation": self.attn_implementation}
 
 
-def load_tokenizer(name_or_path: str | Path, spec: LoadSpec):
-    return _load_tokenizer(str(name_or_path), trust_remote_code=spec.trust_remote_code)
+def load_tokenizer(name_or_path: str | Path, spec: LoadSpec = LoadSpec()):
+    """AutoTokenizer with right padding (left padding is done by hand)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path),
+                                              trust_remote_code=spec.trust_remote_code)
+    tokenizer.padding_side = "right"
+    return tokenizer
 
 
 def enable_checkpointing(model) -> None:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from rlhf_core.models.chat import stop_token_ids
@@ -42,13 +42,6 @@ def disable_dropout(model: nn.Module) -> nn.Module:
             if isinstance(value, float) and ("dropout" in key or "pdrop" in key):
                 setattr(config, key, 0.0)
     return model
-
-
-def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
-    """AutoTokenizer.from_pretrained with right padding (left padding is done by hand)."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    tokenizer.padding_side = "right"
-    return tokenizer
 
 
 def load_causal_lm(

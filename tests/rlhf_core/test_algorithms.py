@@ -6,7 +6,8 @@ from pydantic import ValidationError
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
 from rlhf_core.ppo.algorithms import GAE, RLOO, make_algorithm
 from rlhf_core.ppo.trainer import PPOTrainer
 

@@ -10,7 +10,8 @@ import torch
 from rlhf_core.config import OptimConfig, PPOConfig, RewardConfig, SFTConfig
 from rlhf_core.models.checkpoint import Checkpointer, atomic_dir, capture_rng, restore_rng
 from rlhf_core.models.data import encode
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
 from rlhf_core.ppo.trainer import PPOTrainer
 from rlhf_core.train.reward import encode_pairs, train_reward_model
 from rlhf_core.train.sft import encode_sft_rows, train_sft

@@ -7,7 +7,8 @@ import torch
 
 from rlhf_core.config import Sampling
 from rlhf_core.eval.evaluate import compare_policies, rm_judge_gap, sample_policy
-from rlhf_core.models.models import ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import ScalarHeadModel, load_causal_lm
 
 
 def _samples(scores, responses):

@@ -8,7 +8,8 @@ import torch
 
 from data_checks.tokenizer_checks import ensure_special_tokens
 from rlhf_core.models.data import encode, left_pad
-from rlhf_core.models.models import load_causal_lm, load_tokenizer, resize_for_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import load_causal_lm, resize_for_tokenizer
 from rlhf_core.models.sampling import cache_keyword, fits_lean_loop, multinomial, sample_responses
 from rlhf_core.ppo.ppo_math import truncate_after_eos
 from rlhf_core.ppo.rollout import sampling_config

@@ -12,7 +12,8 @@ from rlhf_core.health.checks import HeldOutCheck
 from rlhf_core.health.detectors import Detector, Finding, KLSpike
 from rlhf_core.health.watch import Watch
 from rlhf_core.models.data import encode
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
 from rlhf_core.ppo.trainer import PPOTrainer
 
 CPU = torch.device("cpu")

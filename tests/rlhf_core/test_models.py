@@ -3,11 +3,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlhf_core.models.data import left_pad
+from rlhf_core.models.loader import load_tokenizer
 from rlhf_core.models.models import (
     ScalarHeadModel,
     disable_dropout,
     load_causal_lm,
-    load_tokenizer,
     position_ids_from_mask,
 )
 

@@ -18,7 +18,8 @@ import torch.multiprocessing as mp
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.ppo.ppo_dist import make_trainer, shard_rows
 from rlhf_core.ppo.rollout import Experience, make_experience, to_autograd_tensors

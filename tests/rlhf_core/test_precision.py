@@ -9,7 +9,8 @@ import torch
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
 from rlhf_core.ppo.ppo_math import logprobs_from_logits
 from rlhf_core.ppo.rollout import response_logits, to_autograd_tensors
 from rlhf_core.ppo.trainer import PPOTrainer

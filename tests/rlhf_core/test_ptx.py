@@ -10,7 +10,8 @@ import torch
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode, right_pad
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
 from rlhf_core.ppo.trainer import PPOTrainer
 from rlhf_core.train.ptx import PretrainMix, chunk_ids, lm_loss
 from tests.shared import Interrupt, assert_same_bits, weights

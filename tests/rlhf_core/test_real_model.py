@@ -69,7 +69,7 @@ def test_the_real_tokenizer_through_the_data_gate(smollm2, tmp_path):
     from data_checks.validate import run_validation
     from rlhf_core.demo import DemoSizes, generate_demo_data
     from rlhf_core.models import chat
-    from rlhf_core.models.models import load_tokenizer
+    from rlhf_core.models.loader import load_tokenizer
 
     tok = load_tokenizer(smollm2)
     assert tok.pad_token_id == tok.eos_token_id  # as shipped

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rlhf_core.models.data import encode, left_pad
-from rlhf_core.models.models import load_causal_lm, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import load_causal_lm
 from rlhf_core.models.sampling import (
     ReservedLayer,
     fits_lean_loop,

@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from data_checks.token_files import tokens_path
-from rlhf_core.models.models import load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
 from rlhf_core.models.ragged import Joined
 from rlhf_core.train.sft import sft_batch
 from tasks.config.pipeline_config import load_config

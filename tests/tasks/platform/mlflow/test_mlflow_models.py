@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from rlhf_core.models.models import ScalarHeadModel, load_tokenizer
+from rlhf_core.models.loader import load_tokenizer
+from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.models.scoring import score_texts
 from tests.shared import ROOT
 
