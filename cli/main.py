@@ -80,8 +80,7 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
     lines += [f"registered {what}: {ref}" for what, ref in registered(result).items()]
     if result.registered is not None and result.registered.reason:
         lines.append(f"  decision: {result.registered.reason}")
-    lines += result.health.lines() if result.health is not None else []
-    lines += [tax for tax in [getattr(result.stages.get("evaluate"), "tax", "")] if tax]
+    lines += result.notes
     lines += [f"checkpoints: {result.workdir}", ""]
     return "\n".join(lines)
 

@@ -68,7 +68,7 @@ def policy_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, data:
                   reference_dir: str | None = None) -> Outputs:
     """critic_init (or its skip) -> ppo from ``start`` against the reward model."""
     rm_out = rewards["reward_model"]
-    critic_out = critic_init(ctx, config, rm_out)
+    critic_out = critic_init(ctx, config, rm_out, start)
     ppo_out = ppo(ctx, config, prep, data, start, rm_out, rewards["reward_norm"], critic_out,
                   judge=rewards.get("judge_model"), reference_dir=reference_dir)
     return {"critic_init": critic_out, "ppo": ppo_out}

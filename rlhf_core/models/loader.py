@@ -130,15 +130,16 @@ def load_scalar_model(model_dir: str | Path, spec: LoadSpec,
     return _finish(model, spec, trainable)
 
 
-def new_scalar_model(name_or_path: str | Path, spec: LoadSpec) -> ScalarHeadModel:
+def new_scalar_model(name_or_path: str | Path, spec: LoadSpec,
+                     trainable: bool = True) -> ScalarHeadModel:
     """A fresh scalar head on a causal LM's trunk (the reward model before training)."""
     if is_adapter_folder(name_or_path):
-        trunk = trunk_of(name_or_path, spec.param_dtype(True), spec.trust_remote_code,
+        trunk = trunk_of(name_or_path, spec.param_dtype(trainable), spec.trust_remote_code,
                          **spec.hf_kwargs())
-        return _finish(ScalarHeadModel(trunk), spec, True)
-    model = ScalarHeadModel.from_causal_lm(name_or_path, spec.param_dtype(True),
+        return _finish(ScalarHeadModel(trunk), spec, trainable)
+    model = ScalarHeadModel.from_causal_lm(name_or_path, spec.param_dtype(trainable),
                                            spec.trust_remote_code, **spec.hf_kwargs())
-    return _finish(model, spec, True)
+    return _finish(model, spec, trainable)
 
 
 def add_lora(model, settings: LoraSettings):

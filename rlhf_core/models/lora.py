@@ -2,7 +2,8 @@
 
 Under LoRA the reference is the policy with its adapters off, and the reward model the critic's
 trunk with its adapters off: two frozen trunks instead of four models. The critic keeps its
-warm start from the reward model, so it does not share the policy's base.
+warm start from the reward model, so it does not share the policy's base; a critic with a new
+head on the start policy (no reward model among the reward's sources) has a trunk of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rlhf_core.models.loader import (
     enable_checkpointing,
     load_policy,
     load_scalar_model,
+    new_scalar_model,
 )
 from rlhf_core.models.models import PPOModels, ScalarHeadModel
 
@@ -44,9 +46,10 @@ class AdaptersOff(nn.Module):
 
 
 def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Path | None,
-               reward_dir: str | Path, spec: LoadSpec) -> PPOModels:
+               reward_dir: str | Path, spec: LoadSpec, new_head: bool = False) -> PPOModels:
     """-> (policy, reference, value model, reward model), full or LoRA; ``critic_dir`` None:
-    no value model."""
+    no value model; ``new_head`` (LoRA): ``critic_dir`` is a causal LM, the critic a new head
+    on its trunk."""
     if spec.lora is None:
         value = None if critic_dir is None else load_scalar_model(critic_dir, spec)
         return PPOModels(load_policy(policy_dir, spec),
@@ -59,8 +62,11 @@ def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Pa
     policy = add_lora(base, spec.lora)
     if critic_dir is None:
         return PPOModels(policy, AdaptersOff(policy), None, trunk)
+    critic = new_scalar_model(critic_dir, spec, trainable=False) if new_head else trunk
     if spec.gradient_checkpointing:
-        enable_checkpointing(trunk.backbone)
+        enable_checkpointing(critic.backbone)
+    if new_head:  # its own trunk: the reward model stays whole
+        return PPOModels(policy, AdaptersOff(policy), adapt_scalar(critic, spec.lora), trunk)
     value_backbone = add_lora(trunk.backbone, spec.lora)
     value_head = copy.deepcopy(trunk.head).float().requires_grad_(True)
     value = ScalarHeadModel(value_backbone, value_head)

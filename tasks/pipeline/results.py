@@ -62,6 +62,15 @@ class PipelineResult(BaseModel):
         return None if ppo is None else ppo.health
 
     @property
+    def notes(self) -> list[str]:
+        """The summary's lines in words: where the critic started, what watching PPO found,
+        the alignment tax."""
+        critic = getattr(self.stages.get("critic_init"), "figures", {}).get("critic")
+        lines = [f"critic: {critic}"] if critic else []
+        lines += self.health.lines() if self.health is not None else []
+        return lines + [tax for tax in [getattr(self.stages.get("evaluate"), "tax", "")] if tax]
+
+    @property
     def registered(self) -> RegisterRecord | None:
         """The register stage's record (None: it did not run)."""
         return self._stage("register", RegisterRecord)

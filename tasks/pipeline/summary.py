@@ -39,11 +39,10 @@ def summary_markdown(result: PipelineResult, title: str, outcome: str | None = N
         wall = "skipped" if stage.skipped else f"{stage.wall_s:.1f}"
         shown = ", ".join(f"{k} {_cell(v)}" for k, v in list(stage.metrics.items())[:3])
         rows.append(f"| {name} | {wall} | {shown} |")
-    health = result.health.lines() if result.health is not None else []
-    health += [tax for tax in [getattr(result.stages.get("evaluate"), "tax", "")] if tax]
+    notes = result.notes
     return "\n".join([
         f"# {title}", "", outcome or decision_line(result), "",
-        *[f"- {line}" for line in health], *([""] if health else []),
+        *[f"- {line}" for line in notes], *([""] if notes else []),
         f"MLflow parent run: {parent} · [runs table]({table}) (select two parent runs, then "
         "Compare)", "",
         "| stage | wall s | key figures |", "|---|---|---|", *rows,

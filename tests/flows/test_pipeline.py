@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from tasks.config.pipeline_config import load_config
+from tasks.pipeline.stages.critic_init import FROM_RM
 from tests.shared import TEST_CONFIG as CONFIG
 from tests.shared import pipeline_stages, ppo_iteration_metrics, registered_models_panel
 
@@ -138,3 +139,4 @@ def test_the_run_has_its_own_summary_artifact(pipeline_result):
     assert all(f"| {stage} | " in text for stage in pipeline_stages()), text
     assert "promoted to champion" in text and result.registered.reason in text, text
     assert result.parent_run_id in text and "workflowType=machine_learning" in text, text
+    assert f"- critic: {FROM_RM}" in text, text  # where the critic started, and why

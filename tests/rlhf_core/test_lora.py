@@ -15,6 +15,7 @@ from rlhf_core.models.loader import (
     new_scalar_model,
 )
 from rlhf_core.models.lora import ppo_models
+from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.ppo.trainer import PPOTrainer
 
 pytest.importorskip("peft")
@@ -66,6 +67,48 @@ def test_lora_ppo_trains_adapters_and_leaves_reference_and_reward_alone(tiny_mod
     assert not hasattr(final_policy, "peft_config")
     weights = sorted(p.name for p in (tmp_path / "policy").glob("*.safetensors"))
     assert weights == ["adapter_model.safetensors"]  # no copy of the frozen base
+
+
+def test_a_lora_critic_with_a_new_head_adapts_the_start_policys_trunk(tiny_model_dir,
+                                                                       tmp_path):
+    """``new_head`` (no reward model among the sources): the critic is an adapter and a new
+    fp32 head over the start policy's trunk, the reward model a frozen model of its own that an
+    update leaves alone; the critic saved over the policy's folder loads back as trained."""
+    spec = LoadSpec.from_config(ModelConfig(lora=LoraSettings(r=4, alpha=8)), "cpu")
+    torch.manual_seed(0)
+    rm = new_scalar_model(tiny_model_dir, spec)
+    with torch.no_grad():  # a trained reward model: its trunk is not the policy's
+        for p in rm.backbone.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    rm.save(tmp_path / "rm")
+    models = ppo_models(tiny_model_dir, tiny_model_dir, tiny_model_dir, tmp_path / "rm", spec,
+                        new_head=True)
+    value, reward = models.value_model, models.reward_model
+    tok = load_tokenizer(tiny_model_dir, spec)
+    ids = torch.tensor([encode(tok, PROMPTS[2])])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    start = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    with torch.no_grad():
+        torch.testing.assert_close(value.hidden(ids, mask), start.hidden(ids, mask))
+        assert not torch.allclose(reward.hidden(ids, mask), start.hidden(ids, mask))
+        reward_before = reward(ids, mask)
+    assert not torch.equal(value.head.weight, reward.head.weight.float())  # a new head
+    assert value.head.weight.dtype == torch.float32 and value.head.weight.requires_grad
+    cfg = PPOConfig(iterations=1, rollout_batch_size=4, num_minibatches=1, ppo_epochs=2,
+                    max_new_tokens=6, optim=OptimConfig(lr=1e-2))
+    tr = PPOTrainer(models, tokenizer=tok, prompt_ids=[encode(tok, p) for p in PROMPTS],
+                    cfg=cfg, norm_stats={"mean": 0.0, "std": 1.0, "n": 1},
+                    device=torch.device("cpu"), generator=torch.Generator().manual_seed(0))
+    trained = {n for n, p in value.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n or n.startswith("head.") for n in trained)
+    tr.step()
+    with torch.no_grad():
+        assert torch.equal(reward(ids, mask), reward_before)
+        value_after = value(ids, mask)
+    save_scalar_adapter(value, tmp_path / "value", tiny_model_dir)
+    final = load_scalar_model(tmp_path / "value", LoadSpec(), trainable=False)
+    with torch.no_grad():
+        torch.testing.assert_close(final(ids, mask), value_after, atol=1e-5, rtol=1e-5)
 
 
 def test_a_healthy_snapshot_of_lora_holds_the_adapters_and_restores_them(tiny_model_dir,

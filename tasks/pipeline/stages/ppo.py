@@ -100,9 +100,12 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     critic_dir = sc.local(critic.model, "critic_init's model") if cfg.ppo.uses_critic else None
     start_dir = sc.local(start.model, "the start policy")  # here, or downloaded from MLflow
     models = ppo_models(start_dir, reference_dir or start_dir, critic_dir,
-                        sc.local(rm.model, "reward_model's model"), spec)
+                        sc.local(rm.model, "reward_model's model"), spec,
+                        new_head=critic.fresh_head)
     norm_stats = norm.stats  # the values reward_norm.json holds
-    if models.value_model is not None:  # the critic starts on the returns' scale
+    # the critic starts on the returns' scale: the RM's head is moved off its raw scores'
+    # mean; a new head (outputs near 0) was never on the RM's scale, so nothing to undo
+    if models.value_model is not None and not critic.fresh_head:
         normalise_head(models.value_model.head, norm_stats, cfg.reward_norm.divide_by_std)
     data_dir = sc.local(data.data, "validate's data")
     # the gate's token ids (memory-mapped; a batch's prompts read when drawn), else encoded

@@ -60,6 +60,7 @@ class ModelRecord(StageRecord):
 
     model: Artifact | None = None
     source: str | None = None
+    fresh_head: bool = False  # critic_init: a new head on the start policy, not the RM's
 
 
 class NormRecord(StageRecord):

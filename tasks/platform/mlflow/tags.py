@@ -74,7 +74,7 @@ OUTPUT_TAG = "rlhf.output"  # a finished stage's output record (JSON): a re-run 
 TOKENIZER_PREFIX = "rlhf.tokenizer."  # + a tokenizer fact (validate)
 VALIDATION_REUSED_TAG = "rlhf.validation.reused"  # validate: the key of the passed one reused
 CRITIC_SKIPPED_TAG = "rlhf.critic_skipped"  # why no critic was made
-CRITIC_SOURCE_TAG = "rlhf.critic_source"  # the reward model the critic starts from
+CRITIC_SOURCE_TAG = "rlhf.critic_source"  # the model the critic starts from
 # + a reward source's name: what identifies it (ppo.reward_sources; a resume compares)
 REWARD_SOURCE_PREFIX = "rlhf.reward_source."
 # a stage routed to another machine (tasks/platform/prefect/remote.py)

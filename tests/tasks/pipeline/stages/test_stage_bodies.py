@@ -12,11 +12,13 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
+import torch
 
 from data_checks.config import DataSource
 from rlhf_core.config import RewardSource
 from tasks.config.pipeline_config import load_config
 from tasks.pipeline.prepare import Prepared
+from tasks.pipeline.stages.critic_init import FROM_POLICY, FROM_RM
 from tasks.pipeline.stages.records import (
     Artifact,
     DataRecord,
@@ -84,7 +86,7 @@ def chain(tmp_path_factory, tiny_model_dir):
     rm = run("reward_model", prep=prep, data=d, start=s)
     norm = run("reward_norm", data=d, rm=rm)
     judge = run("judge_model", data=d, start=s)
-    critic = run("critic_init", rm=rm)
+    critic = run("critic_init", rm=rm, start=s)
     pol = run("ppo", prep=prep, data=d, start=s, rm=rm, norm=norm, critic=critic, judge=judge)
     ev = run("evaluate", prep=prep, data=d, sft=s, rm=rm, policy=pol)
     run("register", tracked=True, policy=pol, evaluation=ev, rm=rm, data=d)
@@ -271,6 +273,89 @@ def test_critic_init_copies_the_reward_model_and_names_its_source(chain):
     assert rec.source == rm.model.uri and sc.tags["rlhf.critic_source"] == rm.model.uri
     assert (Path(rec.model.path) / "head.safetensors").read_bytes() == \
         (Path(rm.model.path) / "head.safetensors").read_bytes()
+    assert not rec.fresh_head and rec.figures == {"critic": FROM_RM}
+
+
+ONLY_A_FUNCTION = (RewardSource(name="brevity", kind="function",
+                                target="tests.tasks.pipeline.reward_fns:brevity"),)
+
+
+@pytest.fixture(scope="module")
+def fresh(chain, tmp_path_factory):
+    """{stage: (fake context, record)} of critic_init and PPO when the reward is a function's
+    alone, reward_norm's mean moved to 10 (what PPO would put on a warm-started head)."""
+    cfg, prep, _, done = chain
+    cfg = cfg.model_copy(update={"ppo": cfg.ppo.model_copy(
+        update={"reward_sources": ONLY_A_FUNCTION})})
+    d, s, rm, norm, judge = (done[k][1] for k in ("validate", "sft", "reward_model",
+                                                  "reward_norm", "judge_model"))
+    out: dict = {}
+    run = _runner(cfg, tmp_path_factory.mktemp("fresh"), out)
+    critic = run("critic_init", rm=rm, start=s)
+    far = norm.model_copy(update={"stats": {**norm.stats, "mean": 10.0}})
+    run("ppo", prep=prep, data=d, start=s, rm=rm, norm=far, critic=critic, judge=judge)
+    return out
+
+
+def test_with_no_reward_model_among_the_sources_the_critic_starts_from_the_sft_policy(
+        chain, fresh):
+    from safetensors.torch import load_file
+
+    from rlhf_core.models.loader import LoadSpec, load_policy, load_scalar_model
+
+    sft, rm = chain[3]["sft"][1], chain[3]["reward_model"][1]
+    sc, rec = fresh["critic_init"]
+    assert rec.fresh_head and rec.source == sft.model.uri == sc.tags["rlhf.critic_source"]
+    assert rec.figures == {"critic": FROM_POLICY}
+    assert rec.model.uri.startswith(f"runs:/{sc.run_id}/checkpoint")
+    critic = load_scalar_model(rec.model.path, LoadSpec()).backbone.state_dict()
+    trunk = load_policy(sft.model.path, LoadSpec()).base_model.state_dict()
+    assert critic.keys() == trunk.keys()
+    assert all(torch.equal(v, trunk[k]) for k, v in critic.items())  # the SFT policy's trunk
+    head = load_file(str(Path(rec.model.path) / "head.safetensors"))
+    assert not torch.equal(head["weight"],
+                           load_file(str(Path(rm.model.path) / "head.safetensors"))["weight"])
+    ppo_sc, pol = fresh["ppo"]
+    first = ppo_sc.metrics[1]
+    assert "reward/brevity/raw_mean" in first and "reward/rm/raw_mean" not in first
+    assert "loss/value_avg" in first and pol.value_dir is not None
+    # PPO trained the new head but did not shift it by reward_norm's mean (10)
+    end = load_file(str(Path(pol.value_dir) / "head.safetensors"))["bias"]
+    assert abs(float(end - head["bias"])) < 1.0
+
+
+@pytest.mark.parametrize("sources", [None, ONLY_A_FUNCTION])
+def test_critic_init_under_lora_names_the_folder_ppo_adapts(chain, tmp_path, sources):
+    """With model.lora nothing is copied: the record names the reward model's folder, or the
+    start policy's (the critic a new head on it) when the reward model is no source; there
+    PPO trains the critic's adapter over that policy and saves it so that it loads back."""
+    pytest.importorskip("peft")
+    from rlhf_core.config import LoraSettings
+    from rlhf_core.models.adapters import base_of
+    from rlhf_core.models.loader import LoadSpec, load_scalar_model
+
+    cfg, prep, _, done = chain
+    sft, rm = done["sft"][1], done["reward_model"][1]
+    ppo = cfg.ppo if sources is None else \
+        cfg.ppo.model_copy(update={"reward_sources": sources})
+    cfg = cfg.model_copy(update={"ppo": ppo, "model": cfg.model.model_copy(
+        update={"lora": LoraSettings(r=4)})})
+    sc = FakeStageContext(cfg, "critic_init", tmp_path)
+    rec = STAGES["critic_init"].body(sc, rm=rm, start=sft)
+    src = rm if sources is None else sft
+    assert rec.model == src.model and rec.fresh_head is (sources is not None)
+    assert rec.source == sc.tags["rlhf.critic_source"] == src.model.uri
+    assert rec.figures["critic"].startswith(FROM_RM if sources is None else FROM_POLICY)
+    assert "LoRA" in rec.figures["critic"] and not (tmp_path / "critic_init").exists()
+    if sources is None:
+        return
+    sc = FakeStageContext(cfg, "ppo", tmp_path, seed=cfg.seed)
+    pol = STAGES["ppo"].body(sc, prep=prep, data=done["validate"][1], start=sft, rm=rm,
+                             norm=done["reward_norm"][1], critic=rec,
+                             judge=done["judge_model"][1])
+    assert "loss/value_avg" in sc.metrics[1]
+    assert base_of(pol.value_dir) == sft.model.path  # the adapter over the SFT policy
+    load_scalar_model(pol.value_dir, LoadSpec(), trainable=False)  # loads back merged
 
 
 def test_critic_init_without_a_critic_saves_nothing(chain, tmp_path):
@@ -279,7 +364,7 @@ def test_critic_init_without_a_critic_saves_nothing(chain, tmp_path):
         update={"advantage_estimator": "rloo"})})
     sc = FakeStageContext(cfg, "critic_init", tmp_path)
     none = ModelRecord(model=Artifact(path=str(tmp_path / "none")))
-    rec = STAGES["critic_init"].body(sc, rm=none)
+    rec = STAGES["critic_init"].body(sc, rm=none, start=none)
     assert rec.model is None and "no critic" in sc.tags["rlhf.critic_skipped"]
 
 
