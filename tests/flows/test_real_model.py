@@ -1,6 +1,7 @@
 """The real model a package ships (SmolLM2-135M-Instruct's GGUF file) through the whole pipeline
 on the real-English example (configs/smollm2.yaml) with LoRA adapters in every trained stage
-and the pretraining mix on, at the smallest sizes: each stage saves only what it trained,
+(GAE's critic too, which the example's RLOO does not train) and the pretraining mix on, at the
+smallest sizes: each stage saves only what it trained,
 naming the folder it adapts; the alignment tax is measured on base, SFT and policy; the
 registered policy serves from its bundle (the base named by its source and digest); a run
 killed mid-PPO resumes to the same adapter weights."""
@@ -24,7 +25,7 @@ SMALL = ["data.sft.limit=16", "data.preference.limit=16", "data.prompts.limit=16
          "data.eval_prompts.limit=8", "data.preference_eval.limit=8", "sft.batch_size=8",
          "data.pretrain.path=configs/pretrain/general-english.txt", "ppo.ptx_coef=1.0",
          "ppo.ptx_max_tokens=32", "eval.tax.max_new_tokens=6", "reward.batch_size=8",
-         "ppo.iterations=2",
+         "ppo.iterations=2", "ppo.advantage_estimator=gae", "ppo.samples_per_prompt=1",
          "ppo.rollout_batch_size=4", "ppo.num_minibatches=1", "ppo.ppo_epochs=1",
          "ppo.max_new_tokens=6", "ppo.eval_every=1", "ppo.eval_prompts=8",
          "ppo.checkpoint_every=1", "eval.num_prompts=8", "eval.max_new_tokens=6",
