@@ -52,7 +52,7 @@ def example_rows(df: pd.DataFrame, indices: list, n_examples: int) -> list[str]:
 
 def failure_text(label: str, kind: str, kwargs: dict, count, indices: list,
                  examples: list[str]) -> str:
-    """The sentence of one failed expectation (see failure_sentence) from its parts."""
+    """The sentence of one failed expectation from its parts."""
     rows = f": rows {_rows(indices)}" if indices else ""
     return f"{label}: {_what(kind, kwargs, count)}{rows} [{kind}]" + \
         (f"; e.g. {'; '.join(examples)}" if examples else "")

@@ -200,9 +200,9 @@ def test_the_reward_models_split_takes_ids_and_margins_of_the_same_rows(tmp_path
 
     from data_checks.token_files import write_tokens
     from rlhf_core.config import RewardConfig
-    from rlhf_core.models.data import encode, encode_pair
+    from rlhf_core.models.data import encode
     from tasks.pipeline.stages.reward_model import preference_split
-    from tests.conftest import make_tokenizer
+    from tests.conftest import encode_pair, make_tokenizer
 
     tok = make_tokenizer()
     rng = random.Random(1)
