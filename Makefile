@@ -33,7 +33,8 @@ smollm2: install
 # ours, e.g. pyarrow<25); the pipeline talks to it over HTTP. The template is its database,
 # migrated once, so that each test server starts in seconds from a copy.
 LS_VENV ?= .venv-label-studio
-LS_SPEC ?= label-studio==1.23.2
+# sentry-sdk 3 drops an option Label Studio 1.23 passes it at start-up: held below 3
+LS_SPEC ?= label-studio==1.23.2 'sentry-sdk<3'
 LS_HOME = $(LS_VENV)/bin/python -c 'import label_studio, os; print(os.path.dirname(label_studio.__file__))'
 $(LS_VENV)/template/label_studio.sqlite3:
 	test -x $(LS_VENV)/bin/python || $(PYTHON) -m venv $(LS_VENV)
@@ -54,7 +55,9 @@ label-studio: $(LS_VENV)/template/label_studio.sqlite3
 # compile them again (about 0.3 s of CPU each, some hundred processes).
 PRECOMPILE = $(BIN)/python -m compileall -q cli flows tasks rlhf_core data_checks tests bench >/dev/null
 TEST_WORKERS ?= 2
-test: install label-studio
+# Label Studio's tests are skipped, saying why, where it cannot be installed.
+test: install
+	$(MAKE) label-studio || echo "warning: Label Studio not installed; its tests will be skipped" >&2
 	$(PRECOMPILE)
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile \
 		--no-loadscope-reorder
