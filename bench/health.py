@@ -323,9 +323,8 @@ def replayed(rec: dict) -> tuple[list[dict], list[str]]:
     """The detectors (the code's settings now) on the recorded run, iteration by iteration ->
     (their findings, the detectors whose finding still stands at the end: a veto)."""
     from rlhf_core.config import PPOConfig
-    from rlhf_core.health.checks import CheckAnswers
     from rlhf_core.health.detectors import for_scorer
-    from rlhf_core.health.monitor import HealthMonitor
+    from rlhf_core.health.watch import CheckAnswers, HealthMonitor
 
     settings = for_scorer(PPOConfig().health, registered=False)
     monitor = HealthMonitor(settings)

@@ -27,8 +27,7 @@ from tasks.platform.mlflow.tags import COLLECTION_TAG  # noqa: E402
 from tasks.retrain.labels import imports as labels  # noqa: E402
 from tasks.retrain.labels import pull  # noqa: E402
 from tasks.retrain.labels.collect import experiment_for  # noqa: E402
-from tasks.retrain.labels.project import accounts, vote  # noqa: E402
-from tasks.retrain.labels.studio import connect, send  # noqa: E402
+from tasks.retrain.labels.studio import accounts, connect, send, vote  # noqa: E402
 from tasks.retrain.store import RECORD  # noqa: E402
 
 LABELLERS = ("bench-1@rlhf.bench", "bench-2@rlhf.bench", "bench-3@rlhf.bench")

@@ -35,8 +35,7 @@ from bench.shapes import (  # noqa: E402
     real_shape,
 )
 from rlhf_core.config import LoraSettings, ModelConfig, OptimConfig, PPOConfig  # noqa: E402
-from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model  # noqa: E402
-from rlhf_core.models.lora import ppo_models  # noqa: E402
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer, ppo_models  # noqa: E402
 from rlhf_core.ppo.trainer import PPOTrainer  # noqa: E402
 
 
@@ -75,7 +74,7 @@ def build_trainer(args, tmp: Path):
     device = torch.device(args.device)
     spec = LoadSpec.from_config(model_cfg, device)
     tok = load_tokenizer(folder, spec)
-    new_scalar_model(folder, LoadSpec()).save(tmp / "rm")  # reward model = critic init
+    load_pretrained(folder, LoadSpec(), "new_head").save(tmp / "rm")  # reward model = critic init
     models = ppo_models(folder, folder, tmp / "rm", tmp / "rm", spec)
     cfg = PPOConfig(iterations=args.warmup + args.iterations + args.profile,
                     rollout_batch_size=args.batch,

@@ -53,8 +53,7 @@ def prepare(root: Path, out: Path, pairs: int, seed: int) -> Path:
     from bench.data_scale import write_data, write_model
     from data_checks.token_files import TokenWriter, tokens_path
     from data_checks.tokenizer_checks import ensure_special_tokens
-    from rlhf_core.models.checkpoint import save_scalar_model
-    from rlhf_core.models.models import ScalarHeadModel
+    from rlhf_core.models.loader import LoadSpec, load_pretrained
 
     data, model = write_data(root, pairs, seed), None
     model = write_model(root, data["preference"])
@@ -80,7 +79,7 @@ def prepare(root: Path, out: Path, pairs: int, seed: int) -> Path:
                 tokens.write(pa.table({f"{c}_ids": [x for x, k in zip(ids[c], keep) if k]
                                        for c in cols}))
     for name in ("rm", "critic"):
-        save_scalar_model(ScalarHeadModel.from_causal_lm(model), out / name)
+        load_pretrained(model, LoadSpec(), "new_head").save(out / name)
     (out / "norm.json").write_text(json.dumps({"mean": 0.0, "std": 1.0, "n": 2}))
     (out / "config.json").write_text(json.dumps({
         "seed": 0, "model": {"base_model": str(model), "device": "cpu"},

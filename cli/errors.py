@@ -16,7 +16,7 @@ from tasks.gc.lock import StoreBusy
 from tasks.pipeline.identity import ResumeRefused
 from tasks.pipeline.rewards import RewardSourceDown
 from tasks.platform.mlflow.errors import PurgeFailed, RegistryError, TrackingOutage
-from tasks.platform.prefect.errors import RoutingError
+from tasks.platform.prefect.preflight import RoutingError
 from tasks.retrain.labels.client import LabelStudioError
 
 # exit 2: fix the input and re-run (a missing version or alias, a Label Studio server that
@@ -29,27 +29,22 @@ EXPECTED = USAGE_ERRORS + GATE_ERRORS
 # gc failed, is run again later
 OUTAGES = (TrackingOutage, StoreBusy, PurgeFailed)
 EX_TEMPFAIL = 75
-RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 
 
-class _NoTracebackForExpected(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, EXPECTED + OUTAGES) or prefect_gone(exc):
-            record.exc_info, record.exc_text = None, None
-            record.msg = str(record.msg).split("\n", 1)[0]  # the CLI prints the whole text
-        return True
-
-
-_FILTER = _NoTracebackForExpected()
+def _no_traceback_for_expected(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, EXPECTED + OUTAGES) or prefect_gone(exc):
+        record.exc_info, record.exc_text = None, None
+        record.msg = str(record.msg).split("\n", 1)[0]  # the CLI prints the whole text
+    return True
 
 
 def quiet_expected_failures() -> None:
     """Install the filter on Prefect's flow- and task-run loggers (idempotent)."""
-    for name in RUN_LOGGERS:
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
         logger = logging.getLogger(name)
-        if _FILTER not in logger.filters:
-            logger.addFilter(_FILTER)
+        if _no_traceback_for_expected not in logger.filters:
+            logger.addFilter(_no_traceback_for_expected)
 
 
 def exit_code(err: BaseException) -> int:

@@ -4,8 +4,11 @@ one log line each. Without --yes nothing is deleted."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from cli.runs import config_command
+from tasks.config.pipeline_config import ConfigError
+from tasks.platform.prefect.logins import Needs
+from tasks.platform.prefect.preflight import check_servers
 from tasks.platform.redact import redact
 
 
@@ -30,11 +33,9 @@ def gc_text(plan, done: list | None = None) -> str:
 
 
 def cmd_gc(args, config) -> int:
-    from tasks.config.pipeline_config import ConfigError
-    from tasks.gc.plan import apply_gc, one_gc_of, plan_gc
+    from tasks.gc.lock import one_gc
+    from tasks.gc.plan import apply_gc, plan_gc
     from tasks.gc.store import store_missing
-    from tasks.platform.prefect.logins import Needs
-    from tasks.platform.prefect.preflight import check_servers
 
     check_servers(config.tracking.tracking_uri, prefect=False,
                   needs=Needs(config.tracking.experiment, write=args.yes))
@@ -44,25 +45,22 @@ def cmd_gc(args, config) -> int:
     if not args.yes:  # a dry run changes nothing, not even the lock file
         print(gc_text(plan_gc(config, keep_runs=args.keep_runs)))
         return 0
-    with one_gc_of(config):  # a second gc of the store waits for this one
+    with one_gc(config):  # a second gc of the store waits for this one
         plan = plan_gc(config, keep_runs=args.keep_runs)
         print(gc_text(plan, apply_gc(config, plan)))
     return 0
 
 
-def add_command(sub, config_for) -> None:
-    """The `gc` subcommand; ``config_for(args)`` resolves --config/--set."""
-    gc = sub.add_parser("gc", help="list what no longer serves (old finished runs' folders, "
-                                   "runs deleted in MLflow, old batches, pull records); "
-                                   "--yes deletes it")
-    gc.add_argument("--config", type=Path, help="YAML/JSON pipeline config (default: demo)")
-    gc.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+def add_command(sub) -> None:
+    """The `gc` subcommand."""
+    gc = config_command(sub, "gc", cmd_gc, "list what no longer serves (old finished runs' "
+                                           "folders, runs deleted in MLflow, old batches, pull "
+                                           "records); --yes deletes it")
     gc.add_argument("--keep-runs", type=_count, metavar="N",
                     help="local folders of the newest N finished runs kept "
                          "(default tracking.gc_keep_runs)")
     gc.add_argument("--yes", action="store_true",
                     help="delete (without it: a dry run that lists what would go)")
-    gc.set_defaults(func=lambda args: cmd_gc(args, config_for(args)))
 
 
 def _count(text: str) -> int:

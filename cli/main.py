@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import signal
 import sys
 import time
@@ -23,14 +22,20 @@ from cli.errors import (
     prefect_gone,
     quiet_expected_failures,
 )
-from cli.resume import overrides_of, resume_config
-from cli.runs import cmd_runs, resume_args
+from cli.runs import (
+    DEMO_CONFIG,
+    cmd_runs,
+    config_command,
+    config_for,
+    config_options,
+    resume_command,
+    resume_config,
+)
 from cli.stopping import stop_signal, stop_within_seconds
 from data_checks.errors import ValidationFailed
-from tasks.config.pipeline_config import load_config
 from tasks.pipeline.rewards import RewardSourceDown
 from tasks.platform.mlflow.addresses import run_page, runs_table_url
-from tasks.platform.mlflow.last_run import last_parent_run
+from tasks.platform.mlflow.errors import last_parent_run
 from tasks.platform.mlflow.tags import SWEEP_TAG
 from tasks.platform.prefect.logins import Needs, login_out_of_uri, needs_of
 from tasks.platform.prefect.preflight import check_config, check_servers
@@ -38,13 +43,6 @@ from tasks.platform.redact import redact
 
 if TYPE_CHECKING:
     from tasks.pipeline.results import PipelineResult
-
-DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
-
-
-def _config_for(args) -> object:
-    """The user's file, else the embedded demo config; then --set overrides."""
-    return login_out_of_uri(load_config(args.config or DEMO_CONFIG, overrides_of(args)))
 
 
 def positive_int(text: str) -> int:
@@ -54,10 +52,6 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _fmt(value) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
 def summary_text(result: PipelineResult, wall_s: float) -> str:
     """One screen: each stage, its wall time (and on CUDA its peak GPU memory) and key
     metrics, and the parent run."""
@@ -65,46 +59,37 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
     lines = ["", "RLHF pipeline finished", "=" * 100,
              f"{'stage':<13}{'wall s':>8}{'  GPU GB' if gpu else ''}  key metrics", "-" * 100]
     for name, stage in result.stages.items():
-        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in list(stage.metrics.items())[:4])
+        shown = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in list(stage.metrics.items())[:4])
         wall = "skipped" if stage.skipped else f"{stage.wall_s:.1f}"
         peak = "-" if stage.peak_gpu_gb is None else f"{stage.peak_gpu_gb:.1f}"
         peak = f"{peak:>8}" if gpu else ""
         lines.append(f"{name:<13}{wall:>8}{peak}  {shown}")
     lines += [f"data warning: {w}" for w in getattr(result.stages.get("validate"), "warnings",
                                                      None) or []]
+    # where to look: the run's page on a tracking server, else how to start the UI
+    view = run_page(result.tracking_uri, result.experiment_id, result.parent_run_id) or \
+        f"mlflow ui --backend-store-uri {redact(result.tracking_uri)}"
     lines += ["-" * 100, f"total wall time: {wall_s:.1f} s",
               f"MLflow parent run: {result.parent_run_id} "
               f"(experiment {result.experiment_id}, {redact(result.tracking_uri)})",
-              f"  view: {ui_hint(result)}",
+              f"  view: {view}",
               f"  runs table: {runs_table_url(result.tracking_uri, result.experiment_id)}"]
-    lines += [f"registered {what}: {ref}" for what, ref in registered(result).items()]
-    if result.registered is not None and result.registered.reason:
-        lines.append(f"  decision: {result.registered.reason}")
+    reg = result.registered
+    if reg is not None and reg.registered:  # the versions the register stage registered
+        aliases = "champion" if reg.promoted else "challenger"  # a champion is no challenger
+        lines += [f"registered policy: models:/{reg.model_name}/{reg.version} ({aliases})",
+                  f"registered reward model: models:/{reg.reward_model_name}/"
+                  f"{reg.reward_model_version} (challenger)"]
+    if reg is not None and reg.reason:
+        lines.append(f"  decision: {reg.reason}")
     lines += result.notes
     lines += [f"checkpoints: {result.workdir}", ""]
     return "\n".join(lines)
 
 
-def ui_hint(result: PipelineResult) -> str:
-    """Where to look: the run's page on a tracking server, else how to start the UI."""
-    return run_page(result.tracking_uri, result.experiment_id, result.parent_run_id) or \
-        f"mlflow ui --backend-store-uri {redact(result.tracking_uri)}"
-
-
-def registered(result: PipelineResult) -> dict[str, str]:
-    """{'policy': 'models:/rlhf-policy/3 (challenger, champion)', ...}: the versions the
-    register stage registered (none when it registered nothing)."""
-    reg = result.registered
-    if reg is None or not reg.registered:
-        return {}
-    aliases = "champion" if reg.promoted else "challenger"  # a champion is no challenger
-    return {"policy": f"models:/{reg.model_name}/{reg.version} ({aliases})",
-            "reward model": f"models:/{reg.reward_model_name}/{reg.reward_model_version} "
-                            "(challenger)"}
-
-
 def cmd_run(args) -> int:
-    cfg = resume_config(args) if args.resume else _config_for(args)
+    cfg = resume_config(args) if args.resume else config_for(args)
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     from tasks.pipeline.prepare import check_outside_models
@@ -123,12 +108,11 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_validate(args) -> int:
-    cfg = _config_for(args)
+def cmd_validate(args, cfg) -> int:
     check_config(cfg)
     check_servers(cfg.tracking.tracking_uri, needs=Needs(cfg.tracking.experiment))
     from data_checks.loading import read_every_source
-    from flows.validate import rlhf_validate
+    from flows.pipeline import rlhf_validate
 
     read_every_source(cfg.data)
     quiet_expected_failures()
@@ -146,8 +130,7 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def cmd_sweep(args) -> int:
-    cfg = _config_for(args)
+def cmd_sweep(args, cfg) -> int:
     from tasks.config.pipeline_config import grid_points, parse_grid
 
     grid = parse_grid(args.grid or [])
@@ -186,10 +169,9 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def cmd_serve(args) -> int:
+def cmd_serve(args, cfg) -> int:
     from flows.serve import serve
 
-    cfg = _config_for(args)
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     name = args.name or Path(args.config or DEMO_CONFIG).stem
     serve(cfg, name)
@@ -212,22 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the whole pipeline (default: the embedded demo)")
-    run.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE",
-                     help="override a config field, e.g. --set ppo.kl_coef=0.1 (repeatable)")
+    config_options(run, "YAML/JSON pipeline config",
+                   "override a config field, e.g. --set ppo.kl_coef=0.1 (repeatable)")
     run.add_argument("--resume", metavar="RUN_ID",
                      help="continue this MLflow parent run, with the config it recorded "
                           "(--set changes a key on purpose)")
     run.add_argument("--nproc", type=int, metavar="N",
                      help="data-parallel ranks for SFT, reward model and PPO (sets model.nproc)")
     run.set_defaults(func=cmd_run)
-    val = sub.add_parser("validate", help="run the data gate alone (exit 1 if it fails)")
-    val.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
-    val.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
-    val.set_defaults(func=cmd_validate)
-    sweep = sub.add_parser("sweep", help="run a grid of RL settings x seeds; shared stages once")
-    sweep.add_argument("--config", type=Path, help="YAML/JSON pipeline config")
-    sweep.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    config_command(sub, "validate", cmd_validate, "run the data gate alone (exit 1 if it fails)",
+                   "YAML/JSON pipeline config")
+    sweep = config_command(sub, "sweep", cmd_sweep, "run a grid of RL settings x seeds; shared "
+                           "stages once", "YAML/JSON pipeline config")
     sweep.add_argument("--grid", action="append", metavar="KEY=V1,V2",
                        help="a ppo.*/eval.* setting and its values, e.g. "
                             "--grid ppo.advantage_estimator=gae,rloo (repeatable)")
@@ -235,7 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--max-concurrent", type=int, default=1,
                        help="points run side by side (default 1: one after another)")
     sweep.add_argument("--sweep-id", help="name of the sweep (tag rlhf.sweep_id); default by time")
-    sweep.set_defaults(func=cmd_sweep)
     runs = sub.add_parser("runs", help="list recent pipeline runs and their key metrics")
     runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
     runs.add_argument("--limit", type=positive_int, default=10,
@@ -243,12 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--page", type=positive_int, default=1,
                       help="which page of --limit runs (1: the newest; 2: the next ones...)")
     runs.set_defaults(func=cmd_runs)
-    srv = sub.add_parser("serve", help="serve the pipeline, retrain and collect deployments "
-                         "(blocks)")
-    srv.add_argument("--config", type=Path, help="served config (default: the demo)")
-    srv.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    srv = config_command(sub, "serve", cmd_serve, "serve the pipeline, retrain and collect "
+                         "deployments (blocks)", "served config (default: the demo)")
     srv.add_argument("--name", help="deployment name (default: the config file's stem)")
-    srv.set_defaults(func=cmd_serve)
     stw = sub.add_parser("stage-worker", help="take routed stages and nodes of pipelines run "
                          "elsewhere: serve the rlhf-stage/NAME deployment (blocks)")
     stw.add_argument("--name", required=True, help="deployment name, e.g. gpu (rlhf-stage/gpu)")
@@ -258,9 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cli.notify import add_command as add_notify
     from cli.retrain import add_commands
 
-    add_commands(sub, _config_for)
-    add_answers(sub, _config_for)
-    add_gc(sub, _config_for)
+    add_commands(sub)
+    add_answers(sub)
+    add_gc(sub)
     add_notify(sub)
     parser.epilog = "usage of each command (rlhf COMMAND --help for its options):\n" + \
         "\n".join(f"  {line}" for line in commands(parser)) + "\n" + HELP_EPILOG
@@ -312,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as err:
         if prefect_gone(err):
             api = os.environ.get("PREFECT_API_URL") or "Prefect's local API"
+            run_id = last_parent_run()
+            kept = f"run {run_id} {KEEPS}" if run_id else "no MLflow run was opened yet"
             print(f"\nrlhf: the Prefect API at {api} stopped answering ({type(err).__name__}: "
-                  f"{err}); {kept(args)}; {continue_hint(args)}", file=sys.stderr)
+                  f"{err}); {kept}; {continue_hint(args)}", file=sys.stderr)
             return EX_TEMPFAIL
         signum = stop_signal(err)
         if signum is None:
@@ -322,13 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signum
 
 
-def kept(args) -> str:
-    """What a pipeline run stopped mid-way keeps."""
-    run_id = last_parent_run()
-    if run_id is None:
-        return "no MLflow run was opened yet"
-    return (f"run {run_id} keeps its finished stages and the last checkpoint of the stage it "
-            "was in")
+# what a pipeline run stopped mid-way keeps
+KEEPS = "keeps its finished stages and the last checkpoint of the stage it was in"
 
 
 def continue_hint(args, until: str = "once the server answers") -> str:
@@ -336,8 +307,7 @@ def continue_hint(args, until: str = "once the server answers") -> str:
     run_id = last_parent_run()
     if run_id is None or args.command != "run":
         return f"run the same command again {until}"
-    return (f"{until}, continue it with: "
-            f"{shlex.join(['rlhf', *resume_args(args.argv, run_id)])}")
+    return f"{until}, continue it with: {resume_command(args.argv, run_id)}"
 
 
 def stop_message(args, signum: int) -> str:
@@ -350,10 +320,5 @@ def stop_message(args, signum: int) -> str:
         return f"stopped by {name} before an MLflow run was opened; nothing was trained."
     if args.command != "run":
         return f"stopped by {name}; MLflow run {run_id} keeps what had finished."
-    return (f"stopped by {name}; run {run_id} keeps its finished stages and the last "
-            f"checkpoint of the stage it was in; continue it with: "
-            f"{shlex.join(['rlhf', *resume_args(args.argv, run_id)])}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return (f"stopped by {name}; run {run_id} {KEEPS}; continue it with: "
+            f"{resume_command(args.argv, run_id)}")

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 
+from tasks.config.pipeline_config import ConfigError
 from tasks.platform.prefect.events import UNHEALTHY
-from tasks.platform.prefect.notify import FAILED, Notice
+from tasks.platform.prefect.notify import FAILED, Notice, remove, set_up
+from tasks.platform.prefect.preflight import check_servers, prefect_api_url
 
 # what each kind of notification says (Prefect's templates: event, flow_run, flow)
 NOTICES = {
@@ -27,10 +29,6 @@ NOTICES = {
 
 
 def cmd_notify(args) -> int:
-    from tasks.config.pipeline_config import ConfigError
-    from tasks.platform.prefect.notify import remove, set_up
-    from tasks.platform.prefect.preflight import check_servers, prefect_api_url
-
     url, _ = prefect_api_url()
     if not url:
         raise ConfigError("rlhf notify: automations live on a Prefect server, and "

@@ -3,12 +3,21 @@ versions and moving the champion (`rlhf --help` lists their usage)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from pathlib import Path
 
+from cli.approval import registry_uri, waiting_lines
+from cli.errors import EX_TEMPFAIL, quiet_expected_failures
+from cli.runs import config_command
+from tasks.config.pipeline_config import ConfigError
+from tasks.pipeline.judge import config_judge_name, gold_judge
+from tasks.platform.mlflow.addresses import default_tracking_uri
+from tasks.platform.prefect.logins import Needs, needs_of
+from tasks.platform.prefect.preflight import check_servers
 from tasks.platform.redact import redact
+from tasks.retrain.gate.prompts import check_retrainable
+from tasks.retrain.labels.client import URL_VAR, check_label_studio
 
 
 def _with(config, section: str, **fields):
@@ -18,44 +27,25 @@ def _with(config, section: str, **fields):
     return config.model_copy(update={section: part})
 
 
-def _retrainable(config) -> None:
-    """A config whose retrain could never reach its gate is refused before anything starts
-    (tasks/retrain/gate/prompts.py: the rule the round itself applies)."""
-    from tasks.retrain.gate.prompts import check_retrainable
-
-    check_retrainable(config)
-
-
-def _labelling_judge(config, offline: bool = False):
-    """The run's gold judge (``eval.judge``), which labels in place of people; ConfigError
-    when there is none, or when ``offline`` and it is not the demo's."""
-    from tasks.config.pipeline_config import ConfigError
-    from tasks.pipeline.judge import config_judge_name, gold_judge
-
-    name = config_judge_name(config)
-    if name == "none":
-        raise ConfigError("rlhf demo-batch labels with the run's gold judge, and eval.judge "
-                          "resolves to none for this config; set eval.judge to a gold judge "
-                          "of the data (demo, english) or label the collection yourself")
-    if offline and name != "demo":
-        raise ConfigError(f"rlhf demo-batch --offline writes the demo's made-up pairs, which "
-                          f"are no data of this run (eval.judge {name}); run it without "
-                          "--offline to label the champion's answers with that judge")
-    return gold_judge(name)
-
-
 def _preflight(config) -> None:
     """The MLflow store and (when PREFECT_API_URL is set) the Prefect API answer."""
-    from tasks.platform.prefect.logins import needs_of
-    from tasks.platform.prefect.preflight import check_servers
-
     check_servers(config.tracking.tracking_uri, needs=needs_of(config))
 
 
 def cmd_demo_batch(args, config) -> int:
     seed = args.seed if args.seed is not None else config.seed  # recorded, never the clock
-    _retrainable(config)
-    judge = _labelling_judge(config, args.offline)
+    # a config whose retrain could never reach its gate is refused before anything starts
+    check_retrainable(config)
+    name = config_judge_name(config)  # the run's gold judge labels in place of people
+    if name == "none":
+        raise ConfigError("rlhf demo-batch labels with the run's gold judge, and eval.judge "
+                          "resolves to none for this config; set eval.judge to a gold judge "
+                          "of the data (demo, english) or label the collection yourself")
+    if args.offline and name != "demo":
+        raise ConfigError(f"rlhf demo-batch --offline writes the demo's made-up pairs, which "
+                          f"are no data of this run (eval.judge {name}); run it without "
+                          "--offline to label the champion's answers with that judge")
+    judge = gold_judge(name)
     if args.offline:
         return _demo_offline(args, config, seed)
     _preflight(config)
@@ -75,20 +65,21 @@ def _demo_via_label_studio(args, config, seed: int, judge) -> int:
 
     import pandas as pd
 
-    from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow, label_pull
-    from tasks.retrain.labels.project import accounts, vote
-    from tasks.retrain.labels.studio import connect
+    from tasks.platform.mlflow.runs import tracking_client
+    from tasks.retrain.labels.studio import accounts, connect, read_link, vote
+    from tasks.retrain.store import collection_by_run_id
 
     dest = config.collect.destination.model_copy(update={"kind": "label_studio"})
     config = _with(config, "collect", destination=dest)
-    _label_studio_preflight(config)
+    check_label_studio(dest.url)
     quiet_expected_failures()
     out = collect_flow(config=config)
     rows = pd.read_json(out.paths["jsonl"], lines=True, dtype=False).to_dict("records")
     ls = connect(config)
     ids = accounts(ls, list(DEMO_LABELLERS))
-    tasks = _collection_tasks(config, out.run_id)
+    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
+    tasks = read_link(client, collection_by_run_id(client, out.run_id)).tasks
     votes = []
     for n, email in enumerate(DEMO_LABELLERS):
         choices = judge.label(rows, seed + n, degraded=email.startswith("reversed"))
@@ -100,15 +91,6 @@ def _demo_via_label_studio(args, config, seed: int, judge) -> int:
           f"seeds {seed} and {seed + 1}, and the judge reversed)")
     (result,) = label_pull(config=config, collection=out.collection)
     return 0 if result.status in ("imported", "quarantined") else 1
-
-
-def _collection_tasks(config, run_id: str) -> dict[int, str]:
-    from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
-    from tasks.retrain.labels.studio import read_link
-    from tasks.retrain.store import collection_by_run_id
-
-    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
-    return read_link(client, collection_by_run_id(client, run_id)).tasks
 
 
 def _demo_offline(args, config, seed: int) -> int:
@@ -134,7 +116,6 @@ def _demo_on_policy(args, config, seed: int, judge) -> int:
     """Collect from the champion, label with the run's gold judge, import as a person would."""
     import pandas as pd
 
-    from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow, label_import
 
     quiet_expected_failures()
@@ -146,20 +127,8 @@ def _demo_on_policy(args, config, seed: int, judge) -> int:
     table.to_json(labelled, orient="records", lines=True, force_ascii=False)
     print(f"labelled by the gold judge '{judge.name}'{' reversed' if args.degraded else ''} "
           f"with seed {seed}: {labelled}")
-    return _print_import(label_import(config=config, path=str(labelled), labelling_seed=seed))
-
-
-def _print_import(out) -> int:
-    """A ``LabelImport``'s lines."""
-    print(out.summary())
+    print(label_import(config=config, path=str(labelled), labelling_seed=seed).summary())
     return 0
-
-
-def _label_studio_preflight(config) -> None:
-    """Label Studio answers and takes LABEL_STUDIO_API_KEY (one quick try)."""
-    from tasks.retrain.labels.client import check_label_studio
-
-    check_label_studio(config.collect.destination.url)
 
 
 def cmd_collect(args, config) -> int:
@@ -169,11 +138,12 @@ def cmd_collect(args, config) -> int:
             "kind": args.to and args.to.replace("-", "_"), "project": args.project}.items()
             if v is not None})
         config = _with(config, "collect", destination=dest)
-    _retrainable(config)  # labels for a loop that cannot retrain are wasted work
+    check_retrainable(config)  # labels for a loop that cannot retrain are wasted work
     if config.collect.destination.kind == "label_studio":
-        _label_studio_preflight(config)  # before the servers' checks and torch's import
+        # Label Studio answers and takes LABEL_STUDIO_API_KEY (one quick try), before the
+        # servers' checks and torch's import
+        check_label_studio(config.collect.destination.url)
     _preflight(config)
-    from cli.errors import quiet_expected_failures
     from flows.collect import collect_flow
 
     quiet_expected_failures()
@@ -182,12 +152,9 @@ def cmd_collect(args, config) -> int:
 
 
 def cmd_label_pull(args, config) -> int:
-    from tasks.retrain.labels.client import URL_VAR
-
     if os.environ.get(URL_VAR) or config.collect.destination.url:
-        _label_studio_preflight(config)  # before the servers' checks and torch's import
+        check_label_studio(config.collect.destination.url)  # before torch's import
     _preflight(config)
-    from cli.errors import quiet_expected_failures
     from flows.collect import label_pull
 
     quiet_expected_failures()
@@ -198,24 +165,21 @@ def cmd_label_pull(args, config) -> int:
 
 
 def cmd_label_import(args, config) -> int:
-    from cli.errors import quiet_expected_failures
     from flows.collect import label_import
 
     if not Path(args.file).is_file():
-        from tasks.config.pipeline_config import ConfigError
-
         raise ConfigError(f"{args.file}: no such labelled file")
     _preflight(config)
     from tasks.retrain.labels.studio import refuse_studio_rows
 
     refuse_studio_rows(config, args.file)
     quiet_expected_failures()
-    return _print_import(label_import(config=config, path=str(args.file)))
+    print(label_import(config=config, path=str(args.file)).summary())
+    return 0
 
 
 def cmd_retrain(args, config) -> int:
-    _retrainable(config)
-    from cli.errors import quiet_expected_failures
+    check_retrainable(config)
     from flows.retrain import retrain
 
     _preflight(config)
@@ -223,8 +187,6 @@ def cmd_retrain(args, config) -> int:
     start = time.perf_counter()
     out = retrain(config=config, control=args.control)
     if out.status == "skipped":  # exit 75 (EX_TEMPFAIL): nothing ran, try again later
-        from cli.errors import EX_TEMPFAIL
-
         print(f"retrain: skipped: another retrain of this store is running: the slot "
               f"{out.slot} is held by {out.held_by}; nothing trained (exit "
               f"{EX_TEMPFAIL}: try again later, or set retrain.on_overlap=wait)")
@@ -236,15 +198,12 @@ def cmd_retrain(args, config) -> int:
         lines.append(f"MLflow parent run: {out.run.parent_run_id} "
                      f"({redact(out.run.tracking_uri)})")
     if out.status == "awaiting approval":
-        from cli.approval import waiting_lines
-
         lines += waiting_lines(out, getattr(args, "argv", []))
     print("\n".join(lines))
     return 0
 
 
 def cmd_compare(args, config) -> int:
-    from cli.errors import quiet_expected_failures
     from flows.compare import compare
 
     _preflight(config)
@@ -256,22 +215,12 @@ def cmd_compare(args, config) -> int:
     return 0
 
 
-def _tracking_uri(config) -> str:
-    """The store the registry lives in, once it answers."""
-    from tasks.platform.mlflow.runs import default_tracking_uri
-    from tasks.platform.prefect.logins import Needs
-    from tasks.platform.prefect.preflight import check_servers
-
-    check_servers(config.tracking.tracking_uri, prefect=False,
-                  needs=Needs(models=(config.tracking.registered_policy,)))
-    return default_tracking_uri(config.tracking.tracking_uri)
-
-
 def cmd_promote(args, config) -> int:
     from tasks.platform.mlflow.registry import promote
 
     name = config.tracking.registered_policy
-    before = promote(_tracking_uri(config), name, args.version, args.reason or "by hand",
+    uri = registry_uri(config.tracking.tracking_uri, Needs(models=(name,)))
+    before = promote(uri, name, args.version, args.reason or "by hand",
                      flagged=args.flagged)
     print(f"{name}: champion -> v{args.version} (previous-champion: v{before})")
     return 0
@@ -281,24 +230,16 @@ def cmd_rollback(args, config) -> int:
     from tasks.platform.mlflow.registry import rollback
 
     name = config.tracking.registered_policy
-    old, new = rollback(_tracking_uri(config), name, args.reason or "by hand")
+    uri = registry_uri(config.tracking.tracking_uri, Needs(models=(name,)))
+    old, new = rollback(uri, name, args.reason or "by hand")
     print(f"{name}: champion v{old} -> v{new} (previous-champion: v{old})")
     return 0
 
 
-def add_commands(sub, config_for) -> None:
-    """Register the subcommands; ``config_for(args)`` resolves --config/--set."""
-
-    def wrap(fn):
-        return lambda args: fn(args, config_for(args))
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", type=Path, help="YAML/JSON pipeline config (default: demo)")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
-
-    col = sub.add_parser("collect", help="sample a registered policy on fresh prompts and "
-                                         "write a labelling file (collect.out_dir)")
-    common(col)
+def add_commands(sub) -> None:
+    """Register the subcommands."""
+    col = config_command(sub, "collect", cmd_collect, "sample a registered policy on fresh "
+                         "prompts and write a labelling file (collect.out_dir)")
     col.add_argument("--policy", help="version number or alias (default collect.policy: "
                                       "champion)")
     col.add_argument("--to", choices=("files", "label-studio"),
@@ -306,39 +247,30 @@ def add_commands(sub, config_for) -> None:
                           "LABEL_STUDIO_URL and LABEL_STUDIO_API_KEY)")
     col.add_argument("--project", help="Label Studio project title "
                                        "(collect.destination.project)")
-    col.set_defaults(func=wrap(cmd_collect))
     label = sub.add_parser("label", help="labelled files back in")
     label_sub = label.add_subparsers(dest="label_command", required=True)
-    imp = label_sub.add_parser("import", help="a labelled file -> a preference batch in "
-                                              "retrain.watch_dir (or quarantined)")
-    common(imp)
+    imp = config_command(label_sub, "import", cmd_label_import, "a labelled file -> a "
+                         "preference batch in retrain.watch_dir (or quarantined)")
     imp.add_argument("file", type=Path, help="the labelled JSONL/CSV file")
-    imp.set_defaults(func=wrap(cmd_label_import))
-    pul = label_sub.add_parser("pull", help="finished Label Studio annotations -> a "
-                                            "preference batch (each pair once)")
-    common(pul)
+    pul = config_command(label_sub, "pull", cmd_label_pull, "finished Label Studio "
+                         "annotations -> a preference batch (each pair once)")
     pul.add_argument("collection", nargs="?", help="collection id (default: every "
                                                    "collection that went to Label Studio)")
     pul.add_argument("--partial", action="store_true",
                      help="make a batch now, below collect.destination.min_labelled")
-    pul.set_defaults(func=wrap(cmd_label_pull))
-    ret = sub.add_parser("retrain", help="one retrain round here, without a Prefect server")
-    common(ret)
+    ret = config_command(sub, "retrain", cmd_retrain,
+                         "one retrain round here, without a Prefect server")
     ret.add_argument("--control", action="store_true",
                      help="a control round: the same retrain on the batches consumed so far, "
                           "gated against the champion; nothing registered or moved")
-    ret.set_defaults(func=wrap(cmd_retrain))
-    cmp = sub.add_parser("compare", help="two registered policy versions through the "
-                                         "retrain's gate (nothing trained or moved)")
-    common(cmp)
+    cmp = config_command(sub, "compare", cmd_compare, "two registered policy versions "
+                         "through the retrain's gate (nothing trained or moved)")
     cmp.add_argument("champion", help="the version compared against (number or alias)")
     cmp.add_argument("challenger", nargs="?", default="champion",
                      help="the version tested (default: champion)")
-    cmp.set_defaults(func=wrap(cmd_compare))
-    batch = sub.add_parser("demo-batch", help="collect from the champion and label with the "
-                                              "run's hidden gold judge (eval.judge; --offline: "
-                                              "the demo's generated pairs)")
-    common(batch)
+    batch = config_command(sub, "demo-batch", cmd_demo_batch, "collect from the champion and "
+                           "label with the run's hidden gold judge (eval.judge; --offline: the "
+                           "demo's generated pairs)")
     batch.add_argument("--degraded", action="store_true",
                        help="label every pair the way the hidden judge would not")
     batch.add_argument("--offline", action="store_true",
@@ -350,16 +282,12 @@ def add_commands(sub, config_for) -> None:
     batch.add_argument("--via", choices=("file", "label-studio"), default="file",
                        help="label-studio: collect into a project, annotate as three demo "
                             "accounts through its API, pull (LABEL_STUDIO_URL/_API_KEY)")
-    batch.set_defaults(func=wrap(cmd_demo_batch))
-    prom = sub.add_parser("promote", help="make a registered policy version the champion")
-    common(prom)
+    prom = config_command(sub, "promote", cmd_promote,
+                          "make a registered policy version the champion")
     prom.add_argument("version", help="registered version number")
     prom.add_argument("--reason", help="recorded with the move")
     prom.add_argument("--flagged", action="store_true",
                       help="promote it although its PPO run was stopped by a health detector "
                            "or flagged for reward hacking")
-    prom.set_defaults(func=wrap(cmd_promote))
-    back = sub.add_parser("rollback", help="champion back to previous-champion")
-    common(back)
+    back = config_command(sub, "rollback", cmd_rollback, "champion back to previous-champion")
     back.add_argument("--reason", help="recorded with the move")
-    back.set_defaults(func=wrap(cmd_rollback))

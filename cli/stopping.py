@@ -38,54 +38,44 @@ def stop_signal(err: BaseException) -> int | None:
     return None
 
 
-def grace_s() -> float:
-    return float(os.environ.get(GRACE_ENV) or 10)
-
-
 def _raise_stopped(signum, _frame) -> None:
     raise Stopped(signum)
 
 
-class _Watcher:
-    """Reads the signal numbers Python writes to the wakeup pipe; arms the deadline."""
+def _watch(read_fd: int, message: Callable[[int], str]) -> None:
+    """Reads the signal numbers Python writes to the wakeup pipe; the first stop signal arms
+    the deadline."""
 
-    def __init__(self, read_fd: int, message: Callable[[int], str]):
-        self.read_fd, self.message = read_fd, message
-        self.first: int | None = None
-
-    def run(self) -> None:
-        while True:
-            try:
-                data = os.read(self.read_fd, 64)
-            except OSError:
-                return
-            if not data:
-                return  # the write end was closed: the command is over
-            for signum in data:
-                if signum in STOP_SIGNALS:
-                    self.seen(signum)
-
-    def seen(self, signum: int) -> None:
-        if self.first is not None:
-            # a second Ctrl-C: no more waiting (a second SIGTERM is Prefect's engine passing
-            # the first one on, once its flow run is marked crashed)
-            if signum == signal.SIGINT:
-                self.hard_exit(signum, "a second Ctrl-C")
-            return
-        self.first = signum
-        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "3"
-        timer = threading.Timer(grace_s(), self.hard_exit,
-                                (signum, f"its clean-up still waited after {grace_s():g} s"))
-        timer.daemon = True
-        timer.start()
-
-    def hard_exit(self, signum: int, why: str) -> None:
+    def hard_exit(signum: int, why: str) -> None:
         try:
-            sys.stderr.write(f"\nrlhf: {self.message(signum)} (ended at once: {why})\n")
+            sys.stderr.write(f"\nrlhf: {message(signum)} (ended at once: {why})\n")
             sys.stderr.flush()
         finally:
             os._exit(128 + signum)
+
+    armed = False
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:
+            return  # the write end was closed: the command is over
+        for signum in (n for n in data if n in STOP_SIGNALS):
+            if armed:
+                # a second Ctrl-C: no more waiting (a second SIGTERM is Prefect's engine
+                # passing the first one on, once its flow run is marked crashed)
+                if signum == signal.SIGINT:
+                    hard_exit(signum, "a second Ctrl-C")
+                continue
+            armed = True
+            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+            os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "3"
+            grace_s = float(os.environ.get(GRACE_ENV) or 10)
+            timer = threading.Timer(grace_s, hard_exit,
+                                    (signum, f"its clean-up still waited after {grace_s:g} s"))
+            timer.daemon = True
+            timer.start()
 
 
 @contextmanager
@@ -100,8 +90,8 @@ def stop_within_seconds(message: Callable[[int], str]) -> Iterator[None]:
     os.set_blocking(write_fd, False)
     old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     old_term = signal.signal(signal.SIGTERM, _raise_stopped)
-    watcher = _Watcher(read_fd, message)
-    thread = threading.Thread(target=watcher.run, name="rlhf-stop-watcher", daemon=True)
+    thread = threading.Thread(target=_watch, args=(read_fd, message), name="rlhf-stop-watcher",
+                              daemon=True)
     thread.start()
     try:
         yield

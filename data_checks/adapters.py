@@ -10,12 +10,20 @@ from pathlib import Path
 
 import pandas as pd
 
+from data_checks.errors import DataError
+
+# the internal schema: each kind's columns, and its replies (every column but the prompt)
+COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "rejected"],
+           "prompts": ["prompt"]}
+TEXT_FIELDS = {kind: columns[1:] for kind, columns in COLUMNS.items()}
+
 ASSISTANT = "\n\nAssistant:"
 TLDR_TEMPLATE = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
 
 
-class AdapterError(ValueError):
-    """A row that does not fit the declared style (message without the file name)."""
+class AdapterError(DataError):
+    """A row that does not fit the declared style (message without the file name, until
+    :func:`map_rows` names the file and the row)."""
 
 
 def split_hh(chosen: str, rejected: str) -> tuple[str, str, str]:
@@ -32,7 +40,7 @@ def split_hh(chosen: str, rejected: str) -> tuple[str, str, str]:
 
 def split_transcript(text: str) -> tuple[str, str]:
     """One transcript -> (dialogue up to the last 'Assistant:', the last reply)."""
-    cut = text.rfind(ASSISTANT) if isinstance(text, str) else -1
+    cut = text.rfind(ASSISTANT)
     if cut < 0:
         raise AdapterError("transcript has no '\\n\\nAssistant:' turn")
     end = cut + len(ASSISTANT)

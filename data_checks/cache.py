@@ -44,28 +44,9 @@ def validation_cache() -> ValidationCache | None:
     return ValidationCache(Path(where).expanduser())
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def tokenizer_identity(tokenizer) -> str | None:
-    """The tokenizer's serialised form (fast tokenizers only; None: not cacheable)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    return json.dumps([backend.to_str(), tokenizer.special_tokens_map,
-                       getattr(tokenizer, "chat_template", None),
-                       getattr(tokenizer, "model_max_length", None)], sort_keys=True,
-                      default=str)
-
-
 def encoding_identity(tokenizer) -> str | None:
     """What a text's token ids depend on (tokenizer minus truncation/padding, unknown token,
-    class, tokens.py's source): narrower than :func:`tokenizer_identity`, so a tokenizer saved
+    class, tokens.py's source): narrower than :func:`validation_key`'s, so a tokenizer saved
     with a policy and reloaded keeps it. None: not a fast tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
@@ -91,16 +72,22 @@ def _source_code() -> str:
 
 def validation_key(sources: dict, tokenizer, cfg, chat: bool) -> str | None:
     """The key of one validation (``sources``: name -> DataSource), or None when it cannot be
-    reused (a source that is not a local file, a tokenizer without a serialised form)."""
-    tok = tokenizer_identity(tokenizer)
-    if tok is None:
+    reused (a source that is not a local file, a tokenizer without a serialised form: not a
+    fast tokenizer)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
         return None
+    tok = json.dumps([backend.to_str(), tokenizer.special_tokens_map,
+                      getattr(tokenizer, "chat_template", None),
+                      getattr(tokenizer, "model_max_length", None)], sort_keys=True, default=str)
     files = {}
     for name, src in sorted(sources.items()):
         path = Path(src.path).expanduser()
         if src.format == "hf" or not path.is_file():
             return None
-        files[name] = [_file_digest(path), path.suffix,
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        files[name] = [digest, path.suffix,
                        src.model_dump(mode="json", exclude={"path"})]
     try:
         gx = metadata.version("great_expectations")
@@ -128,21 +115,18 @@ def _repath(text: str, paths: dict[str, str]) -> str:
     return text
 
 
-def place(source: Path, target: Path) -> str:
+def place(source: Path, target: Path) -> None:
     """``target`` becomes ``source``'s content: a hard link where the file system allows one,
-    else a copy (written aside, renamed into place) -> "link" or "copy"."""
+    else a copy (written aside, renamed into place)."""
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
     try:
         try:
             os.link(source, tmp)
-            how = "link"
         except OSError:  # another file system, or one without links
             shutil.copyfile(source, tmp)
-            how = "copy"
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    return how
 
 
 def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path):

@@ -14,14 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from data_checks.adapters import map_rows
+from data_checks.adapters import TEXT_FIELDS, AdapterError, map_rows
+from data_checks.errors import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_COLUMNS = ("messages", "prompt", "completion", "chosen", "rejected")
-
-
-class ConversationError(ValueError):
-    """A row that is not a well-formed conversation (message without the file name)."""
 
 
 def _as_list(value):
@@ -50,14 +47,14 @@ def messages(value, field: str) -> list[dict]:
         return [{"role": "user", "content": value}]
     value = _as_list(value)
     if not isinstance(value, list | tuple) or not value:
-        raise ConversationError(f"field '{field}' must be a non-empty list of messages")
+        raise AdapterError(f"field '{field}' must be a non-empty list of messages")
     out = []
     for i, m in enumerate(value):
         m = dict(m) if isinstance(m, dict) else m
         if not isinstance(m, dict) or m.get("role") not in ROLES or \
                 not isinstance(m.get("content"), str):
-            raise ConversationError(f"field '{field}' message {i + 1} must have a role "
-                                    f"({'/'.join(ROLES)}) and a string content, got {m!r}")
+            raise AdapterError(f"field '{field}' message {i + 1} must have a role "
+                               f"({'/'.join(ROLES)}) and a string content, got {m!r}")
         out.append({"role": m["role"], "content": m["content"]})
     return out
 
@@ -69,15 +66,15 @@ def _reply(value, field: str) -> str:
     value = _as_list(value)
     msgs = messages([value] if isinstance(value, dict) else value, field)
     if len(msgs) != 1 or msgs[0]["role"] != "assistant":
-        raise ConversationError(f"field '{field}' must be one assistant message, got "
-                                f"{[m['role'] for m in msgs]}")
+        raise AdapterError(f"field '{field}' must be one assistant message, got "
+                           f"{[m['role'] for m in msgs]}")
     return msgs[0]["content"]
 
 
 def _split_last(conv: list[dict], field: str) -> tuple[list[dict], str]:
     if len(conv) < 2 or conv[-1]["role"] != "assistant":
-        raise ConversationError(f"field '{field}' must end with an assistant message after "
-                                "at least one other message")
+        raise AdapterError(f"field '{field}' must end with an assistant message after "
+                           "at least one other message")
     return conv[:-1], conv[-1]["content"]
 
 
@@ -94,8 +91,8 @@ def _preference(row: dict) -> dict:
         prompt, reply = _split_last(chosen, "chosen")
         other_prompt, other = _split_last(rejected, "rejected")
         if prompt != other_prompt:
-            raise ConversationError("chosen and rejected must share every message but their "
-                                    "last (implicit prompt)")
+            raise AdapterError("chosen and rejected must share every message but their "
+                               "last (implicit prompt)")
         out = {"prompt": prompt, "chosen": reply, "rejected": other}
     if row.get("margin") is not None:  # a plain data set's own margin column
         out["margin"] = row["margin"]
@@ -103,7 +100,7 @@ def _preference(row: dict) -> dict:
         try:
             out["margin"] = float(row["score_chosen"]) - float(row["score_rejected"])
         except (TypeError, ValueError):
-            raise ConversationError("fields 'score_chosen'/'score_rejected' must be numbers") \
+            raise AdapterError("fields 'score_chosen'/'score_rejected' must be numbers") \
                 from None
     return out
 
@@ -131,23 +128,20 @@ def to_conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
     return map_rows(df, _row, kind, path, "conversational")
 
 
-REPLY_FIELDS = {"sft": ["response"], "preference": ["chosen", "rejected"], "prompts": []}
-
-
 def _no_markers(prompt: list[dict], replies: list[str], markers: list[str]) -> None:
     """Message text must not hold the template's end-of-turn or PAD token literally."""
     for text in [m["content"] for m in prompt] + replies:
         for marker in markers:
             if marker in text:
-                raise ConversationError(f"a message holds the token {marker!r} literally (it "
-                                        "would end or mask the turn); remove or escape it")
+                raise AdapterError(f"a message holds the token {marker!r} literally (it "
+                                   "would end or mask the turn); remove or escape it")
 
 
 def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
                   where: str) -> pd.DataFrame:
     """Conversational rows -> rendered prompt and reply strings, index kept; the chunk is
     rendered in one go (``chat.render_many``), row by row only to find a refused row."""
-    rows, cols = df.to_dict(orient="records"), REPLY_FIELDS[kind]
+    rows, cols = df.to_dict(orient="records"), TEXT_FIELDS[kind]
     markers = [t for t in (eot, tokenizer.pad_token) if t]
     prompts, replies = [], {col: [] for col in cols}
     for label, row in zip(df.index, rows):
@@ -180,35 +174,32 @@ def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
 
 @contextmanager
 def _named(where: str, label) -> Iterator[None]:
-    """A ValueError (the renderer's ChatError, a ConversationError) in the block becomes a
-    ConversationError naming the file and the row."""
+    """A ValueError (the renderer's ChatError, an AdapterError) in the block becomes an
+    AdapterError naming the file and the row."""
     try:
         yield
     except ValueError as err:
-        raise ConversationError(
+        raise AdapterError(
             f"{where} row {int(label) + 1}: {err}. Fix the row, or set model.chat_template "
             "to a template that renders it") from None
 
 
 def start_chat(tokenizer, chat, where: str) -> dict:
     """Ready ``tokenizer`` for conversations once per gate (``chat.prepare_chat`` checks the
-    template, makes EOS the end-of-turn token) -> what it did; else a ConversationError."""
+    template, makes EOS the end-of-turn token) -> what it did; else a DataError."""
     if chat is None:
-        raise ConversationError(f"{where}: conversational data needs a chat renderer")
+        raise DataError(f"{where}: conversational data needs a chat renderer")
     try:
         return chat.prepare_chat(tokenizer)
     except ValueError as err:
-        raise ConversationError(f"{where}: conversational data, but {err}") from None
+        raise DataError(f"{where}: conversational data, but {err}") from None
 
 
 def render_chunks(chunks: Iterable[pd.DataFrame], kind: str, tokenizer, chat, info: dict,
                   where: str, converted: bool) -> Iterator[pd.DataFrame]:
     """One data set's chunks rendered with the chat template (``converted``: rows are already
-    messages and replies; else plain rows). Raises ConversationError naming file and row."""
+    messages and replies; else plain rows). Raises AdapterError naming file and row."""
     for df in chunks:
         if not converted:
-            try:
-                df = to_conversations(df, kind, where)
-            except ValueError as err:
-                raise ConversationError(str(err)) from None
+            df = to_conversations(df, kind, where)
         yield _render_frame(df, kind, tokenizer, chat, info["end_of_turn"], where)

@@ -14,18 +14,18 @@ import io
 import json
 import lzma
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from data_checks.errors import DataError
 
 if TYPE_CHECKING:  # pandas is loaded by the readers, not by a caller of looks_local
     import pandas as pd
 
 COMPRESSIONS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-class FileError(ValueError):
-    """A file that cannot be read as data; the message names it (the caller adds nothing)."""
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
 
 
 def lines_index(numbers: list[int]) -> pd.Index:
@@ -55,7 +55,7 @@ def file_format(path: Path) -> tuple[str | None, str | None]:
 
 def check_regular(path: Path) -> None:
     if path.exists() and not path.is_file() and not path.is_dir():
-        raise FileError(f"{path}: not a regular file (a named pipe, socket or device); copy the "
+        raise DataError(f"{path}: not a regular file (a named pipe, socket or device); copy the "
                         "data into a file")
 
 
@@ -66,92 +66,68 @@ def read_bytes(path: Path, compression: str | None) -> bytes:
             with COMPRESSIONS[compression](path, "rb") as fh:
                 return fh.read()
         return path.read_bytes()
-    except (OSError, EOFError, lzma.LZMAError) as err:
-        raise FileError(f"{path}: cannot decompress as {compression} ({err})") from None
+    except READ_ERRORS as err:
+        raise DataError(f"{path}: cannot decompress as {compression} ({err})") from None
+
+
+def _decoded_lines(path: Path, lines: Iterator[bytes]) -> Iterator[str]:
+    """Each line as text (a byte-order mark skipped), or a DataError naming line and column."""
+    for number, raw in enumerate(lines, start=1):
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(f"{path} line {number}: not valid UTF-8 (byte "
+                            f"0x{raw[err.start]:02x} at column {err.start + 1})") from None
 
 
 def decode(path: Path, data: bytes) -> str:
-    try:
-        return data.decode("utf-8-sig")  # skips a byte-order mark
-    except UnicodeDecodeError as err:  # named by line and column, as other row errors are
-        line = data.count(b"\n", 0, err.start) + 1
-        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise FileError(f"{path} line {line}: not valid UTF-8 (byte "
-                        f"0x{err.object[err.start]:02x} at column {column})") from None
+    """A whole file's text, decoded line by line as :func:`_decoded_lines` does."""
+    return "\n".join(_decoded_lines(path, data.split(b"\n")))
 
 
-def _objects(path: Path, items: list, what: str = "item") -> list[dict]:
-    for number, row in enumerate(items, start=1):
-        if not isinstance(row, dict):
-            raise FileError(f"{path} {what} {number}: expected a JSON object")
-    return items
-
-
-def parse_jsonl(path: Path, text: str) -> pd.DataFrame:
-    import pandas as pd
-
-    numbered = [(number, line) for number, line in enumerate(text.split("\n"), start=1)
-                if line.strip()]  # "\n" only: module doc
-    return pd.DataFrame([_json_row(path, number, line) for number, line in numbered],
-                        index=lines_index([number for number, _ in numbered]))
-
-
-def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
-    """A JSONL file as :func:`read_local` reads it, in DataFrames of ``rows`` rows read a line
-    at a time (memory bounded by one chunk), indexed by line (:func:`lines_index`)."""
-    import pandas as pd
-
+@contextmanager
+def _text_lines(path: Path, compression: str | None) -> Iterator[Iterator[str]]:
+    """The file's lines, decoded as they are read (binary: split on b"\\n" only); an error
+    reading or decompressing it names the file."""
     check_regular(path)
     opener = COMPRESSIONS[compression] if compression else open
     try:
         with opener(path, "rb") as fh:
-            batch, numbers, number = [], [], 0
-            for number, raw in enumerate(fh, start=1):  # binary: split on b"\n" only
-                try:
-                    line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-                except UnicodeDecodeError as err:
-                    raise FileError(f"{path} line {number}: not valid UTF-8 (byte "
-                                    f"0x{raw[err.start]:02x} at column {err.start + 1})") from None
-                if not line.strip():
-                    continue
-                batch.append(_json_row(path, number, line))
-                numbers.append(number)
-                if len(batch) >= rows:
-                    yield pd.DataFrame(batch, index=lines_index(numbers))
-                    batch, numbers = [], []
-            if number == 0:
-                raise FileError(f"{path}: file is empty")
-            if batch:
-                yield pd.DataFrame(batch, index=lines_index(numbers))
-    except (OSError, EOFError, lzma.LZMAError) as err:
-        raise FileError(f"{path}: cannot decompress as {compression} ({err})" if compression
+            yield _decoded_lines(path, fh)
+    except READ_ERRORS as err:
+        raise DataError(f"{path}: cannot decompress as {compression} ({err})" if compression
                         else f"{path}: cannot read ({err})") from None
+
+
+def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
+    """A JSONL file in DataFrames of ``rows`` rows read a line at a time (memory bounded by one
+    chunk), indexed by line (:func:`lines_index`)."""
+    import pandas as pd
+
+    with _text_lines(path, compression) as lines:
+        batch, numbers, number = [], [], 0
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            batch.append(_json_row(path, number, line))
+            numbers.append(number)
+            if len(batch) >= rows:
+                yield pd.DataFrame(batch, index=lines_index(numbers))
+                batch, numbers = [], []
+        if number == 0:
+            raise DataError(f"{path}: file is empty")
+        if batch:
+            yield pd.DataFrame(batch, index=lines_index(numbers))
 
 
 def _json_row(path: Path, number: int, line: str) -> dict:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
-        raise FileError(f"{path} line {number}: invalid JSON ({err.msg})") from None
+        raise DataError(f"{path} line {number}: invalid JSON ({err.msg})") from None
     if not isinstance(row, dict):
-        raise FileError(f"{path} line {number}: expected a JSON object")
+        raise DataError(f"{path} line {number}: expected a JSON object")
     return row
-
-
-def parse_json(path: Path, text: str) -> pd.DataFrame:
-    """One JSON array of objects, else JSON Lines."""
-    import pandas as pd
-
-    if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise FileError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") \
-                from None
-        if not isinstance(items, list):
-            raise FileError(f"{path}: expected one JSON array of objects")
-        return pd.DataFrame(_objects(path, items))
-    return parse_jsonl(path, text)
 
 
 # cells pandas' read_csv reads as missing by default (keep_default_na), "" among them
@@ -160,20 +136,10 @@ CSV_NULLS = frozenset(["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-N
                        "nan", "null"])
 
 
-def _decoded_lines(path: Path, lines: Iterator[bytes]) -> Iterator[str]:
-    """Each line as text (a byte-order mark skipped), or a FileError naming line and column."""
-    for number, raw in enumerate(lines, start=1):
-        try:
-            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
-        except UnicodeDecodeError as err:
-            raise FileError(f"{path} line {number}: not valid UTF-8 (byte "
-                            f"0x{raw[err.start]:02x} at column {err.start + 1})") from None
-
-
 def _csv_header(path: Path, names: list[str]) -> list[str]:
     dupes = sorted({name for name in names if names.count(name) > 1})
     if dupes:
-        raise FileError(f"{path}: duplicate column names in the header: {', '.join(dupes)} "
+        raise DataError(f"{path}: duplicate column names in the header: {', '.join(dupes)} "
                         "(each column must be named once)")
     return [name or f"Unnamed: {i}" for i, name in enumerate(names)]
 
@@ -184,12 +150,10 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
     None). A row with more cells than the header is an error naming its line."""
     import pandas as pd
 
-    check_regular(path)
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # long texts are data
-    opener = COMPRESSIONS[compression] if compression else open
     try:
-        with opener(path, "rb") as fh:
-            reader = csv.reader(_decoded_lines(path, fh))
+        with _text_lines(path, compression) as lines:
+            reader = csv.reader(lines)
             header = None
             batch, starts, before, total = [], [], 0, 0
             for record in reader:
@@ -200,7 +164,7 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
                     header = _csv_header(path, record)
                     continue
                 if len(record) > len(header):
-                    raise FileError(f"{path} line {start}: cannot read as csv (expected "
+                    raise DataError(f"{path} line {start}: cannot read as csv (expected "
                                     f"{len(header)} fields, saw {len(record)})")
                 batch.append([None if v in CSV_NULLS else v for v in record]
                              + [None] * (len(header) - len(record)))
@@ -210,37 +174,41 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
                     yield pd.DataFrame(batch, columns=header, index=lines_index(starts))
                     batch, starts = [], []
             if header is None:
-                raise FileError(f"{path}: file is empty")
+                raise DataError(f"{path}: file is empty")
             if batch or not total:  # a header alone: no rows, its columns
                 yield pd.DataFrame(batch, columns=header, index=lines_index(starts))
     except csv.Error as err:
-        raise FileError(f"{path} line {reader.line_num}: cannot read as csv ({err})") from None
-    except (OSError, EOFError, lzma.LZMAError) as err:
-        raise FileError(f"{path}: cannot decompress as {compression} ({err})" if compression
-                        else f"{path}: cannot read ({err})") from None
+        raise DataError(f"{path} line {reader.line_num}: cannot read as csv ({err})") from None
 
 
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
-    """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame."""
+    """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame; a ``.json`` file holds
+    one JSON array of objects, else JSON Lines."""
     import pandas as pd
 
     if fmt == "csv":  # one chunk of every row
         return next(iter_csv(path, compression, 2**62))
-    data = read_bytes(path, compression)
-    if not data:
-        raise FileError(f"{path}: file is empty")
-    if fmt == "parquet":
-        return pd.read_parquet(io.BytesIO(data))
-    text = decode(path, data)
-    return {"jsonl": parse_jsonl, "json": parse_json}[fmt](path, text)
-
-
-def _write_rows(df: pd.DataFrame, fh, rows: int = 2_000) -> None:
-    """``df.to_json(orient="records", lines=True)`` into ``fh``, ``rows`` at a time (pandas
-    builds the whole text in memory first)."""
-    for start in range(0, max(len(df), 1), rows):  # an empty frame writes one newline
-        fh.write(df.iloc[start: start + rows].to_json(orient="records", lines=True,
-                                                      force_ascii=False))
+    if fmt != "jsonl":
+        data = read_bytes(path, compression)
+        if not data:
+            raise DataError(f"{path}: file is empty")
+        if fmt == "parquet":
+            return pd.read_parquet(io.BytesIO(data))
+        text = decode(path, data)
+        if text.lstrip().startswith("["):
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") \
+                    from None
+            if not isinstance(items, list):
+                raise DataError(f"{path}: expected one JSON array of objects")
+            for number, row in enumerate(items, start=1):
+                if not isinstance(row, dict):
+                    raise DataError(f"{path} item {number}: expected a JSON object")
+            return pd.DataFrame(items)
+    # JSON Lines (a .json file without an array too): one chunk of every line
+    return next(iter_jsonl(path, compression, 2**62), pd.DataFrame(index=lines_index([])))
 
 
 def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,
@@ -248,4 +216,6 @@ def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,
     """``df.to_json(path, orient="records", lines=True)``, byte for byte, ``rows`` at a time
     (pandas builds the whole text in memory); ``append``: after what ``path`` holds."""
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
-        _write_rows(df, fh, rows)
+        for start in range(0, max(len(df), 1), rows):  # an empty frame writes one newline
+            fh.write(df.iloc[start: start + rows].to_json(orient="records", lines=True,
+                                                          force_ascii=False))

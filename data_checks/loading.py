@@ -8,6 +8,7 @@ file, or its row in a Parquet file, JSON array or dataset: every gate message sh
 from __future__ import annotations
 
 import lzma
+import math
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,13 +17,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from data_checks.adapters import AdapterError, adapt
+from data_checks.adapters import COLUMNS, adapt
 from data_checks.config import DataConfig, DataSource
 from data_checks.conversations import is_conversational, to_conversations
 from data_checks.errors import DataError
 from data_checks.files import (
     COMPRESSIONS,
-    FileError,
     check_regular,
     file_format,
     iter_csv,
@@ -31,39 +31,8 @@ from data_checks.files import (
     read_local,
 )
 
-COLUMNS = {"sft": ["prompt", "response"], "preference": ["prompt", "chosen", "rejected"],
-           "prompts": ["prompt"]}
 # kept when present: a per-pair margin for the reward loss (reward.use_margin)
 OPTIONAL_COLUMNS = {"preference": ["margin"]}
-
-
-def _read_file(source: DataSource, path: Path) -> pd.DataFrame:
-    fmt, compression = source.format, None
-    if fmt != "hf":
-        detected, compression = file_format(path)
-        fmt = detected if fmt == "auto" else fmt
-    if fmt is None:
-        if looks_local(source.path):
-            raise DataError(f"{path}: unknown data file type (use .jsonl, .json, .csv or "
-                            ".parquet, optionally .gz/.bz2/.xz, or set format)")
-        fmt = "hf"
-    if fmt == "hf":
-        return _read_hf(source)
-    if path.is_dir():
-        raise DataError(f"{path}: a folder, not a {fmt} file (name the file inside it; a "
-                        "dataset saved with save_to_disk loads with format: hf)")
-    try:
-        return read_local(path, fmt, compression)
-    except FileError as err:
-        raise DataError(str(err)) from None
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not valid UTF-8 ({err.reason} at offset {err.start})") from None
-    except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
-        raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
-
-
-def _read_hf(source: DataSource) -> pd.DataFrame:
-    return _load_hf(source).to_pandas()
 
 
 def _load_hf(source: DataSource):
@@ -74,8 +43,8 @@ def _load_hf(source: DataSource):
     path = Path(source.path)
     if looks_local(source.path) and not path.exists():  # a local path never goes to a hub
         raise DataError(f"{path}: file not found")
+    check_regular(path)
     try:
-        check_regular(path)
         if path.is_dir() and any((path / f).exists()
                                  for f in ("dataset_info.json", "dataset_dict.json")):
             ds = datasets.load_from_disk(str(path))
@@ -97,11 +66,27 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
 
 
 def _numbered_table(source: DataSource, kind: str) -> pd.DataFrame:
-    """:func:`load_table`, indexed by the rows' places in the file (module doc)."""
+    """:func:`load_table`, indexed by the rows' places in the file (module doc): a streamed
+    source's chunks in one, else the file read whole."""
+    if _streamed_format(source) is not None:
+        return pd.concat(list(iter_table(source, kind, 2**62)))
     path = Path(source.path)
     if not path.exists() and looks_local(source.path):
         raise DataError(f"{path}: file not found")
-    df = _read_file(source, path)
+    detected, compression = file_format(path)
+    fmt = detected if source.format == "auto" else source.format
+    if fmt is None:
+        raise DataError(f"{path}: unknown data file type (use .jsonl, .json, .csv or "
+                        ".parquet, optionally .gz/.bz2/.xz, or set format)")
+    if path.is_dir():
+        raise DataError(f"{path}: a folder, not a {fmt} file (name the file inside it; a "
+                        "dataset saved with save_to_disk loads with format: hf)")
+    try:
+        df = read_local(path, fmt, compression)
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
+        raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
     if df.empty:
         _schema(df.rename(columns=source.column_map), path)
         raise DataError(f"{path}: no rows")
@@ -122,20 +107,16 @@ def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
     df = df.rename(columns=source.column_map)
     _schema(df, path)
     if _is_chat(source, df) if chat is None else chat:
-        return _conversations(df.head(source.limit) if source.limit else df, kind, path)
+        return _margin(to_conversations(df.head(source.limit) if source.limit else df, kind,
+                                        path), path)
     if source.style != "plain":
-        try:
-            df = adapt(df, source.style, kind, path)
-        except AdapterError as err:
-            raise DataError(str(err)) from None
+        df = adapt(df, source.style, kind, path)
     missing = [c for c in COLUMNS[kind] if c not in df.columns]
     if missing:
         raise DataError(f"{path}: missing column '{missing[0]}' "
                         f"(found: {', '.join(map(str, df.columns))})")
     keep = COLUMNS[kind] + [c for c in OPTIONAL_COLUMNS.get(kind, []) if c in df.columns]
-    df = df[keep].head(source.limit) if source.limit else df[keep]
-    if "margin" in df.columns:
-        df["margin"] = finite_numbers(df["margin"], path, "margin")
+    df = _margin(df[keep].head(source.limit) if source.limit else df[keep], path)
     for col in COLUMNS[kind]:
         bad = df[col].map(lambda v: v is not None and not isinstance(v, str) and v == v)
         if bad.any():
@@ -164,11 +145,6 @@ def _streamed_format(source: DataSource) -> str | None:
     return fmt if fmt in ("jsonl", "csv", "parquet") else None
 
 
-def streamable(source: DataSource) -> bool:
-    """A source :func:`iter_table` reads in chunks (see :func:`_streamed_format`)."""
-    return _streamed_format(source) is not None
-
-
 def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFrame]:
     """The source's rows as stored, ``rows`` at a time, indexed by their places."""
     path = Path(source.path).expanduser()
@@ -180,14 +156,7 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
         yield from iter_csv(path, compression, rows)
         return
     if fmt == "hf":
-        try:
-            batches = _load_hf(source).to_pandas(batch_size=rows, batched=True)
-        except DataError:
-            raise
-        except Exception as err:  # noqa: BLE001
-            raise DataError(f"{source.path}: cannot load dataset ({type(err).__name__}: "
-                            f"{err})") from None
-        yield from _counted(batches)
+        yield from _counted(_load_hf(source).to_pandas(batch_size=rows, batched=True))
         return
     check_regular(path)
     if compression is None:
@@ -238,43 +207,30 @@ def iter_table(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFram
         return
     path = Path(source.path).expanduser() if fmt != "hf" else Path(source.path)
     seen, columns, chat = 0, None, None
-    try:
-        for chunk in _raw_chunks(source, fmt, rows):
-            if columns is None:
-                columns = list(chunk.columns)
-            else:  # a key missing from every row of a chunk is null there, as in one read
-                columns += [c for c in chunk.columns if c not in columns]
-                chunk = chunk.reindex(columns=columns)
-            if chat is None:  # the first chunk says for the whole set
-                chat = _is_chat(source, chunk.rename(columns=source.column_map))
-            if source.limit:
-                chunk = chunk.head(source.limit - seen)
-            table = _to_schema(chunk, source, kind, path, chat)
-            seen += len(table)
-            yield table
-            if source.limit and seen >= source.limit:
-                return
-    except FileError as err:
-        raise DataError(str(err)) from None
+    for chunk in _raw_chunks(source, fmt, rows):
+        if columns is None:
+            columns = list(chunk.columns)
+        else:  # a key missing from every row of a chunk is null there, as in one read
+            columns += [c for c in chunk.columns if c not in columns]
+            chunk = chunk.reindex(columns=columns)
+        if chat is None:  # the first chunk says for the whole set
+            chat = _is_chat(source, chunk.rename(columns=source.column_map))
+        if source.limit:
+            chunk = chunk.head(source.limit - seen)
+        table = _to_schema(chunk, source, kind, path, chat)
+        seen += len(table)
+        yield table
+        if source.limit and seen >= source.limit:
+            return
     if seen == 0:
         raise DataError(f"{path}: no rows")
 
 
-def _conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
-    """Conversational rows -> prompt messages and reply strings (data_checks/conversations)."""
-    try:
-        df = to_conversations(df, kind, path)
-    except AdapterError as err:
-        raise DataError(str(err)) from None
-    if "margin" in df.columns:
-        df["margin"] = finite_numbers(df["margin"], path, "margin")
-    return df
-
-
-def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
-    """A column of finite numbers as floats, else a DataError naming the rows that are not
-    (by their labels: the rows' places in the file)."""
-    import math
+def _margin(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """``df`` with its ``margin`` column (if any) as finite floats, else a DataError naming the
+    rows that are not (by their labels: the rows' places in the file)."""
+    if "margin" not in df.columns:
+        return df
 
     def as_float(value) -> float | None:
         if isinstance(value, bool):
@@ -285,13 +241,14 @@ def finite_numbers(column: pd.Series, path: Path, name: str) -> pd.Series:
             return None
         return number if math.isfinite(number) else None
 
-    values = column.map(as_float)
+    values = df["margin"].map(as_float)
     bad = [row for row, v in values.items() if v is None or v != v]  # None: NaN
     if bad:
         shown = ", ".join(str(int(r) + 1) for r in bad[:5]) + (" ..." if len(bad) > 5 else "")
-        raise DataError(f"{path}: column '{name}' must hold finite numbers; {len(bad)} rows "
-                        f"do not: rows {shown} (e.g. {column.loc[bad[0]]!r})")
-    return values.astype(float)
+        raise DataError(f"{path}: column 'margin' must hold finite numbers; {len(bad)} rows "
+                        f"do not: rows {shown} (e.g. {df['margin'].loc[bad[0]]!r})")
+    df["margin"] = values.astype(float)
+    return df
 
 
 # each data set of a DataConfig -> its schema (loading, validation and the preflight read)
@@ -357,7 +314,7 @@ def read_every_source(data: DataConfig | None) -> None:
         if source is None:
             continue
         key = _read_key(source, kind)
-        if streamable(source) and (key is None or key.size > KEEP_BYTES):
+        if _streamed_format(source) is not None and (key is None or key.size > KEEP_BYTES):
             next(iter_table(source, kind, FIRST_ROWS), None)
             continue
         table = _numbered_table(source, kind)

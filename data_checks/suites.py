@@ -1,5 +1,8 @@
 """The great-expectations side of the data gate: each data set's suite, run chunk by chunk
-on the cleaned rows, the chunks' results merged into one per set, and GX's own Data Docs.
+on the cleaned rows, the chunks' results merged into one per set, and GX's own Data Docs
+(data_checks/report.py writes them with the gate's pages).
+Failures read as sentences a user can act on, with the rows; the GX expectation name follows
+in brackets for whoever wants to find it in the Data Docs.
 
 Row-level facts (chosen == rejected, token lengths) are derived columns checked with plain
 column expectations: GX 1.x's ``UnexpectedRowsExpectation`` does not run on pandas, and under
@@ -9,6 +12,7 @@ pandas 3 text columns have dtype ``str``.
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +20,61 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from data_checks.budget import TEXT_FIELDS
+from data_checks.adapters import COLUMNS, TEXT_FIELDS
 from data_checks.config import ValidationConfig
-from data_checks.loading import COLUMNS
-from data_checks.messages import example_rows, failure_text
+from data_checks.tokens import TEXT_COLUMNS
+
+
+def _rows(indices: list, limit: int = 10) -> str:
+    numbers = [i + 1 for i in indices if isinstance(i, int)]
+    text = ", ".join(map(str, numbers[:limit]))
+    return text + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
+
+
+def _what(kind: str, kwargs: dict, count) -> str:
+    """'<count> rows have ...' for each expectation the suites use."""
+    col = kwargs.get("column", "")
+    field = col.removesuffix("_tokens")
+    if kind == "expect_column_values_to_not_be_null":
+        return f"{count} rows have no {col} (null or missing)"
+    if kind == "expect_column_value_lengths_to_be_between":
+        return f"{count} rows have an empty {col}"
+    if kind == "expect_column_values_to_not_match_regex":
+        return f"{count} rows have a {col} of whitespace only"
+    if kind == "expect_column_values_to_be_between" and col.endswith("_tokens"):
+        extra = " (EOS included)" if field != "prompt" else ""
+        return (f"{count} rows have a {field} outside the token budget of "
+                f"{kwargs.get('min_value')}..{kwargs.get('max_value')} tokens{extra}")
+    if kind == "expect_column_values_to_be_in_set" and col == "chosen_equals_rejected":
+        return f"{count} pairs have chosen == rejected"
+    if kind == "expect_compound_columns_to_be_unique":
+        return f"{count} rows repeat another row's {' + '.join(kwargs.get('column_list', []))}"
+    return f"{count} rows fail {kind} {kwargs}"
+
+
+def example_row(number: int, row: dict) -> str:
+    """'row 5: {"prompt": ...}': the row's text columns as JSON, cut at 200 characters."""
+    return f"row {number}: " + json.dumps({c: v for c, v in row.items() if c in TEXT_COLUMNS},
+                                          default=str, ensure_ascii=False)[:200]
+
+
+def example_rows(df: pd.DataFrame, indices: list, n_examples: int) -> list[str]:
+    """'row 5: {...}' for the first ``n_examples`` of ``indices`` (row labels of ``df``: the
+    number shown is the label + 1, the row's place in the file) that ``df`` holds."""
+    return [example_row(i + 1, {c: df.at[i, c] for c in df.columns})
+            for i in indices[:n_examples] if isinstance(i, int) and i in df.index]
+
+
+def e_g(examples: list[str]) -> str:
+    """'; e.g. row 5: {...}; row 9: {...}' (nothing without examples)."""
+    return f"; e.g. {'; '.join(examples)}" if examples else ""
+
+
+def failure_text(label: str, kind: str, kwargs: dict, count, indices: list,
+                 examples: list[str]) -> str:
+    """The sentence of one failed expectation from its parts."""
+    rows = f": rows {_rows(indices)}" if indices else ""
+    return f"{label}: {_what(kind, kwargs, count)}{rows} [{kind}]" + e_g(examples)
 
 
 def build_suite(kind: str, cfg: ValidationConfig):
@@ -45,31 +100,20 @@ def build_suite(kind: str, cfg: ValidationConfig):
     return suite
 
 
-def _gx_context():
-    """In-memory GX context: no default docs site, no "Calculating Metrics" progress bars."""
+def suite_context():
+    """-> (GX context, its pandas data source, the one run id of a one-chunk validation). The
+    context is in memory: no default docs site, no "Calculating Metrics" progress bars."""
     import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.base import (
         DataContextConfig,
         InMemoryStoreBackendDefaults,
         ProgressBarsConfig,
     )
 
-    return gx.get_context(mode="ephemeral", project_config=DataContextConfig(
+    context = gx.get_context(mode="ephemeral", project_config=DataContextConfig(
         store_backend_defaults=InMemoryStoreBackendDefaults(),
         progress_bars=ProgressBarsConfig(globally=False)))
-
-
-def kind_of(name: str) -> str:
-    """Frame name (sft, preference, prompts, eval_prompts, preference_eval) -> its schema."""
-    return "preference" if name.startswith("preference") else \
-        "sft" if name == "sft" else "prompts"
-
-
-def suite_context():
-    """-> (GX context, its pandas data source, the one run id of a one-chunk validation)."""
-    from great_expectations.core.run_identifier import RunIdentifier
-
-    context = _gx_context()
     return context, context.data_sources.add_pandas("rlhf"), \
         RunIdentifier(run_name="rlhf-validate")
 
@@ -182,12 +226,11 @@ def one_page_per_set(context, merged: list[tuple[ChunkedSuite, dict]]) -> None:
             store.remove_key(key)
 
 
-def suite_for(context, source, run_id, name: str, cfg: ValidationConfig,
+def suite_for(context, source, run_id, name: str, kind: str, cfg: ValidationConfig,
               label: str) -> ChunkedSuite:
     """The GX validation of data set ``name`` (its kind's suite, added once per context)."""
     import great_expectations as gx
 
-    kind = kind_of(name)
     batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
     suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
         [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
@@ -196,7 +239,7 @@ def suite_for(context, source, run_id, name: str, cfg: ValidationConfig,
     return ChunkedSuite(name, label, definition, run_id, cfg.example_rows)
 
 
-def build_gx_docs(context, site_dir: Path) -> Path:
+def build_gx_docs(context, site_dir: Path) -> None:
     """GX's own Data Docs site (index, one page per suite and per validation) in ``site_dir``,
     rendered from the validation results ``context`` stores."""
     if site_dir.exists():
@@ -213,4 +256,3 @@ def build_gx_docs(context, site_dir: Path) -> Path:
     for decoration in (site_dir / "static").rglob("*"):  # GX's unused stock GIFs and fonts
         if decoration.suffix in (".gif", ".otf"):
             decoration.unlink()
-    return site_dir / "index.html"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from data_checks.errors import DataError
-from data_checks.files import FileError, decode, file_format, read_bytes, read_local
+from data_checks.files import decode, file_format, read_bytes, read_local
 
 MAX_TEXT_CHARS = 20_000  # one text row; longer held-out text is split into paragraphs
 
@@ -22,7 +22,7 @@ def _table(path: Path, what: str):
         raise DataError(f"{what} {path}: no such file")
     try:
         return read_local(path, fmt, compression)
-    except FileError as err:
+    except DataError as err:
         raise DataError(f"{what}: {err}") from None
 
 
@@ -90,7 +90,7 @@ def read_text(path: str | Path) -> list[str]:
             raise DataError(f"eval.tax.text {path}: no such file")
         try:
             text = decode(path, read_bytes(path, None))
-        except FileError as err:
+        except DataError as err:
             raise DataError(f"eval.tax.text: {err}") from None
         rows, block, start = [], [], 0
         for number, line in enumerate([*text.split("\n"), ""], start=1):

@@ -15,16 +15,10 @@ import numpy as np
 import pandas as pd
 
 from data_checks.config import ValidationConfig
-from data_checks.messages import example_rows
-from data_checks.tokens import Tokenized
+from data_checks.suites import e_g, example_rows
+from data_checks.tokens import TEXT_COLUMNS, Tokenized
 
-TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # C0 controls but \t \n \r, and DEL
-
-
-def _columns(df: pd.DataFrame) -> list[str]:
-    return [c for c in TEXT_COLUMNS if c in df.columns]
-
 
 # rows that repeat another in these columns are reported (the GX suite fails repeated pairs)
 DUPLICATE_KEYS = {"sft": ("prompt", "response"), "prompts": ("prompt",)}
@@ -50,10 +44,6 @@ class Hits:
         room = self.n_examples - len(self.examples)
         if df is not None and room > 0 and len(rows):
             self.examples += example_rows(df, df.index[rows[:room]].tolist(), room)
-
-    def e_g(self) -> str:
-        """'; e.g. row 5: {...}; row 9: {...}' (nothing without examples)."""
-        return f"; e.g. {'; '.join(self.examples)}" if self.examples else ""
 
     def rows(self, limit: int = 10) -> str:
         """'1, 4, 9 ...': the first hits' row numbers (the label + 1)."""
@@ -100,7 +90,7 @@ class TextTally:
     def add(self, df: pd.DataFrame, tokens: Tokenized) -> None:
         """One chunk, indexed by its rows' labels (data_checks/loading.py)."""
         labels = df.index.to_numpy()
-        columns = _columns(df)
+        columns = [c for c in TEXT_COLUMNS if c in df.columns]
         texts = {col: df[col].fillna("").astype(str) for col in columns}
         for role, token in self.specials:
             for col in columns[1 if self.rendered else 0:]:
@@ -129,13 +119,13 @@ class TextTally:
                     report.failures.append(
                         f"{self.label}: {hits.count} rows contain the tokenizer's {role} token "
                         f"{token!r} literally in {col}: rows {hits.rows()} (it would end or "
-                        "mask the text; remove or escape it)" + hits.e_g())
+                        "mask the text; remove or escape it)" + e_g(hits.examples))
         if self.control.count:
             text = (f"{self.label}: {self.control.count} rows contain control characters "
                     f"(NUL or other non-printing characters): rows {self.control.rows()}")
             if self.cfg.control_characters == "refuse":
                 report.failures.append(text + " (validation.control_characters: refuse)"
-                                       + self.control.e_g())
+                                       + e_g(self.control.examples))
             else:
                 report.warnings.append(text)
         share = self.unknown / self.total if self.total else 0.0

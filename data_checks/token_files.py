@@ -24,12 +24,6 @@ def tokens_path(cleaned: Path | str) -> Path:
     return cleaned.with_name(cleaned.stem + SUFFIX)
 
 
-def id_columns(table: pa.Table) -> pa.Table:
-    """Only the ``<c>_ids`` columns of a gate's token table (data_checks/tokens.py)."""
-    names = [n for n in table.column_names if n.endswith("_ids")]
-    return table.select(names)
-
-
 class TokenWriter:
     """Appends record batches of ``<c>_ids`` columns to ``path`` (written aside, renamed into
     place on a clean exit: a killed gate leaves no half file under the real name)."""
@@ -41,16 +35,17 @@ class TokenWriter:
         self._schema: pa.Schema | None = None
 
     def write(self, table: pa.Table) -> None:
-        table = id_columns(table)
+        """Append the ``<c>_ids`` columns of a gate's token table (data_checks/tokens.py)."""
+        table = table.select([n for n in table.column_names if n.endswith("_ids")])
         if self._writer is None:
             self._schema = pa.schema([pa.field(n, IDS) for n in table.column_names])
             self._writer = pa.ipc.new_file(str(self._tmp), self._schema)
         self._writer.write_table(table.cast(self._schema))
 
-    def close(self, columns: tuple[str, ...] = ()) -> None:
-        """Finish the file; ``columns`` names the text columns of an empty set."""
+    def close(self) -> None:
+        """Finish the file (nothing written: one without columns)."""
         if self._writer is None:
-            self.write(pa.table({f"{c}_ids": pa.array([], type=IDS) for c in columns}))
+            self.write(pa.table({}))
         self._writer.close()
         self._tmp.replace(self.path)
 
@@ -77,7 +72,6 @@ def read_tokens(path: Path | str) -> pa.Table:
     """The token table of a cleaned set, memory-mapped (nothing read until used)."""
     source = pa.memory_map(str(path), "r")
     return pa.ipc.open_file(source).read_all()
-
 
 
 class ChunkTokens:

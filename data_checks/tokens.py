@@ -92,11 +92,6 @@ def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return ids if ids[0] == first else _call(tokenizer, texts)
 
 
-def _strings(column: pd.Series) -> list[str]:
-    """The texts to encode: '' for a null (no tokens, as the suites count it)."""
-    return [v if isinstance(v, str) else "" for v in column]
-
-
 @dataclass(frozen=True)
 class Tokenized:
     """One data set's tokens, row for row with its frame (see the module doc)."""
@@ -110,15 +105,6 @@ class Tokenized:
     def lengths(self, column: str) -> np.ndarray:
         """Token count of each row's ``column`` (0 for a null), without EOS."""
         return self.table.column(f"{column}_len").to_numpy()
-
-    def ids(self, column: str) -> list[list[int]]:
-        return self.table.column(f"{column}_ids").to_pylist()
-
-    def unknown_share(self) -> float:
-        """Share of all the text's tokens that are the unknown token (0 without one)."""
-        total = sum(int(self.lengths(c).sum()) for c in self.columns)
-        unknown = sum(int(self.table.column(f"{c}_unk").to_numpy().sum()) for c in self.columns)
-        return unknown / total if total else 0.0
 
     def take(self, rows: np.ndarray) -> Tokenized:
         """The rows at ``rows`` (indices), in that order."""
@@ -140,13 +126,9 @@ class Tokenized:
                                          fresh[name]])
                 table = table.set_column(table.schema.get_field_index(f"{column}_{name}"),
                                          f"{column}_{name}", both.take(pa.array(where)))
-        return Tokenized(_set(table, f"{column}_cut", pa.array(flags)), self.columns)
-
-
-def _set(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
-    if name in table.column_names:
-        return table.set_column(table.schema.get_field_index(name), name, values)
-    return table.append_column(name, values)
+        if f"{column}_cut" in table.column_names:
+            table = table.drop_columns([f"{column}_cut"])
+        return Tokenized(table.append_column(f"{column}_cut", pa.array(flags)), self.columns)
 
 
 def _encoded(tokenizer, texts: list[str]) -> dict[str, pa.Array]:
@@ -170,8 +152,10 @@ def _encoded(tokenizer, texts: list[str]) -> dict[str, pa.Array]:
 
 
 def frame_texts(df: pd.DataFrame) -> dict[str, list[str]]:
-    """The texts :func:`tokenize_frame` encodes: each text column of ``df``, '' for a null."""
-    return {col: _strings(df[col]) for col in TEXT_COLUMNS if col in df.columns}
+    """The texts :func:`tokenize_frame` encodes: each text column of ``df``, '' for a null (no
+    tokens, as the suites count it)."""
+    return {col: [v if isinstance(v, str) else "" for v in df[col]]
+            for col in TEXT_COLUMNS if col in df.columns}
 
 
 def tokenize_frame(df: pd.DataFrame, tokenizer) -> Tokenized:

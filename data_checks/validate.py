@@ -1,5 +1,9 @@
 """The data gate: length budgets, great-expectations suites, a report, cleaned JSONL files.
 
+The length budget: prompts over it are cut at the last paragraph boundary that fits, else
+dropped; responses over it dropped or truncated. It reads the token lengths the gate made once
+(data_checks/tokens.py); only a cut prompt's head or a truncated response is tokenized again.
+
 It streams CHUNK_ROWS rows at a time: each chunk is tokenized once, checked, cut to the budget,
 validated by the whole GX suite and written before the next is read, so memory stays flat as the
 data grows. The chunks' GX results merge into one per data set (data_checks/suites.py), with
@@ -15,33 +19,81 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from data_checks.budget import TEXT_FIELDS, BudgetCounts, apply_length_budget
+from data_checks.adapters import TEXT_FIELDS
 from data_checks.config import DataConfig, ValidationConfig
-from data_checks.conversations import (
-    ConversationError,
-    is_conversational,
-    render_chunks,
-    start_chat,
-)
-from data_checks.data_docs import write_data_docs  # noqa: F401  (re-exported)
+from data_checks.conversations import is_conversational, render_chunks, start_chat
 from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.files import write_cleaned
-from data_checks.loading import KINDS, DataError, forget_reads, take_chunks
-from data_checks.messages import example_row, example_rows
-from data_checks.report import ValidationReport
+from data_checks.loading import KINDS, forget_reads, take_chunks
+from data_checks.report import ValidationReport, write_data_docs  # noqa: F401  (re-exported)
 from data_checks.suites import (
-    kind_of,
+    e_g,
+    example_row,
+    example_rows,
     one_page_per_set,
     suite_context,
     suite_for,
 )
 from data_checks.text_checks import Repeats, TextTally
-from data_checks.token_files import ChunkTokens, TokenWriter, tokens_path, write_tokens
-from data_checks.tokens import Tokenized, frame_texts, tokenize_frame
+from data_checks.token_files import ChunkTokens, TokenWriter, tokens_path
+from data_checks.tokens import Tokenized, encode_batch, frame_texts, tokenize_frame
 
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
 DROPPED_SHOWN = 1_000  # dropped rows kept per data set for the Data Docs (all are counted)
 CHUNKS = ".chunks"  # the folder (in the cleaned files' one) of a running gate's chunk tokens
+
+
+def cut_at_paragraph(prompt: str, tokenizer, max_tokens: int) -> str | None:
+    """The longest head of ``prompt`` ending before a newline that fits the budget (TL;DR
+    recipe), else None. The whole prompt is known to be over it."""
+    cut = prompt.rfind("\n")
+    while cut > 0:
+        head = prompt[:cut]
+        if len(encode_batch(tokenizer, [head])[0]) <= max_tokens:
+            return head
+        cut = prompt.rfind("\n", 0, cut)
+    return None
+
+
+def apply_length_budget(df: pd.DataFrame, tokens: Tokenized, kind: str, tokenizer,
+                        cfg: ValidationConfig, cut_prompts: bool = True):
+    """-> (kept rows indexed by their position in ``df``, their tokens, how many rows were
+    cut). Long prompts are cut at paragraphs unless not ``cut_prompts`` (a rendered conversation
+    would lose its assistant header: dropped); long responses (+1: EOS) dropped or truncated."""
+    is_text = df["prompt"].map(lambda v: isinstance(v, str)).to_numpy(dtype=bool)
+    long = np.flatnonzero(is_text & (tokens.lengths("prompt") > cfg.max_prompt_tokens))
+    keep = np.ones(len(df), dtype=bool)
+    prompts = df["prompt"].tolist()
+    cut_rows, heads = [], []
+    for i in long:
+        head = cut_at_paragraph(prompts[i], tokenizer, cfg.max_prompt_tokens) \
+            if cut_prompts else None
+        if head is None:
+            keep[i] = False
+        else:
+            cut_rows.append(i)
+            heads.append(head)
+            prompts[i] = head
+    truncated = len(cut_rows)
+    df = df.assign(prompt=prompts)
+    tokens = tokens.replace("prompt", np.array(cut_rows, dtype=np.int64), heads, tokenizer)
+    for col in TEXT_FIELDS[kind]:
+        over = tokens.lengths(col) + 1 > cfg.max_response_tokens
+        if cfg.long_response_policy == "drop":
+            keep &= ~over
+            continue
+        rows = np.flatnonzero(over)
+        ids = tokens.table.column(f"{col}_ids").take(rows).to_pylist()
+        texts = [tokenizer.decode(row[: cfg.max_response_tokens - 1]) for row in ids]
+        values = df[col].tolist()
+        for i, text in zip(rows, texts):
+            values[i] = text
+        df = df.assign(**{col: values})
+        tokens = tokens.replace(col, rows, texts, tokenizer)
+        truncated += len(rows)
+    kept_rows = np.flatnonzero(keep)
+    kept = df.iloc[kept_rows].set_axis(kept_rows)  # each row's position in ``df``
+    return kept, tokens.take(kept_rows), truncated
 
 
 def _with_checks(df: pd.DataFrame, kind: str, tokens: Tokenized) -> pd.DataFrame:
@@ -51,10 +103,6 @@ def _with_checks(df: pd.DataFrame, kind: str, tokens: Tokenized) -> pd.DataFrame
     if kind == "preference":
         checks["chosen_equals_rejected"] = df["chosen"] == df["rejected"]
     return df.assign(**checks)  # the text is shared with df, not copied
-
-
-def _label(name: str, paths: dict[str, str]) -> str:
-    return f"{name} ({paths[name]})" if name in paths else name
 
 
 def _median_response_length(lengths: list[np.ndarray]) -> float:
@@ -86,10 +134,8 @@ class _Cleaned:
     def finish(self) -> None:
         if not self.rows and self.empty is not None:  # as one write of the empty set gives
             write_cleaned(self.empty[0], self.part, append=True)
-            self.tokens.__exit__(ValueError, None, None)
-            write_tokens(self.empty[1].table, tokens_path(self.path))
-        else:
-            self.tokens.close()
+            self.tokens.write(self.empty[1].table)
+        self.tokens.close()
         self.part.replace(self.path)
 
     def discard(self) -> None:
@@ -109,17 +155,13 @@ def _note_dropped(dropped: dict[str, list[dict]], name: str, df: pd.DataFrame,
     shown += [{"row": int(df.index[i]) + 1, **row} for i, row in zip(gone, rows)]
 
 
-def _cut_rows(kept: pd.DataFrame, tokens: Tokenized) -> np.ndarray:
-    """Positions in ``kept`` of the rows the budget cut (a prompt or a response)."""
-    cut = np.zeros(len(kept), dtype=bool)
+def _cut_rows(tokens: Tokenized) -> np.ndarray:
+    """Positions of the rows the budget cut (a prompt or a response)."""
+    cut = np.zeros(len(tokens), dtype=bool)
     for column in tokens.table.column_names:
         if column.endswith("_cut"):
             cut |= tokens.table.column(column).to_numpy(zero_copy_only=False)
     return np.flatnonzero(cut)
-
-
-def _e_g(examples: list[str]) -> str:
-    return f"; e.g. {'; '.join(examples)}" if examples else ""
 
 
 def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
@@ -138,22 +180,21 @@ def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
 
 
 def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
-                      cfg: ValidationConfig, paths: dict[str, str] | None = None,
-                      chat: dict | None = None, out_dir: Path | None = None,
-                      chunk_tokens: ChunkTokens | None = None):
+                      cfg: ValidationConfig, paths: dict[str, str], chat: dict, out_dir: Path,
+                      chunk_tokens: ChunkTokens | None):
     """The report on each data set's chunks (text checks, budget, GX suite), then the fraction
     and length-mismatch checks over whole sets. Cleaned files go to ``out_dir`` only if it
     passes; ``chunk_tokens`` keeps each chunk's tokens so a rerun after a kill reuses them."""
-    paths = paths or {}
-    report = ValidationReport(chat=dict(chat or {}))
+    report = ValidationReport(chat=dict(chat))
     context, source, run_id = suite_context()
     suites, n_rows, medians, sinks = [], {}, {"sft": [], "preference": []}, []
     try:
         for name, parts in chunks.items():
-            kind, label = kind_of(name), _label(name, paths)
+            kind = KINDS[name]
+            label = f"{name} ({paths[name]})" if name in paths else name
             tally = TextTally(label, kind, tokenizer, cfg, bool(chat))
-            suite = suite_for(context, source, run_id, name, cfg, label)
-            sink = _Cleaned(Path(out_dir) / f"{name}.jsonl") if out_dir is not None else None
+            suite = suite_for(context, source, run_id, name, kind, cfg, label)
+            sink = _Cleaned(out_dir / f"{name}.jsonl")
             sinks.append(sink)
             n_in = n_cut = n_kept = 0
             hint, cut_examples = "", []
@@ -163,40 +204,40 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                 tally.add(df, tokens)
                 if chat and not hint:
                     hint = _chat_budget_hint(tokens, cfg, df.index)
-                kept, kept_tokens, counts = apply_length_budget(df, tokens, kind, tokenizer,
-                                                                cfg, not chat)
+                kept, kept_tokens, cut = apply_length_budget(df, tokens, kind, tokenizer, cfg,
+                                                             not chat)
                 _note_dropped(report.dropped, name, df, kept.index.to_numpy())
                 kept.index = df.index[kept.index.to_numpy()]  # the rows' places, for messages
                 if len(cut_examples) < cfg.example_rows:
-                    cut = kept.index[_cut_rows(kept, kept_tokens)].tolist()
-                    cut_examples += example_rows(kept, cut, cfg.example_rows - len(cut_examples))
+                    cut_examples += example_rows(kept, kept.index[_cut_rows(kept_tokens)].tolist(),
+                                                 cfg.example_rows - len(cut_examples))
                 suite.run(_with_checks(kept, kind, kept_tokens), n_in)
                 if kind == "preference":
                     pairs.add(kept)
                 if name in medians:
                     medians[name].append(kept_tokens.lengths(
                         "response" if name == "sft" else "chosen"))
-                if sink is not None:
-                    sink.write(kept, kept_tokens)
-                n_in += counts.n_in
-                n_cut += counts.n_truncated
+                sink.write(kept, kept_tokens)
+                n_in += len(df)
+                n_cut += cut
                 n_kept += len(kept)
             tally.report(report)
-            counts = BudgetCounts(n_in, n_cut, n_in - n_kept)
-            report.stats.update(counts.stats(name))
-            if counts.truncated_fraction > cfg.max_truncated_fraction:
+            truncated, dropped = n_cut / max(n_in, 1), (n_in - n_kept) / max(n_in, 1)
+            report.stats.update({f"{name}/{k}": float(v) for k, v in (  # the stage's metrics
+                ("n_in", n_in), ("n_truncated", n_cut), ("n_dropped", n_in - n_kept),
+                ("truncated_fraction", truncated), ("dropped_fraction", dropped))})
+            if truncated > cfg.max_truncated_fraction:
                 report.failures.append(
-                    f"{label}: {counts.truncated_fraction:.3f} of the {name} rows had their "
-                    f"prompt cut to the token budget, more than validation.max_truncated_"
-                    f"fraction {cfg.max_truncated_fraction} (truncated fraction)"
-                    + _e_g(cut_examples))
-            if counts.dropped_fraction > cfg.max_dropped_fraction:
+                    f"{label}: {truncated:.3f} of the {name} rows had their prompt cut to the "
+                    f"token budget, more than validation.max_truncated_fraction "
+                    f"{cfg.max_truncated_fraction} (truncated fraction)" + e_g(cut_examples))
+            if dropped > cfg.max_dropped_fraction:
+                shown = report.dropped.get(name, [])[:cfg.example_rows]
                 report.failures.append(
-                    f"{label}: {counts.dropped_fraction:.3f} of the {name} rows were dropped as "
-                    f"over the token budget ({n_kept} kept), more than validation.max_dropped_"
-                    f"fraction {cfg.max_dropped_fraction} (dropped fraction "
-                    f"{counts.dropped_fraction:.3f})" + (hint or _e_g(
-                        _dropped_examples(report.dropped.get(name, []), cfg.example_rows))))
+                    f"{label}: {dropped:.3f} of the {name} rows were dropped as over the token "
+                    f"budget ({n_kept} kept), more than validation.max_dropped_fraction "
+                    f"{cfg.max_dropped_fraction} (dropped fraction {dropped:.3f})"
+                    + (hint or e_g([example_row(r["row"], r) for r in shown])))
             repeated = pairs.labels() if pairs.chunks > 1 else None
             suites.append((suite, suite.merged(repeated, pairs.examples)))
             n_rows[name] = n_kept
@@ -218,18 +259,11 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
         report.passed = not report.failures
     except BaseException:
         for sink in sinks:
-            if sink is not None:
-                sink.discard()
+            sink.discard()
         raise
     for sink in sinks:
-        if sink is not None:
-            sink.finish() if report.passed else sink.discard()
+        sink.finish() if report.passed else sink.discard()
     return report
-
-
-def _dropped_examples(dropped: list[dict], n: int) -> list[str]:
-    """'row 7: {...}' of the first ``n`` rows the budget dropped (_note_dropped)."""
-    return [example_row(row["row"], row) for row in dropped[:n]]
 
 
 def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig, labels: pd.Index) -> str:
@@ -265,10 +299,8 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
         fields, gx_docs = hit
         if fields["chat"]:  # the tokenizer as the kept gate left it: EOS its end-of-turn
             chat.prepare_chat(tokenizer)
-        return ValidationReport(warnings=fields["warnings"], stats=fields["stats"],
-                                results_json=fields["results_json"], chat=fields["chat"],
-                                dropped=fields.get("dropped", {}), gx_docs=gx_docs,
-                                reused=key)
+        restored = {name: fields[name] for name in ValidationReport().fields()}
+        return ValidationReport(**restored, gx_docs=gx_docs, reused=key)
     try:
         chunks = {name: take_chunks(src, kind, CHUNK_ROWS) for name, (src, kind) in
                   sources.items() if src}
@@ -279,12 +311,9 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     chatty = [n for n, df in firsts.items() if df is not None and is_conversational(df)]
     chat_info = {}
     if chatty:  # every set rendered with the template, chunk by chunk, once EOS is moved
-        try:
-            chat_info = start_chat(tokenizer, chat, paths.get(chatty[0], chatty[0]))
-        except ConversationError as err:
-            raise DataError(str(err)) from None
-        parts = {name: _rendered(render_chunks(rows, sources[name][1], tokenizer, chat,
-                                               chat_info, paths.get(name, name), name in chatty))
+        chat_info = start_chat(tokenizer, chat, paths.get(chatty[0], chatty[0]))
+        parts = {name: render_chunks(rows, sources[name][1], tokenizer, chat, chat_info,
+                                     paths.get(name, name), name in chatty)
                  for name, rows in parts.items()}
     identity = kept.encoding_identity(tokenizer)
     folder = kept.chunk_folder(cache) if cache is not None else out / CHUNKS
@@ -296,14 +325,6 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     if report.passed and key:
         report.to_keep = (cache, key, paths, out)
     return report
-
-
-def _rendered(items: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """Rendered chunks; a ConversationError becomes a DataError naming the file and the row."""
-    try:
-        yield from items
-    except ConversationError as err:
-        raise DataError(str(err)) from None
 
 
 def _prepend(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:

@@ -14,8 +14,7 @@ from tasks.pipeline.stages.records import Artifact, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.validate import validate
 from tasks.platform.prefect.prefect_api import rename_flow_run
 from tasks.retrain.gate.champion import fetch_champion
-from tasks.retrain.gate.scorers import resolve_scorer
-from tasks.retrain.gate.stage import gate
+from tasks.retrain.gate.stage import gate, resolve_scorer
 from tasks.retrain.records import CompareResult
 
 

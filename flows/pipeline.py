@@ -1,5 +1,7 @@
 """The RLHF pipeline flow: wiring only (the stages of the stage table,
-tasks/pipeline/stages/table.py, in its order; each one task and one child run).
+tasks/pipeline/stages/table.py, in its order; each one task and one child run). And the flow of
+`rlhf validate`: the data gate alone, tracked like a pipeline run (parent run + validate child
+run with the GX results and Data Docs), nothing trained.
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
@@ -8,19 +10,23 @@ from prefect import flow
 
 from flows.wiring import run_pipeline
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.prepare import pipeline_run_name
+from tasks.pipeline.finish import fail_parent
+from tasks.pipeline.prepare import pipeline_run_name, prepare
 from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.stages.validate import validate
+from tasks.platform.mlflow.parent_run import end_parent_run
+from tasks.platform.mlflow.runs import tag_parent
+from tasks.platform.mlflow.tags import VALIDATE_ONLY_TAG
 from tasks.platform.prefect.prefect_api import flow_run_name
 
 
-def _flow_run_name() -> str:
-    """The MLflow parent run's name to be (tasks/pipeline/prepare.py pipeline_run_name)."""
+def _flow_run_name(suffix: str = "") -> str:
+    """The MLflow parent run's name to be (tasks/pipeline/prepare.py pipeline_run_name), then
+    ``suffix``."""
     from prefect.runtime import flow_run
 
     cfg = flow_run.parameters.get("config")
-    if isinstance(cfg, PipelineConfig):
-        return pipeline_run_name(cfg)
-    return "rlhf"
+    return (pipeline_run_name(cfg) if isinstance(cfg, PipelineConfig) else "rlhf") + suffix
 
 
 @flow(name="rlhf_pipeline", flow_run_name=_flow_run_name, log_prints=True)
@@ -28,3 +34,17 @@ def rlhf_pipeline(config: PipelineConfig, resume_run_id: str | None = None) -> P
     """The whole pipeline, the stage table's stages in its order (flows/wiring.py), tracked in
     MLflow: one parent run, one child run per stage."""
     return run_pipeline(config, resume_run_id, run_name=flow_run_name())
+
+
+@flow(name="rlhf_validate", flow_run_name=lambda: _flow_run_name("-validate"), log_prints=True)
+def rlhf_validate(config: PipelineConfig) -> PipelineResult:
+    prep = prepare(config, run_name=flow_run_name())
+    ctx = prep.ctx
+    tag_parent(ctx, {VALIDATE_ONLY_TAG: "true"})
+    try:
+        out = validate(ctx, config, prep)
+    except BaseException:
+        fail_parent(ctx)
+        raise
+    end_parent_run(ctx, "FINISHED")
+    return PipelineResult.of(ctx, {"validate": out})

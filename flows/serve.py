@@ -15,7 +15,6 @@ from prefect.types.entrypoint import EntrypointType
 from pydantic import BeforeValidator
 
 from data_checks.config import DataConfig, ValidationConfig, blank_data
-from flows.deployment import deployment_parameters
 from flows.wiring import run_pipeline
 from rlhf_core.config import (
     EvalConfig,
@@ -32,7 +31,7 @@ from tasks.pipeline.prepare import pipeline_run_name
 from tasks.pipeline.results import PipelineResult
 from tasks.platform.prefect.events import LABELLED
 from tasks.platform.prefect.logins import login_out_of_uri
-from tasks.platform.prefect.prefect_api import flow_run_name
+from tasks.platform.prefect.prefect_api import deployment_parameters, flow_run_name
 from tasks.platform.redact import redact, redacted
 
 # what `rlhf serve` serves, in the order it registers them (each as <flow>/<name>)
@@ -51,23 +50,13 @@ def served_parameters(config: PipelineConfig) -> dict[str, Any]:
     return {name: dump[name] for name in SECTIONS}
 
 
-def _given(value: Any) -> Any:
-    """Only the fields a run set in one section (the others keep their served values)."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json", exclude_unset=True)
-    return value
-
-
-def resolve_config(given: dict[str, Any], served: dict[str, Any]) -> tuple[PipelineConfig, dict]:
+def resolve_config(given: dict[str, Any]) -> tuple[PipelineConfig, dict]:
     """served config <- the fields a run set -> (config, {dotted key: new value} changed)."""
-    tree = dict(served)
-    for name, value in given.items():
-        part = _given(value)
-        if isinstance(part, dict) and isinstance(tree.get(name), dict):
-            tree[name] = _merge(tree[name], part)
-        else:
-            tree[name] = part
-    config = PipelineConfig.model_validate(tree)
+    served = deployment_parameters() or served_parameters(PipelineConfig())
+    # only the fields a run set in a section: the others keep their served values
+    fields = {name: value.model_dump(mode="json", exclude_unset=True)
+              if hasattr(value, "model_dump") else value for name, value in given.items()}
+    config = PipelineConfig.model_validate(_merge(served, fields))
     before = flatten(PipelineConfig.model_validate(served).model_dump(mode="json"))
     after = flatten(config.model_dump(mode="json"))
     changed = {k: v for k, v in after.items() if before.get(k) != v}
@@ -91,8 +80,7 @@ def _served_run_name() -> str:
 
     given = {k: v for k, v in flow_run.parameters.items() if k in SECTIONS}
     try:
-        config, changed = resolve_config(
-            given, deployment_parameters() or served_parameters(PipelineConfig()))
+        config, changed = resolve_config(given)
     except Exception:  # an invalid form: the flow itself reports it
         return "rlhf-pipeline"
     return pipeline_run_name(config, run_label(changed))
@@ -135,8 +123,7 @@ def rlhf_pipeline_served(
             finished stages are skipped. Empty: a new run.
     """
     given = {name: value for name, value in locals().items() if name in SECTIONS}
-    served = deployment_parameters() or served_parameters(PipelineConfig())
-    config, changed = resolve_config(given, served)
+    config, changed = resolve_config(given)
     config = login_out_of_uri(config)  # a login typed into the form: out of the records
     if changed:
         print(overrides_line(changed))
@@ -154,11 +141,6 @@ def pipeline_deployment(config: PipelineConfig, name: str):
         entrypoint_type=EntrypointType.MODULE_PATH,
         description="The whole RLHF pipeline. Custom run: change any field; the others keep "
                     "the served config.")
-
-
-def schedules(config: PipelineConfig, section: str = "retrain") -> list | None:
-    """``<section>.schedule`` as Prefect schedules (None: manual runs only)."""
-    return as_schedules(getattr(config, section).schedule)
 
 
 def as_schedules(s) -> list | None:
@@ -183,7 +165,7 @@ def retrain_deployment(config: PipelineConfig, name: str):
         else ConcurrencyLimitStrategy.ENQUEUE
     return retrain.to_deployment(
         name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
-        schedules=schedules(config), entrypoint_type=EntrypointType.MODULE_PATH,
+        schedules=as_schedules(config.retrain.schedule), entrypoint_type=EntrypointType.MODULE_PATH,
         triggers=[labels_trigger()],
         concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=strategy),
         description=f"Retrain on new preference batches in {config.retrain.watch_dir}; "
@@ -205,7 +187,7 @@ def collect_deployment(config: PipelineConfig, name: str):
 
     return collect_flow.to_deployment(
         name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
-        schedules=schedules(config, "collect"), entrypoint_type=EntrypointType.MODULE_PATH,
+        schedules=as_schedules(config.collect.schedule), entrypoint_type=EntrypointType.MODULE_PATH,
         description=f"Sample {config.collect.policy} on fresh prompts into a labelling file "
                     f"in {config.collect.out_dir}.")
 

@@ -29,8 +29,7 @@ from tasks.platform.prefect.prefect_api import rename_flow_run
 from tasks.retrain.approval.waiting import held_for_approval, hold_candidate
 from tasks.retrain.batches import add_batches, mark_consumed
 from tasks.retrain.gate.champion import Champion, fetch_champion
-from tasks.retrain.gate.scorers import batch_pair_keys, resolve_scorer
-from tasks.retrain.gate.stage import gate
+from tasks.retrain.gate.stage import batch_pair_keys, gate, resolve_scorer
 from tasks.retrain.records import Round
 from tasks.retrain.round import lineage_tags, named_batch_rows, round_start
 
@@ -74,15 +73,6 @@ def policy_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, data:
     return {"critic_init": critic_out, "ppo": ppo_out}
 
 
-def train_policy(ctx: RunContext, config: PipelineConfig, prep: Prepared, data: DataRecord,
-                 start: ModelRecord, rm_init_dir: str | None = None,
-                 reference_dir: str | None = None, judge: ModelRecord | None = None) -> Outputs:
-    """reward_model -> reward_norm [-> judge_model] -> critic_init -> ppo, PPO starting from
-    ``start`` (the SFT policy, or the champion in a retrain)."""
-    rewards = reward_stages(ctx, config, prep, data, start, rm_init_dir, judge)
-    return {**rewards, **policy_stages(ctx, config, prep, data, start, rewards, reference_dir)}
-
-
 def shared_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
                   split: bool = False) -> Outputs:
     """validate -> sft -> reward stages: what a sweep computes once. ``split``: the judge's
@@ -117,12 +107,12 @@ def challenger_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
         rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
         judge = judge_model(ctx, config, rm_data,
                             ModelRecord(model=Artifact(path=champion.sft_dir)))
-    trained = train_policy(ctx, config, prep, rm_data,
-                           ModelRecord(model=Artifact(path=begin.policy)),
-                           rm_init_dir=begin.rm_init, reference_dir=begin.reference, judge=judge)
-    gate_out = gate(ctx, config, prep, data, champion, trained["ppo"], trained["reward_model"],
+    start = ModelRecord(model=Artifact(path=begin.policy))
+    rewards = reward_stages(ctx, config, prep, rm_data, start, begin.rm_init, judge)
+    trained = policy_stages(ctx, config, prep, rm_data, start, rewards, begin.reference)
+    gate_out = gate(ctx, config, prep, data, champion, trained["ppo"], rewards["reward_model"],
                     begin.reference, judge)
-    return {"validate": data, **trained, "gate": gate_out}
+    return {"validate": data, **rewards, **trained, "gate": gate_out}
 
 
 def run_pipeline(config: PipelineConfig, resume_run_id: str | None = None,

@@ -52,11 +52,6 @@ def all_prompts() -> tuple[str, ...]:
             for s in STYLES)
 
 
-def _is_held_out(prompt: str) -> bool:
-    """A fixed third of the (verb, topic, please, style) combinations is held out."""
-    return sum(map(ord, prompt)) % 3 == 0
-
-
 def prompt_topic(prompt: str) -> str | None:
     words = prompt.split()
     return next((w for w in words if w in TOPICS), None)
@@ -64,7 +59,8 @@ def prompt_topic(prompt: str) -> str | None:
 
 @lru_cache(maxsize=2)
 def _pool(held_out: bool) -> tuple[str, ...]:
-    return tuple(p for p in all_prompts() if _is_held_out(p) == held_out)
+    """One side of the (verb, topic, please, style) combinations: a fixed third is held out."""
+    return tuple(p for p in all_prompts() if (sum(map(ord, p)) % 3 == 0) == held_out)
 
 
 def training_prompts() -> tuple[str, ...]:
@@ -245,57 +241,42 @@ def build_demo_tokenizer(texts: Iterable[str], out_dir: str | Path):
     return tok
 
 
-def build_demo_model(tokenizer, out_dir: str | Path, n_layer: int = 2, n_embd: int = 64,
-                     n_head: int = 4, n_positions: int = 64, seed: int = 0) -> Path:
-    """A randomly initialised GPT-2 from a config, saved with its tokenizer."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=n_embd,
-                     n_layer=n_layer, n_head=n_head, bos_token_id=tokenizer.eos_token_id,
-                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model = GPT2LMHeadModel(cfg)
-    out = Path(out_dir)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 def build_demo_assets(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = DemoSizes(),
                       rm_length_bias: float = 0.0, chat: bool = False,
-                      system: str | None = None, with_model: bool = True,
-                      **model_kwargs) -> dict[str, Path]:
-    """Data under out_dir/data and, ``with_model``, tokenizer + tiny GPT-2 under
-    out_dir/base_model."""
+                      system: str | None = None, with_model: bool = True, n_layer: int = 2,
+                      n_embd: int = 64, n_head: int = 4) -> dict[str, Path]:
+    """Data under out_dir/data and, ``with_model``, its tokenizer and a randomly initialised
+    tiny GPT-2 (from a config) under out_dir/base_model."""
     root = Path(out_dir)
     paths = generate_demo_data(root / "data", seed, sizes, rm_length_bias, chat, system)
     if not with_model:
         return paths
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     texts = [value for p in paths.values() for line in p.read_text().splitlines()
              for value in json.loads(line).values()]
-    tok = build_demo_tokenizer(texts, root / "base_model")
-    paths["base_model"] = build_demo_model(tok, root / "base_model", seed=seed, **model_kwargs)
+    paths["base_model"] = out = root / "base_model"
+    tok = build_demo_tokenizer(texts, out)
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=n_embd, n_layer=n_layer,
+                     n_head=n_head, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.pad_token_id)
+    GPT2LMHeadModel(cfg).save_pretrained(out)
     return paths
-
-
-def preference_batch(n: int, seed: int, degraded: bool = False) -> list[dict]:
-    """A new batch of demo preference pairs; ``degraded``: every ordered pair flipped."""
-    rows = _pairs(n, random.Random(seed), held_out=False)
-    if not degraded:
-        return rows
-    out = []
-    for r in rows:
-        a, b = judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"])
-        worse, better = (r["chosen"], r["rejected"]) if a < b else (r["rejected"], r["chosen"])
-        out.append({"prompt": r["prompt"], "chosen": worse, "rejected": better})
-    return out
 
 
 def write_preference_batch(folder: str | Path, n: int, seed: int,
                            degraded: bool = False) -> Path:
-    """``preference_batch`` as ``<folder>/batch-<seed>[-degraded].jsonl``."""
+    """A new batch of demo preference pairs as ``<folder>/batch-<seed>[-degraded].jsonl``;
+    ``degraded``: every ordered pair flipped."""
+    rows = _pairs(n, random.Random(seed), held_out=False)
+    if degraded:
+        for r in rows:
+            a, b = judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"])
+            if a >= b:
+                r["chosen"], r["rejected"] = r["rejected"], r["chosen"]
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     name = f"batch-{seed}{'-degraded' if degraded else ''}.jsonl"
-    return _write_jsonl(out / name, preference_batch(n, seed, degraded))
+    return _write_jsonl(out / name, rows)

@@ -102,14 +102,6 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[A-Za-z0-9][A-Za-z0-9'\-]*", text)
 
 
-def _one_word(r: str) -> bool:
-    return len(_words(r)) == 1
-
-
-def _five_words(r: str) -> bool:
-    return 1 <= len(_words(r)) <= 5
-
-
 def _lowercase(r: str) -> bool:
     return any(c.isalpha() for c in r) and not any(c.isupper() for c in r)
 
@@ -119,26 +111,14 @@ def _one_sentence(r: str, end: str) -> bool:
     return body.endswith(end) and not re.search(r"[.!?]\s", body) and len(_words(body)) >= 3
 
 
-def _exclaim(r: str) -> bool:
-    return _one_sentence(r, "!")
-
-
-def _opening(r: str) -> bool:
-    return r.strip().startswith("The answer is")
-
-
-def _full_sentence(r: str) -> bool:
-    return _one_sentence(r, ".") and len(_words(r)) >= 4
-
-
 # instruction -> its check on the answer text
 INSTRUCTIONS: dict[str, Callable[[str], bool]] = {
-    "Answer in one word.": _one_word,
-    "Answer in at most five words.": _five_words,
+    "Answer in one word.": lambda r: len(_words(r)) == 1,
+    "Answer in at most five words.": lambda r: 1 <= len(_words(r)) <= 5,
     "Answer in lowercase letters only.": _lowercase,
-    "Answer in one sentence that ends with an exclamation mark.": _exclaim,
-    'Start your answer with "The answer is".': _opening,
-    "Answer in one complete sentence.": _full_sentence,
+    "Answer in one sentence that ends with an exclamation mark.": lambda r: _one_sentence(r, "!"),
+    'Start your answer with "The answer is".': lambda r: r.strip().startswith("The answer is"),
+    "Answer in one complete sentence.": lambda r: _one_sentence(r, ".") and len(_words(r)) >= 4,
 }
 # the judge's points
 RIGHT, WRONG = 2.0, -1.0
@@ -163,14 +143,10 @@ def all_requests() -> tuple[Request, ...]:
     return tuple(Request(i, q) for q in FACTS for i in INSTRUCTIONS)
 
 
-def _is_held_out(req: Request) -> bool:
-    """A fixed third of the (instruction, question) combinations is held out."""
-    return zlib.crc32(req.text.encode()) % 3 == 0
-
-
 @lru_cache(maxsize=2)
 def pool(held_out: bool) -> tuple[Request, ...]:
-    return tuple(r for r in all_requests() if _is_held_out(r) == held_out)
+    """One side of the (instruction, question) combinations: a fixed third is held out."""
+    return tuple(r for r in all_requests() if (zlib.crc32(r.text.encode()) % 3 == 0) == held_out)
 
 
 def parse_request(prompt: str) -> Request | None:
@@ -368,10 +344,10 @@ def model_sampler(model_path: str, temperature: float = 1.0, max_new_tokens: int
         prompt_ids,
         stop_ids,
     )
-    from rlhf_core.models.loader import LoadSpec, load_policy, load_tokenizer
+    from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 
     tok = load_tokenizer(model_path, LoadSpec())
-    model = load_policy(model_path, LoadSpec(), trainable=False)
+    model = load_pretrained(model_path, LoadSpec(), trainable=False)
     if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
         tok.pad_token = tok.unk_token  # padding only; a PAD that is the EOS would hide the stop
     stop, pad = stop_ids(model, tok), tok.pad_token_id

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 ENV_VAR = "RLHF_CRASH_AT"
 
@@ -28,9 +30,6 @@ PAUSE_VAR, PAUSE_FILE_VAR = "RLHF_PAUSE_AT", "RLHF_PAUSE_FILE"
 def pause_point(name: str, timeout_s: float = 600.0) -> None:
     """When ``name`` is listed in $RLHF_PAUSE_AT, write it to $RLHF_PAUSE_FILE and wait (up to
     ``timeout_s``) until that file is removed: tests stop a server at a known point."""
-    import time
-    from pathlib import Path
-
     if not _listed(PAUSE_VAR, name):
         return
     path = Path(os.environ[PAUSE_FILE_VAR])

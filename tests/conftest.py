@@ -107,14 +107,14 @@ def models(tiny_model_dir):
     """(tokenizer, policy, reference, value model, reward model) of the tiny GPT-2."""
     import torch
 
-    from rlhf_core.models.loader import load_tokenizer
-    from rlhf_core.models.models import ScalarHeadModel, load_causal_lm
+    from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 
     torch.manual_seed(0)
     tok = load_tokenizer(str(tiny_model_dir))
-    policy, ref = load_causal_lm(tiny_model_dir), load_causal_lm(tiny_model_dir)
-    value = ScalarHeadModel.from_causal_lm(tiny_model_dir)
-    reward = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    policy = load_pretrained(tiny_model_dir, LoadSpec())
+    ref = load_pretrained(tiny_model_dir, LoadSpec())
+    value = load_pretrained(tiny_model_dir, LoadSpec(), "new_head")
+    reward = load_pretrained(tiny_model_dir, LoadSpec(), "new_head")
     return tok, policy, ref, value, reward
 
 

@@ -164,12 +164,12 @@ def dp_initial(model_dir, stage: str):
     """The stage's model before training: the policy, or a fresh scalar head (seeded)."""
     import torch
 
-    from rlhf_core.models.loader import LoadSpec, load_policy, new_scalar_model
+    from rlhf_core.models.loader import LoadSpec, load_pretrained
 
     torch.manual_seed(0)  # the RM's fresh head
     if stage == "sft":
-        return load_policy(model_dir, LoadSpec())
-    return new_scalar_model(model_dir, LoadSpec())
+        return load_pretrained(model_dir, LoadSpec())
+    return load_pretrained(model_dir, LoadSpec(), "new_head")
 
 
 def dp_train(model_dir, stage: str, batch_size: int, dp, ck_root=None, on_log=None):

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from rlhf_core.config import Sampling
+from rlhf_core.eval.gate import paired_bootstrap_ci, paired_win_rate
 from rlhf_core.models.data import encode, left_pad
 from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.models.precision import autocast
@@ -36,50 +37,43 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
     ``scorers`` model, and with ``features`` the RM's hidden states [N, H]. ``ref_policy``
     None: no KL."""
     with autocast(precision, device):
-        return _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts,
-                              sampling.temperature, sampling.max_new_tokens, device,
-                              sampling.batch_size, dict(scorers or {}), features, on_batch)
-
-
-def _sample_policy(policy, ref_policy, reward_model, tokenizer, prompts, temperature,
-                   max_new_tokens, device, batch_size, scorers,
-                   features: bool = False, on_batch=None) -> dict[str, list]:
-    gen_config = sampling_config(tokenizer, temperature, max_new_tokens,
-                                 model_generation=getattr(policy, "generation_config", None))
-    pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
-    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else eos_id)
-    out: dict[str, list] = {"response": [], "has_eos": [], "length": [], "score": [], "kl": [],
-                            **{name: [] for name in scorers}}
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start: start + batch_size]
-        prompt_ids = left_pad([encode(tokenizer, p) for p in chunk], pad_id).to(device)
-        P = prompt_ids.shape[1]
-        raw, logits = generate(policy, prompt_ids, gen_config, pad_id)
-        responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
-        qr = torch.cat([prompt_ids, responses], dim=1)
-        if ref_policy is not None:
-            logprobs = logprobs_from_logits(logits, responses, temperature)
-            ref_lp = logprobs_from_logits(response_logits(ref_policy, qr, pad_id, P),
-                                          responses, temperature)
-            out["kl"] += ((logprobs - ref_lp) * mask).sum(1).float().tolist()
+        gen_config = sampling_config(tokenizer, sampling.temperature, sampling.max_new_tokens,
+                                     model_generation=getattr(policy, "generation_config", None))
+        pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
+        stops = torch.tensor([eos_id] if isinstance(eos_id, int) else eos_id)
+        scorers = dict(scorers or {})
+        out: dict[str, list] = {name: [] for name in
+                                ("response", "has_eos", "length", "score", "kl", *scorers)}
+        for start in range(0, len(prompts), sampling.batch_size):
+            chunk = prompts[start: start + sampling.batch_size]
+            prompt_ids = left_pad([encode(tokenizer, p) for p in chunk], pad_id).to(device)
+            P = prompt_ids.shape[1]
+            raw, logits = generate(policy, prompt_ids, gen_config, pad_id)
+            responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
+            qr = torch.cat([prompt_ids, responses], dim=1)
+            if ref_policy is not None:
+                logprobs = logprobs_from_logits(logits, responses, sampling.temperature)
+                ref_lp = logprobs_from_logits(response_logits(ref_policy, qr, pad_id, P),
+                                              responses, sampling.temperature)
+                out["kl"] += ((logprobs - ref_lp) * mask).sum(1).float().tolist()
+            if features:
+                scores, feats = score_and_features(reward_model, qr, pad_id, P, mask)
+                out.setdefault("features", []).append(feats.cpu())
+            else:
+                scores = score_responses(reward_model, qr, pad_id, P, mask)
+            for name, scorer in scorers.items():
+                out[name] += score_responses(scorer, qr, pad_id, P, mask).float().tolist()
+            for i in range(len(chunk)):
+                text_ids = responses[i][mask[i] & ~torch.isin(responses[i], stops.to(device))]
+                out["response"].append(tokenizer.decode(text_ids, skip_special_tokens=True))
+            out["has_eos"] += has_eos.tolist()
+            out["length"] += mask.sum(1).tolist()
+            out["score"] += scores.float().tolist()
+            if on_batch is not None:
+                on_batch(len(out["score"]))
         if features:
-            scores, feats = score_and_features(reward_model, qr, pad_id, P, mask)
-            out.setdefault("features", []).append(feats.cpu())
-        else:
-            scores = score_responses(reward_model, qr, pad_id, P, mask)
-        for name, scorer in scorers.items():
-            out[name] += score_responses(scorer, qr, pad_id, P, mask).float().tolist()
-        for i in range(len(chunk)):
-            text_ids = responses[i][mask[i] & ~torch.isin(responses[i], stops.to(device))]
-            out["response"].append(tokenizer.decode(text_ids, skip_special_tokens=True))
-        out["has_eos"] += has_eos.tolist()
-        out["length"] += mask.sum(1).tolist()
-        out["score"] += scores.float().tolist()
-        if on_batch is not None:
-            on_batch(len(out["score"]))
-    if features:
-        out["features"] = torch.cat(out["features"]) if out.get("features") else None
-    return out
+            out["features"] = torch.cat(out["features"]) if out.get("features") else None
+        return out
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -167,8 +161,6 @@ def against_start(start: Sequence[float], policy: Sequence[float],
                   confidence: float = 0.95) -> dict[str, float]:
     """The trained policy against its start, per-prompt scores [N] -> ``eval/vs_start_*``:
     mean difference and win rate, each with its paired bootstrap interval."""
-    from rlhf_core.eval.gate import paired_bootstrap_ci, paired_win_rate
-
     diffs = [b - a for a, b in zip(start, policy, strict=True)]
     mean, low, high = paired_bootstrap_ci(diffs, confidence)
     rate, rate_low, rate_high = paired_win_rate(diffs, confidence)

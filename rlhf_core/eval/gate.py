@@ -7,6 +7,8 @@ bootstrap of mean(d) (README § Sources [Bootstrap]) must clear the margin at it
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,9 +18,8 @@ import torch
 
 def _bootstrap_mean(values: torch.Tensor, confidence: float, n_bootstrap: int,
                     seed: int) -> tuple[float, float, float]:
-    """Mean of ``values`` [N] and its percentile-bootstrap interval -> (mean, low, high)."""
-    if values.numel() == 0:
-        raise ValueError("bootstrap: no values")
+    """Mean of ``values`` [N] (not empty) and its percentile-bootstrap interval -> (mean, low,
+    high)."""
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, values.numel(), (n_bootstrap, values.numel()), generator=gen)  # [B, N]
     means = values[idx].mean(dim=1)  # [B]
@@ -121,8 +122,6 @@ def gate_decision(champion: GateSide, challenger: GateSide, rule: GateRule = Gat
 
 def pair_key(row: dict) -> str:
     """A preference pair's identity: its prompt, chosen and rejected texts."""
-    import json
-
     return json.dumps([row.get("prompt"), row.get("chosen"), row.get("rejected")],
                       sort_keys=True, ensure_ascii=False, default=str)
 
@@ -130,7 +129,5 @@ def pair_key(row: dict) -> str:
 def held_out_for_judge(row: dict, fraction: float) -> bool:
     """Whether a preference pair belongs to the judge's held-out split, by a hash of its
     texts: stable across rounds, so PPO's reward model never sees the judge's pairs."""
-    import hashlib
-
     h = int.from_bytes(hashlib.sha256(pair_key(row).encode()).digest()[:8], "big")
     return h / 2.0 ** 64 < fraction

@@ -20,10 +20,10 @@ from rlhf_core.models.chat import (
     render_prompt,
     stop_token_ids,
 )
-from rlhf_core.models.data import encode, left_pad, right_pad
-from rlhf_core.models.loader import LoadSpec, load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.models.data import encode, left_pad
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 from rlhf_core.models.models import ScalarHeadModel
-from rlhf_core.models.scoring import score_padded
+from rlhf_core.models.scoring import score_ids
 
 
 class RequestError(ValueError):
@@ -64,8 +64,8 @@ def load_served(kind: str, model_dir: str, tokenizer_dir: str, model_config: dic
     where there is one."""
     trust = bool((model_config or {}).get("trust_remote_code", False))
     spec = LoadSpec(trust_remote_code=trust)
-    load = {"policy": load_policy, "reward": load_scalar_model}[kind]
-    model = load(model_dir, spec, trainable=False)
+    model = load_pretrained(model_dir, spec, {"policy": "policy", "reward": "scalar"}[kind],
+                            trainable=False)
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model, load_tokenizer(tokenizer_dir, spec)
@@ -129,21 +129,17 @@ def prompt_ids(tokenizer, prompt, row: int) -> tuple[list[int], bool]:
     return ids, messages is not None
 
 
-def _check_length(model, ids: list[list[int]], max_new_tokens: int) -> None:
-    limit = getattr(model.config, "max_position_embeddings", None)
-    for row, seq in enumerate(ids):
-        if limit and len(seq) + max_new_tokens > limit:
-            raise RequestError(f"row {row}: a prompt of {len(seq)} tokens + max_new_tokens "
-                               f"{max_new_tokens} exceeds the model's {limit} positions")
-
-
 @torch.inference_mode()
 def generate_completions(model, ids: list[list[int]], settings: GenerationSettings,
                          stop: list[int], pad_id: int) -> list[list[int]]:
     """Each prompt's ids -> its completion's ids, cut before the first stop token; a ``seed``
     leaves the caller's RNG stream untouched."""
     settings.check()
-    _check_length(model, ids, settings.max_new_tokens)
+    limit, budget = getattr(model.config, "max_position_embeddings", None), settings.max_new_tokens
+    for row, seq in enumerate(ids):
+        if limit and len(seq) + budget > limit:
+            raise RequestError(f"row {row}: a prompt of {len(seq)} tokens + max_new_tokens "
+                               f"{budget} exceeds the model's {limit} positions")
     device = next(model.parameters()).device
     prompts = left_pad(ids, pad_id).to(device)  # (B, P)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -176,13 +172,6 @@ def answer_rows(model, tokenizer, prompts: Sequence, settings: GenerationSetting
     return answers
 
 
-def _reply_messages(response, row: int) -> list[dict]:
-    """The scored reply of a conversation: text, one assistant message or a list of them."""
-    if isinstance(response, str):
-        return [{"role": "assistant", "content": response}]
-    return as_messages(response, row, "response")
-
-
 def reward_ids(tokenizer, prompt, response, row: int, end_of_turn: int | None) -> list[int]:
     """One (prompt, response) row -> the ids the reward model scores at the last token (text +
     EOS, or the conversation cut after the reply's end-of-turn)."""
@@ -192,8 +181,10 @@ def reward_ids(tokenizer, prompt, response, row: int, end_of_turn: int | None) -
             raise RequestError(f"row {row}: 'prompt' is text, so 'response' must be text too")
         return encode(tokenizer, prompt) + encode(tokenizer, response) + \
             [tokenizer.eos_token_id]
-    ids = _rendered_ids(tokenizer, messages + _reply_messages(response, row), row,
-                        generation_prompt=False)
+    # the reply: text, one assistant message or a list of them
+    reply = [{"role": "assistant", "content": response}] if isinstance(response, str) \
+        else as_messages(response, row, "response")
+    ids = _rendered_ids(tokenizer, messages + reply, row, generation_prompt=False)
     end = end_of_turn_id(tokenizer) if end_of_turn is None else end_of_turn
     end = tokenizer.eos_token_id if end is None else end
     if end not in ids:
@@ -202,16 +193,11 @@ def reward_ids(tokenizer, prompt, response, row: int, end_of_turn: int | None) -
     return ids[: len(ids) - ids[::-1].index(end)]
 
 
-@torch.inference_mode()
 def score_rows(model: ScalarHeadModel, tokenizer, prompts: Sequence, responses: Sequence,
                batch_size: int = 64) -> list[float]:
     """The served reward model's predict: the score of each (prompt, response) row."""
     end_of_turn = end_of_turn_id(tokenizer)
     seqs = [reward_ids(tokenizer, p, r, row, end_of_turn)
             for row, (p, r) in enumerate(zip(prompts, responses))]
-    device = next(model.parameters()).device
-    scores = []
-    for start in range(0, len(seqs), batch_size):
-        ids = right_pad(seqs[start: start + batch_size], tokenizer.pad_token_id).to(device)
-        scores += score_padded(model, ids, tokenizer.pad_token_id).float().cpu().tolist()
-    return scores
+    return score_ids(model, seqs, tokenizer.pad_token_id, next(model.parameters()).device,
+                     batch_size).tolist()

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import torch
 
+from rlhf_core.eval.gate import paired_bootstrap_ci
+from rlhf_core.models.data import right_pad
+
 DATA = Path(__file__).with_name("tax_data")
 PROBE_FILE = DATA / "probe.jsonl"
 TEXT_FILE = DATA / "general.txt"
@@ -53,10 +56,6 @@ def probe_prompt(question: str, chat: bool, system: str | None = None) -> str | 
     return [*messages, {"role": "user", "content": question}]
 
 
-def _text(answer) -> str:
-    return answer["content"] if isinstance(answer, dict) else answer
-
-
 @torch.inference_mode()
 def answer_probe(model, tokenizer, items: Sequence[ProbeItem], *, system: str | None = None,
                  max_new_tokens: int = 32, batch_size: int = 32,
@@ -70,8 +69,8 @@ def answer_probe(model, tokenizer, items: Sequence[ProbeItem], *, system: str | 
     for start in range(0, len(items), batch_size):
         chunk = items[start: start + batch_size]
         prompts = [probe_prompt(it.question, chat, system) for it in chunk]
-        answers += [_text(a).strip() for a in answer_rows(model, tokenizer, prompts, settings,
-                                                          stop)]
+        for answer in answer_rows(model, tokenizer, prompts, settings, stop):
+            answers.append((answer["content"] if isinstance(answer, dict) else answer).strip())
         if on_batch is not None:
             on_batch(len(answers))
     return answers
@@ -82,8 +81,6 @@ def text_nats(model, tokenizer, texts: Sequence[str], max_tokens: int = 512,
               batch_size: int = 8) -> tuple[float, int]:
     """Summed NLL of every token of ``texts``, each scored on its own after a BOS (else EOS)
     separator and cut to ``max_tokens`` -> (nats, bytes of the scored text)."""
-    from rlhf_core.models.data import right_pad
-
     sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None \
         else tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else sep
@@ -120,8 +117,6 @@ def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],
                 confidence: float = 0.95) -> dict[str, float]:
     """Per-model probe accuracy and bits per byte, with paired differences -> ``eval/tax/*``.
     ``right``: per model, one bool per probe question, in one order."""
-    from rlhf_core.eval.gate import paired_bootstrap_ci
-
     out: dict[str, float] = {}
     for name, marks in right.items():
         if not marks:

@@ -1,5 +1,7 @@
-"""The detectors of training dynamics, read from every iteration's rollout and update signals
-(the table in rlhf_core/health/detectors.py lists them)."""
+"""The training dynamics' detectors: rules on every iteration's rollout and update signals
+(KL, entropy, the critic's fit, the reward's progress, the time generation takes). Each reads a
+window and compares the run with its own start or recent past.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +10,9 @@ import statistics
 
 from pydantic import Field
 
-from rlhf_core.health.records import (
-    Finding,
-    History,
-    Settings,
-    _finite,
-    _from_rollouts,
-    _median,
-)
+from rlhf_core.health.records import Finding, History, Settings, _finite, _from_rollouts, _median
 
+# -- the training dynamics' detectors: every iteration's rollout and update signals --------------
 
 # -- KL spike ----------------------------------------------------------------------------------
 class KLSpike(Settings):

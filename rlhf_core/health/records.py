@@ -1,5 +1,7 @@
-"""The detectors' common types: what they read of a run (:class:`History`), what a rule
-returns (:class:`Finding`) and a row of the table (:class:`Detector`)."""
+"""What the PPO health detectors read of a run (:class:`History`, one :class:`CheckRecord` per
+held-out check), what a rule returns (:class:`Finding`) and a row of the table
+(:class:`Detector`); the rules and the table are in detectors.py.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pydantic import Field
 
 from rlhf_core.section import Section
 
+# -- what the detectors read of a run (History), what a rule returns (Finding), a table row ----
 Action = Literal["warn", "stop", "off"]
 
 
@@ -75,11 +78,6 @@ def _from_rollouts(detector: str, h: History, onset: int, evidence: dict[str, fl
     return Finding(detector, h.iterations[-1], onset, max(0, onset - 2), evidence, message)
 
 
-Rule = Callable[[History, Settings], Finding | None]
-# at the end of PPO: why a finding still questions the final policy (None: it no longer does)
-Stands = Callable[[History, Settings, Finding], str | None]
-
-
 @dataclass(frozen=True)
 class Detector:
     """One row of the table."""
@@ -87,11 +85,12 @@ class Detector:
     name: str
     failure: str  # what the guides call it
     signals: tuple[str, ...]  # the metrics it reads (check/* : the held-out checks)
-    rule: Rule
+    rule: Callable[[History, Settings], Finding | None]
     settings: type[Settings]
     advice: str
-    # a finding that stands at the end keeps the policy from champion; None: only warns
-    stands: Stands | None = None
+    # at the end of PPO: why a finding still questions the final policy (None: it no longer
+    # does); one that stands keeps the policy from champion. No such rule: the finding only warns
+    stands: Callable[[History, Settings, Finding], str | None] | None = None
 
 
 def _median(values: list[float]) -> float:

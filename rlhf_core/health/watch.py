@@ -1,23 +1,237 @@
 """PPO watching itself: :class:`Watch` makes the held-out checks when due, feeds the detectors,
 snapshots the trained weights at healthy checks (the newest ``keep_healthy`` plus the judge's
-best), and says when a finding stops PPO, which then restores the last healthy snapshot.
+best), and says when a finding stops PPO, which then restores the last healthy snapshot. Its
+:class:`HealthMonitor` runs the detectors; the state of both is plain JSON in PPO's
+checkpoints, so a resumed run watches as an unbroken one.
+
+Held-out checks: every ``ppo.eval_every`` iterations the policy answers fixed held-out prompts,
+scored by the proxy, an independent scorer and any gold judge, since metrics can look fine
+while the outputs degrade. One sampling seed at every check makes the checks' scores pair
+well; the training's random state is forked around a check, so checks change nothing of the
+training.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import median
 
 import torch
 from pydantic import BaseModel
 from safetensors.torch import load_file, save_file
 
+from rlhf_core.config import Sampling
+from rlhf_core.eval.evaluate import sample_policy
 from rlhf_core.faults import crash_point
-from rlhf_core.health.checks import CheckAnswers, HeldOutCheck
-from rlhf_core.health.detectors import Finding
-from rlhf_core.health.monitor import HealthMonitor
+from rlhf_core.health.detectors import BY_NAME, DETECTORS
+from rlhf_core.health.drift import FeatureBasis
+from rlhf_core.health.records import CheckRecord, Detector, Finding, History
 from rlhf_core.models.checkpoint import atomic_dir
+from rlhf_core.models.models import PPOModels, ScalarHeadModel
+
+Gold = Callable[[str, str, bool], float]  # (prompt, response, has_eos) -> score
+TextScorer = Callable[[list[str], list[str]], list[float]]  # (prompts, responses) -> scores
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+@dataclass(frozen=True)
+class CheckAnswers:
+    """One check's answers, per prompt [N] each (``judge``/``gold`` None: no such scorer)."""
+
+    iteration: int  # the PPO iterations done when the policy answered (0: the start policy)
+    responses: list[str]
+    proxy: list[float]  # the reward model's raw score
+    judge: list[float] | None
+    gold: list[float] | None
+    length: list[int]  # response tokens, EOS included
+    has_eos: list[bool]
+    kl: list[float]  # KL to the reference, summed over the response
+    seconds: float  # the check's wall time
+    # distance from the start answers in the RM's feature space (None: not measured)
+    drift: list[float] | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """Means over the prompts, logged at the check's iteration."""
+        out = {"check/proxy_score": _mean(self.proxy), "check/kl": _mean(self.kl),
+               "check/length_mean": _mean([float(n) for n in self.length]),
+               "check/eos_rate": _mean([float(e) for e in self.has_eos]),
+               "check/distinct_rate": len(set(self.responses)) / max(len(self.responses), 1),
+               "time/check_s": self.seconds}
+        if self.judge is not None:
+            out["check/judge_score"] = _mean(self.judge)
+        if self.gold is not None:
+            out["check/gold_score"] = _mean(self.gold)
+        if self.drift is not None:
+            out["check/rm_drift"] = median(self.drift)
+        return out
+
+    def rows(self, prompts: Sequence[str]) -> list[dict]:
+        """One table row per prompt: the answer and its scores."""
+        optional = {"judge_score": self.judge, "gold_score": self.gold, "rm_drift": self.drift}
+        return [{"iteration": self.iteration, "prompt": prompt, "response": self.responses[i],
+                 "proxy_score": self.proxy[i], "length": int(self.length[i]),
+                 "has_eos": bool(self.has_eos[i]), "kl": self.kl[i],
+                 **{key: values[i] for key, values in optional.items() if values is not None}}
+                for i, prompt in enumerate(prompts)]
+
+
+class HeldOutCheck:
+    """The fixed prompts and scorers of a run's checks; :meth:`run` makes one check."""
+
+    def __init__(self, prompts: Sequence[str], sampling: Sampling, seed: int, *,
+                 judge: ScalarHeadModel | None = None, external: TextScorer | None = None,
+                 gold: Gold | None = None, precision: str = "fp32"):
+        """``seed``: the sampling seed of every check; the independent scorer is ``judge`` (a
+        reward model) or ``external`` (a text scorer), not both; ``gold`` only evaluates."""
+        if not prompts:
+            raise ValueError("held-out check: no prompts")
+        if judge is not None and external is not None:
+            raise ValueError("held-out check: a judge reward model or an external scorer, "
+                             "not both")
+        self.prompts, self.sampling, self.seed = list(prompts), sampling, seed
+        self.judge, self.external, self.gold = judge, external, gold
+        self.precision = precision
+        self.basis: FeatureBasis | None = None  # the first check's answers' features
+
+    def run(self, models: PPOModels, tokenizer, device: torch.device,
+            iteration: int) -> CheckAnswers:
+        """The policy answers every prompt, the training's random state untouched -> the
+        answers and their scores."""
+        start = time.perf_counter()
+        policy, ref_policy, _, reward_model = models
+        if self.judge is not None:
+            self.judge.to(device)
+        cuda = [torch.cuda.current_device()] if device.type == "cuda" else []
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(self.seed)
+                out = sample_policy(policy, ref_policy, reward_model, tokenizer, self.prompts,
+                                    self.sampling, device=device, precision=self.precision,
+                                    scorers={"judge": self.judge} if self.judge else None,
+                                    features=True)
+        finally:
+            policy.train(was_training)
+        gold = None if self.gold is None else [
+            float(self.gold(p, r, bool(e)))
+            for p, r, e in zip(self.prompts, out["response"], out["has_eos"])]
+        judged = out.get("judge")
+        if self.external is not None:
+            judged = [float(v) for v in self.external(self.prompts, list(out["response"]))]
+            if len(judged) != len(self.prompts):
+                raise ValueError(f"held-out check: the external scorer gave {len(judged)} "
+                                 f"scores for {len(self.prompts)} answers")
+        if self.basis is None:
+            self.basis = FeatureBasis.fit(out["features"])
+        drift = [float(v) for v in self.basis.drift(out["features"])]
+        return CheckAnswers(
+            iteration=iteration, responses=out["response"], proxy=out["score"],
+            judge=judged, gold=gold, length=[int(n) for n in out["length"]],
+            has_eos=[bool(e) for e in out["has_eos"]], kl=out["kl"],
+            seconds=round(time.perf_counter() - start, 4), drift=drift)
+
+    # -- checkpoints: the reference of the drift ---------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"basis": None if self.basis is None else self.basis.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        basis = state.get("basis")
+        self.basis = None if basis is None else FeatureBasis.from_state(basis)
+
+
+# the per-iteration signals the detectors read (the check/* ones come with the checks)
+SIGNALS = tuple(dict.fromkeys(s for d in DETECTORS for s in d.signals
+                              if not s.startswith("check/")))
+
+
+def check_record(answers: CheckAnswers) -> CheckRecord:
+    """What the detectors may see of a check: never the gold judge."""
+    n = max(len(answers.kl), 1)
+    return CheckRecord(iteration=answers.iteration, proxy=list(answers.proxy),
+                       judge=None if answers.judge is None else list(answers.judge),
+                       kl=sum(answers.kl) / n, length=sum(answers.length) / n,
+                       drift=None if answers.drift is None else median(answers.drift),
+                       lengths=[float(n) for n in answers.length])
+
+
+class HealthMonitor:
+    """Every detector whose action is not ``off``, fed one iteration at a time."""
+
+    def __init__(self, settings: BaseModel):
+        """``settings``: the ``ppo.health`` section (one sub-section per detector)."""
+        self.settings = settings
+        self.watched: list[Detector] = [d for d in DETECTORS
+                                        if getattr(settings, d.name).action != "off"]
+        self.history = History()
+        self.findings: list[Finding] = []
+
+    def action(self, finding: Finding) -> str:
+        return getattr(self.settings, finding.detector).action
+
+    def observe(self, iteration: int, metrics: dict[str, float],
+                check: CheckAnswers | None = None) -> list[Finding]:
+        """Record ``iteration``'s signals (and ``check``, made after it) -> the detectors
+        that fire for the first time."""
+        h = self.history
+        if iteration > 0:  # the start policy's check (iteration 0) has no rollout signals
+            h.iterations.append(iteration)
+            for name in SIGNALS:
+                h.metrics.setdefault(name, [math.nan] * (len(h.iterations) - 1)).append(
+                    float(metrics.get(name, math.nan)))
+        if check is not None:
+            h.checks.append(check_record(check))
+        if iteration == 0:
+            return []
+        fired = {f.detector for f in self.findings}
+        new = []
+        for detector in self.watched:
+            if detector.name in fired:
+                continue
+            finding = detector.rule(h, getattr(self.settings, detector.name))
+            if finding is not None:
+                new.append(finding)
+        self.findings += new
+        return new
+
+    def standing(self) -> dict[str, str]:
+        """At the end of PPO: {detector: why} for every finding that still stands."""
+        out = {}
+        for f in self.findings:
+            d = BY_NAME[f.detector]
+            why = None if d.stands is None else d.stands(self.history,
+                                                         getattr(self.settings, d.name), f)
+            if why is not None:
+                out[f.detector] = why
+        return out
+
+    def best_judged_check(self) -> int | None:
+        """The iteration of the check the judge scored highest (None: no judge)."""
+        judged = [c for c in self.history.checks if c.judge is not None]
+        if not judged:
+            return None
+        return max(judged, key=lambda c: sum(c.judge) / len(c.judge)).iteration
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        h = self.history
+        return {"iterations": h.iterations, "metrics": h.metrics,
+                "checks": [asdict(c) for c in h.checks],
+                "findings": [asdict(f) for f in self.findings]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = History(list(state["iterations"]),
+                               {k: list(v) for k, v in state["metrics"].items()},
+                               [CheckRecord(**c) for c in state["checks"]])
+        self.findings = [Finding(**f) for f in state["findings"]]
 
 
 def _trained(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -41,24 +255,21 @@ class Watch:
     """Held-out checks every ``every`` iterations, the detectors after every iteration."""
 
     def __init__(self, settings: BaseModel, check: HeldOutCheck | None, every: int,
-                 snapshots: str | Path | None = None):
+                 snapshots: str | Path):
         """``settings``: the ``ppo.health`` section; ``check`` None: rollout detectors only;
-        ``snapshots`` None: nothing kept, and a stop keeps the policy as it is."""
+        ``snapshots``: the folder of the healthy snapshots."""
         self.settings, self.check, self.every = settings, check, max(1, every)
         self.monitor = HealthMonitor(settings)
-        self.folder = None if snapshots is None else Path(snapshots)
+        self.folder = Path(snapshots)
         self.kept: list[int] = []  # iterations of the snapshots on disk, oldest first
         self.writes = True  # False on data-parallel ranks other than 0
 
     # -- each iteration ---------------------------------------------------------------------------
-    def due(self, iteration: int) -> bool:
-        return self.check is not None and iteration % self.every == 0
-
     def observe(self, trainer, iteration: int, metrics: dict[str, float]) -> Verdict:
         """After ``iteration`` (0: the start policy): check when due, run the detectors,
         snapshot a healthy check."""
         verdict = Verdict(iteration)
-        if self.due(iteration):
+        if self.check is not None and iteration % self.every == 0:  # a check is due
             verdict.check = self.check.run(trainer.models, trainer.tokenizer, trainer.device,
                                            iteration)
             crash_point(f"ppo:check:{iteration}")
@@ -71,18 +282,10 @@ class Watch:
         return verdict
 
     # -- snapshots --------------------------------------------------------------------------------
-    def _models(self, trainer) -> dict[str, torch.nn.Module]:
-        models = {"policy": trainer.policy}
-        if trainer.value_model is not None:
-            models["value"] = trainer.value_model
-        return models
-
     def _snapshot(self, trainer, iteration: int) -> None:
-        if self.folder is None:
-            return
         if self.writes:
             with atomic_dir(self.folder / f"iter_{iteration:08d}") as tmp:
-                for name, model in self._models(trainer).items():
+                for name, model in trainer.trained.items():
                     save_file(_trained(model), str(tmp / f"{name}.safetensors"))
         self.kept = [i for i in self.kept if i != iteration] + [iteration]
         best = self.monitor.best_judged_check()
@@ -101,12 +304,12 @@ class Watch:
     def restore_healthy(self, trainer, finding: Finding) -> int | None:
         """Load the newest snapshot at or before ``finding.last_healthy`` (else the oldest)
         -> its iteration, or None."""
-        if self.folder is None or not self.kept or not self.writes:
+        if not self.kept or not self.writes:
             return None  # (a rank other than 0 saves no model: nothing to restore)
         eligible = [i for i in self.kept if i <= finding.last_healthy]
         chosen = max(eligible) if eligible else min(self.kept)
         path = self.folder / f"iter_{chosen:08d}"
-        for name, model in self._models(trainer).items():
+        for name, model in trainer.trained.items():
             tensors = load_file(str(path / f"{name}.safetensors"), device=str(trainer.device))
             missing = set(_trained(model)) - set(tensors)
             if missing:
@@ -127,7 +330,7 @@ class Watch:
         self.kept = list(state["kept"])
         if self.check is not None and "check" in state:
             self.check.load_state_dict(state["check"])
-        if self.folder is not None and self.writes and self.folder.is_dir():
+        if self.writes and self.folder.is_dir():
             for path in self.folder.glob("iter_*"):
                 if int(path.name.removeprefix("iter_")) not in self.kept:
                     shutil.rmtree(path, ignore_errors=True)

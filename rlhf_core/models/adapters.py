@@ -16,15 +16,14 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from rlhf_core.models.checkpoint import atomic_dir
-from rlhf_core.models.models import ScalarHeadModel, load_causal_lm
+from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.models.sources import PACKAGE_PREFIX, resolve_model_source
 
 META = "rlhf_lora.json"
 EMBEDDINGS = "embeddings.safetensors"
-_HEAD_FILES = ("head.safetensors", "scalar_head.json")
 
 
 def is_adapter_folder(path: str | Path) -> bool:
@@ -55,10 +54,6 @@ def base_of(folder: str | Path) -> str:
         raise FileNotFoundError(f"{folder}: its base model {base} is not here (and "
                                 f"{META} names no source to rebuild it from)")
     return base  # a hub id
-
-
-def _is_scalar(path: str | Path) -> bool:
-    return (Path(path) / "scalar_head.json").is_file()
 
 
 def _vocab_rows(model) -> int:
@@ -115,53 +110,18 @@ def save_scalar_adapter(model: ScalarHeadModel, target: str | Path, base: str | 
     """A scalar model whose trunk carries a LoRA adapter: the adapter and the head."""
     with atomic_dir(target) as tmp:
         model.backbone.save_pretrained(str(tmp), save_embedding_layers=False)
-        head = {k: v.detach().contiguous().cpu() for k, v in model.head.state_dict().items()}
-        save_file(head, str(tmp / "head.safetensors"))
-        (tmp / "scalar_head.json").write_text(json.dumps(
-            {"hidden_size": model.backbone.config.hidden_size, "kind": "scalar_head"}))
+        model.save_head(tmp)
         (tmp / META).write_text(_meta("scalar", base, None))
     return Path(target)
 
 
-def _merge(model, folder: Path):
+def merge_adapter(model, folder: str | Path):
+    """``model`` with the adapter folder's LoRA (and any rows it added) merged in."""
     from peft import PeftModel
 
-    _load_embeddings(model, folder)
+    _load_embeddings(model, Path(folder))
     with peft_reading_old_names():
         return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
-
-
-def load_adapted_causal_lm(folder: str | Path, dtype: str = "float32",
-                           trust_remote_code: bool = False, **hf_kwargs):
-    """An adapter folder's policy, its chain merged -> a plain causal LM."""
-    base = base_of(folder)
-    if is_adapter_folder(base):
-        model = load_adapted_causal_lm(base, dtype, trust_remote_code, **hf_kwargs)
-    else:
-        model = load_causal_lm(base, dtype, trust_remote_code, **hf_kwargs)
-    return _merge(model, Path(folder))
-
-
-def trunk_of(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
-             **hf_kwargs):
-    """The transformer trunk of a scalar model's or causal LM's folder (adapters merged)."""
-    if _is_scalar(path):
-        if is_adapter_folder(path):
-            return load_adapted_scalar(path, dtype, trust_remote_code, **hf_kwargs).backbone
-        return ScalarHeadModel.load(path, dtype, trust_remote_code, **hf_kwargs).backbone
-    if is_adapter_folder(path):
-        return load_adapted_causal_lm(path, dtype, trust_remote_code, **hf_kwargs).base_model
-    return load_causal_lm(path, dtype, trust_remote_code, **hf_kwargs).base_model
-
-
-def load_adapted_scalar(folder: str | Path, dtype: str = "float32",
-                        trust_remote_code: bool = False, **hf_kwargs) -> ScalarHeadModel:
-    """An adapter folder's scalar model: its trunk's chain merged, its own head."""
-    folder = Path(folder)
-    trunk = _merge(trunk_of(base_of(folder), dtype, trust_remote_code, **hf_kwargs), folder)
-    head = torch.nn.Linear(trunk.config.hidden_size, 1)
-    head.load_state_dict(load_file(str(folder / "head.safetensors")))
-    return ScalarHeadModel(trunk, head)
 
 
 def _portable(source: str | None) -> bool:

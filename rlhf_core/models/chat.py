@@ -187,7 +187,7 @@ def prepare_chat(tokenizer) -> dict:
     return {"end_of_turn": eot, "end_of_turn_id": eot_id, "eos_before": before}
 
 
-def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict] | None = None) -> None:
+def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict]) -> None:
     """ChatError if a rendered prompt holds more BOS tokens than the template writes for
     ``messages``' roles: an extra one can only come from the data. A BOS that is also the EOS
     is not counted."""
@@ -196,8 +196,7 @@ def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict] | None = Non
             prompt_text.count(tokenizer.bos_token) <= 1:  # a special token: its text, once
         return
     count = encode(tokenizer, prompt_text).count(bos)
-    allowed = 1 if messages is None else _template_bos(tokenizer, tuple(m["role"]
-                                                                       for m in messages))
+    allowed = _template_bos(tokenizer, tuple(m["role"] for m in messages))
     if count > allowed:
         wrote = "one" if allowed == 1 else str(allowed)
         raise ChatError(f"the rendered prompt holds {count} BOS tokens "

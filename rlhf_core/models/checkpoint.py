@@ -23,20 +23,14 @@ STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 
 
-def _heal(target: Path) -> None:
-    """A crash between the two renames of :func:`atomic_dir` leaves only ``.name.old``."""
-    old = target.with_name(f".{target.name}.old")
-    if not target.exists() and old.exists():
-        old.rename(target)
-
-
 @contextmanager
 def atomic_dir(target: str | Path, crash_label: str | None = None) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces ``target`` in one rename."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    _heal(target)
-    tmp = target.with_name(f".{target.name}.tmp")
+    old, tmp = target.with_name(f".{target.name}.old"), target.with_name(f".{target.name}.tmp")
+    if not target.exists() and old.exists():  # a crash between the two renames below
+        old.rename(target)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -47,7 +41,6 @@ def atomic_dir(target: str | Path, crash_label: str | None = None) -> Iterator[P
         raise
     if crash_label:
         crash_point(f"checkpoint:{crash_label}")
-    old = target.with_name(f".{target.name}.old")
     if old.exists():
         shutil.rmtree(old)
     if target.exists():
@@ -61,13 +54,6 @@ def save_policy(model, tokenizer, target: str | Path) -> Path:
     with atomic_dir(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-    return Path(target)
-
-
-def save_scalar_model(model, target: str | Path) -> Path:
-    """ScalarHeadModel.save, atomically."""
-    with atomic_dir(target) as tmp:
-        model.save(tmp)
     return Path(target)
 
 
@@ -190,12 +176,9 @@ class Checkpointer:
         scheduler.load_state_dict(state["scheduler"])
         if lr is not None and any(lr != b for b in scheduler.base_lrs):
             scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
-            for group, factor in zip(optimizer.param_groups, _lr_factors(scheduler)):
+            factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
+            for group, factor in zip(optimizer.param_groups, factors):
                 group["initial_lr"], group["lr"] = lr, lr * factor
         restore_rng(state["rng"], generator)
         meta = json.loads((path / META_FILE).read_text())
         return meta["step"], meta["extra"]
-
-
-def _lr_factors(scheduler) -> list[float]:
-    return [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]

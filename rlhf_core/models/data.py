@@ -46,15 +46,11 @@ def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
-    """List of id lists -> [B, max_len] long, padded on the left (for generation)."""
+    """List of id lists -> [B, max_len] long, padded on the left (for generation): the
+    reversed lists right-padded, reversed back."""
     if not seqs:
         raise ValueError("left_pad: empty batch")
-    width = max(len(s) for s in seqs)
-    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            out[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-    return out
+    return right_pad([list(s)[::-1] for s in seqs], pad_id).flip(1)
 
 
 def last_real_index(input_ids: torch.Tensor, pad_id: int) -> torch.Tensor:

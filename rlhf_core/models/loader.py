@@ -1,29 +1,38 @@
 """The one model loader: every model and tokenizer of the pipeline loads through here.
 
 A :class:`LoadSpec`, built once from the model config and the device, carries what
-``from_pretrained`` needs. Trained models keep ``model.dtype`` master weights under autocast;
-frozen ones load in the compute dtype, as nothing updates them.
+``from_pretrained`` needs, and :func:`load_pretrained` loads any of the models with it. Trained
+models keep ``model.dtype`` master weights under autocast; frozen ones load in the compute
+dtype, as nothing updates them.
+
+PPO's four models load full or as LoRA adapters over frozen bases (``model.lora``, needs peft).
+Under LoRA the reference is the policy with its adapters off, and the reward model the critic's
+trunk with its adapters off: two frozen trunks instead of four models. The critic keeps its
+warm start from the reward model, so it does not share the policy's base; a critic with a new
+head on the start policy (no reward model among the reward's sources) has a trunk of its own.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
+from safetensors.torch import load_file
+from torch import nn
+from transformers import AutoModel, AutoModelForCausalLM
 
 from rlhf_core.config import LoraSettings, ModelConfig
 from rlhf_core.models.adapters import (
+    base_of,
     is_adapter_folder,
-    load_adapted_causal_lm,
-    load_adapted_scalar,
+    merge_adapter,
     peft_reading_old_names,
-    trunk_of,
 )
-from rlhf_core.models.models import ScalarHeadModel, load_causal_lm
-from rlhf_core.models.precision import enable_tf32, resolve_precision
-
-_COMPUTE_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+from rlhf_core.models.models import PPOModels, ScalarHeadModel, disable_dropout
+from rlhf_core.models.precision import choose_precision
 
 
 @dataclass(frozen=True)
@@ -39,25 +48,28 @@ class LoadSpec:
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, device: torch.device | str) -> LoadSpec:
-        """Resolve ``precision: auto`` for the device; turn TF32 on for CUDA."""
-        enable_tf32(device)
+        """Resolve ``precision: auto`` for the device; turn TF32 on for CUDA (float32 matmuls
+        and convolutions on Ampere and newer)."""
+        if torch.device(device).type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         return cls(dtype=cfg.dtype,
-                   precision=resolve_precision(cfg.precision, device, bool(cfg.base_model)),
+                   precision=choose_precision(cfg.precision, device, bool(cfg.base_model))[0],
                    attn_implementation=cfg.attn_implementation,
                    trust_remote_code=cfg.trust_remote_code,
                    gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora)
 
-    def param_dtype(self, trainable: bool) -> str:
-        """Trained: ``dtype`` (fp32 master weights); frozen: the compute dtype."""
-        if trainable or self.dtype != "float32":
-            return self.dtype
-        return _COMPUTE_DTYPE_NAMES.get(self.precision, "float32")
-
-    def hf_kwargs(self) -> dict:
-        """Extra ``from_pretrained`` arguments (the attention kernel, unless 'auto')."""
-        if self.attn_implementation == "auto":
-            return {}
-        return {"attn_implementation": self.attn_implementation}
+    def pretrained(self, trainable: bool) -> dict:
+        """``from_pretrained``'s arguments: the parameter dtype (trained: ``dtype``, fp32 master
+        weights; frozen: the compute dtype), trust_remote_code, the attention kernel unless
+        'auto'."""
+        dtype = self.dtype
+        if not trainable and dtype == "float32":
+            dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(self.precision, "float32")
+        kernel = {} if self.attn_implementation == "auto" else \
+            {"attn_implementation": self.attn_implementation}
+        return {"dtype": getattr(torch, dtype), "trust_remote_code": self.trust_remote_code,
+                **kernel}
 
 
 def load_tokenizer(name_or_path: str | Path, spec: LoadSpec = LoadSpec()):
@@ -78,68 +90,70 @@ def enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable({"use_reentrant": False})
 
 
-class TanhGELU(torch.nn.Module):
+class TanhGELU(nn.Module):
     """GELU's tanh approximation as torch's fused kernel: transformers' ``gelu_new`` (GPT-2
     and kin) in one kernel instead of ~8 elementwise ops."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.gelu(x, approximate="tanh")
+        return nn.functional.gelu(x, approximate="tanh")
 
 
-def fuse_activations(model: torch.nn.Module) -> int:
-    """Swap every ``gelu_new`` module for :class:`TanhGELU` in place -> how many."""
+def fuse_activations(model: nn.Module) -> None:
+    """Swap every ``gelu_new`` module for :class:`TanhGELU` in place."""
     from transformers.activations import NewGELUActivation
 
-    swapped = 0
     for module in model.modules():
         for name, child in module.named_children():
             if isinstance(child, NewGELUActivation):
                 setattr(module, name, TanhGELU())
-                swapped += 1
-    return swapped
 
 
-def _finish(model, spec: LoadSpec, trainable: bool):
+ModelKind = Literal["policy", "scalar", "new_head"]
+
+
+def load_pretrained(path: str | Path, spec: LoadSpec, kind: ModelKind = "policy",
+                    trainable: bool = True):
+    """Load a ``policy`` (a causal LM), a saved ``scalar`` model (reward model, critic) or a
+    ``new_head``: a fresh scalar head on a causal LM's trunk (the reward model before
+    training), trained or frozen; an adapter folder loads with its chain merged."""
+    model = _load(path, kind, spec.pretrained(trainable))
     fuse_activations(model)
     if trainable and spec.gradient_checkpointing:
-        backbone = model.backbone if isinstance(model, ScalarHeadModel) else model
-        enable_checkpointing(backbone)
+        enable_checkpointing(model.backbone if isinstance(model, ScalarHeadModel) else model)
     if not trainable:
         model.eval().requires_grad_(False)
     return model
 
 
-def load_policy(name_or_path: str | Path, spec: LoadSpec, trainable: bool = True):
-    """A causal LM, trained or frozen; an adapter folder loads with its chain merged."""
-    args = (spec.param_dtype(trainable), spec.trust_remote_code)
-    if is_adapter_folder(name_or_path):
-        model = load_adapted_causal_lm(name_or_path, *args, **spec.hf_kwargs())
+def _load(path: str | Path, kind: str, pretrained: dict):
+    """:func:`load_pretrained`'s model before its finish, dropout off (``pretrained``:
+    ``from_pretrained``'s arguments); ``kind`` ``trunk``: the transformer trunk of a scalar
+    model's or a causal LM's folder."""
+    folder = Path(path)
+    if kind == "trunk":
+        scalar = (folder / "scalar_head.json").is_file()
+        model = _load(path, "scalar" if scalar else "policy", pretrained)
+        return model.backbone if scalar else model.base_model
+    if kind == "new_head":  # a hub id or a causal LM's folder
+        trunk = _load(path, "trunk", pretrained) if is_adapter_folder(path) else \
+            disable_dropout(AutoModel.from_pretrained(str(path), **pretrained))
+        return ScalarHeadModel(trunk)
+    if is_adapter_folder(path):
+        base = base_of(path)
+        if kind == "policy":
+            return merge_adapter(_load(base, "policy", pretrained), path)
+        trunk = merge_adapter(_load(base, "trunk", pretrained), path)
+    elif kind == "policy":
+        return disable_dropout(AutoModelForCausalLM.from_pretrained(str(path), **pretrained))
     else:
-        model = load_causal_lm(name_or_path, *args, **spec.hf_kwargs())
-    return _finish(model, spec, trainable)
-
-
-def load_scalar_model(model_dir: str | Path, spec: LoadSpec,
-                      trainable: bool = True) -> ScalarHeadModel:
-    """A saved scalar-head model (reward model, critic); an adapter folder merged."""
-    args = (spec.param_dtype(trainable), spec.trust_remote_code)
-    if is_adapter_folder(model_dir):
-        model = load_adapted_scalar(model_dir, *args, **spec.hf_kwargs())
-    else:
-        model = ScalarHeadModel.load(model_dir, *args, **spec.hf_kwargs())
-    return _finish(model, spec, trainable)
-
-
-def new_scalar_model(name_or_path: str | Path, spec: LoadSpec,
-                     trainable: bool = True) -> ScalarHeadModel:
-    """A fresh scalar head on a causal LM's trunk (the reward model before training)."""
-    if is_adapter_folder(name_or_path):
-        trunk = trunk_of(name_or_path, spec.param_dtype(trainable), spec.trust_remote_code,
-                         **spec.hf_kwargs())
-        return _finish(ScalarHeadModel(trunk), spec, trainable)
-    model = ScalarHeadModel.from_causal_lm(name_or_path, spec.param_dtype(trainable),
-                                           spec.trust_remote_code, **spec.hf_kwargs())
-    return _finish(model, spec, trainable)
+        for name in ("backbone", "head.safetensors", "scalar_head.json"):
+            if not (folder / name).exists():
+                raise FileNotFoundError(f"{folder}: not a scalar-head model (missing {name})")
+        trunk = disable_dropout(AutoModel.from_pretrained(str(folder / "backbone"),
+                                                          **pretrained))
+    head = nn.Linear(trunk.config.hidden_size, 1)
+    head.load_state_dict(load_file(str(folder / "head.safetensors")))
+    return ScalarHeadModel(trunk, head)
 
 
 def add_lora(model, settings: LoraSettings):
@@ -154,3 +168,59 @@ def add_lora(model, settings: LoraSettings):
     with peft_reading_old_names():
         return get_peft_model(model, cfg)
 
+
+class AdaptersOff(nn.Module):
+    """A peft model's frozen base, run with its adapters disabled (no second copy); held in a
+    list, not a submodule, so this view's ``requires_grad_``/``train``/``.to`` leave it alone."""
+
+    def __init__(self, peft_model):
+        super().__init__()
+        self._owner = [peft_model]
+        self.config = peft_model.config
+
+    def forward(self, *args, **kwargs):
+        owner = self._owner[0]
+        with owner.disable_adapter():
+            return owner(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True):
+        return self._owner[0].parameters(recurse)
+
+    def requires_grad_(self, requires_grad: bool = True):
+        return self
+
+
+def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Path | None,
+               reward_dir: str | Path, spec: LoadSpec, new_head: bool = False) -> PPOModels:
+    """-> (policy, reference, value model, reward model), full or LoRA; ``critic_dir`` None:
+    no value model; ``new_head`` (LoRA): ``critic_dir`` is a causal LM, the critic a new head
+    on its trunk."""
+    if spec.lora is None:
+        value = None if critic_dir is None else load_pretrained(critic_dir, spec, "scalar")
+        return PPOModels(load_pretrained(policy_dir, spec),
+                         load_pretrained(ref_dir, spec, trainable=False), value,
+                         load_pretrained(reward_dir, spec, "scalar", trainable=False))
+    base = load_pretrained(policy_dir, spec, trainable=False)
+    trunk = load_pretrained(reward_dir, spec, "scalar", trainable=False)
+    if spec.gradient_checkpointing:
+        enable_checkpointing(base)
+    policy = add_lora(base, spec.lora)
+    if critic_dir is None:
+        return PPOModels(policy, AdaptersOff(policy), None, trunk)
+    critic = load_pretrained(critic_dir, spec, "new_head", trainable=False) if new_head else trunk
+    if spec.gradient_checkpointing:
+        enable_checkpointing(critic.backbone)
+    if new_head:  # its own trunk: the reward model stays whole
+        return PPOModels(policy, AdaptersOff(policy), adapt_scalar(critic, spec.lora), trunk)
+    value_backbone = add_lora(trunk.backbone, spec.lora)
+    value_head = copy.deepcopy(trunk.head).float().requires_grad_(True)
+    value = ScalarHeadModel(value_backbone, value_head)
+    value.head.float()  # trained: fp32 master weights
+    reward = ScalarHeadModel(AdaptersOff(value_backbone), trunk.head)
+    return PPOModels(policy, AdaptersOff(policy), value, reward)
+
+
+def adapt_scalar(model: ScalarHeadModel, settings) -> ScalarHeadModel:
+    """A scalar model to train under LoRA: adapters on its trunk, its head in full (fp32)."""
+    return ScalarHeadModel(add_lora(model.backbone, settings),
+                           model.head.float().requires_grad_(True))

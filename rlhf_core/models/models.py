@@ -1,6 +1,6 @@
-"""Loading and saving the four models of RLHF: policy, reference, reward and value.
+"""The four models of RLHF: policy, reference, reward and value (loader.py loads them).
 
-Any Hugging Face causal LM loads; the reward and value models are its trunk plus a scalar head
+Any Hugging Face causal LM serves; the reward and value models are its trunk plus a scalar head
 (README § Sources [RM]: init std 1/sqrt(hidden+1), bias 0). Weights are safetensors.
 """
 
@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from rlhf_core.models.chat import stop_token_ids
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rlhf_core.models.checkpoint import atomic_dir
 
 hf_logging.disable_progress_bar()  # per-file load/save bars drown the stages' own bars
 
@@ -44,19 +43,6 @@ def disable_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
-def load_causal_lm(
-    name_or_path: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
-    **hf_kwargs,
-) -> PreTrainedModel:
-    """Load any causal LM (hub id or folder), dropout off (pipeline code uses
-    :mod:`rlhf_core.models.loader`)."""
-    model = AutoModelForCausalLM.from_pretrained(
-        str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code,
-        **hf_kwargs,
-    )
-    return disable_dropout(model)
-
-
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding: [B, T] -> [B, T] (0 at the first real token)."""
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -75,16 +61,6 @@ class ScalarHeadModel(nn.Module):
             nn.init.normal_(head.weight, std=1.0 / math.sqrt(hidden + 1))
             nn.init.zeros_(head.bias)
         self.head = head.to(next(backbone.parameters()).dtype)
-
-    @classmethod
-    def from_causal_lm(cls, name_or_path: str | Path, dtype: str = "float32",
-                       trust_remote_code: bool = False, **hf_kwargs) -> ScalarHeadModel:
-        """A fresh head on the trunk of a (causal-LM) checkpoint, e.g. the SFT policy."""
-        backbone = AutoModel.from_pretrained(
-            str(name_or_path), dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code,
-            **hf_kwargs,
-        )
-        return cls(disable_dropout(backbone))
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """input_ids, attention_mask [B, T] -> the trunk's last hidden states [B, T, H]."""
@@ -105,29 +81,19 @@ class ScalarHeadModel(nn.Module):
         return self.scores(self.hidden(input_ids, attention_mask))
 
     def save(self, out_dir: str | Path) -> Path:
-        """backbone/ (save_pretrained, safetensors) + head.safetensors + scalar_head.json."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(out / "backbone")
+        """backbone/ (save_pretrained, safetensors) + the head's files (:meth:`save_head`),
+        atomically."""
+        with atomic_dir(out_dir) as tmp:
+            self.backbone.save_pretrained(tmp / "backbone")
+            self.save_head(tmp)
+        return Path(out_dir)
+
+    def save_head(self, out: Path) -> None:
+        """head.safetensors + scalar_head.json."""
         head = {k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}
         save_file(head, str(out / "head.safetensors"))
         meta = {"hidden_size": self.backbone.config.hidden_size, "kind": "scalar_head"}
         (out / "scalar_head.json").write_text(json.dumps(meta))
-        return out
-
-    @classmethod
-    def load(cls, model_dir: str | Path, dtype: str = "float32", trust_remote_code: bool = False,
-             **hf_kwargs) -> ScalarHeadModel:
-        """Inverse of :meth:`save`; raises FileNotFoundError naming the missing file."""
-        root = Path(model_dir)
-        for name in ("backbone", "head.safetensors", "scalar_head.json"):
-            if not (root / name).exists():
-                raise FileNotFoundError(f"{root}: not a scalar-head model (missing {name})")
-        backbone = AutoModel.from_pretrained(str(root / "backbone"), dtype=_DTYPES[dtype],
-                                             trust_remote_code=trust_remote_code, **hf_kwargs)
-        head = nn.Linear(backbone.config.hidden_size, 1)
-        head.load_state_dict(load_file(str(root / "head.safetensors")))
-        return cls(disable_dropout(backbone), head)
 
 
 class PPOModels(NamedTuple):

@@ -36,21 +36,8 @@ def choose_precision(precision: str, device: torch.device | str,
     return precision, "model.precision"
 
 
-def resolve_precision(precision: str, device: torch.device | str,
-                      pretrained: bool = False) -> str:
-    """The compute precision of :func:`choose_precision`."""
-    return choose_precision(precision, device, pretrained)[0]
-
-
 def autocast(precision: str, device: torch.device | str):
     """A context: torch.autocast in the compute dtype, or nothing for fp32."""
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=COMPUTE_DTYPES[precision])
-
-
-def enable_tf32(device: torch.device | str) -> None:
-    """TF32 for float32 matmuls and convolutions on Ampere and newer (no-op on CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True

@@ -68,14 +68,6 @@ class ReservedLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def reserved_cache(config, capacity: int) -> DynamicCache:
-    """A ``DynamicCache`` whose plain layers are :class:`ReservedLayer` s of ``capacity``."""
-    cache = DynamicCache(config=config)
-    cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer
-                    for layer in cache.layers]
-    return cache
-
-
 def multinomial(probs: torch.Tensor) -> torch.Tensor:
     """``generate``'s draw: [B, V] probabilities -> [B] tokens."""
     return torch.multinomial(probs, num_samples=1).squeeze(1)
@@ -102,7 +94,10 @@ def sample_responses(policy, prompt_ids: torch.Tensor, pad_id: int, eos_id: int 
     cache_kw = cache_keyword(policy)
     mask = (prompt_ids != pad_id).long()
     position = position_ids_from_mask(mask)
-    cache = reserved_cache(policy.config, prompt_ids.shape[1] + max_new_tokens)
+    cache = DynamicCache(config=policy.config)  # its plain layers reserved for the whole run
+    capacity = prompt_ids.shape[1] + max_new_tokens
+    cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
     alive = torch.ones(B, dtype=torch.long, device=prompt_ids.device)
     step_ids, ones = prompt_ids, mask.new_ones(B, 1)
     tokens, logits, forbidden = [], [], None

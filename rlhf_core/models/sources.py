@@ -13,7 +13,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -59,24 +58,17 @@ def gguf_file(source: str) -> Path | None:
     return None
 
 
-def file_digest(path: Path, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file."""
     with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def default_cache() -> Path:
-    """``$RLHF_MODEL_CACHE``, else ``~/.cache/rlhf/models``."""
-    return Path(os.environ.get("RLHF_MODEL_CACHE", "~/.cache/rlhf/models")).expanduser()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def cached_gguf(path: Path, cache: Path | None = None) -> Path:
     """The plain float32 folder of a GGUF file under ``<cache>/<stem>-<sha256[:16]>``, made
     once under a file lock."""
-    cache = default_cache() if cache is None else cache
+    if cache is None:  # $RLHF_MODEL_CACHE, else ~/.cache/rlhf/models
+        cache = Path(os.environ.get("RLHF_MODEL_CACHE", "~/.cache/rlhf/models")).expanduser()
     digest = file_digest(path)
     out = cache / f"{path.stem}-{digest[:16]}"
     if (out / MARKER).exists():
@@ -93,12 +85,12 @@ def _convert(path: Path, out: Path, digest: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlhf_core.models.checkpoint import atomic_dir
+
     start = time.perf_counter()
     log.info("model: %s is GGUF: dequantizing it once into %s (a plain Hugging Face folder "
              "every stage loads)", path, out)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with atomic_dir(out) as tmp:  # replaces an unfinished folder from a crash (no marker)
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                       dtype=torch.float32)
@@ -112,11 +104,6 @@ def _convert(path: Path, out: Path, digest: str) -> None:
         tokenizer.save_pretrained(str(tmp))
         (tmp / MARKER).write_text(json.dumps({"source": str(path), "sha256": digest,
                                               "bytes": path.stat().st_size}, indent=1))
-        if out.exists():
-            shutil.rmtree(out)  # an unfinished folder from a crash (no marker)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log.info("model: %s ready in %.0f s (%d parameters)", out.name,
              time.perf_counter() - start, sum(p.numel() for p in model.parameters()))
 

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
+from rlhf_core.models.checkpoint import Checkpointer
+from rlhf_core.parallel.fsdp import shard
 from rlhf_core.parallel.global_stats import all_reduce_sum, global_weighted_means
 
 CountFn = Callable[[torch.Tensor], float]  # indices -> what the loss is a mean over
@@ -36,24 +39,21 @@ class DataParallel:
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DDP around ``model`` (parameters shared with the bare model); fsdp: a sharded copy."""
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         if self.parallel == "fsdp":
-            from rlhf_core.parallel.fsdp import shard
-
             return shard(model, self.device, self.world)
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
 
-    def shard(self, idx: torch.Tensor) -> torch.Tensor:
-        """This rank's contiguous slice of the global batch ``idx`` (possibly empty)."""
-        return torch.tensor_split(idx, self.world)[self.rank]
-
-    def loss_weight(self, local: torch.Tensor, idx: torch.Tensor, count: CountFn) -> float:
-        """world * count(shard) / count(global batch), so DDP's mean is the global gradient."""
+    def split(self, idx: torch.Tensor, count: CountFn) -> tuple[torch.Tensor, float, float]:
+        """This rank's contiguous slice of the global batch ``idx`` -> (indices to run, loss
+        weight world * count(slice) / count(idx) so DDP's mean is the global gradient, the
+        slice's count for the metric means); an empty slice runs one row at weight 0."""
+        local = torch.tensor_split(idx, self.world)[self.rank]
+        if len(local) == 0:
+            return idx[:1], 0.0, 0.0
         total = count(idx)
-        return 0.0 if len(local) == 0 or total == 0 else self.world * count(local) / total
+        return local, 0.0 if total == 0 else self.world * count(local) / total, count(local)
 
     def global_metrics(self, metrics: dict[str, float], weight: float,
                        summed: Sequence[str] = ()) -> dict[str, float]:
@@ -79,8 +79,6 @@ def check_world_size(saved: int, world: int) -> None:
 def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
     """Stop every rank unless all see the same latest checkpoint (only rank 0 writes them, so
     several machines need a shared ``folder``)."""
-    from rlhf_core.models.checkpoint import Checkpointer
-
     latest = Checkpointer(folder, {}, 0).latest_step()
     step = -1 if latest is None else latest
     both = torch.tensor([step, -step], dtype=torch.float64, device=dp.device)

@@ -19,18 +19,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 receives it
 EVERYWHERE = StateDictOptions(full_state_dict=True)  # every rank receives it (PPO rollouts)
-
-
-def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks: the members of the model's first ModuleList."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
-            return list(module)
-    return []
 
 
 def shard(model: torch.nn.Module, device: torch.device, world: int,
@@ -41,14 +33,13 @@ def shard(model: torch.nn.Module, device: torch.device, world: int,
     if not home_on_device:
         model.to("cpu")
     mesh = init_device_mesh(device.type, (world,))
-    for block in blocks(net):
+    # the transformer blocks: the members of the model's first ModuleList
+    blocks = next((m for m in net.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0),
+                  [])
+    for block in blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(net, mesh=mesh)
     return net
-
-
-def is_sharded(net: torch.nn.Module | None) -> bool:
-    return isinstance(net, FSDPModule)
 
 
 def full_norm(norm: torch.Tensor) -> torch.Tensor:
@@ -77,10 +68,6 @@ class Sharded:
     def push(self) -> None:
         """``home``'s weights into the shards (after a checkpoint restored ``home``)."""
         set_model_state_dict(self.net, self.home.state_dict(), options=FULL)
-
-    def optimizer_view(self, optimizer: torch.optim.Optimizer) -> FullOptimizer:
-        """What the Checkpointer saves and restores in place of ``optimizer``."""
-        return FullOptimizer(self.net, optimizer)
 
     def finish(self, device: torch.device) -> None:
         """After training: the full weights in ``home``, back on the training device."""

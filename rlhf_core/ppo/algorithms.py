@@ -2,7 +2,12 @@
 
 An algorithm says whether a critic exists, turns scores and per-token KL into rewards and
 advantages, and may add a loss term: ``gae`` is PPO with a value model (README § Sources [PPO],
-[GAE], [KL-control], [N+]); the others are critic-free (rlhf_core/ppo/estimators.py).
+[GAE], [KL-control], [N+]); the others are critic-free estimators: RLOO, GRPO and REINFORCE
+with a running-mean baseline.
+
+A critic-free batch of B = G * k responses holds k consecutive samples of each of G prompts;
+each estimator turns rewards [B] into advantages [B], applied to every real token of the
+response. Sources (README § Sources): [RLOO], [GRPO] (and its k3 KL loss term), [REINFORCE].
 """
 
 from __future__ import annotations
@@ -12,17 +17,90 @@ from dataclasses import dataclass
 import torch
 
 from rlhf_core.config import PPOConfig
-from rlhf_core.masked import masked_whiten
+from rlhf_core.masked import masked_mean, masked_sum, masked_whiten
 from rlhf_core.parallel.global_stats import global_masked_whiten, global_weighted_means
-from rlhf_core.ppo.estimators import (
-    RunningMeanBaseline,
-    broadcast_to_tokens,
-    grpo_advantages,
-    kl_loss,
-    rloo_advantages,
-    sequence_rewards,
-)
-from rlhf_core.ppo.ppo_math import compute_gae, per_token_rewards
+from rlhf_core.ppo.ppo_math import compute_gae, kl_estimate, per_token_rewards
+
+GRPO_EPS = 1e-4  # added to the group std (README § Sources [GRPO])
+
+
+def group_view(rewards: torch.Tensor, k: int, need_pairs: bool = False) -> torch.Tensor:
+    """[B] -> [G, k], rows of one prompt's k samples; ``need_pairs``: k = 1 is an error."""
+    if k < 1:
+        raise ValueError(f"samples_per_prompt must be >= 1, got {k}")
+    if need_pairs and k < 2:
+        raise ValueError("this estimator compares the samples of one prompt: "
+                         "ppo.samples_per_prompt must be >= 2 (got 1)")
+    if rewards.dim() != 1 or rewards.shape[0] % k:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups "
+                         f"of {k} samples")
+    return rewards.view(-1, k)
+
+
+def sequence_rewards(scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor,
+                     kl_coef: float) -> torch.Tensor:
+    """score - beta * sum_t KL_t. Args: scores [B], kl [B, T], response_mask [B, T].
+    Returns [B]."""
+    return scores - kl_coef * masked_sum(kl, response_mask, dim=1)
+
+
+def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
+    """A_i = r_i - mean_{j != i} r_j over the k samples of a prompt: [B] -> [B]."""
+    groups = group_view(rewards, k, need_pairs=True)  # (G, k)
+    baseline = (groups.sum(dim=1, keepdim=True) - groups) / (k - 1)  # (G, k)
+    return (groups - baseline).reshape(-1)
+
+
+def grpo_advantages(rewards: torch.Tensor, k: int, eps: float = GRPO_EPS) -> torch.Tensor:
+    """A_i = (r_i - mean_g) / (std_g + eps), Bessel-corrected std: [B] -> [B] (0 for a group
+    of equal rewards)."""
+    groups = group_view(rewards, k, need_pairs=True)  # (G, k)
+    mean = groups.mean(dim=1, keepdim=True)
+    std = groups.std(dim=1, keepdim=True, unbiased=True)
+    return ((groups - mean) / (std + eps)).reshape(-1)
+
+
+class RunningMeanBaseline:
+    """REINFORCE baseline b, an EMA of the batch-mean reward; ``advantages(r)`` = r - b with b
+    from earlier batches (the first uses its own mean)."""
+
+    def __init__(self, momentum: float = 0.9):
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"baseline momentum must be in [0, 1), got {momentum}")
+        self.momentum = float(momentum)
+        self.value: float | None = None
+
+    def advantages(self, rewards: torch.Tensor, batch_mean: float | None = None
+                   ) -> torch.Tensor:
+        """[B] -> [B]. ``batch_mean``: the global batch's mean when ``rewards`` is a shard."""
+        batch_mean = float(rewards.mean()) if batch_mean is None else batch_mean
+        base = batch_mean if self.value is None else self.value
+        out = rewards - base
+        self.value = batch_mean if self.value is None else \
+            self.momentum * self.value + (1.0 - self.momentum) * batch_mean
+        return out
+
+    def state_dict(self) -> dict:
+        return {"momentum": self.momentum, "value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.momentum, self.value = float(state["momentum"]), state["value"]
+
+
+def broadcast_to_tokens(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """One advantage per response to every real token of it: [B], [B, T] -> [B, T]."""
+    return advantages.unsqueeze(1) * response_mask.to(advantages.dtype)
+
+
+def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor,
+            kind: str = "k3"):
+    """GRPO's KL term: masked mean of the per-token KL(pi || ref) estimate (k3: unbiased,
+    non-negative). All [B, T]; returns (loss, stats)."""
+    # padding log-probs can be ~-1e9, whose exp() gives NaN gradients: set them equal first
+    m = response_mask.bool()
+    per_token = kl_estimate(torch.where(m, logprobs, ref_logprobs.detach()), ref_logprobs, kind)
+    loss = masked_mean(per_token, m)
+    return loss, {"kl_loss": loss.detach()}
 
 
 @dataclass
@@ -57,13 +135,9 @@ class Algorithm:
             return global_weighted_means({"m": float(values.mean())}, len(values))["m"]
         return float(values.mean())
 
-    @property
-    def kl_in_loss(self) -> bool:
-        return self.cfg.kl_in_loss
-
     def reward_kl_coef(self, kl_coef: float) -> float:
         """beta of the reward penalty (0 when the KL is a loss term instead)."""
-        return 0.0 if self.kl_in_loss else kl_coef
+        return 0.0 if self.cfg.kl_in_loss else kl_coef
 
     def shape(self, scores: torch.Tensor, kl: torch.Tensor, values: torch.Tensor,
               mask: torch.Tensor, kl_coef: float) -> Shaped:
@@ -81,7 +155,7 @@ class Algorithm:
 
     def extra_loss(self, logprobs, ref_logprobs, mask, kl_coef: float):
         """GRPO's KL term when ``kl_in_loss`` -> (loss to add, stats); else (None, {})."""
-        if not self.kl_in_loss:
+        if not self.cfg.kl_in_loss:
             return None, {}
         loss, stats = kl_loss(logprobs, ref_logprobs, mask, "k3")
         return kl_coef * loss, stats

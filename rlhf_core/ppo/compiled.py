@@ -1,10 +1,5 @@
-"""``ppo.compile``: the update's forward and backward through torch.compile, one decoder
-block at a time ("regional" compilation, static shapes).
-
-Compiling a whole transformer makes the warm-up trace every layer; the blocks of one class
-share their compiled code, so warm-up costs about one block. They are active only inside the
-update; generation stays eager.
-"""
+"""``ppo.compile``: the update's forward and backward through torch.compile, one decoder block
+at a time ("regional" compilation, static shapes); generation stays eager."""
 
 from __future__ import annotations
 
@@ -12,24 +7,18 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
-from torch import nn
 
-RECOMPILE_LIMIT = 32  # prompt widths x micro-batch row counts a run may see
-
-
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The decoder blocks of every Hugging Face model inside ``model``: the modules whose
-    class it names in ``_no_split_modules`` ([] if none)."""
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
+RECOMPILE_LIMIT = 32  # ppo.compile: prompt widths x micro-batch row counts a run may see
 
 
 class CompiledBlocks:
-    """Compiled twins of the trained models' decoder blocks, used while :meth:`active`."""
+    """``ppo.compile``: compiled twins of the trained models' decoder blocks, used while
+    :meth:`active`: the update's forward and backward through torch.compile, one decoder
+    block at a time ("regional" compilation, static shapes). Compiling a whole transformer
+    makes the warm-up trace every layer; the blocks of one class share their compiled code,
+    so warm-up costs about one block. Generation stays eager."""
 
-    def __init__(self, models: Iterable[nn.Module | None]):
+    def __init__(self, models: Iterable[torch.nn.Module | None]):
         import torch._dynamo.config as dynamo_config
 
         # one graph per block class and shape: a run's few widths must not fall back to eager
@@ -38,8 +27,14 @@ class CompiledBlocks:
             dynamo_config.recompile_limit = limit
         else:  # older torch
             dynamo_config.cache_size_limit = limit
-        self.blocks = [block for model in models if model is not None
-                       for block in repeated_blocks(model)]
+        # the decoder blocks of every Hugging Face model inside the models: the modules
+        # whose class it names in ``_no_split_modules``
+        self.blocks: list[torch.nn.Module] = []
+        for model in (m for m in models if m is not None):
+            names: set[str] = set()
+            for module in model.modules():
+                names.update(getattr(module, "_no_split_modules", None) or ())
+            self.blocks += [m for m in model.modules() if type(m).__name__ in names]
         if not self.blocks:
             raise ValueError("ppo.compile: the model names no repeated block class "
                              "(_no_split_modules) to compile; set ppo.compile: false")
@@ -56,8 +51,3 @@ class CompiledBlocks:
         finally:
             for block in self.blocks:
                 block._compiled_call_impl = None
-
-
-def padded_width(width: int, multiple: int) -> int:
-    """``width`` rounded up to a multiple of ``multiple``."""
-    return width + (-width % multiple)

@@ -8,9 +8,7 @@ logs and saves; a checkpoint resumes only at the world size that wrote it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -24,16 +22,8 @@ from rlhf_core.parallel.global_stats import (
     global_masked_var,
     global_weighted_means,
 )
-from rlhf_core.ppo.rewards import RewardMix
 from rlhf_core.ppo.rollout import Experience
-from rlhf_core.ppo.trainer import PPOTrainer, grad_groups
-from rlhf_core.train.optim import build_optimizer
-from rlhf_core.train.train_step import TrainStep
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
-    from rlhf_core.config import PPOConfig
+from rlhf_core.ppo.trainer import PPOTrainer
 
 # identical on every rank: not averaged (an average could add a rounding error)
 SHARED_KEYS = ("lr", "episode", "objective/kl_coef")
@@ -46,42 +36,6 @@ def shard_rows(batch: int, k: int, world: int, rank: int) -> torch.Tensor:
     groups of k -> [rows] long."""
     groups = torch.tensor_split(torch.arange(batch // k), world)[rank]
     return (groups[:, None] * k + torch.arange(k)).reshape(-1)
-
-
-class _RestoreOnly:
-    """A checkpointer for ranks other than 0: restores, saves nothing."""
-
-    def __init__(self, checkpointer):
-        self._checkpointer = checkpointer
-
-    def restore(self, *args, **kwargs):
-        return self._checkpointer.restore(*args, **kwargs)
-
-    def due(self, *args) -> bool:
-        return False
-
-
-class _GatheringCheckpointer:
-    """fsdp: every rank restores into its shards and gathers the optimizer state at a save;
-    rank 0 writes."""
-
-    def __init__(self, checkpointer, trainer: DataParallelPPO, main: bool):
-        self._checkpointer, self.trainer, self.main = checkpointer, trainer, main
-
-    def restore(self, optimizer, *args, **kwargs):
-        restored = self._checkpointer.restore(self.trainer.saved_optimizer, *args, **kwargs)
-        if restored is not None:
-            for pair in self.trainer.sharded:
-                pair.push()
-        return restored
-
-    def due(self, *args) -> bool:
-        return self._checkpointer.due(*args)
-
-    def save(self, step, optimizer, *args):
-        view = self.trainer.saved_optimizer.gather()
-        if self.main:
-            self._checkpointer.save(step, view, *args)
 
 
 class DataParallelPPO(PPOTrainer):
@@ -109,20 +63,14 @@ class DataParallelPPO(PPOTrainer):
     def _shard(self) -> None:
         """fsdp: train sharded copies of the policy and value model; after each update their
         full weights are gathered back for the next rollout."""
-        dp, old = self.dp, self.train_step
+        dp = self.dp
         self.policy_net = shard(self.policy, dp.device, dp.world, home_on_device=True)
         self.value_net = None if self.value_model is None else shard(
             self.value_model, dp.device, dp.world, home_on_device=True)
         pairs = [(self.policy, self.policy_net), (self.value_model, self.value_net)]
         self.sharded = [Sharded(home, net, everywhere=True) for home, net in pairs
                         if net is not None]
-        params = [p for s in self.sharded for p in s.net.parameters()]
-        total = self.cfg.iterations * self.cfg.ppo_epochs * self.cfg.num_minibatches
-        self.optimizer, self.scheduler = build_optimizer(params, self.cfg.optim, total)
-        self.train_step = TrainStep(params, self.optimizer, self.scheduler, old.max_grad_norm,
-                                    old.precision, old.device, name="ppo",
-                                    groups=grad_groups(self.policy_net, self.value_net))
-        self.params = self.train_step.params
+        self.optimise(self.policy_net, self.value_net, self.train_step.precision)
         nets = torch.nn.ModuleDict({"policy": self.policy_net})
         if self.value_net is not None:
             nets["value"] = self.value_net
@@ -173,21 +121,18 @@ class DataParallelPPO(PPOTrainer):
 
     def minibatch_rows(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
         """This rank's micro-batches of minibatch ``idx``, padded with weight-0 ones (under
-        fsdp, to the most any rank runs): every rank must join each all-reduce."""
+        fsdp, to the most any rank runs: each forward all-gathers): every rank must join each
+        all-reduce."""
         lo, hi = int(self._starts[self.dp.rank]), int(self._starts[self.dp.rank + 1])
         mine = idx[(idx >= lo) & (idx < hi)] - lo
         empty = (torch.zeros(1, dtype=torch.long), 0.0)
         chunks = super().minibatch_rows(mine) if len(mine) else [empty]
-        return chunks + [empty] * (self._n_micro(idx) - len(chunks))
-
-    def _n_micro(self, idx: torch.Tensor) -> int:
-        """fsdp: the most micro-batches any rank runs for ``idx`` (each forward all-gathers,
-        so all run as many); 0 under ddp."""
         if not self.sharded:
-            return 0
+            return chunks
         size, starts = self.cfg.micro_batch_size, self._starts
         held = [int(((idx >= a) & (idx < b)).sum()) for a, b in zip(starts, starts[1:])]
-        return max(-(-n // size) if size and n else 1 for n in held)
+        most = max(-(-n // size) if size and n else 1 for n in held)
+        return chunks + [empty] * (most - len(chunks))
 
     # -- metrics ----------------------------------------------------------------------------
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
@@ -209,19 +154,29 @@ class DataParallelPPO(PPOTrainer):
                                                       mask.sum().to(exp.advantages.dtype)]))
         out["objective/advantage_abs_mean"] = float(abs_sum / tokens)  # a token mean
         if "val/explained_variance" in local:
-            out["val/explained_variance"] = self._explained_variance(exp)
+            # 1 - Var(R - V) / Var(R) over the global batch's response tokens (0 if Var(R)=0)
+            var_r = global_masked_var(exp.returns, mask, unbiased=False)
+            out["val/explained_variance"] = 0.0 if var_r == 0 else float(
+                1 - global_masked_var(exp.returns - exp.values, mask, unbiased=False) / var_r)
         out.update({k: local[k] for k in (*SHARED_KEYS, *stats) if k in local})
         return {k: out[k] for k in local}
 
-    @staticmethod
-    def _explained_variance(exp: Experience) -> float:
-        """1 - Var(R - V) / Var(R) over the global batch's response tokens (0 if Var(R)=0)."""
-        mask = exp.response_mask
-        var_r = global_masked_var(exp.returns, mask, unbiased=False)
-        if var_r == 0:
-            return 0.0
-        return float(1 - global_masked_var(exp.returns - exp.values, mask, unbiased=False)
-                     / var_r)
+    # -- checkpoints: every rank restores (fsdp: into its shards); rank 0 writes (fsdp: the
+    # optimizer state every rank gathers) ----------------------------------------------------
+    def restore(self, checkpointer):
+        if not self.sharded:
+            return super().restore(checkpointer)
+        restored = checkpointer.restore(self.saved_optimizer, self.scheduler, self.generator,
+                                        self.cfg.optim.lr)
+        if restored is not None:
+            for pair in self.sharded:
+                pair.push()
+        return restored
+
+    def save(self, checkpointer, state: dict) -> None:
+        optimizer = self.saved_optimizer.gather() if self.sharded else self.optimizer
+        if self.dp.is_main:
+            checkpointer.save(self.iteration, optimizer, self.scheduler, self.generator, state)
 
     # -- the loop ---------------------------------------------------------------------------
     def agree_to_stop(self, stop: bool) -> bool:
@@ -241,25 +196,14 @@ class DataParallelPPO(PPOTrainer):
             def monitor(prompts, responses, has_eos):
                 return global_weighted_means(local_monitor(prompts, responses, has_eos),
                                              len(prompts))
-        if checkpointer is not None and self.sharded:
-            checkpointer = _GatheringCheckpointer(checkpointer, self, main)
-        elif checkpointer is not None and not main:
-            checkpointer = _RestoreOnly(checkpointer)
         return super().train(on_iteration if main else None, progress and main, monitor,
                              checkpointer, watch, on_verdict if main else None)
 
 
-def make_trainer(models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
-                 prompt_ids: Sequence[Sequence[int]], cfg: PPOConfig,
-                 norm_stats: dict[str, float], device: torch.device,
-                 generator: torch.Generator, divide_by_std: bool = False,
-                 precision: str = "fp32", dp: DataParallel | None = None,
-                 seed: int = 0, pretrain_ids: Sequence[Sequence[int]] | None = None,
-                 rewards: RewardMix | None = None) -> PPOTrainer:
-    """PPOTrainer in one process (``dp`` None), else DataParallelPPO on a rank of ``dp``."""
-    kwargs = dict(tokenizer=tokenizer, prompt_ids=prompt_ids, cfg=cfg, norm_stats=norm_stats,
-                  device=device, generator=generator, divide_by_std=divide_by_std,
-                  precision=precision, pretrain_ids=pretrain_ids, rewards=rewards)
+def make_trainer(models: PPOModels, *, dp: DataParallel | None = None, seed: int = 0,
+                 **kwargs) -> PPOTrainer:
+    """PPOTrainer in one process (``dp`` None), else DataParallelPPO on a rank of ``dp``;
+    ``kwargs``: PPOTrainer's."""
     if dp is None:
         return PPOTrainer(models, **kwargs)
     return DataParallelPPO(models, dp=dp, seed=seed, **kwargs)

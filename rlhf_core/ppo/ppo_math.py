@@ -49,14 +49,9 @@ def truncate_after_eos(responses: torch.Tensor, eos_id: int | list[int], pad_id:
     return out, mask, first < responses.shape[1]
 
 
-def sequence_lengths(response_mask: torch.Tensor) -> torch.Tensor:
-    """Number of real tokens per row: [B, T] -> [B]."""
-    return response_mask.long().sum(dim=1)
-
-
 def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
     """Index of the last real token per row: [B, T] -> [B]; an empty row is an error."""
-    lengths = sequence_lengths(response_mask)
+    lengths = response_mask.long().sum(dim=1)  # real tokens per row
     if (lengths == 0).any():
         raise ValueError("last_token_index: a response has no real token")
     return lengths - 1

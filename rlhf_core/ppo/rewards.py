@@ -15,7 +15,6 @@ import torch
 
 # (responses' text, the prompt data's row of each) -> a score or None (abstain) per row
 TextScore = Callable[[list[str], list[int]], Sequence[float | None]]
-AGGREGATIONS = ("sum", "normalize_then_sum")
 
 
 @dataclass(frozen=True)
@@ -30,18 +29,13 @@ class TextScorer:
 @dataclass(frozen=True)
 class RewardMix:
     """The reward's sources: the reward model as ``model_name`` (None: not a source) and the
-    text ``scorers``; by default the reward model alone."""
+    text ``scorers``, at least one of them (ppo.reward_sources); by default the reward model
+    alone."""
 
     model_name: str | None = "rm"
     model_weight: float = 1.0
     scorers: tuple[TextScorer, ...] = field(default_factory=tuple)
-    aggregation: str = "sum"
-
-    def __post_init__(self):
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"reward aggregation {self.aggregation!r}: one of {AGGREGATIONS}")
-        if self.model_name is None and not self.scorers:
-            raise ValueError("a reward needs at least one source")
+    aggregation: str = "sum"  # ppo.reward_aggregation
 
     @property
     def alone(self) -> bool:
@@ -118,7 +112,6 @@ def combine(parts: dict[str, torch.Tensor], weights: dict[str, float],
         scored = ~torch.isnan(x)
         total = term if total is None else total + term
         seen = scored if seen is None else seen | scored
-    assert total is not None and seen is not None
     return torch.where(seen, total, torch.full_like(total, math.nan))
 
 

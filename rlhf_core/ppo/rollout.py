@@ -89,12 +89,11 @@ def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad
         responses, logits = sample_responses(
             policy, prompt_ids, pad_id, gen_config.eos_token_id, gen_config.temperature,
             gen_config.max_new_tokens)
-        return responses, forbid_pad(logits, pad_id)
-    mask = prompt_ids != pad_id
-    out = policy.generate(input_ids=prompt_ids, attention_mask=mask,
-                          generation_config=gen_config)
-    responses = out.sequences[:, prompt_ids.shape[1]:]  # (B, R)
-    logits = torch.stack(out.logits, dim=1)  # (B, R, V), before temperature
+    else:
+        out = policy.generate(input_ids=prompt_ids, attention_mask=prompt_ids != pad_id,
+                              generation_config=gen_config)
+        responses = out.sequences[:, prompt_ids.shape[1]:]  # (B, R)
+        logits = torch.stack(out.logits, dim=1)  # (B, R, V), before temperature
     return responses, forbid_pad(logits, pad_id)
 
 

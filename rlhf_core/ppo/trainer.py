@@ -9,32 +9,40 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from rlhf_core.config import PPOConfig
 from rlhf_core.faults import crash_point
-from rlhf_core.masked import trusted_masks
+from rlhf_core.masked import masked_mean, trusted_masks
 from rlhf_core.memory import HeapTrimmer
 from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.data import ShuffledBatches, left_pad
 from rlhf_core.models.models import PPOModels
 from rlhf_core.parallel.distributed import check_world_size
 from rlhf_core.ppo.algorithms import make_algorithm
-from rlhf_core.ppo.compiled import CompiledBlocks, padded_width
-from rlhf_core.ppo.hooks import IterationFn, MonitorFn, VerdictFn, Watcher
-from rlhf_core.ppo.losses import ppo_losses
-from rlhf_core.ppo.ppo_math import AdaptiveKLController, FixedKLController
-from rlhf_core.ppo.report import decode_rollouts, rollout_metrics, sample_rows
+from rlhf_core.ppo.compiled import CompiledBlocks
+from rlhf_core.ppo.ppo_math import (
+    AdaptiveKLController,
+    FixedKLController,
+    clipped_policy_loss,
+    clipped_value_loss,
+    entropy_from_log_softmax,
+    explained_variance,
+    log_softmax_at,
+)
 from rlhf_core.ppo.rewards import RewardMix
 from rlhf_core.ppo.rollout import (
     Experience,
     RolloutSettings,
+    decode_responses,
     make_experience,
     pad_to,
+    response_logits,
+    response_values,
     sampling_config,
     to_autograd_tensors,
 )
@@ -44,6 +52,29 @@ from rlhf_core.train.train_step import TrainStep
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+# what the loop calls out to: the caller's callbacks and a watch (rlhf_core/health/watch.py,
+# a layer above); the loop knows only this protocol
+# on_iteration(iteration, metrics, sample rows | None)
+IterationFn = Callable[[int, dict[str, float], list[dict] | None], None]
+# monitor(prompts, responses, has_eos) -> metrics on the decoded rollouts
+MonitorFn = Callable[[list[str], list[str], list[bool]], dict[str, float]]
+VerdictFn = Callable[[Any], None]  # on_verdict(the watch's verdict of an iteration)
+
+
+class Watcher(Protocol):
+    """What the loop asks of a watch: ``observe`` each iteration -> a verdict whose ``stop``
+    ends PPO; ``restore_healthy`` puts the last healthy snapshot back."""
+
+    def observe(self, trainer: Any, iteration: int, metrics: dict[str, float]) -> Any: ...
+
+    def first_stop(self) -> Any: ...
+
+    def restore_healthy(self, trainer: Any, finding: Any) -> int | None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> float:
@@ -57,22 +88,6 @@ def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> fl
 
 # the pre-clip gradient norm of each trained model, averaged over an iteration's steps
 GRAD_NORM_KEYS = {"policy": "policy/grad_norm_avg", "value": "val/grad_norm_avg"}
-
-
-def grad_groups(policy: torch.nn.Module, value_model: torch.nn.Module | None) -> dict:
-    """The trained models' parameters by name, whose gradient norms are recorded apart."""
-    groups = {"policy": list(policy.parameters())}
-    if value_model is not None:
-        groups["value"] = list(value_model.parameters())
-    return groups
-
-
-def make_kl_controller(cfg: PPOConfig):
-    if cfg.adaptive_kl:
-        return AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
-    return FixedKLController(cfg.kl_coef)
-
-
 class PPOTrainer:
     """Holds the models, the optimizer and the prompt stream; one ``step`` per iteration.
     The value model is a copy of the reward model (critic_init), or None for a critic-free
@@ -117,20 +132,13 @@ class PPOTrainer:
         self.gen_config = sampling_config(tokenizer, cfg.temperature, cfg.max_new_tokens,
                                           cfg.static_cache,
                                           getattr(policy, "generation_config", None))
-        params = list(self.policy.parameters())
-        if self.value_model is not None:
-            params += list(self.value_model.parameters())
-        total = cfg.iterations * cfg.ppo_epochs * cfg.num_minibatches
-        self.optimizer, self.scheduler = build_optimizer(params, cfg.optim, total)
-        self.train_step = TrainStep(params, self.optimizer, self.scheduler,
-                                    cfg.optim.max_grad_norm, precision, device, name="ppo",
-                                    groups=grad_groups(self.policy, self.value_model))
-        self.params = self.train_step.params
+        self.optimise(self.policy, self.value_model, precision)
         # ppo.compile: the trained models' decoder blocks compiled for the update (static
         # shapes: prompts padded to a multiple of 16, responses to max_new_tokens)
         self.compiled = (CompiledBlocks([self.policy, self.value_model]) if cfg.compile
                          else None)
-        self.kl_ctl = make_kl_controller(cfg)
+        self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
+                       if cfg.adaptive_kl else FixedKLController(cfg.kl_coef))
         self.iteration, self.episode = 0, 0
         self.world_size = 1  # data-parallel ranks (rlhf_core/ppo/ppo_dist.py sets it)
         # a health finding that ended PPO, and the iteration of the snapshot restored
@@ -144,6 +152,21 @@ class PPOTrainer:
             self.ptx = PretrainMix(pretrain_ids or [], cfg.ptx_batch_size or
                                    cfg.micro_batch_size or cfg.minibatch_size,
                                    tokenizer.pad_token_id, generator, device)
+
+    def optimise(self, policy: torch.nn.Module, value_model: torch.nn.Module | None,
+                 precision: str) -> None:
+        """The optimizer, its schedule and the train step over the trained models' parameters,
+        whose gradient norms are recorded apart (GRAD_NORM_KEYS)."""
+        groups = {"policy": list(policy.parameters())}
+        if value_model is not None:
+            groups["value"] = list(value_model.parameters())
+        params = [p for group in groups.values() for p in group]
+        cfg = self.cfg
+        total = cfg.iterations * cfg.ppo_epochs * cfg.num_minibatches
+        self.optimizer, self.scheduler = build_optimizer(params, cfg.optim, total)
+        self.train_step = TrainStep(params, self.optimizer, self.scheduler,
+                                    cfg.optim.max_grad_norm, precision, self.device,
+                                    name="ppo", groups=groups)
 
     @property
     def models(self) -> PPOModels:
@@ -161,8 +184,7 @@ class PPOTrainer:
                            self.tokenizer.pad_token_id)
         if self.cfg.static_cache or self.cfg.compile:
             # widths rounded up to 16: few shapes, so compiled code is rarely rebuilt
-            extra = padded_width(prompts.shape[1], 16) - prompts.shape[1]
-            prompts = torch.nn.functional.pad(prompts, (extra, 0),
+            prompts = torch.nn.functional.pad(prompts, (-prompts.shape[1] % 16, 0),
                                               value=self.tokenizer.pad_token_id)
         return prompts
 
@@ -173,8 +195,7 @@ class PPOTrainer:
         prompts = self.next_prompts().to(self.device)
         # eval mode in the rollout (dropout is off either way): no activation checkpointing,
         # so generate keeps its KV cache
-        trained = [m for m in (self.policy, self.value_model) if m is not None]
-        for model in trained:
+        for model in self.trained.values():
             model.eval()
         with self.train_step.autocast():
             exp = make_experience(
@@ -183,7 +204,7 @@ class PPOTrainer:
                 algorithm=self.algorithm, mix=self.rewards, prompt_rows=self.prompt_rows,
                 group=self.cfg.samples_per_prompt, iteration=self.iteration + 1,
             )
-        for model in trained:
+        for model in self.trained.values():
             model.train()
         exp = to_autograd_tensors(exp)
         check_finite("reward-model score", exp.raw_scores, self.iteration + 1)
@@ -251,8 +272,10 @@ class PPOTrainer:
         return self.policy, self.value_model
 
     def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
-        """PPO loss on ``rows`` (CPU indices), trimmed to their longest response ``R`` (padded
-        to ``max_new_tokens`` under ``ppo.compile``: static shapes) -> (loss, stats)."""
+        """Clipped policy loss - entropy bonus (+ clipped value loss, + the algorithm's extra
+        loss) on ``rows`` (CPU indices), from one forward of the policy and value model,
+        trimmed to their longest response ``R`` (padded to ``max_new_tokens`` under
+        ``ppo.compile``: static shapes) -> (loss, stats)."""
         cfg, P = self.cfg, exp.context_length
         idx = rows.to(self.device)
         policy, value_model = self.nets()
@@ -262,18 +285,59 @@ class PPOTrainer:
         def cut(t: torch.Tensor, value: float = 0.0) -> torch.Tensor:
             return pad_to(t[idx, :R], width, value)
 
-        return ppo_losses(
-            policy, value_model, pad_to(exp.query_responses[idx, : P + R], P + width, pad_id),
-            cut(exp.responses, pad_id), cut(exp.response_mask, False), cut(exp.logprobs),
-            cut(exp.advantages), cut(exp.values), cut(exp.returns), cut(exp.ref_logprobs),
-            pad_id=pad_id, P=P, temperature=cfg.temperature, clip_eps=cfg.clip_eps,
-            clip_eps_value=cfg.clip_eps_value, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
-            extra_loss=self.algorithm.extra_loss, kl_coef=self.kl_ctl.value)
+        qr = pad_to(exp.query_responses[idx, : P + R], P + width, pad_id)  # prompt | response
+        mask = cut(exp.response_mask, False)
+        # log softmax(logits / T) once, for both the log-probs and the entropy
+        logp = log_softmax_at(response_logits(policy, qr, pad_id, P), cfg.temperature)
+        logprobs = logp.gather(-1, cut(exp.responses, pad_id).unsqueeze(-1)).squeeze(-1)
+        pg_loss, pg_stats = clipped_policy_loss(logprobs, cut(exp.logprobs), cut(exp.advantages),
+                                                mask, cfg.clip_eps)
+        entropy = masked_mean(
+            entropy_from_log_softmax(logp.detach() if cfg.ent_coef == 0 else logp), mask)
+        loss = pg_loss - cfg.ent_coef * entropy
+        stats = {"loss/policy_avg": pg_loss, "policy/entropy_avg": entropy,
+                 "policy/approxkl_avg": pg_stats["approxkl"],
+                 "policy/clipfrac_avg": pg_stats["clipfrac"], "val/ratio": pg_stats["ratio"],
+                 "val/ratio_var": pg_stats["ratio_var"]}
+        if value_model is not None:
+            vpred = response_values(value_model, qr, pad_id, P)  # (b, R)
+            vf_loss, vf_stats = clipped_value_loss(vpred, cut(exp.values), cut(exp.returns), mask,
+                                                   cfg.clip_eps_value)
+            loss = loss + cfg.vf_coef * vf_loss
+            stats.update({"loss/value_avg": vf_loss, "val/clipfrac_avg": vf_stats["clipfrac"]})
+        extra, extra_stats = self.algorithm.extra_loss(logprobs, cut(exp.ref_logprobs), mask,
+                                                       self.kl_ctl.value)
+        if extra is not None:
+            loss = loss + extra
+            stats.update({f"loss/{k}_avg": v for k, v in extra_stats.items()})
+        return loss, stats
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:
-        """The iteration's metrics: TRL's names plus the rollout's, the loop's and ``stats``."""
-        metrics = rollout_metrics(exp, self.cfg.max_new_tokens, self.value_model is not None)
+        """The iteration's metrics, TRL's names where TRL has them: the batch's objective (sums
+        over tokens, means over the batch), response lengths, EOS and truncation (with a
+        critic, the explained variance), the loop's and ``stats``."""
+        mask = exp.response_mask
+        non_score = exp.non_score_rewards.sum(1).mean()
+        lengths = mask.sum(1)
+        truncated = (lengths >= self.cfg.max_new_tokens) & ~exp.has_eos  # cut at the budget
+        metrics = {
+            "objective/kl": float(exp.kl.sum(1).mean()),
+            "objective/entropy": float((-exp.logprobs * mask).sum(1).mean()),
+            "objective/non_score_reward": float(non_score),
+            "objective/rlhf_reward": float(non_score + exp.scores.mean()),
+            "objective/scores": float(exp.scores.mean()),
+            "objective/raw_scores": float(exp.raw_scores.mean()),
+            "objective/advantage_abs_mean": float(masked_mean(exp.advantages.abs(), mask)),
+            "val/num_eos_tokens": float(exp.has_eos.sum()),
+            "response/length_mean": float(lengths.float().mean()),
+            "response/length_max": float(lengths.max()),
+            "response/truncated_rate": float(truncated.float().mean()),
+            "response/eos_rate": float(exp.has_eos.float().mean()),
+        }
+        if self.value_model is not None:
+            metrics["val/explained_variance"] = float(explained_variance(exp.values, exp.returns,
+                                                                         mask))
         n_tokens = float(exp.response_mask.sum())
         metrics.update({
             "objective/kl_coef": float(self.kl_ctl.value),
@@ -288,20 +352,44 @@ class PPOTrainer:
         return metrics
 
     def decode(self, exp: Experience, n: int | None = None) -> tuple[list[str], list[str]]:
-        """Prompt and response texts of the first n rollouts."""
-        return decode_rollouts(self.tokenizer, exp, n)
+        """Prompt and response texts of the first n rollouts (the prompt keeps its special
+        tokens, which show a chat prompt's turns)."""
+        P, pad, rows = exp.context_length, self.tokenizer.pad_token_id, slice(n)
+        prompts = [self.tokenizer.decode(p[p != pad], skip_special_tokens=False)
+                   for p in exp.query_responses[rows, :P]]
+        return prompts, decode_responses(self.tokenizer, exp.responses[rows],
+                                         exp.response_mask[rows])
 
     def sample_rows(self, exp: Experience, n: int) -> list[dict]:
-        """A few rollouts as table rows."""
-        return sample_rows(self.tokenizer, exp, n, self.iteration)
+        """The first n rollouts as table rows."""
+        prompts, responses = self.decode(exp, n)
+        return [{"iteration": self.iteration, "prompt": prompts[i], "response": responses[i],
+                 "score": float(exp.raw_scores[i]), "normalised_score": float(exp.scores[i]),
+                 "kl": float(exp.kl[i].sum()), "has_eos": bool(exp.has_eos[i])}
+                for i in range(len(prompts))]
 
     # -- checkpoints ------------------------------------------------------------------------
-    def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:
-        """Saves the models and loop state every cfg.checkpoint_every iterations."""
+    @property
+    def trained(self) -> dict[str, torch.nn.Module]:
+        """The trained models by name: the policy and any value model."""
         models = {"policy": self.policy}
         if self.value_model is not None:
             models["value"] = self.value_model
-        return Checkpointer(root, models, self.cfg.checkpoint_every, keep_last, label="ppo")
+        return models
+
+    def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:
+        """Saves the models and loop state every cfg.checkpoint_every iterations."""
+        return Checkpointer(root, self.trained, self.cfg.checkpoint_every, keep_last,
+                            label="ppo")
+
+    def restore(self, checkpointer: Checkpointer) -> tuple[int, dict] | None:
+        """The latest checkpoint's models, optimizer and random state -> (iteration, loop
+        state), or None."""
+        return checkpointer.restore(self.optimizer, self.scheduler, self.generator,
+                                    self.cfg.optim.lr)
+
+    def save(self, checkpointer: Checkpointer, state: dict) -> None:
+        checkpointer.save(self.iteration, self.optimizer, self.scheduler, self.generator, state)
 
     def _loop_state(self, last: dict, watch: Watcher | None = None) -> dict:
         state = {"iteration": self.iteration, "episode": self.episode,
@@ -339,8 +427,7 @@ class PPOTrainer:
 
         last: dict[str, float] = {}
         if checkpointer is not None:
-            restored = checkpointer.restore(self.optimizer, self.scheduler, self.generator,
-                                            self.cfg.optim.lr)
+            restored = self.restore(checkpointer)
             if restored is not None:
                 last = self._load_loop_state(restored[1], watch)
         if watch is not None and self.iteration == 0:  # the start policy's check
@@ -375,8 +462,7 @@ class PPOTrainer:
                 break
             if checkpointer is not None and checkpointer.due(self.iteration,
                                                              self.cfg.iterations):
-                checkpointer.save(self.iteration, self.optimizer, self.scheduler,
-                                  self.generator, self._loop_state(last, watch))
+                self.save(checkpointer, self._loop_state(last, watch))
         bar.close()
         return last
 

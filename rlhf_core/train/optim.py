@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 
 from rlhf_core.config import OptimConfig
@@ -48,10 +50,6 @@ def check_finite(name: str, value: torch.Tensor, step: int) -> None:
 
 def seed_everything(seed: int) -> torch.Generator:
     """Seed torch (and python/numpy) and return a CPU generator for data order."""
-    import random
-
-    import numpy as np
-
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

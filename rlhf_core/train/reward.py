@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from rlhf_core.config import RewardConfig
 from rlhf_core.memory import HeapTrimmer
@@ -17,8 +18,24 @@ from rlhf_core.models.ragged import RaggedIds
 from rlhf_core.models.scoring import score_padded
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.loop import train_steps
-from rlhf_core.train.losses import bradley_terry_loss
 from rlhf_core.train.optim import LogFn
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
+                       margin: torch.Tensor | None = None):
+    """-log sigmoid(r_c - r_r - margin), mean over pairs (README § Sources [RM]).
+
+    Args: chosen, rejected: [B] rewards; margin: optional [B].
+    Returns: (loss scalar, stats)."""
+    if chosen.numel() == 0:
+        raise ValueError("bradley_terry_loss: empty batch")
+    diff = chosen - rejected  # (B,)
+    logits = diff if margin is None else diff - margin
+    loss = -F.logsigmoid(logits).mean()
+    d = diff.detach()
+    stats = {"accuracy": (d > 0).float().mean(), "margin": d.mean(),
+             "chosen_reward": chosen.detach().mean(), "rejected_reward": rejected.detach().mean()}
+    return loss, stats
 
 
 class PairExamples(Sequence):
@@ -80,18 +97,15 @@ def train_reward_model(
     if cfg.use_margin and (margins is None or len(margins) != len(pairs)):
         raise ValueError("reward.use_margin is set but the pairs have no margins")
     margins = margins if cfg.use_margin else None
-    model.to(device)
-    net = dp.wrap(model) if dp is not None else model
 
-    def loss_fn(idx: torch.Tensor):
+    def loss_fn(net: torch.nn.Module, idx: torch.Tensor):
         rc, rr, margin = _pair_scores(net, pairs, idx, pad_id, device, margins)
         loss, stats = bradley_terry_loss(rc, rr, margin)
         return loss, {f"train/{k}": float(v) for k, v in stats.items()}
 
-    return train_steps(model, loss_fn, len(pairs), cfg.batch_size, cfg.epochs, cfg.optim,
-                       generator, name="reward_model", log_every=cfg.log_every, on_log=on_log,
-                       checkpointer=checkpointer, progress=progress, precision=precision,
-                       device=device, dp=dp, net=net)
+    return train_steps(model, loss_fn, len(pairs), cfg, generator, name="reward_model",
+                       device=device, on_log=on_log, checkpointer=checkpointer,
+                       progress=progress, precision=precision, dp=dp)
 
 
 @torch.inference_mode()

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from rlhf_core.config import SFTConfig
 from rlhf_core.models.checkpoint import Checkpointer
@@ -17,9 +18,20 @@ from rlhf_core.models.data import IGNORE_INDEX, encode, right_pad, sft_example
 from rlhf_core.models.ragged import RaggedIds
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.loop import train_steps
-from rlhf_core.train.losses import sft_loss
 from rlhf_core.train.optim import LogFn
 from rlhf_core.train.ptx import PretrainMix
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor):
+    """Next-token cross-entropy, mean over supervised tokens (label -100 ignored): logits
+    [B, T, V] at t predict labels [B, T] at t+1."""
+    shift_logits = logits[:, :-1].reshape(-1, logits.shape[-1])  # (B*(T-1), V)
+    shift_labels = labels[:, 1:].reshape(-1)  # (B*(T-1),)
+    n = int((shift_labels != IGNORE_INDEX).sum())
+    if n == 0:
+        raise ValueError("sft_loss: no supervised token in the batch")
+    loss = F.cross_entropy(shift_logits.float(), shift_labels, ignore_index=IGNORE_INDEX)
+    return loss, {"loss": loss.detach(), "num_tokens": torch.tensor(n)}
 
 
 class SFTExamples(Sequence):
@@ -78,15 +90,13 @@ def train_sft(
     if examples.loss_on != cfg.loss_on:
         raise ValueError(f"SFT examples built for loss_on={examples.loss_on!r}, "
                          f"sft.loss_on is {cfg.loss_on!r}")
-    model.to(device)
-    net = dp.wrap(model) if dp is not None else model
     # supervised (shifted) tokens per example: the loss is a mean over these
     n_tokens = examples.supervised_tokens().numpy()
 
     mix = PretrainMix(pretrain_ids or [], cfg.ptx_batch_size or cfg.batch_size, pad_id,
                       generator, device) if cfg.ptx_coef > 0 else None
 
-    def loss_fn(idx: torch.Tensor):
+    def loss_fn(net: torch.nn.Module, idx: torch.Tensor):
         ids, mask, labels = sft_batch([examples[i] for i in idx.tolist()], pad_id, device)
         logits = net(input_ids=ids, attention_mask=mask, use_cache=False).logits
         loss, stats = sft_loss(logits, labels)
@@ -96,10 +106,9 @@ def train_sft(
             loss, extras["ptx/loss"] = loss + cfg.ptx_coef * ptx, float(ptx)
         return loss, extras
 
-    return train_steps(model, loss_fn, len(examples), cfg.batch_size, cfg.epochs, cfg.optim,
-                       generator, name="sft", log_every=cfg.log_every, on_log=on_log,
-                       checkpointer=checkpointer, progress=progress, precision=precision,
-                       device=device, dp=dp, net=net,
+    return train_steps(model, loss_fn, len(examples), cfg, generator, name="sft",
+                       device=device, on_log=on_log, checkpointer=checkpointer,
+                       progress=progress, precision=precision, dp=dp,
                        count=lambda idx: float(np.sum(n_tokens[idx.numpy()])),
                        summed=("train/tokens",), streams={"ptx": mix} if mix else None)
 

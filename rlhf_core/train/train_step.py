@@ -40,35 +40,44 @@ class TrainStep:
         self.device, self.name = torch.device(device), name
         self.scaler = (torch.amp.GradScaler(self.device.type) if precision == "fp16" else None)
         self.skipped = 0  # fp16 steps skipped for an overflowing gradient
-        self._losses: list[torch.Tensor] = []
         self.no_sync = no_sync
 
     def autocast(self):
         """The forward context of this precision (nothing in fp32)."""
         return autocast(self.precision, self.device)
 
-    def zero_grad(self) -> None:
+    @staticmethod
+    def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+        """The 2-norm of the gradients of ``params`` (0 when none has one)."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return torch.zeros(())
+        return full_norm(torch.nn.utils.get_total_norm(grads))
+
+    def run(self, micro_batches: Iterable[MicroBatch], step: int) -> torch.Tensor:
+        """One optimizer step over the micro-batches -> the pre-clip gradient norm: weighted
+        backward of each, unscale, clip, check the losses and the gradient norm finite, then
+        step optimizer and schedule."""
         self.optimizer.zero_grad(set_to_none=True)
-        self._losses = []
-
-    def backward(self, loss: torch.Tensor, step: int, weight: float = 1.0) -> None:
-        """Accumulate weight * d loss; :meth:`apply` checks it finite with the gradient norm."""
-        self._losses.append(loss.detach())
-        scaled = loss if weight == 1.0 else loss * weight
-        if self.scaler is not None:
-            scaled = self.scaler.scale(scaled)
-        scaled.backward()
-
-    def apply(self, step: int) -> torch.Tensor:
-        """Unscale, clip, check the gradient norm, step optimizer and schedule -> grad norm."""
+        micro_batches, losses = list(micro_batches), []
+        for i, micro in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            with nullcontext() if last or self.no_sync is None else self.no_sync():
+                with self.autocast():
+                    loss, weight = micro()
+                losses.append(loss.detach())
+                scaled = loss if weight == 1.0 else loss * weight
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         self.group_norms = {name: self._norm(group) for name, group in self.groups.items()}
         grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
-        losses = torch.stack([loss.float() for loss in self._losses])
-        finite = torch.stack([torch.isfinite(losses).all(), torch.isfinite(grad_norm)]).tolist()
+        stacked = torch.stack([loss.float() for loss in losses])
+        finite = torch.stack([torch.isfinite(stacked).all(), torch.isfinite(grad_norm)]).tolist()
         if not finite[0]:
-            bad = next(loss for loss in self._losses if not torch.isfinite(loss).all())
+            bad = next(loss for loss in losses if not torch.isfinite(loss).all())
             check_finite(f"{self.name} loss", bad, step)
         if self.scaler is not None and not finite[1]:
             self.skipped += 1  # fp16 overflow: the scaler skips this step and lowers its scale
@@ -81,23 +90,3 @@ class TrainStep:
             self.optimizer.step()
         self.scheduler.step()
         return grad_norm
-
-    @staticmethod
-    def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-        """The 2-norm of the gradients of ``params`` (0 when none has one)."""
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return torch.zeros(())
-        return full_norm(torch.nn.utils.get_total_norm(grads))
-
-    def run(self, micro_batches: Iterable[MicroBatch], step: int) -> torch.Tensor:
-        """One optimizer step over the micro-batches -> the pre-clip gradient norm."""
-        self.zero_grad()
-        micro_batches = list(micro_batches)
-        for i, micro in enumerate(micro_batches):
-            last = i == len(micro_batches) - 1
-            with nullcontext() if last or self.no_sync is None else self.no_sync():
-                with self.autocast():
-                    loss, weight = micro()
-                self.backward(loss, step, weight)
-        return self.apply(step)

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from data_checks.label_quality import LabelRules
+from data_checks.labels import LabelRules
 from rlhf_core.config import (
     REGISTERED_SCORER,
     Section,

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+WAIT_S = 600.0  # how long a second gc waits for the first before StoreBusy
+
 
 class StoreBusy(Exception):  # noqa: N818 - a stop, named after its cause
     """Another gc of the same store held its lock for longer than the wait."""
@@ -19,27 +21,27 @@ class StoreBusy(Exception):  # noqa: N818 - a stop, named after its cause
     until = "once the other gc has finished"
 
 
-def gc_lock_path(store: str) -> Path:
-    """The gc lock of ``store``: beside a SQLite file, else in the temp folder."""
+@contextmanager
+def one_gc(cfg) -> Iterator[None]:
+    """Hold the gc lock of the config's store (beside a SQLite file, else in the temp
+    folder); wait up to ``WAIT_S`` for another holder, then StoreBusy."""
+    from tasks.platform.mlflow.runs import default_tracking_uri, resolved_store
+
+    store = resolved_store(default_tracking_uri(cfg.tracking.tracking_uri))
     if store.startswith("sqlite:///"):
         db = Path(store.removeprefix("sqlite:///"))
-        return db.with_name(db.name + ".gc.lock")
-    return Path(tempfile.gettempdir()) / \
-        f"rlhf-gc-{hashlib.sha256(store.encode()).hexdigest()[:16]}.lock"
-
-
-@contextmanager
-def one_gc(store: str, wait_s: float = 600.0, say=print) -> Iterator[None]:
-    """Hold the gc lock of ``store``; wait up to ``wait_s`` for another holder, then StoreBusy."""
-    path = gc_lock_path(store)
+        path = db.with_name(db.name + ".gc.lock")
+    else:
+        path = Path(tempfile.gettempdir()) / \
+            f"rlhf-gc-{hashlib.sha256(store.encode()).hexdigest()[:16]}.lock"
     with open(path, "a+") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.seek(0)
             holder = fh.read().strip() or "another process"
-            say(f"gc: another gc of {store} is running ({holder}); waiting for it to finish")
-            deadline = time.monotonic() + wait_s
+            print(f"gc: another gc of {store} is running ({holder}); waiting for it to finish")
+            deadline = time.monotonic() + WAIT_S
             while True:
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -47,7 +49,7 @@ def one_gc(store: str, wait_s: float = 600.0, say=print) -> Iterator[None]:
                 except BlockingIOError:
                     if time.monotonic() > deadline:
                         raise StoreBusy(f"another gc of {store} ({holder}) has held it for "
-                                        f"more than {wait_s:g} s; nothing was deleted") from None
+                                        f"more than {WAIT_S:g} s; nothing was deleted") from None
                     time.sleep(0.5)
         fh.seek(0)
         fh.truncate()

@@ -1,14 +1,18 @@
 """`rlhf gc`: find what no longer serves (old run folders, runs deleted in MLflow, consumed
 batches, pull records, stale cache entries), then, only when asked, delete it, one log line
-each with its reason. Anything resumable or that an alias needs is kept."""
+each with its reason. Anything resumable or that an alias needs is kept.
+
+A run marked deleted in MLflow is purged with the runs under it only
+``tracking.gc_deleted_age_days`` after deletion (so the UI can still restore a mistake), and
+never while a registry alias needs it."""
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Literal
 
 from prefect import task
 from pydantic import BaseModel, ConfigDict
@@ -17,32 +21,72 @@ from data_checks.cache import chunk_folder, validation_cache
 from data_checks.validate import CHUNKS as GATE_CHUNKS
 from rlhf_core.faults import pause_point
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.gc.deleted import deleted_run_items, purge
-from tasks.gc.items import DAY_S, Found, GcPlan, is_hex
 from tasks.gc.lock import one_gc
 from tasks.gc.store import (
+    StoredRun,
     alias_runs,
+    deleted_experiments,
+    deleted_runs,
     keeps_consumed_copy,
+    local_folder,
     mark_pulled_all,
+    purge_runs,
+    stage_runs,
     stored_runs,
 )
 from tasks.pipeline.owners import owner_lock_kept, unowned
 from tasks.pipeline.retention import TRASH, remove_tree, trash_in, tree_bytes
-from tasks.platform.mlflow.runs import default_tracking_uri, resolved_store
+from tasks.platform.mlflow.runs import default_tracking_uri
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
 from tasks.retrain.labels.imports import QUARANTINE
 from tasks.retrain.labels.pull import pulled_in_full
 from tasks.retrain.store import consumed_batches
 
+Kind = Literal["run folder", "trash", "leftover", "mlflow run", "batch", "pull record", "cache"]
+DAY_S = 86400.0
+AGE_KEY = "tracking.gc_deleted_age_days"
 # what a killed gate or stage leaves: unfinished files and a checkpoint save's temp folder
 LEFTOVERS = ("*.part", ".*.tmp")
 
 
-@contextmanager
-def one_gc_of(cfg: PipelineConfig) -> Iterator[None]:
-    """One gc at a time of the config's store: a second waits for it."""
-    with one_gc(resolved_store(default_tracking_uri(cfg.tracking.tracking_uri))):
-        yield
+class Found(BaseModel):
+    """One thing gc looked at: a path or a run id, whether it goes, and why (or why not)."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Kind
+    target: str
+    delete: bool
+    reason: str
+    bytes: int = 0
+    pairs: int = 0  # a pull record: its collection's pairs, all pulled
+    runs: list[str] = []  # a deleted pipeline run: its stage runs, purged with it
+
+    def line(self) -> str:
+        size = "" if not self.bytes else f" ({self.bytes / 1e6:.1f} MB)" \
+            if self.bytes >= 100_000 else f" ({self.bytes / 1e3:.1f} kB)"
+        return f"{self.kind} {self.target}{size}: {self.reason}"
+
+
+class GcPlan(BaseModel):
+    """Everything gc found, in the order it deletes; ``notes`` say what it could not do."""
+
+    model_config = ConfigDict(frozen=True)
+    tracking_uri: str
+    found: list[Found]
+    notes: list[str] = []
+
+    @property
+    def deletions(self) -> list[Found]:
+        return [f for f in self.found if f.delete]
+
+    @property
+    def kept(self) -> list[Found]:
+        return [f for f in self.found if not f.delete]
+
+
+def is_hex(name: str, length: int) -> bool:
+    """A run id (32 hex digits) or a validation cache key (64)."""
+    return len(name) == length and all(c in "0123456789abcdef" for c in name)
 
 
 def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
@@ -86,7 +130,7 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
     return out
 
 
-def _leftovers(folder: Path, run, now: float | None = None) -> list[Found]:
+def _leftovers(folder: Path, run) -> list[Found]:
     """What a killed gate or stage left in a kept run folder, once no live process owns it
     (without an owner lock: those a day old or more)."""
     found = {p for pattern in LEFTOVERS for p in folder.rglob(pattern)}
@@ -104,8 +148,7 @@ def _leftovers(folder: Path, run, now: float | None = None) -> list[Found]:
                                  f"its {len(paths)} unfinished file(s) stay")]
         why = "no live process owns the run folder"
     else:
-        now = time.time() if now is None else now
-        paths = [p for p in paths if _old(p, 1, now)]
+        paths = [p for p in paths if _old(p, 1, time.time())]
         why = "a day old or more, in a run folder no stage has locked"
     return [Found(kind="leftover", target=str(p), delete=True, bytes=tree_bytes(p),
                   reason=f"left by a killed gate or stage; {why}") for p in paths]
@@ -113,6 +156,61 @@ def _leftovers(folder: Path, run, now: float | None = None) -> list[Found]:
 
 def _old(path: Path, max_age_days: float, now: float) -> bool:
     return now - path.stat().st_mtime > max_age_days * DAY_S
+
+
+def _deleted_run(top: StoredRun, under: list[StoredRun], needed: dict[str, str],
+                 age_days: float, now: float) -> Found:
+    """One deleted run with the runs under it, kept or purged."""
+    group = [top, *under]
+    size = sum(tree_bytes(p) for r in group if (p := local_folder(r.artifact_uri)))
+    need = next((needed[r] for r in [top.parent_run_id, *(g.run_id for g in group)]
+                 if r in needed), None)
+    if top.deleted_time is None:
+        days, when = None, "at a time the store did not record"
+    else:
+        days = max(0.0, now - top.deleted_time / 1000) / DAY_S
+        when = f"{days:.1f} days ago"
+    stages = f", with the {len(under)} run(s) under it" if under else ""
+    if need:
+        reason, delete = f"marked deleted {when}, but needed by {need}: restore it", False
+    elif age_days > 0 and (days is None or days < age_days):
+        reason, delete = (f"marked deleted {when}{stages}: purged {age_days:g} days after its "
+                          f"deletion ({AGE_KEY}); until then the MLflow UI can restore it"), False
+    else:
+        reason, delete = (f"marked deleted {when}{stages}: removed with the artifacts by "
+                          "`mlflow gc`"), True
+    return Found(kind="mlflow run", target=top.run_id, delete=delete, bytes=size,
+                 runs=[r.run_id for r in under], reason=reason)
+
+
+def _deleted_runs(uri: str, needed: dict[str, str], age_days: float,
+                  now: float) -> tuple[list[Found], list[str]]:
+    """One item per topmost deleted run, and notes on what gc cannot do."""
+    runs = deleted_runs(uri)
+    if not runs:
+        return [], []
+    ids = {r.run_id for r in runs}
+    tops = [r for r in runs if r.parent_run_id not in ids]
+    under = stage_runs(uri, [r.run_id for r in tops])
+    out = [_deleted_run(top, under[top.run_id], needed, age_days, now) for top in tops]
+    notes = []
+    if uri.startswith(("http://", "https://")):
+        purge = ",".join(i for f in out if f.delete for i in (f.target, *f.runs))
+        out = [f.model_copy(update={"delete": False}) for f in out]
+        notes.append(f"runs marked deleted on the tracking server {uri} are collected where "
+                     f"it runs: `mlflow gc --backend-store-uri <its database> --run-ids "
+                     f"{purge}`")
+    gone = deleted_experiments(uri)
+    held = sorted({top.experiment_id for top, f in zip(tops, out) if not f.delete} & set(gone))
+    if held:  # `mlflow gc` removes a deleted experiment whole, with the runs kept above
+        out = [f.model_copy(update={"delete": False}) for f in out]
+        notes.append(f"experiments {', '.join(held)} are marked deleted and `mlflow gc` would "
+                     "remove them whole, while a run of theirs above is kept: nothing is "
+                     "purged until it may go (or is restored)")
+    elif gone and any(f.delete for f in out):
+        notes.append(f"`mlflow gc` also removes the experiments marked deleted: "
+                     f"{', '.join(gone)}")
+    return out, notes
 
 
 def _batches(cfg: PipelineConfig, uri: str, now: float) -> list[Found]:
@@ -193,18 +291,14 @@ def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
                   for p in sorted(leftovers)]
 
 
-def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None,
-            now: float | None = None) -> GcPlan:
+def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None) -> GcPlan:
     """What gc would delete and keep, and why (deletes nothing). ``keep_runs`` overrides
     tracking.gc_keep_runs."""
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
-    keep = cfg.tracking.gc_keep_runs if keep_runs is None else keep_runs
-    if keep < 0:
-        raise ValueError(f"keep {keep} finished runs? Give 0 or more")
-    now = time.time() if now is None else now
-    t = cfg.tracking
+    t, now = cfg.tracking, time.time()
+    keep = t.gc_keep_runs if keep_runs is None else keep_runs
     needed = alias_runs(uri, (t.registered_policy, t.registered_reward_model))
-    mlflow_runs, notes = deleted_run_items(uri, needed, t.gc_deleted_age_days, now)
+    mlflow_runs, notes = _deleted_runs(uri, needed, t.gc_deleted_age_days, now)
     found = [*_run_folders(cfg, uri, keep, needed), *mlflow_runs, *_batches(cfg, uri, now),
              *_pulls(cfg), *_cache(cfg, now)]
     return GcPlan(tracking_uri=uri, found=found, notes=notes)
@@ -221,7 +315,7 @@ class GcResult(BaseModel):
 @task(name="gc")
 def collect_garbage(cfg: PipelineConfig, delete: bool) -> GcResult:
     """Find what no longer serves and, with ``delete``, delete it, one log line each."""
-    with one_gc_of(cfg) if delete else nullcontext():
+    with one_gc(cfg) if delete else nullcontext():
         plan = plan_gc(cfg)
         for item in plan.kept:
             print(f"gc: kept {item.line()}")
@@ -231,15 +325,14 @@ def collect_garbage(cfg: PipelineConfig, delete: bool) -> GcResult:
 
 
 def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
-    """Delete what ``plan`` marks for deletion, one log line each -> what went."""
+    """Delete what ``plan`` marks for deletion, one log line each -> what went (the runs
+    deleted in MLflow last, purged with the runs under them)."""
     pause_point("gc:delete")
-    done = []
+    done, runs = [], [f for f in plan.deletions if f.kind == "mlflow run"]
     for item in plan.deletions:
-        if item.kind == "mlflow run":
-            continue
         path = Path(item.target)
-        if not path.exists() and not path.is_symlink():
-            continue  # gone meanwhile (another gc)
+        if item.kind == "mlflow run" or not path.exists() and not path.is_symlink():
+            continue  # an mlflow run: purged below; a path gone meanwhile: another gc's
         if item.kind == "leftover":
             if not _sweep(cfg, path):
                 continue
@@ -250,29 +343,24 @@ def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
             remove_tree(path, f"gc:{item.kind.replace(' ', '_')}")
         print(f"gc: deleted {item.line()}")
         done.append(item)
-    return done + purge(plan.tracking_uri, [f for f in plan.deletions
-                                            if f.kind == "mlflow run"])
+    if runs:
+        purge_runs(plan.tracking_uri, [i for f in runs for i in (f.target, *f.runs)])
+    for item in runs:
+        print(f"gc: deleted {item.line()}")
+    return done + runs
 
 
 def _sweep(cfg: PipelineConfig, path: Path) -> bool:
-    """Delete a leftover under its run folder's owner lock -> False when a process took the
-    folder since the plan."""
+    """Delete a leftover in place (not renamed: a leftover cut short is still one), under its
+    run folder's owner lock -> False when a process took the folder since the plan."""
     root = Path(cfg.tracking.workdir)
     folder = root / path.relative_to(root).parts[0]
-    if owner_lock_kept(folder):
-        with unowned(folder) as free:
-            if not free:
-                print(f"gc: kept {path}: a process owns its run folder again")
-                return False
-            _remove_leftover(path)
-        return True
-    _remove_leftover(path)
+    with unowned(folder) if owner_lock_kept(folder) else nullcontext(True) as free:
+        if not free:
+            print(f"gc: kept {path}: a process owns its run folder again")
+            return False
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     return True
-
-
-def _remove_leftover(path: Path) -> None:
-    """Deleted in place (not renamed): a leftover cut short is still one."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

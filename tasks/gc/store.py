@@ -6,13 +6,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
+from mlflow.entities import ViewType
+from mlflow.exceptions import MlflowException
 from pydantic import BaseModel, ConfigDict
 
 from tasks.platform.mlflow.errors import PurgeFailed
-from tasks.platform.mlflow.registry import CANDIDATE, CHALLENGER, CHAMPION, PREVIOUS
-from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
+from tasks.platform.mlflow.registry import (
+    CANDIDATE,
+    CHALLENGER,
+    CHAMPION,
+    PREVIOUS,
+    alias_version,
+)
+from tasks.platform.mlflow.runs import default_tracking_uri, experiment_client, tracking_client
 from tasks.platform.mlflow.tags import (
     COLLECTION_TAG,
     PARENT_TAG,
@@ -52,8 +62,6 @@ def _stored(run) -> StoredRun:
 
 
 def _experiment_ids(client) -> list[str]:
-    from mlflow.entities import ViewType
-
     return [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
 
 
@@ -68,8 +76,6 @@ def store_missing(configured: str | None) -> str | None:
 
 def stored_runs(tracking_uri: str, run_ids: list[str]) -> dict[str, StoredRun]:
     """The runs of ``run_ids`` the store has (deleted ones too), by id."""
-    from mlflow.entities import ViewType
-
     client = tracking_client(tracking_uri)
     experiments = _experiment_ids(client)
     found: dict[str, StoredRun] = {}
@@ -84,15 +90,12 @@ def stored_runs(tracking_uri: str, run_ids: list[str]) -> dict[str, StoredRun]:
 def alias_runs(tracking_uri: str, models: tuple[str, ...]) -> dict[str, str]:
     """Run id -> the alias that needs it: each aliased version's register, pipeline and
     lineage stage runs, with their parents."""
-    from mlflow.exceptions import MlflowException
-
     client = tracking_client(tracking_uri)
     need: dict[str, str] = {}
     for name in models:
         for alias in ALIASES:
-            try:
-                version = client.get_model_version_by_alias(name, alias)
-            except MlflowException:
+            version = alias_version(client, name, alias)
+            if version is None:
                 continue
             why = f"{name}@{alias} (v{version.version})"
             runs = [version.run_id, version.tags.get(PIPELINE_RUN_TAG)] + [
@@ -106,8 +109,6 @@ def alias_runs(tracking_uri: str, models: tuple[str, ...]) -> dict[str, str]:
 
 
 def _parent_of(client, run_id: str) -> str | None:
-    from mlflow.exceptions import MlflowException
-
     try:
         return client.get_run(run_id).data.tags.get(PARENT_TAG)
     except MlflowException:
@@ -116,8 +117,6 @@ def _parent_of(client, run_id: str) -> str | None:
 
 def deleted_runs(tracking_uri: str) -> list[StoredRun]:
     """Every run marked deleted, with its deletion time where the store records it."""
-    from mlflow.entities import ViewType
-
     client = tracking_client(tracking_uri)
     experiments = _experiment_ids(client)
     out, token = [], None
@@ -153,8 +152,6 @@ def deletion_times(tracking_uri: str, run_ids: list[str]) -> dict[str, int]:
 
 def stage_runs(tracking_uri: str, parents: list[str]) -> dict[str, list[StoredRun]]:
     """Every run under each of ``parents``, recursively, active or deleted."""
-    from mlflow.entities import ViewType
-
     client = tracking_client(tracking_uri)
     experiments = _experiment_ids(client)
     out: dict[str, list[StoredRun]] = {}
@@ -172,15 +169,13 @@ def stage_runs(tracking_uri: str, parents: list[str]) -> dict[str, list[StoredRu
 
 def deleted_experiments(tracking_uri: str) -> list[str]:
     """Experiments marked deleted: `mlflow gc` removes them, with their runs, too."""
-    from mlflow.entities import ViewType
-
     client = tracking_client(tracking_uri)
     return [e.experiment_id for e in client.search_experiments(view_type=ViewType.DELETED_ONLY)]
 
 
-def purge_runs(tracking_uri: str, run_ids: list[str]) -> list[str]:
-    """Purge ``run_ids`` with `mlflow gc` (marking active ones deleted first) -> the ids
-    purged. Only for a store this machine opens; PurgeFailed when MLflow's gc fails."""
+def purge_runs(tracking_uri: str, run_ids: list[str]) -> None:
+    """Purge ``run_ids`` with `mlflow gc` (marking active ones deleted first). Only for a
+    store this machine opens; PurgeFailed when MLflow's gc fails."""
     client = tracking_client(tracking_uri)
     present = stored_runs(tracking_uri, run_ids)
     for run in present.values():
@@ -188,7 +183,7 @@ def purge_runs(tracking_uri: str, run_ids: list[str]) -> list[str]:
             client.delete_run(run.run_id)
     ids = [r for r in run_ids if r in present]
     if not ids:
-        return []
+        return
     proc = subprocess.run(
         [sys.executable, "-m", "mlflow", "gc", "--backend-store-uri", tracking_uri,
          "--tracking-uri", tracking_uri, "--run-ids", ",".join(ids)],
@@ -201,24 +196,24 @@ def purge_runs(tracking_uri: str, run_ids: list[str]) -> list[str]:
                               f"failed ({why[:300]}); they stay marked deleted")
     for run in present.values():
         drop_empty_folder(run.artifact_uri)
-    return ids
+
+
+def local_folder(artifact_uri: str | None) -> Path | None:
+    """A run's local artifact folder (None: its artifacts are elsewhere)."""
+    if not artifact_uri or not artifact_uri.startswith(("file://", "/")):
+        return None
+    return Path(unquote(urlparse(artifact_uri).path))
 
 
 def drop_empty_folder(artifact_uri: str | None) -> None:
     """Remove a purged run's local artifact folder, which MLflow's gc leaves empty."""
-    if not artifact_uri or not artifact_uri.startswith(("file://", "/")):
+    path = local_folder(artifact_uri)
+    if path is None:
         return
-    from urllib.parse import unquote, urlparse
-
-    path = Path(unquote(urlparse(artifact_uri).path))
     folder = path.parent if path.name == "artifacts" else path
-    if not folder.is_dir():
-        return
     for root, _, _ in sorted(os.walk(folder), key=lambda w: -len(w[0])):  # deepest first
-        try:
+        with suppress(OSError):
             Path(root).rmdir()  # only an empty folder
-        except OSError:
-            pass
 
 
 def keeps_consumed_copy(tracking_uri: str, run_id: str, digest: str) -> bool:
@@ -227,14 +222,11 @@ def keeps_consumed_copy(tracking_uri: str, run_id: str, digest: str) -> bool:
     return bool(client.list_artifacts(run_id, f"{CONSUMED_COPY}/{digest}"))
 
 
-def mark_pulled_all(tracking_uri: str, experiment: str, cid: str, pairs: int) -> bool:
-    """Tag collection ``cid``'s run as pulled in full, so `rlhf label pull` skips it without
-    its ``pulls/`` record -> False when there is no such run."""
-    client = tracking_client(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    runs = [] if exp is None else client.search_runs(
-        [exp.experiment_id], f"tags.`{COLLECTION_TAG}` = '{cid}'", max_results=1)
-    if not runs:
-        return False
-    client.set_tag(runs[0].info.run_id, PULLED_ALL_TAG, str(pairs))
-    return True
+def mark_pulled_all(tracking_uri: str, experiment: str, cid: str, pairs: int) -> None:
+    """Tag collection ``cid``'s run (where there is one) as pulled in full, so `rlhf label
+    pull` skips it without its ``pulls/`` record."""
+    client, exp_id = experiment_client(tracking_uri, experiment)
+    runs = [] if exp_id is None else client.search_runs(
+        [exp_id], f"tags.`{COLLECTION_TAG}` = '{cid}'", max_results=1)
+    if runs:
+        client.set_tag(runs[0].info.run_id, PULLED_ALL_TAG, str(pairs))

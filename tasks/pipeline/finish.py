@@ -64,13 +64,9 @@ def finish(ctx: RunContext, outputs: dict[str, StageRecord],
                        wait_for=latest(outputs.values()))
 
 
-def close_parent(ctx: RunContext) -> None:
-    end_parent_run(ctx, "FINISHED")
-
-
 def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
     """Mark the parent run FINISHED, then delete its resume state unless kept."""
-    close_parent(ctx)
+    end_parent_run(ctx, "FINISHED")
     if not keep_resume_state:
         drop_resume_state(Path(ctx.workdir))
 

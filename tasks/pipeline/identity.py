@@ -38,7 +38,13 @@ def source_digest(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _demo_digests(cfg: PipelineConfig) -> dict[str, str]:
+def input_digests(cfg: PipelineConfig) -> dict[str, str]:
+    """{data role: digest} of the run's inputs (the user's data, else the demo's)."""
+    if cfg.data is not None:
+        return {role: source_digest(source.path) for role in type(cfg.data).model_fields
+                if (source := getattr(cfg.data, role)) is not None}
+    if not cfg.demo.enabled:
+        return {}
     from rlhf_core.demo import generate_demo_data
 
     d = cfg.demo
@@ -46,14 +52,6 @@ def _demo_digests(cfg: PipelineConfig) -> dict[str, str]:
         paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias, d.chat,
                                    d.system)
         return {role: source_digest(str(path)) for role, path in paths.items()}
-
-
-def input_digests(cfg: PipelineConfig) -> dict[str, str]:
-    """{data role: digest} of the run's inputs (the user's data, else the demo's)."""
-    if cfg.data is None:
-        return _demo_digests(cfg) if cfg.demo.enabled else {}
-    return {role: source_digest(source.path) for role in type(cfg.data).model_fields
-            if (source := getattr(cfg.data, role)) is not None}
 
 
 def digest_tags(digests: dict[str, str]) -> dict[str, str]:

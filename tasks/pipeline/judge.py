@@ -32,16 +32,12 @@ class GoldJudge:
         return judge_choices(rows, self.score, self.choose, seed, degraded)
 
 
-def resolve_judge_name(setting: str, uses_demo_data: bool) -> str:
-    """``eval.judge`` -> a name of ``GOLD_JUDGES`` or 'none' (``auto``: the demo's data's)."""
-    if setting == "auto":
-        return "demo" if uses_demo_data else "none"
-    return setting
-
-
 def config_judge_name(cfg) -> str:
-    """The judge a pipeline config's run uses (the demo's data has the demo's judge)."""
-    return resolve_judge_name(cfg.eval.judge, cfg.demo.enabled and cfg.data is None)
+    """``eval.judge`` of a pipeline config -> a name of ``GOLD_JUDGES`` or 'none' (``auto``:
+    the demo's data has the demo's judge, other data none)."""
+    if cfg.eval.judge == "auto":
+        return "demo" if cfg.demo.enabled and cfg.data is None else "none"
+    return cfg.eval.judge
 
 
 def gold_judge(name: str) -> GoldJudge | None:

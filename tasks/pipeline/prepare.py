@@ -16,8 +16,9 @@ from rlhf_core.models.sources import cached_digest, resolve_model_source
 from tasks.config.pipeline_config import PipelineConfig, flatten
 from tasks.pipeline.devices import setup_torch
 from tasks.pipeline.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
-from tasks.pipeline.judge import resolve_judge_name
+from tasks.pipeline.judge import config_judge_name
 from tasks.pipeline.rewards import check_reward_sources
+from tasks.platform.files import read_json, write_json
 from tasks.platform.mlflow.parent_run import (
     create_parent_run,
     end_parent_run,
@@ -202,17 +203,13 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
     root = workdir / "demo"
     marker = root / "assets.json"
     if marker.exists():
-        import json
-
-        return json.loads(marker.read_text())
+        return read_json(marker)
     d = cfg.demo
     paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(),
                               rm_length_bias=d.rm_length_bias, chat=d.chat, system=d.system,
                               with_model=not cfg.model.base_model, n_layer=d.n_layer,
                               n_embd=d.n_embd, n_head=d.n_head)
     out = {k: str(v) for k, v in paths.items()}
-    from tasks.platform.files import write_json
-
     write_json(marker, out)
     return out
 
@@ -295,18 +292,13 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
 
 def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> Prepared:
     data, base_model = cfg.data, cfg.model.base_model
-    judge = resolve_judge_name(cfg.eval.judge, uses_demo_data=cfg.demo.enabled and data is None)
+    judge = config_judge_name(cfg)
     if cfg.demo.enabled:
         assets = demo_assets(cfg, Path(ctx.workdir))
         base_model = base_model or assets["base_model"]
         if data is None:
-            data = DataConfig(
-                sft=DataSource(path=assets["sft"]),
-                preference=DataSource(path=assets["preference"]),
-                prompts=DataSource(path=assets["prompts"]),
-                eval_prompts=DataSource(path=assets["eval_prompts"]),
-                preference_eval=DataSource(path=assets["preference_eval"]),
-            )
+            data = DataConfig(**{role: DataSource(path=assets[role])
+                                 for role in DataConfig.model_fields if role in assets})
     # a GGUF file (or a package's) becomes its cached Hugging Face folder, made once
     source = cfg.model.base_model
     base_model = resolve_model_source(base_model)

@@ -49,24 +49,21 @@ def summary_markdown(result: PipelineResult, title: str, outcome: str | None = N
         f"| all stages | {result.wall_s:.1f} | |", ""])
 
 
-def publish_summary(result: PipelineResult, title: str, outcome: str | None = None) -> None:
-    """The summary as the flow run's artifact (call it in the flow, not a task, so it belongs
-    to the run)."""
+def _publish(markdown: str, description: str) -> None:
+    """``markdown`` as the flow run's summary artifact (call it in the flow, not a task, so it
+    belongs to the run)."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.context import FlowRunContext, TaskRunContext
 
-    if FlowRunContext.get() is None or TaskRunContext.get() is not None:
-        return
-    create_markdown_artifact(key=KEY, markdown=summary_markdown(result, title, outcome),
-                             description="the run: stages, decision, MLflow links")
+    if FlowRunContext.get() is not None and TaskRunContext.get() is None:
+        create_markdown_artifact(key=KEY, markdown=markdown, description=description)
+
+
+def publish_summary(result: PipelineResult, title: str, outcome: str | None = None) -> None:
+    """The summary as the flow run's artifact."""
+    _publish(summary_markdown(result, title, outcome), "the run: stages, decision, MLflow links")
 
 
 def publish_text(title: str, text: str) -> None:
     """A summary of ``title`` and ``text`` alone, for a round resumed with an answer."""
-    from prefect.artifacts import create_markdown_artifact
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    if FlowRunContext.get() is None or TaskRunContext.get() is not None:
-        return
-    create_markdown_artifact(key=KEY, markdown=f"# {title}\n\n{text}\n",
-                             description="the run: what the answer came to")
+    _publish(f"# {title}\n\n{text}\n", "the run: what the answer came to")

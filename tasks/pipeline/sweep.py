@@ -37,9 +37,8 @@ def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
     """A new MLflow parent run for one point, tagged with the sweep, reusing the shared
     run's inputs."""
     ctx = open_parent_run(cfg, None)
-    shared = base_prep.ctx
     tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_POINT_TAG: json.dumps(overrides, sort_keys=True),
-                     SWEEP_SHARED_RUN_TAG: shared.parent_run_id})
+                     SWEEP_SHARED_RUN_TAG: base_prep.ctx.parent_run_id})
     return base_prep.model_copy(update={"ctx": ctx})
 
 

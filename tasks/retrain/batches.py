@@ -29,7 +29,7 @@ from tasks.platform.mlflow.tags import (
     TRAINED_ON_TAG,
 )
 from tasks.retrain.gate.champion import Champion
-from tasks.retrain.gate.prompts import check_gate_prompts
+from tasks.retrain.gate.prompts import check_retrainable
 from tasks.retrain.records import Batch, Batches
 from tasks.retrain.store import (
     batch_collections,
@@ -124,7 +124,7 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
     batches (unless ``rm_data: new_only``) then the new ones, appended so the gate's cache
     reuses the last round's chunks; the champion is the base. An unreadable batch stops here."""
     data = prep.data
-    check_gate_prompts(cfg, data)
+    check_retrainable(cfg, data)
     only_new = cfg.retrain.rm_data == "new_only" and champion is not None
     path = ctx.stage_dir("batches") / "preference.jsonl"
     used = []

@@ -38,10 +38,11 @@ def test_on_a_tracking_server_the_summary_links_the_parent_runs_page():
 
 
 def test_nproc_sets_model_nproc_and_a_bad_one_exits_2(capsys):
-    from cli.main import _config_for, build_parser
+    from cli.main import build_parser
+    from cli.runs import config_for
 
-    assert _config_for(build_parser().parse_args(["run", "--nproc", "2"])).model.nproc == 2
-    assert _config_for(build_parser().parse_args(["run"])).model.nproc == 1
+    assert config_for(build_parser().parse_args(["run", "--nproc", "2"])).model.nproc == 2
+    assert config_for(build_parser().parse_args(["run"])).model.nproc == 1
     assert main(["run", "--nproc", "0"]) == 2
     assert "model.nproc" in capsys.readouterr().err
 

@@ -107,7 +107,7 @@ def _nothing_starts(monkeypatch):
         raise AssertionError("the command went past its config checks")
 
     monkeypatch.setattr(commands, "_preflight", started)
-    monkeypatch.setattr(commands, "_label_studio_preflight", started)
+    monkeypatch.setattr(commands, "check_label_studio", started)
 
 
 @pytest.mark.parametrize("command", [["retrain"], ["collect"], ["demo-batch"],

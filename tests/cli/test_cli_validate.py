@@ -7,7 +7,7 @@ import json
 from cli.main import main
 
 # imported outside capsys: Prefect binds its log handler to import-time stderr
-from flows.validate import rlhf_validate  # noqa: F401
+from flows.pipeline import rlhf_validate  # noqa: F401
 from tests.shared import PREF, SFT, parent_runs, write_config
 
 

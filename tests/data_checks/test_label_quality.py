@@ -1,4 +1,4 @@
-"""data_checks/label_quality.py: labellers judged on the known-answer pairs with the default
+"""data_checks/labels.py: labellers judged on the known-answer pairs with the default
 thresholds (collect.quality, collect.known_pairs), measured by simulation (seeded, pure
 python): a coin-flipper passes at most 1% of the time, an honest labeller at the demo judge's
 noise (88% of known pairs right) fails at most 1%, and a labeller who skips to dodge the check
@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from data_checks.label_quality import (
+from data_checks.labels import (
     cohen_kappa,
     fleiss_kappa,
     judge_labellers,

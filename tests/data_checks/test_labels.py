@@ -6,11 +6,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from data_checks.label_quality import LabelRules, judge_labellers
 from data_checks.labels import (
     LabelFigures,
+    LabelRules,
     agreement_rate,
     check_rows,
+    judge_labellers,
     kept_rows,
     known_answers,
     label_figures,

@@ -6,11 +6,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from data_checks.budget import cut_at_paragraph
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import DataError, load_table
 from data_checks.tokenizer_checks import ensure_special_tokens
-from data_checks.validate import run_validation, write_cleaned, write_data_docs
+from data_checks.validate import (
+    cut_at_paragraph,
+    run_validation,
+    write_cleaned,
+    write_data_docs,
+)
 from tests.conftest import make_tokenizer
 from tests.shared import PREF, PROMPTS, SFT, write_jsonl
 

@@ -4,7 +4,7 @@ saying what is kept and the command that continues the run (no traceback)."""
 import httpx
 
 import cli.main as cli
-from tasks.platform.mlflow import last_run
+from tasks.platform.mlflow import errors as mlflow_errors
 
 
 def test_a_prefect_api_gone_ends_with_the_resume_command(monkeypatch, capsys):
@@ -15,7 +15,7 @@ def test_a_prefect_api_gone_ends_with_the_resume_command(monkeypatch, capsys):
             raise RuntimeError("could not report the task run's state") from err
 
     monkeypatch.setattr(cli, "cmd_run", lost)
-    monkeypatch.setattr(last_run, "_LAST_PARENT", ["abc123"])
+    monkeypatch.setattr(mlflow_errors, "_LAST_PARENT", ["abc123"])
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     assert cli.main(["run", "--set", "seed=1"]) == 75
     err = capsys.readouterr().err.strip()

@@ -6,8 +6,8 @@ from pydantic import ValidationError
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
+from rlhf_core.models.models import PPOModels
 from rlhf_core.ppo.algorithms import GAE, RLOO, make_algorithm
 from rlhf_core.ppo.trainer import PPOTrainer
 
@@ -22,9 +22,10 @@ DIAGNOSTICS = ("objective/advantage_abs_mean", "policy/grad_norm_avg", "response
 def trainer_for(tiny_model_dir, with_critic: bool, **kw):
     torch.manual_seed(0)
     tok = load_tokenizer(str(tiny_model_dir))
-    policy, ref = load_causal_lm(tiny_model_dir), load_causal_lm(tiny_model_dir)
-    value = ScalarHeadModel.from_causal_lm(tiny_model_dir) if with_critic else None
-    reward = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    policy = load_pretrained(tiny_model_dir, LoadSpec())
+    ref = load_pretrained(tiny_model_dir, LoadSpec())
+    value = load_pretrained(tiny_model_dir, LoadSpec(), "new_head") if with_critic else None
+    reward = load_pretrained(tiny_model_dir, LoadSpec(), "new_head")
     cfg = PPOConfig(**{"iterations": 2, "rollout_batch_size": 4, "num_minibatches": 2,
                        "ppo_epochs": 1, "max_new_tokens": 6, "optim": OptimConfig(lr=1e-3),
                        **kw})

@@ -10,8 +10,8 @@ import torch
 from rlhf_core.config import OptimConfig, PPOConfig, RewardConfig, SFTConfig
 from rlhf_core.models.checkpoint import Checkpointer, atomic_dir, capture_rng, restore_rng
 from rlhf_core.models.data import encode
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
+from rlhf_core.models.models import PPOModels
 from rlhf_core.ppo.trainer import PPOTrainer
 from rlhf_core.train.reward import encode_pairs, train_reward_model
 from rlhf_core.train.sft import encode_sft_rows, train_sft
@@ -138,7 +138,7 @@ def test_rng_round_trip_covers_torch_numpy_python_and_generator():
 # -- resume == uninterrupted -----------------------------------------------------------------
 def _sft_run(model_dir, tok, ck_root, on_log=None):
     torch.manual_seed(0)
-    model = load_causal_lm(model_dir)
+    model = load_pretrained(model_dir, LoadSpec())
     cfg = SFTConfig(epochs=3, batch_size=3, log_every=1, optim=OptimConfig(lr=1e-2))
     ck = Checkpointer(ck_root, {"model": model}, every=2)
     train_sft(model, *_sft_data(tok, cfg), cfg, CPU,
@@ -163,7 +163,7 @@ def test_sft_resumed_mid_run_equals_uninterrupted_bit_for_bit(tiny_model_dir, tm
 
 def _rm_run(model_dir, tok, ck_root, on_log=None):
     torch.manual_seed(0)
-    model = ScalarHeadModel.from_causal_lm(model_dir)
+    model = load_pretrained(model_dir, LoadSpec(), "new_head")
     cfg = RewardConfig(epochs=2, batch_size=2, log_every=1, optim=OptimConfig(lr=1e-2))
     ck = Checkpointer(ck_root, {"model": model}, every=3)
     train_reward_model(model, encode_pairs(tok, PREF_ROWS), None, tok.pad_token_id, cfg, CPU,
@@ -183,9 +183,9 @@ def test_reward_model_resumed_equals_uninterrupted_bit_for_bit(tiny_model_dir, t
 
 def _ppo_trainer(model_dir, tok, adaptive=True):
     torch.manual_seed(0)
-    policy, ref = load_causal_lm(model_dir), load_causal_lm(model_dir)
-    value, reward = ScalarHeadModel.from_causal_lm(model_dir), \
-        ScalarHeadModel.from_causal_lm(model_dir)
+    policy, ref = load_pretrained(model_dir, LoadSpec()), load_pretrained(model_dir, LoadSpec())
+    value, reward = load_pretrained(model_dir, LoadSpec(), "new_head"), \
+        load_pretrained(model_dir, LoadSpec(), "new_head")
     cfg = PPOConfig(iterations=5, rollout_batch_size=4, num_minibatches=2, ppo_epochs=2,
                     max_new_tokens=6, optim=OptimConfig(lr=1e-3), adaptive_kl=adaptive,
                     kl_horizon=10, checkpoint_every=2)
@@ -227,7 +227,7 @@ def test_ppo_resumed_equals_uninterrupted_bit_for_bit(tiny_model_dir, tmp_path):
 def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tiny_model_dir,
                                                                            tmp_path):
     tok = load_tokenizer(str(tiny_model_dir))
-    model = load_causal_lm(tiny_model_dir)
+    model = load_pretrained(tiny_model_dir, LoadSpec())
     calls = {"n": 0}
     real_forward = model.forward
 
@@ -248,7 +248,7 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tiny_
     good = ck.latest()
     assert good.name == "step_00000002"
     # after a config change (lower LR) the run continues from the last good checkpoint
-    model2 = load_causal_lm(tiny_model_dir)
+    model2 = load_pretrained(tiny_model_dir, LoadSpec())
     logged = []
     train_sft(model2, *_sft_data(tok, cfg), cfg.model_copy(update={"optim": OptimConfig(lr=1e-3),
                                                             "log_every": 1}),
@@ -279,7 +279,7 @@ def _poison_gradients(model, from_forward: int) -> None:
 
 def test_non_finite_gradient_names_the_step_before_any_weight_changes(tiny_model_dir):
     tok = load_tokenizer(str(tiny_model_dir))
-    model = load_causal_lm(tiny_model_dir)
+    model = load_pretrained(tiny_model_dir, LoadSpec())
     cfg = SFTConfig(epochs=2, batch_size=3, optim=OptimConfig(lr=1e-2))
     _poison_gradients(model, from_forward=3)
     with pytest.raises(FloatingPointError, match="non-finite sft gradient norm at step 3"):

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from rlhf_core.ppo.estimators import (
+from rlhf_core.ppo.algorithms import (
     RunningMeanBaseline,
     broadcast_to_tokens,
     group_view,

@@ -7,8 +7,7 @@ import torch
 
 from rlhf_core.config import Sampling
 from rlhf_core.eval.evaluate import compare_policies, rm_judge_gap, sample_policy
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import ScalarHeadModel, load_causal_lm
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 
 
 def _samples(scores, responses):
@@ -46,8 +45,8 @@ def test_compare_reports_rm_vs_judge_per_sample_and_overall():
 
 def test_sft_samples_carry_no_kl_to_themselves(tiny_model_dir):
     tok = load_tokenizer(str(tiny_model_dir))
-    policy = load_causal_lm(tiny_model_dir)
-    rm = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    policy = load_pretrained(tiny_model_dir, LoadSpec())
+    rm = load_pretrained(tiny_model_dir, LoadSpec(), "new_head")
     prompts = ["hello :", "tell me about cats :"]
     torch.manual_seed(0)
     sampling = Sampling(temperature=0.7, max_new_tokens=4)

@@ -8,8 +8,8 @@ import torch
 
 from data_checks.tokenizer_checks import ensure_special_tokens
 from rlhf_core.models.data import encode, left_pad
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import load_causal_lm, resize_for_tokenizer
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
+from rlhf_core.models.models import resize_for_tokenizer
 from rlhf_core.models.sampling import cache_keyword, fits_lean_loop, multinomial, sample_responses
 from rlhf_core.ppo.ppo_math import truncate_after_eos
 from rlhf_core.ppo.rollout import sampling_config
@@ -21,7 +21,7 @@ PROMPTS = ["tell me about cats", "hello", "please tell me about the rain and sun
 def _loaded(family_dir, name):
     tok = load_tokenizer(str(family_dir(name)))
     ensure_special_tokens(tok)  # as the data gate does: a PAD distinct from EOS
-    model = load_causal_lm(family_dir(name)).eval()
+    model = load_pretrained(family_dir(name), LoadSpec()).eval()
     stops = model.generation_config.eos_token_id
     resize_for_tokenizer(model, tok)
     return tok, model, stops
@@ -61,7 +61,7 @@ def test_lora_adapters_land_on_each_familys_linear_layers(family_dir, name):
     from rlhf_core.config import LoraSettings
     from rlhf_core.models.loader import add_lora
 
-    model = load_causal_lm(family_dir(name))
+    model = load_pretrained(family_dir(name), LoadSpec())
     n_linear = sum(isinstance(m, torch.nn.Linear | Conv1D) for n, m in model.named_modules()
                    if not n.endswith(("lm_head", "embed_out")))
     wrapped = add_lora(model, LoraSettings(r=2, alpha=4))

@@ -7,8 +7,7 @@ import torch
 
 from rlhf_core.config import ModelConfig, OptimConfig, PPOConfig
 from rlhf_core.models.data import encode
-from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
-from rlhf_core.models.lora import ppo_models
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer, ppo_models
 from rlhf_core.ppo.trainer import PPOTrainer
 from rlhf_core.train.train_step import TrainStep
 
@@ -22,7 +21,7 @@ def bf16_trainer(tiny_model_dir, tmp_path, device, **ppo):
     spec = LoadSpec.from_config(ModelConfig(precision="bf16", attn_implementation="sdpa"),
                                 device)
     torch.manual_seed(0)
-    new_scalar_model(tiny_model_dir, LoadSpec()).save(tmp_path / "rm")
+    load_pretrained(tiny_model_dir, LoadSpec(), "new_head").save(tmp_path / "rm")
     models = ppo_models(tiny_model_dir, tiny_model_dir, tmp_path / "rm", tmp_path / "rm", spec)
     tok = load_tokenizer(tiny_model_dir, spec)
     cfg = PPOConfig(iterations=3, rollout_batch_size=4, num_minibatches=2, ppo_epochs=1,

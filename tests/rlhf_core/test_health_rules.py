@@ -10,23 +10,11 @@ import statistics
 import pytest
 
 from rlhf_core.config import PPOConfig
-from rlhf_core.health.checks import CheckAnswers
 from rlhf_core.health.detectors import (
     DETECTORS,
-    CheckRecord,
-    CriticDivergence,
-    EntropyCollapse,
-    FlatReward,
-    History,
-    KLSpike,
     LengthShift,
     OffDistribution,
     RewardHacking,
-    SlowRollout,
-    critic_divergence,
-    entropy_collapse,
-    flat_reward,
-    kl_spike,
     length_correlation,
     length_shift,
     length_shift_stands,
@@ -34,9 +22,21 @@ from rlhf_core.health.detectors import (
     off_distribution_stands,
     reward_hacking,
     reward_hacking_stands,
+)
+from rlhf_core.health.dynamics import (
+    CriticDivergence,
+    EntropyCollapse,
+    FlatReward,
+    KLSpike,
+    SlowRollout,
+    critic_divergence,
+    entropy_collapse,
+    flat_reward,
+    kl_spike,
     slow_rollout,
 )
-from rlhf_core.health.monitor import HealthMonitor
+from rlhf_core.health.records import CheckRecord, History
+from rlhf_core.health.watch import CheckAnswers, HealthMonitor
 
 
 def trace(**series: list[float]) -> History:

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from rlhf_core.config import OptimConfig, PPOConfig, Sampling
-from rlhf_core.health.checks import HeldOutCheck
-from rlhf_core.health.detectors import Detector, Finding, KLSpike
-from rlhf_core.health.watch import Watch
+from rlhf_core.health.dynamics import KLSpike
+from rlhf_core.health.records import Detector, Finding
+from rlhf_core.health.watch import HeldOutCheck, Watch
 from rlhf_core.models.data import encode
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
+from rlhf_core.models.models import PPOModels
 from rlhf_core.ppo.trainer import PPOTrainer
 
 CPU = torch.device("cpu")
@@ -36,9 +36,9 @@ def assert_same_bits(a: dict, b: dict) -> None:
 def trainer(model_dir, iterations: int = 6, checkpoint_every: int = 0) -> PPOTrainer:
     tok = load_tokenizer(str(model_dir))
     torch.manual_seed(0)
-    policy, ref = load_causal_lm(model_dir), load_causal_lm(model_dir)
-    value, reward = ScalarHeadModel.from_causal_lm(model_dir), \
-        ScalarHeadModel.from_causal_lm(model_dir)
+    policy, ref = load_pretrained(model_dir, LoadSpec()), load_pretrained(model_dir, LoadSpec())
+    value, reward = load_pretrained(model_dir, LoadSpec(), "new_head"), \
+        load_pretrained(model_dir, LoadSpec(), "new_head")
     cfg = PPOConfig(iterations=iterations, rollout_batch_size=4, num_minibatches=2,
                     ppo_epochs=2, max_new_tokens=6, optim=OptimConfig(lr=1e-3),
                     checkpoint_every=checkpoint_every, eval_every=1)
@@ -65,7 +65,7 @@ def watch(model_dir, t: PPOTrainer, folder, stop_at: int | None = None,
     """A watch with a judge (a fresh head: its best check is kept too) unless not
     ``judged``."""
     with torch.random.fork_rng():  # a loaded head draws its first weights: the RNG stays
-        judge = ScalarHeadModel.from_causal_lm(model_dir) if judged else None
+        judge = load_pretrained(model_dir, LoadSpec(), "new_head") if judged else None
     check = Check(PROMPTS[:4], Sampling(temperature=0.7, max_new_tokens=6, batch_size=4), 7,
                   judge=judge, gold=lambda prompt, response, eos: float(len(response)))
     check.stop_at = stop_at
@@ -201,4 +201,4 @@ def test_an_external_scorer_scores_each_checks_answers_as_the_judge(tiny_model_d
         short.run(t.models, t.tokenizer, CPU, 0)
     with pytest.raises(ValueError, match="not both"):
         HeldOutCheck(PROMPTS[:4], sampling, 7, external=by_length,
-                     judge=ScalarHeadModel.from_causal_lm(tiny_model_dir))
+                     judge=load_pretrained(tiny_model_dir, LoadSpec(), "new_head"))

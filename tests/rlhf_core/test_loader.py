@@ -9,22 +9,15 @@ import torch
 import transformers
 
 from rlhf_core.config import ModelConfig
-from rlhf_core.models.loader import (
-    LoadSpec,
-    load_policy,
-    load_scalar_model,
-    load_tokenizer,
-    new_scalar_model,
-)
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
-LOADERS = {"load_policy", "load_scalar_model", "new_scalar_model", "load_tokenizer",
-           "ppo_models"}
+LOADERS = {"load_pretrained", "load_tokenizer", "ppo_models"}
 # the only modules allowed to call from_pretrained: the loader's two layers
 # the loader and what it calls: the model classes, LoRA, adapter folders (peft's own
 # from_pretrained of an adapter), and a GGUF file's one-time conversion (float32, no spec)
 ALLOWED = {ROOT / "rlhf_core" / "models" / f
-           for f in ("models.py", "loader.py", "lora.py", "adapters.py", "sources.py")}
+           for f in ("models.py", "loader.py", "adapters.py", "sources.py")}
 
 
 def is_checkpointing(model) -> bool:
@@ -77,12 +70,12 @@ def test_spec_reaches_every_from_pretrained(tiny_model_dir, tmp_path, recorded):
                       trust_remote_code=True, gradient_checkpointing=True)
     spec = LoadSpec.from_config(cfg, "cpu")
     load_tokenizer(tiny_model_dir, spec)
-    policy = load_policy(tiny_model_dir, spec)
-    ref = load_policy(tiny_model_dir, spec, trainable=False)
-    rm = new_scalar_model(tiny_model_dir, spec)
+    policy = load_pretrained(tiny_model_dir, spec)
+    ref = load_pretrained(tiny_model_dir, spec, trainable=False)
+    rm = load_pretrained(tiny_model_dir, spec, "new_head")
     rm.save(tmp_path / "rm")
-    value = load_scalar_model(tmp_path / "rm", spec)
-    frozen_rm = load_scalar_model(tmp_path / "rm", spec, trainable=False)
+    value = load_pretrained(tmp_path / "rm", spec, "scalar")
+    frozen_rm = load_pretrained(tmp_path / "rm", spec, "scalar", trainable=False)
     assert len(recorded) == 6
     for name, kwargs in recorded:
         assert kwargs["trust_remote_code"] is True, name
@@ -101,7 +94,7 @@ def test_spec_reaches_every_from_pretrained(tiny_model_dir, tmp_path, recorded):
 
 def test_model_dtype_is_the_trained_parameter_dtype(tiny_model_dir):
     spec = LoadSpec.from_config(ModelConfig(dtype="bfloat16", precision="fp32"), "cpu")
-    assert next(load_policy(tiny_model_dir, spec).parameters()).dtype == torch.bfloat16
+    assert next(load_pretrained(tiny_model_dir, spec).parameters()).dtype == torch.bfloat16
 
 
 def test_precision_auto_is_fp32_on_cpu_and_fp16_on_cpu_is_refused():
@@ -118,8 +111,8 @@ def test_loaded_models_use_the_fused_tanh_gelu_with_the_same_outputs(tiny_model_
 
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     assert any(isinstance(m, NewGELUActivation) for m in plain.modules())  # gelu_new in HF
-    policy = load_policy(tiny_model_dir, LoadSpec()).eval()
-    scalar = new_scalar_model(tiny_model_dir, LoadSpec())
+    policy = load_pretrained(tiny_model_dir, LoadSpec()).eval()
+    scalar = load_pretrained(tiny_model_dir, LoadSpec(), "new_head")
     for model in (policy, scalar):
         assert not any(isinstance(m, NewGELUActivation) for m in model.modules())
         assert sum(isinstance(m, TanhGELU) for m in model.modules()) == 2  # one per layer

@@ -7,15 +7,7 @@ import torch
 from rlhf_core.config import LoraSettings, ModelConfig, OptimConfig, PPOConfig
 from rlhf_core.models.adapters import save_policy_adapter, save_scalar_adapter
 from rlhf_core.models.data import encode
-from rlhf_core.models.loader import (
-    LoadSpec,
-    load_policy,
-    load_scalar_model,
-    load_tokenizer,
-    new_scalar_model,
-)
-from rlhf_core.models.lora import ppo_models
-from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer, ppo_models
 from rlhf_core.ppo.trainer import PPOTrainer
 
 pytest.importorskip("peft")
@@ -28,7 +20,7 @@ def test_lora_ppo_trains_adapters_and_leaves_reference_and_reward_alone(tiny_mod
                                                                         tmp_path):
     spec = LoadSpec.from_config(ModelConfig(lora=LoraSettings(r=4, alpha=8)), "cpu")
     torch.manual_seed(0)
-    new_scalar_model(tiny_model_dir, spec).save(tmp_path / "rm")
+    load_pretrained(tiny_model_dir, spec, "new_head").save(tmp_path / "rm")
     models = ppo_models(tiny_model_dir, tiny_model_dir, tmp_path / "rm", tmp_path / "rm", spec)
     policy, ref, value, reward = models
     tok = load_tokenizer(tiny_model_dir, spec)
@@ -58,8 +50,8 @@ def test_lora_ppo_trains_adapters_and_leaves_reference_and_reward_alone(tiny_mod
                         policy.get_input_embeddings().num_embeddings)
     save_scalar_adapter(value, tmp_path / "value", tmp_path / "rm")
     full = LoadSpec()
-    final_policy = load_policy(tmp_path / "policy", full, trainable=False)
-    final_value = load_scalar_model(tmp_path / "value", full, trainable=False)
+    final_policy = load_pretrained(tmp_path / "policy", full, trainable=False)
+    final_value = load_pretrained(tmp_path / "value", full, "scalar", trainable=False)
     with torch.no_grad():
         torch.testing.assert_close(final_policy(input_ids=ids).logits, after, atol=1e-5,
                                    rtol=1e-5)
@@ -76,7 +68,7 @@ def test_a_lora_critic_with_a_new_head_adapts_the_start_policys_trunk(tiny_model
     update leaves alone; the critic saved over the policy's folder loads back as trained."""
     spec = LoadSpec.from_config(ModelConfig(lora=LoraSettings(r=4, alpha=8)), "cpu")
     torch.manual_seed(0)
-    rm = new_scalar_model(tiny_model_dir, spec)
+    rm = load_pretrained(tiny_model_dir, spec, "new_head")
     with torch.no_grad():  # a trained reward model: its trunk is not the policy's
         for p in rm.backbone.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -87,7 +79,7 @@ def test_a_lora_critic_with_a_new_head_adapts_the_start_policys_trunk(tiny_model
     tok = load_tokenizer(tiny_model_dir, spec)
     ids = torch.tensor([encode(tok, PROMPTS[2])])
     mask = torch.ones_like(ids, dtype=torch.bool)
-    start = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    start = load_pretrained(tiny_model_dir, LoadSpec(), "new_head")
     with torch.no_grad():
         torch.testing.assert_close(value.hidden(ids, mask), start.hidden(ids, mask))
         assert not torch.allclose(reward.hidden(ids, mask), start.hidden(ids, mask))
@@ -106,7 +98,7 @@ def test_a_lora_critic_with_a_new_head_adapts_the_start_policys_trunk(tiny_model
         assert torch.equal(reward(ids, mask), reward_before)
         value_after = value(ids, mask)
     save_scalar_adapter(value, tmp_path / "value", tiny_model_dir)
-    final = load_scalar_model(tmp_path / "value", LoadSpec(), trainable=False)
+    final = load_pretrained(tmp_path / "value", LoadSpec(), "scalar", trainable=False)
     with torch.no_grad():
         torch.testing.assert_close(final(ids, mask), value_after, atol=1e-5, rtol=1e-5)
 
@@ -117,12 +109,12 @@ def test_a_healthy_snapshot_of_lora_holds_the_adapters_and_restores_them(tiny_mo
     stop puts them back: the policy answers as it did at that check."""
     from safetensors.torch import load_file
 
-    from rlhf_core.health.detectors import Finding
+    from rlhf_core.health.records import Finding
     from rlhf_core.health.watch import Watch
 
     spec = LoadSpec.from_config(ModelConfig(lora=LoraSettings(r=4, alpha=8)), "cpu")
     torch.manual_seed(0)
-    new_scalar_model(tiny_model_dir, spec).save(tmp_path / "rm")
+    load_pretrained(tiny_model_dir, spec, "new_head").save(tmp_path / "rm")
     models = ppo_models(tiny_model_dir, tiny_model_dir, tmp_path / "rm", tmp_path / "rm", spec)
     tok = load_tokenizer(tiny_model_dir, spec)
     cfg = PPOConfig(iterations=3, rollout_batch_size=4, num_minibatches=1, ppo_epochs=2,
@@ -154,9 +146,7 @@ def test_an_adapter_keeps_only_the_embedding_rows_the_vocabulary_grew_by(tiny_mo
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import load_file
 
-    from rlhf_core.models.models import load_causal_lm
-
-    base = load_causal_lm(tiny_model_dir)
+    base = load_pretrained(tiny_model_dir, LoadSpec())
     rows = base.get_input_embeddings().num_embeddings
     torch.manual_seed(0)
     base.resize_token_embeddings(rows + 1)  # mean-resized: a row drawn at random
@@ -172,12 +162,12 @@ def test_an_adapter_keeps_only_the_embedding_rows_the_vocabulary_grew_by(tiny_mo
     save_policy_adapter(model, tok, tmp_path / "policy", tiny_model_dir, rows)
     saved = load_file(str(tmp_path / "policy" / "embeddings.safetensors"))
     assert saved["input"].shape == (1, base.config.hidden_size)
-    loaded = load_policy(tmp_path / "policy", LoadSpec(), trainable=False)
+    loaded = load_pretrained(tmp_path / "policy", LoadSpec(), trainable=False)
     assert loaded.get_input_embeddings().num_embeddings == rows + 1
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, want, atol=1e-5, rtol=1e-5)
     wider = tmp_path / "wider"
-    bigger = load_causal_lm(tiny_model_dir)
+    bigger = load_pretrained(tiny_model_dir, LoadSpec())
     bigger.resize_token_embeddings(rows + 3)
     bigger.save_pretrained(wider)
     tok.save_pretrained(wider)
@@ -185,7 +175,7 @@ def test_an_adapter_keeps_only_the_embedding_rows_the_vocabulary_grew_by(tiny_mo
     meta.write_text(meta.read_text().replace(str(tiny_model_dir), str(wider)))
     with pytest.raises(ValueError, match=f"rows added to a {rows}-row vocabulary, but its "
                        f"base has {rows + 3} rows"):
-        load_policy(tmp_path / "policy", LoadSpec(), trainable=False)
+        load_pretrained(tmp_path / "policy", LoadSpec(), trainable=False)
 
 
 def test_adding_adapters_shows_no_warning_about_peft_reading_a_renamed_property(
@@ -195,9 +185,8 @@ def test_adding_adapters_shows_no_warning_about_peft_reading_a_renamed_property(
     import warnings
 
     from rlhf_core.models.loader import add_lora, enable_checkpointing
-    from rlhf_core.models.models import load_causal_lm
 
-    model = load_causal_lm(tiny_model_dir)
+    model = load_pretrained(tiny_model_dir, LoadSpec())
     enable_checkpointing(model)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from rlhf_core.train.losses import IGNORE_INDEX, bradley_terry_loss, sft_loss
+from rlhf_core.models.data import IGNORE_INDEX
+from rlhf_core.train.reward import bradley_terry_loss
+from rlhf_core.train.sft import sft_loss
 
 DTYPES = [torch.float32, torch.float64]
 SEEDS = [0, 1, 2]

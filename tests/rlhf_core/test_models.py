@@ -3,17 +3,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlhf_core.models.data import left_pad
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import (
-    ScalarHeadModel,
-    disable_dropout,
-    load_causal_lm,
-    position_ids_from_mask,
-)
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
+from rlhf_core.models.models import disable_dropout, position_ids_from_mask
 
 
 def test_load_causal_lm_from_local_folder_turns_dropout_off(tiny_model_dir):
-    model = load_causal_lm(tiny_model_dir)
+    model = load_pretrained(tiny_model_dir, LoadSpec())
     probs = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     assert probs and all(p == 0.0 for p in probs)
     assert model.config.resid_pdrop == 0.0 and model.config.attn_pdrop == 0.0
@@ -36,7 +31,7 @@ def test_position_ids_skip_left_padding():
 
 
 def test_scalar_head_init_and_left_padding_invariance(tiny_model_dir):
-    model = ScalarHeadModel.from_causal_lm(tiny_model_dir).eval()
+    model = load_pretrained(tiny_model_dir, LoadSpec(), "new_head").eval()
     hidden = model.backbone.config.hidden_size
     assert torch.all(model.head.bias == 0)
     assert abs(model.head.weight.std().item() - (hidden + 1) ** -0.5) < 0.5 * (hidden + 1) ** -0.5
@@ -49,11 +44,11 @@ def test_scalar_head_init_and_left_padding_invariance(tiny_model_dir):
 
 
 def test_scalar_head_save_load_round_trip(tiny_model_dir, tmp_path):
-    model = ScalarHeadModel.from_causal_lm(tiny_model_dir).eval()
+    model = load_pretrained(tiny_model_dir, LoadSpec(), "new_head").eval()
     torch.nn.init.normal_(model.head.weight)
     model.save(tmp_path / "rm")
     assert (tmp_path / "rm" / "head.safetensors").exists()
-    loaded = ScalarHeadModel.load(tmp_path / "rm").eval()
+    loaded = load_pretrained(tmp_path / "rm", LoadSpec(), "scalar").eval()
     ids = torch.tensor([[5, 6, 7, 0]])
     mask = torch.ones_like(ids, dtype=torch.bool)
     torch.testing.assert_close(model(ids, mask), loaded(ids, mask))
@@ -63,7 +58,7 @@ def test_scalar_head_load_names_missing_file(tmp_path):
     import pytest
 
     with pytest.raises(FileNotFoundError, match="head.safetensors|backbone"):
-        ScalarHeadModel.load(tmp_path)
+        load_pretrained(tmp_path, LoadSpec(), "scalar")
 
 
 @pytest.mark.parametrize("divide", [False, True])

@@ -18,8 +18,8 @@ import torch.multiprocessing as mp
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
+from rlhf_core.models.models import PPOModels
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.ppo.ppo_dist import make_trainer, shard_rows
 from rlhf_core.ppo.rollout import Experience, make_experience, to_autograd_tensors
@@ -55,9 +55,9 @@ def _trainer(model_dir, cfg: PPOConfig, dp: DataParallel | None):
     """The same initial models, prompts and data-order generator on every rank."""
     torch.manual_seed(0)
     tok = load_tokenizer(str(model_dir))
-    policy, ref = load_causal_lm(model_dir), load_causal_lm(model_dir)
-    value = ScalarHeadModel.from_causal_lm(model_dir) if cfg.uses_critic else None
-    reward = ScalarHeadModel.from_causal_lm(model_dir)
+    policy, ref = load_pretrained(model_dir, LoadSpec()), load_pretrained(model_dir, LoadSpec())
+    value = load_pretrained(model_dir, LoadSpec(), "new_head") if cfg.uses_critic else None
+    reward = load_pretrained(model_dir, LoadSpec(), "new_head")
     return make_trainer(PPOModels(policy, ref, value, reward), tokenizer=tok,
                         prompt_ids=[encode(tok, p) for p in PROMPTS], cfg=cfg, norm_stats=NORM,
                         device=torch.device("cpu"), generator=torch.Generator().manual_seed(0),

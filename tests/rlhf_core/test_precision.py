@@ -9,8 +9,8 @@ import torch
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
+from rlhf_core.models.models import PPOModels
 from rlhf_core.ppo.ppo_math import logprobs_from_logits
 from rlhf_core.ppo.rollout import response_logits, to_autograd_tensors
 from rlhf_core.ppo.trainer import PPOTrainer
@@ -24,9 +24,10 @@ RATIO_TOL = 1e-3  # |ratio - 1| per token before any update, bf16 autocast (0.0 
 def trainer(tiny_model_dir, precision="fp32", **ppo):
     torch.manual_seed(0)
     tok = load_tokenizer(str(tiny_model_dir))
-    policy, ref = load_causal_lm(tiny_model_dir), load_causal_lm(tiny_model_dir)
-    value = ScalarHeadModel.from_causal_lm(tiny_model_dir)
-    reward = ScalarHeadModel.from_causal_lm(tiny_model_dir)
+    policy = load_pretrained(tiny_model_dir, LoadSpec())
+    ref = load_pretrained(tiny_model_dir, LoadSpec())
+    value = load_pretrained(tiny_model_dir, LoadSpec(), "new_head")
+    reward = load_pretrained(tiny_model_dir, LoadSpec(), "new_head")
     cfg = PPOConfig(iterations=2, rollout_batch_size=6, num_minibatches=1, ppo_epochs=1,
                     max_new_tokens=10, optim=OptimConfig(lr=1e-3), **ppo)
     return PPOTrainer(PPOModels(policy, ref, value, reward), tokenizer=tok,
@@ -109,10 +110,10 @@ def test_auto_picks_bf16_only_where_the_hardware_has_it_and_the_model_is_pretrai
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: units)
     chosen, why = precision.choose_precision("auto", device, pretrained)
     assert chosen == expected and why.startswith("auto")
-    assert precision.resolve_precision("auto", device, pretrained) == expected
+    assert precision.choose_precision("auto", device, pretrained)[0] == expected
     # an explicit setting is kept on any CPU
     assert precision.choose_precision("fp32", "cpu", pretrained) == ("fp32", "model.precision")
-    assert precision.resolve_precision("bf16", "cpu", pretrained) == "bf16"
+    assert precision.choose_precision("bf16", "cpu", pretrained)[0] == "bf16"
 
 
 def test_the_load_spec_resolves_auto_from_the_model_section(monkeypatch):

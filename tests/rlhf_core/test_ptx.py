@@ -10,8 +10,8 @@ import torch
 
 from rlhf_core.config import OptimConfig, PPOConfig
 from rlhf_core.models.data import encode, right_pad
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import PPOModels, ScalarHeadModel, load_causal_lm
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
+from rlhf_core.models.models import PPOModels
 from rlhf_core.ppo.trainer import PPOTrainer
 from rlhf_core.train.ptx import PretrainMix, chunk_ids, lm_loss
 from tests.shared import Interrupt, assert_same_bits, weights
@@ -52,9 +52,9 @@ def test_chunks_cut_each_text_and_drop_single_tokens():
 
 def _trainer(model_dir, tok, coef=0.0, pretrain=None, checkpoint_every=0):
     torch.manual_seed(0)
-    policy, ref = load_causal_lm(model_dir), load_causal_lm(model_dir)
-    value, reward = ScalarHeadModel.from_causal_lm(model_dir), \
-        ScalarHeadModel.from_causal_lm(model_dir)
+    policy, ref = load_pretrained(model_dir, LoadSpec()), load_pretrained(model_dir, LoadSpec())
+    value, reward = load_pretrained(model_dir, LoadSpec(), "new_head"), \
+        load_pretrained(model_dir, LoadSpec(), "new_head")
     cfg = PPOConfig(iterations=4, rollout_batch_size=4, num_minibatches=2, ppo_epochs=2,
                     max_new_tokens=6, optim=OptimConfig(lr=1e-3), ptx_coef=coef,
                     ptx_batch_size=2, checkpoint_every=checkpoint_every)
@@ -144,7 +144,7 @@ def _sft(model_dir, tok, coef=0.0, pretrain=None, root=None, on_log=None, steps=
     from rlhf_core.train.sft import encode_sft_rows, train_sft
 
     torch.manual_seed(0)
-    model = load_causal_lm(model_dir)
+    model = load_pretrained(model_dir, LoadSpec())
     rows = [{"prompt": r["prompt"], "response": "they are nice ."} for r in SFT_ROWS]
     cfg = SFTConfig(epochs=steps * 2 / len(rows), batch_size=2, ptx_coef=coef,
                     ptx_batch_size=2, log_every=1, checkpoint_every=2 if root else 0,

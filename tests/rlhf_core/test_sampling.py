@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from rlhf_core.models.data import encode, left_pad
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import load_causal_lm
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 from rlhf_core.models.sampling import (
     ReservedLayer,
     fits_lean_loop,
@@ -26,7 +25,7 @@ PROMPTS = ["tell me about cats :", "hello :", "please tell me about the rain and
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir):
     tok = load_tokenizer(str(tiny_model_dir))
-    policy = load_causal_lm(tiny_model_dir).eval()
+    policy = load_pretrained(tiny_model_dir, LoadSpec()).eval()
     prompts = left_pad([encode(tok, p) for p in PROMPTS], tok.pad_token_id)
     return tok, policy, prompts
 

@@ -15,7 +15,7 @@ from rlhf_core.eval.serving import (
     score_rows,
     stop_ids,
 )
-from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.models.loader import LoadSpec, load_pretrained
 from rlhf_core.models.scoring import score_texts
 from tests.tiny_chat import build_chat_model
 
@@ -176,7 +176,7 @@ def test_reward_sequences_end_at_the_replys_end_of_turn(chat, plain):
 
 def test_text_rows_score_as_the_core_does(tiny_model_dir):
     torch.manual_seed(0)
-    rm = ScalarHeadModel.from_causal_lm(tiny_model_dir).eval()
+    rm = load_pretrained(tiny_model_dir, LoadSpec(), "new_head").eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts, responses = ["hello world", "tell me about cats"], ["sure .", "cats are nice !"]
     expected = score_texts(rm, tok, prompts, responses, torch.device("cpu"))
@@ -199,7 +199,7 @@ def test_served_models_run_on_the_gpu_like_on_the_cpu(chat, tmp_path):
     assert answer_rows(gpu, gpu_tok, prompts, seeded, stop) == \
         answer_rows(gpu, gpu_tok, prompts, seeded, stop)
     torch.manual_seed(0)
-    ScalarHeadModel.from_causal_lm(folder).save(tmp_path / "rm")
+    load_pretrained(folder, LoadSpec(), "new_head").save(tmp_path / "rm")
     rm, _ = load_served("reward", str(tmp_path / "rm"), str(folder), None)
     reply = {"role": "assistant", "content": "cats are nice"}
     on_gpu = score_rows(rm, tok, [CHAT, "hello"], [reply, "world"])

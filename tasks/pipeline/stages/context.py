@@ -20,7 +20,7 @@ from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.loader import LoadSpec
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.optim import seed_everything
-from tasks.config.pipeline_config import PipelineConfig, flatten
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.devices import setup_models
 from tasks.pipeline.stages.progress import StageProgress
 from tasks.pipeline.stages.records import Artifact, StageRecord
@@ -33,31 +33,10 @@ from tasks.platform.mlflow.artifacts import (
     publish_path,
 )
 from tasks.platform.mlflow.datasets import log_datasets
-from tasks.platform.mlflow.runs import RunContext, StepLogger, run_tags, run_url, set_tags
+from tasks.platform.mlflow.runs import RunContext, StepLogger, run_tags, set_tags
 from tasks.platform.mlflow.spool import spool_for, spool_table, spool_tags
-from tasks.platform.prefect.prefect_api import in_prefect_run
-from tasks.platform.redact import redacted
 
 BIG_UPLOAD = 10 * 2**20  # bytes: an artifact upload from this size on is announced
-
-
-def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> None:
-    """A Prefect markdown artifact with the stage's key figures and its MLflow link."""
-    if not in_prefect_run():
-        return
-    from prefect.artifacts import create_markdown_artifact
-
-    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
-                     for k, v in figures.items())
-    md = f"## {stage}\n\nMLflow: {run_url(ctx, run_id)}\n\n| figure | value |\n|---|---|\n{rows}\n"
-    create_markdown_artifact(key=f"rlhf-{stage.replace('_', '-')}", markdown=md,
-                             description=f"{stage} summary")
-
-
-def stage_params(cfg, *sections: str) -> dict:
-    """The settings of a stage's config sections, flattened (``ppo.kl_coef``...) for its run."""
-    return flatten(redacted({name: getattr(cfg, name).model_dump(mode="json")
-                             for name in sections}))
 
 
 def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
@@ -67,28 +46,9 @@ def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
     return StepLogger(client, run_id, spool_for(client, run_id, ctx.workdir))
 
 
-def stop_on_outage(ctx: RunContext, run_id: str, ck: Checkpointer) -> Checkpointer:
-    """Each checkpoint ``ck`` saves is where the stage stops once the tracking server has
-    been away longer than ``ctx.outage_limit_s``."""
-    spool = spool_for(ctx.client(), run_id, ctx.workdir)
-
-    def on_saved(step: int, path: Path) -> None:
-        spool.kept = (f"run {ctx.parent_run_id} keeps its finished stages, the checkpoint "
-                      f"of {ck.label} step {step} in {path}")
-        spool.check(ctx.outage_limit_s)
-
-    ck.on_saved = on_saved
-    return ck
-
-
 def checkpoint_dir(ctx: RunContext, stage: str) -> Path:
     """<workdir>/<stage>/checkpoints: a stage's mid-stage training-state checkpoints."""
     return ctx.stage_dir(stage) / "checkpoints"
-
-
-def checkpointer(ctx: RunContext, keep: int, stage: str, models: dict, every: int):
-    """Mid-stage training-state checkpoints in :func:`checkpoint_dir`."""
-    return Checkpointer(checkpoint_dir(ctx, stage), models, every, keep, label=stage)
 
 
 @dataclass(frozen=True)
@@ -255,13 +215,23 @@ class StageContext:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.dir / "checkpoints"
+        return checkpoint_dir(self.run, self.stage.name)
 
     def checkpointer(self, models: dict, every: int) -> Checkpointer:
         """Mid-stage checkpoints; the stage stops at one once the server is away too long."""
-        ck = checkpointer(self.run, self.cfg.tracking.keep_checkpoints, self.stage.name,
-                          models, every)
-        return self.stop_on_outage(ck)
+        return self.stop_on_outage(Checkpointer(
+            self.checkpoint_dir, models, every, self.cfg.tracking.keep_checkpoints,
+            label=self.stage.name))
 
     def stop_on_outage(self, ck: Checkpointer) -> Checkpointer:
-        return stop_on_outage(self.run, self.run_id, ck)
+        """Each checkpoint ``ck`` saves is where the stage stops once the tracking server has
+        been away longer than ``outage_limit_s``."""
+        run, spool = self.run, spool_for(self.client, self.run_id, self.run.workdir)
+
+        def on_saved(step: int, path: Path) -> None:
+            spool.kept = (f"run {run.parent_run_id} keeps its finished stages, the checkpoint "
+                          f"of {ck.label} step {step} in {path}")
+            spool.check(run.outage_limit_s)
+
+        ck.on_saved = on_saved
+        return ck

@@ -4,8 +4,7 @@ model's own folder, which PPO adapts); a critic-free estimator has none, and the
 
 from __future__ import annotations
 
-from rlhf_core.models.checkpoint import save_scalar_model
-from rlhf_core.models.loader import load_scalar_model, new_scalar_model
+from rlhf_core.models.loader import load_pretrained
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import ModelRecord
 from tasks.pipeline.stages.run import stage_task
@@ -34,9 +33,9 @@ def body(sc: StageContext, rm: ModelRecord, start: ModelRecord) -> ModelRecord:
                            figures={"critic": said + LORA})
     if fresh:
         sc.seeded()  # the new head's draw
-    model = new_scalar_model(src_dir, sc.spec) if fresh else \
-        load_scalar_model(src_dir, sc.spec)  # float32: an exact copy
-    out_dir = save_scalar_model(model, sc.dir / "model")
+    model = load_pretrained(src_dir, sc.spec, "new_head") if fresh else \
+        load_pretrained(src_dir, sc.spec, "scalar")  # float32: an exact copy
+    out_dir = model.save(sc.dir / "model")
     metrics = {"critic/num_params": float(sum(p.numel() for p in model.parameters()))}
     sc.log(0, metrics)
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"), source=source, metrics=metrics,

@@ -10,30 +10,20 @@ import pandas as pd
 from rlhf_core.eval.evaluate import against_start, compare_policies, sample_policy
 from rlhf_core.eval.serving import score_rows
 from rlhf_core.faults import pause_point
-from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.models.loader import load_pretrained, load_tokenizer
 from rlhf_core.models.models import resize_for_tokenizer
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.rule import eval_scorer
 from tasks.pipeline.stages.context import Stage, StageContext
+from tasks.pipeline.stages.health import held_out_prompts
 from tasks.pipeline.stages.progress import StageProgress
 from tasks.pipeline.stages.records import DataRecord, EvalRecord, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
 from tasks.pipeline.stages.tax import applies, base_cache, measure, summary_line, tax_inputs
-from tasks.platform.files import read_jsonl
 from tasks.platform.mlflow.models import load_pyfunc, pyfunc_scores
 from tasks.platform.mlflow.tags import EVAL_SCORER_TAG, EVAL_START_SCORER_TAG
 from tasks.platform.prefect.prefect_api import in_prefect_run
-
-
-def _table_artifact(rows: list[dict]) -> None:
-    """The first side-by-side rows as a Prefect table, inside a flow run."""
-    if not in_prefect_run():
-        return
-    from prefect.artifacts import create_table_artifact
-
-    create_table_artifact(key="rlhf-eval-samples", table=rows,
-                          description="SFT vs PPO, side by side")
 
 
 def start_scores(sc: StageContext, judge: ModelRecord | None, tokenizer, prompts: list[str],
@@ -50,8 +40,8 @@ def start_scores(sc: StageContext, judge: ModelRecord | None, tokenizer, prompts
                      for k, v in samples.items()}
     if judge is None or judge.model is None:
         return None
-    model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
-                              trainable=False).to(sc.device)
+    model = load_pretrained(sc.local(judge.model, "judge_model's model"), sc.spec, "scalar",
+                            trainable=False).to(sc.device)
     return (f"the judge reward model (judge_model run {judge.run_id})",
             {k: score_rows(model, tokenizer, prompts, list(v["response"]))
              for k, v in samples.items()})
@@ -63,17 +53,13 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     device, spec = sc.device, sc.spec
     sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
-    ref = load_policy(sc.local(sft.model, "sft's model"), spec, trainable=False).to(device)
-    trained = load_policy(sc.local(policy.policy, "ppo's policy"), spec,
-                          trainable=False).to(device)
-    rm_model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
-                                 trainable=False).to(device)
-    data_dir = sc.local(data.data, "validate's data")
-    path = data_dir / "eval_prompts.jsonl"
-    if not path.exists():
-        path = data_dir / "prompts.jsonl"
-    prompts = [r["prompt"] for r in read_jsonl(path)][: sc.cfg.eval.num_prompts]
+    ref = load_pretrained(sc.local(sft.model, "sft's model"), spec, trainable=False).to(device)
+    trained = load_pretrained(sc.local(policy.policy, "ppo's policy"), spec,
+                              trainable=False).to(device)
+    rm_model = load_pretrained(sc.local(rm.model, "reward_model's model"), spec, "scalar",
+                               trainable=False).to(device)
     e = sc.cfg.eval
+    prompts = held_out_prompts(sc.local(data.data, "validate's data"), e.num_prompts)[0]
     probe, text = tax_inputs(e.tax) if applies(sc.cfg) else ([], [])
     # progress in answered prompts: both policies', then the probe's (three models)
     live = StageProgress(sc.stage.name, 2 * len(prompts) + 3 * len(probe), bar=sc.progress)
@@ -93,7 +79,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     if independent is not None:
         metrics.update(against_start(independent[1]["sft"], independent[1]["policy"]))
     if probe:
-        base = load_policy(prep.base_model, spec, trainable=False).to(device)
+        base = load_pretrained(prep.base_model, spec, trainable=False).to(device)
         resize_for_tokenizer(base, tokenizer)  # the data gate's PAD, if it added one
         tax, tax_rows = measure(e.tax, probe, text, {"base": base, "sft": ref, "policy": trained},
                                 tokenizer, lambda n: live(2 * len(prompts) + n),
@@ -107,7 +93,11 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     sc.log(0, metrics)
     sc.log_parent(metrics)
     sc.log_table(pd.DataFrame(rows), "eval/side_by_side.json")
-    _table_artifact(rows[: e.num_side_by_side])
+    if in_prefect_run():
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(key="rlhf-eval-samples", table=rows[: e.num_side_by_side],
+                              description="SFT vs PPO, side by side")
     first = ("eval/judge_win_rate", "eval/judge_score_policy", "eval/judge_score_sft",
              "eval/kl_to_ref", "eval/eos_rate_policy")
     ordered = {k: metrics[k] for k in first if k in metrics}

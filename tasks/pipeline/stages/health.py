@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from rlhf_core.health.checks import CheckAnswers, HeldOutCheck
-from rlhf_core.health.detectors import BY_NAME, Finding, for_scorer
-from rlhf_core.health.watch import Verdict, Watch
-from rlhf_core.models.loader import load_scalar_model
+from rlhf_core.health.detectors import BY_NAME, for_scorer
+from rlhf_core.health.records import Finding
+from rlhf_core.health.watch import CheckAnswers, HeldOutCheck, Verdict, Watch
+from rlhf_core.models.loader import load_pretrained
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.stages.context import StageContext
 from tasks.pipeline.stages.records import HealthFinding, HealthRecord, ModelRecord
@@ -34,7 +34,7 @@ SHOWN_ANSWERS = 8  # answers of a check in the Prefect artifact
 log = logging.getLogger(__name__)
 
 
-def check_prompts(data_dir: Path, n: int) -> tuple[list[str], bool]:
+def held_out_prompts(data_dir: Path, n: int) -> tuple[list[str], bool]:
     """The first ``n`` held-out prompts -> (prompts, held out); without any, the first
     training prompts."""
     path = data_dir / "eval_prompts.jsonl"
@@ -49,7 +49,7 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
     cfg = sc.cfg.ppo
     if not cfg.health.enabled:
         return None, []
-    prompts, held_out = check_prompts(data_dir, cfg.eval_prompts)
+    prompts, held_out = held_out_prompts(data_dir, cfg.eval_prompts)
     if not held_out:
         log.warning("ppo: no eval_prompts data: the held-out checks answer %d training "
                     "prompts (give data.eval_prompts for prompts the policy never trains on)",
@@ -62,8 +62,8 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
         external = partial(pyfunc_scores, scorer)
     elif judge is not None and judge.model is not None:
         with torch.random.fork_rng(devices=[]):
-            model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
-                                      trainable=False)
+            model = load_pretrained(sc.local(judge.model, "judge_model's model"), sc.spec, "scalar",
+                                    trainable=False)
     check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model,
                          external=external, gold=resolve_judge(gold_name),
                          precision=sc.spec.precision)

@@ -15,8 +15,7 @@ from prefect import task
 
 from data_checks.token_files import read_tokens, tokens_path, write_tokens
 from rlhf_core.eval.gate import held_out_for_judge, pair_key
-from rlhf_core.models.loader import LoadSpec, load_tokenizer, new_scalar_model
-from rlhf_core.models.lora import adapt_scalar
+from rlhf_core.models.loader import LoadSpec, adapt_scalar, load_pretrained, load_tokenizer
 from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.train.reward import pair_margins, train_reward_model
 from tasks.config.pipeline_config import PipelineConfig
@@ -43,12 +42,6 @@ def _write_jsonl(path, rows: list[dict]) -> None:
         fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def _split_rows(rows: list[dict], fraction: float) -> tuple[list[int], list[int]]:
-    """-> (the reward model's row numbers, the judge's)."""
-    held = [held_out_for_judge(r, fraction) for r in rows]
-    return [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h]
-
-
 def _split_tokens(source: Path, target: Path, parts: dict[str, list[int]]) -> None:
     """Split ``source``'s preference token file row for row like ``parts`` (name -> rows);
     nothing when the source has none."""
@@ -73,7 +66,9 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
         shutil.rmtree(target)
     shutil.copytree(source, target)
     rows = read_jsonl(source / "preference.jsonl")
-    train, held = _split_rows(rows, cfg.retrain.gate.judge_fraction)
+    judged = [held_out_for_judge(r, cfg.retrain.gate.judge_fraction) for r in rows]
+    train = [i for i, h in enumerate(judged) if not h]  # the reward model's row numbers
+    held = [i for i, h in enumerate(judged) if h]  # the judge's
     n_held = len(held)
     if cfg.retrain.gate.judge_data == "configured" and batch_keys:
         from_batches = set(batch_keys)
@@ -101,7 +96,7 @@ def fit_judge(start_dir: Path, pairs, rows: Callable[[], list[dict]], pad_id: in
     """A fresh scalar head on ``start_dir``'s policy, trained like the reward model on the
     judge's ``pairs`` (``rows``: their texts, for margins)."""
     margins = pair_margins(rows(), True) if cfg.reward.use_margin else None
-    model = new_scalar_model(start_dir, spec)
+    model = load_pretrained(start_dir, spec, "new_head")
     if spec.lora is not None:
         model = adapt_scalar(model, spec.lora)
     epochs = cfg.retrain.gate.judge_epochs or cfg.reward.epochs

@@ -10,10 +10,9 @@ import pandas as pd
 
 from rlhf_core.config import PPOConfig
 from rlhf_core.eval.evaluate import mean_std, rm_judge_gap
-from rlhf_core.models.adapters import save_policy_adapter, save_scalar_adapter
-from rlhf_core.models.checkpoint import save_policy, save_scalar_model
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.lora import ppo_models
+from rlhf_core.models.adapters import save_policy_adapter
+from rlhf_core.models.checkpoint import save_policy
+from rlhf_core.models.loader import load_tokenizer, ppo_models
 from rlhf_core.models.scoring import normalise_head
 from rlhf_core.ppo.ppo_dist import make_trainer
 from tasks.pipeline.identity import ResumeRefused
@@ -23,6 +22,7 @@ from tasks.pipeline.rewards import changed_sources, check_reward_sources, reward
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.health import HealthLog, make_watch
 from tasks.pipeline.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
+from tasks.pipeline.stages.reward_model import save_scalar
 from tasks.pipeline.stages.run import stage_task
 from tasks.pipeline.stages.tax import pretrain_chunks
 from tasks.pipeline.stages.token_data import text_ids
@@ -31,25 +31,19 @@ from tasks.platform.mlflow.tags import REWARD_SOURCE_PREFIX
 from tasks.platform.prefect.memory import peak_memory, state_bytes
 
 
-def judge_monitor(judge_name: str):
-    """Mean gold-judge score of each iteration's rollouts (``judge/score``); None: no judge."""
+def judge_hooks(judge_name: str, sft_rows: Callable[[], list[dict]], norm_stats: dict):
+    """The gold judge's (monitor, add), (None, None) without a judge: ``monitor``, the mean
+    judge score of each iteration's rollouts (``judge/score``); ``add``, (metrics, rows) ->
+    metrics plus the RM-vs-judge gain gap in z units (``judge/rm_judge_gap_z``), rows
+    judge-scored."""
     judge = resolve_judge(judge_name)
     if judge is None:
-        return None
+        return None, None
 
     def monitor(prompts: list[str], responses: list[str], has_eos: list[bool]) -> dict:
         scores = [judge(p, r, e) for p, r, e in zip(prompts, responses, has_eos)]
         return {"judge/score": sum(scores) / len(scores)}
 
-    return monitor
-
-
-def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_stats: dict):
-    """(metrics, rows) -> metrics plus the RM-vs-judge gain gap in z units
-    (``judge/rm_judge_gap_z``), rows judge-scored; None without a judge."""
-    judge = resolve_judge(judge_name)
-    if judge is None:
-        return None
     judge_base = mean_std([judge(r["prompt"], r["response"], True) for r in sft_rows()])
     rm_base = (norm_stats["mean"], norm_stats["std"])
 
@@ -62,7 +56,7 @@ def overoptimisation(judge_name: str, sft_rows: Callable[[], list[dict]], norm_s
                            judge_base)
         return {**metrics, **{f"judge/{k}": v for k, v in gap.items()}}
 
-    return add
+    return monitor, add
 
 
 def reward_sources(sc: StageContext, data_dir):
@@ -119,8 +113,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     samples_path = sc.dir / "samples.json"  # survives a crash: rows up to the last save
     samples: list[dict] = read_json(samples_path) if samples_path.exists() else []
     log = sc.live(cfg.ppo.iterations)  # MLflow, progress artifact, log line
-    judged = overoptimisation(prep.judge, partial(read_jsonl, data_dir / "sft.jsonl"),
-                              norm_stats)
+    monitor, judged = judge_hooks(prep.judge, partial(read_jsonl, data_dir / "sft.jsonl"),
+                                  norm_stats)
 
     def on_iteration(iteration: int, metrics: dict, rows: list[dict] | None) -> None:
         metrics = judged(metrics, rows) if judged else metrics
@@ -136,7 +130,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     health = HealthLog(sc, watch, check_prompts) if watch is not None else None
     with peak_memory() as memory:  # under data parallelism: rank 0's
         last = trainer.train(on_iteration, progress=sc.progress,
-                             monitor=judge_monitor(prep.judge), checkpointer=ck, watch=watch,
+                             monitor=monitor, checkpointer=ck, watch=watch,
                              on_verdict=health)
     if not sc.is_main:
         return None
@@ -166,14 +160,11 @@ def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dic
     policy, value = trainer.policy, trainer.value_model
     if sc.spec.lora is None:
         policy_dir = save_policy(policy, tokenizer, sc.dir / "policy")
-        value_dir = None if value is None else \
-            str(save_scalar_model(value, sc.dir / "value_model"))
     else:  # the adapters over the start policy and the critic's start, alone
         rows = policy.get_input_embeddings().num_embeddings
-        policy_dir = save_policy_adapter(policy, tokenizer, sc.dir / "policy", start_dir,
-                                         rows)
-        value_dir = None if value is None else \
-            str(save_scalar_adapter(value, sc.dir / "value_model", critic_dir))
+        policy_dir = save_policy_adapter(policy, tokenizer, sc.dir / "policy", start_dir, rows)
+    value_dir = None if value is None else \
+        str(save_scalar(value, sc.dir / "value_model", critic_dir, sc.spec))
     sc.log_table(pd.DataFrame(samples), "samples/all.json", spooled=True)
     keys = ("objective/scores", "objective/kl", "response/eos_rate", "response/length_mean")
     return PolicyRecord(policy=sc.publish(policy_dir, "checkpoint/policy"), value_dir=value_dir,

@@ -11,9 +11,7 @@ import torch
 
 from rlhf_core.config import RewardConfig
 from rlhf_core.models.adapters import save_scalar_adapter
-from rlhf_core.models.checkpoint import save_scalar_model
-from rlhf_core.models.loader import load_scalar_model, load_tokenizer, new_scalar_model
-from rlhf_core.models.lora import adapt_scalar
+from rlhf_core.models.loader import adapt_scalar, load_pretrained, load_tokenizer
 from rlhf_core.models.scoring import score_texts
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.reward import (
@@ -90,8 +88,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
     init = init_dir or sc.local(start.model, "sft's model")
-    model = load_scalar_model(init, spec) if (Path(init) / "scalar_head.json").exists() \
-        else new_scalar_model(init, spec)
+    model = load_pretrained(init, spec, "scalar") if (Path(init) / "scalar_head.json").exists() \
+        else load_pretrained(init, spec, "new_head")
     if spec.lora is not None:  # adapters on the trunk, the head in full
         model = adapt_scalar(model, spec.lora)
     split = preference_split(sc.local(data.data, "validate's data"), tokenizer, cfg.reward)
@@ -125,7 +123,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
 def save_scalar(model, target: Path, init: str | Path, spec) -> Path:
     """Save a scalar model whole, or with LoRA its adapter and head over ``init``."""
     if spec.lora is None:
-        return save_scalar_model(model, target)
+        return model.save(target)
     return save_scalar_adapter(model, target, init)
 
 

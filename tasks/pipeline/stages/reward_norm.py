@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from rlhf_core.models.loader import load_scalar_model, load_tokenizer
+from rlhf_core.models.loader import load_pretrained, load_tokenizer
 from rlhf_core.models.ragged import Joined
 from rlhf_core.models.scoring import normalise_scores, reward_norm_stats, score_ids
 from tasks.pipeline.stages.context import Stage, StageContext
@@ -16,8 +16,8 @@ from tasks.platform.files import write_json
 def body(sc: StageContext, data: DataRecord, rm: ModelRecord) -> NormRecord:
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
-    model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
-                              trainable=False).to(device)
+    model = load_pretrained(sc.local(rm.model, "reward_model's model"), spec, "scalar",
+                            trainable=False).to(device)
     prompts, responses = text_ids(sc.local(data.data, "validate's data") / "sft.jsonl",
                                   ("prompt", "response"), tokenizer)
     n = cfg.reward_norm.max_samples or len(prompts)

@@ -11,26 +11,30 @@ import time
 import typing
 from typing import Any
 
+import pyarrow as pa
+import torch
 from prefect import Task
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.memory import trim_heap
-from tasks.config.pipeline_config import PipelineConfig
+from tasks.config.pipeline_config import PipelineConfig, flatten
 from tasks.pipeline.owners import owning
-from tasks.pipeline.stages.context import (
-    Stage,
-    StageContext,
-    metric_logger,
-    stage_markdown,
-    stage_params,
-)
+from tasks.pipeline.stages.context import Stage, StageContext, metric_logger
 from tasks.pipeline.stages.graph import direct_edges, note_made_from
 from tasks.pipeline.stages.records import StageRecord
-from tasks.platform.mlflow.runs import RunContext, completed_output, record_output, stage_run
+from tasks.platform.mlflow.runs import (
+    RunContext,
+    completed_output,
+    record_output,
+    run_url,
+    stage_run,
+)
 from tasks.platform.mlflow.spool import resend_left
 from tasks.platform.prefect.launch import run_ranks
+from tasks.platform.prefect.prefect_api import in_prefect_run
 from tasks.platform.prefect.remote import run_routed
+from tasks.platform.redact import redacted
 
 
 def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
@@ -47,10 +51,14 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
     params = stage_params(cfg, *stage.sections) if stage.sections else None
     with stage_run(ctx, stage.name, params) as run_id:
         out = execute(ctx, cfg, stage, run_id, inputs)
-        release_memory()
+        # what the stage freed (Arrow's pool, glibc's heaps) back to the OS; no full garbage
+        # collection: it is slow in this process
+        pa.default_memory_pool().release_unused()
+        trim_heap()
+        peak = round(torch.cuda.max_memory_allocated() / 2**30, 3) if gpu else None
         out = out.model_copy(update={"run_id": run_id, "stage": stage.name,
                                      "wall_s": round(time.perf_counter() - start, 2),
-                                     "peak_gpu_gb": gpu_peak_gb() if gpu else None})
+                                     "peak_gpu_gb": peak})
         metric_logger(ctx, run_id)(0, {"time/stage_s": out.wall_s, **(
             {"memory/stage_peak_gpu_gb": out.peak_gpu_gb} if gpu else {})})
         record_output(ctx, run_id, out.model_dump(mode="json"))
@@ -60,31 +68,32 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
     return out
 
 
-def release_memory() -> None:
-    """Return what a finished stage freed (Arrow's pool, glibc's heaps) to the OS. No full
-    garbage collection: it is slow in this process."""
-    import pyarrow as pa
+def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> None:
+    """A Prefect markdown artifact with the stage's key figures and its MLflow link."""
+    if not in_prefect_run():
+        return
+    from prefect.artifacts import create_markdown_artifact
 
-    pa.default_memory_pool().release_unused()
-    trim_heap()
+    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                     for k, v in figures.items())
+    md = f"## {stage}\n\nMLflow: {run_url(ctx, run_id)}\n\n| figure | value |\n|---|---|\n{rows}\n"
+    create_markdown_artifact(key=f"rlhf-{stage.replace('_', '-')}", markdown=md,
+                             description=f"{stage} summary")
+
+
+def stage_params(cfg, *sections: str) -> dict:
+    """The settings of a stage's config sections, flattened (``ppo.kl_coef``...) for its run."""
+    return flatten(redacted({name: getattr(cfg, name).model_dump(mode="json")
+                             for name in sections}))
 
 
 def gpu_peak_tracked(device: str) -> bool:
     """Reset the CUDA allocator's peak so the stage's own is read at its end -> whether
     tracked (CUDA only)."""
-    import torch
-
     if device == "cpu" or not torch.cuda.is_available():
         return False
     torch.cuda.reset_peak_memory_stats()
     return True
-
-
-def gpu_peak_gb() -> float:
-    """This process's CUDA allocator peak since :func:`gpu_peak_tracked`, in GiB."""
-    import torch
-
-    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
 
 
 def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
@@ -111,13 +120,8 @@ def inputs_json(inputs: dict[str, Any]) -> dict[str, Any]:
 def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
     """JSON inputs back into the records the body's signature names."""
     hints = typing.get_type_hints(stage.body)
-    out = {}
-    for name, value in inputs.items():
-        kind = hints.get(name)
-        record = next((t for t in typing.get_args(kind) or (kind,)
-                       if isinstance(t, type) and issubclass(t, BaseModel)), None)
-        out[name] = record.model_validate(value) if record and value is not None else value
-    return out
+    return {name: TypeAdapter(hints.get(name, Any)).validate_python(value)
+            for name, value in inputs.items()}
 
 
 def stage_task(stage: Stage) -> Task:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rlhf_core.models.adapters import save_policy_adapter
 from rlhf_core.models.checkpoint import save_policy
-from rlhf_core.models.loader import add_lora, load_policy, load_tokenizer
+from rlhf_core.models.loader import add_lora, load_pretrained, load_tokenizer
 from rlhf_core.models.models import resize_for_tokenizer
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.sft import sft_eval_loss, train_sft
@@ -22,7 +22,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
-    model = load_policy(prep.base_model, spec)
+    model = load_pretrained(prep.base_model, spec)
     base_rows = model.get_input_embeddings().num_embeddings
     resize_for_tokenizer(model, tokenizer)
     if spec.lora is not None:  # adapters over the frozen base, saved alone

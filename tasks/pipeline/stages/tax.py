@@ -58,18 +58,9 @@ def check_tax_inputs(cfg) -> None:
         read_text(cfg.data.pretrain.path)
 
 
-def _answers_and_bpb(tax: TaxConfig, probe: list[ProbeItem], text: list[str], model,
-                     tokenizer, progress) -> tuple[list[str], float]:
-    answers = answer_probe(model, tokenizer, probe, system=tax.system,
-                           max_new_tokens=tax.max_new_tokens, on_batch=progress)
-    return answers, bits_per_byte(*text_nats(model, tokenizer, text))
-
-
-def _cached(folder: Path | None, key: dict, compute) -> tuple[list[str], float]:
+def _cached(folder: Path, key: dict, compute) -> tuple[list[str], float]:
     """The base model's answers and bits per byte, cached in ``folder`` by a digest of their
-    inputs (None: not kept)."""
-    if folder is None:
-        return compute()
+    inputs."""
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = folder / "tax" / f"{name}.json"
     if path.exists():
@@ -95,8 +86,10 @@ def measure(tax: TaxConfig, probe: list[ProbeItem], text: list[str], models: dic
         done = k * len(probe)
         step = None if progress is None else (lambda n, done=done: progress(done + n))
 
-        def compute(model=model, step=step):
-            return _answers_and_bpb(tax, probe, text, model, tokenizer, step)
+        def compute(model=model, step=step) -> tuple[list[str], float]:
+            answers = answer_probe(model, tokenizer, probe, system=tax.system,
+                                   max_new_tokens=tax.max_new_tokens, on_batch=step)
+            return answers, bits_per_byte(*text_nats(model, tokenizer, text))
 
         if name == "base" and base_cache is not None:
             key = {**base_cache[1], "probe": [[it.question, it.answers] for it in probe],

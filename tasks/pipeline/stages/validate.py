@@ -71,13 +71,6 @@ def write_samples(out_dir: Path, sample_dir: Path) -> None:
         (sample_dir / path.name).write_text("".join(head), encoding="utf-8")
 
 
-def cleaned_copies(out_dir: Path, max_mb: float) -> list[Path]:
-    """The cleaned files to copy into MLflow: all while together at most ``max_mb`` MB, else
-    none."""
-    files = sorted(out_dir.glob("*.jsonl"))
-    return files if sum(p.stat().st_size for p in files) <= max_mb * 2**20 else []
-
-
 def body(sc: StageContext, prep: Prepared) -> DataRecord:
     """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
     cfg = sc.cfg
@@ -116,8 +109,11 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
                  if (out_dir / f"{n}.jsonl").exists()}
         digests.update(sc.log_datasets(files, context))
     sc.set_tags({DATA_DIGEST_PREFIX + k: v for k, v in digests.items()}, parent=True)
-    for path in cleaned_copies(out_dir, cfg.tracking.log_cleaned_data_max_mb):
-        sc.log_artifact(path, "data")  # the cleaned data, for other machines
+    # the cleaned data, for other machines: every file while together small enough, else none
+    cleaned = sorted(out_dir.glob("*.jsonl"))
+    if sum(p.stat().st_size for p in cleaned) <= cfg.tracking.log_cleaned_data_max_mb * 2**20:
+        for path in cleaned:
+            sc.log_artifact(path, "data")
     tokenizer_art = sc.publish(out_dir / "tokenizer", "data/tokenizer")
     return DataRecord(
         data=sc.publish(out_dir, "data", logged=True), tokenizer=tokenizer_art,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.platform.mlflow.guarded import wait_for_tracking
+from tasks.platform.mlflow.guarded import GuardedClient
 from tasks.platform.mlflow.runs import RunContext
 from tasks.platform.mlflow.spool import drain_all
 
@@ -67,7 +67,9 @@ def local_copy(ctx: RunContext, artifact: Artifact, what: str) -> Path:
 def _download(ctx: RunContext, uri: str, target: Path, where: str, recorded) -> None:
     import mlflow.artifacts
 
-    wait_for_tracking(ctx.client(), f"downloading {uri}")  # a server away: bounded wait
+    client = ctx.client()
+    if isinstance(client, GuardedClient):  # a server away: a bounded wait before MLflow's calls
+        client.wait_for_server(f"downloading {uri}")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:

@@ -53,11 +53,8 @@ SAMPLE_ROWS = 10_000  # MLflow's pandas digest reads the first 10,000 rows (and 
 
 
 def _line_count(path: Path) -> int:
-    count = 0
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            count += block.count(b"\n")
-    return count
+        return sum(block.count(b"\n") for block in iter(lambda: fh.read(1 << 22), b""))
 
 
 def pandas_digest(head, rows: int) -> str:
@@ -95,12 +92,8 @@ def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path
             item = DatasetInput(Dataset(d.name, d.digest, d.source_type, d.source, d.schema,
                                         profile), tags=item.tags)
         inputs.append(item)
+    # retried: two runs logging the same new dataset at once can hit the server's unique key;
+    # the retry then finds the row
     for run_id in run_ids:
-        _log_inputs(client, run_id, inputs)
+        retry_unique_key(lambda run_id=run_id: client.log_inputs(run_id, datasets=inputs))
     return digests
-
-
-def _log_inputs(client: MlflowClient, run_id: str, inputs: list) -> None:
-    """Retried: two runs logging the same new dataset at once can hit the server's unique
-    key; the retry then finds the row."""
-    retry_unique_key(lambda: client.log_inputs(run_id, datasets=inputs))

@@ -1,5 +1,6 @@
-"""The MLflow platform's errors, importing nothing, so the CLI can catch them without loading
-MLflow."""
+"""The MLflow platform's errors, and the last parent run this process opened (noted by
+runs.py, for the CLI's message when a stop or outage ends it), importing nothing, so the CLI
+can catch and name them without loading MLflow."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ class PurgeFailed(Exception):  # noqa: N818 - a stop, named after its cause
     """MLflow's gc (`mlflow gc`) failed on runs that are still there."""
 
     until = "once the store answers"
+
+
+_LAST_PARENT: list[str | None] = [None]
+
+
+def note_parent_run(run_id: str) -> None:
+    _LAST_PARENT[0] = run_id
+
+
+def last_parent_run() -> str | None:
+    return _LAST_PARENT[0]

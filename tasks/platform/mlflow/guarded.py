@@ -28,12 +28,12 @@ LONG_CALLS = frozenset({"log_artifact", "log_artifacts", "download_artifacts"})
 READS = ("get_", "search_", "list_")  # client calls that only read
 
 
-def server_answers(uri: str, timeout_s: float = QUICK_S) -> bool:
+def server_answers(uri: str) -> bool:
     """Does the tracking server at ``uri`` answer its /health page (one try)?"""
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=QUICK_S) as resp:
             return resp.status < 500
     except OSError:
         return False
@@ -152,9 +152,3 @@ def one_try(client, doing: str, call: Callable, again: Callable):
         result = again()
         if result is not None:
             return result
-
-
-def wait_for_tracking(client, doing: str) -> None:
-    """Before MLflow calls made outside ``client``: wait until its server answers."""
-    if isinstance(client, GuardedClient):
-        client.wait_for_server(doing)

@@ -119,28 +119,26 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
     if path is not None and not path.exists():
         _read_only_client(tracking_uri)  # the StoreError that says there is no store
     found = None if path is None else _pipeline_runs_sql(path, experiment, limit, page)
-    if found is not None:
-        if found.experiment_id is None:
-            raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
-        return found
-    from mlflow.exceptions import MlflowException
-
-    try:
-        found = _pipeline_runs_client(_read_only_client(tracking_uri), experiment, limit, page)
-    except (MlflowException, OSError) as err:
-        raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
-                         f"{str(err).splitlines()[0][:300]}") from None
     if found is None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            found = _pipeline_runs_client(_read_only_client(tracking_uri), experiment, limit,
+                                          page)
+        except (MlflowException, OSError) as err:
+            raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
+                             f"{str(err).splitlines()[0][:300]}") from None
+    if found.experiment_id is None:
         raise StoreError(f"no MLflow experiment '{experiment}' at {tracking_uri}")
     return found
 
 
 def _pipeline_runs_client(client: MlflowClient, experiment: str, limit: int,
-                          page: int) -> PipelineRuns | None:
-    """``pipeline_runs`` through MLflow's client (None: no such experiment)."""
+                          page: int) -> PipelineRuns:
+    """``pipeline_runs`` through MLflow's client."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return None
+        return PipelineRuns(experiment_id=None, runs=[])
     runs, token = [], None
     for n in range(1, page + 1):
         found = client.search_runs([exp.experiment_id],

@@ -33,13 +33,12 @@ CANDIDATE = "candidate"
 LOG_KEEP = 20
 
 
-def set_alias(client: MlflowClient, name: str, alias: str, version, attempts: int = 5) -> None:
+def set_alias(client: MlflowClient, name: str, alias: str, version) -> None:
     """Point ``alias`` at ``version``, retried: two runs moving one alias at once can hit the
     server's unique key (MLflow writes an alias as delete + insert)."""
     from tasks.platform.mlflow.runs import retry_unique_key
 
-    retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)),
-                     attempts)
+    retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)))
 
 
 def alias_version(client: MlflowClient, name: str, alias: str):
@@ -210,23 +209,20 @@ def registered_base(tracking_uri: str, name: str) -> tuple[str, str] | None:
     return str(newest.version), newest.tags[BASE_MODEL_TAG]
 
 
-def registered_by_run(client: MlflowClient, name: str, run_id: str) -> list:
-    """The versions of ``name`` registered from the run ``run_id``, newest first."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
-    except MlflowException:  # no such registered model yet
-        return []
-    return sorted(found, key=lambda v: int(v.version), reverse=True)
-
-
 def earlier_registration(client: MlflowClient, names: tuple[str, ...],
                          run_id: str) -> tuple[str, ...] | None:
     """Adopt what a crashed attempt of register run ``run_id`` left: the version numbers when
     every model of ``names`` has one, else delete the partial versions and return None, so
     each run keeps one version per model."""
-    found = {name: registered_by_run(client, name, run_id) for name in names}
+    from mlflow.exceptions import MlflowException
+
+    found = {}
+    for name in names:  # each model's versions from the run, newest first
+        try:
+            versions = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        except MlflowException:  # no such registered model yet
+            versions = []
+        found[name] = sorted(versions, key=lambda v: int(v.version), reverse=True)
     complete = all(found.values())
     drop = [v for versions in found.values() for v in (versions[1:] if complete else versions)]
     for version in drop:

@@ -9,6 +9,7 @@ import logging
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -24,7 +25,7 @@ from tasks.platform.mlflow.addresses import (  # noqa: F401  (re-exported)
     run_page,
     runs_table_url,
 )
-from tasks.platform.mlflow.last_run import note_parent_run
+from tasks.platform.mlflow.errors import note_parent_run
 from tasks.platform.mlflow.tags import (
     EXPERIMENT_KIND_TAG,
     HW_PREFIX,
@@ -84,12 +85,9 @@ def ensure_store(uri: str) -> None:
 
     db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "w") as lock:
+    with open(db.with_name(db.name + ".lock"), "w") as lock:  # closing it unlocks
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
 def tracking_client(tracking_uri: str) -> MlflowClient:
@@ -231,7 +229,9 @@ def stage_run(ctx: RunContext, stage: str,
         set_tags(client, run_id, hardware_tags(ctx.device))
         yield run_id
     except BaseException:
-        _keep_traceback(client, run_id)
+        trace = traceback.format_exc()  # kept on the run: the terminal shows only the message
+        _while_failing(client, lambda raw: raw.log_text(run_id, trace, "error/traceback.txt"),
+                       f"could not keep the traceback on MLflow run {run_id}")
         mark_ended(client, run_id)
         raise
     client.set_terminated(run_id, status="FINISHED")
@@ -243,40 +243,25 @@ STOPS = ("KeyboardInterrupt", "TerminationSignal", "Stopped", "SystemExit")
 def mark_ended(client: MlflowClient, run_id: str) -> None:
     """While an error propagates, mark ``run_id`` KILLED (a stop) or FAILED; a store that
     cannot be reached never replaces the error (the run stays RUNNING; ``--resume`` works)."""
-    client = getattr(client, "raw", client)  # no wait on a server that went away
     exc = sys.exc_info()[1]
     status = "KILLED" if exc is not None and type(exc).__name__ in STOPS else "FAILED"
-    try:
-        with _quick_if_outage():
-            client.set_terminated(run_id, status=status)
-    except Exception as err:  # noqa: BLE001 - the original error is the one to report
-        _log.warning("could not mark MLflow run %s %s (%s: %s); it stays RUNNING in the store "
-                     "and --resume reopens it", run_id, status, type(err).__name__, err)
+    _while_failing(client, lambda raw: raw.set_terminated(run_id, status=status),
+                   f"could not mark MLflow run {run_id} {status}",
+                   "; it stays RUNNING in the store and --resume reopens it")
 
 
-def _quick_if_outage():
-    """During a tracking outage, one try per request instead of MLflow's minutes of retries."""
+def _while_failing(client: MlflowClient, write, failed: str, after: str = "") -> None:
+    """``write(client)`` while an error propagates, on the raw client (no wait on a server
+    that went away; during a tracking outage one try per request instead of MLflow's minutes
+    of retries); its own failure is logged, never raised over the original error."""
     from tasks.platform.mlflow.spool import TrackingOutage, fail_fast
 
-    return fail_fast(3) if isinstance(sys.exc_info()[1], TrackingOutage) else nullcontext()
-
-
-def _keep_traceback(client: MlflowClient, run_id: str) -> None:
-    """The failure's traceback on the stage run (the terminal shows only the message)."""
-    import traceback
-
-    client = getattr(client, "raw", client)
+    quick = fail_fast(3) if isinstance(sys.exc_info()[1], TrackingOutage) else nullcontext()
     try:
-        with _quick_if_outage():
-            client.log_text(run_id, traceback.format_exc(), "error/traceback.txt")
-    except Exception as err:  # noqa: BLE001 - never hide the original error behind a logging one
-        _log.warning("could not keep the traceback on MLflow run %s (%s: %s)", run_id,
-                     type(err).__name__, err)
-
-
-def stage_run_tags(ctx: RunContext, run_id: str) -> dict[str, str]:
-    """The tags on the stage run ``run_id`` (what another machine left on it)."""
-    return ctx.client().get_run(run_id).data.tags
+        with quick:
+            write(getattr(client, "raw", client))
+    except Exception as err:  # noqa: BLE001 - the original error is the one to report
+        _log.warning("%s (%s: %s)%s", failed, type(err).__name__, err, after)
 
 
 def record_output(ctx: RunContext, run_id: str, output: dict) -> dict:
@@ -298,17 +283,17 @@ def run_url(ctx: RunContext, run_id: str) -> str:
                     f"with `mlflow ui --backend-store-uri {uri}`)")
 
 
-def retry_unique_key(write, attempts: int = 5) -> None:
-    """Run ``write()``, retrying when the server refuses it on a unique key (a concurrent run
-    wrote the same row first)."""
+def retry_unique_key(write) -> None:
+    """Run ``write()``, retrying (5 tries in all) when the server refuses it on a unique key (a
+    concurrent run wrote the same row first)."""
     from mlflow.exceptions import MlflowException
 
-    for attempt in range(attempts):
+    for attempt in range(5):
         try:
             write()
             return
         except MlflowException as err:
-            if attempt == attempts - 1 or "unique" not in str(err).lower():
+            if attempt == 4 or "unique" not in str(err).lower():
                 raise
             time.sleep(0.2 * (attempt + 1))
 

@@ -1,6 +1,9 @@
 """A local spool for a stage run's tracking writes, so a tracking server that stops answering
 mid-stage does not stop the training: writes wait in order under ``<workdir>/.spool`` and are
 sent once it answers. Past ``tracking.outage_limit_s`` :class:`TrackingOutage` stops the stage.
+Sample tables are sent as MLflow's ``log_table`` writes them, but replacing a table of the same
+name (a resumed iteration would hold its rows twice) and keeping the run's table list within
+MLflow's tag length cap.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import shutil
 import threading
 import time
@@ -18,9 +22,11 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
+from tasks.platform.files import read_jsonl, write_json
 from tasks.platform.mlflow.errors import TrackingOutage
-from tasks.platform.mlflow.tables import log_table_file
 
 log = logging.getLogger("rlhf.spool")
 RETRIES_ENV, TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"
@@ -81,6 +87,27 @@ def fail_fast(timeout_s: int = 5) -> Iterator[None]:
                     os.environ[key] = value
 
 
+def log_table_file(client: MlflowClient, run_id: str, path: Path, artifact_file: str) -> None:
+    """Upload ``path`` (pandas ``split`` JSON) as ``artifact_file``, replacing one of that
+    name, and list it as a table."""
+    if path.name != posixpath.basename(artifact_file):
+        raise ValueError(f"table {path} must be named {posixpath.basename(artifact_file)}")
+    folder = posixpath.dirname(artifact_file) or None
+    client.log_artifact(run_id, str(path), folder)
+    listed = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+    entry = {"path": artifact_file, "type": "table"}
+    if entry not in listed:
+        listed = bounded([*listed, entry])
+        client.set_tag(run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(listed))
+
+
+def bounded(listed: list[dict]) -> list[dict]:
+    """The tag's list within MLflow's cap, oldest dropped first (their files stay)."""
+    while len(listed) > 1 and len(json.dumps(listed)) > MAX_TAG_VAL_LENGTH:
+        listed = listed[1:]
+    return listed
+
+
 class Spool:
     """The ordered tracking writes of one run that the server has not taken yet."""
 
@@ -94,19 +121,13 @@ class Spool:
         self.lock, self.send_lock = threading.RLock(), threading.Lock()
         self.down_since: float | None = None
         self.refused: int | None = None  # the server refused the login (401/403)
-        self.records: list[dict] = self._read()
+        self.records: list[dict] = read_jsonl(self.path) if self.path.exists() else []
         self.sent = int(self.sent_path.read_text()) if self.sent_path.exists() else 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.kept = "the run keeps its finished stages"  # (set at each checkpoint)
 
     # -- the file ---------------------------------------------------------------------------
-    def _read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
-
     def pending(self) -> list[dict]:
         return self.records[self.sent:]
 
@@ -120,9 +141,7 @@ class Spool:
 
     def _mark(self, n: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.sent_path.with_suffix(".tmp")
-        tmp.write_text(str(n))
-        tmp.replace(self.sent_path)
+        write_json(self.sent_path, n)
         self.sent = n
         if n == len(self.records):  # all sent: start the next outage from an empty file
             self.path.unlink(missing_ok=True)
@@ -216,20 +235,18 @@ class Spool:
     def check(self, limit_s: float) -> None:
         """Raise :class:`TrackingOutage` past ``limit_s``, or :class:`LoginRefused` at once
         (waiting does not fix a login)."""
+        kept = (f"{self.kept} and {len(self.pending())} tracking records spooled in "
+                f"{self.path}, sent first when the run is resumed")
         if self.refused:
             self.close()
             raise LoginRefused(
-                f"{refusal(self.refused, self.client.tracking_uri, 'a checkpoint')}; "
-                f"{self.kept} and {len(self.pending())} tracking records spooled in "
-                f"{self.path}, sent first when the run is resumed")
+                f"{refusal(self.refused, self.client.tracking_uri, 'a checkpoint')}; {kept}")
         down = self.outage_s()
         if down > limit_s:
             self.close()
             raise TrackingOutage(
                 f"the MLflow server at {self.client.tracking_uri} has not answered for "
-                f"{down:.0f} s (tracking.outage_limit_s={limit_s:g}); {self.kept} and "
-                f"{len(self.pending())} tracking records spooled in {self.path}, sent first "
-                "when the run is resumed")
+                f"{down:.0f} s (tracking.outage_limit_s={limit_s:g}); {kept}")
 
     def drain(self, limit_s: float, poll_s: float = 0.5) -> None:
         """Wait until the spool is sent, or raise :class:`TrackingOutage` past the limit."""

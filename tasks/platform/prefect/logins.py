@@ -35,11 +35,11 @@ class Needs:
     managed: tuple[str, ...] = ()
 
 
-def needs_of(cfg, write: bool = True) -> Needs:
+def needs_of(cfg) -> Needs:
     """A pipeline command's experiment, and its registered models when it registers them."""
     t = cfg.tracking
     models = (t.registered_policy, t.registered_reward_model) if t.register_models else ()
-    return Needs(t.experiment, write, models)
+    return Needs(t.experiment, models=models)
 
 
 # -- a login written into a URI ------------------------------------------------------------

@@ -19,6 +19,10 @@ from tasks.platform.prefect.logins import Needs, check_mlflow_login, check_prefe
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
+class RoutingError(ValueError):
+    """A routing setting that cannot work, raised before any run is opened."""
+
+
 def check_model_source(field: str, value: str | None) -> None:
     if not value:
         return

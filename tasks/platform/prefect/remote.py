@@ -15,14 +15,14 @@ import warnings
 from pathlib import Path
 
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.platform.mlflow.runs import RunContext, default_tracking_uri, set_tags, stage_run_tags
+from tasks.platform.mlflow.runs import RunContext, default_tracking_uri, run_tags, set_tags
 from tasks.platform.mlflow.tags import (
     NODES_TAG,
     ROUTED_FLOW_RUN_TAG,
     ROUTED_HOST_TAG,
     ROUTED_OUTPUT_TAG,
 )
-from tasks.platform.prefect.errors import RoutingError
+from tasks.platform.prefect.preflight import RoutingError
 
 _log = logging.getLogger("rlhf.remote")
 
@@ -159,7 +159,7 @@ def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, in
     except BaseException:
         _cancel(run.id)
         raise
-    tags = stage_run_tags(ctx, run_id)
+    tags = run_tags(ctx.client(), run_id)
     if ROUTED_OUTPUT_TAG not in tags:
         raise RemoteStageError(f"{label}: flow run {run.name} of {deployment} completed but "
                                f"left no output record (tag {ROUTED_OUTPUT_TAG}) on run {run_id}")

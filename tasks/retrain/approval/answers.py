@@ -29,6 +29,7 @@ from tasks.retrain.approval.store import (
     mark_waiting,
     record_decided,
     release_candidate_alias,
+    utc_now,
     utc_seconds,
     waiting_candidates,
 )
@@ -55,20 +56,14 @@ def who(via: str) -> str:
     return login_name("prefect" if via == "prefect-ui" else "mlflow")
 
 
-def deadline_in(hours: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + hours * 3600))
-
-
 def request_approval(client, name: str, version: str | int, parent_run_id: str,
-                     hours: float) -> str:
-    """Mark ``version`` as a pending candidate until ``hours`` from now -> its deadline (a
-    resumed register keeps the first)."""
+                     hours: float) -> None:
+    """Mark ``version`` as a pending candidate until ``hours`` from now (a resumed register
+    keeps the first deadline; an answered one is not asked again)."""
     found = candidate(client, name, version)
-    if found is not None and found.status != PENDING:
-        return found.deadline  # answered already: nothing to ask again
-    deadline = found.deadline if found is not None else deadline_in(hours)
-    mark_waiting(client, name, version, parent_run_id, deadline)
-    return deadline
+    if found is None or found.status == PENDING:
+        mark_waiting(client, name, version, parent_run_id,
+                     utc_now(hours) if found is None else found.deadline)
 
 
 def champion_now(client, name: str) -> str | None:
@@ -226,7 +221,8 @@ def settle_waiting(client, name: str) -> list[Outcome]:
             out.append(carry_out(client, cand, form))
         elif cand.overdue:
             out.append(carry_out(client, cand, timed_out(cand)))
-            timed_out_run(cand, out[-1])
+            if cand.flow_run_id and prefect_api() is not None:  # a served round still waiting
+                close_waiting(cand.flow_run_id, "Timed out", out[-1].text())  # ends Completed
     return out
 
 
@@ -243,9 +239,3 @@ def form_left(cand: Candidate) -> Answer | None:
         return None
     form = stored_answer(cand.flow_run_id, pause_key(cand.version))
     return None if form is None else form_answer(form)
-
-
-def timed_out_run(cand: Candidate, outcome: Outcome) -> None:
-    """A served round still waiting at its deadline ends Completed, "Timed out"."""
-    if cand.flow_run_id and prefect_api() is not None:
-        close_waiting(cand.flow_run_id, "Timed out", outcome.text())

@@ -7,12 +7,23 @@ once exactly one is kept. tasks/retrain/approval/answers.py acts on it.
 
 from __future__ import annotations
 
+import calendar
+import tempfile
 import time
+from contextlib import suppress
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.platform.mlflow.registry import CANDIDATE, alias_version, set_alias
+from tasks.platform.mlflow.registry import (
+    CANDIDATE,
+    alias_version,
+    model_version,
+    set_alias,
+    set_version_tags,
+    version_parent_run,
+)
+from tasks.platform.mlflow.runs import set_tags
 from tasks.platform.mlflow.tags import (
     APPROVAL_ANSWER_PARAM,
     APPROVAL_AT_TAG,
@@ -24,8 +35,15 @@ from tasks.platform.mlflow.tags import (
     APPROVAL_VERSION_TAG,
     APPROVAL_VIA_TAG,
     CHAMPION_VERSION_TAG,
+    GATE_GOLD_PREFIX,
+    GATE_PREFIX,
+    GATE_REASON_TAG,
+    GATE_SCORER_TAG,
     GATE_TAG,
+    HEALTH_FLAGS_TAG,
+    PARENT_TAG,
     PIPELINE_RUN_TAG,
+    STAGE_TAG,
 )
 
 if TYPE_CHECKING:
@@ -36,15 +54,14 @@ STATUS = {"approve": "approved", "reject": "rejected", "timeout": "timed-out"}
 REASON_CHARS = 2000  # a reason longer than this is cut (the param holds 6000 characters)
 
 
-def utc_now() -> str:
-    """Now as ISO 8601 UTC to the second, the form of every approval time."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def utc_now(after_h: float = 0.0) -> str:
+    """Now (or ``after_h`` hours from now) as ISO 8601 UTC to the second, the form of every
+    approval time."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + after_h * 3600))
 
 
 def utc_seconds(stamp: str) -> float:
     """An approval time as seconds since the epoch."""
-    import calendar
-
     return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
@@ -98,8 +115,6 @@ def _candidate(client: MlflowClient, version) -> Candidate:
 
 def candidate(client: MlflowClient, name: str, version: str | int) -> Candidate | None:
     """``name`` v``version`` as a candidate (None: no such version, or it never waited)."""
-    from tasks.platform.mlflow.registry import model_version
-
     found = model_version(client, name, version)
     if found is None or APPROVAL_STATUS_TAG not in found.tags:
         return None
@@ -121,9 +136,6 @@ def waiting_candidates(client: MlflowClient, name: str) -> list[Candidate]:
 def mark_waiting(client: MlflowClient, name: str, version: str | int, parent_run_id: str,
                  deadline: str) -> None:
     """Tag the version and its round's run as waiting, and give it ``candidate``."""
-    from tasks.platform.mlflow.registry import set_version_tags
-    from tasks.platform.mlflow.runs import set_tags
-
     tags = {APPROVAL_STATUS_TAG: PENDING, APPROVAL_DEADLINE_TAG: deadline}
     set_version_tags(client, name, version, tags)
     set_tags(client, parent_run_id, {**tags, APPROVAL_VERSION_TAG: str(version)})
@@ -132,9 +144,6 @@ def mark_waiting(client: MlflowClient, name: str, version: str | int, parent_run
 
 def note_flow_run(client: MlflowClient, cand: Candidate, flow_run_id: str) -> None:
     """The Prefect flow run that waits for the answer (a served round)."""
-    from tasks.platform.mlflow.registry import set_version_tags
-    from tasks.platform.mlflow.runs import set_tags
-
     set_version_tags(client, cand.name, cand.version, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
     set_tags(client, cand.parent_run_id, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
 
@@ -155,9 +164,6 @@ def claim_answer(client: MlflowClient, cand: Candidate, answer: Answer) -> Answe
 
 def record_decided(client: MlflowClient, cand: Candidate, answer: Answer) -> None:
     """Tag the answer on the version and its run, the status last (it marks it carried out)."""
-    from tasks.platform.mlflow.registry import set_version_tags
-    from tasks.platform.mlflow.runs import set_tags
-
     tags = {APPROVAL_BY_TAG: answer.by, APPROVAL_AT_TAG: answer.at,
             APPROVAL_REASON_TAG: answer.reason, APPROVAL_VIA_TAG: answer.via}
     done = {APPROVAL_STATUS_TAG: answer.status}
@@ -195,23 +201,9 @@ class RoundEvidence(BaseModel):
     champion_run_id: str | None
 
 
-def round_evidence(client: MlflowClient, cand: Candidate, table_file: str,
-                   rows: int = 4) -> RoundEvidence:
-    """The evidence of ``cand``'s round, with the first ``rows`` of ``table_file``."""
-    import tempfile
-
+def round_evidence(client: MlflowClient, cand: Candidate, table_file: str) -> RoundEvidence:
+    """The evidence of ``cand``'s round, with the first 4 rows of ``table_file``."""
     import pandas as pd
-
-    from tasks.platform.mlflow.registry import model_version, version_parent_run
-    from tasks.platform.mlflow.tags import (
-        GATE_GOLD_PREFIX,
-        GATE_PREFIX,
-        GATE_REASON_TAG,
-        GATE_SCORER_TAG,
-        HEALTH_FLAGS_TAG,
-        PARENT_TAG,
-        STAGE_TAG,
-    )
 
     run = client.get_run(cand.parent_run_id)
     tags = run.data.tags
@@ -222,20 +214,17 @@ def round_evidence(client: MlflowClient, cand: Candidate, table_file: str,
     gate_runs = client.search_runs([cand.experiment_id], max_results=1, filter_string=(
         f"tags.`{PARENT_TAG}` = '{cand.parent_run_id}' and tags.`{STAGE_TAG}` = 'gate'"))
     table: list[dict] = []
-    if gate_runs:
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                path = client.download_artifacts(gate_runs[0].info.run_id, table_file, tmp)
-                table = pd.read_json(path, orient="split").to_dict("records")
-            except (OSError, ValueError):  # a gate run from before the table was kept
-                table = []
+    if gate_runs:  # OSError, ValueError: a gate run from before the table was kept
+        with tempfile.TemporaryDirectory() as tmp, suppress(OSError, ValueError):
+            path = client.download_artifacts(gate_runs[0].info.run_id, table_file, tmp)
+            table = pd.read_json(path, orient="split").to_dict("records")
     champion = model_version(client, cand.name, cand.gated_against) \
         if cand.gated_against else None
     flags = [f.strip() for f in tags.get(HEALTH_FLAGS_TAG, "").split(",") if f.strip()]
     return RoundEvidence(
         figures=figures, scorer=tags.get(GATE_SCORER_TAG, "?"),
         reason=tags.get(GATE_REASON_TAG, cand.gate_reason), gold=gold, health_flags=flags,
-        side_by_side=table[:rows], n_side_by_side=len(table),
+        side_by_side=table[:4], n_side_by_side=len(table),
         confidence=run.data.params.get("retrain.gate.confidence", "0.95"),
         max_kl=run.data.params.get("retrain.gate.max_kl", "?"),
         round_run_id=cand.parent_run_id,

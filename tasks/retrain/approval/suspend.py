@@ -64,20 +64,16 @@ def ask(key: str, evidence: str | None = None, timeout_s: float | None = None) -
                             timeout=None if timeout_s is None else max(1, int(timeout_s)))
 
 
-def _keyset(key: str) -> dict[str, str]:
-    from prefect.input.run_input import keyset_from_base_key
-
-    return keyset_from_base_key(f"suspended-{key}")  # Prefect's: state name + pause key
-
-
 def stored_answer(flow_run_id: str, key: str) -> ApprovalForm | None:
     """The answer the form stored for the approval ``key`` of the flow run (None: none)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+    from prefect.input.run_input import keyset_from_base_key
 
+    keys = keyset_from_base_key(f"suspended-{key}")  # Prefect's: state name + pause key
     with get_client(sync_client=True) as client:
         try:
-            value = client.read_flow_run_input(flow_run_id, _keyset(key)["response"])
+            value = client.read_flow_run_input(flow_run_id, keys["response"])
         except (ObjectNotFound, PrefectHTTPStatusError) as err:
             if isinstance(err, PrefectHTTPStatusError) and err.response.status_code != 404:
                 raise

@@ -38,38 +38,27 @@ def too_few_prompts(gate: GateConfig, rows: int | None, where: str) -> str | Non
             "lower retrain.gate.min_prompts")
 
 
-def _where(cfg: PipelineConfig, source) -> str:
-    """The setting that holds a retrain's held-out prompts, as a refusal names it."""
-    return DEMO_ROWS if cfg.data is None else f"data.eval_prompts ({source.path})"
+def _rows(cfg: PipelineConfig, source) -> tuple[int | None, str]:
+    """(held-out prompt rows in ``source`` (None: none), their setting as a refusal names it)."""
+    if source is None:
+        return None, ""
+    from data_checks.loading import load_table
+
+    where = DEMO_ROWS if cfg.data is None else f"data.eval_prompts ({source.path})"
+    return len(load_table(source, "prompts")), where
 
 
 def held_out_rows(cfg: PipelineConfig) -> tuple[int | None, str]:
     """(held-out prompt rows a retrain compares on, their setting), known before any run."""
     if cfg.data is None:
         return (cfg.demo.n_eval, DEMO_ROWS) if cfg.demo.enabled else (None, "")
-    source = cfg.data.eval_prompts
-    if source is None:
-        return None, ""
-    from data_checks.loading import load_table
-
-    return len(load_table(source, "prompts")), _where(cfg, source)
+    return _rows(cfg, cfg.data.eval_prompts)
 
 
-def check_retrainable(cfg: PipelineConfig) -> None:
-    """GateError when a retrain of ``cfg`` could never reach its gate's decision."""
-    why = too_few_prompts(cfg.retrain.gate, *held_out_rows(cfg))
-    if why is not None:
-        raise GateError(why)
-
-
-def check_gate_prompts(cfg: PipelineConfig, data) -> None:
-    """The same rule inside a round, on the held-out prompts it resolved (GateError)."""
-    source = data.eval_prompts
-    if source is None:
-        raise GateError(too_few_prompts(cfg.retrain.gate, None, ""))
-    from data_checks.loading import load_table
-
-    why = too_few_prompts(cfg.retrain.gate, len(load_table(source, "prompts")),
-                          _where(cfg, source))
+def check_retrainable(cfg: PipelineConfig, data=None) -> None:
+    """GateError when a retrain of ``cfg`` could never reach its gate's decision; with
+    ``data``, the same rule inside a round, on the held-out prompts it resolved."""
+    rows = held_out_rows(cfg) if data is None else _rows(cfg, data.eval_prompts)
+    why = too_few_prompts(cfg.retrain.gate, *rows)
     if why is not None:
         raise GateError(why)

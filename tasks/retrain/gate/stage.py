@@ -10,17 +10,29 @@ from dataclasses import fields
 import pandas as pd
 
 from rlhf_core.eval.evaluate import sample_policy
-from rlhf_core.eval.gate import GateRule, GateSide, gate_decision
+from rlhf_core.eval.gate import GateRule, GateSide, gate_decision, pair_key
 from rlhf_core.eval.serving import score_rows
-from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+from rlhf_core.eval.tax import tax_lost
+from rlhf_core.models.loader import load_pretrained, load_tokenizer
+from rlhf_core.models.models import resize_for_tokenizer
+from rlhf_core.models.sources import resolve_model_source
 from rlhf_core.train.optim import seed_everything
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.config.sections import GateConfig
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
+from tasks.pipeline.rule import tax_veto
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import DataRecord, Decision, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
-from tasks.pipeline.stages.tax import applies, summary_line
+from tasks.pipeline.stages.tax import (
+    applies,
+    base_cache,
+    measure,
+    over_budget,
+    summary_line,
+    tax_inputs,
+)
 from tasks.platform.files import read_jsonl
 from tasks.platform.mlflow.models import load_pyfunc, pyfunc_scores
 from tasks.platform.mlflow.runs import RunContext, run_url
@@ -40,12 +52,62 @@ from tasks.platform.mlflow.tags import (
 from tasks.platform.prefect.prefect_api import report
 from tasks.retrain.gate.champion import Champion
 from tasks.retrain.gate.prompts import GateError
-from tasks.retrain.gate.scorers import resolve_scorer, scorer_label
-from tasks.retrain.gate.tax import challenger_tax, taxed
 from tasks.retrain.records import GateRecord
 
 SIDE_BY_SIDE = "gate/side_by_side.json"  # the gate run's table: each prompt, both answers
 TAX_PROBE = "eval/tax_probe.json"  # the probe's questions, the base's and challenger's answers
+
+
+def resolve_scorer(cfg: PipelineConfig, judge_name: str) -> str:
+    """``retrain.gate.scorer`` -> a built-in scorer or a ``models:/`` URI (``auto``: the gold
+    judge if any, else ``judge_model``). One the challenger was not optimised against, so its
+    verdict is not the reward model grading its own student (``reward_model`` is for
+    comparison only)."""
+    wanted = cfg.retrain.gate.scorer
+    if wanted == "auto":
+        return "judge" if judge_name != "none" else "judge_model"
+    return wanted
+
+
+def scorer_label(scorer: str) -> str:
+    """How the decision names its scorer."""
+    return {"judge": "gold judge", "judge_model": "held-out judge reward model",
+            "reward_model": "new reward model"}.get(scorer, f"external scorer {scorer}")
+
+
+def batch_pair_keys(prep: Prepared) -> list[str]:
+    """The ``pair_key``s of the pairs the retrain's batches brought."""
+    if not prep.batch_rows:
+        return []
+    combined = read_jsonl(prep.data.preference.path)
+    return sorted({pair_key(r) for span in prep.batch_rows
+                   for r in combined[span["first"] - 1:span["last"]]})
+
+
+def challenger_tax(sc, prep, tokenizer, policy) -> tuple[dict, list[dict]]:
+    """``policy``'s alignment tax, measured as evaluate measures it, against
+    ``model.base_model`` (not the prepared base, which is the champion) -> ``eval/tax/*``
+    metrics and the probe's rows."""
+    tax = sc.cfg.eval.tax
+    probe, text = tax_inputs(tax)
+    base_dir = resolve_model_source(sc.cfg.model.base_model)
+    base = load_pretrained(base_dir, sc.spec, trainable=False).to(sc.device)
+    resize_for_tokenizer(base, tokenizer)  # the data gate's PAD, if it added one
+    kept = base_cache(prep.model_copy(update={"base_model": base_dir}), sc.spec, sc.device)
+    return measure(tax, probe, text, {"base": base, "policy": policy}, tokenizer,
+                   base_cache=kept)
+
+
+def taxed(decision: dict, tax: dict, cfg) -> dict:
+    """The gate's decision after the tax veto (a challenger over ``eval.tax.budget`` does not
+    win, however it scores on the task), its figures gaining ``tax_lost``."""
+    lost = tax_lost(tax)
+    if lost is None:
+        return decision
+    ruled = tax_veto(Decision(promote=decision["promote"], reason=decision["reason"]),
+                     over_budget(tax, cfg.eval.tax.budget), cfg.tracking.promote_flagged)
+    return {**decision, "promote": ruled.promote, "reason": ruled.reason,
+            "figures": {**decision["figures"], "tax_lost": lost}}
 
 
 def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], gold,
@@ -60,8 +122,8 @@ def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], go
     if scorer == "judge_model":
         if judge is None:
             raise GateError("retrain.gate.scorer judge_model: no judge reward model trained")
-        model = load_scalar_model(sc.local(judge.model, "judge_model's model"), sc.spec,
-                                  trainable=False).to(sc.device)
+        model = load_pretrained(sc.local(judge.model, "judge_model's model"), sc.spec, "scalar",
+                                trainable=False).to(sc.device)
         return {s: score_rows(model, tokenizer, prompts, samples[s]["response"])
                 for s in sides}
     model = load_pyfunc(scorer, sc.run.tracking_uri)
@@ -141,14 +203,14 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, champion: Champion,
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
     prompts = [r["prompt"] for r in read_jsonl(
         sc.local(data.data, "validate's data") / "eval_prompts.jsonl")][: g.num_prompts]
-    reference = load_policy(reference_dir, spec, trainable=False).to(device)
-    rm_model = load_scalar_model(sc.local(rm.model, "reward_model's model"), spec,
-                                 trainable=False).to(device)
+    reference = load_pretrained(reference_dir, spec, trainable=False).to(device)
+    rm_model = load_pretrained(sc.local(rm.model, "reward_model's model"), spec, "scalar",
+                               trainable=False).to(device)
     samples = {}
     for side, path in (("champion", champion.policy_dir),
                        ("challenger", sc.local(policy.policy, "ppo's policy"))):
         seed_everything(sc.seed)  # same sampling noise for both sides
-        model = load_policy(path, spec, trainable=False).to(device)
+        model = load_pretrained(path, spec, trainable=False).to(device)
         samples[side] = sample_policy(model, reference, rm_model, tokenizer, prompts,
                                       e.sampling, device=device, precision=spec.precision)
     tax, tax_rows = challenger_tax(sc, prep, tokenizer, model) \

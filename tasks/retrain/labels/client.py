@@ -30,15 +30,6 @@ def is_personal_token(key: str) -> bool:
     return key.startswith("eyJ") and key.count(".") == 2
 
 
-def server_url(configured: str | None = None) -> str:
-    """``LABEL_STUDIO_URL``, else the config's url; neither: a LabelStudioError."""
-    url = os.environ.get(URL_VAR) or configured
-    if not url:
-        raise LabelStudioError(f"no Label Studio server: set {URL_VAR} (e.g. "
-                               "http://127.0.0.1:8080) or collect.destination.url")
-    return url.rstrip("/")
-
-
 def _detail(err: urllib.error.HTTPError) -> str:
     try:
         body = json.loads(err.read() or b"{}")
@@ -59,7 +50,12 @@ class LabelStudio:
     @classmethod
     def from_env(cls, configured_url: str | None = None,
                  timeout_s: float = TIMEOUT_S) -> LabelStudio:
-        url = server_url(configured_url)
+        """``LABEL_STUDIO_URL`` (else the config's url) and ``LABEL_STUDIO_API_KEY``."""
+        url = os.environ.get(URL_VAR) or configured_url
+        if not url:
+            raise LabelStudioError(f"no Label Studio server: set {URL_VAR} (e.g. "
+                                   "http://127.0.0.1:8080) or collect.destination.url")
+        url = url.rstrip("/")
         key = os.environ.get(KEY_VAR, "").strip()
         if not key:
             raise LabelStudioError(
@@ -150,8 +146,8 @@ class LabelStudio:
         return self.call("GET", f"{path}{q}", what=what)
 
 
-def check_label_studio(configured_url: str | None = None, timeout_s: float = 5.0) -> str:
-    """Preflight: the server answers and takes the key -> the account's email."""
-    ls = LabelStudio.from_env(configured_url, timeout_s=timeout_s)
+def check_label_studio(configured_url: str | None = None) -> str:
+    """Preflight: the server answers (within 5 s) and takes the key -> the account's email."""
+    ls = LabelStudio.from_env(configured_url, timeout_s=5.0)
     me = ls.whoami()
     return str(me.get("email") or me.get("username") or me.get("id"))

@@ -12,6 +12,7 @@ import hashlib
 import json
 import time
 import uuid
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,12 +97,6 @@ def resolve_version(client, name: str, ref: str):
     return version
 
 
-def download_version(client, version, root: Path) -> dict:
-    """The version's policy checkpoint (with its tokenizer) and its reward model."""
-    got = download_policy(client, version, root)
-    return {"policy_dir": got["ppo"][1], "rm_dir": got["reward_model"][1]}
-
-
 def conversational_run(cfg: PipelineConfig) -> bool:
     """Whether the data gate renders prompts with the chat template (any configured set is
     conversational, or ``demo.chat``)."""
@@ -114,11 +109,8 @@ def conversational_run(cfg: PipelineConfig) -> bool:
         source = getattr(cfg.data, name)
         if source is None:
             continue
-        rows = iter_table(source, kind, 1)
-        try:
+        with closing(iter_table(source, kind, 1)) as rows:
             first = next(rows, None)
-        finally:
-            rows.close()
         if first is not None and is_conversational(first):
             return True
     return False
@@ -187,7 +179,7 @@ def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[Prompt], seed: int) 
     here so a label import or pull, which imports this module, never loads it."""
     from rlhf_core.eval.evaluate import sample_policy
     from rlhf_core.models.data import encode
-    from rlhf_core.models.loader import load_policy, load_scalar_model, load_tokenizer
+    from rlhf_core.models.loader import load_pretrained, load_tokenizer
     from rlhf_core.train.optim import seed_everything
 
     c, k = cfg.collect, cfg.collect.k
@@ -197,8 +189,8 @@ def sample_k(cfg: PipelineConfig, dirs: dict, prompts: list[Prompt], seed: int) 
     kept = [(p, t) for p, t in zip(prompts, texts) if t is not None]
     if not kept:
         return Sampled([], [], [], [], len(prompts))
-    policy = load_policy(dirs["policy_dir"], spec, trainable=False).to(device)
-    rm = load_scalar_model(dirs["rm_dir"], spec, trainable=False).to(device)
+    policy = load_pretrained(dirs["policy_dir"], spec, trainable=False).to(device)
+    rm = load_pretrained(dirs["rm_dir"], spec, "scalar", trainable=False).to(device)
     seed_everything(seed)
     sampling = Sampling(temperature=c.temperature,
                         max_new_tokens=c.max_new_tokens or cfg.ppo.max_new_tokens,
@@ -273,27 +265,6 @@ def write_labelling(out_dir: Path, cid: str, rows: list[dict], meta: dict) -> di
     return paths
 
 
-def log_collection(client, run_id: str, version, paths: dict[str, Path], rows: list[dict],
-                   prompts: list[str]) -> None:
-    """The collection run's artifacts, and the labelling file as its dataset input."""
-    log_collection_files(client, run_id, list(paths.values()), rows, prompts)
-    table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
-    ref = f"{version.name}/{version.version}"
-    labelling = TableInput(table, str(paths["jsonl"]), paths["jsonl"].name,
-                           tags={POLICY_VERSION_INPUT_TAG: ref})
-    log_table_inputs(client, run_id, [labelling], "collection", _logged_model_id(version))
-
-
-def _table_artifact(rows: list[dict], n: int = 10) -> None:
-    if in_prefect_run():
-        from prefect.artifacts import create_table_artifact
-
-        create_table_artifact(key="rlhf-collection", description="first pairs to label",
-                              table=[{"id": r["id"], "prompt": prompt_text(r["prompt"]),
-                                      "response_a": r["response_a"],
-                                      "response_b": r["response_b"]} for r in rows[:n]])
-
-
 def experiment_for(client, cfg: PipelineConfig) -> str:
     uri = default_tracking_uri(cfg.tracking.tracking_uri)
     return ensure_experiment(client, cfg.tracking.experiment, uri)
@@ -317,13 +288,14 @@ def collect(cfg: PipelineConfig) -> CollectResult:
     if not prompts:
         raise DataError(f"prompt pool {pool_name}: all {len(pool)} prompts were collected "
                         "before; add prompts or set collect.prompts to another file")
-    cid = f"v{version.version}-{uuid.uuid4().hex[:8]}"
+    cid, ref = f"v{version.version}-{uuid.uuid4().hex[:8]}", f"{name}/{version.version}"
     run_id = open_collection_run(client, exp_id, f"collect-{name}-{cid}", {
         COLLECTION_TAG: cid, COLLECTION_POOL_DIGEST_TAG: digest, COLLECTION_POOL_TAG: pool_name,
-        COLLECTION_POLICY_TAG: f"{name}/{version.version}"})
+        COLLECTION_POLICY_TAG: ref})
     try:
-        root = Path(cfg.tracking.workdir) / "collect" / cid
-        dirs = download_version(client, version, root)
+        # the version's policy checkpoint (with its tokenizer) and its reward model
+        got = download_policy(client, version, Path(cfg.tracking.workdir) / "collect" / cid)
+        dirs = {"policy_dir": got["ppo"][1], "rm_dir": got["reward_model"][1]}
         seed = cfg.seed + 1000 + len(earlier)
         drawn = sample_k(cfg, dirs, prompts, seed)
         rows, counts = build_record(cfg, cid, drawn.prompts, drawn.responses, drawn.scores,
@@ -335,7 +307,12 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         log_params(client, run_id, {**{f"collect.{k}": v for k, v in c.model_dump().items()
                                        if k not in ("quality", "schedule", "destination")},
                                     "collect.destination.kind": c.destination.kind})
-        log_collection(client, run_id, version, paths, rows, prompts)
+        # the collection run's artifacts, and the labelling file as its dataset input
+        log_collection_files(client, run_id, list(paths.values()), rows, prompts)
+        table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
+        labelling = TableInput(table, str(paths["jsonl"]), paths["jsonl"].name,
+                               tags={POLICY_VERSION_INPUT_TAG: ref})
+        log_table_inputs(client, run_id, [labelling], "collection", _logged_model_id(version))
         page = None
         if c.destination.kind == "label_studio":
             from tasks.retrain.labels.studio import send
@@ -349,8 +326,14 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         end_run(client, run_id, "FAILED")
         raise
     end_run(client, run_id, "FINISHED")
-    _table_artifact(rows)
-    out = CollectResult(collection=cid, run_id=run_id, policy=f"{name}/{version.version}",
+    if in_prefect_run():
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(key="rlhf-collection", description="first pairs to label",
+                              table=[{"id": r["id"], "prompt": prompt_text(r["prompt"]),
+                                      "response_a": r["response_a"],
+                                      "response_b": r["response_b"]} for r in rows[:10]])
+    out = CollectResult(collection=cid, run_id=run_id, policy=ref,
                         paths={k: str(v) for k, v in paths.items()}, counts=counts,
                         label_studio=page, wall_s=round(time.perf_counter() - start, 1))
     emit(COLLECTION_READY, COLLECTION_RESOURCE + cid, cid,

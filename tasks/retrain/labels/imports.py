@@ -15,11 +15,11 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
-from data_checks.label_quality import judge_labellers
 from data_checks.labels import (
     LabelFigures,
     check_rows,
     is_labelled,
+    judge_labellers,
     kept_rows,
     known_answers,
     label_figures,
@@ -96,18 +96,6 @@ def quarantine(path: Path, watch_dir: Path, reason: str) -> tuple[Path, str]:
     return target, where
 
 
-def batch_path(watch_dir: Path, batch_digest: str, file_digest_: str) -> Path:
-    """``labelled-<batch digest>-from-<file digest>.jsonl``: the lineage's digest first, so a
-    person matches them by eye."""
-    return watch_dir / f"labelled-{batch_digest}-from-{file_digest_}.jsonl"
-
-
-def imported_batch(watch_dir: Path, file_digest_: str) -> Path | None:
-    """The batch an earlier import of the same labelled file wrote (None: not imported)."""
-    found = sorted(watch_dir.glob(f"labelled-*-from-{file_digest_}.jsonl"))
-    return found[0] if found else None
-
-
 def _f(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
@@ -162,11 +150,6 @@ def decide(cfg: PipelineConfig, path: Path) -> dict:
                                                       if p in records})}
 
 
-def _refused(src: Path, digest: str, err: DataError) -> None:
-    emit(QUARANTINED, PREFERENCES_RESOURCE + digest, src.name,
-         {LABELS_FILE_LABEL: src.name, OUTCOME_LABEL: "refused"}, {"reason": str(err)})
-
-
 @task(name="import_labels")
 def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
                   run_tags: dict[str, str] | None = None) -> LabelImport:
@@ -174,13 +157,15 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
     when label quality is too low; DataError when rows are malformed."""
     src, watch = Path(path).resolve(), Path(cfg.retrain.watch_dir).resolve()
     digest = file_digest(src)
-    done = imported_batch(watch, digest) if watch.is_dir() else None
-    if done is not None:
-        return LabelImport(status="already imported", file=src.name, batch=str(done))
+    # the batch an earlier import of the same file wrote: labelled-<its digest>-from-<digest>
+    done = sorted(watch.glob(f"labelled-*-from-{digest}.jsonl")) if watch.is_dir() else []
+    if done:
+        return LabelImport(status="already imported", file=src.name, batch=str(done[0]))
     try:
         d = decide(cfg, src)
     except DataError as err:
-        _refused(src, digest, err)
+        emit(QUARANTINED, PREFERENCES_RESOURCE + digest, src.name,
+             {LABELS_FILE_LABEL: src.name, OUTCOME_LABEL: "refused"}, {"reason": str(err)})
         raise
     figures: LabelFigures = d["figures"]
     text = _figures_text(figures, d["counts"], d["rows"])
@@ -205,7 +190,8 @@ def import_labels(cfg: PipelineConfig, path: str, imported_by: str = "import",
     tmp = watch / f".{digest}.jsonl.part"  # named by its digest once written
     pd.DataFrame(d["pairs"]).to_json(tmp, orient="records", lines=True, force_ascii=False)
     batch_digest = file_digest(tmp)
-    target = batch_path(watch, batch_digest, digest)
+    # the lineage's digest first, so a person matches them by eye
+    target = watch / f"labelled-{batch_digest}-from-{digest}.jsonl"
     tmp.rename(target)
     run_id = _log_import(cfg, src, digest, figures, d["counts"],
                          {**tags, LABELS_PREFERENCE_DIGEST_TAG: batch_digest}, "accepted")

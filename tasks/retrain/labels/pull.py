@@ -26,14 +26,16 @@ from tasks.platform.mlflow.tags import (
 from tasks.retrain.labels.client import URL_VAR, LabelStudio, LabelStudioError
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.labels.imports import import_labels
-from tasks.retrain.labels.project import (
+from tasks.retrain.labels.studio import (
     CHOICE_OF,
     Project,
+    StudioLink,
+    collection_run,
     note_verdicts,
     project_title,
+    read_link,
     read_tasks,
 )
-from tasks.retrain.labels.studio import StudioLink, collection_run, read_link
 from tasks.retrain.records import LabelImport
 from tasks.retrain.store import finished_collection, studio_collections
 
@@ -77,10 +79,6 @@ class PullResult:
         return "\n".join(lines)
 
 
-def _folder(cfg: PipelineConfig, cid: str) -> Path:
-    return Path(cfg.collect.out_dir) / "pulls" / cid
-
-
 def _pulled(folder: Path) -> dict[str, list[dict]]:
     """Pair id -> the vote rows it was pulled with (done and pending pulls)."""
     out: dict[str, list[dict]] = {}
@@ -90,17 +88,6 @@ def _pulled(folder: Path) -> dict[str, list[dict]]:
                 row = json.loads(line)
                 out.setdefault(row["id"], []).append(row)
     return out
-
-
-def _edited(now: dict, shown: dict) -> bool:
-    return any(now.get(k) != shown.get(k) for k in ("prompt", "response_a", "response_b"))
-
-
-def _write_atomic(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    os.replace(tmp, path)
 
 
 def _import(cfg: PipelineConfig, pending: Path) -> LabelImport:
@@ -126,7 +113,8 @@ def _votes(link: StudioLink, tasks: dict, pulled: dict[str, list[dict]]
             seen = {(r["annotation_id"], r["updated_at"]) for r in pulled[pair_id]}
             late += sum((v.annotation_id, v.updated_at) not in seen for v in votes)
             continue
-        if _edited(data, link.shown[pair_id]):
+        shown = link.shown[pair_id]
+        if any(data.get(k) != shown.get(k) for k in ("prompt", "response_a", "response_b")):
             refused.append(f"task {task_id}: its texts were edited in Label Studio, so its "
                            "votes are not used (the texts that train come from the "
                            "collection's record)")
@@ -152,7 +140,7 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
         return PullResult(cid, "done", pairs, pairs,
                           page=run.data.tags.get(COLLECTION_LABEL_STUDIO_TAG, ""))
     link = read_link(client, run)
-    folder = _folder(cfg, cid)
+    folder = Path(cfg.collect.out_dir) / "pulls" / cid
     for pending in sorted((folder / "pending").glob("*.jsonl")):
         _import(cfg, pending)  # a pull stopped midway: finish it first
     pulled = _pulled(folder)
@@ -180,15 +168,12 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
     rows = [r for p in sorted(ready) for r in ready[p]]
     digest = hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:12]
     pending = folder / "pending" / f"{cid}-pull-{digest}.jsonl"
-    _write_atomic(pending, rows)
+    pending.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pending.with_name(pending.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    os.replace(tmp, pending)
     out = _import(cfg, pending)
-    _verdict(ls, link, title, out)
-    return PullResult(status=out.status, new_pairs=len(ready),
-                      file=str(folder / "done" / pending.name), imported=out, **common)
-
-
-def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: LabelImport) -> None:
-    """The import's verdict on the project's page (best effort)."""
+    # the import's verdict on the project's page (best effort)
     held = "; ".join(f"{who}: {why}" for who, why in out.held_back.items())
     text = out.text or out.reason or out.status
     try:
@@ -197,6 +182,8 @@ def _verdict(ls: LabelStudio, link: StudioLink, title: str, out: LabelImport) ->
                       f"their votes dropped: {held or 'none'}. {text}")
     except LabelStudioError as err:
         print(f"note: the verdict was not written to the project ({err})")
+    return PullResult(status=out.status, new_pairs=len(ready),
+                      file=str(folder / "done" / pending.name), imported=out, **common)
 
 
 def pulled_in_full(cfg: PipelineConfig) -> list[tuple[str, Path, int]]:

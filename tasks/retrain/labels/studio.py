@@ -1,11 +1,15 @@
-"""A collection in a Label Studio project: its pairs sent as tasks, and the task -> pair link
-kept in the collection's MLflow run for pulls, so labellers see only texts.
+"""A collection in a Label Studio project of preference pairs: the pairwise page, one task per
+pair, the votes read back, and the task -> pair link kept in the collection's MLflow run for
+pulls. A task holds only what a labeller needs (prompt, responses, an opaque reference); known
+answers, policy version and scores stay in MLflow, unseen by labellers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.runs import set_tags
@@ -14,20 +18,174 @@ from tasks.platform.mlflow.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
     COLLECTION_TAG,
 )
-from tasks.retrain.labels.client import LabelStudio, LabelStudioError
-from tasks.retrain.labels.project import (
-    Project,
-    add_pairs,
-    ensure_project,
-    opaque_ref,
-    task_data,
-)
+from tasks.retrain.labels.client import LabelStudio, LabelStudioError, NotFound
 from tasks.retrain.store import (
     finished_collection,
     log_studio_link,
     studio_collection,
     studio_link_text,
 )
+
+# The page: the conversation so far, the two answers side by side, one required choice.
+LABEL_CONFIG = """<View>
+  <Header value="Which response answers the conversation better?"/>
+  <Paragraphs name="prompt" value="$prompt" layout="dialogue" nameKey="role"
+              textKey="content"/>
+  <View style="display: flex; gap: 1em;">
+    <View style="flex: 50%; padding: 0.5em; border: 1px solid #ccc;">
+      <Header value="Response A" size="5"/>
+      <Text name="response_a" value="$response_a"/>
+    </View>
+    <View style="flex: 50%; padding: 0.5em; border: 1px solid #ccc;">
+      <Header value="Response B" size="5"/>
+      <Text name="response_b" value="$response_b"/>
+    </View>
+  </View>
+  <Choices name="choice" toName="prompt" choice="single-radio" required="true"
+           showInline="true">
+    <Choice value="A" hotkey="1"/>
+    <Choice value="B" hotkey="2"/>
+    <Choice value="Tie" hotkey="3"/>
+    <Choice value="Skip" hotkey="4"/>
+  </Choices>
+</View>"""
+CHOICE_OF = {"A": "a", "B": "b", "Tie": "tie", "Skip": "skip"}
+IMPORT_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Project:
+    """A labelling project on a server (``url`` has no credentials)."""
+
+    url: str
+    id: int
+    title: str
+
+    @property
+    def page(self) -> str:
+        return f"{self.url}/projects/{self.id}/data"
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One finished annotation (``choice`` as the tool gave it, or ``skip`` when cancelled)."""
+
+    task_id: int
+    annotation_id: int
+    labeller: str
+    choice: str
+    updated_at: str
+
+
+def turns(prompt: Any) -> list[dict[str, str]]:
+    """The prompt as the page shows it: a conversation's turns, or one user turn."""
+    if isinstance(prompt, list):
+        return [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))}
+                for m in prompt]
+    return [{"role": "user", "content": str(prompt)}]
+
+
+def opaque_ref(collection: str, pair_id: str) -> str:
+    """A reference that names no policy version and no known answer."""
+    return hashlib.sha256(f"{collection}\0{pair_id}".encode()).hexdigest()[:16]
+
+
+def task_data(pair: dict, ref: str) -> dict:
+    return {"prompt": turns(pair["prompt"]), "response_a": str(pair["response_a"]),
+            "response_b": str(pair["response_b"]), "ref": ref}
+
+
+def ensure_project(ls: LabelStudio, title: str, description: str = "") -> Project:
+    """The project called ``title``, created with the pairwise page when there is none."""
+    out = ls.get("/api/projects/", what="list projects", title=title, page_size=1000)
+    rows = out.get("results", []) if isinstance(out, dict) else out
+    for row in rows:
+        if row.get("title") == title:
+            return Project(ls.url, int(row["id"]), title)
+    made = ls.call("POST", "/api/projects/", {"title": title, "description": description,
+                                              "label_config": LABEL_CONFIG},
+                   what="create projects")
+    return Project(ls.url, int(made["id"]), title)
+
+
+def project_title(ls: LabelStudio, project_id: int) -> str | None:
+    """The project's current title; None when it was deleted."""
+    try:
+        return ls.get(f"/api/projects/{project_id}/", what="read the project")["title"]
+    except NotFound:
+        return None
+
+
+def add_pairs(ls: LabelStudio, project: Project, datas: list[dict]) -> list[int]:
+    """One task per pair (in order) -> their task ids."""
+    ids: list[int] = []
+    for i in range(0, len(datas), IMPORT_CHUNK):
+        out = ls.call("POST", f"/api/projects/{project.id}/import?return_task_ids=true",
+                      datas[i:i + IMPORT_CHUNK], what="add tasks to the project")
+        ids += [int(t) for t in out.get("task_ids", [])]
+    if len(ids) != len(datas):
+        raise NotFound(f"Label Studio at {ls.url}: project {project.id} took {len(ids)} of "
+                       f"{len(datas)} tasks")
+    return ids
+
+
+def read_tasks(ls: LabelStudio, project_id: int) -> dict[int, tuple[dict, list[Vote]]]:
+    """Every annotated task -> (its data as the tool holds it now, its finished votes)."""
+    rows = ls.get(f"/api/projects/{project_id}/export", what="export the project's "
+                  "annotations", exportType="JSON")
+    names = ls.users()
+    out: dict[int, tuple[dict, list[Vote]]] = {}
+    for task in rows:
+        votes = []
+        for a in task.get("annotations", []):
+            who = a.get("completed_by")
+            who = who.get("id") if isinstance(who, dict) else who
+            choice = "skip" if a.get("was_cancelled") else _choice(a.get("result") or [])
+            votes.append(Vote(int(task["id"]), int(a["id"]), names.get(int(who), str(who))
+                              if who is not None else "unknown", choice,
+                              str(a.get("updated_at") or a.get("created_at") or "")))
+        out[int(task["id"])] = (task.get("data") or {}, votes)
+    return out
+
+
+def _choice(result: list[dict]) -> str:
+    """The ``choice`` control's value; any other answer as text, so the pull can name it."""
+    picked = [r for r in result if r.get("from_name") == "choice"]
+    if len(picked) != 1:
+        texts = [str(r.get("value")) for r in result]
+        return "; ".join(texts) if texts else ""
+    values = picked[0].get("value", {}).get("choices") or []
+    return values[0] if len(values) == 1 else ", ".join(map(str, values))
+
+
+def note_verdicts(ls: LabelStudio, project: Project, text: str) -> None:
+    """The verdict on the labellers in the project's description, where they see it (the
+    open-source edition has no comments API)."""
+    ls.call("PATCH", f"/api/projects/{project.id}/", {"description": text[:5000]},
+            what="change the project's description")
+
+
+def accounts(ls: LabelStudio, emails: list[str]) -> dict[str, int]:
+    """{email: account id} in the key's organisation, creating missing ones (needs the owner's
+    key)."""
+    have = {email: uid for uid, email in ls.users().items()}
+    for email in emails:
+        if email not in have:
+            made = ls.call("POST", "/api/users/", {"email": email,
+                                                   "username": email.split("@")[0]},
+                           what="add users to the organisation")
+            have[email] = int(made["id"])
+    return {e: have[e] for e in emails}
+
+
+def vote(ls: LabelStudio, task_id: int, choice: str, as_user: int | None = None) -> None:
+    """Annotate one task with a, b, tie or skip, as ``as_user`` or the key's account."""
+    body: dict[str, Any] = {"result": [{
+        "from_name": "choice", "to_name": "prompt", "type": "choices",
+        "value": {"choices": [{v: k for k, v in CHOICE_OF.items()}[choice]]}}]}
+    if as_user is not None:
+        body["completed_by"] = as_user
+    ls.call("POST", f"/api/tasks/{task_id}/annotations/", body, what="annotate tasks")
 
 
 @dataclass(frozen=True)
@@ -51,10 +209,6 @@ class StudioLink:
                    {int(k): v for k, v in raw["tasks"].items()}, raw["shown"])
 
 
-def project_title(cfg: PipelineConfig) -> str:
-    return cfg.collect.destination.project or f"rlhf {cfg.tracking.registered_policy}"
-
-
 def connect(cfg: PipelineConfig) -> LabelStudio:
     return LabelStudio.from_env(cfg.collect.destination.url)
 
@@ -62,8 +216,9 @@ def connect(cfg: PipelineConfig) -> LabelStudio:
 def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -> StudioLink:
     """Send one task per pair (known answers unmarked); log the link on the collection run."""
     ls = connect(cfg)
-    project = ensure_project(ls, project_title(cfg), "Pairs of answers to compare, sent by "
-                             "the RLHF pipeline's `rlhf collect`.")
+    title = cfg.collect.destination.project or f"rlhf {cfg.tracking.registered_policy}"
+    project = ensure_project(ls, title, "Pairs of answers to compare, sent by the RLHF "
+                             "pipeline's `rlhf collect`.")
     datas = [task_data(r, opaque_ref(cid, r["id"])) for r in rows]
     ids = add_pairs(ls, project, datas)
     link = StudioLink(ls.url, project.id, project.title,

@@ -301,15 +301,15 @@ def test_with_no_reward_model_among_the_sources_the_critic_starts_from_the_sft_p
         chain, fresh):
     from safetensors.torch import load_file
 
-    from rlhf_core.models.loader import LoadSpec, load_policy, load_scalar_model
+    from rlhf_core.models.loader import LoadSpec, load_pretrained
 
     sft, rm = chain[3]["sft"][1], chain[3]["reward_model"][1]
     sc, rec = fresh["critic_init"]
     assert rec.fresh_head and rec.source == sft.model.uri == sc.tags["rlhf.critic_source"]
     assert rec.figures == {"critic": FROM_POLICY}
     assert rec.model.uri.startswith(f"runs:/{sc.run_id}/checkpoint")
-    critic = load_scalar_model(rec.model.path, LoadSpec()).backbone.state_dict()
-    trunk = load_policy(sft.model.path, LoadSpec()).base_model.state_dict()
+    critic = load_pretrained(rec.model.path, LoadSpec(), "scalar").backbone.state_dict()
+    trunk = load_pretrained(sft.model.path, LoadSpec()).base_model.state_dict()
     assert critic.keys() == trunk.keys()
     assert all(torch.equal(v, trunk[k]) for k, v in critic.items())  # the SFT policy's trunk
     head = load_file(str(Path(rec.model.path) / "head.safetensors"))
@@ -332,7 +332,7 @@ def test_critic_init_under_lora_names_the_folder_ppo_adapts(chain, tmp_path, sou
     pytest.importorskip("peft")
     from rlhf_core.config import LoraSettings
     from rlhf_core.models.adapters import base_of
-    from rlhf_core.models.loader import LoadSpec, load_scalar_model
+    from rlhf_core.models.loader import LoadSpec, load_pretrained
 
     cfg, prep, _, done = chain
     sft, rm = done["sft"][1], done["reward_model"][1]
@@ -355,7 +355,7 @@ def test_critic_init_under_lora_names_the_folder_ppo_adapts(chain, tmp_path, sou
                              judge=done["judge_model"][1])
     assert "loss/value_avg" in sc.metrics[1]
     assert base_of(pol.value_dir) == sft.model.path  # the adapter over the SFT policy
-    load_scalar_model(pol.value_dir, LoadSpec(), trainable=False)  # loads back merged
+    load_pretrained(pol.value_dir, LoadSpec(), "scalar", trainable=False)  # loads back merged
 
 
 def test_critic_init_without_a_critic_saves_nothing(chain, tmp_path):

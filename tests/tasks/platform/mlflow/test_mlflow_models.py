@@ -9,8 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rlhf_core.models.loader import load_tokenizer
-from rlhf_core.models.models import ScalarHeadModel
+from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 from rlhf_core.models.scoring import score_texts
 from tests.shared import ROOT
 
@@ -41,7 +40,7 @@ def registered_rm(tmp_path_factory, tiny_model_dir):
 
     tmp_path = tmp_path_factory.mktemp("registered_rm")
     torch.manual_seed(0)
-    rm_dir = ScalarHeadModel.from_causal_lm(tiny_model_dir).save(tmp_path / "rm")
+    rm_dir = load_pretrained(tiny_model_dir, LoadSpec(), "new_head").save(tmp_path / "rm")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with mlflow_settings_kept():  # set up before, so outside, each test's own keeping
         mlflow.set_tracking_uri(uri)
@@ -49,8 +48,9 @@ def registered_rm(tmp_path_factory, tiny_model_dir):
         with mlflow.start_run(experiment_id=exp):
             version = log_reward_model(str(rm_dir), str(tiny_model_dir), "rm")
     MlflowClient(uri).set_registered_model_alias("rm", "challenger", version)
-    expected = score_texts(ScalarHeadModel.load(rm_dir), load_tokenizer(str(tiny_model_dir)),
-                           list(PAIRS["prompt"]), list(PAIRS["response"]), torch.device("cpu"))
+    expected = score_texts(load_pretrained(rm_dir, LoadSpec(), "scalar"),
+                           load_tokenizer(str(tiny_model_dir)), list(PAIRS["prompt"]),
+                           list(PAIRS["response"]), torch.device("cpu"))
     return uri, expected.tolist()
 
 
@@ -107,7 +107,7 @@ def test_registered_reward_model_scores_conversations_at_the_end_of_turn(tmp_pat
 
     chat_dir = build_chat_model(tmp_path / "chat")
     torch.manual_seed(0)
-    rm_dir = ScalarHeadModel.from_causal_lm(chat_dir).save(tmp_path / "rm")
+    rm_dir = load_pretrained(chat_dir, LoadSpec(), "new_head").save(tmp_path / "rm")
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     exp = mlflow.create_experiment("rm", artifact_location=(tmp_path / "art").as_uri())
     with mlflow.start_run(experiment_id=exp):
@@ -116,7 +116,7 @@ def test_registered_reward_model_scores_conversations_at_the_end_of_turn(tmp_pat
         {"prompt": [CHAT, CHAT, "hello world"],
          "response": [REPLY, [REPLY], "sure . thanks"]}))
 
-    tok, rm = AutoTokenizer.from_pretrained(chat_dir), ScalarHeadModel.load(rm_dir)
+    tok, rm = AutoTokenizer.from_pretrained(chat_dir), load_pretrained(rm_dir, LoadSpec(), "scalar")
     text = tok.apply_chat_template(CHAT + [REPLY], tokenize=False)
     ids = tok(text[: text.rindex("<|im_end|>") + len("<|im_end|>")],
               add_special_tokens=False)["input_ids"]

@@ -17,8 +17,14 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from tasks.pipeline.stages.context import StageContext
 from tasks.platform.mlflow.runs import StepLogger
-from tasks.platform.mlflow.spool import LoginRefused, Spool, TrackingOutage, spool_for, spool_table
-from tasks.platform.mlflow.tables import bounded
+from tasks.platform.mlflow.spool import (
+    LoginRefused,
+    Spool,
+    TrackingOutage,
+    bounded,
+    spool_for,
+    spool_table,
+)
 
 
 class FlakyClient(MlflowClient):

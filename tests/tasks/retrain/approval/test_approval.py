@@ -258,7 +258,7 @@ def test_which_candidate_an_answer_is_for(store, sent):
 
 def test_the_evidence_reads_the_rounds_figures_and_flags(store):
     client, add, uri = store
-    from tasks.retrain.approval.evidence import evidence_markdown
+    from tasks.retrain.approval.waiting import evidence_markdown
 
     cand = candidate(client, NAME, add())
     ev = round_evidence(client, cand, "gate/side_by_side.json")

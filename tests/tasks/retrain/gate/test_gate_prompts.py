@@ -12,7 +12,6 @@ from tasks.config.pipeline_config import ConfigError, load_config
 from tasks.config.sections import GateConfig
 from tasks.retrain.gate.prompts import (
     GateError,
-    check_gate_prompts,
     check_retrainable,
     held_out_rows,
     too_few_prompts,
@@ -46,7 +45,7 @@ def test_the_commands_and_the_round_refuse_in_the_same_sentence(tmp_path):
     with pytest.raises(GateError) as before:
         check_retrainable(cfg)
     with pytest.raises(GateError) as inside:
-        check_gate_prompts(cfg, cfg.data)
+        check_retrainable(cfg, cfg.data)
     assert str(before.value) == str(inside.value)
     assert isinstance(before.value, ConfigError)  # the CLI's usage errors: exit 2
     demo = load_config(TEST_CONFIG)  # the test config's 16 demo prompts

@@ -1,4 +1,4 @@
-"""The retrain gate's scorers (tasks/retrain/gate/scorers.py, tasks/retrain/gate/stage.py): which
+"""The retrain gate's scorers (tasks/retrain/gate/stage.py): which
 scorer decides, the judge's held-out hash split (which the PPO reward model never sees), and an
 external registered pyfunc scorer (``models:/<name>@<alias>``) loaded without changing the
 process's MLflow settings."""
@@ -20,8 +20,7 @@ from tasks.pipeline.stages.judge_model import judge_split
 from tasks.pipeline.stages.records import Artifact, DataRecord
 from tasks.platform.mlflow.models import load_pyfunc
 from tasks.platform.mlflow.runs import RunContext
-from tasks.retrain.gate.scorers import resolve_scorer, scorer_label
-from tasks.retrain.gate.stage import _gold_tags, _scores, gate_rule
+from tasks.retrain.gate.stage import _gold_tags, _scores, gate_rule, resolve_scorer, scorer_label
 from tests.fake_stage import FakeStageContext
 from tests.shared import TEST_CONFIG, length_scorer
 

@@ -1,4 +1,4 @@
-"""The alignment tax at a retrain's gate (tasks/retrain/gate/tax.py, stage.py): a round's
+"""The alignment tax at a retrain's gate (tasks/retrain/gate/stage.py): a round's
 challenge runs no evaluate, so the gate measures the challenger's tax against the pretrained
 base itself, and a challenger over ``eval.tax.budget`` does not win the gate however the
 paired test went (the register stage's rule, its reason with the figures); within budget the
@@ -18,7 +18,7 @@ from tasks.pipeline.stages.records import Artifact, DataRecord, ModelRecord, Pol
 from tasks.pipeline.stages.tax import over_budget
 from tasks.retrain.gate import stage
 from tasks.retrain.gate.champion import Champion
-from tasks.retrain.gate.tax import taxed
+from tasks.retrain.gate.stage import taxed
 from tests.fake_stage import FakeStageContext
 from tests.shared import TEST_CONFIG
 
@@ -43,8 +43,7 @@ def round_(tmp_path_factory, tiny_model_dir):
     and the challenger answer differently, with the base's answer as the right one."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlhf_core.models.checkpoint import save_scalar_model
-    from rlhf_core.models.loader import LoadSpec, new_scalar_model
+    from rlhf_core.models.loader import LoadSpec, load_pretrained
 
     tmp = tmp_path_factory.mktemp("gate_tax")
     challenger = _other_model(tmp / "challenger", tiny_model_dir, 7)
@@ -64,7 +63,7 @@ def round_(tmp_path_factory, tiny_model_dir):
     (tmp / "data").mkdir()
     (tmp / "data" / "eval_prompts.jsonl").write_text(
         "".join(json.dumps({"prompt": q}) + "\n" for q in QUESTIONS[:8]))
-    save_scalar_model(new_scalar_model(tiny_model_dir, LoadSpec()), tmp / "rm")
+    load_pretrained(tiny_model_dir, LoadSpec(), "new_head").save(tmp / "rm")
     cfg = load_config(TEST_CONFIG, [f"model.base_model={tiny_model_dir}",
                                     f"eval.tax.probe={tmp / 'probe.jsonl'}",
                                     "eval.tax.max_new_tokens=3", "eval.max_new_tokens=4",

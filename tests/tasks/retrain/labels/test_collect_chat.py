@@ -77,8 +77,7 @@ def chat_run(tmp_path_factory):
     """A conversational run's data (English requests after SYSTEM's message; one prompt over
     the budget, last), its gate passed, the policy and reward model saved with the gate's
     tokenizer, and a config naming it all -> (cfg, {prompt key: the gate's ids}, dirs)."""
-    from rlhf_core.models.checkpoint import save_scalar_model
-    from rlhf_core.models.loader import LoadSpec, new_scalar_model
+    from rlhf_core.models.loader import LoadSpec, load_pretrained
 
     tmp = tmp_path_factory.mktemp("chat_collect")
     tok = _tokenizer()
@@ -109,7 +108,7 @@ def chat_run(tmp_path_factory):
     _save_model(policy, tok)
     tok.save_pretrained(policy)  # the policy keeps the gate's tokenizer (EOS: <|im_end|>)
     spec = LoadSpec()
-    save_scalar_model(new_scalar_model(policy, spec), tmp / "rm")
+    load_pretrained(policy, spec, "new_head").save(tmp / "rm")
     config = {
         "model": {"base_model": str(policy), "device": "cpu"},
         "data": {k: {"path": getattr(data, k).path} for k in
