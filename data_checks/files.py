@@ -183,7 +183,16 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
 
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
     """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame; a ``.json`` file holds
-    one JSON array of objects, else JSON Lines."""
+    one JSON array of objects, else JSON Lines. Any failure is a :class:`DataError`."""
+    try:
+        return _read_local(path, fmt, compression)
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
+        raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
+
+
+def _read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
     import pandas as pd
 
     if fmt == "csv":  # one chunk of every row

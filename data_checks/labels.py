@@ -149,12 +149,7 @@ def read_labelled(path: str | Path) -> pd.DataFrame:
     if fmt is None:
         raise DataError(f"{path}: unknown labelled file type (use .jsonl, .json, .csv or "
                         ".parquet)")
-    try:
-        df = read_local(path, fmt, compression)
-    except DataError:
-        raise
-    except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
-        raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
+    df = read_local(path, fmt, compression)
     missing = [c for c in ("id", "choice") if c not in df.columns]
     if missing:
         raise DataError(f"{path}: no {' or '.join(missing)} column (a labelled file has id, "

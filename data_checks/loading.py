@@ -81,12 +81,7 @@ def _numbered_table(source: DataSource, kind: str) -> pd.DataFrame:
     if path.is_dir():
         raise DataError(f"{path}: a folder, not a {fmt} file (name the file inside it; a "
                         "dataset saved with save_to_disk loads with format: hf)")
-    try:
-        df = read_local(path, fmt, compression)
-    except DataError:
-        raise
-    except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
-        raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
+    df = read_local(path, fmt, compression)
     if df.empty:
         _schema(df.rename(columns=source.column_map), path)
         raise DataError(f"{path}: no rows")

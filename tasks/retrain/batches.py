@@ -98,21 +98,43 @@ def _read_batch(ctx: RunContext, batch: dict) -> pd.DataFrame | None:
 COMBINE_ROWS = 25_000  # rows of the configured pairs read and written at a time
 
 
+def _pair_keys(frame: pd.DataFrame) -> list[str]:
+    """One key per row: its prompt, chosen and rejected answer (text or messages)."""
+    return [json.dumps(row, sort_keys=True, ensure_ascii=False)
+            for row in zip(frame["prompt"], frame["chosen"], frame["rejected"])]
+
+
 def write_round_pairs(path: Path, configured: DataSource | None,
                       batches: Iterable[tuple[str, pd.DataFrame]]) -> list[dict]:
-    """Write the ``configured`` pairs chunk by chunk (flat memory), then each batch -> each
-    batch's 1-based rows in the file, as the gate names them."""
+    """Write the ``configured`` pairs chunk by chunk (flat memory), then each batch without the
+    pairs written before it (a model's short answers repeat: a pair sampled and labelled again
+    adds no label, and the gate refuses repeated rows) -> each batch's 1-based rows in the
+    file, as the gate names them."""
+    batches = [(name, frame, _pair_keys(frame)) for name, frame in batches]
+    in_batches = {key for _, _, keys in batches for key in keys}
+    seen: set[str] = set()  # keys written so far (of the configured pairs: those in a batch)
     path.write_text("", encoding="utf-8")
     n = 0  # rows written so far
     if configured is not None:
         for chunk in iter_table(configured, "preference", COMBINE_ROWS):
             write_cleaned(chunk, path, append=True)
             n += len(chunk)
+            if in_batches:
+                seen.update(key for key in _pair_keys(chunk) if key in in_batches)
     rows = []
-    for name, frame in batches:
-        write_cleaned(frame, path, append=True)
-        rows.append({"name": name, "first": n + 1, "last": n + len(frame)})
-        n += len(frame)
+    for name, frame, keys in batches:
+        new = []  # the batch's rows not written before (by an earlier batch or row)
+        for key in keys:
+            new.append(key not in seen)
+            seen.add(key)
+        if not all(new):
+            print(f"batch {name}: {len(new) - sum(new)} of its pairs repeat a pair written "
+                  "before it (the same prompt, chosen and rejected answer); left out")
+            frame = frame[new]
+        if len(frame):
+            write_cleaned(frame, path, append=True)
+            rows.append({"name": name, "first": n + 1, "last": n + len(frame)})
+            n += len(frame)
     return rows
 
 

@@ -15,7 +15,13 @@ from tasks.config.pipeline_config import load_config
 from tasks.pipeline.prepare import Prepared
 from tasks.platform.mlflow.runs import RunContext
 from tasks.platform.mlflow.tags import CONSUMED_TAG
-from tasks.retrain.batches import add_batches, file_digest, find_batches, mark_consumed
+from tasks.retrain.batches import (
+    add_batches,
+    file_digest,
+    find_batches,
+    mark_consumed,
+    write_round_pairs,
+)
 from tasks.retrain.gate.champion import Champion
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.records import Batch
@@ -124,3 +130,21 @@ def test_a_rounds_file_is_the_last_rounds_with_the_new_batches_appended(tmp_path
     out = add_batches.fn(ctx, cfg, prep, batches.new, CHAMPION, batches.consumed)
     text = open(out.data.preference.path).read()
     assert text.startswith(last_text) and _prompts(out)[14:] == ["newer"] * 2
+
+
+def test_a_batch_pair_written_before_is_left_out_of_the_rounds_file(tmp_path, capsys):
+    """A model's short answers repeat: a batch pair equal to a configured pair, to an earlier
+    batch's or to one earlier in its batch is written once, and the rows name what is left."""
+    configured = _pairs(tmp_path / "pref.jsonl", "c", 3)
+    first = pd.read_json(_pairs(tmp_path / "b1.jsonl", "b", 2), lines=True)
+    again = pd.concat([first.iloc[[1]], pd.read_json(configured, lines=True).iloc[[0]],
+                       pd.read_json(_pairs(tmp_path / "b2.jsonl", "n", 1), lines=True)])
+    again = pd.concat([again, again.iloc[[2]]])  # the new pair twice in its batch
+    out = tmp_path / "round.jsonl"
+    rows = write_round_pairs(out, DataSource(path=str(configured)),
+                             [("b1", first), ("b2", again), ("b3", first)])
+    written = pd.read_json(out, lines=True)
+    assert written["prompt"].tolist() == ["c p0", "c p1", "c p2", "b p0", "b p1", "n p0"]
+    assert rows == [{"name": "b1", "first": 4, "last": 5}, {"name": "b2", "first": 6, "last": 6}]
+    said = capsys.readouterr().out
+    assert "batch b2: 3 of its pairs repeat" in said and "batch b3: 2 of its pairs" in said
