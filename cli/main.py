@@ -188,9 +188,8 @@ def cmd_stage_worker(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rlhf", description="RLHF with PPO on Prefect + MLflow",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=HELP_EPILOG)
+    parser = argparse.ArgumentParser(prog="rlhf", description="RLHF with PPO on Prefect + MLflow",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the whole pipeline (default: the embedded demo)")

@@ -21,7 +21,7 @@ from tasks.retrain.labels.client import URL_VAR, check_label_studio
 
 
 def _with(config, section: str, **fields):
-    """``config`` with some fields of one section replaced (flags over --set)."""
+    """``config`` (or a section) with some fields of one section replaced (flags over --set)."""
     fields = {k: v for k, v in fields.items() if v is not None}
     part = getattr(config, section).model_copy(update=fields)
     return config.model_copy(update={section: part})
@@ -134,10 +134,9 @@ def _demo_on_policy(args, config, seed: int, judge) -> int:
 def cmd_collect(args, config) -> int:
     config = _with(config, "collect", policy=args.policy)
     if args.to or args.project:
-        dest = config.collect.destination.model_copy(update={k: v for k, v in {
-            "kind": args.to and args.to.replace("-", "_"), "project": args.project}.items()
-            if v is not None})
-        config = _with(config, "collect", destination=dest)
+        collect = _with(config.collect, "destination", kind=args.to and args.to.replace("-", "_"),
+                        project=args.project)
+        config = config.model_copy(update={"collect": collect})
     check_retrainable(config)  # labels for a loop that cannot retrain are wasted work
     if config.collect.destination.kind == "label_studio":
         # Label Studio answers and takes LABEL_STUDIO_API_KEY (one quick try), before the

@@ -47,6 +47,11 @@ def split_transcript(text: str) -> tuple[str, str]:
     return text[:end], text[end:]
 
 
+def as_list(value):
+    """``value``, a numpy array (as parquet and datasets give lists) as a list."""
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
 def _field(row: dict, name: str, where: str = "") -> str:
     value = row.get(name) if isinstance(row, dict) else None
     if not isinstance(value, str):
@@ -69,9 +74,7 @@ def _tldr_row(row: dict, kind: str) -> dict:
         return out
     if not isinstance(row.get("info"), dict):
         raise AdapterError("field 'info' missing or not an object")
-    summaries = row.get("summaries")
-    if hasattr(summaries, "tolist"):  # parquet / datasets give lists as numpy arrays
-        summaries = summaries.tolist()
+    summaries = as_list(row.get("summaries"))
     if not isinstance(summaries, (list, tuple)) or len(summaries) != 2 or \
             not all(isinstance(s, dict) and isinstance(s.get("text"), str) for s in summaries):
         raise AdapterError("field 'summaries' must hold two summaries with a 'text'")

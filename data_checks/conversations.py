@@ -14,19 +14,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from data_checks.adapters import TEXT_FIELDS, AdapterError, map_rows
+from data_checks.adapters import TEXT_FIELDS, AdapterError, as_list, map_rows
 from data_checks.errors import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_COLUMNS = ("messages", "prompt", "completion", "chosen", "rejected")
 
 
-def _as_list(value):
-    return value.tolist() if hasattr(value, "tolist") else value
-
-
 def _is_messages(value) -> bool:
-    value = _as_list(value)
+    value = as_list(value)
     return isinstance(value, list | tuple) and len(value) > 0 and \
         all(isinstance(m, dict) and "role" in m for m in value)
 
@@ -45,7 +41,7 @@ def messages(value, field: str) -> list[dict]:
     """A list of {role, content} messages (a plain string is one user message)."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
-    value = _as_list(value)
+    value = as_list(value)
     if not isinstance(value, list | tuple) or not value:
         raise AdapterError(f"field '{field}' must be a non-empty list of messages")
     out = []
@@ -63,7 +59,7 @@ def _reply(value, field: str) -> str:
     """An assistant reply: a string, a message, or a list of exactly one assistant message."""
     if isinstance(value, str):
         return value
-    value = _as_list(value)
+    value = as_list(value)
     msgs = messages([value] if isinstance(value, dict) else value, field)
     if len(msgs) != 1 or msgs[0]["role"] != "assistant":
         raise AdapterError(f"field '{field}' must be one assistant message, got "
@@ -80,7 +76,7 @@ def _split_last(conv: list[dict], field: str) -> tuple[list[dict], str]:
 
 def _preference(row: dict) -> dict:
     if _is_messages(row.get("prompt")) or not (_is_messages(row.get("chosen"))
-                                               and _as_list(row["chosen"])[0].get("role")
+                                               and as_list(row["chosen"])[0].get("role")
                                                != "assistant"):
         out = {"prompt": messages(row.get("prompt"), "prompt"),
                "chosen": _reply(row.get("chosen"), "chosen"),

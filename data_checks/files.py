@@ -16,7 +16,7 @@ import lzma
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from data_checks.errors import DataError
 
@@ -86,14 +86,14 @@ def decode(path: Path, data: bytes) -> str:
 
 
 @contextmanager
-def _text_lines(path: Path, compression: str | None) -> Iterator[Iterator[str]]:
-    """The file's lines, decoded as they are read (binary: split on b"\\n" only); an error
+def opened(path: Path, compression: str | None) -> Iterator[BinaryIO]:
+    """The file in binary, decompressed as it is read (its lines split on b"\\n" only); an error
     reading or decompressing it names the file."""
     check_regular(path)
     opener = COMPRESSIONS[compression] if compression else open
     try:
         with opener(path, "rb") as fh:
-            yield _decoded_lines(path, fh)
+            yield fh
     except READ_ERRORS as err:
         raise DataError(f"{path}: cannot decompress as {compression} ({err})" if compression
                         else f"{path}: cannot read ({err})") from None
@@ -104,9 +104,9 @@ def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.Da
     chunk), indexed by line (:func:`lines_index`)."""
     import pandas as pd
 
-    with _text_lines(path, compression) as lines:
+    with opened(path, compression) as fh:
         batch, numbers, number = [], [], 0
-        for number, line in enumerate(lines, start=1):
+        for number, line in enumerate(_decoded_lines(path, fh), start=1):
             if not line.strip():
                 continue
             batch.append(_json_row(path, number, line))
@@ -152,8 +152,8 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
 
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # long texts are data
     try:
-        with _text_lines(path, compression) as lines:
-            reader = csv.reader(lines)
+        with opened(path, compression) as fh:
+            reader = csv.reader(_decoded_lines(path, fh))
             header = None
             batch, starts, before, total = [], [], 0, 0
             for record in reader:

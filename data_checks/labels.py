@@ -248,16 +248,11 @@ class LabelFigures:
                "skip_rate": self.skip_rate, "labellers": len(self.labellers),
                "held_back": len(self.held_back)}
         for lab in self.labellers:
-            name = metric_safe(lab.name)
+            name = re.sub(r"[^\w\-. :/]", "_", lab.name)  # as MLflow takes it (@ -> _)
             out[f"known_agreement/{name}"] = lab.known_agreement
             out[f"known_labelled/{name}"] = lab.known_labelled
             out[f"skip_rate/{name}"] = lab.skip_rate
         return {f"labels/{k}": float(v) for k, v in out.items() if v is not None}
-
-
-def metric_safe(name: str) -> str:
-    """A labeller's name as MLflow takes it in a metric key (an email's ``@`` -> ``_``)."""
-    return re.sub(r"[^\w\-. :/]", "_", name)
 
 
 def label_figures(rows: Sequence[dict], kept: Sequence[dict], decided: Mapping[str, dict],

@@ -7,7 +7,6 @@ file, or its row in a Parquet file, JSON array or dataset: every gate message sh
 
 from __future__ import annotations
 
-import lzma
 import math
 import shutil
 import tempfile
@@ -22,12 +21,12 @@ from data_checks.config import DataConfig, DataSource
 from data_checks.conversations import is_conversational, to_conversations
 from data_checks.errors import DataError
 from data_checks.files import (
-    COMPRESSIONS,
     check_regular,
     file_format,
     iter_csv,
     iter_jsonl,
     looks_local,
+    opened,
     read_local,
 )
 
@@ -146,25 +145,19 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
     compression = file_format(path)[1]
     if fmt == "jsonl":
         yield from iter_jsonl(path, compression, rows)
-        return
-    if fmt == "csv":
+    elif fmt == "csv":
         yield from iter_csv(path, compression, rows)
-        return
-    if fmt == "hf":
+    elif fmt == "hf":
         yield from _counted(_load_hf(source).to_pandas(batch_size=rows, batched=True))
-        return
-    check_regular(path)
-    if compression is None:
+    elif compression is None:
+        check_regular(path)
         yield from _parquet_frames(path, path, rows)
-        return
-    with tempfile.TemporaryDirectory(prefix="rlhf-parquet-") as folder:
-        plain = Path(folder) / path.stem  # pairs.parquet.gz -> pairs.parquet
-        try:
-            with COMPRESSIONS[compression](path, "rb") as src, open(plain, "wb") as dst:
+    else:
+        with tempfile.TemporaryDirectory(prefix="rlhf-parquet-") as folder:
+            plain = Path(folder) / path.stem  # pairs.parquet.gz -> pairs.parquet
+            with opened(path, compression) as src, open(plain, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-        except (OSError, EOFError, lzma.LZMAError) as err:
-            raise DataError(f"{path}: cannot decompress as {compression} ({err})") from None
-        yield from _parquet_frames(plain, path, rows)
+            yield from _parquet_frames(plain, path, rows)
 
 
 def _parquet_frames(path: Path, named: Path, rows: int) -> Iterator[pd.DataFrame]:

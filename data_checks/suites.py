@@ -70,13 +70,6 @@ def e_g(examples: list[str]) -> str:
     return f"; e.g. {'; '.join(examples)}" if examples else ""
 
 
-def failure_text(label: str, kind: str, kwargs: dict, count, indices: list,
-                 examples: list[str]) -> str:
-    """The sentence of one failed expectation from its parts."""
-    rows = f": rows {_rows(indices)}" if indices else ""
-    return f"{label}: {_what(kind, kwargs, count)}{rows} [{kind}]" + e_g(examples)
-
-
 def build_suite(kind: str, cfg: ValidationConfig):
     import great_expectations as gx
     import great_expectations.expectations as gxe
@@ -192,6 +185,7 @@ class ChunkedSuite:
         return merged
 
     def failures(self, merged: dict) -> list[str]:
+        """The sentence of each failed expectation of ``merged``."""
         out = []
         for j, r in enumerate(merged["results"]):
             if r["success"]:
@@ -201,8 +195,9 @@ class ChunkedSuite:
             res = r.get("result", {})
             indices = list(res.get("unexpected_index_list") or [])
             count = res.get("unexpected_count", len(indices) or "some")
-            out.append(failure_text(self.label, cfg["type"], kwargs, count, indices,
-                                    self.examples.get(j, [])))
+            rows = f": rows {_rows(indices)}" if indices else ""
+            out.append(f"{self.label}: {_what(cfg['type'], kwargs, count)}{rows} "
+                       f"[{cfg['type']}]" + e_g(self.examples.get(j, [])))
         return out
 
 

@@ -61,11 +61,10 @@ class TokenWriter:
             self._tmp.unlink(missing_ok=True)
 
 
-def write_tokens(table: pa.Table, path: Path | str) -> Path:
+def write_tokens(table: pa.Table, path: Path | str) -> None:
     """The whole token table of one cleaned set in one go."""
     with TokenWriter(path) as out:
         out.write(table)
-    return Path(path)
 
 
 def read_tokens(path: Path | str) -> pa.Table:

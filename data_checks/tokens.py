@@ -112,10 +112,10 @@ class Tokenized:
 
     def replace(self, column: str, rows: np.ndarray, texts: list[str], tokenizer) -> Tokenized:
         """Encode ``texts`` anew as ``column`` of ``rows`` (a cut prompt, a truncated
-        response) and flag them in ``<column>_cut``."""
+        response) and flag them in ``<column>_cut`` (once per column: the budget cuts each
+        column once)."""
         table, n = self.table, self.table.num_rows
-        flags = np.zeros(n, dtype=bool) if f"{column}_cut" not in table.column_names else \
-            table.column(f"{column}_cut").to_numpy(zero_copy_only=False).copy()
+        flags = np.zeros(n, dtype=bool)
         flags[rows] = True
         if len(rows):
             fresh = _encoded(tokenizer, texts)
@@ -126,8 +126,6 @@ class Tokenized:
                                          fresh[name]])
                 table = table.set_column(table.schema.get_field_index(f"{column}_{name}"),
                                          f"{column}_{name}", both.take(pa.array(where)))
-        if f"{column}_cut" in table.column_names:
-            table = table.drop_columns([f"{column}_cut"])
         return Tokenized(table.append_column(f"{column}_cut", pa.array(flags)), self.columns)
 
 
@@ -165,4 +163,4 @@ def tokenize_frame(df: pd.DataFrame, tokenizer) -> Tokenized:
     for col, strings in texts.items():
         for name, values in _encoded(tokenizer, strings).items():
             arrays[f"{col}_{name}"] = values
-    return Tokenized(pa.table(arrays) if arrays else pa.table({}), tuple(texts))
+    return Tokenized(pa.table(arrays), tuple(texts))

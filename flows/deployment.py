@@ -1,7 +1,5 @@
-"""What a flow run reads from its own deployment: the config that `rlhf serve` stored as the
-deployment's parameters. The retrain and collect flows read it here, as does the pipeline
-deployment's flow in flows/serve.py; serve.py builds the retrain and collect deployments from
-their flows, so it imports them, and they do not import serve.py back."""
+"""What a served flow run reads from its own deployment: the config that `rlhf serve` stored
+as the deployment's parameters (here, not in flows/serve.py, which imports the flows it serves)."""
 
 from tasks.config.pipeline_config import PipelineConfig, _merge
 from tasks.platform.prefect.logins import login_out_of_uri

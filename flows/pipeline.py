@@ -10,11 +10,10 @@ from prefect import flow
 
 from flows.wiring import run_pipeline
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.finish import fail_parent
+from tasks.pipeline.finish import close_finished, fail_parent
 from tasks.pipeline.prepare import pipeline_run_name, prepare
 from tasks.pipeline.results import PipelineResult
 from tasks.pipeline.stages.validate import validate
-from tasks.platform.mlflow.parent_run import end_parent_run
 from tasks.platform.mlflow.runs import tag_parent
 from tasks.platform.mlflow.tags import VALIDATE_ONLY_TAG
 from tasks.platform.prefect.prefect_api import flow_run_name
@@ -46,5 +45,5 @@ def rlhf_validate(config: PipelineConfig) -> PipelineResult:
     except BaseException:
         fail_parent(ctx)
         raise
-    end_parent_run(ctx, "FINISHED")
+    close_finished(ctx, keep_resume_state=True)  # nothing trained, nothing to resume
     return PipelineResult.of(ctx, {"validate": out})

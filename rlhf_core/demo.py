@@ -127,14 +127,6 @@ def bt_label(prompt: str, a: str, b: str, rng: random.Random,
     return (a, b) if bt_choice(prompt, a, b, rng, length_bias) == "a" else (b, a)
 
 
-def judge_choices(rows: Iterable[dict], seed: int, degraded: bool = False) -> list[str]:
-    """The gold judge labelling pairs by a Bradley-Terry draw; ``degraded``: the side it scores
-    lower ('tie' when equal)."""
-    from rlhf_core.eval.collect import judge_choices as choices
-
-    return choices(list(rows), judge_score, bt_choice, seed, degraded)
-
-
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
     """``n`` known-answer pairs the judge orders by at least ``min_gap`` -> [{prompt,
     response_a, response_b, known: 'a' | 'b'}]."""

@@ -185,5 +185,5 @@ def test_module_docstrings_name_only_files_and_settings_that_exist():
                 if not setting_exists(PipelineConfig, parts):
                     bad.append(f"{where}: setting {'.'.join(parts)}")
             bad += [f"{where}: {m!r}" for m in re.findall(r"\bstages? \d", doc, re.IGNORECASE)]
-    assert seen > 100  # the checker still reads the docstrings
+    assert seen > 50  # the checker still finds names in the docstrings
     assert not bad, bad

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from rlhf_core.config import Sampling
+from rlhf_core.eval.collect import Judge
 from rlhf_core.eval.gate import paired_bootstrap_ci, paired_win_rate
 from rlhf_core.models.data import encode, left_pad
 from rlhf_core.models.models import ScalarHeadModel
@@ -22,8 +23,6 @@ from rlhf_core.ppo.rollout import (
     score_and_features,
     score_responses,
 )
-
-Judge = Callable[[str, str, bool], float]
 
 
 @torch.inference_mode()

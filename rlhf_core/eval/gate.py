@@ -16,25 +16,18 @@ from dataclasses import dataclass
 import torch
 
 
-def _bootstrap_mean(values: torch.Tensor, confidence: float, n_bootstrap: int,
-                    seed: int) -> tuple[float, float, float]:
-    """Mean of ``values`` [N] (not empty) and its percentile-bootstrap interval -> (mean, low,
-    high)."""
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, values.numel(), (n_bootstrap, values.numel()), generator=gen)  # [B, N]
-    means = values[idx].mean(dim=1)  # [B]
-    alpha = (1.0 - confidence) / 2
-    low, high = torch.quantile(means, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
-    return float(values.mean()), float(low), float(high)
-
-
 def paired_bootstrap_ci(diffs: Sequence[float], confidence: float = 0.95,
                         n_bootstrap: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``diffs`` [N] and its percentile-bootstrap interval -> (mean, low, high)."""
     d = torch.as_tensor(list(diffs), dtype=torch.float64)
     if d.numel() == 0:
         raise ValueError("paired_bootstrap_ci: no differences")
-    return _bootstrap_mean(d, confidence, n_bootstrap, seed)
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, d.numel(), (n_bootstrap, d.numel()), generator=gen)  # [B, N]
+    means = d[idx].mean(dim=1)  # [B]
+    alpha = (1.0 - confidence) / 2
+    low, high = torch.quantile(means, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
+    return float(d.mean()), float(low), float(high)
 
 
 def paired_win_rate(diffs: Sequence[float], confidence: float = 0.95, n_bootstrap: int = 2000,
@@ -43,9 +36,8 @@ def paired_win_rate(diffs: Sequence[float], confidence: float = 0.95, n_bootstra
     -> (rate, low, high)."""
     if not diffs:
         raise ValueError("paired_win_rate: no differences")
-    wins = torch.as_tensor([1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in diffs],
-                           dtype=torch.float64)  # [N]
-    return _bootstrap_mean(wins, confidence, n_bootstrap, seed)
+    wins = [1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in diffs]
+    return paired_bootstrap_ci(wins, confidence, n_bootstrap, seed)
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -1,8 +1,7 @@
-"""The PPO failures the guides warn about, one detector each, declared once in :data:`DETECTORS`:
-its name, the failure it catches, the signals it reads, its rule, its settings (thresholds and
-the action, with their defaults) and the guides' advice. The rules are pure: a run's
-:class:`History` in, a :class:`Finding` (or None) out. What a finding sets off (tags, events, a
-stop) lives with the pipeline's tasks; ``ppo.health.<detector>`` holds each one's settings.
+"""The PPO failures the guides warn about, one detector each, declared once in :data:`DETECTORS`
+(``ppo.health.<detector>`` holds each one's settings). The rules are pure: a run's
+:class:`History` in, a :class:`Finding` (or None) out; what a finding sets off (tags, events, a
+stop) lives with the pipeline's tasks.
 
 Each rule reads a window, never one noisy value, and compares the run with itself (its own
 start, its own recent past), so one threshold holds across models and reward scales. A
@@ -32,10 +31,7 @@ from rlhf_core.health.dynamics import (
 )
 from rlhf_core.health.records import CheckRecord, Detector, Finding, History, Settings
 
-# -- the reward-hacking detectors, on the held-out checks: the judge against the proxy, the
-#    answers' drift in the reward model's features and their length ----------------------------
 
-# -- reward hacking ----------------------------------------------------------------------------
 class RewardHacking(Settings):
     """Warns by default (a flagged policy is never made champion without an override);
     ``stop`` ends PPO and keeps the judge's best check (docs/health.md: when to choose it)."""
@@ -117,7 +113,6 @@ def reward_hacking_stands(h: History, s: RewardHacking, f: Finding) -> str | Non
             f"(iteration {best.iteration})")
 
 
-# -- answers the reward model has not seen -------------------------------------------------------
 class OffDistribution(Settings):
     """Owes nothing to a judge: the reward model's own features of the policy's answers."""
 
@@ -160,7 +155,6 @@ def off_distribution_stands(h: History, s: OffDistribution, f: Finding) -> str |
             f"{last.drift:.2f}x as far out as the start policy's")
 
 
-# -- the answers' length -------------------------------------------------------------------------
 class LengthShift(Settings):
     """Owes nothing to a judge: the answers' length, the shortcut a reward model most often
     rewards (README § Sources [ODIN])."""

@@ -12,9 +12,7 @@ from pydantic import Field
 
 from rlhf_core.health.records import Finding, History, Settings, _finite, _from_rollouts, _median
 
-# -- the training dynamics' detectors: every iteration's rollout and update signals --------------
 
-# -- KL spike ----------------------------------------------------------------------------------
 class KLSpike(Settings):
     """Warns by default and never vetoes alone: a KL that stays up after a fast start is the
     policy's new level, not evidence that it got worse."""
@@ -58,7 +56,6 @@ def kl_spike(h: History, s: KLSpike) -> Finding | None:
                           f"({kl[-1]:.2f} at iteration {h.iterations[-1]})")
 
 
-# -- entropy collapse ----------------------------------------------------------------------------
 class EntropyCollapse(Settings):
     share: float = Field(0.05, gt=0, lt=1, description="Fire when the per-token entropy stays "
                          "below this share of its first iterations' highest...")
@@ -84,7 +81,6 @@ def entropy_collapse(h: History, s: EntropyCollapse) -> Finding | None:
                    f"start ({start:.4f}) since iteration {onset}")
 
 
-# -- critic divergence ---------------------------------------------------------------------------
 class CriticDivergence(Settings):
     warmup: int = Field(1, ge=0, description="First iterations not read (a critic warm-started "
                         "from the reward model explains little of its first returns).")
@@ -149,7 +145,6 @@ def critic_divergence(h: History, s: CriticDivergence) -> Finding | None:
     return None
 
 
-# -- flat reward ---------------------------------------------------------------------------------
 class FlatReward(Settings):
     window: int = Field(10, ge=2, description="Iterations read.")
     clip_share: float = Field(0.25, gt=0, le=1, description="Fire when the policy clip fraction "
@@ -178,7 +173,6 @@ def flat_reward(h: History, s: FlatReward) -> Finding | None:
                    f"moved {gain:+.3f}")
 
 
-# -- generation dominates ------------------------------------------------------------------------
 class SlowRollout(Settings):
     window: int = Field(10, ge=1, description="Iterations read (after the first).")
     max_share: float = Field(0.6, gt=0, lt=1, description="Fire when the rollout takes more "

@@ -15,7 +15,6 @@ from pydantic import Field
 
 from rlhf_core.section import Section
 
-# -- what the detectors read of a run (History), what a rule returns (Finding), a table row ----
 Action = Literal["warn", "stop", "off"]
 
 

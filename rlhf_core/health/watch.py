@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from safetensors.torch import load_file, save_file
 
 from rlhf_core.config import Sampling
-from rlhf_core.eval.evaluate import sample_policy
+from rlhf_core.eval.evaluate import Judge, _mean, sample_policy
 from rlhf_core.faults import crash_point
 from rlhf_core.health.detectors import BY_NAME, DETECTORS
 from rlhf_core.health.drift import FeatureBasis
@@ -34,12 +34,7 @@ from rlhf_core.health.records import CheckRecord, Detector, Finding, History
 from rlhf_core.models.checkpoint import atomic_dir
 from rlhf_core.models.models import PPOModels, ScalarHeadModel
 
-Gold = Callable[[str, str, bool], float]  # (prompt, response, has_eos) -> score
 TextScorer = Callable[[list[str], list[str]], list[float]]  # (prompts, responses) -> scores
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values) / len(values)) if values else float("nan")
 
 
 @dataclass(frozen=True)
@@ -88,7 +83,7 @@ class HeldOutCheck:
 
     def __init__(self, prompts: Sequence[str], sampling: Sampling, seed: int, *,
                  judge: ScalarHeadModel | None = None, external: TextScorer | None = None,
-                 gold: Gold | None = None, precision: str = "fp32"):
+                 gold: Judge | None = None, precision: str = "fp32"):
         """``seed``: the sampling seed of every check; the independent scorer is ``judge`` (a
         reward model) or ``external`` (a text scorer), not both; ``gold`` only evaluates."""
         if not prompts:

@@ -32,7 +32,7 @@ from rlhf_core.models.adapters import (
     peft_reading_old_names,
 )
 from rlhf_core.models.models import PPOModels, ScalarHeadModel, disable_dropout
-from rlhf_core.models.precision import choose_precision
+from rlhf_core.models.precision import COMPUTE_DTYPES, choose_precision
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,12 @@ class LoadSpec:
         """``from_pretrained``'s arguments: the parameter dtype (trained: ``dtype``, fp32 master
         weights; frozen: the compute dtype), trust_remote_code, the attention kernel unless
         'auto'."""
-        dtype = self.dtype
-        if not trainable and dtype == "float32":
-            dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(self.precision, "float32")
+        dtype = getattr(torch, self.dtype)
+        if not trainable and dtype == torch.float32:
+            dtype = COMPUTE_DTYPES[self.precision]
         kernel = {} if self.attn_implementation == "auto" else \
             {"attn_implementation": self.attn_implementation}
-        return {"dtype": getattr(torch, dtype), "trust_remote_code": self.trust_remote_code,
-                **kernel}
+        return {"dtype": dtype, "trust_remote_code": self.trust_remote_code, **kernel}
 
 
 def load_tokenizer(name_or_path: str | Path, spec: LoadSpec = LoadSpec()):
@@ -222,5 +221,6 @@ def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Pa
 
 def adapt_scalar(model: ScalarHeadModel, settings) -> ScalarHeadModel:
     """A scalar model to train under LoRA: adapters on its trunk, its head in full (fp32)."""
-    return ScalarHeadModel(add_lora(model.backbone, settings),
-                           model.head.float().requires_grad_(True))
+    adapted = ScalarHeadModel(add_lora(model.backbone, settings), model.head.requires_grad_(True))
+    adapted.head.float()  # trained: fp32 master weights over a frozen bf16/fp16 trunk too
+    return adapted

@@ -69,11 +69,6 @@ class Sharded:
         """``home``'s weights into the shards (after a checkpoint restored ``home``)."""
         set_model_state_dict(self.net, self.home.state_dict(), options=FULL)
 
-    def finish(self, device: torch.device) -> None:
-        """After training: the full weights in ``home``, back on the training device."""
-        self.gather()
-        self.home.to(device)
-
 
 def _tied(model: torch.nn.Module) -> set[str]:
     """State-dict keys of weights tied to another (GPT-2's lm_head to the embeddings)."""

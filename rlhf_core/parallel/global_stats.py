@@ -41,14 +41,9 @@ def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
 
 def global_masked_moments(values: torch.Tensor, mask: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean, biased variance, count) of the masked entries of every rank's ``values``.
-
-    Args:
-        values: [B, T] (any shape) this rank's shard.
-        mask: same shape, True/1 where an entry counts.
-    Returns:
-        float64 scalars, equal on every rank. An empty global mask raises on every rank.
-    """
+    """(mean, biased variance, count) of the masked entries of every rank's shard ``values``
+    (any shape, ``mask`` alike): float64 scalars, equal on every rank; an empty global mask
+    raises on every rank."""
     m = mask.to(torch.bool)
     v = values.detach().to(torch.float64)
     zero = torch.zeros_like(v)
@@ -75,15 +70,9 @@ def global_masked_var(values: torch.Tensor, mask: torch.Tensor,
 
 def global_masked_whiten(values: torch.Tensor, mask: torch.Tensor,
                          shift_mean: bool = True) -> torch.Tensor:
-    """``masked_whiten`` of this rank's shard with the global batch's mean and variance.
-
-    Args:
-        values: [B, T] this rank's shard.
-        mask: [B, T] response-token mask (may be empty on this rank).
-        shift_mean: False adds the mean back.
-    Returns:
-        [B, T] whitened values, 0 where ``mask`` is False (README § Sources [N+]).
-    """
+    """``masked_whiten`` of this rank's shard [B, T] with the global batch's mean and variance
+    (``mask`` may be empty on this rank; ``shift_mean`` False adds the mean back) -> [B, T], 0
+    where ``mask`` is False (README § Sources [N+])."""
     if world_size() == 1:
         return masked_whiten(values, mask, shift_mean=shift_mean)
     m = mask.to(torch.bool)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhf_core.config import PPOConfig
-from rlhf_core.masked import masked_mean, masked_sum, masked_whiten
+from rlhf_core.masked import masked_mean, masked_sum
 from rlhf_core.parallel.global_stats import global_masked_whiten, global_weighted_means
 from rlhf_core.ppo.ppo_math import compute_gae, kl_estimate, per_token_rewards
 
@@ -92,13 +92,12 @@ def broadcast_to_tokens(advantages: torch.Tensor, response_mask: torch.Tensor) -
     return advantages.unsqueeze(1) * response_mask.to(advantages.dtype)
 
 
-def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor,
-            kind: str = "k3"):
+def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor):
     """GRPO's KL term: masked mean of the per-token KL(pi || ref) estimate (k3: unbiased,
     non-negative). All [B, T]; returns (loss, stats)."""
     # padding log-probs can be ~-1e9, whose exp() gives NaN gradients: set them equal first
     m = response_mask.bool()
-    per_token = kl_estimate(torch.where(m, logprobs, ref_logprobs.detach()), ref_logprobs, kind)
+    per_token = kl_estimate(torch.where(m, logprobs, ref_logprobs.detach()), ref_logprobs, "k3")
     loss = masked_mean(per_token, m)
     return loss, {"kl_loss": loss.detach()}
 
@@ -113,27 +112,13 @@ class Shaped:
 
 
 class Algorithm:
-    """Base: no critic, KL as a reward penalty unless ``cfg.kl_in_loss``."""
+    """Base: no critic, KL as a reward penalty unless ``cfg.kl_in_loss``. Whitening and batch
+    means cover the rollout batch: under data parallelism, every rank's shard."""
 
     uses_critic = False
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
-        # data parallel: whitening and batch means use every rank's shard (all-reduced)
-        self.global_batch = False
-
-    def whiten(self, values: torch.Tensor, mask: torch.Tensor,
-               shift_mean: bool = True) -> torch.Tensor:
-        """``masked_whiten`` over the rollout batch (the global one under data parallel)."""
-        if self.global_batch:
-            return global_masked_whiten(values, mask, shift_mean=shift_mean)
-        return masked_whiten(values, mask, shift_mean=shift_mean)
-
-    def batch_mean(self, values: torch.Tensor) -> float:
-        """Mean of a per-response [B] tensor over the rollout batch (global under DP)."""
-        if self.global_batch:
-            return global_weighted_means({"m": float(values.mean())}, len(values))["m"]
-        return float(values.mean())
 
     def reward_kl_coef(self, kl_coef: float) -> float:
         """beta of the reward penalty (0 when the KL is a loss term instead)."""
@@ -147,7 +132,7 @@ class Algorithm:
         per_seq = self.sequence_advantages(sequence_rewards(scores, kl, mask, beta))
         advantages = broadcast_to_tokens(per_seq, mask)
         if self.cfg.whiten_advantages:
-            advantages = self.whiten(advantages, mask) * mask
+            advantages = global_masked_whiten(advantages, mask) * mask
         return Shaped(non_score, advantages, torch.zeros_like(advantages))
 
     def sequence_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
@@ -157,7 +142,7 @@ class Algorithm:
         """GRPO's KL term when ``kl_in_loss`` -> (loss to add, stats); else (None, {})."""
         if not self.cfg.kl_in_loss:
             return None, {}
-        loss, stats = kl_loss(logprobs, ref_logprobs, mask, "k3")
+        loss, stats = kl_loss(logprobs, ref_logprobs, mask)
         return kl_coef * loss, stats
 
     def state_dict(self) -> dict:
@@ -175,10 +160,10 @@ class GAE(Algorithm):
     def shape(self, scores, kl, values, mask, kl_coef) -> Shaped:
         rewards, non_score = per_token_rewards(scores, kl, mask, self.reward_kl_coef(kl_coef))
         if self.cfg.whiten_rewards:
-            rewards = self.whiten(rewards, mask, shift_mean=False)
+            rewards = global_masked_whiten(rewards, mask, shift_mean=False)
         advantages, returns = compute_gae(rewards, values, mask, self.cfg.gamma, self.cfg.lam)
         if self.cfg.whiten_advantages:
-            advantages = self.whiten(advantages, mask) * mask
+            advantages = global_masked_whiten(advantages, mask) * mask
         return Shaped(non_score, advantages, returns)
 
 
@@ -198,7 +183,8 @@ class ReinforceBaseline(Algorithm):
         self.baseline = RunningMeanBaseline(cfg.baseline_momentum)
 
     def sequence_advantages(self, rewards):
-        return self.baseline.advantages(rewards, self.batch_mean(rewards))
+        batch_mean = global_weighted_means({"m": float(rewards.mean())}, len(rewards))["m"]
+        return self.baseline.advantages(rewards, batch_mean)
 
     def state_dict(self) -> dict:
         return {"baseline": self.baseline.state_dict()}

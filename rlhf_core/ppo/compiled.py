@@ -12,11 +12,9 @@ RECOMPILE_LIMIT = 32  # ppo.compile: prompt widths x micro-batch row counts a ru
 
 
 class CompiledBlocks:
-    """``ppo.compile``: compiled twins of the trained models' decoder blocks, used while
-    :meth:`active`: the update's forward and backward through torch.compile, one decoder
-    block at a time ("regional" compilation, static shapes). Compiling a whole transformer
-    makes the warm-up trace every layer; the blocks of one class share their compiled code,
-    so warm-up costs about one block. Generation stays eager."""
+    """Compiled twins of the trained models' decoder blocks, used while :meth:`active`.
+    Compiling a whole transformer makes the warm-up trace every layer; the blocks of one class
+    share their compiled code, so warm-up costs about one block."""
 
     def __init__(self, models: Iterable[torch.nn.Module | None]):
         import torch._dynamo.config as dynamo_config

@@ -51,7 +51,6 @@ class DataParallelPPO(PPOTrainer):
                 f"({self.cfg.rollout_batch_size}) / ppo.samples_per_prompt "
                 f"({self.cfg.samples_per_prompt}) = {groups} prompts < model.nproc ({dp.world})")
         self.dp, self.seed, self.world_size = dp, seed, dp.world
-        self.algorithm.global_batch = True
         self.sharded: list[Sharded] = []
         if dp.parallel == "fsdp":
             self._shard()
@@ -84,9 +83,6 @@ class DataParallelPPO(PPOTrainer):
                 if net is not None:
                     stack.enter_context(net.no_sync())
             yield
-
-    def nets(self):
-        return self.policy_net, self.value_net
 
     # -- rollout ----------------------------------------------------------------------------
     def next_prompts(self) -> torch.Tensor:
@@ -139,13 +135,10 @@ class DataParallelPPO(PPOTrainer):
                           update_s: float) -> dict[str, float]:
         """The global batch's metrics (``stats`` from :meth:`update` are global already)."""
         local = super().iteration_metrics(exp, stats, rollout_s, update_s)
-        kept = set(stats) | set(SHARED_KEYS) | set(SUMMED_KEYS) | set(MAX_KEYS) | \
+        apart = set(stats) | set(SHARED_KEYS) | set(MAX_KEYS) | \
             {"val/explained_variance", "objective/advantage_abs_mean"}
-        out = global_weighted_means({k: v for k, v in local.items() if k not in kept},
-                                    exp.responses.shape[0])
-        summed = [k for k in SUMMED_KEYS if k in local]
-        out.update(zip(summed, all_reduce_sum(torch.tensor([local[k] for k in summed]))
-                       .tolist()))
+        out = self.dp.global_metrics({k: v for k, v in local.items() if k not in apart},
+                                     exp.responses.shape[0], SUMMED_KEYS)
         maxed = [k for k in MAX_KEYS if k in local]
         out.update(zip(maxed, all_reduce_max(torch.tensor([local[k] for k in maxed]))
                        .tolist()))

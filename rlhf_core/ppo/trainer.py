@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,14 +31,23 @@ from rlhf_core.ppo.ppo_math import (
     clipped_policy_loss,
     clipped_value_loss,
     entropy_from_log_softmax,
-    explained_variance,
     log_softmax_at,
+)
+from rlhf_core.ppo.report import (
+    GRAD_NORM_KEYS,
+    IterationFn,
+    MonitorFn,
+    VerdictFn,
+    Watcher,
+    decode,
+    rollout_metrics,
+    sample_rows,
+    weighted_sum,
 )
 from rlhf_core.ppo.rewards import RewardMix
 from rlhf_core.ppo.rollout import (
     Experience,
     RolloutSettings,
-    decode_responses,
     make_experience,
     pad_to,
     response_logits,
@@ -53,41 +62,7 @@ from rlhf_core.train.train_step import TrainStep
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# what the loop calls out to: the caller's callbacks and a watch (rlhf_core/health/watch.py,
-# a layer above); the loop knows only this protocol
-# on_iteration(iteration, metrics, sample rows | None)
-IterationFn = Callable[[int, dict[str, float], list[dict] | None], None]
-# monitor(prompts, responses, has_eos) -> metrics on the decoded rollouts
-MonitorFn = Callable[[list[str], list[str], list[bool]], dict[str, float]]
-VerdictFn = Callable[[Any], None]  # on_verdict(the watch's verdict of an iteration)
 
-
-class Watcher(Protocol):
-    """What the loop asks of a watch: ``observe`` each iteration -> a verdict whose ``stop``
-    ends PPO; ``restore_healthy`` puts the last healthy snapshot back."""
-
-    def observe(self, trainer: Any, iteration: int, metrics: dict[str, float]) -> Any: ...
-
-    def first_stop(self) -> Any: ...
-
-    def restore_healthy(self, trainer: Any, finding: Any) -> int | None: ...
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-def _weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> float:
-    """sum(weight * value) / n_updates with one device sync (values are 0-d tensors)."""
-    values = torch.stack([v.float() for _, v in pairs]).cpu().tolist()
-    total = 0.0
-    for (weight, _), value in zip(pairs, values):
-        total += value if weight == 1.0 else weight * value
-    return total / n_updates
-
-
-# the pre-clip gradient norm of each trained model, averaged over an iteration's steps
-GRAD_NORM_KEYS = {"policy": "policy/grad_norm_avg", "value": "val/grad_norm_avg"}
 class PPOTrainer:
     """Holds the models, the optimizer and the prompt stream; one ``step`` per iteration.
     The value model is a copy of the reward model (critic_init), or None for a critic-free
@@ -117,6 +92,8 @@ class PPOTrainer:
         for frozen in (self.ref_policy, self.reward_model):
             frozen.eval().requires_grad_(False)
         self.policy.train()
+        # what the update's forward runs (data parallel: DDP-wrapped or sharded copies)
+        self.policy_net, self.value_net = self.policy, self.value_model
         self.tokenizer, self.cfg, self.device = tokenizer, cfg, device
         # a Sequence: a RaggedIds makes the ids of a batch's prompts when they are drawn
         self.prompt_ids, self.norm_stats, self.generator = prompt_ids, norm_stats, generator
@@ -135,8 +112,7 @@ class PPOTrainer:
         self.optimise(self.policy, self.value_model, precision)
         # ppo.compile: the trained models' decoder blocks compiled for the update (static
         # shapes: prompts padded to a multiple of 16, responses to max_new_tokens)
-        self.compiled = (CompiledBlocks([self.policy, self.value_model]) if cfg.compile
-                         else None)
+        self.compiled = CompiledBlocks([self.policy, self.value_model]) if cfg.compile else None
         self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
                        if cfg.adaptive_kl else FixedKLController(cfg.kl_coef))
         self.iteration, self.episode = 0, 0
@@ -144,19 +120,15 @@ class PPOTrainer:
         # a health finding that ended PPO, and the iteration of the snapshot restored
         self.stopped: Any = None
         self.restored_iteration: int | None = None
-        self.prompt_stream = ShuffledBatches(len(self.prompt_ids),
-                                             cfg.rollout_batch_size // cfg.samples_per_prompt,
-                                             generator)
-        self.ptx = None
-        if cfg.ptx_coef > 0:
-            self.ptx = PretrainMix(pretrain_ids or [], cfg.ptx_batch_size or
-                                   cfg.micro_batch_size or cfg.minibatch_size,
-                                   tokenizer.pad_token_id, generator, device)
+        self.prompt_stream = ShuffledBatches(
+            len(self.prompt_ids), cfg.rollout_batch_size // cfg.samples_per_prompt, generator)
+        self.ptx = PretrainMix(
+            pretrain_ids or [], cfg.ptx_batch_size or cfg.micro_batch_size or cfg.minibatch_size,
+            tokenizer.pad_token_id, generator, device) if cfg.ptx_coef > 0 else None
 
     def optimise(self, policy: torch.nn.Module, value_model: torch.nn.Module | None,
                  precision: str) -> None:
-        """The optimizer, its schedule and the train step over the trained models' parameters,
-        whose gradient norms are recorded apart (GRAD_NORM_KEYS)."""
+        """The optimizer, its schedule and the train step over these models' parameters."""
         groups = {"policy": list(policy.parameters())}
         if value_model is not None:
             groups["value"] = list(value_model.parameters())
@@ -255,7 +227,7 @@ class PPOTrainer:
                         # the same on every rank: each adds its 1/world share of the mean
                         recorded[GRAD_NORM_KEYS[group]].append((1.0 / self.world_size, norm))
                     n_updates += 1
-        return {key: _weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
+        return {key: weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
 
     def global_lengths(self, local: torch.Tensor) -> torch.Tensor:
         """The global batch's response lengths from this process's ``local`` ones."""
@@ -267,10 +239,6 @@ class PPOTrainer:
         micro = self.cfg.micro_batch_size or len(idx)
         return [(idx[i: i + micro], 1.0) for i in range(0, len(idx), micro)]
 
-    def nets(self):
-        """(policy, value model) as the update's forward runs them (DDP-wrapped when parallel)."""
-        return self.policy, self.value_model
-
     def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
         """Clipped policy loss - entropy bonus (+ clipped value loss, + the algorithm's extra
         loss) on ``rows`` (CPU indices), from one forward of the policy and value model,
@@ -278,7 +246,7 @@ class PPOTrainer:
         ``ppo.compile``: static shapes) -> (loss, stats)."""
         cfg, P = self.cfg, exp.context_length
         idx = rows.to(self.device)
-        policy, value_model = self.nets()
+        policy, value_model = self.policy_net, self.value_net
         pad_id = self.tokenizer.pad_token_id
         width = cfg.max_new_tokens if self.compiled is not None else R  # static shapes
 
@@ -314,30 +282,9 @@ class PPOTrainer:
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:
-        """The iteration's metrics, TRL's names where TRL has them: the batch's objective (sums
-        over tokens, means over the batch), response lengths, EOS and truncation (with a
-        critic, the explained variance), the loop's and ``stats``."""
-        mask = exp.response_mask
-        non_score = exp.non_score_rewards.sum(1).mean()
-        lengths = mask.sum(1)
-        truncated = (lengths >= self.cfg.max_new_tokens) & ~exp.has_eos  # cut at the budget
-        metrics = {
-            "objective/kl": float(exp.kl.sum(1).mean()),
-            "objective/entropy": float((-exp.logprobs * mask).sum(1).mean()),
-            "objective/non_score_reward": float(non_score),
-            "objective/rlhf_reward": float(non_score + exp.scores.mean()),
-            "objective/scores": float(exp.scores.mean()),
-            "objective/raw_scores": float(exp.raw_scores.mean()),
-            "objective/advantage_abs_mean": float(masked_mean(exp.advantages.abs(), mask)),
-            "val/num_eos_tokens": float(exp.has_eos.sum()),
-            "response/length_mean": float(lengths.float().mean()),
-            "response/length_max": float(lengths.max()),
-            "response/truncated_rate": float(truncated.float().mean()),
-            "response/eos_rate": float(exp.has_eos.float().mean()),
-        }
-        if self.value_model is not None:
-            metrics["val/explained_variance"] = float(explained_variance(exp.values, exp.returns,
-                                                                         mask))
+        """The iteration's metrics: the rollout batch's (:func:`rollout_metrics`), the loop's,
+        the reward's sources' and the update's ``stats``."""
+        metrics = rollout_metrics(exp, self.cfg.max_new_tokens, self.value_model is not None)
         n_tokens = float(exp.response_mask.sum())
         metrics.update({
             "objective/kl_coef": float(self.kl_ctl.value),
@@ -350,23 +297,6 @@ class PPOTrainer:
         metrics.update(exp.reward_metrics)
         metrics.update(stats)
         return metrics
-
-    def decode(self, exp: Experience, n: int | None = None) -> tuple[list[str], list[str]]:
-        """Prompt and response texts of the first n rollouts (the prompt keeps its special
-        tokens, which show a chat prompt's turns)."""
-        P, pad, rows = exp.context_length, self.tokenizer.pad_token_id, slice(n)
-        prompts = [self.tokenizer.decode(p[p != pad], skip_special_tokens=False)
-                   for p in exp.query_responses[rows, :P]]
-        return prompts, decode_responses(self.tokenizer, exp.responses[rows],
-                                         exp.response_mask[rows])
-
-    def sample_rows(self, exp: Experience, n: int) -> list[dict]:
-        """The first n rollouts as table rows."""
-        prompts, responses = self.decode(exp, n)
-        return [{"iteration": self.iteration, "prompt": prompts[i], "response": responses[i],
-                 "score": float(exp.raw_scores[i]), "normalised_score": float(exp.scores[i]),
-                 "kl": float(exp.kl[i].sum()), "has_eos": bool(exp.has_eos[i])}
-                for i in range(len(prompts))]
 
     # -- checkpoints ------------------------------------------------------------------------
     @property
@@ -383,8 +313,7 @@ class PPOTrainer:
                             label="ppo")
 
     def restore(self, checkpointer: Checkpointer) -> tuple[int, dict] | None:
-        """The latest checkpoint's models, optimizer and random state -> (iteration, loop
-        state), or None."""
+        """Load the latest checkpoint in place -> (iteration, loop state), or None."""
         return checkpointer.restore(self.optimizer, self.scheduler, self.generator,
                                     self.cfg.optim.lr)
 
@@ -444,12 +373,12 @@ class PPOTrainer:
             last, exp = self.step()
             heap.tick()
             if monitor is not None:
-                prompts, responses = self.decode(exp)
+                prompts, responses = decode(self.tokenizer, exp)
                 last.update(monitor(prompts, responses, exp.has_eos.tolist()))
             verdict = watch.observe(self, self.iteration, last) if watch is not None else None
             samples = None
             if self.iteration % self.cfg.sample_every == 0 or self.iteration == 1:
-                samples = self.sample_rows(exp, self.cfg.num_samples)
+                samples = sample_rows(self.tokenizer, exp, self.iteration, self.cfg.num_samples)
             if on_iteration:
                 on_iteration(self.iteration, last, samples)
             if verdict is not None and on_verdict:
@@ -458,16 +387,13 @@ class PPOTrainer:
             bar.set_postfix(score=f"{last['objective/scores']:.2f}",
                             kl=f"{last['objective/kl']:.2f}")
             if verdict is not None and self.agree_to_stop(verdict.stop is not None):
-                self.stop_at(watch, verdict)
+                # this rank's stop, or another's: the last healthy snapshot comes back
+                self.stopped = verdict.stop or watch.first_stop()
+                if self.stopped is not None:
+                    self.restored_iteration = watch.restore_healthy(self, self.stopped)
                 break
             if checkpointer is not None and checkpointer.due(self.iteration,
                                                              self.cfg.iterations):
                 self.save(checkpointer, self._loop_state(last, watch))
         bar.close()
         return last
-
-    def stop_at(self, watch: Watcher, verdict: Any) -> None:
-        """End PPO on ``verdict``'s (or another rank's) stop; restores the last healthy snapshot."""
-        self.stopped = verdict.stop or watch.first_stop()
-        if self.stopped is not None:
-            self.restored_iteration = watch.restore_healthy(self, self.stopped)

@@ -101,6 +101,7 @@ def train_steps(
                                    **{k: v.state_dict() for k, v in streams.items()}})
         crash_point(f"{name}:step:{step}")
     bar.close()
-    if sharded:
-        sharded.finish(device)
+    if sharded:  # the full weights back in ``model``, on the training device
+        sharded.gather()
+        model.to(device)
     return last

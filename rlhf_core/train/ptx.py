@@ -26,12 +26,9 @@ def chunk_ids(token_rows: Sequence[Sequence[int]], max_tokens: int) -> list[list
 
 
 def lm_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean -log p(token | tokens before) over the real tokens that have a predecessor.
-
-    Args:
-        logits: [B, T, V]; ids: [B, T] right-padded; mask: [B, T] True at real tokens.
-    Returns:
-        The scalar loss (an error when no row has two real tokens)."""
+    """Mean -log p(token | tokens before) over the real tokens that have a predecessor: logits
+    [B, T, V], right-padded ids [B, T], mask [B, T] True at real tokens -> the scalar loss (an
+    error when no row has two real tokens)."""
     target = mask[:, 1:]  # [B, T-1] a real token predicted from the ones before it
     n = target.sum()
     if int(n) == 0:

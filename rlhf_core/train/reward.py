@@ -23,10 +23,8 @@ from rlhf_core.train.optim import LogFn
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
                        margin: torch.Tensor | None = None):
-    """-log sigmoid(r_c - r_r - margin), mean over pairs (README § Sources [RM]).
-
-    Args: chosen, rejected: [B] rewards; margin: optional [B].
-    Returns: (loss scalar, stats)."""
+    """-log sigmoid(r_c - r_r - margin), mean over pairs (README § Sources [RM]): chosen,
+    rejected [B] rewards, optional margin [B] -> (loss scalar, stats)."""
     if chosen.numel() == 0:
         raise ValueError("bradley_terry_loss: empty batch")
     diff = chosen - rejected  # (B,)

@@ -55,9 +55,7 @@ class TrainStep:
         return full_norm(torch.nn.utils.get_total_norm(grads))
 
     def run(self, micro_batches: Iterable[MicroBatch], step: int) -> torch.Tensor:
-        """One optimizer step over the micro-batches -> the pre-clip gradient norm: weighted
-        backward of each, unscale, clip, check the losses and the gradient norm finite, then
-        step optimizer and schedule."""
+        """One optimizer step over the micro-batches -> the pre-clip gradient norm."""
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches, losses = list(micro_batches), []
         for i, micro in enumerate(micro_batches):

@@ -16,15 +16,18 @@ def empty_input_for_none(schema: dict[str, Any]) -> None:
     'Property is type "None"' side; a field with a value default keeps its None choice."""
     for prop in schema.get("properties", {}).values():
         options = prop.get("anyOf", [])
-        if prop.get("default", 0) is not None or not any(o.get("type") == "null"
-                                                          for o in options):
-            continue
-        rest = [o for o in prop.pop("anyOf") if o.get("type") != "null"]
-        del prop["default"]
-        if len(rest) == 1:
-            prop.update(rest[0])
-        else:
-            prop["anyOf"] = rest
+        if prop.get("default", 0) is None and any(o.get("type") == "null" for o in options):
+            del prop["default"]
+            _without_null(prop)
+
+
+def _without_null(schema: dict[str, Any]) -> None:
+    """``X | None`` drawn as X: the null option dropped, a single option left taken in."""
+    options = [o for o in schema.pop("anyOf", []) if o.get("type") != "null"]
+    if len(options) == 1:
+        schema.update(options[0])
+    elif options:
+        schema["anyOf"] = options
 
 
 def defaults_in_words(schema: dict[str, Any]) -> None:
@@ -129,11 +132,7 @@ class Form:
 
     def __get_pydantic_json_schema__(self, schema: Any, handler) -> dict[str, Any]:
         drawn = handler(schema)
-        options = [o for o in drawn.pop("anyOf", []) if o.get("type") != "null"]
-        if len(options) == 1:
-            drawn.update(options[0])
-        elif options:
-            drawn["anyOf"] = options
+        _without_null(drawn)
         draw_form(drawn, handler)
         return drawn
 

@@ -13,12 +13,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from data_checks.config import (
-    DataConfig,
-    ValidationConfig,
-    blank_data,
-    blank_data_form,
-)
+from data_checks.config import DataConfig, ValidationConfig, blank_data, blank_data_form
 from rlhf_core.config import (
     EvalConfig,
     ModelConfig,
@@ -30,13 +25,15 @@ from rlhf_core.config import (
 )
 from tasks.config.form import blanks_as_none, draw_form, form_values
 from tasks.config.sections import (
-    FROM_SCRATCH_LR,
     CollectConfig,
     DemoConfig,
     RetrainConfig,
     RoutingConfig,
     TrackingConfig,
 )
+
+# a learning rate at or above this (x10 with LoRA) is one for training from scratch
+FROM_SCRATCH_LR = 5e-4
 
 
 class PipelineConfig(Section):

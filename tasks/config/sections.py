@@ -9,10 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from data_checks.labels import LabelRules
-from rlhf_core.config import (
-    REGISTERED_SCORER,
-    Section,
-)
+from rlhf_core.config import REGISTERED_SCORER, Section
 from rlhf_core.demo import DemoSizes
 
 # --- the retrain loop (``retrain:``) and its gate
@@ -170,10 +167,6 @@ class CollectConfig(Section):
     schedule: ScheduleConfig | None = Field(None, description="None: manual runs only.")
     quality: LabelQualityConfig = Field(LabelQualityConfig())
     destination: DestinationConfig = Field(DestinationConfig())
-
-
-# a learning rate at or above this (x10 with LoRA) is one for training from scratch
-FROM_SCRATCH_LR = 5e-4
 
 
 class DemoConfig(Section):

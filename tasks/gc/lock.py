@@ -25,7 +25,8 @@ class StoreBusy(Exception):  # noqa: N818 - a stop, named after its cause
 def one_gc(cfg) -> Iterator[None]:
     """Hold the gc lock of the config's store (beside a SQLite file, else in the temp
     folder); wait up to ``WAIT_S`` for another holder, then StoreBusy."""
-    from tasks.platform.mlflow.runs import default_tracking_uri, resolved_store
+    from tasks.platform.mlflow.addresses import default_tracking_uri
+    from tasks.platform.mlflow.runs import resolved_store
 
     store = resolved_store(default_tracking_uri(cfg.tracking.tracking_uri))
     if store.startswith("sqlite:///"):

@@ -36,7 +36,7 @@ from tasks.gc.store import (
 )
 from tasks.pipeline.owners import owner_lock_kept, unowned
 from tasks.pipeline.retention import TRASH, remove_tree, trash_in, tree_bytes
-from tasks.platform.mlflow.runs import default_tracking_uri
+from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
 from tasks.retrain.labels.imports import QUARANTINE
 from tasks.retrain.labels.pull import pulled_in_full
@@ -47,6 +47,7 @@ DAY_S = 86400.0
 AGE_KEY = "tracking.gc_deleted_age_days"
 # what a killed gate or stage leaves: unfinished files and a checkpoint save's temp folder
 LEFTOVERS = ("*.part", ".*.tmp")
+STOPPED = "left by a deletion that was stopped midway"
 
 
 class Found(BaseModel):
@@ -84,6 +85,12 @@ class GcPlan(BaseModel):
         return [f for f in self.found if not f.delete]
 
 
+def _goes(kind: Kind, path: Path, reason: str, **more) -> Found:
+    """``path`` marked for deletion, with its size."""
+    return Found(kind=kind, target=str(path), delete=True, bytes=tree_bytes(path),
+                 reason=reason, **more)
+
+
 def is_hex(name: str, length: int) -> bool:
     """A run id (32 hex digits) or a validation cache key (64)."""
     return len(name) == length and all(c in "0123456789abcdef" for c in name)
@@ -94,8 +101,7 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
     root = Path(cfg.tracking.workdir)
     if not root.is_dir():
         return []
-    out = [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
-                 reason="left by a deletion that was stopped midway") for p in trash_in(root)]
+    out = [_goes("trash", p, STOPPED) for p in trash_in(root)]
     folders = {p.name: p for p in root.iterdir() if p.is_dir() and is_hex(p.name, 32)}
     runs = stored_runs(uri, sorted(folders))
     finished = []
@@ -106,8 +112,7 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
         elif run_id in needed:
             why = f"needed by {needed[run_id]}"
         elif run.deleted:
-            out.append(Found(kind="run folder", target=str(path), delete=True,
-                             bytes=tree_bytes(path), reason="its run is marked deleted in MLflow"))
+            out.append(_goes("run folder", path, "its run is marked deleted in MLflow"))
             continue
         elif run.status != "FINISHED":
             why = f"{run.status}: kept until resumed, or deleted in MLflow (resume state)"
@@ -124,9 +129,8 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
                              reason=f"finished {when}, among the newest {keep} finished runs"))
             out += _leftovers(path, runs[run_id])
         else:
-            out.append(Found(kind="run folder", target=str(path), delete=True,
-                             bytes=tree_bytes(path), reason=f"finished {when}, older than the "
-                             f"newest {keep} finished runs (tracking.gc_keep_runs)"))
+            out.append(_goes("run folder", path, f"finished {when}, older than the newest "
+                             f"{keep} finished runs (tracking.gc_keep_runs)"))
     return out
 
 
@@ -150,8 +154,7 @@ def _leftovers(folder: Path, run) -> list[Found]:
     else:
         paths = [p for p in paths if _old(p, 1, time.time())]
         why = "a day old or more, in a run folder no stage has locked"
-    return [Found(kind="leftover", target=str(p), delete=True, bytes=tree_bytes(p),
-                  reason=f"left by a killed gate or stage; {why}") for p in paths]
+    return [_goes("leftover", p, f"left by a killed gate or stage; {why}") for p in paths]
 
 
 def _old(path: Path, max_age_days: float, now: float) -> bool:
@@ -234,8 +237,8 @@ def _batches(cfg: PipelineConfig, uri: str, now: float) -> list[Found]:
             out.append(Found(kind="batch", target=str(path), delete=False,
                              reason=f"consumed by run {run_id}, which keeps no copy of it"))
         else:
-            out.append(Found(kind="batch", target=str(path), delete=True, bytes=tree_bytes(path),
-                             reason=f"consumed by run {run_id} (which keeps its copy), {age}"))
+            out.append(_goes("batch", path, f"consumed by run {run_id} (which keeps its copy), "
+                             f"{age}"))
     quarantined = watch / QUARANTINE
     for path in sorted(quarantined.iterdir()) if quarantined.is_dir() else []:
         if not path.is_file() or path.name.startswith(TRASH):
@@ -244,19 +247,14 @@ def _batches(cfg: PipelineConfig, uri: str, now: float) -> list[Found]:
         out.append(Found(kind="batch", target=str(path), delete=old,
                          bytes=tree_bytes(path) if old else 0,
                          reason=f"quarantined, {'' if old else 'not '}{age}"))
-    return out + [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
-                        reason="left by a deletion that was stopped midway")
-                  for p in trash_in(watch) + trash_in(quarantined)]
+    return out + [_goes("trash", p, STOPPED) for p in trash_in(watch) + trash_in(quarantined)]
 
 
 def _pulls(cfg: PipelineConfig) -> list[Found]:
     root = Path(cfg.collect.out_dir) / "pulls"
-    out = [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
-                 reason="left by a deletion that was stopped midway") for p in trash_in(root)]
-    return out + [Found(kind="pull record", target=str(folder), delete=True,
-                        bytes=tree_bytes(folder), pairs=pairs,
-                        reason=f"collection {cid}: all {pairs} pairs pulled and imported")
-                  for cid, folder, pairs in pulled_in_full(cfg)]
+    out = [_goes("trash", p, STOPPED) for p in trash_in(root)]
+    return out + [_goes("pull record", folder, f"collection {cid}: all {pairs} pairs pulled "
+                        "and imported", pairs=pairs) for cid, folder, pairs in pulled_in_full(cfg)]
 
 
 def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
@@ -276,9 +274,8 @@ def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
             used.append(path)
             continue
         what = "tokenized chunk" if path.parent == chunks else "passed validation"
-        out.append(Found(kind="cache", target=str(path), delete=True, bytes=tree_bytes(path),
-                         reason=f"{what} unused for {days:g} days "
-                                "(tracking.gc_cache_age_days)"))
+        out.append(_goes("cache", path, f"{what} unused for {days:g} days "
+                         "(tracking.gc_cache_age_days)"))
     if used:
         n = sum(p.parent == chunks for p in used)
         out.append(Found(kind="cache", target=str(cache.root), delete=False,
@@ -286,9 +283,8 @@ def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
                                 f"used within {days:g} days"))
     leftovers = [p for folder in (cache.root, chunks) if folder.is_dir()
                  for p in folder.iterdir() if p.name.startswith(".") and _old(p, 1, now)]
-    return out + [Found(kind="trash", target=str(p), delete=True, bytes=tree_bytes(p),
-                        reason="left by a write or deletion stopped midway, a day ago or more")
-                  for p in sorted(leftovers)]
+    return out + [_goes("trash", p, "left by a write or deletion stopped midway, a day ago or "
+                        "more") for p in sorted(leftovers)]
 
 
 def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None) -> GcPlan:

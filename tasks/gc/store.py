@@ -14,6 +14,7 @@ from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel, ConfigDict
 
+from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.errors import PurgeFailed
 from tasks.platform.mlflow.registry import (
     CANDIDATE,
@@ -22,7 +23,7 @@ from tasks.platform.mlflow.registry import (
     PREVIOUS,
     alias_version,
 )
-from tasks.platform.mlflow.runs import default_tracking_uri, experiment_client, tracking_client
+from tasks.platform.mlflow.runs import experiment_client, tracking_client
 from tasks.platform.mlflow.tags import (
     COLLECTION_TAG,
     PARENT_TAG,
@@ -31,7 +32,7 @@ from tasks.platform.mlflow.tags import (
     VALIDATE_ONLY_TAG,
     stage_run_tag,
 )
-from tasks.retrain.store import CONSUMED_COPY
+from tasks.retrain.store import CONSUMED_COPY, every_run
 
 CHUNK = 100  # run ids per `IN (...)` filter
 ALIASES = (CHAMPION, CHALLENGER, PREVIOUS, CANDIDATE)
@@ -61,8 +62,8 @@ def _stored(run) -> StoredRun:
                      artifact_uri=run.info.artifact_uri)
 
 
-def _experiment_ids(client) -> list[str]:
-    return [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+def _experiment_ids(client, view_type: int = ViewType.ALL) -> list[str]:
+    return [e.experiment_id for e in client.search_experiments(view_type=view_type)]
 
 
 def store_missing(configured: str | None) -> str | None:
@@ -118,15 +119,8 @@ def _parent_of(client, run_id: str) -> str | None:
 def deleted_runs(tracking_uri: str) -> list[StoredRun]:
     """Every run marked deleted, with its deletion time where the store records it."""
     client = tracking_client(tracking_uri)
-    experiments = _experiment_ids(client)
-    out, token = [], None
-    while True:
-        page = client.search_runs(experiments, run_view_type=ViewType.DELETED_ONLY,
-                                  max_results=1000, page_token=token)
-        out += [_stored(r) for r in page]
-        token = page.token
-        if not token:
-            break
+    out = [_stored(r) for r in every_run(client, _experiment_ids(client),
+                                         run_view_type=ViewType.DELETED_ONLY)]
     when = deletion_times(tracking_uri, [r.run_id for r in out])
     return [r.model_copy(update={"deleted_time": when.get(r.run_id)}) for r in out]
 
@@ -169,8 +163,7 @@ def stage_runs(tracking_uri: str, parents: list[str]) -> dict[str, list[StoredRu
 
 def deleted_experiments(tracking_uri: str) -> list[str]:
     """Experiments marked deleted: `mlflow gc` removes them, with their runs, too."""
-    client = tracking_client(tracking_uri)
-    return [e.experiment_id for e in client.search_experiments(view_type=ViewType.DELETED_ONLY)]
+    return _experiment_ids(tracking_client(tracking_uri), ViewType.DELETED_ONLY)
 
 
 def purge_runs(tracking_uri: str, run_ids: list[str]) -> None:

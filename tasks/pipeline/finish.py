@@ -12,7 +12,8 @@ from tasks.pipeline.retention import drop_resume_state
 from tasks.pipeline.stages.graph import latest
 from tasks.pipeline.stages.ppo import STAGE as PPO
 from tasks.pipeline.stages.records import StageRecord
-from tasks.platform.mlflow.parent_run import end_parent_run, log_parent_plot, stage_metric_histories
+from tasks.platform.mlflow.artifacts import log_artifact
+from tasks.platform.mlflow.parent_run import PLOTS, end_run, stage_metric_histories
 from tasks.platform.mlflow.runs import RunContext, mark_ended
 
 CURVES = (("objective/scores", "normalised RM score"), ("objective/kl", "KL to reference"),
@@ -42,7 +43,7 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
     path = f"{ctx.workdir}/ppo_curves.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    log_parent_plot(ctx, path)
+    log_artifact(ctx.client(), ctx.parent_run_id, path, PLOTS)
     return path
 
 
@@ -66,7 +67,7 @@ def finish(ctx: RunContext, outputs: dict[str, StageRecord],
 
 def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
     """Mark the parent run FINISHED, then delete its resume state unless kept."""
-    end_parent_run(ctx, "FINISHED")
+    end_run(ctx.client(), ctx.parent_run_id, "FINISHED")
     if not keep_resume_state:
         drop_resume_state(Path(ctx.workdir))
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,43 +11,30 @@ from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
 from rlhf_core.models.sources import cached_digest, resolve_model_source
-from tasks.config.pipeline_config import PipelineConfig, flatten
+from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.devices import setup_torch
-from tasks.pipeline.identity import ResumeRefused, changed_inputs, digest_tags, input_digests
+from tasks.pipeline.identity import RunIdentity
 from tasks.pipeline.judge import config_judge_name
 from tasks.pipeline.rewards import check_reward_sources
 from tasks.platform.files import read_json, write_json
+from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.parent_run import (
     create_parent_run,
-    end_parent_run,
     end_run,
-    keep_resumed_config,
     parent_runs,
     reopen_run,
     run_to_resume,
 )
 from tasks.platform.mlflow.runs import (
     RunContext,
-    default_tracking_uri,
     ensure_experiment,
     ensure_store,
     hardware_tags,
     set_tags,
     tracking_client,
 )
-from tasks.platform.mlflow.tags import (
-    CONFIG_HASH_TAG,
-    GIT_COMMIT_TAG,
-    PRECISION_TAG,
-    PREFECT_FLOW_RUN_TAG,
-    RUN_NAME_TAG,
-    SEED_TAG,
-    VERSION_PREFIX,
-)
+from tasks.platform.mlflow.tags import PRECISION_TAG, PREFECT_FLOW_RUN_TAG, RUN_NAME_TAG
 from tasks.platform.prefect.remote import check_deployments
-from tasks.platform.redact import redacted
-
-PACKAGES = ("torch", "transformers", "prefect", "mlflow", "datasets", "great_expectations")
 
 
 class Prepared(BaseModel):
@@ -68,26 +53,6 @@ class Prepared(BaseModel):
     batch_rows: list[dict] = []
     trained_on: list[str] = []
     batch_sources: dict[str, str] = {}
-
-
-def package_versions() -> dict[str, str]:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[VERSION_PREFIX + name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[VERSION_PREFIX + name] = "absent"
-    return out
-
-
-def git_commit() -> str | None:
-    """HEAD of the git checkout the code runs from, when there is one."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def default_run_name(cfg: PipelineConfig) -> str:
@@ -110,38 +75,26 @@ def _prefect_flow_run_id() -> str | None:
         return None
 
 
-def _resumable(client, exp_id: str, cfg: PipelineConfig, flow_run_id: str | None,
-               digests: dict[str, str]):
+def _resumable(client, exp_id: str, identity: RunIdentity):
     """The parent run to continue: the same Prefect flow run, else the same run name with
     unchanged inputs (a changed one is never continued: a new run starts, saying why)."""
-    if flow_run_id:
-        found = parent_runs(client, exp_id, f"tags.`{PREFECT_FLOW_RUN_TAG}` = '{flow_run_id}'")
+    if identity.flow_run_id:
+        found = parent_runs(client, exp_id, PREFECT_FLOW_RUN_TAG, identity.flow_run_id)
         if found:
             return found[0].info.run_id
-    name = cfg.tracking.run_name
+    name = identity.cfg.tracking.run_name
     if not name:
         return None
-    same_name = parent_runs(client, exp_id, f"tags.`{RUN_NAME_TAG}` = '{name}'")
+    same_name = parent_runs(client, exp_id, RUN_NAME_TAG, name)
     for run in same_name:
-        if not changed_inputs(run.data.tags, cfg, digests):
+        if not identity.changes(run.data.tags):
             return run.info.run_id
     if same_name:
-        changes = changed_inputs(same_name[0].data.tags, cfg, digests)
+        changes = identity.changes(same_name[0].data.tags)
         print(f"rlhf: run name '{name}' (run {same_name[0].info.run_id}) was made from other "
               f"inputs, changed: {'; '.join(changes)}. Starting a new run; its finished "
               "stages are not reused.", file=sys.stderr)
     return None
-
-
-def _check_resume(run, cfg: PipelineConfig, digests: dict[str, str]) -> None:
-    """An explicit resume may change settings (recorded below) but never its data."""
-    changes = changed_inputs(run.data.tags, cfg, digests, include_config=False)
-    if changes:
-        raise ResumeRefused(
-            f"cannot resume run {run.info.run_id}: its inputs changed since it began: "
-            f"{'; '.join(changes)}. Its finished stages were made from the old data. Restore "
-            "the data, or start a new run (without --resume, or with another "
-            "tracking.run_name).")
 
 
 def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
@@ -152,29 +105,18 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
     ensure_store(uri)
     client = tracking_client(uri)
     exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
-    run_name = cfg.tracking.run_name or run_name or default_run_name(cfg)
-    flow_run_id = _prefect_flow_run_id()
-    digests = input_digests(cfg)
-    run_id = resume_run_id or _resumable(client, exp_id, cfg, flow_run_id, digests)
+    identity = RunIdentity.of(cfg, cfg.tracking.run_name or run_name or default_run_name(cfg),
+                              _prefect_flow_run_id())
+    run_id = resume_run_id or _resumable(client, exp_id, identity)
     if run_id is not None:
         run = run_to_resume(client, run_id)
-        _check_resume(run, cfg, digests)
-        exp_id, run_name = run.info.experiment_id, run.info.run_name or run_name
-        reopen_run(client, run_id)
-        if run.data.tags.get(CONFIG_HASH_TAG) != cfg.config_hash():
-            # resumed with changed settings: record what the continuation ran with
-            keep_resumed_config(client, run_id, redacted(cfg.model_dump(mode="json")),
-                                cfg.config_hash())
+        identity.check_resume(run)
+        exp_id, run_name = run.info.experiment_id, run.info.run_name or identity.run_name
+        reopen_run(client, run, identity.config, identity.config_hash)
     else:
-        tags = {RUN_NAME_TAG: run_name, CONFIG_HASH_TAG: cfg.config_hash(),
-                SEED_TAG: str(cfg.seed), **package_versions(), **digest_tags(digests)}
-        commit = git_commit()
-        if commit:
-            tags[GIT_COMMIT_TAG] = commit
-        if flow_run_id:
-            tags[PREFECT_FLOW_RUN_TAG] = str(flow_run_id)
-        config = redacted(cfg.model_dump(mode="json"))
-        run_id = create_parent_run(client, exp_id, run_name, flatten(config), tags, config)
+        run_name = identity.run_name
+        run_id = create_parent_run(client, exp_id, run_name, identity.new_run_tags(),
+                                   identity.config)
     # the stages' thread count from here on, so each run's rlhf.hw.threads is the one used
     from rlhf_core.models.precision import choose_precision
 
@@ -286,13 +228,12 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
     try:
         return _resolve_inputs(cfg, ctx)
     except BaseException:
-        end_parent_run(ctx, "FAILED")
+        end_run(ctx.client(), ctx.parent_run_id, "FAILED")
         raise
 
 
 def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> Prepared:
     data, base_model = cfg.data, cfg.model.base_model
-    judge = config_judge_name(cfg)
     if cfg.demo.enabled:
         assets = demo_assets(cfg, Path(ctx.workdir))
         base_model = base_model or assets["base_model"]
@@ -307,5 +248,5 @@ def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> Prepared:
     if source:
         digest = cached_digest(base_model)
         named = {"source": source, **({"sha256": digest} if digest else {})}
-    return Prepared(ctx=ctx, data=data, base_model=base_model, tokenizer=tokenizer, judge=judge,
-                    base_source=named)
+    return Prepared(ctx=ctx, data=data, base_model=base_model, tokenizer=tokenizer,
+                    judge=config_judge_name(cfg), base_source=named)

@@ -58,6 +58,10 @@ class Decision(BaseModel):
         held = ", awaiting approval" if self.hold else ""
         return self.verdict or "gate: " + ("promote" if self.promote else "keep") + held
 
+    def noted(self, note: str) -> Decision:
+        """The same decision, ``note`` added to its reason."""
+        return self.model_copy(update={"reason": f"{self.reason}; {note}"})
+
 
 def register_decision(champion: dict | None, scorer: str | None, key: str,
                       score: float) -> Decision:
@@ -95,16 +99,13 @@ def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) 
     if decision.verdict != "first":
         return decision
     if "eval/vs_start_diff_high" not in metrics:
-        return decision.model_copy(update={"reason": f"{decision.reason}; it rests on the "
-                                           "reward model alone: no scorer independent of it "
-                                           "(gold judge, ppo.health.scorer, judge reward model) "
-                                           "compared it with its start policy"})
+        return decision.noted("it rests on the reward model alone: no scorer independent of it "
+                              "(gold judge, ppo.health.scorer, judge reward model) compared it "
+                              "with its start policy")
     n = int(metrics.get("eval/num_prompts", FIRST_CHAMPION_MIN_PROMPTS))
     if n < FIRST_CHAMPION_MIN_PROMPTS:
-        return decision.model_copy(update={"reason": f"{decision.reason}; its comparison with "
-                                           f"its start policy ({n} prompts, fewer than "
-                                           f"{FIRST_CHAMPION_MIN_PROMPTS}) is too small to "
-                                           "refuse it on"})
+        return decision.noted(f"its comparison with its start policy ({n} prompts, fewer than "
+                              f"{FIRST_CHAMPION_MIN_PROMPTS}) is too small to refuse it on")
     diff, low, high = (metrics[f"eval/vs_start_diff{k}"] for k in ("", "_low", "_high"))
     rate = metrics.get("eval/vs_start_win_rate", float("nan"))
     figures = (f"by {start_scorer or 'an independent scorer'}: mean difference {diff:+.3f}, "
@@ -113,8 +114,7 @@ def first_champion(decision: Decision, metrics: dict, start_scorer: str | None) 
         return Decision(promote=False, verdict="worse-than-start",
                         reason=f"not made the first champion: worse than the policy it started "
                                f"from {figures}; it stays challenger")
-    return decision.model_copy(update={"reason": f"{decision.reason}; not worse than its start "
-                                       f"policy {figures}"})
+    return decision.noted(f"not worse than its start policy {figures}")
 
 
 def tax_veto(decision: Decision, over: str | None, override: bool) -> Decision:
@@ -130,8 +130,7 @@ def _overridden_or_refused(decision: Decision, why: str, override: bool,
                            verdict: str) -> Decision:
     """A promotion that ``why`` blocks: kept with the override said, else refused naming it."""
     if override:
-        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
-                                           f"{why} (tracking.promote_flagged)"})
+        return decision.noted(f"promoted although {why} (tracking.promote_flagged)")
     return Decision(promote=False, verdict=verdict, scorer=decision.scorer,
                     champion_score=decision.champion_score,
                     reason=f"not made champion: {why} (to promote it anyway: "
@@ -146,13 +145,9 @@ def health_veto(decision: Decision, blocked: str | None, override: bool,
     retrain's first champion; without it no round could start), noting the finding."""
     if not decision.promote or blocked is None:
         return decision
-    if bootstrap:
-        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
-                                           f"{blocked}: a retrain's first champion (the next "
-                                           "rounds collect pairs on its answers and every "
-                                           "move after passes the gate)"})
-    if gated:
-        return decision.model_copy(update={"reason": f"{decision.reason}; promoted although "
-                                           f"{blocked}: the gate's paired test against the "
-                                           "champion outweighs the health finding"})
+    if bootstrap or gated:
+        why = ("a retrain's first champion (the next rounds collect pairs on its answers and "
+               "every move after passes the gate)" if bootstrap else
+               "the gate's paired test against the champion outweighs the health finding")
+        return decision.noted(f"promoted although {blocked}: {why}")
     return _overridden_or_refused(decision, blocked, override, "health")

@@ -4,7 +4,7 @@ figures, the registry decision and why, and links into MLflow."""
 from __future__ import annotations
 
 from tasks.pipeline.results import PipelineResult
-from tasks.platform.mlflow.runs import run_page, runs_table_url
+from tasks.platform.mlflow.addresses import run_page, runs_table_url
 from tasks.platform.redact import redact
 
 KEY = "rlhf-run-summary"

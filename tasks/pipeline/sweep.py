@@ -16,7 +16,8 @@ from prefect import task
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared, open_parent_run
 from tasks.pipeline.results import PipelineResult
-from tasks.platform.mlflow.parent_run import log_parent_plot, log_sweep_summary
+from tasks.platform.mlflow.artifacts import log_artifact
+from tasks.platform.mlflow.parent_run import PLOTS, log_sweep_summary
 from tasks.platform.mlflow.runs import RunContext, tag_parent
 from tasks.platform.mlflow.tags import SWEEP_POINT_TAG, SWEEP_SHARED_RUN_TAG, SWEEP_TAG
 
@@ -143,7 +144,7 @@ def sweep_summary(ctx: RunContext, rows: list[dict]) -> dict:
     log_sweep_summary(ctx, rows, groups, markdown)
     plot = frontier_plot(rows, metric, f"{ctx.workdir}/sweep_frontier.png")
     if plot:
-        log_parent_plot(ctx, plot)
+        log_artifact(ctx.client(), ctx.parent_run_id, plot, PLOTS)
     if in_prefect_run():
         from prefect.artifacts import create_markdown_artifact, create_table_artifact
 

@@ -16,10 +16,10 @@ from data_checks.files import write_cleaned
 from data_checks.loading import DataError, iter_table, load_table
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared
+from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
 from tasks.platform.mlflow.runs import (
     RunContext,
-    default_tracking_uri,
     tag_parent,
 )
 from tasks.platform.mlflow.tags import (
@@ -74,18 +74,12 @@ def find_batches(cfg: PipelineConfig) -> Batches:
     return Batches(new=new, consumed=consumed)
 
 
-def batch_file(ctx: RunContext, batch: Batch) -> Path | None:
-    """A batch's file in the watch folder, else its consuming run's copy (None: neither)."""
-    if batch.path and Path(batch.path).is_file():
-        return Path(batch.path)
-    if not batch.run_id:
-        return None
-    return consumed_copy(ctx, batch.run_id, batch.digest,
-                         ctx.stage_dir("batches") / "consumed")
-
-
-def _read_batch(ctx: RunContext, batch: dict) -> pd.DataFrame | None:
-    path = batch_file(ctx, batch)
+def _read_batch(ctx: RunContext, batch: Batch) -> pd.DataFrame | None:
+    """A batch's table from its file in the watch folder, else its consuming run's copy."""
+    path = Path(batch.path) if batch.path and Path(batch.path).is_file() else None
+    if path is None and batch.run_id:
+        path = consumed_copy(ctx, batch.run_id, batch.digest,
+                             ctx.stage_dir("batches") / "consumed")
     if path is None:
         print(f"consumed batch {batch.digest}: no file and no copy in MLflow; left out")
         return None
@@ -189,16 +183,12 @@ def batch_rows_note(rows: list[dict]) -> str:
         for r in rows)
 
 
-def log_batch_inputs(ctx: RunContext, batches: list[Batch]) -> None:
-    """Each batch as an MLflow dataset input of the retrain run (name, source, digest)."""
+@task(name="mark_consumed")
+def mark_consumed(ctx: RunContext, batches: list[Batch]) -> None:
+    """Record the batches as consumed (each an MLflow dataset input of the retrain run), with a
+    copy of each file on the run for later rounds."""
     tables = [TableInput(load_table(DataSource(path=b.path), "preference"), b.path,
                          b.name, b.digest) for b in batches]
     if tables:
         log_table_inputs(ctx.client(), ctx.parent_run_id, tables, "retrain_batch")
-
-
-@task(name="mark_consumed")
-def mark_consumed(ctx: RunContext, batches: list[Batch]) -> None:
-    """Record the batches as consumed, with a copy of each file on the run for later rounds."""
-    log_batch_inputs(ctx, batches)
     record_consumed(ctx, [(b.digest, b.path) for b in batches])

@@ -13,8 +13,9 @@ from pydantic import BaseModel, ConfigDict
 from data_checks.validate import ValidationFailed
 from tasks.config.pipeline_config import ConfigError, PipelineConfig
 from tasks.pipeline.prepare import Prepared
+from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.registry import RegistryError
-from tasks.platform.mlflow.runs import default_tracking_uri, resolved_store
+from tasks.platform.mlflow.runs import resolved_store
 from tasks.platform.mlflow.tags import (
     ANCESTRY_TAG,
     BATCH_SOURCES_TAG,
@@ -148,22 +149,18 @@ def report_skipped(config: PipelineConfig, holder: str) -> None:
            "to queue rounds instead, set `retrain.on_overlap: wait`.\n", "retrain outcome")
 
 
-def next_batch_steps(config: PipelineConfig) -> str:
-    """How a preference batch is made, by name (the retrain consumes batches only)."""
-    watch = config.retrain.watch_dir
-    return ("Next: make a preference batch, then run the retrain again:\n"
-            "- collect responses to label: the `collect` deployment (Quick run) or "
-            "`rlhf collect`;\n"
-            "- labels from Label Studio: the `label-pull` deployment or `rlhf label pull`; "
-            f"a labelled file: `rlhf label import FILE` or drop it into `{watch}`;\n"
-            "- on the demo: `rlhf demo-batch` (collects from the champion and labels with the "
-            "demo's judge).\n")
-
-
 def report_nothing_new(config: PipelineConfig, consumed: int) -> None:
-    report(OUTCOME, f"# Retrain: nothing new\n\nNo new batch in `{config.retrain.watch_dir}` "
-           f"({consumed} consumed); nothing trained, champion unchanged.\n\n"
-           + next_batch_steps(config), "retrain outcome")
+    """Nothing trained, and how a preference batch is made (the retrain consumes batches only)."""
+    watch = config.retrain.watch_dir
+    report(OUTCOME, f"# Retrain: nothing new\n\nNo new batch in `{watch}` ({consumed} consumed);"
+           " nothing trained, champion unchanged.\n\n"
+           "Next: make a preference batch, then run the retrain again:\n"
+           "- collect responses to label: the `collect` deployment (Quick run) or "
+           "`rlhf collect`;\n"
+           "- labels from Label Studio: the `label-pull` deployment or `rlhf label pull`; "
+           f"a labelled file: `rlhf label import FILE` or drop it into `{watch}`;\n"
+           "- on the demo: `rlhf demo-batch` (collects from the champion and labels with the "
+           "demo's judge).\n", "retrain outcome")
 
 
 def report_first_champion(batches: int, parent_run_id: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.eval.collect import prompt_key
@@ -25,13 +26,14 @@ LINK = "collection/label_studio.json"
 CONSUMED_COPY = "consumed_batches"  # artifact folder: a copy of each batch a retrain consumed
 
 
-def every_run(client: MlflowClient, experiment_id: str, filter_string: str,
-              order_by: list[str] | None = None) -> list:
+def every_run(client: MlflowClient, experiment_ids: list[str], filter_string: str = "",
+              order_by: list[str] | None = None,
+              run_view_type: int = ViewType.ACTIVE_ONLY) -> list:
     """Every run ``filter_string`` selects, page by page: a long-lived loop makes many."""
     out, token = [], None
     while True:
-        page = client.search_runs([experiment_id], filter_string, max_results=1000,
-                                  order_by=order_by, page_token=token)
+        page = client.search_runs(experiment_ids, filter_string, run_view_type,
+                                  max_results=1000, order_by=order_by, page_token=token)
         out += list(page)
         token = page.token
         if not token:
@@ -39,6 +41,7 @@ def every_run(client: MlflowClient, experiment_id: str, filter_string: str,
 
 
 FINISHED = "attributes.status = 'FINISHED'"
+IN_STUDIO = f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%'"  # a collection sent to Label Studio
 
 
 # ---- collections -----------------------------------------------------------------------------
@@ -59,7 +62,7 @@ def log_collection_files(client: MlflowClient, run_id: str, files: list[Path],
 
 def pool_collections(client: MlflowClient, experiment_id: str, pool_digest: str) -> list:
     """The finished collections of the prompt pool whose digest is ``pool_digest``."""
-    return every_run(client, experiment_id,
+    return every_run(client, [experiment_id],
                      f"tags.`{COLLECTION_POOL_DIGEST_TAG}` = '{pool_digest}' and {FINISHED}")
 
 
@@ -72,10 +75,11 @@ def collection_prompts(client: MlflowClient, runs: list) -> set[str]:
     return used
 
 
-def finished_collection(client: MlflowClient, experiment_id: str, cid: str):
-    """The finished run of collection ``cid``, or None."""
+def find_collection(client: MlflowClient, experiment_id: str, cid: str, where: str = FINISHED):
+    """The run of collection ``cid`` that ``where`` also selects (by default: finished), or
+    None."""
     runs = client.search_runs([experiment_id], max_results=1, filter_string=(
-        f"tags.`{COLLECTION_TAG}` = '{cid}' and attributes.status = 'FINISHED'"))
+        f"tags.`{COLLECTION_TAG}` = '{cid}' and {where}"))
     return runs[0] if runs else None
 
 
@@ -99,17 +103,8 @@ def studio_link_text(client: MlflowClient, run) -> str:
 
 def studio_collections(client: MlflowClient, experiment_id: str) -> list:
     """Finished collections that went to Label Studio, oldest first."""
-    return every_run(client, experiment_id,
-                     f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%' and {FINISHED}",
+    return every_run(client, [experiment_id], f"{IN_STUDIO} and {FINISHED}",
                      ["attributes.start_time ASC"])
-
-
-def studio_collection(client: MlflowClient, experiment_id: str, cid: str):
-    """The run of collection ``cid`` when it went to Label Studio, else None."""
-    runs = client.search_runs([experiment_id], max_results=1, filter_string=(
-        f"tags.`{COLLECTION_TAG}` = '{cid}' and "
-        f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%'"))
-    return runs[0] if runs else None
 
 
 # ---- label imports -----------------------------------------------------------------------------
@@ -151,7 +146,7 @@ def consumed_batches(tracking_uri: str, experiment: str) -> dict[str, str]:
     client, exp_id = experiment_client(tracking_uri, experiment)
     if exp_id is None:
         return {}
-    runs = every_run(client, exp_id, f"tags.`{CONSUMED_TAG}` != '' and {FINISHED}",
+    runs = every_run(client, [exp_id], f"tags.`{CONSUMED_TAG}` != '' and {FINISHED}",
                      ["attributes.start_time ASC"])
     return {d: r.info.run_id for r in runs for d in json.loads(r.data.tags[CONSUMED_TAG])}
 

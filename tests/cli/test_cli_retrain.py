@@ -177,9 +177,9 @@ def test_demo_batch_labels_with_the_config_s_gold_judge(tmp_path, capsys, monkey
     labelled = pd.read_json(imported[0], lines=True)
     agree = sum(c == b for c, b in zip(labelled["choice"], better)) / len(better)
     assert agree > 0.95 and set(labelled["labeller"]) == {"gold-judge"}
-    from rlhf_core.demo import judge_choices  # what it labelled with before
+    from tasks.pipeline.judge import gold_judge  # what it labelled with before
 
-    demo = judge_choices(labelled.to_dict("records"), 3)
+    demo = gold_judge("demo").label(labelled.to_dict("records"), 3)
     assert sum(c == b for c, b in zip(demo, better)) / len(better) < 0.8
 
 

@@ -23,8 +23,8 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rlhf_core.demo import judge_choices
 from tasks.config.pipeline_config import load_config
+from tasks.pipeline.judge import gold_judge
 from tasks.platform.mlflow.registry import CHAMPION, alias_version
 from tasks.retrain.batches import file_digest
 from tasks.retrain.labels.client import KEY_VAR, URL_VAR
@@ -117,7 +117,7 @@ def loop(tmp_path_factory, prefect_api):
             with temporary_settings({PREFECT_API_URL: api}):
                 out["second"] = collect.fn(cfg)  # a second collection of the same pool
             table = pd.read_json(first[0], lines=True, dtype=False)
-            table["choice"] = judge_choices(table.to_dict("records"), seed=0)
+            table["choice"] = gold_judge("demo").label(table.to_dict("records"), seed=0)
             labelled = tmp / "labelled.jsonl"
             table.to_json(labelled, orient="records", lines=True)
             # with Label Studio, the pull below starts the retrain, not this import

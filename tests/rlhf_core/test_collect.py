@@ -4,7 +4,7 @@ judge or a gold file."""
 
 from __future__ import annotations
 
-from rlhf_core.demo import judge_choices, judge_score, training_prompts
+from rlhf_core.demo import bt_choice, judge_score, training_prompts
 from rlhf_core.eval import collect as core
 
 
@@ -74,8 +74,8 @@ def test_gold_known_keeps_the_chosen_side_as_the_answer():
 def test_demo_judge_labels_agree_with_the_judge_and_degraded_ones_reverse_it():
     rows = [{"prompt": p, "response_a": f"sure , {p.split()[-3]} are nice .",
              "response_b": "ugh , bread are calm"} for p in training_prompts()[:200]]
-    good = judge_choices(rows, seed=0)
-    bad = judge_choices(rows, seed=0, degraded=True)
+    good = core.judge_choices(rows, judge_score, bt_choice, seed=0)
+    bad = core.judge_choices(rows, judge_score, bt_choice, seed=0, degraded=True)
     better = ["a" if judge_score(r["prompt"], r["response_a"]) >
               judge_score(r["prompt"], r["response_b"]) else "b" for r in rows]
     assert sum(g == b for g, b in zip(good, better)) / len(rows) > 0.9

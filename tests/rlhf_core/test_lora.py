@@ -192,3 +192,17 @@ def test_adding_adapters_shows_no_warning_about_peft_reading_a_renamed_property(
         warnings.simplefilter("always")
         add_lora(model, LoraSettings(r=4, target_modules=["c_attn"]))
     assert not [w for w in seen if "is_gradient_checkpointing" in str(w.message)]
+
+
+def test_a_new_lora_critic_head_trains_in_fp32_over_a_bf16_trunk(tiny_model_dir, tmp_path):
+    """Under bf16 the frozen trunks load in bf16; the new critic head (trained) stays fp32
+    master weights, as the critic warm-started from the reward model's head does."""
+    spec = LoadSpec.from_config(ModelConfig(lora=LoraSettings(r=4, alpha=8), precision="bf16"),
+                                "cpu")
+    load_pretrained(tiny_model_dir, LoadSpec(), "new_head").save(tmp_path / "rm")
+    for new_head in (True, False):
+        models = ppo_models(tiny_model_dir, tiny_model_dir, tiny_model_dir, tmp_path / "rm",
+                            spec, new_head=new_head)
+        value = models.value_model
+        assert next(value.backbone.parameters()).dtype == torch.bfloat16
+        assert value.head.weight.dtype == torch.float32 and value.head.weight.requires_grad

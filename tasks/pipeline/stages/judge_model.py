@@ -25,8 +25,7 @@ from tasks.pipeline.stages.reward_model import TRAIN_METRICS, preference_split, 
 from tasks.pipeline.stages.run import stage_task
 from tasks.pipeline.stages.token_data import preference_pairs
 from tasks.platform.files import read_jsonl
-from tasks.platform.mlflow.artifacts import Artifact, local_copy
-from tasks.platform.mlflow.parent_run import log_parent_folder
+from tasks.platform.mlflow.artifacts import Artifact, local_copy, log_artifacts
 from tasks.platform.mlflow.runs import RunContext, tag_parent
 from tasks.platform.mlflow.tags import (
     JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG,
@@ -81,7 +80,7 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
     _write_jsonl(target / "judge_preference.jsonl", [rows[i] for i in held])
     # the copied token file was the whole set's: each part gets its own rows' ids
     _split_tokens(source, target, {"preference": train, "judge_preference": held})
-    log_parent_folder(ctx, target, "judge_split/data")
+    log_artifacts(ctx.client(), ctx.parent_run_id, target, "judge_split/data")
     tag_parent(ctx, {JUDGE_SPLIT_RM_PAIRS_TAG: str(len(train)),
                      JUDGE_SPLIT_JUDGE_PAIRS_TAG: str(len(held)),
                      JUDGE_SPLIT_BATCH_PAIRS_HELD_TAG: str(n_held - len(held))})

@@ -75,7 +75,7 @@ def reward_sources(sc: StageContext, data_dir):
             raise ResumeRefused("ppo: a reward source changed since the run's PPO began: "
                                 + "; ".join(moved) + " (put it back, or start a new run)")
         if reset:
-            sc.say("ppo: reward sources changed by the resume's settings: " + "; ".join(reset))
+            sc.say("reward sources changed by the resume's settings: " + "; ".join(reset))
         sc.set_tags({REWARD_SOURCE_PREFIX + k: v for k, v in described.items()})
     rows = read_jsonl(data_dir / "prompts.jsonl") if any(
         s.kind != "model" for s in cfg.reward_sources) else []

@@ -9,10 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from tasks.pipeline.rule import Decision
 from tasks.platform.mlflow.artifacts import Artifact
-
-__all__ = ["Artifact", "Decision"]  # re-exported: the records' field types
 
 
 class StageRecord(BaseModel):

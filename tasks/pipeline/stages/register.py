@@ -10,6 +10,7 @@ from rlhf_core.models.loader import LoadSpec
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import base_identity
 from tasks.pipeline.rule import (
+    Decision,
     champion_evaluation,
     first_champion,
     health_veto,
@@ -20,7 +21,6 @@ from tasks.pipeline.rule import (
 from tasks.pipeline.stages.context import Stage, StageContext
 from tasks.pipeline.stages.records import (
     DataRecord,
-    Decision,
     ModelRecord,
     PolicyRecord,
     RegisterRecord,

@@ -9,6 +9,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+import mlflow.artifacts
 from pydantic import BaseModel, ConfigDict
 
 from tasks.platform.mlflow.guarded import GuardedClient
@@ -65,8 +66,6 @@ def local_copy(ctx: RunContext, artifact: Artifact, what: str) -> Path:
 
 
 def _download(ctx: RunContext, uri: str, target: Path, where: str, recorded) -> None:
-    import mlflow.artifacts
-
     client = ctx.client()
     if isinstance(client, GuardedClient):  # a server away: a bounded wait before MLflow's calls
         client.wait_for_server(f"downloading {uri}")

@@ -8,6 +8,11 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import mlflow.data
+import numpy as np
+import pandas as pd
+from mlflow.data.digest_utils import get_normalized_md5_digest
+from mlflow.entities import Dataset, DatasetInput, InputTag, LoggedModelInput
 from mlflow.tracking import MlflowClient
 
 from tasks.platform.mlflow.runs import retry_unique_key
@@ -26,9 +31,6 @@ class TableInput(NamedTuple):
 
 def _dataset_input(item: TableInput, context: str):
     """-> (MLflow's DatasetInput of ``item``, its digest)."""
-    import mlflow.data
-    from mlflow.entities import DatasetInput, InputTag
-
     with warnings.catch_warnings():  # MLflow registers its local source class twice and
         warnings.filterwarnings(     # warns that a plain path is ambiguous between them
             "ignore", message="The specified dataset source can be interpreted")
@@ -43,8 +45,6 @@ def log_table_inputs(client: MlflowClient, run_id: str, tables: list[TableInput]
                      context: str, model_id: str | None = None) -> None:
     """Record the tables as dataset inputs of ``run_id`` in one call, with the logged model
     they came from (``model_id``) as an input beside them."""
-    from mlflow.entities import LoggedModelInput
-
     client.log_inputs(run_id, datasets=[_dataset_input(t, context)[0] for t in tables],
                       models=[LoggedModelInput(model_id)] if model_id else None)
 
@@ -60,10 +60,6 @@ def _line_count(path: Path) -> int:
 def pandas_digest(head, rows: int) -> str:
     """MLflow's pandas digest of a table from its first SAMPLE_ROWS rows and its row count,
     so a large file need not be read whole (equal for a cleaned file, which has no nulls)."""
-    import numpy as np
-    import pandas as pd
-    from mlflow.data.digest_utils import get_normalized_md5_digest
-
     trimmed = head.head(SAMPLE_ROWS)
     strings = trimmed.columns[trimmed.map(lambda v: isinstance(v, str)).all(axis=0)]
     numbers = trimmed.select_dtypes(include=[np.number]).columns
@@ -76,17 +72,14 @@ def log_datasets(client: MlflowClient, run_ids: list[str], files: dict[str, Path
                  context: str) -> dict[str, str]:
     """Record each cleaned JSONL file as a dataset input of every run in ``run_ids`` ->
     digests; only SAMPLE_ROWS rows are read, yet digest and profile are the whole file's."""
-    import pandas as pd
-    from mlflow.entities import Dataset, DatasetInput
-
     inputs, digests = [], {}
     for name, path in files.items():
         rows = _line_count(path)
-        head = pd.read_json(path, lines=True, dtype=False, nrows=SAMPLE_ROWS) \
-            if rows > SAMPLE_ROWS else pd.read_json(path, lines=True, dtype=False)
-        digest = pandas_digest(head, rows) if rows > SAMPLE_ROWS else None  # None: MLflow's
+        big = rows > SAMPLE_ROWS
+        head = pd.read_json(path, lines=True, dtype=False, nrows=SAMPLE_ROWS if big else None)
+        digest = pandas_digest(head, rows) if big else None  # None: MLflow's
         item, digests[name] = _dataset_input(TableInput(head, str(path), name, digest), context)
-        if rows > SAMPLE_ROWS:  # the profile of the whole file, not of the rows read
+        if big:  # the profile of the whole file, not of the rows read
             d = item.dataset
             profile = json.dumps({"num_rows": rows, "num_elements": rows * len(head.columns)})
             item = DatasetInput(Dataset(d.name, d.digest, d.source_type, d.source, d.schema,

@@ -12,24 +12,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import mlflow
+import mlflow.tracking._model_registry.utils as registry_utils
+import mlflow.tracking._tracking_service.utils as tracking_utils
+import numpy as np
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.models import ModelSignature
+from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
+
 import rlhf_core
+from tasks.platform.mlflow.registry import alias_version
 
 POLICY_SCRIPT = Path(__file__).with_name("policy_pyfunc.py")
 PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
 REQUIREMENTS = ["torch", "transformers", "safetensors", "pandas"]
 
 
-URI_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
-
-
 @contextmanager
 def mlflow_settings_kept() -> Iterator[None]:
     """Restore the process's MLflow tracking and registry URIs (and their variables, which
     child processes inherit) after the body."""
-    import mlflow.tracking._model_registry.utils as registry_utils
-    import mlflow.tracking._tracking_service.utils as tracking_utils
-
-    saved_env = {k: os.environ.get(k) for k in URI_VARS}
+    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     saved = (tracking_utils._tracking_uri, registry_utils._registry_uri)
     try:
         yield
@@ -45,8 +49,6 @@ def mlflow_settings_kept() -> Iterator[None]:
 @contextmanager
 def mlflow_pointed_at(uri: str) -> Iterator[None]:
     """MLflow pointed at ``uri`` (registry: MLFLOW_REGISTRY_URI, else ``uri``) for the body."""
-    import mlflow
-
     with mlflow_settings_kept():
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(os.environ.get("MLFLOW_REGISTRY_URI") or uri)
@@ -57,8 +59,6 @@ def mlflow_pointed_at(uri: str) -> Iterator[None]:
 def active_run(run_id: str, tracking_uri: str) -> Iterator[None]:
     """``run_id`` as MLflow's active run for the body, where :func:`log_policy` and
     :func:`log_reward_model` log; leaving it ends the run."""
-    import mlflow
-
     with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
         yield
 
@@ -73,9 +73,6 @@ def load_pyfunc(uri: str, tracking_uri: str):
 
 def pyfunc_scores(model, prompts: list[str], responses: list[str]) -> list[float]:
     """A scoring pyfunc's predict on a (prompt, response) DataFrame -> one float per row."""
-    import numpy as np
-    import pandas as pd
-
     out = model.predict(pd.DataFrame({"prompt": list(prompts), "response": list(responses)}))
     if isinstance(out, pd.DataFrame):
         out = out.iloc[:, 0]
@@ -87,11 +84,7 @@ def pyfunc_scores(model, prompts: list[str], responses: list[str]) -> list[float
 
 def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
     """Why ``models:/<name>@<alias>`` names no version in the registry, or None."""
-    import mlflow
-    from mlflow import MlflowClient
     from mlflow.store.db import utils as store_utils
-
-    from tasks.platform.mlflow.registry import alias_version
 
     name, alias = uri.removeprefix("models:/").split("@", 1)
     quiet = logging.getLogger(store_utils.__name__)  # a new SQLite store says so
@@ -109,20 +102,13 @@ def registered_alias_problem(uri: str, tracking_uri: str) -> str | None:
 
 def alias_holder(uri: str, tracking_uri: str) -> str:
     """``models:/<name>@<alias>`` as ``<name> v<N>``: the version the alias holds now."""
-    from mlflow import MlflowClient
-
-    from tasks.platform.mlflow.registry import alias_version
-
     name, alias = uri.removeprefix("models:/").split("@", 1)
     with mlflow_pointed_at(tracking_uri):
-        return f"{name} v{alias_version(MlflowClient(), name, alias)}"
+        return f"{name} v{alias_version(MlflowClient(), name, alias).version}"
 
 
 def policy_signature(max_new_tokens: int, temperature: float):
     """prompt (text or messages) -> answer, with the request params and their defaults."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
-
     params = ParamSchema([
         ParamSpec("max_new_tokens", "long", int(max_new_tokens)),
         ParamSpec("temperature", "double", float(temperature)),
@@ -136,9 +122,6 @@ def policy_signature(max_new_tokens: int, temperature: float):
 
 def reward_signature():
     """prompt, response (text, or messages) -> score."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, Schema
-
     return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt"),
                                          ColSpec(AnyType(), "response")]),
                           outputs=Schema([ColSpec("double")]))

@@ -3,21 +3,21 @@ its stages' runs (plots, the judge split, a sweep's summary)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from tasks.config.pipeline_config import flatten
 from tasks.platform.mlflow.runs import RunContext, find_stage_run, log_params, set_tags
-from tasks.platform.mlflow.tags import PARENT_TAG, RESUMED_CONFIG_HASH_TAG
+from tasks.platform.mlflow.tags import CONFIG_HASH_TAG, PARENT_TAG, RESUMED_CONFIG_HASH_TAG
 
 PLOTS = "plots"  # the parent run's artifact folder of figures
 
 
-def parent_runs(client: MlflowClient, experiment_id: str, filter_string: str) -> list:
-    """Parent runs among the experiment's latest runs matching ``filter_string``, newest first."""
-    runs = client.search_runs([experiment_id], filter_string=filter_string, max_results=20,
-                              order_by=["attributes.start_time DESC"])
+def parent_runs(client: MlflowClient, experiment_id: str, tag: str, value: str) -> list:
+    """Parent runs among the experiment's latest runs whose ``tag`` is ``value``, newest first."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{tag}` = '{value}'",
+                              max_results=20, order_by=["attributes.start_time DESC"])
     return [r for r in runs if PARENT_TAG not in r.data.tags]
 
 
@@ -26,30 +26,25 @@ def run_to_resume(client: MlflowClient, run_id: str):
     return client.get_run(run_id)
 
 
-def reopen_run(client: MlflowClient, run_id: str) -> None:
+def reopen_run(client: MlflowClient, run, config: dict[str, Any], config_hash: str) -> None:
+    """Mark ``run`` RUNNING again; resumed with changed settings (another config hash), it
+    keeps the config it continues with beside the first one."""
+    run_id = run.info.run_id
     client.update_run(run_id, status="RUNNING")
+    if run.data.tags.get(CONFIG_HASH_TAG) != config_hash:
+        client.log_dict(run_id, config, f"config/resumed_config_{config_hash}.json")
+        set_tags(client, run_id, {RESUMED_CONFIG_HASH_TAG: config_hash})
 
 
 def end_run(client: MlflowClient, run_id: str, status: str) -> None:
     client.set_terminated(run_id, status=status)
 
 
-def end_parent_run(ctx: RunContext, status: str) -> None:
-    end_run(ctx.client(), ctx.parent_run_id, status)
-
-
-def keep_resumed_config(client: MlflowClient, run_id: str, config: dict,
-                        config_hash: str) -> None:
-    """Keep the config a resume with changed settings runs with, beside the first one."""
-    client.log_dict(run_id, config, f"config/resumed_config_{config_hash}.json")
-    set_tags(client, run_id, {RESUMED_CONFIG_HASH_TAG: config_hash})
-
-
 def create_parent_run(client: MlflowClient, experiment_id: str, run_name: str,
-                      params: dict[str, Any], tags: dict[str, str], config: dict) -> str:
-    """A new pipeline run with its parameters, tags and resolved config -> its id."""
+                      tags: dict[str, str], config: dict[str, Any]) -> str:
+    """A new pipeline run with its tags and resolved config (and as parameters) -> its id."""
     run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
-    log_params(client, run_id, params)
+    log_params(client, run_id, flatten(config))
     set_tags(client, run_id, tags)
     client.log_dict(run_id, config, "config/resolved_config.json")
     return run_id
@@ -62,15 +57,6 @@ def stage_metric_histories(ctx: RunContext, stage: str, keys: list[str]) -> dict
         return None
     client = ctx.client()
     return {key: client.get_metric_history(run.info.run_id, key) for key in keys}
-
-
-def log_parent_plot(ctx: RunContext, path: str) -> None:
-    """A figure into the parent run's ``plots/``."""
-    ctx.client().log_artifact(ctx.parent_run_id, path, PLOTS)
-
-
-def log_parent_folder(ctx: RunContext, folder: str | Path, artifact_path: str) -> None:
-    ctx.client().log_artifacts(ctx.parent_run_id, str(folder), artifact_path)
 
 
 def log_sweep_summary(ctx: RunContext, rows: list[dict], groups: list[dict],

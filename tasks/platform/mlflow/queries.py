@@ -30,15 +30,15 @@ class StoreError(ValueError):
     """A read-only look-up the MLflow store cannot answer."""
 
 
-def _read_only_client(uri: str, timeout_s: int = 10) -> MlflowClient:
+def _read_only_client(uri: str) -> MlflowClient:
     """An MLflow client that creates no store and gives up on an unreachable server after
-    ``timeout_s`` instead of retrying for minutes."""
+    10 s instead of retrying for minutes."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise StoreError(f"no MLflow store at {uri}: nothing has run here yet (`rlhf run` "
                          "creates it), or set MLFLOW_TRACKING_URI to the store you mean")
     if uri.startswith(("http://", "https://")):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(uri)

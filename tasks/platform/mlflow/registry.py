@@ -8,9 +8,13 @@ import getpass
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from mlflow.entities import LoggedModelOutput
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from tasks.platform.mlflow.errors import RegistryError
+from tasks.platform.mlflow.runs import retry_unique_key
 from tasks.platform.mlflow.tags import (
     ALIAS_LOG_TAG,
     BASE_MODEL_TAG,
@@ -25,9 +29,6 @@ from tasks.platform.mlflow.tags import (
     stage_run_tag,
 )
 
-if TYPE_CHECKING:  # mlflow is imported where used: the CLI imports this module at start
-    from mlflow.tracking import MlflowClient
-
 CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
 CANDIDATE = "candidate"
 LOG_KEEP = 20
@@ -36,15 +37,11 @@ LOG_KEEP = 20
 def set_alias(client: MlflowClient, name: str, alias: str, version) -> None:
     """Point ``alias`` at ``version``, retried: two runs moving one alias at once can hit the
     server's unique key (MLflow writes an alias as delete + insert)."""
-    from tasks.platform.mlflow.runs import retry_unique_key
-
     retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)))
 
 
 def alias_version(client: MlflowClient, name: str, alias: str):
     """The model version holding ``alias``, or None (no model, no alias)."""
-    from mlflow.exceptions import MlflowException
-
     try:
         return client.get_model_version_by_alias(name, alias)
     except MlflowException:
@@ -53,8 +50,6 @@ def alias_version(client: MlflowClient, name: str, alias: str):
 
 def model_version(client: MlflowClient, name: str, version: str | int):
     """The registered version ``version`` of ``name``, or None (no such model or version)."""
-    from mlflow.exceptions import MlflowException
-
     try:
         return client.get_model_version(name, str(version))
     except MlflowException:
@@ -92,8 +87,6 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
 def promote(tracking_uri: str, name: str, version: str | int, reason: str,
             flagged: bool = False) -> str | None:
     """`rlhf promote`: make ``version`` champion; a flagged version needs ``flagged``."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri)
     found = model_version(client, name, version)
     if found is None:
@@ -118,8 +111,6 @@ def flagged_reason(tags: dict[str, str]) -> str | None:
 
 def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:
     """`rlhf rollback`: swap ``champion`` and ``previous-champion`` -> (from, to)."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri)
     previous = alias_version(client, name, PREVIOUS)
     current = alias_version(client, name, CHAMPION)
@@ -138,8 +129,6 @@ def set_version_tags(client: MlflowClient, name: str, version: str | int,
 def show_on_run(client: MlflowClient, run_id: str, versions: list[tuple[str, str | int]]) -> None:
     """List ``versions`` in ``run_id``'s "Registered models" panel by adding their logged
     models to the run's outputs (each version keeps the register run that logged it)."""
-    from mlflow.entities import LoggedModelOutput
-
     ids = [_logged_model_id(client.get_model_version(name, str(version)))
            for name, version in versions]
     run_outputs = client.get_run(run_id).outputs
@@ -195,9 +184,6 @@ def download_policy(client: MlflowClient, version, root: Path,
 
 def registered_base(tracking_uri: str, name: str) -> tuple[str, str] | None:
     """(version, base model) of the newest version of ``name`` that records one, or None."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
     try:
         found = MlflowClient(tracking_uri).search_model_versions(f"name = '{name}'")
     except MlflowException:  # no such registered model yet
@@ -214,8 +200,6 @@ def earlier_registration(client: MlflowClient, names: tuple[str, ...],
     """Adopt what a crashed attempt of register run ``run_id`` left: the version numbers when
     every model of ``names`` has one, else delete the partial versions and return None, so
     each run keeps one version per model."""
-    from mlflow.exceptions import MlflowException
-
     found = {}
     for name in names:  # each model's versions from the run, newest first
         try:

@@ -20,11 +20,7 @@ from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.hardware import hardware_facts
-from tasks.platform.mlflow.addresses import (  # noqa: F401  (re-exported)
-    default_tracking_uri,
-    run_page,
-    runs_table_url,
-)
+from tasks.platform.mlflow.addresses import run_page
 from tasks.platform.mlflow.errors import note_parent_run
 from tasks.platform.mlflow.tags import (
     EXPERIMENT_KIND_TAG,

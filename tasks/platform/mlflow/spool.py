@@ -1,10 +1,8 @@
 """A local spool for a stage run's tracking writes, so a tracking server that stops answering
 mid-stage does not stop the training: writes wait in order under ``<workdir>/.spool`` and are
 sent once it answers. Past ``tracking.outage_limit_s`` :class:`TrackingOutage` stops the stage.
-Sample tables are sent as MLflow's ``log_table`` writes them, but replacing a table of the same
-name (a resumed iteration would hold its rows twice) and keeping the run's table list within
-MLflow's tag length cap.
-"""
+Sample tables replace one of the same name (MLflow's ``log_table`` appends: a resumed iteration
+would hold its rows twice), and the run's table list stays within MLflow's tag length cap."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
@@ -90,10 +88,7 @@ def fail_fast(timeout_s: int = 5) -> Iterator[None]:
 def log_table_file(client: MlflowClient, run_id: str, path: Path, artifact_file: str) -> None:
     """Upload ``path`` (pandas ``split`` JSON) as ``artifact_file``, replacing one of that
     name, and list it as a table."""
-    if path.name != posixpath.basename(artifact_file):
-        raise ValueError(f"table {path} must be named {posixpath.basename(artifact_file)}")
-    folder = posixpath.dirname(artifact_file) or None
-    client.log_artifact(run_id, str(path), folder)
+    client.log_artifact(run_id, str(path), posixpath.dirname(artifact_file) or None)
     listed = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
     entry = {"path": artifact_file, "type": "table"}
     if entry not in listed:
@@ -182,9 +177,8 @@ class Spool:
             shutil.rmtree(Path(record["file"]).parent, ignore_errors=True)
             return
         metrics = [Metric(k, v, ts, step) for k, v, ts, step in record.get("metrics", [])]
-        params = [Param(k, v) for k, v in record.get("params", [])]
         tags = [RunTag(k, v) for k, v in record.get("tags", [])]
-        self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
+        self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
 
     def flush(self) -> bool:
         """Send the waiting records in order -> True when none is left. The records' lock is
@@ -248,11 +242,11 @@ class Spool:
                 f"the MLflow server at {self.client.tracking_uri} has not answered for "
                 f"{down:.0f} s (tracking.outage_limit_s={limit_s:g}); {kept}")
 
-    def drain(self, limit_s: float, poll_s: float = 0.5) -> None:
+    def drain(self, limit_s: float) -> None:
         """Wait until the spool is sent, or raise :class:`TrackingOutage` past the limit."""
         while not self.flush():
             self.check(limit_s)
-            time.sleep(poll_s)
+            time.sleep(0.5)
 
 
 _SPOOLS: dict[str, Spool] = {}

@@ -235,17 +235,21 @@ def _check_model(server: _Mlflow, name: str, levels: bool, manage: bool = False)
 
 
 # -- Prefect ---------------------------------------------------------------------------------
+def _profile_value(name: str) -> str | None:
+    """The active profile's Prefect setting ``name`` (named as its variable), unwrapped."""
+    import prefect.settings
+
+    value = getattr(prefect.settings, name).value()
+    return value.get_secret_value() if hasattr(value, "get_secret_value") else value
+
+
 def prefect_credentials() -> tuple[dict[str, str], str]:
     """(headers, what was read) as Prefect's client sends them: the auth string, else the
     API key; from the variables, else the active profile."""
     auth, key = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR)
     read = AUTH_STRING_VAR if auth else API_KEY_VAR if key else ""
     if not (auth or key):
-        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY
-
-        auth, key = PREFECT_API_AUTH_STRING.value(), PREFECT_API_KEY.value()
-        auth = auth.get_secret_value() if hasattr(auth, "get_secret_value") else auth
-        key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+        auth, key = _profile_value(AUTH_STRING_VAR), _profile_value(API_KEY_VAR)
         read = (f"{AUTH_STRING_VAR} in the active Prefect profile" if auth else
                 f"{API_KEY_VAR} in the active Prefect profile" if key else "")
     if auth:
@@ -280,12 +284,7 @@ def login_name(first: str = "mlflow") -> str:
     which), else the OS user."""
     import getpass
 
-    auth = os.environ.get(AUTH_STRING_VAR)
-    if not auth:
-        from prefect.settings import PREFECT_API_AUTH_STRING
-
-        auth = PREFECT_API_AUTH_STRING.value()
-        auth = auth.get_secret_value() if hasattr(auth, "get_secret_value") else auth
+    auth = os.environ.get(AUTH_STRING_VAR) or _profile_value(AUTH_STRING_VAR)
     prefect = auth.split(":", 1)[0] if auth and ":" in auth else None
     mlflow = mlflow_credentials()[1]
     names = (prefect, mlflow) if first == "prefect" else (mlflow, prefect)

@@ -12,10 +12,12 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.platform.mlflow.runs import RunContext, default_tracking_uri, run_tags, set_tags
+from tasks.platform.mlflow.addresses import default_tracking_uri
+from tasks.platform.mlflow.runs import RunContext, run_tags, set_tags
 from tasks.platform.mlflow.tags import (
     NODES_TAG,
     ROUTED_FLOW_RUN_TAG,
@@ -136,6 +138,17 @@ class _Watched:
         return None
 
 
+def _wait(problem: Callable[[], str | None], done: Callable[[], bool]) -> None:
+    """Poll every POLL_S until ``done()``; a ``problem()`` raises :class:`RemoteStageError`."""
+    while True:
+        found = problem()
+        if found:
+            raise RemoteStageError(found)
+        if done():
+            return
+        time.sleep(POLL_S)
+
+
 def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict,
                deployment: str) -> dict:
     """Run ``stage`` through ``deployment`` into child run ``run_id`` -> the output record
@@ -149,13 +162,7 @@ def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, in
     watched = _Watched(run, deployment, label, cfg.routing.start_timeout_s)
     try:
         with get_client(sync_client=True) as client:
-            while True:
-                problem = watched.problem(client)
-                if problem:
-                    raise RemoteStageError(problem)
-                if watched.done:
-                    break
-                time.sleep(POLL_S)
+            _wait(lambda: watched.problem(client), lambda: watched.done)
     except BaseException:
         _cancel(run.id)
         raise
@@ -184,9 +191,8 @@ class NodeGroup:
 
     def __init__(self, ctx: RunContext, cfg: PipelineConfig, stage: str, spec: dict):
         self.ctx, self.cfg, self.stage, self.spec = ctx, cfg, stage, spec
-        m = cfg.model
-        self.addr = m.master_addr or socket.gethostname()
-        self.port = m.master_port or _free_port()
+        self.addr = cfg.model.master_addr or socket.gethostname()
+        self.port = cfg.model.master_port or _free_port()
         self.runs: list[_Watched] = []
         self._client = None
         self._lock = threading.Lock()
@@ -226,13 +232,7 @@ class NodeGroup:
 
     def wait(self) -> None:
         """After node 0 finished: wait for every node run to complete."""
-        while True:
-            found = self.problem()
-            if found:
-                raise RemoteStageError(found)
-            if all(w.done for w in self.runs):
-                return
-            time.sleep(POLL_S)
+        _wait(self.problem, lambda: all(w.done for w in self.runs))
 
     def _cancel_all(self) -> None:
         for watched in self.runs:

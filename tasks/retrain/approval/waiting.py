@@ -1,10 +1,6 @@
-"""A round's candidate waits for a person: what the retrain flow and `rlhf serve` call.
-
-A served run suspends with the approval form below the round's evidence
-(:func:`ask_for_approval`, :func:`evidence_markdown`) and, resumed, carries out the answer
-(:func:`resumed_round`); `rlhf serve`'s :func:`keeper` thread ends overdue
-waits and finishes answers left half done.
-"""
+"""A round's candidate waits for a person: a served run suspends with the approval form below
+the round's evidence and, resumed, carries out the answer; `rlhf serve`'s :func:`keeper` thread
+ends overdue waits and finishes answers left half done."""
 
 from __future__ import annotations
 
@@ -17,9 +13,11 @@ from contextlib import contextmanager
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.rule import Decision
 from tasks.pipeline.stages.records import RegisterRecord
-from tasks.platform.mlflow.addresses import compare_url, run_page
-from tasks.platform.mlflow.runs import RunContext, default_tracking_uri, tracking_client
+from tasks.pipeline.summary import publish_summary, publish_text
+from tasks.platform.mlflow.addresses import compare_url, default_tracking_uri, run_page
+from tasks.platform.mlflow.runs import RunContext, tracking_client
 from tasks.platform.prefect.events import APPROVAL_REQUESTED
+from tasks.platform.prefect.prefect_api import report
 from tasks.retrain import events
 from tasks.retrain.approval.answers import (
     WORDS,
@@ -51,6 +49,7 @@ from tasks.retrain.approval.suspend import (
 )
 from tasks.retrain.gate.stage import SIDE_BY_SIDE
 from tasks.retrain.records import RetrainResult
+from tasks.retrain.round import OUTCOME
 
 CHECK_ENV = "RLHF_APPROVAL_CHECK_S"  # how often `rlhf serve` settles waiting candidates
 GRACE_S = 600  # Prefect fails a wait this long after the deadline, if nothing ended it first
@@ -166,10 +165,6 @@ def settle_approvals(config: PipelineConfig) -> None:
 
 def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
     """Publish a resumed round's outcome artifact and summary."""
-    from tasks.pipeline.summary import publish_text
-    from tasks.platform.prefect.prefect_api import report
-    from tasks.retrain.round import OUTCOME
-
     title = f"Retrain {answered.status}: candidate v{answered.candidate}"
     report(OUTCOME, f"# {title}\n\n{answered.answer}\n", "retrain outcome")
     publish_text(f"retrain: {answered.status}", answered.answer or "")
@@ -177,8 +172,6 @@ def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
 
 def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
     """Publish a trained round's event and summary, saying why (or that it waits)."""
-    from tasks.pipeline.summary import publish_summary
-
     events.announce_outcome(config.tracking.registered_policy, result.status,
                             result.decision and result.decision.reason,
                             result.run and result.run.parent_run_id)
@@ -235,9 +228,7 @@ def resumed_round(config: PipelineConfig) -> RetrainResult | None:
     elif cand.status == PENDING and kept is None and given.decision == "approve" \
             and not cand.overdue:
         check_current(client, cand)
-    outcome = carry_out(client, cand, given) if given is not None else Outcome(
-        candidate=cand, answer=kept, done_now=False, champion_before=cand.gated_against,
-        champion=champion_now(client, cand.name))
+    outcome = carry_out(client, cand, given)
     print(outcome.text())
     return RetrainResult(status=WORDS[outcome.answer.decision], candidate=int(cand.version),
                          answer=outcome.text())

@@ -7,6 +7,7 @@ from prefect import task
 from pydantic import BaseModel, ConfigDict
 
 from tasks.config.pipeline_config import PipelineConfig
+from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.registry import (
     CHAMPION,
     RegistryError,
@@ -16,7 +17,6 @@ from tasks.platform.mlflow.registry import (
 )
 from tasks.platform.mlflow.runs import (
     RunContext,
-    default_tracking_uri,
     tag_parent,
     tracking_client,
 )

@@ -21,9 +21,9 @@ from tasks.config.pipeline_config import PipelineConfig
 from tasks.config.sections import GateConfig
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
-from tasks.pipeline.rule import tax_veto
+from tasks.pipeline.rule import Decision, tax_veto
 from tasks.pipeline.stages.context import Stage, StageContext
-from tasks.pipeline.stages.records import DataRecord, Decision, ModelRecord, PolicyRecord
+from tasks.pipeline.stages.records import DataRecord, ModelRecord, PolicyRecord
 from tasks.pipeline.stages.run import stage_task
 from tasks.pipeline.stages.tax import (
     applies,
@@ -152,8 +152,7 @@ def _gold_tags(decision: dict, gold_decision: dict) -> dict:
 
 
 def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
-                      champion_version: str, gold_tags: dict | None = None,
-                      tax: str = "") -> str:
+                      champion_version: str, gold_tags: dict, tax: str) -> str:
     f = decision["figures"]
     verdict = "PROMOTE challenger" if decision["promote"] else \
         f"KEEP champion v{champion_version}"
@@ -161,7 +160,7 @@ def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
                      for k, v in f.items())
     return (f"# Retrain decision: {verdict}\n\n{decision['reason']}\n\nScorer: {scorer} (the "
             f"same for both policies). Champion: v{champion_version}.\n\n| figure | value |\n"
-            f"|---|---|\n{rows}\n\n{_gold_line(gold_tags or {})}"
+            f"|---|---|\n{rows}\n\n{_gold_line(gold_tags)}"
             f"{tax + chr(10) * 2 if tax else ''}MLflow: {run_url(ctx, run_id)}\n")
 
 

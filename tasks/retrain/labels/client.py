@@ -108,7 +108,6 @@ class LabelStudio:
                     self._access = None  # expired access token: exchange the key again
                     continue
                 raise self._error(err, method, path, what) from None
-        raise AssertionError("unreachable")
 
     def _error(self, err: urllib.error.HTTPError, method: str, path: str,
                what: str) -> LabelStudioError:

@@ -36,6 +36,7 @@ from rlhf_core.eval.collect import (
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.devices import setup_models
 from tasks.pipeline.judge import config_judge_name, gold_judge
+from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
 from tasks.platform.mlflow.parent_run import end_run
 from tasks.platform.mlflow.registry import (
@@ -46,7 +47,6 @@ from tasks.platform.mlflow.registry import (
     model_version,
 )
 from tasks.platform.mlflow.runs import (
-    default_tracking_uri,
     ensure_experiment,
     log_metrics,
     log_params,

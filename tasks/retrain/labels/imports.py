@@ -30,7 +30,8 @@ from data_checks.labels import (
 )
 from data_checks.loading import DataError
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
+from tasks.platform.mlflow.addresses import default_tracking_uri
+from tasks.platform.mlflow.runs import tracking_client
 from tasks.platform.mlflow.tags import (
     LABELS_BATCH_TAG,
     LABELS_COLLECTIONS_TAG,
@@ -56,7 +57,7 @@ from tasks.retrain.records import Batch, LabelImport
 from tasks.retrain.store import (
     accepted_import_metrics,
     collection_record,
-    finished_collection,
+    find_collection,
     record_label_import,
 )
 
@@ -67,7 +68,7 @@ def collection_records(client, experiment_id: str, ids: list[str]) -> dict[str, 
     """The records of the collections the ids name (``<collection>-<nnnn>``) -> {id: pair}."""
     records = {}
     for cid in sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i}):
-        run = finished_collection(client, experiment_id, cid)
+        run = find_collection(client, experiment_id, cid)
         if run is not None:
             records.update({r["id"]: r for r in collection_record(client, run)})
     return records

@@ -16,19 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.platform.mlflow.runs import default_tracking_uri, tracking_client
+from tasks.platform.mlflow.addresses import default_tracking_uri
+from tasks.platform.mlflow.runs import tracking_client
 from tasks.platform.mlflow.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
     COLLECTION_TAG,
     LABELS_SOURCE_TAG,
     PULLED_ALL_TAG,
 )
-from tasks.retrain.labels.client import URL_VAR, LabelStudio, LabelStudioError
+from tasks.retrain.labels.client import LabelStudio, LabelStudioError
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.labels.imports import import_labels
 from tasks.retrain.labels.studio import (
     CHOICE_OF,
-    Project,
     StudioLink,
     collection_run,
     note_verdicts,
@@ -37,7 +37,7 @@ from tasks.retrain.labels.studio import (
     read_tasks,
 )
 from tasks.retrain.records import LabelImport
-from tasks.retrain.store import finished_collection, studio_collections
+from tasks.retrain.store import find_collection, studio_collections
 
 SOURCE = "label-studio"
 
@@ -147,9 +147,8 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
     total = len(link.tasks)
     if len(pulled) >= total:
         return PullResult(cid, "done", len(pulled), total, page=link.page)
-    ls = LabelStudio.from_env(os.environ.get(URL_VAR) or link.url)
-    title = project_title(ls, link.project_id)
-    if title is None:
+    ls = LabelStudio.from_env(link.url)  # LABEL_STUDIO_URL first
+    if project_title(ls, link.project_id) is None:
         raise LabelStudioError(
             f"collection {cid}: its Label Studio project {link.project_id} "
             f"('{link.project_title}') at {ls.url} no longer exists; its pairs are still in "
@@ -177,9 +176,8 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
     held = "; ".join(f"{who}: {why}" for who, why in out.held_back.items())
     text = out.text or out.reason or out.status
     try:
-        note_verdicts(ls, Project(link.url, link.project_id, title),
-                      f"RLHF pipeline, last pull: {out.status}. Labellers held back, "
-                      f"their votes dropped: {held or 'none'}. {text}")
+        note_verdicts(ls, link.project_id, f"RLHF pipeline, last pull: {out.status}. "
+                      f"Labellers held back, their votes dropped: {held or 'none'}. {text}")
     except LabelStudioError as err:
         print(f"note: the verdict was not written to the project ({err})")
     return PullResult(status=out.status, new_pairs=len(ready),
@@ -200,7 +198,7 @@ def pulled_in_full(cfg: PipelineConfig) -> list[tuple[str, Path, int]]:
     for folder in folders:
         if list((folder / "pending").glob("*.jsonl")):
             continue  # a pull stopped midway: the next pull finishes it
-        run = finished_collection(client, exp_id, folder.name)
+        run = find_collection(client, exp_id, folder.name)
         if run is None or COLLECTION_LABEL_STUDIO_TAG not in run.data.tags:
             continue
         total = len(read_link(client, run).tasks)
@@ -214,8 +212,6 @@ def pull(cfg: PipelineConfig, collection: str | None = None,
     """Pull one collection, or every Label Studio collection with pairs left to pull."""
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     exp_id = experiment_for(client, cfg)
-    if collection is not None:
-        return [pull_collection(cfg, client, collection_run(client, exp_id, collection),
-                                partial)]
-    return [pull_collection(cfg, client, run, partial)
-            for run in studio_collections(client, exp_id)]
+    runs = studio_collections(client, exp_id) if collection is None else [
+        collection_run(client, exp_id, collection)]
+    return [pull_collection(cfg, client, run, partial) for run in runs]

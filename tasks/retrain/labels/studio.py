@@ -19,12 +19,7 @@ from tasks.platform.mlflow.tags import (
     COLLECTION_TAG,
 )
 from tasks.retrain.labels.client import LabelStudio, LabelStudioError, NotFound
-from tasks.retrain.store import (
-    finished_collection,
-    log_studio_link,
-    studio_collection,
-    studio_link_text,
-)
+from tasks.retrain.store import IN_STUDIO, find_collection, log_studio_link, studio_link_text
 
 # The page: the conversation so far, the two answers side by side, one required choice.
 LABEL_CONFIG = """<View>
@@ -51,19 +46,6 @@ LABEL_CONFIG = """<View>
 </View>"""
 CHOICE_OF = {"A": "a", "B": "b", "Tie": "tie", "Skip": "skip"}
 IMPORT_CHUNK = 500
-
-
-@dataclass(frozen=True)
-class Project:
-    """A labelling project on a server (``url`` has no credentials)."""
-
-    url: str
-    id: int
-    title: str
-
-    @property
-    def page(self) -> str:
-        return f"{self.url}/projects/{self.id}/data"
 
 
 @dataclass(frozen=True)
@@ -95,17 +77,18 @@ def task_data(pair: dict, ref: str) -> dict:
             "response_b": str(pair["response_b"]), "ref": ref}
 
 
-def ensure_project(ls: LabelStudio, title: str, description: str = "") -> Project:
-    """The project called ``title``, created with the pairwise page when there is none."""
+def ensure_project(ls: LabelStudio, title: str, description: str) -> int:
+    """The id of the project called ``title``, created with the pairwise page when there is
+    none."""
     out = ls.get("/api/projects/", what="list projects", title=title, page_size=1000)
     rows = out.get("results", []) if isinstance(out, dict) else out
     for row in rows:
         if row.get("title") == title:
-            return Project(ls.url, int(row["id"]), title)
+            return int(row["id"])
     made = ls.call("POST", "/api/projects/", {"title": title, "description": description,
                                               "label_config": LABEL_CONFIG},
                    what="create projects")
-    return Project(ls.url, int(made["id"]), title)
+    return int(made["id"])
 
 
 def project_title(ls: LabelStudio, project_id: int) -> str | None:
@@ -116,15 +99,15 @@ def project_title(ls: LabelStudio, project_id: int) -> str | None:
         return None
 
 
-def add_pairs(ls: LabelStudio, project: Project, datas: list[dict]) -> list[int]:
+def add_pairs(ls: LabelStudio, project_id: int, datas: list[dict]) -> list[int]:
     """One task per pair (in order) -> their task ids."""
     ids: list[int] = []
     for i in range(0, len(datas), IMPORT_CHUNK):
-        out = ls.call("POST", f"/api/projects/{project.id}/import?return_task_ids=true",
+        out = ls.call("POST", f"/api/projects/{project_id}/import?return_task_ids=true",
                       datas[i:i + IMPORT_CHUNK], what="add tasks to the project")
         ids += [int(t) for t in out.get("task_ids", [])]
     if len(ids) != len(datas):
-        raise NotFound(f"Label Studio at {ls.url}: project {project.id} took {len(ids)} of "
+        raise NotFound(f"Label Studio at {ls.url}: project {project_id} took {len(ids)} of "
                        f"{len(datas)} tasks")
     return ids
 
@@ -158,10 +141,10 @@ def _choice(result: list[dict]) -> str:
     return values[0] if len(values) == 1 else ", ".join(map(str, values))
 
 
-def note_verdicts(ls: LabelStudio, project: Project, text: str) -> None:
+def note_verdicts(ls: LabelStudio, project_id: int, text: str) -> None:
     """The verdict on the labellers in the project's description, where they see it (the
     open-source edition has no comments API)."""
-    ls.call("PATCH", f"/api/projects/{project.id}/", {"description": text[:5000]},
+    ls.call("PATCH", f"/api/projects/{project_id}/", {"description": text[:5000]},
             what="change the project's description")
 
 
@@ -200,7 +183,7 @@ class StudioLink:
 
     @property
     def page(self) -> str:
-        return Project(self.url, self.project_id, self.project_title).page
+        return f"{self.url}/projects/{self.project_id}/data"
 
     @classmethod
     def read(cls, text: str) -> StudioLink:
@@ -217,11 +200,11 @@ def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -
     """Send one task per pair (known answers unmarked); log the link on the collection run."""
     ls = connect(cfg)
     title = cfg.collect.destination.project or f"rlhf {cfg.tracking.registered_policy}"
-    project = ensure_project(ls, title, "Pairs of answers to compare, sent by the RLHF "
-                             "pipeline's `rlhf collect`.")
+    project_id = ensure_project(ls, title, "Pairs of answers to compare, sent by the RLHF "
+                                "pipeline's `rlhf collect`.")
     datas = [task_data(r, opaque_ref(cid, r["id"])) for r in rows]
-    ids = add_pairs(ls, project, datas)
-    link = StudioLink(ls.url, project.id, project.title,
+    ids = add_pairs(ls, project_id, datas)
+    link = StudioLink(ls.url, project_id, title,
                       {t: r["id"] for t, r in zip(ids, rows)},
                       {r["id"]: d for r, d in zip(rows, datas)})
     log_studio_link(client, run_id, {**asdict(link), "tasks": {str(k): v for k, v in
@@ -232,7 +215,7 @@ def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -
 
 def collection_run(client, experiment_id: str, cid: str):
     """The finished run of collection ``cid`` (LabelStudioError naming it when none)."""
-    run = finished_collection(client, experiment_id, cid)
+    run = find_collection(client, experiment_id, cid)
     if run is None:
         raise LabelStudioError(f"no finished collection '{cid}' in this MLflow experiment "
                                "(`rlhf runs` lists runs; collection ids look like "
@@ -255,7 +238,8 @@ def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
     """Refuse a labelled file from a Label Studio collection: `rlhf label pull` imports each
     pair once."""
     from data_checks.labels import read_labelled
-    from tasks.platform.mlflow.runs import default_tracking_uri, ensure_experiment, tracking_client
+    from tasks.platform.mlflow.addresses import default_tracking_uri
+    from tasks.platform.mlflow.runs import ensure_experiment, tracking_client
 
     ids = {str(i).strip() for i in read_labelled(path)["id"].tolist()}
     cids = sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i})
@@ -265,7 +249,7 @@ def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
     client = tracking_client(uri)
     exp_id = ensure_experiment(client, cfg.tracking.experiment, uri)
     for cid in cids:
-        run = studio_collection(client, exp_id, cid)
+        run = find_collection(client, exp_id, cid, IN_STUDIO)
         if run is not None:
             raise LabelStudioError(
                 f"{path}: its rows come from collection {cid}, which went to Label Studio "

@@ -2,10 +2,10 @@
 Prefect stored), and its accessors read the records, not display strings."""
 
 from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.rule import Decision
 from tasks.pipeline.stages.records import (
     Artifact,
     DataRecord,
-    Decision,
     ModelRecord,
     PolicyRecord,
     RegisterRecord,

@@ -96,6 +96,23 @@ def test_a_source_that_is_not_there_is_refused_before_training(source, message, 
         check_reward_sources(sources(source), f"sqlite:///{tmp_path}/mlflow.db")
 
 
+def test_a_registered_source_is_described_by_the_version_its_alias_holds(tmp_path):
+    """``models:/<name>@<alias>`` resolves to ``<name> v<N>``, so a resume compares versions,
+    not the version record's tags and timestamps."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri, uri)
+    client.create_registered_model("big-rm")
+    for _ in range(2):
+        client.create_model_version("big-rm", str(tmp_path / "model"))
+    client.set_registered_model_alias("big-rm", "champion", "2")
+    source = {"name": "big", "kind": "registered", "target": "models:/big-rm@champion"}
+    described = check_reward_sources(sources(source), uri)
+    assert described["big"] == "registered models:/big-rm@champion, weight 1.0 [big-rm v2]"
+    client.set_model_version_tag("big-rm", "2", "note", "a tag does not move the alias")
+    assert check_reward_sources(sources(source), uri) == described
+
 def test_an_endpoint_that_does_not_answer_is_refused_before_training(tmp_path):
     url = f"http://user:secret@127.0.0.1:{free_port()}/invocations"
     with pytest.raises(ConfigError, match=r"ppo.reward_sources\[h\]: http://user:\*\*\*@"

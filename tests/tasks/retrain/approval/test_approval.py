@@ -271,7 +271,7 @@ def test_the_evidence_reads_the_rounds_figures_and_flags(store):
 
 def test_approval_none_holds_nothing():
     from tasks.config.pipeline_config import load_config
-    from tasks.pipeline.stages.records import Decision
+    from tasks.pipeline.rule import Decision
     from tasks.retrain.approval.waiting import held_for_approval
 
     promote = Decision(promote=True, reason="won")
