@@ -60,14 +60,8 @@ def check_regular(path: Path) -> None:
 
 
 def read_bytes(path: Path, compression: str | None) -> bytes:
-    check_regular(path)
-    try:
-        if compression:
-            with COMPRESSIONS[compression](path, "rb") as fh:
-                return fh.read()
-        return path.read_bytes()
-    except READ_ERRORS as err:
-        raise DataError(f"{path}: cannot decompress as {compression} ({err})") from None
+    with opened(path, compression) as fh:
+        return fh.read()
 
 
 def _decoded_lines(path: Path, lines: Iterator[bytes]) -> Iterator[str]:

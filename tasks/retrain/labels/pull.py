@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config.pipeline_config import PipelineConfig
+from tasks.platform.files import read_jsonl
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.runs import tracking_client
 from tasks.platform.mlflow.tags import (
@@ -83,10 +84,8 @@ def _pulled(folder: Path) -> dict[str, list[dict]]:
     """Pair id -> the vote rows it was pulled with (done and pending pulls)."""
     out: dict[str, list[dict]] = {}
     for path in sorted(folder.glob("*/*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                out.setdefault(row["id"], []).append(row)
+        for row in read_jsonl(path):  # lines end at "\n" only: a name may hold U+2028
+            out.setdefault(row["id"], []).append(row)
     return out
 
 
@@ -169,7 +168,8 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
     pending = folder / "pending" / f"{cid}-pull-{digest}.jsonl"
     pending.parent.mkdir(parents=True, exist_ok=True)
     tmp = pending.with_name(pending.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                   encoding="utf-8")
     os.replace(tmp, pending)
     out = _import(cfg, pending)
     # the import's verdict on the project's page (best effort)

@@ -181,3 +181,16 @@ def test_batches_the_data_gate_refused_are_quarantined_with_the_event(setup):
     assert (event, resource) == ("rlhf.preferences.quarantined", "rlhf.preferences.ab12")
     assert labels_ == {"rlhf.outcome": "refused"}
     assert payload["reason"] == "refused by the data gate: chosen is empty in row 1"
+
+
+def test_a_pulled_vote_whose_labeller_name_holds_a_line_separator_reads_back(tmp_path):
+    """Pull files keep non-ASCII text as it is; a name with U+2028 stays one row."""
+    import json
+
+    from tasks.retrain.labels.pull import _pulled
+
+    row = {"id": "p1", "choice": "a", "labeller": "Ann\u2028Lee", "task_id": 3}
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "c-pull-1.jsonl").write_text(
+        json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert _pulled(tmp_path) == {"p1": [row]}
