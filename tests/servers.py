@@ -5,6 +5,7 @@ run back through a server's client API."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import shutil
@@ -62,10 +63,35 @@ def start_scoring_server(port: int, *args: str) -> subprocess.Popen:
     raise RuntimeError("the scoring server did not start")
 
 
+PORTS = Path(tempfile.gettempdir()) / "rlhf-test-ports"  # ports handed out: "port time"
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port of 127.0.0.1 that is free now and that no test on this machine was handed in the
+    last hour. The kernel picks a port for a bind to port 0 at random, so two pytest-xdist
+    workers can each be handed the same one: the second server then fails to bind while its
+    health check reaches the first one's. The ports handed out are kept in a file under a
+    lock, so no two servers of a test session share one."""
+    with open(PORTS, "a+") as claims:
+        fcntl.flock(claims, fcntl.LOCK_EX)
+        claims.seek(0)
+        now = time.time()
+        recent = {int(port): at for port, at in
+                  (line.split() for line in claims.read().splitlines() if line.strip())
+                  if now - float(at) < 3600}
+        for _ in range(1000):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in recent:
+                break
+        else:
+            raise RuntimeError(f"no free port of 127.0.0.1 outside the {len(recent)} in {PORTS}")
+        recent[port] = str(now)
+        claims.seek(0)
+        claims.truncate()
+        claims.writelines(f"{p} {at}\n" for p, at in recent.items())
+        return port
 
 
 def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, log: Path, what: str,

@@ -11,7 +11,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,14 +20,10 @@ from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
+from tests.servers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def base_env(home: Path) -> dict[str, str]:
