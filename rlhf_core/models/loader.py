@@ -107,6 +107,26 @@ def fuse_activations(model: nn.Module) -> None:
                 setattr(module, name, TanhGELU())
 
 
+def _contiguous_rows(head: nn.Module, args: tuple):
+    x = args[0]
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) \
+            and not x.is_contiguous():
+        return (x.contiguous(), *args[1:])
+    return None
+
+
+def contiguous_head_input(model: nn.Module) -> None:
+    """Hand a causal LM's head a contiguous input. transformers slices the hidden states it
+    keeps logits for (``logits_to_keep``: the last position in generation, the response's in
+    scoring); on a CPU a bf16 product of such a strided input with a frozen weight falls back
+    to a batched product over one copy of the whole weight per row (20x slower for a 49k-token
+    vocabulary). The copy of the kept rows gives the same bits; fp32 (whose single-row product
+    would change in the last bit) and other devices are left as they are."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:
+        head.register_forward_pre_hook(_contiguous_rows)
+
+
 ModelKind = Literal["policy", "scalar", "new_head"]
 
 
@@ -117,6 +137,7 @@ def load_pretrained(path: str | Path, spec: LoadSpec, kind: ModelKind = "policy"
     training), trained or frozen; an adapter folder loads with its chain merged."""
     model = _load(path, kind, spec.pretrained(trainable))
     fuse_activations(model)
+    contiguous_head_input(model)
     if trainable and spec.gradient_checkpointing:
         enable_checkpointing(model.backbone if isinstance(model, ScalarHeadModel) else model)
     if not trainable:

@@ -122,6 +122,33 @@ def test_loaded_models_use_the_fused_tanh_gelu_with_the_same_outputs(tiny_model_
     assert "gelu_new" in (tmp_path / "saved" / "config.json").read_text()
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_lm_head_gets_a_contiguous_input_in_bf16_with_the_same_bits(tiny_model_dir,
+                                                                          precision):
+    """transformers slices the rows it keeps logits for; a frozen model in bf16 hands its head
+    a contiguous copy (a strided bf16 input is a slow path on a CPU), with the same logits and
+    gradients as without the copy; fp32 is left as it was."""
+    spec = LoadSpec.from_config(ModelConfig(precision=precision), "cpu")
+    model = load_pretrained(tiny_model_dir, spec, trainable=False)
+    head, seen = model.get_output_embeddings(), []
+    head.register_forward_pre_hook(lambda mod, args: seen.append(args[0].is_contiguous()))
+    hooks = dict(head._forward_pre_hooks)  # the loader's, then the one above
+    ids = torch.randint(0, 20, (4, 9), generator=torch.Generator().manual_seed(0))
+
+    def run(keep: int, hooked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        head._forward_pre_hooks.clear()
+        head._forward_pre_hooks.update(hooks if hooked else {})
+        embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+        logits = model(inputs_embeds=embeds, logits_to_keep=keep).logits
+        logits.float().pow(2).sum().backward()
+        return logits.detach(), embeds.grad
+
+    for keep in (1, 5):
+        (a, grad_a), (b, grad_b) = run(keep, True), run(keep, False)
+        assert torch.equal(a, b) and torch.equal(grad_a, grad_b)
+    assert seen == [precision == "bf16"] * 2  # copied in bf16 only
+
+
 def test_optimizer_uses_the_fused_adamw_kernel_on_cpu():
     from rlhf_core.config import OptimConfig
     from rlhf_core.train.optim import build_optimizer
