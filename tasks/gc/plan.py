@@ -223,7 +223,7 @@ def _batches(cfg: PipelineConfig, uri: str, now: float) -> list[Found]:
     days = cfg.retrain.gc_batch_age_days
     age = f"older than {days:g} days (retrain.gc_batch_age_days)"
     files = sorted(p for p in watch.iterdir() if p.is_file() and p.suffix in BATCH_SUFFIXES)
-    consumed = consumed_batches(uri, cfg.tracking.experiment) if files else {}
+    consumed = consumed_batches(cfg) if files else {}
     out = []
     for path in files:
         run_id = consumed.get(file_digest(path))

@@ -16,12 +16,8 @@ from data_checks.files import write_cleaned
 from data_checks.loading import DataError, iter_table, load_table
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared
-from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
-from tasks.platform.mlflow.runs import (
-    RunContext,
-    tag_parent,
-)
+from tasks.platform.mlflow.runs import RunContext, tag_parent
 from tasks.platform.mlflow.tags import (
     BATCH_SOURCES_TAG,
     RETRAIN_BATCHES_TAG,
@@ -31,12 +27,7 @@ from tasks.platform.mlflow.tags import (
 from tasks.retrain.gate.champion import Champion
 from tasks.retrain.gate.prompts import check_retrainable
 from tasks.retrain.records import Batch, Batches
-from tasks.retrain.store import (
-    batch_collections,
-    consumed_batches,
-    consumed_copy,
-    record_consumed,
-)
+from tasks.retrain.store import batch_sources, consumed_batches, consumed_copy, record_consumed
 
 BATCH_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
@@ -46,13 +37,6 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def consumed_runs(cfg: PipelineConfig) -> dict[str, str]:
-    """Digest of each batch finished retrains consumed -> the run that consumed it (and keeps
-    a copy)."""
-    return consumed_batches(default_tracking_uri(cfg.tracking.tracking_uri),
-                            cfg.tracking.experiment)
-
-
 @task(name="find_batches")
 def find_batches(cfg: PipelineConfig) -> Batches:
     """Find the watch folder's new batch files (in name order) and every consumed batch in the
@@ -60,7 +44,7 @@ def find_batches(cfg: PipelineConfig) -> Batches:
     folder = Path(cfg.retrain.watch_dir)
     files = sorted(p for p in folder.glob("*") if p.suffix in BATCH_SUFFIXES) \
         if folder.is_dir() else []
-    done = consumed_runs(cfg)  # in the order consumed
+    done = consumed_batches(cfg)  # in the order consumed
     new: list[Batch] = []
     present: dict[str, Batch] = {}
     for path in files:
@@ -166,21 +150,6 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
         TRAINED_ON_TAG: json.dumps(out.trained_on),
         BATCH_SOURCES_TAG: json.dumps(out.batch_sources)})
     return out
-
-
-def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
-    """Digest -> the collections its labels named, else ``offline`` (no label import)."""
-    named = batch_collections(default_tracking_uri(cfg.tracking.tracking_uri),
-                              cfg.tracking.experiment, digests)
-    return {digest: ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
-                              for c in names) or "offline" for digest, names in named.items()}
-
-
-def batch_rows_note(rows: list[dict]) -> str:
-    """Which combined-file rows came from which batch, for the data gate's error."""
-    return "rows of the combined preference file by batch: " + "; ".join(
-        f"{r['first']}-{r['last']} = {r['name']} rows 1-{r['last'] - r['first'] + 1}"
-        for r in rows)
 
 
 @task(name="mark_consumed")

@@ -70,15 +70,12 @@ class CollectResult(BaseModel):
                 f"{where}; MLflow run {self.run_id}")
 
 
-ImportStatus = Literal["imported", "quarantined", "already imported", "refused"]
-
-
 class LabelImport(BaseModel):
     """What importing one labelled file did; ``held_back``: labellers whose votes were
     dropped, and why."""
 
     model_config = ConfigDict(frozen=True)
-    status: ImportStatus
+    status: Literal["imported", "quarantined", "already imported", "refused"]
     file: str
     batch: str | None = None
     digest: str | None = None
@@ -106,16 +103,12 @@ class GateRecord(StageRecord):
     decision: Decision
 
 
-RetrainStatus = Literal["bootstrapped", "promoted", "kept", "control", "skipped",
-                        "nothing new", "awaiting approval", "approved", "rejected",
-                        "timed out"]
-
-
 class RetrainResult(BaseModel):
     """What a retrain round did; fields unset where its status has none."""
 
     model_config = ConfigDict(frozen=True)
-    status: RetrainStatus
+    status: Literal["bootstrapped", "promoted", "kept", "control", "skipped", "nothing new",
+                    "awaiting approval", "approved", "rejected", "timed out"]
     decision: Decision | None = None
     run: PipelineResult | None = None
     slot: str | None = None

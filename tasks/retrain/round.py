@@ -27,7 +27,6 @@ from tasks.platform.mlflow.tags import (
     TRAINED_ON_TAG,
 )
 from tasks.platform.prefect.prefect_api import one_slot, report
-from tasks.retrain.batches import batch_rows_note
 from tasks.retrain.gate.champion import Champion
 from tasks.retrain.records import Batch
 
@@ -120,7 +119,10 @@ def named_batch_rows(rows: list[dict]) -> Iterator[None]:
     try:
         yield
     except ValidationFailed as err:
-        raise ValidationFailed(f"{err}\n{batch_rows_note(rows)}") from None
+        note = "; ".join(f"{r['first']}-{r['last']} = {r['name']} rows "
+                         f"1-{r['last'] - r['first'] + 1}" for r in rows)
+        raise ValidationFailed(
+            f"{err}\nrows of the combined preference file by batch: {note}") from None
 
 
 @contextmanager

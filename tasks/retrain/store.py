@@ -10,6 +10,8 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.eval.collect import prompt_key
+from tasks.config.pipeline_config import PipelineConfig
+from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.runs import RunContext, experiment_client, log_metrics, set_tags
 from tasks.platform.mlflow.tags import (
     COLLECTION_LABEL_STUDIO_TAG,
@@ -87,9 +89,16 @@ def collection_by_run_id(client: MlflowClient, run_id: str):
     return client.get_run(run_id)
 
 
-def collection_record(client: MlflowClient, run) -> list[dict]:
-    """A collection's pairs: texts, reward-model scores, known answers."""
-    return json.loads(Path(client.download_artifacts(run.info.run_id, RECORD)).read_text())
+def collection_records(client: MlflowClient, experiment_id: str, ids: list[str]) -> dict[str, dict]:
+    """The pairs (texts, reward-model scores, known answers) of the collections the ids name
+    (``<collection>-<nnnn>``) -> {id: pair}."""
+    records = {}
+    for cid in sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i}):
+        run = find_collection(client, experiment_id, cid)
+        if run is not None:
+            path = client.download_artifacts(run.info.run_id, RECORD)
+            records.update({r["id"]: r for r in json.loads(Path(path).read_text())})
+    return records
 
 
 def log_studio_link(client: MlflowClient, run_id: str, link: dict) -> None:
@@ -118,32 +127,36 @@ def record_label_import(client: MlflowClient, experiment_id: str, run_name: str,
     return run_id
 
 
-def accepted_import_metrics(client: MlflowClient, experiment_id: str,
-                            last: int) -> list[dict[str, float]]:
-    """The figures of the last ``last`` accepted label imports, newest first."""
+def usual_rate(client: MlflowClient, experiment_id: str, metric: str,
+               last: int = 5) -> float | None:
+    """Median of ``metric`` over the last accepted label imports (None: none yet)."""
     runs = client.search_runs([experiment_id], max_results=last, order_by=[
         "attributes.start_time DESC"], filter_string=f"tags.`{LABELS_DECISION_TAG}` = 'accepted'")
-    return [dict(r.data.metrics) for r in runs]
+    rates = sorted(r.data.metrics[metric] for r in runs if metric in r.data.metrics)
+    return rates[len(rates) // 2] if rates else None
 
 
-def batch_collections(tracking_uri: str, experiment: str,
-                      digests: list[str]) -> dict[str, list[str]]:
-    """{batch digest: collection ids its label import named} ([]: no import wrote it)."""
-    client, exp_id = experiment_client(tracking_uri, experiment)
+def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
+    """Digest -> the collections its label import named, else ``offline`` (no label import)."""
+    client, exp_id = experiment_client(default_tracking_uri(cfg.tracking.tracking_uri),
+                                       cfg.tracking.experiment)
     out = {}
     for digest in digests:
         runs = [] if exp_id is None else client.search_runs(
             [exp_id], max_results=1,
             filter_string=f"tags.`{LABELS_PREFERENCE_DIGEST_TAG}` = '{digest}'")
-        out[digest] = json.loads(runs[0].data.tags.get(LABELS_COLLECTIONS_TAG, "[]")) \
-            if runs else []
+        names = json.loads(runs[0].data.tags.get(LABELS_COLLECTIONS_TAG, "[]")) if runs else []
+        out[digest] = ", ".join(f"collection {c} (from policy v{c.split('-')[0][1:]})"
+                                for c in names) or "offline"
     return out
 
 
 # ---- consumed batches --------------------------------------------------------------------------
-def consumed_batches(tracking_uri: str, experiment: str) -> dict[str, str]:
-    """Digest of each batch finished retrains consumed -> its consuming run, in order."""
-    client, exp_id = experiment_client(tracking_uri, experiment)
+def consumed_batches(cfg: PipelineConfig) -> dict[str, str]:
+    """Digest of each batch finished retrains consumed -> its consuming run (which keeps a
+    copy), in the order consumed."""
+    client, exp_id = experiment_client(default_tracking_uri(cfg.tracking.tracking_uri),
+                                       cfg.tracking.experiment)
     if exp_id is None:
         return {}
     runs = every_run(client, [exp_id], f"tags.`{CONSUMED_TAG}` != '' and {FINISHED}",

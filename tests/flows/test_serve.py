@@ -32,7 +32,8 @@ from flows.serve import served_parameters
 from rlhf_core.demo import write_preference_batch
 from tasks.config.pipeline_config import load_config
 from tasks.platform.mlflow.registry import CHAMPION, PREVIOUS, alias_version
-from tasks.retrain.batches import consumed_runs, file_digest
+from tasks.retrain.batches import file_digest
+from tasks.retrain.store import consumed_batches
 from tests.flows.prefect_procs import (
     ROOT,
     TERMINAL,
@@ -213,7 +214,7 @@ def retrain_cases(served):
     batches.mkdir(parents=True, exist_ok=True)
     out["bad_digest"] = _write_bad_batch(batches)
     step("e_malformed")
-    out["e_malformed/consumed"] = set(consumed_runs(served["cfg"]))
+    out["e_malformed/consumed"] = set(consumed_batches(served["cfg"]))
     # the refused batch left the watch folder for quarantine/, so later rounds go on
     out["e_malformed/moved"] = not (batches / "batch-bad.jsonl").exists() and \
         (batches / "quarantine" / "batch-bad.jsonl").exists()

@@ -1,5 +1,4 @@
-"""A person signs off the champion (``retrain.approval: required``): the answers and what
-they do.
+"""The answers to a candidate (``retrain.approval: required``) and what they do.
 
 A promoting round registers its policy as ``candidate``; answers come from the round's Prefect
 form, `rlhf approve` / `rlhf reject`, or the deadline (``retrain.approval_timeout_h``). The
@@ -180,8 +179,12 @@ def waiting_line(client, name: str) -> str:
         f"{c.parent_run_id}, deadline {c.deadline})" for c in waiting)
 
 
-def check_current(client, cand: Candidate) -> None:
-    """An approval needs the champion the candidate was compared with still in place."""
+def check_current(client, cand: Candidate, given: Answer) -> None:
+    """An approval that would be kept needs the champion the candidate was compared with still
+    in place."""
+    if cand.status != PENDING or cand.answer is not None or given.decision != "approve" \
+            or cand.overdue:
+        return
     now = champion_now(client, cand.name)
     if cand.gated_against and now not in (cand.gated_against, cand.version):
         raise ApprovalError(
@@ -201,9 +204,7 @@ def answer(client, name: str, version: str | None, decision: str, reason: str, v
         carry_out(client, cand, left)
         cand = candidate(client, name, cand.version)
     given = Answer(decision=decision, reason=reason, by=by or who(via), via=via)
-    if cand.status == PENDING and cand.answer is None and decision == "approve" \
-            and not cand.overdue:
-        check_current(client, cand)
+    check_current(client, cand, given)
     return carry_out(client, cand, given)
 
 

@@ -2,7 +2,7 @@
 
 A waiting version holds the alias ``candidate`` and pending tags. The answer is written once,
 as a param on the round's parent run: MLflow refuses to change a param, so of two answers at
-once exactly one is kept. tasks/retrain/approval/answers.py acts on it.
+once exactly one is kept.
 """
 
 from __future__ import annotations

@@ -30,10 +30,6 @@ def pause_key(version: str) -> str:
     return f"{KEY_PREFIX}{version}"
 
 
-def key_version(key: str) -> str:
-    return key.removeprefix(KEY_PREFIX)
-
-
 def this_flow_run() -> tuple[str | None, bool]:
     """(this flow run's id, whether it runs from a deployment); (None, False) outside one."""
     from prefect.runtime import deployment, flow_run

@@ -39,8 +39,8 @@ from tasks.retrain.approval.store import (
     utc_seconds,
 )
 from tasks.retrain.approval.suspend import (
+    KEY_PREFIX,
     ask,
-    key_version,
     pause_key,
     prefect_api,
     resume_with,
@@ -219,15 +219,14 @@ def resumed_round(config: PipelineConfig) -> RetrainResult | None:
         return None
     form = ask(key)  # the stored answer, at once
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
-    cand = candidate(client, config.tracking.registered_policy, key_version(key))
+    cand = candidate(client, config.tracking.registered_policy, key.removeprefix(KEY_PREFIX))
     given = form_answer(form)
     kept = cand.answer
     if cand.status != PENDING and kept and (kept.decision, kept.reason) == \
             (given.decision, given.reason):  # resumed by the answer that decided (the CLI)
         given = None
-    elif cand.status == PENDING and kept is None and given.decision == "approve" \
-            and not cand.overdue:
-        check_current(client, cand)
+    else:
+        check_current(client, cand, given)
     outcome = carry_out(client, cand, given)
     print(outcome.text())
     return RetrainResult(status=WORDS[outcome.answer.decision], candidate=int(cand.version),

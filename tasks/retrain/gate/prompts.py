@@ -1,7 +1,6 @@
 """Whether a config can be retrained at all: the gate's paired test needs
 ``retrain.gate.min_prompts`` held-out prompts among the first ``retrain.gate.num_prompts``.
-One rule, checked by the CLI before anything starts (so it imports nothing heavy) and by the
-round on its own files.
+The CLI checks it before anything starts (so it imports nothing heavy), a round on its files.
 """
 
 from __future__ import annotations
@@ -38,8 +37,12 @@ def too_few_prompts(gate: GateConfig, rows: int | None, where: str) -> str | Non
             "lower retrain.gate.min_prompts")
 
 
-def _rows(cfg: PipelineConfig, source) -> tuple[int | None, str]:
-    """(held-out prompt rows in ``source`` (None: none), their setting as a refusal names it)."""
+def held_out_rows(cfg: PipelineConfig, data=None) -> tuple[int | None, str]:
+    """(held-out prompt rows a retrain compares on (None: none), their setting as a refusal
+    names it): known from the config before any run, or from the ``data`` a round resolved."""
+    if data is None and cfg.data is None:
+        return (cfg.demo.n_eval, DEMO_ROWS) if cfg.demo.enabled else (None, "")
+    source = (cfg.data if data is None else data).eval_prompts
     if source is None:
         return None, ""
     from data_checks.loading import load_table
@@ -48,17 +51,9 @@ def _rows(cfg: PipelineConfig, source) -> tuple[int | None, str]:
     return len(load_table(source, "prompts")), where
 
 
-def held_out_rows(cfg: PipelineConfig) -> tuple[int | None, str]:
-    """(held-out prompt rows a retrain compares on, their setting), known before any run."""
-    if cfg.data is None:
-        return (cfg.demo.n_eval, DEMO_ROWS) if cfg.demo.enabled else (None, "")
-    return _rows(cfg, cfg.data.eval_prompts)
-
-
 def check_retrainable(cfg: PipelineConfig, data=None) -> None:
     """GateError when a retrain of ``cfg`` could never reach its gate's decision; with
     ``data``, the same rule inside a round, on the held-out prompts it resolved."""
-    rows = held_out_rows(cfg) if data is None else _rows(cfg, data.eval_prompts)
-    why = too_few_prompts(cfg.retrain.gate, *rows)
+    why = too_few_prompts(cfg.retrain.gate, *held_out_rows(cfg, data))
     if why is not None:
         raise GateError(why)

@@ -1,7 +1,6 @@
-"""gate (a retrain's stage): challenger vs champion on the fixed held-out prompts, scored by
-one scorer for both, with a paired bootstrap test and guard rails (rlhf_core/eval/gate.py).
-A challenger over ``eval.tax.budget`` does not win. The decision is recorded as MLflow tags
-and a Prefect artifact, beside what the gold judge would have decided where one exists."""
+"""The gate stage: both policies sampled and scored alike, the paired test's decision after the
+tax veto, recorded as MLflow tags and a Prefect artifact beside the gold judge's where one
+exists."""
 
 from __future__ import annotations
 
@@ -60,13 +59,11 @@ TAX_PROBE = "eval/tax_probe.json"  # the probe's questions, the base's and chall
 
 def resolve_scorer(cfg: PipelineConfig, judge_name: str) -> str:
     """``retrain.gate.scorer`` -> a built-in scorer or a ``models:/`` URI (``auto``: the gold
-    judge if any, else ``judge_model``). One the challenger was not optimised against, so its
-    verdict is not the reward model grading its own student (``reward_model`` is for
-    comparison only)."""
+    judge if any, else ``judge_model``: a scorer the challenger was not optimised against)."""
     wanted = cfg.retrain.gate.scorer
-    if wanted == "auto":
-        return "judge" if judge_name != "none" else "judge_model"
-    return wanted
+    if wanted != "auto":
+        return wanted
+    return "judge" if judge_name != "none" else "judge_model"
 
 
 def scorer_label(scorer: str) -> str:
@@ -158,19 +155,16 @@ def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
         f"KEEP champion v{champion_version}"
     rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                      for k, v in f.items())
+    gold = ""
+    if gold_tags:
+        diff, low, high = (gold_tags.get(GATE_GOLD_PREFIX + k, "n/a")
+                           for k in ("diff_mean", "ci_low", "ci_high"))
+        gold = (f"The gold judge would have decided: {gold_tags[GATE_GOLD_DECISION_TAG]} (mean "
+                f"diff {diff}, CI [{low}, {high}]).\n\n")
     return (f"# Retrain decision: {verdict}\n\n{decision['reason']}\n\nScorer: {scorer} (the "
             f"same for both policies). Champion: v{champion_version}.\n\n| figure | value |\n"
-            f"|---|---|\n{rows}\n\n{_gold_line(gold_tags)}"
+            f"|---|---|\n{rows}\n\n{gold}"
             f"{tax + chr(10) * 2 if tax else ''}MLflow: {run_url(ctx, run_id)}\n")
-
-
-def _gold_line(tags: dict) -> str:
-    if not tags:
-        return ""
-    low, high = (tags.get(GATE_GOLD_PREFIX + k, "n/a") for k in ("ci_low", "ci_high"))
-    diff = tags.get(GATE_GOLD_PREFIX + "diff_mean", "n/a")
-    return (f"The gold judge would have decided: {tags[GATE_GOLD_DECISION_TAG]} (mean "
-            f"diff {diff}, CI [{low}, {high}]).\n\n")
 
 
 def compare_tags(tags: dict[str, str], better: bool, compared: str) -> dict[str, str]:

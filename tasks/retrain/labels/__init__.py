@@ -1,2 +1,2 @@
-"""Labels: the champion's answers collected as pairs to label (collect.py), and the labels
-coming back from a file (imports.py) or from Label Studio (pull.py). Settings: ``collect:``."""
+"""Labels: the champion's answers collected as pairs to label, and the labels coming back from
+a file or from Label Studio."""

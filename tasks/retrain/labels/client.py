@@ -1,8 +1,7 @@
-"""Label Studio's REST API over the standard library (no SDK: see the README's dependency
-notes). Server and key come from ``LABEL_STUDIO_URL`` (else ``collect.destination.url``) and
-``LABEL_STUDIO_API_KEY``, never written anywhere. A personal access token (a JWT) is exchanged
-for short-lived access tokens; a legacy key goes in a ``Token`` header.
-"""
+"""Label Studio's REST API over the standard library. Server and key come from
+``LABEL_STUDIO_URL`` (else ``collect.destination.url``) and ``LABEL_STUDIO_API_KEY``, never
+written anywhere. A personal access token (a JWT) is exchanged for short-lived access tokens; a
+legacy key goes in a ``Token`` header."""
 
 from __future__ import annotations
 
@@ -25,11 +24,6 @@ class NotFound(LabelStudioError):
     """The object asked for is not (or no longer) on the server."""
 
 
-def is_personal_token(key: str) -> bool:
-    """Whether ``key`` is a personal access token, i.e. a JWT."""
-    return key.startswith("eyJ") and key.count(".") == 2
-
-
 def _detail(err: urllib.error.HTTPError) -> str:
     try:
         body = json.loads(err.read() or b"{}")
@@ -45,6 +39,7 @@ class LabelStudio:
 
     def __init__(self, url: str, key: str, timeout_s: float = TIMEOUT_S):
         self.url, self._key, self.timeout_s = url.rstrip("/"), key, timeout_s
+        self._personal = key.startswith("eyJ") and key.count(".") == 2  # a JWT
         self._access: str | None = None
 
     @classmethod
@@ -84,7 +79,7 @@ class LabelStudio:
         return json.loads(raw) if raw.strip() else None
 
     def _auth(self) -> dict[str, str]:
-        if not is_personal_token(self._key):
+        if not self._personal:
             return {"Authorization": f"Token {self._key}"}
         if self._access is None:
             try:
@@ -104,7 +99,7 @@ class LabelStudio:
             try:
                 return self._send(method, path, body, self._auth())
             except urllib.error.HTTPError as err:
-                if err.code == 401 and attempt == 0 and is_personal_token(self._key):
+                if err.code == 401 and attempt == 0 and self._personal:
                     self._access = None  # expired access token: exchange the key again
                     continue
                 raise self._error(err, method, path, what) from None
@@ -114,8 +109,8 @@ class LabelStudio:
         detail = _detail(err)
         doing = what or f"{method} {path}"
         if err.code == 401:
-            kind = "personal access token" if is_personal_token(self._key) else "legacy token"
-            hint = "" if is_personal_token(self._key) else (
+            kind = "personal access token" if self._personal else "legacy token"
+            hint = "" if self._personal else (
                 " (Label Studio 1.23 disables legacy tokens unless the organisation enables "
                 "them: use a personal access token from Account & Settings)")
             return LabelStudioError(f"Label Studio at {self.url} refused the {kind} in "

@@ -134,12 +134,7 @@ def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[Prompt]]:
     return "demo training prompts", pool_order(prompts, cfg.seed)
 
 
-def pool_digest(prompts: list[Prompt]) -> str:
-    return hashlib.sha256("\n".join(sorted(map(prompt_key, prompts))).encode()).hexdigest()[:16]
-
-
-def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt],
-                     where: str = "the collection's prompts") -> list[str | None]:
+def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt]) -> list[str | None]:
     """Each prompt as the data gate renders it, None where over
     ``validation.max_prompt_tokens`` (cutting it would make another prompt); DataError when
     the chat template cannot render one."""
@@ -151,6 +146,7 @@ def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt],
         from data_checks.loading import DataError
         from rlhf_core.models import chat
 
+        where = "the collection's prompts"
         try:
             info = start_chat(tokenizer, chat, where)
             frame = pd.DataFrame({"prompt": list(prompts)})
@@ -281,7 +277,8 @@ def collect(cfg: PipelineConfig) -> CollectResult:
     name = cfg.tracking.registered_policy
     version = resolve_version(client, name, c.policy)
     pool_name, pool = prompt_pool(cfg)
-    exp_id, digest = experiment_for(client, cfg), pool_digest(pool)
+    exp_id = experiment_for(client, cfg)
+    digest = hashlib.sha256("\n".join(sorted(map(prompt_key, pool))).encode()).hexdigest()[:16]
     earlier = pool_collections(client, exp_id, digest)
     used = collection_prompts(client, earlier)
     prompts = fresh_prompts(pool, used, c.num_prompts)

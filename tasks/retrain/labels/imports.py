@@ -54,31 +54,9 @@ from tasks.platform.prefect.prefect_api import report
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.records import Batch, LabelImport
-from tasks.retrain.store import (
-    accepted_import_metrics,
-    collection_record,
-    find_collection,
-    record_label_import,
-)
+from tasks.retrain.store import collection_records, record_label_import, usual_rate
 
 IMPORTED, QUARANTINE = "imported", "quarantine"
-
-
-def collection_records(client, experiment_id: str, ids: list[str]) -> dict[str, dict]:
-    """The records of the collections the ids name (``<collection>-<nnnn>``) -> {id: pair}."""
-    records = {}
-    for cid in sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i}):
-        run = find_collection(client, experiment_id, cid)
-        if run is not None:
-            records.update({r["id"]: r for r in collection_record(client, run)})
-    return records
-
-
-def usual_rate(client, experiment_id: str, metric: str, last: int = 5) -> float | None:
-    """Median of ``metric`` over the last accepted imports (None: none yet)."""
-    rates = sorted(m[metric] for m in accepted_import_metrics(client, experiment_id, last)
-                   if metric in m)
-    return rates[len(rates) // 2] if rates else None
 
 
 def quarantine(path: Path, watch_dir: Path, reason: str) -> tuple[Path, str]:

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.platform.mlflow.runs import set_tags
+from tasks.platform.mlflow.addresses import default_tracking_uri
+from tasks.platform.mlflow.runs import ensure_experiment, set_tags, tracking_client
 from tasks.platform.mlflow.tags import (
     COLLECTION_FILE_TAG,
     COLLECTION_LABEL_STUDIO_TAG,
@@ -59,22 +60,17 @@ class Vote:
     updated_at: str
 
 
-def turns(prompt: Any) -> list[dict[str, str]]:
-    """The prompt as the page shows it: a conversation's turns, or one user turn."""
-    if isinstance(prompt, list):
-        return [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))}
-                for m in prompt]
-    return [{"role": "user", "content": str(prompt)}]
-
-
-def opaque_ref(collection: str, pair_id: str) -> str:
-    """A reference that names no policy version and no known answer."""
-    return hashlib.sha256(f"{collection}\0{pair_id}".encode()).hexdigest()[:16]
-
-
-def task_data(pair: dict, ref: str) -> dict:
-    return {"prompt": turns(pair["prompt"]), "response_a": str(pair["response_a"]),
-            "response_b": str(pair["response_b"]), "ref": ref}
+def task_data(collection: str, pair: dict) -> dict:
+    """A pair as the page shows it: a conversation's turns (a plain prompt: one user turn), both
+    answers, and a reference that names no policy version and no known answer."""
+    prompt = pair["prompt"]
+    if not isinstance(prompt, list):
+        prompt = [{"role": "user", "content": prompt}]
+    turns = [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))}
+             for m in prompt]
+    return {"prompt": turns, "response_a": str(pair["response_a"]),
+            "response_b": str(pair["response_b"]),
+            "ref": hashlib.sha256(f"{collection}\0{pair['id']}".encode()).hexdigest()[:16]}
 
 
 def ensure_project(ls: LabelStudio, title: str, description: str) -> int:
@@ -202,7 +198,7 @@ def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -
     title = cfg.collect.destination.project or f"rlhf {cfg.tracking.registered_policy}"
     project_id = ensure_project(ls, title, "Pairs of answers to compare, sent by the RLHF "
                                 "pipeline's `rlhf collect`.")
-    datas = [task_data(r, opaque_ref(cid, r["id"])) for r in rows]
+    datas = [task_data(cid, r) for r in rows]
     ids = add_pairs(ls, project_id, datas)
     link = StudioLink(ls.url, project_id, title,
                       {t: r["id"] for t, r in zip(ids, rows)},
@@ -238,8 +234,6 @@ def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
     """Refuse a labelled file from a Label Studio collection: `rlhf label pull` imports each
     pair once."""
     from data_checks.labels import read_labelled
-    from tasks.platform.mlflow.addresses import default_tracking_uri
-    from tasks.platform.mlflow.runs import ensure_experiment, tracking_client
 
     ids = {str(i).strip() for i in read_labelled(path)["id"].tolist()}
     cids = sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i})
