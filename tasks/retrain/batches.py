@@ -58,21 +58,6 @@ def find_batches(cfg: PipelineConfig) -> Batches:
     return Batches(new=new, consumed=consumed)
 
 
-def _read_batch(ctx: RunContext, batch: Batch) -> pd.DataFrame | None:
-    """A batch's table from its file in the watch folder, else its consuming run's copy."""
-    path = Path(batch.path) if batch.path and Path(batch.path).is_file() else None
-    if path is None and batch.run_id:
-        path = consumed_copy(ctx, batch.run_id, batch.digest,
-                             ctx.stage_dir("batches") / "consumed")
-    if path is None:
-        print(f"consumed batch {batch.digest}: no file and no copy in MLflow; left out")
-        return None
-    try:
-        return load_table(DataSource(path=str(path)), "preference")
-    except DataError as err:
-        raise DataError(f"preference batch {batch.name}: {err}") from None
-
-
 COMBINE_ROWS = 25_000  # rows of the configured pairs read and written at a time
 
 
@@ -85,9 +70,8 @@ def _pair_keys(frame: pd.DataFrame) -> list[str]:
 def write_round_pairs(path: Path, configured: DataSource | None,
                       batches: Iterable[tuple[str, pd.DataFrame]]) -> list[dict]:
     """Write the ``configured`` pairs chunk by chunk (flat memory), then each batch without the
-    pairs written before it (a model's short answers repeat: a pair sampled and labelled again
-    adds no label, and the gate refuses repeated rows) -> each batch's 1-based rows in the
-    file, as the gate names them."""
+    pairs written before it (a pair labelled again adds no label, and the gate refuses repeated
+    rows) -> each batch's 1-based rows in the file, as the gate names them."""
     batches = [(name, frame, _pair_keys(frame)) for name, frame in batches]
     in_batches = {key for _, _, keys in batches for key in keys}
     seen: set[str] = set()  # keys written so far (of the configured pairs: those in a batch)
@@ -129,12 +113,21 @@ def add_batches(ctx: RunContext, cfg: PipelineConfig, prep: Prepared, batches: l
     path = ctx.stage_dir("batches") / "preference.jsonl"
     used = []
 
-    def frames():
+    def frames():  # each batch from its file in the watch folder, else its run's copy
         for batch in [*([] if only_new else consumed or []), *batches]:
-            frame = _read_batch(ctx, batch)
-            if frame is not None:
-                used.append(batch)
-                yield batch.name, frame
+            path = Path(batch.path) if batch.path and Path(batch.path).is_file() else None
+            if path is None and batch.run_id:
+                path = consumed_copy(ctx, batch.run_id, batch.digest,
+                                     ctx.stage_dir("batches") / "consumed")
+            if path is None:
+                print(f"consumed batch {batch.digest}: no file and no copy in MLflow; left out")
+                continue
+            try:
+                frame = load_table(DataSource(path=str(path)), "preference")
+            except DataError as err:
+                raise DataError(f"preference batch {batch.name}: {err}") from None
+            used.append(batch)
+            yield batch.name, frame
 
     rows = write_round_pairs(path, None if only_new else data.preference, frames())
     trained_on = [b.digest for b in used]

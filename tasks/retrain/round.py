@@ -1,5 +1,5 @@
 """A retrain round's decisions (slot, settings, starting models, lineage, refusals, reports),
-kept out of the retrain flow (flows/retrain.py) that wires them."""
+kept out of the retrain flow that wires them."""
 
 from __future__ import annotations
 

@@ -15,11 +15,7 @@ from tasks.platform.mlflow.registry import (
     download_policy,
     model_version,
 )
-from tasks.platform.mlflow.runs import (
-    RunContext,
-    tag_parent,
-    tracking_client,
-)
+from tasks.platform.mlflow.runs import RunContext, tag_parent, tracking_client
 from tasks.platform.mlflow.tags import ANCESTRY_TAG, RETRAIN_CHAMPION_VERSION_TAG
 
 
