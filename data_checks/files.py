@@ -1,8 +1,6 @@
 """Reading one local data file: format and compression from the name, text decoded strictly.
-
-JSONL is split on "\\n" only (U+2028/U+2029 are legal inside JSON strings), a UTF-8 byte-order
-mark is skipped, a ``.json`` file may hold one array of objects, and ``.gz``/``.bz2``/``.xz``
-are opened transparently. Only regular files are read: a named pipe or a device would block.
+Lines are split on "\\n" only (U+2028/U+2029 are legal inside JSON strings); only regular files
+are read (a named pipe or a device would block).
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
 
 
 def lines_index(numbers: list[int]) -> pd.Index:
-    """The index of rows read from 1-based file lines ``numbers``: label = line - 1, so the
-    ``label + 1`` every gate message shows is the line."""
+    """The index of rows read from 1-based file lines: label = line - 1."""
     import pandas as pd
 
     return pd.Index([n - 1 for n in numbers], dtype="int64")
@@ -75,14 +72,12 @@ def _decoded_lines(path: Path, lines: Iterator[bytes]) -> Iterator[str]:
 
 
 def decode(path: Path, data: bytes) -> str:
-    """A whole file's text, decoded line by line as :func:`_decoded_lines` does."""
     return "\n".join(_decoded_lines(path, data.split(b"\n")))
 
 
 @contextmanager
 def opened(path: Path, compression: str | None) -> Iterator[BinaryIO]:
-    """The file in binary, decompressed as it is read (its lines split on b"\\n" only); an error
-    reading or decompressing it names the file."""
+    """The file in binary, decompressed as it is read; an error reading it names the file."""
     check_regular(path)
     opener = COMPRESSIONS[compression] if compression else open
     try:
@@ -94,8 +89,7 @@ def opened(path: Path, compression: str | None) -> Iterator[BinaryIO]:
 
 
 def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
-    """A JSONL file in DataFrames of ``rows`` rows read a line at a time (memory bounded by one
-    chunk), indexed by line (:func:`lines_index`)."""
+    """A JSONL file in DataFrames of ``rows`` rows read a line at a time, indexed by line."""
     import pandas as pd
 
     with opened(path, compression) as fh:
@@ -140,8 +134,7 @@ def _csv_header(path: Path, names: list[str]) -> list[str]:
 
 def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
     """A CSV file as DataFrames of ``rows`` rows read a line at a time, indexed by each row's
-    first line (the header is line 1); cells as ``read_csv(dtype=str)`` gives them (CSV_NULLS
-    None). A row with more cells than the header is an error naming its line."""
+    first line (the header is line 1); cells as ``read_csv(dtype=str)`` gives them."""
     import pandas as pd
 
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # long texts are data
@@ -178,40 +171,39 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
     """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame; a ``.json`` file holds
     one JSON array of objects, else JSON Lines. Any failure is a :class:`DataError`."""
+    import pandas as pd
+
     try:
-        return _read_local(path, fmt, compression)
+        if fmt == "csv":  # one chunk of every row
+            return next(iter_csv(path, compression, 2**62))
+        if fmt != "jsonl":
+            data = read_bytes(path, compression)
+            if not data:
+                raise DataError(f"{path}: file is empty")
+            if fmt == "parquet":
+                return pd.read_parquet(io.BytesIO(data))
+            text = decode(path, data)
+            if text.lstrip().startswith("["):
+                return pd.DataFrame(_json_array(path, text))
+        # JSON Lines (a .json file without an array too): one chunk of every line
+        return next(iter_jsonl(path, compression, 2**62), pd.DataFrame(index=lines_index([])))
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
         raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
 
 
-def _read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
-    import pandas as pd
-
-    if fmt == "csv":  # one chunk of every row
-        return next(iter_csv(path, compression, 2**62))
-    if fmt != "jsonl":
-        data = read_bytes(path, compression)
-        if not data:
-            raise DataError(f"{path}: file is empty")
-        if fmt == "parquet":
-            return pd.read_parquet(io.BytesIO(data))
-        text = decode(path, data)
-        if text.lstrip().startswith("["):
-            try:
-                items = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") \
-                    from None
-            if not isinstance(items, list):
-                raise DataError(f"{path}: expected one JSON array of objects")
-            for number, row in enumerate(items, start=1):
-                if not isinstance(row, dict):
-                    raise DataError(f"{path} item {number}: expected a JSON object")
-            return pd.DataFrame(items)
-    # JSON Lines (a .json file without an array too): one chunk of every line
-    return next(iter_jsonl(path, compression, 2**62), pd.DataFrame(index=lines_index([])))
+def _json_array(path: Path, text: str) -> list[dict]:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") from None
+    if not isinstance(items, list):
+        raise DataError(f"{path}: expected one JSON array of objects")
+    for number, row in enumerate(items, start=1):
+        if not isinstance(row, dict):
+            raise DataError(f"{path} item {number}: expected a JSON object")
+    return items
 
 
 def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,

@@ -1,8 +1,7 @@
 """Load SFT / preference / prompt data into one internal schema, with errors that name the
-file and the line or column (never a raw traceback from inside a library).
-
-The frames the gate reads are indexed so that ``label + 1`` is the row's line in a JSONL or CSV
-file, or its row in a Parquet file, JSON array or dataset: every gate message shows that number.
+file and the row (never a raw traceback from inside a library). The frames are indexed so that
+``label + 1`` is the row's line in a JSONL or CSV file, or its row in a Parquet file, JSON array
+or dataset: every gate message shows that number.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ OPTIONAL_COLUMNS = {"preference": ["margin"]}
 
 
 def _load_hf(source: DataSource):
-    """A hub dataset or one saved with save_to_disk, as a (memory-mapped) ``datasets.Dataset``
-    of the configured split."""
+    """A hub dataset or one saved with save_to_disk, memory-mapped, of the configured split."""
     import datasets
 
     path = Path(source.path)
@@ -65,8 +63,7 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
 
 
 def _numbered_table(source: DataSource, kind: str) -> pd.DataFrame:
-    """:func:`load_table`, indexed by the rows' places in the file (module doc): a streamed
-    source's chunks in one, else the file read whole."""
+    """:func:`load_table`, indexed by the rows' places in the file."""
     if _streamed_format(source) is not None:
         return pd.concat(list(iter_table(source, kind, 2**62)))
     path = Path(source.path)

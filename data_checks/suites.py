@@ -1,12 +1,9 @@
-"""The great-expectations side of the data gate: each data set's suite, run chunk by chunk
-on the cleaned rows, the chunks' results merged into one per set, and GX's own Data Docs
-(data_checks/report.py writes them with the gate's pages).
-Failures read as sentences a user can act on, with the rows; the GX expectation name follows
-in brackets for whoever wants to find it in the Data Docs.
+"""The great-expectations side of the data gate: each data set's suite, run chunk by chunk on
+the cleaned rows, the chunks' results merged into one per set, and GX's own Data Docs. Failures
+read as sentences a user can act on, with the rows, the GX expectation's name in brackets.
 
-Row-level facts (chosen == rejected, token lengths) are derived columns checked with plain
-column expectations: GX 1.x's ``UnexpectedRowsExpectation`` does not run on pandas, and under
-pandas 3 text columns have dtype ``str``.
+Row-level facts (chosen == rejected, token lengths) are derived columns checked with plain column
+expectations: GX 1.x's ``UnexpectedRowsExpectation`` does not run on pandas.
 """
 
 from __future__ import annotations
@@ -68,29 +65,6 @@ def example_rows(df: pd.DataFrame, indices: list, n_examples: int) -> list[str]:
 def e_g(examples: list[str]) -> str:
     """'; e.g. row 5: {...}; row 9: {...}' (nothing without examples)."""
     return f"; e.g. {'; '.join(examples)}" if examples else ""
-
-
-def build_suite(kind: str, cfg: ValidationConfig):
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-
-    suite = gx.ExpectationSuite(name=f"rlhf_{kind}")
-    for col in COLUMNS[kind]:
-        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
-        suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col, min_value=1))
-        suite.add_expectation(gxe.ExpectColumnValuesToNotMatchRegex(column=col,
-                                                                   regex=r"^\s*$"))
-    suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
-        column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
-    for col in TEXT_FIELDS[kind]:
-        suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
-            column=f"{col}_tokens", min_value=1, max_value=cfg.max_response_tokens))
-    if kind == "preference":
-        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(
-            column="chosen_equals_rejected", value_set=[False]))
-        suite.add_expectation(gxe.ExpectCompoundColumnsToBeUnique(
-            column_list=["prompt", "chosen", "rejected"]))
-    return suite
 
 
 def suite_context():
@@ -225,10 +199,30 @@ def suite_for(context, source, run_id, name: str, kind: str, cfg: ValidationConf
               label: str) -> ChunkedSuite:
     """The GX validation of data set ``name`` (its kind's suite, added once per context)."""
     import great_expectations as gx
+    import great_expectations.expectations as gxe
 
     batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
-    suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
-        [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
+    if f"rlhf_{kind}" in [s.name for s in context.suites.all()]:
+        suite = context.suites.get(f"rlhf_{kind}")
+    else:
+        suite = gx.ExpectationSuite(name=f"rlhf_{kind}")
+        for col in COLUMNS[kind]:
+            suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
+            suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col,
+                                                                          min_value=1))
+            suite.add_expectation(gxe.ExpectColumnValuesToNotMatchRegex(column=col,
+                                                                       regex=r"^\s*$"))
+        suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
+            column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
+        for col in TEXT_FIELDS[kind]:
+            suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
+                column=f"{col}_tokens", min_value=1, max_value=cfg.max_response_tokens))
+        if kind == "preference":
+            suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(
+                column="chosen_equals_rejected", value_set=[False]))
+            suite.add_expectation(gxe.ExpectCompoundColumnsToBeUnique(
+                column_list=["prompt", "chosen", "rejected"]))
+        suite = context.suites.add(suite)
     definition = context.validation_definitions.add(
         gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
     return ChunkedSuite(name, label, definition, run_id, cfg.example_rows)

@@ -1,9 +1,6 @@
 """Checks on the text itself, before any budget: special-token strings written literally
-(they would tokenise to EOS or PAD and end or mask a response), control characters, text
-the tokenizer mostly cannot represent, and repeated rows.
-
-:class:`TextTally` adds up each chunk's hits and reports them once for the whole set; repeats
-are found across chunks by a 64-bit hash of the key columns.
+(they would tokenise to EOS or PAD and end or mask a response), control characters, text the
+tokenizer mostly cannot represent, and repeated rows (across chunks, by 64-bit row hashes).
 """
 
 from __future__ import annotations
@@ -71,8 +68,8 @@ def repeats(hashes: np.ndarray, keep_first: bool = True) -> np.ndarray:
 
 
 class TextTally:
-    """The text checks and repeated rows of one data set, chunk by chunk: ``add`` each chunk
-    (with its tokens and its first row's number in the set), then ``report`` once."""
+    """The text checks and repeated rows of one data set: ``add`` each chunk, then ``report``
+    once for the whole set."""
 
     def __init__(self, label: str, kind: str, tokenizer, cfg: ValidationConfig,
                  rendered: bool = False):
@@ -110,8 +107,7 @@ class TextTally:
             self.labels.append(labels)
 
     def report(self, report) -> None:
-        """Add the failures and warnings of the whole set to ``report``, in the order and
-        words of the per-set checks."""
+        """Add the failures and warnings of the whole set to ``report``."""
         for role, token in self.specials:
             for col in TEXT_COLUMNS:
                 hits = self.special_hits.get((role, col))
@@ -173,13 +169,10 @@ class Repeats:
         if len(self.examples) < self.n_examples:
             self.seen = np.sort(np.concatenate([self.seen, hashes]))
 
-    @property
-    def chunks(self) -> int:
-        return len(self.hashes)
-
-    def labels(self) -> np.ndarray:
-        """The labels of every row whose hash another row has, in file order."""
-        if not self.hashes:
-            return np.zeros(0, dtype=np.int64)
+    def labels(self) -> np.ndarray | None:
+        """The labels of every row whose hash another row has, in file order; None for one
+        chunk or none (GX saw every row at once)."""
+        if len(self.hashes) < 2:
+            return None
         mask = repeats(np.concatenate(self.hashes), keep_first=False)
         return np.concatenate(self._labels)[mask]

@@ -1,19 +1,15 @@
 """The data gate: length budgets, great-expectations suites, a report, cleaned JSONL files.
 
-The length budget: prompts over it are cut at the last paragraph boundary that fits, else
-dropped; responses over it dropped or truncated. It reads the token lengths the gate made once
-(data_checks/tokens.py); only a cut prompt's head or a truncated response is tokenized again.
-
-It streams CHUNK_ROWS rows at a time: each chunk is tokenized once, checked, cut to the budget,
-validated by the whole GX suite and written before the next is read, so memory stays flat as the
-data grows. The chunks' GX results merge into one per data set (data_checks/suites.py), with
-uniqueness across chunks recomputed from row hashes.
+It streams CHUNK_ROWS rows at a time, so memory stays flat as the data grows: each chunk is
+tokenized once, checked, cut to the budget, validated by the GX suite and written before the next
+is read; the chunks' GX results merge into one per data set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
@@ -103,10 +99,6 @@ def _with_checks(df: pd.DataFrame, kind: str, tokens: Tokenized) -> pd.DataFrame
     if kind == "preference":
         checks["chosen_equals_rejected"] = df["chosen"] == df["rejected"]
     return df.assign(**checks)  # the text is shared with df, not copied
-
-
-def _median_response_length(lengths: list[np.ndarray]) -> float:
-    return float(pd.Series(np.concatenate(lengths) if lengths else []).median())
 
 
 @dataclass
@@ -238,8 +230,7 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                     f"budget ({n_kept} kept), more than validation.max_dropped_fraction "
                     f"{cfg.max_dropped_fraction} (dropped fraction {dropped:.3f})"
                     + (hint or e_g([example_row(r["row"], r) for r in shown])))
-            repeated = pairs.labels() if pairs.chunks > 1 else None
-            suites.append((suite, suite.merged(repeated, pairs.examples)))
+            suites.append((suite, suite.merged(pairs.labels(), pairs.examples)))
             n_rows[name] = n_kept
         for suite, merged in suites:
             report.results_json[suite.name] = merged
@@ -248,8 +239,8 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
         one_page_per_set(context, suites)
         report.gx_context = context
         if n_rows.get("sft") and n_rows.get("preference"):
-            sft_len = _median_response_length(medians["sft"])
-            pref_len = _median_response_length(medians["preference"])
+            sft_len, pref_len = (float(np.median(np.concatenate(medians[n])))
+                                 for n in ("sft", "preference"))
             ratio = max(sft_len, pref_len) / max(min(sft_len, pref_len), 1.0)
             report.stats["length_mismatch_ratio"] = ratio
             if ratio > cfg.length_mismatch_warn_ratio:
@@ -304,11 +295,11 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     try:
         chunks = {name: take_chunks(src, kind, CHUNK_ROWS) for name, (src, kind) in
                   sources.items() if src}
-        firsts = {name: next(parts, None) for name, parts in chunks.items()}
+        firsts = {name: list(islice(parts, 1)) for name, parts in chunks.items()}
     finally:
         forget_reads()
-    parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
-    chatty = [n for n, df in firsts.items() if df is not None and is_conversational(df)]
+    parts = {name: chain(firsts[name], chunks[name]) for name in chunks}
+    chatty = [n for n, first in firsts.items() if first and is_conversational(first[0])]
     chat_info = {}
     if chatty:  # every set rendered with the template, chunk by chunk, once EOS is moved
         chat_info = start_chat(tokenizer, chat, paths.get(chatty[0], chatty[0]))
@@ -325,9 +316,3 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     if report.passed and key:
         report.to_keep = (cache, key, paths, out)
     return report
-
-
-def _prepend(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    if first is not None:
-        yield first
-    yield from rest
