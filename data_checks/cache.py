@@ -33,8 +33,7 @@ class ValidationCache:
 
 
 def validation_cache() -> ValidationCache | None:
-    """The cache this process uses: ``$RLHF_VALIDATION_CACHE`` (``off``: None, no reuse), else
-    ``$XDG_CACHE_HOME/rlhf-ppo/validation``."""
+    """``$RLHF_VALIDATION_CACHE`` (``off``: None), else ``$XDG_CACHE_HOME/rlhf-ppo/validation``."""
     where = os.environ.get(CACHE_ENV, "").strip()
     if where.lower() in ("off", "0", "false", "no"):
         return None
@@ -110,8 +109,7 @@ def _repath(text: str, paths: dict[str, str]) -> str:
 
 
 def place(source: Path, target: Path) -> None:
-    """``target`` becomes ``source``'s content: a hard link where the file system allows one,
-    else a copy (written aside, renamed into place)."""
+    """``target`` becomes ``source``'s content: a hard link where possible, else a copy."""
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
     try:
         try:
@@ -124,8 +122,8 @@ def place(source: Path, target: Path) -> None:
 
 
 def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path):
-    """A kept validation -> (report fields, the folder of its GX Data Docs or None), with its
-    cleaned files placed in ``out_dir``; None when nothing is kept under ``key``."""
+    """A kept validation -> (report fields, its GX Data Docs or None), its cleaned files placed
+    in ``out_dir``; None when nothing is kept under ``key``."""
     entry = cache.entry(key)
     try:
         fields = json.loads(_repath((entry / "report.json").read_text(encoding="utf-8"), paths))
@@ -140,8 +138,8 @@ def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path)
 
 def keep(cache: ValidationCache, key: str, fields: dict, paths: dict[str, str], out_dir: Path,
          gx_docs: Path | None) -> None:
-    """Keep a passed validation under ``key`` (written aside, then renamed into place: two
-    processes keeping the same key leave one whole entry). Never fails the validation."""
+    """Keep a passed validation under ``key`` (written aside, renamed into place); never fails
+    the validation."""
     entry = cache.entry(key)
     if entry.exists():
         return

@@ -34,8 +34,7 @@ def lines_index(numbers: list[int]) -> pd.Index:
 
 
 def looks_local(value: str) -> bool:
-    """A path on this machine rather than a hub dataset id: absolute, ./ ../ or ~, a known data
-    file extension (compressed or not), more than one '/', a backslash, or it exists here."""
+    """A path on this machine rather than a hub dataset id."""
     p = Path(value)
     suffixes = [s.lower() for s in p.suffixes[-2:]]
     return (value.startswith(("/", "./", "../", "~", ".\\")) or value.count("/") > 1
@@ -169,47 +168,48 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
 
 
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
-    """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame; a ``.json`` file holds
-    one JSON array of objects, else JSON Lines. Any failure is a :class:`DataError`."""
-    import pandas as pd
-
+    """A local file of format fmt -> DataFrame (a ``.json`` file holds one JSON array of
+    objects, else JSON Lines); any failure is a :class:`DataError`."""
     try:
-        if fmt == "csv":  # one chunk of every row
-            return next(iter_csv(path, compression, 2**62))
-        if fmt != "jsonl":
-            data = read_bytes(path, compression)
-            if not data:
-                raise DataError(f"{path}: file is empty")
-            if fmt == "parquet":
-                return pd.read_parquet(io.BytesIO(data))
-            text = decode(path, data)
-            if text.lstrip().startswith("["):
-                return pd.DataFrame(_json_array(path, text))
-        # JSON Lines (a .json file without an array too): one chunk of every line
-        return next(iter_jsonl(path, compression, 2**62), pd.DataFrame(index=lines_index([])))
+        return _read_local(path, fmt, compression)
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
         raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
 
 
-def _json_array(path: Path, text: str) -> list[dict]:
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") from None
-    if not isinstance(items, list):
-        raise DataError(f"{path}: expected one JSON array of objects")
-    for number, row in enumerate(items, start=1):
-        if not isinstance(row, dict):
-            raise DataError(f"{path} item {number}: expected a JSON object")
-    return items
+def _read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
+    import pandas as pd
+
+    if fmt == "csv":  # one chunk of every row
+        return next(iter_csv(path, compression, 2**62))
+    if fmt != "jsonl":
+        data = read_bytes(path, compression)
+        if not data:
+            raise DataError(f"{path}: file is empty")
+        if fmt == "parquet":
+            return pd.read_parquet(io.BytesIO(data))
+        text = decode(path, data)
+        if text.lstrip().startswith("["):
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") \
+                    from None
+            if not isinstance(items, list):
+                raise DataError(f"{path}: expected one JSON array of objects")
+            for number, row in enumerate(items, start=1):
+                if not isinstance(row, dict):
+                    raise DataError(f"{path} item {number}: expected a JSON object")
+            return pd.DataFrame(items)
+    # JSON Lines (a .json file without an array too): one chunk of every line
+    return next(iter_jsonl(path, compression, 2**62), pd.DataFrame(index=lines_index([])))
 
 
 def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,
                   append: bool = False) -> None:
     """``df.to_json(path, orient="records", lines=True)``, byte for byte, ``rows`` at a time
-    (pandas builds the whole text in memory); ``append``: after what ``path`` holds."""
+    (pandas builds the whole text in memory)."""
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         for start in range(0, max(len(df), 1), rows):  # an empty frame writes one newline
             fh.write(df.iloc[start: start + rows].to_json(orient="records", lines=True,

@@ -23,8 +23,7 @@ DUPLICATE_KEYS = {"sft": ("prompt", "response"), "prompts": ("prompt",)}
 
 @dataclass
 class Hits:
-    """Rows of a whole data set that hit one check: how many, the first labels and up to
-    ``n_examples`` example rows."""
+    """Rows of a whole data set that hit one check: how many, the first labels, examples."""
 
     count: int = 0
     first: list[int] = field(default_factory=list)
@@ -32,8 +31,7 @@ class Hits:
     n_examples: int = 0
 
     def add(self, mask, labels: np.ndarray, df: pd.DataFrame | None = None) -> None:
-        """``mask``: the hits among rows labelled ``labels``; ``df``: those rows (indexed by
-        ``labels``), for example rows."""
+        """``mask``: the hits among rows labelled ``labels``; ``df``: those rows."""
         rows = np.flatnonzero(np.asarray(mask, dtype=bool))
         self.count += len(rows)
         if len(self.first) <= 10:
@@ -57,7 +55,7 @@ def row_hashes(df: pd.DataFrame, columns) -> np.ndarray:
 
 def repeats(hashes: np.ndarray, keep_first: bool = True) -> np.ndarray:
     """Mask of the rows whose hash an earlier row has (``keep_first``) or any other row has
-    (False: every copy, as GX's compound-unique expectation counts them)."""
+    (every copy, as GX's compound-unique expectation counts them)."""
     _, first, inverse, counts = np.unique(hashes, return_index=True, return_inverse=True,
                                           return_counts=True)
     if not keep_first:
@@ -142,9 +140,8 @@ class TextTally:
 
 
 class Repeats:
-    """Rows repeating another in ``columns`` across chunks (GX's compound-unique check):
-    :meth:`labels` names every copy; ``examples`` holds the first ``n_examples`` repeats, found
-    against the sorted hashes seen so far."""
+    """Rows repeating another in ``columns`` across chunks (GX's compound-unique check), and
+    the first ``n_examples`` repeats as examples."""
 
     def __init__(self, columns, n_examples: int):
         self.columns, self.n_examples = tuple(columns), n_examples
