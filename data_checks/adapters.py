@@ -1,6 +1,5 @@
-"""Adapters from well-known preference formats to the internal schema: Anthropic-HH
-transcripts (the prompt is the shared dialogue up to the last common ``\\n\\nAssistant:``) and
-TL;DR comparisons (a prompt template ending in ``TL;DR:``). Errors name the file, row and field.
+"""Adapters from well-known preference formats to the internal schema: Anthropic-HH transcripts
+and TL;DR comparisons. Errors name the file, row and field.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ TLDR_TEMPLATE = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nT
 
 
 class AdapterError(DataError):
-    """A row that does not fit the declared style (message without the file name, until
-    :func:`map_rows` names the file and the row)."""
+    """A row that does not fit the declared style (:func:`map_rows` names the file and row)."""
 
 
 def split_hh(chosen: str, rejected: str) -> tuple[str, str, str]:

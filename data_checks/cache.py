@@ -1,9 +1,8 @@
 """Reuse of a passed validation: the same data, checks and tokenizer give the same verdict.
 
 A passed gate is kept under a key of all it depends on (data bytes, settings, tokenizer, GX
-version, this package's source) and restored by a later gate with that key; failed ones are never
-kept, so their messages name the run's own files. Files are hard-linked where possible, safe as
-they are only ever replaced whole. Tokenized chunks are kept too (``chunks/``).
+version, this package's source); failed ones are never kept, so their messages name the run's own
+files. Files are hard-linked where possible, safe as they are only ever replaced whole.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from data_checks.token_files import SUFFIX
 CACHE_ENV = "RLHF_VALIDATION_CACHE"
 CHUNKS = "chunks"  # the folder, in the cache, of tokenized chunks
 _PACKAGE = Path(__file__).resolve().parent
+_MARK = "{{rlhf-path:%s}}"  # a data file's path in a kept report, by its data set's name
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,7 @@ class ValidationCache:
 
 
 def validation_cache() -> ValidationCache | None:
-    """The cache this process uses: ``$RLHF_VALIDATION_CACHE`` (``off``: None, no reuse), else
-    ``$XDG_CACHE_HOME/rlhf-ppo/validation``."""
+    """``$RLHF_VALIDATION_CACHE`` (``off``: None), else ``$XDG_CACHE_HOME/rlhf-ppo/validation``."""
     where = os.environ.get(CACHE_ENV, "").strip()
     if where.lower() in ("off", "0", "false", "no"):
         return None
@@ -45,9 +44,8 @@ def validation_cache() -> ValidationCache | None:
 
 
 def encoding_identity(tokenizer) -> str | None:
-    """What a text's token ids depend on (tokenizer minus truncation/padding, unknown token,
-    class, tokens.py's source): narrower than :func:`validation_key`'s, so a tokenizer saved
-    with a policy and reloaded keeps it. None: not a fast tokenizer."""
+    """What a text's token ids depend on, narrower than :func:`validation_key`'s so that a
+    tokenizer saved with a policy and reloaded keeps it. None: not a fast tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
@@ -59,7 +57,7 @@ def encoding_identity(tokenizer) -> str | None:
 
 
 def chunk_folder(cache: ValidationCache) -> Path:
-    """Where the cache keeps tokenized chunks (data_checks/token_files.py's ChunkTokens)."""
+    """Where the cache keeps tokenized chunks."""
     return cache.root / CHUNKS
 
 
@@ -72,8 +70,7 @@ def _source_code() -> str:
 
 def validation_key(sources: dict, tokenizer, cfg, chat: bool) -> str | None:
     """The key of one validation (``sources``: name -> DataSource), or None when it cannot be
-    reused (a source that is not a local file, a tokenizer without a serialised form: not a
-    fast tokenizer)."""
+    reused (a source that is not a local file, or not a fast tokenizer)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
@@ -99,25 +96,20 @@ def validation_key(sources: dict, tokenizer, cfg, chat: bool) -> str | None:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _mark(name: str) -> str:
-    return "{{rlhf-path:" + name + "}}"
-
-
 def _unpath(text: str, paths: dict[str, str]) -> str:
     for name, path in sorted(paths.items(), key=lambda kv: -len(kv[1])):
-        text = text.replace(path, _mark(name))
+        text = text.replace(path, _MARK % name)
     return text
 
 
 def _repath(text: str, paths: dict[str, str]) -> str:
     for name, path in paths.items():
-        text = text.replace(_mark(name), path)
+        text = text.replace(_MARK % name, path)
     return text
 
 
 def place(source: Path, target: Path) -> None:
-    """``target`` becomes ``source``'s content: a hard link where the file system allows one,
-    else a copy (written aside, renamed into place)."""
+    """``target`` becomes ``source``'s content: a hard link where possible, else a copy."""
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
     try:
         try:
@@ -130,8 +122,8 @@ def place(source: Path, target: Path) -> None:
 
 
 def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path):
-    """A kept validation -> (report fields, the folder of its GX Data Docs or None), with its
-    cleaned files placed in ``out_dir``; None when nothing is kept under ``key``."""
+    """A kept validation -> (report fields, its GX Data Docs or None), its cleaned files placed
+    in ``out_dir``; None when nothing is kept under ``key``."""
     entry = cache.entry(key)
     try:
         fields = json.loads(_repath((entry / "report.json").read_text(encoding="utf-8"), paths))
@@ -146,8 +138,8 @@ def load(cache: ValidationCache, key: str, paths: dict[str, str], out_dir: Path)
 
 def keep(cache: ValidationCache, key: str, fields: dict, paths: dict[str, str], out_dir: Path,
          gx_docs: Path | None) -> None:
-    """Keep a passed validation under ``key`` (written aside, then renamed into place: two
-    processes keeping the same key leave one whole entry). Never fails the validation."""
+    """Keep a passed validation under ``key`` (written aside, renamed into place); never fails
+    the validation."""
     entry = cache.entry(key)
     if entry.exists():
         return

@@ -1,8 +1,5 @@
-"""Typed configs for the data gate: where the data comes from and what it must satisfy.
-
-A source whose path is left empty is no source (all of them empty: the demo's data); a required
-source left empty is named in the error. How a form draws these sections is tasks/config/form.py's
-business.
+"""Typed configs for the data gate: where the data comes from and what it must satisfy. A source
+whose path is left empty is no source (all of them empty: the demo's data).
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ def blank_data(value: Any) -> bool:
 
 
 def blank_data_form() -> dict[str, Any]:
-    """The demo's data (``data: None``) as a form holds it: every required source's path
-    empty (what a deployment stores, since its form offers no None)."""
+    """The demo's data as a form holds it (a form offers no None): every path empty."""
     return {name: {"path": ""} for name in REQUIRED_SOURCES}
 
 
@@ -65,9 +61,8 @@ class DataSource(_Frozen):
         targets = list(value.values())
         doubled = sorted({t for t in targets if targets.count(t) > 1})
         if doubled:
-            sources = {t: [s for s, x in value.items() if x == t] for t in doubled}
-            raise ValueError("column_map maps several source columns onto one name: " +
-                             "; ".join(f"{', '.join(v)} -> {t}" for t, v in sources.items()))
+            raise ValueError("column_map maps several source columns onto one name: " + "; ".join(
+                f"{', '.join(s for s, x in value.items() if x == t)} -> {t}" for t in doubled))
         return value
     limit: int | None = Field(None, ge=1, description="Read at most N rows (empty: all).")
 
@@ -98,8 +93,7 @@ class DataConfig(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _empty_paths(cls, value: Any) -> Any:
-        """An optional source with an empty path is unset; a required one is an error that
-        names it."""
+        """An optional source with an empty path is unset; a required one is an error."""
         if not isinstance(value, Mapping):
             return value
         missing = [n for n in REQUIRED_SOURCES if blank_source(value.get(n))]

@@ -1,9 +1,6 @@
-"""TRL's conversational data formats -> prompt messages + reply strings.
-
-A column of ``{"role", "content"}`` message lists marks a data set as conversational
-(``style: conversational`` insists on it). In a conversational run a plain string prompt is one
-user message and a plain reply the assistant's. The gate renders them with the chat template;
-errors name the file, the row and the field.
+"""TRL's conversational data formats -> prompt messages + reply strings, rendered with the chat
+template. A column of ``{"role", "content"}`` message lists marks a data set as conversational;
+a plain string prompt is then one user message. Errors name the file, the row and the field.
 """
 
 from __future__ import annotations
@@ -119,8 +116,7 @@ def _row(row: dict, kind: str) -> dict:
 
 
 def to_conversations(df: pd.DataFrame, kind: str, path: Path) -> pd.DataFrame:
-    """Rows of any recognised format -> prompt (messages) and reply columns of ``kind``;
-    AdapterError naming the file and the row."""
+    """Rows of any recognised format -> prompt (messages) and reply columns of ``kind``."""
     return map_rows(df, _row, kind, path, "conversational")
 
 
@@ -135,8 +131,8 @@ def _no_markers(prompt: list[dict], replies: list[str], markers: list[str]) -> N
 
 def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
                   where: str) -> pd.DataFrame:
-    """Conversational rows -> rendered prompt and reply strings, index kept; the chunk is
-    rendered in one go (``chat.render_many``), row by row only to find a refused row."""
+    """Conversational rows -> rendered prompt and reply strings, in one go (row by row only to
+    find a row the template refuses)."""
     rows, cols = df.to_dict(orient="records"), TEXT_FIELDS[kind]
     markers = [t for t in (eot, tokenizer.pad_token) if t]
     prompts, replies = [], {col: [] for col in cols}
@@ -170,8 +166,7 @@ def _render_frame(df: pd.DataFrame, kind: str, tokenizer, chat, eot: str,
 
 @contextmanager
 def _named(where: str, label) -> Iterator[None]:
-    """A ValueError (the renderer's ChatError, an AdapterError) in the block becomes an
-    AdapterError naming the file and the row."""
+    """A ValueError in the block becomes an AdapterError naming the file and the row."""
     try:
         yield
     except ValueError as err:
@@ -181,8 +176,8 @@ def _named(where: str, label) -> Iterator[None]:
 
 
 def start_chat(tokenizer, chat, where: str) -> dict:
-    """Ready ``tokenizer`` for conversations once per gate (``chat.prepare_chat`` checks the
-    template, makes EOS the end-of-turn token) -> what it did; else a DataError."""
+    """Ready ``tokenizer`` for conversations once per gate (the template checked, EOS its
+    end-of-turn token) -> what it did; else a DataError."""
     if chat is None:
         raise DataError(f"{where}: conversational data needs a chat renderer")
     try:
@@ -194,7 +189,7 @@ def start_chat(tokenizer, chat, where: str) -> dict:
 def render_chunks(chunks: Iterable[pd.DataFrame], kind: str, tokenizer, chat, info: dict,
                   where: str, converted: bool) -> Iterator[pd.DataFrame]:
     """One data set's chunks rendered with the chat template (``converted``: rows are already
-    messages and replies; else plain rows). Raises AdapterError naming file and row."""
+    messages and replies; else plain rows)."""
     for df in chunks:
         if not converted:
             df = to_conversations(df, kind, where)

@@ -1,8 +1,6 @@
 """Reading one local data file: format and compression from the name, text decoded strictly.
-
-JSONL is split on "\\n" only (U+2028/U+2029 are legal inside JSON strings), a UTF-8 byte-order
-mark is skipped, a ``.json`` file may hold one array of objects, and ``.gz``/``.bz2``/``.xz``
-are opened transparently. Only regular files are read: a named pipe or a device would block.
+Lines are split on "\\n" only (U+2028/U+2029 are legal inside JSON strings); only regular files
+are read (a named pipe or a device would block).
 """
 
 from __future__ import annotations
@@ -29,16 +27,14 @@ READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
 
 
 def lines_index(numbers: list[int]) -> pd.Index:
-    """The index of rows read from 1-based file lines ``numbers``: label = line - 1, so the
-    ``label + 1`` every gate message shows is the line."""
+    """The index of rows read from 1-based file lines: label = line - 1."""
     import pandas as pd
 
     return pd.Index([n - 1 for n in numbers], dtype="int64")
 
 
 def looks_local(value: str) -> bool:
-    """A path on this machine rather than a hub dataset id: absolute, ./ ../ or ~, a known data
-    file extension (compressed or not), more than one '/', a backslash, or it exists here."""
+    """A path on this machine rather than a hub dataset id."""
     p = Path(value)
     suffixes = [s.lower() for s in p.suffixes[-2:]]
     return (value.startswith(("/", "./", "../", "~", ".\\")) or value.count("/") > 1
@@ -75,14 +71,12 @@ def _decoded_lines(path: Path, lines: Iterator[bytes]) -> Iterator[str]:
 
 
 def decode(path: Path, data: bytes) -> str:
-    """A whole file's text, decoded line by line as :func:`_decoded_lines` does."""
     return "\n".join(_decoded_lines(path, data.split(b"\n")))
 
 
 @contextmanager
 def opened(path: Path, compression: str | None) -> Iterator[BinaryIO]:
-    """The file in binary, decompressed as it is read (its lines split on b"\\n" only); an error
-    reading or decompressing it names the file."""
+    """The file in binary, decompressed as it is read; an error reading it names the file."""
     check_regular(path)
     opener = COMPRESSIONS[compression] if compression else open
     try:
@@ -94,8 +88,7 @@ def opened(path: Path, compression: str | None) -> Iterator[BinaryIO]:
 
 
 def iter_jsonl(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
-    """A JSONL file in DataFrames of ``rows`` rows read a line at a time (memory bounded by one
-    chunk), indexed by line (:func:`lines_index`)."""
+    """A JSONL file in DataFrames of ``rows`` rows read a line at a time, indexed by line."""
     import pandas as pd
 
     with opened(path, compression) as fh:
@@ -140,8 +133,7 @@ def _csv_header(path: Path, names: list[str]) -> list[str]:
 
 def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.DataFrame]:
     """A CSV file as DataFrames of ``rows`` rows read a line at a time, indexed by each row's
-    first line (the header is line 1); cells as ``read_csv(dtype=str)`` gives them (CSV_NULLS
-    None). A row with more cells than the header is an error naming its line."""
+    first line (the header is line 1); cells as ``read_csv(dtype=str)`` gives them."""
     import pandas as pd
 
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # long texts are data
@@ -176,8 +168,8 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
 
 
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
-    """A local file of format fmt (jsonl/json/csv/parquet) -> DataFrame; a ``.json`` file holds
-    one JSON array of objects, else JSON Lines. Any failure is a :class:`DataError`."""
+    """A local file of format fmt -> DataFrame (a ``.json`` file holds one JSON array of
+    objects, else JSON Lines); any failure is a :class:`DataError`."""
     try:
         return _read_local(path, fmt, compression)
     except DataError:
@@ -217,7 +209,7 @@ def _read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
 def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,
                   append: bool = False) -> None:
     """``df.to_json(path, orient="records", lines=True)``, byte for byte, ``rows`` at a time
-    (pandas builds the whole text in memory); ``append``: after what ``path`` holds."""
+    (pandas builds the whole text in memory)."""
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         for start in range(0, max(len(df), 1), rows):  # an empty frame writes one newline
             fh.write(df.iloc[start: start + rows].to_json(orient="records", lines=True,

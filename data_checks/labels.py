@@ -1,15 +1,11 @@
 """Labelled files coming back from labellers: rows checked against the collection they came
-from, votes counted, and the figures that say whether the labels can be trusted.
+from, votes counted by majority, and the figures that say whether the labels can be trusted.
 
 Only ``id``, ``choice`` and ``labeller`` are read back: the pair's texts come from the
-collection's own record, so an edited response cannot slip into training. Several labellers'
-rows for one id are decided by the majority of their non-skip votes.
-
-Whose labels can be trusted: each labeller is judged on the known-answer pairs and on how often
-they skipped, and the labellers' agreement with each other is measured (Cohen's / Fleiss' kappa).
-A labeller is held back (their votes dropped, the others' still count) when they answered too
-few known pairs to be judged, agree with the known answers too rarely, or skipped too many rows
-(thresholds: ``collect.quality``): skipping must not dodge the known-answer check.
+collection's own record, so an edited response cannot slip into training. A labeller is held
+back (their votes dropped) when they answered too few known-answer pairs to be judged, agree with
+the known answers too rarely, or skipped too many rows (``collect.quality``): skipping must not
+dodge the known-answer check.
 """
 
 from __future__ import annotations
@@ -62,8 +58,7 @@ def _share(hits: Sequence[bool]) -> float | None:
 
 
 def known_shortfall(labelled: int, agreement: float | None, rules: LabelRules) -> str | None:
-    """Why answers to the known pairs cannot be trusted (too few to judge, or too often
-    wrong), with the figures; None: they pass."""
+    """Why answers to the known pairs cannot be trusted, with the figures; None: they pass."""
     if labelled < rules.min_known_labelled or agreement is None:
         return (f"not enough known answers: {labelled} known pairs answered a or b, fewer "
                 f"than {rules.min_known_labelled}")
@@ -75,8 +70,7 @@ def known_shortfall(labelled: int, agreement: float | None, rules: LabelRules) -
 
 def judge_labellers(rows: Sequence[dict], known: Mapping[str, str], rules: LabelRules
                     ) -> list[Labeller]:
-    """Every labeller of ``rows`` ({id, choice, labeller}) with their figures; ``known``:
-    {pair id: 'a' | 'b'} of the known-answer pairs."""
+    """Every labeller of ``rows`` with their figures; ``known``: the known-answer pairs'."""
     by_name: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_name[r["labeller"]].append(r)
@@ -95,8 +89,8 @@ def judge_labellers(rows: Sequence[dict], known: Mapping[str, str], rules: Label
 
 
 def cohen_kappa(x: Sequence[str], y: Sequence[str]) -> float | None:
-    """Cohen's kappa of two labellers' choices on the same items (None: no item, or chance
-    agreement is 1, e.g. both always chose one answer). (p_o - p_e) / (1 - p_e)."""
+    """Cohen's kappa (p_o - p_e) / (1 - p_e) of two labellers' choices on the same items (None:
+    no item, or chance agreement is 1)."""
     if not x or len(x) != len(y):
         return None
     n = len(x)
@@ -124,9 +118,8 @@ def fleiss_kappa(items: Sequence[Mapping[str, int]]) -> float | None:
 
 
 def labeller_kappa(rows: Sequence[dict]) -> float | None:
-    """Agreement between labellers beyond chance on the pairs they all answered (a, b or
-    tie): Cohen's kappa for two labellers, Fleiss' for three or more (None: one labeller,
-    or no pair shared by all)."""
+    """Agreement between labellers beyond chance on the pairs they all answered a, b or tie:
+    Cohen's kappa for two labellers, Fleiss' for more (None: one labeller, or no shared pair)."""
     votes: dict[str, dict[str, str]] = defaultdict(dict)
     for r in rows:
         if r["choice"] in KAPPA_CHOICES:
@@ -142,8 +135,7 @@ def labeller_kappa(rows: Sequence[dict]) -> float | None:
 
 
 def read_labelled(path: str | Path) -> pd.DataFrame:
-    """A labelled file (.jsonl/.json/.csv/.parquet) -> its rows as text; DataError names
-    the file when it cannot be read or has no ``id``/``choice`` column."""
+    """A labelled file -> its rows; DataError naming the file."""
     path = Path(path)
     fmt, compression = file_format(path)
     if fmt is None:
@@ -158,8 +150,7 @@ def read_labelled(path: str | Path) -> pd.DataFrame:
 
 
 def is_labelled(path: str | Path) -> bool:
-    """Whether a file in the watch folder is a labelled file (has id and choice columns)
-    rather than a preference batch."""
+    """Whether a file in the watch folder is a labelled file rather than a preference batch."""
     try:
         read_labelled(path)
     except DataError:
@@ -173,8 +164,8 @@ def _text(value) -> str:
 
 
 def check_rows(df: pd.DataFrame, path: str | Path, known_ids: set[str]) -> list[dict]:
-    """Every row -> {row, id, choice, labeller}; bad choices or unknown ids are refused together
-    in one DataError naming the file and rows."""
+    """Every row -> {row, id, choice, labeller}; bad rows are refused together in one DataError
+    naming the file and rows."""
     rows, errors = [], []
     has_labeller = "labeller" in df.columns
     for n, rec in enumerate(df.to_dict("records"), start=1):
@@ -197,8 +188,8 @@ def check_rows(df: pd.DataFrame, path: str | Path, known_ids: set[str]) -> list[
 
 
 def majority(rows: Sequence[dict]) -> dict[str, dict]:
-    """Votes per pair -> {id: {choice, votes, top}}: the most frequent non-skip choice (an
-    even split between the top choices is 'tie'); all skips -> 'skip'."""
+    """Votes per pair -> {id: {choice, votes, top}}: the most frequent non-skip choice (an even
+    split is 'tie'; all skips, 'skip')."""
     by_id: dict[str, list[str]] = defaultdict(list)
     for r in rows:
         by_id[r["id"]].append(r["choice"])
@@ -216,16 +207,15 @@ def majority(rows: Sequence[dict]) -> dict[str, dict]:
 
 
 def agreement_rate(decided: Mapping[str, dict]) -> float | None:
-    """Over pairs with two or more non-skip votes: the mean share of votes that went to the
-    most frequent choice (None when no pair had two labellers)."""
+    """The mean share of votes for the top choice over pairs with two or more non-skip votes."""
     shares = [d["top"] / d["votes"] for d in decided.values() if d["votes"] >= 2]
     return sum(shares) / len(shares) if shares else None
 
 
 @dataclass(frozen=True)
 class LabelFigures:
-    """Label quality of one import: the batch's figures (the votes of the labellers kept)
-    and every labeller's (``labellers``; the held-back ones say why)."""
+    """Label quality of one import: the batch's figures (the kept labellers' votes) and every
+    labeller's."""
 
     known_labelled: int  # known pairs whose majority answer was a or b
     known_agreement: float | None  # ... the share of them that matched the known answer
@@ -257,8 +247,8 @@ class LabelFigures:
 
 def label_figures(rows: Sequence[dict], kept: Sequence[dict], decided: Mapping[str, dict],
                   records: Mapping[str, dict], labellers: Sequence[Labeller]) -> LabelFigures:
-    """Label quality: the kept votes' agreement with the known answers and with the policy's
-    reward model (other pairs), the agreement rate, and kappa and skip rate over every row."""
+    """Label quality of the kept votes (against the known answers and the policy's reward
+    model) and of every row (agreement rate, kappa, skip rate)."""
     known = known_answers(records)
     batch_known = [decided[p]["choice"] == known[p] for p in decided
                    if p in known and decided[p]["choice"] in ("a", "b")]
@@ -289,8 +279,8 @@ def kept_rows(rows: Sequence[dict], labellers: Sequence[Labeller]) -> list[dict]
 
 def preference_rows(decided: Mapping[str, dict], records: Mapping[str, dict]
                     ) -> tuple[list[dict], dict[str, int]]:
-    """The decided pairs -> preference rows (prompt, chosen, rejected) and counts; ties,
-    skips and the known-answer pairs are left out (known answers never train)."""
+    """The decided pairs -> preference rows and counts; ties, skips and the known-answer pairs
+    (they never train) are left out."""
     out, counts = [], {"pairs": 0, "ties": 0, "skips": 0, "known": 0}
     for pid in sorted(decided):
         rec, choice = records[pid], decided[pid]["choice"]
@@ -309,9 +299,9 @@ def preference_rows(decided: Mapping[str, dict], records: Mapping[str, dict]
 def quality_refusal(figures: LabelFigures, rules: LabelRules, usual_rm: float | None,
                     max_rm_drop: float, usual_skip: float | None = None,
                     max_skip_rise: float = 1.0) -> str | None:
-    """Why a batch is quarantined, one sentence with its figures; None: it passes. RM agreement
-    and skip rate are judged against earlier accepted batches (``usual_*``): on-policy labels
-    may disagree with the RM where the policy exploits it, so only a large fall counts."""
+    """Why a batch is quarantined, with its figures; None: it passes. RM agreement and skip rate
+    are judged against earlier batches' (``usual_*``): on-policy labels may disagree with the RM
+    where the policy exploits it, so only a large fall counts."""
     why = []
     if figures.labellers and len(figures.held_back) == len(figures.labellers):
         why.append("every labeller was held back (" + "; ".join(

@@ -1,8 +1,7 @@
 """Load SFT / preference / prompt data into one internal schema, with errors that name the
-file and the line or column (never a raw traceback from inside a library).
-
-The frames the gate reads are indexed so that ``label + 1`` is the row's line in a JSONL or CSV
-file, or its row in a Parquet file, JSON array or dataset: every gate message shows that number.
+file and the row (never a raw traceback from inside a library). The frames are indexed so that
+``label + 1`` is the row's line in a JSONL or CSV file, or its row in a Parquet file, JSON array
+or dataset: every gate message shows that number.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ OPTIONAL_COLUMNS = {"preference": ["margin"]}
 
 
 def _load_hf(source: DataSource):
-    """A hub dataset or one saved with save_to_disk, as a (memory-mapped) ``datasets.Dataset``
-    of the configured split."""
+    """A hub dataset or one saved with save_to_disk, memory-mapped, of the configured split."""
     import datasets
 
     path = Path(source.path)
@@ -65,8 +63,7 @@ def load_table(source: DataSource, kind: str) -> pd.DataFrame:
 
 
 def _numbered_table(source: DataSource, kind: str) -> pd.DataFrame:
-    """:func:`load_table`, indexed by the rows' places in the file (module doc): a streamed
-    source's chunks in one, else the file read whole."""
+    """:func:`load_table`, indexed by the rows' places in the file."""
     if _streamed_format(source) is not None:
         return pd.concat(list(iter_table(source, kind, 2**62)))
     path = Path(source.path)
@@ -96,8 +93,8 @@ def _schema(df: pd.DataFrame, path: Path) -> None:
 
 def _to_schema(df: pd.DataFrame, source: DataSource, kind: str, path: Path,
                chat: bool | None = None) -> pd.DataFrame:
-    """Rows as read -> exactly the internal columns of ``kind``, the index (file rows) kept;
-    ``chat``: whether the rows are conversations (None: :func:`_is_chat` decides)."""
+    """Rows as read -> exactly the internal columns of ``kind``, the index kept; ``chat``:
+    whether the rows are conversations (None: :func:`_is_chat` decides)."""
     df = df.rename(columns=source.column_map)
     _schema(df, path)
     if _is_chat(source, df) if chat is None else chat:
@@ -127,8 +124,7 @@ def _is_chat(source: DataSource, renamed: pd.DataFrame) -> bool:
 
 
 def _streamed_format(source: DataSource) -> str | None:
-    """How a source is read in chunks: "jsonl", "csv", "parquet" (a compressed one via a
-    temporary file) or "hf" (memory-mapped Arrow); None: read whole (a JSON array)."""
+    """How a source is read in chunks: "jsonl", "csv", "parquet" or "hf"; None: read whole."""
     path = Path(source.path).expanduser()
     detected, compression = file_format(path)
     fmt = detected if source.format == "auto" else source.format
@@ -161,8 +157,8 @@ def _raw_chunks(source: DataSource, fmt: str, rows: int) -> Iterator[pd.DataFram
 
 
 def _parquet_frames(path: Path, named: Path, rows: int) -> Iterator[pd.DataFrame]:
-    """A Parquet file ``rows`` rows at a time, errors naming ``named``. No pre-buffering: that
-    reader keeps every row group it read until closed, so memory would grow with the file."""
+    """A Parquet file ``rows`` rows at a time, errors naming ``named`` (no pre-buffering: it
+    keeps every row group read until closed)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -185,8 +181,7 @@ def _counted(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
 
 def iter_table(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
     """``load_table(source, kind)`` in chunks of ``rows`` rows, each checked as it comes and
-    indexed by the file's rows. Streamable sources are read a chunk at a time so memory stays
-    flat; a JSON file is read whole and sliced."""
+    indexed by the file's rows (a JSON file is read whole and sliced)."""
     fmt = _streamed_format(source)
     if fmt is None:
         table = _numbered_table(source, kind)
@@ -216,7 +211,7 @@ def iter_table(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFram
 
 def _margin(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     """``df`` with its ``margin`` column (if any) as finite floats, else a DataError naming the
-    rows that are not (by their labels: the rows' places in the file)."""
+    rows that are not."""
     if "margin" not in df.columns:
         return df
 
@@ -293,8 +288,8 @@ FIRST_ROWS = 2_000
 
 def read_every_source(data: DataConfig | None) -> None:
     """Read every source once so a malformed file fails before Prefect or MLflow start; the
-    tables wait for the gate (take_read, take_chunks). A streamable file over KEEP_BYTES, or a
-    dataset, is checked only up to FIRST_ROWS rows here; the gate streams the rest."""
+    tables wait for the gate. A streamable file over KEEP_BYTES, or a dataset, is checked only
+    up to FIRST_ROWS rows here."""
     if data is None:
         return
     for name, kind in KINDS.items():

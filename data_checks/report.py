@@ -1,7 +1,5 @@
-"""The data gate's report (data_checks/validate.py): verdict, failures, warnings, figures,
-GX's merged results, and what a reuse restores; and its pages: ``results.json``, GX's Data Docs,
-the rows the budget dropped and a one-page summary. A passed validation is kept in the cache
-from here.
+"""The data gate's report (verdict, failures, warnings, figures, GX's merged results) and its
+pages: ``results.json``, GX's Data Docs, the rows the budget dropped and a one-page summary.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data_checks import cache as kept
 from data_checks.suites import build_gx_docs
 
 
@@ -26,11 +25,9 @@ class ValidationReport:
     gx_context: object = field(default=None, repr=False)  # holds the results for Data Docs
     gx_docs: Path | None = None  # a reused validation's Data Docs (data_checks/cache.py)
     reused: str = ""  # the key of the passed validation this one reused ("" if it ran)
-    # chunks of data tokenized, and read as an earlier gate tokenized them (ChunkTokens)
-    chunks_tokenized: int = 0
-    chunks_kept: int = 0
-    # data set -> the first rows the budget dropped, {"row": n, columns...}, up to
-    # validate.py's DROPPED_SHOWN
+    chunks_tokenized: int = 0  # chunks of data tokenized
+    chunks_kept: int = 0  # ... and read as an earlier gate tokenized them
+    # data set -> the first rows the budget dropped, {"row": n, columns...}
     dropped: dict[str, list[dict]] = field(default_factory=dict)
     to_keep: tuple | None = field(default=None, repr=False)  # (cache, key, paths, out_dir)
 
@@ -69,8 +66,8 @@ class ValidationReport:
 
 
 def write_data_docs(report: ValidationReport, out_dir) -> Path:
-    """``results.json``, GX's Data Docs under ``gx/`` and a one-page summary ``index.html``
-    (every expectation and its outcome, plus the budget failures GX does not see)."""
+    """``results.json``, GX's Data Docs under ``gx/`` and a one-page summary ``index.html``;
+    a passed validation is kept in the cache from here."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report.results_json, indent=1, default=str))
@@ -81,17 +78,14 @@ def write_data_docs(report: ValidationReport, out_dir) -> Path:
             (out / "dropped" / f"{name}.jsonl").write_text(
                 "".join(json.dumps(r, default=str, ensure_ascii=False) + "\n" for r in rows),
                 encoding="utf-8")
-    gx_link = ""
     if report.gx_context is not None:
         build_gx_docs(report.gx_context, out / "gx")
     elif report.gx_docs is not None:  # a reused validation's
         shutil.rmtree(out / "gx", ignore_errors=True)
         shutil.copytree(report.gx_docs, out / "gx")
-    if (out / "gx" / "index.html").exists():
-        gx_link = "<p><a href='gx/index.html'>great-expectations Data Docs</a></p>"
+    gx_link = "<p><a href='gx/index.html'>great-expectations Data Docs</a></p>" \
+        if (out / "gx" / "index.html").exists() else ""
     if report.passed and report.to_keep is not None:
-        from data_checks import cache as kept
-
         cache, key, paths, cleaned_dir = report.to_keep
         kept.keep(cache, key, report.fields(), paths, cleaned_dir,
                   out / "gx" if gx_link else None)

@@ -1,12 +1,9 @@
-"""The great-expectations side of the data gate: each data set's suite, run chunk by chunk
-on the cleaned rows, the chunks' results merged into one per set, and GX's own Data Docs
-(data_checks/report.py writes them with the gate's pages).
-Failures read as sentences a user can act on, with the rows; the GX expectation name follows
-in brackets for whoever wants to find it in the Data Docs.
+"""The great-expectations side of the data gate: each data set's suite, run chunk by chunk on
+the cleaned rows, the chunks' results merged into one per set, and GX's own Data Docs. Failures
+read as sentences a user can act on, with the rows, the GX expectation's name in brackets.
 
-Row-level facts (chosen == rejected, token lengths) are derived columns checked with plain
-column expectations: GX 1.x's ``UnexpectedRowsExpectation`` does not run on pandas, and under
-pandas 3 text columns have dtype ``str``.
+Row-level facts (chosen == rejected, token lengths) are derived columns checked with plain column
+expectations: GX 1.x's ``UnexpectedRowsExpectation`` does not run on pandas.
 """
 
 from __future__ import annotations
@@ -59,8 +56,7 @@ def example_row(number: int, row: dict) -> str:
 
 
 def example_rows(df: pd.DataFrame, indices: list, n_examples: int) -> list[str]:
-    """'row 5: {...}' for the first ``n_examples`` of ``indices`` (row labels of ``df``: the
-    number shown is the label + 1, the row's place in the file) that ``df`` holds."""
+    """'row 5: {...}' for the first ``n_examples`` of ``indices`` (labels) that ``df`` holds."""
     return [example_row(i + 1, {c: df.at[i, c] for c in df.columns})
             for i in indices[:n_examples] if isinstance(i, int) and i in df.index]
 
@@ -70,32 +66,9 @@ def e_g(examples: list[str]) -> str:
     return f"; e.g. {'; '.join(examples)}" if examples else ""
 
 
-def build_suite(kind: str, cfg: ValidationConfig):
-    import great_expectations as gx
-    import great_expectations.expectations as gxe
-
-    suite = gx.ExpectationSuite(name=f"rlhf_{kind}")
-    for col in COLUMNS[kind]:
-        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
-        suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col, min_value=1))
-        suite.add_expectation(gxe.ExpectColumnValuesToNotMatchRegex(column=col,
-                                                                   regex=r"^\s*$"))
-    suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
-        column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
-    for col in TEXT_FIELDS[kind]:
-        suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
-            column=f"{col}_tokens", min_value=1, max_value=cfg.max_response_tokens))
-    if kind == "preference":
-        suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(
-            column="chosen_equals_rejected", value_set=[False]))
-        suite.add_expectation(gxe.ExpectCompoundColumnsToBeUnique(
-            column_list=["prompt", "chosen", "rejected"]))
-    return suite
-
-
 def suite_context():
-    """-> (GX context, its pandas data source, the one run id of a one-chunk validation). The
-    context is in memory: no default docs site, no "Calculating Metrics" progress bars."""
+    """-> (GX context in memory, without progress bars; its pandas data source; the run id of
+    a validation's first chunk)."""
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context.types.base import (
@@ -125,8 +98,7 @@ class ChunkedSuite:
     shown: dict[int, int] = field(default_factory=dict)  # expectation -> indices looked at
 
     def run(self, checked: pd.DataFrame, first: int) -> None:
-        """Validate one chunk (``checked``: cleaned rows with check columns, indexed by
-        their row in the set; ``first``: the chunk's first row)."""
+        """Validate one chunk of cleaned rows with check columns (``first``: its first row)."""
         from great_expectations.core.run_identifier import RunIdentifier
 
         run_id = self.run_id if first == 0 else RunIdentifier(
@@ -145,8 +117,8 @@ class ChunkedSuite:
         self.results.append(result.to_json_dict())
 
     def merged(self, repeated: np.ndarray | None, examples: list[str] | None = None) -> dict:
-        """The chunks' results as one (counts summed, row lists joined); ``repeated``: the
-        labels of rows repeated across the set, for compound-unique (None: GX saw them all)."""
+        """The chunks' results as one; ``repeated``: the labels of rows repeated across the set,
+        for compound-unique (None: GX saw them all)."""
         if len(self.results) == 1 and repeated is None:
             return self.results[0]
         merged = copy.deepcopy(self.results[0])
@@ -202,8 +174,8 @@ class ChunkedSuite:
 
 
 def one_page_per_set(context, merged: list[tuple[ChunkedSuite, dict]]) -> None:
-    """GX's Data Docs then show one validation page per data set, of its merged result (every
-    row), under its first chunk's run; the later chunks' results leave the context's store."""
+    """One validation page per data set in GX's Data Docs: its merged result, under its first
+    chunk's run."""
     from great_expectations.core.expectation_validation_result import (
         ExpectationSuiteValidationResultSchema,
     )
@@ -225,18 +197,37 @@ def suite_for(context, source, run_id, name: str, kind: str, cfg: ValidationConf
               label: str) -> ChunkedSuite:
     """The GX validation of data set ``name`` (its kind's suite, added once per context)."""
     import great_expectations as gx
+    import great_expectations.expectations as gxe
 
     batch_def = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
-    suite = context.suites.add(build_suite(kind, cfg)) if f"rlhf_{kind}" not in \
-        [s.name for s in context.suites.all()] else context.suites.get(f"rlhf_{kind}")
+    if f"rlhf_{kind}" in [s.name for s in context.suites.all()]:
+        suite = context.suites.get(f"rlhf_{kind}")
+    else:
+        suite = gx.ExpectationSuite(name=f"rlhf_{kind}")
+        for col in COLUMNS[kind]:
+            suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
+            suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col,
+                                                                          min_value=1))
+            suite.add_expectation(gxe.ExpectColumnValuesToNotMatchRegex(column=col,
+                                                                       regex=r"^\s*$"))
+        suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
+            column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
+        for col in TEXT_FIELDS[kind]:
+            suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
+                column=f"{col}_tokens", min_value=1, max_value=cfg.max_response_tokens))
+        if kind == "preference":
+            suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(
+                column="chosen_equals_rejected", value_set=[False]))
+            suite.add_expectation(gxe.ExpectCompoundColumnsToBeUnique(
+                column_list=["prompt", "chosen", "rejected"]))
+        suite = context.suites.add(suite)
     definition = context.validation_definitions.add(
         gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
     return ChunkedSuite(name, label, definition, run_id, cfg.example_rows)
 
 
 def build_gx_docs(context, site_dir: Path) -> None:
-    """GX's own Data Docs site (index, one page per suite and per validation) in ``site_dir``,
-    rendered from the validation results ``context`` stores."""
+    """GX's own Data Docs site of the results ``context`` stores, in ``site_dir``."""
     if site_dir.exists():
         shutil.rmtree(site_dir)
     site = {"class_name": "SiteBuilder", "show_how_to_buttons": False,

@@ -1,9 +1,6 @@
 """Checks on the text itself, before any budget: special-token strings written literally
-(they would tokenise to EOS or PAD and end or mask a response), control characters, text
-the tokenizer mostly cannot represent, and repeated rows.
-
-:class:`TextTally` adds up each chunk's hits and reports them once for the whole set; repeats
-are found across chunks by a 64-bit hash of the key columns.
+(they would tokenise to EOS or PAD and end or mask a response), control characters, text the
+tokenizer mostly cannot represent, and repeated rows (across chunks, by 64-bit row hashes).
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ DUPLICATE_KEYS = {"sft": ("prompt", "response"), "prompts": ("prompt",)}
 
 @dataclass
 class Hits:
-    """Rows of a whole data set that hit one check: how many, the first labels and up to
-    ``n_examples`` example rows."""
+    """Rows of a whole data set that hit one check: how many, the first labels, examples."""
 
     count: int = 0
     first: list[int] = field(default_factory=list)
@@ -35,8 +31,7 @@ class Hits:
     n_examples: int = 0
 
     def add(self, mask, labels: np.ndarray, df: pd.DataFrame | None = None) -> None:
-        """``mask``: the hits among rows labelled ``labels``; ``df``: those rows (indexed by
-        ``labels``), for example rows."""
+        """``mask``: the hits among rows labelled ``labels``; ``df``: those rows."""
         rows = np.flatnonzero(np.asarray(mask, dtype=bool))
         self.count += len(rows)
         if len(self.first) <= 10:
@@ -60,7 +55,7 @@ def row_hashes(df: pd.DataFrame, columns) -> np.ndarray:
 
 def repeats(hashes: np.ndarray, keep_first: bool = True) -> np.ndarray:
     """Mask of the rows whose hash an earlier row has (``keep_first``) or any other row has
-    (False: every copy, as GX's compound-unique expectation counts them)."""
+    (every copy, as GX's compound-unique expectation counts them)."""
     _, first, inverse, counts = np.unique(hashes, return_index=True, return_inverse=True,
                                           return_counts=True)
     if not keep_first:
@@ -71,8 +66,8 @@ def repeats(hashes: np.ndarray, keep_first: bool = True) -> np.ndarray:
 
 
 class TextTally:
-    """The text checks and repeated rows of one data set, chunk by chunk: ``add`` each chunk
-    (with its tokens and its first row's number in the set), then ``report`` once."""
+    """The text checks and repeated rows of one data set: ``add`` each chunk, then ``report``
+    once for the whole set."""
 
     def __init__(self, label: str, kind: str, tokenizer, cfg: ValidationConfig,
                  rendered: bool = False):
@@ -110,8 +105,7 @@ class TextTally:
             self.labels.append(labels)
 
     def report(self, report) -> None:
-        """Add the failures and warnings of the whole set to ``report``, in the order and
-        words of the per-set checks."""
+        """Add the failures and warnings of the whole set to ``report``."""
         for role, token in self.specials:
             for col in TEXT_COLUMNS:
                 hits = self.special_hits.get((role, col))
@@ -146,9 +140,8 @@ class TextTally:
 
 
 class Repeats:
-    """Rows repeating another in ``columns`` across chunks (GX's compound-unique check):
-    :meth:`labels` names every copy; ``examples`` holds the first ``n_examples`` repeats, found
-    against the sorted hashes seen so far."""
+    """Rows repeating another in ``columns`` across chunks (GX's compound-unique check), and
+    the first ``n_examples`` repeats as examples."""
 
     def __init__(self, columns, n_examples: int):
         self.columns, self.n_examples = tuple(columns), n_examples
@@ -173,13 +166,10 @@ class Repeats:
         if len(self.examples) < self.n_examples:
             self.seen = np.sort(np.concatenate([self.seen, hashes]))
 
-    @property
-    def chunks(self) -> int:
-        return len(self.hashes)
-
-    def labels(self) -> np.ndarray:
-        """The labels of every row whose hash another row has, in file order."""
-        if not self.hashes:
-            return np.zeros(0, dtype=np.int64)
+    def labels(self) -> np.ndarray | None:
+        """The labels of every row whose hash another row has, in file order; None for one
+        chunk or none (GX saw every row at once)."""
+        if len(self.hashes) < 2:
+            return None
         mask = repeats(np.concatenate(self.hashes), keep_first=False)
         return np.concatenate(self._labels)[mask]

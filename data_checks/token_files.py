@@ -1,14 +1,13 @@
-"""The gate's token ids on disk, beside each cleaned file, so the stages read them memory-mapped
-instead of tokenizing again (a cleaned file without one is encoded from its text).
-
-``data/<name>.jsonl`` has ``data/<name>.tokens.arrow`` beside it: an Arrow IPC file, row for
-row, one ``<c>_ids`` column per text column, holding what rlhf_core/models/data.py's ``encode``
-gives after the budget's cuts. It is written in record batches, chunk by chunk.
+"""The gate's token ids on disk, so the stages read them memory-mapped instead of tokenizing
+again: ``data/<name>.jsonl`` has ``data/<name>.tokens.arrow`` beside it, an Arrow IPC file with
+one ``<c>_ids`` column per text column, row for row; and the tokenized chunks a gate keeps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -26,7 +25,7 @@ def tokens_path(cleaned: Path | str) -> Path:
 
 class TokenWriter:
     """Appends record batches of ``<c>_ids`` columns to ``path`` (written aside, renamed into
-    place on a clean exit: a killed gate leaves no half file under the real name)."""
+    place on a clean exit)."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
@@ -35,7 +34,7 @@ class TokenWriter:
         self._schema: pa.Schema | None = None
 
     def write(self, table: pa.Table) -> None:
-        """Append the ``<c>_ids`` columns of a gate's token table (data_checks/tokens.py)."""
+        """Append the ``<c>_ids`` columns of a gate's token table."""
         table = table.select([n for n in table.column_names if n.endswith("_ids")])
         if self._writer is None:
             self._schema = pa.schema([pa.field(n, IDS) for n in table.column_names])
@@ -74,17 +73,15 @@ def read_tokens(path: Path | str) -> pa.Table:
 
 
 class ChunkTokens:
-    """Tokenized chunks on disk, ``<folder>/<key>.arrow`` keyed by the chunk's texts and
-    ``salt`` (the encoding's identity), so a rerun gate or a retrain round tokenizes only new or
-    changed chunks. A read sets the file's modification time, which ``rlhf gc`` ages by."""
+    """Tokenized chunks, ``<folder>/<key>.arrow`` keyed by their texts and ``salt`` (the
+    encoding's identity), so a rerun gate or a retrain round tokenizes only new or changed
+    chunks. A read sets the file's modification time, which ``rlhf gc`` ages by."""
 
     def __init__(self, folder: Path | str, salt: str):
         self.folder = Path(folder)
         self.salt = salt.encode()
 
     def key(self, texts: dict[str, list[str]]) -> str:
-        import hashlib
-
         h = hashlib.sha256(self.salt)
         for column, values in texts.items():
             array = pa.array(values, type=pa.large_string())
@@ -123,6 +120,4 @@ class ChunkTokens:
             tmp.unlink(missing_ok=True)
 
     def clear(self) -> None:
-        import shutil
-
         shutil.rmtree(self.folder, ignore_errors=True)

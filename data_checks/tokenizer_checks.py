@@ -3,7 +3,7 @@ padding is never learned), else a dedicated pad token is added and recorded."""
 
 from __future__ import annotations
 
-from data_checks.loading import DataError
+from data_checks.errors import DataError
 
 PAD_TOKEN = "<|pad|>"
 

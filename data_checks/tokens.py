@@ -1,9 +1,7 @@
-"""Tokenize once: every text of a data set goes through the tokenizer one time, in batches,
-and the gate's checks read the result instead of tokenizing again.
-
-The result is Arrow: per text column ``c``, ``c_ids`` (ids without special tokens, as the stages
-encode), ``c_len``, ``c_unk`` (unknown tokens) and, after the budget, the flag ``c_cut``. Each
-text is encoded alone, so the ids depend on neither the batch nor the tokenizer's threads.
+"""Tokenize once: every text of a data set goes through the tokenizer one time, in batches, and
+the gate's checks read the result. Per text column ``c`` it holds ``c_ids`` (without special
+tokens, as the stages encode), ``c_len``, ``c_unk`` (unknown tokens) and, after the budget, the
+flag ``c_cut``; each text is encoded alone, so the ids depend on neither batch nor threads.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ IDS = pa.list_(pa.int32())
 
 @dataclass
 class _Threaded:
-    """Gates tokenizing now in this process (a sweep's points side by side), and the
-    TOKENIZERS_PARALLELISM setting from before the first of them."""
+    """Gates tokenizing now in this process, and TOKENIZERS_PARALLELISM from before them."""
 
     count: int = 0
     before: str | None = None
@@ -37,8 +34,8 @@ _THREADS, _THREADED = threading.Lock(), _Threaded()
 
 @contextmanager
 def tokenizer_threads() -> Iterator[None]:
-    """Let a fast tokenizer use every core (the CLI turns its threads off, as processes fork);
-    the old setting returns when the last gate tokenizing in this process is done."""
+    """Let a fast tokenizer use every core (the CLI turns its threads off, as processes fork)
+    until the last gate tokenizing in this process is done."""
     with _THREADS:
         if _THREADED.count == 0:
             _THREADED.before = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -62,8 +59,7 @@ def _call(tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def _plain_backend(tokenizer):
-    """The Rust tokenizer a fast tokenizer's call goes straight to (no subclass of
-    transformers' own adding Python steps around it), else None."""
+    """The Rust tokenizer a plain fast tokenizer's call goes straight to, else None."""
     from transformers import PreTrainedTokenizerBase
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -78,9 +74,8 @@ def _plain_backend(tokenizer):
 
 
 def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """``tokenizer(text, add_special_tokens=False)["input_ids"]`` of each text, without masks.
-    A plain fast tokenizer goes straight to Rust ``encode_batch_fast`` (no offsets), trusted
-    only if it matches a transformers call on the first text."""
+    """``tokenizer(text, add_special_tokens=False)["input_ids"]`` of each text; a plain fast
+    tokenizer's Rust ``encode_batch_fast``, trusted if it matches a call on the first text."""
     texts = list(texts)
     if not texts:  # fast tokenizers raise IndexError on an empty batch
         return []
@@ -94,7 +89,7 @@ def encode_batch(tokenizer, texts: Sequence[str]) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class Tokenized:
-    """One data set's tokens, row for row with its frame (see the module doc)."""
+    """One data set's tokens, row for row with its frame."""
 
     table: pa.Table
     columns: tuple[str, ...]
@@ -112,8 +107,7 @@ class Tokenized:
 
     def replace(self, column: str, rows: np.ndarray, texts: list[str], tokenizer) -> Tokenized:
         """Encode ``texts`` anew as ``column`` of ``rows`` (a cut prompt, a truncated
-        response) and flag them in ``<column>_cut`` (once per column: the budget cuts each
-        column once)."""
+        response) and flag them in ``<column>_cut``."""
         table, n = self.table, self.table.num_rows
         flags = np.zeros(n, dtype=bool)
         flags[rows] = True
@@ -150,14 +144,13 @@ def _encoded(tokenizer, texts: list[str]) -> dict[str, pa.Array]:
 
 
 def frame_texts(df: pd.DataFrame) -> dict[str, list[str]]:
-    """The texts :func:`tokenize_frame` encodes: each text column of ``df``, '' for a null (no
-    tokens, as the suites count it)."""
+    """Each text column of ``df``, '' for a null (no tokens, as the suites count it)."""
     return {col: [v if isinstance(v, str) else "" for v in df[col]]
             for col in TEXT_COLUMNS if col in df.columns}
 
 
 def tokenize_frame(df: pd.DataFrame, tokenizer) -> Tokenized:
-    """Every text column of ``df`` (prompt, response, chosen, rejected), tokenized once."""
+    """Every text column of ``df``, tokenized once."""
     texts = frame_texts(df)
     arrays: dict[str, pa.Array] = {}
     for col, strings in texts.items():

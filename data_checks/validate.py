@@ -1,24 +1,21 @@
 """The data gate: length budgets, great-expectations suites, a report, cleaned JSONL files.
 
-The length budget: prompts over it are cut at the last paragraph boundary that fits, else
-dropped; responses over it dropped or truncated. It reads the token lengths the gate made once
-(data_checks/tokens.py); only a cut prompt's head or a truncated response is tokenized again.
-
-It streams CHUNK_ROWS rows at a time: each chunk is tokenized once, checked, cut to the budget,
-validated by the whole GX suite and written before the next is read, so memory stays flat as the
-data grows. The chunks' GX results merge into one per data set (data_checks/suites.py), with
-uniqueness across chunks recomputed from row hashes.
+It streams CHUNK_ROWS rows at a time, so memory stays flat as the data grows: each chunk is
+tokenized once, checked, cut to the budget, validated by the GX suite and written before the next
+is read; the chunks' GX results merge into one per data set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from data_checks import cache as kept
 from data_checks.adapters import TEXT_FIELDS
 from data_checks.config import DataConfig, ValidationConfig
 from data_checks.conversations import is_conversational, render_chunks, start_chat
@@ -44,8 +41,7 @@ CHUNKS = ".chunks"  # the folder (in the cleaned files' one) of a running gate's
 
 
 def cut_at_paragraph(prompt: str, tokenizer, max_tokens: int) -> str | None:
-    """The longest head of ``prompt`` ending before a newline that fits the budget (TL;DR
-    recipe), else None. The whole prompt is known to be over it."""
+    """The longest head of ``prompt`` ending before a newline that fits the budget, else None."""
     cut = prompt.rfind("\n")
     while cut > 0:
         head = prompt[:cut]
@@ -57,9 +53,9 @@ def cut_at_paragraph(prompt: str, tokenizer, max_tokens: int) -> str | None:
 
 def apply_length_budget(df: pd.DataFrame, tokens: Tokenized, kind: str, tokenizer,
                         cfg: ValidationConfig, cut_prompts: bool = True):
-    """-> (kept rows indexed by their position in ``df``, their tokens, how many rows were
-    cut). Long prompts are cut at paragraphs unless not ``cut_prompts`` (a rendered conversation
-    would lose its assistant header: dropped); long responses (+1: EOS) dropped or truncated."""
+    """-> (kept rows indexed by their position in ``df``, their tokens, how many were cut).
+    Long prompts are cut at paragraphs (dropped without ``cut_prompts``: a rendered conversation
+    would lose its assistant header); long responses (+1: EOS) dropped or truncated."""
     is_text = df["prompt"].map(lambda v: isinstance(v, str)).to_numpy(dtype=bool)
     long = np.flatnonzero(is_text & (tokens.lengths("prompt") > cfg.max_prompt_tokens))
     keep = np.ones(len(df), dtype=bool)
@@ -105,14 +101,9 @@ def _with_checks(df: pd.DataFrame, kind: str, tokens: Tokenized) -> pd.DataFrame
     return df.assign(**checks)  # the text is shared with df, not copied
 
 
-def _median_response_length(lengths: list[np.ndarray]) -> float:
-    return float(pd.Series(np.concatenate(lengths) if lengths else []).median())
-
-
 @dataclass
 class _Cleaned:
-    """One data set's cleaned rows and token ids, written beside their real names until the
-    validation passes (a failed or killed gate leaves no cleaned file)."""
+    """One data set's cleaned rows and token ids, written aside until the validation passes."""
 
     path: Path
     rows: int = 0
@@ -182,9 +173,9 @@ def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
 def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                       cfg: ValidationConfig, paths: dict[str, str], chat: dict, out_dir: Path,
                       chunk_tokens: ChunkTokens | None):
-    """The report on each data set's chunks (text checks, budget, GX suite), then the fraction
-    and length-mismatch checks over whole sets. Cleaned files go to ``out_dir`` only if it
-    passes; ``chunk_tokens`` keeps each chunk's tokens so a rerun after a kill reuses them."""
+    """The report on each data set's chunks (text checks, budget, GX suite) and on the whole
+    sets; cleaned files go to ``out_dir`` only if it passes. ``chunk_tokens`` keeps each
+    chunk's tokens so a rerun after a kill reuses them."""
     report = ValidationReport(chat=dict(chat))
     context, source, run_id = suite_context()
     suites, n_rows, medians, sinks = [], {}, {"sft": [], "preference": []}, []
@@ -238,8 +229,7 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                     f"budget ({n_kept} kept), more than validation.max_dropped_fraction "
                     f"{cfg.max_dropped_fraction} (dropped fraction {dropped:.3f})"
                     + (hint or e_g([example_row(r["row"], r) for r in shown])))
-            repeated = pairs.labels() if pairs.chunks > 1 else None
-            suites.append((suite, suite.merged(repeated, pairs.examples)))
+            suites.append((suite, suite.merged(pairs.labels(), pairs.examples)))
             n_rows[name] = n_kept
         for suite, merged in suites:
             report.results_json[suite.name] = merged
@@ -248,8 +238,8 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
         one_page_per_set(context, suites)
         report.gx_context = context
         if n_rows.get("sft") and n_rows.get("preference"):
-            sft_len = _median_response_length(medians["sft"])
-            pref_len = _median_response_length(medians["preference"])
+            sft_len, pref_len = (float(np.median(np.concatenate(medians[n])))
+                                 for n in ("sft", "preference"))
             ratio = max(sft_len, pref_len) / max(min(sft_len, pref_len), 1.0)
             report.stats["length_mismatch_ratio"] = ratio
             if ratio > cfg.length_mismatch_warn_ratio:
@@ -267,8 +257,7 @@ def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
 
 
 def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig, labels: pd.Index) -> str:
-    """Where a rendered prompt is over budget: its row, its tokens with the template's, and
-    the fix (a cut would drop the template's assistant header, so none is made)."""
+    """Where a rendered prompt is over budget: its row, its tokens, and the fix."""
     lengths = tokens.lengths("prompt").tolist()
     over = [i for i, n in enumerate(lengths) if n > cfg.max_prompt_tokens]
     if not over:
@@ -281,19 +270,16 @@ def _chat_budget_hint(tokens: Tokenized, cfg: ValidationConfig, labels: pd.Index
 
 def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
                    chat=None, cache=None) -> ValidationReport:
-    """Load every source, validate, write cleaned JSONL files and their token ids to ``out_dir``.
-    ``chat`` renders conversational data with the chat template; ``cache`` reuses passed gates and
-    kept chunk tokens. Raises DataError for malformed files; failures come back in the report."""
-    from data_checks import cache as kept
-
+    """Load every source, validate, write cleaned JSONL files and their token ids to ``out_dir``
+    (``chat`` renders conversations; ``cache`` reuses passed gates and tokenized chunks). Raises
+    DataError for malformed files; failures come back in the report."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.part"):  # a killed gate's unfinished files (_Cleaned)
         stale.unlink()
-    sources = {name: (getattr(data, name), kind) for name, kind in KINDS.items()}
-    paths = {name: src.path for name, (src, _) in sources.items() if src}
-    key = cache and kept.validation_key({n: s for n, (s, _) in sources.items() if s},
-                                        tokenizer, cfg, chat is not None)
+    sources = {name: src for name in KINDS if (src := getattr(data, name)) is not None}
+    paths = {name: src.path for name, src in sources.items()}
+    key = cache and kept.validation_key(sources, tokenizer, cfg, chat is not None)
     if key and (hit := kept.load(cache, key, paths, out)):
         forget_reads()
         fields, gx_docs = hit
@@ -302,18 +288,18 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
         restored = {name: fields[name] for name in ValidationReport().fields()}
         return ValidationReport(**restored, gx_docs=gx_docs, reused=key)
     try:
-        chunks = {name: take_chunks(src, kind, CHUNK_ROWS) for name, (src, kind) in
-                  sources.items() if src}
-        firsts = {name: next(parts, None) for name, parts in chunks.items()}
+        chunks = {name: take_chunks(src, KINDS[name], CHUNK_ROWS)
+                  for name, src in sources.items()}
+        firsts = {name: list(islice(parts, 1)) for name, parts in chunks.items()}
     finally:
         forget_reads()
-    parts = {name: _prepend(firsts[name], chunks[name]) for name in chunks}
-    chatty = [n for n, df in firsts.items() if df is not None and is_conversational(df)]
+    parts = {name: chain(firsts[name], chunks[name]) for name in chunks}
+    chatty = [n for n, first in firsts.items() if first and is_conversational(first[0])]
     chat_info = {}
     if chatty:  # every set rendered with the template, chunk by chunk, once EOS is moved
-        chat_info = start_chat(tokenizer, chat, paths.get(chatty[0], chatty[0]))
-        parts = {name: render_chunks(rows, sources[name][1], tokenizer, chat, chat_info,
-                                     paths.get(name, name), name in chatty)
+        chat_info = start_chat(tokenizer, chat, paths[chatty[0]])
+        parts = {name: render_chunks(rows, KINDS[name], tokenizer, chat, chat_info, paths[name],
+                                     name in chatty)
                  for name, rows in parts.items()}
     identity = kept.encoding_identity(tokenizer)
     folder = kept.chunk_folder(cache) if cache is not None else out / CHUNKS
@@ -325,9 +311,3 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
     if report.passed and key:
         report.to_keep = (cache, key, paths, out)
     return report
-
-
-def _prepend(first: pd.DataFrame | None, rest: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    if first is not None:
-        yield first
-    yield from rest

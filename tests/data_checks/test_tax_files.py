@@ -83,3 +83,13 @@ def test_a_bad_text_is_refused_naming_file_and_row(tmp_path):
         read_text(_jsonl(tmp_path / "t.jsonl", [{"text": "a"}, {"text": ""}]))
     with pytest.raises(DataError, match="no text column"):
         read_text(_jsonl(tmp_path / "u.jsonl", [{"body": "a"}]))
+
+
+def test_a_bad_pretraining_text_is_named_by_its_own_setting(tmp_path):
+    (tmp_path / "mix.txt").write_text("\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"^data\.pretrain .*mix\.txt: file is empty"):
+        read_text(tmp_path / "mix.txt", "data.pretrain")
+    with pytest.raises(DataError, match=r"^data\.pretrain .*gone\.txt: no such file"):
+        read_text(tmp_path / "gone.txt", "data.pretrain")
+    with pytest.raises(DataError, match=r"^data\.pretrain .*u\.jsonl: no text column"):
+        read_text(_jsonl(tmp_path / "u.jsonl", [{"body": "a"}]), "data.pretrain")

@@ -46,7 +46,7 @@ def pretrain_chunks(cfg, tokenizer, section: str) -> list[list[int]] | None:
     if mix.ptx_coef <= 0:
         return None
     rows = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            for text in read_text(cfg.data.pretrain.path)]
+            for text in read_text(cfg.data.pretrain.path, "data.pretrain")]
     return chunk_ids(rows, mix.ptx_max_tokens)
 
 
@@ -55,7 +55,7 @@ def check_tax_inputs(cfg) -> None:
     if applies(cfg):
         tax_inputs(cfg.eval.tax)
     if cfg.sft.ptx_coef > 0 or cfg.ppo.ptx_coef > 0:
-        read_text(cfg.data.pretrain.path)
+        read_text(cfg.data.pretrain.path, "data.pretrain")
 
 
 def _cached(folder: Path, key: dict, compute) -> tuple[list[str], float]:

@@ -37,3 +37,21 @@ def test_the_base_models_figures_are_kept_and_reused(tiny_model_dir, tmp_path):
                 base_cache=cache)
     with pytest.raises(AssertionError, match="measured again"):  # nothing kept: measured
         measure(tax, PROBE, TEXT, {"base": broken}, tok)
+
+
+def test_a_bad_pretraining_text_names_data_pretrain_and_the_file(tmp_path):
+    from types import SimpleNamespace
+
+    from data_checks.errors import DataError
+    from tasks.pipeline.stages.tax import check_tax_inputs, pretrain_chunks
+
+    (tmp_path / "empty.txt").write_text("\n", encoding="utf-8")
+    mix = SimpleNamespace(ptx_coef=0.1, ptx_max_tokens=8)
+    cfg = SimpleNamespace(eval=SimpleNamespace(tax=TaxConfig(enabled=False)), sft=mix, ppo=mix,
+                          model=SimpleNamespace(base_model=""),
+                          data=SimpleNamespace(pretrain=SimpleNamespace(
+                              path=str(tmp_path / "empty.txt"))))
+    with pytest.raises(DataError, match=r"^data\.pretrain .*empty\.txt: file is empty"):
+        check_tax_inputs(cfg)
+    with pytest.raises(DataError, match=r"^data\.pretrain .*empty\.txt: file is empty"):
+        pretrain_chunks(cfg, None, "ppo")
