@@ -2,7 +2,7 @@
 PID): the server dies in PPO's first rollout, the command ends with exit 2 and the `--resume`
 command, and the resume, with the server back, finishes the run with each source's metrics;
 then the run's registered reward model under `mlflow models serve` answers a served source as
-it scores in process."""
+it scores in process, and a second run trains its policy against that server alone."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.config import RewardSource
+from tasks.pipeline.stages.critic_init import FROM_POLICY
 from tasks.pipeline.rewards import post_rows
 from tasks.platform.mlflow.models import load_pyfunc, pyfunc_scores
 from tests.servers import (
@@ -76,10 +77,23 @@ def test_a_served_reward_that_goes_down_stops_the_run_and_the_resume_finishes(tm
     prompts, answers = ["tell me about cats :", "hello :"], ["cats are nice .", "sure"]
     port = free_port()
     served = start_model_server(uri, store, tmp_path, port)
+    served_url = f"http://127.0.0.1:{port}/invocations"
     try:
-        remote = post_rows(RewardSource(name="served", kind="http",
-                                        target=f"http://127.0.0.1:{port}/invocations"),
+        remote = post_rows(RewardSource(name="served", kind="http", target=served_url),
                            prompts, answers)
+        assert remote == pyfunc_scores(load_pyfunc(uri, store), prompts, answers)
+        # PPO against the served model alone: no model source, so the critic starts from
+        # the policy
+        alone = rlhf(["run", "--config", str(CONFIG), "--set", "ppo.iterations=2", "--set",
+                      f"ppo.reward_sources=[{{name: served, kind: http, target: "
+                      f"'{served_url}'}}]"], tmp_path)
     finally:
         stop_group(served)
-    assert remote == pyfunc_scores(load_pyfunc(uri, store), prompts, answers)
+    assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-3000:]
+    parent = re.search(r"MLflow parent run: (\w+)", alone.stdout)
+    assert parent, alone.stdout[-2000:]
+    stages = stage_children(client, client.get_run(parent.group(1)))
+    assert stages["ppo"].data.tags["rlhf.reward_source.served"] == f"http {served_url}, weight 1.0"
+    assert "reward/served/raw_mean" in stages["ppo"].data.metrics
+    assert "reward/rm/raw_mean" not in stages["ppo"].data.metrics
+    assert f"critic: {FROM_POLICY}" in alone.stdout, alone.stdout[-2000:]
