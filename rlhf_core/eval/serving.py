@@ -15,7 +15,7 @@ from transformers import GenerationConfig
 
 from rlhf_core.models.chat import (
     ChatError,
-    end_of_turn,
+    end_of_turn_id,
     render_conversation,
     render_prompt,
     stop_token_ids,
@@ -99,16 +99,6 @@ def _rendered_ids(tokenizer, messages: list[dict], row: int, generation_prompt: 
     except ChatError as err:  # the template's own complaint, said per row
         raise RequestError(f"row {row}: {err}") from None
     return encode(tokenizer, text)
-
-
-def end_of_turn_id(tokenizer) -> int | None:
-    """The id of the template's end-of-turn token, or None."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    try:
-        return tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer))
-    except ChatError:  # a template that wants other turns or writes no marker: no token
-        return None
 
 
 def stop_ids(model, tokenizer) -> list[int]:

@@ -1,13 +1,8 @@
 """The PPO failures the guides warn about, one detector each, declared once in :data:`DETECTORS`
-(``ppo.health.<detector>`` holds each one's settings). The rules are pure: a run's
-:class:`History` in, a :class:`Finding` (or None) out; what a finding sets off (tags, events, a
-stop) lives with the pipeline's tasks.
-
-Each rule reads a window, never one noisy value, and compares the run with itself (its own
-start, its own recent past), so one threshold holds across models and reward scales. A
-``*_stands`` twin of a rule asks its question of the final policy. The reward-hacking rules,
-on the held-out checks, are here; the training dynamics' rules are in dynamics.py and what the
-rules read and return in records.py.
+(settings under ``ppo.health.<detector>``). A rule is pure, a run's :class:`History` in and a
+:class:`Finding` or None out, and compares the run with its own start or recent past; its
+``*_stands`` twin asks the question of the final policy. The reward-hacking rules are here, the
+training dynamics' in dynamics.py.
 """
 
 from __future__ import annotations

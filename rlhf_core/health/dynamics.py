@@ -1,7 +1,5 @@
 """The training dynamics' detectors: rules on every iteration's rollout and update signals
-(KL, entropy, the critic's fit, the reward's progress, the time generation takes). Each reads a
-window and compares the run with its own start or recent past.
-"""
+(KL, entropy, the critic's fit, the reward's progress, the time generation takes)."""
 
 from __future__ import annotations
 
