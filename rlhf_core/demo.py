@@ -1,9 +1,7 @@
 """The embedded demo task: a tiny synthetic "assistant" language with a hidden gold judge.
-
-Replies to requests ("user : please describe cats briefly assistant :") vary in independent
-quality knobs; the judge scores relevance first, then tone, concision and ending. It labels
-preference pairs (Bradley-Terry noise) and evaluates, never a training reward. Demonstrations
-mix all qualities, so SFT imitates the average and RL has room to improve.
+Replies ("user : please describe cats briefly assistant :" ...) vary in independent quality
+knobs, scored by relevance first, then tone, concision and ending; the judge labels pairs
+(Bradley-Terry noise) and evaluates, never a training reward.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The real-English task: known-answer questions with a checkable instruction ("Answer in one
-word. What is the capital of France?"), which an instruct model often breaks: room for RLHF.
-
-The gold judge scores the fact, the instruction, staying on the question, length and ending;
-it labels preference pairs (Bradley-Terry noise) and evaluates, never entering the reward.
-The data (configs/english/) are the model's own answers, SFT rows the judge's best of several
-(README § Sources [Llama2]); a third of the combinations is held out for evaluation.
+word. What is the capital of France?"), which an instruct model often breaks. The gold judge
+scores the fact, the instruction, staying on the question, length and ending; it labels pairs
+(Bradley-Terry noise) and evaluates, never entering the reward. The data (configs/english/) are
+the model's own answers, SFT rows the judge's best of several (README § Sources [Llama2]).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The hardware and build facts a run's numbers depend on, as strings (for run tags): a seed
-is bit-identical only on one kind of machine. A fact that cannot be read is "unknown"; torch
-is imported lazily so the CLI's read-only commands need none.
+"""The hardware and build facts a run's numbers depend on, as strings for run tags (a seed is
+bit-identical only on one kind of machine); "unknown" where unreadable; torch imported lazily.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""On-policy collection, the pure part: k sampled responses per prompt -> pairs to label,
-known-answer pairs mixed in, and the order of a prompt pool. Plain Python, no I/O.
-
-A prompt's responses are paired in order, (1, 2), (3, 4), ...: samples at one temperature are
-exchangeable, so which side is ``a`` carries no signal.
+"""On-policy collection, the pure part: k sampled responses per prompt -> pairs to label (in
+order, (1, 2), (3, 4)...: samples at one temperature are exchangeable), known-answer pairs
+mixed in, and the order of a prompt pool. Plain Python, no I/O.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The evaluate stage's comparison: SFT policy vs PPO policy on the same held-out prompts and
-temperature. With a gold judge it also reports the win rate and reward over-optimisation: how
-much the RM credits the policy beyond what the judge does.
+"""The evaluate stage's comparison: SFT policy vs PPO policy on the same held-out prompts; with
+a gold judge, the win rate and reward over-optimisation (how much the RM credits the policy
+beyond the judge).
 """
 
 from __future__ import annotations

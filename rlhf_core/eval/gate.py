@@ -1,8 +1,6 @@
-"""The champion/challenger gate: a paired bootstrap interval on per-prompt score differences,
-plus guard rails. Pure: lists of numbers in, a decision out.
-
-Both policies answer the same prompts under one scorer, so d_i is paired; the percentile
-bootstrap of mean(d) (README § Sources [Bootstrap]) must clear the margin at its lower end.
+"""The champion/challenger gate, pure: per-prompt score differences d_i of both policies under
+one scorer, whose percentile bootstrap interval of mean(d) (README § Sources [Bootstrap]) must
+clear the margin at its lower end, plus guard rails.
 """
 
 from __future__ import annotations

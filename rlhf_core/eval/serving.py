@@ -1,8 +1,6 @@
-"""What the registered models do with a request (the MLflow pyfuncs in ``tasks/`` call these).
-
-A prompt is plain text, tokenised as in training, or a conversation, rendered by the chat
-template; the policy returns the completion only. A request the model cannot answer raises
-:class:`RequestError`, naming the row and the field.
+"""What the registered models do with a request (the MLflow pyfuncs in ``tasks/`` call these):
+a prompt is plain text or a conversation rendered by the chat template; a request the model
+cannot answer raises :class:`RequestError`, naming the row and the field.
 """
 
 from __future__ import annotations

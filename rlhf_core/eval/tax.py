@@ -1,7 +1,6 @@
-"""The alignment tax: what RLHF cost a pretrained model outside the task it was trained on
-(README § Sources [InstructGPT]). Two small stand-ins for public benchmarks, taken on the base,
-SFT and PPO models: greedy accuracy on a probe of checkable questions, and bits per byte of
-general English text (tokenizer-independent). ``tax_data/`` holds the shipped defaults.
+"""The alignment tax (README § Sources [InstructGPT]): greedy accuracy on a probe of checkable
+questions and bits per byte of general English text, taken on the base, SFT and PPO models.
+``tax_data/`` holds the shipped defaults.
 """
 
 from __future__ import annotations

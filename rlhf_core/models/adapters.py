@@ -1,9 +1,6 @@
-"""Stage outputs under LoRA (``model.lora``): a folder holding only what the stage trained and
-the name of the model it adapts, never a copy of the frozen weights.
-
-``rlhf_lora.json`` names the ``kind`` and the ``base`` (with the first adapter's ``source`` and
-``sha256``, so another machine can rebuild it); a chain of adapters loads as one merged model.
-:func:`bundle` makes a self-contained copy for MLflow.
+"""Stage outputs under LoRA (``model.lora``): only what the stage trained, plus
+``rlhf_lora.json`` naming the ``kind`` and the ``base`` (with the first adapter's ``source``
+and ``sha256`` to rebuild it); a chain of adapters loads as one merged model.
 """
 
 from __future__ import annotations

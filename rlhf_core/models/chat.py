@@ -1,8 +1,6 @@
-"""Conversations through the tokenizer's chat template: the one place they are rendered.
-
-A conversational row becomes two strings, the prompt (with the assistant header) and the reply
-(up to the end-of-turn token), so every stage works as on plain text. :func:`prepare_chat`
-makes the tokenizer's EOS the end-of-turn token, so "ends with EOS" means "ends its turn".
+"""Conversations through the tokenizer's chat template, the one place they are rendered: a row
+becomes the prompt (with the assistant header) and the reply (up to the end-of-turn token),
+which :func:`prepare_chat` makes the EOS, so every stage works as on plain text.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Atomic checkpoints: write into a temporary sibling, then rename into place, so a crash while
-saving leaves the previous one intact. Weights are safetensors; other state is plain tensors
-read back with ``weights_only=True``. :class:`Checkpointer` lets an interrupted stage continue
-bit for bit where it stopped.
+"""Atomic checkpoints (written into a temporary sibling, then renamed into place): weights as
+safetensors, other state as plain tensors (``weights_only=True``); :class:`Checkpointer` lets an
+interrupted stage continue bit for bit.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Token-level data handling: prompt + response + EOS, padding and batching.
-
-Prompt and response are tokenised separately, so their boundary is exact; every response gets
-EOS appended (else it is never learned). PAD must differ from EOS: padding is masked out.
+"""Token-level data: prompt and response tokenised apart (an exact boundary), EOS appended to
+every response, padding (PAD must differ from EOS: padding is masked out) and batching.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The four models of RLHF: policy, reference, reward and value (loader.py loads them).
-
-Any Hugging Face causal LM serves; the reward and value models are its trunk plus a scalar head
-(README § Sources [RM]: init std 1/sqrt(hidden+1), bias 0). Weights are safetensors.
+"""The four models of RLHF: policy, reference, reward and value (loader.py loads them); the
+reward and value models are a causal LM's trunk plus a scalar head (README § Sources [RM]:
+init std 1/sqrt(hidden+1), bias 0).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Compute precision: autocast over fp32 master weights, gradients and optimizer state.
-
-``auto`` is bf16 on CUDA, and on a CPU with native bf16 units for a pretrained model; fp32
-elsewhere, since other CPUs emulate bf16 and a tiny model gains nothing.
+"""Compute precision: autocast over fp32 master weights, gradients and optimizer state; ``auto``
+is bf16 on CUDA and on a CPU with native bf16 units for a pretrained model, else fp32.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Id lists held flat, indexed without a Python list per row: :class:`RaggedIds` keeps Arrow's
-list layout (``values`` and ``offsets``, often memory-mapped), so a stage makes a batch's ids
-when the batch is drawn rather than every row up front.
+"""Id lists held flat in Arrow's list layout (``values`` and ``offsets``, often memory-mapped),
+so a stage makes a batch's ids when the batch is drawn, not every row up front.
 """
 
 from __future__ import annotations

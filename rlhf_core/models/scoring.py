@@ -1,6 +1,5 @@
-"""Reading a reward model's score at the EOS token of prompt + completion + EOS, and
-normalising it with the ``{mean, std, n}`` artifact of scoring the SFT set, for training,
-rollouts and serving alike.
+"""A reward model's score read at the EOS of prompt + completion + EOS, normalised with the
+``{mean, std, n}`` artifact of scoring the SFT set.
 """
 
 from __future__ import annotations

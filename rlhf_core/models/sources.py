@@ -1,8 +1,6 @@
-"""Where a base model comes from: a hub id, a local Hugging Face folder, or a GGUF file
-(also as ``package:<module>/<file>``, a file inside an installed package).
-
-A dequantized GGUF model refuses ``save_pretrained``, so it is turned once into a plain
-float32 folder cached under the file's SHA-256, which every stage loads.
+"""Where a base model comes from: a hub id, a local folder, or a GGUF file (also as
+``package:<module>/<file>``), which is dequantized once into a float32 folder cached under the
+file's SHA-256.
 """
 
 from __future__ import annotations

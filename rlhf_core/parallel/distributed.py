@@ -1,9 +1,6 @@
-"""Data parallelism for the supervised loop (SFT, reward model): N ranks, one global batch.
-
-Every rank draws the same global batch and trains on its contiguous shard, its loss weighted
-by ``world * count_shard / count_global`` so DDP's mean gradient is the global batch's: the
-update equals the single-process one. Metrics are made global; only rank 0 writes and logs.
-:func:`init_from_env` joins the group ``torchrun`` describes.
+"""Data parallelism for the supervised loop (SFT, reward model): every rank draws the global
+batch and trains on its contiguous shard, its loss weighted by ``world * count_shard /
+count_global`` so DDP's mean gradient is the global batch's; only rank 0 writes and logs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""FSDP2 (``fully_shard``) for ``model.parallel: fsdp``.
-
-The stage keeps its plain "home" model, as in one process; :func:`shard` trains a copy sharded
-block by block, and :class:`Sharded` gathers its full weights back into the home copy, so
-checkpoints and saved models keep the one-process format. The device holds the shards and one
-gathered block at a time; each rank keeps the home copy on CPU.
+"""FSDP2 (``fully_shard``) for ``model.parallel: fsdp``: :func:`shard` trains a block-by-block
+sharded copy of the stage's plain "home" model and :class:`Sharded` gathers its weights back,
+so checkpoints and saved models keep the one-process format.
 """
 
 from __future__ import annotations

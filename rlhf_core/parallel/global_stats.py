@@ -1,9 +1,6 @@
-"""Statistics over the global batch when it is split across data-parallel ranks.
-
-Whitening must use the global batch's moments, or N ranks would train on N differently scaled
-advantages (README § Sources [N+]: whiten over the full batch). In one process each function
-is the single-process one; otherwise sums are all-reduced in float64 (two-pass variance, as
-``masked_var``) and every rank gets the same result.
+"""Statistics over the global batch split across data-parallel ranks (whitening over the full
+batch, README § Sources [N+]): sums all-reduced in float64, the same on every rank; in one
+process each function is the single-process one.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""What the RL stage optimises, apart from the loop that runs it (rlhf_core/ppo/trainer.py).
-
-An algorithm says whether a critic exists, turns scores and per-token KL into rewards and
-advantages, and may add a loss term: ``gae`` is PPO with a value model (README § Sources [PPO],
-[GAE], [KL-control], [N+]); the others are critic-free estimators: RLOO, GRPO and REINFORCE
-with a running-mean baseline.
-
-A critic-free batch of B = G * k responses holds k consecutive samples of each of G prompts;
-each estimator turns rewards [B] into advantages [B], applied to every real token of the
-response. Sources (README § Sources): [RLOO], [GRPO] (and its k3 KL loss term), [REINFORCE].
+"""What the RL stage optimises (rlhf_core/ppo/trainer.py runs it): whether a critic exists,
+scores and per-token KL into rewards and advantages, and any extra loss term. ``gae`` is PPO
+with a value model (README § Sources [PPO], [GAE], [KL-control], [N+]); RLOO, GRPO (and its k3
+KL loss) and REINFORCE with a running-mean baseline are critic-free ([RLOO], [GRPO],
+[REINFORCE]): a batch of B = G * k responses holds k consecutive samples of each of G prompts.
 """
 
 from __future__ import annotations

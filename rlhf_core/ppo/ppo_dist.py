@@ -1,9 +1,7 @@
-"""Data-parallel PPO: N ranks share one rollout batch and make the 1-process update.
-
-:class:`DataParallelPPO` is PPOTrainer with the batch sharded by whole prompt groups: every
-rank draws the same prompt stream and minibatch order, weights its micro-batches by their
-share of the global minibatch's tokens, and reports the global batch's metrics. Only rank 0
-logs and saves; a checkpoint resumes only at the world size that wrote it.
+"""Data-parallel PPO: :class:`DataParallelPPO` shards the rollout batch by whole prompt groups;
+every rank draws the same prompts and minibatch order and weights its micro-batches by their
+share of the global minibatch's tokens, so the update is the 1-process one. Only rank 0 logs
+and saves.
 """
 
 from __future__ import annotations

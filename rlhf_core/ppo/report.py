@@ -1,6 +1,5 @@
-"""What a PPO iteration reports, and to whom: its rollout batch's metrics under TRL's names
-where TRL has them and its update's averaged statistics (rlhf_core/ppo/trainer.py adds the
-loop's own), sample rows of its rollouts, and the callbacks and watch the loop hands them to.
+"""What a PPO iteration reports: its rollout batch's metrics (TRL's names where TRL has them),
+the update's averaged statistics, sample rows, and the callbacks and watch the loop calls.
 """
 
 from __future__ import annotations

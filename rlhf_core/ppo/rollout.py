@@ -1,9 +1,7 @@
-"""PPO rollout: generate, score, and turn scores into per-token advantages.
-
-A batch is ``query_responses [B, P + R]``: left-padded prompt, then the response (pad after the
-first EOS); forwards get masks and position ids that skip the padding. Old log-probs come from
-the generation logits in fp32, else from the update's own forward (``recompute_logprobs``), so
-the ratio before any update is 1.
+"""PPO rollout: generate, score, and turn scores into per-token advantages. A batch is
+``query_responses [B, P + R]``: left-padded prompt, then the response (pad after the first
+EOS). Old log-probs come from the generation logits in fp32, else from the update's own forward
+(``recompute_logprobs``), so the ratio before any update is 1.
 """
 
 from __future__ import annotations

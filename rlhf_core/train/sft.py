@@ -1,7 +1,5 @@
-"""Supervised fine-tuning: causal-LM loss on prompt + response + EOS.
-
-Loss on response tokens only by default (the prompt is given, not generated); AdamW eps 1e-5,
-warm-up then decay, dropout off (README § Sources [N+]).
+"""Supervised fine-tuning: causal-LM loss on prompt + response + EOS, by default on the
+response tokens only (README § Sources [N+]).
 """
 
 from __future__ import annotations

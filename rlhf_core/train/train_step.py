@@ -1,9 +1,6 @@
-"""The one training-step seam shared by SFT, reward-model training and PPO.
-
-Micro-batch losses under autocast, weighted backward, unscale, global clip, one finite check
-before the optimizer applies anything, then optimizer and schedule. Device and precision
-differences live here, so DDP/FSDP have one place to hook in. The fp16 scaler's state is not
-checkpointed.
+"""The one training-step seam of SFT, reward-model training and PPO: micro-batch losses under
+autocast, weighted backward, unscale, global clip, one finite check before the optimizer
+applies anything (the fp16 scaler's state is not checkpointed).
 """
 
 from __future__ import annotations
