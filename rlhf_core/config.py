@@ -187,17 +187,14 @@ class RewardSource(Section):
         return self
 
 
-def _detector_field(detector) -> tuple:
-    doc = (detector.rule.__doc__ or "").split("\n\n")[0]
-    return (detector.settings, Field(default_factory=detector.settings,
-                                     description=f"{detector.failure}: {' '.join(doc.split())}"))
-
-
-# ppo.health: the switches above plus one section per detector of DETECTORS
+# ppo.health: the switches above plus one section per detector of DETECTORS, described by
+# its failure and the first paragraph of its rule's docstring
 HealthConfig = create_model(
     "HealthConfig", __base__=_HealthSwitches,
     __doc__="PPO's health: held-out checks and failure detectors (docs/health.md).",
-    **{d.name: _detector_field(d) for d in DETECTORS})
+    **{d.name: (d.settings, Field(default_factory=d.settings, description=f"{d.failure}: " +
+                                  " ".join((d.rule.__doc__ or "").split("\n\n")[0].split())))
+       for d in DETECTORS})
 
 
 class PPOConfig(_PretrainMix):

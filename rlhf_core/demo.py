@@ -159,20 +159,14 @@ def _write_jsonl(path: Path, rows: list[dict], chat: bool = False,
     return path
 
 
-def user_request(prompt: str) -> str:
-    """A demo prompt's request alone, for a chat template to frame."""
-    words = prompt.split()
-    if words[:2] == ["user", ":"]:
-        words = words[2:]
-    if words[-2:] == SEPARATOR.split():
-        words = words[:-2]
-    return " ".join(words)
-
-
 def chat_row(row: dict, system: str | None = None) -> dict:
-    """A plain demo row in TRL's conversational format."""
+    """A plain demo row in TRL's conversational format (the prompt's request alone, for the
+    chat template to frame)."""
+    words = row["prompt"].split()
+    words = words[2:] if words[:2] == ["user", ":"] else words
+    words = words[:-2] if words[-2:] == SEPARATOR.split() else words
     user = [{"role": "system", "content": system}] if system else []
-    user.append({"role": "user", "content": user_request(row["prompt"])})
+    user.append({"role": "user", "content": " ".join(words)})
     if "response" in row:
         return {"messages": [*user, {"role": "assistant", "content": row["response"]}]}
     out = {"prompt": user}

@@ -100,10 +100,6 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[A-Za-z0-9][A-Za-z0-9'\-]*", text)
 
 
-def _lowercase(r: str) -> bool:
-    return any(c.isalpha() for c in r) and not any(c.isupper() for c in r)
-
-
 def _one_sentence(r: str, end: str) -> bool:
     body = r.strip()
     return body.endswith(end) and not re.search(r"[.!?]\s", body) and len(_words(body)) >= 3
@@ -113,7 +109,8 @@ def _one_sentence(r: str, end: str) -> bool:
 INSTRUCTIONS: dict[str, Callable[[str], bool]] = {
     "Answer in one word.": lambda r: len(_words(r)) == 1,
     "Answer in at most five words.": lambda r: 1 <= len(_words(r)) <= 5,
-    "Answer in lowercase letters only.": _lowercase,
+    "Answer in lowercase letters only.":
+        lambda r: any(c.isalpha() for c in r) and not any(c.isupper() for c in r),
     "Answer in one sentence that ends with an exclamation mark.": lambda r: _one_sentence(r, "!"),
     'Start your answer with "The answer is".': lambda r: r.strip().startswith("The answer is"),
     "Answer in one complete sentence.": lambda r: _one_sentence(r, ".") and len(_words(r)) >= 4,
@@ -198,14 +195,6 @@ def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
     return "a" if rng.random() < 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0))) else "b"
 
 
-def _right_answer(prompt: str, req: Request) -> str:
-    """The judge's best of a few phrasings of the right answer."""
-    a = FACTS[req.question][0]
-    forms = (a, a.lower(), f"The answer is {a}.", f"The answer is {a}!",
-             f"the answer is {a.lower()}.")
-    return max(forms, key=lambda t: judge_score(prompt, t))
-
-
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
     """``n`` known-answer pairs the judge orders by at least ``min_gap`` -> [{prompt,
     response_a, response_b, known}]: a right answer against a wrong two-sentence one."""
@@ -219,7 +208,10 @@ def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> li
         prompt, req = rng.choice(asked)
         wrong = rng.choice([a[0] for a in FACTS.values()
                             if not is_right(a[0], FACTS[req.question])])
-        good, bad = _right_answer(prompt, req), f"I think it is {wrong}. I am not sure."
+        a = FACTS[req.question][0]  # the judge's best phrasing of the right answer
+        good = max((a, a.lower(), f"The answer is {a}.", f"The answer is {a}!",
+                    f"the answer is {a.lower()}."), key=lambda t: judge_score(prompt, t))
+        bad = f"I think it is {wrong}. I am not sure."
         if judge_score(prompt, good) - judge_score(prompt, bad) < min_gap:
             continue
         a, b, known = (good, bad, "a") if rng.random() < 0.5 else (bad, good, "b")

@@ -191,14 +191,6 @@ def length_correlation(c: CheckRecord) -> float:
         return math.nan
 
 
-def _follows_length(h: History, s: LengthShift) -> bool:
-    """Whether the last ``persist`` checks after the start each correlate score and length by
-    ``max_correlation`` at least."""
-    recent = h.checks[1:][-s.persist:]
-    return len(recent) == s.persist and all(length_correlation(c) >= s.max_correlation
-                                            for c in recent)
-
-
 def length_shift(h: History, s: LengthShift) -> Finding | None:
     """At a check, while the proxy has risen significantly: the mean length moved ``max_ratio``
     times from the start policy's, or the proxy scored longer answers higher at ``persist``
@@ -207,7 +199,9 @@ def length_shift(h: History, s: LengthShift) -> Finding | None:
         return None
     start, now = h.checks[0], h.checks[-1]
     shifted = _length_shifted(start.length, now.length, s)
-    if not (shifted or _follows_length(h, s)):
+    recent = h.checks[1:][-s.persist:]  # each correlates score and length by max_correlation
+    if not (shifted or (len(recent) == s.persist and all(
+            length_correlation(c) >= s.max_correlation for c in recent))):
         return None
     proxy = _paired(now.proxy, start.proxy, s.confidence)
     if proxy[1] <= 0:

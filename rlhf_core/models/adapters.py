@@ -121,26 +121,20 @@ def merge_adapter(model, folder: str | Path):
         return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
 
 
-def _portable(source: str | None) -> bool:
-    """Whether another machine can rebuild the base from its name (not a local folder)."""
-    if not source:
-        return False
-    if source.startswith(PACKAGE_PREFIX) or source.endswith(".gguf"):
-        return True
-    return not (source.startswith((".", "/", "~")) or Path(source).expanduser().exists())
-
-
 def bundle(folder: str | Path, target: str | Path) -> Path:
     """A self-contained copy of an adapter folder: adapter bases nested as ``base/``, the base
     model named by its source, or copied where it has none."""
     folder, target = Path(folder), Path(target)
     shutil.copytree(folder, target, ignore=shutil.ignore_patterns(META, "README.md"))
-    meta = read_meta(folder)
-    base = base_of(folder)
+    meta, base = read_meta(folder), base_of(folder)
+    source = meta.get("source") or ""  # portable: another machine rebuilds it from its name
+    portable = bool(source) and (source.startswith(PACKAGE_PREFIX) or source.endswith(".gguf")
+                                 or not (source.startswith((".", "/", "~"))
+                                         or Path(source).expanduser().exists()))
     if is_adapter_folder(base):
         bundle(base, target / "base")
         meta["base"] = "base"
-    elif _portable(meta.get("source")):
+    elif portable:
         meta["base"] = meta["source"]  # rebuilt where it is loaded (base_of)
     elif Path(base).is_dir():
         shutil.copytree(base, target / "base")

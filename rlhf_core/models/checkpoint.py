@@ -140,11 +140,6 @@ class Checkpointer:
         found = self.checkpoints()
         return found[-1] if found else None
 
-    def latest_step(self) -> int | None:
-        """The step of the latest complete checkpoint (None: there is none)."""
-        latest = self.latest()
-        return None if latest is None else int(latest.name.removeprefix("step_"))
-
     def save(self, step: int, optimizer, scheduler, generator: torch.Generator | None,
              extra: dict) -> Path:
         target = self.root / f"step_{step:08d}"

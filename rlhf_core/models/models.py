@@ -63,13 +63,9 @@ class ScalarHeadModel(nn.Module):
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """input_ids, attention_mask [B, T] -> the trunk's last hidden states [B, T, H]."""
-        out = self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        )
-        return out.last_hidden_state
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids_from_mask(attention_mask),
+                             use_cache=False).last_hidden_state
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, T, H] -> scores [B, T], float32 under autocast too."""

@@ -36,8 +36,15 @@ class RaggedIds(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return self._slice(*i.indices(len(self))[:2]) if i.step in (None, 1) else \
-                RaggedIds.from_lists([self[j] for j in range(len(self))[i]])
+            if i.step not in (None, 1):
+                return RaggedIds.from_lists([self[j] for j in range(len(self))[i]])
+            start, stop, _ = i.indices(len(self))  # a view of the same arrays
+            out = []
+            for (values, offsets), first in zip(self._chunks, self._starts):
+                a, b = max(start - first, 0), min(stop - first, len(offsets) - 1)
+                if a < b:
+                    out.append((values, offsets[a: b + 1]))
+            return RaggedIds(out)
         n = len(self)
         i = int(i)
         if i < 0:
@@ -48,14 +55,6 @@ class RaggedIds(Sequence):
         values, offsets = self._chunks[c]
         j = i - self._starts[c]
         return values[offsets[j]: offsets[j + 1]].tolist()
-
-    def _slice(self, start: int, stop: int) -> RaggedIds:
-        out = []
-        for (values, offsets), first in zip(self._chunks, self._starts):
-            a, b = max(start - first, 0), min(stop - first, len(offsets) - 1)
-            if a < b:
-                out.append((values, offsets[a: b + 1]))
-        return RaggedIds(out)
 
     def lengths(self) -> np.ndarray:
         """[N] int64: the length of each id list."""

@@ -62,23 +62,6 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def cached_gguf(path: Path, cache: Path | None = None) -> Path:
-    """The plain float32 folder of a GGUF file under ``<cache>/<stem>-<sha256[:16]>``, made
-    once under a file lock."""
-    if cache is None:  # $RLHF_MODEL_CACHE, else ~/.cache/rlhf/models
-        cache = Path(os.environ.get("RLHF_MODEL_CACHE", "~/.cache/rlhf/models")).expanduser()
-    digest = file_digest(path)
-    out = cache / f"{path.stem}-{digest[:16]}"
-    if (out / MARKER).exists():
-        return out
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / MARKER).exists():
-            _convert(path, out, digest)
-    return out
-
-
 def _convert(path: Path, out: Path, digest: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -113,11 +96,20 @@ def cached_digest(folder: str | Path) -> str | None:
 
 
 def resolve_model_source(source: str, cache: Path | None = None) -> str:
-    """A model source -> what ``from_pretrained`` loads (a GGUF file becomes its cached
-    folder)."""
+    """A model source -> what ``from_pretrained`` loads: a GGUF file becomes its float32 folder
+    ``<cache>/<stem>-<sha256[:16]>``, made once under a file lock (``cache`` None:
+    $RLHF_MODEL_CACHE, else ~/.cache/rlhf/models)."""
     path = gguf_file(source) if source else None
     if path is None:
-        if source.startswith(PACKAGE_PREFIX):
-            return str(package_file(source))
-        return source
-    return str(cached_gguf(path, cache))
+        return str(package_file(source)) if source.startswith(PACKAGE_PREFIX) else source
+    if cache is None:
+        cache = Path(os.environ.get("RLHF_MODEL_CACHE", "~/.cache/rlhf/models")).expanduser()
+    digest = file_digest(path)
+    out = cache / f"{path.stem}-{digest[:16]}"
+    if not (out / MARKER).exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / f".{out.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out / MARKER).exists():
+                _convert(path, out, digest)
+    return str(out)

@@ -76,8 +76,8 @@ def check_world_size(saved: int, world: int) -> None:
 def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
     """Stop every rank unless all see the same latest checkpoint (only rank 0 writes them, so
     several machines need a shared ``folder``)."""
-    latest = Checkpointer(folder, {}, 0).latest_step()
-    step = -1 if latest is None else latest
+    latest = Checkpointer(folder, {}, 0).latest()
+    step = -1 if latest is None else int(latest.name.removeprefix("step_"))
     both = torch.tensor([step, -step], dtype=torch.float64, device=dp.device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX)  # (max step, -min step) over the ranks
     if both[0].item() != -both[1].item():

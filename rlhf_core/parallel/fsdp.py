@@ -58,23 +58,18 @@ class Sharded:
         if not full:  # cpu_offload: only rank 0 receives the full state
             return
         missing, unexpected = self.home.load_state_dict(full, strict=False)
-        untied = [k for k in missing if k not in _tied(self.home)]
+        seen, tied = {}, set()  # weights tied to another (GPT-2's lm_head to the embeddings)
+        for name, tensor in self.home.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:
+                tied.add(name)
+            seen.setdefault(id(tensor), name)
+        untied = [k for k in missing if k not in tied]
         if untied or unexpected:
             raise RuntimeError(f"fsdp gather: missing {untied}, unexpected {unexpected}")
 
     def push(self) -> None:
         """``home``'s weights into the shards (after a checkpoint restored ``home``)."""
         set_model_state_dict(self.net, self.home.state_dict(), options=FULL)
-
-
-def _tied(model: torch.nn.Module) -> set[str]:
-    """State-dict keys of weights tied to another (GPT-2's lm_head to the embeddings)."""
-    seen, tied = {}, set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            tied.add(name)
-        seen.setdefault(id(tensor), name)
-    return tied
 
 
 class FullOptimizer:
