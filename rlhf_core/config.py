@@ -149,8 +149,7 @@ class _HealthSwitches(Section):
     @property
     def external_scorer(self) -> str | None:
         """The registered scorer (``models:/...``) of the held-out checks, if one is."""
-        return self.scorer if self.enabled and self.judge and self.scorer != "judge_model" \
-            else None
+        return self.scorer if self.enabled and self.judge and self.scorer != "judge_model" else None
 
 
 FUNCTION_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")

@@ -126,8 +126,7 @@ def bt_label(prompt: str, a: str, b: str, rng: random.Random,
 
 
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
-    """``n`` known-answer pairs the judge orders by at least ``min_gap`` -> [{prompt,
-    response_a, response_b, known: 'a' | 'b'}]."""
+    """``n`` pairs the judge orders by at least ``min_gap`` -> [{prompt, response_a/b, known}]."""
     rng, out = random.Random(seed), []
     while prompts and len(out) < n:
         prompt = rng.choice(list(prompts))
@@ -160,8 +159,7 @@ def _write_jsonl(path: Path, rows: list[dict], chat: bool = False,
 
 
 def chat_row(row: dict, system: str | None = None) -> dict:
-    """A plain demo row in TRL's conversational format (the prompt's request alone, for the
-    chat template to frame)."""
+    """A plain demo row in TRL's conversational format (the request alone in the user turn)."""
     words = row["prompt"].split()
     words = words[2:] if words[:2] == ["user", ":"] else words
     words = words[:-2] if words[-2:] == SEPARATOR.split() else words

@@ -302,8 +302,7 @@ def _fill(role: str, n: int, held: bool, k: int, make, sample: Sampler, rng: ran
 def generate_english_data(out_dir: str | Path, sample: Sampler, seed: int = 0,
                           sizes: EnglishSizes = EnglishSizes(),
                           system: str | None = SYSTEM) -> dict[str, Path]:
-    """Write the task's JSONL files (TRL's conversational format) from ``sample``'s answers;
-    only finished answers, no row twice."""
+    """Write the task's JSONL files (TRL's conversational format) from ``sample``'s answers."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)

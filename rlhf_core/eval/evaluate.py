@@ -96,8 +96,7 @@ def rm_judge_gap(rm_mean: float, judge_mean: float, rm_base: tuple[float, float]
 
 def compare_policies(sft: dict[str, list], policy: dict[str, list], prompts: Sequence[str],
                      judge: Judge | None = None) -> tuple[dict[str, float], list[dict]]:
-    """Summary metrics (the names of docs/design.md) and side-by-side rows from two
-    ``sample_policy`` outputs."""
+    """Metrics and side-by-side rows from two ``sample_policy`` outputs."""
     metrics = {
         "eval/rm_score_sft": _mean(sft["score"]),
         "eval/rm_score_policy": _mean(policy["score"]),

@@ -30,8 +30,7 @@ def paired_bootstrap_ci(diffs: Sequence[float], confidence: float = 0.95,
 
 def paired_win_rate(diffs: Sequence[float], confidence: float = 0.95, n_bootstrap: int = 2000,
                     seed: int = 0) -> tuple[float, float, float]:
-    """Share of ``diffs`` [N] the challenger wins (a tie counts half) and its bootstrap interval
-    -> (rate, low, high)."""
+    """Share of ``diffs`` [N] won (a tie half) and its bootstrap interval -> (rate, low, high)."""
     if not diffs:
         raise ValueError("paired_win_rate: no differences")
     wins = [1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in diffs]

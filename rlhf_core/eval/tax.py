@@ -80,8 +80,7 @@ def text_nats(model, tokenizer, texts: Sequence[str], max_tokens: int = 512,
               batch_size: int = 8) -> tuple[float, int]:
     """Summed NLL of every token of ``texts``, each scored on its own after a BOS (else EOS)
     separator and cut to ``max_tokens`` -> (nats, bytes of the scored text)."""
-    sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None \
-        else tokenizer.eos_token_id
+    sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else sep
     device = next(model.parameters()).device
     limit = getattr(model.config, "max_position_embeddings", None) or \
@@ -125,8 +124,7 @@ def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],
         out[f"eval/tax/bpb_{name}"] = value
     for later, earlier in PAIRS:
         if later in right and earlier in right:
-            diffs = [float(a) - float(b) for a, b in zip(right[later], right[earlier],
-                                                         strict=True)]
+            diffs = [float(a) - float(b) for a, b in zip(right[later], right[earlier], strict=True)]
             mean, low, high = paired_bootstrap_ci(diffs, confidence)
             key = f"eval/tax/probe_diff_{later}_{earlier}"
             out.update({key: mean, f"{key}_low": low, f"{key}_high": high})

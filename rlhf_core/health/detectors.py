@@ -177,8 +177,7 @@ def _length_ratio(start: float, now: float) -> float:
 
 def _length_shifted(start: float, now: float, s: LengthShift) -> bool:
     ratio = _length_ratio(start, now)
-    return abs(now - start) >= s.min_tokens and (ratio >= s.max_ratio
-                                                 or ratio <= 1 / s.max_ratio)
+    return abs(now - start) >= s.min_tokens and (ratio >= s.max_ratio or ratio <= 1 / s.max_ratio)
 
 
 def length_correlation(c: CheckRecord) -> float:

@@ -237,8 +237,7 @@ class Watch:
 
     def __init__(self, settings: BaseModel, check: HeldOutCheck | None, every: int,
                  snapshots: str | Path):
-        """``check`` None: rollout detectors only; ``snapshots``: the healthy snapshots'
-        folder."""
+        """``check`` None: rollout detectors only; ``snapshots``: the healthy snapshots' folder."""
         self.settings, self.check, self.every = settings, check, max(1, every)
         self.monitor = HealthMonitor(settings)
         self.folder = Path(snapshots)
@@ -279,8 +278,7 @@ class Watch:
 
     def first_stop(self) -> Finding | None:
         """The first finding whose action is stop (None: none yet)."""
-        return next((f for f in self.monitor.findings if self.monitor.action(f) == "stop"),
-                    None)
+        return next((f for f in self.monitor.findings if self.monitor.action(f) == "stop"), None)
 
     def restore_healthy(self, trainer, finding: Finding) -> int | None:
         """Load the newest snapshot at or before ``finding.last_healthy`` (else the oldest)

@@ -93,8 +93,7 @@ def _meta(kind: str, base: str | Path, source: dict | None) -> str:
 
 def save_policy_adapter(peft_model, tokenizer, target: str | Path, base: str | Path,
                         base_rows: int, source: dict | None = None) -> Path:
-    """Save a LoRA policy's adapter and tokenizer atomically (``base_rows``: the embedding rows
-    before any resize)."""
+    """Save a LoRA policy's adapter and tokenizer (``base_rows``: rows before any resize)."""
     with atomic_dir(target) as tmp:
         peft_model.save_pretrained(str(tmp), save_embedding_layers=False)
         tokenizer.save_pretrained(str(tmp))
@@ -145,8 +144,7 @@ def bundle(folder: str | Path, target: str | Path) -> Path:
 
 @contextmanager
 def peft_reading_old_names():
-    """Silence transformers' deprecation warning for peft's ``is_gradient_checkpointing`` reads
-    (peft's call, not the user's)."""
+    """Silence transformers' deprecation warning for peft's ``is_gradient_checkpointing``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                                 category=FutureWarning)

@@ -82,8 +82,7 @@ def render_many(tokenizer, conversations: Sequence[Sequence[dict]],
                 generation_prompt: bool = True) -> list[str]:
     """[N] conversations -> [N] texts in one looped render (Jinja's per-render set-up dominates
     short ones); falls back to one by one if the first or last text differs or one fails."""
-    looped = _looped(tokenizer) if conversations and \
-        all(_plain(c) for c in conversations) else None
+    looped = _looped(tokenizer) if conversations and all(_plain(c) for c in conversations) else None
     if looped is not None:
         try:
             parts = looped.render(rlhf_conversations=[list(c) for c in conversations],
@@ -99,8 +98,7 @@ def render_many(tokenizer, conversations: Sequence[Sequence[dict]],
 
 
 def _looped(tokenizer):
-    """The template inside a loop over ``rlhf_conversations``, each text followed by _SEP, or
-    None."""
+    """The template looped over ``rlhf_conversations``, each text followed by _SEP, or None."""
     if _compiled(tokenizer) is None:
         return None
     template = tokenizer.chat_template
@@ -218,8 +216,7 @@ def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict]) -> None:
 
 
 def stop_token_ids(tokenizer, generation_config=None) -> int | list[int]:
-    """The ids that end a response (EOS, end-of-turn, the generation config's EOS); one id if
-    they agree."""
+    """The ids that end a response (EOS, end-of-turn, the generation config's); one if equal."""
     stops = [tokenizer.eos_token_id, end_of_turn_id(tokenizer)]
     extra = getattr(generation_config, "eos_token_id", None)
     stops += extra if isinstance(extra, list) else [] if extra is None else [extra]

@@ -158,8 +158,7 @@ class Checkpointer:
 
     def restore(self, optimizer, scheduler, generator: torch.Generator | None,
                 lr: float | None = None) -> tuple[int, dict] | None:
-        """Load the latest checkpoint in place -> (step, extra), or None; a configured ``lr``
-        that differs from the saved one wins."""
+        """Load the latest checkpoint in place -> (step, extra), or None; a new ``lr`` wins."""
         path = self.latest()
         if path is None:
             return None

@@ -149,8 +149,7 @@ def _load(path: str | Path, kind: str, pretrained: dict):
         for name in ("backbone", "head.safetensors", "scalar_head.json"):
             if not (folder / name).exists():
                 raise FileNotFoundError(f"{folder}: not a scalar-head model (missing {name})")
-        trunk = disable_dropout(AutoModel.from_pretrained(str(folder / "backbone"),
-                                                          **pretrained))
+        trunk = disable_dropout(AutoModel.from_pretrained(str(folder / "backbone"), **pretrained))
     head = nn.Linear(trunk.config.hidden_size, 1)
     head.load_state_dict(load_file(str(folder / "head.safetensors")))
     return ScalarHeadModel(trunk, head)
@@ -161,8 +160,7 @@ def add_lora(model, settings: LoraSettings):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as err:  # pragma: no cover - depends on the optional extra
-        raise ImportError("model.lora needs peft: pip install 'rlhf-ppo-pipeline[lora]'") \
-            from err
+        raise ImportError("model.lora needs peft: pip install 'rlhf-ppo-pipeline[lora]'") from err
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                      target_modules=settings.target_modules, bias="none")
     with peft_reading_old_names():

@@ -48,8 +48,7 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class ScalarHeadModel(nn.Module):
-    """A transformer trunk with a scalar head: per-token scores [B, T]; the reward model (read
-    at EOS) and the value model."""
+    """A transformer trunk with a scalar head -> per-token scores [B, T] (reward or value)."""
 
     def __init__(self, backbone: PreTrainedModel, head: nn.Linear | None = None):
         super().__init__()
@@ -76,8 +75,7 @@ class ScalarHeadModel(nn.Module):
         return self.scores(self.hidden(input_ids, attention_mask))
 
     def save(self, out_dir: str | Path) -> Path:
-        """backbone/ (save_pretrained, safetensors) + the head's files (:meth:`save_head`),
-        atomically."""
+        """backbone/ (save_pretrained) and the head's files (:meth:`save_head`), atomically."""
         with atomic_dir(out_dir) as tmp:
             self.backbone.save_pretrained(tmp / "backbone")
             self.save_head(tmp)
@@ -101,8 +99,7 @@ class PPOModels(NamedTuple):
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer) -> None:
-    """Grow the embeddings when the tokenizer gained tokens, and make the generation config
-    stop at every token of the stop set."""
+    """Grow the embeddings for added tokens; make the generation config stop at the stop set."""
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         # mean-resizing, silenced: transformers announces it on every resize
         verbosity = hf_logging.get_verbosity()

@@ -15,8 +15,7 @@ COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.f
 
 def choose_precision(precision: str, device: torch.device | str,
                      pretrained: bool = False) -> tuple[str, str]:
-    """(the compute precision, why) for ``model.precision`` on ``device``; fp16 on CPU is
-    refused."""
+    """(compute precision, why) for ``model.precision`` on ``device``; fp16 on CPU is refused."""
     kind = torch.device(device).type
     if precision == "auto":
         if kind == "cuda":

@@ -16,10 +16,8 @@ class RaggedIds(Sequence):
     list[int], ``ids[a:b]`` -> a RaggedIds over the same arrays (no copy)."""
 
     def __init__(self, chunks: Sequence[tuple[np.ndarray, np.ndarray]]):
-        self._chunks = [(np.asarray(v), np.asarray(o)) for v, o in chunks
-                        if len(o) > 1]
-        self._starts = list(itertools.accumulate((len(o) - 1 for _, o in self._chunks),
-                                                 initial=0))
+        self._chunks = [(np.asarray(v), np.asarray(o)) for v, o in chunks if len(o) > 1]
+        self._starts = list(itertools.accumulate((len(o) - 1 for _, o in self._chunks), initial=0))
 
     @classmethod
     def from_lists(cls, lists: Sequence[Sequence[int]]) -> RaggedIds:

@@ -39,8 +39,7 @@ def package_file(source: str) -> Path:
 
 
 def gguf_file(source: str) -> Path | None:
-    """The GGUF file a source names (a file, or a folder without config.json holding one),
-    else None."""
+    """The GGUF file a source names (a file, or a folder without config.json), else None."""
     if source.startswith(PACKAGE_PREFIX):
         path = package_file(source)
         return path if path.suffix == ".gguf" else None

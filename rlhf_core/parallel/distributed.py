@@ -54,8 +54,7 @@ class DataParallel:
 
     def global_metrics(self, metrics: dict[str, float], weight: float,
                        summed: Sequence[str] = ()) -> dict[str, float]:
-        """Per-shard means -> the global batch's, weighted by ``weight``; ``summed`` keys are
-        summed instead."""
+        """Per-shard means -> the global batch's, weighted by ``weight``; ``summed`` keys summed."""
         means = {k: v for k, v in metrics.items() if k not in summed}
         out = global_weighted_means(means, weight)
         if summed:
@@ -66,16 +65,14 @@ class DataParallel:
 
 
 def check_world_size(saved: int, world: int) -> None:
-    """A checkpoint resumes only at the world size that wrote it (data order and seeds
-    depend on it)."""
+    """A checkpoint resumes only at the world size that wrote it (data order, seeds)."""
     if saved != world:
         raise ValueError(f"this checkpoint was written by {saved} rank(s); resume it with "
                          f"model.nproc={saved} (now {world})")
 
 
 def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
-    """Stop every rank unless all see the same latest checkpoint (only rank 0 writes them, so
-    several machines need a shared ``folder``)."""
+    """Stop every rank unless all see the same latest checkpoint (rank 0 writes: share it)."""
     latest = Checkpointer(folder, {}, 0).latest()
     step = -1 if latest is None else int(latest.name.removeprefix("step_"))
     both = torch.tensor([step, -step], dtype=torch.float64, device=dp.device)

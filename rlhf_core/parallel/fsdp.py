@@ -52,8 +52,7 @@ class Sharded:
         self.options = EVERYWHERE if everywhere else FULL
 
     def gather(self) -> None:
-        """Full weights of ``net`` into rank 0's ``home`` (every rank's with ``everywhere``);
-        a collective."""
+        """A collective: full weights of ``net`` into rank 0's ``home`` (all: ``everywhere``)."""
         full = get_model_state_dict(self.net, options=self.options)
         if not full:  # cpu_offload: only rank 0 receives the full state
             return
@@ -73,8 +72,7 @@ class Sharded:
 
 
 class FullOptimizer:
-    """The optimizer as the Checkpointer sees it: its full state, gathered on every rank, and
-    its param groups."""
+    """The optimizer as the Checkpointer sees it: its full state, gathered on every rank."""
 
     def __init__(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.net, self.optimizer = net, optimizer

@@ -34,8 +34,7 @@ def group_view(rewards: torch.Tensor, k: int, need_pairs: bool = False) -> torch
 
 def sequence_rewards(scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor,
                      kl_coef: float) -> torch.Tensor:
-    """score - beta * sum_t KL_t. Args: scores [B], kl [B, T], response_mask [B, T].
-    Returns [B]."""
+    """score - beta * sum_t KL_t. Args: scores [B], kl [B, T], response_mask [B, T]. Returns [B]."""
     return scores - kl_coef * masked_sum(kl, response_mask, dim=1)
 
 
@@ -47,8 +46,7 @@ def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def grpo_advantages(rewards: torch.Tensor, k: int, eps: float = GRPO_EPS) -> torch.Tensor:
-    """A_i = (r_i - mean_g) / (std_g + eps), Bessel-corrected std: [B] -> [B] (0 for a group
-    of equal rewards)."""
+    """A_i = (r_i - mean_g) / (std_g + eps), Bessel-corrected: [B] -> [B] (0 for equal r)."""
     groups = group_view(rewards, k, need_pairs=True)  # (G, k)
     mean = groups.mean(dim=1, keepdim=True)
     std = groups.std(dim=1, keepdim=True, unbiased=True)

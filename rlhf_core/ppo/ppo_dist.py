@@ -138,8 +138,7 @@ class DataParallelPPO(PPOTrainer):
         out = self.dp.global_metrics({k: v for k, v in local.items() if k not in apart},
                                      exp.responses.shape[0], SUMMED_KEYS)
         maxed = [k for k in MAX_KEYS if k in local]
-        out.update(zip(maxed, all_reduce_max(torch.tensor([local[k] for k in maxed]))
-                       .tolist()))
+        out.update(zip(maxed, all_reduce_max(torch.tensor([local[k] for k in maxed])).tolist()))
         mask = exp.response_mask
         abs_sum, tokens = all_reduce_sum(torch.stack([(exp.advantages.abs() * mask).sum(),
                                                       mask.sum().to(exp.advantages.dtype)]))
@@ -193,8 +192,7 @@ class DataParallelPPO(PPOTrainer):
 
 def make_trainer(models: PPOModels, *, dp: DataParallel | None = None, seed: int = 0,
                  **kwargs) -> PPOTrainer:
-    """PPOTrainer in one process (``dp`` None), else DataParallelPPO on a rank of ``dp``;
-    ``kwargs``: PPOTrainer's."""
+    """PPOTrainer in one process (``dp`` None), else DataParallelPPO on a rank of ``dp``."""
     if dp is None:
         return PPOTrainer(models, **kwargs)
     return DataParallelPPO(models, dp=dp, seed=seed, **kwargs)

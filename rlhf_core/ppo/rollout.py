@@ -126,8 +126,7 @@ def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad
 
 def batched(fn, query_responses: torch.Tensor, chunk: int | None) -> torch.Tensor:
     """fn over row chunks of [B, ...] concatenated (bounded memory for big batches)."""
-    return torch.cat([fn(query_responses[sl]) for sl in _chunks(query_responses.shape[0],
-                                                                 chunk)])
+    return torch.cat([fn(query_responses[sl]) for sl in _chunks(query_responses.shape[0], chunk)])
 
 
 def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
@@ -162,8 +161,7 @@ def score_responses(reward_model: ScalarHeadModel, query_responses: torch.Tensor
 def score_and_features(reward_model: ScalarHeadModel, query_responses: torch.Tensor,
                        pad_id: int, context_length: int,
                        response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`score_responses` plus the hidden state read there -> (scores [B], features
-    [B, H] float32)."""
+    """:func:`score_responses` and the hidden state read there [B, H] float32."""
     hidden = reward_model.hidden(query_responses, query_responses != pad_id)  # (B, P+R, H)
     index = context_length + last_token_index(response_mask)  # (B,)
     at = hidden[torch.arange(hidden.shape[0], device=hidden.device), index]  # (B, H)
@@ -239,8 +237,7 @@ def make_experience(
                 iteration).to(query_responses.device)
         scores = combine(parts, mix.weights, mix.aggregation)
         keep = scored_rows(scores, group)
-        reward_metrics = source_metrics(raw, parts, mix.aggregation,
-                                        1.0 - len(keep) / len(scores))
+        reward_metrics = source_metrics(raw, parts, mix.aggregation, 1.0 - len(keep) / len(scores))
         if len(keep) == 0:
             raise ValueError(f"PPO iteration {iteration}: no reward source scored any of the "
                              f"{len(scores)} responses")

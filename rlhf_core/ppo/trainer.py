@@ -299,8 +299,7 @@ class PPOTrainer:
 
     def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:
         """Saves the models and loop state every cfg.checkpoint_every iterations."""
-        return Checkpointer(root, self.trained, self.cfg.checkpoint_every, keep_last,
-                            label="ppo")
+        return Checkpointer(root, self.trained, self.cfg.checkpoint_every, keep_last, label="ppo")
 
     def restore(self, checkpointer: Checkpointer) -> tuple[int, dict] | None:
         """Load the latest checkpoint in place -> (iteration, loop state), or None."""

@@ -33,8 +33,7 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor):
 
 
 class SFTExamples(Sequence):
-    """(input_ids, labels) of row i (:func:`~rlhf_core.models.data.sft_example`), built when
-    asked from its ids."""
+    """(input_ids, labels) of row i, built when asked from its ids."""
 
     def __init__(self, prompts: RaggedIds, responses: RaggedIds, eos_id: int,
                  loss_on: str = "response"):
