@@ -152,9 +152,7 @@ def _pairs(n: int, rng: random.Random, held_out: bool, length_bias: float = 0.0)
 def _write_jsonl(path: Path, rows: list[dict], chat: bool = False,
                  system: str | None = None) -> Path:
     rows = [chat_row(r, system) for r in rows] if chat else rows
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
 
 

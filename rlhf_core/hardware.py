@@ -42,9 +42,7 @@ def _gpu(device: torch.device | str | None) -> str:
     """The name of ``device``'s GPU (None or "auto": the current one), else "none"."""
     import torch
 
-    if device is None or str(device) == "auto":
-        device = "cuda"
-    device = torch.device(device)
+    device = torch.device("cuda" if device is None or str(device) == "auto" else device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return "none"
     return torch.cuda.get_device_name(device)

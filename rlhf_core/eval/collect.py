@@ -22,9 +22,7 @@ def prompt_key(prompt: Prompt) -> str:
 
 def prompt_text(prompt: Prompt) -> str:
     """A prompt's words for a gold judge: itself, or its messages' contents, one per line."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(str(m["content"]) for m in prompt)
+    return prompt if isinstance(prompt, str) else "\n".join(str(m["content"]) for m in prompt)
 
 
 def pool_order(prompts: Sequence[Prompt], seed: int = 0) -> list[Prompt]:

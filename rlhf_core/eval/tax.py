@@ -136,6 +136,4 @@ def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],
 def tax_lost(metrics: dict[str, float]) -> float | None:
     """Probe accuracy the policy lost against the base model, or None without a base."""
     base, policy = metrics.get("eval/tax/probe_acc_base"), metrics.get("eval/tax/probe_acc_policy")
-    if base is None or policy is None:
-        return None
-    return base - policy
+    return None if base is None or policy is None else base - policy

@@ -27,14 +27,11 @@ def is_adapter_folder(path: str | Path) -> bool:
     return (Path(path) / META).is_file()
 
 
-def read_meta(folder: str | Path) -> dict:
-    return json.loads((Path(folder) / META).read_text())
-
-
 def base_of(folder: str | Path) -> str:
     """What an adapter folder adapts, for ``from_pretrained``: its ``base`` folder where it
     exists, else the ``source`` rebuilt (checked against ``sha256``), else the hub id."""
-    folder, meta = Path(folder), read_meta(folder)
+    folder = Path(folder)
+    meta = json.loads((folder / META).read_text())
     base = meta["base"]
     path = Path(base) if Path(base).is_absolute() else folder / base
     if path.is_dir():
@@ -53,13 +50,9 @@ def base_of(folder: str | Path) -> str:
     return base  # a hub id
 
 
-def _vocab_rows(model) -> int:
-    return model.get_input_embeddings().num_embeddings
-
-
 def _save_embeddings(model, base_rows: int, tmp: Path) -> None:
     """The embedding rows the vocabulary grew by, if any (the base's own rows stay frozen)."""
-    if _vocab_rows(model) == base_rows:
+    if model.get_input_embeddings().num_embeddings == base_rows:
         return
     inp = model.get_input_embeddings().weight
     tensors = {"input": inp[base_rows:].detach().contiguous().cpu()}
@@ -73,7 +66,7 @@ def _load_embeddings(model, folder: Path) -> None:
     path = folder / EMBEDDINGS
     if not path.exists():
         return
-    rows = _vocab_rows(model)
+    rows = model.get_input_embeddings().num_embeddings
     with safe_open(str(path), "pt") as f:  # the added rows and the base size, one read
         tensors = {k: f.get_tensor(k) for k in f.keys()}
         saved = int((f.metadata() or {}).get("base_rows", rows))
@@ -125,7 +118,7 @@ def bundle(folder: str | Path, target: str | Path) -> Path:
     model named by its source, or copied where it has none."""
     folder, target = Path(folder), Path(target)
     shutil.copytree(folder, target, ignore=shutil.ignore_patterns(META, "README.md"))
-    meta, base = read_meta(folder), base_of(folder)
+    meta, base = json.loads((folder / META).read_text()), base_of(folder)
     source = meta.get("source") or ""  # portable: another machine rebuilds it from its name
     portable = bool(source) and (source.startswith(PACKAGE_PREFIX) or source.endswith(".gguf")
                                  or not (source.startswith((".", "/", "~"))

@@ -38,7 +38,6 @@ class DataParallel:
         """DDP around ``model`` (parameters shared with the bare model); fsdp: a sharded copy."""
         if self.parallel == "fsdp":
             return shard(model, self.device, self.world)
-
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
 

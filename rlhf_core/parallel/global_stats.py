@@ -14,9 +14,7 @@ from rlhf_core.models.scoring import reward_norm_stats
 
 def world_size() -> int:
     """Ranks in the default group; 1 without torch.distributed."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size()
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _all_reduce(values: torch.Tensor, op) -> torch.Tensor:

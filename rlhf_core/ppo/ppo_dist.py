@@ -50,17 +50,13 @@ class DataParallelPPO(PPOTrainer):
                 f"({self.cfg.samples_per_prompt}) = {groups} prompts < model.nproc ({dp.world})")
         self.dp, self.seed, self.world_size = dp, seed, dp.world
         self.sharded: list[Sharded] = []
-        if dp.parallel == "fsdp":
-            self._shard()
+        if dp.parallel != "fsdp":
+            self.policy_net = dp.wrap(self.policy)  # parameters shared with self.policy
+            self.value_net = None if self.value_model is None else dp.wrap(self.value_model)
+            self.train_step.no_sync = self._no_sync
             return
-        self.policy_net = dp.wrap(self.policy)  # parameters shared with self.policy
-        self.value_net = None if self.value_model is None else dp.wrap(self.value_model)
-        self.train_step.no_sync = self._no_sync
-
-    def _shard(self) -> None:
-        """fsdp: train sharded copies of the policy and value model; after each update their
-        full weights are gathered back for the next rollout."""
-        dp = self.dp
+        # fsdp: train sharded copies; after each update their full weights are gathered back
+        # for the next rollout
         self.policy_net = shard(self.policy, dp.device, dp.world, home_on_device=True)
         self.value_net = None if self.value_model is None else shard(
             self.value_model, dp.device, dp.world, home_on_device=True)
