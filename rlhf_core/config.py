@@ -1,8 +1,6 @@
-"""Typed, frozen configs for the training stages (docs/design.md).
-
-One config per stage, composed and validated by tasks/config/pipeline_config.py; each field's
-description is its help in Prefect's run form. Defaults follow README § Sources [N+] and TRL's
-PPO trainer (docs/differences-from-trl.md).
+"""Typed, frozen configs for the training stages, composed by tasks/config/pipeline_config.py;
+each field's description is its help in Prefect's run form. Defaults follow README § Sources
+[N+] and TRL (docs/differences-from-trl.md).
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ class LoraSettings(Section):
     alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
     target_modules: list[str] | str = Field(
-        "all-linear", description="Modules that get adapters (peft's target_modules)."
-    )
+        "all-linear", description="Modules that get adapters (peft's target_modules).")
 
 
 class ModelConfig(Section):
@@ -33,54 +30,43 @@ class ModelConfig(Section):
     tokenizer: str | None = Field(None, description="Tokenizer id/folder; default: base_model.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Parameter dtype when loading the base model."
-    )
+        "float32", description="Parameter dtype when loading the base model.")
     trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
     torch_threads: int | None = Field(None, description="torch.set_num_threads on CPU.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="Compute precision: autocast over fp32 master weights and fp32 "
         "optimizer state (fp16 adds a loss scaler); auto = bf16 on CUDA and, for a "
         "pretrained base model, on a CPU with native bf16 units (AMX, AVX512-BF16); fp32 "
-        "elsewhere."
-    )
+        "elsewhere.")
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = Field(
         "auto", description="Attention kernel passed to from_pretrained (auto: transformers' "
-        "default, SDPA where the model supports it)."
-    )
+        "default, SDPA where the model supports it).")
     gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in backward (trained models; saves memory)."
-    )
+        False, description="Recompute activations in backward (trained models; saves memory).")
     nproc: int = Field(
         1, ge=1, description="Data-parallel ranks for the SFT, reward-model and PPO stages "
         "(torchrun + DDP: gloo on CPU, nccl on CUDA, one GPU per rank); 1: in the task's "
-        "own process."
-    )
+        "own process.")
     nnodes: int = Field(
         1, ge=1, description="Machines the data-parallel stages span, model.nproc ranks on "
         "each (torchrun static rendezvous); nodes 2.. are started through the "
-        "routing.nodes deployment. 1: this machine only."
-    )
+        "routing.nodes deployment. 1: this machine only.")
     master_addr: str | None = Field(
         None, description="With model.nnodes > 1: the address the other nodes reach this "
-        "machine at (torchrun --master-addr); default: this machine's host name."
-    )
+        "machine at (torchrun --master-addr); default: this machine's host name.")
     master_port: int = Field(
         0, ge=0, le=65535, description="With model.nnodes > 1: the rendezvous port on this "
-        "machine (torchrun --master-port); 0: a free port, chosen per stage."
-    )
+        "machine (torchrun --master-port); 0: a free port, chosen per stage.")
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp", description="How model.nproc > 1 ranks train SFT, the reward model and PPO: "
         "ddp (a full replica per rank) or fsdp (FSDP2 fully_shard: parameters, gradients and "
-        "optimizer state sharded per transformer block)."
-    )
+        "optimizer state sharded per transformer block).")
     lora: LoraSettings | None = Field(
         None, description="Train LoRA adapters (needs peft) instead of full weights; PPO's "
-        "reference and reward are the frozen bases with adapters off."
-    )
+        "reference and reward are the frozen bases with adapters off.")
     chat_template: str | None = Field(
         None, description="Chat template for conversational data (a Jinja string, or a file "
-        "holding one), replacing the tokenizer's own; saved with the trained tokenizer."
-    )
+        "holding one), replacing the tokenizer's own; saved with the trained tokenizer.")
 
 
 class OptimConfig(Section):
@@ -89,14 +75,11 @@ class OptimConfig(Section):
     weight_decay: float = Field(0.0, description="AdamW weight decay.")
     warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of steps warming up.")
     schedule: Literal["linear", "cosine", "constant"] = Field(
-        "linear", description="Decay after warm-up."
-    )
+        "linear", description="Decay after warm-up.")
     max_grad_norm: float = Field(1.0, gt=0, description="Global grad-norm clip.")
 
 
 class _PretrainMix(Section):
-    """The pretraining mix's settings, the same in SFT and PPO (rlhf_core/train/ptx.py)."""
-
     ptx_coef: float = Field(
         0.0, ge=0, description="The pretraining mix: this many times the language-model loss "
         "on data.pretrain's text, in the same optimizer step (0: off).")
@@ -112,8 +95,7 @@ class SFTConfig(_PretrainMix):
     batch_size: int = Field(16, ge=1, description="Sequences per optimizer step.")
     optim: OptimConfig = Field(OptimConfig(lr=2e-5, warmup_ratio=0.03))
     loss_on: Literal["response", "all"] = Field(
-        "response", description="Supervise response tokens only, or prompt too."
-    )
+        "response", description="Supervise response tokens only, or prompt too.")
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
     checkpoint_every: int = Field(50, ge=0, description="Checkpoint every N steps (0: off).")
 
@@ -124,8 +106,7 @@ class RewardConfig(Section):
     optim: OptimConfig = Field(OptimConfig(lr=1e-5))
     use_margin: bool = Field(False, description="Subtract a per-pair 'margin' column in the loss.")
     eval_fraction: float = Field(
-        0.1, ge=0.0, lt=1.0, description="Held-out split when no preference_eval data is given."
-    )
+        0.1, ge=0.0, lt=1.0, description="Held-out split when no preference_eval data is given.")
     log_every: int = Field(10, ge=1, description="Log metrics every N steps.")
     checkpoint_every: int = Field(50, ge=0, description="Checkpoint every N steps (0: off).")
 
@@ -137,8 +118,6 @@ class RewardNormConfig(Section):
 
 
 class _HealthSwitches(Section):
-    """The switches of ``ppo.health``; its detectors' sections are added from the table."""
-
     enabled: bool = Field(
         True, description="Watch PPO while it trains: held-out checks every ppo.eval_every "
         "iterations and the detectors below; off: neither (and no judge reward model).")
@@ -170,8 +149,7 @@ class _HealthSwitches(Section):
     @property
     def external_scorer(self) -> str | None:
         """The registered scorer (``models:/...``) of the held-out checks, if one is."""
-        return self.scorer if self.enabled and self.judge and self.scorer != "judge_model" \
-            else None
+        return self.scorer if self.enabled and self.judge and self.scorer != "judge_model" else None
 
 
 FUNCTION_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -208,17 +186,14 @@ class RewardSource(Section):
         return self
 
 
-def _detector_field(detector) -> tuple:
-    doc = (detector.rule.__doc__ or "").split("\n\n")[0]
-    return (detector.settings, Field(default_factory=detector.settings,
-                                     description=f"{detector.failure}: {' '.join(doc.split())}"))
-
-
-# ppo.health: the switches above plus one section per detector of DETECTORS
+# ppo.health: the switches above plus one section per detector of DETECTORS, described by
+# its failure and the first paragraph of its rule's docstring
 HealthConfig = create_model(
     "HealthConfig", __base__=_HealthSwitches,
     __doc__="PPO's health: held-out checks and failure detectors (docs/health.md).",
-    **{d.name: _detector_field(d) for d in DETECTORS})
+    **{d.name: (d.settings, Field(default_factory=d.settings, description=f"{d.failure}: " +
+                                  " ".join((d.rule.__doc__ or "").split("\n\n")[0].split())))
+       for d in DETECTORS})
 
 
 class PPOConfig(_PretrainMix):
@@ -242,54 +217,42 @@ class PPOConfig(_PretrainMix):
     ent_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
     whiten_rewards: bool = Field(False, description="Whiten per-token rewards before GAE.")
     missing_eos_penalty: float | None = Field(
-        -1.0, description="Score given to a response without EOS (None: no EOS trick)."
-    )
+        -1.0, description="Score given to a response without EOS (None: no EOS trick).")
     sample_every: int = Field(10, ge=1, description="Log a sample table every N iterations.")
     num_samples: int = Field(8, ge=1, description="Rows per sample table.")
     checkpoint_every: int = Field(10, ge=0, description="Checkpoint every N iterations (0: off).")
     micro_batch_size: int | None = Field(
         None, ge=1, description="Rows per forward/backward inside a minibatch (gradient "
-        "accumulation); None (left empty): the whole minibatch at once."
-    )
+        "accumulation); None (left empty): the whole minibatch at once.")
     forward_batch_size: int | None = Field(
         None, ge=1, description="Rows per reference/value/reward forward in the rollout "
-        "(None, left empty: the whole batch)."
-    )
+        "(None, left empty: the whole batch).")
     generation_batch_size: int | None = Field(
         None, ge=1, description="Prompts per generate call, grouped by prompt length "
-        "(None, left empty: the whole batch)."
-    )
+        "(None, left empty: the whole batch).")
     static_cache: bool = Field(
         False, description="Generate with a static KV cache and a compiled decode step "
-        "(CUDA; transformers' cache_implementation='static')."
-    )
+        "(CUDA; transformers' cache_implementation='static').")
     compile: bool = Field(
         False, description="torch.compile the trained models' decoder blocks for the update "
         "(static shapes: responses padded to max_new_tokens, prompts to a multiple of 16); "
-        "the first iteration pays the compile time."
-    )
+        "the first iteration pays the compile time.")
     advantage_estimator: Literal["gae", "rloo", "grpo", "reinforce_baseline"] = Field(
         "gae", description="gae: PPO with a critic (value model); rloo, grpo, "
-        "reinforce_baseline: critic-free, one advantage per response."
-    )
+        "reinforce_baseline: critic-free, one advantage per response.")
     samples_per_prompt: int = Field(
-        1, ge=1, description="Responses sampled per prompt (k); rloo and grpo need k >= 2."
-    )
+        1, ge=1, description="Responses sampled per prompt (k); rloo and grpo need k >= 2.")
     kl_in_loss: bool = Field(
-        False, description="KL as a k3 loss term (GRPO style) instead of a reward penalty."
-    )
+        False, description="KL as a k3 loss term (GRPO style) instead of a reward penalty.")
     whiten_advantages: bool = Field(True, description="Whiten advantages over the batch.")
     baseline_momentum: float = Field(
-        0.9, ge=0, lt=1, description="reinforce_baseline: EMA momentum of the mean reward."
-    )
+        0.9, ge=0, lt=1, description="reinforce_baseline: EMA momentum of the mean reward.")
     eval_every: int | None = Field(
         None, ge=1, description="A held-out check every N iterations (ppo.health); None: "
-        "about ten a run (iterations / 10)."
-    )
+        "about ten a run (iterations / 10).")
     eval_prompts: int = Field(
         128, ge=1, description="Held-out prompts each check answers (the first of the "
-        "eval_prompts data)."
-    )
+        "eval_prompts data).")
     health: HealthConfig = Field(default_factory=HealthConfig,
                                  description="Held-out checks and failure detectors.")
     reward_sources: tuple[RewardSource, ...] = Field(
@@ -303,26 +266,18 @@ class PPOConfig(_PretrainMix):
 
     @model_validator(mode="after")
     def _divisible(self) -> PPOConfig:
-        if self.rollout_batch_size % self.num_minibatches:
-            raise ValueError(
-                f"ppo.rollout_batch_size ({self.rollout_batch_size}) must be divisible by "
-                f"ppo.num_minibatches ({self.num_minibatches})"
-            )
-        if self.rollout_batch_size % self.samples_per_prompt:
-            raise ValueError(
-                f"ppo.rollout_batch_size ({self.rollout_batch_size}) must be divisible by "
-                f"ppo.samples_per_prompt ({self.samples_per_prompt})"
-            )
+        for name in ("num_minibatches", "samples_per_prompt"):
+            if self.rollout_batch_size % getattr(self, name):
+                raise ValueError(f"ppo.rollout_batch_size ({self.rollout_batch_size}) must be "
+                                 f"divisible by ppo.{name} ({getattr(self, name)})")
         names = [s.name for s in self.reward_sources]
         if len(set(names)) < len(names):
             raise ValueError(f"ppo.reward_sources: each name once (got {names})")
         if sum(s.kind == "model" for s in self.reward_sources) > 1:
             raise ValueError("ppo.reward_sources: the run's reward model (kind model) once")
         if self.advantage_estimator in ("rloo", "grpo") and self.samples_per_prompt < 2:
-            raise ValueError(
-                f"ppo.advantage_estimator={self.advantage_estimator} compares the responses "
-                f"to one prompt: set ppo.samples_per_prompt >= 2 (it is 1)"
-            )
+            raise ValueError(f"ppo.advantage_estimator={self.advantage_estimator} compares the "
+                             "responses to one prompt: set ppo.samples_per_prompt >= 2 (it is 1)")
         return self
 
     @property

@@ -1,9 +1,7 @@
 """The embedded demo task: a tiny synthetic "assistant" language with a hidden gold judge.
-
-Replies to requests ("user : please describe cats briefly assistant :") vary in independent
-quality knobs; the judge scores relevance first, then tone, concision and ending. It labels
-preference pairs (Bradley-Terry noise) and evaluates, never a training reward. Demonstrations
-mix all qualities, so SFT imitates the average and RL has room to improve.
+Replies ("user : please describe cats briefly assistant :" ...) vary in independent quality
+knobs, scored by relevance first, then tone, concision and ending; the judge labels pairs
+(Bradley-Terry noise) and evaluates, never a training reward.
 """
 
 from __future__ import annotations
@@ -128,8 +126,7 @@ def bt_label(prompt: str, a: str, b: str, rng: random.Random,
 
 
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
-    """``n`` known-answer pairs the judge orders by at least ``min_gap`` -> [{prompt,
-    response_a, response_b, known: 'a' | 'b'}]."""
+    """``n`` pairs the judge orders by at least ``min_gap`` -> [{prompt, response_a/b, known}]."""
     rng, out = random.Random(seed), []
     while prompts and len(out) < n:
         prompt = rng.choice(list(prompts))
@@ -155,26 +152,17 @@ def _pairs(n: int, rng: random.Random, held_out: bool, length_bias: float = 0.0)
 def _write_jsonl(path: Path, rows: list[dict], chat: bool = False,
                  system: str | None = None) -> Path:
     rows = [chat_row(r, system) for r in rows] if chat else rows
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
 
 
-def user_request(prompt: str) -> str:
-    """A demo prompt's request alone, for a chat template to frame."""
-    words = prompt.split()
-    if words[:2] == ["user", ":"]:
-        words = words[2:]
-    if words[-2:] == SEPARATOR.split():
-        words = words[:-2]
-    return " ".join(words)
-
-
 def chat_row(row: dict, system: str | None = None) -> dict:
-    """A plain demo row in TRL's conversational format."""
+    """A plain demo row in TRL's conversational format (the request alone in the user turn)."""
+    words = row["prompt"].split()
+    words = words[2:] if words[:2] == ["user", ":"] else words
+    words = words[:-2] if words[-2:] == SEPARATOR.split() else words
     user = [{"role": "system", "content": system}] if system else []
-    user.append({"role": "user", "content": user_request(row["prompt"])})
+    user.append({"role": "user", "content": " ".join(words)})
     if "response" in row:
         return {"messages": [*user, {"role": "assistant", "content": row["response"]}]}
     out = {"prompt": user}

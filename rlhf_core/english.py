@@ -1,10 +1,8 @@
 """The real-English task: known-answer questions with a checkable instruction ("Answer in one
-word. What is the capital of France?"), which an instruct model often breaks: room for RLHF.
-
-The gold judge scores the fact, the instruction, staying on the question, length and ending;
-it labels preference pairs (Bradley-Terry noise) and evaluates, never entering the reward.
-The data (configs/english/) are the model's own answers, SFT rows the judge's best of several
-(README § Sources [Llama2]); a third of the combinations is held out for evaluation.
+word. What is the capital of France?"), which an instruct model often breaks. The gold judge
+scores the fact, the instruction, staying on the question, length and ending; it labels pairs
+(Bradley-Terry noise) and evaluates, never entering the reward. The data (configs/english/) are
+the model's own answers, SFT rows the judge's best of several (README § Sources [Llama2]).
 """
 
 from __future__ import annotations
@@ -102,10 +100,6 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[A-Za-z0-9][A-Za-z0-9'\-]*", text)
 
 
-def _lowercase(r: str) -> bool:
-    return any(c.isalpha() for c in r) and not any(c.isupper() for c in r)
-
-
 def _one_sentence(r: str, end: str) -> bool:
     body = r.strip()
     return body.endswith(end) and not re.search(r"[.!?]\s", body) and len(_words(body)) >= 3
@@ -115,7 +109,8 @@ def _one_sentence(r: str, end: str) -> bool:
 INSTRUCTIONS: dict[str, Callable[[str], bool]] = {
     "Answer in one word.": lambda r: len(_words(r)) == 1,
     "Answer in at most five words.": lambda r: 1 <= len(_words(r)) <= 5,
-    "Answer in lowercase letters only.": _lowercase,
+    "Answer in lowercase letters only.":
+        lambda r: any(c.isalpha() for c in r) and not any(c.isupper() for c in r),
     "Answer in one sentence that ends with an exclamation mark.": lambda r: _one_sentence(r, "!"),
     'Start your answer with "The answer is".': lambda r: r.strip().startswith("The answer is"),
     "Answer in one complete sentence.": lambda r: _one_sentence(r, ".") and len(_words(r)) >= 4,
@@ -200,14 +195,6 @@ def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
     return "a" if rng.random() < 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0))) else "b"
 
 
-def _right_answer(prompt: str, req: Request) -> str:
-    """The judge's best of a few phrasings of the right answer."""
-    a = FACTS[req.question][0]
-    forms = (a, a.lower(), f"The answer is {a}.", f"The answer is {a}!",
-             f"the answer is {a.lower()}.")
-    return max(forms, key=lambda t: judge_score(prompt, t))
-
-
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
     """``n`` known-answer pairs the judge orders by at least ``min_gap`` -> [{prompt,
     response_a, response_b, known}]: a right answer against a wrong two-sentence one."""
@@ -221,7 +208,10 @@ def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> li
         prompt, req = rng.choice(asked)
         wrong = rng.choice([a[0] for a in FACTS.values()
                             if not is_right(a[0], FACTS[req.question])])
-        good, bad = _right_answer(prompt, req), f"I think it is {wrong}. I am not sure."
+        a = FACTS[req.question][0]  # the judge's best phrasing of the right answer
+        good = max((a, a.lower(), f"The answer is {a}.", f"The answer is {a}!",
+                    f"the answer is {a.lower()}."), key=lambda t: judge_score(prompt, t))
+        bad = f"I think it is {wrong}. I am not sure."
         if judge_score(prompt, good) - judge_score(prompt, bad) < min_gap:
             continue
         a, b, known = (good, bad, "a") if rng.random() < 0.5 else (bad, good, "b")
@@ -312,8 +302,7 @@ def _fill(role: str, n: int, held: bool, k: int, make, sample: Sampler, rng: ran
 def generate_english_data(out_dir: str | Path, sample: Sampler, seed: int = 0,
                           sizes: EnglishSizes = EnglishSizes(),
                           system: str | None = SYSTEM) -> dict[str, Path]:
-    """Write the task's JSONL files (TRL's conversational format) from ``sample``'s answers;
-    only finished answers, no row twice."""
+    """Write the task's JSONL files (TRL's conversational format) from ``sample``'s answers."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)

@@ -1,6 +1,5 @@
 """Named crash and pause points for testing resume: ``RLHF_CRASH_AT=sft:step:3`` SIGKILLs the
-process when the run reaches that point (comma-separate several; the names are those passed
-to :func:`crash_point`). Unset, this is a no-op.
+process at that :func:`crash_point` (comma-separate several). Unset, a no-op.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The hardware and build facts a run's numbers depend on, as strings (for run tags): a seed
-is bit-identical only on one kind of machine. A fact that cannot be read is "unknown"; torch
-is imported lazily so the CLI's read-only commands need none.
+"""The hardware and build facts a run's numbers depend on, as strings for run tags (a seed is
+bit-identical only on one kind of machine); "unknown" where unreadable; torch imported lazily.
 """
 
 from __future__ import annotations
@@ -43,9 +42,7 @@ def _gpu(device: torch.device | str | None) -> str:
     """The name of ``device``'s GPU (None or "auto": the current one), else "none"."""
     import torch
 
-    if device is None or str(device) == "auto":
-        device = "cuda"
-    device = torch.device(device)
+    device = torch.device("cuda" if device is None or str(device) == "auto" else device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return "none"
     return torch.cuda.get_device_name(device)

@@ -11,8 +11,7 @@ _CHECKED = [True]
 
 @contextlib.contextmanager
 def trusted_masks():
-    """Skip the empty-mask checks (each a device sync) inside hot loops whose masks were
-    validated beforehand."""
+    """Skip the empty-mask checks (each a device sync) in hot loops over validated masks."""
     _CHECKED[0] = False
     try:
         yield

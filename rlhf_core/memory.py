@@ -1,8 +1,6 @@
-"""Freed memory handed back to the OS (Linux, glibc; elsewhere a no-op).
-
-Tensors of ever-changing shapes leave freed chunks scattered through glibc's heaps, which it
-returns only from a heap's top, so the resident set creeps up though nothing is live.
-:class:`HeapTrimmer` calls ``malloc_trim(0)`` from a loop when the resident set has grown.
+"""Freed memory handed back to the OS (Linux, glibc; elsewhere a no-op): tensors of changing
+shapes leave free chunks glibc returns only from a heap's top, so :class:`HeapTrimmer` calls
+``malloc_trim(0)`` when the resident set has grown.
 """
 
 from __future__ import annotations

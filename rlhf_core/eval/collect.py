@@ -1,8 +1,6 @@
-"""On-policy collection, the pure part: k sampled responses per prompt -> pairs to label,
-known-answer pairs mixed in, and the order of a prompt pool. Plain Python, no I/O.
-
-A prompt's responses are paired in order, (1, 2), (3, 4), ...: samples at one temperature are
-exchangeable, so which side is ``a`` carries no signal.
+"""On-policy collection, the pure part: k sampled responses per prompt -> pairs to label (in
+order, (1, 2), (3, 4)...: samples at one temperature are exchangeable), known-answer pairs
+mixed in, and the order of a prompt pool. Plain Python, no I/O.
 """
 
 from __future__ import annotations
@@ -24,9 +22,7 @@ def prompt_key(prompt: Prompt) -> str:
 
 def prompt_text(prompt: Prompt) -> str:
     """A prompt's words for a gold judge: itself, or its messages' contents, one per line."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(str(m["content"]) for m in prompt)
+    return prompt if isinstance(prompt, str) else "\n".join(str(m["content"]) for m in prompt)
 
 
 def pool_order(prompts: Sequence[Prompt], seed: int = 0) -> list[Prompt]:

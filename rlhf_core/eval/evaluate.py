@@ -1,6 +1,6 @@
-"""The evaluate stage's comparison: SFT policy vs PPO policy on the same held-out prompts and
-temperature. With a gold judge it also reports the win rate and reward over-optimisation: how
-much the RM credits the policy beyond what the judge does.
+"""The evaluate stage's comparison: SFT policy vs PPO policy on the same held-out prompts; with
+a gold judge, the win rate and reward over-optimisation (how much the RM credits the policy
+beyond the judge).
 """
 
 from __future__ import annotations
@@ -85,31 +85,18 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mu, (sum((v - mu) ** 2 for v in values) / len(values)) ** 0.5
 
 
-def z_gain(value: float, base: tuple[float, float]) -> float:
-    """How far ``value`` sits above a baseline (mean, std), in its standard deviations."""
-    mu, sd = base
-    return (value - mu) / sd if sd > 0 else float("nan")
-
-
 def rm_judge_gap(rm_mean: float, judge_mean: float, rm_base: tuple[float, float],
                  judge_base: tuple[float, float]) -> dict[str, float]:
     """Reward over-optimisation: the RM's z-gain over a baseline minus the judge's; a growing
     positive gap means the policy exploits the RM (README § Sources [Overoptimisation])."""
-    rm_z, judge_z = z_gain(rm_mean, rm_base), z_gain(judge_mean, judge_base)
-    return {"rm_gain_z": rm_z, "judge_gain_z": judge_z, "rm_judge_gap_z": rm_z - judge_z}
-
-
-def _correlation(x: Sequence[float], y: Sequence[float]) -> float:
-    (mx, sx), (my, sy) = mean_std(x), mean_std(y)
-    if sx == 0 or sy == 0:
-        return float("nan")
-    return _mean([(a - mx) * (b - my) for a, b in zip(x, y)]) / (sx * sy)
+    z = [(v - mu) / sd if sd > 0 else float("nan")  # in the baseline's standard deviations
+         for v, (mu, sd) in ((rm_mean, rm_base), (judge_mean, judge_base))]
+    return {"rm_gain_z": z[0], "judge_gain_z": z[1], "rm_judge_gap_z": z[0] - z[1]}
 
 
 def compare_policies(sft: dict[str, list], policy: dict[str, list], prompts: Sequence[str],
                      judge: Judge | None = None) -> tuple[dict[str, float], list[dict]]:
-    """Summary metrics (the names of docs/design.md) and side-by-side rows from two
-    ``sample_policy`` outputs."""
+    """Metrics and side-by-side rows from two ``sample_policy`` outputs."""
     metrics = {
         "eval/rm_score_sft": _mean(sft["score"]),
         "eval/rm_score_policy": _mean(policy["score"]),
@@ -147,13 +134,15 @@ def _overoptimisation(rm_sft, rm_pol, judge_sft, judge_pol, rows: list[dict]) ->
     """RM vs judge, per sample (z-scores against the SFT samples, in ``rows``) and overall."""
     rm_base, judge_base = mean_std(rm_sft), mean_std(judge_sft)
     for row in rows:
-        row["policy_rm_judge_gap_z"] = rm_judge_gap(
-            row["policy_rm_score"], row["policy_judge_score"], rm_base, judge_base
-        )["rm_judge_gap_z"]
+        row["policy_rm_judge_gap_z"] = rm_judge_gap(row["policy_rm_score"],
+                                                    row["policy_judge_score"], rm_base,
+                                                    judge_base)["rm_judge_gap_z"]
     gap = rm_judge_gap(_mean(rm_pol), _mean(judge_pol), rm_base, judge_base)
-    return {**{f"eval/{k}": v for k, v in gap.items()},
-            "eval/rm_judge_correlation": _correlation([*rm_sft, *rm_pol],
-                                                      [*judge_sft, *judge_pol])}
+    x, y = [*rm_sft, *rm_pol], [*judge_sft, *judge_pol]  # Pearson's correlation, NaN if flat
+    (mx, sx), (my, sy) = mean_std(x), mean_std(y)
+    corr = _mean([(a - mx) * (b - my) for a, b in zip(x, y)]) / (sx * sy) if sx and sy \
+        else float("nan")
+    return {**{f"eval/{k}": v for k, v in gap.items()}, "eval/rm_judge_correlation": corr}
 
 
 def against_start(start: Sequence[float], policy: Sequence[float],

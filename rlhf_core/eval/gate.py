@@ -1,8 +1,6 @@
-"""The champion/challenger gate: a paired bootstrap interval on per-prompt score differences,
-plus guard rails. Pure: lists of numbers in, a decision out.
-
-Both policies answer the same prompts under one scorer, so d_i is paired; the percentile
-bootstrap of mean(d) (README § Sources [Bootstrap]) must clear the margin at its lower end.
+"""The champion/challenger gate, pure: per-prompt score differences d_i of both policies under
+one scorer, whose percentile bootstrap interval of mean(d) (README § Sources [Bootstrap]) must
+clear the margin at its lower end, plus guard rails.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ def paired_bootstrap_ci(diffs: Sequence[float], confidence: float = 0.95,
 
 def paired_win_rate(diffs: Sequence[float], confidence: float = 0.95, n_bootstrap: int = 2000,
                     seed: int = 0) -> tuple[float, float, float]:
-    """Share of ``diffs`` [N] the challenger wins (a tie counts half) and its bootstrap interval
-    -> (rate, low, high)."""
+    """Share of ``diffs`` [N] won (a tie half) and its bootstrap interval -> (rate, low, high)."""
     if not diffs:
         raise ValueError("paired_win_rate: no differences")
     wins = [1.0 if d > 0 else 0.5 if d == 0 else 0.0 for d in diffs]

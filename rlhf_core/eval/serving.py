@@ -1,8 +1,6 @@
-"""What the registered models do with a request (the MLflow pyfuncs in ``tasks/`` call these).
-
-A prompt is plain text, tokenised as in training, or a conversation, rendered by the chat
-template; the policy returns the completion only. A request the model cannot answer raises
-:class:`RequestError`, naming the row and the field.
+"""What the registered models do with a request (the MLflow pyfuncs in ``tasks/`` call these):
+a prompt is plain text or a conversation rendered by the chat template; a request the model
+cannot answer raises :class:`RequestError`, naming the row and the field.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from transformers import GenerationConfig
 
 from rlhf_core.models.chat import (
     ChatError,
-    end_of_turn,
+    end_of_turn_id,
     render_conversation,
     render_prompt,
     stop_token_ids,
@@ -60,8 +58,7 @@ class GenerationSettings:
 
 
 def load_served(kind: str, model_dir: str, tokenizer_dir: str, model_config: dict | None):
-    """A served model ("policy" or "reward") -> (model, tokenizer): float32, frozen, on the GPU
-    where there is one."""
+    """``kind`` policy or reward -> (model, tokenizer): float32, frozen, on a GPU if any."""
     trust = bool((model_config or {}).get("trust_remote_code", False))
     spec = LoadSpec(trust_remote_code=trust)
     model = load_pretrained(model_dir, spec, {"policy": "policy", "reward": "scalar"}[kind],
@@ -99,16 +96,6 @@ def _rendered_ids(tokenizer, messages: list[dict], row: int, generation_prompt: 
     except ChatError as err:  # the template's own complaint, said per row
         raise RequestError(f"row {row}: {err}") from None
     return encode(tokenizer, text)
-
-
-def end_of_turn_id(tokenizer) -> int | None:
-    """The id of the template's end-of-turn token, or None."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    try:
-        return tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer))
-    except ChatError:  # a template that wants other turns or writes no marker: no token
-        return None
 
 
 def stop_ids(model, tokenizer) -> list[int]:
@@ -156,15 +143,13 @@ def generate_completions(model, ids: list[list[int]], settings: GenerationSettin
 
 def answer_rows(model, tokenizer, prompts: Sequence, settings: GenerationSettings,
                 stop: list[int]) -> list:
-    """The served policy's predict: each prompt -> its completion (an assistant message for a
-    conversation)."""
+    """The served policy's predict: each prompt -> its completion (a message for a chat)."""
     if not len(prompts):
         return []
     encoded = [prompt_ids(tokenizer, p, row) for row, p in enumerate(prompts)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
-    completions = generate_completions(model, [ids for ids, _ in encoded], settings, stop,
-                                       pad_id)
+    completions = generate_completions(model, [ids for ids, _ in encoded], settings, stop, pad_id)
     answers = []
     for (_, chat), completion in zip(encoded, completions):
         text = tokenizer.decode(completion, skip_special_tokens=True)
@@ -179,8 +164,7 @@ def reward_ids(tokenizer, prompt, response, row: int, end_of_turn: int | None) -
     if messages is None:
         if not isinstance(response, str):
             raise RequestError(f"row {row}: 'prompt' is text, so 'response' must be text too")
-        return encode(tokenizer, prompt) + encode(tokenizer, response) + \
-            [tokenizer.eos_token_id]
+        return encode(tokenizer, prompt) + encode(tokenizer, response) + [tokenizer.eos_token_id]
     # the reply: text, one assistant message or a list of them
     reply = [{"role": "assistant", "content": response}] if isinstance(response, str) \
         else as_messages(response, row, "response")

@@ -1,7 +1,6 @@
-"""The alignment tax: what RLHF cost a pretrained model outside the task it was trained on
-(README § Sources [InstructGPT]). Two small stand-ins for public benchmarks, taken on the base,
-SFT and PPO models: greedy accuracy on a probe of checkable questions, and bits per byte of
-general English text (tokenizer-independent). ``tax_data/`` holds the shipped defaults.
+"""The alignment tax (README § Sources [InstructGPT]): greedy accuracy on a probe of checkable
+questions and bits per byte of general English text, taken on the base, SFT and PPO models.
+``tax_data/`` holds the shipped defaults.
 """
 
 from __future__ import annotations
@@ -81,8 +80,7 @@ def text_nats(model, tokenizer, texts: Sequence[str], max_tokens: int = 512,
               batch_size: int = 8) -> tuple[float, int]:
     """Summed NLL of every token of ``texts``, each scored on its own after a BOS (else EOS)
     separator and cut to ``max_tokens`` -> (nats, bytes of the scored text)."""
-    sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None \
-        else tokenizer.eos_token_id
+    sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else sep
     device = next(model.parameters()).device
     limit = getattr(model.config, "max_position_embeddings", None) or \
@@ -126,8 +124,7 @@ def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],
         out[f"eval/tax/bpb_{name}"] = value
     for later, earlier in PAIRS:
         if later in right and earlier in right:
-            diffs = [float(a) - float(b) for a, b in zip(right[later], right[earlier],
-                                                         strict=True)]
+            diffs = [float(a) - float(b) for a, b in zip(right[later], right[earlier], strict=True)]
             mean, low, high = paired_bootstrap_ci(diffs, confidence)
             key = f"eval/tax/probe_diff_{later}_{earlier}"
             out.update({key: mean, f"{key}_low": low, f"{key}_high": high})
@@ -139,6 +136,4 @@ def tax_metrics(right: dict[str, Sequence[bool]], bpb: dict[str, float],
 def tax_lost(metrics: dict[str, float]) -> float | None:
     """Probe accuracy the policy lost against the base model, or None without a base."""
     base, policy = metrics.get("eval/tax/probe_acc_base"), metrics.get("eval/tax/probe_acc_policy")
-    if base is None or policy is None:
-        return None
-    return base - policy
+    return None if base is None or policy is None else base - policy

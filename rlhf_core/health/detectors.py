@@ -1,13 +1,8 @@
 """The PPO failures the guides warn about, one detector each, declared once in :data:`DETECTORS`
-(``ppo.health.<detector>`` holds each one's settings). The rules are pure: a run's
-:class:`History` in, a :class:`Finding` (or None) out; what a finding sets off (tags, events, a
-stop) lives with the pipeline's tasks.
-
-Each rule reads a window, never one noisy value, and compares the run with itself (its own
-start, its own recent past), so one threshold holds across models and reward scales. A
-``*_stands`` twin of a rule asks its question of the final policy. The reward-hacking rules,
-on the held-out checks, are here; the training dynamics' rules are in dynamics.py and what the
-rules read and return in records.py.
+(settings under ``ppo.health.<detector>``). A rule is pure, a run's :class:`History` in and a
+:class:`Finding` or None out, and compares the run with its own start or recent past; its
+``*_stands`` twin asks the question of the final policy. The reward-hacking rules are here, the
+training dynamics' in dynamics.py.
 """
 
 from __future__ import annotations
@@ -182,8 +177,7 @@ def _length_ratio(start: float, now: float) -> float:
 
 def _length_shifted(start: float, now: float, s: LengthShift) -> bool:
     ratio = _length_ratio(start, now)
-    return abs(now - start) >= s.min_tokens and (ratio >= s.max_ratio
-                                                 or ratio <= 1 / s.max_ratio)
+    return abs(now - start) >= s.min_tokens and (ratio >= s.max_ratio or ratio <= 1 / s.max_ratio)
 
 
 def length_correlation(c: CheckRecord) -> float:
@@ -196,14 +190,6 @@ def length_correlation(c: CheckRecord) -> float:
         return math.nan
 
 
-def _follows_length(h: History, s: LengthShift) -> bool:
-    """Whether the last ``persist`` checks after the start each correlate score and length by
-    ``max_correlation`` at least."""
-    recent = h.checks[1:][-s.persist:]
-    return len(recent) == s.persist and all(length_correlation(c) >= s.max_correlation
-                                            for c in recent)
-
-
 def length_shift(h: History, s: LengthShift) -> Finding | None:
     """At a check, while the proxy has risen significantly: the mean length moved ``max_ratio``
     times from the start policy's, or the proxy scored longer answers higher at ``persist``
@@ -212,7 +198,9 @@ def length_shift(h: History, s: LengthShift) -> Finding | None:
         return None
     start, now = h.checks[0], h.checks[-1]
     shifted = _length_shifted(start.length, now.length, s)
-    if not (shifted or _follows_length(h, s)):
+    recent = h.checks[1:][-s.persist:]  # each correlates score and length by max_correlation
+    if not (shifted or (len(recent) == s.persist and all(
+            length_correlation(c) >= s.max_correlation for c in recent))):
         return None
     proxy = _paired(now.proxy, start.proxy, s.confidence)
     if proxy[1] <= 0:

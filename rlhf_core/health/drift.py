@@ -1,7 +1,6 @@
 """How far the policy's answers lie from its start policy's in the reward model's feature space
-(the whitened last hidden state its head reads): hacked answers tend to be outliers there
-(README § Sources [InfoRM]). Distances are over the start answers' median, about 1 while the
-policy answers like its start, so one threshold holds for any reward model.
+(the whitened last hidden state its head reads), where hacked answers tend to be outliers
+(README § Sources [InfoRM]); in units of the start answers' median, so about 1 at the start.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The training dynamics' detectors: rules on every iteration's rollout and update signals
-(KL, entropy, the critic's fit, the reward's progress, the time generation takes). Each reads a
-window and compares the run with its own start or recent past.
-"""
+(KL, entropy, the critic's fit, the reward's progress, the time generation takes)."""
 
 from __future__ import annotations
 
@@ -29,12 +27,6 @@ class KLSpike(Settings):
                          "iteration's jump that falls back is noise).")
 
 
-def _mean_length(h: History, start: int) -> float:
-    """The mean response length of the iterations from ``start`` (1 if not recorded)."""
-    lengths = [v for v in h.series("response/length_mean")[start:] if math.isfinite(v)]
-    return statistics.fmean(lengths) if lengths else 1.0
-
-
 def kl_spike(h: History, s: KLSpike) -> Finding | None:
     """The rollouts' KL to the reference jumps and stays up: ``persist`` iterations in a row
     at least ``ratio`` times the median of the ``window`` before and ``min_jump`` nats per
@@ -44,7 +36,8 @@ def kl_spike(h: History, s: KLSpike) -> Finding | None:
     if first < 1 or not _finite(kl[first:]):
         return None
     base = _median(kl[max(0, first - s.window):first])
-    jump = s.min_jump * _mean_length(h, first)
+    lengths = [v for v in h.series("response/length_mean")[first:] if math.isfinite(v)]
+    jump = s.min_jump * (statistics.fmean(lengths) if lengths else 1.0)  # 1: not recorded
     if not math.isfinite(base) or any(v < s.ratio * base or v - base < jump
                                        for v in kl[first:]):
         return None

@@ -1,7 +1,5 @@
-"""What the PPO health detectors read of a run (:class:`History`, one :class:`CheckRecord` per
-held-out check), what a rule returns (:class:`Finding`) and a row of the table
-(:class:`Detector`); the rules and the table are in detectors.py.
-"""
+"""What the PPO health detectors read (:class:`History`), return (:class:`Finding`) and are
+(:class:`Detector`, a row of detectors.py's table)."""
 
 from __future__ import annotations
 

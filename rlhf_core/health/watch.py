@@ -1,14 +1,7 @@
-"""PPO watching itself: :class:`Watch` makes the held-out checks when due, feeds the detectors,
-snapshots the trained weights at healthy checks (the newest ``keep_healthy`` plus the judge's
-best), and says when a finding stops PPO, which then restores the last healthy snapshot. Its
-:class:`HealthMonitor` runs the detectors; the state of both is plain JSON in PPO's
-checkpoints, so a resumed run watches as an unbroken one.
-
-Held-out checks: every ``ppo.eval_every`` iterations the policy answers fixed held-out prompts,
-scored by the proxy, an independent scorer and any gold judge, since metrics can look fine
-while the outputs degrade. One sampling seed at every check makes the checks' scores pair
-well; the training's random state is forked around a check, so checks change nothing of the
-training.
+"""PPO watching itself: :class:`Watch` makes the held-out checks when due (fixed prompts, one
+sampling seed, the training's random state forked around them), feeds the detectors, snapshots
+the trained weights at healthy checks and says when a finding stops PPO, which then restores
+the last healthy snapshot. Its state is plain JSON in PPO's checkpoints.
 """
 
 from __future__ import annotations
@@ -84,8 +77,8 @@ class HeldOutCheck:
     def __init__(self, prompts: Sequence[str], sampling: Sampling, seed: int, *,
                  judge: ScalarHeadModel | None = None, external: TextScorer | None = None,
                  gold: Judge | None = None, precision: str = "fp32"):
-        """``seed``: the sampling seed of every check; the independent scorer is ``judge`` (a
-        reward model) or ``external`` (a text scorer), not both; ``gold`` only evaluates."""
+        """The independent scorer is ``judge`` (a reward model) or ``external`` (a text
+        scorer), not both; ``gold`` only evaluates."""
         if not prompts:
             raise ValueError("held-out check: no prompts")
         if judge is not None and external is not None:
@@ -98,8 +91,7 @@ class HeldOutCheck:
 
     def run(self, models: PPOModels, tokenizer, device: torch.device,
             iteration: int) -> CheckAnswers:
-        """The policy answers every prompt, the training's random state untouched -> the
-        answers and their scores."""
+        """The policy answers every prompt -> the answers and their scores."""
         start = time.perf_counter()
         policy, ref_policy, _, reward_model = models
         if self.judge is not None:
@@ -148,21 +140,10 @@ SIGNALS = tuple(dict.fromkeys(s for d in DETECTORS for s in d.signals
                               if not s.startswith("check/")))
 
 
-def check_record(answers: CheckAnswers) -> CheckRecord:
-    """What the detectors may see of a check: never the gold judge."""
-    n = max(len(answers.kl), 1)
-    return CheckRecord(iteration=answers.iteration, proxy=list(answers.proxy),
-                       judge=None if answers.judge is None else list(answers.judge),
-                       kl=sum(answers.kl) / n, length=sum(answers.length) / n,
-                       drift=None if answers.drift is None else median(answers.drift),
-                       lengths=[float(n) for n in answers.length])
-
-
 class HealthMonitor:
     """Every detector whose action is not ``off``, fed one iteration at a time."""
 
     def __init__(self, settings: BaseModel):
-        """``settings``: the ``ppo.health`` section (one sub-section per detector)."""
         self.settings = settings
         self.watched: list[Detector] = [d for d in DETECTORS
                                         if getattr(settings, d.name).action != "off"]
@@ -182,8 +163,14 @@ class HealthMonitor:
             for name in SIGNALS:
                 h.metrics.setdefault(name, [math.nan] * (len(h.iterations) - 1)).append(
                     float(metrics.get(name, math.nan)))
-        if check is not None:
-            h.checks.append(check_record(check))
+        if check is not None:  # what the detectors may see of a check: never the gold judge
+            n = max(len(check.kl), 1)
+            h.checks.append(CheckRecord(
+                iteration=check.iteration, proxy=list(check.proxy),
+                judge=None if check.judge is None else list(check.judge),
+                kl=sum(check.kl) / n, length=sum(check.length) / n,
+                drift=None if check.drift is None else median(check.drift),
+                lengths=[float(x) for x in check.length]))
         if iteration == 0:
             return []
         fired = {f.detector for f in self.findings}
@@ -237,8 +224,7 @@ def _trained(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 @dataclass
 class Verdict:
-    """What one iteration's watch found: new findings, the check made (if due) and the
-    finding that stops PPO (if any)."""
+    """One iteration's new findings, its check (if due) and the finding that stops PPO."""
 
     iteration: int
     findings: list[Finding] = field(default_factory=list)
@@ -251,8 +237,7 @@ class Watch:
 
     def __init__(self, settings: BaseModel, check: HeldOutCheck | None, every: int,
                  snapshots: str | Path):
-        """``settings``: the ``ppo.health`` section; ``check`` None: rollout detectors only;
-        ``snapshots``: the folder of the healthy snapshots."""
+        """``check`` None: rollout detectors only; ``snapshots``: the healthy snapshots' folder."""
         self.settings, self.check, self.every = settings, check, max(1, every)
         self.monitor = HealthMonitor(settings)
         self.folder = Path(snapshots)
@@ -293,8 +278,7 @@ class Watch:
 
     def first_stop(self) -> Finding | None:
         """The first finding whose action is stop (None: none yet)."""
-        return next((f for f in self.monitor.findings if self.monitor.action(f) == "stop"),
-                    None)
+        return next((f for f in self.monitor.findings if self.monitor.action(f) == "stop"), None)
 
     def restore_healthy(self, trainer, finding: Finding) -> int | None:
         """Load the newest snapshot at or before ``finding.last_healthy`` (else the oldest)

@@ -1,9 +1,6 @@
-"""Stage outputs under LoRA (``model.lora``): a folder holding only what the stage trained and
-the name of the model it adapts, never a copy of the frozen weights.
-
-``rlhf_lora.json`` names the ``kind`` and the ``base`` (with the first adapter's ``source`` and
-``sha256``, so another machine can rebuild it); a chain of adapters loads as one merged model.
-:func:`bundle` makes a self-contained copy for MLflow.
+"""Stage outputs under LoRA (``model.lora``): only what the stage trained, plus
+``rlhf_lora.json`` naming the ``kind`` and the ``base`` (with the first adapter's ``source``
+and ``sha256`` to rebuild it); a chain of adapters loads as one merged model.
 """
 
 from __future__ import annotations
@@ -30,14 +27,11 @@ def is_adapter_folder(path: str | Path) -> bool:
     return (Path(path) / META).is_file()
 
 
-def read_meta(folder: str | Path) -> dict:
-    return json.loads((Path(folder) / META).read_text())
-
-
 def base_of(folder: str | Path) -> str:
     """What an adapter folder adapts, for ``from_pretrained``: its ``base`` folder where it
     exists, else the ``source`` rebuilt (checked against ``sha256``), else the hub id."""
-    folder, meta = Path(folder), read_meta(folder)
+    folder = Path(folder)
+    meta = json.loads((folder / META).read_text())
     base = meta["base"]
     path = Path(base) if Path(base).is_absolute() else folder / base
     if path.is_dir():
@@ -56,13 +50,9 @@ def base_of(folder: str | Path) -> str:
     return base  # a hub id
 
 
-def _vocab_rows(model) -> int:
-    return model.get_input_embeddings().num_embeddings
-
-
 def _save_embeddings(model, base_rows: int, tmp: Path) -> None:
     """The embedding rows the vocabulary grew by, if any (the base's own rows stay frozen)."""
-    if _vocab_rows(model) == base_rows:
+    if model.get_input_embeddings().num_embeddings == base_rows:
         return
     inp = model.get_input_embeddings().weight
     tensors = {"input": inp[base_rows:].detach().contiguous().cpu()}
@@ -76,7 +66,7 @@ def _load_embeddings(model, folder: Path) -> None:
     path = folder / EMBEDDINGS
     if not path.exists():
         return
-    rows = _vocab_rows(model)
+    rows = model.get_input_embeddings().num_embeddings
     with safe_open(str(path), "pt") as f:  # the added rows and the base size, one read
         tensors = {k: f.get_tensor(k) for k in f.keys()}
         saved = int((f.metadata() or {}).get("base_rows", rows))
@@ -96,8 +86,7 @@ def _meta(kind: str, base: str | Path, source: dict | None) -> str:
 
 def save_policy_adapter(peft_model, tokenizer, target: str | Path, base: str | Path,
                         base_rows: int, source: dict | None = None) -> Path:
-    """Save a LoRA policy's adapter and tokenizer atomically (``base_rows``: the embedding rows
-    before any resize)."""
+    """Save a LoRA policy's adapter and tokenizer (``base_rows``: rows before any resize)."""
     with atomic_dir(target) as tmp:
         peft_model.save_pretrained(str(tmp), save_embedding_layers=False)
         tokenizer.save_pretrained(str(tmp))
@@ -124,26 +113,20 @@ def merge_adapter(model, folder: str | Path):
         return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
 
 
-def _portable(source: str | None) -> bool:
-    """Whether another machine can rebuild the base from its name (not a local folder)."""
-    if not source:
-        return False
-    if source.startswith(PACKAGE_PREFIX) or source.endswith(".gguf"):
-        return True
-    return not (source.startswith((".", "/", "~")) or Path(source).expanduser().exists())
-
-
 def bundle(folder: str | Path, target: str | Path) -> Path:
     """A self-contained copy of an adapter folder: adapter bases nested as ``base/``, the base
     model named by its source, or copied where it has none."""
     folder, target = Path(folder), Path(target)
     shutil.copytree(folder, target, ignore=shutil.ignore_patterns(META, "README.md"))
-    meta = read_meta(folder)
-    base = base_of(folder)
+    meta, base = json.loads((folder / META).read_text()), base_of(folder)
+    source = meta.get("source") or ""  # portable: another machine rebuilds it from its name
+    portable = bool(source) and (source.startswith(PACKAGE_PREFIX) or source.endswith(".gguf")
+                                 or not (source.startswith((".", "/", "~"))
+                                         or Path(source).expanduser().exists()))
     if is_adapter_folder(base):
         bundle(base, target / "base")
         meta["base"] = "base"
-    elif _portable(meta.get("source")):
+    elif portable:
         meta["base"] = meta["source"]  # rebuilt where it is loaded (base_of)
     elif Path(base).is_dir():
         shutil.copytree(base, target / "base")
@@ -154,8 +137,7 @@ def bundle(folder: str | Path, target: str | Path) -> Path:
 
 @contextmanager
 def peft_reading_old_names():
-    """Silence transformers' deprecation warning for peft's ``is_gradient_checkpointing`` reads
-    (peft's call, not the user's)."""
+    """Silence transformers' deprecation warning for peft's ``is_gradient_checkpointing``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                                 category=FutureWarning)

@@ -1,8 +1,6 @@
-"""Conversations through the tokenizer's chat template: the one place they are rendered.
-
-A conversational row becomes two strings, the prompt (with the assistant header) and the reply
-(up to the end-of-turn token), so every stage works as on plain text. :func:`prepare_chat`
-makes the tokenizer's EOS the end-of-turn token, so "ends with EOS" means "ends its turn".
+"""Conversations through the tokenizer's chat template, the one place they are rendered: a row
+becomes the prompt (with the assistant header) and the reply (up to the end-of-turn token),
+which :func:`prepare_chat` makes the EOS, so every stage works as on plain text.
 """
 
 from __future__ import annotations
@@ -84,8 +82,7 @@ def render_many(tokenizer, conversations: Sequence[Sequence[dict]],
                 generation_prompt: bool = True) -> list[str]:
     """[N] conversations -> [N] texts in one looped render (Jinja's per-render set-up dominates
     short ones); falls back to one by one if the first or last text differs or one fails."""
-    looped = _looped(tokenizer) if conversations and \
-        all(_plain(c) for c in conversations) else None
+    looped = _looped(tokenizer) if conversations and all(_plain(c) for c in conversations) else None
     if looped is not None:
         try:
             parts = looped.render(rlhf_conversations=[list(c) for c in conversations],
@@ -101,8 +98,7 @@ def render_many(tokenizer, conversations: Sequence[Sequence[dict]],
 
 
 def _looped(tokenizer):
-    """The template inside a loop over ``rlhf_conversations``, each text followed by _SEP, or
-    None."""
+    """The template looped over ``rlhf_conversations``, each text followed by _SEP, or None."""
     if _compiled(tokenizer) is None:
         return None
     template = tokenizer.chat_template
@@ -121,8 +117,21 @@ def render_conversation(tokenizer, messages: Sequence[dict]) -> str:
     return _apply(tokenizer, messages, False)
 
 
-def _end_marker(tokenizer, after: str) -> str:
-    """The special token the template writes right after a reply's content."""
+def end_of_turn(tokenizer) -> str:
+    """The special token that ends an assistant turn in the template; ChatError if there is
+    none or no generation prompt."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatError("the tokenizer has no chat template (set model.chat_template to a "
+                        "Jinja string or a file holding one)")
+    prompt = _apply(tokenizer, _USER, True)
+    full = _apply(tokenizer, [*_USER, {"role": "assistant", "content": _PROBE}], False)
+    if not full.startswith(prompt) or not full[len(prompt):].lstrip().startswith(_PROBE):
+        header = full[len(prompt):full.find(_PROBE)] if full.startswith(prompt) else ""
+        raise ChatError("the template has no generation prompt: with add_generation_prompt it "
+                        f"does not end the prompt with the assistant header ({header!r} comes "
+                        "between the prompt and the reply); set model.chat_template to one "
+                        "with an add_generation_prompt branch")
+    after = full[full.index(_PROBE) + len(_PROBE):]
     ids = encode(tokenizer, after)
     if ids and ids[0] in tokenizer.all_special_ids + list(tokenizer.added_tokens_decoder):
         return tokenizer.convert_ids_to_tokens(ids[0])
@@ -135,21 +144,15 @@ def _end_marker(tokenizer, after: str) -> str:
                     "model.chat_template to one that ends each turn with a special token)")
 
 
-def end_of_turn(tokenizer) -> str:
-    """The token that ends an assistant turn in the template; ChatError if there is none or no
-    generation prompt."""
+def end_of_turn_id(tokenizer) -> int | None:
+    """The id of the template's end-of-turn token, or None (no template, or one unfit for
+    conversations)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ChatError("the tokenizer has no chat template (set model.chat_template to a "
-                        "Jinja string or a file holding one)")
-    prompt = _apply(tokenizer, _USER, True)
-    full = _apply(tokenizer, [*_USER, {"role": "assistant", "content": _PROBE}], False)
-    if not full.startswith(prompt) or not full[len(prompt):].lstrip().startswith(_PROBE):
-        header = full[len(prompt):full.find(_PROBE)] if full.startswith(prompt) else ""
-        raise ChatError("the template has no generation prompt: with add_generation_prompt it "
-                        f"does not end the prompt with the assistant header ({header!r} comes "
-                        "between the prompt and the reply); set model.chat_template to one "
-                        "with an add_generation_prompt branch")
-    return _end_marker(tokenizer, full[full.index(_PROBE) + len(_PROBE):])
+        return None
+    try:
+        return tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer))
+    except ChatError:
+        return None
 
 
 def render_reply(tokenizer, prompt: Sequence[dict], reply: str, prompt_text: str | None = None,
@@ -187,6 +190,9 @@ def prepare_chat(tokenizer) -> dict:
     return {"end_of_turn": eot, "end_of_turn_id": eot_id, "eos_before": before}
 
 
+_BOS_WRITTEN: dict[tuple, int] = {}  # (tokenizer, template, roles) -> BOS tokens written
+
+
 def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict]) -> None:
     """ChatError if a rendered prompt holds more BOS tokens than the template writes for
     ``messages``' roles: an extra one can only come from the data. A BOS that is also the EOS
@@ -196,7 +202,12 @@ def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict]) -> None:
             prompt_text.count(tokenizer.bos_token) <= 1:  # a special token: its text, once
         return
     count = encode(tokenizer, prompt_text).count(bos)
-    allowed = _template_bos(tokenizer, tuple(m["role"] for m in messages))
+    roles = tuple(m["role"] for m in messages)
+    key = (id(tokenizer), getattr(tokenizer, "chat_template", None), roles)
+    if key not in _BOS_WRITTEN:  # how many BOS the template writes for these roles (>= 1)
+        probe = render_prompt(tokenizer, [{"role": role, "content": _PROBE} for role in roles])
+        _BOS_WRITTEN[key] = max(1, encode(tokenizer, probe).count(bos))
+    allowed = _BOS_WRITTEN[key]
     if count > allowed:
         wrote = "one" if allowed == 1 else str(allowed)
         raise ChatError(f"the rendered prompt holds {count} BOS tokens "
@@ -204,28 +215,9 @@ def check_bos(tokenizer, prompt_text: str, messages: Sequence[dict]) -> None:
                         "holds another; remove it from the row's messages")
 
 
-_BOS_WRITTEN: dict[tuple, int] = {}  # (tokenizer, template, roles) -> BOS tokens written
-
-
-def _template_bos(tokenizer, roles: tuple[str, ...]) -> int:
-    """How many BOS tokens the template writes for a prompt of these roles (at least 1)."""
-    key = (id(tokenizer), getattr(tokenizer, "chat_template", None), roles)
-    if key not in _BOS_WRITTEN:
-        probe = [{"role": role, "content": _PROBE} for role in roles]
-        text = render_prompt(tokenizer, probe)
-        _BOS_WRITTEN[key] = max(1, encode(tokenizer, text).count(tokenizer.bos_token_id))
-    return _BOS_WRITTEN[key]
-
-
 def stop_token_ids(tokenizer, generation_config=None) -> int | list[int]:
-    """The ids that end a response (EOS, end-of-turn, the generation config's EOS); one id if
-    they agree."""
-    stops = [tokenizer.eos_token_id]
-    if getattr(tokenizer, "chat_template", None):
-        try:
-            stops.append(tokenizer.convert_tokens_to_ids(end_of_turn(tokenizer)))
-        except ChatError:
-            pass  # a template unfit for conversations: plain text ends at EOS
+    """The ids that end a response (EOS, end-of-turn, the generation config's); one if equal."""
+    stops = [tokenizer.eos_token_id, end_of_turn_id(tokenizer)]
     extra = getattr(generation_config, "eos_token_id", None)
     stops += extra if isinstance(extra, list) else [] if extra is None else [extra]
     stops = [s for s in dict.fromkeys(stops) if s is not None and s != tokenizer.pad_token_id]

@@ -1,7 +1,6 @@
-"""Atomic checkpoints: write into a temporary sibling, then rename into place, so a crash while
-saving leaves the previous one intact. Weights are safetensors; other state is plain tensors
-read back with ``weights_only=True``. :class:`Checkpointer` lets an interrupted stage continue
-bit for bit where it stopped.
+"""Atomic checkpoints (written into a temporary sibling, then renamed into place): weights as
+safetensors, other state as plain tensors (``weights_only=True``); :class:`Checkpointer` lets an
+interrupted stage continue bit for bit.
 """
 
 from __future__ import annotations
@@ -141,11 +140,6 @@ class Checkpointer:
         found = self.checkpoints()
         return found[-1] if found else None
 
-    def latest_step(self) -> int | None:
-        """The step of the latest complete checkpoint (None: there is none)."""
-        latest = self.latest()
-        return None if latest is None else int(latest.name.removeprefix("step_"))
-
     def save(self, step: int, optimizer, scheduler, generator: torch.Generator | None,
              extra: dict) -> Path:
         target = self.root / f"step_{step:08d}"
@@ -164,8 +158,7 @@ class Checkpointer:
 
     def restore(self, optimizer, scheduler, generator: torch.Generator | None,
                 lr: float | None = None) -> tuple[int, dict] | None:
-        """Load the latest checkpoint in place -> (step, extra), or None; a configured ``lr``
-        that differs from the saved one wins."""
+        """Load the latest checkpoint in place -> (step, extra), or None; a new ``lr`` wins."""
         path = self.latest()
         if path is None:
             return None

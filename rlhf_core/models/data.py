@@ -1,7 +1,5 @@
-"""Token-level data handling: prompt + response + EOS, padding and batching.
-
-Prompt and response are tokenised separately, so their boundary is exact; every response gets
-EOS appended (else it is never learned). PAD must differ from EOS: padding is masked out.
+"""Token-level data: prompt and response tokenised apart (an exact boundary), EOS appended to
+every response, padding (PAD must differ from EOS: padding is masked out) and batching.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ def encode(tokenizer, text: str) -> list[int]:
 
 def sft_example(prompt: list[int], response: list[int], eos_id: int,
                 loss_on: str = "response") -> tuple[list[int], list[int]]:
-    """Ids -> (input_ids, labels): prompt + response + EOS; prompt labels ignored unless
-    'all'."""
+    """Ids -> (input_ids, labels): prompt + response + EOS; prompt labels ignored unless 'all'."""
     r = response + [eos_id]
     labels = (prompt if loss_on == "all" else [IGNORE_INDEX] * len(prompt)) + r
     return prompt + r, labels
@@ -46,8 +43,7 @@ def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
-    """List of id lists -> [B, max_len] long, padded on the left (for generation): the
-    reversed lists right-padded, reversed back."""
+    """List of id lists -> [B, max_len] long, padded on the left (for generation)."""
     if not seqs:
         raise ValueError("left_pad: empty batch")
     return right_pad([list(s)[::-1] for s in seqs], pad_id).flip(1)
@@ -97,8 +93,7 @@ class ShuffledBatches:
         """JSON-ready: n, pass number, the generator state that drew the pass, cursor."""
         state = None if self.pass_state is None else \
             base64.b64encode(self.pass_state.numpy().tobytes()).decode("ascii")
-        return {"n": self.n, "passes": self.passes, "pass_state": state,
-                "cursor": self.cursor}
+        return {"n": self.n, "passes": self.passes, "pass_state": state, "cursor": self.cursor}
 
     def load_state_dict(self, state: dict) -> None:
         """Also reads a state holding the whole ``order``."""

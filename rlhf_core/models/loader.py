@@ -1,15 +1,9 @@
-"""The one model loader: every model and tokenizer of the pipeline loads through here.
+"""The one model loader: every model and tokenizer of the pipeline loads through here, with a
+:class:`LoadSpec` built once from the model config. Trained models keep ``model.dtype`` master
+weights under autocast; frozen ones load in the compute dtype.
 
-A :class:`LoadSpec`, built once from the model config and the device, carries what
-``from_pretrained`` needs, and :func:`load_pretrained` loads any of the models with it. Trained
-models keep ``model.dtype`` master weights under autocast; frozen ones load in the compute
-dtype, as nothing updates them.
-
-PPO's four models load full or as LoRA adapters over frozen bases (``model.lora``, needs peft).
-Under LoRA the reference is the policy with its adapters off, and the reward model the critic's
-trunk with its adapters off: two frozen trunks instead of four models. The critic keeps its
-warm start from the reward model, so it does not share the policy's base; a critic with a new
-head on the start policy (no reward model among the reward's sources) has a trunk of its own.
+Under LoRA (``model.lora``, needs peft) the reference is the policy with its adapters off and
+the reward model the critic's trunk with its adapters off: two frozen trunks, not four models.
 """
 
 from __future__ import annotations
@@ -37,8 +31,6 @@ from rlhf_core.models.precision import COMPUTE_DTYPES, choose_precision
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """How to load a model: built by :meth:`from_config`, passed to every load below."""
-
     dtype: str = "float32"
     precision: str = "fp32"
     attn_implementation: str = "auto"
@@ -48,8 +40,7 @@ class LoadSpec:
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, device: torch.device | str) -> LoadSpec:
-        """Resolve ``precision: auto`` for the device; turn TF32 on for CUDA (float32 matmuls
-        and convolutions on Ampere and newer)."""
+        """Resolve ``precision: auto`` for the device; TF32 on for CUDA."""
         if torch.device(device).type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -60,9 +51,7 @@ class LoadSpec:
                    gradient_checkpointing=cfg.gradient_checkpointing, lora=cfg.lora)
 
     def pretrained(self, trainable: bool) -> dict:
-        """``from_pretrained``'s arguments: the parameter dtype (trained: ``dtype``, fp32 master
-        weights; frozen: the compute dtype), trust_remote_code, the attention kernel unless
-        'auto'."""
+        """``from_pretrained``'s arguments (frozen: in the compute dtype)."""
         dtype = getattr(torch, self.dtype)
         if not trainable and dtype == torch.float32:
             dtype = COMPUTE_DTYPES[self.precision]
@@ -90,21 +79,10 @@ def enable_checkpointing(model) -> None:
 
 
 class TanhGELU(nn.Module):
-    """GELU's tanh approximation as torch's fused kernel: transformers' ``gelu_new`` (GPT-2
-    and kin) in one kernel instead of ~8 elementwise ops."""
+    """transformers' ``gelu_new`` (GPT-2 and kin) as torch's fused kernel, not ~8 ops."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.gelu(x, approximate="tanh")
-
-
-def fuse_activations(model: nn.Module) -> None:
-    """Swap every ``gelu_new`` module for :class:`TanhGELU` in place."""
-    from transformers.activations import NewGELUActivation
-
-    for module in model.modules():
-        for name, child in module.named_children():
-            if isinstance(child, NewGELUActivation):
-                setattr(module, name, TanhGELU())
 
 
 def _contiguous_rows(head: nn.Module, args: tuple):
@@ -116,12 +94,9 @@ def _contiguous_rows(head: nn.Module, args: tuple):
 
 
 def contiguous_head_input(model: nn.Module) -> None:
-    """Hand a causal LM's head a contiguous input. transformers slices the hidden states it
-    keeps logits for (``logits_to_keep``: the last position in generation, the response's in
-    scoring); on a CPU a bf16 product of such a strided input with a frozen weight falls back
-    to a batched product over one copy of the whole weight per row (20x slower for a 49k-token
-    vocabulary). The copy of the kept rows gives the same bits; fp32 (whose single-row product
-    would change in the last bit) and other devices are left as they are."""
+    """Hand a causal LM's head a contiguous input: on a CPU a bf16 product of the strided rows
+    ``logits_to_keep`` slices with a frozen weight copies the whole weight per row (20x slower
+    for a 49k-token vocabulary); the copy gives the same bits. fp32 and other devices: as is."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None:
         head.register_forward_pre_hook(_contiguous_rows)
@@ -134,9 +109,15 @@ def load_pretrained(path: str | Path, spec: LoadSpec, kind: ModelKind = "policy"
                     trainable: bool = True):
     """Load a ``policy`` (a causal LM), a saved ``scalar`` model (reward model, critic) or a
     ``new_head``: a fresh scalar head on a causal LM's trunk (the reward model before
-    training), trained or frozen; an adapter folder loads with its chain merged."""
+    training), trained or frozen; an adapter folder loads with its chain merged. Every
+    ``gelu_new`` becomes a :class:`TanhGELU`."""
+    from transformers.activations import NewGELUActivation
+
     model = _load(path, kind, spec.pretrained(trainable))
-    fuse_activations(model)
+    for module in model.modules():
+        for name, child in module.named_children():
+            if isinstance(child, NewGELUActivation):
+                setattr(module, name, TanhGELU())
     contiguous_head_input(model)
     if trainable and spec.gradient_checkpointing:
         enable_checkpointing(model.backbone if isinstance(model, ScalarHeadModel) else model)
@@ -146,9 +127,8 @@ def load_pretrained(path: str | Path, spec: LoadSpec, kind: ModelKind = "policy"
 
 
 def _load(path: str | Path, kind: str, pretrained: dict):
-    """:func:`load_pretrained`'s model before its finish, dropout off (``pretrained``:
-    ``from_pretrained``'s arguments); ``kind`` ``trunk``: the transformer trunk of a scalar
-    model's or a causal LM's folder."""
+    """:func:`load_pretrained`'s model, dropout off; ``kind`` ``trunk``: the transformer trunk
+    of a scalar model's or a causal LM's folder."""
     folder = Path(path)
     if kind == "trunk":
         scalar = (folder / "scalar_head.json").is_file()
@@ -169,8 +149,7 @@ def _load(path: str | Path, kind: str, pretrained: dict):
         for name in ("backbone", "head.safetensors", "scalar_head.json"):
             if not (folder / name).exists():
                 raise FileNotFoundError(f"{folder}: not a scalar-head model (missing {name})")
-        trunk = disable_dropout(AutoModel.from_pretrained(str(folder / "backbone"),
-                                                          **pretrained))
+        trunk = disable_dropout(AutoModel.from_pretrained(str(folder / "backbone"), **pretrained))
     head = nn.Linear(trunk.config.hidden_size, 1)
     head.load_state_dict(load_file(str(folder / "head.safetensors")))
     return ScalarHeadModel(trunk, head)
@@ -181,8 +160,7 @@ def add_lora(model, settings: LoraSettings):
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as err:  # pragma: no cover - depends on the optional extra
-        raise ImportError("model.lora needs peft: pip install 'rlhf-ppo-pipeline[lora]'") \
-            from err
+        raise ImportError("model.lora needs peft: pip install 'rlhf-ppo-pipeline[lora]'") from err
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                      target_modules=settings.target_modules, bias="none")
     with peft_reading_old_names():
@@ -227,16 +205,14 @@ def ppo_models(policy_dir: str | Path, ref_dir: str | Path, critic_dir: str | Pa
     policy = add_lora(base, spec.lora)
     if critic_dir is None:
         return PPOModels(policy, AdaptersOff(policy), None, trunk)
-    critic = load_pretrained(critic_dir, spec, "new_head", trainable=False) if new_head else trunk
+    # a new head has its own trunk; else the critic is a copy of the reward model's head on
+    # the reward trunk's adapters, and the reward model that trunk with its adapters off
+    critic = load_pretrained(critic_dir, spec, "new_head", trainable=False) if new_head else \
+        ScalarHeadModel(trunk.backbone, copy.deepcopy(trunk.head))
     if spec.gradient_checkpointing:
         enable_checkpointing(critic.backbone)
-    if new_head:  # its own trunk: the reward model stays whole
-        return PPOModels(policy, AdaptersOff(policy), adapt_scalar(critic, spec.lora), trunk)
-    value_backbone = add_lora(trunk.backbone, spec.lora)
-    value_head = copy.deepcopy(trunk.head).float().requires_grad_(True)
-    value = ScalarHeadModel(value_backbone, value_head)
-    value.head.float()  # trained: fp32 master weights
-    reward = ScalarHeadModel(AdaptersOff(value_backbone), trunk.head)
+    value = adapt_scalar(critic, spec.lora)
+    reward = trunk if new_head else ScalarHeadModel(AdaptersOff(value.backbone), trunk.head)
     return PPOModels(policy, AdaptersOff(policy), value, reward)
 
 

@@ -1,7 +1,6 @@
-"""The four models of RLHF: policy, reference, reward and value (loader.py loads them).
-
-Any Hugging Face causal LM serves; the reward and value models are its trunk plus a scalar head
-(README § Sources [RM]: init std 1/sqrt(hidden+1), bias 0). Weights are safetensors.
+"""The four models of RLHF: policy, reference, reward and value (loader.py loads them); the
+reward and value models are a causal LM's trunk plus a scalar head (README § Sources [RM]:
+init std 1/sqrt(hidden+1), bias 0).
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class ScalarHeadModel(nn.Module):
-    """A transformer trunk with a scalar head: per-token scores [B, T]; the reward model (read
-    at EOS) and the value model."""
+    """A transformer trunk with a scalar head -> per-token scores [B, T] (reward or value)."""
 
     def __init__(self, backbone: PreTrainedModel, head: nn.Linear | None = None):
         super().__init__()
@@ -64,13 +62,9 @@ class ScalarHeadModel(nn.Module):
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """input_ids, attention_mask [B, T] -> the trunk's last hidden states [B, T, H]."""
-        out = self.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        )
-        return out.last_hidden_state
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids_from_mask(attention_mask),
+                             use_cache=False).last_hidden_state
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [B, T, H] -> scores [B, T], float32 under autocast too."""
@@ -81,8 +75,7 @@ class ScalarHeadModel(nn.Module):
         return self.scores(self.hidden(input_ids, attention_mask))
 
     def save(self, out_dir: str | Path) -> Path:
-        """backbone/ (save_pretrained, safetensors) + the head's files (:meth:`save_head`),
-        atomically."""
+        """backbone/ (save_pretrained) and the head's files (:meth:`save_head`), atomically."""
         with atomic_dir(out_dir) as tmp:
             self.backbone.save_pretrained(tmp / "backbone")
             self.save_head(tmp)
@@ -106,8 +99,7 @@ class PPOModels(NamedTuple):
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer) -> None:
-    """Grow the embeddings when the tokenizer gained tokens, and make the generation config
-    stop at every token of the stop set."""
+    """Grow the embeddings for added tokens; make the generation config stop at the stop set."""
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         # mean-resizing, silenced: transformers announces it on every resize
         verbosity = hf_logging.get_verbosity()

@@ -1,7 +1,5 @@
-"""Compute precision: autocast over fp32 master weights, gradients and optimizer state.
-
-``auto`` is bf16 on CUDA, and on a CPU with native bf16 units for a pretrained model; fp32
-elsewhere, since other CPUs emulate bf16 and a tiny model gains nothing.
+"""Compute precision: autocast over fp32 master weights, gradients and optimizer state; ``auto``
+is bf16 on CUDA and on a CPU with native bf16 units for a pretrained model, else fp32.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.f
 
 def choose_precision(precision: str, device: torch.device | str,
                      pretrained: bool = False) -> tuple[str, str]:
-    """(the compute precision, why) for ``model.precision`` on ``device``; fp16 on CPU is
-    refused."""
+    """(compute precision, why) for ``model.precision`` on ``device``; fp16 on CPU is refused."""
     kind = torch.device(device).type
     if precision == "auto":
         if kind == "cuda":

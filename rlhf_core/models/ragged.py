@@ -1,6 +1,5 @@
-"""Id lists held flat, indexed without a Python list per row: :class:`RaggedIds` keeps Arrow's
-list layout (``values`` and ``offsets``, often memory-mapped), so a stage makes a batch's ids
-when the batch is drawn rather than every row up front.
+"""Id lists held flat in Arrow's list layout (``values`` and ``offsets``, often memory-mapped),
+so a stage makes a batch's ids when the batch is drawn, not every row up front.
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ class RaggedIds(Sequence):
     list[int], ``ids[a:b]`` -> a RaggedIds over the same arrays (no copy)."""
 
     def __init__(self, chunks: Sequence[tuple[np.ndarray, np.ndarray]]):
-        self._chunks = [(np.asarray(v), np.asarray(o)) for v, o in chunks
-                        if len(o) > 1]
-        self._starts = list(itertools.accumulate((len(o) - 1 for _, o in self._chunks),
-                                                 initial=0))
+        self._chunks = [(np.asarray(v), np.asarray(o)) for v, o in chunks if len(o) > 1]
+        self._starts = list(itertools.accumulate((len(o) - 1 for _, o in self._chunks), initial=0))
 
     @classmethod
     def from_lists(cls, lists: Sequence[Sequence[int]]) -> RaggedIds:
@@ -37,8 +34,15 @@ class RaggedIds(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return self._slice(*i.indices(len(self))[:2]) if i.step in (None, 1) else \
-                RaggedIds.from_lists([self[j] for j in range(len(self))[i]])
+            if i.step not in (None, 1):
+                return RaggedIds.from_lists([self[j] for j in range(len(self))[i]])
+            start, stop, _ = i.indices(len(self))  # a view of the same arrays
+            out = []
+            for (values, offsets), first in zip(self._chunks, self._starts):
+                a, b = max(start - first, 0), min(stop - first, len(offsets) - 1)
+                if a < b:
+                    out.append((values, offsets[a: b + 1]))
+            return RaggedIds(out)
         n = len(self)
         i = int(i)
         if i < 0:
@@ -49,14 +53,6 @@ class RaggedIds(Sequence):
         values, offsets = self._chunks[c]
         j = i - self._starts[c]
         return values[offsets[j]: offsets[j + 1]].tolist()
-
-    def _slice(self, start: int, stop: int) -> RaggedIds:
-        out = []
-        for (values, offsets), first in zip(self._chunks, self._starts):
-            a, b = max(start - first, 0), min(stop - first, len(offsets) - 1)
-            if a < b:
-                out.append((values, offsets[a: b + 1]))
-        return RaggedIds(out)
 
     def lengths(self) -> np.ndarray:
         """[N] int64: the length of each id list."""

@@ -1,9 +1,6 @@
-"""The rollout's sampling loop: the policy's own forward with a KV cache, one token a step.
-
-``generate`` spends much of a small model's decode step on its own machinery, and CPU
-``torch.multinomial`` draws one exponential per vocabulary entry. With ``sampler=multinomial``
-this loop's tokens and logits are ``generate``'s bit for bit; the default :func:`inverse_cdf`
-draws the same distribution from one uniform per row. Models that do not fit keep ``generate``.
+"""The rollout's sampling loop: the policy's own forward with a KV cache, one token a step,
+without ``generate``'s machinery. With ``sampler=multinomial`` its tokens and logits are
+``generate``'s bit for bit; the default :func:`inverse_cdf` draws one uniform per row.
 """
 
 from __future__ import annotations

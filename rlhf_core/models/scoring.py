@@ -1,6 +1,5 @@
-"""Reading a reward model's score at the EOS token of prompt + completion + EOS, and
-normalising it with the ``{mean, std, n}`` artifact of scoring the SFT set, for training,
-rollouts and serving alike.
+"""A reward model's score read at the EOS of prompt + completion + EOS, normalised with the
+``{mean, std, n}`` artifact of scoring the SFT set.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ def gather_at(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def score_padded(model: ScalarHeadModel, ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """Right-padded [B, T] sequences ending in EOS -> [B] reward read at the EOS token."""
-    mask = ids != pad_id
-    return gather_at(model(ids, mask), last_real_index(ids, pad_id))
+    return gather_at(model(ids, ids != pad_id), last_real_index(ids, pad_id))
 
 
 @torch.inference_mode()

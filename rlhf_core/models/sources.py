@@ -1,8 +1,6 @@
-"""Where a base model comes from: a hub id, a local Hugging Face folder, or a GGUF file
-(also as ``package:<module>/<file>``, a file inside an installed package).
-
-A dequantized GGUF model refuses ``save_pretrained``, so it is turned once into a plain
-float32 folder cached under the file's SHA-256, which every stage loads.
+"""Where a base model comes from: a hub id, a local folder, or a GGUF file (also as
+``package:<module>/<file>``), which is dequantized once into a float32 folder cached under the
+file's SHA-256.
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ def package_file(source: str) -> Path:
 
 
 def gguf_file(source: str) -> Path | None:
-    """The GGUF file a source names (a file, or a folder without config.json holding one),
-    else None."""
+    """The GGUF file a source names (a file, or a folder without config.json), else None."""
     if source.startswith(PACKAGE_PREFIX):
         path = package_file(source)
         return path if path.suffix == ".gguf" else None
@@ -62,23 +59,6 @@ def file_digest(path: Path) -> str:
     """SHA-256 of a file."""
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def cached_gguf(path: Path, cache: Path | None = None) -> Path:
-    """The plain float32 folder of a GGUF file under ``<cache>/<stem>-<sha256[:16]>``, made
-    once under a file lock."""
-    if cache is None:  # $RLHF_MODEL_CACHE, else ~/.cache/rlhf/models
-        cache = Path(os.environ.get("RLHF_MODEL_CACHE", "~/.cache/rlhf/models")).expanduser()
-    digest = file_digest(path)
-    out = cache / f"{path.stem}-{digest[:16]}"
-    if (out / MARKER).exists():
-        return out
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / MARKER).exists():
-            _convert(path, out, digest)
-    return out
 
 
 def _convert(path: Path, out: Path, digest: str) -> None:
@@ -115,11 +95,20 @@ def cached_digest(folder: str | Path) -> str | None:
 
 
 def resolve_model_source(source: str, cache: Path | None = None) -> str:
-    """A model source -> what ``from_pretrained`` loads (a GGUF file becomes its cached
-    folder)."""
+    """A model source -> what ``from_pretrained`` loads: a GGUF file becomes its float32 folder
+    ``<cache>/<stem>-<sha256[:16]>``, made once under a file lock (``cache`` None:
+    $RLHF_MODEL_CACHE, else ~/.cache/rlhf/models)."""
     path = gguf_file(source) if source else None
     if path is None:
-        if source.startswith(PACKAGE_PREFIX):
-            return str(package_file(source))
-        return source
-    return str(cached_gguf(path, cache))
+        return str(package_file(source)) if source.startswith(PACKAGE_PREFIX) else source
+    if cache is None:
+        cache = Path(os.environ.get("RLHF_MODEL_CACHE", "~/.cache/rlhf/models")).expanduser()
+    digest = file_digest(path)
+    out = cache / f"{path.stem}-{digest[:16]}"
+    if not (out / MARKER).exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / f".{out.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (out / MARKER).exists():
+                _convert(path, out, digest)
+    return str(out)

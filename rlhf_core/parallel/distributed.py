@@ -1,9 +1,6 @@
-"""Data parallelism for the supervised loop (SFT, reward model): N ranks, one global batch.
-
-Every rank draws the same global batch and trains on its contiguous shard, its loss weighted
-by ``world * count_shard / count_global`` so DDP's mean gradient is the global batch's: the
-update equals the single-process one. Metrics are made global; only rank 0 writes and logs.
-:func:`init_from_env` joins the group ``torchrun`` describes.
+"""Data parallelism for the supervised loop (SFT, reward model): every rank draws the global
+batch and trains on its contiguous shard, its loss weighted by ``world * count_shard /
+count_global`` so DDP's mean gradient is the global batch's; only rank 0 writes and logs.
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ class DataParallel:
         """DDP around ``model`` (parameters shared with the bare model); fsdp: a sharded copy."""
         if self.parallel == "fsdp":
             return shard(model, self.device, self.world)
-
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DDP(model, device_ids=ids)
 
@@ -57,8 +53,7 @@ class DataParallel:
 
     def global_metrics(self, metrics: dict[str, float], weight: float,
                        summed: Sequence[str] = ()) -> dict[str, float]:
-        """Per-shard means -> the global batch's, weighted by ``weight``; ``summed`` keys are
-        summed instead."""
+        """Per-shard means -> the global batch's, weighted by ``weight``; ``summed`` keys summed."""
         means = {k: v for k, v in metrics.items() if k not in summed}
         out = global_weighted_means(means, weight)
         if summed:
@@ -69,18 +64,16 @@ class DataParallel:
 
 
 def check_world_size(saved: int, world: int) -> None:
-    """A checkpoint resumes only at the world size that wrote it (data order and seeds
-    depend on it)."""
+    """A checkpoint resumes only at the world size that wrote it (data order, seeds)."""
     if saved != world:
         raise ValueError(f"this checkpoint was written by {saved} rank(s); resume it with "
                          f"model.nproc={saved} (now {world})")
 
 
 def check_same_checkpoint(folder: str | Path, dp: DataParallel) -> None:
-    """Stop every rank unless all see the same latest checkpoint (only rank 0 writes them, so
-    several machines need a shared ``folder``)."""
-    latest = Checkpointer(folder, {}, 0).latest_step()
-    step = -1 if latest is None else latest
+    """Stop every rank unless all see the same latest checkpoint (rank 0 writes: share it)."""
+    latest = Checkpointer(folder, {}, 0).latest()
+    step = -1 if latest is None else int(latest.name.removeprefix("step_"))
     both = torch.tensor([step, -step], dtype=torch.float64, device=dp.device)
     dist.all_reduce(both, op=dist.ReduceOp.MAX)  # (max step, -min step) over the ranks
     if both[0].item() != -both[1].item():

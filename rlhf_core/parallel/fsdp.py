@@ -1,9 +1,6 @@
-"""FSDP2 (``fully_shard``) for ``model.parallel: fsdp``.
-
-The stage keeps its plain "home" model, as in one process; :func:`shard` trains a copy sharded
-block by block, and :class:`Sharded` gathers its full weights back into the home copy, so
-checkpoints and saved models keep the one-process format. The device holds the shards and one
-gathered block at a time; each rank keeps the home copy on CPU.
+"""FSDP2 (``fully_shard``) for ``model.parallel: fsdp``: :func:`shard` trains a block-by-block
+sharded copy of the stage's plain "home" model and :class:`Sharded` gathers its weights back,
+so checkpoints and saved models keep the one-process format.
 """
 
 from __future__ import annotations
@@ -55,13 +52,17 @@ class Sharded:
         self.options = EVERYWHERE if everywhere else FULL
 
     def gather(self) -> None:
-        """Full weights of ``net`` into rank 0's ``home`` (every rank's with ``everywhere``);
-        a collective."""
+        """A collective: full weights of ``net`` into rank 0's ``home`` (all: ``everywhere``)."""
         full = get_model_state_dict(self.net, options=self.options)
         if not full:  # cpu_offload: only rank 0 receives the full state
             return
         missing, unexpected = self.home.load_state_dict(full, strict=False)
-        untied = [k for k in missing if k not in _tied(self.home)]
+        seen, tied = {}, set()  # weights tied to another (GPT-2's lm_head to the embeddings)
+        for name, tensor in self.home.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:
+                tied.add(name)
+            seen.setdefault(id(tensor), name)
+        untied = [k for k in missing if k not in tied]
         if untied or unexpected:
             raise RuntimeError(f"fsdp gather: missing {untied}, unexpected {unexpected}")
 
@@ -70,19 +71,8 @@ class Sharded:
         set_model_state_dict(self.net, self.home.state_dict(), options=FULL)
 
 
-def _tied(model: torch.nn.Module) -> set[str]:
-    """State-dict keys of weights tied to another (GPT-2's lm_head to the embeddings)."""
-    seen, tied = {}, set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            tied.add(name)
-        seen.setdefault(id(tensor), name)
-    return tied
-
-
 class FullOptimizer:
-    """The optimizer as the Checkpointer sees it: its full state, gathered on every rank, and
-    its param groups."""
+    """The optimizer as the Checkpointer sees it: its full state, gathered on every rank."""
 
     def __init__(self, net: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.net, self.optimizer = net, optimizer

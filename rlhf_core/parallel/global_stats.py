@@ -1,9 +1,6 @@
-"""Statistics over the global batch when it is split across data-parallel ranks.
-
-Whitening must use the global batch's moments, or N ranks would train on N differently scaled
-advantages (README § Sources [N+]: whiten over the full batch). In one process each function
-is the single-process one; otherwise sums are all-reduced in float64 (two-pass variance, as
-``masked_var``) and every rank gets the same result.
+"""Statistics over the global batch split across data-parallel ranks (whitening over the full
+batch, README § Sources [N+]): sums all-reduced in float64, the same on every rank; in one
+process each function is the single-process one.
 """
 
 from __future__ import annotations
@@ -17,9 +14,7 @@ from rlhf_core.models.scoring import reward_norm_stats
 
 def world_size() -> int:
     """Ranks in the default group; 1 without torch.distributed."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size()
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _all_reduce(values: torch.Tensor, op) -> torch.Tensor:

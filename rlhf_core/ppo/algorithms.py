@@ -1,13 +1,8 @@
-"""What the RL stage optimises, apart from the loop that runs it (rlhf_core/ppo/trainer.py).
-
-An algorithm says whether a critic exists, turns scores and per-token KL into rewards and
-advantages, and may add a loss term: ``gae`` is PPO with a value model (README § Sources [PPO],
-[GAE], [KL-control], [N+]); the others are critic-free estimators: RLOO, GRPO and REINFORCE
-with a running-mean baseline.
-
-A critic-free batch of B = G * k responses holds k consecutive samples of each of G prompts;
-each estimator turns rewards [B] into advantages [B], applied to every real token of the
-response. Sources (README § Sources): [RLOO], [GRPO] (and its k3 KL loss term), [REINFORCE].
+"""What the RL stage optimises (rlhf_core/ppo/trainer.py runs it): whether a critic exists,
+scores and per-token KL into rewards and advantages, and any extra loss term. ``gae`` is PPO
+with a value model (README § Sources [PPO], [GAE], [KL-control], [N+]); RLOO, GRPO (and its k3
+KL loss) and REINFORCE with a running-mean baseline are critic-free ([RLOO], [GRPO],
+[REINFORCE]): a batch of B = G * k responses holds k consecutive samples of each of G prompts.
 """
 
 from __future__ import annotations
@@ -39,8 +34,7 @@ def group_view(rewards: torch.Tensor, k: int, need_pairs: bool = False) -> torch
 
 def sequence_rewards(scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor,
                      kl_coef: float) -> torch.Tensor:
-    """score - beta * sum_t KL_t. Args: scores [B], kl [B, T], response_mask [B, T].
-    Returns [B]."""
+    """score - beta * sum_t KL_t. Args: scores [B], kl [B, T], response_mask [B, T]. Returns [B]."""
     return scores - kl_coef * masked_sum(kl, response_mask, dim=1)
 
 
@@ -52,8 +46,7 @@ def rloo_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def grpo_advantages(rewards: torch.Tensor, k: int, eps: float = GRPO_EPS) -> torch.Tensor:
-    """A_i = (r_i - mean_g) / (std_g + eps), Bessel-corrected std: [B] -> [B] (0 for a group
-    of equal rewards)."""
+    """A_i = (r_i - mean_g) / (std_g + eps), Bessel-corrected: [B] -> [B] (0 for equal r)."""
     groups = group_view(rewards, k, need_pairs=True)  # (G, k)
     mean = groups.mean(dim=1, keepdim=True)
     std = groups.std(dim=1, keepdim=True, unbiased=True)

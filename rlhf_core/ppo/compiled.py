@@ -36,8 +36,7 @@ class CompiledBlocks:
         if not self.blocks:
             raise ValueError("ppo.compile: the model names no repeated block class "
                              "(_no_split_modules) to compile; set ppo.compile: false")
-        self.compiled = [torch.compile(block._call_impl, dynamic=False)
-                         for block in self.blocks]
+        self.compiled = [torch.compile(block._call_impl, dynamic=False) for block in self.blocks]
 
     @contextmanager
     def active(self) -> Iterator[None]:

@@ -1,9 +1,7 @@
-"""Data-parallel PPO: N ranks share one rollout batch and make the 1-process update.
-
-:class:`DataParallelPPO` is PPOTrainer with the batch sharded by whole prompt groups: every
-rank draws the same prompt stream and minibatch order, weights its micro-batches by their
-share of the global minibatch's tokens, and reports the global batch's metrics. Only rank 0
-logs and saves; a checkpoint resumes only at the world size that wrote it.
+"""Data-parallel PPO: :class:`DataParallelPPO` shards the rollout batch by whole prompt groups;
+every rank draws the same prompts and minibatch order and weights its micro-batches by their
+share of the global minibatch's tokens, so the update is the 1-process one. Only rank 0 logs
+and saves.
 """
 
 from __future__ import annotations
@@ -52,17 +50,13 @@ class DataParallelPPO(PPOTrainer):
                 f"({self.cfg.samples_per_prompt}) = {groups} prompts < model.nproc ({dp.world})")
         self.dp, self.seed, self.world_size = dp, seed, dp.world
         self.sharded: list[Sharded] = []
-        if dp.parallel == "fsdp":
-            self._shard()
+        if dp.parallel != "fsdp":
+            self.policy_net = dp.wrap(self.policy)  # parameters shared with self.policy
+            self.value_net = None if self.value_model is None else dp.wrap(self.value_model)
+            self.train_step.no_sync = self._no_sync
             return
-        self.policy_net = dp.wrap(self.policy)  # parameters shared with self.policy
-        self.value_net = None if self.value_model is None else dp.wrap(self.value_model)
-        self.train_step.no_sync = self._no_sync
-
-    def _shard(self) -> None:
-        """fsdp: train sharded copies of the policy and value model; after each update their
-        full weights are gathered back for the next rollout."""
-        dp = self.dp
+        # fsdp: train sharded copies; after each update their full weights are gathered back
+        # for the next rollout
         self.policy_net = shard(self.policy, dp.device, dp.world, home_on_device=True)
         self.value_net = None if self.value_model is None else shard(
             self.value_model, dp.device, dp.world, home_on_device=True)
@@ -140,8 +134,7 @@ class DataParallelPPO(PPOTrainer):
         out = self.dp.global_metrics({k: v for k, v in local.items() if k not in apart},
                                      exp.responses.shape[0], SUMMED_KEYS)
         maxed = [k for k in MAX_KEYS if k in local]
-        out.update(zip(maxed, all_reduce_max(torch.tensor([local[k] for k in maxed]))
-                       .tolist()))
+        out.update(zip(maxed, all_reduce_max(torch.tensor([local[k] for k in maxed])).tolist()))
         mask = exp.response_mask
         abs_sum, tokens = all_reduce_sum(torch.stack([(exp.advantages.abs() * mask).sum(),
                                                       mask.sum().to(exp.advantages.dtype)]))
@@ -195,8 +188,7 @@ class DataParallelPPO(PPOTrainer):
 
 def make_trainer(models: PPOModels, *, dp: DataParallel | None = None, seed: int = 0,
                  **kwargs) -> PPOTrainer:
-    """PPOTrainer in one process (``dp`` None), else DataParallelPPO on a rank of ``dp``;
-    ``kwargs``: PPOTrainer's."""
+    """PPOTrainer in one process (``dp`` None), else DataParallelPPO on a rank of ``dp``."""
     if dp is None:
         return PPOTrainer(models, **kwargs)
     return DataParallelPPO(models, dp=dp, seed=seed, **kwargs)

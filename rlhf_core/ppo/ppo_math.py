@@ -1,7 +1,6 @@
-"""PPO-for-LM equations, one function each, shapes in the docstrings.
-
-Sources (README § Sources): [PPO], [GAE], [KL-control] (KL penalty, adaptive controller),
-[KL-approx] (KL estimators), [N+] (EOS trick, temperature scaling, reward at the last token).
+"""PPO-for-LM equations, one function each, shapes in the docstrings. Sources (README § Sources):
+[PPO], [GAE], [KL-control] (KL penalty, adaptive controller), [KL-approx] (KL estimators), [N+]
+(EOS trick, temperature scaling, reward at the last token).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""What a PPO iteration reports, and to whom: its rollout batch's metrics under TRL's names
-where TRL has them and its update's averaged statistics (rlhf_core/ppo/trainer.py adds the
-loop's own), sample rows of its rollouts, and the callbacks and watch the loop hands them to.
+"""What a PPO iteration reports: its rollout batch's metrics (TRL's names where TRL has them),
+the update's averaged statistics, sample rows, and the callbacks and watch the loop calls.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ GRAD_NORM_KEYS = {"policy": "policy/grad_norm_avg", "value": "val/grad_norm_avg"
 
 
 def weighted_sum(pairs: list[tuple[float, torch.Tensor]], n_updates: int) -> float:
-    """An update statistic: sum(weight * value) / n_updates with one device sync (values are
-    0-d tensors)."""
+    """sum(weight * value) / n_updates over 0-d tensors, with one device sync."""
     values = torch.stack([v.float() for _, v in pairs]).cpu().tolist()
     total = 0.0
     for (weight, _), value in zip(pairs, values):
@@ -74,8 +72,7 @@ def rollout_metrics(exp: Experience, max_new_tokens: int, critic: bool) -> dict[
         "response/eos_rate": float(exp.has_eos.float().mean()),
     }
     if critic:
-        metrics["val/explained_variance"] = float(explained_variance(exp.values, exp.returns,
-                                                                     mask))
+        metrics["val/explained_variance"] = float(explained_variance(exp.values, exp.returns, mask))
     return metrics
 
 

@@ -1,8 +1,6 @@
 """The reward PPO optimises: the run's reward model and text scorers (built by
-tasks/pipeline/rewards.py), weighted and combined as TRL's ``reward_weights`` and aggregations.
-
-A source may abstain on a row (None); a row no source scored takes no part in the update
-rather than counting as a reward of 0.
+tasks/pipeline/rewards.py), weighted and combined as TRL's ``reward_weights``; a source may
+abstain on a row (None), and a row no source scored takes no part in the update.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""PPO rollout: generate, score, and turn scores into per-token advantages.
-
-A batch is ``query_responses [B, P + R]``: left-padded prompt, then the response (pad after the
-first EOS); forwards get masks and position ids that skip the padding. Old log-probs come from
-the generation logits in fp32, else from the update's own forward (``recompute_logprobs``), so
-the ratio before any update is 1.
+"""PPO rollout: generate, score, and turn scores into per-token advantages. A batch is
+``query_responses [B, P + R]``: left-padded prompt, then the response (pad after the first
+EOS). Old log-probs come from the generation logits in fp32, else from the update's own forward
+(``recompute_logprobs``), so the ratio before any update is 1.
 """
 
 from __future__ import annotations
@@ -81,22 +79,6 @@ def sampling_config(tokenizer, temperature: float, max_new_tokens: int,
     )
 
 
-@torch.inference_mode()
-def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad_id: int):
-    """Left-padded prompts [B, P] -> (responses [B, R], logits [B, R, V], PAD forbidden), by
-    the lean sampling loop where the model fits it, else Hugging Face ``generate``."""
-    if gen_config.cache_implementation is None and fits_lean_loop(policy):
-        responses, logits = sample_responses(
-            policy, prompt_ids, pad_id, gen_config.eos_token_id, gen_config.temperature,
-            gen_config.max_new_tokens)
-    else:
-        out = policy.generate(input_ids=prompt_ids, attention_mask=prompt_ids != pad_id,
-                              generation_config=gen_config)
-        responses = out.sequences[:, prompt_ids.shape[1]:]  # (B, R)
-        logits = torch.stack(out.logits, dim=1)  # (B, R, V), before temperature
-    return responses, forbid_pad(logits, pad_id)
-
-
 def _chunks(n: int, size: int | None) -> list[slice]:
     size = n if not size else size
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
@@ -110,31 +92,41 @@ def pad_to(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
     return torch.cat([t, t.new_full(shape, value)], dim=1)
 
 
-def generate_by_length(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig,
-                       pad_id: int, chunk: int | None):
-    """``generate`` over chunks of prompts grouped by length, each trimmed to its longest:
-    [B, P] -> (responses [B, R], logits [B, R, V]) in the original order."""
-    if not chunk or chunk >= prompt_ids.shape[0]:
-        return generate(policy, prompt_ids, gen_config, pad_id)
-    lengths = (prompt_ids != pad_id).sum(1)
-    order = torch.argsort(lengths, stable=True)
-    parts = []
-    for sl in _chunks(len(order), chunk):
-        rows = order[sl]
-        width = int(lengths[rows].max())
-        parts.append(generate(policy, prompt_ids[rows, prompt_ids.shape[1] - width:],
-                              gen_config, pad_id))
-    R = max(r.shape[1] for r, _ in parts)
-    responses = torch.cat([pad_to(r, R, pad_id) for r, _ in parts])
-    logits = torch.cat([pad_to(g, R, 0.0) for _, g in parts])
-    inverse = torch.argsort(order)
-    return responses[inverse], logits[inverse]
+@torch.inference_mode()
+def generate(policy, prompt_ids: torch.Tensor, gen_config: GenerationConfig, pad_id: int,
+             chunk: int | None = None):
+    """Left-padded prompts [B, P] -> (responses [B, R], logits [B, R, V], PAD forbidden), by
+    the lean sampling loop where the model fits it, else Hugging Face ``generate``; ``chunk``:
+    prompts per call, grouped by length, each call trimmed to its longest."""
+    if chunk and chunk < prompt_ids.shape[0]:
+        lengths = (prompt_ids != pad_id).sum(1)
+        order = torch.argsort(lengths, stable=True)
+        parts = []
+        for sl in _chunks(len(order), chunk):
+            rows = order[sl]
+            width = int(lengths[rows].max())
+            parts.append(generate(policy, prompt_ids[rows, prompt_ids.shape[1] - width:],
+                                  gen_config, pad_id))
+        R = max(r.shape[1] for r, _ in parts)
+        responses = torch.cat([pad_to(r, R, pad_id) for r, _ in parts])
+        logits = torch.cat([pad_to(g, R, 0.0) for _, g in parts])
+        inverse = torch.argsort(order)
+        return responses[inverse], logits[inverse]
+    if gen_config.cache_implementation is None and fits_lean_loop(policy):
+        responses, logits = sample_responses(
+            policy, prompt_ids, pad_id, gen_config.eos_token_id, gen_config.temperature,
+            gen_config.max_new_tokens)
+    else:
+        out = policy.generate(input_ids=prompt_ids, attention_mask=prompt_ids != pad_id,
+                              generation_config=gen_config)
+        responses = out.sequences[:, prompt_ids.shape[1]:]  # (B, R)
+        logits = torch.stack(out.logits, dim=1)  # (B, R, V), before temperature
+    return responses, forbid_pad(logits, pad_id)
 
 
 def batched(fn, query_responses: torch.Tensor, chunk: int | None) -> torch.Tensor:
     """fn over row chunks of [B, ...] concatenated (bounded memory for big batches)."""
-    return torch.cat([fn(query_responses[sl]) for sl in _chunks(query_responses.shape[0],
-                                                                 chunk)])
+    return torch.cat([fn(query_responses[sl]) for sl in _chunks(query_responses.shape[0], chunk)])
 
 
 def response_logits(policy, query_responses: torch.Tensor, pad_id: int,
@@ -169,8 +161,7 @@ def score_responses(reward_model: ScalarHeadModel, query_responses: torch.Tensor
 def score_and_features(reward_model: ScalarHeadModel, query_responses: torch.Tensor,
                        pad_id: int, context_length: int,
                        response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`score_responses` plus the hidden state read there -> (scores [B], features
-    [B, H] float32)."""
+    """:func:`score_responses` and the hidden state read there [B, H] float32."""
     hidden = reward_model.hidden(query_responses, query_responses != pad_id)  # (B, P+R, H)
     index = context_length + last_token_index(response_mask)  # (B,)
     at = hidden[torch.arange(hidden.shape[0], device=hidden.device), index]  # (B, H)
@@ -202,8 +193,8 @@ def make_experience(
     s = settings
     pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
     P = prompt_ids.shape[1]
-    raw_responses, gen_logits = generate_by_length(policy, prompt_ids, gen_config, pad_id,
-                                                   s.generation_batch_size)
+    raw_responses, gen_logits = generate(policy, prompt_ids, gen_config, pad_id,
+                                         s.generation_batch_size)
     responses, mask, has_eos = truncate_after_eos(raw_responses, eos_id, pad_id)
     query_responses = torch.cat([prompt_ids, responses], dim=1)  # (B, P+R)
     chunk = s.forward_batch_size
@@ -246,8 +237,7 @@ def make_experience(
                 iteration).to(query_responses.device)
         scores = combine(parts, mix.weights, mix.aggregation)
         keep = scored_rows(scores, group)
-        reward_metrics = source_metrics(raw, parts, mix.aggregation,
-                                        1.0 - len(keep) / len(scores))
+        reward_metrics = source_metrics(raw, parts, mix.aggregation, 1.0 - len(keep) / len(scores))
         if len(keep) == 0:
             raise ValueError(f"PPO iteration {iteration}: no reward source scored any of the "
                              f"{len(scores)} responses")

@@ -1,8 +1,6 @@
-"""PPO for language models, the ppo stage's loop (README § Sources [PPO], [InstructGPT]).
-
-``PPOTrainer.step``: sample prompts -> ``make_experience`` -> K epochs over M minibatches of
-clipped losses, each trimmed to its longest response -> metrics with TRL's names. What it
-optimises (GAE with a critic, or a critic-free estimator) is rlhf_core/ppo/algorithms.py.
+"""PPO for language models, the ppo stage's loop (README § Sources [PPO], [InstructGPT]):
+sample prompts -> ``make_experience`` -> K epochs over M minibatches of clipped losses ->
+metrics with TRL's names. What it optimises is rlhf_core/ppo/algorithms.py.
 """
 
 from __future__ import annotations
@@ -64,9 +62,8 @@ if TYPE_CHECKING:
 
 
 class PPOTrainer:
-    """Holds the models, the optimizer and the prompt stream; one ``step`` per iteration.
-    The value model is a copy of the reward model (critic_init), or None for a critic-free
-    ``cfg.advantage_estimator``; the reference policy is a frozen copy of the SFT policy."""
+    """The models, the optimizer and the prompt stream; one ``step`` per iteration (the value
+    model None for a critic-free ``cfg.advantage_estimator``)."""
 
     def __init__(
         self, models: PPOModels, *, tokenizer: PreTrainedTokenizerBase,
@@ -142,7 +139,6 @@ class PPOTrainer:
 
     @property
     def models(self) -> PPOModels:
-        """The four models as they are now."""
         return PPOModels(self.policy, self.ref_policy, self.value_model, self.reward_model)
 
     # -- prompt stream ----------------------------------------------------------------------
@@ -162,7 +158,6 @@ class PPOTrainer:
 
     # -- one iteration ----------------------------------------------------------------------
     def step(self) -> tuple[dict[str, float], Experience]:
-        """Rollout + update -> (metrics, experience)."""
         t0 = time.perf_counter()
         prompts = self.next_prompts().to(self.device)
         # eval mode in the rollout (dropout is off either way): no activation checkpointing,
@@ -191,9 +186,8 @@ class PPOTrainer:
         return metrics, exp
 
     def update(self, exp: Experience) -> dict[str, float]:
-        """K epochs x M minibatches of clipped PPO updates -> averaged stats. A minibatch is
-        one optimizer step over micro-batches, each weighted by its share of the response
-        tokens; data parallelism overrides :meth:`global_lengths` and :meth:`minibatch_rows`."""
+        """K epochs x M minibatches -> averaged stats; a minibatch is one optimizer step over
+        micro-batches, each weighted by its share of the response tokens."""
         cfg = self.cfg
         local = exp.response_mask.sum(dim=1).cpu()  # (B_local,)
         if (local == 0).any():
@@ -230,8 +224,7 @@ class PPOTrainer:
         return {key: weighted_sum(pairs, n_updates) for key, pairs in recorded.items()}
 
     def global_lengths(self, local: torch.Tensor) -> torch.Tensor:
-        """The global batch's response lengths from this process's ``local`` ones."""
-        return local
+        return local  # one process: its batch is the global one
 
     def minibatch_rows(self, idx: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
         """(rows, token-share scale) of each micro-batch this process runs for minibatch
@@ -240,10 +233,8 @@ class PPOTrainer:
         return [(idx[i: i + micro], 1.0) for i in range(0, len(idx), micro)]
 
     def minibatch_loss(self, exp: Experience, rows: torch.Tensor, R: int):
-        """Clipped policy loss - entropy bonus (+ clipped value loss, + the algorithm's extra
-        loss) on ``rows`` (CPU indices), from one forward of the policy and value model,
-        trimmed to their longest response ``R`` (padded to ``max_new_tokens`` under
-        ``ppo.compile``: static shapes) -> (loss, stats)."""
+        """Clipped policy loss - entropy bonus (+ value loss, + the algorithm's extra loss) on
+        ``rows`` (CPU indices), trimmed to their longest response ``R`` -> (loss, stats)."""
         cfg, P = self.cfg, exp.context_length
         idx = rows.to(self.device)
         policy, value_model = self.policy_net, self.value_net
@@ -282,8 +273,7 @@ class PPOTrainer:
 
     def iteration_metrics(self, exp: Experience, stats: dict[str, float], rollout_s: float,
                           update_s: float) -> dict[str, float]:
-        """The iteration's metrics: the rollout batch's (:func:`rollout_metrics`), the loop's,
-        the reward's sources' and the update's ``stats``."""
+        """The rollout batch's metrics, the loop's, the reward's sources' and ``stats``."""
         metrics = rollout_metrics(exp, self.cfg.max_new_tokens, self.value_model is not None)
         n_tokens = float(exp.response_mask.sum())
         metrics.update({
@@ -309,8 +299,7 @@ class PPOTrainer:
 
     def checkpointer(self, root, keep_last: int = 2) -> Checkpointer:
         """Saves the models and loop state every cfg.checkpoint_every iterations."""
-        return Checkpointer(root, self.trained, self.cfg.checkpoint_every, keep_last,
-                            label="ppo")
+        return Checkpointer(root, self.trained, self.cfg.checkpoint_every, keep_last, label="ppo")
 
     def restore(self, checkpointer: Checkpointer) -> tuple[int, dict] | None:
         """Load the latest checkpoint in place -> (iteration, loop state), or None."""
@@ -343,8 +332,7 @@ class PPOTrainer:
         return state["last"]
 
     def agree_to_stop(self, stop: bool) -> bool:
-        """Whether every process stops (one process: its own view)."""
-        return stop
+        return stop  # one process: its own view
 
     def train(self, on_iteration: IterationFn | None = None, progress: bool = True,
               monitor: MonitorFn | None = None, checkpointer: Checkpointer | None = None,

@@ -67,8 +67,7 @@ def train_steps(
         for key, stream in streams.items():
             stream.load_state_dict(extra[key])
         last = extra["last"]
-    bar = tqdm(total=total, initial=step, desc=name, disable=not (progress and main),
-               leave=False)
+    bar = tqdm(total=total, initial=step, desc=name, disable=not (progress and main), leave=False)
     heap = HeapTrimmer()
     while step < total:
         idx, out = sampler.next(), {}

@@ -33,8 +33,7 @@ def build_optimizer(
             return (step + 1) / (warmup + 1)
         if schedule == "constant":
             return 1.0
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        progress = min(progress, 1.0)
+        progress = min((step - warmup) / max(1, total_steps - warmup), 1.0)
         if schedule == "linear":
             return 1.0 - progress
         return 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -53,6 +52,4 @@ def seed_everything(seed: int) -> torch.Generator:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    gen = torch.Generator()
-    gen.manual_seed(seed)
-    return gen
+    return torch.Generator().manual_seed(seed)

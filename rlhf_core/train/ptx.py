@@ -14,8 +14,7 @@ from rlhf_core.models.data import ShuffledBatches, right_pad
 
 
 def chunk_ids(token_rows: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
-    """Each text's token ids cut into chunks of at most ``max_tokens`` (a chunk of one token
-    predicts nothing and is dropped)."""
+    """Each text's ids cut into chunks of at most ``max_tokens`` (one-token chunks dropped)."""
     if max_tokens < 2:
         raise ValueError("chunk_ids: max_tokens must be at least 2")
     out = []

@@ -37,16 +37,14 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor,
 
 
 class PairExamples(Sequence):
-    """(chosen_ids, rejected_ids) of pair i (:func:`~rlhf_core.models.data.pair_example`),
-    built when asked from its ids."""
+    """(chosen_ids, rejected_ids) of pair i, built when asked from its ids."""
 
     def __init__(self, prompts: RaggedIds, chosen: RaggedIds, rejected: RaggedIds,
                  eos_id: int):
         if not len(prompts) == len(chosen) == len(rejected):
             raise ValueError(f"PairExamples: {len(prompts)} prompts, {len(chosen)} chosen, "
                              f"{len(rejected)} rejected")
-        self.prompts, self.chosen, self.rejected, self.eos_id = \
-            prompts, chosen, rejected, eos_id
+        self.prompts, self.chosen, self.rejected, self.eos_id = prompts, chosen, rejected, eos_id
 
     def __len__(self) -> int:
         return len(self.prompts)

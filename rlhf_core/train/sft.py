@@ -1,7 +1,5 @@
-"""Supervised fine-tuning: causal-LM loss on prompt + response + EOS.
-
-Loss on response tokens only by default (the prompt is given, not generated); AdamW eps 1e-5,
-warm-up then decay, dropout off (README § Sources [N+]).
+"""Supervised fine-tuning: causal-LM loss on prompt + response + EOS, by default on the
+response tokens only (README § Sources [N+]).
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor):
 
 
 class SFTExamples(Sequence):
-    """(input_ids, labels) of row i (:func:`~rlhf_core.models.data.sft_example`), built when
-    asked from its ids."""
+    """(input_ids, labels) of row i, built when asked from its ids."""
 
     def __init__(self, prompts: RaggedIds, responses: RaggedIds, eos_id: int,
                  loss_on: str = "response"):

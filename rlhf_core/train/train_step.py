@@ -1,9 +1,6 @@
-"""The one training-step seam shared by SFT, reward-model training and PPO.
-
-Micro-batch losses under autocast, weighted backward, unscale, global clip, one finite check
-before the optimizer applies anything, then optimizer and schedule. Device and precision
-differences live here, so DDP/FSDP have one place to hook in. The fp16 scaler's state is not
-checkpointed.
+"""The one training-step seam of SFT, reward-model training and PPO: micro-batch losses under
+autocast, weighted backward, unscale, global clip, one finite check before the optimizer
+applies anything (the fp16 scaler's state is not checkpointed).
 """
 
 from __future__ import annotations
@@ -46,14 +43,6 @@ class TrainStep:
         """The forward context of this precision (nothing in fp32)."""
         return autocast(self.precision, self.device)
 
-    @staticmethod
-    def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-        """The 2-norm of the gradients of ``params`` (0 when none has one)."""
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return torch.zeros(())
-        return full_norm(torch.nn.utils.get_total_norm(grads))
-
     def run(self, micro_batches: Iterable[MicroBatch], step: int) -> torch.Tensor:
         """One optimizer step over the micro-batches -> the pre-clip gradient norm."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -70,7 +59,11 @@ class TrainStep:
                 scaled.backward()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        self.group_norms = {name: self._norm(group) for name, group in self.groups.items()}
+        self.group_norms = {}  # each group's gradient 2-norm (0 when none has one)
+        for name, group in self.groups.items():
+            grads = [p.grad for p in group if p.grad is not None]
+            self.group_norms[name] = full_norm(torch.nn.utils.get_total_norm(grads)) if grads \
+                else torch.zeros(())
         grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         stacked = torch.stack([loss.float() for loss in losses])
         finite = torch.stack([torch.isfinite(stacked).all(), torch.isfinite(grad_norm)]).tolist()
