@@ -63,11 +63,11 @@ def remove_tree(path: Path, label: str = "retention") -> Removed:
     trash = path.with_name(f"{TRASH}{path.name}-{uuid.uuid4().hex[:8]}")
     os.replace(path, trash)
     crash_point(f"remove:{label}")
-    _delete(trash)
+    delete_path(trash)
     return Removed(path=str(path), bytes=size)
 
 
-def _delete(path: Path) -> None:
+def delete_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -93,7 +93,7 @@ def drop_resume_state(workdir: Path) -> Retention:
     removed = []
     for path in resume_state_dirs(workdir):
         if TRASH in path.name:
-            _delete(path)
+            delete_path(path)
             continue
         try:
             gone = remove_tree(path)

@@ -134,21 +134,19 @@ class HealthLog:
               "evidence": finding.evidence, "parent_run_id": run.parent_run_id})
 
     def record(self, trainer) -> HealthRecord:
-        """The stage's health record; on a stop, also its tag."""
+        """The stage's health record; tags a stop, or no finding."""
         stopped = trainer.stopped
         record = HealthRecord(checks=len(self.watch.monitor.history.checks),
                               findings=self.findings(final=True),
                               stopped_by=None if stopped is None else stopped.detector,
                               restored_iteration=trainer.restored_iteration)
+        tags = {} if record.findings else {HEALTH_FLAGS_TAG: ""}
         if stopped is not None:
             kept = "the policy as it was" if trainer.restored_iteration is None else \
                 f"the policy of iteration {trainer.restored_iteration} (its last healthy check)"
             text = (f"stopped at iteration {stopped.iteration} by {stopped.detector}: "
                     f"{stopped.message}; kept {kept}")
-            for parent in (False, True):
-                self.sc.set_tags({HEALTH_STOPPED_TAG: text[:5000]}, parent=parent,
-                                 spooled=True)
-        elif not record.findings:
-            for parent in (False, True):
-                self.sc.set_tags({HEALTH_FLAGS_TAG: ""}, parent=parent, spooled=True)
+            tags = {HEALTH_STOPPED_TAG: text[:5000]}
+        for parent in (False, True) if tags else ():
+            self.sc.set_tags(tags, parent=parent, spooled=True)
         return record

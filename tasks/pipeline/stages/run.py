@@ -46,9 +46,13 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
     if done is not None:
         return stage.record.model_validate({**done, "skipped": True})
     start = time.perf_counter()
-    gpu = gpu_peak_tracked(ctx.device)
+    gpu = ctx.device != "cpu" and torch.cuda.is_available()
+    if gpu:  # the allocator's peak from here is the stage's own
+        torch.cuda.reset_peak_memory_stats()
     resend_left(ctx.client(), ctx.workdir)  # a resume sends what a tracking outage left
-    params = stage_params(cfg, *stage.sections) if stage.sections else None
+    # the settings of the stage's config sections, flattened (ppo.kl_coef...)
+    params = flatten(redacted({name: getattr(cfg, name).model_dump(mode="json")
+                               for name in stage.sections})) if stage.sections else None
     with stage_run(ctx, stage.name, params) as run_id:
         out = execute(ctx, cfg, stage, run_id, inputs)
         # what the stage freed (Arrow's pool, glibc's heaps) back to the OS; no full garbage
@@ -81,21 +85,6 @@ def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> N
                              description=f"{stage} summary")
 
 
-def stage_params(cfg, *sections: str) -> dict:
-    """The settings of a stage's config sections, flattened (``ppo.kl_coef``...) for its run."""
-    return flatten(redacted({name: getattr(cfg, name).model_dump(mode="json")
-                             for name in sections}))
-
-
-def gpu_peak_tracked(device: str) -> bool:
-    """Reset the CUDA allocator's peak so the stage's own is read at its end -> whether
-    tracked (CUDA only)."""
-    if device == "cpu" or not torch.cuda.is_available():
-        return False
-    torch.cuda.reset_peak_memory_stats()
-    return True
-
-
 def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
             inputs: dict[str, Any]) -> StageRecord:
     """Run the body here, on torchrun ranks, or on the worker ``routing.stages`` names, owning
@@ -125,9 +114,8 @@ def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_task(stage: Stage) -> Task:
-    """The stage's Prefect task ``task(ctx, cfg, *inputs)``: the body's inputs as its
-    parameters, the stage module's docstring as its description, the body's source as its
-    cache key."""
+    """The stage's Prefect task ``task(ctx, cfg, *inputs)``, described by the stage module's
+    docstring, the body's source its cache key."""
     param = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature(
         [inspect.Parameter("ctx", param, annotation=RunContext),
