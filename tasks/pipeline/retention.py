@@ -1,10 +1,8 @@
-"""What a finished run keeps on local disk, and deleting the rest safely.
-
-Resume state (each stage's ``checkpoints/``) serves only a run that can continue, so
-``finish`` deletes it once the run is FINISHED unless ``tracking.keep_resume_state``. Each
-deletion first renames to a ``.trash-`` sibling (atomic), so a kill never leaves a half-deleted
-folder; the next deletion sweeps the trash.
-"""
+"""What a finished run keeps on local disk, and deleting the rest safely. Resume state (each
+stage's ``checkpoints/``) serves only a run that can continue, so ``finish`` deletes it once the
+run is FINISHED unless ``tracking.keep_resume_state``. Each deletion first renames to a
+``.trash-`` sibling (atomic), so a kill never leaves a half-deleted folder; the next deletion
+sweeps the trash."""
 
 from __future__ import annotations
 

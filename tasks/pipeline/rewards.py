@@ -1,9 +1,8 @@
 """PPO's reward sources beside the reward model (``ppo.reward_sources``; the math in
 rlhf_core/ppo/rewards.py): a ``module:function``, a registered MLflow pyfunc, or an MLflow
-scoring server over HTTP. Each is checked before training and recorded with what identifies it.
+scoring server over HTTP, each checked before training and recorded with what identifies it.
 A function is called as TRL calls reward functions, ``fn(prompts=..., completions=...,
-**columns)`` -> a float or None (abstain) per row. Imports nothing heavy: the CLI uses it.
-"""
+**columns)`` -> a float or None (abstain) per row. Imports nothing heavy: the CLI uses it."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def post_rows(source: RewardSource, prompts: Sequence[Any], responses: Sequence[
 
 
 def _request(url: str, body: bytes) -> urllib.request.Request:
-    """A JSON POST to ``url``; a login in the URL goes in a basic-auth header (urllib
-    ignores it)."""
+    """A JSON POST; a login in the URL goes in a basic-auth header (urllib ignores it)."""
     import base64
     from urllib.parse import urlsplit, urlunsplit
 

@@ -1,8 +1,7 @@
 """The register stage's champion rule: a new policy takes ``champion`` only when both were
 scored by the same scorer on the same held-out prompts, since two reward models' scales are not
 comparable. Otherwise it is registered ``challenger`` (the retrain gate or ``rlhf promote``
-moves the champion later); the decision and its reason are tags on the version.
-"""
+moves the champion later); the decision and its reason are tags on the version."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class Decision(BaseModel):
 
     @property
     def register_tag(self) -> str:
-        """The version's decision tag: the rule's verdict, or ``gate: promote|keep`` (held:
-        ``, awaiting approval``)."""
+        """The version's tag: the verdict, or ``gate: promote|keep[, awaiting approval]``."""
         held = ", awaiting approval" if self.hold else ""
         return self.verdict or "gate: " + ("promote" if self.promote else "keep") + held
 

@@ -1,7 +1,6 @@
 """Sweep tasks: the grid, one MLflow parent run per point, and the summary over points.
 A sweep varies RL settings only (``grid_points``), so the stages before PPO run once under the
-sweep's own run and every point reuses their outputs.
-"""
+sweep's own run and every point reuses their outputs."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def point_label(overrides: dict[str, Any]) -> str:
 @task(name="sweep_point_run")
 def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
                    overrides: dict[str, Any]) -> Prepared:
-    """A new MLflow parent run for one point, tagged with the sweep, reusing the shared
-    run's inputs."""
+    """A new MLflow parent run for one point, tagged with the sweep, reusing the shared inputs."""
     ctx = open_parent_run(cfg, None)
     tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_POINT_TAG: json.dumps(overrides, sort_keys=True),
                      SWEEP_SHARED_RUN_TAG: base_prep.ctx.parent_run_id})

@@ -1,8 +1,7 @@
 """PPO's health in the pipeline: the held-out check and the detectors (rlhf_core/health) set up
 from the run's config, and what a finding sets off: tags and ``health.json`` on both runs, a
 log warning and the Prefect event ``rlhf.ppo.unhealthy`` for users' automations. After a stop
-the policy is the last healthy snapshot, which register will not promote without an override.
-"""
+the policy is the last healthy snapshot, which register will not promote without an override."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def held_out_prompts(data_dir: Path, n: int) -> tuple[list[str], bool]:
-    """The first ``n`` held-out prompts -> (prompts, held out); without any, the first
-    training prompts."""
+    """The first ``n`` held-out prompts (else training prompts) -> (prompts, held out)."""
     path = data_dir / "eval_prompts.jsonl"
     held_out = path.exists()
     rows = read_jsonl(path if held_out else data_dir / "prompts.jsonl")
@@ -104,8 +102,7 @@ class HealthLog:
                                   f"{answers.iteration}")
 
     def findings(self, final: bool = False) -> list[HealthFinding]:
-        """Every finding so far, a resume's earlier ones too; ``final``: with whether each
-        still stands."""
+        """Every finding so far, a resume's earlier ones too (``final``: whether each stands)."""
         monitor = self.watch.monitor
         standing = monitor.standing() if final else {}
         return [finding_record(f, monitor.action(f)).model_copy(

@@ -38,9 +38,8 @@ from tasks.platform.mlflow.tags import (
 @task(name="judge_split")
 def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
                 batch_keys: list[str] | None = None) -> DataRecord:
-    """Move the judge's held-out pairs from ``preference.jsonl`` to
-    ``judge_preference.jsonl``, so the reward model never trains on them. With
-    ``judge_data: configured`` held-out batch pairs train neither model."""
+    """Move the judge's held-out pairs to ``judge_preference.jsonl``, so the reward model never
+    trains on them (``judge_data: configured``: held-out batch pairs train neither model)."""
     source = local_copy(ctx, data.data, "validate's data")
     target = ctx.stage_dir("judge_split") / "data"
     if target.exists():
@@ -93,8 +92,7 @@ def fit_judge(start_dir: Path, pairs, rows: Callable[[], list[dict]], pad_id: in
 
 
 def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
-    """Train a judge on ``start``'s policy from the judge split's pairs, else the reward
-    model's held-out pairs."""
+    """Train a judge on ``start``'s policy: the judge split's pairs, else the RM's held-out ones."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)

@@ -32,10 +32,9 @@ from tasks.platform.prefect.memory import peak_memory, state_bytes
 
 
 def judge_hooks(judge_name: str, sft_rows: Callable[[], list[dict]], norm_stats: dict):
-    """The gold judge's (monitor, add), (None, None) without a judge: ``monitor``, the mean
-    judge score of each iteration's rollouts (``judge/score``); ``add``, (metrics, rows) ->
-    metrics plus the RM-vs-judge gain gap in z units (``judge/rm_judge_gap_z``), rows
-    judge-scored."""
+    """The gold judge's (monitor, add), (None, None) without one: ``monitor``, each iteration's
+    mean judge score (``judge/score``); ``add``, (metrics, rows) -> metrics plus the RM-vs-judge
+    gain gap in z units (``judge/rm_judge_gap_z``), rows judge-scored."""
     judge = resolve_judge(judge_name)
     if judge is None:
         return None, None

@@ -1,7 +1,6 @@
 """Typed stage outputs: what each stage returns, records on its child run (read back to skip
 a finished stage) and hands on. A written file is an :class:`Artifact` (local path and MLflow
-URI), so a stage on another machine can fetch it.
-"""
+URI), so a stage on another machine can fetch it."""
 
 from __future__ import annotations
 
@@ -134,8 +133,7 @@ class PolicyRecord(StageRecord):
 
 
 class EvalRecord(StageRecord):
-    """evaluate: metrics and the scorers of the headline score and of the start comparison
-    (None: no independent scorer)."""
+    """evaluate: metrics, the headline score's scorer and the start comparison's (None: none)."""
 
     scorer: str | None = None
     start_scorer: str | None = None

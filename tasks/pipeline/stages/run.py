@@ -1,7 +1,6 @@
 """Running a stage: skip it when its finished child run recorded an output, else run the body
 in a child run (here, on torchrun ranks or on a worker) and record its typed output. Each
-stage's Prefect task is derived from its table entry here.
-"""
+stage's Prefect task is derived from its table entry here."""
 
 from __future__ import annotations
 

@@ -59,8 +59,7 @@ def check_tax_inputs(cfg) -> None:
 
 
 def _cached(folder: Path, key: dict, compute) -> tuple[list[str], float]:
-    """The base model's answers and bits per byte, cached in ``folder`` by a digest of their
-    inputs."""
+    """The base's answers and bits per byte, cached in ``folder`` by a digest of their inputs."""
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = folder / "tax" / f"{name}.json"
     if path.exists():
