@@ -91,8 +91,7 @@ def is_hex(name: str, length: int) -> bool:
     return len(name) == length and all(c in "0123456789abcdef" for c in name)
 
 
-def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
-                 needed: dict[str, str]) -> list[Found]:
+def _run_folders(cfg: PipelineConfig, uri: str, keep: int, needed: dict[str, str]) -> list[Found]:
     root = Path(cfg.tracking.workdir)
     if not root.is_dir():
         return []
@@ -203,8 +202,7 @@ def _deleted_runs(uri: str, needed: dict[str, str], age_days: float,
                      "remove them whole, while a run of theirs above is kept: nothing is "
                      "purged until it may go (or is restored)")
     elif gone and any(f.delete for f in out):
-        notes.append(f"`mlflow gc` also removes the experiments marked deleted: "
-                     f"{', '.join(gone)}")
+        notes.append(f"`mlflow gc` also removes the experiments marked deleted: {', '.join(gone)}")
     return out, notes
 
 
@@ -321,8 +319,7 @@ def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
                 continue
         else:
             if item.kind == "pull record":
-                mark_pulled_all(plan.tracking_uri, cfg.tracking.experiment, path.name,
-                                item.pairs)
+                mark_pulled_all(plan.tracking_uri, cfg.tracking.experiment, path.name, item.pairs)
             remove_tree(path, f"gc:{item.kind.replace(' ', '_')}")
         print(f"gc: deleted {item.line()}")
         done.append(item)

@@ -202,7 +202,6 @@ def local_folder(artifact_uri: str | None) -> Path | None:
 
 
 def keeps_consumed_copy(tracking_uri: str, run_id: str, digest: str) -> bool:
-    """Does the retrain run ``run_id`` keep its copy of batch ``digest``?"""
     client = tracking_client(tracking_uri)
     return bool(client.list_artifacts(run_id, f"{CONSUMED_COPY}/{digest}"))
 

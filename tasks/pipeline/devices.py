@@ -13,7 +13,6 @@ if TYPE_CHECKING:  # torch and the model code load with the first model, not thi
 
 
 def setup_torch(model_cfg: ModelConfig) -> torch.device:
-    """Set the thread count -> the device."""
     import torch
 
     from rlhf_core.models.models import resolve_device

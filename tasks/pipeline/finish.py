@@ -64,7 +64,6 @@ def finish(ctx: RunContext, outputs: dict[str, StageRecord],
 
 
 def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
-    """Mark the parent run FINISHED, then delete its resume state unless kept."""
     end_run(ctx.client(), ctx.parent_run_id, "FINISHED")
     if not keep_resume_state:
         drop_resume_state(Path(ctx.workdir))

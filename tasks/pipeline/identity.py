@@ -134,6 +134,5 @@ def input_digests(cfg: PipelineConfig) -> dict[str, str]:
 
     d = cfg.demo
     with tempfile.TemporaryDirectory() as tmp:
-        paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias, d.chat,
-                                   d.system)
+        paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias, d.chat, d.system)
         return {role: source_digest(str(path)) for role, path in paths.items()}

@@ -40,7 +40,6 @@ def owning(folder: str | Path) -> Iterator[None]:
 
 
 def owner_lock_kept(folder: Path) -> bool:
-    """Whether ``folder`` has an owner lock file."""
     return (folder / OWNER_LOCK).is_file()
 
 

@@ -130,10 +130,9 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
     except OSError:
         end_run(client, run_id, "FAILED")
         raise
-    return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
-                      workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress,
-                      outage_limit_s=cfg.tracking.outage_limit_s, device=device.type,
-                      run_name=run_name)
+    return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id, seed=cfg.seed,
+                      workdir=str(workdir), progress=cfg.tracking.progress, device=device.type,
+                      outage_limit_s=cfg.tracking.outage_limit_s, run_name=run_name)
 
 
 def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
@@ -146,10 +145,9 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
     if marker.exists():
         return read_json(marker)
     d = cfg.demo
-    paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(),
-                              rm_length_bias=d.rm_length_bias, chat=d.chat, system=d.system,
-                              with_model=not cfg.model.base_model, n_layer=d.n_layer,
-                              n_embd=d.n_embd, n_head=d.n_head)
+    paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(), chat=d.chat, system=d.system,
+                              rm_length_bias=d.rm_length_bias, with_model=not cfg.model.base_model,
+                              n_layer=d.n_layer, n_embd=d.n_embd, n_head=d.n_head)
     out = {k: str(v) for k, v in paths.items()}
     write_json(marker, out)
     return out
@@ -229,8 +227,7 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
                                      for role in DataConfig.model_fields if role in assets})
         # a GGUF file (or a package's) becomes its cached Hugging Face folder, made once
         base_model = resolve_model_source(base_model)
-        tokenizer = resolve_model_source(cfg.model.tokenizer) if cfg.model.tokenizer \
-            else base_model
+        tokenizer = resolve_model_source(cfg.model.tokenizer) if cfg.model.tokenizer else base_model
         named, source = None, cfg.model.base_model
         if source:
             digest = cached_digest(base_model)

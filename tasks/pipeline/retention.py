@@ -20,8 +20,6 @@ RESUME_STATE = "checkpoints"  # a stage folder's mid-stage training-state checkp
 
 
 class Removed(BaseModel):
-    """One deleted file or folder and the bytes it held."""
-
     model_config = ConfigDict(frozen=True)
     path: str
     bytes: int
@@ -77,19 +75,14 @@ def trash_in(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"{TRASH}*")) if folder.is_dir() else []
 
 
-def resume_state_dirs(workdir: Path) -> list[Path]:
-    """A run folder's ``checkpoints/`` folders (any node or rank), and trash left in them."""
-    if not workdir.is_dir():
-        return []
-    found = sorted(p for p in workdir.rglob(RESUME_STATE) if p.is_dir())
-    stages = sorted({p.parent for p in found} | {p for p in workdir.iterdir() if p.is_dir()})
-    return found + [t for stage in stages for t in trash_in(stage)]
-
-
 def drop_resume_state(workdir: Path) -> Retention:
-    """Delete a finished run's resume state; a folder that cannot go is named and left."""
-    removed = []
-    for path in resume_state_dirs(workdir):
+    """Delete a finished run's resume state (its ``checkpoints/`` folders, any node or rank,
+    and trash left in its stage folders); a folder that cannot go is named and left."""
+    removed, found, stages = [], [], []
+    if workdir.is_dir():
+        found = sorted(p for p in workdir.rglob(RESUME_STATE) if p.is_dir())
+        stages = sorted({p.parent for p in found} | {p for p in workdir.iterdir() if p.is_dir()})
+    for path in found + [t for stage in stages for t in trash_in(stage)]:
         if TRASH in path.name:
             delete_path(path)
             continue

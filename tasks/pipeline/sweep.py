@@ -43,7 +43,6 @@ def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
 
 def point_row(overrides: dict[str, Any], result: PipelineResult | None,
               error: str | None) -> dict[str, Any]:
-    """One row of the summary table for a point."""
     row: dict[str, Any] = {"point": point_label(overrides), **overrides}
     if result is None:
         return {**row, "status": "FAILED", "error": (error or "")[:300]}
@@ -110,8 +109,7 @@ def frontier_plot(rows: list[dict], metric: str, path: str) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if r["status"] == "FINISHED" and metric in r
-            and "eval/kl_to_ref" in r]
+    done = [r for r in rows if r["status"] == "FINISHED" and metric in r and "eval/kl_to_ref" in r]
     if not done:
         return None
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -119,8 +117,7 @@ def frontier_plot(rows: list[dict], metric: str, path: str) -> str | None:
     for r in done:
         by_estimator[str(r.get("ppo.advantage_estimator", "gae"))].append(r)
     for name, members in sorted(by_estimator.items()):
-        ax.scatter([r["eval/kl_to_ref"] for r in members], [r[metric] for r in members],
-                   label=name)
+        ax.scatter([r["eval/kl_to_ref"] for r in members], [r[metric] for r in members], label=name)
     ax.set_xlabel("KL to reference (nats)")
     ax.set_ylabel(metric)
     ax.legend()

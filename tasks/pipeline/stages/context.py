@@ -186,7 +186,6 @@ class StageContext:
         return on_log
 
     def log_parent(self, metrics: dict[str, float]) -> None:
-        """Headline figures on the pipeline's parent run too."""
         metric_logger(self.run, self.run.parent_run_id)(0, metrics)
 
     def live(self, total: int) -> Callable[..., None]:
@@ -197,8 +196,7 @@ class StageContext:
     def run_tags(self) -> dict[str, str]:  # a resumed stage's: from its first try on
         return run_tags(self.client, self.run_id)
 
-    def set_tags(self, tags: dict[str, str], parent: bool = False,
-                 spooled: bool = False) -> None:
+    def set_tags(self, tags: dict[str, str], parent: bool = False, spooled: bool = False) -> None:
         """Tags on the stage's (or ``parent``) run; ``spooled``: via the spool, in order with
         the training loop's writes."""
         run_id = self.run.parent_run_id if parent else self.run_id

@@ -62,19 +62,17 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
         with torch.random.fork_rng(devices=[]):
             model = load_pretrained(sc.local(judge.model, "judge_model's model"), sc.spec, "scalar",
                                     trainable=False)
-    check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model,
-                         external=external, gold=resolve_judge(gold_name),
-                         precision=sc.spec.precision)
+    check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model, external=external,
+                         gold=resolve_judge(gold_name), precision=sc.spec.precision)
     settings = for_scorer(cfg.health, registered=external is not None)
     return Watch(settings, check, cfg.check_every, sc.dir / "healthy"), prompts
 
 
 def finding_record(finding: Finding, action: str) -> HealthFinding:
     detector = BY_NAME[finding.detector]
-    return HealthFinding(detector=finding.detector, failure=detector.failure,
-                         iteration=finding.iteration, onset=finding.onset,
-                         last_healthy=finding.last_healthy, action=action,
-                         message=finding.message, advice=detector.advice,
+    return HealthFinding(detector=finding.detector, failure=detector.failure, action=action,
+                         iteration=finding.iteration, onset=finding.onset, advice=detector.advice,
+                         last_healthy=finding.last_healthy, message=finding.message,
                          evidence=finding.evidence)
 
 

@@ -106,13 +106,11 @@ def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
         pairs, rows = split.held_out, split.held_rows
     model = fit_judge(sc.local(start.model, "the policy the judge starts from"), pairs, rows,
                       tokenizer.pad_token_id, cfg, spec, device, generator, on_log=sc.log)
-    out_dir = save_scalar(model, sc.dir / "model", sc.local(start.model, "the start policy"),
-                          spec)
+    out_dir = save_scalar(model, sc.dir / "model", sc.local(start.model, "the start policy"), spec)
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"),
                        metrics={"judge/pairs": float(len(pairs))})
 
 
 STAGE = Stage("judge_model", body, ModelRecord, seed_offset=7, metrics=TRAIN_METRICS,
               artifacts=("checkpoint",))
-
 judge_model = stage_task(STAGE)

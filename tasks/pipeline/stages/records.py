@@ -83,7 +83,6 @@ class HealthFinding(BaseModel):
     stands: str | None = None
 
     def line(self) -> str:
-        """One line for summaries: what fired, when, and the advice."""
         return (f"{self.failure} ({self.detector}) at iteration {self.iteration}: "
                 f"{self.message}. Advice: {self.advice}.")
 
@@ -102,7 +101,6 @@ class HealthRecord(BaseModel):
         return [f.detector for f in self.findings]
 
     def lines(self) -> list[str]:
-        """One summary line per finding, and the stop."""
         out = [f"PPO health: {f.line()}" + (f" It still stands at the end: {f.stands}."
                                             if f.stands else "") for f in self.findings]
         if self.stopped_by is not None:

@@ -36,8 +36,7 @@ from tasks.platform.prefect.remote import run_routed
 from tasks.platform.redact import redacted
 
 
-def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
-              **inputs: Any) -> StageRecord:
+def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage, **inputs: Any) -> StageRecord:
     """Skip ``stage`` when a finished child run recorded its output; else run its body in
     the child run and record the output and wall time -> the record."""
     pause_point(f"before:{stage.name}")
@@ -66,22 +65,16 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
             {"memory/stage_peak_gpu_gb": out.peak_gpu_gb} if gpu else {})})
         record_output(ctx, run_id, out.model_dump(mode="json"))
     crash_point(f"after:{stage.name}")
-    stage_markdown(ctx, stage.name, run_id, {"wall_s": out.wall_s, **out.metrics,
-                                              **out.figures})
+    if in_prefect_run():  # the stage's key figures and its MLflow link in Prefect's UI
+        from prefect.artifacts import create_markdown_artifact
+
+        rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                         for k, v in {"wall_s": out.wall_s, **out.metrics, **out.figures}.items())
+        md = (f"## {stage.name}\n\nMLflow: {run_url(ctx, run_id)}\n\n"
+              f"| figure | value |\n|---|---|\n{rows}\n")
+        create_markdown_artifact(key=f"rlhf-{stage.name.replace('_', '-')}", markdown=md,
+                                 description=f"{stage.name} summary")
     return out
-
-
-def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> None:
-    """A Prefect markdown artifact with the stage's key figures and its MLflow link."""
-    if not in_prefect_run():
-        return
-    from prefect.artifacts import create_markdown_artifact
-
-    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
-                     for k, v in figures.items())
-    md = f"## {stage}\n\nMLflow: {run_url(ctx, run_id)}\n\n| figure | value |\n|---|---|\n{rows}\n"
-    create_markdown_artifact(key=f"rlhf-{stage.replace('_', '-')}", markdown=md,
-                             description=f"{stage} summary")
 
 
 def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,

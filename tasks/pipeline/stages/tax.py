@@ -35,7 +35,6 @@ def tax_inputs(tax: TaxConfig) -> tuple[list[ProbeItem], list[str]]:
 
 
 def applies(cfg) -> bool:
-    """Whether the tax is on and the run starts from a pretrained base."""
     return cfg.eval.tax.enabled and bool(cfg.model.base_model)
 
 
