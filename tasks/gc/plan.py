@@ -1,14 +1,10 @@
 """`rlhf gc`: find what no longer serves (old run folders, runs deleted in MLflow, consumed
 batches, pull records, stale cache entries), then, only when asked, delete it, one log line
-each with its reason. Anything resumable or that an alias needs is kept.
-
-A run marked deleted in MLflow is purged with the runs under it only
-``tracking.gc_deleted_age_days`` after deletion (so the UI can still restore a mistake), and
-never while a registry alias needs it."""
+each with its reason. Anything resumable or that an alias needs is kept; a run deleted in
+MLflow goes, with the runs under it, ``tracking.gc_deleted_age_days`` after its deletion."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -35,7 +31,7 @@ from tasks.gc.store import (
     stored_runs,
 )
 from tasks.pipeline.owners import owner_lock_kept, unowned
-from tasks.pipeline.retention import TRASH, remove_tree, trash_in, tree_bytes
+from tasks.pipeline.retention import TRASH, delete_path, remove_tree, trash_in, tree_bytes
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
 from tasks.retrain.labels.imports import QUARANTINE
@@ -85,10 +81,9 @@ class GcPlan(BaseModel):
         return [f for f in self.found if not f.delete]
 
 
-def _goes(kind: Kind, path: Path, reason: str, **more) -> Found:
-    """``path`` marked for deletion, with its size."""
-    return Found(kind=kind, target=str(path), delete=True, bytes=tree_bytes(path),
-                 reason=reason, **more)
+def _found(kind: Kind, path: Path, reason: str, delete: bool = True, **more) -> Found:
+    return Found(kind=kind, target=str(path), delete=delete, reason=reason,
+                 bytes=tree_bytes(path) if delete else 0, **more)
 
 
 def is_hex(name: str, length: int) -> bool:
@@ -96,12 +91,11 @@ def is_hex(name: str, length: int) -> bool:
     return len(name) == length and all(c in "0123456789abcdef" for c in name)
 
 
-def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
-                 needed: dict[str, str]) -> list[Found]:
+def _run_folders(cfg: PipelineConfig, uri: str, keep: int, needed: dict[str, str]) -> list[Found]:
     root = Path(cfg.tracking.workdir)
     if not root.is_dir():
         return []
-    out = [_goes("trash", p, STOPPED) for p in trash_in(root)]
+    out = [_found("trash", p, STOPPED) for p in trash_in(root)]
     folders = {p.name: p for p in root.iterdir() if p.is_dir() and is_hex(p.name, 32)}
     runs = stored_runs(uri, sorted(folders))
     finished = []
@@ -112,25 +106,23 @@ def _run_folders(cfg: PipelineConfig, uri: str, keep: int,
         elif run_id in needed:
             why = f"needed by {needed[run_id]}"
         elif run.deleted:
-            out.append(_goes("run folder", path, "its run is marked deleted in MLflow"))
+            out.append(_found("run folder", path, "its run is marked deleted in MLflow"))
             continue
         elif run.status != "FINISHED":
             why = f"{run.status}: kept until resumed, or deleted in MLflow (resume state)"
         else:
             finished.append((run.end_time or 0, run_id, path))
             continue
-        out.append(Found(kind="run folder", target=str(path), delete=False, reason=why))
-        out += _leftovers(path, run)
+        out += [_found("run folder", path, why, delete=False), *_leftovers(path, run)]
     finished.sort(reverse=True)  # newest first
     for n, (ended, run_id, path) in enumerate(finished):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(ended / 1000))
         if n < keep:
-            out.append(Found(kind="run folder", target=str(path), delete=False,
-                             reason=f"finished {when}, among the newest {keep} finished runs"))
-            out += _leftovers(path, runs[run_id])
+            out += [_found("run folder", path, f"finished {when}, among the newest {keep} "
+                           "finished runs", delete=False), *_leftovers(path, runs[run_id])]
         else:
-            out.append(_goes("run folder", path, f"finished {when}, older than the newest "
-                             f"{keep} finished runs (tracking.gc_keep_runs)"))
+            out.append(_found("run folder", path, f"finished {when}, older than the newest "
+                              f"{keep} finished runs (tracking.gc_keep_runs)"))
     return out
 
 
@@ -147,14 +139,13 @@ def _leftovers(folder: Path, run) -> list[Found]:
         with unowned(folder) as free:
             pass
         if not free:
-            return [Found(kind="leftover", target=str(folder), delete=False,
-                          reason="a live process owns the run folder (a stage runs in it): "
-                                 f"its {len(paths)} unfinished file(s) stay")]
+            return [_found("leftover", folder, "a live process owns the run folder (a stage "
+                           f"runs in it): its {len(paths)} unfinished file(s) stay", delete=False)]
         why = "no live process owns the run folder"
     else:
         paths = [p for p in paths if _old(p, 1, time.time())]
         why = "a day old or more, in a run folder no stage has locked"
-    return [_goes("leftover", p, f"left by a killed gate or stage; {why}") for p in paths]
+    return [_found("leftover", p, f"left by a killed gate or stage; {why}") for p in paths]
 
 
 def _old(path: Path, max_age_days: float, now: float) -> bool:
@@ -211,8 +202,7 @@ def _deleted_runs(uri: str, needed: dict[str, str], age_days: float,
                      "remove them whole, while a run of theirs above is kept: nothing is "
                      "purged until it may go (or is restored)")
     elif gone and any(f.delete for f in out):
-        notes.append(f"`mlflow gc` also removes the experiments marked deleted: "
-                     f"{', '.join(gone)}")
+        notes.append(f"`mlflow gc` also removes the experiments marked deleted: {', '.join(gone)}")
     return out, notes
 
 
@@ -228,38 +218,34 @@ def _batches(cfg: PipelineConfig, uri: str, now: float) -> list[Found]:
     for path in files:
         run_id = consumed.get(file_digest(path))
         if run_id is None:
-            out.append(Found(kind="batch", target=str(path), delete=False,
-                             reason="no retrain consumed it yet"))
+            why = "no retrain consumed it yet"
         elif not _old(path, days, now):
-            out.append(Found(kind="batch", target=str(path), delete=False,
-                             reason=f"consumed by run {run_id}, not {age}"))
+            why = f"consumed by run {run_id}, not {age}"
         elif not keeps_consumed_copy(uri, run_id, file_digest(path)):
-            out.append(Found(kind="batch", target=str(path), delete=False,
-                             reason=f"consumed by run {run_id}, which keeps no copy of it"))
+            why = f"consumed by run {run_id}, which keeps no copy of it"
         else:
-            out.append(_goes("batch", path, f"consumed by run {run_id} (which keeps its copy), "
-                             f"{age}"))
+            out.append(_found("batch", path, f"consumed by run {run_id} (which keeps its "
+                              f"copy), {age}"))
+            continue
+        out.append(_found("batch", path, why, delete=False))
     quarantined = watch / QUARANTINE
     for path in sorted(quarantined.iterdir()) if quarantined.is_dir() else []:
-        if not path.is_file() or path.name.startswith(TRASH):
-            continue
-        old = _old(path, days, now)
-        out.append(Found(kind="batch", target=str(path), delete=old,
-                         bytes=tree_bytes(path) if old else 0,
-                         reason=f"quarantined, {'' if old else 'not '}{age}"))
-    return out + [_goes("trash", p, STOPPED) for p in trash_in(watch) + trash_in(quarantined)]
+        if path.is_file() and not path.name.startswith(TRASH):
+            old = _old(path, days, now)
+            why = f"quarantined, {'' if old else 'not '}{age}"
+            out.append(_found("batch", path, why, delete=old))
+    return out + [_found("trash", p, STOPPED) for p in trash_in(watch) + trash_in(quarantined)]
 
 
 def _pulls(cfg: PipelineConfig) -> list[Found]:
     root = Path(cfg.collect.out_dir) / "pulls"
-    out = [_goes("trash", p, STOPPED) for p in trash_in(root)]
-    return out + [_goes("pull record", folder, f"collection {cid}: all {pairs} pairs pulled "
-                        "and imported", pairs=pairs) for cid, folder, pairs in pulled_in_full(cfg)]
+    out = [_found("trash", p, STOPPED) for p in trash_in(root)]
+    return out + [_found("pull record", folder, f"collection {cid}: all {pairs} pairs pulled "
+                         "and imported", pairs=pairs) for cid, folder, pairs in pulled_in_full(cfg)]
 
 
 def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
-    """Validation cache entries unused for ``tracking.gc_cache_age_days``; those in use as
-    one line."""
+    """Validation cache entries unused for ``tracking.gc_cache_age_days``; those used, one line."""
     cache = validation_cache()
     if cache is None or not cache.root.is_dir():
         return []
@@ -274,17 +260,16 @@ def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
             used.append(path)
             continue
         what = "tokenized chunk" if path.parent == chunks else "passed validation"
-        out.append(_goes("cache", path, f"{what} unused for {days:g} days "
-                         "(tracking.gc_cache_age_days)"))
+        out.append(_found("cache", path, f"{what} unused for {days:g} days "
+                          "(tracking.gc_cache_age_days)"))
     if used:
         n = sum(p.parent == chunks for p in used)
-        out.append(Found(kind="cache", target=str(cache.root), delete=False,
-                         reason=f"{len(used) - n} passed validations and {n} tokenized chunks "
-                                f"used within {days:g} days"))
+        out.append(_found("cache", cache.root, f"{len(used) - n} passed validations and {n} "
+                          f"tokenized chunks used within {days:g} days", delete=False))
     leftovers = [p for folder in (cache.root, chunks) if folder.is_dir()
                  for p in folder.iterdir() if p.name.startswith(".") and _old(p, 1, now)]
-    return out + [_goes("trash", p, "left by a write or deletion stopped midway, a day ago or "
-                        "more") for p in sorted(leftovers)]
+    return out + [_found("trash", p, "left by a write or deletion stopped midway, a day ago or "
+                         "more") for p in sorted(leftovers)]
 
 
 def plan_gc(cfg: PipelineConfig, keep_runs: int | None = None) -> GcPlan:
@@ -334,8 +319,7 @@ def apply_gc(cfg: PipelineConfig, plan: GcPlan) -> list[Found]:
                 continue
         else:
             if item.kind == "pull record":
-                mark_pulled_all(plan.tracking_uri, cfg.tracking.experiment, path.name,
-                                item.pairs)
+                mark_pulled_all(plan.tracking_uri, cfg.tracking.experiment, path.name, item.pairs)
             remove_tree(path, f"gc:{item.kind.replace(' ', '_')}")
         print(f"gc: deleted {item.line()}")
         done.append(item)
@@ -355,8 +339,5 @@ def _sweep(cfg: PipelineConfig, path: Path) -> bool:
         if not free:
             print(f"gc: kept {path}: a process owns its run folder again")
             return False
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        delete_path(path)
     return True

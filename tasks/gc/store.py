@@ -110,10 +110,9 @@ def alias_runs(tracking_uri: str, models: tuple[str, ...]) -> dict[str, str]:
 
 
 def _parent_of(client, run_id: str) -> str | None:
-    try:
+    with suppress(MlflowException):
         return client.get_run(run_id).data.tags.get(PARENT_TAG)
-    except MlflowException:
-        return None
+    return None
 
 
 def deleted_runs(tracking_uri: str) -> list[StoredRun]:
@@ -187,8 +186,12 @@ def purge_runs(tracking_uri: str, run_ids: list[str]) -> None:
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
             raise PurgeFailed(f"MLflow's gc of {len(left)} deleted run(s) at {tracking_uri} "
                               f"failed ({why[:300]}); they stay marked deleted")
-    for run in present.values():
-        drop_empty_folder(run.artifact_uri)
+    for path in filter(None, (local_folder(r.artifact_uri) for r in present.values())):
+        # the run's local artifact folder, which MLflow's gc leaves empty, deepest first
+        folder = path.parent if path.name == "artifacts" else path
+        for root, _, _ in sorted(os.walk(folder), key=lambda w: -len(w[0])):
+            with suppress(OSError):
+                Path(root).rmdir()  # only an empty folder
 
 
 def local_folder(artifact_uri: str | None) -> Path | None:
@@ -198,19 +201,7 @@ def local_folder(artifact_uri: str | None) -> Path | None:
     return Path(unquote(urlparse(artifact_uri).path))
 
 
-def drop_empty_folder(artifact_uri: str | None) -> None:
-    """Remove a purged run's local artifact folder, which MLflow's gc leaves empty."""
-    path = local_folder(artifact_uri)
-    if path is None:
-        return
-    folder = path.parent if path.name == "artifacts" else path
-    for root, _, _ in sorted(os.walk(folder), key=lambda w: -len(w[0])):  # deepest first
-        with suppress(OSError):
-            Path(root).rmdir()  # only an empty folder
-
-
 def keeps_consumed_copy(tracking_uri: str, run_id: str, digest: str) -> bool:
-    """Does the retrain run ``run_id`` keep its copy of batch ``digest``?"""
     client = tracking_client(tracking_uri)
     return bool(client.list_artifacts(run_id, f"{CONSUMED_COPY}/{digest}"))
 

@@ -13,8 +13,6 @@ if TYPE_CHECKING:  # torch and the model code load with the first model, not thi
 
 
 def setup_torch(model_cfg: ModelConfig) -> torch.device:
-    """Set the thread count -> the device. Model code is imported here, so a process that
-    loads no model never pays for it."""
     import torch
 
     from rlhf_core.models.models import resolve_device

@@ -50,8 +50,7 @@ def plot_ppo_curves(ctx: RunContext) -> str | None:
 @task(name="finish")
 def finish_task(ctx: RunContext, outputs: dict[str, StageRecord],
                 keep_resume_state: bool) -> PipelineResult:
-    """Log the plots, close the parent run, then delete its local resume state unless
-    ``keep_resume_state`` -> the run's result."""
+    """Log the plots and close the parent run (``close_finished``) -> the run's result."""
     plot_ppo_curves(ctx)
     close_finished(ctx, keep_resume_state)
     return PipelineResult.of(ctx, outputs)
@@ -59,14 +58,12 @@ def finish_task(ctx: RunContext, outputs: dict[str, StageRecord],
 
 def finish(ctx: RunContext, outputs: dict[str, StageRecord],
            keep_resume_state: bool) -> PipelineResult:
-    """The finish task, with graph edges only from the latest stages, not every stage it
-    summarises."""
+    """The finish task, with graph edges only from the latest stages it summarises."""
     return finish_task(quote(ctx), quote(outputs), keep_resume_state,
                        wait_for=latest(outputs.values()))
 
 
 def close_finished(ctx: RunContext, keep_resume_state: bool) -> None:
-    """Mark the parent run FINISHED, then delete its resume state unless kept."""
     end_run(ctx.client(), ctx.parent_run_id, "FINISHED")
     if not keep_resume_state:
         drop_resume_state(Path(ctx.workdir))

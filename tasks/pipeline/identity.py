@@ -1,7 +1,6 @@
 """What a pipeline run was made from: the config hash and a digest of every input data set.
 A re-run reuses finished stages only when both are unchanged; the demo's data is hashed as
-generated, so a change of the generator is a change of input too.
-"""
+generated, so a change of the generator is a change of input too."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ class RunIdentity:
                    redacted(cfg.model_dump(mode="json")))
 
     def changes(self, tags: dict[str, str], include_config: bool = True) -> list[str]:
-        """What differs between a run's recorded identity (its tags) and this one, in words;
-        empty when nothing does."""
+        """What differs between a run's tags and this identity, in words (empty: nothing)."""
         changes = []
         if include_config and tags.get(CONFIG_HASH_TAG) != self.config_hash:
             changes.append(f"the config (hash {tags.get(CONFIG_HASH_TAG)} -> {self.config_hash})")
@@ -77,8 +75,7 @@ class RunIdentity:
                 "tracking.run_name).")
 
     def new_run_tags(self) -> dict[str, str]:
-        """A new parent run's tags: name, config hash, seed, package versions, input digests,
-        git commit and Prefect flow run (when known)."""
+        """A new run's tags: name, config hash, seed, versions, input digests, commit, flow run."""
         tags = {RUN_NAME_TAG: self.run_name, CONFIG_HASH_TAG: self.config_hash,
                 SEED_TAG: str(self.cfg.seed)}
         for name in PACKAGES:
@@ -137,6 +134,5 @@ def input_digests(cfg: PipelineConfig) -> dict[str, str]:
 
     d = cfg.demo
     with tempfile.TemporaryDirectory() as tmp:
-        paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias, d.chat,
-                                   d.system)
+        paths = generate_demo_data(tmp, cfg.seed, d.sizes(), d.rm_length_bias, d.chat, d.system)
         return {role: source_digest(str(path)) for role, path in paths.items()}

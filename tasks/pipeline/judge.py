@@ -1,6 +1,5 @@
-"""The gold judge of a run, resolved once (``eval.judge``) and read by every stage.
-It only ever evaluates (and simulates labellers): it never enters the reward.
-"""
+"""The gold judge of a run, resolved once (``eval.judge``) and read by every stage. It only
+ever evaluates (and simulates labellers): it never enters the reward."""
 
 from __future__ import annotations
 

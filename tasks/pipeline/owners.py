@@ -1,9 +1,6 @@
-"""Which run folders a live process is using.
-
-A process running a stage holds a shared ``fcntl.flock`` on ``<run folder>/.owner.lock``,
-which the kernel drops even on SIGKILL. `rlhf gc` sweeps a killed stage's leftovers only while
-holding that lock exclusively, so no live process is writing there.
-"""
+"""Which run folders a live process is using: a process running a stage holds a shared
+``fcntl.flock`` on ``<run folder>/.owner.lock``, which the kernel drops even on SIGKILL, and
+`rlhf gc` sweeps a killed stage's leftovers only while holding it exclusively."""
 
 from __future__ import annotations
 
@@ -43,7 +40,6 @@ def owning(folder: str | Path) -> Iterator[None]:
 
 
 def owner_lock_kept(folder: Path) -> bool:
-    """Whether ``folder`` has an owner lock file."""
     return (folder / OWNER_LOCK).is_file()
 
 

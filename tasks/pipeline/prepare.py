@@ -38,8 +38,7 @@ from tasks.platform.prefect.remote import check_deployments
 
 
 class Prepared(BaseModel):
-    """What ``prepare`` resolved before any stage; a retrain adds its batches
-    (``add_batches``)."""
+    """What ``prepare`` resolved before any stage; a retrain adds its batches."""
 
     model_config = ConfigDict(frozen=True)
     ctx: RunContext
@@ -131,14 +130,13 @@ def open_parent_run(cfg: PipelineConfig, resume_run_id: str | None,
     except OSError:
         end_run(client, run_id, "FAILED")
         raise
-    return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id,
-                      workdir=str(workdir), seed=cfg.seed, progress=cfg.tracking.progress,
-                      outage_limit_s=cfg.tracking.outage_limit_s, device=device.type,
-                      run_name=run_name)
+    return RunContext(tracking_uri=uri, experiment_id=exp_id, parent_run_id=run_id, seed=cfg.seed,
+                      workdir=str(workdir), progress=cfg.tracking.progress, device=device.type,
+                      outage_limit_s=cfg.tracking.outage_limit_s, run_name=run_name)
 
 
 def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
-    """Generate (once) the demo data under workdir/demo, and its tiny base model unless
+    """The demo data under workdir/demo (made once), with a tiny base model unless
     ``model.base_model`` is set."""
     from rlhf_core.demo import build_demo_assets
 
@@ -147,24 +145,12 @@ def demo_assets(cfg: PipelineConfig, workdir: Path) -> dict[str, str]:
     if marker.exists():
         return read_json(marker)
     d = cfg.demo
-    paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(),
-                              rm_length_bias=d.rm_length_bias, chat=d.chat, system=d.system,
-                              with_model=not cfg.model.base_model, n_layer=d.n_layer,
-                              n_embd=d.n_embd, n_head=d.n_head)
+    paths = build_demo_assets(root, seed=cfg.seed, sizes=d.sizes(), chat=d.chat, system=d.system,
+                              rm_length_bias=d.rm_length_bias, with_model=not cfg.model.base_model,
+                              n_layer=d.n_layer, n_embd=d.n_embd, n_head=d.n_head)
     out = {k: str(v) for k, v in paths.items()}
     write_json(marker, out)
     return out
-
-
-def check_inputs_present(cfg: PipelineConfig) -> None:
-    """Checks that need no run (the CLI makes them before Prefect starts)."""
-    if cfg.data is None and not cfg.demo.enabled:
-        raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
-    if not cfg.model.base_model and not cfg.demo.enabled:
-        raise ValueError("no base model: set model.base_model (or demo.enabled: true)")
-    workdir = Path(cfg.tracking.workdir)
-    if workdir.exists() and not workdir.is_dir():
-        raise ValueError(f"tracking.workdir={workdir} is a file, not a folder")
 
 
 def base_identity(cfg: PipelineConfig) -> str:
@@ -215,7 +201,13 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
             run_name: str | None = None) -> Prepared:
     """Open the parent run and resolve the data sources and base model (the demo's when
     asked). A failure once the parent run exists marks it FAILED."""
-    check_inputs_present(cfg)
+    if cfg.data is None and not cfg.demo.enabled:
+        raise ValueError("no data: set `data:` in the config (or demo.enabled: true)")
+    if not cfg.model.base_model and not cfg.demo.enabled:
+        raise ValueError("no base model: set model.base_model (or demo.enabled: true)")
+    workdir = Path(cfg.tracking.workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"tracking.workdir={workdir} is a file, not a folder")
     rates = cfg.from_scratch_rates()
     if rates:
         print(f"warning: {', '.join(rates)}: learning rates for a model trained from scratch, "
@@ -226,27 +218,22 @@ def prepare(cfg: PipelineConfig, resume_run_id: str | None = None,
     check_outside_models(cfg)
     ctx = open_parent_run(cfg, resume_run_id, run_name)
     try:
-        return _resolve_inputs(cfg, ctx)
+        data, base_model = cfg.data, cfg.model.base_model
+        if cfg.demo.enabled:
+            assets = demo_assets(cfg, Path(ctx.workdir))
+            base_model = base_model or assets["base_model"]
+            if data is None:
+                data = DataConfig(**{role: DataSource(path=assets[role])
+                                     for role in DataConfig.model_fields if role in assets})
+        # a GGUF file (or a package's) becomes its cached Hugging Face folder, made once
+        base_model = resolve_model_source(base_model)
+        tokenizer = resolve_model_source(cfg.model.tokenizer) if cfg.model.tokenizer else base_model
+        named, source = None, cfg.model.base_model
+        if source:
+            digest = cached_digest(base_model)
+            named = {"source": source, **({"sha256": digest} if digest else {})}
+        return Prepared(ctx=ctx, data=data, base_model=base_model, tokenizer=tokenizer,
+                        judge=config_judge_name(cfg), base_source=named)
     except BaseException:
         end_run(ctx.client(), ctx.parent_run_id, "FAILED")
         raise
-
-
-def _resolve_inputs(cfg: PipelineConfig, ctx: RunContext) -> Prepared:
-    data, base_model = cfg.data, cfg.model.base_model
-    if cfg.demo.enabled:
-        assets = demo_assets(cfg, Path(ctx.workdir))
-        base_model = base_model or assets["base_model"]
-        if data is None:
-            data = DataConfig(**{role: DataSource(path=assets[role])
-                                 for role in DataConfig.model_fields if role in assets})
-    # a GGUF file (or a package's) becomes its cached Hugging Face folder, made once
-    source = cfg.model.base_model
-    base_model = resolve_model_source(base_model)
-    tokenizer = resolve_model_source(cfg.model.tokenizer) if cfg.model.tokenizer else base_model
-    named = None
-    if source:
-        digest = cached_digest(base_model)
-        named = {"source": source, **({"sha256": digest} if digest else {})}
-    return Prepared(ctx=ctx, data=data, base_model=base_model, tokenizer=tokenizer,
-                    judge=config_judge_name(cfg), base_source=named)

@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, SerializeAsAny, field_validator
 
 from tasks.pipeline.stages.records import (
     DataRecord,
-    HealthRecord,
     PolicyRecord,
     RegisterRecord,
     StageRecord,
@@ -56,18 +55,12 @@ class PipelineResult(BaseModel):
         return self._stage("validate", DataRecord)
 
     @property
-    def health(self) -> HealthRecord | None:
-        """What watching PPO found (None: no ppo stage ran)."""
-        ppo = self._stage("ppo", PolicyRecord)
-        return None if ppo is None else ppo.health
-
-    @property
     def notes(self) -> list[str]:
-        """The summary's lines in words: where the critic started, what watching PPO found,
-        the alignment tax."""
+        """The summary's lines: the critic's start, what watching PPO found, the alignment tax."""
         critic = getattr(self.stages.get("critic_init"), "figures", {}).get("critic")
+        ppo = self._stage("ppo", PolicyRecord)
         lines = [f"critic: {critic}"] if critic else []
-        lines += self.health.lines() if self.health is not None else []
+        lines += ppo.health.lines() if ppo is not None else []
         return lines + [tax for tax in [getattr(self.stages.get("evaluate"), "tax", "")] if tax]
 
     @property

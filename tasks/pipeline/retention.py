@@ -1,10 +1,8 @@
-"""What a finished run keeps on local disk, and deleting the rest safely.
-
-Resume state (each stage's ``checkpoints/``) serves only a run that can continue, so
-``finish`` deletes it once the run is FINISHED unless ``tracking.keep_resume_state``. Each
-deletion first renames to a ``.trash-`` sibling (atomic), so a kill never leaves a half-deleted
-folder; the next deletion sweeps the trash.
-"""
+"""What a finished run keeps on local disk, and deleting the rest safely. Resume state (each
+stage's ``checkpoints/``) serves only a run that can continue, so ``finish`` deletes it once the
+run is FINISHED unless ``tracking.keep_resume_state``. Each deletion first renames to a
+``.trash-`` sibling (atomic), so a kill never leaves a half-deleted folder; the next deletion
+sweeps the trash."""
 
 from __future__ import annotations
 
@@ -22,8 +20,6 @@ RESUME_STATE = "checkpoints"  # a stage folder's mid-stage training-state checkp
 
 
 class Removed(BaseModel):
-    """One deleted file or folder and the bytes it held."""
-
     model_config = ConfigDict(frozen=True)
     path: str
     bytes: int
@@ -63,11 +59,11 @@ def remove_tree(path: Path, label: str = "retention") -> Removed:
     trash = path.with_name(f"{TRASH}{path.name}-{uuid.uuid4().hex[:8]}")
     os.replace(path, trash)
     crash_point(f"remove:{label}")
-    _delete(trash)
+    delete_path(trash)
     return Removed(path=str(path), bytes=size)
 
 
-def _delete(path: Path) -> None:
+def delete_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -79,21 +75,16 @@ def trash_in(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"{TRASH}*")) if folder.is_dir() else []
 
 
-def resume_state_dirs(workdir: Path) -> list[Path]:
-    """A run folder's ``checkpoints/`` folders (any node or rank), and trash left in them."""
-    if not workdir.is_dir():
-        return []
-    found = sorted(p for p in workdir.rglob(RESUME_STATE) if p.is_dir())
-    stages = sorted({p.parent for p in found} | {p for p in workdir.iterdir() if p.is_dir()})
-    return found + [t for stage in stages for t in trash_in(stage)]
-
-
 def drop_resume_state(workdir: Path) -> Retention:
-    """Delete a finished run's resume state; a folder that cannot go is named and left."""
-    removed = []
-    for path in resume_state_dirs(workdir):
+    """Delete a finished run's resume state (its ``checkpoints/`` folders, any node or rank,
+    and trash left in its stage folders); a folder that cannot go is named and left."""
+    removed, found, stages = [], [], []
+    if workdir.is_dir():
+        found = sorted(p for p in workdir.rglob(RESUME_STATE) if p.is_dir())
+        stages = sorted({p.parent for p in found} | {p for p in workdir.iterdir() if p.is_dir()})
+    for path in found + [t for stage in stages for t in trash_in(stage)]:
         if TRASH in path.name:
-            _delete(path)
+            delete_path(path)
             continue
         try:
             gone = remove_tree(path)

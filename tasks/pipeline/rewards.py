@@ -1,9 +1,8 @@
 """PPO's reward sources beside the reward model (``ppo.reward_sources``; the math in
 rlhf_core/ppo/rewards.py): a ``module:function``, a registered MLflow pyfunc, or an MLflow
-scoring server over HTTP. Each is checked before training and recorded with what identifies it.
+scoring server over HTTP, each checked before training and recorded with what identifies it.
 A function is called as TRL calls reward functions, ``fn(prompts=..., completions=...,
-**columns)`` -> a float or None (abstain) per row. Imports nothing heavy: the CLI uses it.
-"""
+**columns)`` -> a float or None (abstain) per row. Imports nothing heavy: the CLI uses it."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tasks.config.pipeline_config import ConfigError
@@ -57,19 +57,15 @@ def load_function(source: RewardSource) -> Callable:
 def function_digest(fn: Callable) -> str:
     """sha256 of the file that defines ``fn`` (its first 12 hex digits)."""
     path = inspect.getsourcefile(fn)
-    if path is None:
-        return "unknown"
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:12]
+    return "unknown" if path is None else hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
 
 def post_rows(source: RewardSource, prompts: Sequence[Any], responses: Sequence[str],
               sleep: Callable[[float], None] = time.sleep) -> list[float | None]:
     """The served model's score per (prompt, response) row; 5xx or no answer is retried
     with backoff, then :class:`RewardSourceDown`; a 4xx fails at once."""
-    body = json.dumps({"dataframe_split": {"columns": ["prompt", "response"],
-                                           "data": [[p, r] for p, r in zip(prompts,
-                                                                           responses)]}})
+    rows = [[p, r] for p, r in zip(prompts, responses)]
+    body = json.dumps({"dataframe_split": {"columns": ["prompt", "response"], "data": rows}})
     request = _request(source.target, body.encode())
     error: Exception | None = None
     for attempt in range(source.retries + 1):
@@ -92,8 +88,7 @@ def post_rows(source: RewardSource, prompts: Sequence[Any], responses: Sequence[
 
 
 def _request(url: str, body: bytes) -> urllib.request.Request:
-    """A JSON POST to ``url``; a login in the URL goes in a basic-auth header (urllib
-    ignores it)."""
+    """A JSON POST; a login in the URL goes in a basic-auth header (urllib ignores it)."""
     import base64
     from urllib.parse import urlsplit, urlunsplit
 
@@ -197,5 +192,4 @@ def _scorer(source: RewardSource, prompt_rows: Sequence[dict], tracking_uri: str
             out = model.predict(frame)
             return list(out.iloc[:, 0] if isinstance(out, pd.DataFrame) else out)
         return predict
-    return lambda texts, rows: post_rows(source, [prompt_rows[i]["prompt"] for i in rows],
-                                         texts)
+    return lambda texts, rows: post_rows(source, [prompt_rows[i]["prompt"] for i in rows], texts)

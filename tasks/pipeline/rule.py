@@ -1,8 +1,7 @@
 """The register stage's champion rule: a new policy takes ``champion`` only when both were
 scored by the same scorer on the same held-out prompts, since two reward models' scales are not
 comparable. Otherwise it is registered ``challenger`` (the retrain gate or ``rlhf promote``
-moves the champion later); the decision and its reason are tags on the version.
-"""
+moves the champion later); the decision and its reason are tags on the version."""
 
 from __future__ import annotations
 
@@ -53,13 +52,11 @@ class Decision(BaseModel):
 
     @property
     def register_tag(self) -> str:
-        """The version's decision tag: the rule's verdict, or ``gate: promote|keep`` (held:
-        ``, awaiting approval``)."""
+        """The version's tag: the verdict, or ``gate: promote|keep[, awaiting approval]``."""
         held = ", awaiting approval" if self.hold else ""
         return self.verdict or "gate: " + ("promote" if self.promote else "keep") + held
 
     def noted(self, note: str) -> Decision:
-        """The same decision, ``note`` added to its reason."""
         return self.model_copy(update={"reason": f"{self.reason}; {note}"})
 
 
@@ -69,23 +66,20 @@ def register_decision(champion: dict | None, scorer: str | None, key: str,
     ``not-compared`` (different or unknown scorers: champion stays)."""
     if champion is None:
         return Decision(promote=True, verdict="first",
-                        reason=f"no champion yet: this policy becomes champion ({key} "
-                               f"{score:.4g})")
+                        reason=f"no champion yet: this policy becomes champion ({key} {score:.4g})")
     v, theirs = champion["version"], champion["scorer"]
     current = champion["metrics"].get(key)
     if scorer is None or theirs != scorer or current is None:
-        return Decision(promote=False, verdict="not-compared",
-                        reason=f"not compared with champion v{v}: this run was scored by "
-                               f"{scorer or 'an unknown scorer'}, the champion by "
-                               f"{theirs or 'an unknown scorer'}; scores from different "
-                               "scorers (e.g. two reward models) are not comparable, so the "
-                               "champion stays (the retrain gate or `rlhf promote` moves it)")
+        return Decision(promote=False, verdict="not-compared", reason=f"not compared with "
+                        f"champion v{v}: this run was scored by {scorer or 'an unknown scorer'}, "
+                        f"the champion by {theirs or 'an unknown scorer'}; scores from different "
+                        "scorers (e.g. two reward models) are not comparable, so the champion "
+                        "stays (the retrain gate or `rlhf promote` moves it)")
     promote = score > current
     word = "beats" if promote else "does not beat"
     return Decision(promote=promote, verdict="beats" if promote else "loses",
-                    champion_score=current,
-                    reason=f"{key} {score:.4g} {word} champion v{v}'s {current:.4g} (same "
-                           f"scorer: {scorer})")
+                    champion_score=current, reason=f"{key} {score:.4g} {word} champion v{v}'s "
+                    f"{current:.4g} (same scorer: {scorer})")
 
 
 # fewer paired prompts than this and the bootstrap interval is too unreliable to refuse on
@@ -126,16 +120,14 @@ def tax_veto(decision: Decision, over: str | None, override: bool) -> Decision:
     return _overridden_or_refused(decision, over, override, "tax")
 
 
-def _overridden_or_refused(decision: Decision, why: str, override: bool,
-                           verdict: str) -> Decision:
+def _overridden_or_refused(decision: Decision, why: str, override: bool, verdict: str) -> Decision:
     """A promotion that ``why`` blocks: kept with the override said, else refused naming it."""
     if override:
         return decision.noted(f"promoted although {why} (tracking.promote_flagged)")
     return Decision(promote=False, verdict=verdict, scorer=decision.scorer,
-                    champion_score=decision.champion_score,
-                    reason=f"not made champion: {why} (to promote it anyway: "
-                           f"tracking.promote_flagged, or rlhf promote VERSION --flagged); "
-                           f"without that: {decision.reason}")
+                    champion_score=decision.champion_score, reason=f"not made champion: {why} "
+                    "(to promote it anyway: tracking.promote_flagged, or rlhf promote VERSION "
+                    f"--flagged); without that: {decision.reason}")
 
 
 def health_veto(decision: Decision, blocked: str | None, override: bool,

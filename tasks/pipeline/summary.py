@@ -60,7 +60,6 @@ def _publish(markdown: str, description: str) -> None:
 
 
 def publish_summary(result: PipelineResult, title: str, outcome: str | None = None) -> None:
-    """The summary as the flow run's artifact."""
     _publish(summary_markdown(result, title, outcome), "the run: stages, decision, MLflow links")
 
 

@@ -1,7 +1,6 @@
 """Sweep tasks: the grid, one MLflow parent run per point, and the summary over points.
 A sweep varies RL settings only (``grid_points``), so the stages before PPO run once under the
-sweep's own run and every point reuses their outputs.
-"""
+sweep's own run and every point reuses their outputs."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ def point_label(overrides: dict[str, Any]) -> str:
 @task(name="sweep_point_run")
 def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
                    overrides: dict[str, Any]) -> Prepared:
-    """A new MLflow parent run for one point, tagged with the sweep, reusing the shared
-    run's inputs."""
+    """A new MLflow parent run for one point, tagged with the sweep, reusing the shared inputs."""
     ctx = open_parent_run(cfg, None)
     tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_POINT_TAG: json.dumps(overrides, sort_keys=True),
                      SWEEP_SHARED_RUN_TAG: base_prep.ctx.parent_run_id})
@@ -45,7 +43,6 @@ def open_point_run(cfg: PipelineConfig, base_prep: Prepared, sweep_id: str,
 
 def point_row(overrides: dict[str, Any], result: PipelineResult | None,
               error: str | None) -> dict[str, Any]:
-    """One row of the summary table for a point."""
     row: dict[str, Any] = {"point": point_label(overrides), **overrides}
     if result is None:
         return {**row, "status": "FAILED", "error": (error or "")[:300]}
@@ -112,8 +109,7 @@ def frontier_plot(rows: list[dict], metric: str, path: str) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if r["status"] == "FINISHED" and metric in r
-            and "eval/kl_to_ref" in r]
+    done = [r for r in rows if r["status"] == "FINISHED" and metric in r and "eval/kl_to_ref" in r]
     if not done:
         return None
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -121,8 +117,7 @@ def frontier_plot(rows: list[dict], metric: str, path: str) -> str | None:
     for r in done:
         by_estimator[str(r.get("ppo.advantage_estimator", "gae"))].append(r)
     for name, members in sorted(by_estimator.items()):
-        ax.scatter([r["eval/kl_to_ref"] for r in members], [r[metric] for r in members],
-                   label=name)
+        ax.scatter([r["eval/kl_to_ref"] for r in members], [r[metric] for r in members], label=name)
     ax.set_xlabel("KL to reference (nats)")
     ax.set_ylabel(metric)
     ax.legend()

@@ -1,8 +1,6 @@
-"""What a stage body is given: :class:`Stage` (its table entry) and :class:`StageContext`.
-
-A body is ``body(sc, **inputs) -> record`` (tasks/pipeline/stages/records.py); the same body
-runs in the task's process, on torchrun ranks or on a worker, so it reaches everything via ``sc``.
-"""
+"""What a stage body ``body(sc, **inputs) -> record`` is given: :class:`Stage` (its table
+entry) and :class:`StageContext`, through which it reaches everything, so the same body runs in
+the task's process, on torchrun ranks or on a worker."""
 
 from __future__ import annotations
 
@@ -104,19 +102,16 @@ class StageContext:
         return seed_everything(self.seed)
 
     @property
-    def is_main(self) -> bool:
-        """This process saves, logs and returns the record (rank 0, or no ranks)."""
+    def is_main(self) -> bool:  # this process saves, logs and returns the record
         return self.dp is None or self.dp.is_main
 
     @property
-    def progress(self) -> bool:
-        """Show a progress bar (the task's own process only)."""
+    def progress(self) -> bool:  # a progress bar: the task's own process only
         return self.run.progress and self.dp is None
 
     # ---- files ------------------------------------------------------------------------------
     @property
-    def dir(self) -> Path:
-        """``<workdir>/<stage>``: where the stage writes."""
+    def dir(self) -> Path:  # <workdir>/<stage>: where the stage writes
         return self.run.stage_dir(self.stage.name)
 
     def local(self, artifact: Artifact, what: str) -> Path:
@@ -191,7 +186,6 @@ class StageContext:
         return on_log
 
     def log_parent(self, metrics: dict[str, float]) -> None:
-        """Headline figures on the pipeline's parent run too."""
         metric_logger(self.run, self.run.parent_run_id)(0, metrics)
 
     def live(self, total: int) -> Callable[..., None]:
@@ -199,12 +193,10 @@ class StageContext:
         return self.log if self.dp is not None else StageProgress(
             self.stage.name, total, self.log, bar=self.progress)
 
-    def run_tags(self) -> dict[str, str]:
-        """The tags the stage's run holds now (a resumed stage's from its first try)."""
+    def run_tags(self) -> dict[str, str]:  # a resumed stage's: from its first try on
         return run_tags(self.client, self.run_id)
 
-    def set_tags(self, tags: dict[str, str], parent: bool = False,
-                 spooled: bool = False) -> None:
+    def set_tags(self, tags: dict[str, str], parent: bool = False, spooled: bool = False) -> None:
         """Tags on the stage's (or ``parent``) run; ``spooled``: via the spool, in order with
         the training loop's writes."""
         run_id = self.run.parent_run_id if parent else self.run_id
@@ -218,14 +210,13 @@ class StageContext:
         return checkpoint_dir(self.run, self.stage.name)
 
     def checkpointer(self, models: dict, every: int) -> Checkpointer:
-        """Mid-stage checkpoints; the stage stops at one once the server is away too long."""
         return self.stop_on_outage(Checkpointer(
             self.checkpoint_dir, models, every, self.cfg.tracking.keep_checkpoints,
             label=self.stage.name))
 
     def stop_on_outage(self, ck: Checkpointer) -> Checkpointer:
-        """Each checkpoint ``ck`` saves is where the stage stops once the tracking server has
-        been away longer than ``outage_limit_s``."""
+        """Mid-stage checkpoints where the stage stops once the tracking server has been away
+        longer than ``outage_limit_s``."""
         run, spool = self.run, spool_for(self.client, self.run_id, self.run.workdir)
 
         def on_saved(step: int, path: Path) -> None:

@@ -11,8 +11,7 @@ from tasks.pipeline.stages.run import stage_task
 from tasks.platform.mlflow.tags import CRITIC_SKIPPED_TAG, CRITIC_SOURCE_TAG
 
 FROM_RM = "the reward model (trunk and head): it is among ppo.reward_sources"
-FROM_POLICY = ("the start policy's trunk with a new head: no reward model among "
-               "ppo.reward_sources")
+FROM_POLICY = "the start policy's trunk with a new head: no reward model among ppo.reward_sources"
 LORA = " (LoRA: PPO adds the critic's own adapter; nothing copied)"
 
 
@@ -44,5 +43,4 @@ def body(sc: StageContext, rm: ModelRecord, start: ModelRecord) -> ModelRecord:
 
 STAGE = Stage("critic_init", body, ModelRecord, seed_offset=5, metrics=("critic/num_params",),
               artifacts=("checkpoint",))
-
 critic_init = stage_task(STAGE)

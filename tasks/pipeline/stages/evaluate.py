@@ -72,8 +72,7 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     pol_samples = sample_policy(trained, ref, rm_model, tokenizer, prompts, e.sampling,
                                 device=device, precision=spec.precision,
                                 on_batch=lambda n: live(len(prompts) + n))
-    metrics, rows = compare_policies(sft_samples, pol_samples, prompts,
-                                     resolve_judge(prep.judge))
+    metrics, rows = compare_policies(sft_samples, pol_samples, prompts, resolve_judge(prep.judge))
     independent = start_scores(sc, judge, tokenizer, prompts,
                                {"sft": sft_samples, "policy": pol_samples}, rows)
     if independent is not None:
@@ -101,9 +100,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, sft: ModelRecord, r
     first = ("eval/judge_win_rate", "eval/judge_score_policy", "eval/judge_score_sft",
              "eval/kl_to_ref", "eval/eos_rate_policy")
     ordered = {k: metrics[k] for k in first if k in metrics}
-    return EvalRecord(metrics={**ordered, **metrics}, scorer=scorer,
-                      start_scorer=independent[0] if independent else None,
-                      tax=summary_line(metrics, e.tax.budget))
+    return EvalRecord(metrics={**ordered, **metrics}, scorer=scorer, tax=summary_line(
+        metrics, e.tax.budget), start_scorer=independent[0] if independent else None)
 
 
 # on this run and the parent run; the judge's figures where a gold judge exists
@@ -114,9 +112,7 @@ STAGE = Stage("evaluate", body, EvalRecord, sections=("eval",), seed_offset=3,
                        "eval/judge_score_policy", "eval/judge_win_rate", "eval/rm_gain_z",
                        "eval/judge_gain_z", "eval/rm_judge_gap_z", "eval/rm_judge_correlation",
                        "eval/vs_start_diff", "eval/vs_start_diff_low", "eval/vs_start_diff_high",
-                       "eval/vs_start_win_rate", "eval/vs_start_win_low",
-                       "eval/vs_start_win_high", "eval/tax/probe_acc_*",
-                       "eval/tax/probe_diff_*_*", "eval/tax/bpb_*"),
+                       "eval/vs_start_win_rate", "eval/vs_start_win_low", "eval/vs_start_win_high",
+                       "eval/tax/probe_acc_*", "eval/tax/probe_diff_*_*", "eval/tax/bpb_*"),
               artifacts=("eval/side_by_side.json", "eval/tax_probe.json"))
-
 evaluate = stage_task(STAGE)

@@ -1,10 +1,7 @@
-"""What Prefect draws as a task's upstream edges: its direct data dependencies only.
-
-Prefect draws an edge from every task whose result a task is given, and stages are given more
-than they directly use (prepare's result, records another input derives from). Each record
-remembers what it was made from, and inputs implied by another are passed in Prefect's
-``quote`` (no edge), so the flow run's graph shows only real dependencies.
-"""
+"""What Prefect draws as a task's upstream edges: its direct data dependencies only. Prefect
+draws an edge from every task whose result a task is given, and stages are given more than they
+directly use (prepare's result, records another input derives from), so each record remembers
+what it was made from and inputs implied by another are passed in ``quote`` (no edge)."""
 
 from __future__ import annotations
 

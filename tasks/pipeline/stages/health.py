@@ -1,8 +1,7 @@
 """PPO's health in the pipeline: the held-out check and the detectors (rlhf_core/health) set up
 from the run's config, and what a finding sets off: tags and ``health.json`` on both runs, a
 log warning and the Prefect event ``rlhf.ppo.unhealthy`` for users' automations. After a stop
-the policy is the last healthy snapshot, which register will not promote without an override.
-"""
+the policy is the last healthy snapshot, which register will not promote without an override."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def held_out_prompts(data_dir: Path, n: int) -> tuple[list[str], bool]:
-    """The first ``n`` held-out prompts -> (prompts, held out); without any, the first
-    training prompts."""
+    """The first ``n`` held-out prompts (else training prompts) -> (prompts, held out)."""
     path = data_dir / "eval_prompts.jsonl"
     held_out = path.exists()
     rows = read_jsonl(path if held_out else data_dir / "prompts.jsonl")
@@ -64,19 +62,17 @@ def make_watch(sc: StageContext, data_dir: Path, judge: ModelRecord | None,
         with torch.random.fork_rng(devices=[]):
             model = load_pretrained(sc.local(judge.model, "judge_model's model"), sc.spec, "scalar",
                                     trainable=False)
-    check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model,
-                         external=external, gold=resolve_judge(gold_name),
-                         precision=sc.spec.precision)
+    check = HeldOutCheck(prompts, sc.cfg.eval.sampling, sc.seed, judge=model, external=external,
+                         gold=resolve_judge(gold_name), precision=sc.spec.precision)
     settings = for_scorer(cfg.health, registered=external is not None)
     return Watch(settings, check, cfg.check_every, sc.dir / "healthy"), prompts
 
 
 def finding_record(finding: Finding, action: str) -> HealthFinding:
     detector = BY_NAME[finding.detector]
-    return HealthFinding(detector=finding.detector, failure=detector.failure,
-                         iteration=finding.iteration, onset=finding.onset,
-                         last_healthy=finding.last_healthy, action=action,
-                         message=finding.message, advice=detector.advice,
+    return HealthFinding(detector=finding.detector, failure=detector.failure, action=action,
+                         iteration=finding.iteration, onset=finding.onset, advice=detector.advice,
+                         last_healthy=finding.last_healthy, message=finding.message,
                          evidence=finding.evidence)
 
 
@@ -104,8 +100,7 @@ class HealthLog:
                                   f"{answers.iteration}")
 
     def findings(self, final: bool = False) -> list[HealthFinding]:
-        """Every finding so far, a resume's earlier ones too; ``final``: with whether each
-        still stands."""
+        """Every finding so far, a resume's earlier ones too (``final``: whether each stands)."""
         monitor = self.watch.monitor
         standing = monitor.standing() if final else {}
         return [finding_record(f, monitor.action(f)).model_copy(
@@ -134,21 +129,19 @@ class HealthLog:
               "evidence": finding.evidence, "parent_run_id": run.parent_run_id})
 
     def record(self, trainer) -> HealthRecord:
-        """The stage's health record; on a stop, also its tag."""
+        """The stage's health record; tags a stop, or no finding."""
         stopped = trainer.stopped
         record = HealthRecord(checks=len(self.watch.monitor.history.checks),
                               findings=self.findings(final=True),
                               stopped_by=None if stopped is None else stopped.detector,
                               restored_iteration=trainer.restored_iteration)
+        tags = {} if record.findings else {HEALTH_FLAGS_TAG: ""}
         if stopped is not None:
             kept = "the policy as it was" if trainer.restored_iteration is None else \
                 f"the policy of iteration {trainer.restored_iteration} (its last healthy check)"
             text = (f"stopped at iteration {stopped.iteration} by {stopped.detector}: "
                     f"{stopped.message}; kept {kept}")
-            for parent in (False, True):
-                self.sc.set_tags({HEALTH_STOPPED_TAG: text[:5000]}, parent=parent,
-                                 spooled=True)
-        elif not record.findings:
-            for parent in (False, True):
-                self.sc.set_tags({HEALTH_FLAGS_TAG: ""}, parent=parent, spooled=True)
+            tags = {HEALTH_STOPPED_TAG: text[:5000]}
+        for parent in (False, True) if tags else ():
+            self.sc.set_tags(tags, parent=parent, spooled=True)
         return record

@@ -4,6 +4,7 @@ the gate and for PPO's held-out checks (``ppo.health.judge``)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from functools import partial
@@ -34,31 +35,11 @@ from tasks.platform.mlflow.tags import (
 )
 
 
-def _write_jsonl(path, rows: list[dict]) -> None:
-    import json
-
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-
-
-def _split_tokens(source: Path, target: Path, parts: dict[str, list[int]]) -> None:
-    """Split ``source``'s preference token file row for row like ``parts`` (name -> rows);
-    nothing when the source has none."""
-    tokens = tokens_path(source / "preference.jsonl")
-    if not tokens.is_file():
-        return
-    table = read_tokens(tokens)
-    for name, rows in parts.items():
-        write_tokens(table.take(pa.array(rows, type=pa.int64())),
-                     tokens_path(target / f"{name}.jsonl"))
-
-
 @task(name="judge_split")
 def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
                 batch_keys: list[str] | None = None) -> DataRecord:
-    """Move the judge's held-out pairs from ``preference.jsonl`` to
-    ``judge_preference.jsonl``, so the reward model never trains on them. With
-    ``judge_data: configured`` held-out batch pairs train neither model."""
+    """Move the judge's held-out pairs to ``judge_preference.jsonl``, so the reward model never
+    trains on them (``judge_data: configured``: held-out batch pairs train neither model)."""
     source = local_copy(ctx, data.data, "validate's data")
     target = ctx.stage_dir("judge_split") / "data"
     if target.exists():
@@ -76,10 +57,15 @@ def judge_split(ctx: RunContext, cfg: PipelineConfig, data: DataRecord,
         raise ValueError(f"judge split: {len(train)} pairs for the reward model and "
                          f"{len(held)} for the judge; both need some "
                          "(retrain.gate.judge_fraction)")
-    _write_jsonl(target / "preference.jsonl", [rows[i] for i in train])
-    _write_jsonl(target / "judge_preference.jsonl", [rows[i] for i in held])
-    # the copied token file was the whole set's: each part gets its own rows' ids
-    _split_tokens(source, target, {"preference": train, "judge_preference": held})
+    # the copied token file (if any) was the whole set's: each part gets its own rows' ids
+    tokens = tokens_path(source / "preference.jsonl")
+    table = read_tokens(tokens) if tokens.is_file() else None
+    for name, part in (("preference", train), ("judge_preference", held)):
+        path = target / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(rows[i], ensure_ascii=False) + "\n" for i in part),
+                        encoding="utf-8")
+        if table is not None:
+            write_tokens(table.take(pa.array(part, type=pa.int64())), tokens_path(path))
     log_artifacts(ctx.client(), ctx.parent_run_id, target, "judge_split/data")
     tag_parent(ctx, {JUDGE_SPLIT_RM_PAIRS_TAG: str(len(train)),
                      JUDGE_SPLIT_JUDGE_PAIRS_TAG: str(len(held)),
@@ -106,8 +92,7 @@ def fit_judge(start_dir: Path, pairs, rows: Callable[[], list[dict]], pad_id: in
 
 
 def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
-    """Train a judge on ``start``'s policy from the judge split's pairs, else the reward
-    model's held-out pairs."""
+    """Train a judge on ``start``'s policy: the judge split's pairs, else the RM's held-out ones."""
     cfg, device, spec = sc.cfg, sc.device, sc.spec
     generator = sc.seeded()
     tokenizer = load_tokenizer(sc.local(data.tokenizer, "validate's tokenizer"), spec)
@@ -121,13 +106,11 @@ def body(sc: StageContext, data: DataRecord, start: ModelRecord) -> ModelRecord:
         pairs, rows = split.held_out, split.held_rows
     model = fit_judge(sc.local(start.model, "the policy the judge starts from"), pairs, rows,
                       tokenizer.pad_token_id, cfg, spec, device, generator, on_log=sc.log)
-    out_dir = save_scalar(model, sc.dir / "model", sc.local(start.model, "the start policy"),
-                          spec)
+    out_dir = save_scalar(model, sc.dir / "model", sc.local(start.model, "the start policy"), spec)
     return ModelRecord(model=sc.publish(out_dir, "checkpoint"),
                        metrics={"judge/pairs": float(len(pairs))})
 
 
 STAGE = Stage("judge_model", body, ModelRecord, seed_offset=7, metrics=TRAIN_METRICS,
               artifacts=("checkpoint",))
-
 judge_model = stage_task(STAGE)

@@ -32,10 +32,9 @@ from tasks.platform.prefect.memory import peak_memory, state_bytes
 
 
 def judge_hooks(judge_name: str, sft_rows: Callable[[], list[dict]], norm_stats: dict):
-    """The gold judge's (monitor, add), (None, None) without a judge: ``monitor``, the mean
-    judge score of each iteration's rollouts (``judge/score``); ``add``, (metrics, rows) ->
-    metrics plus the RM-vs-judge gain gap in z units (``judge/rm_judge_gap_z``), rows
-    judge-scored."""
+    """The gold judge's (monitor, add), (None, None) without one: ``monitor``, each iteration's
+    mean judge score (``judge/score``); ``add``, (metrics, rows) -> metrics plus the RM-vs-judge
+    gain gap in z units (``judge/rm_judge_gap_z``), rows judge-scored."""
     judge = resolve_judge(judge_name)
     if judge is None:
         return None, None
@@ -63,8 +62,7 @@ def reward_sources(sc: StageContext, data_dir):
     """The reward mix (None: the reward model alone), each source tagged on the run. A resume
     is refused when a source resolves differently under the same settings."""
     cfg = sc.cfg.ppo
-    if cfg.reward_sources == PPOConfig().reward_sources and \
-            cfg.reward_aggregation == "sum":
+    if cfg.reward_sources == PPOConfig().reward_sources and cfg.reward_aggregation == "sum":
         return None
     described = check_reward_sources(cfg, sc.run.tracking_uri)
     if sc.is_main:
@@ -124,14 +122,12 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
             write_json(samples_path, samples)
             sc.log_table(pd.DataFrame(rows), f"samples/iter_{iteration:05d}.json", spooled=True)
 
-    ck = sc.stop_on_outage(trainer.checkpointer(sc.checkpoint_dir,
-                                                cfg.tracking.keep_checkpoints))
+    ck = sc.stop_on_outage(trainer.checkpointer(sc.checkpoint_dir, cfg.tracking.keep_checkpoints))
     watch, check_prompts = make_watch(sc, data_dir, judge, prep.judge)
     health = HealthLog(sc, watch, check_prompts) if watch is not None else None
     with peak_memory() as memory:  # under data parallelism: rank 0's
-        last = trainer.train(on_iteration, progress=sc.progress,
-                             monitor=monitor, checkpointer=ck, watch=watch,
-                             on_verdict=health)
+        last = trainer.train(on_iteration, progress=sc.progress, monitor=monitor, checkpointer=ck,
+                             watch=watch, on_verdict=health)
     if not sc.is_main:
         return None
     record = _finish(sc, trainer, tokenizer, samples, last, memory, start_dir, critic_dir)
@@ -175,23 +171,20 @@ def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dic
 STAGE = Stage("ppo", body, PolicyRecord, sections=("ppo", "model"), seed_offset=2, ranks=True,
               metrics=("objective/kl", "objective/entropy", "objective/non_score_reward",
                        "objective/rlhf_reward", "objective/scores", "objective/raw_scores",
-                       "objective/kl_coef", "objective/advantage_abs_mean",
-                       "policy/approxkl_avg", "policy/clipfrac_avg", "policy/entropy_avg",
-                       "policy/grad_norm_avg", "loss/policy_avg", "loss/value_avg",
-                       "loss/kl_loss_avg", "val/clipfrac_avg", "val/ratio", "val/ratio_var",
-                       "val/num_eos_tokens", "val/explained_variance", "val/grad_norm_avg",
-                       "response/length_mean", "response/length_max",
+                       "objective/kl_coef", "objective/advantage_abs_mean", "policy/approxkl_avg",
+                       "policy/clipfrac_avg", "policy/entropy_avg", "policy/grad_norm_avg",
+                       "loss/policy_avg", "loss/value_avg", "loss/kl_loss_avg", "val/clipfrac_avg",
+                       "val/ratio", "val/ratio_var", "val/num_eos_tokens", "val/explained_variance",
+                       "val/grad_norm_avg", "response/length_mean", "response/length_max",
                        "response/truncated_rate", "response/eos_rate", "lr", "episode", "ptx/loss",
                        "time/rollout_s", "time/update_s", "throughput/tokens_per_s",
                        "reward/*/raw_mean", "reward/*/raw_std", "reward/*/mean", "reward/*/std",
-                       "reward/*/abstain_rate", "reward/unscored_rate",
-                       "judge/score", "judge/rm_gain_z", "judge/judge_gain_z",
-                       "judge/rm_judge_gap_z", "check/proxy_score", "check/judge_score",
-                       "check/gold_score", "check/kl", "check/length_mean", "check/eos_rate",
-                       "check/distinct_rate", "check/rm_drift", "time/check_s",
-                       "memory/peak_rss_gb",
-                       "memory/peak_gpu_gb", "memory/model_state_gb"),
+                       "reward/*/abstain_rate", "reward/unscored_rate", "judge/score",
+                       "judge/rm_gain_z", "judge/judge_gain_z", "judge/rm_judge_gap_z",
+                       "check/proxy_score", "check/judge_score", "check/gold_score", "check/kl",
+                       "check/length_mean", "check/eos_rate", "check/distinct_rate",
+                       "check/rm_drift", "time/check_s", "memory/peak_rss_gb", "memory/peak_gpu_gb",
+                       "memory/model_state_gb"),
               artifacts=("samples/iter_*.json", "samples/all.json", "checks/iter_*.json",
                          "health.json", "checkpoint/policy"))
-
 ppo = stage_task(STAGE)

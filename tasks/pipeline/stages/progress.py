@@ -14,15 +14,6 @@ SHOWN = ("train/loss", "train/accuracy", "objective/scores", "objective/kl",
          "response/eos_rate", "judge/score")
 
 
-def _logger() -> logging.Logger:
-    try:
-        from prefect.logging import get_run_logger
-
-        return get_run_logger()
-    except Exception:  # noqa: BLE001 - outside a run: the module logger
-        return logging.getLogger("rlhf.progress")
-
-
 class _NotOnTheTerminal(logging.Filter):
     """On a handler writing to a terminal: drops the progress lines of a stage with a bar."""
 
@@ -49,15 +40,19 @@ def keep_lines_off_the_bar(logger: logging.Logger | logging.LoggerAdapter) -> No
 
 class StageProgress:
     """Callable ``(step, metrics)``: forwards to ``log_fn``, logs a line, and updates the
-    progress artifact at most every ``min_interval_s`` (each update blocks on Prefect's API)."""
+    progress artifact at most every ``min_interval_s`` (each update blocks on Prefect's API).
+    ``bar``: the stage draws a progress bar on the terminal (its lines stay off it)."""
 
     def __init__(self, stage: str, total: int, log_fn: StepLogger | None = None,
                  min_interval_s: float = 5.0, clock=time.monotonic, bar: bool = False):
-        """``bar``: the stage draws a progress bar on the terminal (its lines stay off it)."""
         self.stage, self.total, self.log_fn = stage, max(1, total), log_fn
-        self.artifact_id, self.failed = None, False
-        self.logger = _logger()
-        self.bar = bar
+        self.artifact_id, self.failed, self.bar = None, False, bar
+        try:
+            from prefect.logging import get_run_logger
+
+            self.logger = get_run_logger()
+        except Exception:  # noqa: BLE001 - outside a run: the module logger
+            self.logger = logging.getLogger("rlhf.progress")
         if bar:
             keep_lines_off_the_bar(self.logger)
         self.min_interval_s, self.clock = min_interval_s, clock

@@ -1,9 +1,7 @@
-"""Entry point of one data-parallel rank: ``torchrun ... -m tasks.pipeline.stages.rank_main SPEC``.
-
-Runs the same stage body as the in-process path, with its :class:`DataParallel`. Rank 0 writes
-the output to SPEC's ``output``; a failing rank writes ``error_rank<r>.json`` for the task to
-re-raise and exits non-zero so torchrun stops the others.
-"""
+"""Entry point of one data-parallel rank, ``torchrun ... -m tasks.pipeline.stages.rank_main
+SPEC``: the same stage body as the in-process path, with its :class:`DataParallel`. Rank 0
+writes the output to SPEC's ``output``; a failing rank writes ``error_rank<r>.json`` for the
+task to re-raise and exits non-zero so torchrun stops the others."""
 
 from __future__ import annotations
 

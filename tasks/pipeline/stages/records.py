@@ -1,7 +1,6 @@
 """Typed stage outputs: what each stage returns, records on its child run (read back to skip
 a finished stage) and hands on. A written file is an :class:`Artifact` (local path and MLflow
-URI), so a stage on another machine can fetch it.
-"""
+URI), so a stage on another machine can fetch it."""
 
 from __future__ import annotations
 
@@ -84,7 +83,6 @@ class HealthFinding(BaseModel):
     stands: str | None = None
 
     def line(self) -> str:
-        """One line for summaries: what fired, when, and the advice."""
         return (f"{self.failure} ({self.detector}) at iteration {self.iteration}: "
                 f"{self.message}. Advice: {self.advice}.")
 
@@ -103,7 +101,6 @@ class HealthRecord(BaseModel):
         return [f.detector for f in self.findings]
 
     def lines(self) -> list[str]:
-        """One summary line per finding, and the stop."""
         out = [f"PPO health: {f.line()}" + (f" It still stands at the end: {f.stands}."
                                             if f.stands else "") for f in self.findings]
         if self.stopped_by is not None:
@@ -134,8 +131,7 @@ class PolicyRecord(StageRecord):
 
 
 class EvalRecord(StageRecord):
-    """evaluate: metrics and the scorers of the headline score and of the start comparison
-    (None: no independent scorer)."""
+    """evaluate: metrics, the headline score's scorer and the start comparison's (None: none)."""
 
     scorer: str | None = None
     start_scorer: str | None = None

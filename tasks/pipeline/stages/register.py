@@ -122,8 +122,7 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
     elif decision is None:
         rule = register_decision(champion_evaluation(client, name),
                                  getattr(evaluation, "scorer", None), key, score)
-        rule = first_champion(rule, evaluation.metrics,
-                              getattr(evaluation, "start_scorer", None))
+        rule = first_champion(rule, evaluation.metrics, getattr(evaluation, "start_scorer", None))
     else:
         rule = decision
     over = over_budget(evaluation.metrics, cfg.eval.tax.budget)
@@ -176,5 +175,4 @@ def body(sc: StageContext, policy: PolicyRecord, evaluation: StageRecord, rm: Mo
 
 
 STAGE = Stage("register", body, RegisterRecord)
-
 register = stage_task(STAGE)

@@ -136,5 +136,4 @@ STAGE = Stage("reward_model", body, ModelRecord, sections=("reward", "model"), s
                        "eval/chosen_reward", "eval/rejected_reward", "eval/rm_accuracy",
                        "eval/rm_gold_accuracy"),
               artifacts=("checkpoint",))
-
 reward_model = stage_task(STAGE)

@@ -32,12 +32,10 @@ def body(sc: StageContext, data: DataRecord, rm: ModelRecord) -> NormRecord:
     metrics = {"reward/mean": stats["mean"], "reward/std": stats["std"],
                "reward/n": float(stats["n"]), "reward/normalised_mean": check}
     sc.log(0, metrics)
-    return NormRecord(stats_file=sc.publish(path, "reward_norm.json"), stats=stats,
-                      metrics=metrics)
+    return NormRecord(stats_file=sc.publish(path, "reward_norm.json"), stats=stats, metrics=metrics)
 
 
 STAGE = Stage("reward_norm", body, NormRecord, sections=("reward_norm",),
               metrics=("reward/mean", "reward/std", "reward/n", "reward/normalised_mean"),
               artifacts=("reward_norm.json",))
-
 reward_norm = stage_task(STAGE)

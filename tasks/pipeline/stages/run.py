@@ -1,7 +1,6 @@
 """Running a stage: skip it when its finished child run recorded an output, else run the body
 in a child run (here, on torchrun ranks or on a worker) and record its typed output. Each
-stage's Prefect task is derived from its table entry here.
-"""
+stage's Prefect task is derived from its table entry here."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ from tasks.platform.prefect.remote import run_routed
 from tasks.platform.redact import redacted
 
 
-def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
-              **inputs: Any) -> StageRecord:
+def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage, **inputs: Any) -> StageRecord:
     """Skip ``stage`` when a finished child run recorded its output; else run its body in
     the child run and record the output and wall time -> the record."""
     pause_point(f"before:{stage.name}")
@@ -46,9 +44,13 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
     if done is not None:
         return stage.record.model_validate({**done, "skipped": True})
     start = time.perf_counter()
-    gpu = gpu_peak_tracked(ctx.device)
+    gpu = ctx.device != "cpu" and torch.cuda.is_available()
+    if gpu:  # the allocator's peak from here is the stage's own
+        torch.cuda.reset_peak_memory_stats()
     resend_left(ctx.client(), ctx.workdir)  # a resume sends what a tracking outage left
-    params = stage_params(cfg, *stage.sections) if stage.sections else None
+    # the settings of the stage's config sections, flattened (ppo.kl_coef...)
+    params = flatten(redacted({name: getattr(cfg, name).model_dump(mode="json")
+                               for name in stage.sections})) if stage.sections else None
     with stage_run(ctx, stage.name, params) as run_id:
         out = execute(ctx, cfg, stage, run_id, inputs)
         # what the stage freed (Arrow's pool, glibc's heaps) back to the OS; no full garbage
@@ -63,37 +65,16 @@ def run_stage(ctx: RunContext, cfg: PipelineConfig, stage: Stage,
             {"memory/stage_peak_gpu_gb": out.peak_gpu_gb} if gpu else {})})
         record_output(ctx, run_id, out.model_dump(mode="json"))
     crash_point(f"after:{stage.name}")
-    stage_markdown(ctx, stage.name, run_id, {"wall_s": out.wall_s, **out.metrics,
-                                              **out.figures})
+    if in_prefect_run():  # the stage's key figures and its MLflow link in Prefect's UI
+        from prefect.artifacts import create_markdown_artifact
+
+        rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                         for k, v in {"wall_s": out.wall_s, **out.metrics, **out.figures}.items())
+        md = (f"## {stage.name}\n\nMLflow: {run_url(ctx, run_id)}\n\n"
+              f"| figure | value |\n|---|---|\n{rows}\n")
+        create_markdown_artifact(key=f"rlhf-{stage.name.replace('_', '-')}", markdown=md,
+                                 description=f"{stage.name} summary")
     return out
-
-
-def stage_markdown(ctx: RunContext, stage: str, run_id: str, figures: dict) -> None:
-    """A Prefect markdown artifact with the stage's key figures and its MLflow link."""
-    if not in_prefect_run():
-        return
-    from prefect.artifacts import create_markdown_artifact
-
-    rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
-                     for k, v in figures.items())
-    md = f"## {stage}\n\nMLflow: {run_url(ctx, run_id)}\n\n| figure | value |\n|---|---|\n{rows}\n"
-    create_markdown_artifact(key=f"rlhf-{stage.replace('_', '-')}", markdown=md,
-                             description=f"{stage} summary")
-
-
-def stage_params(cfg, *sections: str) -> dict:
-    """The settings of a stage's config sections, flattened (``ppo.kl_coef``...) for its run."""
-    return flatten(redacted({name: getattr(cfg, name).model_dump(mode="json")
-                             for name in sections}))
-
-
-def gpu_peak_tracked(device: str) -> bool:
-    """Reset the CUDA allocator's peak so the stage's own is read at its end -> whether
-    tracked (CUDA only)."""
-    if device == "cpu" or not torch.cuda.is_available():
-        return False
-    torch.cuda.reset_peak_memory_stats()
-    return True
 
 
 def execute(ctx: RunContext, cfg: PipelineConfig, stage: Stage, run_id: str,
@@ -125,9 +106,8 @@ def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_task(stage: Stage) -> Task:
-    """The stage's Prefect task ``task(ctx, cfg, *inputs)``: the body's inputs as its
-    parameters, the stage module's docstring as its description, the body's source as its
-    cache key."""
+    """The stage's Prefect task ``task(ctx, cfg, *inputs)``, described by the stage module's
+    docstring, the body's source its cache key."""
     param = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature(
         [inspect.Parameter("ctx", param, annotation=RunContext),

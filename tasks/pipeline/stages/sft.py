@@ -56,5 +56,4 @@ STAGE = Stage("sft", body, ModelRecord, sections=("sft", "model"), seed_offset=0
               metrics=("train/loss", "train/grad_norm", "train/lr", "train/tokens",
                        "ptx/loss", "sft/response_loss_train"),
               artifacts=("checkpoint",))
-
 sft = stage_task(STAGE)

@@ -1,6 +1,5 @@
-"""The one table of stages: each stage module's ``STAGE`` entry, in pipeline order, where the
-flows, the rank entry point and the stage worker (flows/stage.py) look them up. The config's
-copy of the routable names (tasks/config/sections.py ROUTABLE) is tested equal to
+"""The one table of stages: each stage module's ``STAGE`` entry, in pipeline order. The
+config's copy of the routable names (tasks/config/sections.py ROUTABLE) is tested equal to
 ``DISTRIBUTED``: the config cannot import the bodies."""
 
 from __future__ import annotations

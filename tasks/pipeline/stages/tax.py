@@ -35,7 +35,6 @@ def tax_inputs(tax: TaxConfig) -> tuple[list[ProbeItem], list[str]]:
 
 
 def applies(cfg) -> bool:
-    """Whether the tax is on and the run starts from a pretrained base."""
     return cfg.eval.tax.enabled and bool(cfg.model.base_model)
 
 
@@ -59,8 +58,7 @@ def check_tax_inputs(cfg) -> None:
 
 
 def _cached(folder: Path, key: dict, compute) -> tuple[list[str], float]:
-    """The base model's answers and bits per byte, cached in ``folder`` by a digest of their
-    inputs."""
+    """The base's answers and bits per byte, cached in ``folder`` by a digest of their inputs."""
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = folder / "tax" / f"{name}.json"
     if path.exists():

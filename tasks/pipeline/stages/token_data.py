@@ -15,12 +15,6 @@ from rlhf_core.train.sft import SFTExamples, encode_sft_rows
 from tasks.platform.files import read_jsonl
 
 
-def count_rows(path: Path) -> int:
-    """Non-blank lines of a JSONL file (what read_jsonl reads), without parsing them."""
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.strip())
-
-
 def _ragged(column: pa.ChunkedArray) -> RaggedIds:
     """A list<int32> column -> its ids over the mapped buffers (no copy)."""
     return RaggedIds([(chunk.values.to_numpy(zero_copy_only=False),
@@ -38,7 +32,8 @@ def read_ids(cleaned: Path | str, columns: tuple[str, ...]) -> list[RaggedIds] |
     table = read_tokens(path)
     if any(f"{c}_ids" not in table.column_names for c in columns):
         return None
-    n = count_rows(cleaned)
+    with open(cleaned, "rb") as fh:  # the rows read_jsonl reads: the non-blank lines
+        n = sum(1 for line in fh if line.strip())
     if table.num_rows != n:
         raise ValueError(f"{path}: {table.num_rows} rows of token ids for the {n} rows of "
                          f"{cleaned}: it belongs to other data (delete it to tokenize again)")

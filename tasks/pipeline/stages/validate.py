@@ -62,15 +62,6 @@ def chat_template(value: str | None) -> str | None:
 SAMPLE_ROWS = 20  # rows of each cleaned set shown in data_docs/sample/
 
 
-def write_samples(out_dir: Path, sample_dir: Path) -> None:
-    """The first SAMPLE_ROWS lines of each cleaned set into ``sample_dir/<set>.jsonl``."""
-    for path in sorted(out_dir.glob("*.jsonl")):
-        sample_dir.mkdir(parents=True, exist_ok=True)
-        with open(path, encoding="utf-8") as fh:
-            head = [line for _, line in zip(range(SAMPLE_ROWS), fh)]
-        (sample_dir / path.name).write_text("".join(head), encoding="utf-8")
-
-
 def body(sc: StageContext, prep: Prepared) -> DataRecord:
     """Load, check and clean the data; log GX results and Data Docs; stop on any failure."""
     cfg = sc.cfg
@@ -94,7 +85,11 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
     sc.set_tags({TOKENIZER_PREFIX + k: str(v) for k, v in record.items()})
     require_margin(report, cfg, out_dir / "preference.jsonl")
     docs = write_data_docs(report, out_dir / "data_docs")
-    write_samples(out_dir, docs / "sample")
+    for path in sorted(out_dir.glob("*.jsonl")):  # the first SAMPLE_ROWS rows of each set
+        (docs / "sample").mkdir(parents=True, exist_ok=True)
+        with open(path, encoding="utf-8") as fh:
+            head = [line for _, line in zip(range(SAMPLE_ROWS), fh)]
+        (docs / "sample" / path.name).write_text("".join(head), encoding="utf-8")
     sc.log_artifacts(docs, "data_docs")
     sc.log_text(report.summary_markdown(), "validation_summary.md")
     sc.log(0, report.stats)
@@ -105,8 +100,7 @@ def body(sc: StageContext, prep: Prepared) -> DataRecord:
     digests = {}
     for context, names in (("training", ("sft", "preference", "prompts")),
                            ("evaluation", ("eval_prompts", "preference_eval"))):
-        files = {n: out_dir / f"{n}.jsonl" for n in names
-                 if (out_dir / f"{n}.jsonl").exists()}
+        files = {n: out_dir / f"{n}.jsonl" for n in names if (out_dir / f"{n}.jsonl").exists()}
         digests.update(sc.log_datasets(files, context))
     sc.set_tags({DATA_DIGEST_PREFIX + k: v for k, v in digests.items()}, parent=True)
     # the cleaned data, for other machines: every file while together small enough, else none
@@ -130,5 +124,4 @@ STAGE = Stage("validate", body, DataRecord, sections=("validation",),
               metrics=(*(f"{s}/{c}" for s in KINDS for c in COUNTS), "length_mismatch_ratio"),
               artifacts=("data", "data/*.jsonl", "data/tokenizer", "data_docs",
                          "validation_summary.md"))
-
 validate = stage_task(STAGE)
