@@ -14,6 +14,7 @@ from pathlib import Path
 
 from data_checks.files import looks_local
 from tasks.config.pipeline_config import ConfigError, PipelineConfig
+from tasks.platform.mlflow.addresses import tracking_source
 from tasks.platform.prefect.logins import Needs, check_mlflow_login, check_prefect_login
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -101,16 +102,6 @@ def folder_problem(path: Path) -> str | None:
 
 
 TIMEOUT_S = 5.0
-
-
-def tracking_source(configured: str | None) -> tuple[str, str]:
-    """The MLflow store a command uses and where that came from, as
-    ``default_tracking_uri`` picks it."""
-    if configured:
-        return configured, "tracking.tracking_uri in the config"
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
-    return "sqlite:///mlflow.db", "the default, as MLFLOW_TRACKING_URI is not set"
 
 
 def no_answer(url: str, timeout_s: float) -> str | None:
