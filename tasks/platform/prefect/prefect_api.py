@@ -8,6 +8,13 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 
+def api_client():
+    """Prefect's synchronous API client (Prefect is imported when first needed)."""
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
 def in_prefect_run() -> bool:
     """Inside a Prefect flow or task run (where artifacts and events have a run to go to)."""
     from prefect.context import get_run_context
@@ -32,12 +39,11 @@ def report(key: str, markdown: str, description: str) -> None:
 
 def deployment_parameters() -> dict[str, Any]:
     """The served config stored on this run's deployment ({} outside a deployment run)."""
-    from prefect.client.orchestration import get_client
     from prefect.runtime import deployment
 
     if deployment.id is None:
         return {}
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         return dict(client.read_deployment(deployment.id).parameters or {})
 
 
@@ -50,13 +56,12 @@ def flow_run_name() -> str | None:
 
 def rename_flow_run(name: str) -> None:
     """Rename the current flow run, in the API and its context (no-op outside a run)."""
-    from prefect.client.orchestration import get_client
     from prefect.context import FlowRunContext
     from prefect.runtime import flow_run
 
     if flow_run.id is None:
         return
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         client.update_flow_run(flow_run.id, name=name[:100])
     ctx = FlowRunContext.get()
     if ctx is not None and ctx.flow_run is not None:
@@ -65,11 +70,10 @@ def rename_flow_run(name: str) -> None:
 
 def ensure_limit(name: str) -> None:
     """Create the one-slot global concurrency limit if the server has none by that name."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         try:
             client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
@@ -81,9 +85,7 @@ def ensure_limit(name: str) -> None:
 
 
 def _slot_taken(name: str) -> bool:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         limit = client.read_global_concurrency_limit_by_name(name)
     return limit.active_slots >= limit.limit
 
@@ -96,12 +98,11 @@ SLOT_TAG = "rlhf.slot:"  # + limit name: a Prefect flow-run tag, not an MLflow t
 
 def _mark_holder(name: str) -> None:
     """Tag the current flow run as the slot's holder (no-op outside a flow run)."""
-    from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
     if flow_run.id is None:
         return
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         tags = list(client.read_flow_run(flow_run.id).tags or [])
         client.update_flow_run(flow_run.id, tags=[*tags, SLOT_TAG + name])
 
@@ -109,7 +110,6 @@ def _mark_holder(name: str) -> None:
 def slot_holder(name: str) -> str:
     """Who holds the slot ``name``: the running flow run(s) tagged as its holder, else a
     sentence saying none can be named."""
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterState,
@@ -119,7 +119,7 @@ def slot_holder(name: str) -> str:
     from prefect.client.schemas.objects import StateType
     from prefect.runtime import flow_run
 
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
             tags=FlowRunFilterTags(all_=[SLOT_TAG + name]),
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))

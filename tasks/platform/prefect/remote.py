@@ -24,6 +24,7 @@ from tasks.platform.mlflow.tags import (
     ROUTED_HOST_TAG,
     ROUTED_OUTPUT_TAG,
 )
+from tasks.platform.prefect.prefect_api import api_client
 from tasks.platform.prefect.preflight import RoutingError
 
 _log = logging.getLogger("rlhf.remote")
@@ -65,7 +66,6 @@ def check_deployments(cfg: PipelineConfig) -> None:
                       "which they reach only through a filesystem they share with this one; "
                       "give every machine an MLflow server (MLFLOW_TRACKING_URI=http://<host>"
                       ":5000)", stacklevel=2)
-    from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL
 
@@ -73,7 +73,7 @@ def check_deployments(cfg: PipelineConfig) -> None:
         raise RoutingError(f"{', '.join(wanted)}: stages on other machines need a Prefect "
                          "server every machine reaches (export PREFECT_API_URL=http://<host>:"
                          "4200/api here and on the workers)")
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         for field, name in wanted.items():
             try:
                 client.read_deployment_by_name(name)
@@ -94,11 +94,10 @@ def _submit(deployment: str, parameters: dict, label: str):
 
 
 def _cancel(flow_run_id) -> None:
-    from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Cancelling
 
     try:
-        with get_client(sync_client=True) as client:
+        with api_client() as client:
             state = client.read_flow_run(flow_run_id).state
             if state is None or state.is_final():
                 return
@@ -153,15 +152,13 @@ def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, in
                deployment: str) -> dict:
     """Run ``stage`` through ``deployment`` into child run ``run_id`` -> the output record
     the other machine left on it."""
-    from prefect.client.orchestration import get_client
-
     label = f"stage {stage}"
     run = _submit(deployment, {"stage": stage, "spec": stage_spec(ctx, cfg, stage, run_id,
                                                                   inputs)}, label)
     set_tags(ctx.client(), run_id, {ROUTED_FLOW_RUN_TAG: f"{deployment} {run.name} ({run.id})"})
     watched = _Watched(run, deployment, label, cfg.routing.start_timeout_s)
     try:
-        with get_client(sync_client=True) as client:
+        with api_client() as client:
             _wait(lambda: watched.problem(client), lambda: watched.done)
     except BaseException:
         _cancel(run.id)
@@ -202,8 +199,6 @@ class NodeGroup:
                 "port": self.port, "timeout_s": int(self.cfg.routing.start_timeout_s) + 60}
 
     def __enter__(self) -> NodeGroup:
-        from prefect.client.orchestration import get_client
-
         deployment = self.cfg.routing.nodes
         try:
             for rank in range(1, self.cfg.model.nnodes):
@@ -218,7 +213,7 @@ class NodeGroup:
         set_tags(self.ctx.client(), self.spec["run_id"], {NODES_TAG: json.dumps(
             {"nnodes": self.cfg.model.nnodes, "master": f"{self.addr}:{self.port}",
              "flow_runs": [w.run.name for w in self.runs]})})
-        self._client = get_client(sync_client=True).__enter__()
+        self._client = api_client().__enter__()
         return self
 
     def problem(self) -> str | None:
