@@ -49,37 +49,34 @@ class GuardedClient:
         self.parent_run_id, self.workdir = parent_run_id, workdir
 
     def __getattr__(self, name: str):
-        attr = getattr(self.raw, name)
-        if name.startswith("_") or not callable(attr):
-            return attr
+        fn = getattr(self.raw, name)
+        if name.startswith("_") or not callable(fn):
+            return fn
 
         def call(*args, **kwargs):
-            return self._call(name, attr, args, kwargs)
+            if name in LONG_CALLS:
+                self.wait_for_server(name)
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as err:
+                    self.raise_if_refused(err, name)
+                    raise
+            since = None
+            while True:
+                try:
+                    # once the server has not answered, a slow answer is not taken for none
+                    with fail_fast(QUICK_S if since is None else AGAIN_S):
+                        result = fn(*args, **kwargs)
+                except Exception as err:  # noqa: BLE001 - classified just below
+                    self.raise_if_refused(err, name)
+                    if not unreachable(err):
+                        raise
+                    since = self._waited(since, name)
+                    continue
+                self._back(since)
+                return result
 
         return call
-
-    def _call(self, name: str, fn, args, kwargs):
-        if name in LONG_CALLS:
-            self.wait_for_server(name)
-            try:
-                return fn(*args, **kwargs)
-            except Exception as err:
-                self.raise_if_refused(err, name)
-                raise
-        since = None
-        while True:
-            try:
-                # once the server has not answered, a slow answer is not taken for none
-                with fail_fast(QUICK_S if since is None else AGAIN_S):
-                    result = fn(*args, **kwargs)
-            except Exception as err:  # noqa: BLE001 - classified just below
-                self.raise_if_refused(err, name)
-                if not unreachable(err):
-                    raise
-                since = self._waited(since, name)
-                continue
-            self._back(since)
-            return result
 
     def wait_for_server(self, doing: str) -> None:
         """Return once the server answers /health, or raise :class:`TrackingOutage`."""
@@ -100,7 +97,10 @@ class GuardedClient:
                         "(tracking.outage_limit_s)", self.raw.tracking_uri, doing, self.limit_s)
             since = now
         elif now - since > self.limit_s:
-            raise self.outage(now - since, doing)
+            raise TrackingOutage(
+                f"the MLflow server at {self.raw.tracking_uri} has not answered for "
+                f"{now - since:.0f} s (tracking.outage_limit_s={self.limit_s:g}; at {doing}); "
+                f"{self.kept()}")
         time.sleep(self.poll_s)
         return since
 
@@ -118,11 +118,6 @@ class GuardedClient:
                    "sent first when the run is resumed") if left else ""
         return (f"run {self.parent_run_id} keeps its finished stages, their outputs in "
                 f"{self.workdir}{spooled}")
-
-    def outage(self, down_s: float, doing: str) -> TrackingOutage:
-        return TrackingOutage(
-            f"the MLflow server at {self.raw.tracking_uri} has not answered for {down_s:.0f} s "
-            f"(tracking.outage_limit_s={self.limit_s:g}; at {doing}); {self.kept()}")
 
 
 def guarded(client: MlflowClient, limit_s: float, parent_run_id: str,

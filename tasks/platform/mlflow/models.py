@@ -127,32 +127,34 @@ def reward_signature():
                           outputs=Schema([ColSpec("double")]))
 
 
-def _served_folder(folder: str, tmp: str, name: str) -> tuple[str, list[str]]:
-    """What to log of a model folder -> (folder, extra requirements): a LoRA adapter folder
-    becomes its self-contained bundle, which needs peft where served."""
-    from rlhf_core.models.adapters import bundle, is_adapter_folder
-
-    if not is_adapter_folder(folder):
-        return folder, []
-    out = bundle(folder, Path(tmp) / name)
-    text = "\n".join(p.read_text() for p in out.rglob("rlhf_lora.json"))
-    return str(out), ["peft"] + (["gguf"] if ".gguf" in text else [])
-
-
-def _log_code_model(name: str, script: Path, artifacts: dict, signature, registered: str,
-                    trust_remote_code: bool, extra: list[str] | None = None) -> str:
+def _log_code_model(name: str, script: Path, folder: str, signature, registered: str,
+                    trust_remote_code: bool, card: str | None = None, **artifacts: str) -> str:
+    """Log (in the active run) and register the model in ``folder`` as code, beside
+    ``artifacts`` -> its registered version. A LoRA adapter folder is logged as its
+    self-contained bundle, which needs peft where served; ``card`` becomes ``model_card.md``."""
     import mlflow.pyfunc
 
-    with warnings.catch_warnings():
-        # the signature is explicit; an input example would run the model again at log time
-        warnings.filterwarnings("ignore", message=".*input example was not provided")
-        info = mlflow.pyfunc.log_model(
-            name=name, python_model=str(script), artifacts=artifacts,
-            code_paths=[str(Path(rlhf_core.__file__).parent)], signature=signature,
-            registered_model_name=registered,
-            model_config={"trust_remote_code": trust_remote_code},
-            pip_requirements=REQUIREMENTS + (extra or []),
-        )
+    from rlhf_core.models.adapters import bundle, is_adapter_folder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if card is not None:
+            (Path(tmp) / "model_card.md").write_text(card)
+            artifacts["model_card"] = str(Path(tmp) / "model_card.md")
+        extra = []
+        if is_adapter_folder(folder):
+            out = bundle(folder, Path(tmp) / name)
+            text = "\n".join(p.read_text() for p in out.rglob("rlhf_lora.json"))
+            folder, extra = str(out), ["peft"] + (["gguf"] if ".gguf" in text else [])
+        with warnings.catch_warnings():
+            # the signature is explicit; an input example would run the model again at log time
+            warnings.filterwarnings("ignore", message=".*input example was not provided")
+            info = mlflow.pyfunc.log_model(
+                name=name, python_model=str(script), artifacts={name: folder, **artifacts},
+                code_paths=[str(Path(rlhf_core.__file__).parent)], signature=signature,
+                registered_model_name=registered,
+                model_config={"trust_remote_code": trust_remote_code},
+                pip_requirements=REQUIREMENTS + extra,
+            )
     return info.registered_model_version
 
 
@@ -160,21 +162,13 @@ def log_policy(policy_dir: str, name: str, generation: dict, card: str,
                trust_remote_code: bool = False) -> str:
     """Log (in the active run) and register the policy -> registered version. ``generation``
     gives the default sampling params; ``card`` becomes ``model_card.md``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        card_file = Path(tmp) / "model_card.md"
-        card_file.write_text(card)
-        folder, extra = _served_folder(policy_dir, tmp, "policy")
-        return _log_code_model(
-            "policy", POLICY_SCRIPT, {"policy": folder, "model_card": str(card_file)},
-            policy_signature(generation["max_new_tokens"], generation["temperature"]), name,
-            trust_remote_code, extra)
+    signature = policy_signature(generation["max_new_tokens"], generation["temperature"])
+    return _log_code_model("policy", POLICY_SCRIPT, policy_dir, signature, name,
+                           trust_remote_code, card)
 
 
 def log_reward_model(model_dir: str, tokenizer_dir: str, name: str,
                      trust_remote_code: bool = False) -> str:
     """Log (in the active run) and register the reward model -> registered version."""
-    with tempfile.TemporaryDirectory() as tmp:
-        folder, extra = _served_folder(model_dir, tmp, "reward_model")
-        return _log_code_model("reward_model", PYFUNC_SCRIPT,
-                               {"reward_model": folder, "tokenizer": tokenizer_dir},
-                               reward_signature(), name, trust_remote_code, extra)
+    return _log_code_model("reward_model", PYFUNC_SCRIPT, model_dir, reward_signature(), name,
+                           trust_remote_code, tokenizer=tokenizer_dir)

@@ -56,14 +56,6 @@ def model_version(client: MlflowClient, name: str, version: str | int):
         return None
 
 
-def _record(client: MlflowClient, name: str, entry: dict) -> None:
-    model = client.get_registered_model(name)
-    lines = [x for x in model.tags.get(ALIAS_LOG_TAG, "").splitlines() if x][-(LOG_KEEP - 1):]
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "user": getpass.getuser(), **entry}
-    client.set_registered_model_tag(name, ALIAS_LOG_TAG, "\n".join([*lines, json.dumps(entry)]))
-
-
 def move_champion(client: MlflowClient, name: str, version: str | int, action: str,
                   reason: str) -> str | None:
     """Make ``version`` champion, the old one ``previous-champion`` -> the old version (or
@@ -79,8 +71,12 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
     if cleared:
         client.delete_registered_model_alias(name, CHALLENGER)
     client.set_model_version_tag(name, version, CHAMPION_SINCE_TAG, f"{action}: {reason}")
-    _record(client, name, {"action": action, "champion": version, "before": before,
-                           "reason": reason, **({"challenger": "removed"} if cleared else {})})
+    log = client.get_registered_model(name).tags.get(ALIAS_LOG_TAG, "")
+    lines = [x for x in log.splitlines() if x][-(LOG_KEEP - 1):]  # the last LOG_KEEP moves
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "user": getpass.getuser(), "action": action, "champion": version, "before": before,
+             "reason": reason, **({"challenger": "removed"} if cleared else {})}
+    client.set_registered_model_tag(name, ALIAS_LOG_TAG, "\n".join([*lines, json.dumps(entry)]))
     return before
 
 

@@ -83,20 +83,21 @@ def rank_env() -> dict[str, str]:
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
-def _fresh(folder: Path) -> Path:
+def _write_spec(folder: Path, spec: dict) -> tuple[dict, Path]:
+    """``spec`` told to leave rank 0's output and each rank's error in ``folder``, written
+    there after an earlier launch's files are removed -> it and its file."""
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.json"):
         old.unlink()
-    return folder
+    spec = {**spec, "output": str(folder / "output.json"), "errors": str(folder)}
+    return spec, write_json(folder / "spec.json", spec)
 
 
 def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
               inputs: dict) -> dict:
     """Run ``stage`` on ``cfg.model.nproc`` ranks per machine -> rank 0's output reference."""
-    folder = _fresh(ctx.stage_dir(stage) / "ranks")
-    spec = {**stage_spec(ctx, cfg, stage, run_id, inputs),
-            "output": str(folder / "output.json"), "errors": str(folder)}
-    path = write_json(folder / "spec.json", spec)
+    folder = ctx.stage_dir(stage) / "ranks"
+    spec, path = _write_spec(folder, stage_spec(ctx, cfg, stage, run_id, inputs))
     if cfg.model.nnodes == 1:
         watch(launch_command(cfg.model.nproc, path), rank_env(), stage, folder)
     else:
@@ -110,10 +111,8 @@ def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
 def run_node(ctx: RunContext, spec: dict, node: dict) -> None:
     """Run a non-head node of a multi-node stage on this machine, watched like the head's."""
     cfg = PipelineConfig.model_validate(spec["cfg"])
-    folder = _fresh(ctx.stage_dir(spec["stage"]) / f"ranks_node{node['rank']}")
-    spec = {**spec, "ctx": ctx.model_dump(mode="json"),
-            "output": str(folder / "output.json"), "errors": str(folder)}
-    path = write_json(folder / "spec.json", spec)
+    folder = ctx.stage_dir(spec["stage"]) / f"ranks_node{node['rank']}"
+    _, path = _write_spec(folder, {**spec, "ctx": ctx.model_dump(mode="json")})
     watch(launch_command(cfg.model.nproc, path, node), rank_env(),
           f"{spec['stage']} node {node['rank']}", folder)
 
@@ -128,8 +127,21 @@ def watch(cmd: list[str], env: dict, stage: str, folder: Path,
     tail: deque = deque(maxlen=20)
     found: list[str] = []
     done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(1.0):
+            try:
+                reason = problem()
+            except Exception as err:  # noqa: BLE001 - an API hiccup: try again next second
+                print(f"could not read the other nodes' state: {err}", flush=True)
+                continue
+            if reason:
+                found.append(reason)
+                _kill_group(proc)
+                return
+
     if problem is not None:
-        threading.Thread(target=_poll, args=(problem, proc, done, found), daemon=True).start()
+        threading.Thread(target=poll, daemon=True).start()
     try:
         for line in proc.stdout:
             tail.append(line.rstrip())
@@ -146,16 +158,3 @@ def watch(cmd: list[str], env: dict, stage: str, folder: Path,
         _kill_group(proc)
         raise _rank_error(folder, stage, rc, tail)
 
-
-def _poll(problem: Callable[[], str | None], proc: subprocess.Popen, done: threading.Event,
-          found: list[str]) -> None:
-    while not done.wait(1.0):
-        try:
-            reason = problem()
-        except Exception as err:  # noqa: BLE001 - an API hiccup: try again next second
-            print(f"could not read the other nodes' state: {err}", flush=True)
-            continue
-        if reason:
-            found.append(reason)
-            _kill_group(proc)
-            return

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from tasks.platform.prefect.preflight import no_answer
 
@@ -35,30 +35,25 @@ def api_problem(url: str) -> str | None:
     return no_answer(f"{url.rstrip('/')}/health", 5)
 
 
-def _causes(err: BaseException) -> Iterator[BaseException]:
-    """``err``, the errors grouped in it and their causes."""
+def lost_api(err: BaseException) -> bool:
+    """Whether ``err`` (or an error grouped in it, or their causes) is how serving ends when
+    the API stops answering."""
+    import httpx
+
     seen, todo = set(), [err]
     while todo:
         e = todo.pop()
         if id(e) in seen:
             continue
         seen.add(id(e))
-        yield e
-        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
-        todo += list(getattr(e, "exceptions", ()))
-
-
-def lost_api(err: BaseException) -> bool:
-    """Whether ``err`` is how serving ends when the API stops answering."""
-    import httpx
-
-    for e in _causes(err):
         if isinstance(e, (httpx.TransportError, ConnectionError, TimeoutError)):
             return True
         if isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500:
             return True
         if isinstance(e, RuntimeError) and "exceeded error threshold" in str(e):
             return True
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        todo += list(getattr(e, "exceptions", ()))
     return False
 
 
