@@ -104,5 +104,4 @@ def log_text(client, run_id: str, text: str, artifact_file: str) -> None:
 
 
 def log_table(client, run_id: str, rows, artifact_file: str) -> None:
-    """``rows`` (a pandas DataFrame) as MLflow's table ``artifact_file``."""
     client.log_table(run_id, data=rows, artifact_file=artifact_file)
