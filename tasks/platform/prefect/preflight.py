@@ -122,25 +122,10 @@ def no_answer(url: str, timeout_s: float) -> str | None:
         return str(err)
 
 
-def _tcp_problem(uri: str, timeout_s: float) -> str | None:
-    parsed = urllib.parse.urlsplit(uri)
-    if not parsed.hostname:
-        return None
-    default = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}.get(
-        parsed.scheme.split("+")[0])
-    port = parsed.port or default
-    if port is None:
-        return None
-    try:
-        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
-    except OSError as err:
-        return "no answer" if isinstance(err, TimeoutError) else str(err.strerror or err)
-    return None
-
-
 def _store_problem(uri: str, timeout_s: float) -> tuple[str, str, str] | None:
     """(what it is, what is wrong, what to check) for the MLflow store, else None."""
-    scheme = urllib.parse.urlsplit(uri).scheme
+    parsed = urllib.parse.urlsplit(uri)
+    scheme = parsed.scheme
     tried = f"one try of up to {timeout_s:g} s"
     if scheme in ("http", "https"):
         why = no_answer(f"{uri.rstrip('/')}/health", timeout_s)
@@ -152,9 +137,17 @@ def _store_problem(uri: str, timeout_s: float) -> tuple[str, str, str] | None:
         problem = folder_problem(folder)
         return ("the MLflow store", f"cannot be used: its folder {folder}: {problem}",
                 "the path and its permissions") if problem else None
-    if scheme == "databricks":
+    if scheme == "databricks" or not parsed.hostname:
         return None
-    why = _tcp_problem(uri, timeout_s)
+    port = parsed.port or {"postgresql": 5432, "mysql": 3306, "mssql": 1433}.get(
+        scheme.split("+")[0])
+    if port is None:
+        return None
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+        return None
+    except OSError as err:
+        why = "no answer" if isinstance(err, TimeoutError) else str(err.strerror or err)
     return ("the MLflow store's database at", f"does not answer ({why}; {tried})",
             "that the database server runs there and the URI is right") if why else None
 
