@@ -120,14 +120,6 @@ class GuardedClient:
                 f"{self.workdir}{spooled}")
 
 
-def guarded(client: MlflowClient, limit_s: float, parent_run_id: str,
-            workdir: str | Path):
-    """``client`` behind a :class:`GuardedClient` when it talks to a server over HTTP."""
-    if not str(client.tracking_uri).startswith(("http://", "https://")):
-        return client
-    return GuardedClient(client, limit_s, parent_run_id, workdir)
-
-
 def one_try(client, doing: str, call: Callable, again: Callable):
     """``call()``, a multi-request operation outside ``client`` (the fluent API), without
     MLflow's retries; after waiting out an outage, ``again()`` -> its result, or None to

@@ -24,8 +24,6 @@ from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 import rlhf_core
 from tasks.platform.mlflow.registry import alias_version
 
-POLICY_SCRIPT = Path(__file__).with_name("policy_pyfunc.py")
-PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
 REQUIREMENTS = ["torch", "transformers", "safetensors", "pandas"]
 
 
@@ -107,31 +105,11 @@ def alias_holder(uri: str, tracking_uri: str) -> str:
         return f"{name} v{alias_version(MlflowClient(), name, alias).version}"
 
 
-def policy_signature(max_new_tokens: int, temperature: float):
-    """prompt (text or messages) -> answer, with the request params and their defaults."""
-    params = ParamSchema([
-        ParamSpec("max_new_tokens", "long", int(max_new_tokens)),
-        ParamSpec("temperature", "double", float(temperature)),
-        ParamSpec("top_p", "double", 1.0),
-        ParamSpec("do_sample", "boolean", True),
-        ParamSpec("seed", "long", None),
-    ])
-    return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt")]),
-                          outputs=Schema([ColSpec(AnyType())]), params=params)
-
-
-def reward_signature():
-    """prompt, response (text, or messages) -> score."""
-    return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt"),
-                                         ColSpec(AnyType(), "response")]),
-                          outputs=Schema([ColSpec("double")]))
-
-
-def _log_code_model(name: str, script: Path, folder: str, signature, registered: str,
+def _log_code_model(name: str, script: str, folder: str, signature, registered: str,
                     trust_remote_code: bool, card: str | None = None, **artifacts: str) -> str:
-    """Log (in the active run) and register the model in ``folder`` as code, beside
-    ``artifacts`` -> its registered version. A LoRA adapter folder is logged as its
-    self-contained bundle, which needs peft where served; ``card`` becomes ``model_card.md``."""
+    """Log (in the active run) and register the model in ``folder`` as code (``script`` beside
+    this file), with ``artifacts`` -> its registered version. A LoRA adapter folder is logged
+    as its self-contained bundle, which needs peft where served."""
     import mlflow.pyfunc
 
     from rlhf_core.models.adapters import bundle, is_adapter_folder
@@ -149,8 +127,9 @@ def _log_code_model(name: str, script: Path, folder: str, signature, registered:
             # the signature is explicit; an input example would run the model again at log time
             warnings.filterwarnings("ignore", message=".*input example was not provided")
             info = mlflow.pyfunc.log_model(
-                name=name, python_model=str(script), artifacts={name: folder, **artifacts},
-                code_paths=[str(Path(rlhf_core.__file__).parent)], signature=signature,
+                name=name, python_model=str(Path(__file__).with_name(script)),
+                artifacts={name: folder, **artifacts}, signature=signature,
+                code_paths=[str(Path(rlhf_core.__file__).parent)],
                 registered_model_name=registered,
                 model_config={"trust_remote_code": trust_remote_code},
                 pip_requirements=REQUIREMENTS + extra,
@@ -160,15 +139,28 @@ def _log_code_model(name: str, script: Path, folder: str, signature, registered:
 
 def log_policy(policy_dir: str, name: str, generation: dict, card: str,
                trust_remote_code: bool = False) -> str:
-    """Log (in the active run) and register the policy -> registered version. ``generation``
-    gives the default sampling params; ``card`` becomes ``model_card.md``."""
-    signature = policy_signature(generation["max_new_tokens"], generation["temperature"])
-    return _log_code_model("policy", POLICY_SCRIPT, policy_dir, signature, name,
+    """Log (in the active run) and register the policy -> registered version; it takes a
+    prompt (text or messages) and request params defaulting to ``generation``'s, and answers.
+    ``card`` becomes ``model_card.md``."""
+    params = ParamSchema([
+        ParamSpec("max_new_tokens", "long", int(generation["max_new_tokens"])),
+        ParamSpec("temperature", "double", float(generation["temperature"])),
+        ParamSpec("top_p", "double", 1.0),
+        ParamSpec("do_sample", "boolean", True),
+        ParamSpec("seed", "long", None),
+    ])
+    signature = ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt")]),
+                               outputs=Schema([ColSpec(AnyType())]), params=params)
+    return _log_code_model("policy", "policy_pyfunc.py", policy_dir, signature, name,
                            trust_remote_code, card)
 
 
 def log_reward_model(model_dir: str, tokenizer_dir: str, name: str,
                      trust_remote_code: bool = False) -> str:
-    """Log (in the active run) and register the reward model -> registered version."""
-    return _log_code_model("reward_model", PYFUNC_SCRIPT, model_dir, reward_signature(), name,
+    """Log (in the active run) and register the reward model -> registered version; it
+    scores prompt, response (text, or messages)."""
+    signature = ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt"),
+                                              ColSpec(AnyType(), "response")]),
+                               outputs=Schema([ColSpec("double")]))
+    return _log_code_model("reward_model", "reward_pyfunc.py", model_dir, signature, name,
                            trust_remote_code, tokenizer=tokenizer_dir)

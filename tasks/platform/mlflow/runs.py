@@ -52,11 +52,14 @@ class RunContext(BaseModel):
         note_parent_run(self.parent_run_id)  # for the CLI's message on a stop signal
 
     def client(self) -> MlflowClient:
-        """A client that waits up to ``outage_limit_s`` for a lost server, then stops the run."""
-        from tasks.platform.mlflow.guarded import guarded
+        """A client that waits up to ``outage_limit_s`` for a lost server (over HTTP), then
+        stops the run."""
+        from tasks.platform.mlflow.guarded import GuardedClient
 
-        return guarded(MlflowClient(tracking_uri=self.tracking_uri), self.outage_limit_s,
-                       self.parent_run_id, self.workdir)
+        client = MlflowClient(tracking_uri=self.tracking_uri)
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return client
+        return GuardedClient(client, self.outage_limit_s, self.parent_run_id, self.workdir)
 
     def stage_dir(self, stage: str) -> Path:
         path = Path(self.workdir) / stage
@@ -154,8 +157,6 @@ class StepLogger:
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         fresh = {k: v for k, v in metrics.items() if step > self.last_step.get(k, -1)}
-        if not fresh:
-            return
         if self.spool is None:
             log_metrics(self.client, self.run_id, fresh, step)
         else:

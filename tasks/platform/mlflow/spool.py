@@ -85,17 +85,6 @@ def fail_fast(timeout_s: int = 5) -> Iterator[None]:
                     os.environ[key] = value
 
 
-def log_table_file(client: MlflowClient, run_id: str, path: Path, artifact_file: str) -> None:
-    """Upload ``path`` (pandas ``split`` JSON) as ``artifact_file``, replacing one of that
-    name, and list it as a table."""
-    client.log_artifact(run_id, str(path), posixpath.dirname(artifact_file) or None)
-    listed = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
-    entry = {"path": artifact_file, "type": "table"}
-    if entry not in listed:
-        listed = bounded([*listed, entry])
-        client.set_tag(run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(listed))
-
-
 def bounded(listed: list[dict]) -> list[dict]:
     """The tag's list within MLflow's cap, oldest dropped first (their files stay)."""
     while len(listed) > 1 and len(json.dumps(listed)) > MAX_TAG_VAL_LENGTH:
@@ -171,10 +160,15 @@ class Spool:
             return False
 
     def _send(self, record: dict) -> None:
-        if record["kind"] == "table":
-            log_table_file(self.client, self.run_id, Path(record["file"]),
-                           record["artifact_file"])
-            shutil.rmtree(Path(record["file"]).parent, ignore_errors=True)
+        if record["kind"] == "table":  # uploaded, replacing one of that name, and listed
+            path, name = Path(record["file"]), record["artifact_file"]
+            self.client.log_artifact(self.run_id, str(path), posixpath.dirname(name) or None)
+            tags = self.client.get_run(self.run_id).data.tags
+            listed = json.loads(tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+            if {"path": name, "type": "table"} not in listed:
+                listed = bounded([*listed, {"path": name, "type": "table"}])
+                self.client.set_tag(self.run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(listed))
+            shutil.rmtree(path.parent, ignore_errors=True)
             return
         metrics = [Metric(k, v, ts, step) for k, v, ts, step in record.get("metrics", [])]
         tags = [RunTag(k, v) for k, v in record.get("tags", [])]
@@ -187,7 +181,10 @@ class Spool:
             while True:
                 with self.lock:
                     if not self.pending():
-                        self._back()
+                        if self.down_since is not None:
+                            log.warning("the MLflow server answers again after %.1f s; the "
+                                        "spool is sent", self.clock() - self.down_since)
+                            self.down_since = None
                         return True
                     index, record = self.sent, self.pending()[0]
                 if not self._try(record):
@@ -197,12 +194,6 @@ class Spool:
                     return False
                 with self.lock:
                     self._mark(index + 1)
-
-    def _back(self) -> None:
-        if self.down_since is not None:
-            log.warning("the MLflow server answers again after %.1f s; the spool is sent",
-                        self.clock() - self.down_since)
-            self.down_since = None
 
     def _start_retrying(self) -> None:
         if self._thread is None or not self._thread.is_alive():
