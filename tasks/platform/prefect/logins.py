@@ -59,25 +59,14 @@ SECRET_HOMES = {"tracking.tracking_uri": "MLFLOW_TRACKING_URI",
                 "collect.destination.url": "LABEL_STUDIO_URL"}
 
 
-def refuse_secrets(cfg) -> None:
-    """Refuse a config URL holding a password: it would become a Prefect flow-run parameter
-    and reach its database and UI."""
+def login_out_of_uri(cfg=None):
+    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user
+    and password variables, so nothing recorded carries it -> ``cfg`` with the bare URI. Any
+    other config URL holding a password is refused: it would become a Prefect flow-run
+    parameter and reach its database and UI."""
     from tasks.config.pipeline_config import flatten
     from tasks.platform.redact import URL_LOGIN, redact
 
-    for field, value in flatten(cfg.model_dump(mode="json")).items():
-        if isinstance(value, str) and URL_LOGIN.search(value):
-            home = SECRET_HOMES.get(field)
-            where = (f"set {home} to it instead (read from the environment, never recorded) "
-                     f"and leave {field} empty" if home else
-                     "give the password to the tool through its environment instead")
-            raise ConfigError(f"{field} holds a password ({redact(value)}), which would be "
-                              f"stored with the run's parameters: {where}")
-
-
-def login_out_of_uri(cfg=None):
-    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user
-    and password variables, so nothing recorded carries it -> ``cfg`` with the bare URI."""
     bare, user, password = split_login(os.environ.get("MLFLOW_TRACKING_URI", ""))
     if user:
         os.environ.update({"MLFLOW_TRACKING_URI": bare, USER_VAR: user, PASSWORD_VAR: password})
@@ -89,7 +78,14 @@ def login_out_of_uri(cfg=None):
             os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
             tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
             cfg = cfg.model_copy(update={"tracking": tracking})
-    refuse_secrets(cfg)  # what no variable can take
+    for field, value in flatten(cfg.model_dump(mode="json")).items():
+        if isinstance(value, str) and URL_LOGIN.search(value):  # what no variable can take
+            home = SECRET_HOMES.get(field)
+            where = (f"set {home} to it instead (read from the environment, never recorded) "
+                     f"and leave {field} empty" if home else
+                     "give the password to the tool through its environment instead")
+            raise ConfigError(f"{field} holds a password ({redact(value)}), which would be "
+                              f"stored with the run's parameters: {where}")
     return cfg
 
 
@@ -175,11 +171,11 @@ def check_mlflow_login(uri: str, source: str, needs: Needs | None,
     if auth_app:
         server.user = body["user"].get("username") or server.user
     admin = auth_app and bool(body["user"].get("is_admin"))
-    needs = needs or Needs()
+    needs, levels = needs or Needs(), auth_app and not admin
     if needs.experiment:
-        _check_experiment(server, needs, auth_app and not admin)
+        _check(server, "experiment", needs.experiment, levels, needs.write)
     for name in needs.models:
-        _check_model(server, name, auth_app and not admin, manage=name in needs.managed)
+        _check(server, "registered_model", name, levels, manage=name in needs.managed)
 
 
 def _forbidden(server: _Mlflow, what: str, has: str | None, needs: str) -> ConfigError:
@@ -190,48 +186,35 @@ def _forbidden(server: _Mlflow, what: str, has: str | None, needs: str) -> Confi
                        "that has it.")
 
 
-def _check_experiment(server: _Mlflow, needs: Needs, levels: bool) -> None:
-    name = needs.experiment
-    what = f"the experiment '{name}'"
-    status, body = server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
+def _check(server: _Mlflow, kind: str, name: str, levels: bool, write: bool = True,
+           manage: bool = False) -> None:
+    """May the user read (``write``: change) the experiment or registered model ``name``?
+    ``levels``: the auth app reports the user's levels (not an admin)."""
+    model, what = kind == "registered_model", f"the {kind.replace('_', ' ')} '{name}'"
+    if model:
+        status, body = server.get("2.0/mlflow/registered-models/get", name=name)
+    else:
+        status, body = server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
     if status == 403:
-        raise _forbidden(server, what, None, "EDIT (to log runs)" if needs.write else "READ")
-    if not levels or not needs.write:
+        edit = "EDIT (to register versions and set aliases)" if model else "EDIT (to log runs)"
+        raise _forbidden(server, what, None, edit if write else "READ")
+    if not levels or not write:
         return
     if status == 404:  # created by the run: the app lets a user create unless denied
-        level = server.permission("experiment", "*")
+        level = server.permission(kind, "*")
         if level in NO_CREATE:
-            raise _forbidden(server, "new experiments", level,
-                             f"to create {what} (it does not exist yet)")
-        return
-    if status == 200:
-        exp_id = body["experiment"]["experiment_id"]
-        level = server.permission("experiment", exp_id)
-        if level and level not in WRITES:
-            raise _forbidden(server, f"{what} (id {exp_id})", level,
-                             "EDIT (to log runs in it)")
-
-
-def _check_model(server: _Mlflow, name: str, levels: bool, manage: bool = False) -> None:
-    what = f"the registered model '{name}'"
-    status, _ = server.get("2.0/mlflow/registered-models/get", name=name)
-    if status == 403:
-        raise _forbidden(server, what, None, "EDIT (to register versions and set aliases)")
-    if not levels:
-        return
-    if status == 404:
-        level = server.permission("registered_model", "*")
-        if level in NO_CREATE:
-            raise _forbidden(server, "new registered models", level,
+            raise _forbidden(server, f"new {kind.replace('_', ' ')}s", level,
                              f"to create {what} (it does not exist yet)")
     elif status == 200:
-        level = server.permission("registered_model", name)
+        rid = name if model else body["experiment"]["experiment_id"]
+        level = server.permission(kind, rid)
         if manage and level and level != "MANAGE":
             raise _forbidden(server, what, level, "MANAGE (to move and remove its aliases, "
                              "as approving or rejecting a candidate does)")
         if level and level not in WRITES:
-            raise _forbidden(server, what, level,
-                             "EDIT (to register versions of it and set its aliases)")
+            raise _forbidden(server, what if model else f"{what} (id {rid})", level,
+                             "EDIT (to register versions of it and set its aliases)" if model
+                             else "EDIT (to log runs in it)")
 
 
 # -- Prefect ---------------------------------------------------------------------------------
@@ -243,28 +226,23 @@ def _profile_value(name: str) -> str | None:
     return value.get_secret_value() if hasattr(value, "get_secret_value") else value
 
 
-def prefect_credentials() -> tuple[dict[str, str], str]:
-    """(headers, what was read) as Prefect's client sends them: the auth string, else the
-    API key; from the variables, else the active profile."""
+def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
+    """Check that the Prefect API takes the login, via GET /admin/version (which needs one),
+    sent as Prefect's client sends it: the auth string, else the API key; from the
+    variables, else the active profile."""
+    version = f"{url.rstrip('/')}/admin/version"
+    status, _ = _get(version, {}, timeout_s)
+    if status not in (401, 403):
+        return
     auth, key = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR)
     read = AUTH_STRING_VAR if auth else API_KEY_VAR if key else ""
     if not (auth or key):
         auth, key = _profile_value(AUTH_STRING_VAR), _profile_value(API_KEY_VAR)
         read = (f"{AUTH_STRING_VAR} in the active Prefect profile" if auth else
                 f"{API_KEY_VAR} in the active Prefect profile" if key else "")
-    if auth:
-        return {"Authorization": f"Basic {base64.b64encode(auth.encode()).decode()}"}, read
-    return ({"Authorization": f"Bearer {key}"}, read) if key else ({}, "")
-
-
-def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
-    """Check that the Prefect API takes the login, via GET /admin/version (which needs one)."""
-    status, _ = _get(f"{url.rstrip('/')}/admin/version", {}, timeout_s)
-    if status not in (401, 403):
-        return
-    headers, read = prefect_credentials()
-    if headers:
-        status, _ = _get(f"{url.rstrip('/')}/admin/version", headers, timeout_s)
+    if auth or key:
+        login = f"Basic {base64.b64encode(auth.encode()).decode()}" if auth else f"Bearer {key}"
+        status, _ = _get(version, {"Authorization": login}, timeout_s)
     where = f"the Prefect API at {url} (from {source})"
     if status not in (401, 403):
         return
