@@ -38,14 +38,10 @@ def defaults_in_words(schema: dict[str, Any]) -> None:
             prop["description"] = f"{prop.get('description', '')} Empty: {prop.pop('default')}."
 
 
-def _no_required(schema: dict[str, Any]) -> None:
-    """Nothing required in the form: the validators name what is missing."""
-    schema.pop("required", None)
-
-
-# the sections drawn otherwise beside empty_input_for_none, by class name
+# the sections drawn otherwise beside empty_input_for_none, by class name; nothing is required
+# in a data section's form (the validators name what is missing)
 FORM_RULES = {"LoraSettings": defaults_in_words, "ScheduleConfig": defaults_in_words,
-              "DataSource": _no_required, "DataConfig": _no_required}
+              **dict.fromkeys(("DataSource", "DataConfig"), lambda s: s.pop("required", None))}
 
 
 def draw_form(schema: dict[str, Any], handler, seen: set[int] | None = None) -> None:

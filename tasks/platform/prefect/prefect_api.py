@@ -84,27 +84,9 @@ def ensure_limit(name: str) -> None:
                 pass
 
 
-def _slot_taken(name: str) -> bool:
-    with api_client() as client:
-        limit = client.read_global_concurrency_limit_by_name(name)
-    return limit.active_slots >= limit.limit
-
-
 SLOW_ANSWER_S = 120.0  # how long a skipping caller keeps asking for a slot that reads free
 LEASE_S = 300.0  # a held slot's lease, renewed while its holder lives (Prefect's default)
-
 SLOT_TAG = "rlhf.slot:"  # + limit name: a Prefect flow-run tag, not an MLflow tag
-
-
-def _mark_holder(name: str) -> None:
-    """Tag the current flow run as the slot's holder (no-op outside a flow run)."""
-    from prefect.runtime import flow_run
-
-    if flow_run.id is None:
-        return
-    with api_client() as client:
-        tags = list(client.read_flow_run(flow_run.id).tags or [])
-        client.update_flow_run(flow_run.id, tags=[*tags, SLOT_TAG + name])
 
 
 def slot_holder(name: str) -> str:
@@ -135,13 +117,17 @@ def one_slot(name: str, skip: bool) -> Iterator[bool]:
     """Hold the one-slot limit ``name`` for the body -> True; with ``skip``, False when
     another run holds it (else block until free). The current flow run is tagged as holder."""
     from prefect.concurrency.sync import concurrency
+    from prefect.runtime import flow_run
 
     ensure_limit(name)
     deadline = time.monotonic() + SLOW_ANSWER_S
     while True:
-        if skip and _slot_taken(name):
-            yield False
-            return
+        if skip:
+            with api_client() as client:
+                limit = client.read_global_concurrency_limit_by_name(name)
+            if limit.active_slots >= limit.limit:
+                yield False
+                return
         with ExitStack() as stack:
             try:  # skip: the slot read free a moment ago; the timeout bounds a lost race
                 stack.enter_context(concurrency(name, occupy=1, strict=True,
@@ -152,6 +138,9 @@ def one_slot(name: str, skip: bool) -> Iterator[bool]:
                     continue
                 yield False
                 return
-            _mark_holder(name)
+            if flow_run.id is not None:
+                with api_client() as client:
+                    tags = list(client.read_flow_run(flow_run.id).tags or [])
+                    client.update_flow_run(flow_run.id, tags=[*tags, SLOT_TAG + name])
             yield True
             return

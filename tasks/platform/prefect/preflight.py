@@ -62,27 +62,23 @@ def check_config(cfg: PipelineConfig) -> None:
                           "hub id (or demo.enabled: true for the built-in tiny model).")
     check_model_source("model.base_model", cfg.model.base_model)
     check_model_source("model.tokenizer", cfg.model.tokenizer)
-    check_device(cfg)
+    # model.device=cuda where torch sees no CUDA fails here, not inside a stage (unless the
+    # stages run on other machines)
+    if cfg.model.device == "cuda" and not (cfg.routing.stages or cfg.routing.nodes):
+        import torch
+
+        if not torch.cuda.is_available():
+            why = "was built without CUDA" if torch.version.cuda is None else \
+                "sees no CUDA device"
+            here = "mps" if torch.backends.mps.is_available() else "cpu"
+            raise ConfigError(f"model.device=cuda: this machine's torch {torch.__version__} "
+                              f"{why}; the device here is {here}, so set model.device={here} "
+                              "(or auto), or install a CUDA build of torch on a machine with "
+                              "a GPU.")
     problem = folder_problem(Path(cfg.tracking.workdir).expanduser())
     if problem:
         raise ConfigError(f"tracking.workdir={cfg.tracking.workdir}: {problem}. Point it at a "
                           "folder you can write (it is created if missing).")
-
-
-def check_device(cfg: PipelineConfig) -> None:
-    """Fail here, not inside a stage, on ``model.device=cuda`` where torch sees no CUDA
-    (skipped when stages run on other machines)."""
-    if cfg.model.device != "cuda" or cfg.routing.stages or cfg.routing.nodes:
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    why = "was built without CUDA" if torch.version.cuda is None else "sees no CUDA device"
-    here = "mps" if torch.backends.mps.is_available() else "cpu"
-    raise ConfigError(f"model.device=cuda: this machine's torch {torch.__version__} {why}; "
-                      f"the device here is {here}, so set model.device={here} (or auto), or "
-                      "install a CUDA build of torch on a machine with a GPU.")
 
 
 def folder_problem(path: Path) -> str | None:

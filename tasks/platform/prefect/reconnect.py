@@ -57,14 +57,6 @@ def lost_api(err: BaseException) -> bool:
     return False
 
 
-def _first_line(err: BaseException) -> str:
-    """``err`` in one line (the first error of a group)."""
-    while getattr(err, "exceptions", None):
-        err = err.exceptions[0]
-    text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}: {text}"[:200]
-
-
 def serve_until_stopped(deployments: Callable[[], list], what: str) -> None:
     """``prefect.serve(*deployments())`` until a stop signal; when serving ends because the
     API stopped answering, wait for it and serve again. Any other error is raised."""
@@ -85,7 +77,9 @@ def serve_until_stopped(deployments: Callable[[], list], what: str) -> None:
             problem = api_problem(url)
             if problem is None and not lost_api(err):
                 raise
-            why = _first_line(err)
+            while getattr(err, "exceptions", None):  # a group: its first error, in one line
+                err = err.exceptions[0]
+            why = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"[:200]
         finally:
             signal.signal(signal.SIGTERM, handler)
             first = False

@@ -176,12 +176,6 @@ def record_routed(ctx: RunContext, run_id: str, out: dict) -> None:
                                     ROUTED_HOST_TAG: socket.gethostname()})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 class NodeGroup:
     """Nodes 1..nnodes-1 of a multi-node stage as flow runs of ``routing.nodes`` (the head is
     node 0); leaving the block on an error cancels them."""
@@ -189,7 +183,11 @@ class NodeGroup:
     def __init__(self, ctx: RunContext, cfg: PipelineConfig, stage: str, spec: dict):
         self.ctx, self.cfg, self.stage, self.spec = ctx, cfg, stage, spec
         self.addr = cfg.model.master_addr or socket.gethostname()
-        self.port = cfg.model.master_port or _free_port()
+        self.port = cfg.model.master_port
+        if not self.port:
+            with socket.socket() as sock:  # a free port
+                sock.bind(("", 0))
+                self.port = sock.getsockname()[1]
         self.runs: list[_Watched] = []
         self._client = None
         self._lock = threading.Lock()
