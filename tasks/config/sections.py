@@ -95,10 +95,8 @@ class RetrainConfig(Section):
 
 # --- on-policy collection and labels coming back (``collect:``)
 
-# Why 40 known pairs, 0.75 and 25 (exact binomial): a coin-flipper answering all 40 passes
-# 0.11% of the time, and skipping down to 25 answered raises that only to 0.73%; an honest
-# labeller at the demo judge's noise (88% right) fails 0.62%.
-# tests/data_checks/test_label_quality.py checks both by simulation.
+# The odds below are exact binomials; tests/data_checks/test_label_quality.py checks them by
+# simulation.
 class LabelQualityConfig(Section):
     """When a labeller's votes are dropped, and when an imported batch is quarantined."""
 
@@ -200,9 +198,8 @@ class DemoConfig(Section):
 
 class TrackingConfig(Section):
     experiment: str = Field("rlhf", description="MLflow experiment name.")
-    tracking_uri: str | None = Field(
-        None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db."
-    )
+    tracking_uri: str | None = Field(None, description="MLflow URI; default "
+                                     "$MLFLOW_TRACKING_URI or sqlite:///mlflow.db.")
     run_name: str | None = Field(None, description="Pipeline run name (same name resumes).")
     workdir: str = Field("rlhf_runs", description="Folder for checkpoints and prepared data.")
     registered_policy: str = Field("rlhf-policy", description="Registry name of the policy.")
@@ -257,16 +254,13 @@ class RoutingConfig(Section):
 
     stages: dict[str, str] = Field(
         {}, description="Stage -> the `rlhf-stage` deployment that runs it on another "
-        f"machine's worker, e.g. {{ppo: rlhf-stage/gpu}}; {', '.join(ROUTABLE)} can be routed."
-    )
+        f"machine's worker, e.g. {{ppo: rlhf-stage/gpu}}; {', '.join(ROUTABLE)} can be routed.")
     nodes: str | None = Field(
         None, description="With model.nnodes > 1: the `rlhf-stage` deployment that starts "
-        "nodes 2.. (one flow run per node), e.g. rlhf-stage/nodes."
-    )
+        "nodes 2.. (one flow run per node), e.g. rlhf-stage/nodes.")
     start_timeout_s: float = Field(
         300.0, gt=0, description="How long a routed stage or node may wait for a worker to "
-        "start it before the stage fails."
-    )
+        "start it before the stage fails.")
 
     @field_validator("stages")
     @classmethod

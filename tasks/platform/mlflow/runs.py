@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict
 
@@ -116,8 +117,6 @@ EXPERIMENT_KIND = {EXPERIMENT_KIND_TAG: "custom_model_development"}
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
     """The id of experiment ``name``, created when missing; either way it gets the kind tag."""
-    from mlflow.exceptions import MlflowException
-
     exp = client.get_experiment_by_name(name)
     if exp:
         if EXPERIMENT_KIND_TAG not in exp.tags:
@@ -283,8 +282,6 @@ def run_url(ctx: RunContext, run_id: str) -> str:
 def retry_unique_key(write) -> None:
     """Run ``write()``, retrying (5 tries in all) when the server refuses it on a unique key (a
     concurrent run wrote the same row first)."""
-    from mlflow.exceptions import MlflowException
-
     for attempt in range(5):
         try:
             write()

@@ -51,19 +51,6 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             time.sleep(0.05)
 
 
-def _rank_error(folder: Path, stage: str, rc: int, tail: deque) -> BaseException:
-    """The first rank error (its own exception type when a builtin one), else the exit code
-    and the last output lines."""
-    errors = sorted(folder.glob("error_rank*.json"), key=lambda p: p.stat().st_mtime)
-    if not errors:
-        lines = "\n".join(tail)
-        return RuntimeError(f"{stage}: torchrun exited with code {rc}; last output:\n{lines}")
-    err = json.loads(errors[0].read_text())
-    kind = getattr(builtins, err["type"], None)
-    kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
-    return kind(f"{stage} rank {err['rank']}: {err['type']}: {err['message']}")
-
-
 def launch_command(nproc: int, spec: Path, node: dict | None = None) -> list[str]:
     """torchrun on this machine: a standalone group, or one node of a static rendezvous at
     the head's ``addr:port``."""
@@ -120,7 +107,8 @@ def run_node(ctx: RunContext, spec: dict, node: dict) -> None:
 def watch(cmd: list[str], env: dict, stage: str, folder: Path,
           problem: Callable[[], str | None] | None = None) -> None:
     """Run ``cmd`` as its own process group and stream its lines; on failure or interruption
-    kill the group and raise. A ``problem()`` (polled each second) also kills it."""
+    kill the group and raise (the first rank error, as its own type when a builtin one, else
+    the exit code and the last lines). A ``problem()`` (polled each second) also kills it."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, bufsize=1, start_new_session=True,
                             preexec_fn=_die_with_parent)
@@ -156,5 +144,12 @@ def watch(cmd: list[str], env: dict, stage: str, folder: Path,
         raise RemoteStageError(found[0])
     if rc != 0:
         _kill_group(proc)
-        raise _rank_error(folder, stage, rc, tail)
+        errors = sorted(folder.glob("error_rank*.json"), key=lambda p: p.stat().st_mtime)
+        if not errors:
+            lines = "\n".join(tail)
+            raise RuntimeError(f"{stage}: torchrun exited with code {rc}; last output:\n{lines}")
+        err = json.loads(errors[0].read_text())
+        kind = getattr(builtins, err["type"], None)
+        kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
+        raise kind(f"{stage} rank {err['rank']}: {err['type']}: {err['message']}")
 
