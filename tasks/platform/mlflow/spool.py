@@ -209,9 +209,6 @@ class Spool:
     def close(self) -> None:
         self._stop.set()
 
-    def closed(self) -> bool:
-        return self._stop.is_set()
-
     # -- the limit --------------------------------------------------------------------------
     def outage_s(self) -> float:
         """Seconds since the first write the server did not take (0 while it answers)."""
@@ -233,12 +230,6 @@ class Spool:
                 f"the MLflow server at {self.client.tracking_uri} has not answered for "
                 f"{down:.0f} s (tracking.outage_limit_s={limit_s:g}); {kept}")
 
-    def drain(self, limit_s: float) -> None:
-        """Wait until the spool is sent, or raise :class:`TrackingOutage` past the limit."""
-        while not self.flush():
-            self.check(limit_s)
-            time.sleep(0.5)
-
 
 _SPOOLS: dict[str, Spool] = {}
 _SPOOLS_LOCK = threading.Lock()
@@ -249,7 +240,7 @@ def spool_for(client: MlflowClient, run_id: str, workdir: str | Path) -> Spool:
     sends what an earlier process left in it."""
     with _SPOOLS_LOCK:  # stages running in threads (a sweep) share the parent run's spool
         spool = _SPOOLS.get(run_id)
-        if spool is None or spool.closed():  # (a closed one stopped a stage in this process)
+        if spool is None or spool._stop.is_set():  # (closed: it stopped a stage here)
             spool = _SPOOLS[run_id] = Spool(client, run_id, Path(workdir) / ".spool")
             # under torchrun only rank 0 logs: the other ranks never send its spool
             if spool.pending() and os.environ.get("RANK", "0") == "0":
@@ -279,9 +270,12 @@ def spool_table(spool: Spool, rows, artifact_file: str) -> None:
 
 
 def drain_all(limit_s: float) -> None:
-    """Send every spool of this process before a stage publishes its output."""
+    """Send every spool of this process before a stage publishes its output, or raise
+    :class:`TrackingOutage` past ``limit_s``."""
     for spool in list(_SPOOLS.values()):
-        spool.drain(limit_s)
+        while not spool.flush():
+            spool.check(limit_s)
+            time.sleep(0.5)
 
 
 def spooled_left(workdir: str | Path) -> int:

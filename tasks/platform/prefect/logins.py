@@ -132,25 +132,23 @@ class _Mlflow:
     """The read-only calls of the check, each one try of at most ``timeout_s``."""
 
     def __init__(self, uri: str, source: str, timeout_s: float):
-        self.uri, self.source, self.timeout_s = uri.rstrip("/"), source, timeout_s
+        self.uri, self.timeout_s = uri.rstrip("/"), timeout_s
         self.headers, self.user, self.read = mlflow_credentials()
         self.where = f"the MLflow server at {uri} (from {source})"
 
     def get(self, path: str, **query: str) -> tuple[int, dict | None]:
         url = f"{self.uri}/api/{path}?{urllib.parse.urlencode(query)}"
         status, body = _get(url, self.headers, self.timeout_s)
+        if status == 401 and not self.read:
+            raise ConfigError(f"{self.where} asks for a login and none was given (HTTP 401): "
+                              f"set {USER_VAR} and {PASSWORD_VAR} (or {TOKEN_VAR}) to your "
+                              "login on it.")
         if status == 401:
-            raise ConfigError(self.refused())
+            who = f" of user '{self.user}'" if self.user else ""
+            raise ConfigError(f"{self.where} refused the login{who} read from {self.read} "
+                              "(HTTP 401 Unauthorized); check the user name and password (or "
+                              "token) with the server's admin.")
         return status, body
-
-    def refused(self) -> str:
-        if not self.read:
-            return (f"{self.where} asks for a login and none was given (HTTP 401): set "
-                    f"{USER_VAR} and {PASSWORD_VAR} (or {TOKEN_VAR}) to your login on it.")
-        who = f" of user '{self.user}'" if self.user else ""
-        return (f"{self.where} refused the login{who} read from {self.read} (HTTP 401 "
-                "Unauthorized); check the user name and password (or token) with the "
-                "server's admin.")
 
     def permission(self, kind: str, name: str) -> str | None:
         """The user's permission level on a resource as the auth app resolves it."""
