@@ -111,20 +111,18 @@ def artifact_location(tracking_uri: str) -> str | None:
     return (db.parent / "mlruns").as_uri()
 
 
-# MLflow 3's UI opens this kind on its runs table, not its GenAI (traces) view
-EXPERIMENT_KIND = {EXPERIMENT_KIND_TAG: "custom_model_development"}
-
-
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created when missing; either way it gets the kind tag."""
+    """The id of experiment ``name``, created when missing; either way it gets the kind tag
+    that makes MLflow 3's UI open it on its runs table, not its GenAI (traces) view."""
+    kind = "custom_model_development"
     exp = client.get_experiment_by_name(name)
     if exp:
         if EXPERIMENT_KIND_TAG not in exp.tags:
-            client.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, kind)
         return exp.experiment_id
     try:
         return client.create_experiment(name, artifact_location=artifact_location(uri),
-                                        tags=EXPERIMENT_KIND)
+                                        tags={EXPERIMENT_KIND_TAG: kind})
     except MlflowException as err:
         # another pipeline run on the same server created it between our lookup and create
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -188,12 +186,9 @@ def hardware_tags(device: Any = None) -> dict[str, str]:
 
 def find_stage_run(ctx: RunContext, stage: str):
     """The child run of ``stage`` under the parent, or None."""
-    runs = ctx.client().search_runs(
-        [ctx.experiment_id],
-        filter_string=f"tags.`{PARENT_TAG}` = '{ctx.parent_run_id}' "
-                      f"and tags.`{STAGE_TAG}` = '{stage}'",
-        max_results=1,
-    )
+    runs = ctx.client().search_runs([ctx.experiment_id], max_results=1,
+                                    filter_string=f"tags.`{PARENT_TAG}` = '{ctx.parent_run_id}' "
+                                                  f"and tags.`{STAGE_TAG}` = '{stage}'")
     return runs[0] if runs else None
 
 
@@ -233,14 +228,12 @@ def stage_run(ctx: RunContext, stage: str,
     client.set_terminated(run_id, status="FINISHED")
 
 
-STOPS = ("KeyboardInterrupt", "TerminationSignal", "Stopped", "SystemExit")
-
-
 def mark_ended(client: MlflowClient, run_id: str) -> None:
     """While an error propagates, mark ``run_id`` KILLED (a stop) or FAILED; a store that
     cannot be reached never replaces the error (the run stays RUNNING; ``--resume`` works)."""
-    exc = sys.exc_info()[1]
-    status = "KILLED" if exc is not None and type(exc).__name__ in STOPS else "FAILED"
+    stop = type(sys.exc_info()[1]).__name__ in ("KeyboardInterrupt", "TerminationSignal",
+                                                "Stopped", "SystemExit")
+    status = "KILLED" if stop else "FAILED"
     _while_failing(client, lambda raw: raw.set_terminated(run_id, status=status),
                    f"could not mark MLflow run {run_id} {status}",
                    "; it stays RUNNING in the store and --resume reopens it")
@@ -252,9 +245,9 @@ def _while_failing(client: MlflowClient, write, failed: str, after: str = "") ->
     of retries); its own failure is logged, never raised over the original error."""
     from tasks.platform.mlflow.spool import TrackingOutage, fail_fast
 
-    quick = fail_fast(3) if isinstance(sys.exc_info()[1], TrackingOutage) else nullcontext()
+    outage = isinstance(sys.exc_info()[1], TrackingOutage)
     try:
-        with quick:
+        with fail_fast(3) if outage else nullcontext():
             write(getattr(client, "raw", client))
     except Exception as err:  # noqa: BLE001 - the original error is the one to report
         _log.warning("%s (%s: %s)%s", failed, type(err).__name__, err, after)
