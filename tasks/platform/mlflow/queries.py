@@ -4,8 +4,10 @@ imports."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
+import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -92,9 +94,6 @@ def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
 def recorded_config(tracking_uri: str, run_id: str) -> tuple[dict, str]:
     """The config a pipeline run last ran with (its last changed resume's, else its first)
     -> (the config as JSON, its artifact path); StoreError when unreadable."""
-    import json
-    import tempfile
-
     from mlflow.exceptions import MlflowException
 
     client = _read_only_client(tracking_uri)
@@ -135,7 +134,6 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
 
 def _pipeline_runs_client(client: MlflowClient, experiment: str, limit: int,
                           page: int) -> PipelineRuns:
-    """``pipeline_runs`` through MLflow's client."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return PipelineRuns(experiment_id=None, runs=[])

@@ -17,8 +17,6 @@ from tasks.config.pipeline_config import ConfigError, PipelineConfig
 from tasks.platform.mlflow.addresses import tracking_source
 from tasks.platform.prefect.logins import Needs, check_mlflow_login, check_prefect_login
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-
 
 class RoutingError(ValueError):
     """A routing setting that cannot work, raised before any run is opened."""
@@ -47,7 +45,7 @@ def check_model_source(field: str, value: str | None) -> None:
         if field == "model.base_model" and not (path / "config.json").exists():
             raise ConfigError(f"{field}={value}: no config.json in the folder, so it is not a "
                               "Hugging Face model folder (save one with save_pretrained).")
-    elif not HUB_ID.match(value):
+    elif not re.match(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$", value):  # a hub id
         raise ConfigError(f"{field}={value!r}: neither an existing local folder nor a hub id "
                           "of the form 'name' or 'owner/name'.")
 
@@ -161,8 +159,7 @@ def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
                   prefect: bool = True, timeout_s: float = TIMEOUT_S,
                   needs: Needs | None = None) -> None:
     """Check, before anything starts, that the MLflow store and (with ``prefect``) the
-    Prefect API answer and take the login, one try each; every command that talks to them
-    calls this first."""
+    Prefect API answer and take the login, one try each."""
     if mlflow:
         uri, source = tracking_source(tracking_uri)
         problem = _store_problem(uri, timeout_s)
