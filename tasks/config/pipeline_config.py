@@ -77,25 +77,18 @@ class PipelineConfig(Section):
         return None if blank_data(value) else value
 
     @model_validator(mode="after")
-    def _nodes_started_somewhere(self) -> PipelineConfig:
+    def _sections_agree(self) -> PipelineConfig:
+        """Settings of several sections that only work together."""
         if self.model.nnodes > 1 and self.routing.nodes is None:
             raise ValueError(f"model.nnodes={self.model.nnodes} needs routing.nodes: the "
                              "rlhf-stage deployment that starts the other nodes (e.g. "
                              "rlhf-stage/nodes, served by `rlhf stage-worker` on each of them)")
-        return self
-
-    @model_validator(mode="after")
-    def _ptx_has_text(self) -> PipelineConfig:
         for name in ("sft", "ppo"):
             coef = getattr(self, name).ptx_coef
             if coef > 0 and (self.data is None or self.data.pretrain is None):
                 raise ValueError(f"{name}.ptx_coef={coef:g} needs pretraining text: set "
                                  "data.pretrain (a .txt file, or a table with a text column)")
-        return self
-
-    @model_validator(mode="after")
-    def _scorers_not_trained_against(self) -> PipelineConfig:
-        """A reward source cannot also be the held-out checks' or the gate's scorer."""
+        # a reward source cannot also be the held-out checks' or the gate's scorer
         trained = {s.target: s.name for s in self.ppo.reward_sources if s.kind == "registered"}
         for key, scorer in (("ppo.health.scorer", self.ppo.health.scorer),
                             ("retrain.gate.scorer", self.retrain.gate.scorer)):

@@ -31,7 +31,6 @@ from tasks.platform.mlflow.tags import (
 
 CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
 CANDIDATE = "candidate"
-LOG_KEEP = 20
 
 
 def set_alias(client: MlflowClient, name: str, alias: str, version) -> None:
@@ -72,7 +71,7 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
         client.delete_registered_model_alias(name, CHALLENGER)
     client.set_model_version_tag(name, version, CHAMPION_SINCE_TAG, f"{action}: {reason}")
     log = client.get_registered_model(name).tags.get(ALIAS_LOG_TAG, "")
-    lines = [x for x in log.splitlines() if x][-(LOG_KEEP - 1):]  # the last LOG_KEEP moves
+    lines = [x for x in log.splitlines() if x][-19:]  # with this one, the last 20 moves
     entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "user": getpass.getuser(), "action": action, "champion": version, "before": before,
              "reason": reason, **({"challenger": "removed"} if cleared else {})}
