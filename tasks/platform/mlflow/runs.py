@@ -240,9 +240,8 @@ def mark_ended(client: MlflowClient, run_id: str) -> None:
 
 
 def _while_failing(client: MlflowClient, write, failed: str, after: str = "") -> None:
-    """``write(client)`` while an error propagates, on the raw client (no wait on a server
-    that went away; during a tracking outage one try per request instead of MLflow's minutes
-    of retries); its own failure is logged, never raised over the original error."""
+    """``write(client)`` on the raw client while an error propagates (one try per request
+    during an outage); its own failure is logged, never raised over the original error."""
     from tasks.platform.mlflow.spool import TrackingOutage, fail_fast
 
     outage = isinstance(sys.exc_info()[1], TrackingOutage)

@@ -111,7 +111,6 @@ class Spool:
         self._stop = threading.Event()
         self.kept = "the run keeps its finished stages"  # (set at each checkpoint)
 
-    # -- the file ---------------------------------------------------------------------------
     def pending(self) -> list[dict]:
         return self.records[self.sent:]
 
@@ -132,7 +131,6 @@ class Spool:
             self.sent_path.unlink(missing_ok=True)
             self.records, self.sent = [], 0
 
-    # -- writes -----------------------------------------------------------------------------
     def write(self, record: dict) -> None:
         """Send ``record`` now, or spool it behind the ones still waiting."""
         with self.lock:
@@ -209,7 +207,6 @@ class Spool:
     def close(self) -> None:
         self._stop.set()
 
-    # -- the limit --------------------------------------------------------------------------
     def outage_s(self) -> float:
         """Seconds since the first write the server did not take (0 while it answers)."""
         return 0.0 if self.down_since is None else self.clock() - self.down_since

@@ -26,8 +26,7 @@ NO_CREATE = ("DENY", "NO_PERMISSIONS")
 
 @dataclass(frozen=True)
 class Needs:
-    """What a command will do on the MLflow server; ``managed`` models need MANAGE (removing
-    aliases), not just EDIT."""
+    """What a command will do on the MLflow server (``managed`` models: MANAGE, not just EDIT)."""
 
     experiment: str | None = None
     write: bool = True
@@ -42,7 +41,6 @@ def needs_of(cfg) -> Needs:
     return Needs(t.experiment, models=models)
 
 
-# -- a login written into a URI ------------------------------------------------------------
 def split_login(uri: str) -> tuple[str, str | None, str | None]:
     """``http://bob:secret@host:5000/x`` -> (``http://host:5000/x``, 'bob', 'secret')."""
     parts = urllib.parse.urlsplit(uri)
@@ -89,7 +87,6 @@ def login_out_of_uri(cfg=None):
     return cfg
 
 
-# -- MLflow ----------------------------------------------------------------------------------
 def mlflow_credentials() -> tuple[dict[str, str], str | None, str]:
     """(headers, user name, what was read) as the MLflow client sends them: a user and
     password (variables, else ~/.mlflow/credentials), else a token."""
@@ -215,7 +212,6 @@ def _check(server: _Mlflow, kind: str, name: str, levels: bool, write: bool = Tr
                              else "EDIT (to log runs in it)")
 
 
-# -- Prefect ---------------------------------------------------------------------------------
 def _profile_value(name: str) -> str | None:
     """The active profile's Prefect setting ``name`` (named as its variable), unwrapped."""
     import prefect.settings
@@ -254,7 +250,6 @@ def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
                       "the API key's access).")
 
 
-# -- who answers -----------------------------------------------------------------------------
 def login_name(first: str = "mlflow") -> str:
     """Who is acting, for an approval: the MLflow user or Prefect auth user (``first`` picks
     which), else the OS user."""

@@ -92,19 +92,15 @@ SLOT_TAG = "rlhf.slot:"  # + limit name: a Prefect flow-run tag, not an MLflow t
 def slot_holder(name: str) -> str:
     """Who holds the slot ``name``: the running flow run(s) tagged as its holder, else a
     sentence saying none can be named."""
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-        FlowRunFilterTags,
-    )
+    from prefect.client.schemas import filters
     from prefect.client.schemas.objects import StateType
     from prefect.runtime import flow_run
 
+    running = filters.FlowRunFilterStateType(any_=[StateType.RUNNING])
     with api_client() as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            tags=FlowRunFilterTags(all_=[SLOT_TAG + name]),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+        runs = client.read_flow_runs(flow_run_filter=filters.FlowRunFilter(
+            tags=filters.FlowRunFilterTags(all_=[SLOT_TAG + name]),
+            state=filters.FlowRunFilterState(type=running)))
     runs = [r for r in runs if str(r.id) != str(flow_run.id)]
     if not runs:
         return ("a holder Prefect cannot name (not a running flow run: the slot frees itself "
