@@ -1,6 +1,5 @@
-"""The pipeline's own config sections: the retrain loop and its gate (``retrain:``),
-on-policy collection and labels (``collect:``), the demo, tracking and routing. The stages'
-sections are rlhf_core's and data_checks'."""
+"""The pipeline's own config sections (``retrain:``, ``collect:``, the demo, tracking and
+routing); the stages' sections are rlhf_core's and data_checks'."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The pipeline's MLflow models, the policy and the reward model, logged as code with
-``rlhf_core`` beside them (policy_pyfunc.py, reward_pyfunc.py), and the helpers that point
-MLflow at a store for one block without changing the process's own settings."""
+"""The policy and the reward model as MLflow models logged as code beside ``rlhf_core``, and
+MLflow pointed at a store for one block without changing the process's own settings."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The policy's registry aliases (``champion``, ``previous-champion``, ``challenger``,
-``candidate``) and the moves between them. Each move is logged on the registered model
-(``rlhf.alias_log``) and on the new champion, so who moved what and why stays visible."""
+"""The policy's registry aliases and the moves between them, each logged on the registered
+model (``rlhf.alias_log``) and on the new champion, so who moved what and why stays visible."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What a flow asks of the Prefect API itself: its run context, deployment parameters and
-flow run name, markdown reports, and a one-slot concurrency limit (one retrain at a time)
-whose holder can be named."""
+"""What a flow asks of the Prefect API itself, and a one-slot concurrency limit (one retrain
+at a time) whose holder can be named."""
 
 import time
 from collections.abc import Iterator
