@@ -8,7 +8,6 @@ import urllib.parse
 
 from tasks.platform.redact import redact
 
-LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 # every UI link opens in "Model training" mode: the UI's own switch defaults to GenAI whatever
 # the experiment's kind tag says, and the URL's parameter wins over it
 TRAINING_MODE = "workflowType=machine_learning"
@@ -32,7 +31,7 @@ def _ui(tracking_uri: str) -> str:
     """A tracking server's UI (its password hidden), else where `mlflow ui` serves a local store."""
     if tracking_uri.startswith(("http://", "https://")):
         return redact(tracking_uri).rstrip("/")
-    return LOCAL_UI
+    return "http://127.0.0.1:5000"  # where `mlflow ui` serves by default
 
 
 def runs_table_url(tracking_uri: str, experiment_id: str) -> str:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from tasks.platform.prefect.preflight import no_answer
 
 EVERY_ENV = "RLHF_RECONNECT_EVERY_S"
-MAX_FACTOR = 4  # the longest wait after failed requests in a row: this many times every_s()
 STEADY_S = 60.0  # serving this long before failing is not "in a row"
 
 
@@ -22,8 +21,8 @@ def every_s() -> float:
 
 
 def failed_wait_s(in_a_row: int) -> float:
-    """``every_s()`` doubled per failed request in a row, at most ``MAX_FACTOR`` times it."""
-    return every_s() * min(2 ** (in_a_row - 1), MAX_FACTOR)
+    """``every_s()`` doubled per failed request in a row, at most 4 times it."""
+    return every_s() * min(2 ** (in_a_row - 1), 4)
 
 
 def _say(text: str) -> None:
