@@ -59,8 +59,7 @@ def stage_metric_histories(ctx: RunContext, stage: str, keys: list[str]) -> dict
     return {key: client.get_metric_history(run.info.run_id, key) for key in keys}
 
 
-def log_sweep_summary(ctx: RunContext, rows: list[dict], groups: list[dict],
-                      markdown: str) -> None:
+def log_sweep_summary(ctx: RunContext, rows: list[dict], groups: list[dict], markdown: str) -> None:
     """A sweep's tables and markdown summary on the sweep's run (``sweep/``)."""
     import pandas as pd
 

@@ -110,8 +110,7 @@ def recorded_config(tracking_uri: str, run_id: str) -> tuple[dict, str]:
                          f"({str(err).splitlines()[0][:200]})") from None
 
 
-def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
-                  page: int = 1) -> PipelineRuns:
+def pipeline_runs(tracking_uri: str, experiment: str, limit: int, page: int = 1) -> PipelineRuns:
     """Page ``page`` (``limit`` runs each) of the experiment's pipeline runs, newest first,
     selected by the store; StoreError when the store or experiment cannot be read."""
     path = sqlite_file(tracking_uri)
@@ -174,8 +173,7 @@ def sqlite_file(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///"))
 
 
-def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int
-                       ) -> PipelineRuns | None:
+def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int) -> PipelineRuns | None:
     """``pipeline_runs`` read with SQL from MLflow's tables, ordered and paged as its
     search_runs does; None when the file does not fit (then MLflow's client reads it)."""
     try:

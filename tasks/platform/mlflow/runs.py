@@ -130,8 +130,7 @@ def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
-def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
-                step: int) -> None:
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int) -> None:
     """One batch call for a whole metrics dict at ``step``."""
     now = int(time.time() * 1000)
     batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v == v]  # drop NaN
@@ -201,8 +200,7 @@ def completed_output(ctx: RunContext, stage: str) -> dict | None:
 
 
 @contextmanager
-def stage_run(ctx: RunContext, stage: str,
-              params: dict[str, Any] | None = None) -> Iterator[str]:
+def stage_run(ctx: RunContext, stage: str, params: dict[str, Any] | None = None) -> Iterator[str]:
     """Open (or reopen) the child run of ``stage``, tagged with this machine's ``rlhf.hw.*``;
     a new one gets ``params``. FINISHED on success, FAILED or KILLED on error."""
     client = ctx.client()

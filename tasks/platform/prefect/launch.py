@@ -80,8 +80,7 @@ def _write_spec(folder: Path, spec: dict) -> tuple[dict, Path]:
     return spec, write_json(folder / "spec.json", spec)
 
 
-def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
-              inputs: dict) -> dict:
+def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict) -> dict:
     """Run ``stage`` on ``cfg.model.nproc`` ranks per machine -> rank 0's output reference."""
     folder = ctx.stage_dir(stage) / "ranks"
     spec, path = _write_spec(folder, stage_spec(ctx, cfg, stage, run_id, inputs))

@@ -154,8 +154,7 @@ class _Mlflow:
         return (body or {}).get("permission") if status == 200 else None
 
 
-def check_mlflow_login(uri: str, source: str, needs: Needs | None,
-                       timeout_s: float) -> None:
+def check_mlflow_login(uri: str, source: str, needs: Needs | None, timeout_s: float) -> None:
     """Check that the server at ``uri`` takes the MLflow login and, with ``needs``, lets the
     user do what the command will do."""
     if urllib.parse.urlsplit(uri).scheme not in ("http", "https"):

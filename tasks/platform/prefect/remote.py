@@ -46,8 +46,7 @@ def local_context(ctx: RunContext) -> RunContext:
     return ctx.model_copy(update={"workdir": str(Path(root) / ctx.parent_run_id)})
 
 
-def stage_spec(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
-               inputs: dict) -> dict:
+def stage_spec(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict) -> dict:
     """What a machine needs to run ``stage`` into the child run ``run_id`` (JSON)."""
     return {"stage": stage, "run_id": run_id, "ctx": ctx.model_dump(mode="json"),
             "cfg": cfg.model_dump(mode="json"), "inputs": inputs}
