@@ -117,8 +117,7 @@ class LabelQualityConfig(Section):
         "below the median of the last accepted batches'."))
 
     def rules(self) -> LabelRules:
-        return LabelRules(self.min_known_agreement, self.min_known_labelled,
-                          self.max_skip_rate)
+        return LabelRules(self.min_known_agreement, self.min_known_labelled, self.max_skip_rate)
 
 
 class DestinationConfig(Section):

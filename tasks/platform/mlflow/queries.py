@@ -121,8 +121,7 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int, page: int = 1)
         from mlflow.exceptions import MlflowException
 
         try:
-            found = _pipeline_runs_client(_read_only_client(tracking_uri), experiment, limit,
-                                          page)
+            found = _pipeline_runs_client(_read_only_client(tracking_uri), experiment, limit, page)
         except (MlflowException, OSError) as err:
             raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
                              f"{str(err).splitlines()[0][:300]}") from None
@@ -177,8 +176,7 @@ def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int) -> Pi
     """``pipeline_runs`` read with SQL from MLflow's tables, ordered and paged as its
     search_runs does; None when the file does not fit (then MLflow's client reads it)."""
     try:
-        con = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True,
-                              timeout=10)
+        con = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True, timeout=10)
     except sqlite3.Error:
         return None
     try:

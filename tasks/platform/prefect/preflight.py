@@ -66,8 +66,7 @@ def check_config(cfg: PipelineConfig) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            why = "was built without CUDA" if torch.version.cuda is None else \
-                "sees no CUDA device"
+            why = "was built without CUDA" if torch.version.cuda is None else "sees no CUDA device"
             here = "mps" if torch.backends.mps.is_available() else "cpu"
             raise ConfigError(f"model.device=cuda: this machine's torch {torch.__version__} "
                               f"{why}; the device here is {here}, so set model.device={here} "

@@ -202,8 +202,7 @@ class NodeGroup:
                 label = f"stage {self.stage} node {rank}"
                 run = _submit(deployment, {"stage": self.stage, "spec": self.spec,
                                            "node": self.node(rank)}, label)
-                self.runs.append(_Watched(run, deployment, label,
-                                          self.cfg.routing.start_timeout_s))
+                self.runs.append(_Watched(run, deployment, label, self.cfg.routing.start_timeout_s))
         except BaseException:
             self._cancel_all()
             raise
