@@ -137,10 +137,9 @@ def _pipeline_runs_client(client: MlflowClient, experiment: str, limit: int,
         return PipelineRuns(experiment_id=None, runs=[])
     runs, token = [], None
     for n in range(1, page + 1):
-        found = client.search_runs([exp.experiment_id],
+        found = client.search_runs([exp.experiment_id], max_results=limit, page_token=token,
                                    filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
-                                   order_by=["attributes.start_time DESC"],
-                                   max_results=limit, page_token=token)
+                                   order_by=["attributes.start_time DESC"])
         token = found.token
         if n == page:
             runs = found
@@ -199,7 +198,6 @@ def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int) -> Pi
     finally:
         con.close()
     return PipelineRuns(experiment_id=str(ids[0][0]), more=len(rows) > limit, runs=[
-        PipelineRun(run_id=run_id, run_name=name or tag_name, status=status,
-                    start_time=start, metrics=metrics[run_id], approval=approval,
-                    candidate=version)
+        PipelineRun(run_id=run_id, run_name=name or tag_name, status=status, start_time=start,
+                    metrics=metrics[run_id], approval=approval, candidate=version)
         for run_id, name, status, start, tag_name, approval, version in rows[:limit]])

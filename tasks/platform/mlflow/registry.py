@@ -155,10 +155,9 @@ def download_policy(client: MlflowClient, version, root: Path,
         runs[stage] = version.tags.get(stage_run_tag(stage))
         if not runs[stage]:
             parent = client.get_run(version.run_id).data.tags[PARENT_TAG]
-            found = client.search_runs([client.get_run(parent).info.experiment_id],
+            found = client.search_runs([client.get_run(parent).info.experiment_id], max_results=1,
                                        filter_string=f"tags.`{PARENT_TAG}` = '{parent}' and "
-                                                     f"tags.`{STAGE_TAG}` = '{stage}'",
-                                       max_results=1)
+                                                     f"tags.`{STAGE_TAG}` = '{stage}'")
             if not found:
                 raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its "
                                         "lineage")

@@ -109,8 +109,7 @@ def watch(cmd: list[str], env: dict, stage: str, folder: Path,
     kill the group and raise (the first rank error, as its own type when a builtin one, else
     the exit code and the last lines). A ``problem()`` (polled each second) also kills it."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, bufsize=1, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+                            env=env, bufsize=1, start_new_session=True, preexec_fn=_die_with_parent)
     tail: deque = deque(maxlen=20)
     found: list[str] = []
     done = threading.Event()

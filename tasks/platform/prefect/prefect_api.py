@@ -125,9 +125,8 @@ def one_slot(name: str, skip: bool) -> Iterator[bool]:
                 return
         with ExitStack() as stack:
             try:  # skip: the slot read free a moment ago; the timeout bounds a lost race
-                stack.enter_context(concurrency(name, occupy=1, strict=True,
-                                                timeout_seconds=15.0 if skip else None,
-                                                lease_duration=LEASE_S))
+                stack.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=LEASE_S,
+                                                timeout_seconds=15.0 if skip else None))
             except TimeoutError:  # a holder came first, or a loaded server answered late:
                 if time.monotonic() < deadline:  # the slot is read again, and asked again
                     continue

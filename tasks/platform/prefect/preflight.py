@@ -68,10 +68,9 @@ def check_config(cfg: PipelineConfig) -> None:
         if not torch.cuda.is_available():
             why = "was built without CUDA" if torch.version.cuda is None else "sees no CUDA device"
             here = "mps" if torch.backends.mps.is_available() else "cpu"
-            raise ConfigError(f"model.device=cuda: this machine's torch {torch.__version__} "
-                              f"{why}; the device here is {here}, so set model.device={here} "
-                              "(or auto), or install a CUDA build of torch on a machine with "
-                              "a GPU.")
+            raise ConfigError(f"model.device=cuda: this machine's torch {torch.__version__} {why}; "
+                              f"the device here is {here}, so set model.device={here} (or auto), "
+                              "or install a CUDA build of torch on a machine with a GPU.")
     problem = folder_problem(Path(cfg.tracking.workdir).expanduser())
     if problem:
         raise ConfigError(f"tracking.workdir={cfg.tracking.workdir}: {problem}. Point it at a "
@@ -164,9 +163,8 @@ def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
         problem = _store_problem(uri, timeout_s)
         if problem:
             what, wrong, check = problem
-            raise ConfigError(f"{what} {uri} (from {source}) {wrong}; check {check}, or "
-                              "point MLFLOW_TRACKING_URI / tracking.tracking_uri at another "
-                              "store.")
+            raise ConfigError(f"{what} {uri} (from {source}) {wrong}; check {check}, or point "
+                              "MLFLOW_TRACKING_URI / tracking.tracking_uri at another store.")
         check_mlflow_login(uri, source, needs, timeout_s)
     if prefect:
         url, source = prefect_api_url()
