@@ -1,5 +1,4 @@
-"""The pipeline's parent run: found, created or reopened, ended, and what it holds beside
-its stages' runs (plots, the judge split, a sweep's summary)."""
+"""The pipeline's parent run: found, created, reopened or ended, and a sweep's summary on it."""
 
 from __future__ import annotations
 

@@ -20,8 +20,6 @@ from tasks.config.pipeline_config import ConfigError
 USER_VAR, PASSWORD_VAR, TOKEN_VAR = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                                      "MLFLOW_TRACKING_TOKEN")
 AUTH_STRING_VAR, API_KEY_VAR = "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY"
-WRITES = ("EDIT", "MANAGE")          # MLflow permission levels that may log runs / versions
-NO_CREATE = ("DENY", "NO_PERMISSIONS")
 
 
 @dataclass(frozen=True)
@@ -196,7 +194,7 @@ def _check(server: _Mlflow, kind: str, name: str, levels: bool, write: bool = Tr
         return
     if status == 404:  # created by the run: the app lets a user create unless denied
         level = server.permission(kind, "*")
-        if level in NO_CREATE:
+        if level in ("DENY", "NO_PERMISSIONS"):
             raise _forbidden(server, f"new {kind.replace('_', ' ')}s", level,
                              f"to create {what} (it does not exist yet)")
     elif status == 200:
@@ -205,7 +203,7 @@ def _check(server: _Mlflow, kind: str, name: str, levels: bool, write: bool = Tr
         if manage and level and level != "MANAGE":
             raise _forbidden(server, what, level, "MANAGE (to move and remove its aliases, "
                              "as approving or rejecting a candidate does)")
-        if level and level not in WRITES:
+        if level and level not in ("EDIT", "MANAGE"):  # the levels that may log and register
             raise _forbidden(server, what if model else f"{what} (id {rid})", level,
                              "EDIT (to register versions of it and set its aliases)" if model
                              else "EDIT (to log runs in it)")
