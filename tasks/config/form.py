@@ -69,10 +69,8 @@ def _blank(value: Any) -> bool:
 
 def _section_of(annotation: Any) -> type[Section] | None:
     """The section class a field holds (``X`` or ``X | None``), else None."""
-    if isinstance(annotation, type) and issubclass(annotation, Section):
-        return annotation
-    found = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type)
-             and issubclass(a, Section)]
+    found = [a for a in (annotation, *getattr(annotation, "__args__", ()))
+             if isinstance(a, type) and issubclass(a, Section)]
     return found[0] if len(found) == 1 else None
 
 

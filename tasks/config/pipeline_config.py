@@ -113,10 +113,8 @@ class PipelineConfig(Section):
 
     def short_name(self) -> str:
         """model + data + short config hash, e.g. ``pythia-160m-hh-3fa2c1`` (run names)."""
-        if self.demo.enabled and not self.model.base_model:
-            model = "demo-gpt2"
-        else:
-            model = Path(self.model.base_model.rstrip("/")).name or "model"
+        demo = self.demo.enabled and not self.model.base_model
+        model = "demo-gpt2" if demo else Path(self.model.base_model.rstrip("/")).name or "model"
         data = "demo-data" if self.data is None else Path(self.data.preference.path).stem
         return f"{model}-{data}-{self.config_hash()[:6]}"
 

@@ -51,8 +51,7 @@ class GateConfig(Section):
     @field_validator("scorer")
     @classmethod
     def _known_scorer(cls, v: str) -> str:
-        if v in ("auto", "judge", "judge_model", "reward_model") or \
-                REGISTERED_SCORER.fullmatch(v):
+        if v in ("auto", "judge", "judge_model", "reward_model") or REGISTERED_SCORER.fullmatch(v):
             return v
         raise ValueError(f"retrain.gate.scorer {v!r}: expected auto, judge, judge_model, "
                          "reward_model or models:/<name>@<alias>")

@@ -127,8 +127,7 @@ class _Watched:
             return (f"{self.label}: flow run {self.run.name} of {self.deployment} ended "
                     f"{state.type.value}: {state.message or 'no message'}")
         self.done = state.is_completed()
-        waited = time.monotonic() - self.submitted
-        if not self.started and waited > self.start_timeout_s:
+        if not self.started and time.monotonic() - self.submitted > self.start_timeout_s:
             return (f"{self.label}: no worker started flow run {self.run.name} of "
                     f"{self.deployment} within routing.start_timeout_s={self.start_timeout_s:g}"
                     " s; is `rlhf stage-worker` (or a worker of the deployment's pool) running "
