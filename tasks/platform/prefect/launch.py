@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import tasks
@@ -28,10 +29,8 @@ PROJECT_ROOT = Path(tasks.__file__).resolve().parents[1]  # what holds the packa
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """torchrun gets SIGTERM if the task's process dies (it then stops its ranks)."""
-    try:
+    with suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

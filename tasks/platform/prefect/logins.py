@@ -44,8 +44,7 @@ def split_login(uri: str) -> tuple[str, str | None, str | None]:
     parts = urllib.parse.urlsplit(uri)
     if parts.scheme not in ("http", "https") or parts.password is None:
         return uri, None, None
-    host = parts.netloc.rsplit("@", 1)[1]
-    bare = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
     return bare, urllib.parse.unquote(parts.username or ""), \
         urllib.parse.unquote(parts.password or "")
 

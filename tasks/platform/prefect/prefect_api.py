@@ -3,7 +3,7 @@ at a time) whose holder can be named."""
 
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from typing import Any
 
 
@@ -76,11 +76,9 @@ def ensure_limit(name: str) -> None:
         try:
             client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            try:
+            with suppress(ObjectAlreadyExists):  # another process created it meanwhile
                 client.create_global_concurrency_limit(
                     GlobalConcurrencyLimitCreate(name=name, limit=1))
-            except ObjectAlreadyExists:
-                pass
 
 
 SLOW_ANSWER_S = 120.0  # how long a skipping caller keeps asking for a slot that reads free
