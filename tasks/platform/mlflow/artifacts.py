@@ -62,7 +62,7 @@ def local_copy(ctx: RunContext, artifact: Artifact, what: str) -> Path:
     target = Path(ctx.workdir) / CACHE / hashlib.sha256(uri.encode()).hexdigest()[:16]
     if not target.exists():
         client = ctx.client()
-        if isinstance(client, GuardedClient):  # a server away: a bounded wait before MLflow's
+        if isinstance(client, GuardedClient):  # a server away: a bounded wait for it first
             client.wait_for_server(f"downloading {uri}")
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
         tmp.mkdir(parents=True)
