@@ -93,11 +93,10 @@ class PipelineConfig(Section):
         for key, scorer in (("ppo.health.scorer", self.ppo.health.scorer),
                             ("retrain.gate.scorer", self.retrain.gate.scorer)):
             if scorer in trained:
-                raise ValueError(
-                    f"{key}={scorer} is ppo.reward_sources[{trained[scorer]}]: the policy is "
-                    "trained against it, so it would judge its own reward; score with a model "
-                    "the policy never saw (judge_model, the gold judge, another registered "
-                    "model)")
+                raise ValueError(f"{key}={scorer} is ppo.reward_sources[{trained[scorer]}]: the "
+                                 "policy is trained against it, so it would judge its own reward; "
+                                 "score with a model the policy never saw (judge_model, the gold "
+                                 "judge, another registered model)")
         return self
 
     def from_scratch_rates(self) -> list[str]:

@@ -128,11 +128,9 @@ def _log_code_model(name: str, script: str, folder: str, signature, registered: 
             info = mlflow.pyfunc.log_model(
                 name=name, python_model=str(Path(__file__).with_name(script)),
                 artifacts={name: folder, **artifacts}, signature=signature,
-                code_paths=[str(Path(rlhf_core.__file__).parent)],
-                registered_model_name=registered,
+                code_paths=[str(Path(rlhf_core.__file__).parent)], registered_model_name=registered,
                 model_config={"trust_remote_code": trust_remote_code},
-                pip_requirements=REQUIREMENTS + extra,
-            )
+                pip_requirements=REQUIREMENTS + extra)
     return info.registered_model_version
 
 
