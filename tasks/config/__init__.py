@@ -1,3 +1,2 @@
-"""The pipeline config, importing no feature: the pipeline's own sections (sections.py),
-composed and loaded with the others in pipeline_config.py, and drawn for Prefect's form
-(form.py)."""
+"""The pipeline config, importing no feature: its own sections, the composed config and how
+Prefect's form draws it."""

@@ -11,16 +11,6 @@ from pydantic import BaseModel
 from rlhf_core.section import Section
 
 
-def empty_input_for_none(schema: dict[str, Any]) -> None:
-    """Draw each ``X | None`` field defaulting to None as X's own input, not a choice with a
-    'Property is type "None"' side; a field with a value default keeps its None choice."""
-    for prop in schema.get("properties", {}).values():
-        options = prop.get("anyOf", [])
-        if prop.get("default", 0) is None and any(o.get("type") == "null" for o in options):
-            del prop["default"]
-            _without_null(prop)
-
-
 def _without_null(schema: dict[str, Any]) -> None:
     """``X | None`` drawn as X: the null option dropped, a single option left taken in."""
     options = [o for o in schema.pop("anyOf", []) if o.get("type") != "null"]
@@ -38,19 +28,16 @@ def defaults_in_words(schema: dict[str, Any]) -> None:
             prop["description"] = f"{prop.get('description', '')} Empty: {prop.pop('default')}."
 
 
-def _no_required(schema: dict[str, Any]) -> None:
-    """Nothing required in the form: the validators name what is missing."""
-    schema.pop("required", None)
-
-
-# the sections drawn otherwise beside empty_input_for_none, by class name
+# the sections drawn otherwise, by class name; nothing is required in a data section's form
+# (the validators name what is missing)
 FORM_RULES = {"LoraSettings": defaults_in_words, "ScheduleConfig": defaults_in_words,
-              "DataSource": _no_required, "DataConfig": _no_required}
+              **dict.fromkeys(("DataSource", "DataConfig"), lambda s: s.pop("required", None))}
 
 
 def draw_form(schema: dict[str, Any], handler, seen: set[int] | None = None) -> None:
-    """Apply :func:`empty_input_for_none` and ``FORM_RULES`` to every section ``schema``
-    reaches through its ``$ref``s."""
+    """Draw every section ``schema`` reaches through its ``$ref``s: each ``X | None`` field
+    defaulting to None as X's own input, not a choice with a 'Property is type "None"' side (a
+    field with a value default keeps its None choice), then its ``FORM_RULES``."""
     seen = set() if seen is None else seen
     node = handler.resolve_ref_schema(schema) if "$ref" in schema else schema
     if id(node) in seen:
@@ -60,7 +47,11 @@ def draw_form(schema: dict[str, Any], handler, seen: set[int] | None = None) -> 
         draw_form(option, handler, seen)
     if "properties" not in node:
         return
-    empty_input_for_none(node)
+    for prop in node["properties"].values():
+        options = prop.get("anyOf", [])
+        if prop.get("default", 0) is None and any(o.get("type") == "null" for o in options):
+            del prop["default"]
+            _without_null(prop)
     FORM_RULES.get(node.get("title", ""), lambda _: None)(node)
     for prop in node["properties"].values():
         for part in (prop, *prop.get("anyOf", []), prop.get("items") or {},
@@ -78,10 +69,8 @@ def _blank(value: Any) -> bool:
 
 def _section_of(annotation: Any) -> type[Section] | None:
     """The section class a field holds (``X`` or ``X | None``), else None."""
-    if isinstance(annotation, type) and issubclass(annotation, Section):
-        return annotation
-    found = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type)
-             and issubclass(a, Section)]
+    found = [a for a in (annotation, *getattr(annotation, "__args__", ()))
+             if isinstance(a, type) and issubclass(a, Section)]
     return found[0] if len(found) == 1 else None
 
 

@@ -32,9 +32,6 @@ from tasks.config.sections import (
     TrackingConfig,
 )
 
-# a learning rate at or above this (x10 with LoRA) is one for training from scratch
-FROM_SCRATCH_LR = 5e-4
-
 
 class PipelineConfig(Section):
     """Everything one pipeline run needs."""
@@ -80,34 +77,26 @@ class PipelineConfig(Section):
         return None if blank_data(value) else value
 
     @model_validator(mode="after")
-    def _nodes_started_somewhere(self) -> PipelineConfig:
+    def _sections_agree(self) -> PipelineConfig:
+        """Settings of several sections that only work together."""
         if self.model.nnodes > 1 and self.routing.nodes is None:
             raise ValueError(f"model.nnodes={self.model.nnodes} needs routing.nodes: the "
                              "rlhf-stage deployment that starts the other nodes (e.g. "
                              "rlhf-stage/nodes, served by `rlhf stage-worker` on each of them)")
-        return self
-
-    @model_validator(mode="after")
-    def _ptx_has_text(self) -> PipelineConfig:
         for name in ("sft", "ppo"):
             coef = getattr(self, name).ptx_coef
             if coef > 0 and (self.data is None or self.data.pretrain is None):
                 raise ValueError(f"{name}.ptx_coef={coef:g} needs pretraining text: set "
                                  "data.pretrain (a .txt file, or a table with a text column)")
-        return self
-
-    @model_validator(mode="after")
-    def _scorers_not_trained_against(self) -> PipelineConfig:
-        """A reward source cannot also be the held-out checks' or the gate's scorer."""
+        # a reward source cannot also be the held-out checks' or the gate's scorer
         trained = {s.target: s.name for s in self.ppo.reward_sources if s.kind == "registered"}
         for key, scorer in (("ppo.health.scorer", self.ppo.health.scorer),
                             ("retrain.gate.scorer", self.retrain.gate.scorer)):
             if scorer in trained:
-                raise ValueError(
-                    f"{key}={scorer} is ppo.reward_sources[{trained[scorer]}]: the policy is "
-                    "trained against it, so it would judge its own reward; score with a model "
-                    "the policy never saw (judge_model, the gold judge, another registered "
-                    "model)")
+                raise ValueError(f"{key}={scorer} is ppo.reward_sources[{trained[scorer]}]: the "
+                                 "policy is trained against it, so it would judge its own reward; "
+                                 "score with a model the policy never saw (judge_model, the gold "
+                                 "judge, another registered model)")
         return self
 
     def from_scratch_rates(self) -> list[str]:
@@ -116,17 +105,15 @@ class PipelineConfig(Section):
         that with LoRA, and a rate ten times past that is flagged."""
         if not self.model.base_model:
             return []
-        limit = FROM_SCRATCH_LR * (10 if self.model.lora is not None else 1)
+        limit = 5e-4 * (10 if self.model.lora is not None else 1)  # a rate from scratch
         rates = {"sft.optim.lr": self.sft.optim.lr, "reward.optim.lr": self.reward.optim.lr,
                  "ppo.optim.lr": self.ppo.optim.lr}
         return [f"{k}={v:g}" for k, v in rates.items() if v >= limit]
 
     def short_name(self) -> str:
         """model + data + short config hash, e.g. ``pythia-160m-hh-3fa2c1`` (run names)."""
-        if self.demo.enabled and not self.model.base_model:
-            model = "demo-gpt2"
-        else:
-            model = Path(self.model.base_model.rstrip("/")).name or "model"
+        demo = self.demo.enabled and not self.model.base_model
+        model = "demo-gpt2" if demo else Path(self.model.base_model.rstrip("/")).name or "model"
         data = "demo-data" if self.data is None else Path(self.data.preference.path).stem
         return f"{model}-{data}-{self.config_hash()[:6]}"
 
@@ -149,16 +136,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 class ConfigError(ValueError):
     """A config file or override that does not validate; the message names each field."""
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {dotted}: '{key}' is not a section")
-    node[keys[-1]] = value
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -227,28 +204,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
     given: dict[str, str] = {}
     for item in overrides:
         key, value = parse_override(item)
-        _set_dotted(tree, key, value)
+        *sections, last = key.split(".")
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: '{section}' is not a section")
+        node[last] = value
         given[key] = item
     try:
         return PipelineConfig.model_validate(tree)
-    except ValidationError as err:
-        raise ConfigError(_error_text(err, path, given)) from None
-
-
-def _error_text(err: ValidationError, path, given: dict[str, str]) -> str:
-    """One line per bad field, naming the --set override that set it, else the file."""
-    lines, from_file = [], False
-    for e in err.errors():
-        field = ".".join(str(x) for x in e["loc"])
-        source = next((item for key, item in given.items()
-                       if field == key or field.startswith(key + ".")), None)
-        from_file |= source is None
-        lines.append(f"  {field}: {e['msg']}" + (f" (from --set {source})" if source else ""))
-    where = f" in {path}" if path and from_file else " (--set)" if not from_file else ""
-    return f"invalid config{where}:\n" + "\n".join(lines)
-
-
-SWEEPABLE = ("ppo.", "eval.")
+    except ValidationError as err:  # one line per bad field, naming its --set, else the file
+        lines, from_file = [], False
+        for e in err.errors():
+            field = ".".join(str(x) for x in e["loc"])
+            source = next((item for key, item in given.items()
+                           if field == key or field.startswith(key + ".")), None)
+            from_file |= source is None
+            lines.append(f"  {field}: {e['msg']}" + (f" (from --set {source})" if source else ""))
+        where = f" in {path}" if path and from_file else " (--set)" if not from_file else ""
+        raise ConfigError(f"invalid config{where}:\n" + "\n".join(lines)) from None
 
 
 def parse_grid(items: list[str] | tuple = ()) -> dict[str, list]:
@@ -269,7 +244,7 @@ def grid_points(base: PipelineConfig, grid: dict[str, list], seeds: list[int]
     """One (overrides, validated config) per grid point x seed, all checked before any run.
     Only ppo.*, eval.* and the seed may vary: the points share the earlier stages."""
     for key in grid:
-        if not key.startswith(SWEEPABLE):
+        if not key.startswith(("ppo.", "eval.")):
             raise ConfigError(f"--grid {key}: a sweep shares validate, sft, reward_model and "
                               f"reward_norm between points, so only ppo.* and eval.* may vary")
     if not seeds:

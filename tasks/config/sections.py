@@ -1,6 +1,5 @@
-"""The pipeline's own config sections: the retrain loop and its gate (``retrain:``),
-on-policy collection and labels (``collect:``), the demo, tracking and routing. The stages'
-sections are rlhf_core's and data_checks'."""
+"""The pipeline's own config sections (``retrain:``, ``collect:``, the demo, tracking and
+routing); the stages' sections are rlhf_core's and data_checks'."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ class GateConfig(Section):
     @field_validator("scorer")
     @classmethod
     def _known_scorer(cls, v: str) -> str:
-        if v in ("auto", "judge", "judge_model", "reward_model") or \
-                REGISTERED_SCORER.fullmatch(v):
+        if v in ("auto", "judge", "judge_model", "reward_model") or REGISTERED_SCORER.fullmatch(v):
             return v
         raise ValueError(f"retrain.gate.scorer {v!r}: expected auto, judge, judge_model, "
                          "reward_model or models:/<name>@<alias>")
@@ -95,10 +93,8 @@ class RetrainConfig(Section):
 
 # --- on-policy collection and labels coming back (``collect:``)
 
-# Why 40 known pairs, 0.75 and 25 (exact binomial): a coin-flipper answering all 40 passes
-# 0.11% of the time, and skipping down to 25 answered raises that only to 0.73%; an honest
-# labeller at the demo judge's noise (88% right) fails 0.62%.
-# tests/data_checks/test_label_quality.py checks both by simulation.
+# The odds below are exact binomials; tests/data_checks/test_label_quality.py checks them by
+# simulation.
 class LabelQualityConfig(Section):
     """When a labeller's votes are dropped, and when an imported batch is quarantined."""
 
@@ -120,8 +116,7 @@ class LabelQualityConfig(Section):
         "below the median of the last accepted batches'."))
 
     def rules(self) -> LabelRules:
-        return LabelRules(self.min_known_agreement, self.min_known_labelled,
-                          self.max_skip_rate)
+        return LabelRules(self.min_known_agreement, self.min_known_labelled, self.max_skip_rate)
 
 
 class DestinationConfig(Section):
@@ -200,9 +195,8 @@ class DemoConfig(Section):
 
 class TrackingConfig(Section):
     experiment: str = Field("rlhf", description="MLflow experiment name.")
-    tracking_uri: str | None = Field(
-        None, description="MLflow URI; default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db."
-    )
+    tracking_uri: str | None = Field(None, description="MLflow URI; default "
+                                     "$MLFLOW_TRACKING_URI or sqlite:///mlflow.db.")
     run_name: str | None = Field(None, description="Pipeline run name (same name resumes).")
     workdir: str = Field("rlhf_runs", description="Folder for checkpoints and prepared data.")
     registered_policy: str = Field("rlhf-policy", description="Registry name of the policy.")
@@ -257,16 +251,13 @@ class RoutingConfig(Section):
 
     stages: dict[str, str] = Field(
         {}, description="Stage -> the `rlhf-stage` deployment that runs it on another "
-        f"machine's worker, e.g. {{ppo: rlhf-stage/gpu}}; {', '.join(ROUTABLE)} can be routed."
-    )
+        f"machine's worker, e.g. {{ppo: rlhf-stage/gpu}}; {', '.join(ROUTABLE)} can be routed.")
     nodes: str | None = Field(
         None, description="With model.nnodes > 1: the `rlhf-stage` deployment that starts "
-        "nodes 2.. (one flow run per node), e.g. rlhf-stage/nodes."
-    )
+        "nodes 2.. (one flow run per node), e.g. rlhf-stage/nodes.")
     start_timeout_s: float = Field(
         300.0, gt=0, description="How long a routed stage or node may wait for a worker to "
-        "start it before the stage fails."
-    )
+        "start it before the stage fails.")
 
     @field_validator("stages")
     @classmethod

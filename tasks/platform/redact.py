@@ -7,12 +7,11 @@ import re
 from typing import Any
 
 URL_LOGIN = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*):[^@/\s]+@")
-HIDDEN = "***"
 
 
 def redact(text: str) -> str:
     """``scheme://user:password@host`` -> ``scheme://user:***@host`` (anywhere in text)."""
-    return URL_LOGIN.sub(rf"\g<head>:{HIDDEN}@", text)
+    return URL_LOGIN.sub(r"\g<head>:***@", text)
 
 
 def redacted(value: Any) -> Any:

@@ -58,35 +58,32 @@ def local_copy(ctx: RunContext, artifact: Artifact, what: str) -> Path:
     if not artifact.uri:
         raise StageOutputMissing(f"{what}: {recorded} does not exist on this machine and "
                                  "the stage recorded no artifact URI for it")
-    target = Path(ctx.workdir) / CACHE / hashlib.sha256(artifact.uri.encode()).hexdigest()[:16]
+    uri = artifact.uri
+    target = Path(ctx.workdir) / CACHE / hashlib.sha256(uri.encode()).hexdigest()[:16]
     if not target.exists():
-        _download(ctx, artifact.uri, target, what, recorded)
+        client = ctx.client()
+        if isinstance(client, GuardedClient):  # a server away: a bounded wait for it first
+            client.wait_for_server(f"downloading {uri}")
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        tmp.mkdir(parents=True)
+        try:
+            mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp),
+                                                tracking_uri=ctx.tracking_uri)
+            got = list(tmp.iterdir())
+            if len(got) != 1 or (got[0].is_dir() and not any(got[0].iterdir())):
+                raise FileNotFoundError(f"the download holds {[p.name for p in got]}")
+        except Exception as err:  # noqa: BLE001 - whatever the store raised, say what was wanted
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StageOutputMissing(f"{what}: {recorded} does not exist on this machine and "
+                                     f"its artifact {uri} could not be downloaded: {err}") from err
+        try:
+            tmp.rename(target)  # atomic, so no one sees half a copy; another may have won
+        except OSError:
+            if not target.exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     (entry,) = [p for p in target.iterdir()]  # the one folder or file the artifact is
     return entry
-
-
-def _download(ctx: RunContext, uri: str, target: Path, where: str, recorded) -> None:
-    client = ctx.client()
-    if isinstance(client, GuardedClient):  # a server away: a bounded wait before MLflow's calls
-        client.wait_for_server(f"downloading {uri}")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
-    try:
-        mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp),
-                                            tracking_uri=ctx.tracking_uri)
-        got = list(tmp.iterdir())
-        if len(got) != 1 or (got[0].is_dir() and not any(got[0].iterdir())):
-            raise FileNotFoundError(f"the download holds {[p.name for p in got]}")
-    except Exception as err:  # noqa: BLE001 - whatever the store raised, say what was wanted
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise StageOutputMissing(f"{where}: {recorded} does not exist on this machine and its "
-                                 f"artifact {uri} could not be downloaded: {err}") from err
-    try:
-        tmp.rename(target)  # atomic, so no one sees half a copy; another may have won
-    except OSError:
-        if not target.exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # StageContext's plain writes on a stage's run (files, text, tables that are no stage output)
@@ -104,5 +101,4 @@ def log_text(client, run_id: str, text: str, artifact_file: str) -> None:
 
 
 def log_table(client, run_id: str, rows, artifact_file: str) -> None:
-    """``rows`` (a pandas DataFrame) as MLflow's table ``artifact_file``."""
     client.log_table(run_id, data=rows, artifact_file=artifact_file)

@@ -1,6 +1,5 @@
-"""The MLflow platform's errors, and the last parent run this process opened (noted by
-runs.py, for the CLI's message when a stop or outage ends it), importing nothing, so the CLI
-can catch and name them without loading MLflow."""
+"""The MLflow platform's errors, and the last parent run this process opened (for the CLI's
+message when a stop or outage ends it); importing nothing, so the CLI need not load MLflow."""
 
 from __future__ import annotations
 

@@ -12,17 +12,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from tasks.platform.mlflow.spool import (
-    TIMEOUT_ENV,
-    LoginRefused,
-    TrackingOutage,
-    fail_fast,
-    log,
-    refusal,
-    refused,
-    spooled_left,
-    unreachable,
-)
+from tasks.platform.mlflow import spool
 
 QUICK_S, AGAIN_S = 5, 30  # request timeouts: first try, tries while waiting
 LONG_CALLS = frozenset({"log_artifact", "log_artifacts", "download_artifacts"})
@@ -49,37 +39,34 @@ class GuardedClient:
         self.parent_run_id, self.workdir = parent_run_id, workdir
 
     def __getattr__(self, name: str):
-        attr = getattr(self.raw, name)
-        if name.startswith("_") or not callable(attr):
-            return attr
+        fn = getattr(self.raw, name)
+        if name.startswith("_") or not callable(fn):
+            return fn
 
         def call(*args, **kwargs):
-            return self._call(name, attr, args, kwargs)
+            if name in LONG_CALLS:
+                self.wait_for_server(name)
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as err:
+                    self.raise_if_refused(err, name)
+                    raise
+            since = None
+            while True:
+                try:
+                    # once the server has not answered, a slow answer is not taken for none
+                    with spool.fail_fast(QUICK_S if since is None else AGAIN_S):
+                        result = fn(*args, **kwargs)
+                except Exception as err:  # noqa: BLE001 - classified just below
+                    self.raise_if_refused(err, name)
+                    if not spool.unreachable(err):
+                        raise
+                    since = self._waited(since, name)
+                    continue
+                self._back(since)
+                return result
 
         return call
-
-    def _call(self, name: str, fn, args, kwargs):
-        if name in LONG_CALLS:
-            self.wait_for_server(name)
-            try:
-                return fn(*args, **kwargs)
-            except Exception as err:
-                self.raise_if_refused(err, name)
-                raise
-        since = None
-        while True:
-            try:
-                # once the server has not answered, a slow answer is not taken for none
-                with fail_fast(QUICK_S if since is None else AGAIN_S):
-                    result = fn(*args, **kwargs)
-            except Exception as err:  # noqa: BLE001 - classified just below
-                self.raise_if_refused(err, name)
-                if not unreachable(err):
-                    raise
-                since = self._waited(since, name)
-                continue
-            self._back(since)
-            return result
 
     def wait_for_server(self, doing: str) -> None:
         """Return once the server answers /health, or raise :class:`TrackingOutage`."""
@@ -90,47 +77,38 @@ class GuardedClient:
 
     def _back(self, since: float | None) -> None:
         if since is not None:
-            log.warning("MLflow at %s answers again after %.1f s", self.raw.tracking_uri,
-                        time.monotonic() - since)
+            spool.log.warning("MLflow at %s answers again after %.1f s", self.raw.tracking_uri,
+                              time.monotonic() - since)
 
     def _waited(self, since: float | None, doing: str) -> float:
         now = time.monotonic()
         if since is None:
-            log.warning("MLflow at %s not answering (%s); waiting up to %g s "
-                        "(tracking.outage_limit_s)", self.raw.tracking_uri, doing, self.limit_s)
+            spool.log.warning("MLflow at %s not answering (%s); waiting up to %g s "
+                              "(tracking.outage_limit_s)", self.raw.tracking_uri, doing,
+                              self.limit_s)
             since = now
         elif now - since > self.limit_s:
-            raise self.outage(now - since, doing)
+            raise spool.TrackingOutage(
+                f"the MLflow server at {self.raw.tracking_uri} has not answered for "
+                f"{now - since:.0f} s (tracking.outage_limit_s={self.limit_s:g}; at {doing}); "
+                f"{self.kept()}")
         time.sleep(self.poll_s)
         return since
 
     def raise_if_refused(self, err: BaseException, doing: str) -> None:
         """Stop the run at once on a refused login (401) or write (403). A 403 on a read is
         left to the caller: MLflow's auth app answers 403, not 404, for a missing alias."""
-        code = refused(err)
+        code = spool.refused(err)
         if code == 401 or (code == 403 and not doing.startswith(READS)):
-            raise LoginRefused(f"{refusal(code, self.raw.tracking_uri, doing)}; "
-                               f"{self.kept()}") from None
+            raise spool.LoginRefused(f"{spool.refusal(code, self.raw.tracking_uri, doing)}; "
+                                     f"{self.kept()}") from None
 
     def kept(self) -> str:
-        left = spooled_left(self.workdir)
+        left = spool.spooled_left(self.workdir)
         spooled = (f" and {left} tracking records spooled in {Path(self.workdir) / '.spool'}, "
                    "sent first when the run is resumed") if left else ""
         return (f"run {self.parent_run_id} keeps its finished stages, their outputs in "
                 f"{self.workdir}{spooled}")
-
-    def outage(self, down_s: float, doing: str) -> TrackingOutage:
-        return TrackingOutage(
-            f"the MLflow server at {self.raw.tracking_uri} has not answered for {down_s:.0f} s "
-            f"(tracking.outage_limit_s={self.limit_s:g}; at {doing}); {self.kept()}")
-
-
-def guarded(client: MlflowClient, limit_s: float, parent_run_id: str,
-            workdir: str | Path):
-    """``client`` behind a :class:`GuardedClient` when it talks to a server over HTTP."""
-    if not str(client.tracking_uri).startswith(("http://", "https://")):
-        return client
-    return GuardedClient(client, limit_s, parent_run_id, workdir)
 
 
 def one_try(client, doing: str, call: Callable, again: Callable):
@@ -141,7 +119,7 @@ def one_try(client, doing: str, call: Callable, again: Callable):
         return call()
     while True:
         try:
-            with fail_fast(int(os.environ.get(TIMEOUT_ENV, "120"))):
+            with spool.fail_fast(int(os.environ.get(spool.TIMEOUT_ENV, "120"))):
                 return call()
         except Exception as err:
             client.raise_if_refused(err, doing)

@@ -1,6 +1,5 @@
-"""The pipeline's MLflow models, the policy and the reward model, logged as code with
-``rlhf_core`` beside them (policy_pyfunc.py, reward_pyfunc.py), and the helpers that point
-MLflow at a store for one block without changing the process's own settings."""
+"""The policy and the reward model as MLflow models logged as code beside ``rlhf_core``, and
+MLflow pointed at a store for one block without changing the process's own settings."""
 
 from __future__ import annotations
 
@@ -24,8 +23,6 @@ from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 import rlhf_core
 from tasks.platform.mlflow.registry import alias_version
 
-POLICY_SCRIPT = Path(__file__).with_name("policy_pyfunc.py")
-PYFUNC_SCRIPT = Path(__file__).with_name("reward_pyfunc.py")
 REQUIREMENTS = ["torch", "transformers", "safetensors", "pandas"]
 
 
@@ -107,74 +104,60 @@ def alias_holder(uri: str, tracking_uri: str) -> str:
         return f"{name} v{alias_version(MlflowClient(), name, alias).version}"
 
 
-def policy_signature(max_new_tokens: int, temperature: float):
-    """prompt (text or messages) -> answer, with the request params and their defaults."""
-    params = ParamSchema([
-        ParamSpec("max_new_tokens", "long", int(max_new_tokens)),
-        ParamSpec("temperature", "double", float(temperature)),
-        ParamSpec("top_p", "double", 1.0),
-        ParamSpec("do_sample", "boolean", True),
-        ParamSpec("seed", "long", None),
-    ])
-    return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt")]),
-                          outputs=Schema([ColSpec(AnyType())]), params=params)
-
-
-def reward_signature():
-    """prompt, response (text, or messages) -> score."""
-    return ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt"),
-                                         ColSpec(AnyType(), "response")]),
-                          outputs=Schema([ColSpec("double")]))
-
-
-def _served_folder(folder: str, tmp: str, name: str) -> tuple[str, list[str]]:
-    """What to log of a model folder -> (folder, extra requirements): a LoRA adapter folder
-    becomes its self-contained bundle, which needs peft where served."""
-    from rlhf_core.models.adapters import bundle, is_adapter_folder
-
-    if not is_adapter_folder(folder):
-        return folder, []
-    out = bundle(folder, Path(tmp) / name)
-    text = "\n".join(p.read_text() for p in out.rglob("rlhf_lora.json"))
-    return str(out), ["peft"] + (["gguf"] if ".gguf" in text else [])
-
-
-def _log_code_model(name: str, script: Path, artifacts: dict, signature, registered: str,
-                    trust_remote_code: bool, extra: list[str] | None = None) -> str:
+def _log_code_model(name: str, script: str, folder: str, signature, registered: str,
+                    trust_remote_code: bool, card: str | None = None, **artifacts: str) -> str:
+    """Log (in the active run) and register the model in ``folder`` as code (``script`` beside
+    this file), with ``artifacts`` -> its registered version. A LoRA adapter folder is logged
+    as its self-contained bundle, which needs peft where served."""
     import mlflow.pyfunc
 
-    with warnings.catch_warnings():
-        # the signature is explicit; an input example would run the model again at log time
-        warnings.filterwarnings("ignore", message=".*input example was not provided")
-        info = mlflow.pyfunc.log_model(
-            name=name, python_model=str(script), artifacts=artifacts,
-            code_paths=[str(Path(rlhf_core.__file__).parent)], signature=signature,
-            registered_model_name=registered,
-            model_config={"trust_remote_code": trust_remote_code},
-            pip_requirements=REQUIREMENTS + (extra or []),
-        )
+    from rlhf_core.models.adapters import bundle, is_adapter_folder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if card is not None:
+            (Path(tmp) / "model_card.md").write_text(card)
+            artifacts["model_card"] = str(Path(tmp) / "model_card.md")
+        extra = []
+        if is_adapter_folder(folder):
+            out = bundle(folder, Path(tmp) / name)
+            text = "\n".join(p.read_text() for p in out.rglob("rlhf_lora.json"))
+            folder, extra = str(out), ["peft"] + (["gguf"] if ".gguf" in text else [])
+        with warnings.catch_warnings():
+            # the signature is explicit; an input example would run the model again at log time
+            warnings.filterwarnings("ignore", message=".*input example was not provided")
+            info = mlflow.pyfunc.log_model(
+                name=name, python_model=str(Path(__file__).with_name(script)),
+                artifacts={name: folder, **artifacts}, signature=signature,
+                code_paths=[str(Path(rlhf_core.__file__).parent)], registered_model_name=registered,
+                model_config={"trust_remote_code": trust_remote_code},
+                pip_requirements=REQUIREMENTS + extra)
     return info.registered_model_version
 
 
 def log_policy(policy_dir: str, name: str, generation: dict, card: str,
                trust_remote_code: bool = False) -> str:
-    """Log (in the active run) and register the policy -> registered version. ``generation``
-    gives the default sampling params; ``card`` becomes ``model_card.md``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        card_file = Path(tmp) / "model_card.md"
-        card_file.write_text(card)
-        folder, extra = _served_folder(policy_dir, tmp, "policy")
-        return _log_code_model(
-            "policy", POLICY_SCRIPT, {"policy": folder, "model_card": str(card_file)},
-            policy_signature(generation["max_new_tokens"], generation["temperature"]), name,
-            trust_remote_code, extra)
+    """Log (in the active run) and register the policy -> registered version; it takes a
+    prompt (text or messages) and request params defaulting to ``generation``'s, and answers.
+    ``card`` becomes ``model_card.md``."""
+    params = ParamSchema([
+        ParamSpec("max_new_tokens", "long", int(generation["max_new_tokens"])),
+        ParamSpec("temperature", "double", float(generation["temperature"])),
+        ParamSpec("top_p", "double", 1.0),
+        ParamSpec("do_sample", "boolean", True),
+        ParamSpec("seed", "long", None),
+    ])
+    signature = ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt")]),
+                               outputs=Schema([ColSpec(AnyType())]), params=params)
+    return _log_code_model("policy", "policy_pyfunc.py", policy_dir, signature, name,
+                           trust_remote_code, card)
 
 
 def log_reward_model(model_dir: str, tokenizer_dir: str, name: str,
                      trust_remote_code: bool = False) -> str:
-    """Log (in the active run) and register the reward model -> registered version."""
-    with tempfile.TemporaryDirectory() as tmp:
-        folder, extra = _served_folder(model_dir, tmp, "reward_model")
-        return _log_code_model("reward_model", PYFUNC_SCRIPT,
-                               {"reward_model": folder, "tokenizer": tokenizer_dir},
-                               reward_signature(), name, trust_remote_code, extra)
+    """Log (in the active run) and register the reward model -> registered version; it
+    scores prompt, response (text, or messages)."""
+    signature = ModelSignature(inputs=Schema([ColSpec(AnyType(), "prompt"),
+                                              ColSpec(AnyType(), "response")]),
+                               outputs=Schema([ColSpec("double")]))
+    return _log_code_model("reward_model", "reward_pyfunc.py", model_dir, signature, name,
+                           trust_remote_code, tokenizer=tokenizer_dir)

@@ -1,5 +1,4 @@
-"""The pipeline's parent run: found, created or reopened, ended, and what it holds beside
-its stages' runs (plots, the judge split, a sweep's summary)."""
+"""The pipeline's parent run: found, created, reopened or ended, and a sweep's summary on it."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ def stage_metric_histories(ctx: RunContext, stage: str, keys: list[str]) -> dict
     return {key: client.get_metric_history(run.info.run_id, key) for key in keys}
 
 
-def log_sweep_summary(ctx: RunContext, rows: list[dict], groups: list[dict],
-                      markdown: str) -> None:
+def log_sweep_summary(ctx: RunContext, rows: list[dict], groups: list[dict], markdown: str) -> None:
     """A sweep's tables and markdown summary on the sweep's run (``sweep/``)."""
     import pandas as pd
 

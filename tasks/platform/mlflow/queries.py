@@ -4,8 +4,10 @@ imports."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
+import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -92,9 +94,6 @@ def run_lineage(tracking_uri: str, run_id: str) -> RunPlace:
 def recorded_config(tracking_uri: str, run_id: str) -> tuple[dict, str]:
     """The config a pipeline run last ran with (its last changed resume's, else its first)
     -> (the config as JSON, its artifact path); StoreError when unreadable."""
-    import json
-    import tempfile
-
     from mlflow.exceptions import MlflowException
 
     client = _read_only_client(tracking_uri)
@@ -111,8 +110,7 @@ def recorded_config(tracking_uri: str, run_id: str) -> tuple[dict, str]:
                          f"({str(err).splitlines()[0][:200]})") from None
 
 
-def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
-                  page: int = 1) -> PipelineRuns:
+def pipeline_runs(tracking_uri: str, experiment: str, limit: int, page: int = 1) -> PipelineRuns:
     """Page ``page`` (``limit`` runs each) of the experiment's pipeline runs, newest first,
     selected by the store; StoreError when the store or experiment cannot be read."""
     path = sqlite_file(tracking_uri)
@@ -123,8 +121,7 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
         from mlflow.exceptions import MlflowException
 
         try:
-            found = _pipeline_runs_client(_read_only_client(tracking_uri), experiment, limit,
-                                          page)
+            found = _pipeline_runs_client(_read_only_client(tracking_uri), experiment, limit, page)
         except (MlflowException, OSError) as err:
             raise StoreError(f"cannot read runs from the MLflow store at {tracking_uri}: "
                              f"{str(err).splitlines()[0][:300]}") from None
@@ -135,16 +132,14 @@ def pipeline_runs(tracking_uri: str, experiment: str, limit: int,
 
 def _pipeline_runs_client(client: MlflowClient, experiment: str, limit: int,
                           page: int) -> PipelineRuns:
-    """``pipeline_runs`` through MLflow's client."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return PipelineRuns(experiment_id=None, runs=[])
     runs, token = [], None
     for n in range(1, page + 1):
-        found = client.search_runs([exp.experiment_id],
+        found = client.search_runs([exp.experiment_id], max_results=limit, page_token=token,
                                    filter_string=f"tags.`{CONFIG_HASH_TAG}` != ''",
-                                   order_by=["attributes.start_time DESC"],
-                                   max_results=limit, page_token=token)
+                                   order_by=["attributes.start_time DESC"])
         token = found.token
         if n == page:
             runs = found
@@ -176,13 +171,11 @@ def sqlite_file(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///"))
 
 
-def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int
-                       ) -> PipelineRuns | None:
+def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int) -> PipelineRuns | None:
     """``pipeline_runs`` read with SQL from MLflow's tables, ordered and paged as its
     search_runs does; None when the file does not fit (then MLflow's client reads it)."""
     try:
-        con = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True,
-                              timeout=10)
+        con = sqlite3.connect(f"file:{urllib.parse.quote(str(path))}?mode=ro", uri=True, timeout=10)
     except sqlite3.Error:
         return None
     try:
@@ -205,7 +198,6 @@ def _pipeline_runs_sql(path: Path, experiment: str, limit: int, page: int
     finally:
         con.close()
     return PipelineRuns(experiment_id=str(ids[0][0]), more=len(rows) > limit, runs=[
-        PipelineRun(run_id=run_id, run_name=name or tag_name, status=status,
-                    start_time=start, metrics=metrics[run_id], approval=approval,
-                    candidate=version)
+        PipelineRun(run_id=run_id, run_name=name or tag_name, status=status, start_time=start,
+                    metrics=metrics[run_id], approval=approval, candidate=version)
         for run_id, name, status, start, tag_name, approval, version in rows[:limit]])

@@ -1,6 +1,5 @@
-"""The policy's registry aliases (``champion``, ``previous-champion``, ``challenger``,
-``candidate``) and the moves between them. Each move is logged on the registered model
-(``rlhf.alias_log``) and on the new champion, so who moved what and why stays visible."""
+"""The policy's registry aliases and the moves between them, each logged on the registered
+model (``rlhf.alias_log``) and on the new champion, so who moved what and why stays visible."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from tasks.platform.mlflow.tags import (
 
 CHAMPION, PREVIOUS, CHALLENGER = "champion", "previous-champion", "challenger"
 CANDIDATE = "candidate"
-LOG_KEEP = 20
 
 
 def set_alias(client: MlflowClient, name: str, alias: str, version) -> None:
@@ -56,14 +54,6 @@ def model_version(client: MlflowClient, name: str, version: str | int):
         return None
 
 
-def _record(client: MlflowClient, name: str, entry: dict) -> None:
-    model = client.get_registered_model(name)
-    lines = [x for x in model.tags.get(ALIAS_LOG_TAG, "").splitlines() if x][-(LOG_KEEP - 1):]
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "user": getpass.getuser(), **entry}
-    client.set_registered_model_tag(name, ALIAS_LOG_TAG, "\n".join([*lines, json.dumps(entry)]))
-
-
 def move_champion(client: MlflowClient, name: str, version: str | int, action: str,
                   reason: str) -> str | None:
     """Make ``version`` champion, the old one ``previous-champion`` -> the old version (or
@@ -79,34 +69,32 @@ def move_champion(client: MlflowClient, name: str, version: str | int, action: s
     if cleared:
         client.delete_registered_model_alias(name, CHALLENGER)
     client.set_model_version_tag(name, version, CHAMPION_SINCE_TAG, f"{action}: {reason}")
-    _record(client, name, {"action": action, "champion": version, "before": before,
-                           "reason": reason, **({"challenger": "removed"} if cleared else {})})
+    log = client.get_registered_model(name).tags.get(ALIAS_LOG_TAG, "")
+    lines = [x for x in log.splitlines() if x][-19:]  # with this one, the last 20 moves
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "user": getpass.getuser(), "action": action, "champion": version, "before": before,
+             "reason": reason, **({"challenger": "removed"} if cleared else {})}
+    client.set_registered_model_tag(name, ALIAS_LOG_TAG, "\n".join([*lines, json.dumps(entry)]))
     return before
 
 
 def promote(tracking_uri: str, name: str, version: str | int, reason: str,
             flagged: bool = False) -> str | None:
-    """`rlhf promote`: make ``version`` champion; a flagged version needs ``flagged``."""
+    """`rlhf promote`: make ``version`` champion; a version PPO's health stopped or flagged
+    for reward hacking, or over its alignment-tax budget, needs ``flagged``."""
     client = MlflowClient(tracking_uri)
     found = model_version(client, name, version)
     if found is None:
         raise RegistryError(f"registered model '{name}' has no version {version}")
-    why = flagged_reason(found.tags)
+    hacking = "reward_hacking" in found.tags.get(HEALTH_FLAGS_TAG, "").split(",")
+    why = found.tags.get(HEALTH_STOPPED_TAG) or (
+        "PPO's reward_hacking detector fired" if hacking else found.tags.get(TAX_OVER_TAG))
     if why and not flagged:
         raise RegistryError(f"'{name}' v{version} was not promoted: {why}; to make it "
                             f"champion anyway: rlhf promote {version} --flagged")
     if why:
         reason = f"{reason} (flagged: {why})"
     return move_champion(client, name, version, "promote", reason)
-
-
-def flagged_reason(tags: dict[str, str]) -> str | None:
-    """Why a version's tags forbid promotion without an override, or None."""
-    if tags.get(HEALTH_STOPPED_TAG):
-        return tags[HEALTH_STOPPED_TAG]
-    if "reward_hacking" in tags.get(HEALTH_FLAGS_TAG, "").split(","):
-        return "PPO's reward_hacking detector fired"
-    return tags.get(TAX_OVER_TAG) or None
 
 
 def rollback(tracking_uri: str, name: str, reason: str) -> tuple[str, str]:
@@ -147,20 +135,6 @@ def _logged_model_id(version) -> str | None:
     return source.removeprefix("models:/") if source.startswith("models:/m-") else None
 
 
-def version_stage_run(client: MlflowClient, version, stage: str) -> str:
-    """The ``stage`` run a version came from: its lineage tag, else its register run's sibling."""
-    run_id = version.tags.get(stage_run_tag(stage))
-    if run_id:
-        return run_id
-    parent = client.get_run(version.run_id).data.tags[PARENT_TAG]
-    runs = client.search_runs([client.get_run(parent).info.experiment_id],
-                              filter_string=f"tags.`{PARENT_TAG}` = '{parent}' and "
-                                            f"tags.`{STAGE_TAG}` = '{stage}'", max_results=1)
-    if not runs:
-        raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its lineage")
-    return runs[0].info.run_id
-
-
 def version_parent_run(client: MlflowClient, version):
     """The parent run of a version's register run (that run itself when it has none)."""
     run = client.get_run(version.run_id)
@@ -176,7 +150,18 @@ def download_policy(client: MlflowClient, version, root: Path,
                     stages: tuple[str, ...] = ("ppo", "reward_model")) -> dict[str, tuple]:
     """Download a version's checkpoints under ``root`` (folders in ``CHECKPOINTS``) -> for each
     of ``stages``: (its run, the local folder)."""
-    runs = {stage: version_stage_run(client, version, stage) for stage in stages}
+    runs = {}
+    for stage in stages:  # the version's lineage tag, else its register run's sibling
+        runs[stage] = version.tags.get(stage_run_tag(stage))
+        if not runs[stage]:
+            parent = client.get_run(version.run_id).data.tags[PARENT_TAG]
+            found = client.search_runs([client.get_run(parent).info.experiment_id], max_results=1,
+                                       filter_string=f"tags.`{PARENT_TAG}` = '{parent}' and "
+                                                     f"tags.`{STAGE_TAG}` = '{stage}'")
+            if not found:
+                raise FileNotFoundError(f"champion v{version.version}: no {stage} run in its "
+                                        "lineage")
+            runs[stage] = found[0].info.run_id
     return {stage: (run, client.download_artifacts(run, CHECKPOINTS[stage][0],
                                                    str(root / CHECKPOINTS[stage][1])))
             for stage, run in runs.items()}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict
 
@@ -52,11 +53,14 @@ class RunContext(BaseModel):
         note_parent_run(self.parent_run_id)  # for the CLI's message on a stop signal
 
     def client(self) -> MlflowClient:
-        """A client that waits up to ``outage_limit_s`` for a lost server, then stops the run."""
-        from tasks.platform.mlflow.guarded import guarded
+        """A client that waits up to ``outage_limit_s`` for a lost server (over HTTP), then
+        stops the run."""
+        from tasks.platform.mlflow.guarded import GuardedClient
 
-        return guarded(MlflowClient(tracking_uri=self.tracking_uri), self.outage_limit_s,
-                       self.parent_run_id, self.workdir)
+        client = MlflowClient(tracking_uri=self.tracking_uri)
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return client
+        return GuardedClient(client, self.outage_limit_s, self.parent_run_id, self.workdir)
 
     def stage_dir(self, stage: str) -> Path:
         path = Path(self.workdir) / stage
@@ -107,22 +111,18 @@ def artifact_location(tracking_uri: str) -> str | None:
     return (db.parent / "mlruns").as_uri()
 
 
-# MLflow 3's UI opens this kind on its runs table, not its GenAI (traces) view
-EXPERIMENT_KIND = {EXPERIMENT_KIND_TAG: "custom_model_development"}
-
-
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created when missing; either way it gets the kind tag."""
-    from mlflow.exceptions import MlflowException
-
+    """The id of experiment ``name``, created when missing; either way it gets the kind tag
+    that makes MLflow 3's UI open it on its runs table, not its GenAI (traces) view."""
+    kind = "custom_model_development"
     exp = client.get_experiment_by_name(name)
     if exp:
         if EXPERIMENT_KIND_TAG not in exp.tags:
-            client.set_experiment_tag(exp.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, kind)
         return exp.experiment_id
     try:
         return client.create_experiment(name, artifact_location=artifact_location(uri),
-                                        tags=EXPERIMENT_KIND)
+                                        tags={EXPERIMENT_KIND_TAG: kind})
     except MlflowException as err:
         # another pipeline run on the same server created it between our lookup and create
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -130,8 +130,7 @@ def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
-def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float],
-                step: int) -> None:
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int) -> None:
     """One batch call for a whole metrics dict at ``step``."""
     now = int(time.time() * 1000)
     batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v == v]  # drop NaN
@@ -154,8 +153,6 @@ class StepLogger:
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         fresh = {k: v for k, v in metrics.items() if step > self.last_step.get(k, -1)}
-        if not fresh:
-            return
         if self.spool is None:
             log_metrics(self.client, self.run_id, fresh, step)
         else:
@@ -188,12 +185,9 @@ def hardware_tags(device: Any = None) -> dict[str, str]:
 
 def find_stage_run(ctx: RunContext, stage: str):
     """The child run of ``stage`` under the parent, or None."""
-    runs = ctx.client().search_runs(
-        [ctx.experiment_id],
-        filter_string=f"tags.`{PARENT_TAG}` = '{ctx.parent_run_id}' "
-                      f"and tags.`{STAGE_TAG}` = '{stage}'",
-        max_results=1,
-    )
+    runs = ctx.client().search_runs([ctx.experiment_id], max_results=1,
+                                    filter_string=f"tags.`{PARENT_TAG}` = '{ctx.parent_run_id}' "
+                                                  f"and tags.`{STAGE_TAG}` = '{stage}'")
     return runs[0] if runs else None
 
 
@@ -206,8 +200,7 @@ def completed_output(ctx: RunContext, stage: str) -> dict | None:
 
 
 @contextmanager
-def stage_run(ctx: RunContext, stage: str,
-              params: dict[str, Any] | None = None) -> Iterator[str]:
+def stage_run(ctx: RunContext, stage: str, params: dict[str, Any] | None = None) -> Iterator[str]:
     """Open (or reopen) the child run of ``stage``, tagged with this machine's ``rlhf.hw.*``;
     a new one gets ``params``. FINISHED on success, FAILED or KILLED on error."""
     client = ctx.client()
@@ -233,28 +226,25 @@ def stage_run(ctx: RunContext, stage: str,
     client.set_terminated(run_id, status="FINISHED")
 
 
-STOPS = ("KeyboardInterrupt", "TerminationSignal", "Stopped", "SystemExit")
-
-
 def mark_ended(client: MlflowClient, run_id: str) -> None:
     """While an error propagates, mark ``run_id`` KILLED (a stop) or FAILED; a store that
     cannot be reached never replaces the error (the run stays RUNNING; ``--resume`` works)."""
-    exc = sys.exc_info()[1]
-    status = "KILLED" if exc is not None and type(exc).__name__ in STOPS else "FAILED"
+    stop = type(sys.exc_info()[1]).__name__ in ("KeyboardInterrupt", "TerminationSignal",
+                                                "Stopped", "SystemExit")
+    status = "KILLED" if stop else "FAILED"
     _while_failing(client, lambda raw: raw.set_terminated(run_id, status=status),
                    f"could not mark MLflow run {run_id} {status}",
                    "; it stays RUNNING in the store and --resume reopens it")
 
 
 def _while_failing(client: MlflowClient, write, failed: str, after: str = "") -> None:
-    """``write(client)`` while an error propagates, on the raw client (no wait on a server
-    that went away; during a tracking outage one try per request instead of MLflow's minutes
-    of retries); its own failure is logged, never raised over the original error."""
+    """``write(client)`` on the raw client while an error propagates (one try per request
+    during an outage); its own failure is logged, never raised over the original error."""
     from tasks.platform.mlflow.spool import TrackingOutage, fail_fast
 
-    quick = fail_fast(3) if isinstance(sys.exc_info()[1], TrackingOutage) else nullcontext()
+    outage = isinstance(sys.exc_info()[1], TrackingOutage)
     try:
-        with quick:
+        with fail_fast(3) if outage else nullcontext():
             write(getattr(client, "raw", client))
     except Exception as err:  # noqa: BLE001 - the original error is the one to report
         _log.warning("%s (%s: %s)%s", failed, type(err).__name__, err, after)
@@ -282,8 +272,6 @@ def run_url(ctx: RunContext, run_id: str) -> str:
 def retry_unique_key(write) -> None:
     """Run ``write()``, retrying (5 tries in all) when the server refuses it on a unique key (a
     concurrent run wrote the same row first)."""
-    from mlflow.exceptions import MlflowException
-
     for attempt in range(5):
         try:
             write()

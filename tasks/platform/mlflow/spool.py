@@ -85,17 +85,6 @@ def fail_fast(timeout_s: int = 5) -> Iterator[None]:
                     os.environ[key] = value
 
 
-def log_table_file(client: MlflowClient, run_id: str, path: Path, artifact_file: str) -> None:
-    """Upload ``path`` (pandas ``split`` JSON) as ``artifact_file``, replacing one of that
-    name, and list it as a table."""
-    client.log_artifact(run_id, str(path), posixpath.dirname(artifact_file) or None)
-    listed = json.loads(client.get_run(run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
-    entry = {"path": artifact_file, "type": "table"}
-    if entry not in listed:
-        listed = bounded([*listed, entry])
-        client.set_tag(run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(listed))
-
-
 def bounded(listed: list[dict]) -> list[dict]:
     """The tag's list within MLflow's cap, oldest dropped first (their files stay)."""
     while len(listed) > 1 and len(json.dumps(listed)) > MAX_TAG_VAL_LENGTH:
@@ -122,7 +111,6 @@ class Spool:
         self._stop = threading.Event()
         self.kept = "the run keeps its finished stages"  # (set at each checkpoint)
 
-    # -- the file ---------------------------------------------------------------------------
     def pending(self) -> list[dict]:
         return self.records[self.sent:]
 
@@ -143,7 +131,6 @@ class Spool:
             self.sent_path.unlink(missing_ok=True)
             self.records, self.sent = [], 0
 
-    # -- writes -----------------------------------------------------------------------------
     def write(self, record: dict) -> None:
         """Send ``record`` now, or spool it behind the ones still waiting."""
         with self.lock:
@@ -171,10 +158,15 @@ class Spool:
             return False
 
     def _send(self, record: dict) -> None:
-        if record["kind"] == "table":
-            log_table_file(self.client, self.run_id, Path(record["file"]),
-                           record["artifact_file"])
-            shutil.rmtree(Path(record["file"]).parent, ignore_errors=True)
+        if record["kind"] == "table":  # uploaded, replacing one of that name, and listed
+            path, name = Path(record["file"]), record["artifact_file"]
+            self.client.log_artifact(self.run_id, str(path), posixpath.dirname(name) or None)
+            tags = self.client.get_run(self.run_id).data.tags
+            listed = json.loads(tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+            if {"path": name, "type": "table"} not in listed:
+                listed = bounded([*listed, {"path": name, "type": "table"}])
+                self.client.set_tag(self.run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(listed))
+            shutil.rmtree(path.parent, ignore_errors=True)
             return
         metrics = [Metric(k, v, ts, step) for k, v, ts, step in record.get("metrics", [])]
         tags = [RunTag(k, v) for k, v in record.get("tags", [])]
@@ -187,7 +179,10 @@ class Spool:
             while True:
                 with self.lock:
                     if not self.pending():
-                        self._back()
+                        if self.down_since is not None:
+                            log.warning("the MLflow server answers again after %.1f s; the "
+                                        "spool is sent", self.clock() - self.down_since)
+                            self.down_since = None
                         return True
                     index, record = self.sent, self.pending()[0]
                 if not self._try(record):
@@ -197,12 +192,6 @@ class Spool:
                     return False
                 with self.lock:
                     self._mark(index + 1)
-
-    def _back(self) -> None:
-        if self.down_since is not None:
-            log.warning("the MLflow server answers again after %.1f s; the spool is sent",
-                        self.clock() - self.down_since)
-            self.down_since = None
 
     def _start_retrying(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -218,10 +207,6 @@ class Spool:
     def close(self) -> None:
         self._stop.set()
 
-    def closed(self) -> bool:
-        return self._stop.is_set()
-
-    # -- the limit --------------------------------------------------------------------------
     def outage_s(self) -> float:
         """Seconds since the first write the server did not take (0 while it answers)."""
         return 0.0 if self.down_since is None else self.clock() - self.down_since
@@ -242,12 +227,6 @@ class Spool:
                 f"the MLflow server at {self.client.tracking_uri} has not answered for "
                 f"{down:.0f} s (tracking.outage_limit_s={limit_s:g}); {kept}")
 
-    def drain(self, limit_s: float) -> None:
-        """Wait until the spool is sent, or raise :class:`TrackingOutage` past the limit."""
-        while not self.flush():
-            self.check(limit_s)
-            time.sleep(0.5)
-
 
 _SPOOLS: dict[str, Spool] = {}
 _SPOOLS_LOCK = threading.Lock()
@@ -258,7 +237,7 @@ def spool_for(client: MlflowClient, run_id: str, workdir: str | Path) -> Spool:
     sends what an earlier process left in it."""
     with _SPOOLS_LOCK:  # stages running in threads (a sweep) share the parent run's spool
         spool = _SPOOLS.get(run_id)
-        if spool is None or spool.closed():  # (a closed one stopped a stage in this process)
+        if spool is None or spool._stop.is_set():  # (closed: it stopped a stage here)
             spool = _SPOOLS[run_id] = Spool(client, run_id, Path(workdir) / ".spool")
             # under torchrun only rank 0 logs: the other ranks never send its spool
             if spool.pending() and os.environ.get("RANK", "0") == "0":
@@ -288,9 +267,12 @@ def spool_table(spool: Spool, rows, artifact_file: str) -> None:
 
 
 def drain_all(limit_s: float) -> None:
-    """Send every spool of this process before a stage publishes its output."""
+    """Send every spool of this process before a stage publishes its output, or raise
+    :class:`TrackingOutage` past ``limit_s``."""
     for spool in list(_SPOOLS.values()):
-        spool.drain(limit_s)
+        while not spool.flush():
+            spool.check(limit_s)
+            time.sleep(0.5)
 
 
 def spooled_left(workdir: str | Path) -> int:

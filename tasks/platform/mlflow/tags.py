@@ -1,6 +1,5 @@
 """Every MLflow tag name the project writes or reads, in one place, grouped by what carries
-them (``*_PREFIX``: a family of tags). tests/test_layering.py keeps tag literals out of the
-rest of tasks/ and flows/."""
+them (``*_PREFIX``: a family of tags)."""
 
 # --- MLflow's own ------------------------------------------------------------------------
 PARENT_TAG = "mlflow.parentRunId"  # a child (stage) run's parent: MLflow nests runs by it

@@ -1,2 +1,1 @@
-"""Prefect in the pipeline's words: its API, events, stages on torchrun ranks or other
-machines, server checks and notifications."""
+"""Prefect, torchrun and the servers' checks in the pipeline's words, knowing no feature."""

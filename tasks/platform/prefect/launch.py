@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import tasks
@@ -28,10 +29,8 @@ PROJECT_ROOT = Path(tasks.__file__).resolve().parents[1]  # what holds the packa
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """torchrun gets SIGTERM if the task's process dies (it then stops its ranks)."""
-    try:
+    with suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -49,19 +48,6 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             except ProcessLookupError:
                 return
             time.sleep(0.05)
-
-
-def _rank_error(folder: Path, stage: str, rc: int, tail: deque) -> BaseException:
-    """The first rank error (its own exception type when a builtin one), else the exit code
-    and the last output lines."""
-    errors = sorted(folder.glob("error_rank*.json"), key=lambda p: p.stat().st_mtime)
-    if not errors:
-        lines = "\n".join(tail)
-        return RuntimeError(f"{stage}: torchrun exited with code {rc}; last output:\n{lines}")
-    err = json.loads(errors[0].read_text())
-    kind = getattr(builtins, err["type"], None)
-    kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
-    return kind(f"{stage} rank {err['rank']}: {err['type']}: {err['message']}")
 
 
 def launch_command(nproc: int, spec: Path, node: dict | None = None) -> list[str]:
@@ -83,20 +69,20 @@ def rank_env() -> dict[str, str]:
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
-def _fresh(folder: Path) -> Path:
+def _write_spec(folder: Path, spec: dict) -> tuple[dict, Path]:
+    """``spec`` told to leave rank 0's output and each rank's error in ``folder``, written
+    there after an earlier launch's files are removed -> it and its file."""
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.json"):
         old.unlink()
-    return folder
+    spec = {**spec, "output": str(folder / "output.json"), "errors": str(folder)}
+    return spec, write_json(folder / "spec.json", spec)
 
 
-def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
-              inputs: dict) -> dict:
+def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict) -> dict:
     """Run ``stage`` on ``cfg.model.nproc`` ranks per machine -> rank 0's output reference."""
-    folder = _fresh(ctx.stage_dir(stage) / "ranks")
-    spec = {**stage_spec(ctx, cfg, stage, run_id, inputs),
-            "output": str(folder / "output.json"), "errors": str(folder)}
-    path = write_json(folder / "spec.json", spec)
+    folder = ctx.stage_dir(stage) / "ranks"
+    spec, path = _write_spec(folder, stage_spec(ctx, cfg, stage, run_id, inputs))
     if cfg.model.nnodes == 1:
         watch(launch_command(cfg.model.nproc, path), rank_env(), stage, folder)
     else:
@@ -110,10 +96,8 @@ def run_ranks(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
 def run_node(ctx: RunContext, spec: dict, node: dict) -> None:
     """Run a non-head node of a multi-node stage on this machine, watched like the head's."""
     cfg = PipelineConfig.model_validate(spec["cfg"])
-    folder = _fresh(ctx.stage_dir(spec["stage"]) / f"ranks_node{node['rank']}")
-    spec = {**spec, "ctx": ctx.model_dump(mode="json"),
-            "output": str(folder / "output.json"), "errors": str(folder)}
-    path = write_json(folder / "spec.json", spec)
+    folder = ctx.stage_dir(spec["stage"]) / f"ranks_node{node['rank']}"
+    _, path = _write_spec(folder, {**spec, "ctx": ctx.model_dump(mode="json")})
     watch(launch_command(cfg.model.nproc, path, node), rank_env(),
           f"{spec['stage']} node {node['rank']}", folder)
 
@@ -121,15 +105,28 @@ def run_node(ctx: RunContext, spec: dict, node: dict) -> None:
 def watch(cmd: list[str], env: dict, stage: str, folder: Path,
           problem: Callable[[], str | None] | None = None) -> None:
     """Run ``cmd`` as its own process group and stream its lines; on failure or interruption
-    kill the group and raise. A ``problem()`` (polled each second) also kills it."""
+    kill the group and raise (the first rank error, as its own type when a builtin one, else
+    the exit code and the last lines). A ``problem()`` (polled each second) also kills it."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, bufsize=1, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+                            env=env, bufsize=1, start_new_session=True, preexec_fn=_die_with_parent)
     tail: deque = deque(maxlen=20)
     found: list[str] = []
     done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(1.0):
+            try:
+                reason = problem()
+            except Exception as err:  # noqa: BLE001 - an API hiccup: try again next second
+                print(f"could not read the other nodes' state: {err}", flush=True)
+                continue
+            if reason:
+                found.append(reason)
+                _kill_group(proc)
+                return
+
     if problem is not None:
-        threading.Thread(target=_poll, args=(problem, proc, done, found), daemon=True).start()
+        threading.Thread(target=poll, daemon=True).start()
     try:
         for line in proc.stdout:
             tail.append(line.rstrip())
@@ -144,18 +141,12 @@ def watch(cmd: list[str], env: dict, stage: str, folder: Path,
         raise RemoteStageError(found[0])
     if rc != 0:
         _kill_group(proc)
-        raise _rank_error(folder, stage, rc, tail)
+        errors = sorted(folder.glob("error_rank*.json"), key=lambda p: p.stat().st_mtime)
+        if not errors:
+            lines = "\n".join(tail)
+            raise RuntimeError(f"{stage}: torchrun exited with code {rc}; last output:\n{lines}")
+        err = json.loads(errors[0].read_text())
+        kind = getattr(builtins, err["type"], None)
+        kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
+        raise kind(f"{stage} rank {err['rank']}: {err['type']}: {err['message']}")
 
-
-def _poll(problem: Callable[[], str | None], proc: subprocess.Popen, done: threading.Event,
-          found: list[str]) -> None:
-    while not done.wait(1.0):
-        try:
-            reason = problem()
-        except Exception as err:  # noqa: BLE001 - an API hiccup: try again next second
-            print(f"could not read the other nodes' state: {err}", flush=True)
-            continue
-        if reason:
-            found.append(reason)
-            _kill_group(proc)
-            return

@@ -20,14 +20,11 @@ from tasks.config.pipeline_config import ConfigError
 USER_VAR, PASSWORD_VAR, TOKEN_VAR = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                                      "MLFLOW_TRACKING_TOKEN")
 AUTH_STRING_VAR, API_KEY_VAR = "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY"
-WRITES = ("EDIT", "MANAGE")          # MLflow permission levels that may log runs / versions
-NO_CREATE = ("DENY", "NO_PERMISSIONS")
 
 
 @dataclass(frozen=True)
 class Needs:
-    """What a command will do on the MLflow server; ``managed`` models need MANAGE (removing
-    aliases), not just EDIT."""
+    """What a command will do on the MLflow server (``managed`` models: MANAGE, not just EDIT)."""
 
     experiment: str | None = None
     write: bool = True
@@ -42,14 +39,12 @@ def needs_of(cfg) -> Needs:
     return Needs(t.experiment, models=models)
 
 
-# -- a login written into a URI ------------------------------------------------------------
 def split_login(uri: str) -> tuple[str, str | None, str | None]:
     """``http://bob:secret@host:5000/x`` -> (``http://host:5000/x``, 'bob', 'secret')."""
     parts = urllib.parse.urlsplit(uri)
     if parts.scheme not in ("http", "https") or parts.password is None:
         return uri, None, None
-    host = parts.netloc.rsplit("@", 1)[1]
-    bare = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
     return bare, urllib.parse.unquote(parts.username or ""), \
         urllib.parse.unquote(parts.password or "")
 
@@ -59,25 +54,14 @@ SECRET_HOMES = {"tracking.tracking_uri": "MLFLOW_TRACKING_URI",
                 "collect.destination.url": "LABEL_STUDIO_URL"}
 
 
-def refuse_secrets(cfg) -> None:
-    """Refuse a config URL holding a password: it would become a Prefect flow-run parameter
-    and reach its database and UI."""
+def login_out_of_uri(cfg=None):
+    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user
+    and password variables, so nothing recorded carries it -> ``cfg`` with the bare URI. Any
+    other config URL holding a password is refused: it would become a Prefect flow-run
+    parameter and reach its database and UI."""
     from tasks.config.pipeline_config import flatten
     from tasks.platform.redact import URL_LOGIN, redact
 
-    for field, value in flatten(cfg.model_dump(mode="json")).items():
-        if isinstance(value, str) and URL_LOGIN.search(value):
-            home = SECRET_HOMES.get(field)
-            where = (f"set {home} to it instead (read from the environment, never recorded) "
-                     f"and leave {field} empty" if home else
-                     "give the password to the tool through its environment instead")
-            raise ConfigError(f"{field} holds a password ({redact(value)}), which would be "
-                              f"stored with the run's parameters: {where}")
-
-
-def login_out_of_uri(cfg=None):
-    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user
-    and password variables, so nothing recorded carries it -> ``cfg`` with the bare URI."""
     bare, user, password = split_login(os.environ.get("MLFLOW_TRACKING_URI", ""))
     if user:
         os.environ.update({"MLFLOW_TRACKING_URI": bare, USER_VAR: user, PASSWORD_VAR: password})
@@ -89,11 +73,17 @@ def login_out_of_uri(cfg=None):
             os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
             tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
             cfg = cfg.model_copy(update={"tracking": tracking})
-    refuse_secrets(cfg)  # what no variable can take
+    for field, value in flatten(cfg.model_dump(mode="json")).items():
+        if isinstance(value, str) and URL_LOGIN.search(value):  # what no variable can take
+            home = SECRET_HOMES.get(field)
+            where = (f"set {home} to it instead (read from the environment, never recorded) "
+                     f"and leave {field} empty" if home else
+                     "give the password to the tool through its environment instead")
+            raise ConfigError(f"{field} holds a password ({redact(value)}), which would be "
+                              f"stored with the run's parameters: {where}")
     return cfg
 
 
-# -- MLflow ----------------------------------------------------------------------------------
 def mlflow_credentials() -> tuple[dict[str, str], str | None, str]:
     """(headers, user name, what was read) as the MLflow client sends them: a user and
     password (variables, else ~/.mlflow/credentials), else a token."""
@@ -136,25 +126,23 @@ class _Mlflow:
     """The read-only calls of the check, each one try of at most ``timeout_s``."""
 
     def __init__(self, uri: str, source: str, timeout_s: float):
-        self.uri, self.source, self.timeout_s = uri.rstrip("/"), source, timeout_s
+        self.uri, self.timeout_s = uri.rstrip("/"), timeout_s
         self.headers, self.user, self.read = mlflow_credentials()
         self.where = f"the MLflow server at {uri} (from {source})"
 
     def get(self, path: str, **query: str) -> tuple[int, dict | None]:
         url = f"{self.uri}/api/{path}?{urllib.parse.urlencode(query)}"
         status, body = _get(url, self.headers, self.timeout_s)
+        if status == 401 and not self.read:
+            raise ConfigError(f"{self.where} asks for a login and none was given (HTTP 401): "
+                              f"set {USER_VAR} and {PASSWORD_VAR} (or {TOKEN_VAR}) to your "
+                              "login on it.")
         if status == 401:
-            raise ConfigError(self.refused())
+            who = f" of user '{self.user}'" if self.user else ""
+            raise ConfigError(f"{self.where} refused the login{who} read from {self.read} "
+                              "(HTTP 401 Unauthorized); check the user name and password (or "
+                              "token) with the server's admin.")
         return status, body
-
-    def refused(self) -> str:
-        if not self.read:
-            return (f"{self.where} asks for a login and none was given (HTTP 401): set "
-                    f"{USER_VAR} and {PASSWORD_VAR} (or {TOKEN_VAR}) to your login on it.")
-        who = f" of user '{self.user}'" if self.user else ""
-        return (f"{self.where} refused the login{who} read from {self.read} (HTTP 401 "
-                "Unauthorized); check the user name and password (or token) with the "
-                "server's admin.")
 
     def permission(self, kind: str, name: str) -> str | None:
         """The user's permission level on a resource as the auth app resolves it."""
@@ -163,8 +151,7 @@ class _Mlflow:
         return (body or {}).get("permission") if status == 200 else None
 
 
-def check_mlflow_login(uri: str, source: str, needs: Needs | None,
-                       timeout_s: float) -> None:
+def check_mlflow_login(uri: str, source: str, needs: Needs | None, timeout_s: float) -> None:
     """Check that the server at ``uri`` takes the MLflow login and, with ``needs``, lets the
     user do what the command will do."""
     if urllib.parse.urlsplit(uri).scheme not in ("http", "https"):
@@ -175,11 +162,11 @@ def check_mlflow_login(uri: str, source: str, needs: Needs | None,
     if auth_app:
         server.user = body["user"].get("username") or server.user
     admin = auth_app and bool(body["user"].get("is_admin"))
-    needs = needs or Needs()
+    needs, levels = needs or Needs(), auth_app and not admin
     if needs.experiment:
-        _check_experiment(server, needs, auth_app and not admin)
+        _check(server, "experiment", needs.experiment, levels, needs.write)
     for name in needs.models:
-        _check_model(server, name, auth_app and not admin, manage=name in needs.managed)
+        _check(server, "registered_model", name, levels, manage=name in needs.managed)
 
 
 def _forbidden(server: _Mlflow, what: str, has: str | None, needs: str) -> ConfigError:
@@ -190,51 +177,37 @@ def _forbidden(server: _Mlflow, what: str, has: str | None, needs: str) -> Confi
                        "that has it.")
 
 
-def _check_experiment(server: _Mlflow, needs: Needs, levels: bool) -> None:
-    name = needs.experiment
-    what = f"the experiment '{name}'"
-    status, body = server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
+def _check(server: _Mlflow, kind: str, name: str, levels: bool, write: bool = True,
+           manage: bool = False) -> None:
+    """May the user read (``write``: change) the experiment or registered model ``name``?
+    ``levels``: the auth app reports the user's levels (not an admin)."""
+    model, what = kind == "registered_model", f"the {kind.replace('_', ' ')} '{name}'"
+    if model:
+        status, body = server.get("2.0/mlflow/registered-models/get", name=name)
+    else:
+        status, body = server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
     if status == 403:
-        raise _forbidden(server, what, None, "EDIT (to log runs)" if needs.write else "READ")
-    if not levels or not needs.write:
+        edit = "EDIT (to register versions and set aliases)" if model else "EDIT (to log runs)"
+        raise _forbidden(server, what, None, edit if write else "READ")
+    if not levels or not write:
         return
     if status == 404:  # created by the run: the app lets a user create unless denied
-        level = server.permission("experiment", "*")
-        if level in NO_CREATE:
-            raise _forbidden(server, "new experiments", level,
-                             f"to create {what} (it does not exist yet)")
-        return
-    if status == 200:
-        exp_id = body["experiment"]["experiment_id"]
-        level = server.permission("experiment", exp_id)
-        if level and level not in WRITES:
-            raise _forbidden(server, f"{what} (id {exp_id})", level,
-                             "EDIT (to log runs in it)")
-
-
-def _check_model(server: _Mlflow, name: str, levels: bool, manage: bool = False) -> None:
-    what = f"the registered model '{name}'"
-    status, _ = server.get("2.0/mlflow/registered-models/get", name=name)
-    if status == 403:
-        raise _forbidden(server, what, None, "EDIT (to register versions and set aliases)")
-    if not levels:
-        return
-    if status == 404:
-        level = server.permission("registered_model", "*")
-        if level in NO_CREATE:
-            raise _forbidden(server, "new registered models", level,
+        level = server.permission(kind, "*")
+        if level in ("DENY", "NO_PERMISSIONS"):
+            raise _forbidden(server, f"new {kind.replace('_', ' ')}s", level,
                              f"to create {what} (it does not exist yet)")
     elif status == 200:
-        level = server.permission("registered_model", name)
+        rid = name if model else body["experiment"]["experiment_id"]
+        level = server.permission(kind, rid)
         if manage and level and level != "MANAGE":
             raise _forbidden(server, what, level, "MANAGE (to move and remove its aliases, "
                              "as approving or rejecting a candidate does)")
-        if level and level not in WRITES:
-            raise _forbidden(server, what, level,
-                             "EDIT (to register versions of it and set its aliases)")
+        if level and level not in ("EDIT", "MANAGE"):  # the levels that may log and register
+            raise _forbidden(server, what if model else f"{what} (id {rid})", level,
+                             "EDIT (to register versions of it and set its aliases)" if model
+                             else "EDIT (to log runs in it)")
 
 
-# -- Prefect ---------------------------------------------------------------------------------
 def _profile_value(name: str) -> str | None:
     """The active profile's Prefect setting ``name`` (named as its variable), unwrapped."""
     import prefect.settings
@@ -243,28 +216,23 @@ def _profile_value(name: str) -> str | None:
     return value.get_secret_value() if hasattr(value, "get_secret_value") else value
 
 
-def prefect_credentials() -> tuple[dict[str, str], str]:
-    """(headers, what was read) as Prefect's client sends them: the auth string, else the
-    API key; from the variables, else the active profile."""
+def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
+    """Check that the Prefect API takes the login, via GET /admin/version (which needs one),
+    sent as Prefect's client sends it: the auth string, else the API key; from the
+    variables, else the active profile."""
+    version = f"{url.rstrip('/')}/admin/version"
+    status, _ = _get(version, {}, timeout_s)
+    if status not in (401, 403):
+        return
     auth, key = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR)
     read = AUTH_STRING_VAR if auth else API_KEY_VAR if key else ""
     if not (auth or key):
         auth, key = _profile_value(AUTH_STRING_VAR), _profile_value(API_KEY_VAR)
         read = (f"{AUTH_STRING_VAR} in the active Prefect profile" if auth else
                 f"{API_KEY_VAR} in the active Prefect profile" if key else "")
-    if auth:
-        return {"Authorization": f"Basic {base64.b64encode(auth.encode()).decode()}"}, read
-    return ({"Authorization": f"Bearer {key}"}, read) if key else ({}, "")
-
-
-def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
-    """Check that the Prefect API takes the login, via GET /admin/version (which needs one)."""
-    status, _ = _get(f"{url.rstrip('/')}/admin/version", {}, timeout_s)
-    if status not in (401, 403):
-        return
-    headers, read = prefect_credentials()
-    if headers:
-        status, _ = _get(f"{url.rstrip('/')}/admin/version", headers, timeout_s)
+    if auth or key:
+        login = f"Basic {base64.b64encode(auth.encode()).decode()}" if auth else f"Bearer {key}"
+        status, _ = _get(version, {"Authorization": login}, timeout_s)
     where = f"the Prefect API at {url} (from {source})"
     if status not in (401, 403):
         return
@@ -278,7 +246,6 @@ def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
                       "the API key's access).")
 
 
-# -- who answers -----------------------------------------------------------------------------
 def login_name(first: str = "mlflow") -> str:
     """Who is acting, for an approval: the MLflow user or Prefect auth user (``first`` picks
     which), else the OS user."""

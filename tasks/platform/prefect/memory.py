@@ -20,8 +20,7 @@ def state_bytes(*modules, optimizer=None) -> int:
 
 @contextmanager
 def peak_memory(interval_s: float = 0.2):
-    """Yields a dict filled on exit with ``memory/peak_rss_gb`` and, on CUDA,
-    ``memory/peak_gpu_gb``."""
+    """A dict filled on exit with ``memory/peak_rss_gb`` and, on CUDA, ``memory/peak_gpu_gb``."""
     import psutil
 
     proc, out, stop = psutil.Process(), {}, threading.Event()

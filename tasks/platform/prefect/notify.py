@@ -28,9 +28,8 @@ def set_up(url: str, notices: list[Notice]) -> list[str]:
     from prefect.automations import Automation, EventTrigger, SendNotification
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-    block = CustomWebhookNotificationBlock(name=BLOCK_NAME, url=url,
-                                           json_data={"subject": "{{subject}}",
-                                                      "text": "{{body}}"})
+    block = CustomWebhookNotificationBlock(
+        name=BLOCK_NAME, url=url, json_data={"subject": "{{subject}}", "text": "{{body}}"})
     block_id = block.save(BLOCK_NAME, overwrite=True)
     names = []
     for notice in notices:

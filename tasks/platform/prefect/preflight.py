@@ -14,9 +14,8 @@ from pathlib import Path
 
 from data_checks.files import looks_local
 from tasks.config.pipeline_config import ConfigError, PipelineConfig
+from tasks.platform.mlflow.addresses import tracking_source
 from tasks.platform.prefect.logins import Needs, check_mlflow_login, check_prefect_login
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 class RoutingError(ValueError):
@@ -46,7 +45,7 @@ def check_model_source(field: str, value: str | None) -> None:
         if field == "model.base_model" and not (path / "config.json").exists():
             raise ConfigError(f"{field}={value}: no config.json in the folder, so it is not a "
                               "Hugging Face model folder (save one with save_pretrained).")
-    elif not HUB_ID.match(value):
+    elif not re.match(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$", value):  # a hub id
         raise ConfigError(f"{field}={value!r}: neither an existing local folder nor a hub id "
                           "of the form 'name' or 'owner/name'.")
 
@@ -61,27 +60,21 @@ def check_config(cfg: PipelineConfig) -> None:
                           "hub id (or demo.enabled: true for the built-in tiny model).")
     check_model_source("model.base_model", cfg.model.base_model)
     check_model_source("model.tokenizer", cfg.model.tokenizer)
-    check_device(cfg)
+    # model.device=cuda where torch sees no CUDA fails here, not inside a stage (unless the
+    # stages run on other machines)
+    if cfg.model.device == "cuda" and not (cfg.routing.stages or cfg.routing.nodes):
+        import torch
+
+        if not torch.cuda.is_available():
+            why = "was built without CUDA" if torch.version.cuda is None else "sees no CUDA device"
+            here = "mps" if torch.backends.mps.is_available() else "cpu"
+            raise ConfigError(f"model.device=cuda: this machine's torch {torch.__version__} {why}; "
+                              f"the device here is {here}, so set model.device={here} (or auto), "
+                              "or install a CUDA build of torch on a machine with a GPU.")
     problem = folder_problem(Path(cfg.tracking.workdir).expanduser())
     if problem:
         raise ConfigError(f"tracking.workdir={cfg.tracking.workdir}: {problem}. Point it at a "
                           "folder you can write (it is created if missing).")
-
-
-def check_device(cfg: PipelineConfig) -> None:
-    """Fail here, not inside a stage, on ``model.device=cuda`` where torch sees no CUDA
-    (skipped when stages run on other machines)."""
-    if cfg.model.device != "cuda" or cfg.routing.stages or cfg.routing.nodes:
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    why = "was built without CUDA" if torch.version.cuda is None else "sees no CUDA device"
-    here = "mps" if torch.backends.mps.is_available() else "cpu"
-    raise ConfigError(f"model.device=cuda: this machine's torch {torch.__version__} {why}; "
-                      f"the device here is {here}, so set model.device={here} (or auto), or "
-                      "install a CUDA build of torch on a machine with a GPU.")
 
 
 def folder_problem(path: Path) -> str | None:
@@ -103,16 +96,6 @@ def folder_problem(path: Path) -> str | None:
 TIMEOUT_S = 5.0
 
 
-def tracking_source(configured: str | None) -> tuple[str, str]:
-    """The MLflow store a command uses and where that came from, as
-    ``default_tracking_uri`` picks it."""
-    if configured:
-        return configured, "tracking.tracking_uri in the config"
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
-    return "sqlite:///mlflow.db", "the default, as MLFLOW_TRACKING_URI is not set"
-
-
 def no_answer(url: str, timeout_s: float) -> str | None:
     """Why ``url`` gives no usable HTTP answer in one try, else None (a 4xx counts as an
     answer, a 5xx does not)."""
@@ -131,25 +114,10 @@ def no_answer(url: str, timeout_s: float) -> str | None:
         return str(err)
 
 
-def _tcp_problem(uri: str, timeout_s: float) -> str | None:
-    parsed = urllib.parse.urlsplit(uri)
-    if not parsed.hostname:
-        return None
-    default = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}.get(
-        parsed.scheme.split("+")[0])
-    port = parsed.port or default
-    if port is None:
-        return None
-    try:
-        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
-    except OSError as err:
-        return "no answer" if isinstance(err, TimeoutError) else str(err.strerror or err)
-    return None
-
-
 def _store_problem(uri: str, timeout_s: float) -> tuple[str, str, str] | None:
     """(what it is, what is wrong, what to check) for the MLflow store, else None."""
-    scheme = urllib.parse.urlsplit(uri).scheme
+    parsed = urllib.parse.urlsplit(uri)
+    scheme = parsed.scheme
     tried = f"one try of up to {timeout_s:g} s"
     if scheme in ("http", "https"):
         why = no_answer(f"{uri.rstrip('/')}/health", timeout_s)
@@ -161,9 +129,17 @@ def _store_problem(uri: str, timeout_s: float) -> tuple[str, str, str] | None:
         problem = folder_problem(folder)
         return ("the MLflow store", f"cannot be used: its folder {folder}: {problem}",
                 "the path and its permissions") if problem else None
-    if scheme == "databricks":
+    if scheme == "databricks" or not parsed.hostname:
         return None
-    why = _tcp_problem(uri, timeout_s)
+    port = parsed.port or {"postgresql": 5432, "mysql": 3306, "mssql": 1433}.get(
+        scheme.split("+")[0])
+    if port is None:
+        return None
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+        return None
+    except OSError as err:
+        why = "no answer" if isinstance(err, TimeoutError) else str(err.strerror or err)
     return ("the MLflow store's database at", f"does not answer ({why}; {tried})",
             "that the database server runs there and the URI is right") if why else None
 
@@ -181,16 +157,14 @@ def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
                   prefect: bool = True, timeout_s: float = TIMEOUT_S,
                   needs: Needs | None = None) -> None:
     """Check, before anything starts, that the MLflow store and (with ``prefect``) the
-    Prefect API answer and take the login, one try each; every command that talks to them
-    calls this first."""
+    Prefect API answer and take the login, one try each."""
     if mlflow:
         uri, source = tracking_source(tracking_uri)
         problem = _store_problem(uri, timeout_s)
         if problem:
             what, wrong, check = problem
-            raise ConfigError(f"{what} {uri} (from {source}) {wrong}; check {check}, or "
-                              "point MLFLOW_TRACKING_URI / tracking.tracking_uri at another "
-                              "store.")
+            raise ConfigError(f"{what} {uri} (from {source}) {wrong}; check {check}, or point "
+                              "MLFLOW_TRACKING_URI / tracking.tracking_uri at another store.")
         check_mlflow_login(uri, source, needs, timeout_s)
     if prefect:
         url, source = prefect_api_url()

@@ -8,12 +8,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from tasks.platform.prefect.preflight import no_answer
 
 EVERY_ENV = "RLHF_RECONNECT_EVERY_S"
-MAX_FACTOR = 4  # the longest wait after failed requests in a row: this many times every_s()
 STEADY_S = 60.0  # serving this long before failing is not "in a row"
 
 
@@ -22,8 +21,8 @@ def every_s() -> float:
 
 
 def failed_wait_s(in_a_row: int) -> float:
-    """``every_s()`` doubled per failed request in a row, at most ``MAX_FACTOR`` times it."""
-    return every_s() * min(2 ** (in_a_row - 1), MAX_FACTOR)
+    """``every_s()`` doubled per failed request in a row, at most 4 times it."""
+    return every_s() * min(2 ** (in_a_row - 1), 4)
 
 
 def _say(text: str) -> None:
@@ -35,39 +34,26 @@ def api_problem(url: str) -> str | None:
     return no_answer(f"{url.rstrip('/')}/health", 5)
 
 
-def _causes(err: BaseException) -> Iterator[BaseException]:
-    """``err``, the errors grouped in it and their causes."""
+def lost_api(err: BaseException) -> bool:
+    """Whether ``err`` (or an error grouped in it, or their causes) is how serving ends when
+    the API stops answering."""
+    import httpx
+
     seen, todo = set(), [err]
     while todo:
         e = todo.pop()
         if id(e) in seen:
             continue
         seen.add(id(e))
-        yield e
-        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
-        todo += list(getattr(e, "exceptions", ()))
-
-
-def lost_api(err: BaseException) -> bool:
-    """Whether ``err`` is how serving ends when the API stops answering."""
-    import httpx
-
-    for e in _causes(err):
         if isinstance(e, (httpx.TransportError, ConnectionError, TimeoutError)):
             return True
         if isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500:
             return True
         if isinstance(e, RuntimeError) and "exceeded error threshold" in str(e):
             return True
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        todo += list(getattr(e, "exceptions", ()))
     return False
-
-
-def _first_line(err: BaseException) -> str:
-    """``err`` in one line (the first error of a group)."""
-    while getattr(err, "exceptions", None):
-        err = err.exceptions[0]
-    text = str(err).splitlines()[0] if str(err) else ""
-    return f"{type(err).__name__}: {text}"[:200]
 
 
 def serve_until_stopped(deployments: Callable[[], list], what: str) -> None:
@@ -90,7 +76,9 @@ def serve_until_stopped(deployments: Callable[[], list], what: str) -> None:
             problem = api_problem(url)
             if problem is None and not lost_api(err):
                 raise
-            why = _first_line(err)
+            while getattr(err, "exceptions", None):  # a group: its first error, in one line
+                err = err.exceptions[0]
+            why = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"[:200]
         finally:
             signal.signal(signal.SIGTERM, handler)
             first = False

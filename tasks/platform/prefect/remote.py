@@ -24,6 +24,7 @@ from tasks.platform.mlflow.tags import (
     ROUTED_HOST_TAG,
     ROUTED_OUTPUT_TAG,
 )
+from tasks.platform.prefect.prefect_api import api_client
 from tasks.platform.prefect.preflight import RoutingError
 
 _log = logging.getLogger("rlhf.remote")
@@ -45,8 +46,7 @@ def local_context(ctx: RunContext) -> RunContext:
     return ctx.model_copy(update={"workdir": str(Path(root) / ctx.parent_run_id)})
 
 
-def stage_spec(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str,
-               inputs: dict) -> dict:
+def stage_spec(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict) -> dict:
     """What a machine needs to run ``stage`` into the child run ``run_id`` (JSON)."""
     return {"stage": stage, "run_id": run_id, "ctx": ctx.model_dump(mode="json"),
             "cfg": cfg.model_dump(mode="json"), "inputs": inputs}
@@ -65,7 +65,6 @@ def check_deployments(cfg: PipelineConfig) -> None:
                       "which they reach only through a filesystem they share with this one; "
                       "give every machine an MLflow server (MLFLOW_TRACKING_URI=http://<host>"
                       ":5000)", stacklevel=2)
-    from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL
 
@@ -73,7 +72,7 @@ def check_deployments(cfg: PipelineConfig) -> None:
         raise RoutingError(f"{', '.join(wanted)}: stages on other machines need a Prefect "
                          "server every machine reaches (export PREFECT_API_URL=http://<host>:"
                          "4200/api here and on the workers)")
-    with get_client(sync_client=True) as client:
+    with api_client() as client:
         for field, name in wanted.items():
             try:
                 client.read_deployment_by_name(name)
@@ -94,11 +93,10 @@ def _submit(deployment: str, parameters: dict, label: str):
 
 
 def _cancel(flow_run_id) -> None:
-    from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Cancelling
 
     try:
-        with get_client(sync_client=True) as client:
+        with api_client() as client:
             state = client.read_flow_run(flow_run_id).state
             if state is None or state.is_final():
                 return
@@ -129,8 +127,7 @@ class _Watched:
             return (f"{self.label}: flow run {self.run.name} of {self.deployment} ended "
                     f"{state.type.value}: {state.message or 'no message'}")
         self.done = state.is_completed()
-        waited = time.monotonic() - self.submitted
-        if not self.started and waited > self.start_timeout_s:
+        if not self.started and time.monotonic() - self.submitted > self.start_timeout_s:
             return (f"{self.label}: no worker started flow run {self.run.name} of "
                     f"{self.deployment} within routing.start_timeout_s={self.start_timeout_s:g}"
                     " s; is `rlhf stage-worker` (or a worker of the deployment's pool) running "
@@ -153,15 +150,13 @@ def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, in
                deployment: str) -> dict:
     """Run ``stage`` through ``deployment`` into child run ``run_id`` -> the output record
     the other machine left on it."""
-    from prefect.client.orchestration import get_client
-
     label = f"stage {stage}"
     run = _submit(deployment, {"stage": stage, "spec": stage_spec(ctx, cfg, stage, run_id,
                                                                   inputs)}, label)
     set_tags(ctx.client(), run_id, {ROUTED_FLOW_RUN_TAG: f"{deployment} {run.name} ({run.id})"})
     watched = _Watched(run, deployment, label, cfg.routing.start_timeout_s)
     try:
-        with get_client(sync_client=True) as client:
+        with api_client() as client:
             _wait(lambda: watched.problem(client), lambda: watched.done)
     except BaseException:
         _cancel(run.id)
@@ -179,12 +174,6 @@ def record_routed(ctx: RunContext, run_id: str, out: dict) -> None:
                                     ROUTED_HOST_TAG: socket.gethostname()})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 class NodeGroup:
     """Nodes 1..nnodes-1 of a multi-node stage as flow runs of ``routing.nodes`` (the head is
     node 0); leaving the block on an error cancels them."""
@@ -192,7 +181,11 @@ class NodeGroup:
     def __init__(self, ctx: RunContext, cfg: PipelineConfig, stage: str, spec: dict):
         self.ctx, self.cfg, self.stage, self.spec = ctx, cfg, stage, spec
         self.addr = cfg.model.master_addr or socket.gethostname()
-        self.port = cfg.model.master_port or _free_port()
+        self.port = cfg.model.master_port
+        if not self.port:
+            with socket.socket() as sock:  # a free port
+                sock.bind(("", 0))
+                self.port = sock.getsockname()[1]
         self.runs: list[_Watched] = []
         self._client = None
         self._lock = threading.Lock()
@@ -202,23 +195,20 @@ class NodeGroup:
                 "port": self.port, "timeout_s": int(self.cfg.routing.start_timeout_s) + 60}
 
     def __enter__(self) -> NodeGroup:
-        from prefect.client.orchestration import get_client
-
         deployment = self.cfg.routing.nodes
         try:
             for rank in range(1, self.cfg.model.nnodes):
                 label = f"stage {self.stage} node {rank}"
                 run = _submit(deployment, {"stage": self.stage, "spec": self.spec,
                                            "node": self.node(rank)}, label)
-                self.runs.append(_Watched(run, deployment, label,
-                                          self.cfg.routing.start_timeout_s))
+                self.runs.append(_Watched(run, deployment, label, self.cfg.routing.start_timeout_s))
         except BaseException:
             self._cancel_all()
             raise
         set_tags(self.ctx.client(), self.spec["run_id"], {NODES_TAG: json.dumps(
             {"nnodes": self.cfg.model.nnodes, "master": f"{self.addr}:{self.port}",
              "flow_runs": [w.run.name for w in self.runs]})})
-        self._client = get_client(sync_client=True).__enter__()
+        self._client = api_client().__enter__()
         return self
 
     def problem(self) -> str | None:
