@@ -8,8 +8,6 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pydantic import BaseModel, ConfigDict
-
 from data_checks.validate import ValidationFailed
 from tasks.config.pipeline_config import ConfigError, PipelineConfig
 from tasks.pipeline.prepare import Prepared
@@ -80,22 +78,13 @@ def round_settings(config: PipelineConfig) -> PipelineConfig:
     return config.model_copy(update=update)
 
 
-class RoundStart(BaseModel):
-    """The model folders a challenge starts from (``retrain.policy_init``, ``reference``,
-    ``rm_init``)."""
-
-    model_config = ConfigDict(frozen=True)
-    policy: str
-    reference: str
-    rm_init: str
-
-
-def round_start(config: PipelineConfig, champion: Champion) -> RoundStart:
+def round_start(config: PipelineConfig, champion: Champion) -> tuple[str, str, str]:
+    """The model folders a challenge starts from: (policy, reference, reward model) by
+    ``retrain.policy_init``, ``reference`` and ``rm_init``."""
     r = config.retrain
-    return RoundStart(
-        policy=champion.policy_dir if r.policy_init == "champion" else champion.sft_dir,
-        reference=champion.sft_dir if r.reference == "sft" else champion.policy_dir,
-        rm_init=champion.sft_dir if r.rm_init == "sft" else champion.rm_dir)
+    return (champion.policy_dir if r.policy_init == "champion" else champion.sft_dir,
+            champion.sft_dir if r.reference == "sft" else champion.policy_dir,
+            champion.sft_dir if r.rm_init == "sft" else champion.rm_dir)
 
 
 def lineage_tags(prep: Prepared, batches: list[Batch], champion: Champion | None = None,

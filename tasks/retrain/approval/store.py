@@ -50,18 +50,16 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 PENDING = "pending"
-STATUS = {"approve": "approved", "reject": "rejected", "timeout": "timed-out"}
+STATUS = {"approve": "approved", "reject": "rejected", "timeout": "timed-out"}  # after an answer
 REASON_CHARS = 2000  # a reason longer than this is cut (the param holds 6000 characters)
 
 
 def utc_now(after_h: float = 0.0) -> str:
-    """Now (or ``after_h`` hours from now) as ISO 8601 UTC to the second, the form of every
-    approval time."""
+    """Now (or ``after_h`` hours on) in ISO 8601 UTC to the second, as every approval time."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + after_h * 3600))
 
 
 def utc_seconds(stamp: str) -> float:
-    """An approval time as seconds since the epoch."""
     return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
@@ -74,11 +72,6 @@ class Answer(BaseModel):
     by: str
     via: Literal["prefect-ui", "cli", "timeout"]
     at: str = Field(default_factory=utc_now)
-
-    @property
-    def status(self) -> str:
-        """The version's status after this answer."""
-        return STATUS[self.decision]
 
 
 class Candidate(BaseModel):
@@ -166,7 +159,7 @@ def record_decided(client: MlflowClient, cand: Candidate, answer: Answer) -> Non
     """Tag the answer on the version and its run, the status last (it marks it carried out)."""
     tags = {APPROVAL_BY_TAG: answer.by, APPROVAL_AT_TAG: answer.at,
             APPROVAL_REASON_TAG: answer.reason, APPROVAL_VIA_TAG: answer.via}
-    done = {APPROVAL_STATUS_TAG: answer.status}
+    done = {APPROVAL_STATUS_TAG: STATUS[answer.decision]}
     set_tags(client, cand.parent_run_id, {**tags, **done})
     set_version_tags(client, cand.name, cand.version, tags)
     set_version_tags(client, cand.name, cand.version, done)

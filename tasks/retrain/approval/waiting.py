@@ -139,21 +139,6 @@ def held_for_approval(config: PipelineConfig, decision: Decision) -> Decision:
     return decision
 
 
-def awaiting_text(config: PipelineConfig, result: RetrainResult) -> str | None:
-    """A waiting round's outcome with the ways to answer (None: it waits for nobody)."""
-    if result.status != "awaiting approval":
-        return None
-    name = config.tracking.registered_policy
-    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
-    cand = candidate(client, name, str(result.candidate))
-    v = cand.version
-    return (f"Retrain awaiting approval: candidate `models:/{name}/{v}` (alias `candidate`)"
-            f"; the gate: {cand.gate_reason}. Champion v{champion_now(client, name)} stays "
-            f"until a person approves, by {cand.deadline}: the flow run's Resume form (a "
-            f"served round), or `rlhf approve {v} --reason \"...\"` / `rlhf reject {v} "
-            "--reason \"...\"`.")
-
-
 def settle_approvals(config: PipelineConfig) -> None:
     """Before a round: end overdue waits and finish answers left half done."""
     if config.retrain.approval != "required":
@@ -171,15 +156,25 @@ def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
 
 
 def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
-    """Publish a trained round's event and summary, saying why (or that it waits)."""
-    events.announce_outcome(config.tracking.registered_policy, result.status,
-                            result.decision and result.decision.reason,
+    """Publish a trained round's event and summary, saying why (or that it waits, and the
+    ways to answer)."""
+    name = config.tracking.registered_policy
+    events.announce_outcome(name, result.status, result.decision and result.decision.reason,
                             result.run and result.run.parent_run_id)
-    if result.run is not None:
-        reason = result.decision.reason if result.decision else ""
-        publish_summary(result.run, f"{result.run.run_name}: {result.status}",
-                        awaiting_text(config, result) or f"Retrain {result.status}"
-                        + (f": {reason}" if reason else "."))
+    if result.run is None:
+        return
+    reason = result.decision.reason if result.decision else ""
+    text = f"Retrain {result.status}" + (f": {reason}" if reason else ".")
+    if result.status == "awaiting approval":
+        client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
+        cand = candidate(client, name, str(result.candidate))
+        v = cand.version
+        text = (f"Retrain awaiting approval: candidate `models:/{name}/{v}` (alias `candidate`)"
+                f"; the gate: {cand.gate_reason}. Champion v{champion_now(client, name)} stays "
+                f"until a person approves, by {cand.deadline}: the flow run's Resume form (a "
+                f"served round), or `rlhf approve {v} --reason \"...\"` / `rlhf reject {v} "
+                "--reason \"...\"`.")
+    publish_summary(result.run, f"{result.run.run_name}: {result.status}", text)
 
 
 def hold_candidate(ctx: RunContext, config: PipelineConfig, reg: RegisterRecord) -> None:

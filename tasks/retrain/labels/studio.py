@@ -87,14 +87,6 @@ def ensure_project(ls: LabelStudio, title: str, description: str) -> int:
     return int(made["id"])
 
 
-def project_title(ls: LabelStudio, project_id: int) -> str | None:
-    """The project's current title; None when it was deleted."""
-    try:
-        return ls.get(f"/api/projects/{project_id}/", what="read the project")["title"]
-    except NotFound:
-        return None
-
-
 def add_pairs(ls: LabelStudio, project_id: int, datas: list[dict]) -> list[int]:
     """One task per pair (in order) -> their task ids."""
     ids: list[int] = []
@@ -135,13 +127,6 @@ def _choice(result: list[dict]) -> str:
         return "; ".join(texts) if texts else ""
     values = picked[0].get("value", {}).get("choices") or []
     return values[0] if len(values) == 1 else ", ".join(map(str, values))
-
-
-def note_verdicts(ls: LabelStudio, project_id: int, text: str) -> None:
-    """The verdict on the labellers in the project's description, where they see it (the
-    open-source edition has no comments API)."""
-    ls.call("PATCH", f"/api/projects/{project_id}/", {"description": text[:5000]},
-            what="change the project's description")
 
 
 def accounts(ls: LabelStudio, emails: list[str]) -> dict[str, int]:
@@ -207,16 +192,6 @@ def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -
                                                                 link.tasks.items()}})
     set_tags(client, run_id, {COLLECTION_LABEL_STUDIO_TAG: link.page})
     return link
-
-
-def collection_run(client, experiment_id: str, cid: str):
-    """The finished run of collection ``cid`` (LabelStudioError naming it when none)."""
-    run = find_collection(client, experiment_id, cid)
-    if run is None:
-        raise LabelStudioError(f"no finished collection '{cid}' in this MLflow experiment "
-                               "(`rlhf runs` lists runs; collection ids look like "
-                               "v3-1a2b3c4d)")
-    return run
 
 
 def read_link(client, run) -> StudioLink:
