@@ -15,14 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.platform.mlflow.registry import (
-    CANDIDATE,
-    alias_version,
-    model_version,
-    set_alias,
-    set_version_tags,
-    version_parent_run,
-)
+from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.runs import set_tags
 from tasks.platform.mlflow.tags import (
     APPROVAL_ANSWER_PARAM,
@@ -108,7 +101,7 @@ def _candidate(client: MlflowClient, version) -> Candidate:
 
 def candidate(client: MlflowClient, name: str, version: str | int) -> Candidate | None:
     """``name`` v``version`` as a candidate (None: no such version, or it never waited)."""
-    found = model_version(client, name, version)
+    found = registry.model_version(client, name, version)
     if found is None or APPROVAL_STATUS_TAG not in found.tags:
         return None
     return _candidate(client, found)
@@ -130,14 +123,14 @@ def mark_waiting(client: MlflowClient, name: str, version: str | int, parent_run
                  deadline: str) -> None:
     """Tag the version and its round's run as waiting, and give it ``candidate``."""
     tags = {APPROVAL_STATUS_TAG: PENDING, APPROVAL_DEADLINE_TAG: deadline}
-    set_version_tags(client, name, version, tags)
+    registry.set_version_tags(client, name, version, tags)
     set_tags(client, parent_run_id, {**tags, APPROVAL_VERSION_TAG: str(version)})
-    set_alias(client, name, CANDIDATE, version)
+    registry.set_alias(client, name, registry.CANDIDATE, version)
 
 
 def note_flow_run(client: MlflowClient, cand: Candidate, flow_run_id: str) -> None:
     """The Prefect flow run that waits for the answer (a served round)."""
-    set_version_tags(client, cand.name, cand.version, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
+    registry.set_version_tags(client, cand.name, cand.version, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
     set_tags(client, cand.parent_run_id, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
 
 
@@ -161,20 +154,20 @@ def record_decided(client: MlflowClient, cand: Candidate, answer: Answer) -> Non
             APPROVAL_REASON_TAG: answer.reason, APPROVAL_VIA_TAG: answer.via}
     done = {APPROVAL_STATUS_TAG: STATUS[answer.decision]}
     set_tags(client, cand.parent_run_id, {**tags, **done})
-    set_version_tags(client, cand.name, cand.version, tags)
-    set_version_tags(client, cand.name, cand.version, done)
+    registry.set_version_tags(client, cand.name, cand.version, tags)
+    registry.set_version_tags(client, cand.name, cand.version, done)
 
 
 def release_candidate_alias(client: MlflowClient, name: str, version: str | int) -> None:
     """Move ``candidate`` off ``version`` to the newest other waiting one, else remove it."""
-    holder = alias_version(client, name, CANDIDATE)
+    holder = registry.alias_version(client, name, registry.CANDIDATE)
     if holder is None or str(holder.version) != str(version):
         return
     others = [c for c in waiting_candidates(client, name) if c.version != str(version)]
     if others:
-        set_alias(client, name, CANDIDATE, others[-1].version)
+        registry.set_alias(client, name, registry.CANDIDATE, others[-1].version)
     else:
-        client.delete_registered_model_alias(name, CANDIDATE)
+        client.delete_registered_model_alias(name, registry.CANDIDATE)
 
 
 class RoundEvidence(BaseModel):
@@ -211,7 +204,7 @@ def round_evidence(client: MlflowClient, cand: Candidate, table_file: str) -> Ro
         with tempfile.TemporaryDirectory() as tmp, suppress(OSError, ValueError):
             path = client.download_artifacts(gate_runs[0].info.run_id, table_file, tmp)
             table = pd.read_json(path, orient="split").to_dict("records")
-    champion = model_version(client, cand.name, cand.gated_against) \
+    champion = registry.model_version(client, cand.name, cand.gated_against) \
         if cand.gated_against else None
     flags = [f.strip() for f in tags.get(HEALTH_FLAGS_TAG, "").split(",") if f.strip()]
     return RoundEvidence(
@@ -220,5 +213,5 @@ def round_evidence(client: MlflowClient, cand: Candidate, table_file: str) -> Ro
         side_by_side=table[:4], n_side_by_side=len(table),
         confidence=run.data.params.get("retrain.gate.confidence", "0.95"),
         max_kl=run.data.params.get("retrain.gate.max_kl", "?"),
-        round_run_id=cand.parent_run_id,
-        champion_run_id=version_parent_run(client, champion).info.run_id if champion else None)
+        round_run_id=cand.parent_run_id, champion_run_id=registry.version_parent_run(
+            client, champion).info.run_id if champion else None)

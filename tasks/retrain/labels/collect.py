@@ -36,16 +36,11 @@ from rlhf_core.eval.collect import (
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.devices import setup_models
 from tasks.pipeline.judge import config_judge_name, gold_judge
+from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
 from tasks.platform.mlflow.parent_run import end_run
-from tasks.platform.mlflow.registry import (
-    RegistryError,
-    _logged_model_id,
-    alias_version,
-    download_policy,
-    model_version,
-)
+from tasks.platform.mlflow.registry import RegistryError
 from tasks.platform.mlflow.runs import (
     ensure_experiment,
     log_metrics,
@@ -61,13 +56,7 @@ from tasks.platform.mlflow.tags import (
     COLLECTION_TAG,
     POLICY_VERSION_INPUT_TAG,
 )
-from tasks.platform.prefect.events import (
-    COLLECTION_READY,
-    COLLECTION_RESOURCE,
-    POLICY_LABEL,
-    POLICY_VERSION_LABEL,
-    emit,
-)
+from tasks.platform.prefect import events
 from tasks.platform.prefect.prefect_api import in_prefect_run
 from tasks.retrain.records import CollectResult
 from tasks.retrain.store import (
@@ -86,11 +75,11 @@ def resolve_version(client, name: str, ref: str):
     """A registered version by number or alias (RegistryError when there is none)."""
     ref = ref.removeprefix("@")
     if ref.isdigit():
-        version = model_version(client, name, ref)
+        version = registry.model_version(client, name, ref)
         if version is None:
             raise RegistryError(f"registered model '{name}' has no version {ref}")
         return version
-    version = alias_version(client, name, ref)
+    version = registry.alias_version(client, name, ref)
     if version is None:
         raise RegistryError(f"registered model '{name}' has no alias '{ref}' (a first "
                             f"`rlhf run` or retrain makes the champion)")
@@ -291,7 +280,8 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         COLLECTION_POLICY_TAG: ref})
     try:
         # the version's policy checkpoint (with its tokenizer) and its reward model
-        got = download_policy(client, version, Path(cfg.tracking.workdir) / "collect" / cid)
+        got = registry.download_policy(client, version,
+                                       Path(cfg.tracking.workdir) / "collect" / cid)
         dirs = {"policy_dir": got["ppo"][1], "rm_dir": got["reward_model"][1]}
         seed = cfg.seed + 1000 + len(earlier)
         drawn = sample_k(cfg, dirs, prompts, seed)
@@ -309,7 +299,8 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
         labelling = TableInput(table, str(paths["jsonl"]), paths["jsonl"].name,
                                tags={POLICY_VERSION_INPUT_TAG: ref})
-        log_table_inputs(client, run_id, [labelling], "collection", _logged_model_id(version))
+        log_table_inputs(client, run_id, [labelling], "collection",
+                         registry._logged_model_id(version))
         page = None
         if c.destination.kind == "label_studio":
             from tasks.retrain.labels.studio import send
@@ -333,8 +324,8 @@ def collect(cfg: PipelineConfig) -> CollectResult:
     out = CollectResult(collection=cid, run_id=run_id, policy=ref,
                         paths={k: str(v) for k, v in paths.items()}, counts=counts,
                         label_studio=page, wall_s=round(time.perf_counter() - start, 1))
-    emit(COLLECTION_READY, COLLECTION_RESOURCE + cid, cid,
-         {POLICY_LABEL: name, POLICY_VERSION_LABEL: str(version.version)},
-         {"file": out.paths["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id,
-          **({"label_studio": page} if page else {})})
+    events.emit(events.COLLECTION_READY, events.COLLECTION_RESOURCE + cid, cid,
+                {events.POLICY_LABEL: name, events.POLICY_VERSION_LABEL: str(version.version)},
+                {"file": out.paths["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id,
+                 **({"label_studio": page} if page else {})})
     return out

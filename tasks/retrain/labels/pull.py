@@ -25,15 +25,10 @@ from tasks.platform.mlflow.tags import (
     LABELS_SOURCE_TAG,
     PULLED_ALL_TAG,
 )
+from tasks.retrain.labels import studio
 from tasks.retrain.labels.client import LabelStudio, LabelStudioError, NotFound
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.labels.imports import import_labels
-from tasks.retrain.labels.studio import (
-    CHOICE_OF,
-    StudioLink,
-    read_link,
-    read_tasks,
-)
 from tasks.retrain.records import LabelImport
 from tasks.retrain.store import find_collection, studio_collections
 
@@ -95,7 +90,7 @@ def _import(cfg: PipelineConfig, pending: Path) -> LabelImport:
     return out
 
 
-def _votes(link: StudioLink, tasks: dict, pulled: dict[str, list[dict]]
+def _votes(link: studio.StudioLink, tasks: dict, pulled: dict[str, list[dict]]
            ) -> tuple[dict[str, list[dict]], list[str], int]:
     """(new vote rows by unpulled pair, rows left out, late annotations on pulled pairs)."""
     new: dict[str, list[dict]] = {}
@@ -116,11 +111,11 @@ def _votes(link: StudioLink, tasks: dict, pulled: dict[str, list[dict]]
                            "collection's record)")
             continue
         for v in votes:
-            choice = "skip" if v.choice == "skip" else CHOICE_OF.get(v.choice)
+            choice = "skip" if v.choice == "skip" else studio.CHOICE_OF.get(v.choice)
             if choice is None:
                 refused.append(f"task {task_id}, annotation {v.annotation_id} by "
                                f"{v.labeller}: answer '{v.choice}' is not one of "
-                               f"{', '.join(CHOICE_OF)}")
+                               f"{', '.join(studio.CHOICE_OF)}")
                 continue
             new.setdefault(pair_id, []).append({
                 "id": pair_id, "choice": choice, "labeller": v.labeller, "task_id": task_id,
@@ -135,7 +130,7 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
         pairs = int(run.data.tags[PULLED_ALL_TAG])
         return PullResult(cid, "done", pairs, pairs,
                           page=run.data.tags.get(COLLECTION_LABEL_STUDIO_TAG, ""))
-    link = read_link(client, run)
+    link = studio.read_link(client, run)
     folder = Path(cfg.collect.out_dir) / "pulls" / cid
     for pending in sorted((folder / "pending").glob("*.jsonl")):
         _import(cfg, pending)  # a pull stopped midway: finish it first
@@ -152,7 +147,7 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
             f"('{link.project_title}') at {ls.url} no longer exists; its pairs are still in "
             f"the collection's labelling file (`rlhf runs` shows its run): label them there "
             "and run `rlhf label import FILE`") from None
-    new, refused, late = _votes(link, read_tasks(ls, link.project_id), pulled)
+    new, refused, late = _votes(link, studio.read_tasks(ls, link.project_id), pulled)
     need = cfg.collect.destination.annotations_per_task
     ready = {p: rows for p, rows in new.items() if len(rows) >= need}
     labelled = len(pulled) + len(ready)
@@ -202,7 +197,7 @@ def pulled_in_full(cfg: PipelineConfig) -> list[tuple[str, Path, int]]:
         run = find_collection(client, exp_id, folder.name)
         if run is None or COLLECTION_LABEL_STUDIO_TAG not in run.data.tags:
             continue
-        total = len(read_link(client, run).tasks)
+        total = len(studio.read_link(client, run).tasks)
         if len(_pulled(folder)) >= total:
             out.append((folder.name, folder, total))
     return out
