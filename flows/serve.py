@@ -11,6 +11,11 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from prefect import flow
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+from prefect.events import DeploymentEventTrigger
+from prefect.runtime import flow_run
+from prefect.schedules import Cron, Interval
+from prefect.settings import PREFECT_API_URL
 from prefect.types.entrypoint import EntrypointType
 from pydantic import BeforeValidator
 
@@ -31,8 +36,10 @@ from tasks.pipeline.prepare import pipeline_run_name
 from tasks.pipeline.results import PipelineResult
 from tasks.platform.prefect.events import LABELLED
 from tasks.platform.prefect.logins import login_out_of_uri
-from tasks.platform.prefect.prefect_api import deployment_parameters, flow_run_name
+from tasks.platform.prefect.prefect_api import deployment_parameters, ensure_limit, flow_run_name
 from tasks.platform.redact import redact, redacted
+from tasks.retrain.approval.waiting import keeper
+from tasks.retrain.round import limit_name
 
 # what `rlhf serve` serves, in the order it registers them (each as <flow>/<name>)
 SERVED_FLOWS = ("rlhf_pipeline", "retrain", "collect", "label-pull", "gc")
@@ -76,8 +83,6 @@ def run_label(changed: dict[str, Any], limit: int = 3) -> str:
 def _served_run_name() -> str:
     """A CLI run's name plus what the form changed (``... kl_coef=0.07``), so runs tell apart
     in the Runs list; the MLflow parent run takes the same name."""
-    from prefect.runtime import flow_run
-
     given = {k: v for k, v in flow_run.parameters.items() if k in SECTIONS}
     try:
         config, changed = resolve_config(given)
@@ -137,8 +142,6 @@ def overrides_line(changed: dict[str, Any]) -> str:
 
 def as_schedules(s) -> list | None:
     """A ScheduleConfig as Prefect schedules (None: manual runs only)."""
-    from prefect.schedules import Cron, Interval
-
     if s is None:
         return None
     if s.cron is not None:
@@ -149,8 +152,6 @@ def as_schedules(s) -> list | None:
 def labels_trigger():
     """A retrain starts when labels are imported (`rlhf label import`, `rlhf demo-batch`);
     a retrain's own imports start no other."""
-    from prefect.events import DeploymentEventTrigger
-
     return DeploymentEventTrigger(
         name="labels imported", expect={LABELLED},
         match={"prefect.resource.id": "rlhf.preferences.*", "rlhf.imported_by": "import"})
@@ -174,8 +175,6 @@ def gc_deployment(config: PipelineConfig, name: str):
 
 def served_deployments(config: PipelineConfig, name: str) -> list:
     """The deployments `rlhf serve` serves, in SERVED_FLOWS' order."""
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-
     from flows.collect import collect_flow, label_pull
     from flows.retrain import retrain
 
@@ -205,12 +204,7 @@ def served_deployments(config: PipelineConfig, name: str) -> list:
 def serve(config: PipelineConfig, name: str) -> None:
     """Serve the deployments until interrupted (blocks), again after a Prefect server outage.
     Needs a Prefect server."""
-    from prefect.settings import PREFECT_API_URL
-
-    from tasks.platform.prefect.prefect_api import ensure_limit
     from tasks.platform.prefect.reconnect import serve_until_stopped
-    from tasks.retrain.approval.waiting import keeper
-    from tasks.retrain.round import limit_name
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "

@@ -39,12 +39,10 @@ def limit_name(config: PipelineConfig) -> str:
         f"{hashlib.sha256(store.encode()).hexdigest()[:8]}"
 
 
-@contextmanager
-def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
+def retrain_slot(config: PipelineConfig):
     """Hold the retrain slot while the body runs -> True; False when held elsewhere and
     ``retrain.on_overlap`` is skip."""
-    with one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip") as held:
-        yield held
+    return one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip")
 
 
 def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:

@@ -151,8 +151,7 @@ def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
 
 # ---- consumed batches --------------------------------------------------------------------------
 def consumed_batches(cfg: PipelineConfig) -> dict[str, str]:
-    """Digest of each batch finished retrains consumed -> its consuming run (which keeps a
-    copy), in the order consumed."""
+    """Digest of each batch finished retrains consumed -> the run keeping its copy, in order."""
     client, exp_id = experiment_client(default_tracking_uri(cfg.tracking.tracking_uri),
                                        cfg.tracking.experiment)
     if exp_id is None:

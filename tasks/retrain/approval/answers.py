@@ -118,8 +118,7 @@ def _wait_for_keeper(client, cand: Candidate) -> Candidate:
 
 
 def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
-    """Keep ``given`` unless an answer (or the timeout) is kept already, then carry out the
-    kept answer unless done."""
+    """Keep ``given`` unless an answer (or the timeout) came first; carry out the kept one."""
     kept = cand.answer
     if kept is None and given is not None:
         kept = store.claim_answer(client, cand, timed_out(cand) if cand.overdue else given)
@@ -169,8 +168,7 @@ def waiting_line(client, name: str) -> str:
 
 
 def check_current(client, cand: Candidate, given: Answer) -> None:
-    """An approval that would be kept needs the champion the candidate was compared with still
-    in place."""
+    """An approval to keep needs the champion the candidate was compared with still in place."""
     if cand.status != PENDING or cand.answer is not None or given.decision != "approve" \
             or cand.overdue:
         return
@@ -185,8 +183,7 @@ def check_current(client, cand: Candidate, given: Answer) -> None:
 
 def answer(client, name: str, version: str | None, decision: str, reason: str, via: str,
            by: str | None = None) -> Outcome:
-    """Approve or reject candidate ``version`` (None: the only one waiting), unless an answer
-    came first."""
+    """Approve or reject ``version`` (None: the only one waiting) unless an answer came first."""
     cand = pick(client, name, version)
     left = form_left(cand) if cand.status == PENDING and cand.answer is None else None
     if left is not None:  # answered on its form first, and its flow run ended without it

@@ -11,8 +11,11 @@ import calendar
 import tempfile
 import time
 from contextlib import suppress
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.platform.mlflow import registry
@@ -38,9 +41,6 @@ from tasks.platform.mlflow.tags import (
     PIPELINE_RUN_TAG,
     STAGE_TAG,
 )
-
-if TYPE_CHECKING:
-    from mlflow.tracking import MlflowClient
 
 PENDING = "pending"
 STATUS = {"approve": "approved", "reject": "rejected", "timeout": "timed-out"}  # after an answer
@@ -109,8 +109,6 @@ def candidate(client: MlflowClient, name: str, version: str | int) -> Candidate 
 
 def waiting_candidates(client: MlflowClient, name: str) -> list[Candidate]:
     """The versions of ``name`` waiting for an answer (status pending), oldest first."""
-    from mlflow.exceptions import MlflowException
-
     try:
         found = client.search_model_versions(
             f"name = '{name}' and tags.`{APPROVAL_STATUS_TAG}` = '{PENDING}'")
@@ -136,8 +134,6 @@ def note_flow_run(client: MlflowClient, cand: Candidate, flow_run_id: str) -> No
 
 def claim_answer(client: MlflowClient, cand: Candidate, answer: Answer) -> Answer:
     """Keep ``answer`` unless one is kept already -> the kept answer."""
-    from mlflow.exceptions import MlflowException
-
     try:
         client.log_param(cand.parent_run_id, APPROVAL_ANSWER_PARAM, answer.model_dump_json())
         return answer
@@ -189,8 +185,6 @@ class RoundEvidence(BaseModel):
 
 def round_evidence(client: MlflowClient, cand: Candidate, table_file: str) -> RoundEvidence:
     """The evidence of ``cand``'s round, with the first 4 rows of ``table_file``."""
-    import pandas as pd
-
     run = client.get_run(cand.parent_run_id)
     tags = run.data.tags
     figures = {k.removeprefix(GATE_PREFIX): v for k, v in tags.items()

@@ -180,8 +180,7 @@ def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainRe
 
 
 def resumed_round(config: PipelineConfig) -> RetrainResult | None:
-    """Carry out the answer this resumed flow run waited for -> the round's result (None: it
-    never waited)."""
+    """Carry out the answer this resumed flow run waited for -> the result (None: no wait)."""
     if config.retrain.approval != "required":  # (a resumed run has the same parameters)
         return None
     key = suspend.resumed_key()

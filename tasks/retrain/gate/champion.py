@@ -34,8 +34,7 @@ class Champion(BaseModel):
 
 @task(name="fetch_champion")
 def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> Champion:
-    """Download a version's (``which``: number or alias) policy, reward model and SFT policy
-    from MLflow."""
+    """Download version ``which``'s (number or alias) policy, reward model and SFT policy."""
     client = ctx.client()
     name = cfg.tracking.registered_policy
     version = registry.model_version(client, name, which) if which.isdigit() else \

@@ -20,8 +20,10 @@ import pandas as pd
 from prefect import task
 
 from data_checks.config import DataSource
-from data_checks.loading import load_table
+from data_checks.conversations import is_conversational, render_chunks, start_chat
+from data_checks.loading import KINDS, DataError, iter_table, load_table
 from rlhf_core.config import Sampling
+from rlhf_core.demo import chat_row, training_prompts
 from rlhf_core.eval.collect import (
     Prompt,
     fresh_prompts,
@@ -91,9 +93,6 @@ def conversational_run(cfg: PipelineConfig) -> bool:
     conversational, or ``demo.chat``)."""
     if cfg.data is None:
         return cfg.demo.enabled and cfg.demo.chat
-    from data_checks.conversations import is_conversational
-    from data_checks.loading import KINDS, iter_table
-
     for name, kind in KINDS.items():
         source = getattr(cfg.data, name)
         if source is None:
@@ -116,8 +115,6 @@ def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[Prompt]]:
         prompts = [[{"role": "user", "content": p}] if chat and isinstance(p, str)
                    else p if isinstance(p, str) else [dict(m) for m in p] for p in prompts]
         return str(path), pool_order(prompts, cfg.seed)
-    from rlhf_core.demo import chat_row, training_prompts
-
     prompts = [chat_row({"prompt": p}, cfg.demo.system)["prompt"] if chat else p
                for p in training_prompts()]
     return "demo training prompts", pool_order(prompts, cfg.seed)
@@ -131,8 +128,6 @@ def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt]) -> l
 
     texts = list(prompts)
     if any(not isinstance(p, str) for p in prompts):
-        from data_checks.conversations import render_chunks, start_chat
-        from data_checks.loading import DataError
         from rlhf_core.models import chat
 
         where = "the collection's prompts"
@@ -259,8 +254,6 @@ def experiment_for(client, cfg: PipelineConfig) -> str:
 def collect(cfg: PipelineConfig) -> CollectResult:
     """Sample ``collect.policy`` on the pool's next fresh prompts; write the labelling file
     to ``collect.out_dir``; record it in MLflow -> paths, counts, the collection run."""
-    from data_checks.loading import DataError
-
     c, start = cfg.collect, time.perf_counter()
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     name = cfg.tracking.registered_policy

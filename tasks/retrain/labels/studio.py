@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from data_checks.labels import read_labelled
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.runs import ensure_experiment, set_tags, tracking_client
@@ -74,8 +75,7 @@ def task_data(collection: str, pair: dict) -> dict:
 
 
 def ensure_project(ls: LabelStudio, title: str, description: str) -> int:
-    """The id of the project called ``title``, created with the pairwise page when there is
-    none."""
+    """The id of the project called ``title``, created with the pairwise page if need be."""
     out = ls.get("/api/projects/", what="list projects", title=title, page_size=1000)
     rows = out.get("results", []) if isinstance(out, dict) else out
     for row in rows:
@@ -130,8 +130,7 @@ def _choice(result: list[dict]) -> str:
 
 
 def accounts(ls: LabelStudio, emails: list[str]) -> dict[str, int]:
-    """{email: account id} in the key's organisation, creating missing ones (needs the owner's
-    key)."""
+    """{email: account id} in the key's organisation, missing ones created (the owner's key)."""
     have = {email: uid for uid, email in ls.users().items()}
     for email in emails:
         if email not in have:
@@ -206,10 +205,7 @@ def read_link(client, run) -> StudioLink:
 
 
 def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
-    """Refuse a labelled file from a Label Studio collection: `rlhf label pull` imports each
-    pair once."""
-    from data_checks.labels import read_labelled
-
+    """Refuse a file of a Label Studio collection's rows: `rlhf label pull` imports them once."""
     ids = {str(i).strip() for i in read_labelled(path)["id"].tolist()}
     cids = sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i})
     if not cids:
