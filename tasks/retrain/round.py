@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from data_checks.validate import ValidationFailed
 from tasks.config.pipeline_config import ConfigError, PipelineConfig
@@ -39,7 +39,7 @@ def limit_name(config: PipelineConfig) -> str:
         f"{hashlib.sha256(store.encode()).hexdigest()[:8]}"
 
 
-def retrain_slot(config: PipelineConfig):
+def retrain_slot(config: PipelineConfig) -> AbstractContextManager[bool]:
     """Hold the retrain slot while the body runs -> True; False when held elsewhere and
     ``retrain.on_overlap`` is skip."""
     return one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip")
