@@ -36,8 +36,7 @@ def waiting_lines(out, argv: list[str]) -> list[str]:
 
 
 def registry_uri(configured: str | None, needs: Needs) -> str:
-    """The store the registry lives in, once it answers and the login may do what ``needs``
-    says."""
+    """The registry's store, once it answers and the login may do what ``needs`` says."""
     check_servers(configured, prefect=False, needs=needs)
     return default_tracking_uri(configured)
 
@@ -63,7 +62,6 @@ def cmd_answer(args, config, decision: str) -> int:
 
 
 def add_commands(sub) -> None:
-    """`approve` and `reject`."""
     for decision, says in (("approve", "the candidate becomes champion"),
                            ("reject", "the champion stays; the candidate stays registered")):
         p = sub.add_parser(decision, help=f"answer a retrain's candidate waiting for approval: "

@@ -52,7 +52,6 @@ def cmd_gc(args, config) -> int:
 
 
 def add_command(sub) -> None:
-    """The `gc` subcommand."""
     gc = config_command(sub, "gc", cmd_gc, "list what no longer serves (old finished runs' "
                                            "folders, runs deleted in MLflow, old batches, pull "
                                            "records); --yes deletes it")

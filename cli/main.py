@@ -14,14 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.errors import (
-    EX_TEMPFAIL,
-    EXPECTED,
-    OUTAGES,
-    exit_code,
-    prefect_gone,
-    quiet_expected_failures,
-)
+from cli import errors
 from cli.runs import (
     DEMO_CONFIG,
     cmd_runs,
@@ -101,7 +94,7 @@ def cmd_run(args) -> int:
 
     read_every_source(cfg.data)
     check_tax_inputs(cfg)
-    quiet_expected_failures()
+    errors.quiet_expected_failures()
     start = time.perf_counter()
     result = rlhf_pipeline(config=cfg, resume_run_id=args.resume)
     print(summary_text(result, time.perf_counter() - start))
@@ -115,7 +108,7 @@ def cmd_validate(args, cfg) -> int:
     from flows.pipeline import rlhf_validate
 
     read_every_source(cfg.data)
-    quiet_expected_failures()
+    errors.quiet_expected_failures()
     result = rlhf_validate(config=cfg)
     out = result.data
     counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out.metrics.items())
@@ -272,24 +265,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with stop_within_seconds(lambda signum: stop_message(args, signum)):
             return args.func(args)
-    except OUTAGES as err:
+    except errors.OUTAGES as err:
         print(f"\nrlhf: {err}; {continue_hint(args, err.until)}", file=sys.stderr)
-        return exit_code(err)
-    except EXPECTED as err:
+        return errors.exit_code(err)
+    except errors.EXPECTED as err:
         hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
             if isinstance(err, ValidationFailed) else ""
         if isinstance(err, RewardSourceDown):
             hint = f"; {continue_hint(args, 'once it answers')}"
         print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
-        return exit_code(err)
+        return errors.exit_code(err)
     except BaseException as err:
-        if prefect_gone(err):
+        if errors.prefect_gone(err):
             api = os.environ.get("PREFECT_API_URL") or "Prefect's local API"
             run_id = last_parent_run()
             kept = f"run {run_id} {KEEPS}" if run_id else "no MLflow run was opened yet"
             print(f"\nrlhf: the Prefect API at {api} stopped answering ({type(err).__name__}: "
                   f"{err}); {kept}; {continue_hint(args)}", file=sys.stderr)
-            return EX_TEMPFAIL
+            return errors.EX_TEMPFAIL
         signum = stop_signal(err)
         if signum is None:
             raise

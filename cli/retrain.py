@@ -236,7 +236,6 @@ def cmd_rollback(args, config) -> int:
 
 
 def add_commands(sub) -> None:
-    """Register the subcommands."""
     col = config_command(sub, "collect", cmd_collect, "sample a registered policy on fresh "
                          "prompts and write a labelling file (collect.out_dir)")
     col.add_argument("--policy", help="version number or alias (default collect.policy: "

@@ -1,12 +1,10 @@
-"""The MLflow store as the command line reads it: `rlhf runs` (recent pipeline runs and their
-key metrics) and the check of a --resume run id, both without creating a store and without
-minutes of retries against a server that does not answer; and the config a command runs with,
-from its --config (else the demo's) and --set options.
+"""The MLflow store as the command line reads it, creating no store and not retrying for minutes
+against a server that does not answer: `rlhf runs` and the check of a --resume run id; and the
+config a command runs with, from its --config (else the demo's) and --set options.
 
-`rlhf run --resume <id>` continues with the config the run recorded in MLflow, this command's
---set overrides on top (a deliberate change, recorded with the run). A --config given too must
-match the recorded config in every key --set does not change, else it is refused, naming the
-keys, before anything runs.
+`rlhf run --resume <id>` continues with the config the run recorded, this command's --set on top
+(recorded with the run). A --config given too must match the recorded config in every key --set
+does not change, else it is refused, naming the keys, before anything runs.
 """
 
 from __future__ import annotations
@@ -147,17 +145,6 @@ def overrides_of(args) -> list[str]:
     return list(args.set or []) + nproc
 
 
-def _store_of(overrides: list[str]) -> str | None:
-    """The store a --set names (its login moved into MLflow's variables), else None."""
-    uris = [value for key, value in map(parse_override, overrides)
-            if key == "tracking.tracking_uri" and value]
-    if not uris:
-        return None
-    bare = login_out_of_uri(PipelineConfig.model_validate({"tracking": {"tracking_uri":
-                                                                        str(uris[-1])}}))
-    return bare.tracking.tracking_uri
-
-
 def config_differences(recorded: dict, cfg: PipelineConfig,
                        overrides: list[str]) -> list[str]:
     """Keys whose value in ``cfg`` differs from the run's ``recorded`` config, those the
@@ -179,7 +166,11 @@ def resume_config(args) -> PipelineConfig:
     for a run the store does not have, a stage's run, or a --config that differs."""
     overrides = overrides_of(args)
     given = login_out_of_uri(load_config(args.config, overrides)) if args.config else None
-    uri = given.tracking.tracking_uri if given else _store_of(overrides)
+    uri = given.tracking.tracking_uri if given else None
+    sets = [v for k, v in map(parse_override, overrides) if k == "tracking.tracking_uri" and v]
+    if given is None and sets:  # the store a --set names, its login moved into MLflow's variables
+        uri = login_out_of_uri(PipelineConfig.model_validate(
+            {"tracking": {"tracking_uri": str(sets[-1])}})).tracking.tracking_uri
     check_servers(uri, prefect=False)
     check_resume_id(uri, args.resume, args.argv)
     try:

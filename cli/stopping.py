@@ -43,8 +43,7 @@ def _raise_stopped(signum, _frame) -> None:
 
 
 def _watch(read_fd: int, message: Callable[[int], str]) -> None:
-    """Reads the signal numbers Python writes to the wakeup pipe; the first stop signal arms
-    the deadline."""
+    """Read the signal numbers Python writes to the wakeup pipe; a first stop arms the deadline."""
 
     def hard_exit(signum: int, why: str) -> None:
         try:

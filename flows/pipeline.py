@@ -7,6 +7,7 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 """
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from flows.wiring import run_pipeline
 from tasks.config.pipeline_config import PipelineConfig
@@ -20,10 +21,7 @@ from tasks.platform.prefect.prefect_api import flow_run_name
 
 
 def _flow_run_name(suffix: str = "") -> str:
-    """The MLflow parent run's name to be (tasks/pipeline/prepare.py pipeline_run_name), then
-    ``suffix``."""
-    from prefect.runtime import flow_run
-
+    """The parent run's name to be (tasks/pipeline/prepare.py pipeline_run_name) + ``suffix``."""
     cfg = flow_run.parameters.get("config")
     return (pipeline_run_name(cfg) if isinstance(cfg, PipelineConfig) else "rlhf") + suffix
 

@@ -13,14 +13,7 @@ from flows.wiring import run_pipeline
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.stages.records import RegisterRecord
 from tasks.platform.prefect.prefect_api import flow_run_name, rename_flow_run, slot_holder
-from tasks.retrain.approval.waiting import (
-    ask_for_approval,
-    held_for_approval,
-    publish_answer,
-    publish_outcome,
-    resumed_round,
-    settle_approvals,
-)
+from tasks.retrain.approval import waiting
 from tasks.retrain.batches import find_batches
 from tasks.retrain.gate.champion import champion_version
 from tasks.retrain.labels.imports import import_dropped
@@ -57,7 +50,7 @@ def challenge(config: PipelineConfig, batches: list[Batch],
         batches=batches, consumed=consumed, challenge=True, control=control))
     gate_out, reg = result.stages["gate"], result.stages.get("register")
     assert isinstance(gate_out, GateRecord)
-    decision = held_for_approval(config, gate_out.decision)
+    decision = waiting.held_for_approval(config, gate_out.decision)
     if not isinstance(reg, RegisterRecord):
         return RetrainResult(status="control", decision=decision, run=result)
     if reg.awaiting_approval:
@@ -81,11 +74,11 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
             and recorded, nothing registered or moved: what a round's new labels add.
     """
     config = served_config(config)  # a custom run's fields over the served config
-    answered = resumed_round(config)  # a served round resumed with a person's answer
+    answered = waiting.resumed_round(config)  # a served round resumed with a person's answer
     if answered is not None:
-        publish_answer(config, answered)
+        waiting.publish_answer(config, answered)
         return answered
-    settle_approvals(config)  # deadlines passed, answers left half done
+    waiting.settle_approvals(config)  # deadlines passed, answers left half done
     with retrain_slot(config) as acquired:
         if not acquired:
             holder = slot_holder(limit_name(config))
@@ -106,7 +99,7 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
         with refused_batches(config, batches.new, first=champion is None):
             result = bootstrap(config, batches.new) if champion is None else \
                 challenge(config, batches.new, batches.consumed)
-        publish_outcome(config, result)
+        waiting.publish_outcome(config, result)
     if result.status == "awaiting approval":
-        return ask_for_approval(config, result)  # served: the process ends here until answered
+        return waiting.ask_for_approval(config, result)  # served: the process ends till answered
     return result

@@ -11,6 +11,11 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from prefect import flow
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+from prefect.events import DeploymentEventTrigger
+from prefect.runtime import flow_run
+from prefect.schedules import Cron, Interval
+from prefect.settings import PREFECT_API_URL
 from prefect.types.entrypoint import EntrypointType
 from pydantic import BeforeValidator
 
@@ -31,8 +36,10 @@ from tasks.pipeline.prepare import pipeline_run_name
 from tasks.pipeline.results import PipelineResult
 from tasks.platform.prefect.events import LABELLED
 from tasks.platform.prefect.logins import login_out_of_uri
-from tasks.platform.prefect.prefect_api import deployment_parameters, flow_run_name
+from tasks.platform.prefect.prefect_api import deployment_parameters, ensure_limit, flow_run_name
 from tasks.platform.redact import redact, redacted
+from tasks.retrain.approval.waiting import keeper
+from tasks.retrain.round import limit_name
 
 # what `rlhf serve` serves, in the order it registers them (each as <flow>/<name>)
 SERVED_FLOWS = ("rlhf_pipeline", "retrain", "collect", "label-pull", "gc")
@@ -76,8 +83,6 @@ def run_label(changed: dict[str, Any], limit: int = 3) -> str:
 def _served_run_name() -> str:
     """A CLI run's name plus what the form changed (``... kl_coef=0.07``), so runs tell apart
     in the Runs list; the MLflow parent run takes the same name."""
-    from prefect.runtime import flow_run
-
     given = {k: v for k, v in flow_run.parameters.items() if k in SECTIONS}
     try:
         config, changed = resolve_config(given)
@@ -135,18 +140,8 @@ def overrides_line(changed: dict[str, Any]) -> str:
     return f"overrides of the served config: {json.dumps(redacted(changed))}"
 
 
-def pipeline_deployment(config: PipelineConfig, name: str):
-    return rlhf_pipeline_served.to_deployment(
-        name=name, parameters=served_parameters(config), tags=["rlhf"],
-        entrypoint_type=EntrypointType.MODULE_PATH,
-        description="The whole RLHF pipeline. Custom run: change any field; the others keep "
-                    "the served config.")
-
-
 def as_schedules(s) -> list | None:
     """A ScheduleConfig as Prefect schedules (None: manual runs only)."""
-    from prefect.schedules import Cron, Interval
-
     if s is None:
         return None
     if s.cron is not None:
@@ -154,87 +149,62 @@ def as_schedules(s) -> list | None:
     return [Interval(timedelta(seconds=s.interval_s))]
 
 
-def retrain_deployment(config: PipelineConfig, name: str):
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-
-    from flows.retrain import retrain
-
-    # one retrain at a time: a run that finds one running is cancelled before it starts
-    # (skip) or queued (wait); the flow's own slot (flows/retrain.py) covers direct calls
-    strategy = ConcurrencyLimitStrategy.CANCEL_NEW if config.retrain.on_overlap == "skip" \
-        else ConcurrencyLimitStrategy.ENQUEUE
-    return retrain.to_deployment(
-        name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
-        schedules=as_schedules(config.retrain.schedule), entrypoint_type=EntrypointType.MODULE_PATH,
-        triggers=[labels_trigger()],
-        concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=strategy),
-        description=f"Retrain on new preference batches in {config.retrain.watch_dir}; "
-                    "champion moves only on a significant win.")
-
-
 def labels_trigger():
     """A retrain starts when labels are imported (`rlhf label import`, `rlhf demo-batch`);
     a retrain's own imports start no other."""
-    from prefect.events import DeploymentEventTrigger
-
     return DeploymentEventTrigger(
         name="labels imported", expect={LABELLED},
         match={"prefect.resource.id": "rlhf.preferences.*", "rlhf.imported_by": "import"})
 
 
-def collect_deployment(config: PipelineConfig, name: str):
-    from flows.collect import collect_flow
-
-    return collect_flow.to_deployment(
-        name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
-        schedules=as_schedules(config.collect.schedule), entrypoint_type=EntrypointType.MODULE_PATH,
-        description=f"Sample {config.collect.policy} on fresh prompts into a labelling file "
-                    f"in {config.collect.out_dir}.")
-
-
-def label_pull_deployment(config: PipelineConfig, name: str):
-    """Pull finished Label Studio annotations on ``collect.destination.pull_schedule`` (only
-    when collections go to Label Studio; manual runs otherwise)."""
-    from flows.collect import label_pull
-
-    dest = config.collect.destination
-    return label_pull.to_deployment(
-        name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
-        schedules=as_schedules(dest.pull_schedule) if dest.kind == "label_studio" else None,
-        entrypoint_type=EntrypointType.MODULE_PATH,
-        description="Finished Label Studio annotations of the collections -> preference "
-                    "batches (each pair once); each batch starts a retrain.")
+def _deployment(flow, name: str, parameters: dict, description: str, schedule=None, **more):
+    return flow.to_deployment(name=name, parameters=parameters, tags=["rlhf"],
+                              schedules=as_schedules(schedule), description=description,
+                              entrypoint_type=EntrypointType.MODULE_PATH, **more)
 
 
 def gc_deployment(config: PipelineConfig, name: str):
     """`rlhf gc --yes` on ``tracking.gc_schedule`` (manual runs when None)."""
     from flows.gc import gc_flow
 
-    return gc_flow.to_deployment(
-        name=name, parameters={"config": config.form_dump()}, tags=["rlhf"],
-        schedules=as_schedules(config.tracking.gc_schedule),
-        entrypoint_type=EntrypointType.MODULE_PATH,
-        description="Delete what no longer serves (older finished runs' folders, runs "
-                    "deleted in MLflow, old batches, pull records); never an alias's or a "
-                    "resumable run's.")
+    return _deployment(gc_flow, name, {"config": config.form_dump()},
+                       "Delete what no longer serves (older finished runs' folders, runs "
+                       "deleted in MLflow, old batches, pull records); never an alias's or a "
+                       "resumable run's.", config.tracking.gc_schedule)
 
 
 def served_deployments(config: PipelineConfig, name: str) -> list:
     """The deployments `rlhf serve` serves, in SERVED_FLOWS' order."""
-    return [pipeline_deployment(config, name), retrain_deployment(config, name),
-            collect_deployment(config, name), label_pull_deployment(config, name),
-            gc_deployment(config, name)]
+    from flows.collect import collect_flow, label_pull
+    from flows.retrain import retrain
+
+    given, dest = {"config": config.form_dump()}, config.collect.destination
+    # one retrain at a time: a run that finds one running is cancelled before it starts
+    # (skip) or queued (wait); the flow's own slot (flows/retrain.py) covers direct calls
+    strategy = ConcurrencyLimitStrategy.CANCEL_NEW if config.retrain.on_overlap == "skip" \
+        else ConcurrencyLimitStrategy.ENQUEUE
+    return [
+        _deployment(rlhf_pipeline_served, name, served_parameters(config),
+                    "The whole RLHF pipeline. Custom run: change any field; the others keep "
+                    "the served config."),
+        _deployment(retrain, name, given, f"Retrain on new preference batches in "
+                    f"{config.retrain.watch_dir}; champion moves only on a significant win.",
+                    config.retrain.schedule, triggers=[labels_trigger()],
+                    concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=strategy)),
+        _deployment(collect_flow, name, given, f"Sample {config.collect.policy} on fresh "
+                    f"prompts into a labelling file in {config.collect.out_dir}.",
+                    config.collect.schedule),
+        # pulls on collect.destination.pull_schedule only when collections go to Label Studio
+        _deployment(label_pull, name, given, "Finished Label Studio annotations of the "
+                    "collections -> preference batches (each pair once); each batch starts a "
+                    "retrain.", dest.pull_schedule if dest.kind == "label_studio" else None),
+        gc_deployment(config, name)]
 
 
 def serve(config: PipelineConfig, name: str) -> None:
     """Serve the deployments until interrupted (blocks), again after a Prefect server outage.
     Needs a Prefect server."""
-    from prefect.settings import PREFECT_API_URL
-
-    from tasks.platform.prefect.prefect_api import ensure_limit
     from tasks.platform.prefect.reconnect import serve_until_stopped
-    from tasks.retrain.approval.waiting import keeper
-    from tasks.retrain.round import limit_name
 
     if not PREFECT_API_URL.value():
         raise ConfigError("rlhf serve needs a Prefect server: run `prefect server start`, then "

@@ -6,9 +6,11 @@ Serve it (`rlhf stage-worker`) on each machine that should take stages, then rou
 """
 
 from prefect import flow
+from prefect.runtime import flow_run
+from prefect.settings import PREFECT_API_URL
 from prefect.types.entrypoint import EntrypointType
 
-from tasks.config.pipeline_config import PipelineConfig
+from tasks.config.pipeline_config import ConfigError, PipelineConfig
 from tasks.pipeline.devices import setup_torch
 from tasks.pipeline.stages.records import StageRecord
 from tasks.pipeline.stages.run import execute, typed_inputs
@@ -19,8 +21,6 @@ from tasks.platform.prefect.remote import local_context, record_routed
 
 
 def _run_name() -> str:
-    from prefect.runtime import flow_run
-
     params = flow_run.parameters
     node = params.get("node")
     return f"{params['stage']}-node{node['rank']}" if node else str(params["stage"])
@@ -63,9 +63,6 @@ def stage_deployment(name: str):
 def serve_stage(name: str) -> None:
     """Serve ``rlhf-stage/<name>`` from this machine until interrupted (blocks), again after
     the Prefect server comes back from an outage (tasks/platform/prefect/reconnect.py)."""
-    from prefect.settings import PREFECT_API_URL
-
-    from tasks.config.pipeline_config import ConfigError
     from tasks.platform.prefect.reconnect import serve_until_stopped
 
     if not PREFECT_API_URL.value():

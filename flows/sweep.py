@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from prefect import flow, task
+from prefect.runtime import flow_run
 
 from flows.wiring import rl_stages, shared_stages
 from tasks.config.pipeline_config import PipelineConfig, grid_points
@@ -20,8 +21,6 @@ from tasks.platform.mlflow.tags import SWEEP_POINTS_TAG, SWEEP_ROLE_TAG, SWEEP_T
 
 
 def _point_name() -> str:
-    from prefect.runtime import flow_run
-
     params = flow_run.parameters
     return f"{params.get('sweep_id', 'sweep')}-{point_label(params.get('overrides', {}))}"
 
@@ -48,8 +47,6 @@ def run_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
 
 
 def _sweep_name() -> str:
-    from prefect.runtime import flow_run
-
     return str(flow_run.parameters.get("sweep_id") or "rlhf-sweep")
 
 

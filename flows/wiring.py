@@ -101,17 +101,17 @@ def challenger_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
     stages from the champion (``retrain.policy_init``, ``retrain.reference``) -> gate."""
     with named_batch_rows(prep.batch_rows):
         data = validate(ctx, config, prep)
-    begin = round_start(config, champion)
+    policy_dir, reference_dir, rm_init_dir = round_start(config, champion)
     rm_data, judge = data, None
     if split:
         rm_data = judge_split(ctx, config, data, batch_pair_keys(prep))
         judge = judge_model(ctx, config, rm_data,
                             ModelRecord(model=Artifact(path=champion.sft_dir)))
-    start = ModelRecord(model=Artifact(path=begin.policy))
-    rewards = reward_stages(ctx, config, prep, rm_data, start, begin.rm_init, judge)
-    trained = policy_stages(ctx, config, prep, rm_data, start, rewards, begin.reference)
+    start = ModelRecord(model=Artifact(path=policy_dir))
+    rewards = reward_stages(ctx, config, prep, rm_data, start, rm_init_dir, judge)
+    trained = policy_stages(ctx, config, prep, rm_data, start, rewards, reference_dir)
     gate_out = gate(ctx, config, prep, data, champion, trained["ppo"], rewards["reward_model"],
-                    begin.reference, judge)
+                    reference_dir, judge)
     return {"validate": data, **rewards, **trained, "gate": gate_out}
 
 

@@ -88,7 +88,6 @@ class LabelImport(BaseModel):
     held_back: dict[str, str] = {}
 
     def summary(self) -> str:
-        """The CLI's lines for it."""
         if self.status == "imported":
             return f"imported {self.file}: {self.text}\npreference batch: {self.batch}"
         if self.status == "quarantined":

@@ -6,9 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
-
-from pydantic import BaseModel, ConfigDict
+from contextlib import AbstractContextManager, contextmanager
 
 from data_checks.validate import ValidationFailed
 from tasks.config.pipeline_config import ConfigError, PipelineConfig
@@ -41,12 +39,10 @@ def limit_name(config: PipelineConfig) -> str:
         f"{hashlib.sha256(store.encode()).hexdigest()[:8]}"
 
 
-@contextmanager
-def retrain_slot(config: PipelineConfig) -> Iterator[bool]:
+def retrain_slot(config: PipelineConfig) -> AbstractContextManager[bool]:
     """Hold the retrain slot while the body runs -> True; False when held elsewhere and
     ``retrain.on_overlap`` is skip."""
-    with one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip") as held:
-        yield held
+    return one_slot(limit_name(config), skip=config.retrain.on_overlap == "skip")
 
 
 def retrain_run_name(policy: str, champion: str | None, digests: list[str]) -> str:
@@ -80,22 +76,13 @@ def round_settings(config: PipelineConfig) -> PipelineConfig:
     return config.model_copy(update=update)
 
 
-class RoundStart(BaseModel):
-    """The model folders a challenge starts from (``retrain.policy_init``, ``reference``,
-    ``rm_init``)."""
-
-    model_config = ConfigDict(frozen=True)
-    policy: str
-    reference: str
-    rm_init: str
-
-
-def round_start(config: PipelineConfig, champion: Champion) -> RoundStart:
+def round_start(config: PipelineConfig, champion: Champion) -> tuple[str, str, str]:
+    """The model folders a challenge starts from: (policy, reference, reward model) by
+    ``retrain.policy_init``, ``reference`` and ``rm_init``."""
     r = config.retrain
-    return RoundStart(
-        policy=champion.policy_dir if r.policy_init == "champion" else champion.sft_dir,
-        reference=champion.sft_dir if r.reference == "sft" else champion.policy_dir,
-        rm_init=champion.sft_dir if r.rm_init == "sft" else champion.rm_dir)
+    return (champion.policy_dir if r.policy_init == "champion" else champion.sft_dir,
+            champion.sft_dir if r.reference == "sft" else champion.policy_dir,
+            champion.sft_dir if r.rm_init == "sft" else champion.rm_dir)
 
 
 def lineage_tags(prep: Prepared, batches: list[Batch], champion: Champion | None = None,

@@ -49,7 +49,6 @@ IN_STUDIO = f"tags.`{COLLECTION_LABEL_STUDIO_TAG}` LIKE '%'"  # a collection sen
 # ---- collections -----------------------------------------------------------------------------
 def open_collection_run(client: MlflowClient, experiment_id: str, run_name: str,
                         tags: dict[str, str]) -> str:
-    """A new collection run -> its id."""
     return client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
 
 
@@ -63,7 +62,7 @@ def log_collection_files(client: MlflowClient, run_id: str, files: list[Path],
 
 
 def pool_collections(client: MlflowClient, experiment_id: str, pool_digest: str) -> list:
-    """The finished collections of the prompt pool whose digest is ``pool_digest``."""
+    """The finished collections of the prompt pool of digest ``pool_digest``."""
     return every_run(client, [experiment_id],
                      f"tags.`{COLLECTION_POOL_DIGEST_TAG}` = '{pool_digest}' and {FINISHED}")
 
@@ -78,8 +77,7 @@ def collection_prompts(client: MlflowClient, runs: list) -> set[str]:
 
 
 def find_collection(client: MlflowClient, experiment_id: str, cid: str, where: str = FINISHED):
-    """The run of collection ``cid`` that ``where`` also selects (by default: finished), or
-    None."""
+    """The run of collection ``cid`` that ``where`` also selects (default: finished), or None."""
     runs = client.search_runs([experiment_id], max_results=1, filter_string=(
         f"tags.`{COLLECTION_TAG}` = '{cid}' and {where}"))
     return runs[0] if runs else None
@@ -153,8 +151,7 @@ def batch_sources(cfg: PipelineConfig, digests: list[str]) -> dict[str, str]:
 
 # ---- consumed batches --------------------------------------------------------------------------
 def consumed_batches(cfg: PipelineConfig) -> dict[str, str]:
-    """Digest of each batch finished retrains consumed -> its consuming run (which keeps a
-    copy), in the order consumed."""
+    """Digest of each batch finished retrains consumed -> the run keeping its copy, in order."""
     client, exp_id = experiment_client(default_tracking_uri(cfg.tracking.tracking_uri),
                                        cfg.tracking.experiment)
     if exp_id is None:

@@ -19,19 +19,8 @@ from tasks.platform.mlflow.registry import CHAMPION, alias_version, move_champio
 from tasks.platform.prefect.events import ANSWERED
 from tasks.platform.prefect.logins import login_name
 from tasks.retrain import events
-from tasks.retrain.approval.store import (
-    PENDING,
-    Answer,
-    Candidate,
-    candidate,
-    claim_answer,
-    mark_waiting,
-    record_decided,
-    release_candidate_alias,
-    utc_now,
-    utc_seconds,
-    waiting_candidates,
-)
+from tasks.retrain.approval import store
+from tasks.retrain.approval.store import PENDING, Answer, Candidate
 from tasks.retrain.approval.suspend import (
     ApprovalForm,
     close_waiting,
@@ -59,10 +48,10 @@ def request_approval(client, name: str, version: str | int, parent_run_id: str,
                      hours: float) -> None:
     """Mark ``version`` as a pending candidate until ``hours`` from now (a resumed register
     keeps the first deadline; an answered one is not asked again)."""
-    found = candidate(client, name, version)
+    found = store.candidate(client, name, version)
     if found is None or found.status == PENDING:
-        mark_waiting(client, name, version, parent_run_id,
-                     utc_now(hours) if found is None else found.deadline)
+        store.mark_waiting(client, name, version, parent_run_id,
+                           store.utc_now(hours) if found is None else found.deadline)
 
 
 def champion_now(client, name: str) -> str | None:
@@ -119,21 +108,20 @@ def timed_out(cand: Candidate) -> Answer:
 def _wait_for_keeper(client, cand: Candidate) -> Candidate:
     """The candidate once its answer's keeper carried it out, or ``settle_after_s`` passed."""
     while True:
-        now = candidate(client, cand.name, cand.version)
+        now = store.candidate(client, cand.name, cand.version)
         if now.status != PENDING or now.answer is None:
             return now
-        left = settle_after_s() - (time.time() - utc_seconds(now.answer.at))
+        left = settle_after_s() - (time.time() - store.utc_seconds(now.answer.at))
         if left <= 0:
             return now
         time.sleep(min(1.0, left))
 
 
 def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
-    """Keep ``given`` unless an answer (or the timeout) is kept already, then carry out the
-    kept answer unless done."""
+    """Keep ``given`` unless an answer (or the timeout) came first; carry out the kept one."""
     kept = cand.answer
     if kept is None and given is not None:
-        kept = claim_answer(client, cand, timed_out(cand) if cand.overdue else given)
+        kept = store.claim_answer(client, cand, timed_out(cand) if cand.overdue else given)
     if given is not None and kept != given and kept.decision != "timeout":
         cand = _wait_for_keeper(client, cand)  # another process kept it: let it finish
     before = champion_now(client, cand.name)
@@ -144,11 +132,11 @@ def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
     if kept.decision == "approve" and before != cand.version:
         move_champion(client, cand.name, cand.version, "approve",
                       f"approved by {kept.by} ({kept.via}): {kept.reason}")
-    release_candidate_alias(client, cand.name, cand.version)
+    store.release_candidate_alias(client, cand.name, cand.version)
     events.announce_approval(ANSWERED[kept.decision], cand.name, cand.version, {
         "by": kept.by, "at": kept.at, "via": kept.via, "reason": kept.reason,
         "parent_run_id": cand.parent_run_id, "champion_before": before})
-    record_decided(client, cand, kept)
+    store.record_decided(client, cand, kept)
     return Outcome(candidate=cand, answer=kept, given=given, done_now=True,
                    champion_before=before, champion=champion_now(client, cand.name))
 
@@ -156,13 +144,13 @@ def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
 def pick(client, name: str, version: str | None) -> Candidate:
     """The candidate an answer is for: ``version``, else the only one waiting."""
     if version is not None:
-        found = candidate(client, name, version)
+        found = store.candidate(client, name, version)
         if found is None:
             raise ApprovalError(f"'{name}' v{version} is no candidate for approval (only a "
                                 "retrain round with retrain.approval: required makes one); "
                                 f"{waiting_line(client, name)}")
         return found
-    waiting = waiting_candidates(client, name)
+    waiting = store.waiting_candidates(client, name)
     if len(waiting) == 1:
         return waiting[0]
     raise ApprovalError(f"'{name}': {waiting_line(client, name)}" + (
@@ -171,7 +159,7 @@ def pick(client, name: str, version: str | None) -> Candidate:
 
 def waiting_line(client, name: str) -> str:
     """Which candidates wait, with the champion each was compared with and its deadline."""
-    waiting = waiting_candidates(client, name)
+    waiting = store.waiting_candidates(client, name)
     if not waiting:
         return f"no candidate waits for approval (champion: v{champion_now(client, name)})"
     return f"{len(waiting)} candidate(s) wait for approval: " + "; ".join(
@@ -180,8 +168,7 @@ def waiting_line(client, name: str) -> str:
 
 
 def check_current(client, cand: Candidate, given: Answer) -> None:
-    """An approval that would be kept needs the champion the candidate was compared with still
-    in place."""
+    """An approval to keep needs the champion the candidate was compared with still in place."""
     if cand.status != PENDING or cand.answer is not None or given.decision != "approve" \
             or cand.overdue:
         return
@@ -196,13 +183,12 @@ def check_current(client, cand: Candidate, given: Answer) -> None:
 
 def answer(client, name: str, version: str | None, decision: str, reason: str, via: str,
            by: str | None = None) -> Outcome:
-    """Approve or reject candidate ``version`` (None: the only one waiting), unless an answer
-    came first."""
+    """Approve or reject ``version`` (None: the only one waiting) unless an answer came first."""
     cand = pick(client, name, version)
     left = form_left(cand) if cand.status == PENDING and cand.answer is None else None
     if left is not None:  # answered on its form first, and its flow run ended without it
         carry_out(client, cand, left)
-        cand = candidate(client, name, cand.version)
+        cand = store.candidate(client, name, cand.version)
     given = Answer(decision=decision, reason=reason, by=by or who(via), via=via)
     check_current(client, cand, given)
     return carry_out(client, cand, given)
@@ -212,9 +198,9 @@ def settle_waiting(client, name: str) -> list[Outcome]:
     """Carry out what waits on nobody: an answer whose keeper died, a form answer whose flow
     run ended without it, and a deadline passed with no answer."""
     out = []
-    for cand in waiting_candidates(client, name):
+    for cand in store.waiting_candidates(client, name):
         if cand.answer is not None:
-            if time.time() - utc_seconds(cand.answer.at) >= settle_after_s():
+            if time.time() - store.utc_seconds(cand.answer.at) >= settle_after_s():
                 out.append(carry_out(client, cand, None))
             continue
         form = form_left(cand)

@@ -11,18 +11,14 @@ import calendar
 import tempfile
 import time
 from contextlib import suppress
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.platform.mlflow.registry import (
-    CANDIDATE,
-    alias_version,
-    model_version,
-    set_alias,
-    set_version_tags,
-    version_parent_run,
-)
+from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.runs import set_tags
 from tasks.platform.mlflow.tags import (
     APPROVAL_ANSWER_PARAM,
@@ -46,22 +42,17 @@ from tasks.platform.mlflow.tags import (
     STAGE_TAG,
 )
 
-if TYPE_CHECKING:
-    from mlflow.tracking import MlflowClient
-
 PENDING = "pending"
-STATUS = {"approve": "approved", "reject": "rejected", "timeout": "timed-out"}
+STATUS = {"approve": "approved", "reject": "rejected", "timeout": "timed-out"}  # after an answer
 REASON_CHARS = 2000  # a reason longer than this is cut (the param holds 6000 characters)
 
 
 def utc_now(after_h: float = 0.0) -> str:
-    """Now (or ``after_h`` hours from now) as ISO 8601 UTC to the second, the form of every
-    approval time."""
+    """Now (or ``after_h`` hours on) in ISO 8601 UTC to the second, as every approval time."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + after_h * 3600))
 
 
 def utc_seconds(stamp: str) -> float:
-    """An approval time as seconds since the epoch."""
     return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
@@ -74,11 +65,6 @@ class Answer(BaseModel):
     by: str
     via: Literal["prefect-ui", "cli", "timeout"]
     at: str = Field(default_factory=utc_now)
-
-    @property
-    def status(self) -> str:
-        """The version's status after this answer."""
-        return STATUS[self.decision]
 
 
 class Candidate(BaseModel):
@@ -115,7 +101,7 @@ def _candidate(client: MlflowClient, version) -> Candidate:
 
 def candidate(client: MlflowClient, name: str, version: str | int) -> Candidate | None:
     """``name`` v``version`` as a candidate (None: no such version, or it never waited)."""
-    found = model_version(client, name, version)
+    found = registry.model_version(client, name, version)
     if found is None or APPROVAL_STATUS_TAG not in found.tags:
         return None
     return _candidate(client, found)
@@ -123,8 +109,6 @@ def candidate(client: MlflowClient, name: str, version: str | int) -> Candidate 
 
 def waiting_candidates(client: MlflowClient, name: str) -> list[Candidate]:
     """The versions of ``name`` waiting for an answer (status pending), oldest first."""
-    from mlflow.exceptions import MlflowException
-
     try:
         found = client.search_model_versions(
             f"name = '{name}' and tags.`{APPROVAL_STATUS_TAG}` = '{PENDING}'")
@@ -137,21 +121,19 @@ def mark_waiting(client: MlflowClient, name: str, version: str | int, parent_run
                  deadline: str) -> None:
     """Tag the version and its round's run as waiting, and give it ``candidate``."""
     tags = {APPROVAL_STATUS_TAG: PENDING, APPROVAL_DEADLINE_TAG: deadline}
-    set_version_tags(client, name, version, tags)
+    registry.set_version_tags(client, name, version, tags)
     set_tags(client, parent_run_id, {**tags, APPROVAL_VERSION_TAG: str(version)})
-    set_alias(client, name, CANDIDATE, version)
+    registry.set_alias(client, name, registry.CANDIDATE, version)
 
 
 def note_flow_run(client: MlflowClient, cand: Candidate, flow_run_id: str) -> None:
     """The Prefect flow run that waits for the answer (a served round)."""
-    set_version_tags(client, cand.name, cand.version, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
+    registry.set_version_tags(client, cand.name, cand.version, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
     set_tags(client, cand.parent_run_id, {APPROVAL_FLOW_RUN_TAG: flow_run_id})
 
 
 def claim_answer(client: MlflowClient, cand: Candidate, answer: Answer) -> Answer:
     """Keep ``answer`` unless one is kept already -> the kept answer."""
-    from mlflow.exceptions import MlflowException
-
     try:
         client.log_param(cand.parent_run_id, APPROVAL_ANSWER_PARAM, answer.model_dump_json())
         return answer
@@ -166,22 +148,22 @@ def record_decided(client: MlflowClient, cand: Candidate, answer: Answer) -> Non
     """Tag the answer on the version and its run, the status last (it marks it carried out)."""
     tags = {APPROVAL_BY_TAG: answer.by, APPROVAL_AT_TAG: answer.at,
             APPROVAL_REASON_TAG: answer.reason, APPROVAL_VIA_TAG: answer.via}
-    done = {APPROVAL_STATUS_TAG: answer.status}
+    done = {APPROVAL_STATUS_TAG: STATUS[answer.decision]}
     set_tags(client, cand.parent_run_id, {**tags, **done})
-    set_version_tags(client, cand.name, cand.version, tags)
-    set_version_tags(client, cand.name, cand.version, done)
+    registry.set_version_tags(client, cand.name, cand.version, tags)
+    registry.set_version_tags(client, cand.name, cand.version, done)
 
 
 def release_candidate_alias(client: MlflowClient, name: str, version: str | int) -> None:
     """Move ``candidate`` off ``version`` to the newest other waiting one, else remove it."""
-    holder = alias_version(client, name, CANDIDATE)
+    holder = registry.alias_version(client, name, registry.CANDIDATE)
     if holder is None or str(holder.version) != str(version):
         return
     others = [c for c in waiting_candidates(client, name) if c.version != str(version)]
     if others:
-        set_alias(client, name, CANDIDATE, others[-1].version)
+        registry.set_alias(client, name, registry.CANDIDATE, others[-1].version)
     else:
-        client.delete_registered_model_alias(name, CANDIDATE)
+        client.delete_registered_model_alias(name, registry.CANDIDATE)
 
 
 class RoundEvidence(BaseModel):
@@ -203,8 +185,6 @@ class RoundEvidence(BaseModel):
 
 def round_evidence(client: MlflowClient, cand: Candidate, table_file: str) -> RoundEvidence:
     """The evidence of ``cand``'s round, with the first 4 rows of ``table_file``."""
-    import pandas as pd
-
     run = client.get_run(cand.parent_run_id)
     tags = run.data.tags
     figures = {k.removeprefix(GATE_PREFIX): v for k, v in tags.items()
@@ -218,7 +198,7 @@ def round_evidence(client: MlflowClient, cand: Candidate, table_file: str) -> Ro
         with tempfile.TemporaryDirectory() as tmp, suppress(OSError, ValueError):
             path = client.download_artifacts(gate_runs[0].info.run_id, table_file, tmp)
             table = pd.read_json(path, orient="split").to_dict("records")
-    champion = model_version(client, cand.name, cand.gated_against) \
+    champion = registry.model_version(client, cand.name, cand.gated_against) \
         if cand.gated_against else None
     flags = [f.strip() for f in tags.get(HEALTH_FLAGS_TAG, "").split(",") if f.strip()]
     return RoundEvidence(
@@ -227,5 +207,5 @@ def round_evidence(client: MlflowClient, cand: Candidate, table_file: str) -> Ro
         side_by_side=table[:4], n_side_by_side=len(table),
         confidence=run.data.params.get("retrain.gate.confidence", "0.95"),
         max_kl=run.data.params.get("retrain.gate.max_kl", "?"),
-        round_run_id=cand.parent_run_id,
-        champion_run_id=version_parent_run(client, champion).info.run_id if champion else None)
+        round_run_id=cand.parent_run_id, champion_run_id=registry.version_parent_run(
+            client, champion).info.run_id if champion else None)

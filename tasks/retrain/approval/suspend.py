@@ -11,7 +11,13 @@ from __future__ import annotations
 import json
 from typing import Literal
 
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.responses import SetStateStatus
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.input import RunInput
+from prefect.input.run_input import keyset_from_base_key
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Completed
 from pydantic import Field
 
 KEY_PREFIX = "approval-v"  # + the candidate's version: the suspension's key in its flow run
@@ -39,7 +45,6 @@ def this_flow_run() -> tuple[str | None, bool]:
 
 def resumed_key() -> str | None:
     """The key of the approval this flow run was resumed from (None: it never waited)."""
-    from prefect.client.orchestration import get_client
     from prefect.runtime import deployment, flow_run
 
     if flow_run.id is None or deployment.id is None:  # only a deployment's run is resumed
@@ -62,10 +67,6 @@ def ask(key: str, evidence: str | None = None, timeout_s: float | None = None) -
 
 def stored_answer(flow_run_id: str, key: str) -> ApprovalForm | None:
     """The answer the form stored for the approval ``key`` of the flow run (None: none)."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
-    from prefect.input.run_input import keyset_from_base_key
-
     keys = keyset_from_base_key(f"suspended-{key}")  # Prefect's: state name + pause key
     with get_client(sync_client=True) as client:
         try:
@@ -79,8 +80,6 @@ def stored_answer(flow_run_id: str, key: str) -> ApprovalForm | None:
 
 def run_state(flow_run_id: str) -> tuple[str, str]:
     """(state type, state name) of a flow run, e.g. ("PAUSED", "Suspended")."""
-    from prefect.client.orchestration import get_client
-
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run_id).state
     return (state.type.value, state.name or "") if state else ("", "")
@@ -88,9 +87,6 @@ def run_state(flow_run_id: str) -> tuple[str, str]:
 
 def resume_with(flow_run_id: str, decision: str, reason: str) -> bool:
     """Resume the waiting flow run with an answer given elsewhere -> whether it took it."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.responses import SetStateStatus
-
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run_id).state
         if state is None or not state.is_paused():
@@ -102,9 +98,6 @@ def resume_with(flow_run_id: str, decision: str, reason: str) -> bool:
 
 def close_waiting(flow_run_id: str, name: str, message: str) -> bool:
     """End a still-waiting flow run as Completed(``name``) -> whether it was waiting."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Completed
-
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run_id).state
         if state is None or not state.is_paused():
@@ -116,6 +109,4 @@ def close_waiting(flow_run_id: str, name: str, message: str) -> bool:
 
 def prefect_api() -> str | None:
     """The Prefect API this process talks to (None: none set, Prefect's ephemeral one)."""
-    from prefect.settings import PREFECT_API_URL
-
     return PREFECT_API_URL.value() or None

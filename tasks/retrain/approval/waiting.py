@@ -19,34 +19,8 @@ from tasks.platform.mlflow.runs import RunContext, tracking_client
 from tasks.platform.prefect.events import APPROVAL_REQUESTED
 from tasks.platform.prefect.prefect_api import report
 from tasks.retrain import events
-from tasks.retrain.approval.answers import (
-    WORDS,
-    Outcome,
-    carry_out,
-    champion_now,
-    check_current,
-    form_answer,
-    request_approval,
-    settle_waiting,
-)
-from tasks.retrain.approval.store import (
-    PENDING,
-    Candidate,
-    RoundEvidence,
-    candidate,
-    note_flow_run,
-    round_evidence,
-    utc_seconds,
-)
-from tasks.retrain.approval.suspend import (
-    KEY_PREFIX,
-    ask,
-    pause_key,
-    prefect_api,
-    resume_with,
-    resumed_key,
-    this_flow_run,
-)
+from tasks.retrain.approval import answers, store, suspend
+from tasks.retrain.approval.store import PENDING, Candidate, RoundEvidence
 from tasks.retrain.gate.stage import SIDE_BY_SIDE
 from tasks.retrain.records import RetrainResult
 from tasks.retrain.round import OUTCOME
@@ -139,27 +113,12 @@ def held_for_approval(config: PipelineConfig, decision: Decision) -> Decision:
     return decision
 
 
-def awaiting_text(config: PipelineConfig, result: RetrainResult) -> str | None:
-    """A waiting round's outcome with the ways to answer (None: it waits for nobody)."""
-    if result.status != "awaiting approval":
-        return None
-    name = config.tracking.registered_policy
-    client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
-    cand = candidate(client, name, str(result.candidate))
-    v = cand.version
-    return (f"Retrain awaiting approval: candidate `models:/{name}/{v}` (alias `candidate`)"
-            f"; the gate: {cand.gate_reason}. Champion v{champion_now(client, name)} stays "
-            f"until a person approves, by {cand.deadline}: the flow run's Resume form (a "
-            f"served round), or `rlhf approve {v} --reason \"...\"` / `rlhf reject {v} "
-            "--reason \"...\"`.")
-
-
 def settle_approvals(config: PipelineConfig) -> None:
     """Before a round: end overdue waits and finish answers left half done."""
     if config.retrain.approval != "required":
         return
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
-    for outcome in settle_waiting(client, config.tracking.registered_policy):
+    for outcome in answers.settle_waiting(client, config.tracking.registered_policy):
         print(outcome.text())
 
 
@@ -171,22 +130,32 @@ def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
 
 
 def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
-    """Publish a trained round's event and summary, saying why (or that it waits)."""
-    events.announce_outcome(config.tracking.registered_policy, result.status,
-                            result.decision and result.decision.reason,
+    """Publish a trained round's event and summary, saying why (or that it waits, and the
+    ways to answer)."""
+    name = config.tracking.registered_policy
+    events.announce_outcome(name, result.status, result.decision and result.decision.reason,
                             result.run and result.run.parent_run_id)
-    if result.run is not None:
-        reason = result.decision.reason if result.decision else ""
-        publish_summary(result.run, f"{result.run.run_name}: {result.status}",
-                        awaiting_text(config, result) or f"Retrain {result.status}"
-                        + (f": {reason}" if reason else "."))
+    if result.run is None:
+        return
+    reason = result.decision.reason if result.decision else ""
+    text = f"Retrain {result.status}" + (f": {reason}" if reason else ".")
+    if result.status == "awaiting approval":
+        client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
+        cand = store.candidate(client, name, str(result.candidate))
+        v, champion = cand.version, answers.champion_now(client, name)
+        text = (f"Retrain awaiting approval: candidate `models:/{name}/{v}` (alias `candidate`)"
+                f"; the gate: {cand.gate_reason}. Champion v{champion} stays "
+                f"until a person approves, by {cand.deadline}: the flow run's Resume form (a "
+                f"served round), or `rlhf approve {v} --reason \"...\"` / `rlhf reject {v} "
+                "--reason \"...\"`.")
+    publish_summary(result.run, f"{result.run.run_name}: {result.status}", text)
 
 
 def hold_candidate(ctx: RunContext, config: PipelineConfig, reg: RegisterRecord) -> None:
     """A version register held for a person becomes ``candidate`` with its deadline."""
     if reg.awaiting_approval:
-        request_approval(ctx.client(), reg.model_name, reg.version, ctx.parent_run_id,
-                         config.retrain.approval_timeout_h)
+        answers.request_approval(ctx.client(), reg.model_name, reg.version, ctx.parent_run_id,
+                                 config.retrain.approval_timeout_h)
 
 
 def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainResult:
@@ -194,43 +163,44 @@ def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainRe
     any other returns ``result``."""
     uri = default_tracking_uri(config.tracking.tracking_uri)
     client = tracking_client(uri)
-    cand = candidate(client, config.tracking.registered_policy, str(result.candidate))
-    flow_run_id, served = this_flow_run()
+    cand = store.candidate(client, config.tracking.registered_policy, str(result.candidate))
+    flow_run_id, served = suspend.this_flow_run()
     events.announce_approval(APPROVAL_REQUESTED, cand.name, cand.version, {
         "deadline": cand.deadline, "parent_run_id": cand.parent_run_id,
         "gated_against": cand.gated_against, "flow_run_id": flow_run_id if served else None})
     if not served:
         return result
-    note_flow_run(client, cand, flow_run_id)
-    evidence = evidence_markdown(cand, round_evidence(client, cand, SIDE_BY_SIDE), uri)
+    store.note_flow_run(client, cand, flow_run_id)
+    evidence = evidence_markdown(cand, store.round_evidence(client, cand, SIDE_BY_SIDE), uri)
     print(f"waiting for a person: candidate v{cand.version}, answer by {cand.deadline} "
           "(this flow run's Resume form, or rlhf approve / rlhf reject)")
-    ask(pause_key(cand.version), evidence, utc_seconds(cand.deadline) - time.time() + GRACE_S)
+    suspend.ask(suspend.pause_key(cand.version), evidence,
+                store.utc_seconds(cand.deadline) - time.time() + GRACE_S)
     return result  # not reached in a served run: the process ends in ask()
 
 
 def resumed_round(config: PipelineConfig) -> RetrainResult | None:
-    """Carry out the answer this resumed flow run waited for -> the round's result (None: it
-    never waited)."""
+    """Carry out the answer this resumed flow run waited for -> the result (None: no wait)."""
     if config.retrain.approval != "required":  # (a resumed run has the same parameters)
         return None
-    key = resumed_key()
+    key = suspend.resumed_key()
     if key is None:
         return None
-    form = ask(key)  # the stored answer, at once
+    form = suspend.ask(key)  # the stored answer, at once
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
-    cand = candidate(client, config.tracking.registered_policy, key.removeprefix(KEY_PREFIX))
-    given = form_answer(form)
+    cand = store.candidate(client, config.tracking.registered_policy,
+                           key.removeprefix(suspend.KEY_PREFIX))
+    given = answers.form_answer(form)
     kept = cand.answer
     if cand.status != PENDING and kept and (kept.decision, kept.reason) == \
             (given.decision, given.reason):  # resumed by the answer that decided (the CLI)
         given = None
     else:
-        check_current(client, cand, given)
-    outcome = carry_out(client, cand, given)
+        answers.check_current(client, cand, given)
+    outcome = answers.carry_out(client, cand, given)
     print(outcome.text())
-    return RetrainResult(status=WORDS[outcome.answer.decision], candidate=int(cand.version),
-                         answer=outcome.text())
+    return RetrainResult(status=answers.WORDS[outcome.answer.decision],
+                         candidate=int(cand.version), answer=outcome.text())
 
 
 @contextmanager
@@ -248,7 +218,7 @@ def keeper(config: PipelineConfig) -> Iterator[None]:
         failing = False
         while not stop.wait(every):
             try:
-                for outcome in settle_waiting(client, config.tracking.registered_policy):
+                for outcome in answers.settle_waiting(client, config.tracking.registered_policy):
                     print(f"rlhf: {outcome.text()}", flush=True)
                 failing = False
             except Exception as err:  # noqa: BLE001 - a server away: try again next time
@@ -265,18 +235,18 @@ def keeper(config: PipelineConfig) -> Iterator[None]:
         stop.set()
 
 
-def tell_waiting_run(outcome: Outcome) -> str | None:
+def tell_waiting_run(outcome: answers.Outcome) -> str | None:
     """Resume a served round still waiting on its form with the kept answer -> a line saying
     so (None: no run waits)."""
     cand, kept = outcome.candidate, outcome.answer
     if not cand.flow_run_id or kept.decision == "timeout":
         return None
     where = f"the round's flow run {cand.flow_run_id}"
-    if prefect_api() is None:
+    if suspend.prefect_api() is None:
         return (f"{where} may still wait on its Prefect form: with PREFECT_API_URL set to "
                 "its server, run this command again to end it (else it ends at the deadline)")
     try:
-        resumed = resume_with(cand.flow_run_id, kept.decision.capitalize(), kept.reason)
+        resumed = suspend.resume_with(cand.flow_run_id, kept.decision.capitalize(), kept.reason)
     except Exception as err:  # noqa: BLE001 - the answer is kept in MLflow either way
         return f"{where} was not resumed ({type(err).__name__}: {err}); it ends at the deadline"
     return f"{where} resumed with this answer" if resumed else None

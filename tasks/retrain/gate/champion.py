@@ -7,14 +7,9 @@ from prefect import task
 from pydantic import BaseModel, ConfigDict
 
 from tasks.config.pipeline_config import PipelineConfig
+from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
-from tasks.platform.mlflow.registry import (
-    CHAMPION,
-    RegistryError,
-    alias_version,
-    download_policy,
-    model_version,
-)
+from tasks.platform.mlflow.registry import CHAMPION, RegistryError
 from tasks.platform.mlflow.runs import RunContext, tag_parent, tracking_client
 from tasks.platform.mlflow.tags import ANCESTRY_TAG, RETRAIN_CHAMPION_VERSION_TAG
 
@@ -22,7 +17,7 @@ from tasks.platform.mlflow.tags import ANCESTRY_TAG, RETRAIN_CHAMPION_VERSION_TA
 def champion_version(cfg: PipelineConfig):
     """The registered policy version holding ``champion``, or None."""
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
-    return alias_version(client, cfg.tracking.registered_policy, CHAMPION)
+    return registry.alias_version(client, cfg.tracking.registered_policy, CHAMPION)
 
 
 class Champion(BaseModel):
@@ -39,17 +34,16 @@ class Champion(BaseModel):
 
 @task(name="fetch_champion")
 def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> Champion:
-    """Download a version's (``which``: number or alias) policy, reward model and SFT policy
-    from MLflow."""
+    """Download version ``which``'s (number or alias) policy, reward model and SFT policy."""
     client = ctx.client()
     name = cfg.tracking.registered_policy
-    version = model_version(client, name, which) if which.isdigit() else \
-        alias_version(client, name, which)
+    version = registry.model_version(client, name, which) if which.isdigit() else \
+        registry.alias_version(client, name, which)
     if version is None:
         raise RegistryError(f"'{name}' has no {'version ' if which.isdigit() else ''}{which}"
                             " in the MLflow registry")
     root = ctx.stage_dir("champion" if which == CHAMPION else f"version-{version.version}")
-    got = download_policy(client, version, root, ("ppo", "reward_model", "sft"))
+    got = registry.download_policy(client, version, root, ("ppo", "reward_model", "sft"))
     out = Champion(
         version=str(version.version), sft_run_id=got["sft"][0],
         ancestry=version.tags.get(ANCESTRY_TAG, f"v{version.version}"),

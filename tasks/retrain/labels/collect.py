@@ -20,8 +20,10 @@ import pandas as pd
 from prefect import task
 
 from data_checks.config import DataSource
-from data_checks.loading import load_table
+from data_checks.conversations import is_conversational, render_chunks, start_chat
+from data_checks.loading import KINDS, DataError, iter_table, load_table
 from rlhf_core.config import Sampling
+from rlhf_core.demo import chat_row, training_prompts
 from rlhf_core.eval.collect import (
     Prompt,
     fresh_prompts,
@@ -36,16 +38,11 @@ from rlhf_core.eval.collect import (
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.devices import setup_models
 from tasks.pipeline.judge import config_judge_name, gold_judge
+from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
 from tasks.platform.mlflow.parent_run import end_run
-from tasks.platform.mlflow.registry import (
-    RegistryError,
-    _logged_model_id,
-    alias_version,
-    download_policy,
-    model_version,
-)
+from tasks.platform.mlflow.registry import RegistryError
 from tasks.platform.mlflow.runs import (
     ensure_experiment,
     log_metrics,
@@ -61,13 +58,7 @@ from tasks.platform.mlflow.tags import (
     COLLECTION_TAG,
     POLICY_VERSION_INPUT_TAG,
 )
-from tasks.platform.prefect.events import (
-    COLLECTION_READY,
-    COLLECTION_RESOURCE,
-    POLICY_LABEL,
-    POLICY_VERSION_LABEL,
-    emit,
-)
+from tasks.platform.prefect import events
 from tasks.platform.prefect.prefect_api import in_prefect_run
 from tasks.retrain.records import CollectResult
 from tasks.retrain.store import (
@@ -86,11 +77,11 @@ def resolve_version(client, name: str, ref: str):
     """A registered version by number or alias (RegistryError when there is none)."""
     ref = ref.removeprefix("@")
     if ref.isdigit():
-        version = model_version(client, name, ref)
+        version = registry.model_version(client, name, ref)
         if version is None:
             raise RegistryError(f"registered model '{name}' has no version {ref}")
         return version
-    version = alias_version(client, name, ref)
+    version = registry.alias_version(client, name, ref)
     if version is None:
         raise RegistryError(f"registered model '{name}' has no alias '{ref}' (a first "
                             f"`rlhf run` or retrain makes the champion)")
@@ -102,9 +93,6 @@ def conversational_run(cfg: PipelineConfig) -> bool:
     conversational, or ``demo.chat``)."""
     if cfg.data is None:
         return cfg.demo.enabled and cfg.demo.chat
-    from data_checks.conversations import is_conversational
-    from data_checks.loading import KINDS, iter_table
-
     for name, kind in KINDS.items():
         source = getattr(cfg.data, name)
         if source is None:
@@ -127,8 +115,6 @@ def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[Prompt]]:
         prompts = [[{"role": "user", "content": p}] if chat and isinstance(p, str)
                    else p if isinstance(p, str) else [dict(m) for m in p] for p in prompts]
         return str(path), pool_order(prompts, cfg.seed)
-    from rlhf_core.demo import chat_row, training_prompts
-
     prompts = [chat_row({"prompt": p}, cfg.demo.system)["prompt"] if chat else p
                for p in training_prompts()]
     return "demo training prompts", pool_order(prompts, cfg.seed)
@@ -142,8 +128,6 @@ def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt]) -> l
 
     texts = list(prompts)
     if any(not isinstance(p, str) for p in prompts):
-        from data_checks.conversations import render_chunks, start_chat
-        from data_checks.loading import DataError
         from rlhf_core.models import chat
 
         where = "the collection's prompts"
@@ -270,8 +254,6 @@ def experiment_for(client, cfg: PipelineConfig) -> str:
 def collect(cfg: PipelineConfig) -> CollectResult:
     """Sample ``collect.policy`` on the pool's next fresh prompts; write the labelling file
     to ``collect.out_dir``; record it in MLflow -> paths, counts, the collection run."""
-    from data_checks.loading import DataError
-
     c, start = cfg.collect, time.perf_counter()
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     name = cfg.tracking.registered_policy
@@ -291,7 +273,8 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         COLLECTION_POLICY_TAG: ref})
     try:
         # the version's policy checkpoint (with its tokenizer) and its reward model
-        got = download_policy(client, version, Path(cfg.tracking.workdir) / "collect" / cid)
+        got = registry.download_policy(client, version,
+                                       Path(cfg.tracking.workdir) / "collect" / cid)
         dirs = {"policy_dir": got["ppo"][1], "rm_dir": got["reward_model"][1]}
         seed = cfg.seed + 1000 + len(earlier)
         drawn = sample_k(cfg, dirs, prompts, seed)
@@ -309,7 +292,8 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         table = pd.read_json(paths["jsonl"], lines=True, dtype=False).astype(str)
         labelling = TableInput(table, str(paths["jsonl"]), paths["jsonl"].name,
                                tags={POLICY_VERSION_INPUT_TAG: ref})
-        log_table_inputs(client, run_id, [labelling], "collection", _logged_model_id(version))
+        log_table_inputs(client, run_id, [labelling], "collection",
+                         registry._logged_model_id(version))
         page = None
         if c.destination.kind == "label_studio":
             from tasks.retrain.labels.studio import send
@@ -333,8 +317,8 @@ def collect(cfg: PipelineConfig) -> CollectResult:
     out = CollectResult(collection=cid, run_id=run_id, policy=ref,
                         paths={k: str(v) for k, v in paths.items()}, counts=counts,
                         label_studio=page, wall_s=round(time.perf_counter() - start, 1))
-    emit(COLLECTION_READY, COLLECTION_RESOURCE + cid, cid,
-         {POLICY_LABEL: name, POLICY_VERSION_LABEL: str(version.version)},
-         {"file": out.paths["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id,
-          **({"label_studio": page} if page else {})})
+    events.emit(events.COLLECTION_READY, events.COLLECTION_RESOURCE + cid, cid,
+                {events.POLICY_LABEL: name, events.POLICY_VERSION_LABEL: str(version.version)},
+                {"file": out.paths["jsonl"], "pairs": len(rows), "mlflow_run_id": run_id,
+                 **({"label_studio": page} if page else {})})
     return out

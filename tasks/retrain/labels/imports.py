@@ -15,19 +15,8 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
-from data_checks.labels import (
-    LabelFigures,
-    check_rows,
-    is_labelled,
-    judge_labellers,
-    kept_rows,
-    known_answers,
-    label_figures,
-    majority,
-    preference_rows,
-    quality_refusal,
-    read_labelled,
-)
+from data_checks import labels
+from data_checks.labels import LabelFigures
 from data_checks.loading import DataError
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.addresses import default_tracking_uri
@@ -106,22 +95,22 @@ def _log_import(cfg: PipelineConfig, path: Path, digest: str, figures: LabelFigu
 
 def decide(cfg: PipelineConfig, path: Path) -> dict:
     """Check a labelled file, judge labellers, vote -> pairs, counts, figures, refusal."""
-    df = read_labelled(path)
+    df = labels.read_labelled(path)
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     ids = [str(i).strip() for i in df["id"].tolist()]
     exp_id = experiment_for(client, cfg)
     records = collection_records(client, exp_id, ids)
-    rows = check_rows(df, path, set(records))
+    rows = labels.check_rows(df, path, set(records))
     q = cfg.collect.quality
-    labellers = judge_labellers(rows, known_answers(records), q.rules())
-    kept = kept_rows(rows, labellers)
-    decided = majority(kept)
+    labellers = labels.judge_labellers(rows, labels.known_answers(records), q.rules())
+    kept = labels.kept_rows(rows, labellers)
+    decided = labels.majority(kept)
     used = {pid: records[pid] for pid in decided}
-    figures = label_figures(rows, kept, decided, used, labellers)
-    pairs, counts = preference_rows(decided, used)
-    refusal = quality_refusal(figures, q.rules(), usual_rate(client, exp_id,
-                              "labels/rm_agreement"), q.max_rm_drop,
-                              usual_rate(client, exp_id, "labels/skip_rate"), q.max_skip_rise)
+    figures = labels.label_figures(rows, kept, decided, used, labellers)
+    pairs, counts = labels.preference_rows(decided, used)
+    refusal = labels.quality_refusal(
+        figures, q.rules(), usual_rate(client, exp_id, "labels/rm_agreement"), q.max_rm_drop,
+        usual_rate(client, exp_id, "labels/skip_rate"), q.max_skip_rise)
     if refusal is None and not pairs:
         refusal = "no pair was labelled a or b: nothing to train on"
     return {"pairs": pairs, "counts": counts, "figures": figures, "refusal": refusal,
@@ -195,7 +184,7 @@ def import_dropped(cfg: PipelineConfig) -> list[LabelImport]:
     later rounds go on."""
     watch = Path(cfg.retrain.watch_dir)
     files = sorted(p for p in watch.glob("*") if p.suffix in BATCH_SUFFIXES
-                   and is_labelled(p)) if watch.is_dir() else []
+                   and labels.is_labelled(p)) if watch.is_dir() else []
     out = []
     for path in files:
         try:

@@ -25,18 +25,10 @@ from tasks.platform.mlflow.tags import (
     LABELS_SOURCE_TAG,
     PULLED_ALL_TAG,
 )
-from tasks.retrain.labels.client import LabelStudio, LabelStudioError
+from tasks.retrain.labels import studio
+from tasks.retrain.labels.client import LabelStudio, LabelStudioError, NotFound
 from tasks.retrain.labels.collect import experiment_for
 from tasks.retrain.labels.imports import import_labels
-from tasks.retrain.labels.studio import (
-    CHOICE_OF,
-    StudioLink,
-    collection_run,
-    note_verdicts,
-    project_title,
-    read_link,
-    read_tasks,
-)
 from tasks.retrain.records import LabelImport
 from tasks.retrain.store import find_collection, studio_collections
 
@@ -98,7 +90,7 @@ def _import(cfg: PipelineConfig, pending: Path) -> LabelImport:
     return out
 
 
-def _votes(link: StudioLink, tasks: dict, pulled: dict[str, list[dict]]
+def _votes(link: studio.StudioLink, tasks: dict, pulled: dict[str, list[dict]]
            ) -> tuple[dict[str, list[dict]], list[str], int]:
     """(new vote rows by unpulled pair, rows left out, late annotations on pulled pairs)."""
     new: dict[str, list[dict]] = {}
@@ -119,11 +111,11 @@ def _votes(link: StudioLink, tasks: dict, pulled: dict[str, list[dict]]
                            "collection's record)")
             continue
         for v in votes:
-            choice = "skip" if v.choice == "skip" else CHOICE_OF.get(v.choice)
+            choice = "skip" if v.choice == "skip" else studio.CHOICE_OF.get(v.choice)
             if choice is None:
                 refused.append(f"task {task_id}, annotation {v.annotation_id} by "
                                f"{v.labeller}: answer '{v.choice}' is not one of "
-                               f"{', '.join(CHOICE_OF)}")
+                               f"{', '.join(studio.CHOICE_OF)}")
                 continue
             new.setdefault(pair_id, []).append({
                 "id": pair_id, "choice": choice, "labeller": v.labeller, "task_id": task_id,
@@ -138,7 +130,7 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
         pairs = int(run.data.tags[PULLED_ALL_TAG])
         return PullResult(cid, "done", pairs, pairs,
                           page=run.data.tags.get(COLLECTION_LABEL_STUDIO_TAG, ""))
-    link = read_link(client, run)
+    link = studio.read_link(client, run)
     folder = Path(cfg.collect.out_dir) / "pulls" / cid
     for pending in sorted((folder / "pending").glob("*.jsonl")):
         _import(cfg, pending)  # a pull stopped midway: finish it first
@@ -147,13 +139,15 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
     if len(pulled) >= total:
         return PullResult(cid, "done", len(pulled), total, page=link.page)
     ls = LabelStudio.from_env(link.url)  # LABEL_STUDIO_URL first
-    if project_title(ls, link.project_id) is None:
+    try:
+        ls.get(f"/api/projects/{link.project_id}/", what="read the project")
+    except NotFound:
         raise LabelStudioError(
             f"collection {cid}: its Label Studio project {link.project_id} "
             f"('{link.project_title}') at {ls.url} no longer exists; its pairs are still in "
             f"the collection's labelling file (`rlhf runs` shows its run): label them there "
-            "and run `rlhf label import FILE`")
-    new, refused, late = _votes(link, read_tasks(ls, link.project_id), pulled)
+            "and run `rlhf label import FILE`") from None
+    new, refused, late = _votes(link, studio.read_tasks(ls, link.project_id), pulled)
     need = cfg.collect.destination.annotations_per_task
     ready = {p: rows for p, rows in new.items() if len(rows) >= need}
     labelled = len(pulled) + len(ready)
@@ -172,12 +166,14 @@ def pull_collection(cfg: PipelineConfig, client, run, partial: bool = False) -> 
                    encoding="utf-8")
     os.replace(tmp, pending)
     out = _import(cfg, pending)
-    # the import's verdict on the project's page (best effort)
+    # the import's verdict in the project's description, where the labellers see it (the
+    # open-source edition has no comments API); best effort
     held = "; ".join(f"{who}: {why}" for who, why in out.held_back.items())
-    text = out.text or out.reason or out.status
+    text = f"RLHF pipeline, last pull: {out.status}. Labellers held back, their votes " \
+        f"dropped: {held or 'none'}. {out.text or out.reason or out.status}"
     try:
-        note_verdicts(ls, link.project_id, f"RLHF pipeline, last pull: {out.status}. "
-                      f"Labellers held back, their votes dropped: {held or 'none'}. {text}")
+        ls.call("PATCH", f"/api/projects/{link.project_id}/", {"description": text[:5000]},
+                what="change the project's description")
     except LabelStudioError as err:
         print(f"note: the verdict was not written to the project ({err})")
     return PullResult(status=out.status, new_pairs=len(ready),
@@ -201,7 +197,7 @@ def pulled_in_full(cfg: PipelineConfig) -> list[tuple[str, Path, int]]:
         run = find_collection(client, exp_id, folder.name)
         if run is None or COLLECTION_LABEL_STUDIO_TAG not in run.data.tags:
             continue
-        total = len(read_link(client, run).tasks)
+        total = len(studio.read_link(client, run).tasks)
         if len(_pulled(folder)) >= total:
             out.append((folder.name, folder, total))
     return out
@@ -212,6 +208,10 @@ def pull(cfg: PipelineConfig, collection: str | None = None,
     """Pull one collection, or every Label Studio collection with pairs left to pull."""
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
     exp_id = experiment_for(client, cfg)
-    runs = studio_collections(client, exp_id) if collection is None else [
-        collection_run(client, exp_id, collection)]
+    runs = [find_collection(client, exp_id, collection)] if collection is not None else \
+        studio_collections(client, exp_id)
+    if None in runs:
+        raise LabelStudioError(f"no finished collection '{collection}' in this MLflow "
+                               "experiment (`rlhf runs` lists runs; collection ids look like "
+                               "v3-1a2b3c4d)")
     return [pull_collection(cfg, client, run, partial) for run in runs]

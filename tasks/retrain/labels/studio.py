@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from data_checks.labels import read_labelled
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.runs import ensure_experiment, set_tags, tracking_client
@@ -74,8 +75,7 @@ def task_data(collection: str, pair: dict) -> dict:
 
 
 def ensure_project(ls: LabelStudio, title: str, description: str) -> int:
-    """The id of the project called ``title``, created with the pairwise page when there is
-    none."""
+    """The id of the project called ``title``, created with the pairwise page if need be."""
     out = ls.get("/api/projects/", what="list projects", title=title, page_size=1000)
     rows = out.get("results", []) if isinstance(out, dict) else out
     for row in rows:
@@ -85,14 +85,6 @@ def ensure_project(ls: LabelStudio, title: str, description: str) -> int:
                                               "label_config": LABEL_CONFIG},
                    what="create projects")
     return int(made["id"])
-
-
-def project_title(ls: LabelStudio, project_id: int) -> str | None:
-    """The project's current title; None when it was deleted."""
-    try:
-        return ls.get(f"/api/projects/{project_id}/", what="read the project")["title"]
-    except NotFound:
-        return None
 
 
 def add_pairs(ls: LabelStudio, project_id: int, datas: list[dict]) -> list[int]:
@@ -137,16 +129,8 @@ def _choice(result: list[dict]) -> str:
     return values[0] if len(values) == 1 else ", ".join(map(str, values))
 
 
-def note_verdicts(ls: LabelStudio, project_id: int, text: str) -> None:
-    """The verdict on the labellers in the project's description, where they see it (the
-    open-source edition has no comments API)."""
-    ls.call("PATCH", f"/api/projects/{project_id}/", {"description": text[:5000]},
-            what="change the project's description")
-
-
 def accounts(ls: LabelStudio, emails: list[str]) -> dict[str, int]:
-    """{email: account id} in the key's organisation, creating missing ones (needs the owner's
-    key)."""
+    """{email: account id} in the key's organisation, missing ones created (the owner's key)."""
     have = {email: uid for uid, email in ls.users().items()}
     for email in emails:
         if email not in have:
@@ -209,16 +193,6 @@ def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -
     return link
 
 
-def collection_run(client, experiment_id: str, cid: str):
-    """The finished run of collection ``cid`` (LabelStudioError naming it when none)."""
-    run = find_collection(client, experiment_id, cid)
-    if run is None:
-        raise LabelStudioError(f"no finished collection '{cid}' in this MLflow experiment "
-                               "(`rlhf runs` lists runs; collection ids look like "
-                               "v3-1a2b3c4d)")
-    return run
-
-
 def read_link(client, run) -> StudioLink:
     """The collection's Label Studio link; a collection written to files says so."""
     cid = run.data.tags.get(COLLECTION_TAG, "?")
@@ -231,10 +205,7 @@ def read_link(client, run) -> StudioLink:
 
 
 def refuse_studio_rows(cfg: PipelineConfig, path) -> None:
-    """Refuse a labelled file from a Label Studio collection: `rlhf label pull` imports each
-    pair once."""
-    from data_checks.labels import read_labelled
-
+    """Refuse a file of a Label Studio collection's rows: `rlhf label pull` imports them once."""
     ids = {str(i).strip() for i in read_labelled(path)["id"].tolist()}
     cids = sorted({i.rsplit("-", 1)[0] for i in ids if "-" in i})
     if not cids:
