@@ -15,8 +15,8 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from rlhf_core.config import RewardSource
-from tasks.pipeline.stages.critic_init import FROM_POLICY
 from tasks.pipeline.rewards import post_rows
+from tasks.pipeline.stages.critic_init import FROM_POLICY
 from tasks.platform.mlflow.models import load_pyfunc, pyfunc_scores
 from tests.servers import (
     free_port,
