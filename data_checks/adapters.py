@@ -36,15 +36,6 @@ def split_hh(chosen: str, rejected: str) -> tuple[str, str, str]:
     return chosen[:end], chosen[end:], rejected[end:]
 
 
-def split_transcript(text: str) -> tuple[str, str]:
-    """One transcript -> (dialogue up to the last 'Assistant:', the last reply)."""
-    cut = text.rfind(ASSISTANT)
-    if cut < 0:
-        raise AdapterError("transcript has no '\\n\\nAssistant:' turn")
-    end = cut + len(ASSISTANT)
-    return text[:end], text[end:]
-
-
 def as_list(value):
     """``value``, a numpy array (as parquet and datasets give lists) as a list."""
     return value.tolist() if hasattr(value, "tolist") else value
@@ -87,7 +78,12 @@ def _hh_row(row: dict, kind: str) -> dict:
     if kind == "preference":
         prompt, chosen, rejected = split_hh(_field(row, "chosen"), _field(row, "rejected"))
         return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
-    prompt, reply = split_transcript(_field(row, "chosen" if "chosen" in row else "text"))
+    text = _field(row, "chosen" if "chosen" in row else "text")  # one transcript
+    cut = text.rfind(ASSISTANT)
+    if cut < 0:
+        raise AdapterError("transcript has no '\\n\\nAssistant:' turn")
+    end = cut + len(ASSISTANT)  # the prompt: the dialogue up to the last Assistant turn
+    prompt, reply = text[:end], text[end:]
     return {"prompt": prompt, "response": reply} if kind == "sft" else {"prompt": prompt}
 
 

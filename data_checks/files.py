@@ -170,40 +170,36 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
 def read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
     """A local file of format fmt -> DataFrame (a ``.json`` file holds one JSON array of
     objects, else JSON Lines); any failure is a :class:`DataError`."""
+    import pandas as pd
+
     try:
-        return _read_local(path, fmt, compression)
+        if fmt == "csv":  # one chunk of every row
+            return next(iter_csv(path, compression, 2**62))
+        if fmt != "jsonl":
+            data = read_bytes(path, compression)
+            if not data:
+                raise DataError(f"{path}: file is empty")
+            if fmt == "parquet":
+                return pd.read_parquet(io.BytesIO(data))
+            text = decode(path, data)
+            if text.lstrip().startswith("["):
+                try:
+                    items = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") \
+                        from None
+                if not isinstance(items, list):
+                    raise DataError(f"{path}: expected one JSON array of objects")
+                for number, row in enumerate(items, start=1):
+                    if not isinstance(row, dict):
+                        raise DataError(f"{path} item {number}: expected a JSON object")
+                return pd.DataFrame(items)
+        # JSON Lines (a .json file without an array too): one chunk of every line
+        return next(iter_jsonl(path, compression, 2**62), pd.DataFrame(index=lines_index([])))
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001 - pandas/pyarrow raise many types
         raise DataError(f"{path}: cannot read as {fmt} ({type(err).__name__}: {err})") from None
-
-
-def _read_local(path: Path, fmt: str, compression: str | None) -> pd.DataFrame:
-    import pandas as pd
-
-    if fmt == "csv":  # one chunk of every row
-        return next(iter_csv(path, compression, 2**62))
-    if fmt != "jsonl":
-        data = read_bytes(path, compression)
-        if not data:
-            raise DataError(f"{path}: file is empty")
-        if fmt == "parquet":
-            return pd.read_parquet(io.BytesIO(data))
-        text = decode(path, data)
-        if text.lstrip().startswith("["):
-            try:
-                items = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}: invalid JSON array (line {err.lineno}: {err.msg})") \
-                    from None
-            if not isinstance(items, list):
-                raise DataError(f"{path}: expected one JSON array of objects")
-            for number, row in enumerate(items, start=1):
-                if not isinstance(row, dict):
-                    raise DataError(f"{path} item {number}: expected a JSON object")
-            return pd.DataFrame(items)
-    # JSON Lines (a .json file without an array too): one chunk of every line
-    return next(iter_jsonl(path, compression, 2**62), pd.DataFrame(index=lines_index([])))
 
 
 def write_cleaned(df: pd.DataFrame, path: Path, rows: int = 2_000,

@@ -179,12 +179,14 @@ def _counted(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         yield frame
 
 
-def iter_table(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
+def iter_table(source: DataSource, kind: str, rows: int,
+               table: pd.DataFrame | None = None) -> Iterator[pd.DataFrame]:
     """``load_table(source, kind)`` in chunks of ``rows`` rows, each checked as it comes and
-    indexed by the file's rows (a JSON file is read whole and sliced)."""
-    fmt = _streamed_format(source)
+    indexed by the file's rows (a JSON file is read whole and sliced; ``table``: the source
+    already read so)."""
+    fmt = _streamed_format(source) if table is None else None
     if fmt is None:
-        table = _numbered_table(source, kind)
+        table = _numbered_table(source, kind) if table is None else table
         for start in range(0, len(table), rows):
             yield table.iloc[start: start + rows]
         return
@@ -267,12 +269,7 @@ def _read_key(source: DataSource, kind: str) -> ReadKey | None:
 def take_chunks(source: DataSource, kind: str, rows: int) -> Iterator[pd.DataFrame]:
     """:func:`iter_table`, from the table read_every_source kept when there is one."""
     key = _read_key(source, kind)
-    table = _READ.pop(key, None) if key is not None else None
-    if table is None:
-        yield from iter_table(source, kind, rows)
-        return
-    for start in range(0, len(table), rows):
-        yield table.iloc[start: start + rows]
+    yield from iter_table(source, kind, rows, _READ.pop(key, None) if key is not None else None)
 
 
 def forget_reads() -> None:

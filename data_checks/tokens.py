@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from data_checks.token_files import IDS
+
 BATCH = 1024  # texts per tokenizer call: small enough that its encodings never pile up
 TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
-IDS = pa.list_(pa.int32())
 
 
 @dataclass

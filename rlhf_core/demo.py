@@ -114,8 +114,12 @@ def bt_choice(prompt: str, a: str, b: str, rng: random.Random,
     """'a' or 'b', P(a) = sigmoid((J(a) - J(b)) / temperature); ``length_bias``: points a word
     for a labeller who likes longer replies."""
     gap = judge_score(prompt, a) - judge_score(prompt, b)
-    diff = (gap + length_bias * (len(a.split()) - len(b.split()))) / BT_TEMPERATURE
-    p_a = 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0)))
+    return bt_draw(gap + length_bias * (len(a.split()) - len(b.split())), rng)
+
+
+def bt_draw(gap: float, rng: random.Random) -> str:
+    """'a' with P = sigmoid(gap / temperature), else 'b' (``gap``: J(a) - J(b))."""
+    p_a = 1.0 / (1.0 + math.exp(-max(min(gap / BT_TEMPERATURE, 50.0), -50.0)))
     return "a" if rng.random() < p_a else "b"
 
 
@@ -149,9 +153,10 @@ def _pairs(n: int, rng: random.Random, held_out: bool, length_bias: float = 0.0)
     return rows
 
 
-def _write_jsonl(path: Path, rows: list[dict], chat: bool = False,
-                 system: str | None = None) -> Path:
+def write_jsonl(path: Path, rows: list[dict], chat: bool = False,
+                system: str | None = None) -> Path:
     rows = [chat_row(r, system) for r in rows] if chat else rows
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
 
@@ -178,8 +183,6 @@ def generate_demo_data(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = De
     """Write the demo's JSONL files. ``rm_length_bias``: the training pairs' rater also likes
     length (a reward-model flaw the judge lacks, for the reward-hacking study); ``chat``: rows
     as conversations."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     sft = []
     for _ in range(sizes.n_sft):
@@ -195,7 +198,7 @@ def generate_demo_data(out_dir: str | Path, seed: int = 0, sizes: DemoSizes = De
         "eval_prompts": [{"prompt": p} for p in eval_prompts],
         "preference_eval": _pairs(sizes.n_pref_eval, rng, True),
     }
-    return {role: _write_jsonl(out / f"{role}.jsonl", rows, chat, system)
+    return {role: write_jsonl(Path(out_dir) / f"{role}.jsonl", rows, chat, system)
             for role, rows in files.items()}
 
 
@@ -256,7 +259,5 @@ def write_preference_batch(folder: str | Path, n: int, seed: int,
             a, b = judge_score(r["prompt"], r["chosen"]), judge_score(r["prompt"], r["rejected"])
             if a >= b:
                 r["chosen"], r["rejected"] = r["rejected"], r["chosen"]
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
     name = f"batch-{seed}{'-degraded' if degraded else ''}.jsonl"
-    return _write_jsonl(out / name, rows)
+    return write_jsonl(Path(folder) / name, rows)

@@ -7,8 +7,6 @@ the model's own answers, SFT rows the judge's best of several (README § Sources
 
 from __future__ import annotations
 
-import json
-import math
 import random
 import re
 import zlib
@@ -17,8 +15,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from rlhf_core.demo import bt_draw, write_jsonl
+
 SYSTEM = "You are a helpful assistant."
-BT_TEMPERATURE = 1.0  # Bradley-Terry label noise, as the demo's labellers
 # question -> accepted answers (the first is the one the instructions are written for)
 FACTS: dict[str, tuple[str, ...]] = {
     "What is the capital of France?": ("Paris",),
@@ -190,9 +189,9 @@ def instruction_rules(prompts: Sequence, completions: Sequence[str],
 
 
 def bt_choice(prompt: str, a: str, b: str, rng: random.Random) -> str:
-    """'a' or 'b', drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature)."""
-    diff = (judge_score(prompt, a) - judge_score(prompt, b)) / BT_TEMPERATURE
-    return "a" if rng.random() < 1.0 / (1.0 + math.exp(-max(min(diff, 50.0), -50.0))) else "b"
+    """'a' or 'b', drawn with P(a preferred) = sigmoid((J(a) - J(b)) / temperature), the
+    demo labellers' temperature."""
+    return bt_draw(judge_score(prompt, a) - judge_score(prompt, b), rng)
 
 
 def clear_pairs(prompts: Sequence[str], n: int, min_gap: float, seed: int) -> list[dict]:
@@ -315,11 +314,7 @@ def generate_english_data(out_dir: str | Path, sample: Sampler, seed: int = 0,
         "eval_prompts": [{"prompt": messages(r, system)}
                          for r in _draw(rng, True, sizes.n_eval)],
     }
-    paths = {}
-    for role, rows in files.items():
-        paths[role] = out / f"{role}.jsonl"
-        paths[role].write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return paths
+    return {role: write_jsonl(out / f"{role}.jsonl", rows) for role, rows in files.items()}
 
 
 def model_sampler(model_path: str, temperature: float = 1.0, max_new_tokens: int = 24,

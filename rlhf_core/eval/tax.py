@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rlhf_core.eval.gate import paired_bootstrap_ci
-from rlhf_core.models.data import right_pad
+from rlhf_core.train.ptx import next_token_logp, padded_lm_forward
 
 DATA = Path(__file__).with_name("tax_data")
 PROBE_FILE = DATA / "probe.jsonl"
@@ -93,14 +93,8 @@ def text_nats(model, tokenizer, texts: Sequence[str], max_tokens: int = 512,
             ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
             n_bytes += len(tokenizer.decode(ids).encode("utf-8"))
             seqs.append([sep, *ids])
-        ids = right_pad(seqs, pad).to(device)  # [B, T]
-        mask = torch.zeros_like(ids, dtype=torch.bool)
-        for i, seq in enumerate(seqs):
-            mask[i, : len(seq)] = True
-        logits = model(input_ids=ids, attention_mask=mask.long()).logits.float()  # [B, T, V]
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)  # [B, T-1, V]
-        token_lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
-        nats -= float((token_lp * mask[:, 1:]).sum())
+        logits, ids, mask = padded_lm_forward(model, seqs, pad, device)
+        nats -= float((next_token_logp(logits, ids) * mask[:, 1:]).sum())
     return nats, n_bytes
 
 

@@ -24,7 +24,7 @@ from rlhf_core.faults import crash_point
 from rlhf_core.health.detectors import BY_NAME, DETECTORS
 from rlhf_core.health.drift import FeatureBasis
 from rlhf_core.health.records import CheckRecord, Detector, Finding, History
-from rlhf_core.models.checkpoint import atomic_dir
+from rlhf_core.models.checkpoint import atomic_dir, trained_tensors
 from rlhf_core.models.models import PPOModels, ScalarHeadModel
 
 TextScorer = Callable[[list[str], list[str]], list[float]]  # (prompts, responses) -> scores
@@ -216,12 +216,6 @@ class HealthMonitor:
         self.findings = [Finding(**f) for f in state["findings"]]
 
 
-def _trained(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters training changes (a LoRA model's adapters and heads), each once."""
-    return {name: p.detach().contiguous() for name, p in model.named_parameters()
-            if p.requires_grad}
-
-
 @dataclass
 class Verdict:
     """One iteration's new findings, its check (if due) and the finding that stops PPO."""
@@ -266,7 +260,7 @@ class Watch:
         if self.writes:
             with atomic_dir(self.folder / f"iter_{iteration:08d}") as tmp:
                 for name, model in trainer.trained.items():
-                    save_file(_trained(model), str(tmp / f"{name}.safetensors"))
+                    save_file(trained_tensors(model), str(tmp / f"{name}.safetensors"))
         self.kept = [i for i in self.kept if i != iteration] + [iteration]
         best = self.monitor.best_judged_check()
         keep = set(self.kept[-self.settings.keep_healthy:]) | ({best} if best is not None
@@ -290,7 +284,7 @@ class Watch:
         path = self.folder / f"iter_{chosen:08d}"
         for name, model in trainer.trained.items():
             tensors = load_file(str(path / f"{name}.safetensors"), device=str(trainer.device))
-            missing = set(_trained(model)) - set(tensors)
+            missing = set(trained_tensors(model)) - set(tensors)
             if missing:
                 raise ValueError(f"healthy snapshot {path}: {name} lacks {sorted(missing)[:3]}")
             model.load_state_dict(tensors, strict=False)

@@ -90,13 +90,17 @@ def _partly_frozen(model: torch.nn.Module) -> bool:
     return any(not p.requires_grad for p in model.parameters())
 
 
+def trained_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters training changes (a LoRA model's adapters and heads), each once."""
+    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+
 def save_weights(model: torch.nn.Module, path: Path) -> None:
     """A model's weights as safetensors: only the trained ones where some are frozen (LoRA)."""
     if not _partly_frozen(model):
         save_model(model, str(path))
         return
-    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()
-               if p.requires_grad}, str(path))
+    save_file(trained_tensors(model), str(path))
 
 
 def load_weights(model: torch.nn.Module, path: Path) -> None:

@@ -32,9 +32,22 @@ def lm_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torc
     n = target.sum()
     if int(n) == 0:
         raise ValueError("lm_loss: no token to predict (every row is shorter than 2 tokens)")
+    return -(next_token_logp(logits, ids) * target).sum() / n
+
+
+def next_token_logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Logits [B, T, V], ids [B, T] -> [B, T-1] float32 log p(token | tokens before)."""
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [B, T-1, V]
-    token_lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
-    return -(token_lp * target).sum() / n
+    return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def padded_lm_forward(model, rows: Sequence[Sequence[int]], pad_id: int, device):
+    """``rows`` right-padded through the LM -> (logits [B, T, V], ids [B, T], mask [B, T])."""
+    ids = right_pad(rows, pad_id).to(device)
+    mask = torch.zeros_like(ids, dtype=torch.bool)  # True at real tokens
+    for i, row in enumerate(rows):
+        mask[i, : len(row)] = True
+    return model(input_ids=ids, attention_mask=mask.long()).logits, ids, mask
 
 
 PTX_SEED_OFFSET = 7919  # the pretraining stream's seed: the stage's, offset
@@ -55,12 +68,7 @@ class PretrainMix:
 
     def loss(self, model) -> torch.Tensor:
         rows = [self.chunks[i] for i in self.stream.take(self.batch_size).tolist()]
-        ids = right_pad(rows, self.pad_id).to(self.device)  # [b, T]
-        mask = torch.zeros_like(ids, dtype=torch.bool)
-        for i, row in enumerate(rows):
-            mask[i, : len(row)] = True
-        logits = model(input_ids=ids, attention_mask=mask.long()).logits  # [b, T, V]
-        return lm_loss(logits, ids, mask)
+        return lm_loss(*padded_lm_forward(model, rows, self.pad_id, self.device))
 
     def state_dict(self) -> dict:
         """The stream's position and its generator's state (the next pass's order)."""
