@@ -133,17 +133,11 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     record = _finish(sc, trainer, tokenizer, samples, last, memory, start_dir, critic_dir)
     if health is None:
         return record
-    return record.model_copy(update={"health": health.record(trainer),
-                                     "figures": health_figures(trainer)})
-
-
-def health_figures(trainer) -> dict:
-    """What the summary shows of a stop (nothing without one)."""
-    if trainer.stopped is None:
-        return {}
-    kept = trainer.restored_iteration
-    return {"stopped by": f"{trainer.stopped.detector} at iteration {trainer.stopped.iteration}",
-            "policy kept": "as it was" if kept is None else f"iteration {kept}"}
+    stop, kept = trainer.stopped, trainer.restored_iteration  # the summary shows a stop
+    figures = {} if stop is None else {
+        "stopped by": f"{stop.detector} at iteration {stop.iteration}",
+        "policy kept": "as it was" if kept is None else f"iteration {kept}"}
+    return record.model_copy(update={"health": health.record(trainer), "figures": figures})
 
 
 def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dict,
