@@ -219,13 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "elsewhere: serve the rlhf-stage/NAME deployment (blocks)")
     stw.add_argument("--name", required=True, help="deployment name, e.g. gpu (rlhf-stage/gpu)")
     stw.set_defaults(func=cmd_stage_worker)
-    from cli.approval import add_commands as add_answers
     from cli.gc import add_command as add_gc
     from cli.notify import add_command as add_notify
-    from cli.retrain import add_commands
+    from cli.retrain import add_answer_commands, add_commands
 
     add_commands(sub)
-    add_answers(sub)
+    add_answer_commands(sub)
     add_gc(sub)
     add_notify(sub)
     parser.epilog = "usage of each command (rlhf COMMAND --help for its options):\n" + \
