@@ -21,7 +21,7 @@ from rlhf_core.models.loader import LoadSpec
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.optim import seed_everything
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.devices import setup_models
+from tasks.pipeline.prepare import setup_models
 from tasks.pipeline.stages.progress import StageProgress
 from tasks.pipeline.stages.records import Artifact, StageRecord
 from tasks.platform.mlflow.artifacts import (

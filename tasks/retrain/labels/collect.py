@@ -36,8 +36,8 @@ from rlhf_core.eval.collect import (
     shuffled_with_known,
 )
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.devices import setup_models
 from tasks.pipeline.judge import config_judge_name, gold_judge
+from tasks.pipeline.prepare import setup_models
 from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
