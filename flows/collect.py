@@ -7,7 +7,7 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 
 from prefect import flow
 
-from flows.serve import SERVED, served_config
+from flows.deployment import SERVED, served_config
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.platform.mlflow.tags import LABELS_SEED_TAG
 from tasks.platform.prefect.prefect_api import rename_flow_run

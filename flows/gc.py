@@ -6,7 +6,7 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 
 from prefect import flow
 
-from flows.serve import SERVED, served_config
+from flows.deployment import SERVED, served_config
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.gc.plan import GcResult, collect_garbage
 

@@ -8,7 +8,7 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 
 from prefect import flow
 
-from flows.serve import SERVED, served_config
+from flows.deployment import SERVED, served_config
 from flows.wiring import run_pipeline
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.stages.records import RegisterRecord

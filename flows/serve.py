@@ -46,10 +46,6 @@ SERVED_FLOWS = ("rlhf_pipeline", "retrain", "collect", "label-pull", "gc")
 # the served pipeline's parameters; retrain and collect belong to their own flows
 SECTIONS = tuple(name for name in PipelineConfig.model_fields if name not in ("retrain", "collect"))
 
-# A served flow's ``config`` default: a run given none (the UI's Quick run, a schedule) runs
-# the served config; a required ``config`` would make Quick run open the whole form instead
-SERVED = PipelineConfig()
-
 # the form's data section: its sources' fields (every path left empty: the demo's data)
 FormData = Annotated[DataConfig | None, BeforeValidator(lambda v: None if blank_data(v) else v),
                      Form()]
@@ -59,16 +55,6 @@ def served_parameters(config: PipelineConfig) -> dict[str, Any]:
     """The deployment's stored parameter values: the served config, section by section."""
     dump = config.form_dump()
     return {name: dump[name] for name in SECTIONS}
-
-
-def served_config(config: PipelineConfig) -> PipelineConfig:
-    """A deployment run of a flow taking one ``config`` (retrain, collect, gc): the fields it
-    was given over the served config (outside a deployment run: ``config`` as given)."""
-    served = deployment_parameters().get("config")
-    if served:
-        config = PipelineConfig.model_validate(
-            _merge(served, config.model_dump(mode="json", exclude_unset=True)))
-    return login_out_of_uri(config)  # a login typed into the form: out of the records
 
 
 def resolve_config(given: dict[str, Any]) -> tuple[PipelineConfig, dict]:
