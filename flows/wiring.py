@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.finish import fail_parent, finish
 from tasks.pipeline.prepare import Prepared, prepare
-from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.results import PipelineResult, publish_summary
 from tasks.pipeline.stages.critic_init import critic_init
 from tasks.pipeline.stages.evaluate import evaluate
 from tasks.pipeline.stages.judge_model import judge_model, judge_split
@@ -23,7 +23,6 @@ from tasks.pipeline.stages.reward_model import reward_model
 from tasks.pipeline.stages.reward_norm import reward_norm
 from tasks.pipeline.stages.sft import sft
 from tasks.pipeline.stages.validate import validate
-from tasks.pipeline.summary import publish_summary
 from tasks.platform.mlflow.runs import RunContext, system_metrics
 from tasks.platform.prefect.prefect_api import rename_flow_run
 from tasks.retrain.approval.waiting import held_for_approval, hold_candidate
