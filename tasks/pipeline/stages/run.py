@@ -18,7 +18,7 @@ from pydantic import BaseModel, TypeAdapter
 from rlhf_core.faults import crash_point, pause_point
 from rlhf_core.memory import trim_heap
 from tasks.config.pipeline_config import PipelineConfig, flatten
-from tasks.pipeline.owners import owning
+from tasks.pipeline.retention import owning
 from tasks.pipeline.stages.context import Stage, StageContext, metric_logger
 from tasks.pipeline.stages.graph import direct_edges, note_made_from
 from tasks.pipeline.stages.records import StageRecord
