@@ -234,7 +234,7 @@ def cmd_retrain(args, config) -> int:
 
 
 def cmd_compare(args, config) -> int:
-    from flows.compare import compare
+    from flows.retrain import compare
 
     _preflight(config)
     quiet_expected_failures()
