@@ -131,7 +131,7 @@ def cmd_sweep(args, cfg) -> int:
     points = grid_points(cfg, grid, seeds)  # every point validated before anything runs
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     from data_checks.loading import read_every_source
-    from flows.sweep import rlhf_sweep
+    from flows.pipeline import rlhf_sweep
 
     read_every_source(cfg.data)
     start = time.perf_counter()
