@@ -20,18 +20,16 @@ from tasks.pipeline.judge import config_judge_name
 from tasks.pipeline.rewards import check_reward_sources
 from tasks.platform.files import read_json, write_json
 from tasks.platform.mlflow.addresses import default_tracking_uri
-from tasks.platform.mlflow.parent_run import (
-    create_parent_run,
-    end_run,
-    parent_runs,
-    reopen_run,
-    run_to_resume,
-)
 from tasks.platform.mlflow.runs import (
     RunContext,
+    create_parent_run,
+    end_run,
     ensure_experiment,
     ensure_store,
     hardware_tags,
+    parent_runs,
+    reopen_run,
+    run_to_resume,
     set_tags,
     tracking_client,
 )

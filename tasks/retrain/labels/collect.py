@@ -41,9 +41,9 @@ from tasks.pipeline.prepare import setup_models
 from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
-from tasks.platform.mlflow.parent_run import end_run
 from tasks.platform.mlflow.registry import RegistryError
 from tasks.platform.mlflow.runs import (
+    end_run,
     ensure_experiment,
     log_metrics,
     log_params,
