@@ -9,9 +9,9 @@ from prefect.utilities.annotations import quote
 
 from tasks.pipeline.results import PipelineResult
 from tasks.pipeline.retention import drop_resume_state
-from tasks.pipeline.stages.graph import latest
 from tasks.pipeline.stages.ppo import STAGE as PPO
 from tasks.pipeline.stages.records import StageRecord
+from tasks.pipeline.stages.run import latest
 from tasks.platform.mlflow.artifacts import log_artifact
 from tasks.platform.mlflow.runs import (
     PLOTS,
