@@ -113,8 +113,7 @@ def cmd_validate(args, cfg) -> int:
     out = result.data
     counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out.metrics.items())
     passed = ", ".join(f"{k.split('/')[0]} {v}" for k, v in out.figures.items())
-    lines = ["", "data validation PASSED", f"expectations passed: {passed}",
-             f"rows kept: {counts}"]
+    lines = ["", "data validation PASSED", f"expectations passed: {passed}", f"rows kept: {counts}"]
     lines += [f"warning: {w}" for w in out.warnings]
     lines += [f"cleaned data: {out.data.path}",
               f"Data Docs: {out.data.path}/data_docs/index.html (GX: data_docs/gx/index.html)",
@@ -207,8 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--sweep-id", help="name of the sweep (tag rlhf.sweep_id); default by time")
     runs = sub.add_parser("runs", help="list recent pipeline runs and their key metrics")
     runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
-    runs.add_argument("--limit", type=positive_int, default=10,
-                      help="how many runs (newest first)")
+    runs.add_argument("--limit", type=positive_int, default=10, help="how many runs (newest first)")
     runs.add_argument("--page", type=positive_int, default=1,
                       help="which page of --limit runs (1: the newest; 2: the next ones...)")
     runs.set_defaults(func=cmd_runs)

@@ -250,8 +250,7 @@ def cmd_promote(args, config) -> int:
 
     name = config.tracking.registered_policy
     uri = registry_uri(config.tracking.tracking_uri, Needs(models=(name,)))
-    before = promote(uri, name, args.version, args.reason or "by hand",
-                     flagged=args.flagged)
+    before = promote(uri, name, args.version, args.reason or "by hand", flagged=args.flagged)
     print(f"{name}: champion -> v{args.version} (previous-champion: v{before})")
     return 0
 

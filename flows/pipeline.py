@@ -102,8 +102,7 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
         update={"run_name": f"{sweep_id}-shared"})})
     base_prep = prepare(shared_cfg)
     ctx = base_prep.ctx
-    tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_ROLE_TAG: "shared",
-                     SWEEP_POINTS_TAG: len(points)})
+    tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_ROLE_TAG: "shared", SWEEP_POINTS_TAG: len(points)})
     try:
         shared = SharedStages.model_validate(shared_stages(ctx, shared_cfg, base_prep))
     except BaseException:

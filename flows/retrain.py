@@ -64,8 +64,7 @@ def challenge(config: PipelineConfig, batches: list[Batch],
                              candidate=reg.version)
     # the register stage may keep a champion the gate would change (a flagged challenger)
     promoted = reg.promoted if reg.registered else decision.promote
-    return RetrainResult(status="promoted" if promoted else "kept", decision=decision,
-                         run=result)
+    return RetrainResult(status="promoted" if promoted else "kept", decision=decision, run=result)
 
 
 @flow(name="retrain", flow_run_name="retrain", log_prints=True)

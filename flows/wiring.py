@@ -80,12 +80,10 @@ def shared_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
         data = validate(ctx, config, prep)
     sft_out = sft(ctx, config, prep, data)
     rm_data = judge_split(ctx, config, data) if split else data
-    return {"validate": data, "sft": sft_out,
-            **reward_stages(ctx, config, prep, rm_data, sft_out)}
+    return {"validate": data, "sft": sft_out, **reward_stages(ctx, config, prep, rm_data, sft_out)}
 
 
-def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
-              shared: Outputs) -> Outputs:
+def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, shared: Outputs) -> Outputs:
     """critic_init -> ppo -> evaluate on the shared stages' outputs (a sweep point)."""
     data, sft_out = shared["validate"], shared["sft"]
     trained = policy_stages(ctx, config, prep, data, sft_out, shared)

@@ -215,8 +215,7 @@ def build_record(cfg: PipelineConfig, cid: str, prompts: list[Prompt], responses
     """Pairs (known-answer ones mixed in) with ids, RM scores and hidden answers; ``fits``
     [n][k]: which responses fit the gate's response budget (None: all)."""
     pairs, counts = pair_up(prompts, responses, fits)
-    score_of = {(prompt_key(p), i): s for p, row in zip(prompts, scores)
-                for i, s in enumerate(row)}
+    score_of = {(prompt_key(p), i): s for p, row in zip(prompts, scores) for i, s in enumerate(row)}
     for p in pairs:
         key = prompt_key(p["prompt"])
         p["rm_a"] = score_of[(key, p.pop("index_a"))]
