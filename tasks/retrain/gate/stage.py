@@ -1,6 +1,5 @@
-"""The gate stage: both policies sampled and scored alike, the paired test's decision after the
-tax veto, recorded as MLflow tags and a Prefect artifact beside the gold judge's where one
-exists."""
+"""The gate stage: both policies sampled and scored alike, the paired test's decision after the tax
+veto, recorded as MLflow tags and a Prefect artifact beside the gold judge's where one exists."""
 
 from __future__ import annotations
 

@@ -121,9 +121,8 @@ def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[Prompt]]:
 
 
 def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt]) -> list[str | None]:
-    """Each prompt as the data gate renders it, None where over
-    ``validation.max_prompt_tokens`` (cutting it would make another prompt); DataError when
-    the chat template cannot render one."""
+    """Each prompt as the data gate renders it, None where over ``validation.max_prompt_tokens``
+    (cutting it would make another prompt); DataError when the chat template cannot render one."""
     from rlhf_core.models.data import encode
 
     texts = list(prompts)
