@@ -113,8 +113,7 @@ def cmd_validate(args, cfg) -> int:
     out = result.data
     counts = ", ".join(f"{k.split('/')[0]} {int(v)}" for k, v in out.metrics.items())
     passed = ", ".join(f"{k.split('/')[0]} {v}" for k, v in out.figures.items())
-    lines = ["", "data validation PASSED", f"expectations passed: {passed}",
-             f"rows kept: {counts}"]
+    lines = ["", "data validation PASSED", f"expectations passed: {passed}", f"rows kept: {counts}"]
     lines += [f"warning: {w}" for w in out.warnings]
     lines += [f"cleaned data: {out.data.path}",
               f"Data Docs: {out.data.path}/data_docs/index.html (GX: data_docs/gx/index.html)",
@@ -131,7 +130,7 @@ def cmd_sweep(args, cfg) -> int:
     points = grid_points(cfg, grid, seeds)  # every point validated before anything runs
     check_servers(cfg.tracking.tracking_uri, needs=needs_of(cfg))
     from data_checks.loading import read_every_source
-    from flows.sweep import rlhf_sweep
+    from flows.pipeline import rlhf_sweep
 
     read_every_source(cfg.data)
     start = time.perf_counter()
@@ -207,8 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--sweep-id", help="name of the sweep (tag rlhf.sweep_id); default by time")
     runs = sub.add_parser("runs", help="list recent pipeline runs and their key metrics")
     runs.add_argument("--experiment", default="rlhf-demo", help="MLflow experiment name")
-    runs.add_argument("--limit", type=positive_int, default=10,
-                      help="how many runs (newest first)")
+    runs.add_argument("--limit", type=positive_int, default=10, help="how many runs (newest first)")
     runs.add_argument("--page", type=positive_int, default=1,
                       help="which page of --limit runs (1: the newest; 2: the next ones...)")
     runs.set_defaults(func=cmd_runs)
@@ -219,13 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "elsewhere: serve the rlhf-stage/NAME deployment (blocks)")
     stw.add_argument("--name", required=True, help="deployment name, e.g. gpu (rlhf-stage/gpu)")
     stw.set_defaults(func=cmd_stage_worker)
-    from cli.approval import add_commands as add_answers
     from cli.gc import add_command as add_gc
     from cli.notify import add_command as add_notify
-    from cli.retrain import add_commands
+    from cli.retrain import add_answer_commands, add_commands
 
     add_commands(sub)
-    add_answers(sub)
+    add_answer_commands(sub)
     add_gc(sub)
     add_notify(sub)
     parser.epilog = "usage of each command (rlhf COMMAND --help for its options):\n" + \

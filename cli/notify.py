@@ -1,14 +1,13 @@
 """`rlhf notify`: be told on a webhook when PPO's health detectors fire or an rlhf flow run
 fails, through Prefect automations on the server PREFECT_API_URL names
-(tasks/platform/prefect/notify.py); `--off` removes them."""
+(tasks/platform/prefect/events.py); `--off` removes them."""
 
 from __future__ import annotations
 
 import os
 
 from tasks.config.pipeline_config import ConfigError
-from tasks.platform.prefect.events import UNHEALTHY
-from tasks.platform.prefect.notify import FAILED, Notice, remove, set_up
+from tasks.platform.prefect.events import FAILED, UNHEALTHY, Notice, remove, set_up
 from tasks.platform.prefect.preflight import check_servers, prefect_api_url
 
 # what each kind of notification says (Prefect's templates: event, flow_run, flow)

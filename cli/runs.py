@@ -73,8 +73,7 @@ def resume_command(args: list[str], run_id: str) -> str:
     return shlex.join(["rlhf", *out, "--resume", run_id])
 
 
-def runs_table(experiment: str, limit: int, tracking_uri: str | None = None,
-               page: int = 1) -> str:
+def runs_table(experiment: str, limit: int, tracking_uri: str | None = None, page: int = 1) -> str:
     """Pipeline (parent) runs of ``experiment`` with their key metrics, newest first: page
     ``page`` of ``limit`` runs."""
     uri = default_tracking_uri(tracking_uri)
@@ -145,8 +144,7 @@ def overrides_of(args) -> list[str]:
     return list(args.set or []) + nproc
 
 
-def config_differences(recorded: dict, cfg: PipelineConfig,
-                       overrides: list[str]) -> list[str]:
+def config_differences(recorded: dict, cfg: PipelineConfig, overrides: list[str]) -> list[str]:
     """Keys whose value in ``cfg`` differs from the run's ``recorded`` config, those the
     overrides set left out: ``ppo.kl_coef (0.1 here, 0.05 in the run)``."""
     run = flatten(PipelineConfig.model_validate(recorded).model_dump(mode="json"))

@@ -1,22 +1,35 @@
 """The RLHF pipeline flow: wiring only (the stages of the stage table,
 tasks/pipeline/stages/table.py, in its order; each one task and one child run). And the flow of
 `rlhf validate`: the data gate alone, tracked like a pipeline run (parent run + validate child
-run with the GX results and Data Docs), nothing trained.
+run with the GX results and Data Docs), nothing trained. And `rlhf sweep`: a grid of RL
+settings x seeds as child flow runs, one MLflow parent run per point (tagged with the sweep id),
+all sharing one run of the stages before RL. The sweep's own MLflow run holds those and the
+summary; a failed point is recorded and the others go on.
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
 
-from prefect import flow
+import time
+from typing import Any
+
+from prefect import flow, task
 from prefect.runtime import flow_run
 
-from flows.wiring import run_pipeline
-from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.finish import close_finished, fail_parent
-from tasks.pipeline.prepare import pipeline_run_name, prepare
-from tasks.pipeline.results import PipelineResult
+from flows.wiring import rl_stages, run_pipeline, shared_stages
+from tasks.config.pipeline_config import PipelineConfig, grid_points
+from tasks.pipeline.finish import close_finished, fail_parent, finish
+from tasks.pipeline.prepare import Prepared, pipeline_run_name, prepare
+from tasks.pipeline.results import PipelineResult, SweepResult
+from tasks.pipeline.stages.records import SharedStages
 from tasks.pipeline.stages.validate import validate
+from tasks.pipeline.sweep import open_point_run, point_label, point_row, sweep_summary
 from tasks.platform.mlflow.runs import tag_parent
-from tasks.platform.mlflow.tags import VALIDATE_ONLY_TAG
+from tasks.platform.mlflow.tags import (
+    SWEEP_POINTS_TAG,
+    SWEEP_ROLE_TAG,
+    SWEEP_TAG,
+    VALIDATE_ONLY_TAG,
+)
 from tasks.platform.prefect.prefect_api import flow_run_name
 
 
@@ -45,3 +58,69 @@ def rlhf_validate(config: PipelineConfig) -> PipelineResult:
         raise
     close_finished(ctx, keep_resume_state=True)  # nothing trained, nothing to resume
     return PipelineResult.of(ctx, {"validate": out})
+
+
+def _point_name() -> str:
+    params = flow_run.parameters
+    return f"{params.get('sweep_id', 'sweep')}-{point_label(params.get('overrides', {}))}"
+
+
+@flow(name="rlhf_sweep_point", flow_run_name=_point_name, log_prints=True)
+def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
+                shared: SharedStages, base_prep: Prepared) -> PipelineResult:
+    """critic_init -> ppo -> evaluate for one point, in its own MLflow parent run."""
+    prep = open_point_run(config, base_prep, sweep_id, overrides)
+    ctx = prep.ctx
+    try:
+        outputs = rl_stages(ctx, config, prep, shared.outputs())
+    except BaseException:
+        fail_parent(ctx)
+        raise
+    return finish(ctx, outputs, config.tracking.keep_resume_state)
+
+
+@task(name="sweep_point")
+def run_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
+              shared: SharedStages, base_prep: Prepared) -> PipelineResult:
+    """The point's child flow run, inside a task so points can run side by side."""
+    return sweep_point(config, overrides, sweep_id, shared, base_prep)
+
+
+def _sweep_name() -> str:
+    return str(flow_run.parameters.get("sweep_id") or "rlhf-sweep")
+
+
+@flow(name="rlhf_sweep", flow_run_name=_sweep_name, log_prints=True)
+def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[int] | None = None,
+               sweep_id: str | None = None, max_concurrent: int = 1) -> SweepResult:
+    """Shared stages once, then every grid point x seed (``max_concurrent`` at a time), then
+    the summary. ``grid``: {'ppo.kl_coef': [0.02, 0.05], ...}; ``seeds``: default [config.seed].
+    """
+    points = grid_points(config, grid, seeds or [config.seed])
+    sweep_id = sweep_id or f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    shared_cfg = config.model_copy(update={"tracking": config.tracking.model_copy(
+        update={"run_name": f"{sweep_id}-shared"})})
+    base_prep = prepare(shared_cfg)
+    ctx = base_prep.ctx
+    tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_ROLE_TAG: "shared", SWEEP_POINTS_TAG: len(points)})
+    try:
+        shared = SharedStages.model_validate(shared_stages(ctx, shared_cfg, base_prep))
+    except BaseException:
+        fail_parent(ctx)
+        raise
+    rows = []
+    for start in range(0, len(points), max(1, max_concurrent)):
+        wave = points[start: start + max(1, max_concurrent)]
+        futures = [run_point.submit(cfg, overrides, sweep_id, shared, base_prep)
+                   for overrides, cfg in wave]
+        for (overrides, _), future in zip(wave, futures):
+            future.wait()
+            state = future.state
+            if state.is_completed():
+                rows.append(point_row(overrides, future.result(), None))
+            else:
+                rows.append(point_row(overrides, None, state.message or state.name))
+    summary = sweep_summary(ctx, rows)
+    close_finished(ctx, config.tracking.keep_resume_state)
+    return SweepResult(sweep_id=sweep_id, parent_run_id=ctx.parent_run_id,
+                       experiment_id=ctx.experiment_id, tracking_uri=ctx.tracking_uri, **summary)

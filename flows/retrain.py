@@ -2,6 +2,8 @@
 through the pipeline's one stage sequence (flows/wiring.py) from the champion, gated against it;
 the champion moves only on a win. No champion yet: the whole pipeline runs and its result becomes
 champion. One retrain at a time (a Prefect concurrency limit): a run finding one skips or waits.
+And the compare flow: two registered policy versions through the retrain's gate (validate ->
+gate), nothing trained, no alias moved.
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
@@ -9,15 +11,19 @@ No ``from __future__ import annotations`` (Prefect reads the signature's classes
 from prefect import flow
 
 from flows.deployment import SERVED, served_config
-from flows.wiring import run_pipeline
-from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.stages.records import RegisterRecord
+from flows.wiring import run_pipeline, tracked
+from tasks.config.pipeline_config import ConfigError, PipelineConfig
+from tasks.pipeline.finish import finish
+from tasks.pipeline.prepare import prepare
+from tasks.pipeline.stages.records import Artifact, ModelRecord, PolicyRecord, RegisterRecord
+from tasks.pipeline.stages.validate import validate
 from tasks.platform.prefect.prefect_api import flow_run_name, rename_flow_run, slot_holder
 from tasks.retrain.approval import waiting
 from tasks.retrain.batches import find_batches
-from tasks.retrain.gate.champion import champion_version
+from tasks.retrain.gate.champion import champion_version, fetch_champion
+from tasks.retrain.gate.stage import gate, resolve_scorer
 from tasks.retrain.labels.imports import import_dropped
-from tasks.retrain.records import Batch, GateRecord, RetrainResult, Round
+from tasks.retrain.records import Batch, CompareResult, GateRecord, RetrainResult, Round
 from tasks.retrain.round import (
     control_run_name,
     limit_name,
@@ -58,8 +64,7 @@ def challenge(config: PipelineConfig, batches: list[Batch],
                              candidate=reg.version)
     # the register stage may keep a champion the gate would change (a flagged challenger)
     promoted = reg.promoted if reg.registered else decision.promote
-    return RetrainResult(status="promoted" if promoted else "kept", decision=decision,
-                         run=result)
+    return RetrainResult(status="promoted" if promoted else "kept", decision=decision, run=result)
 
 
 @flow(name="retrain", flow_run_name="retrain", log_prints=True)
@@ -103,3 +108,34 @@ def retrain(config: PipelineConfig = SERVED, control: bool = False) -> RetrainRe
     if result.status == "awaiting approval":
         return waiting.ask_for_approval(config, result)  # served: the process ends till answered
     return result
+
+
+@flow(name="compare", flow_run_name="compare", log_prints=True)
+def compare(config: PipelineConfig, champion: str = "1",
+            challenger: str = "champion") -> CompareResult:
+    """Two registered policy versions (numbers or aliases) through the retrain's gate: both
+    answer its held-out prompts, one scorer scores both, the paired bootstrap test decides.
+    Nothing trained, no alias moved; recorded as ``rlhf.compare.*`` tags."""
+    prep = prepare(config)
+    ctx = prep.ctx
+    with tracked(ctx, config):
+        if resolve_scorer(config, prep.judge) == "judge_model":
+            raise ConfigError("rlhf compare: the judge_model scorer is trained in a retrain; "
+                              "set retrain.gate.scorer to judge or models:/<name>@<alias>")
+        base = fetch_champion(ctx, config, champion)
+        other = fetch_champion(ctx, config, challenger)
+        if str(base.version) == str(other.version):
+            raise ConfigError(f"rlhf compare: '{champion}' and '{challenger}' are both "
+                              f"v{base.version}: a version compared with itself says "
+                              "nothing; name two different versions")
+        compared = f"v{other.version} against v{base.version}"
+        rename_flow_run(f"compare-{config.tracking.registered_policy}-v{other.version}-"
+                        f"against-v{base.version}")
+        data = validate(ctx, config, prep)
+        gate_out = gate(ctx, config, prep, data, base,
+                        PolicyRecord(policy=Artifact(path=other.policy_dir)),
+                        ModelRecord(model=Artifact(path=other.rm_dir)), base.sft_dir,
+                        compared=compared)
+    result = finish(ctx, {"validate": data, "gate": gate_out}, config.tracking.keep_resume_state)
+    return CompareResult(champion=int(base.version), challenger=int(other.version),
+                         decision=gate_out.decision, run=result)

@@ -71,8 +71,7 @@ def resolve_config(given: dict[str, Any]) -> tuple[PipelineConfig, dict]:
 
 
 def run_label(changed: dict[str, Any], limit: int = 3) -> str:
-    """What a run changed, for its name: ``kl_coef=0.07 lr=1e-05 +2`` (URL passwords as
-    ``***``)."""
+    """What a run changed, for its name: ``kl_coef=0.07 lr=1e-05 +2`` (URL passwords as ``***``)."""
     parts = [f"{key.rsplit('.', 1)[-1]}={redact(str(value))}"
              for key, value in list(changed.items())[:limit]]
     if len(changed) > limit:

@@ -11,7 +11,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect.types.entrypoint import EntrypointType
 
 from tasks.config.pipeline_config import ConfigError, PipelineConfig
-from tasks.pipeline.devices import setup_torch
+from tasks.pipeline.prepare import setup_torch
 from tasks.pipeline.stages.records import StageRecord
 from tasks.pipeline.stages.run import execute, typed_inputs
 from tasks.pipeline.stages.table import DISTRIBUTED, STAGES

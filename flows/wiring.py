@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.finish import fail_parent, finish
 from tasks.pipeline.prepare import Prepared, prepare
-from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.results import PipelineResult, publish_summary
 from tasks.pipeline.stages.critic_init import critic_init
 from tasks.pipeline.stages.evaluate import evaluate
 from tasks.pipeline.stages.judge_model import judge_model, judge_split
@@ -23,7 +23,6 @@ from tasks.pipeline.stages.reward_model import reward_model
 from tasks.pipeline.stages.reward_norm import reward_norm
 from tasks.pipeline.stages.sft import sft
 from tasks.pipeline.stages.validate import validate
-from tasks.pipeline.summary import publish_summary
 from tasks.platform.mlflow.runs import RunContext, system_metrics
 from tasks.platform.prefect.prefect_api import rename_flow_run
 from tasks.retrain.approval.waiting import held_for_approval, hold_candidate
@@ -81,12 +80,10 @@ def shared_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
         data = validate(ctx, config, prep)
     sft_out = sft(ctx, config, prep, data)
     rm_data = judge_split(ctx, config, data) if split else data
-    return {"validate": data, "sft": sft_out,
-            **reward_stages(ctx, config, prep, rm_data, sft_out)}
+    return {"validate": data, "sft": sft_out, **reward_stages(ctx, config, prep, rm_data, sft_out)}
 
 
-def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared,
-              shared: Outputs) -> Outputs:
+def rl_stages(ctx: RunContext, config: PipelineConfig, prep: Prepared, shared: Outputs) -> Outputs:
     """critic_init -> ppo -> evaluate on the shared stages' outputs (a sweep point)."""
     data, sft_out = shared["validate"], shared["sft"]
     trained = policy_stages(ctx, config, prep, data, sft_out, shared)

@@ -30,8 +30,15 @@ from tasks.gc.store import (
     stage_runs,
     stored_runs,
 )
-from tasks.pipeline.owners import owner_lock_kept, unowned
-from tasks.pipeline.retention import TRASH, delete_path, remove_tree, trash_in, tree_bytes
+from tasks.pipeline.retention import (
+    TRASH,
+    delete_path,
+    owner_lock_kept,
+    remove_tree,
+    trash_in,
+    tree_bytes,
+    unowned,
+)
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.retrain.batches import BATCH_SUFFIXES, file_digest
 from tasks.retrain.labels.imports import QUARANTINE

@@ -56,8 +56,7 @@ class StoredRun(BaseModel):
 def _stored(run) -> StoredRun:
     return StoredRun(run_id=run.info.run_id, experiment_id=run.info.experiment_id,
                      parent_run_id=run.data.tags.get(PARENT_TAG), status=run.info.status,
-                     deleted=run.info.lifecycle_stage == "deleted",
-                     end_time=run.info.end_time,
+                     deleted=run.info.lifecycle_stage == "deleted", end_time=run.info.end_time,
                      validate_only=run.data.tags.get(VALIDATE_ONLY_TAG) == "true",
                      artifact_uri=run.info.artifact_uri)
 

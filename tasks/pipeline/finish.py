@@ -9,12 +9,17 @@ from prefect.utilities.annotations import quote
 
 from tasks.pipeline.results import PipelineResult
 from tasks.pipeline.retention import drop_resume_state
-from tasks.pipeline.stages.graph import latest
 from tasks.pipeline.stages.ppo import STAGE as PPO
 from tasks.pipeline.stages.records import StageRecord
+from tasks.pipeline.stages.run import latest
 from tasks.platform.mlflow.artifacts import log_artifact
-from tasks.platform.mlflow.parent_run import PLOTS, end_run, stage_metric_histories
-from tasks.platform.mlflow.runs import RunContext, mark_ended
+from tasks.platform.mlflow.runs import (
+    PLOTS,
+    RunContext,
+    end_run,
+    mark_ended,
+    stage_metric_histories,
+)
 
 CURVES = (("objective/scores", "normalised RM score"), ("objective/kl", "KL to reference"),
           ("judge/score", "gold judge score"))

@@ -1,40 +1,63 @@
-"""Pipeline set-up: the MLflow parent run (new or resumed), params and tags, demo assets."""
+"""Pipeline set-up: the MLflow parent run (new or resumed), params and tags, demo assets; and
+a stage's torch set-up from the ``model:`` section (threads, device, the load spec)."""
 
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import task
 from pydantic import BaseModel, ConfigDict
 
 from data_checks.config import DataConfig, DataSource
+from rlhf_core.config import ModelConfig
 from rlhf_core.models.sources import cached_digest, resolve_model_source
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.devices import setup_torch
 from tasks.pipeline.identity import RunIdentity
 from tasks.pipeline.judge import config_judge_name
 from tasks.pipeline.rewards import check_reward_sources
 from tasks.platform.files import read_json, write_json
 from tasks.platform.mlflow.addresses import default_tracking_uri
-from tasks.platform.mlflow.parent_run import (
-    create_parent_run,
-    end_run,
-    parent_runs,
-    reopen_run,
-    run_to_resume,
-)
 from tasks.platform.mlflow.runs import (
     RunContext,
+    create_parent_run,
+    end_run,
     ensure_experiment,
     ensure_store,
     hardware_tags,
+    parent_runs,
+    reopen_run,
+    run_to_resume,
     set_tags,
     tracking_client,
 )
 from tasks.platform.mlflow.tags import PRECISION_TAG, PREFECT_FLOW_RUN_TAG, RUN_NAME_TAG
 from tasks.platform.prefect.remote import check_deployments
+
+if TYPE_CHECKING:  # torch and the model code load with the first model, not this module
+    import torch
+
+    from rlhf_core.models.loader import LoadSpec
+
+
+def setup_torch(model_cfg: ModelConfig) -> torch.device:
+    import torch
+
+    from rlhf_core.models.models import resolve_device
+
+    if model_cfg.torch_threads:
+        torch.set_num_threads(model_cfg.torch_threads)
+    return resolve_device(model_cfg.device)
+
+
+def setup_models(model_cfg: ModelConfig) -> tuple[torch.device, LoadSpec]:
+    """The device and the one load spec every model and tokenizer load of a stage uses."""
+    from rlhf_core.models.loader import LoadSpec
+
+    device = setup_torch(model_cfg)
+    return device, LoadSpec.from_config(model_cfg, device)
 
 
 class Prepared(BaseModel):

@@ -2,13 +2,21 @@
 stage's ``checkpoints/``) serves only a run that can continue, so ``finish`` deletes it once the
 run is FINISHED unless ``tracking.keep_resume_state``. Each deletion first renames to a
 ``.trash-`` sibling (atomic), so a kill never leaves a half-deleted folder; the next deletion
-sweeps the trash."""
+sweeps the trash.
+
+Which run folders a live process is using: a process running a stage holds a shared
+``fcntl.flock`` on ``<run folder>/.owner.lock``, which the kernel drops even on SIGKILL, and
+`rlhf gc` sweeps a killed stage's leftovers only while holding it exclusively."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +25,9 @@ from rlhf_core.faults import crash_point
 
 TRASH = ".trash-"
 RESUME_STATE = "checkpoints"  # a stage folder's mid-stage training-state checkpoints
+OWNER_LOCK = ".owner.lock"
+_held: dict[str, tuple[int, int]] = {}  # folder -> (its lock's descriptor, nesting depth)
+_guard = threading.Lock()
 
 
 class Removed(BaseModel):
@@ -99,3 +110,50 @@ def drop_resume_state(workdir: Path) -> Retention:
         print(f"retention: {workdir} keeps {out.kept_bytes} bytes, the stages' outputs "
               f"({out.freed_bytes} bytes of resume state deleted)")
     return out
+
+
+@contextmanager
+def owning(folder: str | Path) -> Iterator[None]:
+    """Hold ``folder``'s shared owner lock while the body runs; nested and concurrent uses in
+    one process share one descriptor."""
+    key = str(Path(folder).resolve())
+    with _guard:
+        fd, depth = _held.get(key, (-1, 0))
+        if fd < 0:
+            Path(key).mkdir(parents=True, exist_ok=True)
+            fd = os.open(Path(key) / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        _held[key] = (fd, depth + 1)
+    try:
+        yield
+    finally:
+        with _guard:
+            fd, depth = _held.pop(key)
+            if depth > 1:
+                _held[key] = (fd, depth - 1)
+            else:
+                os.close(fd)  # closing the descriptor drops the lock
+
+
+def owner_lock_kept(folder: Path) -> bool:
+    return (folder / OWNER_LOCK).is_file()
+
+
+@contextmanager
+def unowned(folder: Path) -> Iterator[bool]:
+    """Take ``folder``'s owner lock exclusively without waiting -> True; False when owned or
+    without a lock file (nothing proves it free)."""
+    try:
+        fd = os.open(folder / OWNER_LOCK, os.O_RDWR)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

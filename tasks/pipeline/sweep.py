@@ -16,8 +16,7 @@ from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared, open_parent_run
 from tasks.pipeline.results import PipelineResult
 from tasks.platform.mlflow.artifacts import log_artifact
-from tasks.platform.mlflow.parent_run import PLOTS, log_sweep_summary
-from tasks.platform.mlflow.runs import RunContext, tag_parent
+from tasks.platform.mlflow.runs import PLOTS, RunContext, log_sweep_summary, tag_parent
 from tasks.platform.mlflow.tags import SWEEP_POINT_TAG, SWEEP_SHARED_RUN_TAG, SWEEP_TAG
 
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..10 (beyond: normal 1.96)

@@ -113,8 +113,7 @@ def named_batch_rows(rows: list[dict]) -> Iterator[None]:
 
 
 @contextmanager
-def refused_batches(config: PipelineConfig, batches: list[Batch],
-                    first: bool) -> Iterator[None]:
+def refused_batches(config: PipelineConfig, batches: list[Batch], first: bool) -> Iterator[None]:
     """Quarantine new batches that fail validation in a challenge (the configured data passed
     before); in a bootstrap (``first``) the data may be at fault, so nothing moves."""
     try:

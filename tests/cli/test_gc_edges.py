@@ -163,7 +163,7 @@ def test_what_a_killed_stage_left_goes_once_no_live_process_owns_its_folder(
     folder = tmp_path / "runs" / run_id
     left = _leftovers(folder)
     owner = subprocess.Popen(  # a live process of the run: a stage runs in the folder
-        [sys.executable, "-c", "import sys, time; from tasks.pipeline.owners import owning\n"
+        [sys.executable, "-c", "import sys, time; from tasks.pipeline.retention import owning\n"
          f"with owning({str(folder)!r}):\n print('held', flush=True); time.sleep(600)"],
         cwd=ROOT, text=True, stdout=subprocess.PIPE)
     assert owner.stdout.readline().strip() == "held"

@@ -80,8 +80,7 @@ def test_two_rounds_held_out_judge_split_external_scorer_cumulative_data_lineage
 
 
 def _control_round_and_compare(tmp_path, client, first: str, second: str) -> None:
-    from flows.compare import compare
-    from flows.retrain import retrain
+    from flows.retrain import compare, retrain
     from tasks.config.pipeline_config import ConfigError, load_config
     from tasks.platform.mlflow.registry import CHAMPION, RegistryError, alias_version
     from tasks.retrain.batches import file_digest, find_batches

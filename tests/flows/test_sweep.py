@@ -13,7 +13,7 @@ SHARED = {"validate", "sft", "reward_model", "reward_norm", "judge_model"}  # + 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, prefect_api):
-    from flows.sweep import rlhf_sweep
+    from flows.pipeline import rlhf_sweep
 
     tmp = tmp_path_factory.mktemp("sweep")
     uri = f"sqlite:///{tmp}/mlflow.db"

@@ -7,7 +7,7 @@ import pytest
 from data_checks.validate import ValidationFailed
 from flows.pipeline import rlhf_pipeline
 from tasks.config.pipeline_config import load_config
-from tasks.pipeline.owners import OWNER_LOCK
+from tasks.pipeline.retention import OWNER_LOCK
 from tests.shared import PREF, parent_runs, write_config
 
 
@@ -27,7 +27,7 @@ def test_pipeline_stops_at_the_gate_without_checkpoints_or_registry(tmp_path, ti
     assert {"validation_summary.md", "data_docs/results.json", "data_docs/gx"} <= files
     workdir = tmp_path / "runs" / parents[0].info.run_id
     # the stage folders (and the lock a stage's process holds while it runs,
-    # tasks/pipeline/owners.py)
+    # tasks/pipeline/retention.py)
     assert sorted(p.name for p in workdir.iterdir()) == [OWNER_LOCK, "validate"]
     assert not list(workdir.rglob("*.safetensors"))
     assert client.search_registered_models() == []

@@ -5,8 +5,10 @@ the task's process, on torchrun ranks or on a worker."""
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -19,7 +21,7 @@ from rlhf_core.models.loader import LoadSpec
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.optim import seed_everything
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.devices import setup_models
+from tasks.pipeline.prepare import setup_models
 from tasks.pipeline.stages.progress import StageProgress
 from tasks.pipeline.stages.records import Artifact, StageRecord
 from tasks.platform.mlflow.artifacts import (
@@ -47,6 +49,44 @@ def metric_logger(ctx: RunContext, run_id: str) -> StepLogger:
 def checkpoint_dir(ctx: RunContext, stage: str) -> Path:
     """<workdir>/<stage>/checkpoints: a stage's mid-stage training-state checkpoints."""
     return ctx.stage_dir(stage) / "checkpoints"
+
+
+def state_bytes(*modules, optimizer=None) -> int:
+    """Bytes of every parameter and buffer of ``modules`` plus the optimizer's tensors."""
+    total = sum(t.numel() * t.element_size() for m in modules if m is not None
+                for t in list(m.parameters()) + list(m.buffers()))
+    if optimizer is not None:
+        total += sum(v.numel() * v.element_size() for state in optimizer.state.values()
+                     for v in state.values() if isinstance(v, torch.Tensor))
+    return total
+
+
+@contextmanager
+def peak_memory(interval_s: float = 0.2):
+    """A dict filled on exit with ``memory/peak_rss_gb`` and, on CUDA, ``memory/peak_gpu_gb``."""
+    import psutil
+
+    proc, out, stop = psutil.Process(), {}, threading.Event()
+    peak = [proc.memory_info().rss]
+
+    def sample() -> None:
+        while not stop.wait(interval_s):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    thread = threading.Thread(target=sample, daemon=True, name="peak-rss")
+    thread.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        thread.join()
+        peak[0] = max(peak[0], proc.memory_info().rss)
+        out["memory/peak_rss_gb"] = peak[0] / 2**30
+        if cuda:
+            out["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 2**30
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from tasks.pipeline.identity import ResumeRefused
 from tasks.pipeline.judge import resolve_judge
 from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.rewards import changed_sources, check_reward_sources, reward_mix
-from tasks.pipeline.stages.context import Stage, StageContext
+from tasks.pipeline.stages.context import Stage, StageContext, peak_memory, state_bytes
 from tasks.pipeline.stages.health import HealthLog, make_watch
 from tasks.pipeline.stages.records import DataRecord, ModelRecord, NormRecord, PolicyRecord
 from tasks.pipeline.stages.reward_model import save_scalar
@@ -28,7 +28,6 @@ from tasks.pipeline.stages.tax import pretrain_chunks
 from tasks.pipeline.stages.token_data import text_ids
 from tasks.platform.files import read_json, read_jsonl, write_json
 from tasks.platform.mlflow.tags import REWARD_SOURCE_PREFIX
-from tasks.platform.prefect.memory import peak_memory, state_bytes
 
 
 def judge_hooks(judge_name: str, sft_rows: Callable[[], list[dict]], norm_stats: dict):
@@ -133,17 +132,11 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     record = _finish(sc, trainer, tokenizer, samples, last, memory, start_dir, critic_dir)
     if health is None:
         return record
-    return record.model_copy(update={"health": health.record(trainer),
-                                     "figures": health_figures(trainer)})
-
-
-def health_figures(trainer) -> dict:
-    """What the summary shows of a stop (nothing without one)."""
-    if trainer.stopped is None:
-        return {}
-    kept = trainer.restored_iteration
-    return {"stopped by": f"{trainer.stopped.detector} at iteration {trainer.stopped.iteration}",
-            "policy kept": "as it was" if kept is None else f"iteration {kept}"}
+    stop, kept = trainer.stopped, trainer.restored_iteration  # the summary shows a stop
+    figures = {} if stop is None else {
+        "stopped by": f"{stop.detector} at iteration {stop.iteration}",
+        "policy kept": "as it was" if kept is None else f"iteration {kept}"}
+    return record.model_copy(update={"health": health.record(trainer), "figures": figures})
 
 
 def _finish(sc: StageContext, trainer, tokenizer, samples: list[dict], last: dict,

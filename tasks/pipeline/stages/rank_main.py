@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlhf_core.parallel.distributed import check_same_checkpoint, init_from_env, shutdown
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.devices import setup_models, setup_torch
+from tasks.pipeline.prepare import setup_models, setup_torch
 from tasks.pipeline.stages.context import StageContext, checkpoint_dir
 from tasks.pipeline.stages.run import typed_inputs
 from tasks.pipeline.stages.table import STAGES

@@ -1,7 +1,6 @@
-"""register: log and register the policy and the reward model (alias challenger) with
-lineage tags; the policy becomes champion when the retrain's gate says so, else by the
-pipeline's rule (tasks/pipeline/rule.py). A promotion held for a person's approval leaves
-the champion in place."""
+"""register: log and register the policy and the reward model (alias challenger) with lineage tags;
+the policy becomes champion when the retrain's gate says so, else by the pipeline's rule
+(tasks/pipeline/rule.py). A promotion held for a person's approval leaves the champion in place."""
 
 from __future__ import annotations
 

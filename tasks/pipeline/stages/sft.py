@@ -32,9 +32,8 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
     ck = sc.checkpointer({"model": model}, cfg.sft.checkpoint_every)
     live = sc.live(total_steps(len(examples), cfg.sft.batch_size, cfg.sft.epochs))
     last = train_sft(model, examples, tokenizer.pad_token_id, cfg.sft, device, generator,
-                     on_log=live, progress=sc.progress, checkpointer=ck,
-                     precision=spec.precision, dp=sc.dp,
-                     pretrain_ids=pretrain_chunks(cfg, tokenizer, "sft"))
+                     on_log=live, progress=sc.progress, checkpointer=ck, precision=spec.precision,
+                     dp=sc.dp, pretrain_ids=pretrain_chunks(cfg, tokenizer, "sft"))
     if not sc.is_main:
         return None
     sc.say("saving the model" + (" (its LoRA adapter)" if spec.lora else ""))

@@ -30,8 +30,7 @@ def report_artifact(ctx: RunContext, run_id: str, report) -> None:
 
     where = (f"\n\nMLflow: {run_url(ctx, run_id)}; Data Docs: artifacts `data_docs/index.html`"
              " and `data_docs/gx/index.html`, results: `data_docs/results.json`\n")
-    create_markdown_artifact(key="rlhf-data-validation",
-                             markdown=report.summary_markdown() + where,
+    create_markdown_artifact(key="rlhf-data-validation", markdown=report.summary_markdown() + where,
                              description="data gate: expectations, failures, row counts")
 
 

@@ -1,6 +1,5 @@
-"""Read-only look-ups for the CLI that never create a store and say in one sentence what it
-could not answer. `rlhf runs` reads a local SQLite store with plain SQL, skipping MLflow's
-imports."""
+"""Read-only look-ups for the CLI that never create a store and say in one sentence what it could
+not answer. `rlhf runs` reads a local SQLite store with plain SQL, skipping MLflow's imports."""
 
 from __future__ import annotations
 

@@ -102,8 +102,7 @@ def close_waiting(flow_run_id: str, name: str, message: str) -> bool:
         state = client.read_flow_run(flow_run_id).state
         if state is None or not state.is_paused():
             return False
-        client.set_flow_run_state(flow_run_id, Completed(name=name, message=message),
-                                  force=True)
+        client.set_flow_run_state(flow_run_id, Completed(name=name, message=message), force=True)
     return True
 
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tasks.config.pipeline_config import PipelineConfig
+from tasks.pipeline.results import publish_summary, publish_text
 from tasks.pipeline.rule import Decision
 from tasks.pipeline.stages.records import RegisterRecord
-from tasks.pipeline.summary import publish_summary, publish_text
 from tasks.platform.mlflow.addresses import compare_url, default_tracking_uri, run_page
 from tasks.platform.mlflow.runs import RunContext, tracking_client
 from tasks.platform.prefect.events import APPROVAL_REQUESTED

@@ -1,6 +1,5 @@
-"""The gate stage: both policies sampled and scored alike, the paired test's decision after the
-tax veto, recorded as MLflow tags and a Prefect artifact beside the gold judge's where one
-exists."""
+"""The gate stage: both policies sampled and scored alike, the paired test's decision after the tax
+veto, recorded as MLflow tags and a Prefect artifact beside the gold judge's where one exists."""
 
 from __future__ import annotations
 
@@ -91,8 +90,7 @@ def challenger_tax(sc, prep, tokenizer, policy) -> tuple[dict, list[dict]]:
     base = load_pretrained(base_dir, sc.spec, trainable=False).to(sc.device)
     resize_for_tokenizer(base, tokenizer)  # the data gate's PAD, if it added one
     kept = base_cache(prep.model_copy(update={"base_model": base_dir}), sc.spec, sc.device)
-    return measure(tax, probe, text, {"base": base, "policy": policy}, tokenizer,
-                   base_cache=kept)
+    return measure(tax, probe, text, {"base": base, "policy": policy}, tokenizer, base_cache=kept)
 
 
 def taxed(decision: dict, tax: dict, cfg) -> dict:
@@ -121,8 +119,7 @@ def _scores(sc: StageContext, scorer: str, samples: dict, prompts: list[str], go
             raise GateError("retrain.gate.scorer judge_model: no judge reward model trained")
         model = load_pretrained(sc.local(judge.model, "judge_model's model"), sc.spec, "scalar",
                                 trainable=False).to(sc.device)
-        return {s: score_rows(model, tokenizer, prompts, samples[s]["response"])
-                for s in sides}
+        return {s: score_rows(model, tokenizer, prompts, samples[s]["response"]) for s in sides}
     model = load_pyfunc(scorer, sc.run.tracking_uri)
     return {s: pyfunc_scores(model, prompts, samples[s]["response"]) for s in sides}
 
@@ -151,8 +148,7 @@ def _gold_tags(decision: dict, gold_decision: dict) -> dict:
 def decision_markdown(ctx: RunContext, run_id: str, decision: dict, scorer: str,
                       champion_version: str, gold_tags: dict, tax: str) -> str:
     f = decision["figures"]
-    verdict = "PROMOTE challenger" if decision["promote"] else \
-        f"KEEP champion v{champion_version}"
+    verdict = "PROMOTE challenger" if decision["promote"] else f"KEEP champion v{champion_version}"
     rows = "\n".join(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                      for k, v in f.items())
     gold = ""

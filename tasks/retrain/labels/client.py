@@ -132,8 +132,7 @@ class LabelStudio:
         """Account id -> email, the labeller's recorded identity."""
         out = self.call("GET", "/api/users/", what="list the organisation's users")
         rows = out.get("results", out) if isinstance(out, dict) else out
-        return {int(u["id"]): u.get("email") or u.get("username") or str(u["id"])
-                for u in rows}
+        return {int(u["id"]): u.get("email") or u.get("username") or str(u["id"]) for u in rows}
 
     def get(self, path: str, what: str = "", **query: Any) -> Any:
         q = f"?{urllib.parse.urlencode(query)}" if query else ""

@@ -36,14 +36,14 @@ from rlhf_core.eval.collect import (
     shuffled_with_known,
 )
 from tasks.config.pipeline_config import PipelineConfig
-from tasks.pipeline.devices import setup_models
 from tasks.pipeline.judge import config_judge_name, gold_judge
+from tasks.pipeline.prepare import setup_models
 from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
-from tasks.platform.mlflow.parent_run import end_run
 from tasks.platform.mlflow.registry import RegistryError
 from tasks.platform.mlflow.runs import (
+    end_run,
     ensure_experiment,
     log_metrics,
     log_params,
@@ -121,9 +121,8 @@ def prompt_pool(cfg: PipelineConfig) -> tuple[str, list[Prompt]]:
 
 
 def rendered_prompts(cfg: PipelineConfig, tokenizer, prompts: list[Prompt]) -> list[str | None]:
-    """Each prompt as the data gate renders it, None where over
-    ``validation.max_prompt_tokens`` (cutting it would make another prompt); DataError when
-    the chat template cannot render one."""
+    """Each prompt as the data gate renders it, None where over ``validation.max_prompt_tokens``
+    (cutting it would make another prompt); DataError when the chat template cannot render one."""
     from rlhf_core.models.data import encode
 
     texts = list(prompts)
@@ -215,8 +214,7 @@ def build_record(cfg: PipelineConfig, cid: str, prompts: list[Prompt], responses
     """Pairs (known-answer ones mixed in) with ids, RM scores and hidden answers; ``fits``
     [n][k]: which responses fit the gate's response budget (None: all)."""
     pairs, counts = pair_up(prompts, responses, fits)
-    score_of = {(prompt_key(p), i): s for p, row in zip(prompts, scores)
-                for i, s in enumerate(row)}
+    score_of = {(prompt_key(p), i): s for p, row in zip(prompts, scores) for i, s in enumerate(row)}
     for p in pairs:
         key = prompt_key(p["prompt"])
         p["rm_a"] = score_of[(key, p.pop("index_a"))]

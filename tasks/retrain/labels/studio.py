@@ -67,8 +67,7 @@ def task_data(collection: str, pair: dict) -> dict:
     prompt = pair["prompt"]
     if not isinstance(prompt, list):
         prompt = [{"role": "user", "content": prompt}]
-    turns = [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))}
-             for m in prompt]
+    turns = [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))} for m in prompt]
     return {"prompt": turns, "response_a": str(pair["response_a"]),
             "response_b": str(pair["response_b"]),
             "ref": hashlib.sha256(f"{collection}\0{pair['id']}".encode()).hexdigest()[:16]}

@@ -1,11 +1,10 @@
 """The run summary says where the critic started and why (tasks/pipeline/results.py notes,
-shown by tasks/pipeline/summary.py and the CLI)."""
+shown by its summary and the CLI)."""
 
 from cli.main import summary_text
-from tasks.pipeline.results import PipelineResult
+from tasks.pipeline.results import PipelineResult, summary_markdown
 from tasks.pipeline.stages.critic_init import FROM_POLICY
 from tasks.pipeline.stages.records import Artifact, ModelRecord
-from tasks.pipeline.summary import summary_markdown
 
 
 def test_the_summary_says_where_the_critic_started():
