@@ -11,13 +11,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from rlhf_core.models.chat import (
-    ChatError,
-    end_of_turn_id,
-    render_conversation,
-    render_prompt,
-    stop_token_ids,
-)
+from rlhf_core.models.chat import ChatError, end_of_turn_id, render, stop_token_ids
 from rlhf_core.models.data import encode, left_pad
 from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 from rlhf_core.models.models import ScalarHeadModel
@@ -90,9 +84,8 @@ def _rendered_ids(tokenizer, messages: list[dict], row: int, generation_prompt: 
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(f"row {row}: 'prompt' is a list of messages, but this model's "
                            "tokenizer has no chat template; send it as plain text")
-    render = render_prompt if generation_prompt else render_conversation
     try:
-        text = render(tokenizer, messages)
+        text = render(tokenizer, messages, generation_prompt)
     except ChatError as err:  # the template's own complaint, said per row
         raise RequestError(f"row {row}: {err}") from None
     return encode(tokenizer, text)

@@ -17,7 +17,8 @@ class ChatError(ValueError):
     """A template or conversation the pipeline cannot use; the message says the fix."""
 
 
-def _apply(tokenizer, messages: Sequence[dict], generation_prompt: bool) -> str:
+def render(tokenizer, messages: Sequence[dict], generation_prompt: bool) -> str:
+    """Messages -> their text, with the generation prompt (the assistant header) or without."""
     try:
         fast = _compiled(tokenizer) if _plain(messages) else None
         if fast is not None:
@@ -71,7 +72,7 @@ def _compiled(tokenizer):
 def render_prompt(tokenizer, messages: Sequence[dict], tokenize: bool = False):
     """Messages -> the prompt text with the generation prompt, or its ids (no special tokens
     added: the template writes its own BOS)."""
-    text = _apply(tokenizer, messages, True)
+    text = render(tokenizer, messages, True)
     return encode(tokenizer, text) if tokenize else text
 
 
@@ -89,12 +90,12 @@ def render_many(tokenizer, conversations: Sequence[Sequence[dict]],
                                   add_generation_prompt=generation_prompt, tools=None,
                                   documents=None, **tokenizer.special_tokens_map).split(_SEP)
             if len(parts) == len(conversations) + 1 and parts[-1] == "" and \
-                    parts[0] == _apply(tokenizer, conversations[0], generation_prompt) and \
-                    parts[-2] == _apply(tokenizer, conversations[-1], generation_prompt):
+                    parts[0] == render(tokenizer, conversations[0], generation_prompt) and \
+                    parts[-2] == render(tokenizer, conversations[-1], generation_prompt):
                 return parts[:-1]
         except Exception:  # noqa: BLE001 - one by one below names the conversation
             pass
-    return [_apply(tokenizer, c, generation_prompt) for c in conversations]
+    return [render(tokenizer, c, generation_prompt) for c in conversations]
 
 
 def _looped(tokenizer):
@@ -112,19 +113,14 @@ def _looped(tokenizer):
     return _COMPILED[key]
 
 
-def render_conversation(tokenizer, messages: Sequence[dict]) -> str:
-    """A whole conversation -> its text, no generation prompt (what the reward model scores)."""
-    return _apply(tokenizer, messages, False)
-
-
 def end_of_turn(tokenizer) -> str:
     """The special token that ends an assistant turn in the template; ChatError if there is
     none or no generation prompt."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatError("the tokenizer has no chat template (set model.chat_template to a "
                         "Jinja string or a file holding one)")
-    prompt = _apply(tokenizer, _USER, True)
-    full = _apply(tokenizer, [*_USER, {"role": "assistant", "content": _PROBE}], False)
+    prompt = render(tokenizer, _USER, True)
+    full = render(tokenizer, [*_USER, {"role": "assistant", "content": _PROBE}], False)
     if not full.startswith(prompt) or not full[len(prompt):].lstrip().startswith(_PROBE):
         header = full[len(prompt):full.find(_PROBE)] if full.startswith(prompt) else ""
         raise ChatError("the template has no generation prompt: with add_generation_prompt it "
@@ -158,8 +154,8 @@ def end_of_turn_id(tokenizer) -> int | None:
 def render_reply(tokenizer, prompt: Sequence[dict], reply: str, prompt_text: str | None = None,
                  eot: str | None = None) -> str:
     """The template's text for ``reply`` after the prompt, up to its end-of-turn token."""
-    prompt_text = _apply(tokenizer, prompt, True) if prompt_text is None else prompt_text
-    full = _apply(tokenizer, [*prompt, {"role": "assistant", "content": reply}], False)
+    prompt_text = render(tokenizer, prompt, True) if prompt_text is None else prompt_text
+    full = render(tokenizer, [*prompt, {"role": "assistant", "content": reply}], False)
     return reply_text(tokenizer, full, prompt_text, eot)
 
 

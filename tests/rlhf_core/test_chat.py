@@ -108,18 +108,18 @@ def test_many_conversations_render_as_each_alone(name):
              [{"role": "user", "content": "a \x00rlhf-end-of-conversation\x00 b"}],  # the marker
              [*user, {"role": "assistant", "content": " spaced  "}, *user]]
     for generation_prompt in (True, False):
-        one_by_one = [chat._apply(tok, c, generation_prompt) for c in convs]
+        one_by_one = [chat.render(tok, c, generation_prompt) for c in convs]
         assert chat.render_many(tok, convs, generation_prompt) == one_by_one
         assert chat.render_many(tok, convs[:2] + convs[3:], generation_prompt) == \
             one_by_one[:2] + one_by_one[3:]
     calls = []
-    real = chat._apply
-    chat._apply = lambda *a: calls.append(a) or real(*a)
+    real = chat.render
+    chat.render = lambda *a: calls.append(a) or real(*a)
     try:  # the loop renders them; one by one only the first and last, to check it
         assert chat.render_many(tok, convs[:2] + convs[3:], True) == \
             [real(tok, c, True) for c in convs[:2] + convs[3:]]
     finally:
-        chat._apply = real
+        chat.render = real
     assert len(calls) == 2
     assert chat.render_many(tok, [], True) == []
     if name == "mistral":  # a conversation the template refuses: the error is its own
