@@ -114,7 +114,7 @@ class OffDistribution(Settings):
     max_drift: float = Field(
         1.6, gt=1, description="Fire when a check's answers lie, in the median, this many "
         "times as far from the start policy's answers in the reward model's feature space as "
-        "those lie from one another (rlhf_core/health/drift.py).")
+        "those lie from one another (rlhf_core/health/watch.py).")
 
 
 def off_distribution(h: History, s: OffDistribution) -> Finding | None:

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from rlhf_core.health.drift import FeatureBasis
+from rlhf_core.health.watch import FeatureBasis
 
 
 def cloud(n: int, h: int, seed: int = 0) -> torch.Tensor:
