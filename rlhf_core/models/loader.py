@@ -86,20 +86,14 @@ class TanhGELU(nn.Module):
 
 
 def _contiguous_rows(head: nn.Module, args: tuple):
+    """The LM head's pre-hook: on a CPU a bf16 product of ``logits_to_keep``'s strided rows
+    with a frozen weight copies the whole weight per row (20x slower for a 49k-token
+    vocabulary); a contiguous copy gives the same bits. fp32, other devices: as is."""
     x = args[0]
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) \
             and not x.is_contiguous():
         return (x.contiguous(), *args[1:])
     return None
-
-
-def contiguous_head_input(model: nn.Module) -> None:
-    """Hand a causal LM's head a contiguous input: on a CPU a bf16 product of the strided rows
-    ``logits_to_keep`` slices with a frozen weight copies the whole weight per row (20x slower
-    for a 49k-token vocabulary); the copy gives the same bits. fp32 and other devices: as is."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None:
-        head.register_forward_pre_hook(_contiguous_rows)
 
 
 ModelKind = Literal["policy", "scalar", "new_head"]
@@ -110,7 +104,7 @@ def load_pretrained(path: str | Path, spec: LoadSpec, kind: ModelKind = "policy"
     """Load a ``policy`` (a causal LM), a saved ``scalar`` model (reward model, critic) or a
     ``new_head``: a fresh scalar head on a causal LM's trunk (the reward model before
     training), trained or frozen; an adapter folder loads with its chain merged. Every
-    ``gelu_new`` becomes a :class:`TanhGELU`."""
+    ``gelu_new`` becomes a :class:`TanhGELU`; the LM head gets :func:`_contiguous_rows`."""
     from transformers.activations import NewGELUActivation
 
     model = _load(path, kind, spec.pretrained(trainable))
@@ -118,7 +112,8 @@ def load_pretrained(path: str | Path, spec: LoadSpec, kind: ModelKind = "policy"
         for name, child in module.named_children():
             if isinstance(child, NewGELUActivation):
                 setattr(module, name, TanhGELU())
-    contiguous_head_input(model)
+    if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
+        model.get_output_embeddings().register_forward_pre_hook(_contiguous_rows)
     if trainable and spec.gradient_checkpointing:
         enable_checkpointing(model.backbone if isinstance(model, ScalarHeadModel) else model)
     if not trainable:
