@@ -12,18 +12,7 @@ import statistics
 
 from pydantic import BaseModel, Field
 
-from rlhf_core.health.dynamics import (
-    CriticDivergence,
-    EntropyCollapse,
-    FlatReward,
-    KLSpike,
-    SlowRollout,
-    critic_divergence,
-    entropy_collapse,
-    flat_reward,
-    kl_spike,
-    slow_rollout,
-)
+from rlhf_core.health import dynamics
 from rlhf_core.health.records import CheckRecord, Detector, Finding, History, Settings
 
 
@@ -267,20 +256,21 @@ DETECTORS: tuple[Detector, ...] = (
              "(rlhf collect), where a longer or shorter answer is not by itself the better one",
              length_shift_stands),
     Detector("kl_spike", "KL spike and collapse", ("objective/kl", "response/length_mean"),
-             kl_spike, KLSpike,
+             dynamics.kl_spike, dynamics.KLSpike,
              "lower ppo.optim.lr, narrow ppo.clip_eps (0.1), or use ppo.adaptive_kl"),
     Detector("entropy_collapse", "entropy collapse", ("policy/entropy_avg",),
-             entropy_collapse, EntropyCollapse,
+             dynamics.entropy_collapse, dynamics.EntropyCollapse,
              "add an entropy bonus (ppo.ent_coef), widen ppo.clip_eps, raise ppo.temperature"),
     Detector("critic_divergence", "critic divergence",
-             ("loss/value_avg", "val/explained_variance"), critic_divergence,
-             CriticDivergence,
+             ("loss/value_avg", "val/explained_variance"), dynamics.critic_divergence,
+             dynamics.CriticDivergence,
              "keep ppo.whiten_advantages and the clipped value loss (ppo.clip_eps_value); "
              "check the KL-shaped per-token rewards (ppo.kl_coef, reward_norm)"),
     Detector("flat_reward", "reward never moves", ("policy/clipfrac_avg", "objective/scores"),
-             flat_reward, FlatReward, "widen ppo.clip_eps"),
+             dynamics.flat_reward, dynamics.FlatReward, "widen ppo.clip_eps"),
     Detector("slow_rollout", "generation dominates",
-             ("time/rollout_s", "time/update_s", "time/check_s"), slow_rollout, SlowRollout,
+             ("time/rollout_s", "time/update_s", "time/check_s"), dynamics.slow_rollout,
+             dynamics.SlowRollout,
              "faster generation (ppo.generation_batch_size, model.precision, "
              "ppo.static_cache on CUDA); fewer or cheaper held-out checks"),
 )

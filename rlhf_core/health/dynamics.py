@@ -8,7 +8,22 @@ import statistics
 
 from pydantic import Field
 
-from rlhf_core.health.records import Finding, History, Settings, _finite, _from_rollouts, _median
+from rlhf_core.health.records import Finding, History, Settings
+
+
+def _from_rollouts(detector: str, h: History, onset: int, evidence: dict[str, float],
+                   message: str) -> Finding:
+    """A finding on rollout signals: iteration t's rollout was sampled by the policy after
+    t - 1 updates, so the last one not in question is the policy after onset - 2."""
+    return Finding(detector, h.iterations[-1], onset, max(0, onset - 2), evidence, message)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _finite(values: list[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
 
 
 class KLSpike(Settings):

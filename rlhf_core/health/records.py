@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -68,13 +67,6 @@ class Finding:
     message: str
 
 
-def _from_rollouts(detector: str, h: History, onset: int, evidence: dict[str, float],
-                   message: str) -> Finding:
-    """A finding on rollout signals: iteration t's rollout was sampled by the policy after
-    t - 1 updates, so the last one not in question is the policy after onset - 2."""
-    return Finding(detector, h.iterations[-1], onset, max(0, onset - 2), evidence, message)
-
-
 @dataclass(frozen=True)
 class Detector:
     """One row of the table."""
@@ -88,11 +80,3 @@ class Detector:
     # at the end of PPO: why a finding still questions the final policy (None: it no longer
     # does); one that stands keeps the policy from champion. No such rule: the finding only warns
     stands: Callable[[History, Settings, Finding], str | None] | None = None
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
-def _finite(values: list[float]) -> bool:
-    return all(math.isfinite(v) for v in values)
