@@ -246,13 +246,6 @@ class HealthMonitor:
                 out[f.detector] = why
         return out
 
-    def best_judged_check(self) -> int | None:
-        """The iteration of the check the judge scored highest (None: no judge)."""
-        judged = [c for c in self.history.checks if c.judge is not None]
-        if not judged:
-            return None
-        return max(judged, key=lambda c: sum(c.judge) / len(c.judge)).iteration
-
     # -- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict:
         h = self.history
@@ -313,9 +306,10 @@ class Watch:
                 for name, model in trainer.trained.items():
                     save_file(trained_tensors(model), str(tmp / f"{name}.safetensors"))
         self.kept = [i for i in self.kept if i != iteration] + [iteration]
-        best = self.monitor.best_judged_check()
-        keep = set(self.kept[-self.settings.keep_healthy:]) | ({best} if best is not None
-                                                                 else set())
+        # the newest healthy snapshots and the one of the check the judge scored highest
+        judged = [c for c in self.monitor.history.checks if c.judge is not None]
+        best = [max(judged, key=lambda c: sum(c.judge) / len(c.judge)).iteration] if judged else []
+        keep = set(self.kept[-self.settings.keep_healthy:] + best)
         for old in [i for i in self.kept if i not in keep]:
             self.kept.remove(old)
             if self.writes:
