@@ -9,8 +9,6 @@ import signal
 import time
 from pathlib import Path
 
-ENV_VAR = "RLHF_CRASH_AT"
-
 
 def _listed(var: str, name: str) -> bool:
     """Is ``name`` among the comma-separated names in $``var``?"""
@@ -19,19 +17,16 @@ def _listed(var: str, name: str) -> bool:
 
 def crash_point(name: str) -> None:
     """SIGKILL this process if ``name`` is listed in $RLHF_CRASH_AT."""
-    if _listed(ENV_VAR, name):
+    if _listed("RLHF_CRASH_AT", name):
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-PAUSE_VAR, PAUSE_FILE_VAR = "RLHF_PAUSE_AT", "RLHF_PAUSE_FILE"
 
 
 def pause_point(name: str, timeout_s: float = 600.0) -> None:
     """When ``name`` is listed in $RLHF_PAUSE_AT, write it to $RLHF_PAUSE_FILE and wait (up to
     ``timeout_s``) until that file is removed: tests stop a server at a known point."""
-    if not _listed(PAUSE_VAR, name):
+    if not _listed("RLHF_PAUSE_AT", name):
         return
-    path = Path(os.environ[PAUSE_FILE_VAR])
+    path = Path(os.environ["RLHF_PAUSE_FILE"])
     path.write_text(name)
     deadline = time.monotonic() + timeout_s
     while path.exists() and time.monotonic() < deadline:
