@@ -322,29 +322,25 @@ def model_sampler(model_path: str, temperature: float = 1.0, max_new_tokens: int
     """A :data:`Sampler` over a causal LM and its chat template."""
     import torch
 
-    from rlhf_core.eval.serving import (
-        GenerationSettings,
-        generate_completions,
-        prompt_ids,
-        stop_ids,
-    )
+    from rlhf_core.eval import serving
     from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 
     tok = load_tokenizer(model_path, LoadSpec())
     model = load_pretrained(model_path, LoadSpec(), trainable=False)
     if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
         tok.pad_token = tok.unk_token  # padding only; a PAD that is the EOS would hide the stop
-    stop, pad = stop_ids(model, tok), tok.pad_token_id
+    stop, pad = serving.stop_ids(model, tok), tok.pad_token_id
     torch.manual_seed(seed)
 
     def sample(prompts: Sequence[list[dict]], k: int) -> list[list[tuple[str, bool]]]:
-        settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature)
+        settings = serving.GenerationSettings(max_new_tokens=max_new_tokens,
+                                              temperature=temperature)
         flat = [p for p in prompts for _ in range(k)]
         answers: list[tuple[str, bool]] = []
         for start in range(0, len(flat), batch_size):
-            ids = [prompt_ids(tok, p, row)[0] for row, p in enumerate(flat[start:
-                                                                             start + batch_size])]
-            for seq in generate_completions(model, ids, settings, stop, pad):
+            chunk = flat[start: start + batch_size]
+            ids = [serving.prompt_ids(tok, p, row)[0] for row, p in enumerate(chunk)]
+            for seq in serving.generate_completions(model, ids, settings, stop, pad):
                 ended = len(seq) < max_new_tokens
                 answers.append((tok.decode(seq, skip_special_tokens=True).strip(), ended))
         return [answers[i * k:(i + 1) * k] for i in range(len(prompts))]

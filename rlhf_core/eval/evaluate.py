@@ -15,14 +15,8 @@ from rlhf_core.eval.gate import paired_bootstrap_ci, paired_win_rate
 from rlhf_core.models.data import encode, left_pad
 from rlhf_core.models.models import ScalarHeadModel
 from rlhf_core.models.precision import autocast
+from rlhf_core.ppo import rollout
 from rlhf_core.ppo.ppo_math import logprobs_from_logits, truncate_after_eos
-from rlhf_core.ppo.rollout import (
-    generate,
-    response_logits,
-    sampling_config,
-    score_and_features,
-    score_responses,
-)
 
 
 @torch.inference_mode()
@@ -36,8 +30,9 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
     ``scorers`` model, and with ``features`` the RM's hidden states [N, H]. ``ref_policy``
     None: no KL."""
     with autocast(precision, device):
-        gen_config = sampling_config(tokenizer, sampling.temperature, sampling.max_new_tokens,
-                                     model_generation=getattr(policy, "generation_config", None))
+        gen_config = rollout.sampling_config(
+            tokenizer, sampling.temperature, sampling.max_new_tokens,
+            model_generation=getattr(policy, "generation_config", None))
         pad_id, eos_id = tokenizer.pad_token_id, gen_config.eos_token_id  # EOS: the stop set
         stops = torch.tensor([eos_id] if isinstance(eos_id, int) else eos_id)
         scorers = dict(scorers or {})
@@ -47,21 +42,21 @@ def sample_policy(policy, ref_policy, reward_model: ScalarHeadModel, tokenizer,
             chunk = prompts[start: start + sampling.batch_size]
             prompt_ids = left_pad([encode(tokenizer, p) for p in chunk], pad_id).to(device)
             P = prompt_ids.shape[1]
-            raw, logits = generate(policy, prompt_ids, gen_config, pad_id)
+            raw, logits = rollout.generate(policy, prompt_ids, gen_config, pad_id)
             responses, mask, has_eos = truncate_after_eos(raw, eos_id, pad_id)
             qr = torch.cat([prompt_ids, responses], dim=1)
             if ref_policy is not None:
                 logprobs = logprobs_from_logits(logits, responses, sampling.temperature)
-                ref_lp = logprobs_from_logits(response_logits(ref_policy, qr, pad_id, P),
+                ref_lp = logprobs_from_logits(rollout.response_logits(ref_policy, qr, pad_id, P),
                                               responses, sampling.temperature)
                 out["kl"] += ((logprobs - ref_lp) * mask).sum(1).float().tolist()
             if features:
-                scores, feats = score_and_features(reward_model, qr, pad_id, P, mask)
+                scores, feats = rollout.score_and_features(reward_model, qr, pad_id, P, mask)
                 out.setdefault("features", []).append(feats.cpu())
             else:
-                scores = score_responses(reward_model, qr, pad_id, P, mask)
+                scores = rollout.score_responses(reward_model, qr, pad_id, P, mask)
             for name, scorer in scorers.items():
-                out[name] += score_responses(scorer, qr, pad_id, P, mask).float().tolist()
+                out[name] += rollout.score_responses(scorer, qr, pad_id, P, mask).float().tolist()
             for i in range(len(chunk)):
                 text_ids = responses[i][mask[i] & ~torch.isin(responses[i], stops.to(device))]
                 out["response"].append(tokenizer.decode(text_ids, skip_special_tokens=True))
