@@ -51,8 +51,7 @@ def all_prompts() -> tuple[str, ...]:
 
 
 def prompt_topic(prompt: str) -> str | None:
-    words = prompt.split()
-    return next((w for w in words if w in TOPICS), None)
+    return next((w for w in prompt.split() if w in TOPICS), None)
 
 
 @lru_cache(maxsize=2)

@@ -225,13 +225,9 @@ class HealthMonitor:
         if iteration == 0:
             return []
         fired = {f.detector for f in self.findings}
-        new = []
-        for detector in self.watched:
-            if detector.name in fired:
-                continue
-            finding = detector.rule(h, getattr(self.settings, detector.name))
-            if finding is not None:
-                new.append(finding)
+        found = (d.rule(h, getattr(self.settings, d.name)) for d in self.watched
+                 if d.name not in fired)
+        new = [f for f in found if f is not None]
         self.findings += new
         return new
 
