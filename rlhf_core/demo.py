@@ -1,7 +1,6 @@
-"""The embedded demo task: a tiny synthetic "assistant" language with a hidden gold judge.
-Replies ("user : please describe cats briefly assistant :" ...) vary in independent quality
-knobs, scored by relevance first, then tone, concision and ending; the judge labels pairs
-(Bradley-Terry noise) and evaluates, never a training reward.
+"""The embedded demo task: a tiny synthetic "assistant" language ("user : please describe cats
+briefly assistant :" ...) whose hidden gold judge scores replies by relevance first, then tone,
+concision and ending; it labels pairs (Bradley-Terry noise) and evaluates, never a reward.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""On-policy collection, the pure part: k sampled responses per prompt -> pairs to label (in
-order, (1, 2), (3, 4)...: samples at one temperature are exchangeable), known-answer pairs
-mixed in, and the order of a prompt pool. Plain Python, no I/O.
+"""On-policy collection, the pure part: k responses per prompt -> pairs to label ((1, 2), (3, 4)
+...: samples at one temperature are exchangeable), known-answer pairs mixed in, a pool's order.
 """
 
 from __future__ import annotations

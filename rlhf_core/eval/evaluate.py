@@ -1,6 +1,5 @@
-"""The evaluate stage's comparison: SFT policy vs PPO policy on the same held-out prompts; with
-a gold judge, the win rate and reward over-optimisation (how much the RM credits the policy
-beyond the judge).
+"""The evaluate stage's comparison of the SFT and PPO policies on the same held-out prompts; with
+a gold judge, the win rate and reward over-optimisation (the RM's credit beyond the judge's).
 """
 
 from __future__ import annotations

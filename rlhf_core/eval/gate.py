@@ -1,6 +1,5 @@
-"""The champion/challenger gate, pure: per-prompt score differences d_i of both policies under
-one scorer, whose percentile bootstrap interval of mean(d) (README § Sources [Bootstrap]) must
-clear the margin at its lower end, plus guard rails.
+"""The champion/challenger gate, pure: the challenger must pass the guard rails, and the percentile
+bootstrap interval of its mean per-prompt gain (README § Sources [Bootstrap]) clear the margin.
 """
 
 from __future__ import annotations

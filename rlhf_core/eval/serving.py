@@ -1,6 +1,5 @@
-"""What the registered models do with a request (the MLflow pyfuncs in ``tasks/`` call these):
-a prompt is plain text or a conversation rendered by the chat template; a request the model
-cannot answer raises :class:`RequestError`, naming the row and the field.
+"""What the registered models (the MLflow pyfuncs in ``tasks/``) do with a request: its prompt is
+text or a conversation for the chat template; one they cannot answer raises :class:`RequestError`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The alignment tax (README § Sources [InstructGPT]): greedy accuracy on a probe of checkable
-questions and bits per byte of general English text, taken on the base, SFT and PPO models.
-``tax_data/`` holds the shipped defaults.
+"""The alignment tax (README § Sources [InstructGPT]) of the base, SFT and PPO models: greedy
+accuracy on checkable questions and bits per byte of English text (defaults in ``tax_data/``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The PPO failures the guides warn about, one detector each, declared once in :data:`DETECTORS`
-(settings under ``ppo.health.<detector>``). A rule is pure, a run's :class:`History` in and a
-:class:`Finding` or None out, and compares the run with its own start or recent past; its
-``*_stands`` twin asks the question of the final policy. The reward-hacking rules are here, the
-training dynamics' in dynamics.py.
+"""The PPO failures the guides warn about, one detector each in :data:`DETECTORS` (settings
+under ``ppo.health.<detector>``): a pure rule comparing the run's :class:`History` with its own
+start or recent past -> a :class:`Finding` or None, and a ``*_stands`` twin asking it of the
+final policy. Reward hacking's rules are here, the training dynamics' in dynamics.py.
 """
 
 from __future__ import annotations

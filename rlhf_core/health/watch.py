@@ -1,9 +1,8 @@
 """PPO watching itself: :class:`Watch` makes the held-out checks when due (fixed prompts, one
-sampling seed, the training's random state forked around them), feeds the detectors, snapshots
-the trained weights at healthy checks and says when a finding stops PPO, which then restores
-the last healthy snapshot. A check's drift is its answers' distance from the start policy's in
-the reward model's feature space (the last hidden state its head reads), where hacked answers
-tend to be outliers (README § Sources [InfoRM]). Its state is plain JSON in PPO's checkpoints.
+seed, the training's random state forked around them), feeds the detectors, snapshots the
+trained weights at healthy checks and, when a finding stops PPO, restores the last healthy one.
+A check's drift: its answers' distance from the start policy's in the reward model's feature
+space, where hacked answers are outliers (README § Sources [InfoRM]). State: JSON in checkpoints.
 """
 
 from __future__ import annotations

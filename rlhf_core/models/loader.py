@@ -1,9 +1,7 @@
-"""The one model loader: every model and tokenizer of the pipeline loads through here, with a
-:class:`LoadSpec` built once from the model config. Trained models keep ``model.dtype`` master
-weights under autocast; frozen ones load in the compute dtype.
-
-Under LoRA (``model.lora``, needs peft) the reference is the policy with its adapters off and
-the reward model the critic's trunk with its adapters off: two frozen trunks, not four models.
+"""The one model loader: every model and tokenizer loads here, with a :class:`LoadSpec` built
+once from the model config; trained models keep ``model.dtype`` master weights under autocast,
+frozen ones load in the compute dtype. Under LoRA (``model.lora``) the reference and the reward
+model are the policy's and the critic's trunks with adapters off: two frozen trunks, not four.
 """
 
 from __future__ import annotations

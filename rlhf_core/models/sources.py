@@ -1,6 +1,5 @@
 """Where a base model comes from: a hub id, a local folder, or a GGUF file (also as
-``package:<module>/<file>``), which is dequantized once into a float32 folder cached under the
-file's SHA-256.
+``package:<module>/<file>``) dequantized once into a float32 folder cached by its SHA-256.
 """
 
 from __future__ import annotations

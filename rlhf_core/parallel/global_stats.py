@@ -66,8 +66,7 @@ def global_masked_var(values: torch.Tensor, mask: torch.Tensor,
 def global_masked_whiten(values: torch.Tensor, mask: torch.Tensor,
                          shift_mean: bool = True) -> torch.Tensor:
     """``masked_whiten`` of this rank's shard [B, T] with the global batch's mean and variance
-    (``mask`` may be empty on this rank; ``shift_mean`` False adds the mean back) -> [B, T], 0
-    where ``mask`` is False (README § Sources [N+])."""
+    (``mask`` may be empty on this rank; README § Sources [N+])."""
     if world_size() == 1:
         return masked_whiten(values, mask, shift_mean=shift_mean)
     m = mask.to(torch.bool)
