@@ -34,16 +34,21 @@ from tasks.retrain.round import lineage_tags, named_batch_rows, round_start
 
 
 @contextmanager
-def tracked(ctx: RunContext, config: PipelineConfig) -> Iterator[None]:
-    """System metrics on the parent run while stages run; the parent is marked FAILED when
-    a stage raises (the error propagates)."""
-    tracking = config.tracking
+def failing(ctx: RunContext) -> Iterator[None]:
+    """The parent run is marked FAILED when a stage raises (the error propagates)."""
     try:
-        with system_metrics(ctx, tracking.system_metrics, tracking.system_metrics_interval_s):
-            yield
+        yield
     except BaseException:
         fail_parent(ctx)
         raise
+
+
+@contextmanager
+def tracked(ctx: RunContext, config: PipelineConfig) -> Iterator[None]:
+    """:func:`failing`, with system metrics on the parent run while stages run."""
+    t = config.tracking
+    with failing(ctx), system_metrics(ctx, t.system_metrics, t.system_metrics_interval_s):
+        yield
 
 
 Outputs = dict[str, StageRecord]
