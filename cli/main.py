@@ -219,10 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     stw.set_defaults(func=cmd_stage_worker)
     from cli.gc import add_command as add_gc
     from cli.notify import add_command as add_notify
-    from cli.retrain import add_answer_commands, add_commands
+    from cli.retrain import add_commands
 
     add_commands(sub)
-    add_answer_commands(sub)
     add_gc(sub)
     add_notify(sub)
     parser.epilog = "usage of each command (rlhf COMMAND --help for its options):\n" + \
@@ -245,11 +244,9 @@ def commands(parser: argparse.ArgumentParser) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # the local ephemeral server's anonymous telemetry fails loudly offline; opt back in by
-    # setting the variable
+    # the local ephemeral server's telemetry fails loudly offline (set the variable to opt in)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # the first start of the local ephemeral API migrates its database: on a busy small
-    # machine that can pass Prefect's default startup timeout
+    # the ephemeral API's first start migrates its database, which can pass the default timeout
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # MLflow prints "View run ... / View experiment ..." for every run it closes on a server:
     # the summary names the parent run once instead
