@@ -1,10 +1,7 @@
-"""Stage wiring shared by every flow that trains (called inside a flow run), so the order of
-the stages lives in one place.
-
-:func:`run_pipeline` runs the pipeline, and a retrain round through it: a bootstrap is the
-pipeline on the data plus the batches, a challenge (``challenger_stages``) trains from the
-champion and is gated against it. A sweep runs ``shared_stages`` once, ``rl_stages`` per point.
-"""
+"""Stage wiring shared by every flow that trains (called inside a flow run), so the order of the
+stages lives in one place: :func:`run_pipeline` runs the pipeline and a retrain round through it
+(a challenge trains from the champion and is gated against it); a sweep runs ``shared_stages``
+once, then ``rl_stages`` per point."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
