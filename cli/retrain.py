@@ -237,23 +237,18 @@ def cmd_compare(args, config) -> int:
     return 0
 
 
-def cmd_promote(args, config) -> int:
-    from tasks.platform.mlflow.registry import promote
+def cmd_move(args, config) -> int:
+    """`rlhf promote V` and `rlhf rollback`: the champion alias moved by hand."""
+    from tasks.platform.mlflow.registry import promote, rollback
 
-    name = config.tracking.registered_policy
+    name, reason = config.tracking.registered_policy, args.reason or "by hand"
     uri = registry_uri(config.tracking.tracking_uri, Needs(models=(name,)))
-    before = promote(uri, name, args.version, args.reason or "by hand", flagged=args.flagged)
-    print(f"{name}: champion -> v{args.version} (previous-champion: v{before})")
-    return 0
-
-
-def cmd_rollback(args, config) -> int:
-    from tasks.platform.mlflow.registry import rollback
-
-    name = config.tracking.registered_policy
-    uri = registry_uri(config.tracking.tracking_uri, Needs(models=(name,)))
-    old, new = rollback(uri, name, args.reason or "by hand")
-    print(f"{name}: champion v{old} -> v{new} (previous-champion: v{old})")
+    if args.command == "rollback":
+        old, new = rollback(uri, name, reason)
+        print(f"{name}: champion v{old} -> v{new} (previous-champion: v{old})")
+    else:
+        before = promote(uri, name, args.version, reason, flagged=args.flagged)
+        print(f"{name}: champion -> v{args.version} (previous-champion: v{before})")
     return 0
 
 
@@ -322,14 +317,14 @@ def add_commands(sub) -> None:
     batch.add_argument("--via", choices=("file", "label-studio"), default="file",
                        help="label-studio: collect into a project, annotate as three demo "
                             "accounts through its API, pull (LABEL_STUDIO_URL/_API_KEY)")
-    prom = config_command(sub, "promote", cmd_promote,
+    prom = config_command(sub, "promote", cmd_move,
                           "make a registered policy version the champion")
     prom.add_argument("version", help="registered version number")
     prom.add_argument("--reason", help="recorded with the move")
     prom.add_argument("--flagged", action="store_true",
                       help="promote it although its PPO run was stopped by a health detector "
                            "or flagged for reward hacking")
-    back = config_command(sub, "rollback", cmd_rollback, "champion back to previous-champion")
+    back = config_command(sub, "rollback", cmd_move, "champion back to previous-champion")
     back.add_argument("--reason", help="recorded with the move")
     for decision, says in (("approve", "the candidate becomes champion"),
                            ("reject", "the champion stays; the candidate stays registered")):
