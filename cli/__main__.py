@@ -1,7 +1,5 @@
 """``python -m cli``: the `rlhf` command."""
 
-import sys
-
 from cli.main import main
 
-sys.exit(main())
+raise SystemExit(main())

@@ -4,6 +4,7 @@ one log line each. Without --yes nothing is deleted."""
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 
 from cli.runs import config_command
 from tasks.config.pipeline_config import ConfigError
@@ -42,12 +43,10 @@ def cmd_gc(args, config) -> int:
     missing = store_missing(config.tracking.tracking_uri)
     if missing:
         raise ConfigError(missing)
-    if not args.yes:  # a dry run changes nothing, not even the lock file
-        print(gc_text(plan_gc(config, keep_runs=args.keep_runs)))
-        return 0
-    with one_gc(config):  # a second gc of the store waits for this one
+    # a second gc of the store waits for this one; a dry run changes nothing, not even the lock
+    with one_gc(config) if args.yes else nullcontext():
         plan = plan_gc(config, keep_runs=args.keep_runs)
-        print(gc_text(plan, apply_gc(config, plan)))
+        print(gc_text(plan, apply_gc(config, plan) if args.yes else None))
     return 0
 
 

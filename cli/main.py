@@ -24,8 +24,6 @@ from cli.runs import (
     resume_command,
     resume_config,
 )
-from cli.stopping import stop_signal, stop_within_seconds
-from data_checks.errors import ValidationFailed
 from tasks.pipeline.rewards import RewardSourceDown
 from tasks.platform.mlflow.addresses import run_page, runs_table_url
 from tasks.platform.mlflow.errors import last_parent_run
@@ -219,10 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     stw.set_defaults(func=cmd_stage_worker)
     from cli.gc import add_command as add_gc
     from cli.notify import add_command as add_notify
-    from cli.retrain import add_answer_commands, add_commands
+    from cli.retrain import add_commands
 
     add_commands(sub)
-    add_answer_commands(sub)
     add_gc(sub)
     add_notify(sub)
     parser.epilog = "usage of each command (rlhf COMMAND --help for its options):\n" + \
@@ -245,11 +242,9 @@ def commands(parser: argparse.ArgumentParser) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # the local ephemeral server's anonymous telemetry fails loudly offline; opt back in by
-    # setting the variable
+    # the local ephemeral server's telemetry fails loudly offline (set the variable to opt in)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # the first start of the local ephemeral API migrates its database: on a busy small
-    # machine that can pass Prefect's default startup timeout
+    # the ephemeral API's first start migrates its database, which can pass the default timeout
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # MLflow prints "View run ... / View experiment ..." for every run it closes on a server:
     # the summary names the parent run once instead
@@ -260,18 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        with stop_within_seconds(lambda signum: stop_message(args, signum)):
+        with errors.stop_within_seconds(lambda signum: stop_message(args, signum)):
             return args.func(args)
     except errors.OUTAGES as err:
         print(f"\nrlhf: {err}; {continue_hint(args, err.until)}", file=sys.stderr)
-        return errors.exit_code(err)
+        return errors.EX_TEMPFAIL
     except errors.EXPECTED as err:
-        hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" \
-            if isinstance(err, ValidationFailed) else ""
+        gate = isinstance(err, errors.GATE_ERRORS)
+        hint = "\nnothing was trained; see the validate run's data_docs/ in MLflow" if gate else ""
         if isinstance(err, RewardSourceDown):
             hint = f"; {continue_hint(args, 'once it answers')}"
         print(f"\nrlhf: {err}{hint}", file=sys.stderr)  # a paragraph of its own
-        return errors.exit_code(err)
+        return 1 if gate else 2
     except BaseException as err:
         if errors.prefect_gone(err):
             api = os.environ.get("PREFECT_API_URL") or "Prefect's local API"
@@ -280,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nrlhf: the Prefect API at {api} stopped answering ({type(err).__name__}: "
                   f"{err}); {kept}; {continue_hint(args)}", file=sys.stderr)
             return errors.EX_TEMPFAIL
-        signum = stop_signal(err)
+        signum = errors.stop_signal(err)
         if signum is None:
             raise
         print(f"\nrlhf: {stop_message(args, signum)}", file=sys.stderr)

@@ -1,10 +1,7 @@
 """`rlhf` subcommands of the retrain loop: collecting and labelling, retraining, comparing
-versions and moving the champion (`rlhf --help` lists their usage).
-
-`rlhf approve` / `rlhf reject` are a person's answer to a retrain round's candidate
-(``retrain.approval: required``), from a terminal, against the registry in use (on a shared
-server MLFLOW_TRACKING_USERNAME is who answered). A served round waiting on its Prefect form for
-the same answer is resumed with it."""
+versions, moving the champion, and a person's answer to a candidate waiting for approval
+(`rlhf approve` / `rlhf reject`; on a shared server MLFLOW_TRACKING_USERNAME is who answered, and
+a served round waiting on its Prefect form is resumed with it)."""
 
 from __future__ import annotations
 
@@ -34,8 +31,10 @@ def _with(config, section: str, **fields):
 
 
 def _preflight(config) -> None:
-    """The MLflow store and (when PREFECT_API_URL is set) the Prefect API answer."""
+    """The MLflow store and (when PREFECT_API_URL is set) the Prefect API answer; an expected
+    failure in the flow then prints no traceback."""
     check_servers(config.tracking.tracking_uri, needs=needs_of(config))
+    quiet_expected_failures()
 
 
 def waiting_lines(out, argv: list[str]) -> list[str]:
@@ -104,7 +103,6 @@ def _demo_via_label_studio(args, config, seed: int, judge) -> int:
     dest = config.collect.destination.model_copy(update={"kind": "label_studio"})
     config = _with(config, "collect", destination=dest)
     check_label_studio(dest.url)
-    quiet_expected_failures()
     out = collect_flow(config=config)
     rows = pd.read_json(out.paths["jsonl"], lines=True, dtype=False).to_dict("records")
     ls = connect(config)
@@ -149,7 +147,6 @@ def _demo_on_policy(args, config, seed: int, judge) -> int:
 
     from flows.collect import collect_flow, label_import
 
-    quiet_expected_failures()
     out = collect_flow(config=config)
     table = pd.read_json(out.paths["jsonl"], lines=True, dtype=False)
     table["choice"] = judge.label(table.to_dict("records"), seed, args.degraded)
@@ -176,7 +173,6 @@ def cmd_collect(args, config) -> int:
     _preflight(config)
     from flows.collect import collect_flow
 
-    quiet_expected_failures()
     collect_flow(config=config)
     return 0
 
@@ -187,7 +183,6 @@ def cmd_label_pull(args, config) -> int:
     _preflight(config)
     from flows.collect import label_pull
 
-    quiet_expected_failures()
     out = label_pull(config=config, collection=args.collection, partial=args.partial)
     if not out:
         print("no collection went to Label Studio yet (`rlhf collect --to label-studio`)")
@@ -203,7 +198,6 @@ def cmd_label_import(args, config) -> int:
     from tasks.retrain.labels.studio import refuse_studio_rows
 
     refuse_studio_rows(config, args.file)
-    quiet_expected_failures()
     print(label_import(config=config, path=str(args.file)).summary())
     return 0
 
@@ -213,7 +207,6 @@ def cmd_retrain(args, config) -> int:
     from flows.retrain import retrain
 
     _preflight(config)
-    quiet_expected_failures()
     start = time.perf_counter()
     out = retrain(config=config, control=args.control)
     if out.status == "skipped":  # exit 75 (EX_TEMPFAIL): nothing ran, try again later
@@ -237,7 +230,6 @@ def cmd_compare(args, config) -> int:
     from flows.retrain import compare
 
     _preflight(config)
-    quiet_expected_failures()
     out = compare(config=config, champion=args.champion, challenger=args.challenger)
     print(f"compare: v{out.challenger} against v{out.champion}, scored by "
           f"{out.decision.scorer}\ngate: {out.decision.reason}\n"
@@ -245,23 +237,18 @@ def cmd_compare(args, config) -> int:
     return 0
 
 
-def cmd_promote(args, config) -> int:
-    from tasks.platform.mlflow.registry import promote
+def cmd_move(args, config) -> int:
+    """`rlhf promote V` and `rlhf rollback`: the champion alias moved by hand."""
+    from tasks.platform.mlflow.registry import promote, rollback
 
-    name = config.tracking.registered_policy
+    name, reason = config.tracking.registered_policy, args.reason or "by hand"
     uri = registry_uri(config.tracking.tracking_uri, Needs(models=(name,)))
-    before = promote(uri, name, args.version, args.reason or "by hand", flagged=args.flagged)
-    print(f"{name}: champion -> v{args.version} (previous-champion: v{before})")
-    return 0
-
-
-def cmd_rollback(args, config) -> int:
-    from tasks.platform.mlflow.registry import rollback
-
-    name = config.tracking.registered_policy
-    uri = registry_uri(config.tracking.tracking_uri, Needs(models=(name,)))
-    old, new = rollback(uri, name, args.reason or "by hand")
-    print(f"{name}: champion v{old} -> v{new} (previous-champion: v{old})")
+    if args.command == "rollback":
+        old, new = rollback(uri, name, reason)
+        print(f"{name}: champion v{old} -> v{new} (previous-champion: v{old})")
+    else:
+        before = promote(uri, name, args.version, reason, flagged=args.flagged)
+        print(f"{name}: champion -> v{args.version} (previous-champion: v{before})")
     return 0
 
 
@@ -330,18 +317,15 @@ def add_commands(sub) -> None:
     batch.add_argument("--via", choices=("file", "label-studio"), default="file",
                        help="label-studio: collect into a project, annotate as three demo "
                             "accounts through its API, pull (LABEL_STUDIO_URL/_API_KEY)")
-    prom = config_command(sub, "promote", cmd_promote,
+    prom = config_command(sub, "promote", cmd_move,
                           "make a registered policy version the champion")
     prom.add_argument("version", help="registered version number")
     prom.add_argument("--reason", help="recorded with the move")
     prom.add_argument("--flagged", action="store_true",
                       help="promote it although its PPO run was stopped by a health detector "
                            "or flagged for reward hacking")
-    back = config_command(sub, "rollback", cmd_rollback, "champion back to previous-champion")
+    back = config_command(sub, "rollback", cmd_move, "champion back to previous-champion")
     back.add_argument("--reason", help="recorded with the move")
-
-
-def add_answer_commands(sub) -> None:
     for decision, says in (("approve", "the candidate becomes champion"),
                            ("reject", "the champion stays; the candidate stays registered")):
         p = sub.add_parser(decision, help=f"answer a retrain's candidate waiting for approval: "

@@ -1,9 +1,5 @@
-"""The collect -> label -> retrain loop's first flows: `collect` (sample a registered policy
-on fresh prompts for labelling), `label-import` (a labelled file becomes a preference batch, or
-is quarantined) and `label-pull` (the same from Label Studio's finished annotations).
-
-No ``from __future__ import annotations`` (Prefect reads the signature's classes).
-"""
+"""The collect -> label -> retrain loop's first flows: `collect`, `label-import` and `label-pull`.
+No ``from __future__ import annotations`` (Prefect reads the signature's classes)."""
 
 from prefect import flow
 

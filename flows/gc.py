@@ -1,8 +1,6 @@
 """The `gc` flow: `rlhf gc --yes` as the served deployment gc/<name> runs it on
-``tracking.gc_schedule`` (tasks/gc/plan.py finds what no longer serves and deletes it).
-
-No ``from __future__ import annotations`` (Prefect reads the signature's classes).
-"""
+``tracking.gc_schedule``. No ``from __future__ import annotations`` (Prefect reads the
+signature's classes)."""
 
 from prefect import flow
 

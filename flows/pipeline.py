@@ -1,10 +1,8 @@
-"""The RLHF pipeline flow: wiring only (the stages of the stage table,
-tasks/pipeline/stages/table.py, in its order; each one task and one child run). And the flow of
-`rlhf validate`: the data gate alone, tracked like a pipeline run (parent run + validate child
-run with the GX results and Data Docs), nothing trained. And `rlhf sweep`: a grid of RL
-settings x seeds as child flow runs, one MLflow parent run per point (tagged with the sweep id),
-all sharing one run of the stages before RL. The sweep's own MLflow run holds those and the
-summary; a failed point is recorded and the others go on.
+"""The flows of `rlhf run`, `rlhf validate` and `rlhf sweep`, wiring only (flows/wiring.py holds
+the stage order). validate runs the data gate alone, tracked like a pipeline run, nothing
+trained. A sweep runs the stages before RL once, then each grid point x seed as a child flow run
+with its own MLflow parent run (tagged with the sweep id); a failed point is recorded and the
+others go on.
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """
@@ -15,9 +13,9 @@ from typing import Any
 from prefect import flow, task
 from prefect.runtime import flow_run
 
-from flows.wiring import rl_stages, run_pipeline, shared_stages
+from flows.wiring import failing, rl_stages, run_pipeline, shared_stages
 from tasks.config.pipeline_config import PipelineConfig, grid_points
-from tasks.pipeline.finish import close_finished, fail_parent, finish
+from tasks.pipeline.finish import close_finished, finish
 from tasks.pipeline.prepare import Prepared, pipeline_run_name, prepare
 from tasks.pipeline.results import PipelineResult, SweepResult
 from tasks.pipeline.stages.records import SharedStages
@@ -51,11 +49,8 @@ def rlhf_validate(config: PipelineConfig) -> PipelineResult:
     prep = prepare(config, run_name=flow_run_name())
     ctx = prep.ctx
     tag_parent(ctx, {VALIDATE_ONLY_TAG: "true"})
-    try:
+    with failing(ctx):
         out = validate(ctx, config, prep)
-    except BaseException:
-        fail_parent(ctx)
-        raise
     close_finished(ctx, keep_resume_state=True)  # nothing trained, nothing to resume
     return PipelineResult.of(ctx, {"validate": out})
 
@@ -71,11 +66,8 @@ def sweep_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str
     """critic_init -> ppo -> evaluate for one point, in its own MLflow parent run."""
     prep = open_point_run(config, base_prep, sweep_id, overrides)
     ctx = prep.ctx
-    try:
+    with failing(ctx):
         outputs = rl_stages(ctx, config, prep, shared.outputs())
-    except BaseException:
-        fail_parent(ctx)
-        raise
     return finish(ctx, outputs, config.tracking.keep_resume_state)
 
 
@@ -86,11 +78,8 @@ def run_point(config: PipelineConfig, overrides: dict[str, Any], sweep_id: str,
     return sweep_point(config, overrides, sweep_id, shared, base_prep)
 
 
-def _sweep_name() -> str:
-    return str(flow_run.parameters.get("sweep_id") or "rlhf-sweep")
-
-
-@flow(name="rlhf_sweep", flow_run_name=_sweep_name, log_prints=True)
+@flow(name="rlhf_sweep", log_prints=True,
+      flow_run_name=lambda: str(flow_run.parameters.get("sweep_id") or "rlhf-sweep"))
 def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[int] | None = None,
                sweep_id: str | None = None, max_concurrent: int = 1) -> SweepResult:
     """Shared stages once, then every grid point x seed (``max_concurrent`` at a time), then
@@ -103,11 +92,8 @@ def rlhf_sweep(config: PipelineConfig, grid: dict[str, list[Any]], seeds: list[i
     base_prep = prepare(shared_cfg)
     ctx = base_prep.ctx
     tag_parent(ctx, {SWEEP_TAG: sweep_id, SWEEP_ROLE_TAG: "shared", SWEEP_POINTS_TAG: len(points)})
-    try:
+    with failing(ctx):
         shared = SharedStages.model_validate(shared_stages(ctx, shared_cfg, base_prep))
-    except BaseException:
-        fail_parent(ctx)
-        raise
     rows = []
     for start in range(0, len(points), max(1, max_concurrent)):
         wave = points[start: start + max(1, max_concurrent)]

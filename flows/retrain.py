@@ -1,9 +1,7 @@
-"""The retrain flow: new preference batches (+ every consumed one, ``rm_data: cumulative``)
-through the pipeline's one stage sequence (flows/wiring.py) from the champion, gated against it;
-the champion moves only on a win. No champion yet: the whole pipeline runs and its result becomes
-champion. One retrain at a time (a Prefect concurrency limit): a run finding one skips or waits.
-And the compare flow: two registered policy versions through the retrain's gate (validate ->
-gate), nothing trained, no alias moved.
+"""The retrain flow: new preference batches through the pipeline's stages (flows/wiring.py) from
+the champion, gated against it; the champion moves only on a win, and with no champion yet the
+whole pipeline's result becomes champion. One retrain at a time: a run finding one skips or
+waits. And the compare flow: two registered policy versions through the retrain's gate.
 
 No ``from __future__ import annotations`` (Prefect reads the signature's classes).
 """

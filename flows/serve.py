@@ -1,10 +1,8 @@
 """`rlhf serve`: the flows of SERVED_FLOWS as Prefect deployments, served from one long-running
-process (``prefect.serve``; no Docker, no worker).
-
-The pipeline deployment's parameters are the typed config sections, so the UI's "Custom run" form
-shows every field; a run merges the fields it sets onto the served config. No ``from __future__
-import annotations``: Prefect builds the parameter model from the signature's classes.
-"""
+process (``prefect.serve``; no Docker, no worker). The pipeline deployment's parameters are the
+typed config sections, so the UI's "Custom run" form shows every field; a run merges the fields
+it sets onto the served config. No ``from __future__ import annotations``: Prefect builds the
+parameter model from the signature's classes."""
 
 import json
 from datetime import timedelta

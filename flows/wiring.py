@@ -1,10 +1,7 @@
-"""Stage wiring shared by every flow that trains (called inside a flow run), so the order of
-the stages lives in one place.
-
-:func:`run_pipeline` runs the pipeline, and a retrain round through it: a bootstrap is the
-pipeline on the data plus the batches, a challenge (``challenger_stages``) trains from the
-champion and is gated against it. A sweep runs ``shared_stages`` once, ``rl_stages`` per point.
-"""
+"""Stage wiring shared by every flow that trains (called inside a flow run), so the order of the
+stages lives in one place: :func:`run_pipeline` runs the pipeline and a retrain round through it
+(a challenge trains from the champion and is gated against it); a sweep runs ``shared_stages``
+once, then ``rl_stages`` per point."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,16 +31,21 @@ from tasks.retrain.round import lineage_tags, named_batch_rows, round_start
 
 
 @contextmanager
-def tracked(ctx: RunContext, config: PipelineConfig) -> Iterator[None]:
-    """System metrics on the parent run while stages run; the parent is marked FAILED when
-    a stage raises (the error propagates)."""
-    tracking = config.tracking
+def failing(ctx: RunContext) -> Iterator[None]:
+    """The parent run is marked FAILED when a stage raises (the error propagates)."""
     try:
-        with system_metrics(ctx, tracking.system_metrics, tracking.system_metrics_interval_s):
-            yield
+        yield
     except BaseException:
         fail_parent(ctx)
         raise
+
+
+@contextmanager
+def tracked(ctx: RunContext, config: PipelineConfig) -> Iterator[None]:
+    """:func:`failing`, with system metrics on the parent run while stages run."""
+    t = config.tracking
+    with failing(ctx), system_metrics(ctx, t.system_metrics, t.system_metrics_interval_s):
+        yield
 
 
 Outputs = dict[str, StageRecord]

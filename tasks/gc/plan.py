@@ -5,6 +5,7 @@ MLflow goes, with the runs under it, ``tracking.gc_deleted_age_days`` after its 
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -51,6 +52,7 @@ AGE_KEY = "tracking.gc_deleted_age_days"
 # what a killed gate or stage leaves: unfinished files and a checkpoint save's temp folder
 LEFTOVERS = ("*.part", ".*.tmp")
 STOPPED = "left by a deletion that was stopped midway"
+RUN_ID, CACHE_KEY = re.compile("[0-9a-f]{32}"), re.compile("[0-9a-f]{64}")  # folder names
 
 
 class Found(BaseModel):
@@ -93,17 +95,12 @@ def _found(kind: Kind, path: Path, reason: str, delete: bool = True, **more) -> 
                  bytes=tree_bytes(path) if delete else 0, **more)
 
 
-def is_hex(name: str, length: int) -> bool:
-    """A run id (32 hex digits) or a validation cache key (64)."""
-    return len(name) == length and all(c in "0123456789abcdef" for c in name)
-
-
 def _run_folders(cfg: PipelineConfig, uri: str, keep: int, needed: dict[str, str]) -> list[Found]:
     root = Path(cfg.tracking.workdir)
     if not root.is_dir():
         return []
     out = [_found("trash", p, STOPPED) for p in trash_in(root)]
-    folders = {p.name: p for p in root.iterdir() if p.is_dir() and is_hex(p.name, 32)}
+    folders = {p.name: p for p in root.iterdir() if p.is_dir() and RUN_ID.fullmatch(p.name)}
     runs = stored_runs(uri, sorted(folders))
     finished = []
     for run_id, path in sorted(folders.items()):
@@ -258,9 +255,8 @@ def _cache(cfg: PipelineConfig, now: float) -> list[Found]:
         return []
     days = cfg.tracking.gc_cache_age_days
     chunks = chunk_folder(cache)
-    items = [p for p in cache.root.iterdir() if p.is_dir() and is_hex(p.name, 64)]
-    items += [p for p in chunks.iterdir() if p.suffix == ".arrow" and is_hex(p.stem, 64)] \
-        if chunks.is_dir() else []
+    items = [p for p in cache.root.iterdir() if p.is_dir() and CACHE_KEY.fullmatch(p.name)]
+    items += [p for p in chunks.glob("*.arrow") if CACHE_KEY.fullmatch(p.stem)]
     out, used = [], []
     for path in sorted(items):
         if not _old(path, days, now):

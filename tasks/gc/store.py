@@ -102,16 +102,11 @@ def alias_runs(tracking_uri: str, models: tuple[str, ...]) -> dict[str, str]:
                 version.tags.get(stage_run_tag(s)) for s in ("sft", "reward_model", "ppo")]
             for run_id in filter(None, runs):
                 need.setdefault(run_id, why)
-                parent = _parent_of(client, run_id)
-                if parent:
-                    need.setdefault(parent, why)
+                with suppress(MlflowException):
+                    parent = client.get_run(run_id).data.tags.get(PARENT_TAG)
+                    if parent:
+                        need.setdefault(parent, why)
     return need
-
-
-def _parent_of(client, run_id: str) -> str | None:
-    with suppress(MlflowException):
-        return client.get_run(run_id).data.tags.get(PARENT_TAG)
-    return None
 
 
 def deleted_runs(tracking_uri: str) -> list[StoredRun]:
@@ -119,27 +114,21 @@ def deleted_runs(tracking_uri: str) -> list[StoredRun]:
     client = tracking_client(tracking_uri)
     out = [_stored(r) for r in every_run(client, _experiment_ids(client),
                                          run_view_type=ViewType.DELETED_ONLY)]
-    when = deletion_times(tracking_uri, [r.run_id for r in out])
-    return [r.model_copy(update={"deleted_time": when.get(r.run_id)}) for r in out]
-
-
-def deletion_times(tracking_uri: str, run_ids: list[str]) -> dict[str, int]:
-    """When each of ``run_ids`` was marked deleted (ms), from a database store; else empty."""
-    if not run_ids or tracking_uri.startswith(("http://", "https://")):
-        return {}
+    if not out or tracking_uri.startswith(("http://", "https://")):
+        return out
     from mlflow.store.tracking.dbmodels.models import SqlRun
     from mlflow.tracking._tracking_service.utils import _get_store
 
-    store = _get_store(tracking_uri)
+    store = _get_store(tracking_uri)  # only a database store records the deletion time (ms)
     if not hasattr(store, "ManagedSessionMaker"):
-        return {}
-    out = {}
+        return out
+    ids, when = [r.run_id for r in out], {}
     with store.ManagedSessionMaker() as session:
-        for start in range(0, len(run_ids), CHUNK):
+        for start in range(0, len(ids), CHUNK):
             rows = session.query(SqlRun.run_uuid, SqlRun.deleted_time).filter(
-                SqlRun.run_uuid.in_(run_ids[start:start + CHUNK])).all()
-            out.update({run_id: int(t) for run_id, t in rows if t is not None})
-    return out
+                SqlRun.run_uuid.in_(ids[start:start + CHUNK])).all()
+            when.update({run_id: int(t) for run_id, t in rows if t is not None})
+    return [r.model_copy(update={"deleted_time": when.get(r.run_id)}) for r in out]
 
 
 def stage_runs(tracking_uri: str, parents: list[str]) -> dict[str, list[StoredRun]]:

@@ -18,7 +18,7 @@ from tests.stores import seed_sqlite_store
 
 STUCK = """
 import signal, time
-from cli.stopping import stop_within_seconds
+from cli.errors import stop_within_seconds
 # Ctrl-C as a terminal gives it, also where the suite was started in the background of a
 # script (a shell without job control starts background commands with SIGINT ignored)
 signal.signal(signal.SIGINT, signal.default_int_handler)
