@@ -16,9 +16,8 @@ import numpy as np
 import pandas as pd
 
 from data_checks import cache as kept
-from data_checks.adapters import TEXT_FIELDS
+from data_checks.adapters import TEXT_FIELDS, is_conversational, render_chunks, start_chat
 from data_checks.config import DataConfig, ValidationConfig
-from data_checks.conversations import is_conversational, render_chunks, start_chat
 from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.files import write_cleaned
 from data_checks.loading import KINDS, forget_reads, take_chunks
