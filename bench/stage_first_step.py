@@ -52,7 +52,7 @@ def prepare(root: Path, out: Path, pairs: int, seed: int) -> Path:
 
     from bench.data_scale import write_data, write_model
     from data_checks.token_files import TokenWriter, tokens_path
-    from data_checks.tokenizer_checks import ensure_special_tokens
+    from data_checks.validate import ensure_special_tokens
     from rlhf_core.models.loader import LoadSpec, load_pretrained
 
     data, model = write_data(root, pairs, seed), None

@@ -18,7 +18,7 @@ import pandas as pd
 from data_checks import cache as kept
 from data_checks.adapters import TEXT_FIELDS, is_conversational, render_chunks, start_chat
 from data_checks.config import DataConfig, ValidationConfig
-from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
+from data_checks.errors import DataError, ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.files import write_cleaned
 from data_checks.loading import KINDS, forget_reads, take_chunks
 from data_checks.report import ValidationReport, write_data_docs  # noqa: F401  (re-exported)
@@ -37,6 +37,27 @@ from data_checks.tokens import Tokenized, encode_batch, frame_texts, tokenize_fr
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
 DROPPED_SHOWN = 1_000  # dropped rows kept per data set for the Data Docs (all are counted)
 CHUNKS = ".chunks"  # the folder (in the cleaned files' one) of a running gate's chunk tokens
+PAD_TOKEN = "<|pad|>"
+
+
+def ensure_special_tokens(tokenizer) -> dict:
+    """EOS must exist; PAD must exist and differ from EOS (an EOS masked as padding is never
+    learned), else a dedicated pad token is added -> what the tokenizer's special tokens are."""
+    if tokenizer.eos_token_id is None:
+        raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r}: no EOS token")
+    added = tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id
+    before, vocab = tokenizer.pad_token, len(tokenizer)
+    if added:
+        tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+        why = "it had none" if before is None else f"its PAD was its EOS {before!r}"
+        grows = f"{vocab} -> {len(tokenizer)}" if len(tokenizer) > vocab else "unchanged"
+        print(f"validate: the tokenizer gets a dedicated PAD {tokenizer.pad_token!r} (id "
+              f"{tokenizer.pad_token_id}) because {why}, and an EOS masked as padding is "
+              f"never learned; the models' vocabulary: {grows} rows (a new embedding row "
+              "is drawn from the others' mean and covariance)", flush=True)
+    return {"pad_added": added, "pad_token": tokenizer.pad_token,
+            "pad_token_id": tokenizer.pad_token_id, "eos_token": tokenizer.eos_token,
+            "eos_token_id": tokenizer.eos_token_id}
 
 
 def cut_at_paragraph(prompt: str, tokenizer, max_tokens: int) -> str | None:

@@ -13,9 +13,8 @@ import data_checks.tokens as tokens_module
 from data_checks import files, loading
 from data_checks.adapters import render_chunks, start_chat
 from data_checks.config import DataConfig, DataSource, ValidationConfig
-from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.tokens import tokenize_frame
-from data_checks.validate import run_validation
+from data_checks.validate import ensure_special_tokens, run_validation
 from rlhf_core.models import chat
 from rlhf_core.models.data import encode
 from tests.conftest import make_tokenizer
