@@ -31,7 +31,7 @@ from data_checks.suites import (
     suite_for,
 )
 from data_checks.text_checks import Repeats, TextTally
-from data_checks.token_files import ChunkTokens, TokenWriter, tokens_path
+from data_checks.token_files import TokenWriter, tokens_path
 from data_checks.tokens import Tokenized, encode_batch, frame_texts, tokenize_frame
 
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
@@ -175,7 +175,7 @@ def _cut_rows(tokens: Tokenized) -> np.ndarray:
     return np.flatnonzero(cut)
 
 
-def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
+def _tokenize(df: pd.DataFrame, tokenizer, store: kept.ChunkTokens | None,
               report: ValidationReport) -> Tokenized:
     """A chunk, tokenized, or its tokens as an earlier (or a killed) gate kept them."""
     texts = frame_texts(df) if store is not None else {}
@@ -192,7 +192,7 @@ def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
 
 def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                       cfg: ValidationConfig, paths: dict[str, str], chat: dict, out_dir: Path,
-                      chunk_tokens: ChunkTokens | None):
+                      chunk_tokens: kept.ChunkTokens | None):
     """The report on each data set's chunks (text checks, budget, GX suite) and on the whole
     sets; cleaned files go to ``out_dir`` only if it passes. ``chunk_tokens`` keeps each
     chunk's tokens so a rerun after a kill reuses them."""
@@ -323,7 +323,7 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
                  for name, rows in parts.items()}
     identity = kept.encoding_identity(tokenizer)
     folder = kept.chunk_folder(cache) if cache is not None else out / CHUNKS
-    chunk_tokens = ChunkTokens(folder, identity) if identity is not None else None
+    chunk_tokens = kept.ChunkTokens(folder, identity) if identity is not None else None
     report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out, chunk_tokens)
     if chunk_tokens is not None and cache is None:  # a verdict: nothing left to resume
         chunk_tokens.clear()

@@ -206,7 +206,7 @@ def test_kept_chunk_tokens_come_back_only_under_their_key(tmp_path):
 
     import pyarrow as pa
 
-    from data_checks.token_files import ChunkTokens
+    from data_checks.cache import ChunkTokens
 
     store = ChunkTokens(tmp_path / "chunks", salt="tokenizer A")
     texts = {"prompt": ["a b", ""], "response": ["c", "d e"]}
