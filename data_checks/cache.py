@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from data_checks.token_files import SUFFIX
+from data_checks.tokens import SUFFIX
 
 CACHE_ENV = "RLHF_VALIDATION_CACHE"
 CHUNKS = "chunks"  # the folder, in the cache, of tokenized chunks

@@ -31,8 +31,14 @@ from data_checks.suites import (
     suite_for,
 )
 from data_checks.text_checks import Repeats, TextTally
-from data_checks.token_files import TokenWriter, tokens_path
-from data_checks.tokens import Tokenized, encode_batch, frame_texts, tokenize_frame
+from data_checks.tokens import (
+    Tokenized,
+    TokenWriter,
+    encode_batch,
+    frame_texts,
+    tokenize_frame,
+    tokens_path,
+)
 
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
 DROPPED_SHOWN = 1_000  # dropped rows kept per data set for the Data Docs (all are counted)
@@ -80,7 +86,7 @@ def apply_length_budget(df: pd.DataFrame, tokens: Tokenized, kind: str, tokenize
     long = np.flatnonzero(is_text & (tokens.lengths("prompt") > cfg.max_prompt_tokens))
     keep = np.ones(len(df), dtype=bool)
     prompts = df["prompt"].tolist()
-    cut_rows, heads = [], []
+    cut_rows = []
     for i in long:
         head = cut_at_paragraph(prompts[i], tokenizer, cfg.max_prompt_tokens) \
             if cut_prompts else None
@@ -88,11 +94,11 @@ def apply_length_budget(df: pd.DataFrame, tokens: Tokenized, kind: str, tokenize
             keep[i] = False
         else:
             cut_rows.append(i)
-            heads.append(head)
             prompts[i] = head
     truncated = len(cut_rows)
     df = df.assign(prompt=prompts)
-    tokens = tokens.replace("prompt", np.array(cut_rows, dtype=np.int64), heads, tokenizer)
+    tokens = tokens.replace("prompt", np.array(cut_rows, dtype=np.int64),
+                            [prompts[i] for i in cut_rows], tokenizer)
     for col in TEXT_FIELDS[kind]:
         over = tokens.lengths(col) + 1 > cfg.max_response_tokens
         if cfg.long_response_policy == "drop":

@@ -169,9 +169,9 @@ def test_repeated_sft_rows_and_prompts_are_reported_with_their_rows(tmp_path):
 
 
 def test_the_token_files_beside_the_cleaned_files_are_their_per_text_encoding(tmp_path):
-    """What the stages read (data_checks/token_files.py): row for row with each cleaned file,
+    """What the stages read (data_checks/tokens.py): row for row with each cleaned file,
     the ids ``encode`` gives of its texts, prompts cut to the budget included."""
-    from data_checks.token_files import read_tokens, tokens_path
+    from data_checks.tokens import read_tokens, tokens_path
     from tests.shared import PREF
 
     def ids_of(cleaned, column):
