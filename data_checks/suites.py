@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -224,21 +222,3 @@ def suite_for(context, source, run_id, name: str, kind: str, cfg: ValidationConf
     definition = context.validation_definitions.add(
         gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
     return ChunkedSuite(name, label, definition, run_id, cfg.example_rows)
-
-
-def build_gx_docs(context, site_dir: Path) -> None:
-    """GX's own Data Docs site of the results ``context`` stores, in ``site_dir``."""
-    if site_dir.exists():
-        shutil.rmtree(site_dir)
-    site = {"class_name": "SiteBuilder", "show_how_to_buttons": False,
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                              "base_directory": str(site_dir.resolve())},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
-    if "rlhf" in context.get_site_names():
-        context.update_data_docs_site("rlhf", site)
-    else:
-        context.add_data_docs_site("rlhf", site)
-    context.build_data_docs(site_names=["rlhf"])
-    for decoration in (site_dir / "static").rglob("*"):  # GX's unused stock GIFs and fonts
-        if decoration.suffix in (".gif", ".otf"):
-            decoration.unlink()
