@@ -85,11 +85,7 @@ def _hh_row(row: dict, kind: str) -> dict:
         prompt, chosen, rejected = split_hh(_field(row, "chosen"), _field(row, "rejected"))
         return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
     text = _field(row, "chosen" if "chosen" in row else "text")  # one transcript
-    cut = text.rfind(ASSISTANT)
-    if cut < 0:
-        raise AdapterError("transcript has no '\\n\\nAssistant:' turn")
-    end = cut + len(ASSISTANT)  # the prompt: the dialogue up to the last Assistant turn
-    prompt, reply = text[:end], text[end:]
+    prompt, reply, _ = split_hh(text, text)  # the dialogue up to the last Assistant turn
     return {"prompt": prompt, "response": reply} if kind == "sft" else {"prompt": prompt}
 
 

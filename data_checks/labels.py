@@ -53,8 +53,8 @@ class Labeller:
         return self.skips / self.rows if self.rows else 0.0
 
 
-def _share(hits: Sequence[bool]) -> float | None:
-    return sum(hits) / len(hits) if hits else None
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def known_shortfall(labelled: int, agreement: float | None, rules: LabelRules) -> str | None:
@@ -78,7 +78,7 @@ def judge_labellers(rows: Sequence[dict], known: Mapping[str, str], rules: Label
     for name, mine in sorted(by_name.items()):
         hits = [r["choice"] == known[r["id"]] for r in mine
                 if r["id"] in known and r["choice"] in ("a", "b")]
-        agreement = _share(hits)
+        agreement = _mean(hits)
         skips = sum(r["choice"] == "skip" for r in mine)
         why = known_shortfall(len(hits), agreement, rules)
         if skips / len(mine) > rules.max_skip_rate:
@@ -208,8 +208,7 @@ def majority(rows: Sequence[dict]) -> dict[str, dict]:
 
 def agreement_rate(decided: Mapping[str, dict]) -> float | None:
     """The mean share of votes for the top choice over pairs with two or more non-skip votes."""
-    shares = [d["top"] / d["votes"] for d in decided.values() if d["votes"] >= 2]
-    return sum(shares) / len(shares) if shares else None
+    return _mean([d["top"] / d["votes"] for d in decided.values() if d["votes"] >= 2])
 
 
 @dataclass(frozen=True)
@@ -259,8 +258,8 @@ def label_figures(rows: Sequence[dict], kept: Sequence[dict], decided: Mapping[s
             continue
         rm_hits.append(d["choice"] == ("a" if rec["rm_a"] > rec["rm_b"] else "b"))
     return LabelFigures(
-        known_labelled=len(batch_known), known_agreement=_share(batch_known),
-        rm_pairs=len(rm_hits), rm_agreement=_share(rm_hits),
+        known_labelled=len(batch_known), known_agreement=_mean(batch_known),
+        rm_pairs=len(rm_hits), rm_agreement=_mean(rm_hits),
         agreement_rate=agreement_rate(decided), kappa=labeller_kappa(rows),
         skip_rate=sum(r["choice"] == "skip" for r in rows) / len(rows) if rows else 0.0,
         labellers=tuple(labellers))

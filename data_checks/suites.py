@@ -203,11 +203,10 @@ def suite_for(context, source, run_id, name: str, kind: str, cfg: ValidationConf
     else:
         suite = gx.ExpectationSuite(name=f"rlhf_{kind}")
         for col in COLUMNS[kind]:
-            suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
-            suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col,
-                                                                          min_value=1))
-            suite.add_expectation(gxe.ExpectColumnValuesToNotMatchRegex(column=col,
-                                                                       regex=r"^\s*$"))
+            for expectation in (gxe.ExpectColumnValuesToNotBeNull(column=col),
+                                gxe.ExpectColumnValueLengthsToBeBetween(column=col, min_value=1),
+                                gxe.ExpectColumnValuesToNotMatchRegex(column=col, regex=r"^\s*$")):
+                suite.add_expectation(expectation)
         suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
             column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
         for col in TEXT_FIELDS[kind]:

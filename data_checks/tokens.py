@@ -191,11 +191,10 @@ class TokenWriter:
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is None:
-            self.close()
-        else:
-            if self._writer is not None:
-                self._writer.close()
-            self._tmp.unlink(missing_ok=True)
+            return self.close()
+        if self._writer is not None:
+            self._writer.close()
+        self._tmp.unlink(missing_ok=True)
 
 
 def write_tokens(table: pa.Table, path: Path | str) -> None:
