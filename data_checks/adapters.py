@@ -115,12 +115,8 @@ def _is_messages(value) -> bool:
 
 def is_conversational(df: pd.DataFrame) -> bool:
     """Whether any message column's first non-null value is a list of messages."""
-    for col in MESSAGE_COLUMNS:
-        if col in df.columns:
-            first = df[col].dropna()
-            if len(first) and _is_messages(first.iloc[0]):
-                return True
-    return False
+    firsts = (df[col].dropna() for col in MESSAGE_COLUMNS if col in df.columns)
+    return any(len(first) and _is_messages(first.iloc[0]) for first in firsts)
 
 
 def messages(value, field: str) -> list[dict]:
@@ -132,7 +128,6 @@ def messages(value, field: str) -> list[dict]:
         raise AdapterError(f"field '{field}' must be a non-empty list of messages")
     out = []
     for i, m in enumerate(value):
-        m = dict(m) if isinstance(m, dict) else m
         if not isinstance(m, dict) or m.get("role") not in ROLES or \
                 not isinstance(m.get("content"), str):
             raise AdapterError(f"field '{field}' message {i + 1} must have a role "

@@ -110,9 +110,7 @@ def fleiss_kappa(items: Sequence[Mapping[str, int]]) -> float | None:
     if n < 2 or any(sum(i.values()) != n for i in items):
         return None
     p_bar = sum((sum(v * v for v in i.values()) - n) / (n * (n - 1)) for i in items) / len(items)
-    totals: Counter = Counter()
-    for i in items:
-        totals.update(i)
+    totals = sum(map(Counter, items), Counter())
     p_e = sum((v / (n * len(items))) ** 2 for v in totals.values())
     return None if p_e == 1 else (p_bar - p_e) / (1 - p_e)
 
@@ -251,12 +249,9 @@ def label_figures(rows: Sequence[dict], kept: Sequence[dict], decided: Mapping[s
     known = known_answers(records)
     batch_known = [decided[p]["choice"] == known[p] for p in decided
                    if p in known and decided[p]["choice"] in ("a", "b")]
-    rm_hits = []
-    for pid, d in decided.items():
-        rec = records[pid]
-        if pid in known or d["choice"] not in ("a", "b") or rec.get("rm_a") == rec.get("rm_b"):
-            continue
-        rm_hits.append(d["choice"] == ("a" if rec["rm_a"] > rec["rm_b"] else "b"))
+    rm_hits = [d["choice"] == ("a" if records[p]["rm_a"] > records[p]["rm_b"] else "b")
+               for p, d in decided.items() if p not in known and d["choice"] in ("a", "b")
+               and records[p].get("rm_a") != records[p].get("rm_b")]
     return LabelFigures(
         known_labelled=len(batch_known), known_agreement=_mean(batch_known),
         rm_pairs=len(rm_hits), rm_agreement=_mean(rm_hits),
