@@ -12,7 +12,7 @@ its first optimizer step (PPO: its first iteration), with the process's peak mem
 leaves for the stages under ``<stages-dir>/pairs_<N>_seed<S>`` (``--stages-dir``, default
 /tmp/rlhf-stage-first-step): the cleaned files (the rows within the length budget of
 bench/data_scale.py's config, no other check: the gate's own timings are bench/data_scale.py's),
-each with its token file (data_checks/token_files.py, from one batched tokenizer pass), the
+each with its token file (data_checks/tokens.py, from one batched tokenizer pass), the
 tokenizer with the PAD the gate adds, and a reward model and critic made from the base model
 for PPO. ``time`` runs each stage body (under the tests' stage context, tests/fake_stage.py:
 no Prefect, no tracking server) from the tree given by ``--tree`` (default: the one this script
@@ -51,8 +51,8 @@ def prepare(root: Path, out: Path, pairs: int, seed: int) -> Path:
     from transformers import AutoTokenizer
 
     from bench.data_scale import write_data, write_model
-    from data_checks.token_files import TokenWriter, tokens_path
-    from data_checks.tokenizer_checks import ensure_special_tokens
+    from data_checks.tokens import TokenWriter, tokens_path
+    from data_checks.validate import ensure_special_tokens
     from rlhf_core.models.loader import LoadSpec, load_pretrained
 
     data, model = write_data(root, pairs, seed), None

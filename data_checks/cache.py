@@ -1,4 +1,5 @@
-"""Reuse of a passed validation: the same data, checks and tokenizer give the same verdict.
+"""Reuse of a passed validation (the same data, checks and tokenizer give the same verdict) and
+of tokenized chunks (:class:`ChunkTokens`).
 
 A passed gate is kept under a key of all it depends on (data bytes, settings, tokenizer, GX
 version, this package's source); failed ones are never kept, so their messages name the run's own
@@ -16,7 +17,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from data_checks.token_files import SUFFIX
+import pyarrow as pa
+
+from data_checks.tokens import SUFFIX
 
 CACHE_ENV = "RLHF_VALIDATION_CACHE"
 CHUNKS = "chunks"  # the folder, in the cache, of tokenized chunks
@@ -159,3 +162,54 @@ def keep(cache: ValidationCache, key: str, fields: dict, paths: dict[str, str], 
         pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class ChunkTokens:
+    """Tokenized chunks, ``<folder>/<key>.arrow`` keyed by their texts and ``salt`` (the
+    encoding's identity), so a rerun gate or a retrain round tokenizes only new or changed
+    chunks. A read sets the file's modification time, which ``rlhf gc`` ages by."""
+
+    def __init__(self, folder: Path | str, salt: str):
+        self.folder = Path(folder)
+        self.salt = salt.encode()
+
+    def key(self, texts: dict[str, list[str]]) -> str:
+        h = hashlib.sha256(self.salt)
+        for column, values in texts.items():
+            array = pa.array(values, type=pa.large_string())
+            h.update(b"\0" + column.encode() + b"\0" + str(len(array)).encode())
+            for buffer in array.buffers()[1:]:  # offsets, then the text's bytes
+                if buffer is not None:
+                    h.update(buffer)
+        return h.hexdigest()
+
+    def file(self, key: str) -> Path:
+        return self.folder / f"{key}.arrow"
+
+    def get(self, key: str) -> pa.Table | None:
+        """The table kept under ``key``, or None."""
+        path = self.file(key)
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+            if (reader.schema.metadata or {}).get(b"rlhf.key") != key.encode():
+                return None
+            table = reader.read_all().replace_schema_metadata(None)
+            os.utime(path)  # last used now
+        except (OSError, pa.ArrowInvalid):
+            return None
+        return table
+
+    def put(self, key: str, table: pa.Table) -> None:
+        path = self.file(key)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        table = table.replace_schema_metadata({"rlhf.key": key})
+        try:
+            with pa.ipc.new_file(str(tmp), table.schema) as out:
+                out.write_table(table)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def clear(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)

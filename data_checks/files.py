@@ -117,12 +117,6 @@ def _json_row(path: Path, number: int, line: str) -> dict:
     return row
 
 
-# cells pandas' read_csv reads as missing by default (keep_default_na), "" among them
-CSV_NULLS = frozenset(["", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan",
-                       "1.#IND", "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a",
-                       "nan", "null"])
-
-
 def _csv_header(path: Path, names: list[str]) -> list[str]:
     dupes = sorted({name for name in names if names.count(name) > 1})
     if dupes:
@@ -135,6 +129,7 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
     """A CSV file as DataFrames of ``rows`` rows read a line at a time, indexed by each row's
     first line (the header is line 1); cells as ``read_csv(dtype=str)`` gives them."""
     import pandas as pd
+    from pandas._libs.parsers import STR_NA_VALUES  # what read_csv reads as missing, "" too
 
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # long texts are data
     try:
@@ -152,7 +147,7 @@ def iter_csv(path: Path, compression: str | None, rows: int) -> Iterator[pd.Data
                 if len(record) > len(header):
                     raise DataError(f"{path} line {start}: cannot read as csv (expected "
                                     f"{len(header)} fields, saw {len(record)})")
-                batch.append([None if v in CSV_NULLS else v for v in record]
+                batch.append([None if v in STR_NA_VALUES else v for v in record]
                              + [None] * (len(header) - len(record)))
                 starts.append(start)
                 total += 1

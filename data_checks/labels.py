@@ -53,8 +53,8 @@ class Labeller:
         return self.skips / self.rows if self.rows else 0.0
 
 
-def _share(hits: Sequence[bool]) -> float | None:
-    return sum(hits) / len(hits) if hits else None
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def known_shortfall(labelled: int, agreement: float | None, rules: LabelRules) -> str | None:
@@ -78,7 +78,7 @@ def judge_labellers(rows: Sequence[dict], known: Mapping[str, str], rules: Label
     for name, mine in sorted(by_name.items()):
         hits = [r["choice"] == known[r["id"]] for r in mine
                 if r["id"] in known and r["choice"] in ("a", "b")]
-        agreement = _share(hits)
+        agreement = _mean(hits)
         skips = sum(r["choice"] == "skip" for r in mine)
         why = known_shortfall(len(hits), agreement, rules)
         if skips / len(mine) > rules.max_skip_rate:
@@ -110,9 +110,7 @@ def fleiss_kappa(items: Sequence[Mapping[str, int]]) -> float | None:
     if n < 2 or any(sum(i.values()) != n for i in items):
         return None
     p_bar = sum((sum(v * v for v in i.values()) - n) / (n * (n - 1)) for i in items) / len(items)
-    totals: Counter = Counter()
-    for i in items:
-        totals.update(i)
+    totals = sum(map(Counter, items), Counter())
     p_e = sum((v / (n * len(items))) ** 2 for v in totals.values())
     return None if p_e == 1 else (p_bar - p_e) / (1 - p_e)
 
@@ -208,8 +206,7 @@ def majority(rows: Sequence[dict]) -> dict[str, dict]:
 
 def agreement_rate(decided: Mapping[str, dict]) -> float | None:
     """The mean share of votes for the top choice over pairs with two or more non-skip votes."""
-    shares = [d["top"] / d["votes"] for d in decided.values() if d["votes"] >= 2]
-    return sum(shares) / len(shares) if shares else None
+    return _mean([d["top"] / d["votes"] for d in decided.values() if d["votes"] >= 2])
 
 
 @dataclass(frozen=True)
@@ -252,15 +249,12 @@ def label_figures(rows: Sequence[dict], kept: Sequence[dict], decided: Mapping[s
     known = known_answers(records)
     batch_known = [decided[p]["choice"] == known[p] for p in decided
                    if p in known and decided[p]["choice"] in ("a", "b")]
-    rm_hits = []
-    for pid, d in decided.items():
-        rec = records[pid]
-        if pid in known or d["choice"] not in ("a", "b") or rec.get("rm_a") == rec.get("rm_b"):
-            continue
-        rm_hits.append(d["choice"] == ("a" if rec["rm_a"] > rec["rm_b"] else "b"))
+    rm_hits = [d["choice"] == ("a" if records[p]["rm_a"] > records[p]["rm_b"] else "b")
+               for p, d in decided.items() if p not in known and d["choice"] in ("a", "b")
+               and records[p].get("rm_a") != records[p].get("rm_b")]
     return LabelFigures(
-        known_labelled=len(batch_known), known_agreement=_share(batch_known),
-        rm_pairs=len(rm_hits), rm_agreement=_share(rm_hits),
+        known_labelled=len(batch_known), known_agreement=_mean(batch_known),
+        rm_pairs=len(rm_hits), rm_agreement=_mean(rm_hits),
         agreement_rate=agreement_rate(decided), kappa=labeller_kappa(rows),
         skip_rate=sum(r["choice"] == "skip" for r in rows) / len(rows) if rows else 0.0,
         labellers=tuple(labellers))

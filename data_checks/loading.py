@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from data_checks.adapters import COLUMNS, adapt
+from data_checks.adapters import COLUMNS, adapt, is_conversational, to_conversations
 from data_checks.config import DataConfig, DataSource
-from data_checks.conversations import is_conversational, to_conversations
 from data_checks.errors import DataError
 from data_checks.files import (
     check_regular,

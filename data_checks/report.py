@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_checks import cache as kept
-from data_checks.suites import build_gx_docs
 
 
 @dataclass
@@ -63,6 +62,23 @@ class ValidationReport:
         lines += ["", "| figure | value |", "|---|---|"]
         lines += [f"| {k} | {v:g} |" for k, v in sorted(self.stats.items())]
         return "\n".join(lines)
+
+
+def build_gx_docs(context, site_dir: Path) -> None:
+    """GX's own Data Docs site of the results ``context`` stores, in ``site_dir``."""
+    shutil.rmtree(site_dir, ignore_errors=True)
+    site = {"class_name": "SiteBuilder", "show_how_to_buttons": False,
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
+                              "base_directory": str(site_dir.resolve())},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
+    if "rlhf" in context.get_site_names():
+        context.update_data_docs_site("rlhf", site)
+    else:
+        context.add_data_docs_site("rlhf", site)
+    context.build_data_docs(site_names=["rlhf"])
+    for decoration in (site_dir / "static").rglob("*"):  # GX's unused stock GIFs and fonts
+        if decoration.suffix in (".gif", ".otf"):
+            decoration.unlink()
 
 
 def write_data_docs(report: ValidationReport, out_dir) -> Path:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -205,11 +203,10 @@ def suite_for(context, source, run_id, name: str, kind: str, cfg: ValidationConf
     else:
         suite = gx.ExpectationSuite(name=f"rlhf_{kind}")
         for col in COLUMNS[kind]:
-            suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=col))
-            suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(column=col,
-                                                                          min_value=1))
-            suite.add_expectation(gxe.ExpectColumnValuesToNotMatchRegex(column=col,
-                                                                       regex=r"^\s*$"))
+            for expectation in (gxe.ExpectColumnValuesToNotBeNull(column=col),
+                                gxe.ExpectColumnValueLengthsToBeBetween(column=col, min_value=1),
+                                gxe.ExpectColumnValuesToNotMatchRegex(column=col, regex=r"^\s*$")):
+                suite.add_expectation(expectation)
         suite.add_expectation(gxe.ExpectColumnValuesToBeBetween(
             column="prompt_tokens", min_value=1, max_value=cfg.max_prompt_tokens))
         for col in TEXT_FIELDS[kind]:
@@ -224,21 +221,3 @@ def suite_for(context, source, run_id, name: str, kind: str, cfg: ValidationConf
     definition = context.validation_definitions.add(
         gx.ValidationDefinition(name=name, data=batch_def, suite=suite))
     return ChunkedSuite(name, label, definition, run_id, cfg.example_rows)
-
-
-def build_gx_docs(context, site_dir: Path) -> None:
-    """GX's own Data Docs site of the results ``context`` stores, in ``site_dir``."""
-    if site_dir.exists():
-        shutil.rmtree(site_dir)
-    site = {"class_name": "SiteBuilder", "show_how_to_buttons": False,
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                              "base_directory": str(site_dir.resolve())},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
-    if "rlhf" in context.get_site_names():
-        context.update_data_docs_site("rlhf", site)
-    else:
-        context.add_data_docs_site("rlhf", site)
-    context.build_data_docs(site_names=["rlhf"])
-    for decoration in (site_dir / "static").rglob("*"):  # GX's unused stock GIFs and fonts
-        if decoration.suffix in (".gif", ".otf"):
-            decoration.unlink()

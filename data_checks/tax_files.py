@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from data_checks.adapters import as_list
 from data_checks.errors import DataError
 from data_checks.files import decode, file_format, read_bytes, read_local
 
@@ -36,10 +37,7 @@ def _table(path: Path, setting: str, columns: tuple[str, ...], nothing: str):
 
 
 def _answers(value, where: str) -> list[str]:
-    if isinstance(value, str):
-        value = value.split("|")
-    if not isinstance(value, list | tuple) and hasattr(value, "tolist"):
-        value = value.tolist()
+    value = value.split("|") if isinstance(value, str) else as_list(value)
     if not isinstance(value, list | tuple) or not all(isinstance(a, str) for a in value):
         raise DataError(f"{where}: 'answers' must be a list of strings (or strings joined "
                         f"by |), got {type(value).__name__}")

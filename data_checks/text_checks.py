@@ -48,21 +48,13 @@ class Hits:
 
 def row_hashes(df: pd.DataFrame, columns) -> np.ndarray:
     """A uint64 hash of each row's ``columns`` (equal rows, equal hashes)."""
-    if not len(df):
-        return np.zeros(0, dtype=np.uint64)
     return pd.util.hash_pandas_object(df[list(columns)], index=False).to_numpy(np.uint64)
 
 
 def repeats(hashes: np.ndarray, keep_first: bool = True) -> np.ndarray:
     """Mask of the rows whose hash an earlier row has (``keep_first``) or any other row has
     (every copy, as GX's compound-unique expectation counts them)."""
-    _, first, inverse, counts = np.unique(hashes, return_index=True, return_inverse=True,
-                                          return_counts=True)
-    if not keep_first:
-        return counts[inverse] > 1
-    mask = np.ones(len(hashes), dtype=bool)
-    mask[first] = False
-    return mask
+    return pd.Series(hashes).duplicated(keep="first" if keep_first else False).to_numpy()
 
 
 class TextTally:

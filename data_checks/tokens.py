@@ -2,6 +2,10 @@
 the gate's checks read the result. Per text column ``c`` it holds ``c_ids`` (without special
 tokens, as the stages encode), ``c_len``, ``c_unk`` (unknown tokens) and, after the budget, the
 flag ``c_cut``; each text is encoded alone, so the ids depend on neither batch nor threads.
+
+The ids go to disk so the stages read them memory-mapped instead of tokenizing again:
+``data/<name>.jsonl`` has ``data/<name>.tokens.arrow`` beside it, an Arrow IPC file with one
+``<c>_ids`` column per text column, row for row.
 """
 
 from __future__ import annotations
@@ -11,26 +15,20 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from data_checks.token_files import IDS
-
 BATCH = 1024  # texts per tokenizer call: small enough that its encodings never pile up
 TEXT_COLUMNS = ("prompt", "response", "chosen", "rejected")
+SUFFIX = ".tokens.arrow"
+IDS = pa.list_(pa.int32())
 
 
-@dataclass
-class _Threaded:
-    """Gates tokenizing now in this process, and TOKENIZERS_PARALLELISM from before them."""
-
-    count: int = 0
-    before: str | None = None
-
-
-_THREADS, _THREADED = threading.Lock(), _Threaded()
+_THREADS = threading.Lock()
+_THREADED = {"count": 0, "before": None}  # gates tokenizing now, TOKENIZERS_PARALLELISM before
 
 
 @contextmanager
@@ -38,20 +36,20 @@ def tokenizer_threads() -> Iterator[None]:
     """Let a fast tokenizer use every core (the CLI turns its threads off, as processes fork)
     until the last gate tokenizing in this process is done."""
     with _THREADS:
-        if _THREADED.count == 0:
-            _THREADED.before = os.environ.get("TOKENIZERS_PARALLELISM")
+        if _THREADED["count"] == 0:
+            _THREADED["before"] = os.environ.get("TOKENIZERS_PARALLELISM")
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
-        _THREADED.count += 1
+        _THREADED["count"] += 1
     try:
         yield
     finally:
         with _THREADS:
-            _THREADED.count -= 1
-            if _THREADED.count == 0:
-                if _THREADED.before is None:
+            _THREADED["count"] -= 1
+            if _THREADED["count"] == 0:
+                if _THREADED["before"] is None:
                     os.environ.pop("TOKENIZERS_PARALLELISM", None)
                 else:
-                    os.environ["TOKENIZERS_PARALLELISM"] = _THREADED.before
+                    os.environ["TOKENIZERS_PARALLELISM"] = _THREADED["before"]
 
 
 def _call(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -134,10 +132,7 @@ def _encoded(tokenizer, texts: list[str]) -> dict[str, pa.Array]:
             offsets = batch.offsets.to_numpy()
             ids.append(batch)
             lengths.append(np.diff(offsets).astype(np.int32))
-            if unk is None:
-                unknown.append(np.zeros(len(batch), dtype=np.int32))
-                continue
-            hits = np.concatenate([[0], np.cumsum(batch.values.to_numpy() == unk)])
+            hits = np.concatenate([[0], np.cumsum(batch.values.to_numpy() == unk)])  # None: 0
             unknown.append((hits[offsets[1:]] - hits[offsets[:-1]]).astype(np.int32))
     return {"ids": pa.concat_arrays(ids),
             "len": pa.array(np.concatenate(lengths or [np.zeros(0, np.int32)])),
@@ -158,3 +153,57 @@ def tokenize_frame(df: pd.DataFrame, tokenizer) -> Tokenized:
         for name, values in _encoded(tokenizer, strings).items():
             arrays[f"{col}_{name}"] = values
     return Tokenized(pa.table(arrays), tuple(texts))
+
+
+def tokens_path(cleaned: Path | str) -> Path:
+    """``data/sft.jsonl`` -> ``data/sft.tokens.arrow``."""
+    cleaned = Path(cleaned)
+    return cleaned.with_name(cleaned.stem + SUFFIX)
+
+
+class TokenWriter:
+    """Appends record batches of ``<c>_ids`` columns to ``path`` (written aside, renamed into
+    place on a clean exit)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self._tmp = self.path.with_name(self.path.name + ".part")
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._schema: pa.Schema | None = None
+
+    def write(self, table: pa.Table) -> None:
+        """Append the ``<c>_ids`` columns of a gate's token table."""
+        table = table.select([n for n in table.column_names if n.endswith("_ids")])
+        if self._writer is None:
+            self._schema = pa.schema([pa.field(n, IDS) for n in table.column_names])
+            self._writer = pa.ipc.new_file(str(self._tmp), self._schema)
+        self._writer.write_table(table.cast(self._schema))
+
+    def close(self) -> None:
+        """Finish the file (nothing written: one without columns)."""
+        if self._writer is None:
+            self.write(pa.table({}))
+        self._writer.close()
+        self._tmp.replace(self.path)
+
+    def __enter__(self) -> TokenWriter:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            return self.close()
+        if self._writer is not None:
+            self._writer.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+def write_tokens(table: pa.Table, path: Path | str) -> None:
+    """The whole token table of one cleaned set in one go."""
+    with TokenWriter(path) as out:
+        out.write(table)
+
+
+def read_tokens(path: Path | str) -> pa.Table:
+    """The token table of a cleaned set, memory-mapped (nothing read until used)."""
+    source = pa.memory_map(str(path), "r")
+    return pa.ipc.open_file(source).read_all()

@@ -16,10 +16,9 @@ import numpy as np
 import pandas as pd
 
 from data_checks import cache as kept
-from data_checks.adapters import TEXT_FIELDS
+from data_checks.adapters import TEXT_FIELDS, is_conversational, render_chunks, start_chat
 from data_checks.config import DataConfig, ValidationConfig
-from data_checks.conversations import is_conversational, render_chunks, start_chat
-from data_checks.errors import ValidationFailed  # noqa: F401  (re-exported)
+from data_checks.errors import DataError, ValidationFailed  # noqa: F401  (re-exported)
 from data_checks.files import write_cleaned
 from data_checks.loading import KINDS, forget_reads, take_chunks
 from data_checks.report import ValidationReport, write_data_docs  # noqa: F401  (re-exported)
@@ -32,12 +31,39 @@ from data_checks.suites import (
     suite_for,
 )
 from data_checks.text_checks import Repeats, TextTally
-from data_checks.token_files import ChunkTokens, TokenWriter, tokens_path
-from data_checks.tokens import Tokenized, encode_batch, frame_texts, tokenize_frame
+from data_checks.tokens import (
+    Tokenized,
+    TokenWriter,
+    encode_batch,
+    frame_texts,
+    tokenize_frame,
+    tokens_path,
+)
 
 CHUNK_ROWS = 25_000  # rows of a data set read, tokenized, checked and written at a time
 DROPPED_SHOWN = 1_000  # dropped rows kept per data set for the Data Docs (all are counted)
 CHUNKS = ".chunks"  # the folder (in the cleaned files' one) of a running gate's chunk tokens
+PAD_TOKEN = "<|pad|>"
+
+
+def ensure_special_tokens(tokenizer) -> dict:
+    """EOS must exist; PAD must exist and differ from EOS (an EOS masked as padding is never
+    learned), else a dedicated pad token is added -> what the tokenizer's special tokens are."""
+    if tokenizer.eos_token_id is None:
+        raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r}: no EOS token")
+    added = tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id
+    before, vocab = tokenizer.pad_token, len(tokenizer)
+    if added:
+        tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+        why = "it had none" if before is None else f"its PAD was its EOS {before!r}"
+        grows = f"{vocab} -> {len(tokenizer)}" if len(tokenizer) > vocab else "unchanged"
+        print(f"validate: the tokenizer gets a dedicated PAD {tokenizer.pad_token!r} (id "
+              f"{tokenizer.pad_token_id}) because {why}, and an EOS masked as padding is "
+              f"never learned; the models' vocabulary: {grows} rows (a new embedding row "
+              "is drawn from the others' mean and covariance)", flush=True)
+    return {"pad_added": added, "pad_token": tokenizer.pad_token,
+            "pad_token_id": tokenizer.pad_token_id, "eos_token": tokenizer.eos_token,
+            "eos_token_id": tokenizer.eos_token_id}
 
 
 def cut_at_paragraph(prompt: str, tokenizer, max_tokens: int) -> str | None:
@@ -60,7 +86,7 @@ def apply_length_budget(df: pd.DataFrame, tokens: Tokenized, kind: str, tokenize
     long = np.flatnonzero(is_text & (tokens.lengths("prompt") > cfg.max_prompt_tokens))
     keep = np.ones(len(df), dtype=bool)
     prompts = df["prompt"].tolist()
-    cut_rows, heads = [], []
+    cut_rows = []
     for i in long:
         head = cut_at_paragraph(prompts[i], tokenizer, cfg.max_prompt_tokens) \
             if cut_prompts else None
@@ -68,11 +94,11 @@ def apply_length_budget(df: pd.DataFrame, tokens: Tokenized, kind: str, tokenize
             keep[i] = False
         else:
             cut_rows.append(i)
-            heads.append(head)
             prompts[i] = head
     truncated = len(cut_rows)
     df = df.assign(prompt=prompts)
-    tokens = tokens.replace("prompt", np.array(cut_rows, dtype=np.int64), heads, tokenizer)
+    tokens = tokens.replace("prompt", np.array(cut_rows, dtype=np.int64),
+                            [prompts[i] for i in cut_rows], tokenizer)
     for col in TEXT_FIELDS[kind]:
         over = tokens.lengths(col) + 1 > cfg.max_response_tokens
         if cfg.long_response_policy == "drop":
@@ -155,7 +181,7 @@ def _cut_rows(tokens: Tokenized) -> np.ndarray:
     return np.flatnonzero(cut)
 
 
-def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
+def _tokenize(df: pd.DataFrame, tokenizer, store: kept.ChunkTokens | None,
               report: ValidationReport) -> Tokenized:
     """A chunk, tokenized, or its tokens as an earlier (or a killed) gate kept them."""
     texts = frame_texts(df) if store is not None else {}
@@ -172,7 +198,7 @@ def _tokenize(df: pd.DataFrame, tokenizer, store: ChunkTokens | None,
 
 def validate_datasets(chunks: dict[str, Iterable[pd.DataFrame]], tokenizer,
                       cfg: ValidationConfig, paths: dict[str, str], chat: dict, out_dir: Path,
-                      chunk_tokens: ChunkTokens | None):
+                      chunk_tokens: kept.ChunkTokens | None):
     """The report on each data set's chunks (text checks, budget, GX suite) and on the whole
     sets; cleaned files go to ``out_dir`` only if it passes. ``chunk_tokens`` keeps each
     chunk's tokens so a rerun after a kill reuses them."""
@@ -303,7 +329,7 @@ def run_validation(data: DataConfig, tokenizer, cfg: ValidationConfig, out_dir,
                  for name, rows in parts.items()}
     identity = kept.encoding_identity(tokenizer)
     folder = kept.chunk_folder(cache) if cache is not None else out / CHUNKS
-    chunk_tokens = ChunkTokens(folder, identity) if identity is not None else None
+    chunk_tokens = kept.ChunkTokens(folder, identity) if identity is not None else None
     report = validate_datasets(parts, tokenizer, cfg, paths, chat_info, out, chunk_tokens)
     if chunk_tokens is not None and cache is None:  # a verdict: nothing left to resume
         chunk_tokens.clear()

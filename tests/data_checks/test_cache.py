@@ -116,7 +116,7 @@ def test_the_cache_folder_comes_from_the_environment_and_off_turns_it_off(monkey
 
 
 def _chat_tokenizer(template=None):
-    from data_checks.tokenizer_checks import ensure_special_tokens
+    from data_checks.validate import ensure_special_tokens
     from tests.families import FAMILIES, build_tokenizer
 
     tok = build_tokenizer(FAMILIES["qwen2"])

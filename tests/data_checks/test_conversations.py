@@ -9,8 +9,7 @@ import pytest
 
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import DataError, load_table
-from data_checks.tokenizer_checks import ensure_special_tokens
-from data_checks.validate import run_validation
+from data_checks.validate import ensure_special_tokens, run_validation
 from rlhf_core.models import chat
 from tests.families import CHATML_TEMPLATE, FAMILIES, build_tokenizer
 from tests.shared import write_jsonl

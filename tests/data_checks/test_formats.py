@@ -16,8 +16,7 @@ import data_checks.loading as loading
 import data_checks.validate as validate
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import DataError
-from data_checks.tokenizer_checks import ensure_special_tokens
-from data_checks.validate import run_validation
+from data_checks.validate import ensure_special_tokens, run_validation
 from rlhf_core.models import chat
 from tests.conftest import make_tokenizer
 from tests.families import FAMILIES, build_tokenizer

@@ -11,7 +11,7 @@ import data_checks.loading as loading
 import data_checks.validate as validate
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import DataError
-from data_checks.token_files import read_tokens, tokens_path
+from data_checks.tokens import read_tokens, tokens_path
 from data_checks.validate import run_validation
 from tests.conftest import make_tokenizer
 from tests.shared import PROMPTS, write_jsonl

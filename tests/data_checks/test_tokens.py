@@ -11,11 +11,10 @@ import pytest
 
 import data_checks.tokens as tokens_module
 from data_checks import files, loading
+from data_checks.adapters import render_chunks, start_chat
 from data_checks.config import DataConfig, DataSource, ValidationConfig
-from data_checks.conversations import render_chunks, start_chat
-from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.tokens import tokenize_frame
-from data_checks.validate import run_validation
+from data_checks.validate import ensure_special_tokens, run_validation
 from rlhf_core.models import chat
 from rlhf_core.models.data import encode
 from tests.conftest import make_tokenizer
@@ -170,9 +169,9 @@ def test_repeated_sft_rows_and_prompts_are_reported_with_their_rows(tmp_path):
 
 
 def test_the_token_files_beside_the_cleaned_files_are_their_per_text_encoding(tmp_path):
-    """What the stages read (data_checks/token_files.py): row for row with each cleaned file,
+    """What the stages read (data_checks/tokens.py): row for row with each cleaned file,
     the ids ``encode`` gives of its texts, prompts cut to the budget included."""
-    from data_checks.token_files import read_tokens, tokens_path
+    from data_checks.tokens import read_tokens, tokens_path
     from tests.shared import PREF
 
     def ids_of(cleaned, column):
@@ -207,7 +206,7 @@ def test_kept_chunk_tokens_come_back_only_under_their_key(tmp_path):
 
     import pyarrow as pa
 
-    from data_checks.token_files import ChunkTokens
+    from data_checks.cache import ChunkTokens
 
     store = ChunkTokens(tmp_path / "chunks", salt="tokenizer A")
     texts = {"prompt": ["a b", ""], "response": ["c", "d e"]}

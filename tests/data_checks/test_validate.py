@@ -8,9 +8,9 @@ import pytest
 
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import DataError, load_table
-from data_checks.tokenizer_checks import ensure_special_tokens
 from data_checks.validate import (
     cut_at_paragraph,
+    ensure_special_tokens,
     run_validation,
     write_cleaned,
     write_data_docs,

@@ -5,7 +5,7 @@ of a rendered row (loss on the reply and its end-of-turn; the score read at the 
 import pytest
 import torch
 
-from data_checks.tokenizer_checks import ensure_special_tokens
+from data_checks.validate import ensure_special_tokens
 from rlhf_core.models.chat import (
     ChatError,
     end_of_turn,

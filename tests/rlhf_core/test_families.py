@@ -6,7 +6,7 @@ never on its LM head."""
 import pytest
 import torch
 
-from data_checks.tokenizer_checks import ensure_special_tokens
+from data_checks.validate import ensure_special_tokens
 from rlhf_core.models.data import encode, left_pad
 from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 from rlhf_core.models.models import resize_for_tokenizer

@@ -65,8 +65,7 @@ def test_the_real_tokenizer_through_the_data_gate(smollm2, tmp_path):
     template's <|im_start|> per message is not a doubled BOS, and an over-long prompt is
     dropped, not cut."""
     from data_checks.config import DataConfig, DataSource, ValidationConfig
-    from data_checks.tokenizer_checks import ensure_special_tokens
-    from data_checks.validate import run_validation
+    from data_checks.validate import ensure_special_tokens, run_validation
     from rlhf_core.demo import DemoSizes, generate_demo_data
     from rlhf_core.models import chat
     from rlhf_core.models.loader import load_tokenizer

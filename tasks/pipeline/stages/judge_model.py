@@ -14,7 +14,7 @@ import pyarrow as pa
 import torch
 from prefect import task
 
-from data_checks.token_files import read_tokens, tokens_path, write_tokens
+from data_checks.tokens import read_tokens, tokens_path, write_tokens
 from rlhf_core.eval.gate import held_out_for_judge, pair_key
 from rlhf_core.models.loader import LoadSpec, adapt_scalar, load_pretrained, load_tokenizer
 from rlhf_core.models.models import ScalarHeadModel

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from data_checks.token_files import read_tokens, tokens_path
+from data_checks.tokens import read_tokens, tokens_path
 from rlhf_core.models.data import encode
 from rlhf_core.models.ragged import RaggedIds
 from rlhf_core.train.reward import PairExamples, encode_pairs

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from data_checks.cache import validation_cache
+from data_checks.errors import ValidationFailed
 from data_checks.loading import KINDS, DataError
-from data_checks.tokenizer_checks import ensure_special_tokens
-from data_checks.validate import ValidationFailed, run_validation, write_data_docs
+from data_checks.validate import ensure_special_tokens, run_validation, write_data_docs
 from rlhf_core.models import chat
 from rlhf_core.models.loader import load_tokenizer
 from tasks.config.pipeline_config import PipelineConfig

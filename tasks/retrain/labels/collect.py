@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 from prefect import task
 
+from data_checks.adapters import is_conversational, render_chunks, start_chat
 from data_checks.config import DataSource
-from data_checks.conversations import is_conversational, render_chunks, start_chat
 from data_checks.loading import KINDS, DataError, iter_table, load_table
 from rlhf_core.config import Sampling
 from rlhf_core.demo import chat_row, training_prompts

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from data_checks.token_files import tokens_path
+from data_checks.tokens import tokens_path
 from rlhf_core.models.loader import load_tokenizer
 from rlhf_core.models.ragged import Joined
 from rlhf_core.train.sft import sft_batch
@@ -163,7 +163,7 @@ def test_the_judge_split_gives_each_part_its_own_rows_token_ids(tmp_path):
     import pyarrow as pa
     from mlflow.tracking import MlflowClient
 
-    from data_checks.token_files import read_tokens, write_tokens
+    from data_checks.tokens import read_tokens, write_tokens
     from tasks.pipeline.stages.judge_model import judge_split
     from tasks.pipeline.stages.records import Artifact, DataRecord
     from tests.shared import TEST_CONFIG
@@ -198,7 +198,7 @@ def test_the_reward_models_split_takes_ids_and_margins_of_the_same_rows(tmp_path
     with their margins (reward.use_margin) read from the same rows as the ids."""
     import pyarrow as pa
 
-    from data_checks.token_files import write_tokens
+    from data_checks.tokens import write_tokens
     from rlhf_core.config import RewardConfig
     from rlhf_core.models.data import encode
     from tasks.pipeline.stages.reward_model import preference_split

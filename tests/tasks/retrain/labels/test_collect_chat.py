@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from data_checks.config import DataConfig, DataSource, ValidationConfig
 from data_checks.loading import load_table
-from data_checks.token_files import read_tokens, tokens_path
+from data_checks.tokens import read_tokens, tokens_path
 from data_checks.validate import run_validation
 from rlhf_core.english import FACTS, all_requests, messages
 from rlhf_core.eval.collect import prompt_key
