@@ -41,7 +41,6 @@ from tasks.pipeline.prepare import setup_models
 from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
-from tasks.platform.mlflow.registry import RegistryError
 from tasks.platform.mlflow.runs import (
     end_run,
     ensure_experiment,
@@ -60,6 +59,7 @@ from tasks.platform.mlflow.tags import (
 )
 from tasks.platform.prefect import events
 from tasks.platform.prefect.prefect_api import in_prefect_run
+from tasks.retrain.gate.champion import resolve_version
 from tasks.retrain.records import CollectResult
 from tasks.retrain.store import (
     collection_prompts,
@@ -71,21 +71,6 @@ from tasks.retrain.store import (
 KNOWN_GAP = 2.0  # judge points between a known-answer pair's sides (clear cases only)
 LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_version",
                  "temperature", "max_new_tokens", "choice", "labeller")
-
-
-def resolve_version(client, name: str, ref: str):
-    """A registered version by number or alias (RegistryError when there is none)."""
-    ref = ref.removeprefix("@")
-    if ref.isdigit():
-        version = registry.model_version(client, name, ref)
-        if version is None:
-            raise RegistryError(f"registered model '{name}' has no version {ref}")
-        return version
-    version = registry.alias_version(client, name, ref)
-    if version is None:
-        raise RegistryError(f"registered model '{name}' has no alias '{ref}' (a first "
-                            f"`rlhf run` or retrain makes the champion)")
-    return version
 
 
 def conversational_run(cfg: PipelineConfig) -> bool:
