@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.faults import crash_point
 from tasks.platform.mlflow.errors import ApprovalError
 from tasks.platform.mlflow.registry import CHAMPION, alias_version, move_champion
-from tasks.platform.prefect.events import ANSWERED
+from tasks.platform.prefect.events import ANSWERED, POLICY_RESOURCE, POLICY_VERSION_LABEL, emit
 from tasks.platform.prefect.logins import login_name
-from tasks.retrain import events
 from tasks.retrain.approval import store
 from tasks.retrain.approval.store import PENDING, Answer, Candidate
 from tasks.retrain.approval.suspend import (
@@ -52,6 +52,12 @@ def request_approval(client, name: str, version: str | int, parent_run_id: str,
     if found is None or found.status == PENDING:
         store.mark_waiting(client, name, version, parent_run_id,
                            store.utc_now(hours) if found is None else found.deadline)
+
+
+def announce_approval(event: str, policy: str, version: str, payload: dict[str, Any]) -> None:
+    """An approval event (requested, approved, rejected, timed-out) of candidate ``version``."""
+    emit(event, POLICY_RESOURCE + policy, policy, {POLICY_VERSION_LABEL: str(version)},
+         {k: v for k, v in payload.items() if v is not None})
 
 
 def champion_now(client, name: str) -> str | None:
@@ -133,7 +139,7 @@ def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
         move_champion(client, cand.name, cand.version, "approve",
                       f"approved by {kept.by} ({kept.via}): {kept.reason}")
     store.release_candidate_alias(client, cand.name, cand.version)
-    events.announce_approval(ANSWERED[kept.decision], cand.name, cand.version, {
+    announce_approval(ANSWERED[kept.decision], cand.name, cand.version, {
         "by": kept.by, "at": kept.at, "via": kept.via, "reason": kept.reason,
         "parent_run_id": cand.parent_run_id, "champion_before": before})
     store.record_decided(client, cand, kept)

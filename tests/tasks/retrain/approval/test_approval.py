@@ -27,7 +27,6 @@ from tasks.platform.mlflow.tags import (
     HEALTH_FLAGS_TAG,
     PIPELINE_RUN_TAG,
 )
-from tasks.retrain import events as champion_events
 from tasks.retrain.approval import answers as approval
 from tasks.retrain.approval.store import candidate, round_evidence, waiting_candidates
 from tests.shared import ROOT
@@ -38,7 +37,7 @@ NAME = "rlhf-policy"
 @pytest.fixture
 def sent(monkeypatch):
     out = []
-    monkeypatch.setattr(champion_events, "emit", lambda *a: out.append(a))
+    monkeypatch.setattr(approval, "emit", lambda *a: out.append(a))
     return out
 
 
