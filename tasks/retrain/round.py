@@ -26,6 +26,7 @@ from tasks.platform.mlflow.tags import (
 )
 from tasks.platform.prefect.prefect_api import one_slot, report
 from tasks.retrain.gate.champion import Champion
+from tasks.retrain.labels.imports import quarantine_batches
 from tasks.retrain.records import Batch
 
 OUTCOME = "rlhf-retrain-decision"  # the Prefect artifact key of each round's outcome
@@ -121,8 +122,6 @@ def refused_batches(config: PipelineConfig, batches: list[Batch], first: bool) -
     except ValidationFailed as err:
         if first:
             raise
-        from tasks.retrain.labels.imports import quarantine_batches
-
         moved = quarantine_batches(config, batches, str(err).splitlines()[0])
         raise ValidationFailed(
             f"{err}\nquarantined: {', '.join(moved)} (next: fix the rows named above and "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 from prefect import task
+from prefect.artifacts import create_table_artifact
 
 from data_checks.config import DataSource
 from data_checks.conversations import is_conversational, render_chunks, start_chat
@@ -60,6 +61,7 @@ from tasks.platform.mlflow.tags import (
 from tasks.platform.prefect import events
 from tasks.platform.prefect.prefect_api import in_prefect_run
 from tasks.retrain.gate.champion import resolve_version
+from tasks.retrain.labels.studio import send
 from tasks.retrain.records import CollectResult
 from tasks.retrain.store import (
     collection_prompts,
@@ -279,8 +281,6 @@ def collect(cfg: PipelineConfig) -> CollectResult:
                          registry._logged_model_id(version))
         page = None
         if c.destination.kind == "label_studio":
-            from tasks.retrain.labels.studio import send
-
             page = send(cfg, client, run_id, cid, rows).page
         counts.update(prompts=len(prompts), prompts_over_budget=drawn.over_budget,
                       pool=len(pool), pool_used=len(used) + len(prompts))
@@ -291,8 +291,6 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         raise
     end_run(client, run_id, "FINISHED")
     if in_prefect_run():
-        from prefect.artifacts import create_table_artifact
-
         create_table_artifact(key="rlhf-collection", description="first pairs to label",
                               table=[{"id": r["id"], "prompt": prompt_text(r["prompt"]),
                                       "response_a": r["response_a"],
