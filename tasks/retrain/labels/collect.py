@@ -63,12 +63,7 @@ from tasks.platform.prefect.prefect_api import in_prefect_run
 from tasks.retrain.gate.champion import resolve_version
 from tasks.retrain.labels.studio import send
 from tasks.retrain.records import CollectResult
-from tasks.retrain.store import (
-    collection_prompts,
-    log_collection_files,
-    open_collection_run,
-    pool_collections,
-)
+from tasks.retrain.store import log_collection_files, open_collection_run, pool_prompts_used
 
 KNOWN_GAP = 2.0  # judge points between a known-answer pair's sides (clear cases only)
 LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_version",
@@ -246,8 +241,7 @@ def collect(cfg: PipelineConfig) -> CollectResult:
     pool_name, pool = prompt_pool(cfg)
     exp_id = experiment_for(client, cfg)
     digest = hashlib.sha256("\n".join(sorted(map(prompt_key, pool))).encode()).hexdigest()[:16]
-    earlier = pool_collections(client, exp_id, digest)
-    used = collection_prompts(client, earlier)
+    earlier, used = pool_prompts_used(client, exp_id, digest)
     prompts = fresh_prompts(pool, used, c.num_prompts)
     if not prompts:
         raise DataError(f"prompt pool {pool_name}: all {len(pool)} prompts were collected "
@@ -261,7 +255,7 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         got = registry.download_policy(client, version,
                                        Path(cfg.tracking.workdir) / "collect" / cid)
         dirs = {"policy_dir": got["ppo"][1], "rm_dir": got["reward_model"][1]}
-        seed = cfg.seed + 1000 + len(earlier)
+        seed = cfg.seed + 1000 + earlier
         drawn = sample_k(cfg, dirs, prompts, seed)
         rows, counts = build_record(cfg, cid, drawn.prompts, drawn.responses, drawn.scores,
                                     seed, drawn.fits)
