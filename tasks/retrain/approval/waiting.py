@@ -16,24 +16,16 @@ from tasks.pipeline.rule import Decision
 from tasks.pipeline.stages.records import RegisterRecord
 from tasks.platform.mlflow.addresses import compare_url, default_tracking_uri, run_page
 from tasks.platform.mlflow.runs import RunContext, tracking_client
-from tasks.platform.prefect.events import (
-    APPROVAL_REQUESTED,
-    KEPT,
-    OUTCOME_LABEL,
-    POLICY_RESOURCE,
-    PROMOTED,
-    emit,
-)
+from tasks.platform.prefect.events import APPROVAL_REQUESTED
 from tasks.platform.prefect.prefect_api import report
 from tasks.retrain.approval import answers, store, suspend
 from tasks.retrain.approval.store import PENDING, Candidate, RoundEvidence
 from tasks.retrain.gate.stage import SIDE_BY_SIDE
 from tasks.retrain.records import RetrainResult
-from tasks.retrain.round import OUTCOME
+from tasks.retrain.round import OUTCOME, announce_outcome
 
 CHECK_ENV = "RLHF_APPROVAL_CHECK_S"  # how often `rlhf serve` settles waiting candidates
 GRACE_S = 600  # Prefect fails a wait this long after the deadline, if nothing ended it first
-TRAINED = ("bootstrapped", "promoted", "kept")  # the retrain outcomes that trained a policy
 
 
 def _cell(text, limit: int = 160) -> str:
@@ -136,22 +128,12 @@ def publish_answer(config: PipelineConfig, answered: RetrainResult) -> None:
     publish_text(f"retrain: {answered.status}", answered.answer or "")
 
 
-def announce_outcome(policy: str, status: str, reason: str | None = None,
-                     parent_run_id: str | None = None) -> None:
-    """Emit promoted or kept for a retrain round that trained; nothing for any other."""
-    if status not in TRAINED:
-        return
-    payload = {k: v for k, v in (("reason", reason), ("parent_run_id", parent_run_id)) if v}
-    emit(KEPT if status == "kept" else PROMOTED, POLICY_RESOURCE + policy, policy,
-         {OUTCOME_LABEL: status}, payload)
-
-
 def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
     """Publish a trained round's event and summary, saying why (or that it waits, and the
     ways to answer)."""
     name = config.tracking.registered_policy
     announce_outcome(name, result.status, result.decision and result.decision.reason,
-                            result.run and result.run.parent_run_id)
+                     result.run and result.run.parent_run_id)
     if result.run is None:
         return
     reason = result.decision.reason if result.decision else ""
