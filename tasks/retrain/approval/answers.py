@@ -19,16 +19,8 @@ from tasks.platform.mlflow.errors import ApprovalError
 from tasks.platform.mlflow.registry import CHAMPION, alias_version, move_champion
 from tasks.platform.prefect.events import ANSWERED, POLICY_RESOURCE, POLICY_VERSION_LABEL, emit
 from tasks.platform.prefect.logins import login_name
-from tasks.retrain.approval import store
+from tasks.retrain.approval import store, suspend
 from tasks.retrain.approval.store import PENDING, Answer, Candidate
-from tasks.retrain.approval.suspend import (
-    ApprovalForm,
-    close_waiting,
-    pause_key,
-    prefect_api,
-    run_state,
-    stored_answer,
-)
 
 ENDED = ("CANCELLED", "CRASHED", "FAILED")  # a flow run's states that will not run again
 SETTLE_ENV = "RLHF_APPROVAL_SETTLE_S"  # an answer kept but not carried out: left this long
@@ -214,21 +206,21 @@ def settle_waiting(client, name: str) -> list[Outcome]:
             out.append(carry_out(client, cand, form))
         elif cand.overdue:
             out.append(carry_out(client, cand, timed_out(cand)))
-            if cand.flow_run_id and prefect_api() is not None:  # a served round still waiting
-                close_waiting(cand.flow_run_id, "Timed out", out[-1].text())  # ends Completed
+            if cand.flow_run_id and suspend.prefect_api() is not None:  # a served round waits
+                suspend.close_waiting(cand.flow_run_id, "Timed out", out[-1].text())  # Completed
     return out
 
 
-def form_answer(form: ApprovalForm) -> Answer:
+def form_answer(form: suspend.ApprovalForm) -> Answer:
     return Answer(decision=form.decision.lower(), reason=form.reason, by=who("prefect-ui"),
                   via="prefect-ui")
 
 
 def form_left(cand: Candidate) -> Answer | None:
     """A form answer whose flow run ended (cancelled, crashed) without carrying it out."""
-    if not cand.flow_run_id or prefect_api() is None:
+    if not cand.flow_run_id or suspend.prefect_api() is None:
         return None
-    if run_state(cand.flow_run_id)[0] not in ENDED:
+    if suspend.run_state(cand.flow_run_id)[0] not in ENDED:
         return None
-    form = stored_answer(cand.flow_run_id, pause_key(cand.version))
+    form = suspend.stored_answer(cand.flow_run_id, suspend.pause_key(cand.version))
     return None if form is None else form_answer(form)
