@@ -122,21 +122,20 @@ def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
         kept = store.claim_answer(client, cand, timed_out(cand) if cand.overdue else given)
     if given is not None and kept != given and kept.decision != "timeout":
         cand = _wait_for_keeper(client, cand)  # another process kept it: let it finish
-    before = champion_now(client, cand.name)
-    if cand.status != PENDING:
-        return Outcome(candidate=cand, answer=kept, given=given, done_now=False,
-                       champion_before=before, champion=before)
-    crash_point("approval:answered")
-    if kept.decision == "approve" and before != cand.version:
-        move_champion(client, cand.name, cand.version, "approve",
-                      f"approved by {kept.by} ({kept.via}): {kept.reason}")
-    store.release_candidate_alias(client, cand.name, cand.version)
-    announce_approval(ANSWERED[kept.decision], cand.name, cand.version, {
-        "by": kept.by, "at": kept.at, "via": kept.via, "reason": kept.reason,
-        "parent_run_id": cand.parent_run_id, "champion_before": before})
-    store.record_decided(client, cand, kept)
-    return Outcome(candidate=cand, answer=kept, given=given, done_now=True,
-                   champion_before=before, champion=champion_now(client, cand.name))
+    before, done_now = champion_now(client, cand.name), cand.status == PENDING
+    if done_now:
+        crash_point("approval:answered")
+        if kept.decision == "approve" and before != cand.version:
+            move_champion(client, cand.name, cand.version, "approve",
+                          f"approved by {kept.by} ({kept.via}): {kept.reason}")
+        store.release_candidate_alias(client, cand.name, cand.version)
+        announce_approval(ANSWERED[kept.decision], cand.name, cand.version, {
+            "by": kept.by, "at": kept.at, "via": kept.via, "reason": kept.reason,
+            "parent_run_id": cand.parent_run_id, "champion_before": before})
+        store.record_decided(client, cand, kept)
+    return Outcome(candidate=cand, answer=kept, given=given, done_now=done_now,
+                   champion_before=before,
+                   champion=champion_now(client, cand.name) if done_now else before)
 
 
 def pick(client, name: str, version: str | None) -> Candidate:
@@ -207,7 +206,7 @@ def settle_waiting(client, name: str) -> list[Outcome]:
         elif cand.overdue:
             out.append(carry_out(client, cand, timed_out(cand)))
             if cand.flow_run_id and suspend.prefect_api() is not None:  # a served round waits
-                suspend.close_waiting(cand.flow_run_id, "Timed out", out[-1].text())  # Completed
+                suspend.close_waiting(cand.flow_run_id, "Timed out", out[-1].text())
     return out
 
 

@@ -92,14 +92,13 @@ def resume_with(flow_run_id: str, decision: str, reason: str) -> bool:
     return out.status == SetStateStatus.ACCEPT
 
 
-def close_waiting(flow_run_id: str, name: str, message: str) -> bool:
-    """End a still-waiting flow run as Completed(``name``) -> whether it was waiting."""
+def close_waiting(flow_run_id: str, name: str, message: str) -> None:
+    """End a flow run still waiting as Completed(``name``)."""
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run_id).state
-        if state is None or not state.is_paused():
-            return False
-        client.set_flow_run_state(flow_run_id, Completed(name=name, message=message), force=True)
-    return True
+        if state is not None and state.is_paused():
+            client.set_flow_run_state(flow_run_id, Completed(name=name, message=message),
+                                      force=True)
 
 
 def prefect_api() -> str | None:
