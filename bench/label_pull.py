@@ -26,8 +26,9 @@ from tasks.platform.mlflow.runs import tracking_client  # noqa: E402
 from tasks.platform.mlflow.tags import COLLECTION_TAG  # noqa: E402
 from tasks.retrain.labels import imports as labels  # noqa: E402
 from tasks.retrain.labels import pull  # noqa: E402
+from tasks.retrain.labels.client import LabelStudio  # noqa: E402
 from tasks.retrain.labels.collect import experiment_for  # noqa: E402
-from tasks.retrain.labels.studio import accounts, connect, send, vote  # noqa: E402
+from tasks.retrain.labels.studio import accounts, send, vote  # noqa: E402
 from tasks.retrain.store import RECORD  # noqa: E402
 
 LABELLERS = ("bench-1@rlhf.bench", "bench-2@rlhf.bench", "bench-3@rlhf.bench")
@@ -45,7 +46,7 @@ def one(cfg, client, pairs: int, known: int) -> dict[str, float]:
     link = send(cfg, client, run.info.run_id, cid, record)
     client.set_terminated(run.info.run_id)
     t1 = time.perf_counter()
-    ls = connect(cfg)
+    ls = LabelStudio.from_env(cfg.collect.destination.url)
     ids = accounts(ls, list(LABELLERS))
     for task_id, pair_id in link.tasks.items():
         i = int(pair_id.rsplit("-", 1)[1])

@@ -97,7 +97,8 @@ def _demo_via_label_studio(args, config, seed: int, judge) -> int:
 
     from flows.collect import collect_flow, label_pull
     from tasks.platform.mlflow.runs import tracking_client
-    from tasks.retrain.labels.studio import accounts, connect, read_link, vote
+    from tasks.retrain.labels.client import LabelStudio
+    from tasks.retrain.labels.studio import accounts, read_link, vote
     from tasks.retrain.store import collection_by_run_id
 
     dest = config.collect.destination.model_copy(update={"kind": "label_studio"})
@@ -105,7 +106,7 @@ def _demo_via_label_studio(args, config, seed: int, judge) -> int:
     check_label_studio(dest.url)
     out = collect_flow(config=config)
     rows = pd.read_json(out.paths["jsonl"], lines=True, dtype=False).to_dict("records")
-    ls = connect(config)
+    ls = LabelStudio.from_env(config.collect.destination.url)
     ids = accounts(ls, list(DEMO_LABELLERS))
     client = tracking_client(default_tracking_uri(config.tracking.tracking_uri))
     tasks = read_link(client, collection_by_run_id(client, out.run_id)).tasks

@@ -1,5 +1,5 @@
-"""A retrain round's decisions (slot, settings, starting models, lineage, refusals, reports),
-kept out of the retrain flow that wires them."""
+"""A retrain round's decisions (slot, settings, starting models, lineage, refusals, reports, the
+outcome's event), kept out of the retrain flow that wires them."""
 
 from __future__ import annotations
 
@@ -24,11 +24,14 @@ from tasks.platform.mlflow.tags import (
     STARTED_FROM_TAG,
     TRAINED_ON_TAG,
 )
+from tasks.platform.prefect.events import KEPT, OUTCOME_LABEL, POLICY_RESOURCE, PROMOTED, emit
 from tasks.platform.prefect.prefect_api import one_slot, report
 from tasks.retrain.gate.champion import Champion
+from tasks.retrain.labels.imports import quarantine_batches
 from tasks.retrain.records import Batch
 
 OUTCOME = "rlhf-retrain-decision"  # the Prefect artifact key of each round's outcome
+TRAINED = ("bootstrapped", "promoted", "kept")  # the retrain outcomes that trained a policy
 
 
 def limit_name(config: PipelineConfig) -> str:
@@ -121,8 +124,6 @@ def refused_batches(config: PipelineConfig, batches: list[Batch], first: bool) -
     except ValidationFailed as err:
         if first:
             raise
-        from tasks.retrain.labels.imports import quarantine_batches
-
         moved = quarantine_batches(config, batches, str(err).splitlines()[0])
         raise ValidationFailed(
             f"{err}\nquarantined: {', '.join(moved)} (next: fix the rows named above and "
@@ -155,3 +156,13 @@ def report_first_champion(batches: int, parent_run_id: str) -> None:
     report(OUTCOME, f"# Retrain: first champion\n\nNo champion existed: the whole pipeline "
            f"ran on the data and {batches} batch(es); its policy is champion.\n\nMLflow "
            f"parent run: `{parent_run_id}`\n", "retrain outcome")
+
+
+def announce_outcome(policy: str, status: str, reason: str | None = None,
+                     parent_run_id: str | None = None) -> None:
+    """Emit promoted or kept for a retrain round that trained; nothing for any other."""
+    if status not in TRAINED:
+        return
+    payload = {k: v for k, v in (("reason", reason), ("parent_run_id", parent_run_id)) if v}
+    emit(KEPT if status == "kept" else PROMOTED, POLICY_RESOURCE + policy, policy,
+         {OUTCOME_LABEL: status}, payload)

@@ -61,19 +61,17 @@ def log_collection_files(client: MlflowClient, run_id: str, files: list[Path],
     client.log_dict(run_id, prompts, PROMPTS)
 
 
-def pool_collections(client: MlflowClient, experiment_id: str, pool_digest: str) -> list:
-    """The finished collections of the prompt pool of digest ``pool_digest``."""
-    return every_run(client, [experiment_id],
+def pool_prompts_used(client: MlflowClient, experiment_id: str,
+                      pool_digest: str) -> tuple[int, set[str]]:
+    """(finished collections of the prompt pool of digest ``pool_digest``, the prompts they
+    used by ``prompt_key``)."""
+    runs = every_run(client, [experiment_id],
                      f"tags.`{COLLECTION_POOL_DIGEST_TAG}` = '{pool_digest}' and {FINISHED}")
-
-
-def collection_prompts(client: MlflowClient, runs: list) -> set[str]:
-    """Prompts the given collection runs used, by ``prompt_key``."""
     used: set[str] = set()
     for run in runs:
         path = client.download_artifacts(run.info.run_id, PROMPTS)
         used |= {prompt_key(p) for p in json.loads(Path(path).read_text())}
-    return used
+    return len(runs), used
 
 
 def find_collection(client: MlflowClient, experiment_id: str, cid: str, where: str = FINISHED):

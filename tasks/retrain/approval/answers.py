@@ -10,25 +10,17 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from rlhf_core.faults import crash_point
 from tasks.platform.mlflow.errors import ApprovalError
 from tasks.platform.mlflow.registry import CHAMPION, alias_version, move_champion
-from tasks.platform.prefect.events import ANSWERED
+from tasks.platform.prefect.events import ANSWERED, POLICY_RESOURCE, POLICY_VERSION_LABEL, emit
 from tasks.platform.prefect.logins import login_name
-from tasks.retrain import events
-from tasks.retrain.approval import store
+from tasks.retrain.approval import store, suspend
 from tasks.retrain.approval.store import PENDING, Answer, Candidate
-from tasks.retrain.approval.suspend import (
-    ApprovalForm,
-    close_waiting,
-    pause_key,
-    prefect_api,
-    run_state,
-    stored_answer,
-)
 
 ENDED = ("CANCELLED", "CRASHED", "FAILED")  # a flow run's states that will not run again
 SETTLE_ENV = "RLHF_APPROVAL_SETTLE_S"  # an answer kept but not carried out: left this long
@@ -52,6 +44,12 @@ def request_approval(client, name: str, version: str | int, parent_run_id: str,
     if found is None or found.status == PENDING:
         store.mark_waiting(client, name, version, parent_run_id,
                            store.utc_now(hours) if found is None else found.deadline)
+
+
+def announce_approval(event: str, policy: str, version: str, payload: dict[str, Any]) -> None:
+    """An approval event (requested, approved, rejected, timed-out) of candidate ``version``."""
+    emit(event, POLICY_RESOURCE + policy, policy, {POLICY_VERSION_LABEL: str(version)},
+         {k: v for k, v in payload.items() if v is not None})
 
 
 def champion_now(client, name: str) -> str | None:
@@ -124,21 +122,20 @@ def carry_out(client, cand: Candidate, given: Answer | None) -> Outcome:
         kept = store.claim_answer(client, cand, timed_out(cand) if cand.overdue else given)
     if given is not None and kept != given and kept.decision != "timeout":
         cand = _wait_for_keeper(client, cand)  # another process kept it: let it finish
-    before = champion_now(client, cand.name)
-    if cand.status != PENDING:
-        return Outcome(candidate=cand, answer=kept, given=given, done_now=False,
-                       champion_before=before, champion=before)
-    crash_point("approval:answered")
-    if kept.decision == "approve" and before != cand.version:
-        move_champion(client, cand.name, cand.version, "approve",
-                      f"approved by {kept.by} ({kept.via}): {kept.reason}")
-    store.release_candidate_alias(client, cand.name, cand.version)
-    events.announce_approval(ANSWERED[kept.decision], cand.name, cand.version, {
-        "by": kept.by, "at": kept.at, "via": kept.via, "reason": kept.reason,
-        "parent_run_id": cand.parent_run_id, "champion_before": before})
-    store.record_decided(client, cand, kept)
-    return Outcome(candidate=cand, answer=kept, given=given, done_now=True,
-                   champion_before=before, champion=champion_now(client, cand.name))
+    before, done_now = champion_now(client, cand.name), cand.status == PENDING
+    if done_now:
+        crash_point("approval:answered")
+        if kept.decision == "approve" and before != cand.version:
+            move_champion(client, cand.name, cand.version, "approve",
+                          f"approved by {kept.by} ({kept.via}): {kept.reason}")
+        store.release_candidate_alias(client, cand.name, cand.version)
+        announce_approval(ANSWERED[kept.decision], cand.name, cand.version, {
+            "by": kept.by, "at": kept.at, "via": kept.via, "reason": kept.reason,
+            "parent_run_id": cand.parent_run_id, "champion_before": before})
+        store.record_decided(client, cand, kept)
+    return Outcome(candidate=cand, answer=kept, given=given, done_now=done_now,
+                   champion_before=before,
+                   champion=champion_now(client, cand.name) if done_now else before)
 
 
 def pick(client, name: str, version: str | None) -> Candidate:
@@ -208,21 +205,21 @@ def settle_waiting(client, name: str) -> list[Outcome]:
             out.append(carry_out(client, cand, form))
         elif cand.overdue:
             out.append(carry_out(client, cand, timed_out(cand)))
-            if cand.flow_run_id and prefect_api() is not None:  # a served round still waiting
-                close_waiting(cand.flow_run_id, "Timed out", out[-1].text())  # ends Completed
+            if cand.flow_run_id and suspend.prefect_api() is not None:  # a served round waits
+                suspend.close_waiting(cand.flow_run_id, "Timed out", out[-1].text())
     return out
 
 
-def form_answer(form: ApprovalForm) -> Answer:
+def form_answer(form: suspend.ApprovalForm) -> Answer:
     return Answer(decision=form.decision.lower(), reason=form.reason, by=who("prefect-ui"),
                   via="prefect-ui")
 
 
 def form_left(cand: Candidate) -> Answer | None:
     """A form answer whose flow run ended (cancelled, crashed) without carrying it out."""
-    if not cand.flow_run_id or prefect_api() is None:
+    if not cand.flow_run_id or suspend.prefect_api() is None:
         return None
-    if run_state(cand.flow_run_id)[0] not in ENDED:
+    if suspend.run_state(cand.flow_run_id)[0] not in ENDED:
         return None
-    form = stored_answer(cand.flow_run_id, pause_key(cand.version))
+    form = suspend.stored_answer(cand.flow_run_id, suspend.pause_key(cand.version))
     return None if form is None else form_answer(form)

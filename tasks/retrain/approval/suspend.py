@@ -14,8 +14,10 @@ from typing import Literal
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.responses import SetStateStatus
 from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
 from prefect.input.run_input import keyset_from_base_key
+from prefect.runtime import deployment, flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Completed
 from pydantic import Field
@@ -38,15 +40,11 @@ def pause_key(version: str) -> str:
 
 def this_flow_run() -> tuple[str | None, bool]:
     """(this flow run's id, whether it runs from a deployment); (None, False) outside one."""
-    from prefect.runtime import deployment, flow_run
-
     return (str(flow_run.id) if flow_run.id else None), deployment.id is not None
 
 
 def resumed_key() -> str | None:
     """The key of the approval this flow run was resumed from (None: it never waited)."""
-    from prefect.runtime import deployment, flow_run
-
     if flow_run.id is None or deployment.id is None:  # only a deployment's run is resumed
         return None
     with get_client(sync_client=True) as client:
@@ -58,8 +56,6 @@ def resumed_key() -> str | None:
 def ask(key: str, evidence: str | None = None, timeout_s: float | None = None) -> ApprovalForm:
     """The answer to approval ``key``: the first call suspends the run (its process exits
     here; Prefect fails it after ``timeout_s``); after Resume the same call returns it."""
-    from prefect.flow_runs import suspend_flow_run
-
     form = ApprovalForm if evidence is None else ApprovalForm.with_initial_data(evidence)
     return suspend_flow_run(wait_for_input=form, key=key,
                             timeout=None if timeout_s is None else max(1, int(timeout_s)))
@@ -96,14 +92,13 @@ def resume_with(flow_run_id: str, decision: str, reason: str) -> bool:
     return out.status == SetStateStatus.ACCEPT
 
 
-def close_waiting(flow_run_id: str, name: str, message: str) -> bool:
-    """End a still-waiting flow run as Completed(``name``) -> whether it was waiting."""
+def close_waiting(flow_run_id: str, name: str, message: str) -> None:
+    """End a flow run still waiting as Completed(``name``)."""
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run_id).state
-        if state is None or not state.is_paused():
-            return False
-        client.set_flow_run_state(flow_run_id, Completed(name=name, message=message), force=True)
-    return True
+        if state is not None and state.is_paused():
+            client.set_flow_run_state(flow_run_id, Completed(name=name, message=message),
+                                      force=True)
 
 
 def prefect_api() -> str | None:

@@ -18,12 +18,11 @@ from tasks.platform.mlflow.addresses import compare_url, default_tracking_uri, r
 from tasks.platform.mlflow.runs import RunContext, tracking_client
 from tasks.platform.prefect.events import APPROVAL_REQUESTED
 from tasks.platform.prefect.prefect_api import report
-from tasks.retrain import events
 from tasks.retrain.approval import answers, store, suspend
 from tasks.retrain.approval.store import PENDING, Candidate, RoundEvidence
 from tasks.retrain.gate.stage import SIDE_BY_SIDE
 from tasks.retrain.records import RetrainResult
-from tasks.retrain.round import OUTCOME
+from tasks.retrain.round import OUTCOME, announce_outcome
 
 CHECK_ENV = "RLHF_APPROVAL_CHECK_S"  # how often `rlhf serve` settles waiting candidates
 GRACE_S = 600  # Prefect fails a wait this long after the deadline, if nothing ended it first
@@ -133,8 +132,8 @@ def publish_outcome(config: PipelineConfig, result: RetrainResult) -> None:
     """Publish a trained round's event and summary, saying why (or that it waits, and the
     ways to answer)."""
     name = config.tracking.registered_policy
-    events.announce_outcome(name, result.status, result.decision and result.decision.reason,
-                            result.run and result.run.parent_run_id)
+    announce_outcome(name, result.status, result.decision and result.decision.reason,
+                     result.run and result.run.parent_run_id)
     if result.run is None:
         return
     reason = result.decision.reason if result.decision else ""
@@ -165,7 +164,7 @@ def ask_for_approval(config: PipelineConfig, result: RetrainResult) -> RetrainRe
     client = tracking_client(uri)
     cand = store.candidate(client, config.tracking.registered_policy, str(result.candidate))
     flow_run_id, served = suspend.this_flow_run()
-    events.announce_approval(APPROVAL_REQUESTED, cand.name, cand.version, {
+    answers.announce_approval(APPROVAL_REQUESTED, cand.name, cand.version, {
         "deadline": cand.deadline, "parent_run_id": cand.parent_run_id,
         "gated_against": cand.gated_against, "flow_run_id": flow_run_id if served else None})
     if not served:

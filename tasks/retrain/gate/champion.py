@@ -14,6 +14,21 @@ from tasks.platform.mlflow.runs import RunContext, tag_parent, tracking_client
 from tasks.platform.mlflow.tags import ANCESTRY_TAG, RETRAIN_CHAMPION_VERSION_TAG
 
 
+def resolve_version(client, name: str, ref: str):
+    """A registered version by number or alias (RegistryError when there is none)."""
+    ref = ref.removeprefix("@")
+    if ref.isdigit():
+        version = registry.model_version(client, name, ref)
+        if version is None:
+            raise RegistryError(f"registered model '{name}' has no version {ref}")
+        return version
+    version = registry.alias_version(client, name, ref)
+    if version is None:
+        raise RegistryError(f"registered model '{name}' has no alias '{ref}' (a first "
+                            f"`rlhf run` or retrain makes the champion)")
+    return version
+
+
 def champion_version(cfg: PipelineConfig):
     """The registered policy version holding ``champion``, or None."""
     client = tracking_client(default_tracking_uri(cfg.tracking.tracking_uri))
@@ -36,12 +51,7 @@ class Champion(BaseModel):
 def fetch_champion(ctx: RunContext, cfg: PipelineConfig, which: str = CHAMPION) -> Champion:
     """Download version ``which``'s (number or alias) policy, reward model and SFT policy."""
     client = ctx.client()
-    name = cfg.tracking.registered_policy
-    version = registry.model_version(client, name, which) if which.isdigit() else \
-        registry.alias_version(client, name, which)
-    if version is None:
-        raise RegistryError(f"'{name}' has no {'version ' if which.isdigit() else ''}{which}"
-                            " in the MLflow registry")
+    version = resolve_version(client, cfg.tracking.registered_policy, which)
     root = ctx.stage_dir("champion" if which == CHAMPION else f"version-{version.version}")
     got = registry.download_policy(client, version, root, ("ppo", "reward_model", "sft"))
     out = Champion(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 from prefect import task
+from prefect.artifacts import create_table_artifact
 
 from data_checks.adapters import is_conversational, render_chunks, start_chat
 from data_checks.config import DataSource
@@ -41,7 +42,6 @@ from tasks.pipeline.prepare import setup_models
 from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
 from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
-from tasks.platform.mlflow.registry import RegistryError
 from tasks.platform.mlflow.runs import (
     end_run,
     ensure_experiment,
@@ -60,32 +60,14 @@ from tasks.platform.mlflow.tags import (
 )
 from tasks.platform.prefect import events
 from tasks.platform.prefect.prefect_api import in_prefect_run
+from tasks.retrain.gate.champion import resolve_version
+from tasks.retrain.labels.studio import send
 from tasks.retrain.records import CollectResult
-from tasks.retrain.store import (
-    collection_prompts,
-    log_collection_files,
-    open_collection_run,
-    pool_collections,
-)
+from tasks.retrain.store import log_collection_files, open_collection_run, pool_prompts_used
 
 KNOWN_GAP = 2.0  # judge points between a known-answer pair's sides (clear cases only)
 LABEL_COLUMNS = ("id", "prompt", "response_a", "response_b", "policy", "policy_version",
                  "temperature", "max_new_tokens", "choice", "labeller")
-
-
-def resolve_version(client, name: str, ref: str):
-    """A registered version by number or alias (RegistryError when there is none)."""
-    ref = ref.removeprefix("@")
-    if ref.isdigit():
-        version = registry.model_version(client, name, ref)
-        if version is None:
-            raise RegistryError(f"registered model '{name}' has no version {ref}")
-        return version
-    version = registry.alias_version(client, name, ref)
-    if version is None:
-        raise RegistryError(f"registered model '{name}' has no alias '{ref}' (a first "
-                            f"`rlhf run` or retrain makes the champion)")
-    return version
 
 
 def conversational_run(cfg: PipelineConfig) -> bool:
@@ -259,8 +241,7 @@ def collect(cfg: PipelineConfig) -> CollectResult:
     pool_name, pool = prompt_pool(cfg)
     exp_id = experiment_for(client, cfg)
     digest = hashlib.sha256("\n".join(sorted(map(prompt_key, pool))).encode()).hexdigest()[:16]
-    earlier = pool_collections(client, exp_id, digest)
-    used = collection_prompts(client, earlier)
+    earlier, used = pool_prompts_used(client, exp_id, digest)
     prompts = fresh_prompts(pool, used, c.num_prompts)
     if not prompts:
         raise DataError(f"prompt pool {pool_name}: all {len(pool)} prompts were collected "
@@ -274,7 +255,7 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         got = registry.download_policy(client, version,
                                        Path(cfg.tracking.workdir) / "collect" / cid)
         dirs = {"policy_dir": got["ppo"][1], "rm_dir": got["reward_model"][1]}
-        seed = cfg.seed + 1000 + len(earlier)
+        seed = cfg.seed + 1000 + earlier
         drawn = sample_k(cfg, dirs, prompts, seed)
         rows, counts = build_record(cfg, cid, drawn.prompts, drawn.responses, drawn.scores,
                                     seed, drawn.fits)
@@ -294,8 +275,6 @@ def collect(cfg: PipelineConfig) -> CollectResult:
                          registry._logged_model_id(version))
         page = None
         if c.destination.kind == "label_studio":
-            from tasks.retrain.labels.studio import send
-
             page = send(cfg, client, run_id, cid, rows).page
         counts.update(prompts=len(prompts), prompts_over_budget=drawn.over_budget,
                       pool=len(pool), pool_used=len(used) + len(prompts))
@@ -306,8 +285,6 @@ def collect(cfg: PipelineConfig) -> CollectResult:
         raise
     end_run(client, run_id, "FINISHED")
     if in_prefect_run():
-        from prefect.artifacts import create_table_artifact
-
         create_table_artifact(key="rlhf-collection", description="first pairs to label",
                               table=[{"id": r["id"], "prompt": prompt_text(r["prompt"]),
                                       "response_a": r["response_a"],

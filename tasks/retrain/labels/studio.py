@@ -171,13 +171,9 @@ class StudioLink:
                    {int(k): v for k, v in raw["tasks"].items()}, raw["shown"])
 
 
-def connect(cfg: PipelineConfig) -> LabelStudio:
-    return LabelStudio.from_env(cfg.collect.destination.url)
-
-
 def send(cfg: PipelineConfig, client, run_id: str, cid: str, rows: list[dict]) -> StudioLink:
     """Send one task per pair (known answers unmarked); log the link on the collection run."""
-    ls = connect(cfg)
+    ls = LabelStudio.from_env(cfg.collect.destination.url)
     title = cfg.collect.destination.project or f"rlhf {cfg.tracking.registered_policy}"
     project_id = ensure_project(ls, title, "Pairs of answers to compare, sent by the RLHF "
                                 "pipeline's `rlhf collect`.")

@@ -27,7 +27,6 @@ from tasks.platform.mlflow.tags import (
     HEALTH_FLAGS_TAG,
     PIPELINE_RUN_TAG,
 )
-from tasks.retrain import events as champion_events
 from tasks.retrain.approval import answers as approval
 from tasks.retrain.approval.store import candidate, round_evidence, waiting_candidates
 from tests.shared import ROOT
@@ -38,7 +37,7 @@ NAME = "rlhf-policy"
 @pytest.fixture
 def sent(monkeypatch):
     out = []
-    monkeypatch.setattr(champion_events, "emit", lambda *a: out.append(a))
+    monkeypatch.setattr(approval, "emit", lambda *a: out.append(a))
     return out
 
 
@@ -214,6 +213,7 @@ def test_the_keeper_takes_a_form_answer_its_run_ended_without_and_ends_late_wait
     """A served round's Resume stored its answer but the run was cancelled before carrying
     it out (the deployment's concurrency limit): the keeper carries it out as the form's.
     Another round still waiting at its deadline: timed out, and its flow run ended."""
+    from tasks.retrain.approval import suspend
     from tasks.retrain.approval.store import note_flow_run
     from tasks.retrain.approval.suspend import ApprovalForm
 
@@ -223,11 +223,11 @@ def test_the_keeper_takes_a_form_answer_its_run_ended_without_and_ends_late_wait
     note_flow_run(client, candidate(client, NAME, late), "run-late")
     states = {"run-answered": "CANCELLED", "run-late": "PAUSED"}
     closed = []
-    monkeypatch.setattr(approval, "prefect_api", lambda: "http://prefect")
-    monkeypatch.setattr(approval, "run_state", lambda run: (states[run], ""))
-    monkeypatch.setattr(approval, "stored_answer", lambda run, key: ApprovalForm(
+    monkeypatch.setattr(suspend, "prefect_api", lambda: "http://prefect")
+    monkeypatch.setattr(suspend, "run_state", lambda run: (states[run], ""))
+    monkeypatch.setattr(suspend, "stored_answer", lambda run, key: ApprovalForm(
         decision="Approve", reason="looks right") if run == "run-answered" else None)
-    monkeypatch.setattr(approval, "close_waiting", lambda *a: closed.append(a))
+    monkeypatch.setattr(suspend, "close_waiting", lambda *a: closed.append(a))
     first, second = approval.settle_waiting(client, NAME)
     assert (first.answer.decision, first.answer.via, first.answer.reason) == (
         "approve", "prefect-ui", "looks right")

@@ -1,11 +1,10 @@
-"""tasks/retrain/events.py: retrain flow-run names say what the run did; a retrain's outcome is
+"""tasks/retrain/round.py: retrain flow-run names say what the run did; a retrain's outcome is
 announced as promoted or kept, and nothing is announced when nothing trained."""
 
 from __future__ import annotations
 
-from tasks.retrain import events
-from tasks.retrain.events import announce_outcome
-from tasks.retrain.round import retrain_run_name
+from tasks.retrain import round as retrain_round
+from tasks.retrain.round import announce_outcome, retrain_run_name
 
 
 def test_retrain_run_names_name_policy_champion_and_batches():
@@ -19,7 +18,7 @@ def test_retrain_run_names_name_policy_champion_and_batches():
 
 def test_outcomes_are_announced_as_promoted_or_kept(monkeypatch):
     sent = []
-    monkeypatch.setattr(events, "emit", lambda *a: sent.append(a))
+    monkeypatch.setattr(retrain_round, "emit", lambda *a: sent.append(a))
     announce_outcome("p", "kept", "no significant win")
     announce_outcome("p", "bootstrapped", None, "r1")
     announce_outcome("p", "nothing new")
