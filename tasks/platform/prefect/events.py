@@ -29,8 +29,7 @@ OUTCOME_LABEL = "rlhf.outcome"
 
 def emit(event: str, resource_id: str, name: str, labels: dict[str, str] | None = None,
          payload: dict[str, Any] | None = None) -> None:
-    """Emit one event; outside a flow run, wait until it is sent (a CLI process may exit
-    right after)."""
+    """Emit one event; outside a flow run, wait until it is sent (a CLI may exit right after)."""
     from prefect.events import emit_event
     from prefect.events.worker import EventsWorker
 
@@ -71,7 +70,6 @@ def set_up(url: str, notices: list[Notice]) -> list[str]:
     block = CustomWebhookNotificationBlock(
         name=BLOCK_NAME, url=url, json_data={"subject": "{{subject}}", "text": "{{body}}"})
     block_id = block.save(BLOCK_NAME, overwrite=True)
-    names = []
     for notice in notices:
         related = {"prefect.resource.role": "flow", "prefect.resource.name": list(FLOWS)} \
             if notice.flows else {}
@@ -83,8 +81,7 @@ def set_up(url: str, notices: list[Notice]) -> list[str]:
                                       body=notice.body)])
         remove(notice.automation)
         automation.create()
-        names.append(notice.automation)
-    return names
+    return [notice.automation for notice in notices]
 
 
 def remove(name: str) -> bool:

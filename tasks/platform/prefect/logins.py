@@ -67,12 +67,11 @@ def login_out_of_uri(cfg=None):
         os.environ.update({"MLFLOW_TRACKING_URI": bare, USER_VAR: user, PASSWORD_VAR: password})
     if cfg is None:
         return cfg
-    if cfg.tracking.tracking_uri:
-        bare, user, password = split_login(cfg.tracking.tracking_uri)
-        if user:
-            os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
-            tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
-            cfg = cfg.model_copy(update={"tracking": tracking})
+    bare, user, password = split_login(cfg.tracking.tracking_uri or "")
+    if user:
+        os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
+        tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
+        cfg = cfg.model_copy(update={"tracking": tracking})
     for field, value in flatten(cfg.model_dump(mode="json")).items():
         if isinstance(value, str) and URL_LOGIN.search(value):  # what no variable can take
             home = SECRET_HOMES.get(field)
@@ -152,8 +151,7 @@ class _Mlflow:
 
 
 def check_mlflow_login(uri: str, source: str, needs: Needs | None, timeout_s: float) -> None:
-    """Check that the server at ``uri`` takes the MLflow login and, with ``needs``, lets the
-    user do what the command will do."""
+    """Check ``uri`` takes the MLflow login and, with ``needs``, allows what the command does."""
     if urllib.parse.urlsplit(uri).scheme not in ("http", "https"):
         return
     server = _Mlflow(uri, source, timeout_s)
@@ -182,10 +180,8 @@ def _check(server: _Mlflow, kind: str, name: str, levels: bool, write: bool = Tr
     """May the user read (``write``: change) the experiment or registered model ``name``?
     ``levels``: the auth app reports the user's levels (not an admin)."""
     model, what = kind == "registered_model", f"the {kind.replace('_', ' ')} '{name}'"
-    if model:
-        status, body = server.get("2.0/mlflow/registered-models/get", name=name)
-    else:
-        status, body = server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
+    status, body = server.get("2.0/mlflow/registered-models/get", name=name) if model else \
+        server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
     if status == 403:
         edit = "EDIT (to register versions and set aliases)" if model else "EDIT (to log runs)"
         raise _forbidden(server, what, None, edit if write else "READ")
@@ -224,12 +220,11 @@ def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
     status, _ = _get(version, {}, timeout_s)
     if status not in (401, 403):
         return
-    auth, key = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR)
-    read = AUTH_STRING_VAR if auth else API_KEY_VAR if key else ""
+    auth, key, profile = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR), ""
     if not (auth or key):
         auth, key = _profile_value(AUTH_STRING_VAR), _profile_value(API_KEY_VAR)
-        read = (f"{AUTH_STRING_VAR} in the active Prefect profile" if auth else
-                f"{API_KEY_VAR} in the active Prefect profile" if key else "")
+        profile = " in the active Prefect profile"
+    read = f"{AUTH_STRING_VAR}{profile}" if auth else f"{API_KEY_VAR}{profile}" if key else ""
     if auth or key:
         login = f"Basic {base64.b64encode(auth.encode()).decode()}" if auth else f"Bearer {key}"
         status, _ = _get(version, {"Authorization": login}, timeout_s)
@@ -247,8 +242,7 @@ def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
 
 
 def login_name(first: str = "mlflow") -> str:
-    """Who is acting, for an approval: the MLflow user or Prefect auth user (``first`` picks
-    which), else the OS user."""
+    """Who acts, for an approval: the MLflow or Prefect login (``first`` first), else OS user."""
     import getpass
 
     auth = os.environ.get(AUTH_STRING_VAR) or _profile_value(AUTH_STRING_VAR)
