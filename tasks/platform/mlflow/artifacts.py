@@ -20,8 +20,7 @@ CACHE = "artifact_cache"
 
 
 class Artifact(BaseModel):
-    """A stage output: ``path`` where it was written, ``uri`` its MLflow copy (None for a
-    path given from outside)."""
+    """A stage output: ``path`` where written, ``uri`` its MLflow copy (None: given outside)."""
 
     model_config = ConfigDict(frozen=True)
     path: str
@@ -82,7 +81,7 @@ def local_copy(ctx: RunContext, artifact: Artifact, what: str) -> Path:
             if not target.exists():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
-    (entry,) = [p for p in target.iterdir()]  # the one folder or file the artifact is
+    (entry,) = target.iterdir()  # the one folder or file the artifact is
     return entry
 
 

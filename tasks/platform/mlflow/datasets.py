@@ -1,5 +1,4 @@
-"""Data files as MLflow dataset inputs of runs (the run's "Datasets" panel), tagged with the
-context they served in."""
+"""Data files as MLflow dataset inputs of runs ("Datasets" panel), tagged with their context."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ def _dataset_input(item: TableInput, context: str):
 
 def log_table_inputs(client: MlflowClient, run_id: str, tables: list[TableInput],
                      context: str, model_id: str | None = None) -> None:
-    """Record the tables as dataset inputs of ``run_id`` in one call, with the logged model
-    they came from (``model_id``) as an input beside them."""
+    """The tables as dataset inputs of ``run_id`` in one call, beside their model ``model_id``."""
     client.log_inputs(run_id, datasets=[_dataset_input(t, context)[0] for t in tables],
                       models=[LoggedModelInput(model_id)] if model_id else None)
 

@@ -148,8 +148,7 @@ CHECKPOINTS = {"ppo": ("checkpoint/policy", "."), "reward_model": ("checkpoint",
 
 def download_policy(client: MlflowClient, version, root: Path,
                     stages: tuple[str, ...] = ("ppo", "reward_model")) -> dict[str, tuple]:
-    """Download a version's checkpoints under ``root`` (folders in ``CHECKPOINTS``) -> for each
-    of ``stages``: (its run, the local folder)."""
+    """A version's checkpoints downloaded under ``root`` -> stage: (its run, its local folder)."""
     runs = {}
     for stage in stages:  # the version's lineage tag, else its register run's sibling
         runs[stage] = version.tags.get(stage_run_tag(stage))

@@ -51,8 +51,7 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 def launch_command(nproc: int, spec: Path, node: dict | None = None) -> list[str]:
-    """torchrun on this machine: a standalone group, or one node of a static rendezvous at
-    the head's ``addr:port``."""
+    """torchrun here: a standalone group, or one node of a static rendezvous at ``addr:port``."""
     where = ["--standalone"] if node is None else [
         f"--nnodes={node['nnodes']}", f"--node-rank={node['rank']}",
         f"--master-addr={node['addr']}", f"--master-port={node['port']}",

@@ -156,8 +156,7 @@ def prefect_api_url() -> tuple[str | None, str]:
 def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
                   prefect: bool = True, timeout_s: float = TIMEOUT_S,
                   needs: Needs | None = None) -> None:
-    """Check, before anything starts, that the MLflow store and (with ``prefect``) the
-    Prefect API answer and take the login, one try each."""
+    """One try each: the MLflow store and (``prefect``) Prefect API answer and take the login."""
     if mlflow:
         uri, source = tracking_source(tracking_uri)
         problem = _store_problem(uri, timeout_s)

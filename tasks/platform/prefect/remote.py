@@ -148,8 +148,7 @@ def _wait(problem: Callable[[], str | None], done: Callable[[], bool]) -> None:
 
 def run_routed(ctx: RunContext, cfg: PipelineConfig, stage: str, run_id: str, inputs: dict,
                deployment: str) -> dict:
-    """Run ``stage`` through ``deployment`` into child run ``run_id`` -> the output record
-    the other machine left on it."""
+    """Run ``stage`` via ``deployment`` into run ``run_id`` -> the output record left on it."""
     label = f"stage {stage}"
     run = _submit(deployment, {"stage": stage, "spec": stage_spec(ctx, cfg, stage, run_id,
                                                                   inputs)}, label)
