@@ -1,7 +1,6 @@
-"""The Prefect events the pipeline emits, for deployment triggers and users' automations;
-without a Prefect API an event is dropped silently, as Prefect does. And `rlhf notify`'s
-automations: a webhook post when PPO's health detectors fire or a flow run fails, built from
-Prefect's own parts so they can be seen and changed in the Prefect UI."""
+"""The Prefect events the pipeline emits, for deployment triggers and users' automations (without
+a Prefect API dropped silently, as Prefect does), and `rlhf notify`'s automations: a webhook post
+when PPO's health detectors fire or a flow run fails, seen and changed in the Prefect UI."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Run a stage as ``model.nproc`` data-parallel ranks under ``torchrun``, watched by its task:
-rank 0 alone logs and writes the output, and the task kills the whole process group on failure
-or cancellation so no rank outlives it."""
+"""Run a stage as ``model.nproc`` data-parallel ranks under ``torchrun``: rank 0 alone logs and
+writes the output; on failure or cancellation the task kills the group, so no rank outlives it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Stages on other machines, through Prefect deployments of the ``rlhf-stage`` flow: a routed
-stage (``routing.stages``) runs whole elsewhere, or a multi-node stage's extra nodes
-(``routing.nodes``) run beside the head's. Inputs and outputs travel as MLflow artifacts, so
-the machines share only the servers."""
+"""Stages on other machines through Prefect deployments of ``rlhf-stage``: a routed stage
+(``routing.stages``) runs whole elsewhere, a multi-node stage's extra nodes (``routing.nodes``)
+beside the head's; inputs and outputs travel as MLflow artifacts, so only servers are shared."""
 
 from __future__ import annotations
 
