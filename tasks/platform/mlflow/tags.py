@@ -50,8 +50,7 @@ GATE_SCORER_ID_TAG = "rlhf.gate.scorer_id"  # judge, judge_model, reward_model o
 GATE_GOLD_PREFIX = "rlhf.gate.gold."  # + diff_mean, ci_low, ci_high: the gold judge's figure
 GATE_GOLD_DECISION_TAG = "rlhf.gate.gold.decision"
 GATE_GOLD_AGREES_TAG = "rlhf.gate.gold.agrees"
-# `rlhf compare`: the gate's figures, reason and scorer under this prefix, with no decision
-COMPARE_PREFIX = "rlhf.compare."
+COMPARE_PREFIX = "rlhf.compare."  # `rlhf compare`: the gate's figures, reason, scorer; no decision
 COMPARE_RESULT_TAG = "rlhf.compare.result"  # "better" or "not better" (the second version)
 COMPARE_VERSIONS_TAG = "rlhf.compare.versions"  # "v2 against v1"
 
@@ -96,8 +95,7 @@ APPROVAL_REASON_TAG = "rlhf.approval.reason"
 APPROVAL_VIA_TAG = "rlhf.approval.via"  # prefect-ui, cli or timeout
 APPROVAL_VERSION_TAG = "rlhf.approval.version"  # on the round's run: its candidate's version
 APPROVAL_FLOW_RUN_TAG = "rlhf.approval.flow_run_id"  # the Prefect flow run waiting for it
-# a param, not a tag: MLflow refuses to change a param, so of two answers at once one is kept
-APPROVAL_ANSWER_PARAM = "rlhf.approval.answer"
+APPROVAL_ANSWER_PARAM = "rlhf.approval.answer"  # a param, set once: of two answers one is kept
 ALIAS_LOG_TAG = "rlhf.alias_log"  # on the registered model: its last alias moves (JSON lines)
 
 

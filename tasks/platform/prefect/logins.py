@@ -55,10 +55,9 @@ SECRET_HOMES = {"tracking.tracking_uri": "MLFLOW_TRACKING_URI",
 
 
 def login_out_of_uri(cfg=None):
-    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user
-    and password variables, so nothing recorded carries it -> ``cfg`` with the bare URI. Any
-    other config URL holding a password is refused: it would become a Prefect flow-run
-    parameter and reach its database and UI."""
+    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user and
+    password variables, so nothing recorded carries it -> ``cfg`` with the bare URI. Any other
+    config URL with a password is refused: as a flow-run parameter it would reach Prefect's UI."""
     from tasks.config.pipeline_config import flatten
     from tasks.platform.redact import URL_LOGIN, redact
 
@@ -213,9 +212,8 @@ def _profile_value(name: str) -> str | None:
 
 
 def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
-    """Check that the Prefect API takes the login, via GET /admin/version (which needs one),
-    sent as Prefect's client sends it: the auth string, else the API key; from the
-    variables, else the active profile."""
+    """Check the Prefect API takes the login via GET /admin/version (which needs one), sent as
+    Prefect's client does: the auth string, else the API key, from the variables or profile."""
     version = f"{url.rstrip('/')}/admin/version"
     status, _ = _get(version, {}, timeout_s)
     if status not in (401, 403):
