@@ -62,13 +62,12 @@ def publish_path(ctx: RunContext, run_id: str, path: Path, artifact_path: str,
 def local_copy(ctx: RunContext, artifact: Artifact, what: str) -> Path:
     """The local path of a stage output: as recorded when it exists here, else its artifact
     from MLflow, cached under the workdir. ``what`` names it in the error."""
-    recorded = artifact.path
+    recorded, uri = artifact.path, artifact.uri
     if recorded and Path(recorded).exists():
         return Path(recorded)
-    if not artifact.uri:
+    if not uri:
         raise StageOutputMissing(f"{what}: {recorded} does not exist on this machine and "
                                  "the stage recorded no artifact URI for it")
-    uri = artifact.uri
     target = Path(ctx.workdir) / CACHE / hashlib.sha256(uri.encode()).hexdigest()[:16]
     if not target.exists():
         client = ctx.client()

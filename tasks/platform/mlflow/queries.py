@@ -67,8 +67,7 @@ class PipelineRun(BaseModel):
 
 
 class PipelineRuns(BaseModel):
-    """One page of an experiment's pipeline runs, newest first (``experiment_id`` None: no
-    such experiment)."""
+    """A page of an experiment's pipeline runs, newest first (``experiment_id`` None: no such)."""
 
     model_config = ConfigDict(frozen=True)
     experiment_id: str | None

@@ -33,8 +33,7 @@ CANDIDATE = "candidate"
 
 
 def set_alias(client: MlflowClient, name: str, alias: str, version) -> None:
-    """Point ``alias`` at ``version``, retried: two runs moving one alias at once can hit the
-    server's unique key (MLflow writes an alias as delete + insert)."""
+    """Point ``alias`` at ``version``, retried on the unique key that concurrent moves can hit."""
     retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)))
 
 

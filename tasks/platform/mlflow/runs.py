@@ -113,8 +113,7 @@ def artifact_location(tracking_uri: str) -> str | None:
 
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created when missing; either way it gets the kind tag
-    that makes MLflow 3's UI open it on its runs table, not its GenAI (traces) view."""
+    """Experiment ``name``'s id (made if missing), tagged so MLflow 3's UI opens its runs table."""
     kind = "custom_model_development"
     exp = client.get_experiment_by_name(name)
     if exp:
@@ -207,9 +206,8 @@ def stage_run(ctx: RunContext, stage: str, params: dict[str, Any] | None = None)
         run_id = existing.info.run_id
         client.update_run(run_id, status="RUNNING")
     else:
-        run = client.create_run(ctx.experiment_id, run_name=stage,
-                                tags={PARENT_TAG: ctx.parent_run_id, STAGE_TAG: stage})
-        run_id = run.info.run_id
+        run_id = client.create_run(ctx.experiment_id, run_name=stage, tags={
+            PARENT_TAG: ctx.parent_run_id, STAGE_TAG: stage}).info.run_id
         if params:
             log_params(client, run_id, params)
     try:

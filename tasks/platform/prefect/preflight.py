@@ -97,8 +97,7 @@ TIMEOUT_S = 5.0
 
 
 def no_answer(url: str, timeout_s: float) -> str | None:
-    """Why ``url`` gives no usable HTTP answer in one try, else None (a 4xx counts as an
-    answer, a 5xx does not)."""
+    """Why ``url`` gives no usable HTTP answer in one try (a 4xx is one, a 5xx not), else None."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s):
             return None
