@@ -16,8 +16,7 @@ from tasks.pipeline.stages.records import StageRecord
 from tasks.pipeline.stages.run import execute, typed_inputs
 from tasks.pipeline.stages.table import DISTRIBUTED, STAGES
 from tasks.platform.mlflow.runs import RunContext, hardware_tags, set_tags
-from tasks.platform.prefect.launch import run_node
-from tasks.platform.prefect.remote import local_context, record_routed
+from tasks.platform.prefect.remote import local_context, record_routed, run_node
 
 
 def _run_name() -> str:

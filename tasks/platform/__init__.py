@@ -1,2 +1,1 @@
-"""The outside services (MLflow, Prefect) and file helpers in the pipeline's words, knowing no
-feature."""
+"""MLflow, Prefect and file helpers in the pipeline's words, knowing no feature."""

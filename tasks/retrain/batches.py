@@ -16,7 +16,7 @@ from data_checks.files import write_cleaned
 from data_checks.loading import DataError, iter_table, load_table
 from tasks.config.pipeline_config import PipelineConfig
 from tasks.pipeline.prepare import Prepared
-from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
+from tasks.platform.mlflow.artifacts import TableInput, log_table_inputs
 from tasks.platform.mlflow.runs import RunContext, tag_parent
 from tasks.platform.mlflow.tags import (
     BATCH_SOURCES_TAG,

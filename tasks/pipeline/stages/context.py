@@ -28,11 +28,11 @@ from tasks.platform.mlflow.artifacts import (
     local_copy,
     log_artifact,
     log_artifacts,
+    log_datasets,
     log_table,
     log_text,
     publish_path,
 )
-from tasks.platform.mlflow.datasets import log_datasets
 from tasks.platform.mlflow.runs import RunContext, StepLogger, run_tags, set_tags
 from tasks.platform.mlflow.spool import spool_for, spool_table, spool_tags
 

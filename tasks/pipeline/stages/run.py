@@ -37,9 +37,8 @@ from tasks.platform.mlflow.runs import (
     stage_run,
 )
 from tasks.platform.mlflow.spool import resend_left
-from tasks.platform.prefect.launch import run_ranks
 from tasks.platform.prefect.prefect_api import in_prefect_run
-from tasks.platform.prefect.remote import run_routed
+from tasks.platform.prefect.remote import run_ranks, run_routed
 from tasks.platform.redact import redacted
 
 

@@ -14,8 +14,7 @@ TRAINING_MODE = "workflowType=machine_learning"
 
 
 def tracking_source(configured: str | None) -> tuple[str, str]:
-    """The MLflow store a command uses and where that came from: the config value, else
-    $MLFLOW_TRACKING_URI, else a SQLite file in the working folder."""
+    """The MLflow store a command uses and its source: config, $MLFLOW_TRACKING_URI, ./mlflow.db."""
     if configured:
         return configured, "tracking.tracking_uri in the config"
     if os.environ.get("MLFLOW_TRACKING_URI"):

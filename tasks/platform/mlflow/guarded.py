@@ -29,9 +29,8 @@ def server_answers(uri: str) -> bool:
 
 
 class GuardedClient:
-    """An MlflowClient (``raw``) whose calls are retried every ``poll_s`` while the server
-    is away, for at most ``limit_s``; artifact transfers (:data:`LONG_CALLS`) keep MLflow's
-    retries and start once the server answers /health."""
+    """An MlflowClient (``raw``) whose calls are retried every ``poll_s`` for at most ``limit_s``
+    while the server is away; artifact transfers (:data:`LONG_CALLS`) start once /health answers."""
 
     def __init__(self, client: MlflowClient, limit_s: float, parent_run_id: str,
                  workdir: str | Path, poll_s: float = 2.0):
@@ -112,9 +111,8 @@ class GuardedClient:
 
 
 def one_try(client, doing: str, call: Callable, again: Callable):
-    """``call()``, a multi-request operation outside ``client`` (the fluent API), without
-    MLflow's retries; after waiting out an outage, ``again()`` -> its result, or None to
-    run ``call()`` again."""
+    """``call()`` (a multi-request fluent-API operation) without MLflow's retries; after waiting
+    out an outage, ``again()`` -> its result, or None to run ``call()`` again."""
     if not isinstance(client, GuardedClient):
         return call()
     while True:

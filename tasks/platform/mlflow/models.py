@@ -54,8 +54,7 @@ def mlflow_pointed_at(uri: str) -> Iterator[None]:
 
 @contextmanager
 def active_run(run_id: str, tracking_uri: str) -> Iterator[None]:
-    """``run_id`` as MLflow's active run for the body, where :func:`log_policy` and
-    :func:`log_reward_model` log; leaving it ends the run."""
+    """``run_id`` as MLflow's active run for the body, where the models are logged; ended after."""
     with mlflow_pointed_at(tracking_uri), mlflow.start_run(run_id=run_id):
         yield
 

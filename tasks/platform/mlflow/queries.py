@@ -32,8 +32,7 @@ class StoreError(ValueError):
 
 
 def _read_only_client(uri: str) -> MlflowClient:
-    """An MLflow client that creates no store and gives up on an unreachable server after
-    10 s instead of retrying for minutes."""
+    """An MLflow client that creates no store and gives up on a lost server after 10 s."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise StoreError(f"no MLflow store at {uri}: nothing has run here yet (`rlhf run` "
                          "creates it), or set MLFLOW_TRACKING_URI to the store you mean")
@@ -68,8 +67,7 @@ class PipelineRun(BaseModel):
 
 
 class PipelineRuns(BaseModel):
-    """One page of an experiment's pipeline runs, newest first (``experiment_id`` None: no
-    such experiment)."""
+    """A page of an experiment's pipeline runs, newest first (``experiment_id`` None: no such)."""
 
     model_config = ConfigDict(frozen=True)
     experiment_id: str | None

@@ -33,8 +33,7 @@ CANDIDATE = "candidate"
 
 
 def set_alias(client: MlflowClient, name: str, alias: str, version) -> None:
-    """Point ``alias`` at ``version``, retried: two runs moving one alias at once can hit the
-    server's unique key (MLflow writes an alias as delete + insert)."""
+    """Point ``alias`` at ``version``, retried on the unique key that concurrent moves can hit."""
     retry_unique_key(lambda: client.set_registered_model_alias(name, alias, str(version)))
 
 
@@ -148,8 +147,7 @@ CHECKPOINTS = {"ppo": ("checkpoint/policy", "."), "reward_model": ("checkpoint",
 
 def download_policy(client: MlflowClient, version, root: Path,
                     stages: tuple[str, ...] = ("ppo", "reward_model")) -> dict[str, tuple]:
-    """Download a version's checkpoints under ``root`` (folders in ``CHECKPOINTS``) -> for each
-    of ``stages``: (its run, the local folder)."""
+    """A version's checkpoints downloaded under ``root`` -> stage: (its run, its local folder)."""
     runs = {}
     for stage in stages:  # the version's lineage tag, else its register run's sibling
         runs[stage] = version.tags.get(stage_run_tag(stage))

@@ -57,8 +57,7 @@ class RunContext(BaseModel):
         note_parent_run(self.parent_run_id)  # for the CLI's message on a stop signal
 
     def client(self) -> MlflowClient:
-        """A client that waits up to ``outage_limit_s`` for a lost server (over HTTP), then
-        stops the run."""
+        """A client that waits up to ``outage_limit_s`` for a lost HTTP server, then stops."""
         from tasks.platform.mlflow.guarded import GuardedClient
 
         client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -81,8 +80,7 @@ def resolved_store(uri: str) -> str:
 
 
 def ensure_store(uri: str) -> None:
-    """Create a new local SQLite store under a file lock, so two pipelines started at once
-    do not both run MLflow's schema migration."""
+    """Create a local SQLite store under a file lock: one schema migration for runs at once."""
     if not uri.startswith("sqlite:///"):
         return
     import fcntl
@@ -107,8 +105,7 @@ def experiment_client(tracking_uri: str, experiment: str) -> tuple[MlflowClient,
 
 
 def artifact_location(tracking_uri: str) -> str | None:
-    """``<db folder>/mlruns`` for a local SQLite store, so artifacts live beside their runs
-    whatever the working folder."""
+    """``<db folder>/mlruns`` for a local SQLite store: artifacts beside their runs."""
     if not tracking_uri.startswith("sqlite:///"):
         return None  # a server decides (served artifacts), or MLflow's own default
     db = Path(tracking_uri.removeprefix("sqlite:///")).resolve()
@@ -116,8 +113,7 @@ def artifact_location(tracking_uri: str) -> str | None:
 
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created when missing; either way it gets the kind tag
-    that makes MLflow 3's UI open it on its runs table, not its GenAI (traces) view."""
+    """Experiment ``name``'s id (made if missing), tagged so MLflow 3's UI opens its runs table."""
     kind = "custom_model_development"
     exp = client.get_experiment_by_name(name)
     if exp:
@@ -134,12 +130,16 @@ def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
-def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int) -> None:
-    """One batch call for a whole metrics dict at ``step``."""
+def log_metrics(client: MlflowClient, run_id: str, metrics: dict[str, float], step: int,
+                spool=None) -> None:
+    """``metrics`` at ``step`` (NaN dropped) in batch calls of 900, through ``spool`` if given."""
     now = int(time.time() * 1000)
-    batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if v == v]  # drop NaN
-    for start in range(0, len(batch), 900):
-        client.log_batch(run_id, metrics=batch[start: start + 900])
+    rows = [[k, float(v), now, step] for k, v in metrics.items() if v == v]
+    for start in range(0, len(rows), 900):
+        if spool is None:
+            client.log_batch(run_id, metrics=[Metric(*row) for row in rows[start: start + 900]])
+        else:
+            spool.write({"kind": "batch", "metrics": rows[start: start + 900]})
 
 
 class StepLogger:
@@ -157,13 +157,7 @@ class StepLogger:
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         fresh = {k: v for k, v in metrics.items() if step > self.last_step.get(k, -1)}
-        if self.spool is None:
-            log_metrics(self.client, self.run_id, fresh, step)
-        else:
-            now = int(time.time() * 1000)
-            rows = [[k, float(v), now, step] for k, v in fresh.items() if v == v]  # no NaN
-            for start in range(0, len(rows), 900):
-                self.spool.write({"kind": "batch", "metrics": rows[start: start + 900]})
+        log_metrics(self.client, self.run_id, fresh, step, self.spool)
         self.last_step.update(dict.fromkeys(fresh, step))
 
 
@@ -182,8 +176,7 @@ def set_tags(client: MlflowClient, run_id: str, tags: dict[str, str]) -> None:
 
 
 def hardware_tags(device: Any = None) -> dict[str, str]:
-    """``rlhf.hw.*`` tags of this machine and build on ``device``, read after the process set
-    its thread count."""
+    """``rlhf.hw.*`` tags of this machine and build on ``device`` (after threads are set)."""
     return {HW_PREFIX + key: value for key, value in hardware_facts(device).items()}
 
 
@@ -213,9 +206,8 @@ def stage_run(ctx: RunContext, stage: str, params: dict[str, Any] | None = None)
         run_id = existing.info.run_id
         client.update_run(run_id, status="RUNNING")
     else:
-        run = client.create_run(ctx.experiment_id, run_name=stage,
-                                tags={PARENT_TAG: ctx.parent_run_id, STAGE_TAG: stage})
-        run_id = run.info.run_id
+        run_id = client.create_run(ctx.experiment_id, run_name=stage, tags={
+            PARENT_TAG: ctx.parent_run_id, STAGE_TAG: stage}).info.run_id
         if params:
             log_params(client, run_id, params)
     try:
@@ -274,8 +266,7 @@ def run_url(ctx: RunContext, run_id: str) -> str:
 
 
 def retry_unique_key(write) -> None:
-    """Run ``write()``, retrying (5 tries in all) when the server refuses it on a unique key (a
-    concurrent run wrote the same row first)."""
+    """``write()``, tried up to 5 times while the server refuses it on a unique key (a race)."""
     for attempt in range(5):
         try:
             write()

@@ -1,8 +1,7 @@
-"""A local spool for a stage run's tracking writes, so a tracking server that stops answering
-mid-stage does not stop the training: writes wait in order under ``<workdir>/.spool`` and are
-sent once it answers. Past ``tracking.outage_limit_s`` :class:`TrackingOutage` stops the stage.
-Sample tables replace one of the same name (MLflow's ``log_table`` appends: a resumed iteration
-would hold its rows twice), and the run's table list stays within MLflow's tag length cap."""
+"""A local spool for a stage run's tracking writes, so a server that stops answering mid-stage
+does not stop the training: writes wait in order under ``<workdir>/.spool`` until it answers;
+past ``tracking.outage_limit_s`` :class:`TrackingOutage` stops the stage. A sample table replaces
+one of its name (MLflow's ``log_table`` appends), its list kept within MLflow's tag length cap."""
 
 from __future__ import annotations
 
@@ -67,8 +66,7 @@ def unreachable(err: BaseException) -> bool:
 
 @contextmanager
 def fail_fast(timeout_s: int = 5) -> Iterator[None]:
-    """MLflow requests inside: one try, ``timeout_s`` at most (a value a stop signal set
-    meanwhile is kept)."""
+    """MLflow requests inside: one try of ``timeout_s`` at most (a stop signal's value is kept)."""
     with _ENV_LOCK:
         old = {k: os.environ.get(k) for k in (RETRIES_ENV, TIMEOUT_ENV)}
         mine = {RETRIES_ENV: "0", TIMEOUT_ENV: str(timeout_s)}
@@ -212,8 +210,7 @@ class Spool:
         return 0.0 if self.down_since is None else self.clock() - self.down_since
 
     def check(self, limit_s: float) -> None:
-        """Raise :class:`TrackingOutage` past ``limit_s``, or :class:`LoginRefused` at once
-        (waiting does not fix a login)."""
+        """Raise TrackingOutage past ``limit_s``, or LoginRefused at once (waiting fixes none)."""
         kept = (f"{self.kept} and {len(self.pending())} tracking records spooled in "
                 f"{self.path}, sent first when the run is resumed")
         if self.refused:
@@ -267,8 +264,7 @@ def spool_table(spool: Spool, rows, artifact_file: str) -> None:
 
 
 def drain_all(limit_s: float) -> None:
-    """Send every spool of this process before a stage publishes its output, or raise
-    :class:`TrackingOutage` past ``limit_s``."""
+    """Send this process's spools before a stage publishes; TrackingOutage past ``limit_s``."""
     for spool in list(_SPOOLS.values()):
         while not spool.flush():
             spool.check(limit_s)

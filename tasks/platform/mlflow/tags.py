@@ -1,11 +1,9 @@
-"""Every MLflow tag name the project writes or reads, in one place, grouped by what carries
-them (``*_PREFIX``: a family of tags)."""
+"""Every MLflow tag name the project writes or reads, grouped by what carries it (``*_PREFIX``)."""
 
 # --- MLflow's own ------------------------------------------------------------------------
 PARENT_TAG = "mlflow.parentRunId"  # a child (stage) run's parent: MLflow nests runs by it
 MLFLOW_RUN_NAME_TAG = "mlflow.runName"  # the run name, read when the name column is empty
-# picks whether MLflow 3's UI opens an experiment on its runs table or its GenAI view
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3's UI opens runs table or GenAI view
 DATASET_CONTEXT_TAG = "mlflow.data.context"  # a dataset input's role (training, evaluation...)
 
 # --- the pipeline's parent run -----------------------------------------------------------
@@ -16,10 +14,8 @@ SEED_TAG = "rlhf.seed"
 GIT_COMMIT_TAG = "rlhf.git_commit"
 PREFECT_FLOW_RUN_TAG = "rlhf.prefect_flow_run_id"  # `prefect flow-run retry` resumes by it
 VERSION_PREFIX = "rlhf.version."  # + package: its installed version (or "absent")
-# + data role: digest of the source bytes (a resume with other data is refused)
-INPUT_DIGEST_PREFIX = "rlhf.input_digest."
-# + data file: MLflow's digest of the cleaned file (validate)
-DATA_DIGEST_PREFIX = "rlhf.data_digest."
+INPUT_DIGEST_PREFIX = "rlhf.input_digest."  # + data role: source bytes' digest (resume checks)
+DATA_DIGEST_PREFIX = "rlhf.data_digest."  # + data file: MLflow's digest of the cleaned file
 HW_PREFIX = "rlhf.hw."  # + a key of rlhf_core.hardware.hardware_facts (also on stage runs)
 PRECISION_TAG = "rlhf.precision"  # the compute precision model.precision resolved to, and why
 VALIDATE_ONLY_TAG = "rlhf.validate_only"  # a run of `rlhf validate`
@@ -51,12 +47,10 @@ GATE_DECISION_TAG = "rlhf.gate.decision"  # "promote" or "keep"
 GATE_REASON_TAG = "rlhf.gate.reason"
 GATE_SCORER_TAG = "rlhf.gate.scorer"  # the scorer's label (also on the registered version)
 GATE_SCORER_ID_TAG = "rlhf.gate.scorer_id"  # judge, judge_model, reward_model or models:/...
-# + a figure (diff_mean, ci_low, ci_high): what the gold judge would have decided
-GATE_GOLD_PREFIX = "rlhf.gate.gold."
+GATE_GOLD_PREFIX = "rlhf.gate.gold."  # + diff_mean, ci_low, ci_high: the gold judge's figure
 GATE_GOLD_DECISION_TAG = "rlhf.gate.gold.decision"
 GATE_GOLD_AGREES_TAG = "rlhf.gate.gold.agrees"
-# `rlhf compare`: the gate's figures, reason and scorer under this prefix, with no decision
-COMPARE_PREFIX = "rlhf.compare."
+COMPARE_PREFIX = "rlhf.compare."  # `rlhf compare`: the gate's figures, reason, scorer; no decision
 COMPARE_RESULT_TAG = "rlhf.compare.result"  # "better" or "not better" (the second version)
 COMPARE_VERSIONS_TAG = "rlhf.compare.versions"  # "v2 against v1"
 
@@ -74,8 +68,7 @@ TOKENIZER_PREFIX = "rlhf.tokenizer."  # + a tokenizer fact (validate)
 VALIDATION_REUSED_TAG = "rlhf.validation.reused"  # validate: the key of the passed one reused
 CRITIC_SKIPPED_TAG = "rlhf.critic_skipped"  # why no critic was made
 CRITIC_SOURCE_TAG = "rlhf.critic_source"  # the model the critic starts from
-# + a reward source's name: what identifies it (ppo.reward_sources; a resume compares)
-REWARD_SOURCE_PREFIX = "rlhf.reward_source."
+REWARD_SOURCE_PREFIX = "rlhf.reward_source."  # + source name: what identifies it (resume checks)
 # a stage routed to another machine (tasks/platform/prefect/remote.py)
 ROUTED_OUTPUT_TAG = "rlhf.routed.output"  # its output record, written by the other machine
 ROUTED_FLOW_RUN_TAG = "rlhf.routed.flow_run"  # the Prefect flow run that ran it
@@ -102,8 +95,7 @@ APPROVAL_REASON_TAG = "rlhf.approval.reason"
 APPROVAL_VIA_TAG = "rlhf.approval.via"  # prefect-ui, cli or timeout
 APPROVAL_VERSION_TAG = "rlhf.approval.version"  # on the round's run: its candidate's version
 APPROVAL_FLOW_RUN_TAG = "rlhf.approval.flow_run_id"  # the Prefect flow run waiting for it
-# a param, not a tag: MLflow refuses to change a param, so of two answers at once one is kept
-APPROVAL_ANSWER_PARAM = "rlhf.approval.answer"
+APPROVAL_ANSWER_PARAM = "rlhf.approval.answer"  # a param, set once: of two answers one is kept
 ALIAS_LOG_TAG = "rlhf.alias_log"  # on the registered model: its last alias moves (JSON lines)
 
 
@@ -122,8 +114,7 @@ COLLECTION_POOL_DIGEST_TAG = "rlhf.collection.pool_digest"  # later collections 
 COLLECTION_POOL_TAG = "rlhf.collection.pool"  # the prompt pool's name
 COLLECTION_POLICY_TAG = "rlhf.collection.policy"  # <registered name>/<version>
 COLLECTION_FILE_TAG = "rlhf.collection.file"  # the labelling file
-# the Label Studio project's page its tasks went to (no credentials)
-COLLECTION_LABEL_STUDIO_TAG = "rlhf.collection.label_studio"
+COLLECTION_LABEL_STUDIO_TAG = "rlhf.collection.label_studio"  # its tasks' project page (no login)
 PULLED_ALL_TAG = "rlhf.collection.pulled_all"  # `rlhf gc`: every pair pulled (its count)
 POLICY_VERSION_INPUT_TAG = "rlhf.policy_version"  # input tag of the labelling file's dataset
 
@@ -135,6 +126,5 @@ LABELS_DECISION_TAG = "rlhf.labels.decision"  # "accepted" or "quarantined"
 LABELS_REASON_TAG = "rlhf.labels.reason"
 LABELS_PREFERENCE_DIGEST_TAG = "rlhf.labels.preference_digest"  # the batch it wrote
 LABELS_SOURCE_TAG = "rlhf.labels.source"  # "label-studio" for a pull (else a file import)
-# labellers whose votes were dropped: JSON {labeller: why}
-LABELS_HELD_BACK_TAG = "rlhf.labels.held_back"
+LABELS_HELD_BACK_TAG = "rlhf.labels.held_back"  # labellers whose votes were dropped: {who: why}
 LABELS_SEED_TAG = "rlhf.labels.seed"  # `rlhf demo-batch`: the seed the demo judge labelled with

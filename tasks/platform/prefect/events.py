@@ -1,7 +1,6 @@
-"""The Prefect events the pipeline emits, for deployment triggers and users' automations;
-without a Prefect API an event is dropped silently, as Prefect does. And `rlhf notify`'s
-automations: a webhook post when PPO's health detectors fire or a flow run fails, built from
-Prefect's own parts so they can be seen and changed in the Prefect UI."""
+"""The Prefect events the pipeline emits, for deployment triggers and users' automations (without
+a Prefect API dropped silently, as Prefect does), and `rlhf notify`'s automations: a webhook post
+when PPO's health detectors fire or a flow run fails, seen and changed in the Prefect UI."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ OUTCOME_LABEL = "rlhf.outcome"
 
 def emit(event: str, resource_id: str, name: str, labels: dict[str, str] | None = None,
          payload: dict[str, Any] | None = None) -> None:
-    """Emit one event; outside a flow run, wait until it is sent (a CLI process may exit
-    right after)."""
+    """Emit one event; outside a flow run, wait until it is sent (a CLI may exit right after)."""
     from prefect.events import emit_event
     from prefect.events.worker import EventsWorker
 
@@ -71,7 +69,6 @@ def set_up(url: str, notices: list[Notice]) -> list[str]:
     block = CustomWebhookNotificationBlock(
         name=BLOCK_NAME, url=url, json_data={"subject": "{{subject}}", "text": "{{body}}"})
     block_id = block.save(BLOCK_NAME, overwrite=True)
-    names = []
     for notice in notices:
         related = {"prefect.resource.role": "flow", "prefect.resource.name": list(FLOWS)} \
             if notice.flows else {}
@@ -83,8 +80,7 @@ def set_up(url: str, notices: list[Notice]) -> list[str]:
                                       body=notice.body)])
         remove(notice.automation)
         automation.create()
-        names.append(notice.automation)
-    return names
+    return [notice.automation for notice in notices]
 
 
 def remove(name: str) -> bool:

@@ -55,10 +55,9 @@ SECRET_HOMES = {"tracking.tracking_uri": "MLFLOW_TRACKING_URI",
 
 
 def login_out_of_uri(cfg=None):
-    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user
-    and password variables, so nothing recorded carries it -> ``cfg`` with the bare URI. Any
-    other config URL holding a password is refused: it would become a Prefect flow-run
-    parameter and reach its database and UI."""
+    """Move a login in the tracking URI (config or $MLFLOW_TRACKING_URI) into MLflow's user and
+    password variables, so nothing recorded carries it -> ``cfg`` with the bare URI. Any other
+    config URL with a password is refused: as a flow-run parameter it would reach Prefect's UI."""
     from tasks.config.pipeline_config import flatten
     from tasks.platform.redact import URL_LOGIN, redact
 
@@ -67,12 +66,11 @@ def login_out_of_uri(cfg=None):
         os.environ.update({"MLFLOW_TRACKING_URI": bare, USER_VAR: user, PASSWORD_VAR: password})
     if cfg is None:
         return cfg
-    if cfg.tracking.tracking_uri:
-        bare, user, password = split_login(cfg.tracking.tracking_uri)
-        if user:
-            os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
-            tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
-            cfg = cfg.model_copy(update={"tracking": tracking})
+    bare, user, password = split_login(cfg.tracking.tracking_uri or "")
+    if user:
+        os.environ.update({USER_VAR: user, PASSWORD_VAR: password})
+        tracking = cfg.tracking.model_copy(update={"tracking_uri": bare})
+        cfg = cfg.model_copy(update={"tracking": tracking})
     for field, value in flatten(cfg.model_dump(mode="json")).items():
         if isinstance(value, str) and URL_LOGIN.search(value):  # what no variable can take
             home = SECRET_HOMES.get(field)
@@ -152,8 +150,7 @@ class _Mlflow:
 
 
 def check_mlflow_login(uri: str, source: str, needs: Needs | None, timeout_s: float) -> None:
-    """Check that the server at ``uri`` takes the MLflow login and, with ``needs``, lets the
-    user do what the command will do."""
+    """Check ``uri`` takes the MLflow login and, with ``needs``, allows what the command does."""
     if urllib.parse.urlsplit(uri).scheme not in ("http", "https"):
         return
     server = _Mlflow(uri, source, timeout_s)
@@ -182,10 +179,8 @@ def _check(server: _Mlflow, kind: str, name: str, levels: bool, write: bool = Tr
     """May the user read (``write``: change) the experiment or registered model ``name``?
     ``levels``: the auth app reports the user's levels (not an admin)."""
     model, what = kind == "registered_model", f"the {kind.replace('_', ' ')} '{name}'"
-    if model:
-        status, body = server.get("2.0/mlflow/registered-models/get", name=name)
-    else:
-        status, body = server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
+    status, body = server.get("2.0/mlflow/registered-models/get", name=name) if model else \
+        server.get("2.0/mlflow/experiments/get-by-name", experiment_name=name)
     if status == 403:
         edit = "EDIT (to register versions and set aliases)" if model else "EDIT (to log runs)"
         raise _forbidden(server, what, None, edit if write else "READ")
@@ -217,19 +212,17 @@ def _profile_value(name: str) -> str | None:
 
 
 def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
-    """Check that the Prefect API takes the login, via GET /admin/version (which needs one),
-    sent as Prefect's client sends it: the auth string, else the API key; from the
-    variables, else the active profile."""
+    """Check the Prefect API takes the login via GET /admin/version (which needs one), sent as
+    Prefect's client does: the auth string, else the API key, from the variables or profile."""
     version = f"{url.rstrip('/')}/admin/version"
     status, _ = _get(version, {}, timeout_s)
     if status not in (401, 403):
         return
-    auth, key = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR)
-    read = AUTH_STRING_VAR if auth else API_KEY_VAR if key else ""
+    auth, key, profile = os.environ.get(AUTH_STRING_VAR), os.environ.get(API_KEY_VAR), ""
     if not (auth or key):
         auth, key = _profile_value(AUTH_STRING_VAR), _profile_value(API_KEY_VAR)
-        read = (f"{AUTH_STRING_VAR} in the active Prefect profile" if auth else
-                f"{API_KEY_VAR} in the active Prefect profile" if key else "")
+        profile = " in the active Prefect profile"
+    read = f"{AUTH_STRING_VAR}{profile}" if auth else f"{API_KEY_VAR}{profile}" if key else ""
     if auth or key:
         login = f"Basic {base64.b64encode(auth.encode()).decode()}" if auth else f"Bearer {key}"
         status, _ = _get(version, {"Authorization": login}, timeout_s)
@@ -247,8 +240,7 @@ def check_prefect_login(url: str, source: str, timeout_s: float) -> None:
 
 
 def login_name(first: str = "mlflow") -> str:
-    """Who is acting, for an approval: the MLflow user or Prefect auth user (``first`` picks
-    which), else the OS user."""
+    """Who acts, for an approval: the MLflow or Prefect login (``first`` first), else OS user."""
     import getpass
 
     auth = os.environ.get(AUTH_STRING_VAR) or _profile_value(AUTH_STRING_VAR)

@@ -97,8 +97,7 @@ TIMEOUT_S = 5.0
 
 
 def no_answer(url: str, timeout_s: float) -> str | None:
-    """Why ``url`` gives no usable HTTP answer in one try, else None (a 4xx counts as an
-    answer, a 5xx does not)."""
+    """Why ``url`` gives no usable HTTP answer in one try (a 4xx is one, a 5xx not), else None."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s):
             return None
@@ -156,8 +155,7 @@ def prefect_api_url() -> tuple[str | None, str]:
 def check_servers(tracking_uri: str | None = None, *, mlflow: bool = True,
                   prefect: bool = True, timeout_s: float = TIMEOUT_S,
                   needs: Needs | None = None) -> None:
-    """Check, before anything starts, that the MLflow store and (with ``prefect``) the
-    Prefect API answer and take the login, one try each."""
+    """One try each: the MLflow store and (``prefect``) Prefect API answer and take the login."""
     if mlflow:
         uri, source = tracking_source(tracking_uri)
         problem = _store_problem(uri, timeout_s)

@@ -35,8 +35,7 @@ def api_problem(url: str) -> str | None:
 
 
 def lost_api(err: BaseException) -> bool:
-    """Whether ``err`` (or an error grouped in it, or their causes) is how serving ends when
-    the API stops answering."""
+    """Whether ``err`` (an error grouped in it, or a cause) is how serving ends on a lost API."""
     import httpx
 
     seen, todo = set(), [err]

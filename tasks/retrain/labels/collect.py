@@ -41,7 +41,7 @@ from tasks.pipeline.judge import config_judge_name, gold_judge
 from tasks.pipeline.prepare import setup_models
 from tasks.platform.mlflow import registry
 from tasks.platform.mlflow.addresses import default_tracking_uri
-from tasks.platform.mlflow.datasets import TableInput, log_table_inputs
+from tasks.platform.mlflow.artifacts import TableInput, log_table_inputs
 from tasks.platform.mlflow.runs import (
     end_run,
     ensure_experiment,

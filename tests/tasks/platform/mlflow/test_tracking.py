@@ -60,7 +60,7 @@ class RacingClient(MlflowClient):
 def test_a_dataset_insert_lost_to_a_concurrent_run_is_retried(store_uri, tmp_path):
     from mlflow.exceptions import MlflowException
 
-    from tasks.platform.mlflow.datasets import log_datasets
+    from tasks.platform.mlflow.artifacts import log_datasets
 
     data = tmp_path / "sft.jsonl"
     data.write_text('{"prompt": "a", "response": "b"}\n')
@@ -124,9 +124,9 @@ def test_a_large_data_file_is_logged_from_its_head_with_mlflow_s_digest_and_coun
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from tasks.platform.mlflow import datasets
+    from tasks.platform.mlflow import artifacts
 
-    monkeypatch.setattr(datasets, "SAMPLE_ROWS", 5)
+    monkeypatch.setattr(artifacts, "SAMPLE_ROWS", 5)
     monkeypatch.setattr(digest_utils, "MAX_ROWS", 5)
     rows = [{"prompt": f"p{i}", "chosen": "c", "rejected": f"r{i % 3}", "margin": i / 2}
             for i in range(12)]
@@ -138,7 +138,7 @@ def test_a_large_data_file_is_logged_from_its_head_with_mlflow_s_digest_and_coun
                         real(*a, **k))
     client = MlflowClient(store_uri)
     run_id = client.create_run(client.create_experiment("big")).info.run_id
-    digests = datasets.log_datasets(client, [run_id], {"preference": data}, "training")
+    digests = artifacts.log_datasets(client, [run_id], {"preference": data}, "training")
     assert reads == [5]
     whole = real(data, lines=True, dtype=False)
     assert digests["preference"] == digest_utils.compute_pandas_digest(whole)
