@@ -43,6 +43,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _figure(value) -> str:
+    """A count as a whole number, any other float to three decimals."""
+    if isinstance(value, float):
+        return f"{value:.0f}" if value.is_integer() else f"{value:.3f}"
+    return str(value)
+
+
 def summary_text(result: PipelineResult, wall_s: float) -> str:
     """One screen: each stage, its wall time (and on CUDA its peak GPU memory) and key
     metrics, and the parent run."""
@@ -50,8 +57,7 @@ def summary_text(result: PipelineResult, wall_s: float) -> str:
     lines = ["", "RLHF pipeline finished", "=" * 100,
              f"{'stage':<13}{'wall s':>8}{'  GPU GB' if gpu else ''}  key metrics", "-" * 100]
     for name, stage in result.stages.items():
-        shown = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in list(stage.metrics.items())[:4])
+        shown = ", ".join(f"{k}={_figure(v)}" for k, v in list(stage.metrics.items())[:4])
         wall = "skipped" if stage.skipped else f"{stage.wall_s:.1f}"
         peak = "-" if stage.peak_gpu_gb is None else f"{stage.peak_gpu_gb:.1f}"
         peak = f"{peak:>8}" if gpu else ""

@@ -214,7 +214,8 @@ def build_demo_tokenizer(texts: Iterable[str], out_dir: str | Path):
     core = Tokenizer(models.WordLevel(unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # join words with spaces
-    trainer = trainers.WordLevelTrainer(special_tokens=[EOS, PAD, UNK], min_frequency=1)
+    trainer = trainers.WordLevelTrainer(special_tokens=[EOS, PAD, UNK], min_frequency=1,
+                                        show_progress=False)
     core.train_from_iterator([*texts, " ".join(vocabulary())], trainer=trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, pad_token=PAD,
                                   unk_token=UNK, clean_up_tokenization_spaces=False)

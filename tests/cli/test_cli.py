@@ -29,6 +29,13 @@ def test_summary_lists_every_stage_and_the_parent_run():
     assert "view: mlflow ui --backend-store-uri sqlite:///x.db" in text
 
 
+def test_the_summary_shows_a_count_whole_and_a_loss_to_three_decimals():
+    metrics = {"sft/n_rows": 2000.0, "train/loss": 1.3494, "eval/ok": float("nan")}
+    result = PipelineResult(parent_run_id="r", experiment_id="1", tracking_uri="sqlite:///x.db",
+                            workdir="/tmp/w", stages={"sft": ModelRecord(metrics=metrics)})
+    assert "sft/n_rows=2000, train/loss=1.349, eval/ok=nan" in summary_text(result, 1.0)
+
+
 def test_on_a_tracking_server_the_summary_links_the_parent_runs_page():
     result = PipelineResult(parent_run_id="abc123", experiment_id="7", workdir="/tmp/w",
                             tracking_uri="http://10.0.0.5:5000/", stages={})

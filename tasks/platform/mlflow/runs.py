@@ -285,6 +285,7 @@ def system_metrics(ctx: RunContext, enabled: bool, interval_s: float) -> Iterato
         return
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop lines
     monitor = SystemMetricsMonitor(ctx.parent_run_id, sampling_interval=interval_s,
                                    resume_logging=True, tracking_uri=ctx.tracking_uri)
     monitor.start()
