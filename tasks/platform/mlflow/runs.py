@@ -283,11 +283,11 @@ def system_metrics(ctx: RunContext, enabled: bool, interval_s: float) -> Iterato
     if not enabled:
         yield
         return
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    from mlflow.system_metrics import system_metrics_monitor as sm
 
-    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop lines
-    monitor = SystemMetricsMonitor(ctx.parent_run_id, sampling_interval=interval_s,
-                                   resume_logging=True, tracking_uri=ctx.tracking_uri)
+    logging.getLogger(sm.__name__).setLevel(logging.WARNING)  # not its start and stop lines
+    monitor = sm.SystemMetricsMonitor(ctx.parent_run_id, sampling_interval=interval_s,
+                                      resume_logging=True, tracking_uri=ctx.tracking_uri)
     monitor.start()
     try:
         yield
