@@ -64,11 +64,9 @@ def real_shape(source: str, out: Path) -> tuple[Path, list[list[int]], dict]:
     embeddings grown for it, the demo's prompts rendered by its chat template as token ids,
     its shape {n_layer, n_embd, vocab, layer_params}). The model is written once under
     ``out``."""
-    from transformers import AutoModelForCausalLM
-
     from rlhf_core.demo import chat_row, training_prompts
     from rlhf_core.models.chat import render_prompt
-    from rlhf_core.models.loader import load_tokenizer
+    from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
     from rlhf_core.models.models import resize_for_tokenizer
     from rlhf_core.models.sources import resolve_model_source
 
@@ -76,7 +74,7 @@ def real_shape(source: str, out: Path) -> tuple[Path, list[list[int]], dict]:
     tok = load_tokenizer(folder)
     if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
         tok.add_special_tokens({"pad_token": "<|pad|>"})
-    model = AutoModelForCausalLM.from_pretrained(folder)
+    model = load_pretrained(folder, LoadSpec())
     resize_for_tokenizer(model, tok)
     target = out / "model"
     model.save_pretrained(target)

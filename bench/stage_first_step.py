@@ -48,17 +48,16 @@ def prepare(root: Path, out: Path, pairs: int, seed: int) -> Path:
     ``root`` -> ``out``."""
     sys.path.insert(0, str(ROOT))
     import pyarrow as pa
-    from transformers import AutoTokenizer
 
     from bench.data_scale import write_data, write_model
     from data_checks.tokens import TokenWriter, tokens_path
     from data_checks.validate import ensure_special_tokens
-    from rlhf_core.models.loader import LoadSpec, load_pretrained
+    from rlhf_core.models.loader import LoadSpec, load_pretrained, load_tokenizer
 
     data, model = write_data(root, pairs, seed), None
     model = write_model(root, data["preference"])
     (out / "data").mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = load_tokenizer(model)
     ensure_special_tokens(tok)
     tok.save_pretrained(out / "data" / "tokenizer")
     for name, cols in COLUMNS.items():
