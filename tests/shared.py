@@ -240,3 +240,15 @@ def assert_same_bits(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def prepared_for(cfg, work, data, model_dir):
+    """What prepare resolves for these rows and this model (no parent run: a fake stage
+    context has none)."""
+    from tasks.pipeline.prepare import Prepared
+    from tasks.platform.mlflow.runs import RunContext
+
+    ctx = RunContext(tracking_uri=f"sqlite:///{work}/mlflow.db", experiment_id="0",
+                     parent_run_id="parent", workdir=str(work), seed=cfg.seed)
+    return Prepared(ctx=ctx, data=data, base_model=str(model_dir), tokenizer=str(model_dir),
+                    judge="none")

@@ -12,6 +12,7 @@ import torch
 from rlhf_core.config import RewardConfig
 from rlhf_core.models.adapters import save_scalar_adapter
 from rlhf_core.models.loader import adapt_scalar, load_pretrained, load_tokenizer
+from rlhf_core.models.precision import autocast
 from rlhf_core.models.scoring import score_texts
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.reward import (
@@ -102,12 +103,13 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord, start: ModelRecord,
     if not sc.is_main:
         return None
     sc.say(f"scoring {len(held_out)} held-out pairs")
-    metrics = evaluate_reward_model(model, held_out, tokenizer.pad_token_id, device)
+    with autocast(spec.precision, device):  # the precision every later stage scores in
+        metrics = evaluate_reward_model(model, held_out, tokenizer.pad_token_id, device)
+        if prep.judge != "none":
+            sc.say("their accuracy against the gold judge's order")
+        gold = gold_accuracy(model, tokenizer, split.held_rows, prep.judge, device)
     # against the held-out labels always; against the gold judge where one exists
     first = {"eval/rm_accuracy": metrics["eval/accuracy"]}
-    if prep.judge != "none":
-        sc.say("their accuracy against the gold judge's order")
-    gold = gold_accuracy(model, tokenizer, split.held_rows, prep.judge, device)
     if gold is not None:
         first["eval/rm_gold_accuracy"] = gold
     metrics.update(first)

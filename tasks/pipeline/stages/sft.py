@@ -7,6 +7,7 @@ from rlhf_core.models.adapters import save_policy_adapter
 from rlhf_core.models.checkpoint import save_policy
 from rlhf_core.models.loader import add_lora, load_pretrained, load_tokenizer
 from rlhf_core.models.models import resize_for_tokenizer
+from rlhf_core.models.precision import autocast
 from rlhf_core.train.loop import total_steps
 from rlhf_core.train.sft import sft_eval_loss, train_sft
 from tasks.pipeline.prepare import Prepared
@@ -44,8 +45,9 @@ def body(sc: StageContext, prep: Prepared, data: DataRecord) -> ModelRecord | No
                                       base_rows, prep.base_source)
     sc.log_artifacts(out_dir, "checkpoint")
     sc.say(f"the response loss of {min(len(examples), 256)} training examples")
-    metrics = {"sft/response_loss_train": sft_eval_loss(model, examples[:256],
-                                                        tokenizer.pad_token_id, device)}
+    with autocast(spec.precision, device):  # as it trained
+        metrics = {"sft/response_loss_train": sft_eval_loss(model, examples[:256],
+                                                            tokenizer.pad_token_id, device)}
     sc.log(0, metrics)
     return ModelRecord(model=sc.publish(out_dir, "checkpoint", logged=True),
                        metrics={"train/loss": last.get("train/loss", float("nan")), **metrics})

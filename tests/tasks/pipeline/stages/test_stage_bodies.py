@@ -17,7 +17,6 @@ import torch
 from data_checks.config import DataSource
 from rlhf_core.config import RewardSource
 from tasks.config.pipeline_config import load_config
-from tasks.pipeline.prepare import Prepared
 from tasks.pipeline.stages.critic_init import FROM_POLICY, FROM_RM
 from tasks.pipeline.stages.records import (
     Artifact,
@@ -28,7 +27,6 @@ from tasks.pipeline.stages.records import (
     RegisterRecord,
 )
 from tasks.pipeline.stages.table import DISTRIBUTED
-from tasks.platform.mlflow.runs import RunContext
 from tasks.retrain.gate.champion import Champion
 from tests.fake_stage import FakeStageContext
 from tests.shared import (
@@ -37,20 +35,13 @@ from tests.shared import (
     assert_decision_follows_figures,
     every_stage,
     length_scorer,
+    prepared_for,
     write_config,
     write_jsonl,
 )
 from tests.tasks.pipeline import reward_fns
 
 STAGES = every_stage()  # the pipeline's table and the retrain's gate
-
-
-def _prepared(cfg, work, data, model_dir) -> Prepared:
-    """What prepare resolves for these rows (no parent run: the fake context has none)."""
-    ctx = RunContext(tracking_uri=f"sqlite:///{work}/mlflow.db", experiment_id="0",
-                     parent_run_id="parent", workdir=str(work), seed=cfg.seed)
-    return Prepared(ctx=ctx, data=data, base_model=str(model_dir), tokenizer=str(model_dir),
-                    judge="none")
 
 
 def _runner(cfg, work: Path, done: dict):
@@ -77,7 +68,7 @@ def chain(tmp_path_factory, tiny_model_dir):
     cfg = load_config(write_config(tmp, tiny_model_dir), ["seed=3", "retrain.gate.min_prompts=6"])
     eval_prompts = DataSource(path=str(write_jsonl(tmp / "eval.jsonl", PROMPTS * 3)))
     work = tmp / "work"
-    prep = _prepared(cfg, work, cfg.data.model_copy(update={"eval_prompts": eval_prompts}),
+    prep = prepared_for(cfg, work, cfg.data.model_copy(update={"eval_prompts": eval_prompts}),
                      tiny_model_dir)
     done: dict = {}
     run = _runner(cfg, work, done)
@@ -211,7 +202,7 @@ def test_validate_logs_a_sample_and_copies_the_cleaned_files_only_while_small(tm
     folder holds them and their token files, and data_docs/ holds a sample of each."""
     cfg = load_config(write_config(tmp_path, tiny_model_dir),
                       ["tracking.log_cleaned_data_max_mb=0"])
-    prep = _prepared(cfg, tmp_path / "work", cfg.data, tiny_model_dir)
+    prep = prepared_for(cfg, tmp_path / "work", cfg.data, tiny_model_dir)
     sc = FakeStageContext(cfg, "validate", tmp_path / "work")
     rec = STAGES["validate"].body(sc, prep=prep)
     assert not [a for a in sc.artifacts if a.startswith("data/") and a.endswith(".jsonl")]
@@ -227,7 +218,7 @@ def test_validate_stops_on_bad_rows_before_anything_is_published(tmp_path, tiny_
     from data_checks.validate import ValidationFailed
 
     cfg = load_config(write_config(tmp_path, tiny_model_dir, sft_text='{"prompt": ""}\n'))
-    prep = _prepared(cfg, tmp_path / "work", cfg.data, tiny_model_dir)
+    prep = prepared_for(cfg, tmp_path / "work", cfg.data, tiny_model_dir)
     sc = FakeStageContext(cfg, "validate", tmp_path / "work")
     with pytest.raises((ValidationFailed, ValueError)):
         STAGES["validate"].body(sc, prep=prep)
