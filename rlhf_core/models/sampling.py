@@ -25,6 +25,12 @@ def cache_keyword(model) -> str:
     return next((name for name in CACHE_KEYWORDS if name in params), "past_key_values")
 
 
+def takes_logits_to_keep(model) -> bool:
+    """Whether ``model``'s forward (a peft wrapper: its base model's) takes ``logits_to_keep``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def fits_lean_loop(model) -> bool:
     """Whether :func:`sample_responses` can drive ``model`` (else use ``generate``)."""
     config = getattr(model, "config", None)

@@ -14,6 +14,7 @@ from rlhf_core.config import SFTConfig
 from rlhf_core.models.checkpoint import Checkpointer
 from rlhf_core.models.data import IGNORE_INDEX, encode, right_pad, sft_example
 from rlhf_core.models.ragged import RaggedIds
+from rlhf_core.models.sampling import takes_logits_to_keep
 from rlhf_core.parallel.distributed import DataParallel
 from rlhf_core.train.loop import train_steps
 from rlhf_core.train.optim import LogFn
@@ -30,6 +31,19 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor):
         raise ValueError("sft_loss: no supervised token in the batch")
     loss = F.cross_entropy(shift_logits.float(), shift_labels, ignore_index=IGNORE_INDEX)
     return loss, {"loss": loss.detach(), "num_tokens": torch.tensor(n)}
+
+
+def supervised_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor):
+    """:func:`sft_loss` of ``model`` on a right-padded batch, the LM head run only from the
+    position before the batch's first supervised label on (``logits_to_keep``): a prompt's
+    logits would be computed, then ignored, and their [B, T, V] is most of SFT's memory."""
+    supervised = (labels != IGNORE_INDEX).any(0).nonzero()
+    first = int(supervised[0]) if len(supervised) else 1
+    keep = ids.shape[1] - max(first - 1, 0)
+    kwargs = {"logits_to_keep": keep} if keep < ids.shape[1] and takes_logits_to_keep(model) \
+        else {}
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **kwargs).logits
+    return sft_loss(logits, labels[:, ids.shape[1] - logits.shape[1]:])
 
 
 class SFTExamples(Sequence):
@@ -95,8 +109,7 @@ def train_sft(
 
     def loss_fn(net: torch.nn.Module, idx: torch.Tensor):
         ids, mask, labels = sft_batch([examples[i] for i in idx.tolist()], pad_id, device)
-        logits = net(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        loss, stats = sft_loss(logits, labels)
+        loss, stats = supervised_loss(net, ids, mask, labels)
         extras = {"train/tokens": float(stats["num_tokens"])}
         if mix is not None:
             ptx = mix.loss(net)
@@ -128,8 +141,7 @@ def sft_eval_loss(model, examples: SFTExamples, pad_id: int, device: torch.devic
         rows = max(1, EVAL_LOGITS_BYTES // (ids.shape[1] * vocab * 4))
         for a in range(0, len(batch), rows):
             b = a + rows
-            loss, stats = sft_loss(model(input_ids=ids[a:b], attention_mask=mask[a:b]).logits,
-                                   labels[a:b])
+            loss, stats = supervised_loss(model, ids[a:b], mask[a:b], labels[a:b])
             total += float(loss) * float(stats["num_tokens"])
             count += int(stats["num_tokens"])
     model.train()

@@ -163,3 +163,45 @@ def test_sft_loss_perfect_prediction_is_near_zero():
         logits[0, t, labels[0, t + 1]] = 30.0
     loss, _ = sft_loss(logits, labels)
     assert loss.item() == pytest.approx(0.0, abs=1e-10)
+
+
+@pytest.mark.parametrize("loss_on", ["response", "all"])
+def test_supervised_loss_equals_the_full_logits_loss_and_skips_prompt_positions(
+        tiny_model_dir, loss_on):
+    from rlhf_core.models.loader import LoadSpec, load_pretrained
+    from rlhf_core.train.sft import sft_batch, supervised_loss
+    from tests.conftest import encode_sft, make_tokenizer
+
+    tok = make_tokenizer()
+    rows = [("tell me about cats please", "sure ."), ("hello world", "the sun is nice !"),
+            ("tell me about dogs and the rain please", "good")]
+    batch = sft_batch([encode_sft(tok, p, r, loss_on) for p, r in rows], tok.pad_token_id, "cpu")
+    ids, mask, labels = batch
+    model = load_pretrained(tiny_model_dir, LoadSpec()).double()
+    seen = []
+    model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: seen.append(args[0].shape[1]))
+    loss, stats = supervised_loss(model, ids, mask, labels)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    want, want_stats = sft_loss(full, labels)
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    assert int(stats["num_tokens"]) == int(want_stats["num_tokens"])
+    for got, expected in zip(grads, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    # the shortest prompt has 2 words: its first response label sits at 2, predicted from 1
+    first = 1 if loss_on == "response" else 0
+    assert seen[0] == ids.shape[1] - first
+
+
+def test_supervised_loss_raises_when_nothing_is_supervised(tiny_model_dir):
+    from rlhf_core.models.loader import LoadSpec, load_pretrained
+    from rlhf_core.train.sft import supervised_loss
+
+    model = load_pretrained(tiny_model_dir, LoadSpec())
+    ids = torch.tensor([[3, 4, 5]])
+    with pytest.raises(ValueError, match="no supervised token"):
+        supervised_loss(model, ids, ids != 0, torch.full_like(ids, IGNORE_INDEX))
