@@ -26,8 +26,10 @@ def cache_keyword(model) -> str:
 
 
 def takes_logits_to_keep(model) -> bool:
-    """Whether ``model``'s forward (a peft wrapper: its base model's) takes ``logits_to_keep``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    """Whether ``model``'s forward takes ``logits_to_keep`` (a DDP or peft wrapper: the forward
+    of the model it wraps)."""
+    base = getattr(model, "module", model)  # DistributedDataParallel's
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
     return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
