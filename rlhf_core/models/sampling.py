@@ -18,19 +18,22 @@ _KEYWORDS = ("input_ids", "attention_mask", "position_ids", "use_cache", "logits
 CACHE_KEYWORDS = ("cache", "past_key_values")
 
 
+def _forward_params(model):
+    """The parameters of the forward a DDP or peft wrapper hands its keywords to."""
+    base = getattr(model, "module", model)  # DistributedDataParallel's
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    return inspect.signature(base.forward).parameters
+
+
 def cache_keyword(model) -> str:
-    """The name ``model``'s forward gives its KV cache (a peft wrapper: its base model's)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
+    """The name ``model``'s forward gives its KV cache."""
+    params = _forward_params(model)
     return next((name for name in CACHE_KEYWORDS if name in params), "past_key_values")
 
 
 def takes_logits_to_keep(model) -> bool:
-    """Whether ``model``'s forward takes ``logits_to_keep`` (a DDP or peft wrapper: the forward
-    of the model it wraps)."""
-    base = getattr(model, "module", model)  # DistributedDataParallel's
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    """Whether ``model``'s forward takes ``logits_to_keep``."""
+    return "logits_to_keep" in _forward_params(model)
 
 
 def fits_lean_loop(model) -> bool:
